@@ -1,0 +1,1 @@
+"""exo: an LLM inference node on MLX with first-class tool calling."""

@@ -1,0 +1,183 @@
+"""OpenAI chat-completions wire types: what clients send and what we answer."""
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from exo.shared.types.common import FinishReason
+
+JsonObject = dict[str, Any]
+
+
+class WireModel(BaseModel):
+    """Request-side models accept unknown fields (clients send extras such as `x-` metadata)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class TextContentPart(WireModel):
+    type: Literal["text"]
+    text: str
+
+
+class OtherContentPart(WireModel):
+    """Non-text parts (images, audio…): accepted in the schema, rejected with a clear 400 by validation."""
+
+    type: str
+
+
+ContentPart = TextContentPart | OtherContentPart
+
+
+class FunctionCall(WireModel):
+    name: str
+    # Clients send a JSON string (OpenAI) but some send the object itself; both are accepted.
+    arguments: str | JsonObject = ""
+
+
+class ToolCall(WireModel):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(WireModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class FunctionDefinition(WireModel):
+    name: str
+    description: str | None = None
+    parameters: JsonObject = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+
+class ToolDefinition(WireModel):
+    type: str = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(WireModel):
+    name: str
+
+
+class NamedToolChoice(WireModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class AllowedToolsSpec(WireModel):
+    mode: Literal["auto", "required"]
+    tools: list[JsonObject]
+
+
+class AllowedToolsChoice(WireModel):
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedToolsSpec
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice
+
+
+class StreamOptions(WireModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(WireModel):
+    model: str | None = None
+    messages: list[ChatMessage]
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+
+# ---- responses -------------------------------------------------------------------------------
+
+
+class ResponseFunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ResponseToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ResponseFunctionCall
+
+
+class ResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    reasoning_content: str | None = None
+    tool_calls: list[ResponseToolCall] | None = None
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: ResponseMessage
+    finish_reason: FinishReason
+    logprobs: None = None
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: ResponseUsage
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "exo"
+    capabilities: list[str] = Field(default_factory=list)
+    context_length: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
