@@ -1,0 +1,109 @@
+"""Turn the `--model` argument into a local directory that `mlx_lm.load` can open."""
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+from exo.models.default_model import DEFAULT_MODEL_ID, ensure_default_model
+from exo.models.errors import InvalidModelIdError, ModelLoadError, ModelNotFoundError
+from exo.models.gguf_import import import_gguf
+from exo.models.huggingface import download_repository
+from exo.shared.types.common import FrozenModel, ModelId
+
+_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
+_LOCAL_NAME = re.compile(rf"^{_NAME}$")
+_REPO_ID = re.compile(rf"^{_NAME}/{_NAME}$")
+_GGUF_SUFFIX = ".gguf"
+
+
+class ResolvedModel(FrozenModel):
+    """A model ready to load: the id shown in /v1/models, its local directory, and where it came from."""
+
+    model_id: ModelId
+    path: Path
+    source: Literal["directory", "gguf", "huggingface", "default"]
+
+
+def exo_home() -> Path:
+    """exo's state directory: `$EXO_HOME`, else `~/.cache/exo`."""
+    configured = os.environ.get("EXO_HOME")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "exo"
+
+
+def default_models_dir() -> Path:
+    """Where downloaded and converted models live: `exo_home()/models`."""
+    return exo_home() / "models"
+
+
+def _is_model_directory(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.startswith(("/", "~", "."))
+
+
+def _resolve_gguf(gguf_path: Path, models_dir: Path) -> ResolvedModel:
+    if not gguf_path.is_file():
+        raise ModelNotFoundError(f"GGUF file {gguf_path} does not exist")
+    model_id = re.sub(r"[^a-z0-9._-]+", "-", gguf_path.stem.lower()).strip("-.") or "gguf-model"
+    # Key the cache on where the file is and which version of it, so an edited file is imported again.
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = models_dir / f"{model_id}-{key}"
+    if not _is_model_directory(target):
+        import_gguf(gguf_path, target)
+    return ResolvedModel(model_id=ModelId(model_id), path=target, source="gguf")
+
+
+def _resolve_repository(repo_id: str, models_dir: Path) -> ResolvedModel:
+    target = models_dir / repo_id.replace("/", "--")
+    if not _is_model_directory(target):
+        download_repository(repo_id, target)
+    return ResolvedModel(model_id=ModelId(repo_id), path=target, source="huggingface")
+
+
+def resolve_model(spec: str | None, models_dir: Path | None = None) -> ResolvedModel:
+    """Resolve `spec` to a local model directory, fetching or converting it into `models_dir` when needed.
+
+    - `None`, `"default"` or the default id: the bundled Qwen2.5-Coder-0.5B-Instruct, imported once.
+    - an existing directory with a config.json: used as is.
+    - a path ending in `.gguf`: imported once into `models_dir` (cached by path, size and mtime).
+    - a bare name present in `models_dir` (e.g. `tiny-qwen-tools`): that directory.
+    - `owner/name`: a Hugging Face repository, downloaded into `models_dir/owner--name` unless already there.
+
+    Raises `InvalidModelIdError` for specs that try to leave `models_dir` (`../../etc`), `ModelNotFoundError` when
+    nothing matches and `ModelLoadError` when a found model cannot be fetched or converted.
+    """
+    models_dir = models_dir if models_dir is not None else default_models_dir()
+    if spec is None or spec in ("default", DEFAULT_MODEL_ID):
+        return ResolvedModel(model_id=DEFAULT_MODEL_ID, path=ensure_default_model(models_dir), source="default")
+    path = Path(spec).expanduser()
+    if spec.lower().endswith(_GGUF_SUFFIX):
+        return _resolve_gguf(path, models_dir)
+    if path.is_dir() and _is_model_directory(path):
+        return ResolvedModel(model_id=ModelId(path.resolve().name), path=path, source="directory")
+    if ".." in Path(spec).parts:
+        raise InvalidModelIdError(
+            f"invalid model '{spec}': '..' path traversal is not allowed; pass an existing model directory, "
+            "a .gguf file, a model name in the models directory, or a Hugging Face id owner/name"
+        )
+    if path.is_dir():
+        raise ModelLoadError(f"{path} is a directory but not a model: it has no config.json")
+    if _looks_like_path(spec):
+        raise ModelNotFoundError(f"model directory {path} does not exist")
+    if _LOCAL_NAME.match(spec):
+        local = models_dir / spec
+        if _is_model_directory(local):
+            return ResolvedModel(model_id=ModelId(spec), path=local, source="directory")
+        raise ModelNotFoundError(
+            f"no model named '{spec}' in {models_dir}; pass a directory, a .gguf file or a Hugging Face id owner/name"
+        )
+    if _REPO_ID.match(spec) and ".." not in spec:
+        return _resolve_repository(spec, models_dir)
+    raise InvalidModelIdError(
+        f"invalid model '{spec}': expected a directory, a .gguf file, a local model name or a Hugging Face id "
+        "owner/name"
+    )
