@@ -1,0 +1,1 @@
+"""MLX inference engine: model loading, generation and the caches that make it fast."""

@@ -1,0 +1,68 @@
+"""Typed wrappers around mlx-lm's per-layer KV caches.
+
+mlx_lm.models.cache is untyped (its functions take and return ``List[Any]``); everything in this package goes
+through these few functions so the rest of the code sees a small, typed surface.
+"""
+
+from typing import Protocol, TypeAlias
+
+import mlx.core as mx
+from mlx import nn
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+
+class LayerCache(Protocol):
+    """What this package relies on from an mlx-lm layer cache (KVCache, RotatingKVCache, QuantizedKVCache...)."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def is_trimmable(self) -> bool: ...
+
+    def trim(self, n: int) -> int: ...
+
+
+PromptCache: TypeAlias = list[LayerCache]
+"""One cache per model layer, in layer order: what mlx-lm's ``prompt_cache=`` arguments take."""
+
+
+def new_prompt_cache(model: nn.Module) -> PromptCache:
+    """An empty cache for ``model`` (the model's own ``make_cache`` when it has one, plain KVCaches otherwise)."""
+    return list(make_prompt_cache(model))
+
+
+def can_trim(cache: PromptCache) -> bool:
+    """Whether every layer can drop its most recent tokens (rotating caches that wrapped, SSM states cannot)."""
+    return bool(can_trim_prompt_cache(cache))
+
+
+def trim_tokens(cache: PromptCache, num_tokens: int) -> int:
+    """Drop the last ``num_tokens`` tokens from every layer in place; returns how many were dropped.
+
+    Returns 0 when the cache cannot be trimmed.
+    """
+    # mlx-lm annotates the return as a list, but it returns the first layer's trimmed count.
+    trimmed: object = trim_prompt_cache(cache, num_tokens)
+    return trimmed if isinstance(trimmed, int) else 0
+
+
+def held_token_count(cache: PromptCache) -> int | None:
+    """How many tokens the cache holds, or None when that cannot be verified.
+
+    Layers report it as an integer ``offset``. Layers without one (e.g. recurrent states) are skipped; if no layer
+    has one, or layers disagree, the count is unknown and the cache must not be trusted for reuse.
+    """
+    offsets = {offset for offset in (getattr(layer, "offset", None) for layer in cache) if isinstance(offset, int)}
+    if len(offsets) != 1:
+        return None
+    return offsets.pop()
+
+
+def total_nbytes(cache: PromptCache) -> int:
+    """Bytes held by all layers' buffers (allocated size, which is what memory pressure depends on)."""
+    return sum(int(layer.nbytes) for layer in cache)
+
+
+def materialize(cache: PromptCache) -> None:
+    """Evaluate the cache's pending computation so a stored cache holds plain buffers, not a graph of the last step."""
+    mx.eval([getattr(layer, "state", None) for layer in cache])

@@ -1,0 +1,144 @@
+"""Prompt prefix cache: reuse the KV cache of the longest previously seen token prefix.
+
+A coding agent resends its whole conversation every turn (system prompt, tool schemas, history), so most of each
+prompt was already prefilled last turn. The storage, longest-prefix search, trimming and LRU/byte-budget eviction
+are mlx-lm's own ``LRUPromptCache`` (the one ``mlx_lm.server`` uses); this module adds a typed lease protocol around
+it, always leaves at least one prompt token to prefill (generation needs the last token's logits), and only stores
+caches whose contents are verified to match the tokens they are filed under.
+"""
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mlx import nn
+from mlx_lm.models.cache import LRUPromptCache
+
+from exo.worker.engines.mlx.cache.layer_cache import (
+    PromptCache,
+    can_trim,
+    held_token_count,
+    materialize,
+    new_prompt_cache,
+    trim_tokens,
+)
+
+# LRUPromptCache can hold several models' caches keyed by a model handle; a PrefixCache serves exactly one model.
+_MODEL_KEY = "model"
+
+
+# A dataclass, not a pydantic model: the lease carries live, mutable MLX cache objects and never leaves the process.
+@dataclass(frozen=True, eq=False)
+class CacheLease:
+    """A KV cache handed to one generation; give it back with ``release`` or ``discard``."""
+
+    lease_id: int
+    cache: PromptCache
+    """Per-layer caches, owned by the caller until released; already holds the first ``cached_tokens`` tokens."""
+    prompt_tokens: tuple[int, ...]
+    cached_tokens: int
+    """How many leading prompt tokens the cache already holds (their prefill is skipped)."""
+
+    @property
+    def remaining_tokens(self) -> list[int]:
+        """The prompt tokens still to prefill: pass these as the generation prompt, with ``cache``."""
+        return list(self.prompt_tokens[self.cached_tokens :])
+
+
+class PrefixCache:
+    """Keeps the KV caches of recent generations and leases out the best match for each new prompt.
+
+    Not thread-safe: a runner drives one generation at a time.
+    """
+
+    def __init__(self, model: nn.Module, memory_budget_bytes: int, max_entries: int = 8) -> None:
+        if memory_budget_bytes < 0 or max_entries < 1:
+            raise ValueError("memory_budget_bytes must be >= 0 and max_entries >= 1")
+        self._model = model
+        self._store = LRUPromptCache(max_size=max_entries, max_bytes=memory_budget_bytes)
+        self._lease_ids = itertools.count()
+        self._outstanding: set[int] = set()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by stored caches (leased-out copies not included)."""
+        return int(self._store.nbytes)
+
+    @property
+    def entries(self) -> int:
+        """Number of stored caches."""
+        return len(self._store)
+
+    def acquire(self, prompt_tokens: Sequence[int]) -> CacheLease:
+        """Lease a cache holding the longest stored prefix of ``prompt_tokens``, leaving at least one to prefill.
+
+        The stored entry is copied, so whatever the generation does to the leased cache, the store stays intact.
+        """
+        prompt = list(prompt_tokens)
+        if not prompt:
+            raise ValueError("prompt_tokens must not be empty")
+        cache, cached_tokens = self._fetch(prompt)
+        lease = CacheLease(
+            lease_id=next(self._lease_ids),
+            cache=cache,
+            prompt_tokens=tuple(prompt),
+            cached_tokens=cached_tokens,
+        )
+        self._outstanding.add(lease.lease_id)
+        return lease
+
+    def release(self, lease: CacheLease, tokens: Sequence[int]) -> None:
+        """Take back a leased cache that now holds KV for ``tokens`` (prompt + generated) and store it.
+
+        The cache's own token count is checked against ``tokens``: a cache that ran ahead of the tokens the caller
+        knows (mlx-lm's generator feeds each token to the model before yielding it) is trimmed back, one that holds
+        fewer is filed under the tokens it really holds, and one that cannot be reconciled, or whose tokens do not
+        begin with the leased prompt, is dropped. Storing evicts least recently stored entries down to the budget;
+        an entry bigger than the whole budget is not kept.
+        """
+        self._end(lease)
+        key = self._reconcile(lease, list(tokens))
+        if key is None:
+            return
+        materialize(lease.cache)
+        self._store.insert_cache(_MODEL_KEY, key, lease.cache)
+
+    def discard(self, lease: CacheLease) -> None:
+        """End a lease whose generation failed or was cancelled: its cache is dropped, the store is untouched."""
+        self._end(lease)
+
+    def _fetch(self, prompt: list[int]) -> tuple[PromptCache, int]:
+        cache, rest = self._store.fetch_nearest_cache(_MODEL_KEY, prompt)
+        if cache is None:
+            return new_prompt_cache(self._model), 0
+        leased: PromptCache = list(cache)
+        cached_tokens = len(prompt) - len(rest)
+        if cached_tokens < len(prompt):
+            return leased, cached_tokens
+        # An exact match holds the whole prompt, but generation needs the last token's logits: give one back.
+        if can_trim(leased) and trim_tokens(leased, 1) == 1:
+            return leased, cached_tokens - 1
+        return new_prompt_cache(self._model), 0
+
+    def _reconcile(self, lease: CacheLease, tokens: list[int]) -> list[int] | None:
+        """The tokens the leased cache verifiably holds, after trimming any excess; None if it cannot be trusted."""
+        held = held_token_count(lease.cache)
+        if held is None or held == 0:
+            return None
+        if held > len(tokens):
+            excess = held - len(tokens)
+            if not can_trim(lease.cache) or trim_tokens(lease.cache, excess) != excess:
+                return None
+            held = len(tokens)
+        key = tokens[:held]
+        if not key:
+            return None
+        shared = min(len(key), len(lease.prompt_tokens))
+        if tuple(key[:shared]) != lease.prompt_tokens[:shared]:
+            return None
+        return key
+
+    def _end(self, lease: CacheLease) -> None:
+        if lease.lease_id not in self._outstanding:
+            raise ValueError(f"lease {lease.lease_id} is not outstanding (already released or discarded)")
+        self._outstanding.remove(lease.lease_id)
