@@ -1,0 +1,66 @@
+"""llguidance tokenizers and compiled grammars, cached so an agent's repeated turns compile nothing new.
+
+Building an LLTokenizer walks the whole vocabulary and compiling a grammar builds its lexer, so both are cached:
+tokenizers per mlx-lm tokenizer object (a loaded model keeps one), compiled grammars per (tokenizer, grammar
+text) in a small LRU. A cached matcher is a pristine template that is never advanced; each request gets a
+`deep_copy` of it, which is cheap and leaves the template safe to share between threads.
+"""
+
+from functools import lru_cache
+from typing import Final
+
+import llguidance.hf
+from llguidance import LLMatcher, LLTokenizer
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from exo.worker.engines.mlx.constrained.grammar import HERMES_CALL_END, HERMES_CALL_START
+from exo.worker.engines.mlx.constrained.spec import UnsupportedConstraintError
+
+_TOKENIZER_CACHE_SIZE: Final = 4
+_GRAMMAR_CACHE_SIZE: Final = 32
+_MARKERS: Final = (HERMES_CALL_START, HERMES_CALL_END)
+
+
+class GuidanceTokenizer:
+    """An llguidance view of one mlx-lm tokenizer, plus which tool markers it has as single added tokens."""
+
+    def __init__(self, tokenizer: TokenizerWrapper) -> None:
+        hf_tokenizer = tokenizer._tokenizer  # pyright: ignore[reportPrivateUsage] -- mlx-lm exposes no accessor
+        eos_ids: list[int] = sorted(tokenizer.eos_token_ids)
+        self.lltokenizer: Final[LLTokenizer] = llguidance.hf.from_tokenizer(hf_tokenizer, eos_token=eos_ids)
+        self.special_markers: Final[dict[str, int]] = self._special_markers()
+
+    def _special_markers(self) -> dict[str, int]:
+        """llguidance treats every added token as special: matchable by id only, never by its text."""
+        found: dict[str, int] = {}
+        for marker in _MARKERS:
+            ids = self.lltokenizer.tokenize_str(marker, parse_special=True)
+            if len(ids) == 1 and self.lltokenizer.is_special_token(ids[0]):
+                found[marker] = ids[0]
+        return found
+
+
+@lru_cache(maxsize=_TOKENIZER_CACHE_SIZE)
+def guidance_tokenizer(tokenizer: TokenizerWrapper) -> GuidanceTokenizer:
+    """The cached llguidance tokenizer for an mlx-lm tokenizer (keyed by the object's identity)."""
+    return GuidanceTokenizer(tokenizer)
+
+
+@lru_cache(maxsize=_GRAMMAR_CACHE_SIZE)
+def _compiled_template(lltokenizer: LLTokenizer, grammar: str) -> LLMatcher:
+    template = LLMatcher(lltokenizer, LLMatcher.grammar_from_lark(grammar), log_level=0)
+    if template.is_error():
+        # Raising keeps the failure out of the cache, so a fixed grammar is not shadowed by an old error.
+        raise UnsupportedConstraintError(f"llguidance cannot compile the tool-call grammar: {template.get_error()}")
+    return template
+
+
+def new_matcher(lltokenizer: LLTokenizer, grammar: str) -> LLMatcher:
+    """A fresh matcher for one request, copied from the cached compiled grammar."""
+    return _compiled_template(lltokenizer, grammar).deep_copy()
+
+
+def clear_caches() -> None:
+    """Drop every cached tokenizer and grammar (tests measure cold compiles with it)."""
+    guidance_tokenizer.cache_clear()
+    _compiled_template.cache_clear()

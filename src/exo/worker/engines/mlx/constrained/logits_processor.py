@@ -1,0 +1,88 @@
+"""The mlx-lm logits processor that walks a tool-call grammar alongside generation.
+
+mlx-lm calls each processor once per step with every token so far (the prompt it was given, then each sampled
+token) and the next-token logits. The processor feeds the tokens sampled since its last call to the llguidance
+matcher, asks it for the allowed-token bitmask and sets every other logit to -inf.
+"""
+
+from typing import Final
+
+import mlx.core as mx
+import numpy as np
+from llguidance import LLMatcher
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from numpy.typing import NDArray
+
+from exo.worker.engines.mlx.constrained.compiled import guidance_tokenizer, new_matcher
+from exo.worker.engines.mlx.constrained.grammar import build_tool_grammar
+from exo.worker.engines.mlx.constrained.spec import ToolConstraintSpec
+
+_BITS_PER_WORD: Final = 32
+_BIAS_BY_BIT: Final = np.array([-np.inf, 0.0], dtype=np.float32)
+
+
+class ToolCallConstraintError(RuntimeError):
+    """The sampled tokens left the grammar: only possible if something other than this processor chose them."""
+
+
+class ToolCallLogitsProcessor:
+    """Masks logits to the tokens a tool-call grammar allows. One per request: it holds that request's state."""
+
+    def __init__(self, matcher: LLMatcher, vocabulary_size: int, *, prompt_length: int) -> None:
+        self._matcher: Final = matcher
+        self._vocabulary_size: Final = vocabulary_size
+        self._prompt_length: Final = prompt_length
+        self._consumed = 0
+        words = (vocabulary_size + _BITS_PER_WORD - 1) // _BITS_PER_WORD
+        self._bitmask: Final[NDArray[np.int32]] = np.zeros(words, dtype=np.int32)
+        self._previous_bitmask: Final[NDArray[np.int32]] = np.zeros(words, dtype=np.int32)
+        self._bias: mx.array | None = None
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        """Advance the grammar by the newly sampled tokens and mask `logits` (shape (1, V) or (V,))."""
+        self._consume_new_tokens(tokens)
+        return logits + self._logit_bias(logits.shape[-1], logits.dtype)
+
+    def _consume_new_tokens(self, tokens: mx.array) -> None:
+        start = self._prompt_length + self._consumed
+        if tokens.shape[0] <= start:
+            return
+        new_tokens: list[int] = tokens[start:].tolist()  # pyright: ignore[reportAssignmentType] -- 1-D int array
+        for token in new_tokens:
+            if not self._matcher.consume_token(token):
+                error = self._matcher.get_error()
+                raise ToolCallConstraintError(f"token {token} violates the tool-call grammar: {error}")
+        self._consumed += len(new_tokens)
+
+    def _logit_bias(self, logits_size: int, dtype: mx.Dtype) -> mx.array:
+        """0 for allowed tokens, -inf for the rest (ids past the tokenizer's vocabulary are padding: banned).
+
+        An additive bias rather than `mx.where`: on the CPU backend the add is several times cheaper. Inside a
+        string or free text the mask rarely changes, so the bias from the previous step is reused when it can be.
+        """
+        self._matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
+        bias = self._bias
+        if bias is not None and bias.shape[-1] == logits_size and np.array_equal(self._bitmask, self._previous_bitmask):
+            return bias if bias.dtype == dtype else bias.astype(dtype)
+        usable = min(logits_size, self._vocabulary_size)
+        bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little", count=usable)
+        values = np.full(logits_size, -np.inf, dtype=np.float32)
+        np.take(_BIAS_BY_BIT, bits, out=values[:usable])
+        self._bias = mx.array(values).astype(dtype)
+        np.copyto(self._previous_bitmask, self._bitmask)
+        return self._bias
+
+
+def make_tool_logits_processor(
+    tokenizer: TokenizerWrapper, spec: ToolConstraintSpec, *, prompt_length: int
+) -> ToolCallLogitsProcessor:
+    """A processor enforcing `spec` for one request.
+
+    `prompt_length` is the number of tokens handed to mlx-lm's generate (what it passes back to processors ahead of
+    the sampled tokens). Tokenizer and compiled grammar come from caches; raises UnsupportedConstraintError when
+    the format or a schema cannot be enforced.
+    """
+    guidance = guidance_tokenizer(tokenizer)
+    grammar = build_tool_grammar(spec, special_tokens=guidance.special_markers)
+    matcher = new_matcher(guidance.lltokenizer, grammar)
+    return ToolCallLogitsProcessor(matcher, guidance.lltokenizer.vocab_size, prompt_length=prompt_length)
