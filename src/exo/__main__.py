@@ -1,0 +1,3 @@
+from exo.main import main
+
+main()

@@ -1,0 +1,94 @@
+"""The `exo` command: start a node (API + master + worker) serving an OpenAI-compatible API."""
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+import uvicorn
+
+from exo.node import Node, NodeConfig
+
+logger = logging.getLogger("exo")
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="exo", description="Run an exo node with an OpenAI-compatible API.")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 exposes it)")
+    parser.add_argument("--api-port", type=int, default=52415, help="API port (default 52415)")
+    parser.add_argument(
+        "--model",
+        action="append",
+        help="model to load: a local mlx-lm directory, a .gguf file or a Hugging Face repo id "
+        "(repeatable; default: the bundled Qwen2.5-Coder-0.5B-Instruct)",
+    )
+    parser.add_argument(
+        "--models-dir", type=Path, help="where downloaded/imported models live (default $EXO_HOME/models)"
+    )
+    parser.add_argument("--api-key", default=os.environ.get("EXO_API_KEY"), help="require 'Authorization: Bearer KEY'")
+    parser.add_argument("--tool-format", help="override the tool-call format detected from the chat template")
+    parser.add_argument("--queue-limit", type=int, default=64, help="requests waiting per model before 429")
+    parser.add_argument("--prefix-cache-gb", type=float, default=2.0, help="memory budget of the prompt prefix cache")
+    parser.add_argument("--max-request-mb", type=float, default=32.0, help="largest accepted request body")
+    verbosity = parser.add_mutually_exclusive_group()
+    verbosity.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    verbosity.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    return parser
+
+
+def config_from_args(arguments: argparse.Namespace) -> NodeConfig:
+    level = logging.DEBUG if arguments.verbose else logging.WARNING if arguments.quiet else logging.INFO
+    models: list[str] | None = arguments.model
+    return NodeConfig(
+        models=tuple(models) if models else (None,),
+        models_dir=arguments.models_dir,
+        host=arguments.host,
+        api_port=arguments.api_port,
+        api_key=arguments.api_key or None,
+        queue_limit=arguments.queue_limit,
+        prefix_cache_bytes=int(arguments.prefix_cache_gb * 1024**3),
+        tool_format_override=arguments.tool_format,
+        max_request_bytes=int(arguments.max_request_mb * 1024 * 1024),
+        log_level=level,
+    )
+
+
+async def serve(config: NodeConfig) -> None:
+    from exo.master.api import create_app
+    from exo.worker.engines.mlx.blas import blas_advice, blas_environment
+
+    os.environ.update(blas_environment(os.environ))
+    advice = blas_advice()
+    if advice:
+        logger.warning(advice)
+    if config.host not in LOOPBACK_HOSTS and not config.api_key:
+        logger.warning("listening on %s without an API key: anyone on the network can use this node", config.host)
+    node = Node(config)
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(node), host=config.host, port=config.api_port, log_level="warning", access_log=False)
+    )
+    async with anyio.create_task_group() as task_group:
+        await node.start(task_group)
+        logger.info("exo API on http://%s:%d/v1", config.host, config.api_port)
+        await server.serve()
+        await node.stop()
+        task_group.cancel_scope.cancel()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    arguments = build_parser().parse_args(argv)
+    config = config_from_args(arguments)
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        anyio.run(serve, config)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""OpenAI chat request → ChatCompletionCommand, rejecting what cannot be honoured with a clear 400."""
+
+import json
+from collections.abc import Sequence
+
+from jsonschema import SchemaError
+from jsonschema.validators import validator_for
+
+from exo.master.errors import ApiError
+from exo.shared.types.api import (
+    AllowedToolsChoice,
+    ChatCompletionRequest,
+    ChatMessage,
+    ContentPart,
+    FunctionDefinition,
+    NamedToolChoice,
+    TextContentPart,
+    ToolCall,
+)
+from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.common import ModelId, new_command_id
+from exo.shared.types.tasks import ChatCompletionTaskParams, PromptMessage, PromptToolCall, SamplingParams, ToolPolicy
+
+
+def _content_text(content: str | list[ContentPart] | None, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts: list[str] = []
+    for position, part in enumerate(content):
+        if not isinstance(part, TextContentPart):
+            raise ApiError(400, f"{where}.content[{position}]: content parts of type '{part.type}' are not supported")
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def _tool_call(call: ToolCall, where: str) -> PromptToolCall:
+    arguments = call.function.arguments
+    if isinstance(arguments, str) and arguments.strip():
+        try:
+            json.loads(arguments)
+        except json.JSONDecodeError as error:
+            raise ApiError(400, f"{where}.function.arguments is not valid JSON: {error}") from error
+    return PromptToolCall(call_id=call.id or "", name=call.function.name, arguments=arguments)
+
+
+def normalise_messages(messages: Sequence[ChatMessage]) -> tuple[PromptMessage, ...]:
+    """Validate history and normalise it for templates (content parts joined, `developer` → `system`)."""
+    if not messages:
+        raise ApiError(400, "messages must contain at least one message", param="messages")
+    known_call_ids: set[str] = set()
+    result: list[PromptMessage] = []
+    for position, message in enumerate(messages):
+        where = f"messages[{position}]"
+        calls = tuple(
+            _tool_call(call, f"{where}.tool_calls[{index}]") for index, call in enumerate(message.tool_calls or [])
+        )
+        known_call_ids.update(call.call_id for call in calls if call.call_id)
+        if message.role == "tool":
+            if not message.tool_call_id:
+                raise ApiError(400, f"{where}: a message with role 'tool' needs a tool_call_id", param=where)
+            if message.tool_call_id not in known_call_ids:
+                raise ApiError(
+                    400,
+                    f"{where}: tool_call_id '{message.tool_call_id}' does not match any earlier assistant tool call",
+                    param=f"{where}.tool_call_id",
+                )
+        result.append(
+            PromptMessage(
+                role="system" if message.role == "developer" else message.role,
+                content=_content_text(message.content, where),
+                reasoning_content=message.reasoning_content,
+                tool_calls=calls,
+                tool_call_id=message.tool_call_id,
+                name=message.name,
+            )
+        )
+    return tuple(result)
+
+
+def _check_tools(request: ChatCompletionRequest) -> tuple[FunctionDefinition, ...]:
+    tools = request.tools or []
+    seen: set[str] = set()
+    for position, tool in enumerate(tools):
+        where = f"tools[{position}]"
+        if tool.type != "function":
+            raise ApiError(400, f"{where}.type must be 'function', got '{tool.type}'", param=f"{where}.type")
+        name = tool.function.name
+        if not name or len(name) > 64 or not all(char.isalnum() or char in "_-." for char in name):
+            raise ApiError(400, f"{where}.function.name '{name}' must be 1-64 letters, digits, '_', '-' or '.'")
+        if name in seen:
+            raise ApiError(400, f"{where}: duplicate tool name '{name}'", param=f"{where}.function.name")
+        seen.add(name)
+        try:
+            validator_for(tool.function.parameters).check_schema(tool.function.parameters)
+        except SchemaError as error:
+            raise ApiError(
+                400, f"{where}.function.parameters is not a valid JSON Schema: {error.message}", param=where
+            ) from error
+    return tuple(tool.function for tool in tools)
+
+
+def tool_policy(request: ChatCompletionRequest) -> ToolPolicy:
+    """Decide what the model may do with tools from `tools`, `tool_choice` and `parallel_tool_calls`."""
+    tools = _check_tools(request)
+    names = {tool.name for tool in tools}
+    parallel = request.parallel_tool_calls is not False
+    choice = request.tool_choice
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise ApiError(400, "tool_choice requires a non-empty tools list", param="tool_choice")
+        return ToolPolicy(mode="none")
+    match choice:
+        case None | "auto":
+            return ToolPolicy(tools=tools, mode="auto", parallel_tool_calls=parallel)
+        case "none":
+            return ToolPolicy(tools=tools, mode="none", parallel_tool_calls=parallel)
+        case "required":
+            return ToolPolicy(tools=tools, mode="required", parallel_tool_calls=parallel)
+        case NamedToolChoice(function=function):
+            if function.name not in names:
+                raise ApiError(400, f"tool_choice names '{function.name}', which is not in tools", param="tool_choice")
+            return ToolPolicy(tools=tools, callable_tools=(function.name,), mode="named", parallel_tool_calls=False)
+        case AllowedToolsChoice(allowed_tools=allowed):
+            allowed_names = _allowed_tool_names(allowed.tools, names)
+            return ToolPolicy(
+                tools=tools, callable_tools=allowed_names, mode=allowed.mode, parallel_tool_calls=parallel
+            )
+
+
+def _allowed_tool_names(entries: Sequence[dict[str, object]], names: set[str]) -> tuple[str, ...]:
+    result: list[str] = []
+    for position, entry in enumerate(entries):
+        function = entry.get("function")
+        name = function.get("name") if isinstance(function, dict) else entry.get("name")
+        if not isinstance(name, str) or name not in names:
+            raise ApiError(
+                400,
+                f"tool_choice.allowed_tools.tools[{position}] must name a tool from tools",
+                param="tool_choice.allowed_tools",
+            )
+        result.append(name)
+    if not result:
+        raise ApiError(400, "tool_choice.allowed_tools.tools must not be empty", param="tool_choice.allowed_tools")
+    return tuple(result)
+
+
+def sampling_params(request: ChatCompletionRequest) -> SamplingParams:
+    max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+    if max_tokens is not None and max_tokens <= 0:
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
+    if request.n is not None and request.n != 1:
+        raise ApiError(400, "only n=1 is supported", param="n")
+    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    if len(stop) > 16:
+        raise ApiError(400, "at most 16 stop sequences are supported", param="stop")
+    return SamplingParams(
+        temperature=request.temperature if request.temperature is not None else 0.0,
+        top_p=request.top_p if request.top_p is not None else 1.0,
+        seed=request.seed,
+        max_tokens=max_tokens,
+        stop=tuple(stop),
+    )
+
+
+def to_command(request: ChatCompletionRequest, model_id: ModelId) -> ChatCompletionCommand:
+    params = ChatCompletionTaskParams(
+        messages=normalise_messages(request.messages),
+        tool_policy=tool_policy(request),
+        sampling=sampling_params(request),
+    )
+    return ChatCompletionCommand(command_id=new_command_id(), model_id=model_id, params=params)

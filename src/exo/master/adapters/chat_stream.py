@@ -1,0 +1,99 @@
+"""Chunks → OpenAI `chat.completion.chunk` SSE events, following shared/TOOL-CALLING-CONTRACT.md.
+
+Role once in the first chunk; per tool call a first delta with index, id, type, name and empty arguments, then
+argument fragments with only index and function.arguments; `finish_reason` on the last choice chunk; then the
+usage chunk (`choices: []`) when asked; then `[DONE]`. An error mid-stream is one `error` event, then `[DONE]`.
+"""
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from exo.shared.types.chunks import (
+    Chunk,
+    ErrorChunk,
+    FinishChunk,
+    ReasoningChunk,
+    TokenChunk,
+    ToolCallArgumentsChunk,
+    ToolCallChunk,
+    Usage,
+)
+
+DONE_EVENT = "data: [DONE]\n\n"
+
+
+def usage_payload(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+    }
+
+
+def error_payload(chunk: ErrorChunk) -> dict[str, Any]:
+    return {"error": {"message": chunk.message, "type": chunk.error_type, "param": None, "code": chunk.code}}
+
+
+def _event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+class ChunkEncoder:
+    """Encodes one response's chunks; holds the values every chunk repeats (id, created, model)."""
+
+    def __init__(self, completion_id: str, created: int, model: str, include_usage: bool) -> None:
+        self._base: dict[str, Any] = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+        }
+        self._include_usage = include_usage
+
+    def _choice(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return _event({**self._base, "choices": [choice]})
+
+    def opening(self) -> str:
+        return self._choice({"role": "assistant", "content": ""})
+
+    def encode(self, chunk: Chunk) -> list[str]:
+        match chunk:
+            case TokenChunk(text=text):
+                return [self._choice({"content": text})] if text else []
+            case ReasoningChunk(text=text):
+                return [self._choice({"reasoning_content": text})] if text else []
+            case ToolCallChunk(index=index, call_id=call_id, name=name):
+                call = {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+                return [self._choice({"tool_calls": [call]})]
+            case ToolCallArgumentsChunk(index=index, fragment=fragment):
+                if not fragment:
+                    return []
+                return [self._choice({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]})]
+            case FinishChunk(finish_reason=reason, usage=usage):
+                events = [self._choice({}, reason)]
+                if self._include_usage:
+                    events.append(_event({**self._base, "choices": [], "usage": usage_payload(usage)}))
+                return events
+            case ErrorChunk():
+                return [_event(error_payload(chunk))]
+
+
+async def sse_events(encoder: ChunkEncoder, first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[str]:
+    """The whole SSE body: opening role chunk, every chunk, then `[DONE]` (also after an error)."""
+    yield encoder.opening()
+    for event in encoder.encode(first):
+        yield event
+    if not isinstance(first, FinishChunk | ErrorChunk):
+        async for chunk in rest:
+            for event in encoder.encode(chunk):
+                yield event
+            if isinstance(chunk, FinishChunk | ErrorChunk):
+                break
+        else:
+            # The runner ended the stream without a final chunk (it was cancelled): still close properly.
+            yield _event(error_payload(ErrorChunk(message="generation ended unexpectedly")))
+    yield DONE_EVENT

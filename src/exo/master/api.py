@@ -1,0 +1,174 @@
+"""The OpenAI-compatible HTTP API. Thin: validate the request, hand a command to the master, shape the answer."""
+
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from uuid import uuid4
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from exo.master.adapters.chat_request import to_command
+from exo.master.adapters.chat_response import collect_response
+from exo.master.adapters.chat_stream import ChunkEncoder, sse_events
+from exo.master.errors import (
+    ApiError,
+    error_response,
+    handle_api_error,
+    handle_http_error,
+    handle_validation_error,
+)
+from exo.master.main import ModelNotLoadedError, TaskHandle
+from exo.node import Node
+from exo.shared.types.api import ChatCompletionRequest, ChatCompletionResponse, ModelCard, ModelList
+from exo.shared.types.chunks import Chunk, ErrorChunk
+from exo.shared.types.commands import CancelTaskCommand
+from exo.shared.types.common import ModelId
+from exo.shared.types.state import State
+from exo.worker.runner.supervisor import QueueFullError, RunnerUnavailableError
+
+logger = logging.getLogger(__name__)
+
+UNAUTHENTICATED_PATHS = frozenset({"/health"})
+
+
+def create_app(node: Node) -> FastAPI:
+    app = FastAPI(title="exo", version="0.1.0")
+    app.add_exception_handler(ApiError, handle_api_error)
+    app.add_exception_handler(RequestValidationError, handle_validation_error)
+    app.add_exception_handler(StarletteHTTPException, handle_http_error)
+    config = node.config
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if config.api_key and request.url.path not in UNAUTHENTICATED_PATHS:
+            supplied = request.headers.get("authorization", "")
+            expected = f"Bearer {config.api_key}"
+            if not hmac.compare_digest(supplied.encode(), expected.encode()):
+                unauthorized = ApiError(
+                    401, "missing or invalid API key", error_type="authentication_error", code="invalid_api_key"
+                )
+                return error_response(unauthorized)
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > config.max_request_bytes:
+            return error_response(
+                ApiError(413, f"request body is larger than {config.max_request_bytes} bytes", code="body_too_large")
+            )
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/state")
+    async def state() -> State:
+        return node.master.state
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        cards: list[ModelCard] = []
+        for runner in node.master.state.runners.values():
+            metadata = runner.metadata
+            capabilities = ["chat"]
+            if metadata is not None and metadata.tool_format is not None:
+                capabilities.append("tool_use")
+            if metadata is not None and metadata.supports_reasoning:
+                capabilities.append("reasoning")
+            cards.append(
+                ModelCard(
+                    id=runner.model_id,
+                    created=int(time.time()),
+                    capabilities=capabilities,
+                    context_length=metadata.context_length if metadata else None,
+                )
+            )
+        return ModelList(data=cards)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(request: ChatCompletionRequest) -> ChatCompletionResponse | Response:
+        model_id = _served_model(node, request.model)
+        command = to_command(request, model_id)
+        try:
+            handle = node.master.submit_chat_completion(command)
+        except ModelNotLoadedError as error:
+            raise ApiError(
+                404, f"model '{error}' is not loaded", error_type="not_found_error", code="model_not_found"
+            ) from error
+        except QueueFullError as error:
+            raise ApiError(429, str(error), error_type="rate_limit_error", code="queue_full") from error
+        except RunnerUnavailableError as error:
+            raise ApiError(503, str(error), error_type="server_error", code="model_unavailable") from error
+        completion_id = f"chatcmpl-{uuid4().hex}"
+        created = int(time.time())
+        if not request.stream:
+            return await _complete(node, handle, completion_id, created, model_id)
+        first = await _first_chunk(node, handle)
+        if isinstance(first, ErrorChunk) and first.status_code < 500:
+            await handle.chunks.aclose()
+            raise ApiError(first.status_code, first.message, error_type=first.error_type, code=first.code)
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        encoder = ChunkEncoder(completion_id, created, model_id, include_usage)
+        return StreamingResponse(
+            _cancelling_on_exit(node, handle, sse_events(encoder, first, handle.chunks)),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    return app
+
+
+def _served_model(node: Node, requested: str | None) -> ModelId:
+    model_id = node.resolve_request_model(requested)
+    if model_id is not None:
+        return model_id
+    label = requested or "default"
+    if label in node.preparing or (requested is None and node.preparing):
+        raise ApiError(503, f"model '{label}' is still being prepared; retry shortly", error_type="server_error")
+    served = ", ".join(node.master.model_ids()) or "none"
+    if requested is None:
+        raise ApiError(400, f"the request names no model and several are served ({served})", param="model")
+    raise ApiError(
+        404,
+        f"model '{requested}' is not served here (served: {served})",
+        error_type="not_found_error",
+        param="model",
+        code="model_not_found",
+    )
+
+
+async def _first_chunk(node: Node, handle: TaskHandle) -> Chunk:
+    """Wait for the first chunk so request-level errors (context too long…) become proper HTTP errors."""
+    try:
+        return await anext(handle.chunks)
+    except StopAsyncIteration:
+        return ErrorChunk(message="generation was cancelled before it started", status_code=500)
+    except BaseException:
+        node.master.cancel(CancelTaskCommand(task_id=handle.task_id))
+        raise
+
+
+async def _complete(
+    node: Node, handle: TaskHandle, completion_id: str, created: int, model_id: ModelId
+) -> ChatCompletionResponse:
+    try:
+        return await collect_response(handle.chunks, completion_id=completion_id, created=created, model=model_id)
+    except BaseException:
+        node.master.cancel(CancelTaskCommand(task_id=handle.task_id))
+        raise
+
+
+async def _cancelling_on_exit(node: Node, handle: TaskHandle, events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """If the client goes away mid-stream, tell the runner to stop generating."""
+    finished = False
+    try:
+        async for event in events:
+            yield event
+        finished = True
+    finally:
+        if not finished:
+            logger.info("client left during task %s; cancelling it", handle.task_id)
+            node.master.cancel(CancelTaskCommand(task_id=handle.task_id))
+        await handle.chunks.aclose()

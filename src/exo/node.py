@@ -1,0 +1,91 @@
+"""A node: the API, the master and the worker in one process, with one runner subprocess per model."""
+
+import logging
+import platform
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+from anyio.abc import TaskGroup
+
+from exo.master.main import Master
+from exo.models.resolve import ResolvedModel, resolve_model
+from exo.shared.types.common import ModelId, NodeId
+from exo.shared.types.state import NodeInfo
+from exo.worker.main import Worker
+from exo.worker.runner.supervisor import RunnerConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    models: tuple[str | None, ...] = (None,)
+    models_dir: Path | None = None
+    host: str = "127.0.0.1"
+    api_port: int = 52415
+    api_key: str | None = None
+    queue_limit: int = 64
+    prefix_cache_bytes: int = 2 * 1024**3
+    tool_format_override: str | None = None
+    max_request_bytes: int = 32 * 1024 * 1024
+    log_level: int = logging.INFO
+    extra_runner_configs: tuple[RunnerConfig, ...] = field(default_factory=tuple)
+
+
+class Node:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        hostname = socket.gethostname()
+        node = NodeInfo(
+            node_id=NodeId(hostname), hostname=hostname, platform=platform.platform(), api_port=config.api_port
+        )
+        self.master = Master(node)
+        self.preparing: set[str] = set()
+        self.preparation_errors: dict[str, str] = {}
+        self._worker: Worker | None = None
+
+    async def start(self, task_group: TaskGroup) -> None:
+        """Start the worker and, in the background, prepare and load each configured model."""
+        self._worker = Worker(task_group, self.master.on_event)
+        self.master.attach_worker(self._worker)
+        for spec in self.config.models:
+            task_group.start_soon(self._prepare_and_load, spec)
+        for runner_config in self.config.extra_runner_configs:
+            self._worker.start_runner(runner_config)
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            await self._worker.stop()
+
+    async def _prepare_and_load(self, spec: str | None) -> None:
+        label = spec or "default"
+        self.preparing.add(label)
+        try:
+            resolved: ResolvedModel = await anyio.to_thread.run_sync(resolve_model, spec, self.config.models_dir)
+        except Exception as error:
+            logger.error("cannot prepare model %s: %s", label, error)
+            self.preparation_errors[label] = str(error)
+            return
+        finally:
+            self.preparing.discard(label)
+        assert self._worker is not None
+        self._worker.start_runner(
+            RunnerConfig(
+                model_id=resolved.model_id,
+                model_path=resolved.path,
+                queue_limit=self.config.queue_limit,
+                prefix_cache_bytes=self.config.prefix_cache_bytes,
+                tool_format_override=self.config.tool_format_override,
+                log_level=self.config.log_level,
+            )
+        )
+
+    def resolve_request_model(self, requested: str | None) -> ModelId | None:
+        """The served model a request names (or the only one, when it names none)."""
+        served = self.master.model_ids()
+        if requested is None or requested == "":
+            return served[0] if len(served) == 1 else None
+        return ModelId(requested) if requested in served else None

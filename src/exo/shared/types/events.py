@@ -1,0 +1,29 @@
+"""Events: facts that happened on the node. The state is the fold of these (master/state.py `apply`)."""
+
+from typing import Literal
+
+from exo.shared.types.common import FrozenModel, TaskId
+from exo.shared.types.state import NodeInfo, RunnerInfo, TaskInfo
+
+
+class NodeJoined(FrozenModel):
+    kind: Literal["node_joined"] = "node_joined"
+    node: NodeInfo
+
+
+class RunnerUpdated(FrozenModel):
+    kind: Literal["runner_updated"] = "runner_updated"
+    runner: RunnerInfo
+
+
+class TaskUpdated(FrozenModel):
+    kind: Literal["task_updated"] = "task_updated"
+    task: TaskInfo
+
+
+class TaskFinished(FrozenModel):
+    kind: Literal["task_finished"] = "task_finished"
+    task_id: TaskId
+
+
+Event = NodeJoined | RunnerUpdated | TaskUpdated | TaskFinished

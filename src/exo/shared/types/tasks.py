@@ -1,0 +1,60 @@
+"""A task is one unit of work a runner performs: here, one chat completion."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.common import CommandId, FrozenModel, ModelId, TaskId
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+class PromptToolCall(FrozenModel):
+    """A call from the conversation history, arguments already decoded to an object where they were JSON."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, object] | str
+
+
+class PromptMessage(FrozenModel):
+    """One history message, normalised by the API (content parts joined, `developer` → `system`)."""
+
+    role: Role
+    content: str
+    reasoning_content: str | None = None
+    tool_calls: tuple[PromptToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class ToolPolicy(FrozenModel):
+    """What the model may do with tools in this completion (decided by the API from the request)."""
+
+    tools: tuple[FunctionDefinition, ...] = ()
+    # The subset that may actually be called (allowed_tools / a named choice); empty means all of `tools`.
+    callable_tools: tuple[str, ...] = ()
+    mode: Literal["none", "auto", "required", "named"] = "auto"
+    parallel_tool_calls: bool = True
+
+
+class SamplingParams(FrozenModel):
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+class ChatCompletionTaskParams(FrozenModel):
+    messages: tuple[PromptMessage, ...]
+    tool_policy: ToolPolicy = Field(default_factory=ToolPolicy)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+
+
+class ChatCompletionTask(FrozenModel):
+    task_id: TaskId
+    command_id: CommandId
+    model_id: ModelId
+    params: ChatCompletionTaskParams

@@ -1,0 +1,86 @@
+"""What crosses the runner-subprocess boundary, and what the engine yields per generated token."""
+
+from typing import Annotated, Literal
+
+from pydantic import Field, TypeAdapter
+
+from exo.shared.types.chunks import Chunk
+from exo.shared.types.common import FinishReason, FrozenModel, TaskId
+from exo.shared.types.tasks import ChatCompletionTask
+from exo.shared.types.worker.shards import ShardAssignment
+
+
+class GenerationResponse(FrozenModel):
+    """One step of engine output: the decoded text segment for a token (possibly empty while bytes accumulate)."""
+
+    text: str
+    token: int
+    finish_reason: FinishReason | None = None
+
+
+class ModelMetadata(FrozenModel):
+    """What the runner learned while loading, reported to the worker for /v1/models and /state."""
+
+    context_length: int
+    tool_format: str | None
+    supports_reasoning: bool
+    dtype: str
+
+
+# ---- worker → runner -------------------------------------------------------------------------
+
+
+class RunnerBootstrap(FrozenModel):
+    kind: Literal["bootstrap"] = "bootstrap"
+    model_path: str
+    shard: ShardAssignment
+    tool_format_override: str | None = None
+    prefix_cache_bytes: int = 0
+
+
+class RunTask(FrozenModel):
+    kind: Literal["run_task"] = "run_task"
+    task: ChatCompletionTask
+
+
+class CancelTask(FrozenModel):
+    kind: Literal["cancel_task"] = "cancel_task"
+    task_id: TaskId
+
+
+class Shutdown(FrozenModel):
+    kind: Literal["shutdown"] = "shutdown"
+
+
+RunnerRequest = Annotated[RunnerBootstrap | RunTask | CancelTask | Shutdown, Field(discriminator="kind")]
+RunnerRequestAdapter: TypeAdapter[RunnerRequest] = TypeAdapter(RunnerRequest)
+
+
+# ---- runner → worker -------------------------------------------------------------------------
+
+
+class RunnerReady(FrozenModel):
+    kind: Literal["ready"] = "ready"
+    metadata: ModelMetadata
+
+
+class RunnerLoadFailed(FrozenModel):
+    kind: Literal["load_failed"] = "load_failed"
+    message: str
+
+
+class TaskChunk(FrozenModel):
+    kind: Literal["chunk"] = "chunk"
+    task_id: TaskId
+    chunk: Chunk
+
+
+class TaskDone(FrozenModel):
+    """The runner is free again after this task (its last chunk was a Finish or Error chunk)."""
+
+    kind: Literal["task_done"] = "task_done"
+    task_id: TaskId
+
+
+RunnerResponse = Annotated[RunnerReady | RunnerLoadFailed | TaskChunk | TaskDone, Field(discriminator="kind")]
+RunnerResponseAdapter: TypeAdapter[RunnerResponse] = TypeAdapter(RunnerResponse)

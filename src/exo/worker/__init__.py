@@ -1,0 +1,1 @@
+"""The worker: supervises one runner subprocess per loaded model."""

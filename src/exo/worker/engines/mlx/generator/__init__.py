@@ -1,0 +1,1 @@
+"""Generation on MLX: the token loop, stop sequences and the tool-call stream parser."""

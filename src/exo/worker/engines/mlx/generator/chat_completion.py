@@ -1,0 +1,138 @@
+"""One chat completion inside the runner: prompt → (cached) prefill → tokens → stop sequences → tool parser → chunks."""
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from exo.shared.types.chunks import (
+    Chunk,
+    ErrorChunk,
+    FinishChunk,
+    ParsedChunk,
+    ReasoningChunk,
+    Usage,
+)
+from exo.shared.types.common import FinishReason
+from exo.shared.types.tasks import ChatCompletionTask, ToolPolicy
+from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
+from exo.worker.engines.mlx.constrained.setup import ConstraintError, logits_processors_for
+from exo.worker.engines.mlx.generator.generate import ContextLengthExceededError, clamp_max_tokens, generate_tokens
+from exo.worker.engines.mlx.generator.stop_sequences import StopSequenceMatcher
+from exo.worker.engines.mlx.generator.tool_parser import ToolFormatName, ToolStreamParser
+from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineContext:
+    """What the runner keeps between tasks."""
+
+    loaded: LoadedModel
+    tool_format: ToolFormatName
+    prefix_cache: PrefixCache | None
+
+
+def callable_tools(policy: ToolPolicy) -> list[str]:
+    names = [tool.name for tool in policy.tools]
+    return [name for name in names if name in policy.callable_tools] if policy.callable_tools else names
+
+
+def _make_parser(context: EngineContext, policy: ToolPolicy, starts_in_reasoning: bool) -> ToolStreamParser:
+    allowed = set(callable_tools(policy))
+    tools = [tool for tool in policy.tools if tool.name in allowed] if policy.mode != "none" else []
+    return ToolStreamParser(
+        context.tool_format,
+        tools,
+        parallel_tool_calls=policy.parallel_tool_calls,
+        starts_in_reasoning=starts_in_reasoning,
+    )
+
+
+def _finish_reason(
+    generation_finish: FinishReason | None, parser: ToolStreamParser, policy: ToolPolicy
+) -> FinishReason:
+    if parser.tool_calls_emitted and generation_finish != "length":
+        # OpenAI answers "stop" when the caller forced a named function.
+        return "stop" if policy.mode == "named" else "tool_calls"
+    return "length" if generation_finish == "length" else "stop"
+
+
+def run_chat_completion(
+    context: EngineContext,
+    task: ChatCompletionTask,
+    should_cancel: Callable[[], bool],
+) -> Iterator[Chunk]:
+    """Yield the task's chunks; the last is a FinishChunk or an ErrorChunk (none if cancelled)."""
+    loaded = context.loaded
+    params = task.params
+    try:
+        prompt = apply_chat_template(loaded.tokenizer, params.messages, params.tool_policy)
+        max_tokens = clamp_max_tokens(params.sampling.max_tokens, len(prompt.tokens), loaded.context_length)
+        processors = logits_processors_for(
+            loaded.tokenizer, context.tool_format, params.tool_policy, prompt_length=len(prompt.tokens)
+        )
+    except ContextLengthExceededError as error:
+        yield ErrorChunk(
+            message=str(error),
+            error_type="invalid_request_error",
+            code="context_length_exceeded",
+            status_code=400,
+        )
+        return
+    except ConstraintError as error:
+        yield ErrorChunk(message=str(error), error_type="invalid_request_error", code="unsupported", status_code=400)
+        return
+
+    parser = _make_parser(context, params.tool_policy, prompt.starts_in_reasoning)
+    stops = StopSequenceMatcher(params.sampling.stop)
+    lease = context.prefix_cache.acquire(prompt.tokens) if context.prefix_cache else None
+    generated: list[int] = []
+    reasoning_tokens = 0
+    generation_finish: FinishReason | None = None
+    cancelled = False
+    try:
+        for response in generate_tokens(
+            loaded,
+            lease.remaining_tokens if lease else prompt.tokens,
+            sampling=params.sampling,
+            max_tokens=max_tokens,
+            prompt_cache=lease.cache if lease else None,
+            logits_processors=processors,
+        ):
+            if response.finish_reason != "stop":
+                generated.append(response.token)
+            chunks = parser.feed(stops.feed(response.text))
+            if chunks and all(isinstance(chunk, ReasoningChunk) for chunk in chunks):
+                reasoning_tokens += 1
+            yield from chunks
+            generation_finish = response.finish_reason
+            if should_cancel():
+                cancelled = True
+                break
+            if stops.stopped or parser.should_stop:
+                generation_finish = "stop"
+                break
+    except Exception as error:
+        logger.exception("generation failed for task %s", task.task_id)
+        if lease and context.prefix_cache:
+            context.prefix_cache.discard(lease)
+        yield ErrorChunk(message=f"generation failed: {type(error).__name__}: {error}")
+        return
+    if lease and context.prefix_cache:
+        context.prefix_cache.release(lease, [*prompt.tokens, *generated])
+    if cancelled:
+        return
+    tail: list[ParsedChunk] = parser.feed(stops.flush()) + parser.finish()
+    yield from tail
+    for reason in parser.failures:
+        logger.warning("task %s: tool call not parsed as intended: %s", task.task_id, reason)
+    yield FinishChunk(
+        finish_reason=_finish_reason(generation_finish, parser, params.tool_policy),
+        usage=Usage(
+            prompt_tokens=len(prompt.tokens),
+            completion_tokens=len(generated),
+            cached_tokens=lease.cached_tokens if lease else 0,
+            reasoning_tokens=reasoning_tokens,
+        ),
+    )

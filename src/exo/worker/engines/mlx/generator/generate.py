@@ -1,0 +1,62 @@
+"""Token generation on top of `mlx_lm.stream_generate`: sampling, limits and typed output."""
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import stream_generate
+from mlx_lm.sample_utils import make_sampler
+
+from exo.shared.types.tasks import SamplingParams
+from exo.shared.types.worker.runner_response import GenerationResponse
+from exo.worker.engines.mlx.utils_mlx import LoadedModel
+
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+
+
+class ContextLengthExceededError(ValueError):
+    """The prompt leaves no room to generate within the model's context."""
+
+
+def clamp_max_tokens(requested: int | None, prompt_length: int, context_length: int) -> int:
+    """Clamp to what fits in the context (clients like opencode ask for 32k regardless of the model)."""
+    room = context_length - prompt_length
+    if room <= 0:
+        raise ContextLengthExceededError(
+            f"the prompt is {prompt_length} tokens but the model's context is {context_length} tokens; "
+            "shorten the conversation or the tool definitions"
+        )
+    return room if requested is None else min(requested, room)
+
+
+def generate_tokens(
+    loaded: LoadedModel,
+    prompt_tokens: Sequence[int],
+    *,
+    sampling: SamplingParams,
+    max_tokens: int,
+    prompt_cache: list[Any] | None = None,
+    logits_processors: Sequence[LogitsProcessor] = (),
+) -> Iterator[GenerationResponse]:
+    """Yield one GenerationResponse per generated token; the last one carries finish_reason "stop" or "length".
+
+    `prompt_tokens` are the tokens still to prefill: with a prefix cache, only the part after the cached prefix.
+    """
+    if sampling.seed is not None:
+        mx.random.seed(sampling.seed)
+    sampler = make_sampler(temp=sampling.temperature, top_p=sampling.top_p if sampling.top_p < 1.0 else 0.0)
+    for response in stream_generate(
+        loaded.model,
+        loaded.tokenizer,
+        mx.array(list(prompt_tokens)),
+        max_tokens=max_tokens,
+        sampler=sampler,
+        prompt_cache=prompt_cache,
+        logits_processors=list(logits_processors) or None,
+    ):
+        finish = response.finish_reason
+        yield GenerationResponse(
+            text=response.text,
+            token=response.token,
+            finish_reason="stop" if finish == "stop" else "length" if finish == "length" else None,
+        )

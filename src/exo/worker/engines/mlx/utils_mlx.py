@@ -1,0 +1,135 @@
+"""Load a model with mlx-lm and render prompts with its chat template."""
+
+import json
+import logging
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import mlx.core as mx
+from mlx import nn
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx.utils import tree_flatten
+from mlx_lm.utils import dequantize_model
+from mlx_lm.utils import load as mlx_lm_load
+
+from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tasks import PromptMessage, ToolPolicy
+from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.engines.mlx.chat_messages import to_template_messages
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CONTEXT_LENGTH = 4096
+
+
+class ModelLoadError(Exception):
+    """The model directory could not be loaded; the message names the path and the reason."""
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    tokenizer: TokenizerWrapper
+    context_length: int
+    dtype: str
+    shard: ShardAssignment
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    tokens: list[int]
+    text: str
+    # The template opened a reasoning block itself (e.g. ends with "<think>\n"): generation starts inside it.
+    starts_in_reasoning: bool
+
+
+def _context_length(config: dict[str, Any]) -> int:
+    for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    text_config = config.get("text_config")
+    if isinstance(text_config, dict):
+        return _context_length(cast(dict[str, Any], text_config))
+    return DEFAULT_CONTEXT_LENGTH
+
+
+def _linux_cpu() -> bool:
+    return platform.system() == "Linux" and not mx.cuda.is_available()
+
+
+def _use_fast_cpu_dtype(model: nn.Module) -> str:
+    """On Linux CPU only float32 matmuls reach the optimized BLAS; quantized and half types run ~50x slower."""
+    if not _linux_cpu():
+        return "native"
+    if any("scales" in name for name, _ in _flat_parameters(model)):
+        model = dequantize_model(model)
+    model.set_dtype(mx.float32)
+    return "float32"
+
+
+def _flat_parameters(model: nn.Module) -> list[tuple[str, mx.array]]:
+    return cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
+
+
+def load_model(path: Path, shard: ShardAssignment) -> LoadedModel:
+    """Load `path` (an mlx-lm directory) for `shard`; raises ModelLoadError naming the path and the cause."""
+    if not path.is_dir():
+        raise ModelLoadError(f"model directory {path} does not exist")
+    if shard.world_size != 1:
+        raise ModelLoadError("multi-rank shards are not supported yet (world size must be 1)")
+    try:
+        model, tokenizer = mlx_lm_load(str(path))[:2]
+    except Exception as error:
+        raise ModelLoadError(f"cannot load model from {path}: {type(error).__name__}: {error}") from error
+    dtype = _use_fast_cpu_dtype(model)
+    mx.eval(model.parameters())
+    config = cast(dict[str, Any], json.loads((path / "config.json").read_text()))
+    return LoadedModel(
+        model=model, tokenizer=tokenizer, context_length=_context_length(config), dtype=dtype, shard=shard
+    )
+
+
+def chat_template_text(tokenizer: TokenizerWrapper) -> str | None:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str):
+        return template
+    if isinstance(template, dict):  # named templates: prefer the tool-use one
+        templates = cast(dict[str, str], template)
+        return templates.get("tool_use") or templates.get("default") or next(iter(templates.values()), None)
+    return None
+
+
+def _tool_dicts(tools: tuple[FunctionDefinition, ...]) -> list[dict[str, Any]]:
+    return [{"type": "function", "function": tool.model_dump(exclude_none=True)} for tool in tools]
+
+
+def apply_chat_template(
+    tokenizer: TokenizerWrapper,
+    messages: tuple[PromptMessage, ...],
+    tool_policy: ToolPolicy,
+) -> RenderedPrompt:
+    """Render `messages` (and the offered tools) into prompt tokens with the model's own chat template."""
+    template = chat_template_text(tokenizer)
+    offered = tool_policy.tools if tool_policy.mode != "none" else ()
+    template_messages = to_template_messages(messages, chat_template=template, tools=offered)
+    kwargs: dict[str, Any] = {"add_generation_prompt": True}
+    if offered and template is not None and "tools" in template:
+        kwargs["tools"] = _tool_dicts(offered)
+    if template_messages and template_messages[-1]["role"] == "assistant":
+        # A trailing assistant turn is a prefill the model continues, not a finished turn.
+        kwargs["add_generation_prompt"] = False
+        kwargs["continue_final_message"] = True
+    text = cast(str, tokenizer.apply_chat_template(template_messages, tokenize=False, **kwargs))
+    tokens = cast(list[int], tokenizer.encode(text, add_special_tokens=False))
+    think_start = tokenizer.think_start if tokenizer.has_thinking else None
+    starts_in_reasoning = think_start is not None and _opens_reasoning(text, think_start, tokenizer)
+    return RenderedPrompt(tokens=tokens, text=text, starts_in_reasoning=starts_in_reasoning)
+
+
+def _opens_reasoning(text: str, think_start: str, tokenizer: TokenizerWrapper) -> bool:
+    stripped = text.rstrip()
+    think_end = tokenizer.think_end
+    return stripped.endswith(think_start) and not (think_end is not None and stripped.endswith(think_end))

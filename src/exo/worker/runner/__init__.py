@@ -1,0 +1,1 @@
+"""Runner subprocess: loads a model and executes tasks."""

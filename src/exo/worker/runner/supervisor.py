@@ -1,0 +1,273 @@
+"""Supervises one runner subprocess: starts it, queues tasks for it (FIFO), routes its chunks, restarts it on crash.
+
+A crash of the runner fails only the task it was running; the API process is untouched and queued tasks run once
+the replacement runner has loaded.
+"""
+
+import logging
+import math
+import multiprocessing
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from exo.shared.types.chunks import Chunk, ErrorChunk
+from exo.shared.types.common import ModelId, RunnerId, TaskId
+from exo.shared.types.tasks import ChatCompletionTask
+from exo.shared.types.worker.runner_response import (
+    CancelTask,
+    ModelMetadata,
+    RunnerBootstrap,
+    RunnerLoadFailed,
+    RunnerReady,
+    RunnerRequest,
+    RunnerRequestAdapter,
+    RunnerResponse,
+    RunnerResponseAdapter,
+    RunTask,
+    Shutdown,
+    TaskChunk,
+    TaskDone,
+)
+from exo.shared.types.worker.runner_status import RunnerStatus
+from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.runner.runner import runner_main
+
+logger = logging.getLogger(__name__)
+
+MAX_CONSECUTIVE_LOAD_FAILURES = 3
+
+
+class QueueFullError(Exception):
+    """More tasks are waiting than the configured queue limit allows."""
+
+
+class RunnerUnavailableError(Exception):
+    """The runner failed and cannot take tasks (for example, its model does not load)."""
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    model_id: ModelId
+    model_path: Path
+    shard: ShardAssignment = field(default_factory=ShardAssignment)
+    queue_limit: int = 64
+    prefix_cache_bytes: int = 0
+    tool_format_override: str | None = None
+    log_level: int = logging.INFO
+
+
+@dataclass
+class _PendingTask:
+    task: ChatCompletionTask
+    sender: MemoryObjectSendStream[Chunk]
+
+
+class _ProcessGoneError(Exception):
+    pass
+
+
+class RunnerSupervisor:
+    """Owns one runner process and its task queue. All methods run on the event loop."""
+
+    def __init__(self, runner_id: RunnerId, config: RunnerConfig, on_change: Callable[[], None] = lambda: None) -> None:
+        self.runner_id = runner_id
+        self._on_change = on_change
+        self.config = config
+        self.status: RunnerStatus = "loading"
+        self.metadata: ModelMetadata | None = None
+        self.last_error: str | None = None
+        self.restarts = 0
+        self.pid: int | None = None
+        self._queue: deque[_PendingTask] = deque()
+        self._running: _PendingTask | None = None
+        self._connection: Connection | None = None
+        self._process: BaseProcess | None = None
+        self._ready = anyio.Event()
+        self._stopping = False
+        self._load_failures = 0
+
+    # ---- public API -------------------------------------------------------------------------
+
+    @property
+    def queued_task_ids(self) -> list[TaskId]:
+        return [pending.task.task_id for pending in self._queue]
+
+    @property
+    def running_task_id(self) -> TaskId | None:
+        return self._running.task.task_id if self._running else None
+
+    def submit(self, task: ChatCompletionTask) -> MemoryObjectReceiveStream[Chunk]:
+        """Queue `task`; its chunks arrive on the returned stream, which closes after the last one."""
+        if self.status == "failed" and self._load_failures >= MAX_CONSECUTIVE_LOAD_FAILURES:
+            raise RunnerUnavailableError(self.last_error or "runner failed")
+        if len(self._queue) >= self.config.queue_limit:
+            raise QueueFullError(f"{len(self._queue)} requests are already waiting for model {self.config.model_id}")
+        sender, receiver = anyio.create_memory_object_stream[Chunk](max_buffer_size=math.inf)
+        self._queue.append(_PendingTask(task, sender))
+        self._dispatch_next()
+        self._on_change()
+        return receiver
+
+    def cancel(self, task_id: TaskId) -> None:
+        """Drop a queued task, or ask the runner to stop the running one (it stops within one token)."""
+        for pending in list(self._queue):
+            if pending.task.task_id == task_id:
+                self._queue.remove(pending)
+                pending.sender.close()
+                return
+        if self._running and self._running.task.task_id == task_id:
+            self._send(CancelTask(task_id=task_id))
+
+    async def run(self) -> None:
+        """Keep a runner alive until `stop()`: start it, pump its messages, restart it when it dies."""
+        while not self._stopping:
+            self._start_process()
+            try:
+                await self._pump_messages()
+            except _ProcessGoneError as gone:
+                self._on_process_gone(str(gone))
+            if self._stopping or self._load_failures >= MAX_CONSECUTIVE_LOAD_FAILURES:
+                break
+            self.restarts += 1
+            await anyio.sleep(min(0.5 * self.restarts, 5.0))
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._send(Shutdown())
+        process = self._process
+        if process is not None:
+            await anyio.to_thread.run_sync(process.join, 5.0)
+            if process.is_alive():
+                process.kill()
+        self.status = "shutdown"
+        self._fail_all("the node is shutting down", status_code=503)
+        self._on_change()
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+
+    # ---- process management -----------------------------------------------------------------
+
+    def _start_process(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe(duplex=True)
+        process = context.Process(
+            target=runner_main, args=(child, self.config.log_level), name=f"exo-runner-{self.runner_id}", daemon=True
+        )
+        process.start()
+        child.close()
+        self._process, self._connection, self.pid = process, parent, process.pid
+        self.status = "loading"
+        self._ready = anyio.Event()
+        self._send(
+            RunnerBootstrap(
+                model_path=str(self.config.model_path),
+                shard=self.config.shard,
+                tool_format_override=self.config.tool_format_override,
+                prefix_cache_bytes=self.config.prefix_cache_bytes,
+            )
+        )
+        logger.info("started runner %s (pid %s) for %s", self.runner_id, process.pid, self.config.model_id)
+        self._on_change()
+
+    async def _pump_messages(self) -> None:
+        connection, process = self._connection, self._process
+        assert connection is not None
+        assert process is not None
+
+        def read_forever() -> None:
+            while True:
+                ready = wait([connection, process.sentinel])
+                if connection in ready:
+                    try:
+                        payload = connection.recv_bytes()
+                    except (EOFError, OSError):
+                        break
+                    message = RunnerResponseAdapter.validate_json(payload)
+                    anyio.from_thread.run_sync(self._handle, message)
+                else:
+                    break
+
+        await anyio.to_thread.run_sync(read_forever, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
+        process.join(timeout=1.0)
+        raise _ProcessGoneError(f"runner process exited with code {process.exitcode}")
+
+    def _send(self, message: RunnerRequest) -> None:
+        if self._connection is None:
+            return
+        try:
+            self._connection.send_bytes(RunnerRequestAdapter.dump_json(message))
+        except (BrokenPipeError, OSError):
+            logger.warning("runner %s pipe is closed; its exit will be handled by the supervisor", self.runner_id)
+
+    # ---- message handling -------------------------------------------------------------------
+
+    def _handle(self, message: RunnerResponse) -> None:
+        match message:
+            case RunnerReady(metadata=metadata):
+                self.metadata = metadata
+                self.status = "ready"
+                self.last_error = None
+                self._load_failures = 0
+                self._ready.set()
+                self._dispatch_next()
+            case RunnerLoadFailed(message=reason):
+                # Loading is deterministic: retrying the same files would fail the same way.
+                self._load_failures = MAX_CONSECUTIVE_LOAD_FAILURES
+                self.last_error = reason
+                logger.error("runner %s could not load %s: %s", self.runner_id, self.config.model_id, reason)
+                self._fail_all(f"model {self.config.model_id} failed to load: {reason}", status_code=503)
+            case TaskChunk(task_id=task_id, chunk=chunk):
+                if self._running and self._running.task.task_id == task_id:
+                    self._running.sender.send_nowait(chunk)
+            case TaskDone(task_id=task_id):
+                if self._running and self._running.task.task_id == task_id:
+                    self._running.sender.close()
+                    self._running = None
+                self.status = "ready"
+                self._dispatch_next()
+        self._on_change()
+
+    def _dispatch_next(self) -> None:
+        if self.status != "ready" or self._running is not None:
+            return
+        if self._queue:
+            self._running = self._queue.popleft()
+            self.status = "running"
+            self._send(RunTask(task=self._running.task))
+
+    def _on_process_gone(self, reason: str) -> None:
+        self.status = "failed"
+        self._ready = anyio.Event()
+        if self._load_failures == 0:
+            self.last_error = f"{reason} at {time.strftime('%H:%M:%S')}"
+        logger.error("runner %s for %s: %s", self.runner_id, self.config.model_id, reason)
+        if self._running is not None:
+            self._running.sender.send_nowait(
+                ErrorChunk(message=f"the model runner crashed while generating ({reason}); it is being restarted")
+            )
+            self._running.sender.close()
+            self._running = None
+        if self._load_failures >= MAX_CONSECUTIVE_LOAD_FAILURES:
+            self._fail_all(f"model {self.config.model_id} is unavailable: {self.last_error}", status_code=503)
+        self._on_change()
+
+    def _fail_all(self, message: str, *, status_code: int) -> None:
+        waiting = list(self._queue)
+        self._queue.clear()
+        if self._running is not None:
+            waiting.append(self._running)
+            self._running = None
+        for pending in waiting:
+            pending.sender.send_nowait(ErrorChunk(message=message, status_code=status_code, code="model_unavailable"))
+            pending.sender.close()
