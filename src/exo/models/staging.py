@@ -12,6 +12,13 @@ logger = logging.getLogger(__name__)
 STAGING_PREFIX = ".staging-"
 
 
+def _make_readable(directory: Path) -> None:
+    # mkdtemp creates 0700 and some writers use 0600; a shared model cache should be readable like any download.
+    directory.chmod(0o755)
+    for entry in directory.rglob("*"):
+        entry.chmod(0o755 if entry.is_dir() else 0o644)
+
+
 @contextmanager
 def staged_directory(final_dir: Path) -> Generator[Path]:
     """Yield an empty temp directory; on success it becomes `final_dir`, on any error it is deleted.
@@ -24,6 +31,7 @@ def staged_directory(final_dir: Path) -> Generator[Path]:
     staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{final_dir.name}-", dir=final_dir.parent))
     try:
         yield staging
+        _make_readable(staging)
         try:
             staging.rename(final_dir)
         except OSError:

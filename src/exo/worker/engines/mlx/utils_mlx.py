@@ -9,8 +9,8 @@ from typing import Any, cast
 
 import mlx.core as mx
 from mlx import nn
-from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx.utils import tree_flatten
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import dequantize_model
 from mlx_lm.utils import load as mlx_lm_load
 
