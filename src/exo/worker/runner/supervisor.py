@@ -217,7 +217,6 @@ class RunnerSupervisor:
             case RunnerReady(metadata=metadata):
                 self.metadata = metadata
                 self.status = "ready"
-                self.last_error = None
                 self._load_failures = 0
                 self._ready.set()
                 self._dispatch_next()

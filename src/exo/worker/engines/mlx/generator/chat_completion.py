@@ -15,7 +15,11 @@ from exo.shared.types.chunks import (
 from exo.shared.types.common import FinishReason
 from exo.shared.types.tasks import ChatCompletionTask, ToolPolicy
 from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
-from exo.worker.engines.mlx.constrained.setup import ConstraintError, logits_processors_for
+from exo.worker.engines.mlx.generator.constraints import (
+    UnsupportedConstraintError,
+    callable_functions,
+    logits_processors_for,
+)
 from exo.worker.engines.mlx.generator.generate import ContextLengthExceededError, clamp_max_tokens, generate_tokens
 from exo.worker.engines.mlx.generator.stop_sequences import StopSequenceMatcher
 from exo.worker.engines.mlx.generator.tool_parser import ToolFormatName, ToolStreamParser
@@ -33,17 +37,10 @@ class EngineContext:
     prefix_cache: PrefixCache | None
 
 
-def callable_tools(policy: ToolPolicy) -> list[str]:
-    names = [tool.name for tool in policy.tools]
-    return [name for name in names if name in policy.callable_tools] if policy.callable_tools else names
-
-
 def _make_parser(context: EngineContext, policy: ToolPolicy, starts_in_reasoning: bool) -> ToolStreamParser:
-    allowed = set(callable_tools(policy))
-    tools = [tool for tool in policy.tools if tool.name in allowed] if policy.mode != "none" else []
     return ToolStreamParser(
         context.tool_format,
-        tools,
+        callable_functions(policy),
         parallel_tool_calls=policy.parallel_tool_calls,
         starts_in_reasoning=starts_in_reasoning,
     )
@@ -69,9 +66,6 @@ def run_chat_completion(
     try:
         prompt = apply_chat_template(loaded.tokenizer, params.messages, params.tool_policy)
         max_tokens = clamp_max_tokens(params.sampling.max_tokens, len(prompt.tokens), loaded.context_length)
-        processors = logits_processors_for(
-            loaded.tokenizer, context.tool_format, params.tool_policy, prompt_length=len(prompt.tokens)
-        )
     except ContextLengthExceededError as error:
         yield ErrorChunk(
             message=str(error),
@@ -80,13 +74,22 @@ def run_chat_completion(
             status_code=400,
         )
         return
-    except ConstraintError as error:
+
+    lease = context.prefix_cache.acquire(prompt.tokens) if context.prefix_cache else None
+    to_prefill = lease.remaining_tokens if lease else prompt.tokens
+    try:
+        # mlx-lm hands processors the tokens it was given (the uncached rest of the prompt) plus the sampled ones.
+        processors = logits_processors_for(
+            loaded.tokenizer, context.tool_format, params.tool_policy, prompt_length=len(to_prefill)
+        )
+    except UnsupportedConstraintError as error:
+        if lease and context.prefix_cache:
+            context.prefix_cache.discard(lease)
         yield ErrorChunk(message=str(error), error_type="invalid_request_error", code="unsupported", status_code=400)
         return
 
     parser = _make_parser(context, params.tool_policy, prompt.starts_in_reasoning)
     stops = StopSequenceMatcher(params.sampling.stop)
-    lease = context.prefix_cache.acquire(prompt.tokens) if context.prefix_cache else None
     generated: list[int] = []
     reasoning_tokens = 0
     generation_finish: FinishReason | None = None
@@ -94,7 +97,7 @@ def run_chat_completion(
     try:
         for response in generate_tokens(
             loaded,
-            lease.remaining_tokens if lease else prompt.tokens,
+            to_prefill,
             sampling=params.sampling,
             max_tokens=max_tokens,
             prompt_cache=lease.cache if lease else None,

@@ -1,0 +1,99 @@
+"""Run a real `exo` node in a subprocess for end-to-end tests (real HTTP, real runner subprocess, real MLX)."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class ExoServer:
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def state(self) -> dict[str, object]:
+        response = httpx.get(f"{self.base_url}/state", timeout=10)
+        response.raise_for_status()
+        state: dict[str, object] = response.json()
+        return state
+
+    def runner(self) -> dict[str, object]:
+        runners = self.state()["runners"]
+        assert isinstance(runners, dict)
+        values = list(runners.values())  # pyright: ignore[reportUnknownArgumentType]
+        assert len(values) == 1
+        runner = values[0]
+        assert isinstance(runner, dict)
+        return runner  # pyright: ignore[reportUnknownVariableType]
+
+    def wait_for_status(self, wanted: str, timeout: float = 60.0) -> dict[str, object]:
+        deadline = time.monotonic() + timeout
+        runner: dict[str, object] = {}
+        while time.monotonic() < deadline:
+            try:
+                runner = self.runner()
+                if runner.get("status") == wanted:
+                    return runner
+            except (httpx.HTTPError, AssertionError):
+                pass
+            if self.process.poll() is not None:
+                raise RuntimeError(f"exo exited with {self.process.returncode}:\n{self.log()}")
+            time.sleep(0.1)
+        raise TimeoutError(f"runner never became {wanted!r} (last: {runner}):\n{self.log()}")
+
+
+def fixture_model(name: str) -> Path:
+    return FIXTURE_MODELS_DIR / name
+
+
+@contextmanager
+def running_exo(
+    models: Sequence[Path], tmp_path: Path, extra_args: Sequence[str] = (), env: dict[str, str] | None = None
+) -> Iterator[ExoServer]:
+    """Start `python -m exo` on a free port serving `models`, wait until ready, and stop it afterwards."""
+    port = free_port()
+    log_path = tmp_path / f"exo-{port}.log"
+    arguments = [sys.executable, "-m", "exo", "--api-port", str(port), "--models-dir", str(tmp_path / "models")]
+    for model in models:
+        arguments += ["--model", str(model)]
+    arguments += list(extra_args)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            arguments, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+        )
+    server = ExoServer(process=process, port=port, log_path=log_path)
+    try:
+        server.wait_for_status("ready")
+        yield server
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
