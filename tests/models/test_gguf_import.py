@@ -7,6 +7,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from gguf import TokenType
+from mlx import nn
 from mlx_lm import load
 
 from exo.models.errors import ModelLoadError
@@ -35,8 +36,8 @@ def tiny_tokenizer() -> TinyTokenizer:
     return build_tokenizer()
 
 
-def _logits(model: object, token_ids: list[int]) -> np.ndarray:
-    output = model(mx.array([token_ids]))  # pyright: ignore[reportCallIssue] -- mlx_lm models are untyped callables
+def _logits(model: nn.Module, token_ids: list[int]) -> np.ndarray:
+    output: mx.array = model(mx.array([token_ids]))
     return np.array(output.astype(mx.float32))
 
 

@@ -55,13 +55,13 @@ class GGUFMetadata:
         value = self._contents(key)
         if not isinstance(value, list):
             raise ModelLoadError(f"cannot import {self._source}: GGUF '{key}' is not a list")
-        return [str(item) for item in value]  # pyright: ignore[reportUnknownVariableType] -- list from the reader
+        return [str(item) for item in value]
 
     def integers(self, key: str) -> list[int]:
         value = self._contents(key)
         if not isinstance(value, list):
             raise ModelLoadError(f"cannot import {self._source}: GGUF '{key}' is not a list")
-        return [int(item) for item in value]  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType] -- list from the reader
+        return [int(item) for item in value]
 
     def optional_integer(self, key: str) -> int | None:
         return self.integer(key) if self.has(key) else None
