@@ -14,7 +14,7 @@ class HermesFormat:
     start_markers: tuple[str, ...] = (_START,)
     bare_openers: str = BARE_JSON_OPENERS
 
-    def open_region(self, marker: str, sink: CallSink) -> CallRegion:
+    def open_region(self, _marker: str, sink: CallSink, /) -> CallRegion:
         return JsonCallRegion(sink, shape="single", strict_shape=False, end_markers=(_END,), start_markers=(_START,))
 
     def open_bare(self, sink: CallSink) -> CallRegion:

@@ -70,7 +70,7 @@ class EnvelopeParser:
             self._state = _IN_KEY
             self._streamer = JsonValueStreamer(None, self._sink.meter)
             return position
-        elif (state == _EXPECT_FIRST_KEY or state == _AFTER_VALUE) and character == "}":
+        elif state in (_EXPECT_FIRST_KEY, _AFTER_VALUE) and character == "}":
             self._close_envelope()
         elif state == _EXPECT_COLON and character == ":":
             self._begin_value()
@@ -223,4 +223,3 @@ class EnvelopeParser:
             if not self._streamer.done:
                 self._sink.note_failure("generation ended inside the tool call's arguments")
         self._finish_committed()
-

@@ -5,10 +5,11 @@ from collections.abc import Mapping, Sequence
 from typing import cast
 
 from pydantic import BaseModel, ConfigDict
+from pydantic import JsonValue as WireJsonValue
 
 from exo.worker.engines.mlx.generator.tool_parser.json_stream import JsonValueStreamer
 from exo.worker.engines.mlx.generator.tool_parser.plugin import CallSink
-from exo.worker.engines.mlx.generator.tool_parser.schema import JsonValue, SchemaView
+from exo.worker.engines.mlx.generator.tool_parser.schema import SchemaView
 
 
 class ParsedCall(BaseModel):
@@ -17,7 +18,7 @@ class ParsedCall(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     name: str
-    arguments: dict[str, JsonValue]
+    arguments: dict[str, WireJsonValue]
 
 
 def parsed_calls_from_untyped(result: object) -> list[ParsedCall]:
@@ -33,7 +34,7 @@ def parsed_calls_from_untyped(result: object) -> list[ParsedCall]:
             arguments = cast(object, json.loads(arguments))
         if not isinstance(name, str) or not isinstance(arguments, dict):
             raise ValueError(f"not a call: {item!r:.80}")
-        calls.append(ParsedCall(name=name, arguments=cast(dict[str, JsonValue], arguments)))
+        calls.append(ParsedCall(name=name, arguments=cast(dict[str, WireJsonValue], arguments)))
     return calls
 
 

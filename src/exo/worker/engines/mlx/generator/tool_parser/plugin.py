@@ -1,5 +1,6 @@
 """The one interface between the stream parser and a tool-call format (see the package docstring)."""
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from exo.shared.types.api import FunctionDefinition
@@ -18,6 +19,10 @@ class CallSink(Protocol):
 
     def find_tool(self, name: str) -> FunctionDefinition | None:
         """The tool called `name`, or None when the request has no such tool."""
+        ...
+
+    def all_tools(self) -> Sequence[FunctionDefinition]:
+        """Every tool of the request (parsers that read parameter types need them)."""
         ...
 
     def open_call(self, tool: FunctionDefinition) -> None:
@@ -78,7 +83,7 @@ class ToolFormat(Protocol):
         """Characters that may open a call with no marker, at the very start of the reply ("" if none)."""
         ...
 
-    def open_region(self, marker: str, sink: CallSink) -> CallRegion:
+    def open_region(self, marker: str, sink: CallSink, /) -> CallRegion:
         """A region that begins after `marker`."""
         ...
 

@@ -127,7 +127,11 @@ def wants_coercion_from_string(view: SchemaView | None) -> bool:
     if view is None:
         return False
     types = view.types()
-    return types is not None and "string" not in types and bool(types & {"integer", "number", "boolean", "object", "array"})
+    return (
+        types is not None
+        and "string" not in types
+        and bool(types & {"integer", "number", "boolean", "object", "array"})
+    )
 
 
 def coerce_string(text: str, view: SchemaView) -> JsonValue | None:
@@ -172,7 +176,7 @@ def coerce_number(literal: str, view: SchemaView | None) -> str:
 def validation_errors(arguments_text: str, parameters: SchemaDict) -> list[str]:
     """Why `arguments_text` does not satisfy the tool's schema (empty when it does)."""
     try:
-        arguments = cast(object, json.loads(arguments_text))
+        arguments = cast(JsonValue, json.loads(arguments_text))
     except json.JSONDecodeError as error:
         return [f"arguments are not valid JSON ({error.msg} at {error.pos})"]
     try:

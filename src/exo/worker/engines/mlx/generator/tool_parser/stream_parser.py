@@ -21,7 +21,7 @@ _WHITESPACE = " \t\n\r"
 
 
 class _OpenCall:
-    __slots__ = ("tool", "index", "parts")
+    __slots__ = ("index", "parts", "tool")
 
     def __init__(self, tool: FunctionDefinition, index: int) -> None:
         self.tool = tool
@@ -129,6 +129,9 @@ class ToolStreamParser:
 
     def find_tool(self, name: str) -> FunctionDefinition | None:
         return self._tools.get(name)
+
+    def all_tools(self) -> Sequence[FunctionDefinition]:
+        return list(self._tools.values())
 
     def open_call(self, tool: FunctionDefinition) -> None:
         if self._stopped:
