@@ -29,6 +29,7 @@ class JsonCallRegion:
         self._end_markers = tuple(end_markers)
         self._scanner = MarkerScanner((*end_markers, *start_markers), sink.meter)
         self._pending_whitespace = ""
+        self._stray_noted = False
         self._finished = False
         self._handoff: str | None = None
 
@@ -60,6 +61,9 @@ class JsonCallRegion:
         if self._sequence.broken:
             self._sink.arguments(text)
         elif text.strip():
+            if not self._stray_noted:
+                self._stray_noted = True
+                self._sink.note_failure("text after a tool call, before its end marker, was kept as content")
             self._sink.content(self._pending_whitespace + text)
             self._pending_whitespace = ""
         else:
