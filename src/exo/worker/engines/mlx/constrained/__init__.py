@@ -29,6 +29,7 @@ from exo.worker.engines.mlx.constrained.logits_processor import (
 )
 from exo.worker.engines.mlx.constrained.spec import (
     ConstraintMode,
+    ReasoningMarkers,
     ToolConstraintSpec,
     UnsupportedConstraintError,
     constraint_needed,
@@ -38,6 +39,7 @@ from exo.worker.engines.mlx.constrained.spec import (
 __all__ = [
     "SUPPORTED_FORMATS",
     "ConstraintMode",
+    "ReasoningMarkers",
     "ToolCallConstraintError",
     "ToolCallLogitsProcessor",
     "ToolConstraintSpec",

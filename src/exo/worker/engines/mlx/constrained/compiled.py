@@ -6,6 +6,7 @@ text) in a small LRU. A cached matcher is a pristine template that is never adva
 `deep_copy` of it, which is cheap and leaves the template safe to share between threads.
 """
 
+from collections.abc import Iterable
 from functools import lru_cache
 from typing import Final
 
@@ -13,30 +14,31 @@ import llguidance.hf
 from llguidance import LLMatcher, LLTokenizer
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from exo.worker.engines.mlx.constrained.grammar import HERMES_CALL_END, HERMES_CALL_START
 from exo.worker.engines.mlx.constrained.spec import UnsupportedConstraintError
 
 _TOKENIZER_CACHE_SIZE: Final = 4
 _GRAMMAR_CACHE_SIZE: Final = 32
-_MARKERS: Final = (HERMES_CALL_START, HERMES_CALL_END)
 
 
 class GuidanceTokenizer:
-    """An llguidance view of one mlx-lm tokenizer, plus which tool markers it has as single added tokens."""
+    """An llguidance view of one mlx-lm tokenizer."""
 
     def __init__(self, tokenizer: TokenizerWrapper) -> None:
         hf_tokenizer = tokenizer._tokenizer  # pyright: ignore[reportPrivateUsage] -- mlx-lm exposes no accessor
         eos_ids: list[int] = sorted(tokenizer.eos_token_ids)
         self.lltokenizer: Final[LLTokenizer] = llguidance.hf.from_tokenizer(hf_tokenizer, eos_token=eos_ids)
-        self.special_markers: Final[dict[str, int]] = self._special_markers()
 
-    def _special_markers(self) -> dict[str, int]:
-        """llguidance treats every added token as special: matchable by id only, never by its text."""
+    def special_tokens(self, texts: Iterable[str]) -> dict[str, int]:
+        """The texts that are one added token, with their ids.
+
+        llguidance treats every added token as special (even ones the tokenizer marks `special: false`, as Qwen
+        does for `<tool_call>`): a grammar can match it only by id, never by its text.
+        """
         found: dict[str, int] = {}
-        for marker in _MARKERS:
-            ids = self.lltokenizer.tokenize_str(marker, parse_special=True)
+        for text in texts:
+            ids = self.lltokenizer.tokenize_str(text, parse_special=True)
             if len(ids) == 1 and self.lltokenizer.is_special_token(ids[0]):
-                found[marker] = ids[0]
+                found[text] = ids[0]
         return found
 
 

@@ -2,6 +2,7 @@
 
 A call's arguments are an inline `%json` schema: each tool's schema stays a schema root of its own, so its
 `$defs`/`$ref` keep working, and the fixed text around it (`{"name": "X", "arguments": `) pins the name.
+Each format contributes a `reply` rule; `start` adds the optional reasoning block in front of it.
 """
 
 import json
@@ -12,7 +13,12 @@ from typing import Final
 from llguidance import LLMatcher
 
 from exo.shared.types.api import FunctionDefinition, JsonObject
-from exo.worker.engines.mlx.constrained.spec import ConstraintMode, ToolConstraintSpec, UnsupportedConstraintError
+from exo.worker.engines.mlx.constrained.spec import (
+    ConstraintMode,
+    ReasoningMarkers,
+    ToolConstraintSpec,
+    UnsupportedConstraintError,
+)
 
 HERMES_CALL_START: Final = "<tool_call>"
 HERMES_CALL_END: Final = "</tool_call>"
@@ -20,10 +26,26 @@ _TAGGED_JSON_FORMATS: Final = frozenset({"hermes", "generic"})
 _LLAMA3_JSON_FORMAT: Final = "llama3_json"
 SUPPORTED_FORMATS: Final = frozenset({*_TAGGED_JSON_FORMATS, _LLAMA3_JSON_FORMAT})
 
-# Compact, json.dumps-style separators: the spacing chat templates render, and no unbounded whitespace runs for a
-# sampler to wander into.
-_JSON_OPTIONS: Final[JsonObject] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# Compact json.dumps-style separators (the spacing chat templates render, and no unbounded whitespace runs for a
+# sampler to wander into). Lenient: keywords llguidance does not implement (uniqueItems, not, if/then/else,
+# contains, propertyNames, dependentRequired, unevaluatedProperties) go unenforced instead of failing the
+# request; everything else in the schema is still enforced.
+_JSON_OPTIONS: Final[JsonObject] = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "lenient": True,
+}
 _SCHEMA_COMBINATORS: Final = ("type", "anyOf", "oneOf", "allOf", "$ref", "enum", "const")
+_NEWLINE: Final = json.dumps("\n")
+_ANY_TEXT: Final = r"TEXT: /(.|\n)*/"
+
+
+def marker_texts(spec: ToolConstraintSpec) -> tuple[str, ...]:
+    """Texts the grammar for `spec` writes as markers: the caller looks up which are single added tokens."""
+    tool_markers = (HERMES_CALL_START, HERMES_CALL_END) if spec.tool_format in _TAGGED_JSON_FORMATS else ()
+    reasoning = (spec.reasoning.start, spec.reasoning.end) if spec.reasoning else ()
+    return (*tool_markers, *reasoning)
 
 
 def build_tool_grammar(spec: ToolConstraintSpec, *, special_tokens: Mapping[str, int] | None = None) -> str:
@@ -32,7 +54,7 @@ def build_tool_grammar(spec: ToolConstraintSpec, *, special_tokens: Mapping[str,
     `special_tokens` maps a marker text (such as `<tool_call>`) to its token id when the tokenizer has it as one
     added token: llguidance matches such a token only by id, never by its text, so the grammar accepts both the
     token and the marker spelled out in ordinary pieces. Raises UnsupportedConstraintError for formats without a
-    grammar here and for schemas llguidance rejects.
+    grammar here and for schemas llguidance cannot compile (such as a `$ref` to nowhere).
     """
     if not spec.tools:
         raise UnsupportedConstraintError("a tool-call constraint needs at least one tool")
@@ -40,65 +62,67 @@ def build_tool_grammar(spec: ToolConstraintSpec, *, special_tokens: Mapping[str,
         raise UnsupportedConstraintError("a named tool_choice constrains to exactly one tool")
     markers = special_tokens or {}
     if spec.tool_format in _TAGGED_JSON_FORMATS:
-        grammar = _tagged_json_grammar(spec, markers, body_key="arguments")
+        reply = _tagged_json_reply(spec, markers)
     elif spec.tool_format == _LLAMA3_JSON_FORMAT:
-        grammar = _bare_json_grammar(spec)
+        reply = _bare_json_reply(spec)
     else:
         raise UnsupportedConstraintError(
             f"tool format {spec.tool_format!r} has no constraint grammar (supported: {sorted(SUPPORTED_FORMATS)})"
         )
+    grammar = "\n".join(["%llguidance {}", *_start_rules(spec.reasoning, markers), _ANY_TEXT, *reply])
     _raise_if_rejected(grammar)
     return grammar
 
 
-def _tagged_json_grammar(spec: ToolConstraintSpec, markers: Mapping[str, int], *, body_key: str) -> str:
+def _start_rules(reasoning: ReasoningMarkers | None, markers: Mapping[str, int]) -> list[str]:
+    """`start`: the reply, after a reasoning block when the model has one (its text free, ended by its marker)."""
+    if reasoning is None:
+        return ["start: reply"]
+    rules = [
+        f"reasoning_rest: {_text_then(reasoning.end, markers, 'reasoning_end')} /\\n{{0,2}}/",
+        *_text_then_rules(reasoning.end, markers, "reasoning_end"),
+    ]
+    if reasoning.opened_in_prompt:
+        return ["start: reasoning_rest reply", *rules]
+    return [f"start: ({_marker(reasoning.start, markers)} reasoning_rest)? reply", *rules]
+
+
+def _tagged_json_reply(spec: ToolConstraintSpec, markers: Mapping[str, int]) -> list[str]:
     """Hermes/Qwen: `<tool_call>\\n{"name": …, "arguments": …}\\n</tool_call>`, calls joined by a newline."""
     single_call = spec.mode is ConstraintMode.NAMED or not spec.parallel_tool_calls
-    more_calls = "" if single_call else ' ("\\n" call)*'
-    newline = _literal("\n")
+    more_calls = "" if single_call else f" ({_NEWLINE} call)*"
     call_rules = [
-        f"call: open_marker {newline} call_rest",
-        f"call_rest: body {newline} close_marker",
-        f"open_marker: {_marker(HERMES_CALL_START, markers)}",
-        f"close_marker: {_marker(HERMES_CALL_END, markers)}",
-        *_body_rules(spec.tools, body_key),
+        f"call: {_marker(HERMES_CALL_START, markers)} {_NEWLINE} call_rest",
+        f"call_rest: body {_NEWLINE} {_marker(HERMES_CALL_END, markers)}",
+        *_body_rules(spec.tools, "arguments"),
     ]
     if spec.mode is not ConstraintMode.STRICT_AUTO:
-        return "\n".join(["%llguidance {}", f"start: call{more_calls}", *call_rules])
-    # Free text ends at the first marker: the lazy lexeme stops there, so text can never carry a spelled-out
-    # marker past the grammar, and a constrained call follows. An added marker token ends the text by itself.
-    openings = ["text_then_open"]
-    opening_rules = [f"text_then_open[lazy]: TEXT {_literal(HERMES_CALL_START)}"]
-    if HERMES_CALL_START in markers:
-        openings.append("text_then_open_token")
-        opening_rules.append(f"text_then_open_token: TEXT <[{markers[HERMES_CALL_START]}]>")
-    return "\n".join(
-        [
-            "%llguidance {}",
-            f"start: TEXT | first_call{more_calls}",
-            f"first_call: ({' | '.join(openings)}) {newline} call_rest",
-            r"TEXT: /(.|\n)*/",
-            *opening_rules,
-            *call_rules,
-        ]
-    )
+        return [f"reply: call{more_calls}", *call_rules]
+    # Free text ends at the first marker (a lazy lexeme stops there), so text can never carry a spelled-out marker
+    # past the grammar: a constrained call follows.
+    return [
+        f"reply: TEXT | first_call{more_calls}",
+        f"first_call: {_text_then(HERMES_CALL_START, markers, 'call_start')} {_NEWLINE} call_rest",
+        *_text_then_rules(HERMES_CALL_START, markers, "call_start"),
+        *call_rules,
+    ]
 
 
-def _bare_json_grammar(spec: ToolConstraintSpec) -> str:
+def _bare_json_reply(spec: ToolConstraintSpec) -> list[str]:
     """Llama 3.x JSON tool calling: one `{"name": …, "parameters": …}` object (the format has no parallel calls)."""
-    lines = _body_rules(spec.tools, "parameters")
+    body = _body_rules(spec.tools, "parameters")
     if spec.mode is ConstraintMode.STRICT_AUTO:
         # Text that opens with "{" is a call, as Llama's own prompt format reads it.
-        return "\n".join(["%llguidance {}", "start: TEXT | body", r"TEXT: /([^{](.|\n)*)?/", *lines])
-    return "\n".join(["%llguidance {}", "start: body", *lines])
+        return ["reply: PROSE | body", r"PROSE: /([^{](.|\n)*)?/", *body]
+    return ["reply: body", *body]
 
 
-def _body_rules(tools: tuple[FunctionDefinition, ...], body_key: str) -> list[str]:
+def _body_rules(tools: tuple[FunctionDefinition, ...], arguments_key: str) -> list[str]:
     """`body` is one alternative per tool: fixed JSON text up to the arguments, the tool's schema, then `}`."""
     alternatives = [f"body_{index}" for index in range(len(tools))]
     rules = [f"body: {' | '.join(alternatives)}"]
     for rule_name, tool in zip(alternatives, tools, strict=True):
-        head = "{" + json.dumps("name") + ": " + json.dumps(tool.name) + ", " + json.dumps(body_key) + ": "
+        head = "{" + json.dumps("name") + ": " + json.dumps(tool.name) + ", " + json.dumps(arguments_key) + ": "
         schema = json.dumps(_arguments_schema(tool.parameters))
         rules.append(f"{rule_name}: {_literal(head)} %json {schema} {_literal('}')}")
     return rules
@@ -111,6 +135,19 @@ def _arguments_schema(parameters: JsonObject) -> JsonObject:
         schema["type"] = "object"
     schema["x-guidance"] = _JSON_OPTIONS
     return schema
+
+
+def _text_then(marker: str, markers: Mapping[str, int], name: str) -> str:
+    """Reference to free text ended by the first `marker` (rules from `_text_then_rules` with the same name)."""
+    return f"(text_then_{name} | text_then_{name}_token)" if marker in markers else f"text_then_{name}"
+
+
+def _text_then_rules(marker: str, markers: Mapping[str, int], name: str) -> list[str]:
+    rules = [f"text_then_{name}[lazy]: TEXT {_literal(marker)}"]
+    if marker in markers:
+        # An added token cannot occur inside TEXT, so it ends the text by itself.
+        rules.append(f"text_then_{name}_token: TEXT <[{markers[marker]}]>")
+    return rules
 
 
 def _marker(text: str, markers: Mapping[str, int]) -> str:
@@ -127,7 +164,7 @@ def _literal(text: str) -> str:
 
 @lru_cache(maxsize=64)
 def _raise_if_rejected(grammar: str) -> None:
-    """Compile the grammar once without a tokenizer so schema features llguidance lacks fail here, clearly."""
+    """Compile the grammar once without a tokenizer so what llguidance cannot compile fails here, clearly."""
     is_error, messages = LLMatcher.validate_grammar_with_warnings(LLMatcher.grammar_from_lark(grammar))
     if is_error:
         raise UnsupportedConstraintError(f"llguidance rejects the tool-call grammar: {'; '.join(messages)}")

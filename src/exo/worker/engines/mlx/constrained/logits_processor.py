@@ -14,7 +14,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from numpy.typing import NDArray
 
 from exo.worker.engines.mlx.constrained.compiled import guidance_tokenizer, new_matcher
-from exo.worker.engines.mlx.constrained.grammar import build_tool_grammar
+from exo.worker.engines.mlx.constrained.grammar import build_tool_grammar, marker_texts
 from exo.worker.engines.mlx.constrained.spec import ToolConstraintSpec
 
 _BITS_PER_WORD: Final = 32
@@ -37,6 +37,11 @@ class ToolCallLogitsProcessor:
         self._bitmask: Final[NDArray[np.int32]] = np.zeros(words, dtype=np.int32)
         self._previous_bitmask: Final[NDArray[np.int32]] = np.zeros(words, dtype=np.int32)
         self._bias: mx.array | None = None
+
+    @property
+    def unenforced_schema_keywords(self) -> list[str]:
+        """llguidance's warnings about schema keywords it cannot enforce (worth a log line per request)."""
+        return self._matcher.get_grammar_warnings()
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         """Advance the grammar by the newly sampled tokens and mask `logits` (shape (1, V) or (V,))."""
@@ -83,6 +88,6 @@ def make_tool_logits_processor(
     the format or a schema cannot be enforced.
     """
     guidance = guidance_tokenizer(tokenizer)
-    grammar = build_tool_grammar(spec, special_tokens=guidance.special_markers)
+    grammar = build_tool_grammar(spec, special_tokens=guidance.special_tokens(marker_texts(spec)))
     matcher = new_matcher(guidance.lltokenizer, grammar)
     return ToolCallLogitsProcessor(matcher, guidance.lltokenizer.vocab_size, prompt_length=prompt_length)

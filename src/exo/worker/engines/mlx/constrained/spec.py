@@ -21,6 +21,15 @@ class ConstraintMode(StrEnum):
     """Free text, but a call once opened must name a given tool and match its schema."""
 
 
+class ReasoningMarkers(FrozenModel):
+    """A reasoning block the model may write before its reply (Qwen3 `<think>…</think>`); its text is free."""
+
+    start: str
+    end: str
+    opened_in_prompt: bool = False
+    """True when the chat template already wrote `start` at the end of the prompt: the reply begins inside it."""
+
+
 class ToolConstraintSpec(FrozenModel):
     """Everything the grammar depends on; built by the runner from the request and the model's tool format."""
 
@@ -30,6 +39,8 @@ class ToolConstraintSpec(FrozenModel):
     """The tools that may be called, already narrowed by a named choice or `allowed_tools`."""
     mode: ConstraintMode
     parallel_tool_calls: bool
+    reasoning: ReasoningMarkers | None = None
+    """Set for reasoning models, so the constraint leaves room to think before the calls."""
 
 
 def constraint_needed(

@@ -1,0 +1,1 @@
+"""Tests for grammar-constrained tool-call decoding."""

@@ -1,0 +1,225 @@
+"""Real sampling (temperature 1.0, random-weight models) under the constraint: every reply obeys tool_choice."""
+
+import time
+
+import pytest
+
+from exo.shared.types.api import (
+    AllowedToolsChoice,
+    AllowedToolsSpec,
+    FunctionDefinition,
+    NamedFunction,
+    NamedToolChoice,
+    ToolDefinition,
+)
+from exo.worker.engines.mlx.constrained import (
+    ConstraintMode,
+    ReasoningMarkers,
+    ToolConstraintSpec,
+    make_tool_logits_processor,
+    select_constrained_tools,
+)
+from exo.worker.engines.mlx.constrained.compiled import clear_caches
+from tests.worker.engines.mlx.constrained.conftest import LoadedModel
+from tests.worker.engines.mlx.constrained.generation import (
+    Generation,
+    assert_valid_call,
+    generate,
+    marker_steering_processor,
+    parse_hermes_calls,
+    parse_llama3_call,
+    prompt_length,
+    split_strict_auto,
+    steering_processor,
+)
+from tests.worker.engines.mlx.constrained.schemas import ALL_TOOLS, SEARCH, WEATHER
+
+SEEDS = range(12)
+PROPERTY_SEEDS = range(30)
+
+
+def _constrained(
+    tool_model: LoadedModel,
+    spec: ToolConstraintSpec,
+    seed: int,
+    *,
+    steer_to: str | None = None,
+    end_boost: float = 5.0,
+) -> Generation:
+    model, tokenizer = tool_model
+    processor = make_tool_logits_processor(tokenizer, spec, prompt_length=prompt_length(tokenizer))
+    steering = [steering_processor(tokenizer, end_boost=end_boost)]
+    if steer_to is not None:
+        steering.append(marker_steering_processor(tokenizer, steer_to))
+    generation = generate(model, tokenizer, [*steering, processor], seed=seed)
+    assert generation.ended_with_eos, f"seed {seed}: the grammar never let the reply end: {generation.text!r}"
+    return generation
+
+
+def test_required_always_yields_valid_calls_to_the_given_tools(tool_model: LoadedModel) -> None:
+    spec = ToolConstraintSpec(
+        tool_format="hermes", tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+    )
+    called: set[str] = set()
+    for seed in PROPERTY_SEEDS:
+        for call in parse_hermes_calls(_constrained(tool_model, spec, seed).text):
+            assert_valid_call(call, ALL_TOOLS)
+            called.add(call.name)
+    # Many schemas were exercised, not one lucky path.
+    assert len(called) >= 3, called
+
+
+def test_named_choice_always_yields_exactly_one_call_to_that_tool(tool_model: LoadedModel) -> None:
+    request_tools = [ToolDefinition(function=tool) for tool in ALL_TOOLS]
+    for seed in SEEDS:
+        named = ALL_TOOLS[seed % len(ALL_TOOLS)]
+        tools = select_constrained_tools(request_tools, NamedToolChoice(function=NamedFunction(name=named.name)))
+        spec = ToolConstraintSpec(
+            tool_format="hermes", tools=tools, mode=ConstraintMode.NAMED, parallel_tool_calls=True
+        )
+        calls = parse_hermes_calls(_constrained(tool_model, spec, seed).text)
+        assert [call.name for call in calls] == [named.name]
+        assert_valid_call(calls[0], (named,))
+
+
+def test_allowed_tools_are_never_escaped(tool_model: LoadedModel) -> None:
+    request_tools = [ToolDefinition(function=tool) for tool in ALL_TOOLS]
+    allowed = [{"type": "function", "function": {"name": name}} for name in ("search", "move_file")]
+    choice = AllowedToolsChoice(type="allowed_tools", allowed_tools=AllowedToolsSpec(mode="required", tools=allowed))
+    tools = select_constrained_tools(request_tools, choice)
+    spec = ToolConstraintSpec(tool_format="hermes", tools=tools, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True)
+    for seed in SEEDS:
+        for call in parse_hermes_calls(_constrained(tool_model, spec, seed).text):
+            assert call.name in {"search", "move_file"}
+            assert_valid_call(call, tools)
+
+
+def test_parallel_tool_calls_false_yields_exactly_one_call(tool_model: LoadedModel) -> None:
+    spec = ToolConstraintSpec(
+        tool_format="hermes", tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=False
+    )
+    for seed in SEEDS:
+        calls = parse_hermes_calls(_constrained(tool_model, spec, seed).text)
+        assert len(calls) == 1
+        assert_valid_call(calls[0], ALL_TOOLS)
+
+
+def test_parallel_calls_do_occur_when_allowed(marker_token_model: LoadedModel) -> None:
+    """Guards the test above: without the limit, the same sampling does produce several calls."""
+    spec = ToolConstraintSpec(
+        tool_format="hermes", tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+    )
+    counts = [
+        len(parse_hermes_calls(_constrained(marker_token_model, spec, seed, end_boost=2.0).text)) for seed in SEEDS
+    ]
+    assert max(counts) > 1, counts
+
+
+def test_strict_auto_yields_free_text_or_valid_calls(tool_model: LoadedModel) -> None:
+    tools = (WEATHER, SEARCH)
+    spec = ToolConstraintSpec(
+        tool_format="hermes", tools=tools, mode=ConstraintMode.STRICT_AUTO, parallel_tool_calls=True
+    )
+    replies_with_calls = replies_without_calls = 0
+    for seed in SEEDS:
+        _, calls = split_strict_auto(
+            _constrained(tool_model, spec, seed, steer_to="<tool_call>" if seed % 2 == 0 else None).text
+        )
+        for call in calls:
+            assert_valid_call(call, tools)
+        replies_with_calls += bool(calls)
+        replies_without_calls += not calls
+    # Both branches were exercised: plain replies, and calls the marker steering opened and the grammar finished.
+    assert replies_with_calls > 0
+    assert replies_without_calls > 0
+
+
+def test_reasoning_opened_by_the_prompt_is_free_then_the_named_call_follows(tool_model: LoadedModel) -> None:
+    thinking = ReasoningMarkers(start="<think>", end="</think>", opened_in_prompt=True)
+    spec = ToolConstraintSpec(
+        tool_format="hermes", tools=(SEARCH,), mode=ConstraintMode.NAMED, parallel_tool_calls=True, reasoning=thinking
+    )
+    for seed in SEEDS:
+        generation = _constrained(tool_model, spec, seed, steer_to="</think>")
+        _, separator, reply = generation.text.partition("</think>")
+        assert separator, generation.text
+        calls = parse_hermes_calls(reply.lstrip("\n"))
+        assert [call.name for call in calls] == ["search"]
+        assert_valid_call(calls[0], (SEARCH,))
+
+
+def test_llama3_json_required_yields_one_valid_object(tool_model: LoadedModel) -> None:
+    spec = ToolConstraintSpec(
+        tool_format="llama3_json", tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+    )
+    for seed in SEEDS:
+        assert_valid_call(parse_llama3_call(_constrained(tool_model, spec, seed).text), ALL_TOOLS)
+
+
+def test_unconstrained_output_of_the_same_model_is_not_a_call(tool_model: LoadedModel) -> None:
+    """The random model cannot write calls by itself: the tests above prove the constraint, not the model."""
+    model, tokenizer = tool_model
+    for seed in SEEDS:
+        text = generate(model, tokenizer, [steering_processor(tokenizer)], seed=seed, max_tokens=120).text
+        with pytest.raises((AssertionError, ValueError)):
+            parse_hermes_calls(text)
+
+
+def test_plain_generation_is_untouched_by_constrained_requests(tool_model: LoadedModel) -> None:
+    model, tokenizer = tool_model
+    before = generate(model, tokenizer, [], seed=7, max_tokens=60)
+    spec = ToolConstraintSpec(
+        tool_format="hermes", tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+    )
+    _constrained(tool_model, spec, seed=7)
+    after = generate(model, tokenizer, [], seed=7, max_tokens=60)
+    assert after.tokens == before.tokens
+    assert after.text.encode() == before.text.encode()
+
+
+def test_processors_from_the_cache_start_fresh(tool_model: LoadedModel) -> None:
+    """A cached grammar is copied per request: a finished request leaves no state for the next one."""
+    spec = ToolConstraintSpec(
+        tool_format="hermes", tools=(WEATHER,), mode=ConstraintMode.NAMED, parallel_tool_calls=True
+    )
+    first = _constrained(tool_model, spec, seed=3)
+    second = _constrained(tool_model, spec, seed=3)
+    assert second.tokens == first.tokens
+    assert_valid_call(parse_hermes_calls(second.text)[0], (WEATHER,))
+
+
+def test_compile_and_mask_cost_are_reported(tool_model: LoadedModel) -> None:
+    """Prints the numbers the docs quote; asserts only that the cache makes the repeat cheaper."""
+    model, tokenizer = tool_model
+    spec = ToolConstraintSpec(
+        tool_format="hermes", tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+    )
+    clear_caches()
+    started = time.perf_counter()
+    make_tool_logits_processor(tokenizer, spec, prompt_length=0)
+    cold = time.perf_counter() - started
+    started = time.perf_counter()
+    processor = make_tool_logits_processor(tokenizer, spec, prompt_length=prompt_length(tokenizer))
+    cached = time.perf_counter() - started
+    started = time.perf_counter()
+    constrained = generate(model, tokenizer, [steering_processor(tokenizer), processor], seed=1)
+    constrained_step = (time.perf_counter() - started) / max(len(constrained.tokens), 1)
+    started = time.perf_counter()
+    plain = generate(model, tokenizer, [steering_processor(tokenizer)], seed=1, max_tokens=len(constrained.tokens) or 1)
+    plain_step = (time.perf_counter() - started) / max(len(plain.tokens), 1)
+    print(
+        f"\ncompile cold {cold * 1e3:.1f} ms, cached {cached * 1e3:.2f} ms; per token constrained "
+        f"{constrained_step * 1e3:.2f} ms vs plain {plain_step * 1e3:.2f} ms"
+    )
+    assert cached < cold
+
+
+def test_definitions_are_not_mutated_by_grammar_building() -> None:
+    original = FunctionDefinition.model_validate(WEATHER.model_dump())
+    spec = ToolConstraintSpec(
+        tool_format="hermes", tools=(WEATHER,), mode=ConstraintMode.NAMED, parallel_tool_calls=False
+    )
+    from exo.worker.engines.mlx.constrained import build_tool_grammar
+
+    build_tool_grammar(spec)
+    assert original == WEATHER

@@ -1,0 +1,174 @@
+"""Grammar text: which replies it accepts, for both tokenizations of the markers, and what it refuses to build."""
+
+import llguidance
+import pytest
+from llguidance import LLMatcher
+
+from exo.worker.engines.mlx.constrained import (
+    ConstraintMode,
+    ReasoningMarkers,
+    ToolConstraintSpec,
+    UnsupportedConstraintError,
+    build_tool_grammar,
+    make_tool_logits_processor,
+)
+from exo.worker.engines.mlx.constrained.compiled import guidance_tokenizer
+from exo.worker.engines.mlx.constrained.grammar import marker_texts
+from tests.worker.engines.mlx.constrained.conftest import LoadedModel
+from tests.worker.engines.mlx.constrained.schemas import SEARCH, WEATHER
+
+CALL_WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
+CALL_SEARCH = '<tool_call>\n{"name": "search", "arguments": {"query": "x", "limit": 3}}\n</tool_call>'
+
+
+def _accepts(tool_model: LoadedModel, spec: ToolConstraintSpec, reply: str) -> bool:
+    """Whether the whole reply, tokenized as the model would, is a complete sentence of the grammar."""
+    _, tokenizer = tool_model
+    guidance = guidance_tokenizer(tokenizer)
+    grammar = build_tool_grammar(spec, special_tokens=guidance.special_tokens(marker_texts(spec)))
+    matcher = LLMatcher(guidance.lltokenizer, llguidance.grammar_from("lark", grammar), log_level=0)
+    tokens: list[int] = tokenizer.encode(reply)
+    return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
+
+
+def _spec(mode: ConstraintMode, *, parallel: bool = True, tool_format: str = "hermes") -> ToolConstraintSpec:
+    tools = (WEATHER,) if mode is ConstraintMode.NAMED else (WEATHER, SEARCH)
+    return ToolConstraintSpec(tool_format=tool_format, tools=tools, mode=mode, parallel_tool_calls=parallel)
+
+
+def test_required_accepts_one_or_more_calls(tool_model: LoadedModel) -> None:
+    spec = _spec(ConstraintMode.REQUIRED)
+    assert _accepts(tool_model, spec, CALL_WEATHER)
+    assert _accepts(tool_model, spec, f"{CALL_WEATHER}\n{CALL_SEARCH}")
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "I will not call a tool.",
+        f"Sure. {CALL_WEATHER}",
+        CALL_WEATHER.replace("get_weather", "delete_everything"),
+        CALL_WEATHER.replace('"celsius"', '"kelvin"'),
+        CALL_WEATHER.replace(', "unit": "celsius"', ""),
+        CALL_WEATHER.replace('"unit"', '"extra": 1, "unit"'),
+        CALL_WEATHER.removesuffix("</tool_call>"),
+        f"{CALL_WEATHER}\nand some text",
+    ],
+)
+def test_required_rejects_anything_but_valid_calls(tool_model: LoadedModel, reply: str) -> None:
+    assert not _accepts(tool_model, _spec(ConstraintMode.REQUIRED), reply)
+
+
+def test_parallel_tool_calls_false_allows_exactly_one_call(tool_model: LoadedModel) -> None:
+    spec = _spec(ConstraintMode.REQUIRED, parallel=False)
+    assert _accepts(tool_model, spec, CALL_WEATHER)
+    assert not _accepts(tool_model, spec, f"{CALL_WEATHER}\n{CALL_SEARCH}")
+
+
+def test_named_allows_only_that_tool_once(tool_model: LoadedModel) -> None:
+    spec = _spec(ConstraintMode.NAMED)
+    assert _accepts(tool_model, spec, CALL_WEATHER)
+    assert not _accepts(tool_model, spec, CALL_SEARCH)
+    assert not _accepts(tool_model, spec, f"{CALL_WEATHER}\n{CALL_WEATHER}")
+
+
+def test_strict_auto_allows_text_or_text_then_valid_calls(tool_model: LoadedModel) -> None:
+    spec = _spec(ConstraintMode.STRICT_AUTO)
+    assert _accepts(tool_model, spec, "Paris is sunny today.")
+    assert _accepts(tool_model, spec, "")
+    assert _accepts(tool_model, spec, f"Let me check.\n{CALL_WEATHER}\n{CALL_SEARCH}")
+    assert not _accepts(tool_model, spec, f"Let me check. {CALL_WEATHER.replace('get_weather', 'rm')}")
+    city_as_number = CALL_WEATHER.replace('"Paris"', "1")
+    assert not _accepts(tool_model, spec, f"Let me check. {city_as_number}")
+
+
+def test_llama3_json_is_one_bare_object_with_parameters(tool_model: LoadedModel) -> None:
+    call = '{"name": "search", "parameters": {"query": "x", "limit": 3}}'
+    required = _spec(ConstraintMode.REQUIRED, tool_format="llama3_json")
+    assert _accepts(tool_model, required, call)
+    assert not _accepts(tool_model, required, call.replace("parameters", "arguments"))
+    assert not _accepts(tool_model, required, f"{call}{call}")
+    strict = _spec(ConstraintMode.STRICT_AUTO, tool_format="llama3_json")
+    assert _accepts(tool_model, strict, "No call needed.")
+    assert not _accepts(tool_model, strict, '{"name": "search", "parameters": {}}')
+
+
+def test_markers_are_matched_as_added_tokens_only_where_they_are_tokens(
+    marker_token_model: LoadedModel, marker_text_model: LoadedModel
+) -> None:
+    markers = ("<tool_call>", "</tool_call>", "<|im_end|>", "plain")
+    token_ids = guidance_tokenizer(marker_token_model[1]).special_tokens(markers)
+    assert set(token_ids) == {"<tool_call>", "</tool_call>", "<|im_end|>"}
+    assert marker_token_model[1].decode([token_ids["<tool_call>"]]) == "<tool_call>"
+    assert set(guidance_tokenizer(marker_text_model[1]).special_tokens(markers)) == {"<|im_end|>"}
+
+
+@pytest.mark.parametrize("tool_format", ["mistral", "qwen3_coder", "harmony"])
+def test_formats_without_a_grammar_are_refused_by_name(tool_format: str) -> None:
+    with pytest.raises(UnsupportedConstraintError, match=tool_format):
+        build_tool_grammar(_spec(ConstraintMode.REQUIRED, tool_format=tool_format))
+
+
+def test_schema_llguidance_cannot_compile_is_refused() -> None:
+    broken = WEATHER.model_copy(update={"parameters": {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}})
+    spec = ToolConstraintSpec(
+        tool_format="hermes", tools=(broken,), mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+    )
+    with pytest.raises(UnsupportedConstraintError, match="llguidance"):
+        build_tool_grammar(spec)
+
+
+def test_named_mode_with_several_tools_is_refused() -> None:
+    spec = ToolConstraintSpec(
+        tool_format="hermes", tools=(WEATHER, SEARCH), mode=ConstraintMode.NAMED, parallel_tool_calls=True
+    )
+    with pytest.raises(UnsupportedConstraintError):
+        build_tool_grammar(spec)
+
+
+THINKING = ReasoningMarkers(start="<think>", end="</think>")
+
+
+def test_reasoning_block_may_precede_required_calls(tool_model: LoadedModel) -> None:
+    spec = _spec(ConstraintMode.REQUIRED).model_copy(update={"reasoning": THINKING})
+    assert _accepts(tool_model, spec, CALL_WEATHER)
+    assert _accepts(tool_model, spec, f"<think>\nThe user wants weather: get_weather.\n</think>\n\n{CALL_WEATHER}")
+    assert not _accepts(tool_model, spec, "<think>\nI will just answer.\n</think>\n\nIt is sunny.")
+    assert not _accepts(tool_model, spec, "<think>\nnever closed")
+
+
+def test_reasoning_opened_by_the_prompt_must_close_before_calls(tool_model: LoadedModel) -> None:
+    spec = _spec(ConstraintMode.NAMED).model_copy(
+        update={"reasoning": THINKING.model_copy(update={"opened_in_prompt": True})}
+    )
+    assert _accepts(tool_model, spec, f"Weather, so get_weather.\n</think>\n\n{CALL_WEATHER}")
+    assert not _accepts(tool_model, spec, CALL_WEATHER)
+
+
+def test_strict_auto_leaves_reasoning_and_text_free(tool_model: LoadedModel) -> None:
+    spec = _spec(ConstraintMode.STRICT_AUTO).model_copy(update={"reasoning": THINKING})
+    assert _accepts(tool_model, spec, "<think>\nsimple\n</think>\n\nIt is sunny.")
+    assert _accepts(tool_model, spec, f"<think>\nsimple\n</think>\n\n{CALL_SEARCH}")
+
+
+def test_keywords_llguidance_cannot_enforce_are_relaxed_and_reported(tool_model: LoadedModel) -> None:
+    unique = WEATHER.model_copy(
+        update={
+            "parameters": {
+                "type": "object",
+                "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+                "required": ["tags"],
+            }
+        }
+    )
+    spec = ToolConstraintSpec(
+        tool_format="hermes", tools=(unique,), mode=ConstraintMode.NAMED, parallel_tool_calls=True
+    )
+    processor = make_tool_logits_processor(tool_model[1], spec, prompt_length=0)
+    assert any("uniqueItems" in warning for warning in processor.unenforced_schema_keywords)
+    assert _accepts(
+        tool_model, spec, '<tool_call>\n{"name": "get_weather", "arguments": {"tags": ["a"]}}\n</tool_call>'
+    )
+    assert not _accepts(
+        tool_model, spec, '<tool_call>\n{"name": "get_weather", "arguments": {"tags": "a"}}\n</tool_call>'
+    )
