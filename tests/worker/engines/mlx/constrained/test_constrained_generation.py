@@ -2,6 +2,7 @@
 
 import time
 
+import mlx.core as mx
 import pytest
 
 from exo.shared.types.api import (
@@ -22,6 +23,7 @@ from exo.worker.engines.mlx.constrained import (
 from exo.worker.engines.mlx.constrained.compiled import clear_caches
 from tests.worker.engines.mlx.constrained.conftest import LoadedModel
 from tests.worker.engines.mlx.constrained.generation import (
+    PROMPT,
     Generation,
     assert_valid_call,
     generate,
@@ -104,15 +106,27 @@ def test_parallel_tool_calls_false_yields_exactly_one_call(tool_model: LoadedMod
         assert_valid_call(calls[0], ALL_TOOLS)
 
 
-def test_parallel_calls_do_occur_when_allowed(marker_token_model: LoadedModel) -> None:
-    """Guards the test above: without the limit, the same sampling does produce several calls."""
+@pytest.mark.parametrize(("parallel", "may_continue"), [(True, True), (False, False)])
+def test_after_a_call_only_end_of_turn_or_a_parallel_call_may_follow(
+    tool_model: LoadedModel, parallel: bool, may_continue: bool
+) -> None:
+    """Guards the test above: the single call comes from the grammar, not from the sampling's luck."""
+    _, tokenizer = tool_model
     spec = ToolConstraintSpec(
-        tool_format="hermes", tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+        tool_format="hermes", tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=parallel
     )
-    counts = [
-        len(parse_hermes_calls(_constrained(marker_token_model, spec, seed, end_boost=2.0).text)) for seed in SEEDS
-    ]
-    assert max(counts) > 1, counts
+    prompt = tokenizer.encode(PROMPT)
+    call: list[int] = tokenizer.encode(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
+    )
+    processor = make_tool_logits_processor(tokenizer, spec, prompt_length=len(prompt))
+    logits = mx.zeros((1, tokenizer.vocab_size + 7))
+    for end in range(len(call)):
+        processor(mx.array(prompt + call[:end]), logits)
+    masked = processor(mx.array(prompt + call), logits)
+    allowed = {index for index in range(masked.shape[-1]) if masked[0, index].item() == 0.0}
+    newline: list[int] = tokenizer.encode("\n")
+    assert allowed == set(tokenizer.eos_token_ids) | (set(newline) if may_continue else set())
 
 
 def test_strict_auto_yields_free_text_or_valid_calls(tool_model: LoadedModel) -> None:

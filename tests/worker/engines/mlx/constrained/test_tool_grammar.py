@@ -93,6 +93,15 @@ def test_llama3_json_is_one_bare_object_with_parameters(tool_model: LoadedModel)
     assert not _accepts(tool_model, strict, '{"name": "search", "parameters": {}}')
 
 
+def test_llama3_json_accepts_the_python_tag_where_it_is_a_token(
+    marker_token_model: LoadedModel, marker_text_model: LoadedModel
+) -> None:
+    tagged = '<|python_tag|>{"name": "search", "parameters": {"query": "x", "limit": 3}}'
+    required = _spec(ConstraintMode.REQUIRED, tool_format="llama3_json")
+    assert _accepts(marker_token_model, required, tagged)
+    assert not _accepts(marker_text_model, required, tagged)
+
+
 def test_markers_are_matched_as_added_tokens_only_where_they_are_tokens(
     marker_token_model: LoadedModel, marker_text_model: LoadedModel
 ) -> None:

@@ -1,8 +1,8 @@
 """Tiny random-weight Qwen2 models with locally trained byte-level BPE tokenizers, saved as mlx-lm directories.
 
-Two tokenizer variants: one where `<tool_call>`, `</tool_call>`, `<think>` and `</think>` are added tokens (as in
-Qwen's own tokenizers) and one where they are only text, spelled in ordinary pieces (as in the default model's
-imported tokenizer).
+Two tokenizer variants: one where `<tool_call>`, `</tool_call>`, `<think>`, `</think>` and `<|python_tag|>` are
+added tokens (as in Qwen's and Llama's own tokenizers) and one where they are only text, spelled in ordinary
+pieces (as in the default model's imported tokenizer).
 """
 
 import json
@@ -17,7 +17,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from transformers import PreTrainedTokenizerFast
 
 END_OF_TURN: Final = "<|im_end|>"
-MARKERS: Final = ("<tool_call>", "</tool_call>", "<think>", "</think>")
+MARKERS: Final = ("<tool_call>", "</tool_call>", "<think>", "</think>", "<|python_tag|>")
 _TARGET_VOCABULARY: Final = 500
 
 _CORPUS: Final = [

@@ -22,6 +22,7 @@ from exo.worker.engines.mlx.constrained.spec import (
 
 HERMES_CALL_START: Final = "<tool_call>"
 HERMES_CALL_END: Final = "</tool_call>"
+LLAMA3_PYTHON_TAG: Final = "<|python_tag|>"
 _TAGGED_JSON_FORMATS: Final = frozenset({"hermes", "generic"})
 _LLAMA3_JSON_FORMAT: Final = "llama3_json"
 SUPPORTED_FORMATS: Final = frozenset({*_TAGGED_JSON_FORMATS, _LLAMA3_JSON_FORMAT})
@@ -43,7 +44,9 @@ _ANY_TEXT: Final = r"TEXT: /(.|\n)*/"
 
 def marker_texts(spec: ToolConstraintSpec) -> tuple[str, ...]:
     """Texts the grammar for `spec` writes as markers: the caller looks up which are single added tokens."""
-    tool_markers = (HERMES_CALL_START, HERMES_CALL_END) if spec.tool_format in _TAGGED_JSON_FORMATS else ()
+    tool_markers = (
+        (HERMES_CALL_START, HERMES_CALL_END) if spec.tool_format in _TAGGED_JSON_FORMATS else (LLAMA3_PYTHON_TAG,)
+    )
     reasoning = (spec.reasoning.start, spec.reasoning.end) if spec.reasoning else ()
     return (*tool_markers, *reasoning)
 
@@ -64,7 +67,7 @@ def build_tool_grammar(spec: ToolConstraintSpec, *, special_tokens: Mapping[str,
     if spec.tool_format in _TAGGED_JSON_FORMATS:
         reply = _tagged_json_reply(spec, markers)
     elif spec.tool_format == _LLAMA3_JSON_FORMAT:
-        reply = _bare_json_reply(spec)
+        reply = _bare_json_reply(spec, markers)
     else:
         raise UnsupportedConstraintError(
             f"tool format {spec.tool_format!r} has no constraint grammar (supported: {sorted(SUPPORTED_FORMATS)})"
@@ -108,13 +111,15 @@ def _tagged_json_reply(spec: ToolConstraintSpec, markers: Mapping[str, int]) -> 
     ]
 
 
-def _bare_json_reply(spec: ToolConstraintSpec) -> list[str]:
-    """Llama 3.x JSON tool calling: one `{"name": …, "parameters": …}` object (the format has no parallel calls)."""
+def _bare_json_reply(spec: ToolConstraintSpec, markers: Mapping[str, int]) -> list[str]:
+    """Llama 3.x JSON tool calling: one `{"name": …, "parameters": …}` object, optionally after the model's
+    `<|python_tag|>` token where the tokenizer has one (one call: parallel calls are not part of the format)."""
+    call = f"<[{markers[LLAMA3_PYTHON_TAG]}]>? body" if LLAMA3_PYTHON_TAG in markers else "body"
     body = _body_rules(spec.tools, "parameters")
     if spec.mode is ConstraintMode.STRICT_AUTO:
         # Text that opens with "{" is a call, as Llama's own prompt format reads it.
-        return ["reply: PROSE | body", r"PROSE: /([^{](.|\n)*)?/", *body]
-    return ["reply: body", *body]
+        return [f"reply: PROSE | {call}", r"PROSE: /([^{](.|\n)*)?/", *body]
+    return [f"reply: {call}", *body]
 
 
 def _body_rules(tools: tuple[FunctionDefinition, ...], arguments_key: str) -> list[str]:
