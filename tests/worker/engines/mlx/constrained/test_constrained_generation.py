@@ -1,6 +1,7 @@
 """Real sampling (temperature 1.0, random-weight models) under the constraint: every reply obeys tool_choice."""
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import mlx.core as mx
 import pytest
@@ -200,6 +201,46 @@ def test_processors_from_the_cache_start_fresh(tool_model: LoadedModel) -> None:
     second = _constrained(tool_model, spec, seed=3)
     assert second.tokens == first.tokens
     assert_valid_call(parse_hermes_calls(second.text)[0], (WEATHER,))
+
+
+def test_prompt_length_of_the_whole_conversation_still_works_when_mlx_lm_sees_only_a_suffix(
+    tool_model: LoadedModel,
+) -> None:
+    """With a prefix cache the runner hands mlx-lm only the uncached tokens; the processor anchors on what it sees."""
+    model, tokenizer = tool_model
+    spec = ToolConstraintSpec(
+        tool_format="hermes", tools=(WEATHER,), mode=ConstraintMode.NAMED, parallel_tool_calls=True
+    )
+    full_prompt_length = prompt_length(tokenizer) + 500
+    processor = make_tool_logits_processor(tokenizer, spec, prompt_length=full_prompt_length)
+    generation = generate(model, tokenizer, [steering_processor(tokenizer), processor], seed=5)
+    assert generation.ended_with_eos
+    assert_valid_call(parse_hermes_calls(generation.text)[0], (WEATHER,))
+    assert processor.prompt_length_mismatch == (full_prompt_length, prompt_length(tokenizer))
+
+
+def test_matchers_for_concurrent_requests_are_independent(tool_model: LoadedModel) -> None:
+    """Requests on several threads copy the same cached grammar; each one's output is what it is alone."""
+    spec = ToolConstraintSpec(
+        tool_format="hermes", tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+    )
+    _, tokenizer = tool_model
+    replies = [
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>',
+        '<tool_call>\n{"name": "list_files", "arguments": {}}\n</tool_call>',
+    ]
+
+    def walk(reply: str) -> bool:
+        tokens: list[int] = tokenizer.encode(reply)
+        processor = make_tool_logits_processor(tokenizer, spec, prompt_length=0)
+        logits = mx.zeros((1, tokenizer.vocab_size + 7))
+        for end in range(len(tokens)):
+            if processor(mx.array(tokens[:end]), logits)[0, tokens[end]].item() != 0.0:
+                return False
+        return True
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        assert all(pool.map(walk, replies * 4))
 
 
 def test_compile_and_mask_cost_are_reported(tool_model: LoadedModel) -> None:

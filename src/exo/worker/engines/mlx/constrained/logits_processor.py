@@ -31,12 +31,21 @@ class ToolCallLogitsProcessor:
     def __init__(self, matcher: LLMatcher, vocabulary_size: int, *, prompt_length: int) -> None:
         self._matcher: Final = matcher
         self._vocabulary_size: Final = vocabulary_size
-        self._prompt_length: Final = prompt_length
+        self._prompt_length: int | None = None
+        self._expected_prompt_length: Final = prompt_length
         self._consumed = 0
         words = (vocabulary_size + _BITS_PER_WORD - 1) // _BITS_PER_WORD
         self._bitmask: Final[NDArray[np.int32]] = np.zeros(words, dtype=np.int32)
         self._previous_bitmask: Final[NDArray[np.int32]] = np.zeros(words, dtype=np.int32)
         self._bias: mx.array | None = None
+
+    @property
+    def prompt_length_mismatch(self) -> tuple[int, int] | None:
+        """(expected, observed) when the first call's token count differed from the `prompt_length` given."""
+        observed = self._prompt_length
+        if observed is None or observed == self._expected_prompt_length:
+            return None
+        return self._expected_prompt_length, observed
 
     @property
     def unenforced_schema_keywords(self) -> list[str]:
@@ -49,6 +58,10 @@ class ToolCallLogitsProcessor:
         return logits + self._logit_bias(logits.shape[-1], logits.dtype)
 
     def _consume_new_tokens(self, tokens: mx.array) -> None:
+        if self._prompt_length is None:
+            # The first call comes before anything is sampled, so whatever it shows is the prompt. Trusting it over
+            # the caller's count keeps the grammar right when a prompt cache hands mlx-lm only the uncached suffix.
+            self._prompt_length = tokens.shape[0]
         start = self._prompt_length + self._consumed
         if tokens.shape[0] <= start:
             return
@@ -84,7 +97,8 @@ def make_tool_logits_processor(
     """A processor enforcing `spec` for one request.
 
     `prompt_length` is the number of tokens handed to mlx-lm's generate (what it passes back to processors ahead of
-    the sampled tokens). Tokenizer and compiled grammar come from caches; raises UnsupportedConstraintError when
+    the sampled tokens); the processor anchors on what the first call actually shows, and reports a difference in
+    `prompt_length_mismatch`. Tokenizer and compiled grammar come from caches; raises UnsupportedConstraintError when
     the format or a schema cannot be enforced.
     """
     guidance = guidance_tokenizer(tokenizer)
