@@ -1,12 +1,14 @@
 """Model outputs in every supported format, written the way each family's chat template asks for them."""
 
+from collections.abc import Mapping
+
 from exo.worker.engines.mlx.generator.tool_parser import ToolFormatName as Format
 
 from .support import Fixture
 
 _HERMES = ("<tool_call>", "</tool_call>")
-_PARIS = ("get_weather", {"city": "Paris"})
-_ROME_3 = ("get_weather", {"city": "Rome", "days": 3})
+_PARIS: tuple[str, Mapping[str, object]] = ("get_weather", {"city": "Paris"})
+_ROME_3: tuple[str, Mapping[str, object]] = ("get_weather", {"city": "Rome", "days": 3})
 
 FIXTURES: list[Fixture] = [
     Fixture(
@@ -28,8 +30,8 @@ FIXTURES: list[Fixture] = [
     Fixture(
         "hermes_string_arguments_and_nesting",
         Format.HERMES,
-        '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\", \\"options\\": {\\"a\\": [1, {}]}}"}'
-        "</tool_call>",
+        '<tool_call>{"name": "get_weather", '
+        '"arguments": "{\\"city\\": \\"Paris\\", \\"options\\": {\\"a\\": [1, {}]}}"}</tool_call>',
         [("get_weather", {"city": "Paris", "options": {"a": [1, {}]}})],
         markers=_HERMES,
     ),

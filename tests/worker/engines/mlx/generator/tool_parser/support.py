@@ -2,7 +2,7 @@
 
 import itertools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from exo.shared.types.api import FunctionDefinition
@@ -48,7 +48,7 @@ class Fixture:
     name: str
     tool_format: ToolFormatName
     text: str
-    calls: list[tuple[str, dict[str, object]]]
+    calls: Sequence[tuple[str, Mapping[str, object]]]
     content: str = ""
     markers: tuple[str, ...] = ()
     reasoning: str = ""

@@ -22,8 +22,11 @@ UNCOMMITTED = [
     (Format.MISTRAL, '[TOOL_CALLS]launch_rockets[ARGS]{"count": 3}', "unknown tool"),
     (Format.PYTHONIC, "[launch_rockets(count=3)]", "unknown tool"),
     (Format.PYTHONIC, "[get_weather(city=", "generation ended"),
-    (Format.QWEN3_CODER, "<tool_call>\n<function=launch>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
-     "unknown tool"),
+    (
+        Format.QWEN3_CODER,
+        "<tool_call>\n<function=launch>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
+        "unknown tool",
+    ),
     (Format.QWEN3_CODER, "<tool_call>\nplain words\n</tool_call>", "expected <function="),
     (Format.GLM47, "<tool_call>launch<arg_key>x</arg_key><arg_value>1</arg_value></tool_call>", "unknown tool"),
     (Format.KIMI_K2, "<|tool_calls_section_begin|>garbage<|tool_calls_section_end|>", "Error"),
@@ -31,7 +34,9 @@ UNCOMMITTED = [
 
 
 @pytest.mark.parametrize(("tool_format", "text", "reason"), UNCOMMITTED, ids=[f"{f}-{r}" for f, _, r in UNCOMMITTED])
-def test_a_call_that_fails_before_commit_comes_back_as_its_raw_text(tool_format: Format, text: str, reason: str) -> None:
+def test_a_call_that_fails_before_commit_comes_back_as_its_raw_text(
+    tool_format: Format, text: str, reason: str
+) -> None:
     fixture = Fixture("uncommitted", tool_format, text, [])
     chunks = run_complete(fixture)
     assert calls_of(chunks) == []
@@ -55,7 +60,11 @@ def test_json_that_breaks_after_commit_is_sent_verbatim_and_the_call_stands() ->
 @pytest.mark.parametrize(
     ("tool_format", "text", "arguments"),
     [
-        (Format.HERMES, '<tool_call>{"name": "write", "arguments": {"path": "a", "content": "abc', '{"path": "a", "content": "abc'),
+        (
+            Format.HERMES,
+            '<tool_call>{"name": "write", "arguments": {"path": "a", "content": "abc',
+            '{"path": "a", "content": "abc',
+        ),
         (Format.HERMES, '<tool_call>{"name": "get_weather", "arguments": {"days": 1', '{"days": 1'),
         (Format.MISTRAL, '[TOOL_CALLS]write[ARGS]{"path": "a", "content": "ab', '{"path": "a", "content": "ab'),
         (Format.QWEN3_CODER, "<function=write>\n<parameter=content>\nhello wor", '{"content": "hello wor'),

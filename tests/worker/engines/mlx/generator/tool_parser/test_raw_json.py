@@ -45,7 +45,8 @@ def test_a_bare_reply_is_held_until_decided_then_committed_early() -> None:
     committed = parser.feed(": ")
     assert [type(chunk) for chunk in committed] == [ToolCallChunk]
     after = parser.feed('{"city": "Pa')
-    assert after and not any(isinstance(chunk, TokenChunk) for chunk in after)
+    assert after
+    assert not any(isinstance(chunk, TokenChunk) for chunk in after)
 
 
 def test_plain_json_is_released_as_soon_as_its_first_key_rules_out_a_call() -> None:

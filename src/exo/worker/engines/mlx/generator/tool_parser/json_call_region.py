@@ -60,14 +60,17 @@ class JsonCallRegion:
             return
         if self._sequence.broken:
             self._sink.arguments(text)
-        elif text.strip():
-            if not self._stray_noted:
-                self._stray_noted = True
-                self._sink.note_failure("text after a tool call, before its end marker, was kept as content")
-            self._sink.content(self._pending_whitespace + text)
-            self._pending_whitespace = ""
-        else:
+            return
+        # Trailing whitespace waits for what follows, so the outcome never depends on where text was split.
+        body = text.rstrip(" \t\n\r")
+        if not body:
             self._pending_whitespace += text
+            return
+        if not self._stray_noted:
+            self._stray_noted = True
+            self._sink.note_failure("text after a tool call, before its end marker, was kept as content")
+        self._sink.content(self._pending_whitespace + body)
+        self._pending_whitespace = text[len(body) :]
 
     def _end(self, marker: str) -> None:
         self._finished = True

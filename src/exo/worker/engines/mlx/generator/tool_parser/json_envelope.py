@@ -102,7 +102,7 @@ class EnvelopeParser:
         return position
 
     def _on_streamer_error(self, streamer: JsonValueStreamer, error: str) -> None:
-        if self._state == _IN_VALUE and self._value_kind == "arguments":
+        if self._state == _IN_VALUE and self._value_kind in ("arguments", "string_arguments"):
             self._sink.arguments(streamer.take_held())
             self._sink.note_failure(f"tool call arguments stopped being JSON: {error}")
             self.broken = True

@@ -56,7 +56,9 @@ class MarkerScanner:
         return held
 
     def _partial_suffix_length(self, window: str) -> int:
-        for length in range(min(self._longest - 1, len(window)), 0, -1):
+        longest = min(self._longest - 1, len(window))
+        self._meter.touch(longest)
+        for length in range(longest, 0, -1):
             if window[len(window) - length :] in self._prefixes:
                 return length
         return 0

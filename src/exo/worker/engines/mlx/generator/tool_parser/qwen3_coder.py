@@ -15,6 +15,7 @@ parameter, parameters may come in any order.
 """
 
 import json
+import re
 
 from exo.worker.engines.mlx.generator.tool_parser.marker_scanner import LiteralMatcher, MarkerScanner
 from exo.worker.engines.mlx.generator.tool_parser.plugin import CallRegion, CallSink
@@ -38,6 +39,7 @@ _VALUE_ENDS = (
     _WRAPPER_END,
 )
 _LONGEST_NAME = 256
+_NAME_BREAK = re.compile("[<\n]")
 _WHITESPACE = " \t\n\r"
 
 _OPENING = "opening"  # after <tool_call>: expect <function=
@@ -121,14 +123,19 @@ class Qwen3CoderRegion:
 
     def _feed_name(self, text: str, position: int) -> int:
         end = text.find(">", position)
-        piece = text[position : len(text) if end < 0 else end]
+        stop = len(text) if end < 0 else end
+        if self._state == _NAME:
+            # A function name never holds `<` or a newline: stop at the first one (wherever the text was split).
+            broken = _NAME_BREAK.search(text, position, stop)
+            too_long = position + _LONGEST_NAME - self._name_length
+            cut = min(broken.start() if broken is not None else stop, too_long)
+            if cut < stop:
+                self._sink.reject("malformed <function=…> tag")
+                return max(cut, position)
+        piece = text[position:stop]
         self._name_parts.append(piece)
         self._name_length += len(piece)
         self._sink.meter.touch(len(piece))
-        malformed = "<" in piece or "\n" in piece or self._name_length > _LONGEST_NAME
-        if malformed and self._state == _NAME:
-            self._sink.reject("malformed <function=…> tag")
-            return position + len(piece)
         if end < 0:
             return len(text)
         name = "".join(self._name_parts).strip()
