@@ -3,6 +3,7 @@
 import llguidance
 import pytest
 from llguidance import LLMatcher
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo.worker.engines.mlx.constrained import (
     ConstraintMode,
@@ -181,3 +182,13 @@ def test_keywords_llguidance_cannot_enforce_are_relaxed_and_reported(tool_model:
     assert not _accepts(
         tool_model, spec, '<tool_call>\n{"name": "get_weather", "arguments": {"tags": "a"}}\n</tool_call>'
     )
+
+
+def test_tokenizers_llguidance_cannot_read_are_refused(marker_text_model: LoadedModel) -> None:
+    _, tokenizer = marker_text_model
+    slow = TokenizerWrapper(tokenizer._tokenizer)  # pyright: ignore[reportPrivateUsage] -- a second wrapper
+    # What a slow (pure Python) tokenizer looks like to llguidance: not a `tokenizers` one.
+    slow._tokenizer = object()  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue] -- test double
+    spec = _spec(ConstraintMode.REQUIRED)
+    with pytest.raises(UnsupportedConstraintError, match="tokenizer"):
+        make_tool_logits_processor(slow, spec, prompt_length=0)

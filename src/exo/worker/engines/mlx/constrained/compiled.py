@@ -26,7 +26,10 @@ class GuidanceTokenizer:
     def __init__(self, tokenizer: TokenizerWrapper) -> None:
         hf_tokenizer = tokenizer._tokenizer  # pyright: ignore[reportPrivateUsage] -- mlx-lm exposes no accessor
         eos_ids: list[int] = sorted(tokenizer.eos_token_ids)
-        self.lltokenizer: Final[LLTokenizer] = llguidance.hf.from_tokenizer(hf_tokenizer, eos_token=eos_ids)
+        try:
+            self.lltokenizer: Final[LLTokenizer] = llguidance.hf.from_tokenizer(hf_tokenizer, eos_token=eos_ids)
+        except ValueError as error:  # llguidance reads only fast (Rust `tokenizers`) tokenizers
+            raise UnsupportedConstraintError(f"tokenizer cannot be used for constrained decoding: {error}") from error
 
     def special_tokens(self, texts: Iterable[str]) -> dict[str, int]:
         """The texts that are one added token, with their ids.
