@@ -130,6 +130,13 @@ FIXTURES: list[Fixture] = [
         markers=("<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>"),
     ),
     Fixture(
+        "qwen3_coder_with_hermes_json_inside",
+        Format.QWEN3_CODER,
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+        [_PARIS],
+        markers=("<tool_call>", "</tool_call>"),
+    ),
+    Fixture(
         "glm47",
         Format.GLM47,
         "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>\n<arg_key>days</arg_key>\n"

@@ -1,5 +1,8 @@
 """Reasoning blocks, tool-less requests, and parallel_tool_calls=False."""
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from exo.worker.engines.mlx.generator.tool_parser import ToolFormatName as Format
 from exo.worker.engines.mlx.generator.tool_parser import ToolStreamParser
 
@@ -74,4 +77,20 @@ def test_whitespace_next_to_a_call_is_markup_but_between_words_it_is_content() -
     assert content_of(chunks) == "Checking the weather."
     text = "Hello \n world \n"
     chunks, _ = run_stream(Fixture("ws", Format.HERMES, text, []), list(text))
+    assert content_of(chunks) == text
+
+
+@given(text=st.text(max_size=200))
+@settings(max_examples=200, deadline=None)
+def test_without_tools_or_reasoning_markers_any_text_is_content_unchanged(text: str) -> None:
+    parser = ToolStreamParser(Format.HERMES, [], reasoning_markers=None)
+    chunks = [chunk for character in text for chunk in parser.feed(character)] + parser.finish()
+    assert content_of(chunks) == text
+
+
+@given(text=st.text(alphabet=st.characters(blacklist_characters="<{[`"), max_size=200))
+@settings(max_examples=200, deadline=None)
+def test_with_tools_text_without_marker_characters_is_content_unchanged(text: str) -> None:
+    parser = ToolStreamParser(Format.HERMES, TOOLS)
+    chunks = [chunk for character in text for chunk in parser.feed(character)] + parser.finish()
     assert content_of(chunks) == text

@@ -11,12 +11,13 @@
 The name is committed when `<function=name>` closes. Each parameter becomes a JSON member as it arrives:
 string-typed values stream character by character, others are converted per schema when they close
 (xml_values). The `<tool_call>` wrapper may be missing, `</parameter>` may be missing before the next
-parameter, parameters may come in any order.
+parameter, parameters may come in any order. A hermes JSON object inside `<tool_call>` is read as such.
 """
 
 import json
 import re
 
+from exo.worker.engines.mlx.generator.tool_parser.json_call_region import JsonCallRegion
 from exo.worker.engines.mlx.generator.tool_parser.marker_scanner import LiteralMatcher, MarkerScanner
 from exo.worker.engines.mlx.generator.tool_parser.plugin import CallRegion, CallSink
 from exo.worker.engines.mlx.generator.tool_parser.schema import SchemaView
@@ -226,12 +227,53 @@ class Qwen3CoderRegion:
         self._finished = True
 
 
+class WrapperRegion:
+    """After `<tool_call>`: the XML call, or the hermes JSON object Qwen3 models sometimes write there instead."""
+
+    def __init__(self, sink: CallSink) -> None:
+        self._sink = sink
+        self._inner: CallRegion | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self._inner is not None and self._inner.finished
+
+    @property
+    def handoff_marker(self) -> str | None:
+        return self._inner.handoff_marker if self._inner is not None else None
+
+    def feed(self, text: str, position: int) -> int:
+        if self._inner is None:
+            while position < len(text) and text[position] in _WHITESPACE:
+                position += 1
+            if position == len(text):
+                return position
+            if text[position] == "{":
+                self._inner = JsonCallRegion(
+                    self._sink,
+                    shape="single",
+                    strict_shape=False,
+                    end_markers=(_WRAPPER_END,),
+                    start_markers=(_WRAPPER, _FUNCTION),
+                )
+            else:
+                self._inner = Qwen3CoderRegion(self._sink, wrapped=True)
+        return self._inner.feed(text, position)
+
+    def finish(self) -> None:
+        """Generation ended inside the region."""
+        if self._inner is None:
+            self._sink.reject("generation ended right after <tool_call>")
+        else:
+            self._inner.finish()
+
+
 class Qwen3CoderFormat:
     start_markers: tuple[str, ...] = (_WRAPPER, _FUNCTION)
     bare_openers: str = ""
 
     def open_region(self, marker: str, sink: CallSink, /) -> CallRegion:
-        return Qwen3CoderRegion(sink, wrapped=marker == _WRAPPER)
+        return WrapperRegion(sink) if marker == _WRAPPER else Qwen3CoderRegion(sink, wrapped=False)
 
     def open_bare(self, sink: CallSink) -> CallRegion:
         raise NotImplementedError("Qwen3-Coder calls always start with a tag")

@@ -203,7 +203,7 @@ class ToolStreamParser:
                 return position
         result = self._content_scanner.scan(text, position)
         self._emit_content(result.released)
-        if result.marker == self._reasoning_start:
+        if result.marker is not None and result.marker == self._reasoning_start:
             self._in_reasoning = True
         elif result.marker is not None:
             self._open_region(self._format.open_region(result.marker, self), result.marker)
