@@ -41,11 +41,6 @@ class EnvelopeParser:
         self._committed = False
         self._arguments_written = False
         self._held_arguments: str | None = None
-        self._keys_seen = 0
-
-    @property
-    def committed(self) -> bool:
-        return self._committed
 
     def feed(self, text: str, position: int) -> int:
         while position < len(text) and not (self.finished or self.broken or self._sink.paused):
@@ -116,7 +111,6 @@ class EnvelopeParser:
         raw = streamer.take()
         if self._state == _IN_KEY:
             self._key = str(json.loads(raw))
-            self._keys_seen += 1
             self._state = _EXPECT_COLON
             return
         self._state = _AFTER_VALUE
