@@ -14,6 +14,8 @@ from exo.worker.engines.mlx.generator.tool_parser.schema import SchemaView
 
 _WHITESPACE = " \t\n\r"
 _ARGUMENT_KEYS = ("arguments", "parameters")
+# Llama 3.x sometimes writes `{"type": "function", "name": …}`: "type" is allowed even in strict shape.
+_STRICT_KEYS = ("name", "type", *_ARGUMENT_KEYS)
 
 _EXPECT_OPEN = "open"
 _EXPECT_FIRST_KEY = "first_key"
@@ -126,7 +128,7 @@ class EnvelopeParser:
 
     def _begin_value(self) -> None:
         key = self._key
-        if self._strict and key != "name" and key not in _ARGUMENT_KEYS:
+        if self._strict and key not in _STRICT_KEYS:
             self._sink.reject(f"not a tool call: key {key!r}")
             return
         if key == "name" and self._tool is None:
