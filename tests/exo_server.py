@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +73,7 @@ def fixture_model(name: str) -> Path:
 @contextmanager
 def running_exo(
     models: Sequence[Path], tmp_path: Path, extra_args: Sequence[str] = (), env: dict[str, str] | None = None
-) -> Iterator[ExoServer]:
+) -> Generator[ExoServer]:
     """Start `python -m exo` on a free port serving `models`, wait until ready, and stop it afterwards."""
     port = free_port()
     log_path = tmp_path / f"exo-{port}.log"

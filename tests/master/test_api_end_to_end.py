@@ -103,8 +103,16 @@ def test_models_health_and_state(server: ExoServer) -> None:
         (b'{"model": "tiny-qwen-tools", "messages": "hi"}', 400, "messages"),
         (b'{"model": "tiny-qwen-tools", "messages": []}', 400, "at least one message"),
         (b'{"model": "nope", "messages": [{"role": "user", "content": "hi"}]}', 404, "not served"),
-        (b'{"model": "tiny-qwen-tools", "max_tokens": 0, "messages": [{"role": "user", "content": "hi"}]}', 400, "max_tokens"),
-        (b'{"model": "tiny-qwen-tools", "temperature": "hot", "messages": [{"role": "user", "content": "hi"}]}', 400, "temperature"),
+        (
+            b'{"model": "tiny-qwen-tools", "max_tokens": 0, "messages": [{"role": "user", "content": "hi"}]}',
+            400,
+            "max_tokens",
+        ),
+        (
+            b'{"model": "tiny-qwen-tools", "temperature": "hot", "messages": [{"role": "user", "content": "hi"}]}',
+            400,
+            "temperature",
+        ),
     ],
 )
 def test_bad_requests_get_openai_shaped_errors_and_the_server_keeps_serving(
