@@ -81,7 +81,12 @@ async def serve(config: NodeConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    arguments = build_parser().parse_args(argv)
+    command_line = list(sys.argv[1:] if argv is None else argv)
+    if command_line[:1] == ["conformance"]:
+        from exo.conformance.cli import main as conformance_main
+
+        sys.exit(conformance_main(command_line[1:]))
+    arguments = build_parser().parse_args(command_line)
     config = config_from_args(arguments)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
