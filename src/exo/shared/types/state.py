@@ -10,6 +10,7 @@ from exo.shared.types.worker.runner_status import RunnerStatus
 from exo.shared.types.worker.shards import ShardAssignment
 
 TaskStatus = Literal["queued", "running"]
+TaskOutcome = Literal["finished", "cancelled", "failed"]
 
 
 class NodeInfo(FrozenModel):
@@ -17,6 +18,16 @@ class NodeInfo(FrozenModel):
     hostname: str
     platform: str
     api_port: int
+
+
+class TaskSummary(FrozenModel):
+    """How a task that left a runner ended: what /state keeps so faults (cancels, crashes) can be checked."""
+
+    task_id: TaskId
+    outcome: TaskOutcome
+    # Tokens the runner generated for it; None when the runner died before reporting.
+    generated_tokens: int | None
+    finished_at: float
 
 
 class RunnerInfo(FrozenModel):
@@ -29,6 +40,8 @@ class RunnerInfo(FrozenModel):
     restarts: int = 0
     last_error: str | None = None
     metadata: ModelMetadata | None = None
+    # The most recently ended tasks, oldest first (bounded), in the order the runner ran them.
+    recent_tasks: tuple[TaskSummary, ...] = ()
 
 
 class TaskInfo(FrozenModel):

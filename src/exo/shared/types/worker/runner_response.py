@@ -80,6 +80,8 @@ class TaskDone(FrozenModel):
 
     kind: Literal["task_done"] = "task_done"
     task_id: TaskId
+    generated_tokens: int = 0
+    cancelled: bool = False
 
 
 RunnerResponse = Annotated[RunnerReady | RunnerLoadFailed | TaskChunk | TaskDone, Field(discriminator="kind")]
