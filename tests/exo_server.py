@@ -41,21 +41,25 @@ class ExoServer:
         state: dict[str, object] = response.json()
         return state
 
-    def runner(self) -> dict[str, object]:
+    def runners(self) -> list[dict[str, object]]:
         runners = self.state()["runners"]
         assert isinstance(runners, dict)
-        values = list(runners.values())  # pyright: ignore[reportUnknownArgumentType]
-        assert len(values) == 1
-        runner = values[0]
-        assert isinstance(runner, dict)
-        return runner  # pyright: ignore[reportUnknownVariableType]
+        return [runner for runner in runners.values() if isinstance(runner, dict)]  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
 
-    def wait_for_status(self, wanted: str, timeout: float = 60.0) -> dict[str, object]:
+    def runner(self, model_id: str | None = None) -> dict[str, object]:
+        """The runner serving `model_id` (or the only runner when there is one)."""
+        runners = self.runners()
+        if model_id is not None:
+            runners = [runner for runner in runners if runner.get("model_id") == model_id]
+        assert len(runners) == 1, runners
+        return runners[0]
+
+    def wait_for_status(self, wanted: str, timeout: float = 60.0, model_id: str | None = None) -> dict[str, object]:
         deadline = time.monotonic() + timeout
         runner: dict[str, object] = {}
         while time.monotonic() < deadline:
             try:
-                runner = self.runner()
+                runner = self.runner(model_id)
                 if runner.get("status") == wanted:
                     return runner
             except (httpx.HTTPError, AssertionError):
@@ -64,6 +68,21 @@ class ExoServer:
                 raise RuntimeError(f"exo exited with {self.process.returncode}:\n{self.log()}")
             time.sleep(0.1)
         raise TimeoutError(f"runner never became {wanted!r} (last: {runner}):\n{self.log()}")
+
+    def wait_until_all_ready(self, count: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        statuses: list[object] = []
+        while time.monotonic() < deadline:
+            try:
+                statuses = [runner.get("status") for runner in self.runners()]
+                if len(statuses) == count and all(status == "ready" for status in statuses):
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.process.poll() is not None:
+                raise RuntimeError(f"exo exited with {self.process.returncode}:\n{self.log()}")
+            time.sleep(0.1)
+        raise TimeoutError(f"runners never all became ready (last: {statuses}):\n{self.log()}")
 
 
 def fixture_model(name: str) -> Path:
@@ -87,7 +106,7 @@ def running_exo(
         )
     server = ExoServer(process=process, port=port, log_path=log_path)
     try:
-        server.wait_for_status("ready")
+        server.wait_until_all_ready(len(models))
         yield server
     finally:
         if process.poll() is None:

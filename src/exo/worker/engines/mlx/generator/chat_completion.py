@@ -4,6 +4,8 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
 from exo.shared.types.chunks import (
     Chunk,
     ErrorChunk,
@@ -15,6 +17,7 @@ from exo.shared.types.chunks import (
 from exo.shared.types.common import FinishReason
 from exo.shared.types.tasks import ChatCompletionTask, ToolPolicy
 from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
+from exo.worker.engines.mlx.constrained import ReasoningMarkers
 from exo.worker.engines.mlx.generator.constraints import (
     UnsupportedConstraintError,
     callable_functions,
@@ -37,12 +40,21 @@ class EngineContext:
     prefix_cache: PrefixCache | None
 
 
-def _make_parser(context: EngineContext, policy: ToolPolicy, starts_in_reasoning: bool) -> ToolStreamParser:
+def reasoning_markers(tokenizer: TokenizerWrapper, starts_in_reasoning: bool) -> ReasoningMarkers | None:
+    """The model's own think markers (none for models without them, so `<think>` stays plain content there)."""
+    start, end = tokenizer.think_start, tokenizer.think_end
+    if not tokenizer.has_thinking or not start or not end:
+        return None
+    return ReasoningMarkers(start=start, end=end, opened_in_prompt=starts_in_reasoning)
+
+
+def _make_parser(context: EngineContext, policy: ToolPolicy, reasoning: ReasoningMarkers | None) -> ToolStreamParser:
     return ToolStreamParser(
         context.tool_format,
         callable_functions(policy),
         parallel_tool_calls=policy.parallel_tool_calls,
-        starts_in_reasoning=starts_in_reasoning,
+        starts_in_reasoning=reasoning is not None and reasoning.opened_in_prompt,
+        reasoning_markers=(reasoning.start, reasoning.end) if reasoning else None,
     )
 
 
@@ -77,10 +89,15 @@ def run_chat_completion(
 
     lease = context.prefix_cache.acquire(prompt.tokens) if context.prefix_cache else None
     to_prefill = lease.remaining_tokens if lease else prompt.tokens
+    reasoning = reasoning_markers(loaded.tokenizer, prompt.starts_in_reasoning)
     try:
         # mlx-lm hands processors the tokens it was given (the uncached rest of the prompt) plus the sampled ones.
         processors = logits_processors_for(
-            loaded.tokenizer, context.tool_format, params.tool_policy, prompt_length=len(to_prefill)
+            loaded.tokenizer,
+            context.tool_format,
+            params.tool_policy,
+            prompt_length=len(to_prefill),
+            reasoning=reasoning,
         )
     except UnsupportedConstraintError as error:
         if lease and context.prefix_cache:
@@ -88,7 +105,7 @@ def run_chat_completion(
         yield ErrorChunk(message=str(error), error_type="invalid_request_error", code="unsupported", status_code=400)
         return
 
-    parser = _make_parser(context, params.tool_policy, prompt.starts_in_reasoning)
+    parser = _make_parser(context, params.tool_policy, reasoning)
     stops = StopSequenceMatcher(params.sampling.stop)
     generated: list[int] = []
     reasoning_tokens = 0

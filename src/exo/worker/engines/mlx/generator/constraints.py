@@ -8,6 +8,7 @@ from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import ToolPolicy
 from exo.worker.engines.mlx.constrained import (
     ConstraintMode,
+    ReasoningMarkers,
     ToolConstraintSpec,
     UnsupportedConstraintError,
     make_tool_logits_processor,
@@ -38,7 +39,12 @@ def constraint_mode(policy: ToolPolicy) -> ConstraintMode | None:
 
 
 def logits_processors_for(
-    tokenizer: TokenizerWrapper, tool_format: str, policy: ToolPolicy, *, prompt_length: int
+    tokenizer: TokenizerWrapper,
+    tool_format: str,
+    policy: ToolPolicy,
+    *,
+    prompt_length: int,
+    reasoning: ReasoningMarkers | None = None,
 ) -> Sequence[LogitsProcessor]:
     """Processors enforcing the policy (none for plain "auto"); raises UnsupportedConstraintError → HTTP 400."""
     mode = constraint_mode(policy)
@@ -49,6 +55,7 @@ def logits_processors_for(
         tools=callable_functions(policy),
         mode=mode,
         parallel_tool_calls=policy.parallel_tool_calls and mode is not ConstraintMode.NAMED,
+        reasoning=reasoning,
     )
     return (make_tool_logits_processor(tokenizer, spec, prompt_length=prompt_length),)
 
