@@ -332,3 +332,23 @@ def test_an_agent_turn_reuses_the_previous_prompt_from_the_prefix_cache(client: 
     cached = again.usage.prompt_tokens_details.cached_tokens or 0
     # The whole prompt but the last token (whose logits generation needs) comes from the cache.
     assert cached >= again.usage.prompt_tokens - 1
+
+
+def test_allowed_tools_required_calls_only_an_allowed_tool(server: ExoServer) -> None:
+    # Both tools stay in the prompt (so its cached prefix is unchanged); only get_time may be called.
+    body: dict[str, Any] = {
+        "model": QWEN,
+        "messages": [user("What is the weather in Paris?")],
+        "tools": [GET_WEATHER_TOOL, GET_TIME_TOOL],
+        "tool_choice": {
+            "type": "allowed_tools",
+            "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "get_time"}}]},
+        },
+    }
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    message = response.json()["choices"][0]["message"]
+    names = [call["function"]["name"] for call in message["tool_calls"]]
+    assert names
+    assert set(names) == {"get_time"}
+    assert response.json()["choices"][0]["finish_reason"] == "tool_calls"
