@@ -258,7 +258,11 @@ class _StreamWalker:
             self.violate("4-tool-call-first-delta", f"{where}: unexpected keys {sorted(entry)}")
         self._ids.add(str(call_id))
         # Dense indices are checked above; the call is stored at the next slot so later deltas still resolve.
-        self._calls.append(_Call(str(call_id), str(name)))
+        call = _Call(str(call_id), str(name))
+        arguments = function.get("arguments") if function is not None else None
+        if isinstance(arguments, str):
+            call.fragments.append(arguments)
+        self._calls.append(call)
 
     def _read_later_delta(self, position: int, index: int, entry: JsonMapping) -> None:
         where = f"chunk {position}, call {index}"

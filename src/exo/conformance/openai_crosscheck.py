@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
-from exo.conformance.contract import DONE_PAYLOAD, StreamedCall, StreamSummary, Violation
+from exo.conformance.contract import DONE_PAYLOAD, StreamSummary, Violation
 from exo.conformance.json_view import as_object
 
 _RULE = "openai-python"
@@ -42,22 +42,20 @@ def openai_violations(payloads: Sequence[str], summary: StreamSummary) -> list[V
             state.handle_chunk(chunk)
         if not chunks:
             return [Violation(rule=_RULE, message="no chunk to accumulate")]
-        completion = state.get_final_completion()
+        # The snapshot, not get_final_completion(): that one raises on finish_reason "length" by design.
+        completion = state.current_completion_snapshot
     except Exception as error:  # the accumulator raises IndexError, ValidationError, … on streams it cannot read
         return [Violation(rule=_RULE, message=f"openai-python failed: {type(error).__name__}: {error}"[:300])]
     if not completion.choices:
         return [Violation(rule=_RULE, message="openai-python accumulated no choice")]
     message = completion.choices[0].message
-    calls = tuple(
-        StreamedCall(index=index, call_id=call.id, name=call.function.name, arguments=call.function.arguments)
-        for index, call in enumerate(message.tool_calls or [])
-    )
+    calls = [(call.id, call.function.name, call.function.arguments) for call in message.tool_calls or []]
+    expected = [(call.call_id, call.name, call.arguments) for call in summary.calls]
     violations: list[Violation] = []
     if message.role != summary.role:
         violations.append(Violation(rule=_RULE, message=f"openai-python role is {message.role!r}"))
     if (message.content or "") != summary.content:
         violations.append(Violation(rule=_RULE, message=f"openai-python content is {message.content!r}"))
-    if calls != summary.calls:
-        shown = [(call.call_id, call.name, call.arguments[:60]) for call in calls]
-        violations.append(Violation(rule=_RULE, message=f"openai-python accumulated different calls: {shown}"))
+    if calls != expected:
+        violations.append(Violation(rule=_RULE, message=f"openai-python accumulated different calls: {calls}"[:300]))
     return violations
