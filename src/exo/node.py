@@ -11,7 +11,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from exo.master.main import Master
-from exo.models.resolve import ResolvedModel, resolve_model
+from exo.models.resolve import ResolvedModel, model_id_for, resolve_model
 from exo.shared.types.common import ModelId, NodeId
 from exo.shared.types.state import NodeInfo
 from exo.worker.main import Worker
@@ -63,24 +63,29 @@ class Node:
     async def _prepare_and_load(self, spec: str | None) -> None:
         label = spec or "default"
         self.preparing.add(label)
+        assert self._worker is not None
         try:
             resolved: ResolvedModel = await anyio.to_thread.run_sync(resolve_model, spec, self.config.models_dir)
         except Exception as error:
+            # Keep serving the other models; this one shows up in /state as failed and its requests get a 503
+            # that names the reason.
             logger.error("cannot prepare model %s: %s", label, error)
             self.preparation_errors[label] = str(error)
+            reason = f"cannot prepare model {label}: {error}"
+            self._worker.add_unavailable_runner(self._runner_config(model_id_for(spec), Path(spec or label)), reason)
             return
         finally:
             self.preparing.discard(label)
-        assert self._worker is not None
-        self._worker.start_runner(
-            RunnerConfig(
-                model_id=resolved.model_id,
-                model_path=resolved.path,
-                queue_limit=self.config.queue_limit,
-                prefix_cache_bytes=self.config.prefix_cache_bytes,
-                tool_format_override=self.config.tool_format_override,
-                log_level=self.config.log_level,
-            )
+        self._worker.start_runner(self._runner_config(resolved.model_id, resolved.path))
+
+    def _runner_config(self, model_id: ModelId, model_path: Path) -> RunnerConfig:
+        return RunnerConfig(
+            model_id=model_id,
+            model_path=model_path,
+            queue_limit=self.config.queue_limit,
+            prefix_cache_bytes=self.config.prefix_cache_bytes,
+            tool_format_override=self.config.tool_format_override,
+            log_level=self.config.log_level,
         )
 
     def resolve_request_model(self, requested: str | None) -> ModelId | None:

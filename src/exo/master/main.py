@@ -8,7 +8,7 @@ from exo.master.state import apply, place_task
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
 from exo.shared.types.common import ModelId, RunnerId, TaskId, new_task_id
-from exo.shared.types.events import Event, NodeJoined, TaskFinished
+from exo.shared.types.events import Event, NodeJoined
 from exo.shared.types.state import NodeInfo, State
 from exo.shared.types.tasks import ChatCompletionTask
 from exo.worker.main import Worker
@@ -56,19 +56,16 @@ class Master:
         )
         receiver = self.worker.submit(runner_id, task)
 
+        # The worker reports the task finished once its runner lets go of it (see worker/main.py).
         async def chunks() -> AsyncGenerator[Chunk, None]:
-            try:
-                async with receiver:
-                    async for chunk in receiver:
-                        yield chunk
-            finally:
-                self.worker.forget_task(task.task_id)
-                self.on_event(TaskFinished(task_id=task.task_id))
+            async with receiver:
+                async for chunk in receiver:
+                    yield chunk
 
         return TaskHandle(task_id=task.task_id, runner_id=runner_id, chunks=chunks())
 
     def cancel(self, command: CancelTaskCommand) -> None:
+        """Stop a queued or running task; the runner stops within one generated token."""
         task = self.state.tasks.get(command.task_id)
         if task is not None:
             self.worker.cancel(task.runner_id, command.task_id)
-            self.on_event(TaskFinished(task_id=command.task_id))

@@ -45,10 +45,14 @@ def _looks_like_path(spec: str) -> bool:
     return spec.startswith(("/", "~", "."))
 
 
+def _gguf_model_id(gguf_path: Path) -> str:
+    return re.sub(r"[^a-z0-9._-]+", "-", gguf_path.stem.lower()).strip("-.") or "gguf-model"
+
+
 def _resolve_gguf(gguf_path: Path, models_dir: Path) -> ResolvedModel:
     if not gguf_path.is_file():
         raise ModelNotFoundError(f"GGUF file {gguf_path} does not exist")
-    model_id = re.sub(r"[^a-z0-9._-]+", "-", gguf_path.stem.lower()).strip("-.") or "gguf-model"
+    model_id = _gguf_model_id(gguf_path)
     # Key the cache on where the file is and which version of it, so an edited file is imported again.
     stat = gguf_path.stat()
     key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
@@ -63,6 +67,21 @@ def _resolve_repository(repo_id: str, models_dir: Path) -> ResolvedModel:
     if not _is_model_directory(target):
         download_repository(repo_id, target)
     return ResolvedModel(model_id=ModelId(repo_id), path=target, source="huggingface")
+
+
+def model_id_for(spec: str | None) -> ModelId:
+    """The id `spec` is (or would be) served under, worked out without fetching or converting anything.
+
+    Used to name a model whose preparation failed, so requests for it get the failure's reason.
+    """
+    if spec is None or spec in ("default", DEFAULT_MODEL_ID):
+        return DEFAULT_MODEL_ID
+    path = Path(spec).expanduser()
+    if spec.lower().endswith(_GGUF_SUFFIX):
+        return ModelId(_gguf_model_id(path))
+    if path.is_dir() or _looks_like_path(spec):
+        return ModelId(path.resolve().name or spec)
+    return ModelId(spec)
 
 
 def resolve_model(spec: str | None, models_dir: Path | None = None) -> ResolvedModel:

@@ -1,4 +1,8 @@
-"""The worker: owns this node's runner supervisors and reports their state to the master as events."""
+"""The worker: owns this node's runner supervisors and reports their state to the master as events.
+
+The worker is the only source of task events: a task is reported while its supervisor holds it (queued or running)
+and finished once the supervisor lets go of it, however it ended (done, cancelled, failed, crashed).
+"""
 
 import time
 from collections.abc import Callable
@@ -8,8 +12,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import RunnerId, TaskId, new_runner_id
-from exo.shared.types.events import Event, RunnerUpdated, TaskUpdated
-from exo.shared.types.state import RunnerInfo, TaskInfo
+from exo.shared.types.events import Event, RunnerUpdated, TaskFinished, TaskUpdated
+from exo.shared.types.state import RunnerInfo, TaskInfo, TaskStatus
 from exo.shared.types.tasks import ChatCompletionTask
 from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor
 
@@ -20,6 +24,7 @@ class Worker:
         self._emit = emit
         self._supervisors: dict[RunnerId, RunnerSupervisor] = {}
         self._task_created: dict[TaskId, float] = {}
+        self._reported_tasks: dict[RunnerId, set[TaskId]] = {}
 
     def start_runner(self, config: RunnerConfig) -> RunnerSupervisor:
         runner_id = new_runner_id()
@@ -27,6 +32,15 @@ class Worker:
         self._supervisors[runner_id] = supervisor
         self._report(runner_id)
         self._task_group.start_soon(supervisor.run, name=f"runner-{runner_id}")
+        return supervisor
+
+    def add_unavailable_runner(self, config: RunnerConfig, reason: str) -> RunnerSupervisor:
+        """Register a runner for a model that could not be prepared: /state shows it failed with `reason` and its
+        requests are refused with that reason, instead of the model looking as if it was never asked for."""
+        runner_id = new_runner_id()
+        supervisor = RunnerSupervisor(runner_id, config, on_change=lambda: self._report(runner_id))
+        self._supervisors[runner_id] = supervisor
+        supervisor.mark_unavailable(reason)
         return supervisor
 
     def supervisor(self, runner_id: RunnerId) -> RunnerSupervisor:
@@ -37,11 +51,8 @@ class Worker:
         return list(self._supervisors.values())
 
     def submit(self, runner_id: RunnerId, task: ChatCompletionTask) -> MemoryObjectReceiveStream[Chunk]:
-        self._task_created[task.task_id] = time.time()
+        """Queue `task` on the runner; raises the supervisor's QueueFullError / RunnerUnavailableError."""
         return self._supervisors[runner_id].submit(task)
-
-    def forget_task(self, task_id: TaskId) -> None:
-        self._task_created.pop(task_id, None)
 
     def cancel(self, runner_id: RunnerId, task_id: TaskId) -> None:
         self._supervisors[runner_id].cancel(task_id)
@@ -65,22 +76,21 @@ class Worker:
                     restarts=supervisor.restarts,
                     last_error=supervisor.last_error,
                     metadata=supervisor.metadata,
+                    recent_tasks=supervisor.recent_tasks,
                 )
             )
         )
+        held: dict[TaskId, TaskStatus] = dict.fromkeys(supervisor.queued_task_ids, "queued")
         running = supervisor.running_task_id
-        tasks = [(task_id, "queued") for task_id in supervisor.queued_task_ids]
         if running is not None:
-            tasks.append((running, "running"))
-        for task_id, status in tasks:
-            self._emit(
-                TaskUpdated(
-                    task=TaskInfo(
-                        task_id=task_id,
-                        model_id=config.model_id,
-                        runner_id=runner_id,
-                        status="running" if status == "running" else "queued",
-                        created_at=self._task_created.get(task_id, time.time()),
-                    )
-                )
+            held[running] = "running"
+        for task_id, status in held.items():
+            created_at = self._task_created.setdefault(task_id, time.time())
+            info = TaskInfo(
+                task_id=task_id, model_id=config.model_id, runner_id=runner_id, status=status, created_at=created_at
             )
+            self._emit(TaskUpdated(task=info))
+        for task_id in self._reported_tasks.get(runner_id, set()) - held.keys():
+            self._task_created.pop(task_id, None)
+            self._emit(TaskFinished(task_id=task_id))
+        self._reported_tasks[runner_id] = set(held)

@@ -9,8 +9,11 @@ import logging
 import os
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from exo.shared.types.chunks import ErrorChunk, FinishChunk
 from exo.shared.types.common import TaskId
+from exo.shared.types.tasks import ChatCompletionTask
 from exo.shared.types.worker.runner_response import (
     CancelTask,
     ModelMetadata,
@@ -26,6 +29,11 @@ from exo.shared.types.worker.runner_response import (
     TaskChunk,
     TaskDone,
 )
+
+if TYPE_CHECKING:
+    from exo.worker.engines.mlx.generator.chat_completion import EngineContext
+
+logger = logging.getLogger(__name__)
 
 
 class RunnerChannel:
@@ -45,25 +53,30 @@ class RunnerChannel:
 
 
 class TaskControl:
-    """Between tokens: drain the pipe for a cancel (or shutdown) aimed at the running task."""
+    """Between tokens: drain the pipe for a cancel (or shutdown) aimed at the running task.
+
+    The engine asks once per generated token, so the number of questions is the number of tokens generated.
+    """
 
     def __init__(self, channel: RunnerChannel, task_id: TaskId) -> None:
         self._channel = channel
         self._task_id = task_id
         self.shutdown_requested = False
-        self._cancelled = False
+        self.tokens_generated = 0
+        self.cancelled = False
 
     def should_cancel(self) -> bool:
-        while not self._cancelled and self._channel.poll():
+        self.tokens_generated += 1
+        while not self.cancelled and self._channel.poll():
             match self._channel.receive():
                 case CancelTask(task_id=task_id) if task_id == self._task_id:
-                    self._cancelled = True
+                    self.cancelled = True
                 case Shutdown():
                     self.shutdown_requested = True
-                    self._cancelled = True
+                    self.cancelled = True
                 case _:
                     pass  # a cancel for a task already finished, or a stray bootstrap: nothing to do
-        return self._cancelled
+        return self.cancelled
 
 
 def _read_tool_parser_type(model_path: Path) -> str | None:
@@ -82,43 +95,84 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
     if not isinstance(bootstrap, RunnerBootstrap):
         channel.send(RunnerLoadFailed(message=f"expected a bootstrap message, got {bootstrap.kind}"))
         return
-    # Heavy imports happen here, in the child, so the API process never loads MLX.
-    from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
-    from exo.worker.engines.mlx.generator.chat_completion import EngineContext, run_chat_completion
-    from exo.worker.engines.mlx.generator.tool_parser import detect_tool_format
-    from exo.worker.engines.mlx.utils_mlx import ModelLoadError, chat_template_text, load_model
-
-    model_path = Path(bootstrap.model_path)
     try:
-        loaded = load_model(model_path, bootstrap.shard)
-    except ModelLoadError as error:
-        channel.send(RunnerLoadFailed(message=str(error)))
+        context, metadata = _load(bootstrap)
+    except Exception as error:
+        # Whatever breaks while loading (unreadable weights, a template the detector rejects, a bad override) is a
+        # load failure with a reason, not a crash: a crash would be retried and fail the same way again.
+        if isinstance(error, _LoadFailedError):
+            reason = str(error)
+            logger.error("%s", reason)
+        else:
+            reason = f"{type(error).__name__}: {error}"
+            logger.exception("cannot load %s", bootstrap.model_path)
+        channel.send(RunnerLoadFailed(message=reason))
         return
-    template = chat_template_text(loaded.tokenizer)
-    tool_format = detect_tool_format(template, _read_tool_parser_type(model_path), bootstrap.tool_format_override)
-    prefix_cache = PrefixCache(loaded.model, bootstrap.prefix_cache_bytes) if bootstrap.prefix_cache_bytes else None
-    context = EngineContext(loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache)
-    channel.send(
-        RunnerReady(
-            metadata=ModelMetadata(
-                context_length=loaded.context_length,
-                tool_format=str(tool_format),
-                supports_reasoning=loaded.tokenizer.has_thinking,
-                dtype=loaded.dtype,
-            )
-        )
-    )
-    logging.getLogger(__name__).info("loaded %s (tool format %s, dtype %s)", model_path, tool_format, loaded.dtype)
+    channel.send(RunnerReady(metadata=metadata))
+    logger.info("loaded %s (tool format %s, dtype %s)", bootstrap.model_path, metadata.tool_format, metadata.dtype)
     while True:
         match channel.receive():
             case RunTask(task=task):
-                control = TaskControl(channel, task.task_id)
-                for chunk in run_chat_completion(context, task, control.should_cancel):
-                    channel.send(TaskChunk(task_id=task.task_id, chunk=chunk))
-                channel.send(TaskDone(task_id=task.task_id))
+                control = _run_task(channel, context, task)
                 if control.shutdown_requested:
                     return
             case Shutdown():
                 return
             case CancelTask() | RunnerBootstrap():
                 pass  # nothing is running; a late cancel needs no action
+
+
+class _LoadFailedError(Exception):
+    """Loading failed; the message names the model path and the cause."""
+
+
+def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
+    # Heavy imports happen here, in the child, so the API process never loads MLX.
+    from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
+    from exo.worker.engines.mlx.generator.chat_completion import EngineContext
+    from exo.worker.engines.mlx.generator.tool_parser import detect_tool_format
+    from exo.worker.engines.mlx.utils_mlx import ModelLoadError, chat_template_text, load_model
+
+    model_path = Path(bootstrap.model_path)
+    try:
+        loaded = load_model(model_path, bootstrap.shard)
+        template = chat_template_text(loaded.tokenizer)
+        tool_format = detect_tool_format(template, _read_tool_parser_type(model_path), bootstrap.tool_format_override)
+    except ModelLoadError as error:
+        raise _LoadFailedError(str(error)) from error
+    except Exception as error:
+        raise _LoadFailedError(f"cannot load model from {model_path}: {type(error).__name__}: {error}") from error
+    prefix_cache = PrefixCache(loaded.model, bootstrap.prefix_cache_bytes) if bootstrap.prefix_cache_bytes else None
+    metadata = ModelMetadata(
+        context_length=loaded.context_length,
+        tool_format=str(tool_format),
+        supports_reasoning=loaded.tokenizer.has_thinking,
+        dtype=loaded.dtype,
+    )
+    return EngineContext(loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache), metadata
+
+
+def _run_task(channel: RunnerChannel, context: "EngineContext", task: ChatCompletionTask) -> TaskControl:
+    """Stream one task's chunks, then report it done with how many tokens it generated and whether it was cancelled.
+
+    An exception escaping the engine fails this task with an error chunk instead of killing the runner (and the
+    loaded model) for everyone queued behind it.
+    """
+    from exo.worker.engines.mlx.generator.chat_completion import run_chat_completion
+
+    control = TaskControl(channel, task.task_id)
+    generated: int | None = None
+    try:
+        for chunk in run_chat_completion(context, task, control.should_cancel):
+            if isinstance(chunk, FinishChunk):
+                generated = chunk.usage.completion_tokens
+            channel.send(TaskChunk(task_id=task.task_id, chunk=chunk))
+    except Exception as error:
+        logger.exception("task %s failed", task.task_id)
+        failure = ErrorChunk(message=f"generation failed: {type(error).__name__}: {error}")
+        channel.send(TaskChunk(task_id=task.task_id, chunk=failure))
+    tokens = control.tokens_generated if generated is None else generated
+    if control.cancelled:
+        logger.info("task %s cancelled after %d generated tokens", task.task_id, tokens)
+    channel.send(TaskDone(task_id=task.task_id, generated_tokens=tokens, cancelled=control.cancelled))
+    return control

@@ -1,9 +1,12 @@
 """Supervises one runner subprocess: starts it, queues tasks for it (FIFO), routes its chunks, restarts it on crash.
 
 A crash of the runner fails only the task it was running; the API process is untouched and queued tasks run once
-the replacement runner has loaded.
+the replacement runner has loaded. Restarts back off exponentially while the runner keeps crashing without
+finishing a task. A model that cannot load (a load error, or MAX_CONSECUTIVE_LOAD_FAILURES crashes before it became
+ready) marks the runner failed for good: queued and later requests get a 503 naming the reason.
 """
 
+import contextlib
 import logging
 import math
 import multiprocessing
@@ -22,6 +25,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.common import ModelId, RunnerId, TaskId
+from exo.shared.types.state import TaskOutcome, TaskSummary
 from exo.shared.types.tasks import ChatCompletionTask
 from exo.shared.types.worker.runner_response import (
     CancelTask,
@@ -45,6 +49,13 @@ from exo.worker.runner.runner import runner_main
 logger = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_LOAD_FAILURES = 3
+RECENT_TASKS_KEPT = 16
+MAX_RESTART_DELAY_SECONDS = 10.0
+
+
+def restart_delay(consecutive_crashes: int) -> float:
+    """Seconds to wait before restarting after the `consecutive_crashes`-th crash in a row: 0.5, 1, 2, 4… up to 10."""
+    return min(0.5 * 2 ** max(consecutive_crashes - 1, 0), MAX_RESTART_DELAY_SECONDS)
 
 
 class QueueFullError(Exception):
@@ -70,6 +81,14 @@ class RunnerConfig:
 class _PendingTask:
     task: ChatCompletionTask
     sender: MemoryObjectSendStream[Chunk]
+    failed: bool = False
+
+    def deliver(self, chunk: Chunk) -> None:
+        """Pass `chunk` on; a consumer that already went away (the client disconnected) just misses it."""
+        if isinstance(chunk, ErrorChunk):
+            self.failed = True
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self.sender.send_nowait(chunk)
 
 
 class _ProcessGoneError(Exception):
@@ -95,6 +114,8 @@ class RunnerSupervisor:
         self._ready = anyio.Event()
         self._stopping = False
         self._load_failures = 0
+        self._consecutive_crashes = 0
+        self._recent: deque[TaskSummary] = deque(maxlen=RECENT_TASKS_KEPT)
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -106,10 +127,27 @@ class RunnerSupervisor:
     def running_task_id(self) -> TaskId | None:
         return self._running.task.task_id if self._running else None
 
+    @property
+    def recent_tasks(self) -> tuple[TaskSummary, ...]:
+        """How the last tasks ended, oldest first, in the order they left this runner."""
+        return tuple(self._recent)
+
+    @property
+    def gave_up(self) -> bool:
+        """The model cannot be loaded: no process will be started again and every request is refused."""
+        return self._load_failures >= MAX_CONSECUTIVE_LOAD_FAILURES
+
+    def mark_unavailable(self, reason: str) -> None:
+        """Report this runner failed for good without ever starting it (its model could not be prepared)."""
+        self._load_failures = MAX_CONSECUTIVE_LOAD_FAILURES
+        self.status = "failed"
+        self.last_error = reason
+        self._on_change()
+
     def submit(self, task: ChatCompletionTask) -> MemoryObjectReceiveStream[Chunk]:
         """Queue `task`; its chunks arrive on the returned stream, which closes after the last one."""
-        if self.status == "failed" and self._load_failures >= MAX_CONSECUTIVE_LOAD_FAILURES:
-            raise RunnerUnavailableError(self.last_error or "runner failed")
+        if self.gave_up:
+            raise RunnerUnavailableError(f"model {self.config.model_id} is unavailable: {self.last_error}")
         if len(self._queue) >= self.config.queue_limit:
             raise QueueFullError(f"{len(self._queue)} requests are already waiting for model {self.config.model_id}")
         sender, receiver = anyio.create_memory_object_stream[Chunk](max_buffer_size=math.inf)
@@ -124,6 +162,8 @@ class RunnerSupervisor:
             if pending.task.task_id == task_id:
                 self._queue.remove(pending)
                 pending.sender.close()
+                self._record(task_id, "cancelled", 0)
+                self._on_change()
                 return
         if self._running and self._running.task.task_id == task_id:
             self._send(CancelTask(task_id=task_id))
@@ -136,10 +176,10 @@ class RunnerSupervisor:
                 await self._pump_messages()
             except _ProcessGoneError as gone:
                 self._on_process_gone(str(gone))
-            if self._stopping or self._load_failures >= MAX_CONSECUTIVE_LOAD_FAILURES:
+            if self._stopping or self.gave_up:
                 break
+            await anyio.sleep(restart_delay(self._consecutive_crashes))
             self.restarts += 1
-            await anyio.sleep(min(0.5 * self.restarts, 5.0))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -223,16 +263,22 @@ class RunnerSupervisor:
             case RunnerLoadFailed(message=reason):
                 # Loading is deterministic: retrying the same files would fail the same way.
                 self._load_failures = MAX_CONSECUTIVE_LOAD_FAILURES
+                self.status = "failed"
                 self.last_error = reason
                 logger.error("runner %s could not load %s: %s", self.runner_id, self.config.model_id, reason)
                 self._fail_all(f"model {self.config.model_id} failed to load: {reason}", status_code=503)
             case TaskChunk(task_id=task_id, chunk=chunk):
                 if self._running and self._running.task.task_id == task_id:
-                    self._running.sender.send_nowait(chunk)
-            case TaskDone(task_id=task_id):
+                    self._running.deliver(chunk)
+            case TaskDone(task_id=task_id, generated_tokens=tokens, cancelled=cancelled):
                 if self._running and self._running.task.task_id == task_id:
-                    self._running.sender.close()
+                    finished = self._running
+                    finished.sender.close()
                     self._running = None
+                    outcome: TaskOutcome = "cancelled" if cancelled else "failed" if finished.failed else "finished"
+                    self._record(task_id, outcome, tokens)
+                    if outcome == "finished":
+                        self._consecutive_crashes = 0
                 self.status = "ready"
                 self._dispatch_next()
         self._on_change()
@@ -246,20 +292,32 @@ class RunnerSupervisor:
             self._send(RunTask(task=self._running.task))
 
     def _on_process_gone(self, reason: str) -> None:
+        crashed_while_loading = self.status == "loading"
         self.status = "failed"
         self._ready = anyio.Event()
-        if self._load_failures == 0:
-            self.last_error = f"{reason} at {time.strftime('%H:%M:%S')}"
+        if not self.gave_up:
+            # A load error already set last_error to its reason; the exit that follows it adds nothing.
+            self._consecutive_crashes += 1
+            when = "while loading" if crashed_while_loading else "while serving"
+            self.last_error = f"{reason} {when} at {time.strftime('%H:%M:%S')}"
+            if crashed_while_loading:
+                self._load_failures += 1
         logger.error("runner %s for %s: %s", self.runner_id, self.config.model_id, reason)
         if self._running is not None:
-            self._running.sender.send_nowait(
+            self._running.deliver(
                 ErrorChunk(message=f"the model runner crashed while generating ({reason}); it is being restarted")
             )
             self._running.sender.close()
+            self._record(self._running.task.task_id, "failed", None)
             self._running = None
-        if self._load_failures >= MAX_CONSECUTIVE_LOAD_FAILURES:
+        if self.gave_up:
             self._fail_all(f"model {self.config.model_id} is unavailable: {self.last_error}", status_code=503)
         self._on_change()
+
+    def _record(self, task_id: TaskId, outcome: TaskOutcome, generated_tokens: int | None) -> None:
+        self._recent.append(
+            TaskSummary(task_id=task_id, outcome=outcome, generated_tokens=generated_tokens, finished_at=time.time())
+        )
 
     def _fail_all(self, message: str, *, status_code: int) -> None:
         waiting = list(self._queue)
@@ -268,5 +326,6 @@ class RunnerSupervisor:
             waiting.append(self._running)
             self._running = None
         for pending in waiting:
-            pending.sender.send_nowait(ErrorChunk(message=message, status_code=status_code, code="model_unavailable"))
+            pending.deliver(ErrorChunk(message=message, status_code=status_code, code="model_unavailable"))
             pending.sender.close()
+            self._record(pending.task.task_id, "failed", None)
