@@ -1,0 +1,179 @@
+"""Run the real opencode CLI (npm package `opencode-ai`, v1) headless against an exo node.
+
+opencode is isolated from the machine it runs on: HOME and the XDG folders point into a temporary folder, and the
+update check, models.dev fetch, session sharing, LSP downloads and Claude Code prompt import are switched off, so a
+run talks to nothing but exo (its background install of `@opencode-ai/plugin` into the temporary config folder may
+still try the npm registry; offline it fails without holding the run up).
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
+
+from tests.fixtures.fixture_specs import JsonObject
+
+REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+# Where `.ci/run` installs opencode (`npm install --prefix build/opencode opencode-ai@1`); /build/ is git-ignored.
+LOCAL_INSTALLS: Final = (
+    REPO_ROOT / "build" / "opencode" / "node_modules" / ".bin" / "opencode",
+    REPO_ROOT / "node_modules" / ".bin" / "opencode",
+)
+PROVIDER_ID: Final = "exo"
+# Switches that keep opencode from reaching the network for anything but the model (names from opencode 1.18).
+OFFLINE_SWITCHES: Final = (
+    "OPENCODE_DISABLE_AUTOUPDATE",
+    "OPENCODE_DISABLE_MODELS_FETCH",
+    "OPENCODE_DISABLE_SHARE",
+    "OPENCODE_DISABLE_LSP_DOWNLOAD",
+    "OPENCODE_DISABLE_CLAUDE_CODE",
+    "OPENCODE_DISABLE_DEFAULT_PLUGINS",
+)
+
+
+class OpencodeEvent(BaseModel):
+    """One line of `opencode run --format json`: `type` is step_start, text, tool_use, step_finish or error."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    type: str
+    part: dict[str, JsonValue] = {}
+    error: JsonValue = None
+
+
+class OpencodeRun(BaseModel):
+    """What one `opencode run` did: its exit status, parsed events and raw output (for failure messages)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    returncode: int
+    events: tuple[OpencodeEvent, ...]
+    stdout: str
+    stderr: str
+
+    def texts(self) -> list[str]:
+        """The assistant text parts, in order."""
+        return [str(event.part.get("text", "")) for event in self.events if event.type == "text"]
+
+    def tool_parts(self, tool: str) -> list[dict[str, JsonValue]]:
+        """The tool parts (name, call id, state with input/output/status) opencode ran for `tool`."""
+        return [event.part for event in self.events if event.type == "tool_use" and event.part.get("tool") == tool]
+
+    def describe(self) -> str:
+        """Everything a failing assertion should show."""
+        return f"opencode exited {self.returncode}\n--- stdout\n{self.stdout}\n--- stderr (tail)\n{self.stderr[-6000:]}"
+
+
+def find_opencode() -> Path | None:
+    """The opencode 1.x binary: the repository-local install `.ci/run` makes, else `opencode` on PATH."""
+    candidates = [*LOCAL_INSTALLS]
+    on_path = shutil.which("opencode")
+    if on_path is not None:
+        candidates.append(Path(on_path))
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK) and _major_version(candidate) == 1:
+            return candidate
+    return None
+
+
+def _major_version(binary: Path) -> int | None:
+    # An unrelated `opencode` (the archived Go project of the same name) must not be mistaken for this one.
+    try:
+        result = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    head = result.stdout.strip().split(".")[0]
+    return int(head) if result.returncode == 0 and head.isdigit() else None
+
+
+def provider_config(base_url: str, model_id: str, context_tokens: int, output_tokens: int) -> JsonObject:
+    """An opencode.json that routes `exo/<model_id>` to exo's OpenAI-compatible API at `base_url` (ending in /v1).
+
+    File edits are allowed up front because a headless run cannot answer a permission prompt; the title agent is
+    disabled so a run makes only the requests of the conversation itself.
+    """
+    return {
+        "$schema": "https://opencode.ai/config.json",
+        "autoupdate": False,
+        "share": "disabled",
+        "permission": {"edit": "allow"},
+        "agent": {"title": {"disable": True}},
+        "provider": {
+            PROVIDER_ID: {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "exo",
+                "options": {"baseURL": base_url},
+                "models": {
+                    model_id: {
+                        "name": model_id,
+                        "tool_call": True,
+                        "limit": {"context": context_tokens, "output": output_tokens},
+                    }
+                },
+            }
+        },
+    }
+
+
+def isolated_environment(home: Path) -> dict[str, str]:
+    """The process environment with HOME/XDG folders under `home` and opencode's network extras switched off."""
+    environment = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("OPENCODE", "XDG_")) and key not in {"OPENAI_API_KEY", "OPENAI_BASE_URL"}
+    }
+    environment |= {
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_DATA_HOME": str(home / ".local" / "share"),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "XDG_STATE_HOME": str(home / ".local" / "state"),
+        "NO_COLOR": "1",
+    }
+    environment |= dict.fromkeys(OFFLINE_SWITCHES, "1")
+    return environment
+
+
+def run_opencode(
+    binary: Path, project: Path, home: Path, model_id: str, prompt_words: Sequence[str], *, timeout: float
+) -> OpencodeRun:
+    """`opencode run --format json --model exo/<model_id> <words…>` in `project`, killed after `timeout` seconds.
+
+    The prompt goes in as separate words: opencode wraps a single argument that contains spaces in quotes before
+    sending it, which would change the user message the model sees.
+    """
+    arguments = [str(binary), "run", "--format", "json", "--print-logs", "--model", f"{PROVIDER_ID}/{model_id}"]
+    process = subprocess.Popen(
+        [*arguments, *prompt_words],
+        cwd=project,
+        env=isolated_environment(home),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # opencode retries and compacts on errors, so a misbehaving model can keep it busy forever.
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        stderr += f"\n[killed after {timeout:.0f}s]"
+    return OpencodeRun(returncode=process.returncode, events=_events(stdout), stdout=stdout, stderr=stderr)
+
+
+def _events(stdout: str) -> tuple[OpencodeEvent, ...]:
+    events: list[OpencodeEvent] = []
+    for line in stdout.splitlines():
+        try:
+            events.append(OpencodeEvent.model_validate(json.loads(line)))
+        except (json.JSONDecodeError, ValidationError):
+            continue  # opencode may print non-event lines (warnings); the raw stdout stays in the run for debugging
+    return tuple(events)
