@@ -1,12 +1,12 @@
 """The OpenAI-compatible HTTP API. Thin: validate the request, hand a command to the master, shape the answer."""
 
-import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from typing import Any
 from uuid import uuid4
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -16,14 +16,21 @@ from exo.master.adapters.chat_response import collect_response
 from exo.master.adapters.chat_stream import ChunkEncoder, sse_events
 from exo.master.errors import (
     ApiError,
-    error_response,
     handle_api_error,
     handle_http_error,
+    handle_unexpected_error,
     handle_validation_error,
 )
 from exo.master.main import ModelNotLoadedError, TaskHandle
+from exo.master.request_guard import RequestGuard
 from exo.node import Node
-from exo.shared.types.api import ChatCompletionRequest, ChatCompletionResponse, ModelCard, ModelList
+from exo.shared.types.api import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
 from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.commands import CancelTaskCommand
 from exo.shared.types.common import ModelId
@@ -32,42 +39,40 @@ from exo.worker.runner.supervisor import QueueFullError, RunnerUnavailableError
 
 logger = logging.getLogger(__name__)
 
-UNAUTHENTICATED_PATHS = frozenset({"/health"})
+# Documented in the OpenAPI schema so clients and fuzzers know every failure has OpenAI's error shape.
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in {
+        400: "Invalid request",
+        401: "Missing or wrong API key",
+        404: "Model not served",
+        413: "Request body too large",
+        429: "The model's queue is full",
+        500: "Server error",
+        503: "Model still loading or unavailable",
+    }.items()
+}
+_AUTH_ERRORS: dict[int | str, dict[str, Any]] = {status: _ERRORS[status] for status in (401, 500)}
 
 
 def create_app(node: Node) -> FastAPI:
+    """The FastAPI app serving `node`: /health, /state, /v1/models and /v1/chat/completions."""
     app = FastAPI(title="exo", version="0.1.0")
     app.add_exception_handler(ApiError, handle_api_error)
     app.add_exception_handler(RequestValidationError, handle_validation_error)
     app.add_exception_handler(StarletteHTTPException, handle_http_error)
-    config = node.config
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if config.api_key and request.url.path not in UNAUTHENTICATED_PATHS:
-            supplied = request.headers.get("authorization", "")
-            expected = f"Bearer {config.api_key}"
-            if not hmac.compare_digest(supplied.encode(), expected.encode()):
-                unauthorized = ApiError(
-                    401, "missing or invalid API key", error_type="authentication_error", code="invalid_api_key"
-                )
-                return error_response(unauthorized)
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > config.max_request_bytes:
-            return error_response(
-                ApiError(413, f"request body is larger than {config.max_request_bytes} bytes", code="body_too_large")
-            )
-        return await call_next(request)
+    app.add_exception_handler(Exception, handle_unexpected_error)
+    app.add_middleware(RequestGuard, api_key=node.config.api_key, max_body_bytes=node.config.max_request_bytes)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/state")
+    @app.get("/state", responses=_AUTH_ERRORS)
     async def state() -> State:
         return node.master.state
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=_AUTH_ERRORS)
     async def models() -> ModelList:
         cards: list[ModelCard] = []
         for runner in node.master.state.runners.values():
@@ -87,7 +92,7 @@ def create_app(node: Node) -> FastAPI:
             )
         return ModelList(data=cards)
 
-    @app.post("/v1/chat/completions", response_model=None)
+    @app.post("/v1/chat/completions", response_model=None, responses=_ERRORS)
     async def chat_completions(request: ChatCompletionRequest) -> ChatCompletionResponse | Response:
         model_id = _served_model(node, request.model)
         command = to_command(request, model_id)

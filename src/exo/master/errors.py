@@ -1,11 +1,18 @@
 """OpenAI-shaped API errors: `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status."""
 
+from collections.abc import Sequence
+from typing import Any
+
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exo.shared.types.api import ErrorBody, ErrorResponse
+
+# Pydantic names the member of a union it tried inside error locations (`stop.str`, `tool_choice.NamedToolChoice`);
+# OpenAI field names are lower snake case, so these parts are recognisable and dropped from what the client sees.
+_UNION_MEMBER_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
 class ApiError(Exception):
@@ -23,8 +30,9 @@ class ApiError(Exception):
         self.body = ErrorResponse(error=ErrorBody(message=message, type=error_type, param=param, code=code))
 
 
-def error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(status_code=error.status_code, content=error.body.model_dump())
+def error_response(error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The JSON response for `error`."""
+    return JSONResponse(status_code=error.status_code, content=error.body.model_dump(), headers=headers)
 
 
 async def handle_api_error(_request: Request, error: Exception) -> JSONResponse:
@@ -32,23 +40,50 @@ async def handle_api_error(_request: Request, error: Exception) -> JSONResponse:
     return error_response(error)
 
 
-async def handle_validation_error(_request: Request, error: Exception) -> JSONResponse:
-    assert isinstance(error, RequestValidationError)
-    problems = error.errors()
+def _public_location(location: Sequence[int | str]) -> str:
+    parts = [
+        str(part)
+        for part in location
+        if part != "body"
+        and not (isinstance(part, str) and (part[:1].isupper() or "[" in part or part in _UNION_MEMBER_NAMES))
+    ]
+    return ".".join(parts)
+
+
+def validation_error(problems: Sequence[Any]) -> ApiError:
+    """Turn pydantic/FastAPI validation problems into one 400 naming the first bad field (or every unknown one)."""
+    unknown = [_public_location(problem["loc"]) for problem in problems if problem.get("type") == "extra_forbidden"]
+    if unknown:
+        plural = "s" if len(unknown) > 1 else ""
+        return ApiError(
+            400,
+            f"Unrecognized request argument{plural} supplied: {', '.join(unknown)}",
+            param=unknown[0],
+            code="unknown_parameter",
+        )
     first = problems[0] if problems else {}
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    location = _public_location(first.get("loc", ()))
     message = str(first.get("msg", "invalid request"))
     if first.get("type") == "json_invalid":
         message = f"request body is not valid JSON: {first.get('ctx', {}).get('error', message)}"
     elif location:
-        message = f"{'.'.join(location)}: {message}"
+        message = f"{location}: {message}"
     if len(problems) > 1:
         message += f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})"
-    param = ".".join(location) or None
-    return error_response(ApiError(400, message, param=param, code="invalid_request"))
+    return ApiError(400, message, param=location or None, code="invalid_request")
+
+
+async def handle_validation_error(_request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, RequestValidationError)
+    return error_response(validation_error(error.errors()))
 
 
 async def handle_http_error(_request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, StarletteHTTPException)
     error_type = "not_found_error" if error.status_code == 404 else "invalid_request_error"
     return error_response(ApiError(error.status_code, str(error.detail), error_type=error_type))
+
+
+async def handle_unexpected_error(_request: Request, _error: Exception) -> JSONResponse:
+    """A bug, not a bad request: answer in OpenAI's error shape (Starlette re-raises it, so uvicorn logs it)."""
+    return error_response(ApiError(500, "internal server error", error_type="server_error", code="internal_error"))

@@ -1,6 +1,7 @@
 """OpenAI chat request → ChatCompletionCommand, rejecting what cannot be honoured with a clear 400."""
 
 import json
+import logging
 from collections.abc import Sequence
 
 from jsonschema import SchemaError
@@ -21,6 +22,30 @@ from exo.shared.types.commands import ChatCompletionCommand
 from exo.shared.types.common import ModelId, new_command_id
 from exo.shared.types.tasks import ChatCompletionTaskParams, PromptMessage, PromptToolCall, SamplingParams, ToolPolicy
 
+logger = logging.getLogger(__name__)
+
+# Request fields accepted for compatibility but not acted on (yet): clients such as opencode, the AI SDK or scripts
+# written for vLLM send them routinely, and rejecting them would break those clients for no benefit. Each one either
+# has no effect on a single local completion (user, store, metadata…) or is a sampling knob the engine does not
+# implement; docs/OPERATIONS.md lists them.
+IGNORED_REQUEST_FIELDS = (
+    "frequency_penalty",
+    "presence_penalty",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "chat_template_kwargs",
+    "reasoning_effort",
+    "verbosity",
+    "top_logprobs",
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+)
+
 
 def _content_text(content: str | list[ContentPart] | None, where: str) -> str:
     if content is None or isinstance(content, str):
@@ -28,7 +53,14 @@ def _content_text(content: str | list[ContentPart] | None, where: str) -> str:
     texts: list[str] = []
     for position, part in enumerate(content):
         if not isinstance(part, TextContentPart):
-            raise ApiError(400, f"{where}.content[{position}]: content parts of type '{part.type}' are not supported")
+            if part.type == "text":
+                raise ApiError(400, f"{where}.content[{position}]: a text part needs a 'text' string")
+            raise ApiError(
+                400,
+                f"{where}.content[{position}]: content parts of type '{part.type}' are not supported (only 'text')",
+                param=f"{where}.content",
+                code="unsupported_content_type",
+            )
         texts.append(part.text)
     return "".join(texts)
 
@@ -162,7 +194,28 @@ def sampling_params(request: ChatCompletionRequest) -> SamplingParams:
     )
 
 
+def reject_unsupported_features(request: ChatCompletionRequest) -> None:
+    """400 for fields that would change the answer in ways we cannot honour (rather than silently ignoring them)."""
+    if request.response_format is not None and request.response_format.type != "text":
+        raise ApiError(
+            400,
+            f"response_format type '{request.response_format.type}' is not supported; "
+            "describe the output in the prompt or use tools",
+            param="response_format",
+            code="unsupported_parameter",
+        )
+    if request.logprobs:
+        raise ApiError(400, "logprobs are not supported", param="logprobs", code="unsupported_parameter")
+    if request.logit_bias:
+        raise ApiError(400, "logit_bias is not supported", param="logit_bias", code="unsupported_parameter")
+
+
 def to_command(request: ChatCompletionRequest, model_id: ModelId) -> ChatCompletionCommand:
+    """Validate `request` (400 ApiError for anything we cannot honour) and turn it into a command for `model_id`."""
+    reject_unsupported_features(request)
+    ignored = [name for name in IGNORED_REQUEST_FIELDS if name in request.model_fields_set]
+    if ignored:
+        logger.debug("ignoring request fields %s", ", ".join(ignored))
     params = ChatCompletionTaskParams(
         messages=normalise_messages(request.messages),
         tool_policy=tool_policy(request),

@@ -88,7 +88,24 @@ class StreamOptions(WireModel):
     include_usage: bool = False
 
 
+class ResponseFormat(WireModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonObject | None = None
+
+
 class ChatCompletionRequest(WireModel):
+    """The body of POST /v1/chat/completions.
+
+    Top-level fields are a closed set: a field not declared here is rejected with OpenAI's "Unrecognized request
+    argument supplied" 400, so typos (`max_token`) fail loudly instead of being silently dropped. Besides OpenAI's
+    own fields, a deliberate allow-list of extensions that common clients send (vLLM / llama.cpp / mlx-lm sampling
+    knobs, opencode's and the AI SDK's extras) is declared and typed; `IGNORED_REQUEST_FIELDS` in
+    `exo.master.adapters.chat_request` names those accepted but not acted on. Scalars are strict (`"5"` is not an
+    integer, `"yes"` is not a boolean). Nested objects stay open: clients attach metadata such as `cache_control`.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     model: str | None = None
     messages: list[ChatMessage]
     stream: bool = False
@@ -103,6 +120,24 @@ class ChatCompletionRequest(WireModel):
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    logit_bias: dict[str, float] | None = None
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    chat_template_kwargs: JsonObject | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
 
 # ---- responses -------------------------------------------------------------------------------

@@ -1,0 +1,89 @@
+"""ASGI middleware in front of every route: the API key, then the request-body size limit.
+
+It is plain ASGI rather than a Starlette `BaseHTTPMiddleware` because the size limit must hold while the body is
+read: a chunked upload has no Content-Length to check up front, so the guard reads the body itself, stops at the
+limit, and hands the app a replay of what it read.
+"""
+
+import hmac
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from exo.master.errors import ApiError, error_response
+
+UNAUTHENTICATED_PATHS = frozenset({"/health"})
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    headers: list[tuple[bytes, bytes]] = scope["headers"]
+    return next((value for key, value in headers if key.lower() == name), None)
+
+
+def _authorized(scope: Scope, api_key: str) -> bool:
+    supplied = _header(scope, b"authorization") or b""
+    # Compare in constant time so response timing does not leak how much of a guessed key was right.
+    return hmac.compare_digest(supplied, f"Bearer {api_key}".encode())
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body is larger than {limit} bytes", code="body_too_large")
+
+
+class RequestGuard:
+    """Reject unauthenticated requests (401) and bodies over `max_body_bytes` (413) before the app sees them."""
+
+    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int) -> None:
+        self._app = app
+        self._api_key = api_key
+        self._max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        if self._api_key and scope["path"] not in UNAUTHENTICATED_PATHS and not _authorized(scope, self._api_key):
+            unauthorized = ApiError(
+                401, "missing or invalid API key", error_type="authentication_error", code="invalid_api_key"
+            )
+            await error_response(unauthorized, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            return
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._max_body_bytes:
+            await error_response(_too_large(self._max_body_bytes))(scope, receive, send)
+            return
+        body = await self._read_body(receive)
+        if body is None:
+            await error_response(_too_large(self._max_body_bytes))(scope, receive, send)
+            return
+        await self._app(scope, _replay(body, receive), send)
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        """The whole body, or None as soon as it exceeds the limit (the rest is never read)."""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                # The client left before finishing its body; the app sees an empty body and the disconnect.
+                return b"".join(parts)
+            chunk: bytes = message.get("body", b"")
+            size += len(chunk)
+            if size > self._max_body_bytes:
+                return None
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that yields the buffered body once, then defers to the server (for disconnect notices)."""
+    delivered = False
+
+    async def replayed() -> Message:
+        nonlocal delivered
+        if delivered:
+            return await receive()
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replayed

@@ -1,0 +1,384 @@
+"""Bad input gets a clear OpenAI-shaped 4xx, never reaches a runner, and leaves the server serving.
+
+Every case runs in process against the production app (fast, and it proves nothing was handed to the worker), and
+the whole table is replayed once against a real `exo` subprocess with the tiny fixture model, which must still
+answer the fixture greeting afterwards.
+"""
+
+import builtins
+import io
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from exo.node import NodeConfig
+from tests.exo_server import ExoServer, fixture_model, running_exo
+from tests.fixtures.fixture_specs import GET_WEATHER_TOOL, GREETING_REPLY
+from tests.master.inprocess_app import SCRIPTED_MODEL, SCRIPTED_REPLY, ScriptedWorker, scripted_app
+
+JsonBody = dict[str, object]
+# Small enough that a test can exceed it cheaply; the real server runs with the same limit.
+MAX_REQUEST_MB = 0.0625
+MAX_REQUEST_BYTES = int(MAX_REQUEST_MB * 1024 * 1024)
+HELLO: list[JsonBody] = [{"role": "user", "content": "Hello!"}]
+CALL: JsonBody = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'},
+}
+
+
+def tool(name: str, parameters: JsonBody | None = None, tool_type: str = "function") -> JsonBody:
+    function: JsonBody = {"name": name, "parameters": parameters or {"type": "object", "properties": {}}}
+    return {"type": tool_type, "function": function}
+
+
+@dataclass(frozen=True)
+class BadRequest:
+    """A request that must be refused with `status`, a message containing `needle` and (when set) `param`."""
+
+    name: str
+    # JSON fields merged over a valid request ("model" filled in unless given), or raw bytes sent as is.
+    body: JsonBody | bytes
+    status: int
+    needle: str
+    param: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def content(self, model: str) -> bytes:
+        if isinstance(self.body, bytes):
+            return self.body
+        return json.dumps({"model": model, "messages": HELLO, **self.body}).encode()
+
+
+CASES = [
+    BadRequest("malformed_json", b'{"model": "x", "messages": [', 400, "not valid JSON"),
+    BadRequest("body_not_an_object", b"[1, 2, 3]", 400, "valid dictionary"),
+    BadRequest("messages_missing", b'{"model": "scripted-model"}', 400, "messages: Field required", param="messages"),
+    BadRequest("messages_null", {"messages": None}, 400, "messages", param="messages"),
+    BadRequest("messages_wrong_type", {"messages": "Hello!"}, 400, "messages", param="messages"),
+    BadRequest("message_not_an_object", {"messages": ["Hello!"]}, 400, "messages.0", param="messages.0"),
+    BadRequest("unknown_role", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "role", "messages.0.role"),
+    BadRequest("content_wrong_type", {"messages": [{"role": "user", "content": 42}]}, 400, "content"),
+    BadRequest("temperature_wrong_type", {"temperature": "hot"}, 400, "temperature", param="temperature"),
+    BadRequest("temperature_out_of_range", {"temperature": 3.5}, 400, "less than or equal to 2", "temperature"),
+    BadRequest("top_p_zero", {"top_p": 0}, 400, "greater than 0", param="top_p"),
+    BadRequest("max_tokens_as_string", {"max_tokens": "5"}, 400, "valid integer", param="max_tokens"),
+    BadRequest("stream_as_string", {"stream": "yes"}, 400, "valid boolean", param="stream"),
+    BadRequest("stop_wrong_type", {"stop": 5}, 400, "stop", param="stop"),
+    BadRequest("tools_wrong_type", {"tools": "get_weather"}, 400, "tools", param="tools"),
+    BadRequest(
+        "unknown_top_level_field",
+        {"max_token": 10},
+        400,
+        "Unrecognized request argument supplied: max_token",
+        "max_token",
+    ),
+    BadRequest(
+        "several_unknown_fields",
+        {"functions": [], "guided_json": {}},
+        400,
+        "Unrecognized request arguments supplied: functions, guided_json",
+        param="functions",
+    ),
+    BadRequest("empty_messages", {"messages": []}, 400, "at least one message", param="messages"),
+    BadRequest(
+        "tool_message_without_tool_call_id",
+        {"messages": [*HELLO, {"role": "tool", "content": "sunny"}]},
+        400,
+        "needs a tool_call_id",
+        param="messages[1]",
+    ),
+    BadRequest(
+        "tool_message_with_unmatched_tool_call_id",
+        {
+            "messages": [
+                *HELLO,
+                {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "call_2", "content": "sunny"},
+            ]
+        },
+        400,
+        "does not match any earlier assistant tool call",
+        param="messages[2].tool_call_id",
+    ),
+    BadRequest(
+        "history_tool_call_arguments_not_json",
+        {
+            "messages": [
+                *HELLO,
+                {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "{oops"}}]},
+            ]
+        },
+        400,
+        "is not valid JSON",
+    ),
+    BadRequest("tool_not_type_function", {"tools": [tool("search", tool_type="retrieval")]}, 400, "must be 'function'"),
+    BadRequest("duplicate_tool_names", {"tools": [tool("get_weather"), tool("get_weather")]}, 400, "duplicate tool"),
+    BadRequest("tool_name_with_spaces", {"tools": [tool("get weather")]}, 400, "must be 1-64 letters"),
+    BadRequest(
+        "parameters_not_a_json_schema",
+        {"tools": [tool("get_weather", {"type": "object", "properties": {"city": {"type": "strng"}}})]},
+        400,
+        "not a valid JSON Schema",
+        param="tools[0]",
+    ),
+    BadRequest(
+        "parameters_not_an_object",
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+        400,
+        "tools.0.function.parameters",
+        param="tools.0.function.parameters",
+    ),
+    BadRequest(
+        "tool_choice_names_a_missing_tool",
+        {"tools": [GET_WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+        400,
+        "'get_time', which is not in tools",
+        param="tool_choice",
+    ),
+    BadRequest(
+        "tool_choice_required_without_tools", {"tool_choice": "required"}, 400, "non-empty tools", "tool_choice"
+    ),
+    BadRequest(
+        "tool_choice_unknown_mode", {"tools": [GET_WEATHER_TOOL], "tool_choice": "sometimes"}, 400, "tool_choice"
+    ),
+    BadRequest("max_tokens_zero", {"max_tokens": 0}, 400, "at least 1", param="max_tokens"),
+    BadRequest("max_tokens_negative", {"max_tokens": -5}, 400, "at least 1", param="max_tokens"),
+    BadRequest("max_completion_tokens_zero", {"max_completion_tokens": 0}, 400, "at least 1", param="max_tokens"),
+    BadRequest("n_greater_than_one", {"n": 2}, 400, "only n=1", param="n"),
+    BadRequest(
+        "image_content_part",
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+        400,
+        "'image_url' are not supported",
+        param="messages[0].content",
+    ),
+    BadRequest(
+        "text_part_without_text",
+        {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+        400,
+        "needs a 'text' string",
+    ),
+    BadRequest(
+        "response_format_json_schema",
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+        400,
+        "response_format type 'json_schema' is not supported",
+        param="response_format",
+    ),
+    BadRequest("logprobs_requested", {"logprobs": True}, 400, "logprobs are not supported", param="logprobs"),
+    BadRequest("logit_bias_requested", {"logit_bias": {"42": 100}}, 400, "logit_bias is not supported", "logit_bias"),
+    BadRequest("model_path_traversal", {"model": "../../etc"}, 404, "not served", param="model"),
+    BadRequest("model_deep_path_traversal", {"model": "../../../../etc/passwd"}, 404, "not served", param="model"),
+    BadRequest("model_absolute_path", {"model": "/etc/passwd"}, 404, "not served", param="model"),
+    BadRequest("model_windows_traversal", {"model": "..\\..\\windows\\system32"}, 404, "not served", param="model"),
+    BadRequest("model_missing", {"model": "no-such-model"}, 404, "not served", param="model"),
+    BadRequest("body_over_the_size_limit", {"padding_field": "x" * MAX_REQUEST_BYTES}, 413, "larger than"),
+]
+
+
+class Response(Protocol):
+    """What the assertions read; both httpx's and the TestClient's responses have it."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def text(self) -> str: ...
+    def json(self) -> Any: ...
+
+
+def assert_openai_error(response: Response, case: BadRequest) -> None:
+    assert response.status_code == case.status, response.text
+    payload = response.json()
+    assert set(payload) == {"error"}
+    error = payload["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str)
+    assert case.needle in error["message"]
+    assert error["type"] == ("not_found_error" if case.status == 404 else "invalid_request_error")
+    if case.param is not None:
+        assert error["param"] == case.param
+
+
+@pytest.fixture
+def app() -> Iterator[tuple[TestClient, ScriptedWorker]]:
+    application, worker = scripted_app(NodeConfig(max_request_bytes=MAX_REQUEST_BYTES))
+    with TestClient(application) as client:
+        yield client, worker
+
+
+def post(client: TestClient | httpx.Client, content: bytes, headers: dict[str, str] | None = None) -> Response:
+    return client.post(
+        "/v1/chat/completions", content=content, headers={"content-type": "application/json", **(headers or {})}
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_bad_request_is_refused_before_any_runner_and_the_app_keeps_serving(
+    app: tuple[TestClient, ScriptedWorker], case: BadRequest
+) -> None:
+    client, worker = app
+    assert_openai_error(post(client, case.content(SCRIPTED_MODEL), case.headers), case)
+    assert worker.tasks == []
+    good = post(client, json.dumps({"model": SCRIPTED_MODEL, "messages": HELLO}).encode())
+    assert good.status_code == 200
+    assert good.json()["choices"][0]["message"]["content"] == SCRIPTED_REPLY
+    assert len(worker.tasks) == 1
+
+
+def chunked(total: int, piece: int = 4096) -> Iterator[bytes]:
+    sent = 0
+    while sent < total:
+        yield b" " * min(piece, total - sent)
+        sent += piece
+
+
+def test_a_chunked_body_over_the_limit_is_413_without_content_length(app: tuple[TestClient, ScriptedWorker]) -> None:
+    client, worker = app
+    response = client.post("/v1/chat/completions", content=chunked(MAX_REQUEST_BYTES * 2))
+    assert "content-length" not in response.request.headers
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "body_too_large"
+    assert worker.tasks == []
+
+
+def test_a_chunked_body_under_the_limit_is_served(app: tuple[TestClient, ScriptedWorker]) -> None:
+    client, _ = app
+    body = json.dumps({"model": SCRIPTED_MODEL, "messages": HELLO}).encode()
+    response = client.post(
+        "/v1/chat/completions", content=iter([body[:10], body[10:]]), headers={"content-type": "application/json"}
+    )
+    assert "content-length" not in response.request.headers
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == SCRIPTED_REPLY
+
+
+def test_model_ids_with_paths_never_touch_the_filesystem(
+    app: tuple[TestClient, ScriptedWorker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, _ = app
+    touched: list[str] = []
+    real_stat, real_open = os.stat, builtins.open
+
+    def recording_stat(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        touched.append(str(path))
+        return real_stat(path, *args, **kwargs)  # pyright: ignore[reportArgumentType, reportCallIssue]
+
+    def recording_open(path: object, *args: object, **kwargs: object) -> object:
+        touched.append(str(path))
+        return real_open(path, *args, **kwargs)  # pyright: ignore[reportArgumentType, reportCallIssue]
+
+    monkeypatch.setattr(os, "stat", recording_stat)
+    monkeypatch.setattr(builtins, "open", recording_open)
+    monkeypatch.setattr(io, "open", recording_open)
+    for model in ("../../etc", "/etc/passwd", "~/.ssh/id_rsa", "./tiny-qwen-tools"):
+        response = post(client, json.dumps({"model": model, "messages": HELLO}).encode())
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "model_not_found"
+    assert not [path for path in touched if "etc" in path or "ssh" in path or "tiny-qwen" in path]
+
+
+AI_SDK_REQUEST: JsonBody = {
+    # What @ai-sdk/openai-compatible 2.x builds for opencode: standard settings, its own extras (reasoning_effort,
+    # verbosity, user), opencode's per-model options spread at the top level, and cache_control on the last part.
+    "max_tokens": 32000,
+    "temperature": 0.55,
+    "top_p": 1,
+    "frequency_penalty": 0,
+    "presence_penalty": 0,
+    "seed": 7,
+    "user": "opencode",
+    "reasoning_effort": "high",
+    "verbosity": "low",
+    "prompt_cache_key": "ses_123",
+    "top_k": 20,
+    "min_p": 0.0,
+    "repetition_penalty": 1.05,
+    "chat_template_kwargs": {"enable_thinking": False},
+    "metadata": {"session": "ses_123"},
+    "store": False,
+    "service_tier": "auto",
+    "safety_identifier": "user-1",
+    "parallel_tool_calls": True,
+    "response_format": {"type": "text"},
+    "logprobs": False,
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Hello!", "cache_control": {"type": "ephemeral"}}]}
+    ],
+    "tools": [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Get the current weather for a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+                "strict": False,
+            },
+        }
+    ],
+    "tool_choice": "auto",
+    "stream": False,
+}
+
+
+def test_allow_listed_extension_fields_from_opencode_are_accepted(app: tuple[TestClient, ScriptedWorker]) -> None:
+    client, worker = app
+    response = post(client, json.dumps({"model": SCRIPTED_MODEL, **AI_SDK_REQUEST}).encode())
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == SCRIPTED_REPLY
+    (task,) = worker.tasks
+    assert task.params.sampling.temperature == 0.55
+    assert task.params.sampling.seed == 7
+    assert [message.content for message in task.params.messages] == ["Hello!"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExoServer]:
+    with running_exo(
+        [fixture_model("tiny-qwen-tools")],
+        tmp_path_factory.mktemp("exo"),
+        extra_args=["--max-request-mb", str(MAX_REQUEST_MB)],
+    ) as running:
+        yield running
+
+
+CONTEXT_TOO_LONG = BadRequest(
+    "prompt_longer_than_the_context",
+    {"messages": [{"role": "user", "content": "weather " * 5000}]},
+    400,
+    "context is 4096 tokens",
+)
+
+
+def test_a_real_server_refuses_every_bad_request_and_still_answers(server: ExoServer) -> None:
+    with httpx.Client(base_url=server.base_url, timeout=120) as client:
+        for case in [*CASES, CONTEXT_TOO_LONG]:
+            assert_openai_error(post(client, case.content("tiny-qwen-tools"), case.headers), case)
+        too_long_stream = post(client, CONTEXT_TOO_LONG.content("tiny-qwen-tools")[:-1] + b', "stream": true}')
+        assert_openai_error(too_long_stream, CONTEXT_TOO_LONG)
+        chunked_response = client.post("/v1/chat/completions", content=chunked(MAX_REQUEST_BYTES * 2))
+        assert chunked_response.status_code == 413
+        assert server.process.poll() is None
+        assert server.runner()["restarts"] == 0
+        for body in ({"messages": HELLO}, AI_SDK_REQUEST):
+            good = post(client, json.dumps({"model": "tiny-qwen-tools", **body}).encode())
+            assert good.status_code == 200, good.text
+            assert good.json()["choices"][0]["message"]["content"] == GREETING_REPLY
+
+
+def test_a_real_server_streams_an_opencode_shaped_request(server: ExoServer) -> None:
+    body = {"model": "tiny-qwen-tools", **AI_SDK_REQUEST, "stream": True, "stream_options": {"include_usage": True}}
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    payloads = [line.removeprefix("data: ") for line in response.text.splitlines() if line.startswith("data: ")]
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(payload) for payload in payloads[:-1]]
+    text = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks if chunk["choices"])
+    assert text == GREETING_REPLY
