@@ -1,0 +1,232 @@
+"""Runner faults against a real node: client disconnects, runner crashes mid-request, crash loops.
+
+The tiny fixture model answers its trained prompts in a few tokens and stops on `<|im_end|>` even for untrained
+ones (random text ends within ~100 tokens), so a request cannot be made to last. These tests serve a copy of
+tiny-qwen-tools with every end-of-sequence id removed: the same weights and the same greedy tokens, but generation
+only ends at max_tokens (~700 tokens/s here), so a 4000-token request reliably lasts several seconds.
+"""
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.exo_server import ExoServer, fixture_model, running_exo
+from tests.fixtures.fixture_specs import GREETING_REPLY
+
+MODEL = "endless-qwen"
+LONG = 4000
+
+
+def endless_copy(directory: Path) -> Path:
+    """Copy tiny-qwen-tools to `directory/endless-qwen` with no end-of-sequence token configured."""
+    target = directory / MODEL
+    shutil.copytree(fixture_model("tiny-qwen-tools"), target)
+    for name in ("config.json", "generation_config.json"):
+        config = json.loads((target / name).read_text())
+        config["eos_token_id"] = []
+        (target / name).write_text(json.dumps(config))
+    tokenizer_config = json.loads((target / "tokenizer_config.json").read_text())
+    tokenizer_config["eos_token"] = None
+    (target / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    special = json.loads((target / "special_tokens_map.json").read_text())
+    special.pop("eos_token", None)
+    (target / "special_tokens_map.json").write_text(json.dumps(special))
+    return target
+
+
+@pytest.fixture(scope="module")
+def endless_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return endless_copy(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def server(endless_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExoServer]:
+    with running_exo([endless_model], tmp_path_factory.mktemp("exo")) as running:
+        yield running
+
+
+def chat(content: str, max_tokens: int, **extra: object) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stop": [],
+        **extra,
+    }
+
+
+def post(server: ExoServer, body: dict[str, object], timeout: float = 60) -> httpx.Response:
+    return httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=timeout)
+
+
+def recent_tasks(server: ExoServer) -> list[dict[str, object]]:
+    tasks = server.runner()["recent_tasks"]
+    assert isinstance(tasks, list)
+    return [task for task in tasks if isinstance(task, dict)]  # pyright: ignore[reportUnknownVariableType]
+
+
+def wait_for_task_count(server: ExoServer, count: int, timeout: float = 30) -> list[dict[str, object]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        tasks = recent_tasks(server)
+        if len(tasks) >= count:
+            return tasks
+        time.sleep(0.02)
+    raise TimeoutError(f"the runner never reported {count} ended tasks: {recent_tasks(server)}")
+
+
+def running_pid(server: ExoServer, timeout: float = 30) -> int:
+    """The runner's pid once /state shows it running a task."""
+    runner = server.wait_for_status("running", timeout=timeout)
+    pid = runner["pid"]
+    assert isinstance(pid, int)
+    return pid
+
+
+def test_client_disconnect_stops_generation_frees_the_runner_and_keeps_the_cache_consistent(
+    server: ExoServer,
+) -> None:
+    prompt = "Disconnect probe: tell me a very long story."
+    baseline = post(server, chat(prompt, 64)).json()
+    assert baseline["usage"]["completion_tokens"] == 64
+    ended_before = len(recent_tasks(server))
+
+    received: list[str] = []
+    with httpx.stream(
+        "POST", f"{server.base_url}/v1/chat/completions", json=chat(prompt, LONG, stream=True), timeout=60
+    ) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: ") and '"content"' in line:
+                received.append(line)
+            if len(received) >= 4:
+                break  # leaving the block closes the connection mid-stream
+    disconnected = time.monotonic()
+
+    cancelled = wait_for_task_count(server, ended_before + 1)[-1]
+    assert cancelled["outcome"] == "cancelled"
+    generated = cancelled["generated_tokens"]
+    assert isinstance(generated, int)
+    # The runner checks for a cancel after every token, so it stops within one token of the cancel reaching it; how
+    # many it generates before then depends on how fast the API notices the disconnect (~10 tokens when idle, a few
+    # hundred on a loaded machine). 4000 would mean the disconnect went unnoticed.
+    assert generated < LONG // 4, cancelled
+    assert time.monotonic() - disconnected < 5
+
+    started = time.monotonic()
+    again = post(server, chat(prompt, 64)).json()
+    assert time.monotonic() - started < 10
+    # The cancelled generation's cache was filed under the tokens it really holds: the same greedy answer comes back,
+    # with all of the prompt but the last token served from the cache.
+    assert again["choices"][0]["message"]["content"] == baseline["choices"][0]["message"]["content"]
+    assert again["usage"]["prompt_tokens"] == baseline["usage"]["prompt_tokens"]
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == again["usage"]["prompt_tokens"] - 1
+    assert not server.state()["tasks"]
+
+
+def test_a_runner_killed_mid_stream_ends_the_stream_with_one_error_then_done_and_restarts(server: ExoServer) -> None:
+    before = server.wait_for_status("ready")
+    events: list[str] = []
+    with httpx.stream(
+        "POST",
+        f"{server.base_url}/v1/chat/completions",
+        json=chat("Kill me while streaming.", LONG, stream=True),
+        timeout=60,
+    ) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        for line in lines:
+            if line.startswith("data: ") and '"content"' in line:
+                break  # generation is under way: the next 4000 tokens take seconds
+        os.kill(running_pid(server), signal.SIGKILL)
+        events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    errors = [json.loads(event)["error"] for event in events[:-1] if '"error"' in event]
+    assert len(errors) == 1
+    assert "crashed" in errors[0]["message"]
+    assert set(errors[0]) >= {"message", "type", "param", "code"}
+    contents = [json.loads(event) for event in events[:-1] if '"error"' not in event]
+    assert all(chunk["choices"][0]["finish_reason"] is None for chunk in contents if chunk["choices"])
+    assert_recovered(server, before)
+
+
+def test_a_runner_killed_mid_request_fails_it_with_an_openai_shaped_500_and_restarts(server: ExoServer) -> None:
+    before = server.wait_for_status("ready")
+    result: dict[str, httpx.Response] = {}
+    sender = threading.Thread(target=lambda: result.setdefault("response", post(server, chat("Kill me.", LONG))))
+    sender.start()
+    os.kill(running_pid(server), signal.SIGKILL)
+    sender.join(timeout=60)
+    response = result["response"]
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert "crashed" in error["message"]
+    assert set(error) >= {"message", "type", "param", "code"}
+    assert_recovered(server, before)
+
+
+def assert_recovered(server: ExoServer, before: dict[str, object]) -> None:
+    """/state shows the crash, the runner is back with a new process, and the next request succeeds."""
+    failed = recent_tasks(server)[-1]
+    assert failed["outcome"] == "failed"
+    assert failed["generated_tokens"] is None
+    recovered = server.wait_for_status("ready", timeout=60)
+    assert recovered["pid"] != before["pid"]
+    assert isinstance(before["restarts"], int)
+    assert recovered["restarts"] == before["restarts"] + 1
+    assert "exited with code -9 while serving" in str(recovered["last_error"])
+    greeting = post(server, chat("Hello!", 64, stop=["<|im_end|>"]))
+    assert greeting.status_code == 200
+    assert greeting.json()["choices"][0]["message"]["content"] == GREETING_REPLY
+    assert not server.state()["tasks"]
+
+
+def wait_for_new_loading_runner(server: ExoServer, old_pid: object, timeout: float = 30) -> tuple[int, float]:
+    """Poll until a replacement runner process is loading; return its pid and when it was first seen."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runner = server.runner()
+        if runner["pid"] != old_pid and runner["status"] == "loading" and isinstance(runner["pid"], int):
+            return runner["pid"], time.monotonic()
+        time.sleep(0.01)
+    raise TimeoutError(f"no replacement runner appeared: {server.runner()}")
+
+
+def test_a_runner_that_keeps_crashing_backs_off_then_reports_failed_and_the_api_keeps_serving(
+    endless_model: Path, tmp_path: Path
+) -> None:
+    with running_exo([endless_model], tmp_path) as server:
+        pid = server.runner()["pid"]
+        assert isinstance(pid, int)
+        gaps: list[float] = []
+        # One crash while serving, then three while loading: the third failed load makes the supervisor give up.
+        for _ in range(4):
+            os.kill(pid, signal.SIGKILL)
+            killed = time.monotonic()
+            if len(gaps) == 3:
+                break
+            pid, seen = wait_for_new_loading_runner(server, pid)
+            gaps.append(seen - killed)
+        failed = server.wait_for_status("failed", timeout=30)
+        time.sleep(1.0)  # no further restart is attempted
+        final = server.runner()
+        assert final["status"] == "failed"
+        assert final["pid"] == failed["pid"]
+        assert final["restarts"] == 3
+        assert "while loading" in str(final["last_error"])
+        # Each restart waited at least its backoff: 0.5 s, then 1 s, then 2 s.
+        assert all(gap >= wanted for gap, wanted in zip(gaps, (0.5, 1.0, 2.0), strict=True)), gaps
+        assert httpx.get(f"{server.base_url}/health").json() == {"status": "ok"}
+        refused = post(server, chat("Hello!", 8))
+        assert refused.status_code == 503
+        error = refused.json()["error"]
+        assert error["code"] == "model_unavailable"
+        assert "while loading" in error["message"]
