@@ -1,0 +1,40 @@
+"""What the numbers were measured on: platform, CPUs, load, library versions and the BLAS in use."""
+
+import os
+import platform
+import subprocess
+from importlib import metadata
+
+from bench.results import MachineInfo
+from exo.worker.engines.mlx.blas import NO_PRELOAD_VARIABLE, find_optimized_blas
+
+
+def blas_description() -> str:
+    """The BLAS exo preloads for its runner (and the bench for its baselines), or why there is none."""
+    if os.environ.get(NO_PRELOAD_VARIABLE) == "1":
+        return f"mlx's bundled reference BLAS ({NO_PRELOAD_VARIABLE}=1)"
+    library = find_optimized_blas()
+    if library is None:
+        return "mlx's bundled reference BLAS (no optimized BLAS found)" if platform.system() == "Linux" else "native"
+    return f"{library} (LD_PRELOAD)"
+
+
+def _commit() -> str:
+    completed = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    return completed.stdout.strip() or "unknown"
+
+
+def machine_info(matmul_gflops: float) -> MachineInfo:
+    """Describe this machine; `matmul_gflops` comes from the baseline subprocess, where the BLAS preload applies."""
+    load_1, load_5, load_15 = os.getloadavg()
+    return MachineInfo(
+        platform=platform.platform(),
+        python=platform.python_version(),
+        cpu_count=os.cpu_count() or 0,
+        load_average=(load_1, load_5, load_15),
+        mlx_version=metadata.version("mlx"),
+        mlx_lm_version=metadata.version("mlx-lm"),
+        blas=blas_description(),
+        matmul_gflops=matmul_gflops,
+        exo_commit=_commit(),
+    )

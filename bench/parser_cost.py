@@ -1,0 +1,66 @@
+"""Cost of the incremental tool-call parser per streamed segment, for a Hermes call with large arguments."""
+
+import json
+import time
+from collections.abc import Sequence
+
+from bench.results import ParserCost
+from exo.shared.types.api import FunctionDefinition
+from exo.worker.engines.mlx.generator.tool_parser import ToolFormatName, ToolStreamParser
+
+_WRITE_TOOL = FunctionDefinition(
+    name="write",
+    description="Write a file",
+    parameters={
+        "type": "object",
+        "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+        "required": ["path", "content"],
+    },
+)
+# Source-like text with quotes and backslashes, so the JSON string scanner meets escapes as it would in practice.
+_BODY_LINE = 'def f(x):\n    return x * 2  # "quoted" \\ text\n'
+
+
+def hermes_call(argument_bytes: int) -> str:
+    """A Hermes `<tool_call>` whose arguments JSON is `argument_bytes` characters long."""
+    overhead = len(json.dumps({"path": "a.py", "content": ""}))
+    body = _BODY_LINE * (argument_bytes // len(_BODY_LINE) + 1)
+    # Escaping grows the text: trim the body until the encoded arguments have exactly the wanted size or less.
+    content_size = argument_bytes - overhead
+    arguments = json.dumps({"path": "a.py", "content": body[:content_size]})
+    while len(arguments) > argument_bytes:
+        content_size -= len(arguments) - argument_bytes
+        arguments = json.dumps({"path": "a.py", "content": body[: max(content_size, 0)]})
+    padding = "x" * (argument_bytes - len(arguments))  # plain characters encode as themselves: exact size
+    arguments = json.dumps({"path": "a.py", "content": body[: max(content_size, 0)] + padding})
+    return f'<tool_call>\n{{"name": "write", "arguments": {arguments}}}\n</tool_call>'
+
+
+def segments_of(text: str, segment_chars: int) -> list[str]:
+    """`text` cut into pieces of `segment_chars` characters, about what a tokenizer's detokenizer emits."""
+    return [text[start : start + segment_chars] for start in range(0, len(text), segment_chars)]
+
+
+def time_parse(segments: Sequence[str]) -> float:
+    """Seconds to feed every segment to a fresh parser and finish it; checks the call came out whole."""
+    parser = ToolStreamParser(ToolFormatName.HERMES, [_WRITE_TOOL])
+    started = time.perf_counter()
+    for segment in segments:
+        parser.feed(segment)
+    parser.finish()
+    elapsed = time.perf_counter() - started
+    if parser.tool_calls_emitted != 1 or parser.failures:
+        raise RuntimeError(f"the parser did not return the call cleanly: {parser.failures}")
+    return elapsed
+
+
+def measure_parser_cost(sizes: Sequence[int], segment_chars: int, repeats: int) -> list[ParserCost]:
+    """Best-of-`repeats` µs per segment for each argument size (the best run is the least disturbed one)."""
+    results: list[ParserCost] = []
+    for size in sizes:
+        segments = segments_of(hermes_call(size), segment_chars)
+        best = min(time_parse(segments) for _ in range(repeats))
+        results.append(
+            ParserCost(argument_bytes=size, segments=len(segments), microseconds_per_segment=best / len(segments) * 1e6)
+        )
+    return results

@@ -1,0 +1,107 @@
+"""The raw mlx-lm baseline, run as its own process: `python -m bench.raw_worker SETTINGS_JSON`.
+
+The parent starts it with the environment exo gives its runner (`blas_environment`), because the optimized BLAS
+must be preloaded before mlx is imported. The model is loaded exactly as exo's runner loads it (float32 on a
+Linux CPU) and generation is a bare `mlx_lm.stream_generate` loop. Afterwards the same float32 weights are saved
+to a directory so mlx_lm.server can serve the very same numbers (it would otherwise load the float16 checkpoint,
+which skips BLAS on x86 and is many times slower: not a fair peer).
+"""
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import cast
+
+import mlx.core as mx
+from mlx_lm.generate import stream_generate
+from mlx_lm.sample_utils import make_sampler
+from mlx_lm.utils import save_model
+from pydantic import BaseModel
+
+from bench.results import StreamMeasurement
+from bench.workloads import decode_messages
+from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.engines.mlx.blas import measure_matmul_gflops
+from exo.worker.engines.mlx.utils_mlx import LoadedModel, load_model
+
+_WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
+
+
+class RawRequest(BaseModel):
+    model_path: Path
+    max_tokens: int
+    repeats: int
+    float32_copy: Path
+
+
+class RawResult(BaseModel):
+    dtype: str
+    matmul_gflops: float
+    """Float32 matmul speed under this process's BLAS: shows whether the preload took effect."""
+    runs: list[StreamMeasurement]
+
+
+def _prompt_tokens(loaded: LoadedModel, tag: str) -> list[int]:
+    messages = [message.model_dump(exclude_none=True) for message in decode_messages(tag)]
+    return cast(list[int], loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+
+
+def measure_once(loaded: LoadedModel, prompt: list[int], max_tokens: int) -> StreamMeasurement:
+    """One greedy generation, timed like a client times a stream: first token, then the rest."""
+    started = time.perf_counter()
+    first_at: float | None = None
+    tokens = 0
+    pieces: list[str] = []
+    for response in stream_generate(
+        loaded.model, loaded.tokenizer, mx.array(prompt), max_tokens=max_tokens, sampler=make_sampler(temp=0.0)
+    ):
+        if first_at is None:
+            first_at = time.perf_counter()
+        tokens += 1
+        pieces.append(response.text)
+    finished = time.perf_counter()
+    return StreamMeasurement(
+        ttft_s=(first_at or finished) - started,
+        total_s=finished - started,
+        completion_tokens=tokens,
+        prompt_tokens=len(prompt),
+        cached_tokens=0,
+        text="".join(pieces),
+    )
+
+
+def save_float32_copy(loaded: LoadedModel, source: Path, destination: Path) -> None:
+    """Write the loaded (float32) weights next to the source's config and tokenizer files."""
+    destination.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        if item.is_file() and not item.name.endswith(_WEIGHT_SUFFIXES):
+            shutil.copy2(item, destination / item.name)
+    save_model(destination, loaded.model)
+    config_path = destination / "config.json"
+    config = cast(dict[str, object], json.loads(config_path.read_text()))
+    # The weights are now plain float32: a quantization entry would make mlx-lm rebuild quantized layers.
+    for key in ("quantization", "quantization_config"):
+        config.pop(key, None)
+    config["torch_dtype"] = "float32"
+    config_path.write_text(json.dumps(config, indent=2))
+
+
+def main() -> None:
+    request = RawRequest.model_validate_json(sys.argv[1])
+    loaded = load_model(request.model_path, ShardAssignment())
+    # Warm-up: first-call allocation and kernel setup are not throughput.
+    measure_once(loaded, _prompt_tokens(loaded, "warm-up"), 4)
+    runs = [
+        measure_once(loaded, _prompt_tokens(loaded, f"run {number}"), request.max_tokens)
+        for number in range(1, request.repeats + 1)
+    ]
+    gflops = measure_matmul_gflops()
+    save_float32_copy(loaded, request.model_path, request.float32_copy)
+    result = RawResult(dtype=loaded.dtype, matmul_gflops=gflops, runs=runs)
+    sys.stdout.write(result.model_dump_json() + "\n")
+
+
+if __name__ == "__main__":
+    main()

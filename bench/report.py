@@ -1,0 +1,226 @@
+"""Render a BenchReport as Markdown: machine, targets, one table per section, charts and method."""
+
+from datetime import UTC, datetime
+
+from bench.results import AgentSeries, BenchReport
+from bench.targets import (
+    EXO_NO_TOOLS,
+    EXO_TOOLS,
+    MLX_LM_TOOLS,
+    RAW,
+    TargetCheck,
+    check_targets,
+    find_row,
+    format_ratio,
+    format_speed,
+    ratio,
+)
+
+SECTION_TITLES = (
+    "## 1. Decode speed and time to first token",
+    "## 2. Agent turns",
+    "## 3. Tool-stream parser cost",
+    "## 4. Concurrent streams",
+)
+BUSY_LOAD_PER_CPU = 0.5
+"""A 1-minute load average above this share of the CPUs means other work was running during the benchmark."""
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def _machine(report: BenchReport) -> list[str]:
+    machine = report.machine
+    load = ", ".join(f"{value:.2f}" for value in machine.load_average)
+    rows = [
+        ["Platform", machine.platform],
+        ["Python", machine.python],
+        ["CPUs", str(machine.cpu_count)],
+        ["Load average (1, 5, 15 min) at the end", load],
+        ["mlx / mlx-lm", f"{machine.mlx_version} / {machine.mlx_lm_version}"],
+        ["BLAS", machine.blas],
+        ["float32 512×512 matmul with that BLAS", f"{machine.matmul_gflops:.0f} GFLOP/s"],
+        ["exo commit", machine.exo_commit],
+        ["Model", f"{report.model_id} (`{report.model_path}`)"],
+        ["Run", f"{'quick smoke run' if report.settings.quick else 'full run'}, {report.wall_s:.0f} s in all"],
+    ]
+    lines = ["## Machine", "", *_table(["", ""], rows)]
+    if machine.load_average[0] > BUSY_LOAD_PER_CPU * machine.cpu_count:
+        lines += [
+            "**Taken with other work on the machine** (see the load average): absolute numbers are lower and "
+            "noisier than on a quiet machine; ratios between systems measured back to back are more reliable.",
+            "",
+        ]
+    return lines
+
+
+def _targets(checks: list[TargetCheck]) -> list[str]:
+    rows = [[check.target, check.measured, "met" if check.met else "**missed**", check.why] for check in checks]
+    met = sum(check.met for check in checks)
+    return [
+        "## Targets",
+        "",
+        f"{met} of {len(checks)} targets met.",
+        "",
+        *_table(["Target", "Measured", "", "Why"], rows),
+    ]
+
+
+def _decode(report: BenchReport) -> list[str]:
+    raw = find_row(report.decode, RAW)
+    rows = [
+        [
+            row.system,
+            format_speed(row.decode_tokens_per_s),
+            format_ratio(ratio(row.decode_tokens_per_s, raw.decode_tokens_per_s)),
+            f"{row.ttft_s:.2f}",
+            str(row.prompt_tokens),
+            str(row.completion_tokens),
+        ]
+        for row in report.decode
+    ]
+    exo_plain, exo_tools = find_row(report.decode, EXO_NO_TOOLS), find_row(report.decode, EXO_TOOLS)
+    peer_tools = find_row(report.decode, MLX_LM_TOOLS)
+    peer_plain = find_row(report.decode, "mlx_lm.server streaming, no tools")
+    settings = report.settings
+    return [
+        SECTION_TITLES[0],
+        "",
+        f"Greedy (temperature 0), max_tokens {settings.decode_max_tokens}, a long free-text answer; best decode "
+        f"speed of {settings.decode_repeats} run(s) per system, TTFT of the first run (a prompt no cache had seen). "
+        "Decode tokens/s = (completion tokens − 1) / (last token time − first token time).",
+        "",
+        *_table(["System", "Decode tok/s", "× raw", "TTFT s", "Prompt tokens", "Completion tokens"], rows),
+        f"- exo / raw: **{format_ratio(ratio(exo_plain.decode_tokens_per_s, raw.decode_tokens_per_s))}** without "
+        f"tools, {format_ratio(ratio(exo_tools.decode_tokens_per_s, raw.decode_tokens_per_s))} with tools (a longer "
+        "prompt).",
+        f"- exo / mlx_lm.server: **{format_ratio(ratio(exo_plain.decode_tokens_per_s, peer_plain.decode_tokens_per_s))}"
+        f"** without tools, **{format_ratio(ratio(exo_tools.decode_tokens_per_s, peer_tools.decode_tokens_per_s))}** "
+        "with tools.",
+        "",
+        "![decode speed and TTFT](perf/decode.png)",
+        "",
+    ]
+
+
+def _agent(report: BenchReport) -> list[str]:
+    exo = next(series for series in report.agent if series.system == "exo")
+    others = [series for series in report.agent if series.system != "exo"]
+    header = ["Turn", "exo prompt tokens", "exo cached tokens", "exo TTFT s", "exo × turn 1"]
+    for series in others:
+        header += [f"{series.system} cached tokens", f"{series.system} TTFT s", f"{series.system} × turn 1"]
+    rows: list[list[str]] = []
+    for index, turn in enumerate(exo.turns):
+        row = [str(turn.turn), str(turn.prompt_tokens), str(turn.cached_tokens), f"{turn.ttft_s:.2f}"]
+        row.append(format_ratio(ratio(turn.ttft_s, exo.turns[0].ttft_s)))
+        for series in others:
+            other = series.turns[index]
+            first = series.turns[0].ttft_s
+            row += [str(other.cached_tokens), f"{other.ttft_s:.2f}", format_ratio(ratio(other.ttft_s, first))]
+        rows.append(row)
+    settings = report.settings
+    return [
+        SECTION_TITLES[1],
+        "",
+        f"An opencode-shaped session: a {settings.agent_system_chars:,}-character system prompt and "
+        f"{settings.agent_tool_count} tool schemas, {settings.agent_turns} turns; each turn resends the whole "
+        "conversation plus the previous reply and a new user message (or, after a tool call, its tool result). "
+        f"max_tokens {settings.agent_max_tokens}. Cached tokens are each server's "
+        "`usage.prompt_tokens_details.cached_tokens`.",
+        "",
+        *_table(header, rows),
+        *_agent_summary(exo, others),
+        "![agent turn TTFT](perf/agent_turns.png)",
+        "",
+    ]
+
+
+def _agent_summary(exo: AgentSeries, others: list[AgentSeries]) -> list[str]:
+    lines: list[str] = []
+    for series in [exo, *others]:
+        later = sum(turn.ttft_s for turn in series.turns[1:]) / max(len(series.turns) - 1, 1)
+        lines.append(f"- {series.system}: turn 1 {series.turns[0].ttft_s:.2f} s, later turns {later:.2f} s on average.")
+    return [*lines, ""]
+
+
+def _parser(report: BenchReport) -> list[str]:
+    rows = [
+        [f"{cost.argument_bytes:,}", str(cost.segments), f"{cost.microseconds_per_segment:.2f}"]
+        for cost in report.parser
+    ]
+    settings = report.settings
+    return [
+        SECTION_TITLES[2],
+        "",
+        f"A Hermes `<tool_call>` whose arguments JSON has the given size, fed to `ToolStreamParser` in "
+        f"{settings.parser_segment_chars}-character segments (about one token each), then `finish()`; best of "
+        f"{settings.parser_repeats} run(s).",
+        "",
+        *_table(["Arguments, bytes", "Segments", "µs per segment"], rows),
+        "![parser cost](perf/parser_cost.png)",
+        "",
+    ]
+
+
+def _concurrency(report: BenchReport) -> list[str]:
+    rows = [
+        [
+            str(row.streams),
+            f"{row.aggregate_tokens_per_s:.2f}",
+            f"{row.per_stream_tokens_per_s:.2f}",
+            f"{row.mean_ttft_s:.2f}",
+        ]
+        for row in report.concurrency
+    ]
+    return [
+        SECTION_TITLES[3],
+        "",
+        f"N exo streams started at once, max_tokens {report.settings.concurrency_max_tokens} each. Aggregate = all "
+        "tokens / time from the first request to the last token; per stream = each stream's tokens / its own wall "
+        "time (waiting and prefill included), averaged.",
+        "",
+        *_table(["Streams", "Aggregate tok/s", "Per-stream tok/s", "Mean TTFT s"], rows),
+        "![concurrency](perf/concurrency.png)",
+        "",
+    ]
+
+
+_METHOD = [
+    "## Method",
+    "",
+    "- One invocation (`uv run python -m bench`), one model, one machine; systems run one after another, never "
+    "at the same time.",
+    "- exo runs as a real subprocess (`python -m exo --api-port P --model DIR --models-dir TMP`); its runner loads "
+    "the weights as float32 on a Linux CPU with the optimized BLAS preloaded.",
+    "- The raw baseline is `mlx_lm.stream_generate` in a subprocess started with exo's runner environment "
+    "(`blas_environment`), with the model loaded by exo's own `load_model` (so the same float32 weights).",
+    "- mlx_lm.server (`python -m mlx_lm server --model DIR --port P`) runs with the same BLAS preload and is given "
+    "a float32 copy of the same weights: on the float16 checkpoint it would skip BLAS on x86 and be many times "
+    "slower, which would measure dtype rather than the server.",
+    "- Every server gets a short warm-up request first. Each decode run uses a distinct prompt so no prompt cache "
+    "answers it. Token counts come from `usage` (`stream_options.include_usage`).",
+]
+
+
+def render_markdown(report: BenchReport, notes: list[str]) -> str:
+    """The whole PERFORMANCE.md text; chart links point at `perf/` next to the Markdown file."""
+    today = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# exo performance",
+        "",
+        f"Generated by `uv run python -m bench` on {today}. Model: **{report.model_id}**.",
+        "",
+        *_machine(report),
+        *_targets(check_targets(report)),
+        *_decode(report),
+        *_agent(report),
+        *_parser(report),
+        *_concurrency(report),
+        *_METHOD,
+    ]
+    if notes:
+        lines += ["", "## Notes", "", *(f"- {note}" for note in notes)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,123 @@
+"""Start the servers under test as real subprocesses, wait until they can serve, and always stop them."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from exo.shared.types.state import State
+from exo.worker.engines.mlx.blas import blas_environment
+
+STARTUP_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    name: str
+    base_url: str
+    log_path: Path
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _exo_ready(base_url: str) -> bool:
+    response = httpx.get(f"{base_url}/state", timeout=10)
+    response.raise_for_status()
+    runners = State.model_validate(response.json()).runners.values()
+    if any(runner.status == "failed" for runner in runners):
+        raise RuntimeError("the exo runner failed to load the model")
+    return bool(runners) and all(runner.status == "ready" for runner in runners)
+
+
+def _mlx_lm_ready(base_url: str) -> bool:
+    return httpx.get(f"{base_url}/health", timeout=10).status_code == 200
+
+
+def _wait(process: subprocess.Popen[bytes], log_path: Path, ready: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}; log {log_path}:\n{_tail(log_path)}")
+        try:
+            if ready():
+                return
+        except httpx.HTTPError:
+            pass  # not listening yet
+        time.sleep(0.25)
+    raise TimeoutError(f"server not ready after {STARTUP_TIMEOUT_S:.0f} s; log {log_path}:\n{_tail(log_path)}")
+
+
+def _tail(log_path: Path) -> str:
+    return log_path.read_text(errors="replace")[-4000:]
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        # The server started its own process group (start_new_session): kill it with its runner children.
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@contextmanager
+def _serving(
+    *, name: str, arguments: list[str], env: dict[str, str], log_dir: Path, port: int, ready: Callable[[str], bool]
+) -> Generator[RunningServer]:
+    log_path = log_dir / f"{name}-{port}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(arguments, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(process, log_path, lambda: ready(base_url))
+        yield RunningServer(name=name, base_url=base_url, log_path=log_path)
+    finally:
+        _stop(process)
+
+
+@contextmanager
+def running_exo(model_path: Path, work_dir: Path) -> Generator[RunningServer]:
+    """`python -m exo` serving `model_path` on a free port, with a scratch models dir; stopped on exit."""
+    port = free_port()
+    arguments = [sys.executable, "-m", "exo", "--api-port", str(port), "--model", str(model_path)]
+    arguments += ["--models-dir", str(work_dir / "exo-models")]
+    # exo sets up its BLAS preload itself; it gets the caller's environment unchanged, as a user would start it.
+    with _serving(
+        name="exo", arguments=arguments, env=dict(os.environ), log_dir=work_dir, port=port, ready=_exo_ready
+    ) as server:
+        yield server
+
+
+@contextmanager
+def running_mlx_lm_server(model_path: Path, work_dir: Path) -> Generator[RunningServer]:
+    """`python -m mlx_lm server` serving `model_path` with the BLAS preload exo's runner gets; stopped on exit."""
+    port = free_port()
+    arguments = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model_path), "--port", str(port)]
+    arguments += ["--log-level", "WARNING"]
+    environment = blas_environment(os.environ)
+    # mlx_lm.server reads the Hugging Face cache for /v1/models; point it at an existing, empty folder.
+    hub_cache = work_dir / "hf-cache"
+    hub_cache.mkdir(exist_ok=True)
+    environment["HF_HUB_CACHE"] = str(hub_cache)
+    environment["HF_HUB_OFFLINE"] = "1"
+    with _serving(
+        name="mlx_lm.server", arguments=arguments, env=environment, log_dir=work_dir, port=port, ready=_mlx_lm_ready
+    ) as server:
+        yield server

@@ -1,0 +1,111 @@
+"""Deterministic request bodies: a long free-text prompt for decode speed and an opencode-shaped agent session."""
+
+from itertools import cycle
+
+from exo.shared.types.api import ChatMessage, FunctionCall, FunctionDefinition, ToolCall, ToolDefinition
+
+DECODE_PROMPT = (
+    "Write a long, detailed technical essay on how hash tables work: hashing, collision handling with chaining "
+    "and open addressing, load factors and resizing, and the complexity of every operation. Write at least 1000 "
+    "words of plain prose; do not call any tool."
+)
+
+# Phrases an opencode-style system prompt is made of; cycled into numbered rules until the size is reached.
+_SYSTEM_PHRASES = (
+    "You are an interactive command line coding agent that helps users with software engineering tasks.",
+    "Use the available tools to read, search and edit files; never guess file contents you have not read.",
+    "Keep answers short and direct; explain non-trivial commands before you run them.",
+    "Follow the conventions of the existing code: naming, formatting, imports and test layout.",
+    "When a task needs several steps, plan them with the todo tool and mark each one done as you go.",
+    "Never commit changes unless the user asks; never print secrets or credentials.",
+    "Prefer editing existing files to creating new ones, and never create documentation unless asked.",
+    "After a change, run the project's tests and linters and fix what they report before finishing.",
+)
+
+_TOOL_SPECS: tuple[tuple[str, str, dict[str, str]], ...] = (
+    ("bash", "Run a shell command in a persistent session", {"command": "string", "timeout": "integer"}),
+    ("read", "Read a file from the local filesystem", {"file_path": "string", "offset": "integer"}),
+    ("write", "Write a file to the local filesystem", {"file_path": "string", "content": "string"}),
+    ("edit", "Replace an exact string in a file", {"file_path": "string", "old_string": "string"}),
+    ("glob", "Find files by glob pattern", {"pattern": "string", "path": "string"}),
+    ("grep", "Search file contents with a regular expression", {"pattern": "string", "include": "string"}),
+    ("list", "List the entries of a directory", {"path": "string", "ignore": "string"}),
+    ("webfetch", "Fetch a URL and return its content as markdown", {"url": "string", "format": "string"}),
+    ("todowrite", "Replace the session's todo list", {"todos": "string", "merge": "boolean"}),
+    ("task", "Start a sub-agent for a self-contained task", {"description": "string", "prompt": "string"}),
+)
+
+_USER_TURNS = (
+    "Look at the repository and tell me what the main entry point does.",
+    "Now find where command-line arguments are parsed.",
+    "Add a --verbose flag there and show me the change.",
+    "Run the tests and summarize the result in one sentence.",
+)
+
+_TOOL_RESULT = "src/app/main.py\nsrc/app/cli.py\nsrc/app/server.py\ntests/test_cli.py\n"
+
+
+def system_prompt(chars: int) -> str:
+    """An opencode-like system prompt of exactly `chars` characters, the same on every run."""
+    rules: list[str] = []
+    size = 0
+    for number, phrase in enumerate(cycle(_SYSTEM_PHRASES), start=1):
+        rule = f"{number}. {phrase}\n"
+        rules.append(rule)
+        size += len(rule)
+        if size >= chars:
+            break
+    return "".join(rules)[:chars]
+
+
+def agent_tools(count: int) -> list[ToolDefinition]:
+    """`count` (at most 10) opencode-shaped tool schemas; long descriptions, as real agents send."""
+    tools: list[ToolDefinition] = []
+    for name, summary, parameters in _TOOL_SPECS[:count]:
+        description = f"{summary}. " + " ".join(
+            f"The '{parameter}' parameter is a {kind}; pass it exactly as described."
+            for parameter, kind in parameters.items()
+        )
+        properties = {
+            parameter: {"type": kind, "description": f"The {parameter} to use"}
+            for parameter, kind in parameters.items()
+        }
+        schema: dict[str, object] = {"type": "object", "properties": properties, "required": [next(iter(parameters))]}
+        tools.append(ToolDefinition(function=FunctionDefinition(name=name, description=description, parameters=schema)))
+    return tools
+
+
+def decode_messages(tag: str) -> list[ChatMessage]:
+    """The free-text request used for decode speed: long answer, no tool wanted.
+
+    `tag` makes each run's prompt distinct, so no server answers a repeat from its prompt cache.
+    """
+    return [ChatMessage(role="user", content=f"({tag}) {DECODE_PROMPT}")]
+
+
+def agent_opening(system_chars: int) -> list[ChatMessage]:
+    """Turn 1 of the agent session: the system prompt and the first user request."""
+    return [
+        ChatMessage(role="system", content=system_prompt(system_chars)),
+        ChatMessage(role="user", content=_USER_TURNS[0]),
+    ]
+
+
+def agent_follow_up(turn: int, reply_text: str, tool_call: tuple[str, str] | None) -> list[ChatMessage]:
+    """Messages appended after turn `turn` (1-based): the assistant's reply, then a tool result or the next request.
+
+    `tool_call` is (name, arguments) when the assistant called a tool: the session then answers it with a fixed
+    tool result, as an agent would, and otherwise with the next user request.
+    """
+    if tool_call is not None:
+        call_id = f"call_{turn}"
+        name, arguments = tool_call
+        call = ToolCall(id=call_id, function=FunctionCall(name=name, arguments=arguments))
+        return [
+            ChatMessage(role="assistant", content=reply_text or None, tool_calls=[call]),
+            ChatMessage(role="tool", tool_call_id=call_id, content=_TOOL_RESULT),
+        ]
+    return [
+        ChatMessage(role="assistant", content=reply_text),
+        ChatMessage(role="user", content=_USER_TURNS[turn % len(_USER_TURNS)]),
+    ]
