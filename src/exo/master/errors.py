@@ -41,13 +41,14 @@ async def handle_api_error(_request: Request, error: Exception) -> JSONResponse:
 
 
 def _public_location(location: Sequence[int | str]) -> str:
-    parts = [
-        str(part)
-        for part in location
-        if part != "body"
-        and not (isinstance(part, str) and (part[:1].isupper() or "[" in part or part in _UNION_MEMBER_NAMES))
-    ]
-    return ".".join(parts)
+    """`("body", "messages", 0, "role")` → `messages[0].role`, the form our own 400s use."""
+    text = ""
+    for part in location:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part != "body" and not (part[:1].isupper() or "[" in part or part in _UNION_MEMBER_NAMES):
+            text += f".{part}" if text else part
+    return text
 
 
 def validation_error(problems: Sequence[Any]) -> ApiError:

@@ -1,12 +1,20 @@
 """OpenAI chat-completions wire types: what clients send and what we answer."""
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from exo.shared.types.common import FinishReason
 
 JsonObject = dict[str, Any]
+
+
+def _whole_float_to_int(value: object) -> object:
+    # JSON Schema counts 2.0 as an integer, strict pydantic does not; strings stay rejected.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Integer = Annotated[int, BeforeValidator(_whole_float_to_int)]
 
 
 class WireModel(BaseModel):
@@ -110,23 +118,23 @@ class ChatCompletionRequest(WireModel):
     messages: list[ChatMessage]
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: Integer | None = None
+    max_completion_tokens: Integer | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: Integer | None = None
     stop: str | list[str] | None = None
-    n: int | None = None
+    n: Integer | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: Integer | None = Field(default=None, ge=0, le=20)
     logit_bias: dict[str, float] | None = None
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: Integer | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     chat_template_kwargs: JsonObject | None = None

@@ -1,0 +1,73 @@
+"""Schemathesis fuzzes the app's own OpenAPI schema: no input may cause a 5xx, and every error is OpenAI-shaped.
+
+It runs against the production app in process (scripted worker, see inprocess_app) with a fixed number of
+examples and a derandomized seed, so it is fast and a failure reproduces exactly.
+"""
+
+from typing import Any
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis import APIOperation, Case, GenerationMode
+
+from tests.master.inprocess_app import scripted_app
+
+APP, WORKER = scripted_app()
+FuzzCase = Case[APIOperation[Any, Any, Any, Any]]
+SCHEMA = schemathesis.openapi.from_asgi("/openapi.json", APP)
+EXAMPLES = 50
+
+
+def assert_well_behaved(case: FuzzCase) -> None:
+    response = case.call()
+    assert response.status_code < 500, f"{case.method} {case.path} {case.body!r} -> {response.text}"
+    if response.status_code >= 400:
+        payload: Any = response.json()
+        assert set(payload) == {"error"}, response.text
+        assert set(payload["error"]) == {"message", "type", "param", "code"}, response.text
+        assert isinstance(payload["error"]["message"], str)
+        assert payload["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "mode"),
+    [
+        ("POST", "/v1/chat/completions", GenerationMode.POSITIVE),
+        ("POST", "/v1/chat/completions", GenerationMode.NEGATIVE),
+        ("GET", "/v1/models", GenerationMode.POSITIVE),
+        ("GET", "/state", GenerationMode.POSITIVE),
+        ("GET", "/health", GenerationMode.POSITIVE),
+    ],
+)
+def test_fuzzed_requests_never_get_a_5xx_and_errors_are_openai_shaped(
+    method: str, path: str, mode: GenerationMode
+) -> None:
+    operation = SCHEMA[path][method]
+
+    @settings(
+        max_examples=EXAMPLES,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+    )
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def check(case: FuzzCase) -> None:
+        assert_well_behaved(case)
+
+    check()
+
+
+def test_positive_fuzzing_reaches_the_worker() -> None:
+    """The positive run above is not vacuous: schema-valid requests get through validation to generation."""
+    operation = SCHEMA["/v1/chat/completions"]["POST"]
+    before = len(WORKER.tasks)
+
+    @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None)
+    @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
+    def send(case: FuzzCase) -> None:
+        case.call()
+
+    send()
+    assert len(WORKER.tasks) > before
