@@ -39,7 +39,7 @@ def test_every_format_passes_every_case(capsys: pytest.CaptureFixture[str]) -> N
     failed = [result for result in results if not result.passed]
     assert failed == []
     cases = {result.case for result in results}
-    assert {"single", "parallel", "after_content", "split_segments"} <= cases
+    assert {"single", "parallel", "after_content", "split_segments", "after_reasoning", "unknown_tool"} <= cases
 
 
 def test_format_option_restricts_the_run(capsys: pytest.CaptureFixture[str]) -> None:
@@ -107,7 +107,14 @@ def test_an_encoder_that_puts_every_call_at_index_0_fails_parallel_cases(
     status, results = run_json(capsys, "--format", "qwen3_coder")
     verdicts = {result.case: result.passed for result in results}
     assert status == 1
-    assert verdicts == {"single": True, "parallel": False, "after_content": True, "split_segments": False}
+    assert verdicts == {
+        "single": True,
+        "parallel": False,
+        "after_content": True,
+        "split_segments": False,
+        "after_reasoning": True,
+        "unknown_tool": True,
+    }
 
 
 def test_output_in_another_format_is_reported_as_missing_calls() -> None:
@@ -117,3 +124,12 @@ def test_output_in_another_format_is_reported_as_missing_calls() -> None:
     assert not result.passed
     assert any(problem.startswith("calls []") for problem in result.problems)
     assert any(problem.startswith("content ") for problem in result.problems)
+
+
+def test_a_case_marked_malformed_must_be_refused_by_the_parser() -> None:
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    case = ConformanceCase(
+        tool_format=ToolFormatName.HERMES, case="not really", segments=(text,), calls=(), content=text, malformed=True
+    )
+    problems = replay_case(case).problems
+    assert "parser: a malformed call was not noted as a failure" in problems

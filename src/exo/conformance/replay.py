@@ -80,6 +80,8 @@ def _expectation_problems(case: ConformanceCase, summary: StreamSummary) -> list
     problems: list[str] = []
     if summary.content != case.content:
         problems.append(f"content {summary.content!r}, expected {case.content!r}")
+    if summary.reasoning != case.reasoning:
+        problems.append(f"reasoning {summary.reasoning!r}, expected {case.reasoning!r}")
     received: list[tuple[str, object]] = []
     for call in summary.calls:
         try:
@@ -98,7 +100,10 @@ def replay_case(case: ConformanceCase) -> CaseResult:
     checked = check_stream(encode_stream(chunks, include_usage=True), include_usage=True)
     problems = [f"[{violation.rule}] {violation.message}" for violation in checked.violations]
     problems.extend(_expectation_problems(case, checked.summary))
-    problems.extend(f"parser: {failure}" for failure in failures)
+    if case.malformed and not failures:
+        problems.append("parser: a malformed call was not noted as a failure")
+    elif not case.malformed:
+        problems.extend(f"parser: {failure}" for failure in failures)
     streamed = [(call.call_id, call.name, call.arguments) for call in checked.summary.calls]
     if _collected_calls(chunks) != streamed:
         problems.append("the non-streaming response differs from the stream")

@@ -1,9 +1,11 @@
 """Representative model outputs for every tool-call format, written as each family's chat template asks.
 
 Each format has a renderer from calls to model text (its markers, its way of writing arguments); the cases
-are built from it: one call, two parallel calls, a call after content, and the parallel text again fed in
-1–3 character segments (markers split across "tokens"). A few formats add the marker-less forms their
-models also produce (a bare JSON object, a bare pythonic list).
+are built from it: one call, two parallel calls, a call after content, the parallel text again fed in
+1–3 character segments (markers split across "tokens"), a call after a reasoning block that itself shows a
+call (which must stay reasoning), and a call to a tool the request does not have (which must come back as
+content, raw). A few formats add the marker-less forms their models also produce (a bare JSON object, a bare
+pythonic list).
 """
 
 import json
@@ -42,10 +44,14 @@ class ConformanceCase(FrozenModel):
     segments: tuple[str, ...]
     calls: tuple[SampleCall, ...]
     content: str = ""
+    reasoning: str = ""
+    malformed: bool = False
+    """The output is deliberately not a usable call: the parser must note why (and nothing else may fail)."""
 
 
 PARIS = SampleCall(name="get_weather", arguments={"city": "Paris"})
 ROME = SampleCall(name="get_weather", arguments={"city": "Rome", "days": 3})
+UNKNOWN = SampleCall(name="get_stock_price", arguments={"city": "Paris"})
 
 Renderer = Callable[[Sequence[SampleCall]], str]
 
@@ -220,6 +226,8 @@ def cases_for(tool_format: ToolFormatName) -> list[ConformanceCase]:
     """The conformance cases of one format."""
     render = RENDERERS[tool_format]
     parallel = render([PARIS, ROME])
+    thought = f"I could write {render([ROME])} but the user asked about Paris."
+    unknown = render([UNKNOWN])
     cases = [
         ConformanceCase(tool_format=tool_format, case="single", segments=(render([PARIS]),), calls=(PARIS,)),
         ConformanceCase(tool_format=tool_format, case="parallel", segments=(parallel,), calls=(PARIS, ROME)),
@@ -232,6 +240,21 @@ def cases_for(tool_format: ToolFormatName) -> list[ConformanceCase]:
         ),
         ConformanceCase(
             tool_format=tool_format, case="split_segments", segments=small_segments(parallel), calls=(PARIS, ROME)
+        ),
+        ConformanceCase(
+            tool_format=tool_format,
+            case="after_reasoning",
+            segments=small_segments(f"<think>{thought}</think>\n{render([PARIS])}"),
+            calls=(PARIS,),
+            reasoning=thought,
+        ),
+        ConformanceCase(
+            tool_format=tool_format,
+            case="unknown_tool",
+            segments=small_segments(unknown),
+            calls=(),
+            content=unknown,
+            malformed=True,
         ),
     ]
     if tool_format in _BARE_FORMS:
