@@ -35,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--queue-limit", type=int, default=64, help="requests waiting per model before 429")
     parser.add_argument("--prefix-cache-gb", type=float, default=2.0, help="memory budget of the prompt prefix cache")
     parser.add_argument("--max-request-mb", type=float, default=32.0, help="largest accepted request body")
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let models run their own Python code while loading (custom architectures/tokenizers); off by default",
+    )
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     verbosity.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
@@ -55,6 +60,7 @@ def config_from_args(arguments: argparse.Namespace) -> NodeConfig:
         tool_format_override=arguments.tool_format,
         max_request_bytes=int(arguments.max_request_mb * 1024 * 1024),
         log_level=level,
+        trust_remote_code=arguments.trust_remote_code,
     )
 
 

@@ -32,6 +32,8 @@ class NodeConfig:
     tool_format_override: str | None = None
     max_request_bytes: int = 32 * 1024 * 1024
     log_level: int = logging.INFO
+    # Let a model's own Python code run while loading (config.json `model_file`, tokenizer auto_map): off unless asked.
+    trust_remote_code: bool = False
     extra_runner_configs: tuple[RunnerConfig, ...] = field(default_factory=tuple)
 
 
@@ -86,6 +88,7 @@ class Node:
             prefix_cache_bytes=self.config.prefix_cache_bytes,
             tool_format_override=self.config.tool_format_override,
             log_level=self.config.log_level,
+            trust_remote_code=self.config.trust_remote_code,
         )
 
     def resolve_request_model(self, requested: str | None) -> ModelId | None:

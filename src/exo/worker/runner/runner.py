@@ -135,7 +135,7 @@ def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
 
     model_path = Path(bootstrap.model_path)
     try:
-        loaded = load_model(model_path, bootstrap.shard)
+        loaded = load_model(model_path, bootstrap.shard, trust_remote_code=bootstrap.trust_remote_code)
         template = chat_template_text(loaded.tokenizer)
         tool_format = detect_tool_format(template, _read_tool_parser_type(model_path), bootstrap.tool_format_override)
     except ModelLoadError as error:

@@ -75,6 +75,7 @@ class RunnerConfig:
     prefix_cache_bytes: int = 0
     tool_format_override: str | None = None
     log_level: int = logging.INFO
+    trust_remote_code: bool = False
 
 
 @dataclass
@@ -215,6 +216,7 @@ class RunnerSupervisor:
                 shard=self.config.shard,
                 tool_format_override=self.config.tool_format_override,
                 prefix_cache_bytes=self.config.prefix_cache_bytes,
+                trust_remote_code=self.config.trust_remote_code,
             )
         )
         logger.info("started runner %s (pid %s) for %s", self.runner_id, process.pid, self.config.model_id)

@@ -36,6 +36,7 @@ class RunnerBootstrap(FrozenModel):
     shard: ShardAssignment
     tool_format_override: str | None = None
     prefix_cache_bytes: int = 0
+    trust_remote_code: bool = False
 
 
 class RunTask(FrozenModel):

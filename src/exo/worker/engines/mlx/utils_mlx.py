@@ -74,14 +74,20 @@ def _flat_parameters(model: nn.Module) -> list[tuple[str, mx.array]]:
     return cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
 
 
-def load_model(path: Path, shard: ShardAssignment) -> LoadedModel:
-    """Load `path` (an mlx-lm directory) for `shard`; raises ModelLoadError naming the path and the cause."""
+def load_model(path: Path, shard: ShardAssignment, *, trust_remote_code: bool = False) -> LoadedModel:
+    """Load `path` (an mlx-lm directory) for `shard`; raises ModelLoadError naming the path and the cause.
+
+    `trust_remote_code` lets the model directory's own Python run: a custom architecture (`model_file` in
+    config.json) and a custom tokenizer class. Off, such a model fails to load with a message saying so.
+    """
     if not path.is_dir():
         raise ModelLoadError(f"model directory {path} does not exist")
     if shard.world_size != 1:
         raise ModelLoadError("multi-rank shards are not supported yet (world size must be 1)")
     try:
-        model, tokenizer = mlx_lm_load(str(path))[:2]
+        model, tokenizer = mlx_lm_load(
+            str(path), tokenizer_config={"trust_remote_code": trust_remote_code}, trust_remote_code=trust_remote_code
+        )[:2]
     except Exception as error:
         raise ModelLoadError(f"cannot load model from {path}: {type(error).__name__}: {error}") from error
     dtype = _use_fast_cpu_dtype(model)
