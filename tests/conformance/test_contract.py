@@ -55,8 +55,8 @@ def test_a_call_cut_off_by_max_tokens_may_end_with_length_and_unfinished_argumen
 
 
 def test_sse_payloads_reads_the_data_lines_of_a_body() -> None:
-    body = 'data: {"a": 1}\n\n: comment\n\ndata: [DONE]\n\n'
-    assert sse_payloads(body) == ['{"a": 1}', DONE_PAYLOAD]
+    body = 'data: {"a": 1}\n\n: comment\n\ndata:{"b": 2}\r\n\r\ndata: [DONE]\n\n'
+    assert sse_payloads(body) == ['{"a": 1}', '{"b": 2}', DONE_PAYLOAD]
 
 
 # ---- failures seen in peers, one test each --------------------------------------------------------
