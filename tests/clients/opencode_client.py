@@ -152,7 +152,8 @@ def run_opencode(
     process = subprocess.Popen(
         [*arguments, *prompt_words],
         cwd=project,
-        env=isolated_environment(home),
+        # opencode takes its session folder from $PWD, which an inherited environment points at pytest's folder.
+        env=isolated_environment(home) | {"PWD": str(project)},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -19,7 +19,7 @@ from tests.fixtures.fixture_specs import AGENT_DONE_REPLY, AGENT_WRITE_REQUEST
 AGENT_MODEL = "tiny-qwen-agent"
 # Enough for the write call and the short reply; a misbehaving model is cut off instead of rambling.
 OUTPUT_TOKENS = 256
-OPENCODE_TIMEOUT_SECONDS = 240.0
+OPENCODE_TIMEOUT_SECONDS = 200.0
 
 pytestmark = pytest.mark.slow
 
