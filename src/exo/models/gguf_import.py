@@ -152,8 +152,13 @@ def import_gguf(gguf_path: Path, out_dir: Path) -> Path:
     started = time.monotonic()
     try:
         reader = gguf.GGUFReader(gguf_path, "r")
-    except (OSError, ValueError) as error:
-        raise ModelLoadError(f"cannot import {gguf_path}: not a readable GGUF file ({error})") from error
+    except Exception as error:
+        # The reader trusts the header's counts and shapes: a truncated or corrupt file fails with whatever numpy
+        # or struct error the first short read produces (IndexError, ValueError…), none of which says "truncated".
+        raise ModelLoadError(
+            f"cannot import {gguf_path}: not a readable GGUF file, truncated or corrupt? "
+            f"({type(error).__name__}: {error})"
+        ) from error
     metadata = GGUFMetadata(reader, gguf_path)
     arch = metadata.architecture
     if arch not in SUPPORTED_ARCHITECTURES:

@@ -1,0 +1,179 @@
+"""Models that cannot be loaded: a clear reason in /state and in every request's error, nothing half-written left
+in the models directory, and the node keeps serving its other models."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Generator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from exo.master.api import create_app
+from exo.models import default_model
+from exo.models.errors import ModelLoadError
+from exo.models.resolve import resolve_model
+from exo.node import Node, NodeConfig
+from tests.exo_server import ExoServer, fixture_model, free_port
+from tests.fixtures.fixture_specs import GREETING_REPLY
+from tests.models.tiny_gguf import build_model, build_tokenizer, write_gguf
+
+
+@contextmanager
+def exo_node(models: Sequence[str], tmp_path: Path) -> Generator[ExoServer]:
+    """Start `python -m exo` and wait only for its API: some of these models are meant never to become ready."""
+    port = free_port()
+    log_path = tmp_path / f"exo-{port}.log"
+    arguments = [sys.executable, "-m", "exo", "--api-port", str(port), "--models-dir", str(tmp_path / "models")]
+    for model in models:
+        arguments += ["--model", model]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(arguments, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = ExoServer(process=process, port=port, log_path=log_path)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{server.base_url}/health", timeout=2).raise_for_status()
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        yield server
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def wait_for_runners(server: ExoServer, wanted: dict[str, str], timeout: float = 60) -> dict[str, dict[str, object]]:
+    """Poll /state until each model id in `wanted` has a runner in the wanted status; return runners by model id."""
+    deadline = time.monotonic() + timeout
+    by_model: dict[str, dict[str, object]] = {}
+    while time.monotonic() < deadline:
+        by_model = {str(runner["model_id"]): runner for runner in server.runners()}
+        if all(by_model.get(model, {}).get("status") == status for model, status in wanted.items()):
+            return by_model
+        time.sleep(0.1)
+    raise TimeoutError(f"runners never reached {wanted}: {by_model}\n{server.log()}")
+
+
+def chat(server: ExoServer, model: str) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "Hello!"}]}
+    return httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
+
+
+def write_tiny_gguf(path: Path) -> bytes:
+    tokenizer = build_tokenizer()
+    write_gguf(path, "qwen2", build_model("qwen2", tokenizer, seed=3), tokenizer, with_output=True)
+    return path.read_bytes()
+
+
+def test_corrupt_weights_and_a_truncated_gguf_fail_clearly_while_the_other_model_serves(tmp_path: Path) -> None:
+    corrupt = tmp_path / "corrupt-qwen"
+    shutil.copytree(fixture_model("tiny-qwen-tools"), corrupt)
+    (corrupt / "model.safetensors").write_bytes(b"not a safetensors file" * 64)
+    truncated = tmp_path / "Truncated.gguf"
+    data = write_tiny_gguf(truncated)
+    truncated.write_bytes(data[: len(data) // 2])
+
+    with exo_node([str(corrupt), str(truncated), str(fixture_model("tiny-qwen-tools"))], tmp_path) as server:
+        runners = wait_for_runners(
+            server, {"corrupt-qwen": "failed", "truncated": "failed", "tiny-qwen-tools": "ready"}
+        )
+        corrupt_error = str(runners["corrupt-qwen"]["last_error"])
+        assert str(corrupt / "model.safetensors") in corrupt_error
+        assert "Invalid json header" in corrupt_error
+        gguf_error = str(runners["truncated"]["last_error"])
+        assert str(truncated) in gguf_error
+        assert "truncated or corrupt" in gguf_error
+
+        for model, reason in (("corrupt-qwen", "Invalid json header"), ("truncated", "truncated or corrupt")):
+            response = chat(server, model)
+            assert response.status_code == 503
+            error = response.json()["error"]
+            assert error["code"] == "model_unavailable"
+            assert reason in error["message"]
+            assert set(error) >= {"message", "type", "param", "code"}
+
+        served = chat(server, "tiny-qwen-tools")
+        assert served.status_code == 200
+        assert served.json()["choices"][0]["message"]["content"] == GREETING_REPLY
+
+        time.sleep(1.0)  # a load error is final: the runner is not restarted over and over
+        runners = wait_for_runners(server, {"corrupt-qwen": "failed"})
+        assert runners["corrupt-qwen"]["restarts"] == 0
+        models_dir = tmp_path / "models"
+        assert not models_dir.exists() or list(models_dir.iterdir()) == []
+    assert (corrupt / "config.json").is_file()  # the user's own files are reported, never deleted
+
+
+@pytest.mark.parametrize("kept", [0.0, 0.02, 0.5, 0.999])
+def test_a_truncated_gguf_is_a_load_error_that_leaves_the_models_dir_empty(tmp_path: Path, kept: float) -> None:
+    source = tmp_path / "Tiny.gguf"
+    data = write_tiny_gguf(source)
+    source.write_bytes(data[: int(len(data) * kept)])
+    models_dir = tmp_path / "models"
+    with pytest.raises(ModelLoadError, match="truncated or corrupt"):
+        resolve_model(str(source), models_dir)
+    assert not models_dir.exists() or list(models_dir.iterdir()) == []
+
+
+def corrupt_pieces(directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the default model's PyPI pieces the right count but the wrong bytes."""
+    directory.mkdir()
+    pieces: list[Path] = []
+    for number in range(1, default_model.PART_COUNT + 1):
+        piece = directory / f"part{number:02d}.bin"
+        piece.write_bytes(bytes([number]) * 4096)
+        pieces.append(piece)
+    monkeypatch.setattr(default_model, "part_paths", lambda: pieces)
+
+
+def test_default_model_pieces_with_the_wrong_sha256_leave_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    corrupt_pieces(tmp_path / "pieces", monkeypatch)
+    models_dir = tmp_path / "models"
+    with pytest.raises(ModelLoadError, match=f"corrupt: got {6 * 4096} bytes with sha256 .* expected"):
+        resolve_model(None, models_dir)
+    assert list(models_dir.iterdir()) == []
+
+
+async def test_a_node_whose_default_model_is_corrupt_reports_it_in_state_and_answers_503(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    corrupt_pieces(tmp_path / "pieces", monkeypatch)
+    node = Node(NodeConfig(models=(None,), models_dir=tmp_path / "models"))
+    transport = httpx.ASGITransport(app=create_app(node))
+    async with (
+        anyio.create_task_group() as task_group,
+        httpx.AsyncClient(transport=transport, base_url="http://node") as client,
+    ):
+        await node.start(task_group)
+        with anyio.fail_after(30):
+            while not node.master.state.runners:
+                await anyio.sleep(0.05)
+        state = (await client.get("/state")).json()
+        [runner] = state["runners"].values()
+        assert runner["model_id"] == default_model.DEFAULT_MODEL_ID
+        assert runner["status"] == "failed"
+        assert "default model pieces are corrupt" in runner["last_error"]
+        response = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert error["code"] == "model_unavailable"
+        assert "default model pieces are corrupt" in error["message"]
+        assert json.loads((await client.get("/health")).text) == {"status": "ok"}
+        await node.stop()
+        task_group.cancel_scope.cancel()
+    assert list((tmp_path / "models").iterdir()) == []
