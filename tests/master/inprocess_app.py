@@ -4,6 +4,9 @@ Everything up to the worker boundary is the production code (guard middleware, v
 placement, SSE encoding); only generation is replaced, so API behaviour is tested in milliseconds.
 """
 
+from collections.abc import Mapping
+from typing import Any, Protocol
+
 from anyio import create_memory_object_stream
 from anyio.streams.memory import MemoryObjectReceiveStream
 from fastapi import FastAPI
@@ -21,6 +24,18 @@ from exo.worker.main import Worker
 
 SCRIPTED_MODEL = ModelId("scripted-model")
 SCRIPTED_REPLY = "scripted reply"
+
+
+class ResponseLike(Protocol):
+    """What response assertions read; httpx's and the TestClient's responses (a vendored httpx) both have it."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    def json(self) -> Any: ...
 
 
 class ScriptedWorker(Worker):

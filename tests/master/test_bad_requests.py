@@ -11,7 +11,6 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 import httpx
 import pytest
@@ -20,7 +19,7 @@ from fastapi.testclient import TestClient
 from exo.node import NodeConfig
 from tests.exo_server import ExoServer, fixture_model, running_exo
 from tests.fixtures.fixture_specs import GET_WEATHER_TOOL, GREETING_REPLY
-from tests.master.inprocess_app import SCRIPTED_MODEL, SCRIPTED_REPLY, ScriptedWorker, scripted_app
+from tests.master.inprocess_app import SCRIPTED_MODEL, SCRIPTED_REPLY, ResponseLike, ScriptedWorker, scripted_app
 
 JsonBody = dict[str, object]
 # Small enough that a test can exceed it cheaply; the real server runs with the same limit.
@@ -184,17 +183,7 @@ CASES = [
 ]
 
 
-class Response(Protocol):
-    """What the assertions read; both httpx's and the TestClient's responses have it."""
-
-    @property
-    def status_code(self) -> int: ...
-    @property
-    def text(self) -> str: ...
-    def json(self) -> Any: ...
-
-
-def assert_openai_error(response: Response, case: BadRequest) -> None:
+def assert_openai_error(response: ResponseLike, case: BadRequest) -> None:
     assert response.status_code == case.status, response.text
     payload = response.json()
     assert set(payload) == {"error"}
@@ -214,7 +203,7 @@ def app() -> Iterator[tuple[TestClient, ScriptedWorker]]:
         yield client, worker
 
 
-def post(client: TestClient | httpx.Client, content: bytes, headers: dict[str, str] | None = None) -> Response:
+def post(client: TestClient | httpx.Client, content: bytes, headers: dict[str, str] | None = None) -> ResponseLike:
     return client.post(
         "/v1/chat/completions", content=content, headers={"content-type": "application/json", **(headers or {})}
     )
