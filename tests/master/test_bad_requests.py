@@ -58,7 +58,15 @@ class BadRequest:
 
 CASES = [
     BadRequest("malformed_json", b'{"model": "x", "messages": [', 400, "not valid JSON"),
-    BadRequest("body_not_an_object", b"[1, 2, 3]", 400, "valid dictionary"),
+    BadRequest("body_not_an_object", b"[1, 2, 3]", 400, "must be a JSON object"),
+    BadRequest("empty_body", b"", 400, "the request body is empty"),
+    BadRequest(
+        "json_sent_as_a_form",
+        b'{"model": "scripted-model", "messages": [{"role": "user", "content": "Hello!"}]}',
+        400,
+        "Content-Type: application/json",
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    ),
     BadRequest("messages_missing", b'{"model": "scripted-model"}', 400, "messages: Field required", param="messages"),
     BadRequest("messages_null", {"messages": None}, 400, "messages", param="messages"),
     BadRequest("messages_wrong_type", {"messages": "Hello!"}, 400, "messages", param="messages"),

@@ -65,8 +65,14 @@ def validation_error(problems: Sequence[Any]) -> ApiError:
     first = problems[0] if problems else {}
     location = _public_location(first.get("loc", ()))
     message = str(first.get("msg", "invalid request"))
-    if first.get("type") == "json_invalid":
+    problem_type = first.get("type")
+    if problem_type == "json_invalid":
         message = f"request body is not valid JSON: {first.get('ctx', {}).get('error', message)}"
+    elif not location and problem_type == "missing":
+        message = "the request body is empty; send a JSON object"
+    elif not location and problem_type in ("model_attributes_type", "dict_type"):
+        # FastAPI hands over raw bytes when the Content-Type is not JSON (curl -d sends a form type).
+        message = "the request body must be a JSON object sent with Content-Type: application/json"
     elif location:
         message = f"{location}: {message}"
     if len(problems) > 1:
