@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from exo.worker.runner.supervisor import restart_delay
 from tests.exo_server import ExoServer, fixture_model, running_exo
 from tests.fixtures.fixture_specs import GREETING_REPLY
 
@@ -230,3 +231,7 @@ def test_a_runner_that_keeps_crashing_backs_off_then_reports_failed_and_the_api_
         error = refused.json()["error"]
         assert error["code"] == "model_unavailable"
         assert "while loading" in error["message"]
+
+
+def test_restart_delay_doubles_from_half_a_second_up_to_ten() -> None:
+    assert [restart_delay(crashes) for crashes in range(1, 8)] == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]

@@ -24,7 +24,7 @@ class Worker:
         self._emit = emit
         self._supervisors: dict[RunnerId, RunnerSupervisor] = {}
         self._task_created: dict[TaskId, float] = {}
-        self._reported_tasks: dict[RunnerId, set[TaskId]] = {}
+        self._reported_tasks: dict[RunnerId, dict[TaskId, TaskStatus]] = {}
 
     def start_runner(self, config: RunnerConfig) -> RunnerSupervisor:
         runner_id = new_runner_id()
@@ -84,13 +84,16 @@ class Worker:
         running = supervisor.running_task_id
         if running is not None:
             held[running] = "running"
+        reported = self._reported_tasks.get(runner_id, {})
         for task_id, status in held.items():
+            if reported.get(task_id) == status:
+                continue
             created_at = self._task_created.setdefault(task_id, time.time())
             info = TaskInfo(
                 task_id=task_id, model_id=config.model_id, runner_id=runner_id, status=status, created_at=created_at
             )
             self._emit(TaskUpdated(task=info))
-        for task_id in self._reported_tasks.get(runner_id, set()) - held.keys():
+        for task_id in reported.keys() - held.keys():
             self._task_created.pop(task_id, None)
             self._emit(TaskFinished(task_id=task_id))
-        self._reported_tasks[runner_id] = set(held)
+        self._reported_tasks[runner_id] = held

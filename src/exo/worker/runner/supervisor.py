@@ -272,6 +272,7 @@ class RunnerSupervisor:
             case TaskChunk(task_id=task_id, chunk=chunk):
                 if self._running and self._running.task.task_id == task_id:
                     self._running.deliver(chunk)
+                return  # routing a chunk changes nothing /state shows; reporting per token would only cost time
             case TaskDone(task_id=task_id, generated_tokens=tokens, cancelled=cancelled):
                 if self._running and self._running.task.task_id == task_id:
                     finished = self._running
@@ -295,16 +296,18 @@ class RunnerSupervisor:
 
     def _on_process_gone(self, reason: str) -> None:
         crashed_while_loading = self.status == "loading"
+        # After reporting a load failure the runner exits on purpose; last_error already holds the reason.
+        expected_exit = self.gave_up
         self.status = "failed"
         self._ready = anyio.Event()
-        if not self.gave_up:
-            # A load error already set last_error to its reason; the exit that follows it adds nothing.
+        if not expected_exit:
             self._consecutive_crashes += 1
             when = "while loading" if crashed_while_loading else "while serving"
             self.last_error = f"{reason} {when} at {time.strftime('%H:%M:%S')}"
             if crashed_while_loading:
                 self._load_failures += 1
-        logger.error("runner %s for %s: %s", self.runner_id, self.config.model_id, reason)
+        log = logger.info if expected_exit else logger.error
+        log("runner %s for %s: %s", self.runner_id, self.config.model_id, reason)
         if self._running is not None:
             self._running.deliver(
                 ErrorChunk(message=f"the model runner crashed while generating ({reason}); it is being restarted")
