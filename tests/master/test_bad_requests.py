@@ -283,8 +283,9 @@ def test_model_ids_with_paths_never_touch_the_filesystem(
 
 
 AI_SDK_REQUEST: JsonBody = {
-    # What @ai-sdk/openai-compatible 2.x builds for opencode: standard settings, its own extras (reasoning_effort,
-    # verbosity, user), opencode's per-model options spread at the top level, and cache_control on the last part.
+    # A superset of what opencode 1.x sends through @ai-sdk/openai-compatible (bodies captured from the real CLI):
+    # its standard settings, the SDK's extras (reasoning_effort, verbosity, user), per-model `options` from
+    # opencode.json spread at the top level (top_k, min_p, chat_template_kwargs…), and cache_control on a part.
     "max_tokens": 32000,
     "temperature": 0.55,
     "top_p": 1,
