@@ -128,6 +128,48 @@ def test_a_truncated_gguf_is_a_load_error_that_leaves_the_models_dir_empty(tmp_p
     assert not models_dir.exists() or list(models_dir.iterdir()) == []
 
 
+HOLD_STAGING = """
+import sys, time
+from pathlib import Path
+from exo.models.staging import staged_directory
+with staged_directory(Path(sys.argv[1])) as staging:
+    (staging / "model.safetensors").write_bytes(b"half written")
+    print(staging, flush=True)
+    time.sleep(120)
+"""
+
+
+def hold_staging(target: Path) -> tuple[subprocess.Popen[str], Path]:
+    """Start a process that is midway through writing `target`; return it and its staging dir."""
+    process = subprocess.Popen([sys.executable, "-c", HOLD_STAGING, str(target)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    staging = Path(process.stdout.readline().strip())
+    assert (staging / "model.safetensors").is_file()
+    return process, staging
+
+
+def test_staging_left_by_a_killed_import_is_removed_by_the_next_one_and_a_live_one_is_kept(tmp_path: Path) -> None:
+    source = tmp_path / "Tiny.gguf"
+    write_tiny_gguf(source)
+    models_dir = tmp_path / "models"
+    target = resolve_model(str(source), models_dir).path
+    shutil.rmtree(target)
+    killed, abandoned = hold_staging(target)
+    killed.kill()
+    killed.wait()
+    alive, in_progress = hold_staging(target)
+    try:
+        resolved = resolve_model(str(source), models_dir)
+        assert resolved.path == target
+        assert (target / "config.json").is_file()
+        assert not abandoned.exists()
+        assert in_progress.exists()
+        assert sorted(entry.name for entry in models_dir.iterdir()) == sorted([target.name, in_progress.name])
+    finally:
+        alive.kill()
+        alive.wait()
+
+
 def corrupt_pieces(directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the default model's PyPI pieces the right count but the wrong bytes."""
     directory.mkdir()

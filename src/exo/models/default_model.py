@@ -2,13 +2,13 @@
 
 import hashlib
 import logging
-import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
 
 from exo.models.errors import ModelLoadError, ModelNotFoundError
 from exo.models.gguf_import import import_gguf
+from exo.models.staging import scratch_directory
 from exo.shared.types.common import ModelId
 
 logger = logging.getLogger(__name__)
@@ -68,8 +68,8 @@ def ensure_default_model(models_dir: Path) -> Path:
     started = time.monotonic()
     logger.info("preparing the default model %s (first run only, about 30 s)", DEFAULT_MODEL_ID)
     # The assembled GGUF is scratch: it lives in models_dir (same disk as the result) and is always removed.
-    with tempfile.TemporaryDirectory(prefix=".gguf-", dir=models_dir) as scratch:
-        gguf_path = Path(scratch) / f"{DEFAULT_MODEL_ID}-q4_k_m.gguf"
+    with scratch_directory(models_dir, f"{DEFAULT_MODEL_ID}.gguf") as scratch:
+        gguf_path = scratch / f"{DEFAULT_MODEL_ID}-q4_k_m.gguf"
         assemble_gguf(parts, gguf_path)
         logger.info("verified the default model pieces in %.1f s; converting", time.monotonic() - started)
         import_gguf(gguf_path, target)
