@@ -93,11 +93,14 @@ def running_pid(server: ExoServer, timeout: float = 30) -> int:
 
 
 def test_client_disconnect_stops_generation_frees_the_runner_and_keeps_the_cache_consistent(
-    server: ExoServer,
+    server: ExoServer, endless_model: Path, tmp_path: Path
 ) -> None:
     prompt = "Disconnect probe: tell me a very long story."
-    baseline = post(server, chat(prompt, 64)).json()
-    assert baseline["usage"]["completion_tokens"] == 64
+    with running_exo([endless_model], tmp_path, ["--prefix-cache-gb", "0"]) as uncached:
+        reference = post(uncached, chat(prompt, 64)).json()
+    assert reference["usage"]["completion_tokens"] == 64
+    assert reference["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    post(server, chat(prompt, 64))  # the prompt is now in the prefix cache, as in an agent's next turn
     ended_before = len(recent_tasks(server))
 
     received: list[str] = []
@@ -125,10 +128,10 @@ def test_client_disconnect_stops_generation_frees_the_runner_and_keeps_the_cache
     started = time.monotonic()
     again = post(server, chat(prompt, 64)).json()
     assert time.monotonic() - started < 10
-    # The cancelled generation's cache was filed under the tokens it really holds: the same greedy answer comes back,
-    # with all of the prompt but the last token served from the cache.
-    assert again["choices"][0]["message"]["content"] == baseline["choices"][0]["message"]["content"]
-    assert again["usage"]["prompt_tokens"] == baseline["usage"]["prompt_tokens"]
+    # The cancelled generation's cache was filed under the tokens it really holds: the greedy answer of a server with
+    # no cache at all comes back, with all of the prompt but the last token served from the cache.
+    assert again["choices"][0]["message"]["content"] == reference["choices"][0]["message"]["content"]
+    assert again["usage"]["prompt_tokens"] == reference["usage"]["prompt_tokens"]
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == again["usage"]["prompt_tokens"] - 1
     assert not server.state()["tasks"]
 
