@@ -1,31 +1,37 @@
-"""`uv run python -m bench [--model SPEC] [--quick] [--output PATH] [--note TEXT]`: measure and write the report."""
+"""`uv run python -m bench [--model SPEC] [--quick] [--output PATH] [--note TEXT] [--results-json PATH]`.
+
+Measures and writes the report; `--render JSON` re-renders a saved run without measuring."""
 
 import argparse
 import asyncio
+import signal
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 
 import httpx
 
 from bench.charts import write_charts
 from bench.machine import machine_info
 from bench.parser_cost import measure_parser_cost
+from bench.raw_baseline import RawBaseline, running_raw_baseline
 from bench.report import render_markdown
 from bench.results import AgentSeries, BenchReport, BenchSettings, ConcurrencyRow, DecodeRow
 from bench.sections import (
-    decode_row,
     measure_agent,
     measure_concurrency,
     measure_decode,
-    run_raw_baseline,
+    raw_contender,
+    server_contender,
     warm_up,
 )
 from bench.servers import RunningServer, running_exo, running_mlx_lm_server
 from bench.settings import FULL, QUICK
 from bench.targets import RAW
+from bench.workloads import agent_tools
 from exo.models.resolve import ResolvedModel, default_models_dir, resolve_model
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--output", type=Path, default=DEFAULT_OUTPUT, help="Markdown file; charts go to perf/ beside it"
     )
     parser.add_argument("--note", action="append", default=[], help="a line for the report's Notes (repeatable)")
+    parser.add_argument("--results-json", type=Path, help="also save the measured numbers as JSON here")
+    parser.add_argument(
+        "--render", type=Path, metavar="JSON", help="measure nothing: render the report from a --results-json file"
+    )
     return parser
 
 
@@ -49,65 +59,80 @@ def _progress(message: str) -> None:
     sys.stderr.flush()
 
 
-class _ServerResults:
-    def __init__(self) -> None:
-        self.decode: list[DecodeRow] = []
-        self.agent: AgentSeries | None = None
-        self.concurrency: list[ConcurrencyRow] = []
-
-
-async def _measure_server(server: RunningServer, settings: BenchSettings, with_concurrency: bool) -> _ServerResults:
-    results = _ServerResults()
+async def _measure_servers(
+    raw: RawBaseline, exo: RunningServer, peer: RunningServer, settings: BenchSettings
+) -> tuple[list[DecodeRow], list[AgentSeries], list[ConcurrencyRow]]:
     async with httpx.AsyncClient() as client:
-        await warm_up(client, server)
-        for with_tools in (False, True):
-            _progress(f"{server.name}: decode, {'with' if with_tools else 'no'} tools")
-            results.decode.append(await measure_decode(client, server, settings, with_tools))
-        _progress(f"{server.name}: agent turns")
-        results.agent = await measure_agent(client, server, settings)
-        if with_concurrency:
-            _progress(f"{server.name}: concurrent streams")
-            results.concurrency = await measure_concurrency(client, server, settings)
-    return results
+        for server in (exo, peer):
+            await warm_up(client, server)
+        tokens = settings.decode_max_tokens
+        tools = agent_tools(settings.agent_tool_count)
+        _progress("decode without tools: raw, exo, mlx_lm.server in turn")
+        plain = [raw_contender(RAW, raw, tokens), *(server_contender(client, s, [], tokens) for s in (exo, peer))]
+        decode = await measure_decode(plain, settings.decode_repeats)
+        _progress("decode with tools: exo, mlx_lm.server in turn")
+        with_tools = [server_contender(client, server, tools, tokens) for server in (exo, peer)]
+        decode += await measure_decode(with_tools, settings.decode_repeats)
+        _progress("agent turns: exo, mlx_lm.server in turn")
+        agent = await measure_agent(client, (exo, peer), settings)
+        _progress("concurrent exo streams")
+        concurrency = await measure_concurrency(client, exo, settings)
+    return decode, agent, concurrency
 
 
 def run_bench(model: ResolvedModel, settings: BenchSettings, work_dir: Path) -> BenchReport:
-    """Measure every section on `model`, one system after another; every subprocess is stopped before returning."""
+    """Measure every section on `model`; every subprocess is stopped before returning, also on errors."""
     started = time.monotonic()
     _progress("tool-stream parser cost")
     parser = measure_parser_cost(settings.parser_sizes, settings.parser_segment_chars, settings.parser_repeats)
-    _progress("raw mlx-lm baseline (subprocess)")
     float32_copy = work_dir / "float32-model"
-    raw = run_raw_baseline(model.path, settings, float32_copy)
-    _progress("exo")
-    with running_exo(model.path, work_dir) as exo:
-        exo_results = asyncio.run(_measure_server(exo, settings, with_concurrency=True))
-    _progress("mlx_lm.server")
-    with running_mlx_lm_server(float32_copy, work_dir) as peer:
-        peer_results = asyncio.run(_measure_server(peer, settings, with_concurrency=False))
-    agent = [series for series in (exo_results.agent, peer_results.agent) if series is not None]
+    # All three stay loaded for the whole run so their runs can alternate (the machine has memory for three copies
+    # of a small model; none of them uses CPU while idle).
+    _progress("starting the raw mlx-lm baseline, exo and mlx_lm.server")
+    with (
+        running_raw_baseline(model.path, float32_copy) as raw,
+        running_exo(model.path, work_dir) as exo,
+        running_mlx_lm_server(float32_copy, work_dir) as peer,
+    ):
+        decode, agent, concurrency = asyncio.run(_measure_servers(raw, exo, peer, settings))
     return BenchReport(
         model_id=model.model_id,
         model_path=str(model.path),
         settings=settings,
-        machine=machine_info(raw.matmul_gflops),
-        decode=[decode_row(RAW, raw.runs), *exo_results.decode, *peer_results.decode],
+        machine=machine_info(raw.ready.matmul_gflops),
+        decode=decode,
         agent=agent,
         parser=parser,
-        concurrency=exo_results.concurrency,
+        concurrency=concurrency,
         wall_s=time.monotonic() - started,
     )
+
+
+def _exit_on_signal(signal_number: int, _frame: FrameType | None) -> None:
+    sys.exit(128 + signal_number)
+
+
+def _measure(model_spec: str | None, *, quick: bool) -> BenchReport:
+    # Turn SIGTERM into SystemExit so the `finally` blocks stop exo and mlx_lm.server (they run in their own sessions
+    # and would otherwise outlive us).
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    settings = QUICK if quick else FULL
+    spec = str(QUICK_MODEL) if quick and model_spec is None else model_spec
+    model = resolve_model(spec, default_models_dir())
+    _progress(f"model {model.model_id} at {model.path}; {'quick' if settings.quick else 'full'} run")
+    with tempfile.TemporaryDirectory(prefix="exo-bench-") as scratch:
+        return run_bench(model, settings, Path(scratch))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the suite and write the Markdown report and its charts."""
     arguments = build_parser().parse_args(argv)
-    settings = QUICK if arguments.quick else FULL
-    spec: str | None = str(QUICK_MODEL) if arguments.quick and arguments.model is None else arguments.model
-    model = resolve_model(spec, default_models_dir())
-    _progress(f"model {model.model_id} at {model.path}; {'quick' if settings.quick else 'full'} run")
-    with tempfile.TemporaryDirectory(prefix="exo-bench-") as scratch:
-        report = run_bench(model, settings, Path(scratch))
+    if arguments.render is not None:
+        report = BenchReport.model_validate_json(arguments.render.read_text())
+    else:
+        report = _measure(arguments.model, quick=arguments.quick)
+        if arguments.results_json is not None:
+            arguments.results_json.write_text(report.model_dump_json(indent=2))
     output: Path = arguments.output
     output.parent.mkdir(parents=True, exist_ok=True)
     write_charts(report, output.parent / "perf")

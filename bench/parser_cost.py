@@ -41,8 +41,12 @@ def segments_of(text: str, segment_chars: int) -> list[str]:
     return [text[start : start + segment_chars] for start in range(0, len(text), segment_chars)]
 
 
-def time_parse(segments: Sequence[str]) -> float:
-    """Seconds to feed every segment to a fresh parser and finish it; checks the call came out whole."""
+def time_parse(segments: Sequence[str]) -> tuple[float, int]:
+    """Seconds to feed every segment to a fresh parser and finish it, and the characters its scanners examined.
+
+    The examined-character count is the parser's own work meter: unlike time, other processes cannot disturb it.
+    Raises if the call did not come out whole.
+    """
     parser = ToolStreamParser(ToolFormatName.HERMES, [_WRITE_TOOL])
     started = time.perf_counter()
     for segment in segments:
@@ -51,16 +55,28 @@ def time_parse(segments: Sequence[str]) -> float:
     elapsed = time.perf_counter() - started
     if parser.tool_calls_emitted != 1 or parser.failures:
         raise RuntimeError(f"the parser did not return the call cleanly: {parser.failures}")
-    return elapsed
+    return elapsed, parser.meter.chars_examined
 
 
 def measure_parser_cost(sizes: Sequence[int], segment_chars: int, repeats: int) -> list[ParserCost]:
-    """Best-of-`repeats` µs per segment for each argument size (the best run is the least disturbed one)."""
-    results: list[ParserCost] = []
-    for size in sizes:
-        segments = segments_of(hermes_call(size), segment_chars)
-        best = min(time_parse(segments) for _ in range(repeats))
-        results.append(
-            ParserCost(argument_bytes=size, segments=len(segments), microseconds_per_segment=best / len(segments) * 1e6)
+    """Best-of-`repeats` µs per segment for each argument size (the best run is the least disturbed one).
+
+    Sizes take turns within each repeat, so a burst of load from other processes does not land on one size only.
+    """
+    calls = {size: hermes_call(size) for size in sizes}
+    segments = {size: segments_of(call, segment_chars) for size, call in calls.items()}
+    best = dict.fromkeys(sizes, float("inf"))
+    examined = dict.fromkeys(sizes, 0)
+    for _ in range(repeats):
+        for size in sizes:
+            elapsed, examined[size] = time_parse(segments[size])
+            best[size] = min(best[size], elapsed)
+    return [
+        ParserCost(
+            argument_bytes=size,
+            segments=len(segments[size]),
+            microseconds_per_segment=best[size] / len(segments[size]) * 1e6,
+            chars_examined_per_char=examined[size] / len(calls[size]),
         )
-    return results
+        for size in sizes
+    ]

@@ -1,10 +1,14 @@
-"""The raw mlx-lm baseline, run as its own process: `python -m bench.raw_worker SETTINGS_JSON`.
+"""The raw mlx-lm baseline as its own process: `python -m bench.raw_worker SETUP_JSON`, then one request per line.
 
 The parent starts it with the environment exo gives its runner (`blas_environment`), because the optimized BLAS
 must be preloaded before mlx is imported. The model is loaded exactly as exo's runner loads it (float32 on a
-Linux CPU) and generation is a bare `mlx_lm.stream_generate` loop. Afterwards the same float32 weights are saved
-to a directory so mlx_lm.server can serve the very same numbers (it would otherwise load the float16 checkpoint,
-which skips BLAS on x86 and is many times slower: not a fair peer).
+Linux CPU) and generation is a bare `mlx_lm.stream_generate` loop. Before answering requests the same float32
+weights are saved to a directory so mlx_lm.server can serve the very same numbers (it would otherwise load the
+float16 checkpoint, which skips BLAS on x86 and is many times slower: not a fair peer).
+
+Protocol: after setup one `RawReady` JSON line on stdout; then for each `RawRequest` line on stdin one
+`StreamMeasurement` line; stdin closing ends the process. Staying alive lets the parent interleave raw runs with
+exo and mlx_lm.server runs, so load from other processes hits every system alike.
 """
 
 import json
@@ -27,20 +31,23 @@ from exo.worker.engines.mlx.blas import measure_matmul_gflops
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, load_model
 
 _WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
+WARM_UP_MAX_TOKENS = 4
 
 
-class RawRequest(BaseModel):
+class RawSetup(BaseModel):
     model_path: Path
-    max_tokens: int
-    repeats: int
     float32_copy: Path
 
 
-class RawResult(BaseModel):
+class RawReady(BaseModel):
     dtype: str
     matmul_gflops: float
     """Float32 matmul speed under this process's BLAS: shows whether the preload took effect."""
-    runs: list[StreamMeasurement]
+
+
+class RawRequest(BaseModel):
+    tag: str
+    max_tokens: int
 
 
 def _prompt_tokens(loaded: LoadedModel, tag: str) -> list[int]:
@@ -88,19 +95,21 @@ def save_float32_copy(loaded: LoadedModel, source: Path, destination: Path) -> N
     config_path.write_text(json.dumps(config, indent=2))
 
 
+def _answer(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main() -> None:
-    request = RawRequest.model_validate_json(sys.argv[1])
-    loaded = load_model(request.model_path, ShardAssignment())
+    setup = RawSetup.model_validate_json(sys.argv[1])
+    loaded = load_model(setup.model_path, ShardAssignment())
+    save_float32_copy(loaded, setup.model_path, setup.float32_copy)
     # Warm-up: first-call allocation and kernel setup are not throughput.
-    measure_once(loaded, _prompt_tokens(loaded, "warm-up"), 4)
-    runs = [
-        measure_once(loaded, _prompt_tokens(loaded, f"run {number}"), request.max_tokens)
-        for number in range(1, request.repeats + 1)
-    ]
-    gflops = measure_matmul_gflops()
-    save_float32_copy(loaded, request.model_path, request.float32_copy)
-    result = RawResult(dtype=loaded.dtype, matmul_gflops=gflops, runs=runs)
-    sys.stdout.write(result.model_dump_json() + "\n")
+    measure_once(loaded, _prompt_tokens(loaded, "warm-up"), WARM_UP_MAX_TOKENS)
+    _answer(RawReady(dtype=loaded.dtype, matmul_gflops=measure_matmul_gflops()).model_dump_json())
+    for line in sys.stdin:
+        request = RawRequest.model_validate_json(line)
+        _answer(measure_once(loaded, _prompt_tokens(loaded, request.tag), request.max_tokens).model_dump_json())
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from bench.results import AgentSeries, BenchReport
 from bench.targets import (
     EXO_NO_TOOLS,
     EXO_TOOLS,
+    MLX_LM_NO_TOOLS,
     MLX_LM_TOOLS,
     RAW,
     TargetCheck,
@@ -84,7 +85,7 @@ def _decode(report: BenchReport) -> list[str]:
     ]
     exo_plain, exo_tools = find_row(report.decode, EXO_NO_TOOLS), find_row(report.decode, EXO_TOOLS)
     peer_tools = find_row(report.decode, MLX_LM_TOOLS)
-    peer_plain = find_row(report.decode, "mlx_lm.server streaming, no tools")
+    peer_plain = find_row(report.decode, MLX_LM_NO_TOOLS)
     settings = report.settings
     return [
         SECTION_TITLES[0],
@@ -148,7 +149,12 @@ def _agent_summary(exo: AgentSeries, others: list[AgentSeries]) -> list[str]:
 
 def _parser(report: BenchReport) -> list[str]:
     rows = [
-        [f"{cost.argument_bytes:,}", str(cost.segments), f"{cost.microseconds_per_segment:.2f}"]
+        [
+            f"{cost.argument_bytes:,}",
+            str(cost.segments),
+            f"{cost.microseconds_per_segment:.2f}",
+            f"{cost.chars_examined_per_char:.2f}",
+        ]
         for cost in report.parser
     ]
     settings = report.settings
@@ -157,9 +163,10 @@ def _parser(report: BenchReport) -> list[str]:
         "",
         f"A Hermes `<tool_call>` whose arguments JSON has the given size, fed to `ToolStreamParser` in "
         f"{settings.parser_segment_chars}-character segments (about one token each), then `finish()`; best of "
-        f"{settings.parser_repeats} run(s).",
+        f"{settings.parser_repeats} run(s), sizes taking turns. Characters examined per character fed is the "
+        "parser's own work meter: a count, not a time, so other work on the CPU cannot disturb it.",
         "",
-        *_table(["Arguments, bytes", "Segments", "µs per segment"], rows),
+        *_table(["Arguments, bytes", "Segments", "µs per segment", "Characters examined per character"], rows),
         "![parser cost](perf/parser_cost.png)",
         "",
     ]
@@ -191,11 +198,12 @@ def _concurrency(report: BenchReport) -> list[str]:
 _METHOD = [
     "## Method",
     "",
-    "- One invocation (`uv run python -m bench`), one model, one machine; systems run one after another, never "
-    "at the same time.",
+    "- One invocation (`uv run python -m bench`), one model, one machine. The raw baseline, exo and mlx_lm.server "
+    "stay loaded side by side and take turns run by run (raw, exo, mlx_lm.server, then again), never running at "
+    "the same time, so changing load from other processes falls on all of them alike.",
     "- exo runs as a real subprocess (`python -m exo --api-port P --model DIR --models-dir TMP`); its runner loads "
     "the weights as float32 on a Linux CPU with the optimized BLAS preloaded.",
-    "- The raw baseline is `mlx_lm.stream_generate` in a subprocess started with exo's runner environment "
+    "- The raw baseline is `mlx_lm.stream_generate` in a long-lived subprocess started with exo's runner environment "
     "(`blas_environment`), with the model loaded by exo's own `load_model` (so the same float32 weights).",
     "- mlx_lm.server (`python -m mlx_lm server --model DIR --port P`) runs with the same BLAS preload and is given "
     "a float32 copy of the same weights: on the float16 checkpoint it would skip BLAS on x86 and be many times "
@@ -203,6 +211,17 @@ _METHOD = [
     "- Every server gets a short warm-up request first. Each decode run uses a distinct prompt so no prompt cache "
     "answers it. Token counts come from `usage` (`stream_options.include_usage`).",
 ]
+
+
+def _sizes(report: BenchReport) -> list[str]:
+    settings = report.settings
+    if settings.quick:
+        return ["- This is a `--quick` smoke run on a tiny fixture model: the numbers only prove the suite works."]
+    return [
+        f"- Token counts are kept small (decode max_tokens {settings.decode_max_tokens}, agent turns "
+        f"{settings.agent_max_tokens}, concurrent streams {settings.concurrency_max_tokens}) so a full run takes "
+        "10–15 minutes on 2 shared CPU cores; longer generations would give steadier decode figures.",
+    ]
 
 
 def render_markdown(report: BenchReport, notes: list[str]) -> str:
@@ -220,6 +239,7 @@ def render_markdown(report: BenchReport, notes: list[str]) -> str:
         *_parser(report),
         *_concurrency(report),
         *_METHOD,
+        *_sizes(report),
     ]
     if notes:
         lines += ["", "## Notes", "", *(f"- {note}" for note in notes)]

@@ -1,24 +1,29 @@
-"""The measured sections: decode speed, agent turns and concurrency against a running server, and the raw baseline."""
+"""The measured sections. Systems take turns run by run, so load from other processes falls on all of them alike."""
 
 import asyncio
-import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 import httpx
 
-from bench.raw_worker import RawRequest, RawResult
+from bench.raw_baseline import RawBaseline
 from bench.results import AgentSeries, AgentTurn, BenchSettings, ConcurrencyRow, DecodeRow, StreamMeasurement
 from bench.servers import RunningServer
-from bench.stream_client import request_body, stream_chat
+from bench.stream_client import StreamOutcome, request_body, stream_chat
 from bench.workloads import agent_follow_up, agent_opening, agent_tools, decode_messages
-from exo.shared.types.api import ChatMessage
-from exo.worker.engines.mlx.blas import blas_environment
+from exo.shared.types.api import ChatMessage, ToolDefinition
 
 WARM_UP_MAX_TOKENS = 4
+
+Run = Callable[[str], Awaitable[StreamMeasurement]]
+"""One decode run of a system, given the tag that makes its prompt unique."""
+
+
+@dataclass(frozen=True)
+class Contender:
+    system: str
+    run: Run
 
 
 def decode_row(system: str, runs: list[StreamMeasurement]) -> DecodeRow:
@@ -33,25 +38,25 @@ def decode_row(system: str, runs: list[StreamMeasurement]) -> DecodeRow:
     )
 
 
-def run_raw_baseline(model_path: Path, settings: BenchSettings, float32_copy: Path) -> RawResult:
-    """Run `bench.raw_worker` in a subprocess with exo's runner environment (BLAS preloaded) and parse its result."""
-    request = RawRequest(
-        model_path=model_path,
-        max_tokens=settings.decode_max_tokens,
-        repeats=settings.decode_repeats,
-        float32_copy=float32_copy,
-    )
-    completed = subprocess.run(
-        [sys.executable, "-m", "bench.raw_worker", request.model_dump_json()],
-        env=blas_environment(os.environ),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if completed.returncode != 0:
-        raise RuntimeError(f"raw baseline failed ({completed.returncode}):\n{completed.stderr[-4000:]}")
-    # Libraries may print to stdout too; the result is the last line.
-    return RawResult.model_validate_json(completed.stdout.strip().splitlines()[-1])
+def raw_contender(system: str, raw: RawBaseline, max_tokens: int) -> Contender:
+    """The in-process mlx-lm loop as a contender (it blocks the event loop, which has nothing else to do then)."""
+
+    async def run(tag: str) -> StreamMeasurement:
+        return raw.measure(tag, max_tokens)
+
+    return Contender(system=system, run=run)
+
+
+def server_contender(
+    client: httpx.AsyncClient, server: RunningServer, tools: Sequence[ToolDefinition], max_tokens: int
+) -> Contender:
+    """A server streaming the decode prompt, with or without `tools` offered."""
+
+    async def run(tag: str) -> StreamMeasurement:
+        body = request_body(decode_messages(tag), tools, max_tokens)
+        return (await stream_chat(client, server.base_url, body)).measurement
+
+    return Contender(system=f"{server.name} streaming, {'with' if tools else 'no'} tools", run=run)
 
 
 async def warm_up(client: httpx.AsyncClient, server: RunningServer) -> None:
@@ -60,28 +65,26 @@ async def warm_up(client: httpx.AsyncClient, server: RunningServer) -> None:
     await stream_chat(client, server.base_url, request_body(messages, [], WARM_UP_MAX_TOKENS))
 
 
-async def measure_decode(
-    client: httpx.AsyncClient, server: RunningServer, settings: BenchSettings, with_tools: bool
-) -> DecodeRow:
-    """Stream the long free-text request `decode_repeats` times, each with a fresh prompt."""
-    tools = agent_tools(settings.agent_tool_count) if with_tools else []
-    runs: list[StreamMeasurement] = []
-    for number in range(1, settings.decode_repeats + 1):
-        body = request_body(decode_messages(f"run {number}"), tools, settings.decode_max_tokens)
-        runs.append((await stream_chat(client, server.base_url, body)).measurement)
-    label = f"{server.name} streaming, {'with' if with_tools else 'no'} tools"
-    return decode_row(label, runs)
+async def measure_decode(contenders: Sequence[Contender], repeats: int) -> list[DecodeRow]:
+    """Round-robin: run 1 of every contender, then run 2 of every contender, …; each run has a fresh prompt."""
+    runs: dict[str, list[StreamMeasurement]] = {contender.system: [] for contender in contenders}
+    for number in range(1, repeats + 1):
+        for contender in contenders:
+            runs[contender.system].append(await contender.run(f"run {number}"))
+    return [decode_row(system, measured) for system, measured in runs.items()]
 
 
-async def measure_agent(client: httpx.AsyncClient, server: RunningServer, settings: BenchSettings) -> AgentSeries:
-    """An opencode-shaped session: every turn resends the whole conversation plus the reply and one new message."""
-    tools = agent_tools(settings.agent_tool_count)
-    messages = agent_opening(settings.agent_system_chars)
-    turns: list[AgentTurn] = []
-    for turn in range(1, settings.agent_turns + 1):
-        outcome = await stream_chat(client, server.base_url, request_body(messages, tools, settings.agent_max_tokens))
+class _AgentSession:
+    """One server's copy of the opencode-shaped conversation."""
+
+    def __init__(self, server: RunningServer, settings: BenchSettings) -> None:
+        self.server = server
+        self.messages = agent_opening(settings.agent_system_chars)
+        self.turns: list[AgentTurn] = []
+
+    def record(self, turn: int, outcome: StreamOutcome) -> None:
         measurement = outcome.measurement
-        turns.append(
+        self.turns.append(
             AgentTurn(
                 turn=turn,
                 prompt_tokens=measurement.prompt_tokens,
@@ -89,8 +92,20 @@ async def measure_agent(client: httpx.AsyncClient, server: RunningServer, settin
                 ttft_s=measurement.ttft_s,
             )
         )
-        messages += agent_follow_up(turn, measurement.text, outcome.tool_call)
-    return AgentSeries(system=server.name, turns=turns)
+        self.messages += agent_follow_up(turn, measurement.text, outcome.tool_call)
+
+
+async def measure_agent(
+    client: httpx.AsyncClient, servers: Sequence[RunningServer], settings: BenchSettings
+) -> list[AgentSeries]:
+    """Each turn resends the whole conversation plus the reply and one new message; servers alternate turn by turn."""
+    tools = agent_tools(settings.agent_tool_count)
+    sessions = [_AgentSession(server, settings) for server in servers]
+    for turn in range(1, settings.agent_turns + 1):
+        for session in sessions:
+            body = request_body(session.messages, tools, settings.agent_max_tokens)
+            session.record(turn, await stream_chat(client, session.server.base_url, body))
+    return [AgentSeries(system=session.server.name, turns=session.turns) for session in sessions]
 
 
 async def measure_concurrency(
@@ -118,8 +133,3 @@ async def measure_concurrency(
             )
         )
     return rows
-
-
-def tools_json_chars(settings: BenchSettings) -> int:
-    """Size of the tool schemas the agent section sends, as JSON (for the report)."""
-    return len(json.dumps([tool.model_dump(exclude_none=True) for tool in agent_tools(settings.agent_tool_count)]))

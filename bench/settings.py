@@ -1,4 +1,4 @@
-"""Run sizes: the full run (about 10 minutes for a 0.5B model on 2 CPU cores) and the `--quick` smoke run."""
+"""Run sizes: the full run (10–15 minutes for a 0.5B model on 2 shared CPU cores) and the `--quick` smoke run."""
 
 from bench.results import BenchSettings
 
@@ -6,17 +6,17 @@ PARSER_SIZES = (1_000, 10_000, 100_000)
 
 FULL = BenchSettings(
     quick=False,
-    decode_max_tokens=96,
+    decode_max_tokens=64,
     decode_repeats=2,
     agent_system_chars=9_500,
     agent_tool_count=10,
     agent_turns=4,
-    agent_max_tokens=32,
+    agent_max_tokens=24,
     parser_sizes=PARSER_SIZES,
     parser_segment_chars=4,
     parser_repeats=5,
     concurrency_levels=(1, 2, 4),
-    concurrency_max_tokens=48,
+    concurrency_max_tokens=32,
 )
 
 # The tiny fixture model has a 4,096-token context and a small vocabulary (about 2 characters a token), so the

@@ -5,11 +5,14 @@ from bench.results import AgentSeries, BenchModel, BenchReport, DecodeRow
 DECODE_RATIO_TARGET = 0.97
 TURN_TTFT_RATIO_TARGET = 0.15
 PARSER_DELTA_TARGET_US = 2.0
+FLAT_WORK_TOLERANCE = 1.1
+"""Work per character that varies by at most 10% across sizes counts as flat (linear total work)."""
 
 RAW = "raw mlx_lm.stream_generate"
 EXO_NO_TOOLS = "exo streaming, no tools"
 EXO_TOOLS = "exo streaming, with tools"
 MLX_LM_TOOLS = "mlx_lm.server streaming, with tools"
+MLX_LM_NO_TOOLS = "mlx_lm.server streaming, no tools"
 
 
 class TargetCheck(BenchModel):
@@ -56,11 +59,18 @@ def check_decode_vs_raw(rows: list[DecodeRow]) -> TargetCheck:
         f"exo takes {_ms_per_token(exo.decode_tokens_per_s)} ms per token, the raw loop "
         f"{_ms_per_token(raw.decode_tokens_per_s)} ms"
     )
-    why += (
-        ": the runner → worker → API → SSE hops cost less than the 3% allowance"
-        if met
-        else ": more than the 3% allowance is lost between the model and the client (or to other work on the CPU)"
-    )
+    if measured is not None and measured > 1 + (1 - DECODE_RATIO_TARGET):
+        why += (
+            ". exo runs this same loop plus its hops, so a ratio this far above 1 comes from uneven load from other "
+            "processes between runs: the verdict needs a quiet machine to be trusted"
+        )
+    elif met:
+        why += ": the runner → worker → API → SSE hops cost less than the 3% allowance"
+    else:
+        why += (
+            ": more than the 3% allowance is lost between the model and the client, or other processes took the "
+            "CPU during exo's runs (see the load average)"
+        )
     return TargetCheck(
         target=f"exo decode ≥ {DECODE_RATIO_TARGET}× raw mlx-lm", measured=format_ratio(measured), met=met, why=why
     )
@@ -76,6 +86,18 @@ def check_decode_vs_mlx_lm_server(rows: list[DecodeRow]) -> TargetCheck:
     )
     if measured is None:
         why += "; mlx_lm.server sent its whole answer at once, so its streaming decode speed is not measurable"
+    elif not met:
+        plain = ratio(
+            find_row(rows, EXO_NO_TOOLS).decode_tokens_per_s, find_row(rows, MLX_LM_NO_TOOLS).decode_tokens_per_s
+        )
+        if plain is not None and plain >= 1.0:
+            why += (
+                f". Without tools exo was {format_ratio(plain)} mlx_lm.server; offering tools adds only the parser's "
+                "few µs per token (section 3) to a token that takes milliseconds, so this gap is run-to-run noise "
+                "from other processes, not the tools"
+            )
+        else:
+            why += f". exo was also behind without tools ({format_ratio(plain)}): the gap is in exo's streaming path"
     return TargetCheck(
         target="exo decode with tools ≥ mlx_lm.server streaming with tools",
         measured=format_ratio(measured),
@@ -112,11 +134,18 @@ def check_parser_cost(report: BenchReport) -> TargetCheck:
     largest = max(report.parser, key=lambda cost: cost.argument_bytes)
     delta = largest.microseconds_per_segment - smallest.microseconds_per_segment
     met = delta <= PARSER_DELTA_TARGET_US
-    why = (
-        "per-segment work does not grow with the arguments already streamed (each scanner keeps its position)"
-        if met
-        else "per-segment cost grows with the size of the call: some step re-reads what was already fed"
-    )
+    work = [cost.chars_examined_per_char for cost in report.parser]
+    flat_work = max(work) <= FLAT_WORK_TOLERANCE * min(work)
+    work_range = f"{min(work):.2f}–{max(work):.2f} characters examined per character fed at every size"
+    if met:
+        why = f"per-segment time does not grow with the arguments already streamed ({work_range})"
+    elif flat_work:
+        why = (
+            f"the parser's work meter is flat ({work_range}), so the extra time is not parser work growing with the "
+            "call: it is load from other processes during the timed runs (or cache effects of the larger strings)"
+        )
+    else:
+        why = f"the parser's work per character grows with the call ({work_range}): some step re-reads what was fed"
     return TargetCheck(
         target=(
             f"parser cost at {largest.argument_bytes // 1000} KB within {PARSER_DELTA_TARGET_US:.0f} µs/segment of "

@@ -1,0 +1,68 @@
+"""Parent side of the raw mlx-lm baseline: start `bench.raw_worker` with exo's runner environment and talk to it."""
+
+import os
+import subprocess
+import sys
+from collections.abc import Generator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+from bench.raw_worker import RawReady, RawRequest, RawSetup
+from bench.results import StreamMeasurement
+from exo.worker.engines.mlx.blas import blas_environment
+
+STOP_TIMEOUT_S = 20.0
+
+
+class RawBaseline:
+    """A running raw worker: `measure` runs one greedy generation of the decode prompt in it."""
+
+    def __init__(self, process: subprocess.Popen[str], ready: RawReady) -> None:
+        self._process = process
+        self.ready = ready
+
+    def measure(self, tag: str, max_tokens: int) -> StreamMeasurement:
+        """Generate up to `max_tokens` for the decode prompt tagged `tag`; blocks until done."""
+        _write_line(self._process.stdin, RawRequest(tag=tag, max_tokens=max_tokens).model_dump_json())
+        return StreamMeasurement.model_validate_json(_read_line(self._process))
+
+
+def _write_line(stream: IO[str] | None, line: str) -> None:
+    if stream is None:
+        raise RuntimeError("the raw worker has no stdin")
+    stream.write(line + "\n")
+    stream.flush()
+
+
+def _read_line(process: subprocess.Popen[str]) -> str:
+    if process.stdout is None:
+        raise RuntimeError("the raw worker has no stdout")
+    # Libraries may print to stdout too: the worker's answers are the lines that are JSON objects.
+    for line in process.stdout:
+        if line.startswith("{"):
+            return line
+    raise RuntimeError(f"the raw worker exited with {process.wait()} (its stderr went to the bench's stderr)")
+
+
+@contextmanager
+def running_raw_baseline(model_path: Path, float32_copy: Path) -> Generator[RawBaseline]:
+    """Start the worker (it loads the model and writes `float32_copy` first); it is stopped on exit."""
+    setup = RawSetup(model_path=model_path, float32_copy=float32_copy)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.raw_worker", setup.model_dump_json()],
+        env=blas_environment(os.environ),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield RawBaseline(process, RawReady.model_validate_json(_read_line(process)))
+    finally:
+        if process.stdin is not None:
+            process.stdin.close()  # the worker's request loop ends when stdin closes
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
