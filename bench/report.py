@@ -52,7 +52,7 @@ def _machine(report: BenchReport) -> list[str]:
     if machine.load_average[0] > BUSY_LOAD_PER_CPU * machine.cpu_count:
         lines += [
             "**Taken with other work on the machine** (see the load average): absolute numbers are lower and "
-            "noisier than on a quiet machine; ratios between systems measured back to back are more reliable.",
+            "noisier than on a quiet machine; ratios between systems, measured in alternation, are more reliable.",
             "",
         ]
     return lines
@@ -190,9 +190,24 @@ def _concurrency(report: BenchReport) -> list[str]:
         "time (waiting and prefill included), averaged.",
         "",
         *_table(["Streams", "Aggregate tok/s", "Per-stream tok/s", "Mean TTFT s"], rows),
+        *_concurrency_summary(report),
         "![concurrency](perf/concurrency.png)",
         "",
     ]
+
+
+def _concurrency_summary(report: BenchReport) -> list[str]:
+    single = next((row for row in report.concurrency if row.streams == 1), None)
+    most = max(report.concurrency, key=lambda row: row.streams)
+    if single is None or most.streams == 1:
+        return []
+    scaling = most.aggregate_tokens_per_s / single.aggregate_tokens_per_s
+    reading = (
+        "about 1× means the streams were served one after another (queued), not batched: each client waits longer"
+        if scaling < 1.2
+        else "above 1× means concurrent streams share the decode work"
+    )
+    return [f"Aggregate throughput at {most.streams} streams is {scaling:.2f}× one stream; {reading}.", ""]
 
 
 _METHOD = [
