@@ -52,9 +52,6 @@ class ScriptedWorker(Worker):
         sender.close()
         return receiver
 
-    def forget_task(self, task_id: TaskId) -> None:
-        pass
-
     def cancel(self, runner_id: RunnerId, task_id: TaskId) -> None:
         pass
 

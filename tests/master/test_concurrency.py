@@ -221,11 +221,6 @@ def test_queued_requests_run_first_in_first_out_and_past_the_limit_get_429(serve
     assert task_ids(server) == set()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="master/api.py only notices a disconnect once the SSE body streams: a request abandoned while queued "
-    "(or before its first chunk) still runs",
-)
 def test_a_queued_request_whose_client_leaves_is_dropped_and_the_rest_still_complete(server: ExoServer) -> None:
     pid = runner_pid(server)
     known = task_ids(server)

@@ -2,11 +2,12 @@
 
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 from uuid import uuid4
 
-from fastapi import FastAPI, Response
+import anyio
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -38,6 +39,8 @@ from exo.shared.types.state import State
 from exo.worker.runner.supervisor import QueueFullError, RunnerUnavailableError
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Documented in the OpenAPI schema so clients and fuzzers know every failure has OpenAI's error shape.
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -93,7 +96,9 @@ def create_app(node: Node) -> FastAPI:
         return ModelList(data=cards)
 
     @app.post("/v1/chat/completions", response_model=None, responses=_ERRORS)
-    async def chat_completions(request: ChatCompletionRequest) -> ChatCompletionResponse | Response:
+    async def chat_completions(
+        request: ChatCompletionRequest, http_request: Request
+    ) -> ChatCompletionResponse | Response:
         model_id = _served_model(node, request.model)
         command = to_command(request, model_id)
         try:
@@ -109,8 +114,14 @@ def create_app(node: Node) -> FastAPI:
         completion_id = f"chatcmpl-{uuid4().hex}"
         created = int(time.time())
         if not request.stream:
-            return await _complete(node, handle, completion_id, created, model_id)
-        first = await _first_chunk(node, handle)
+            response = await _unless_client_leaves(
+                http_request, lambda: _complete(node, handle, completion_id, created, model_id)
+            )
+            return response if response is not None else Response(status_code=499)
+        first = await _unless_client_leaves(http_request, lambda: _first_chunk(node, handle))
+        if first is None:
+            await handle.chunks.aclose()
+            return Response(status_code=499)
         if isinstance(first, ErrorChunk) and first.status_code < 500:
             await handle.chunks.aclose()
             raise ApiError(first.status_code, first.message, error_type=first.error_type, code=first.code)
@@ -142,6 +153,32 @@ def _served_model(node: Node, requested: str | None) -> ModelId:
         param="model",
         code="model_not_found",
     )
+
+
+async def _unless_client_leaves(http_request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
+    """Await `work()`, or cancel it and return None if the client disconnects first.
+
+    Until the response starts streaming, nothing else notices a client that gave up: without this a request
+    abandoned while it waits in the queue would still run (its cancellation in `work` drops it from the queue).
+    """
+    result: list[T] = []
+    failure: list[Exception] = []
+    async with anyio.create_task_group() as group:
+
+        async def watch() -> None:
+            while not await http_request.is_disconnected():
+                await anyio.sleep(0.1)
+            group.cancel_scope.cancel()
+
+        group.start_soon(watch)
+        try:
+            result.append(await work())
+        except Exception as error:  # re-raised below, outside the group, so it is not wrapped in an ExceptionGroup
+            failure.append(error)
+        group.cancel_scope.cancel()
+    if failure:
+        raise failure[0]
+    return result[0] if result else None
 
 
 async def _first_chunk(node: Node, handle: TaskHandle) -> Chunk:
