@@ -1,138 +1,432 @@
-"""A complete tool loop against exo with the official openai SDK, streaming.
+"""A tool-calling agent against exo with the official `openai` SDK: a copyable starting point for an app.
 
-The model asks for a tool, this script runs the tool locally, sends the result back, and streams the final
-answer. Start exo first (`uv run exo`), then:
+What it shows:
+  * tools are plain typed Python functions; their JSON schema comes from the signature (pydantic), so the schema
+    the model sees and the validation the arguments get can never drift apart;
+  * the agent loop streams each answer, prints text as it arrives, and assembles tool calls from their deltas;
+  * every failure a tool call can meet (unknown tool, bad JSON, invalid arguments, an exception, a timeout) goes
+    back to the model as the tool's result, so the model can correct itself and the loop never crashes;
+  * a per-tool timeout and a limit on the number of turns.
 
-    uv run python examples/tool_calling_example.py
-    uv run python examples/tool_calling_example.py --prompt "Is it warmer in Oslo or in Rome?"
+Start exo, then run the example (with no --model it uses the first model exo serves):
 
-See docs/TOOL_CALLING.md for what exo supports.
+    uv run exo
+    uv run python examples/tool_calling_example.py --prompt "What is the weather in Paris and Tokyo?"
+    uv run python examples/tool_calling_example.py --prompt "What is (2 + 3) * 7 - 2 ** 5?" --no-stream
+    uv run python examples/tool_calling_example.py --tools get_time --prompt "What time is it in Tokyo?"
+
+The tools run locally and offline: the weather is made up (but the same for a city every time), the calculator
+parses arithmetic with `ast` and never calls `eval`, and the clock reads the IANA time zone database.
 """
 
 import argparse
+import ast
+import hashlib
+import inspect
 import json
-import os
+import math
+import operator
 import sys
-from typing import Literal
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from datetime import datetime
+from typing import Annotated, Any, Literal, TextIO, TypeVar
+from zoneinfo import ZoneInfo
 
 from openai import OpenAI
 from openai.types.chat import (
     ChatCompletionFunctionToolParam,
-    ChatCompletionMessage,
     ChatCompletionMessageFunctionToolCallParam,
     ChatCompletionMessageParam,
 )
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError, create_model
+from pydantic_core import to_jsonable_python
 
 DEFAULT_BASE_URL = "http://localhost:52415/v1"
-MAX_ROUNDS = 5
+DEFAULT_PROMPT = "What is the weather in Paris?"
+DEFAULT_TOOL_TIMEOUT_SECONDS = 10.0
+DEFAULT_MAX_TURNS = 6
+
+# ---------------------------------------------------------------------------------------------- the tool registry
 
 
-class WeatherArguments(BaseModel):
-    """The arguments of `get_weather`, validated before the tool runs."""
+class Tool(BaseModel):
+    """One callable tool: the Python function, the model of its arguments, and what the model is told about it."""
 
-    city: str
-    unit: Literal["celsius", "fahrenheit"] = "celsius"
+    name: str
+    description: str
+    function: Callable[..., object]
+    arguments: type[BaseModel]
+
+    def definition(self) -> ChatCompletionFunctionToolParam:
+        """The tool as the chat-completions API declares it."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": tidy_schema(self.arguments.model_json_schema()),
+            },
+        }
+
+
+def tidy_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """Drop pydantic's generated titles and put `type` first, the way hand-written tool schemas read.
+
+    Models see the schema as text in their prompt, so a schema shaped like the ones they were trained on helps.
+    """
+    tidy: dict[str, Any] = {"type": schema["type"]} if "type" in schema else {}
+    for key, value in schema.items():
+        if key in ("type", "title"):
+            continue
+        if key in ("properties", "$defs") and isinstance(value, dict):
+            tidy[key] = {name: tidy_schema(child) for name, child in value.items()}  # pyright: ignore[reportUnknownArgumentType]
+        elif isinstance(value, dict):
+            tidy[key] = tidy_schema(value)  # pyright: ignore[reportUnknownArgumentType]
+        elif isinstance(value, list):
+            tidy[key] = [tidy_schema(item) if isinstance(item, dict) else item for item in value]  # pyright: ignore[reportUnknownArgumentType]
+        else:
+            tidy[key] = value
+    return tidy
+
+
+def tool_from_function(function: Callable[..., object]) -> Tool:
+    """Derive a tool from a function: name, first docstring paragraph, and a pydantic model of its parameters.
+
+    Describe a parameter with `Annotated[str, Field(description=...)]`; a default value makes it optional.
+    """
+    fields: dict[str, Any] = {}
+    for parameter in inspect.signature(function, eval_str=True).parameters.values():
+        if parameter.annotation is inspect.Parameter.empty:
+            raise TypeError(f"{function.__name__}: parameter {parameter.name!r} needs a type hint")
+        default = ... if parameter.default is inspect.Parameter.empty else parameter.default
+        fields[parameter.name] = (parameter.annotation, default)
+    description = (inspect.getdoc(function) or "").split("\n\n")[0].replace("\n", " ")
+    arguments = create_model(f"{function.__name__}_arguments", **fields)
+    return Tool(name=function.__name__, description=description, function=function, arguments=arguments)
+
+
+ToolFunction = TypeVar("ToolFunction", bound=Callable[..., object])
+ToolErrorKind = Literal["unknown_tool", "invalid_arguments", "timeout", "tool_failed"]
+
+
+class ToolError(BaseModel):
+    """What the model reads when a call could not run or failed: enough to fix the call and try again."""
+
+    error: ToolErrorKind
+    message: str
+
+
+class ToolRun(BaseModel):
+    """One executed call, kept so the app (and its tests) can see what the agent did."""
+
+    name: str
+    arguments: str
+    result: str
+    ok: bool
+
+
+def call_with_timeout(function: Callable[[], object], timeout_seconds: float) -> object:
+    """Run `function` in a daemon thread and wait at most `timeout_seconds` (raising TimeoutError after that).
+
+    Python cannot kill a thread, so a tool that hangs keeps running in the background; a daemon thread at least
+    does not keep the process alive at exit. Tools that can hang for good belong in a subprocess instead.
+    """
+    future: Future[object] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(function())
+        except Exception as error:  # handed to the caller through the future
+            future.set_exception(error)
+
+    threading.Thread(target=run, daemon=True, name="tool-call").start()
+    return future.result(timeout=timeout_seconds)
+
+
+class ToolRegistry:
+    """The tools an agent may call, their definitions for the API, and a `run` that never raises."""
+
+    def __init__(self, timeout_seconds: float = DEFAULT_TOOL_TIMEOUT_SECONDS) -> None:
+        self.timeout_seconds = timeout_seconds
+        self._tools: dict[str, Tool] = {}
+
+    def register(self, function: ToolFunction) -> ToolFunction:
+        """Add a function as a tool (usable as a decorator); it stays callable as before."""
+        tool = tool_from_function(function)
+        self._tools[tool.name] = tool
+        return function
+
+    def definitions(self) -> list[ChatCompletionFunctionToolParam]:
+        """Every tool, declared for the `tools` field of a chat-completions request."""
+        return [tool.definition() for tool in self._tools.values()]
+
+    def run(self, name: str, arguments_json: str) -> ToolRun:
+        """Validate the arguments, run the tool, and return its result (or the error) as the tool message text."""
+        tool = self._tools.get(name)
+        if tool is None:
+            known = ", ".join(self._tools) or "none"
+            return _failed(name, arguments_json, "unknown_tool", f"no tool named {name!r}; available: {known}")
+        try:
+            # An empty string is how some servers send "no arguments".
+            arguments = tool.arguments.model_validate_json(arguments_json or "{}")
+        except ValidationError as error:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in error.errors())
+            return _failed(name, arguments_json, "invalid_arguments", problems)
+        try:
+            result = call_with_timeout(lambda: tool.function(**dict(arguments)), self.timeout_seconds)
+        except TimeoutError:
+            return _failed(name, arguments_json, "timeout", f"{name} took longer than {self.timeout_seconds:g}s")
+        except Exception as error:  # any tool failure is the model's to see, not the loop's to crash on
+            return _failed(name, arguments_json, "tool_failed", f"{type(error).__name__}: {error}")
+        return ToolRun(name=name, arguments=arguments_json, result=json.dumps(to_jsonable_python(result)), ok=True)
+
+
+def _failed(name: str, arguments_json: str, kind: ToolErrorKind, message: str) -> ToolRun:
+    result = ToolError(error=kind, message=message).model_dump_json()
+    return ToolRun(name=name, arguments=arguments_json, result=result, ok=False)
+
+
+# --------------------------------------------------------------------------------------------------- the tools
 
 
 class Weather(BaseModel):
     city: str
-    temperature: float
-    unit: Literal["celsius", "fahrenheit"]
-    conditions: str
+    temperature: int
+    condition: str
 
 
-WEATHER_TOOL: ChatCompletionFunctionToolParam = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city.",
-        "parameters": WeatherArguments.model_json_schema(),
-    },
+_CONDITIONS = ("sunny", "cloudy", "rainy", "windy", "foggy", "snowy")
+
+
+def get_weather(city: Annotated[str, Field(description="City name")]) -> Weather:
+    """Get the current weather for a city.
+
+    Made up, but the same for a city every time (a hash of its name), so the example runs offline.
+    """
+    digest = hashlib.sha256(city.strip().lower().encode()).digest()
+    return Weather(city=city, temperature=digest[0] % 40 - 5, condition=_CONDITIONS[digest[1] % len(_CONDITIONS)])
+
+
+class CalculationError(ValueError):
+    """The expression is not plain arithmetic, or its result would be unreasonably large."""
+
+
+_BINARY_OPERATORS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
 }
-
-# Canned observations so the example runs offline; a real tool would call a weather service here.
-_OBSERVATIONS = {"paris": (18.0, "light rain"), "rome": (24.0, "sunny"), "oslo": (9.0, "overcast")}
-
-
-def get_weather(arguments: WeatherArguments) -> Weather:
-    """The local tool the model calls."""
-    celsius, conditions = _OBSERVATIONS.get(arguments.city.lower(), (15.0, "clear"))
-    temperature = celsius if arguments.unit == "celsius" else celsius * 9 / 5 + 32
-    return Weather(city=arguments.city, temperature=temperature, unit=arguments.unit, conditions=conditions)
+MAX_EXPRESSION_LENGTH = 200
+MAX_RESULT_BITS = 4096  # about 1,200 decimal digits: no expression can make the calculator spin or eat memory
 
 
-def run_tool(name: str, arguments_json: str) -> str:
-    """Run the named tool; errors go back to the model as the tool's result so it can correct itself."""
-    if name != "get_weather":
-        return json.dumps({"error": f"unknown tool {name!r}"})
+def calculate(expression: Annotated[str, Field(description="Arithmetic, e.g. (2 + 3) * 4 ** 2 % 7")]) -> float:
+    """Evaluate an arithmetic expression with numbers, + - * / ** %, parentheses and unary minus."""
+    if len(expression) > MAX_EXPRESSION_LENGTH:
+        raise CalculationError(f"expression longer than {MAX_EXPRESSION_LENGTH} characters")
     try:
-        arguments = WeatherArguments.model_validate_json(arguments_json)
-    except ValidationError as error:
-        return json.dumps({"error": f"invalid arguments: {error}"})
-    return get_weather(arguments).model_dump_json()
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError as error:
+        raise CalculationError(f"not an arithmetic expression: {error.msg}") from None
+    return _evaluate(tree.body)
 
 
-def stream_turn(client: OpenAI, model: str, messages: list[ChatCompletionMessageParam]) -> ChatCompletionMessage:
-    """Stream one assistant turn, printing reasoning, text and tool calls as they arrive; return the message."""
-    with client.chat.completions.stream(
-        model=model,
-        messages=messages,
-        tools=[WEATHER_TOOL],
-        tool_choice="auto",
-        stream_options={"include_usage": True},
-    ) as stream:
-        for event in stream:
-            if event.type == "chunk" and event.chunk.choices:
-                # exo sends reasoning as `delta.reasoning_content`, an extension the SDK keeps as an extra field.
-                reasoning = (event.chunk.choices[0].delta.model_extra or {}).get("reasoning_content")
-                if isinstance(reasoning, str):
-                    print(reasoning, end="", flush=True, file=sys.stderr)
-            elif event.type == "content.delta":
-                print(event.delta, end="", flush=True)
-            elif event.type == "tool_calls.function.arguments.done":
-                print(f"\n→ {event.name}({event.arguments})", flush=True)
-        completion = stream.get_final_completion()
-    if completion.usage is not None:
-        print(f"\n[{completion.usage.prompt_tokens} prompt + {completion.usage.completion_tokens} completion tokens]")
-    return completion.choices[0].message
+def _evaluate(node: ast.expr) -> float:
+    # Only the node types below are accepted: names, calls, attributes, subscripts and the rest never evaluate.
+    match node:
+        case ast.Constant(value=bool()):
+            raise CalculationError("booleans are not numbers here")
+        case ast.Constant(value=int() | float() as value):
+            return value
+        case ast.UnaryOp(op=ast.USub(), operand=operand):
+            return -_evaluate(operand)
+        case ast.BinOp(left=left, op=op, right=right) if type(op) in _BINARY_OPERATORS:
+            left_value, right_value = _evaluate(left), _evaluate(right)
+            if isinstance(op, ast.Pow):
+                _check_power(left_value, right_value)
+            try:
+                result: float = _BINARY_OPERATORS[type(op)](left_value, right_value)
+            except (ZeroDivisionError, OverflowError) as error:
+                raise CalculationError(str(error)) from None
+            if isinstance(result, int) and result.bit_length() > MAX_RESULT_BITS:
+                raise CalculationError("result too large")
+            if isinstance(result, complex):  # a negative number to a fractional power
+                raise CalculationError("result is not a real number")
+            return result
+        case _:
+            raise CalculationError(f"{type(node).__name__} is not allowed; use numbers and + - * / ** % ( )")
 
 
-def tool_loop(client: OpenAI, model: str, prompt: str) -> None:
-    """Ask, run every requested tool, send the results back, until the model answers in text."""
+def _check_power(base: float, exponent: float) -> None:
+    # Estimate the size before computing: 9 ** 10 ** 6 would otherwise take seconds and megabytes.
+    if abs(base) > 1 and exponent * math.log2(abs(base)) > MAX_RESULT_BITS:
+        raise CalculationError("result too large")
+
+
+class LocalTime(BaseModel):
+    timezone: str
+    time: str
+
+
+def get_time(timezone: Annotated[str, Field(description="IANA time zone, e.g. Europe/Paris")]) -> LocalTime:
+    """Get the current time in a timezone."""
+    return LocalTime(timezone=timezone, time=datetime.now(ZoneInfo(timezone)).isoformat(timespec="seconds"))
+
+
+EXAMPLE_TOOLS: tuple[Callable[..., object], ...] = (get_weather, calculate, get_time)
+
+
+def example_registry(names: Iterable[str], timeout_seconds: float = DEFAULT_TOOL_TIMEOUT_SECONDS) -> ToolRegistry:
+    """A registry holding the example tools with these names (small models do best with only the tools they need)."""
+    registry = ToolRegistry(timeout_seconds)
+    for function in EXAMPLE_TOOLS:
+        if function.__name__ in names:
+            registry.register(function)
+    return registry
+
+
+# ----------------------------------------------------------------------------------------------- the agent loop
+
+
+class ToolCallRequest(BaseModel):
+    """A call the model asked for, assembled from its streamed pieces."""
+
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+class AssistantTurn(BaseModel):
+    content: str
+    tool_calls: list[ToolCallRequest]
+
+
+class AgentResult(BaseModel):
+    """The final answer (None when the turn limit ran out first) and every tool call made on the way."""
+
+    answer: str | None
+    tool_runs: list[ToolRun]
+
+
+def stream_turn(
+    client: OpenAI,
+    model: str,
+    messages: list[ChatCompletionMessageParam],
+    tools: list[ChatCompletionFunctionToolParam],
+    output: TextIO,
+) -> AssistantTurn:
+    """Stream one assistant turn: print text as it arrives, and assemble tool calls from their deltas by index."""
+    content: list[str] = []
+    calls: dict[int, ToolCallRequest] = {}
+    for chunk in client.chat.completions.create(model=model, messages=messages, tools=tools, stream=True):
+        for choice in chunk.choices:
+            delta = choice.delta
+            # exo streams reasoning as `delta.reasoning_content`, an extension the SDK keeps as an extra field.
+            reasoning = (delta.model_extra or {}).get("reasoning_content")
+            if isinstance(reasoning, str):
+                print(reasoning, end="", flush=True, file=sys.stderr)
+            if delta.content:
+                content.append(delta.content)
+                print(delta.content, end="", flush=True, file=output)
+            # The first delta of a call carries its id and name; the arguments arrive as string pieces after it.
+            for piece in delta.tool_calls or []:
+                call = calls.setdefault(piece.index, ToolCallRequest())
+                call.id = piece.id or call.id
+                if piece.function is not None:
+                    call.name += piece.function.name or ""
+                    call.arguments += piece.function.arguments or ""
+    if content:
+        print(file=output)
+    return AssistantTurn(content="".join(content), tool_calls=[calls[index] for index in sorted(calls)])
+
+
+def complete_turn(
+    client: OpenAI,
+    model: str,
+    messages: list[ChatCompletionMessageParam],
+    tools: list[ChatCompletionFunctionToolParam],
+    output: TextIO,
+) -> AssistantTurn:
+    """One assistant turn without streaming."""
+    message = client.chat.completions.create(model=model, messages=messages, tools=tools).choices[0].message
+    if message.content:
+        print(message.content, file=output)
+    calls = [
+        ToolCallRequest(id=call.id, name=call.function.name, arguments=call.function.arguments)
+        for call in message.tool_calls or []
+        if call.type == "function"
+    ]
+    return AssistantTurn(content=message.content or "", tool_calls=calls)
+
+
+def run_agent(
+    client: OpenAI,
+    model: str,
+    prompt: str,
+    registry: ToolRegistry,
+    *,
+    stream: bool = True,
+    max_turns: int = DEFAULT_MAX_TURNS,
+    output: TextIO = sys.stdout,
+) -> AgentResult:
+    """Ask, run every tool the model calls, send the results back, and repeat until it answers in text."""
     messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompt}]
-    for _ in range(MAX_ROUNDS):
-        message = stream_turn(client, model, messages)
-        calls = [call for call in message.tool_calls or [] if call.type == "function"]
-        if not calls:
-            return
-        tool_calls: list[ChatCompletionMessageFunctionToolCallParam] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.function.name, "arguments": call.function.arguments},
-            }
-            for call in calls
-        ]
-        messages.append({"role": "assistant", "content": message.content, "tool_calls": tool_calls})
-        for call in calls:
-            result = run_tool(call.function.name, call.function.arguments)
-            print(f"← {result}")
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    print(f"\nstopped after {MAX_ROUNDS} rounds of tool calls", file=sys.stderr)
+    tool_runs: list[ToolRun] = []
+    take_turn = stream_turn if stream else complete_turn
+    for _ in range(max_turns):
+        turn = take_turn(client, model, messages, registry.definitions(), output)
+        if not turn.tool_calls:
+            return AgentResult(answer=turn.content, tool_runs=tool_runs)
+        messages.append({"role": "assistant", "content": turn.content or None, "tool_calls": _as_params(turn)})
+        for call in turn.tool_calls:
+            print(f"→ {call.name}({call.arguments})", file=output)
+            run = registry.run(call.name, call.arguments)
+            print(f"← {run.result}", file=output)
+            tool_runs.append(run)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": run.result})
+    return AgentResult(answer=None, tool_runs=tool_runs)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Run a streamed tool-calling loop against an exo node.")
+def _as_params(turn: AssistantTurn) -> Iterable[ChatCompletionMessageFunctionToolCallParam]:
+    return [
+        {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+        for call in turn.tool_calls
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line, run the agent once, and return the exit status."""
+    parser = argparse.ArgumentParser(description="A tool-calling agent against an exo node (openai SDK).")
     parser.add_argument("--base-url", default=DEFAULT_BASE_URL, help=f"exo API address (default {DEFAULT_BASE_URL})")
     parser.add_argument("--model", help="model id (default: the first model in /v1/models)")
-    parser.add_argument("--api-key", default=os.environ.get("EXO_API_KEY", "not-needed"), help="if exo has one")
-    parser.add_argument("--prompt", default="What's the weather in Paris right now?", help="the user's question")
-    arguments = parser.parse_args()
+    parser.add_argument("--api-key", default="not-needed", help="only if your server wants one")
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"the user's question (default {DEFAULT_PROMPT!r})")
+    parser.add_argument("--no-stream", action="store_true", help="wait for whole answers instead of streaming")
+    parser.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS, help="model turns before giving up")
+    parser.add_argument("--tool-timeout", type=float, default=DEFAULT_TOOL_TIMEOUT_SECONDS, help="seconds per call")
+    tool_names = [function.__name__ for function in EXAMPLE_TOOLS]
+    parser.add_argument("--tools", nargs="+", choices=tool_names, default=tool_names, help="the tools to offer")
+    arguments = parser.parse_args(argv)
     client = OpenAI(base_url=arguments.base_url, api_key=arguments.api_key)
     model: str = arguments.model or client.models.list().data[0].id
-    tool_loop(client, model, arguments.prompt)
+    result = run_agent(
+        client,
+        model,
+        arguments.prompt,
+        example_registry(arguments.tools, arguments.tool_timeout),
+        stream=not arguments.no_stream,
+        max_turns=arguments.max_turns,
+    )
+    if result.answer is None:
+        print(f"no answer after {arguments.max_turns} turns", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
