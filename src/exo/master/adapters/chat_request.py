@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from jsonschema import SchemaError
 from jsonschema.validators import validator_for
+from pydantic import JsonValue
 
 from exo.master.errors import ApiError
 from exo.shared.types.api import (
@@ -24,17 +25,10 @@ from exo.shared.types.tasks import ChatCompletionTaskParams, PromptMessage, Prom
 
 logger = logging.getLogger(__name__)
 
-# Request fields accepted for compatibility but not acted on (yet): clients such as opencode, the AI SDK or scripts
-# written for vLLM send them routinely, and rejecting them would break those clients for no benefit. Each one either
-# has no effect on a single local completion (user, store, metadata…) or is a sampling knob the engine does not
-# implement; docs/OPERATIONS.md lists them.
+# Request fields accepted for compatibility but not acted on: clients such as opencode, the AI SDK or scripts
+# written for vLLM send them routinely, and rejecting them would break those clients for no benefit. Each one has no
+# effect on a single local completion (user, store, metadata…); docs/OPERATIONS.md lists them.
 IGNORED_REQUEST_FIELDS = (
-    "frequency_penalty",
-    "presence_penalty",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "chat_template_kwargs",
     "reasoning_effort",
     "verbosity",
     "top_logprobs",
@@ -188,10 +182,34 @@ def sampling_params(request: ChatCompletionRequest) -> SamplingParams:
     return SamplingParams(
         temperature=request.temperature if request.temperature is not None else 0.0,
         top_p=request.top_p if request.top_p is not None else 1.0,
+        top_k=max(request.top_k or 0, 0),
+        min_p=request.min_p or 0.0,
+        repetition_penalty=request.repetition_penalty,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
         seed=request.seed,
         max_tokens=max_tokens,
         stop=tuple(stop),
     )
+
+
+# Template variables exo sets itself: a client overriding them would break the prompt (and tool) rendering.
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"messages", "conversation", "tools", "documents", "add_generation_prompt", "continue_final_message", "tokenize"}
+)
+
+
+def chat_template_kwargs(request: ChatCompletionRequest) -> dict[str, JsonValue]:
+    """The client's extra chat-template variables (e.g. `enable_thinking`), minus the ones exo must control."""
+    kwargs = dict(request.chat_template_kwargs or {})
+    reserved = sorted(_RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+    if reserved:
+        raise ApiError(
+            400,
+            f"chat_template_kwargs may not set {', '.join(reserved)}: exo renders those from the request itself",
+            param="chat_template_kwargs",
+        )
+    return kwargs
 
 
 def reject_unsupported_features(request: ChatCompletionRequest) -> None:
@@ -220,5 +238,6 @@ def to_command(request: ChatCompletionRequest, model_id: ModelId) -> ChatComplet
         messages=normalise_messages(request.messages),
         tool_policy=tool_policy(request),
         sampling=sampling_params(request),
+        chat_template_kwargs=chat_template_kwargs(request),
     )
     return ChatCompletionCommand(command_id=new_command_id(), model_id=model_id, params=params)

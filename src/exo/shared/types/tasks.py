@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, JsonValue
 
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.common import CommandId, FrozenModel, ModelId, TaskId
@@ -42,6 +42,13 @@ class ToolPolicy(FrozenModel):
 class SamplingParams(FrozenModel):
     temperature: float = 0.0
     top_p: float = 1.0
+    # 0 keeps every token (vLLM's -1 is mapped to 0 by the API).
+    top_k: int = 0
+    min_p: float = 0.0
+    # None or 0 leaves the logits alone; applied by mlx-lm's processors over the last 20 tokens.
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     seed: int | None = None
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
@@ -51,6 +58,8 @@ class ChatCompletionTaskParams(FrozenModel):
     messages: tuple[PromptMessage, ...]
     tool_policy: ToolPolicy = Field(default_factory=ToolPolicy)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
+    # Extra variables for the model's chat template (e.g. Qwen3's `enable_thinking`).
+    chat_template_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
 
 
 class ChatCompletionTask(FrozenModel):

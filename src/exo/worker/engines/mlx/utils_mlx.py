@@ -3,6 +3,7 @@
 import json
 import logging
 import platform
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -116,12 +117,16 @@ def apply_chat_template(
     tokenizer: TokenizerWrapper,
     messages: tuple[PromptMessage, ...],
     tool_policy: ToolPolicy,
+    template_kwargs: Mapping[str, object] | None = None,
 ) -> RenderedPrompt:
-    """Render `messages` (and the offered tools) into prompt tokens with the model's own chat template."""
+    """Render `messages` (and the offered tools) into prompt tokens with the model's own chat template.
+
+    `template_kwargs` are extra template variables from the client (the API has already refused reserved names).
+    """
     template = chat_template_text(tokenizer)
     offered = tool_policy.tools if tool_policy.mode != "none" else ()
     template_messages = to_template_messages(messages, chat_template=template, tools=offered)
-    kwargs: dict[str, Any] = {"add_generation_prompt": True}
+    kwargs: dict[str, Any] = {**(template_kwargs or {}), "add_generation_prompt": True}
     if offered and template is not None and "tools" in template:
         kwargs["tools"] = _tool_dicts(offered)
     if template_messages and template_messages[-1]["role"] == "assistant":

@@ -76,7 +76,7 @@ def run_chat_completion(
     loaded = context.loaded
     params = task.params
     try:
-        prompt = apply_chat_template(loaded.tokenizer, params.messages, params.tool_policy)
+        prompt = apply_chat_template(loaded.tokenizer, params.messages, params.tool_policy, params.chat_template_kwargs)
         max_tokens = clamp_max_tokens(params.sampling.max_tokens, len(prompt.tokens), loaded.context_length)
     except ContextLengthExceededError as error:
         yield ErrorChunk(

@@ -5,7 +5,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import stream_generate
-from mlx_lm.sample_utils import make_sampler
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from exo.shared.types.tasks import SamplingParams
 from exo.shared.types.worker.runner_response import GenerationResponse
@@ -44,7 +44,19 @@ def generate_tokens(
     """
     if sampling.seed is not None:
         mx.random.seed(sampling.seed)
-    sampler = make_sampler(temp=sampling.temperature, top_p=sampling.top_p if sampling.top_p < 1.0 else 0.0)
+    sampler = make_sampler(
+        temp=sampling.temperature,
+        top_p=sampling.top_p if sampling.top_p < 1.0 else 0.0,
+        min_p=sampling.min_p,
+        top_k=sampling.top_k,
+    )
+    # Penalties first: a grammar constraint must see (and mask) the final logits.
+    penalties = make_logits_processors(
+        repetition_penalty=sampling.repetition_penalty,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+    )
+    processors = [*penalties, *logits_processors]
     for response in stream_generate(
         loaded.model,
         loaded.tokenizer,
@@ -52,7 +64,7 @@ def generate_tokens(
         max_tokens=max_tokens,
         sampler=sampler,
         prompt_cache=prompt_cache,
-        logits_processors=list(logits_processors) or None,
+        logits_processors=processors or None,
     ):
         finish = response.finish_reason
         yield GenerationResponse(
