@@ -173,7 +173,8 @@ class ToolRegistry:
             arguments = tool.arguments.model_validate_json(arguments_json or "{}")
         except ValidationError as error:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in error.errors())
-            return _failed(name, arguments_json, "invalid_arguments", problems)
+            received = arguments_json if len(arguments_json) <= 200 else arguments_json[:200] + "…"
+            return _failed(name, arguments_json, "invalid_arguments", f"{problems} (received {received!r})")
         try:
             result = call_with_timeout(lambda: tool.function(**dict(arguments)), self.timeout_seconds)
         except TimeoutError:
@@ -372,31 +373,45 @@ def run_agent(
     *,
     stream: bool = True,
     max_turns: int = DEFAULT_MAX_TURNS,
-    output: TextIO = sys.stdout,
+    output: TextIO | None = None,
 ) -> AgentResult:
-    """Ask, run every tool the model calls, send the results back, and repeat until it answers in text."""
+    """Ask, run every tool the model calls, send the results back, and repeat until it answers in text.
+
+    Text and tool activity are printed to `output` (standard output by default) as they happen.
+    """
+    destination = output or sys.stdout
     messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompt}]
     tool_runs: list[ToolRun] = []
     take_turn = stream_turn if stream else complete_turn
     for _ in range(max_turns):
-        turn = take_turn(client, model, messages, registry.definitions(), output)
+        turn = take_turn(client, model, messages, registry.definitions(), destination)
         if not turn.tool_calls:
             return AgentResult(answer=turn.content, tool_runs=tool_runs)
         messages.append({"role": "assistant", "content": turn.content or None, "tool_calls": _as_params(turn)})
         for call in turn.tool_calls:
-            print(f"→ {call.name}({call.arguments})", file=output)
+            print(f"→ {call.name}({call.arguments})", file=destination)
             run = registry.run(call.name, call.arguments)
-            print(f"← {run.result}", file=output)
+            print(f"← {run.result}", file=destination)
             tool_runs.append(run)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": run.result})
     return AgentResult(answer=None, tool_runs=tool_runs)
 
 
 def _as_params(turn: AssistantTurn) -> Iterable[ChatCompletionMessageFunctionToolCallParam]:
+    # Servers render past arguments into the prompt as JSON and refuse a history whose arguments are not JSON, so
+    # a broken call goes back as `{}`; its tool result quotes what the model actually sent.
     return [
-        {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+        {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": _json_or_empty(call)}}
         for call in turn.tool_calls
     ]
+
+
+def _json_or_empty(call: ToolCallRequest) -> str:
+    try:
+        json.loads(call.arguments)
+    except json.JSONDecodeError:
+        return "{}"
+    return call.arguments
 
 
 def main(argv: list[str] | None = None) -> int:
