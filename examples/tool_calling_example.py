@@ -15,6 +15,12 @@ Start exo, then run the example (with no --model it uses the first model exo ser
     uv run python examples/tool_calling_example.py --prompt "What is (2 + 3) * 7 - 2 ** 5?" --no-stream
     uv run python examples/tool_calling_example.py --tools get_time --prompt "What time is it in Tokyo?"
 
+Offline, with the repository's tiny test model (trained on one prompt and only the get_weather tool; it answers
+sensibly only after the made-up result it was trained on, so expect its final text to be odd):
+
+    uv run exo --model tests/fixtures/models/tiny-qwen-tools
+    uv run python examples/tool_calling_example.py --tools get_weather --prompt "What is the weather in Paris?"
+
 The tools run locally and offline: the weather is made up (but the same for a city every time), the calculator
 parses arithmetic with `ast` and never calls `eval`, and the clock reads the IANA time zone database.
 """
