@@ -115,17 +115,6 @@ CASES = [
         "does not match any earlier assistant tool call",
         param="messages[2].tool_call_id",
     ),
-    BadRequest(
-        "history_tool_call_arguments_not_json",
-        {
-            "messages": [
-                *HELLO,
-                {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "{oops"}}]},
-            ]
-        },
-        400,
-        "is not valid JSON",
-    ),
     BadRequest("tool_not_type_function", {"tools": [tool("search", tool_type="retrieval")]}, 400, "must be 'function'"),
     BadRequest("duplicate_tool_names", {"tools": [tool("get_weather"), tool("get_weather")]}, 400, "duplicate tool"),
     BadRequest("tool_name_with_spaces", {"tools": [tool("get weather")]}, 400, "must be 1-64 letters"),

@@ -1,6 +1,5 @@
 """OpenAI chat request → ChatCompletionCommand, rejecting what cannot be honoured with a clear 400."""
 
-import json
 import logging
 from collections.abc import Sequence
 
@@ -59,14 +58,10 @@ def _content_text(content: str | list[ContentPart] | None, where: str) -> str:
     return "".join(texts)
 
 
-def _tool_call(call: ToolCall, where: str) -> PromptToolCall:
-    arguments = call.function.arguments
-    if isinstance(arguments, str) and arguments.strip():
-        try:
-            json.loads(arguments)
-        except json.JSONDecodeError as error:
-            raise ApiError(400, f"{where}.function.arguments is not valid JSON: {error}") from error
-    return PromptToolCall(call_id=call.id or "", name=call.function.name, arguments=arguments)
+def _tool_call(call: ToolCall) -> PromptToolCall:
+    # Arguments that are not JSON (a call the model cut off at max_tokens, sent back by the agent) are kept as
+    # text: OpenAI accepts them, and the template renders the string as the model wrote it.
+    return PromptToolCall(call_id=call.id or "", name=call.function.name, arguments=call.function.arguments)
 
 
 def normalise_messages(messages: Sequence[ChatMessage]) -> tuple[PromptMessage, ...]:
@@ -77,9 +72,7 @@ def normalise_messages(messages: Sequence[ChatMessage]) -> tuple[PromptMessage, 
     result: list[PromptMessage] = []
     for position, message in enumerate(messages):
         where = f"messages[{position}]"
-        calls = tuple(
-            _tool_call(call, f"{where}.tool_calls[{index}]") for index, call in enumerate(message.tool_calls or [])
-        )
+        calls = tuple(_tool_call(call) for call in message.tool_calls or [])
         known_call_ids.update(call.call_id for call in calls if call.call_id)
         if message.role == "tool":
             if not message.tool_call_id:
