@@ -39,7 +39,16 @@ def test_every_format_passes_every_case(capsys: pytest.CaptureFixture[str]) -> N
     failed = [result for result in results if not result.passed]
     assert failed == []
     cases = {result.case for result in results}
-    assert {"single", "parallel", "after_content", "split_segments", "after_reasoning", "unknown_tool"} <= cases
+    assert {
+        "single",
+        "parallel",
+        "after_content",
+        "split_segments",
+        "after_reasoning",
+        "think_after_content",
+        "think_after_call",
+        "unknown_tool",
+    } <= cases
 
 
 def test_format_option_restricts_the_run(capsys: pytest.CaptureFixture[str]) -> None:
@@ -113,6 +122,8 @@ def test_an_encoder_that_puts_every_call_at_index_0_fails_parallel_cases(
         "after_content": True,
         "split_segments": False,
         "after_reasoning": True,
+        "think_after_content": True,
+        "think_after_call": True,
         "unknown_tool": True,
     }
 

@@ -3,9 +3,10 @@
 Each format has a renderer from calls to model text (its markers, its way of writing arguments); the cases
 are built from it: one call, two parallel calls, a call after content, the parallel text again fed in
 1–3 character segments (markers split across "tokens"), a call after a reasoning block that itself shows a
-call (which must stay reasoning), and a call to a tool the request does not have (which must come back as
-content, raw). A few formats add the marker-less forms their models also produce (a bare JSON object, a bare
-pythonic list).
+call (which must stay reasoning), a think block written after content and one after a call (both plain
+content: reasoning opens only at the start of the reply), and a call to a tool the request does not have
+(which must come back as content, raw). A few formats add the marker-less forms their models also produce
+(a bare JSON object, a bare pythonic list).
 """
 
 import json
@@ -27,6 +28,8 @@ WEATHER_TOOL = FunctionDefinition(
     },
 )
 CONTENT_BEFORE_CALL = "Let me check the weather."
+LATE_THINK_BLOCK = "<think>Rome is cooler.</think>"
+"""Think markers after the answer began: plain content (reasoning only opens at the start of the reply)."""
 
 
 class SampleCall(FrozenModel):
@@ -247,6 +250,20 @@ def cases_for(tool_format: ToolFormatName) -> list[ConformanceCase]:
             segments=small_segments(f"<think>{thought}</think>\n{render([PARIS])}"),
             calls=(PARIS,),
             reasoning=thought,
+        ),
+        ConformanceCase(
+            tool_format=tool_format,
+            case="think_after_content",
+            segments=small_segments(f"{CONTENT_BEFORE_CALL} {LATE_THINK_BLOCK}\n{render([ROME])}"),
+            calls=(ROME,),
+            content=f"{CONTENT_BEFORE_CALL} {LATE_THINK_BLOCK}",
+        ),
+        ConformanceCase(
+            tool_format=tool_format,
+            case="think_after_call",
+            segments=small_segments(f"{render([PARIS])}{LATE_THINK_BLOCK}"),
+            calls=(PARIS,),
+            content=LATE_THINK_BLOCK,
         ),
         ConformanceCase(
             tool_format=tool_format,

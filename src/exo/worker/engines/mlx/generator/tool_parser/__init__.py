@@ -17,6 +17,8 @@ Emission
   the schema says object/array, 5.0 → 5 where it says integer only. Nothing is ever invented. Raw control
   characters inside strings are written as JSON escapes (the same string value, now valid JSON).
 - Inside reasoning (`<think>…</think>`, or from the start when `starts_in_reasoning`) nothing is a call.
+  Reasoning opens only before the answer: once content (other than whitespace) or a tool call was emitted,
+  `<think>` and `</think>` are plain content, so reasoning never follows the answer.
 
 Failure rule
 - BEFORE a call is committed (its name parsed and found in the request's tools) any failure (malformed

@@ -170,6 +170,11 @@ class ToolStreamParser:
 
     # ---- internals ---------------------------------------------------------------------------------
 
+    @property
+    def _answer_started(self) -> bool:
+        """True once content (not just whitespace) or a tool call went out: reasoning can no longer open."""
+        return self._content_started or self._emitted > 0
+
     def _drain(self) -> list[ParsedChunk]:
         out, self._out = self._out, []
         return out
@@ -204,7 +209,11 @@ class ToolStreamParser:
         result = self._content_scanner.scan(text, position)
         self._emit_content(result.released)
         if result.marker is not None and result.marker == self._reasoning_start:
-            self._in_reasoning = True
+            if self._answer_started:
+                # Contract rule 10: reasoning comes first. A think marker after the answer began is just text.
+                self._emit_content(result.marker)
+            else:
+                self._in_reasoning = True
         elif result.marker is not None:
             self._open_region(self._format.open_region(result.marker, self), result.marker)
         return result.position
