@@ -304,7 +304,8 @@ class _StreamWalker:
         if len(self._finish_reasons) != 1:
             self.violate("8-finish", f"{len(self._finish_reasons)} finish chunks (exactly one is required)")
         reason = self._finish_reasons[0] if self._finish_reasons else None
-        # After calls, "length" is the failure rule's report of a call cut off by max_tokens.
+        # After calls only "tool_calls" will do, a named tool_choice included (agent loops run calls on it alone);
+        # "length" is the failure rule's report of a call cut off by max_tokens.
         if self._calls and reason not in ("tool_calls", "length"):
             self.violate("8-finish", f"{len(self._calls)} tool call(s) but finish_reason {reason!r}")
         if not self._calls and reason == "tool_calls":

@@ -58,12 +58,11 @@ def _make_parser(context: EngineContext, policy: ToolPolicy, reasoning: Reasonin
     )
 
 
-def _finish_reason(
-    generation_finish: FinishReason | None, parser: ToolStreamParser, policy: ToolPolicy
-) -> FinishReason:
+def _finish_reason(generation_finish: FinishReason | None, parser: ToolStreamParser) -> FinishReason:
     if parser.tool_calls_emitted and generation_finish != "length":
-        # OpenAI answers "stop" when the caller forced a named function.
-        return "stop" if policy.mode == "named" else "tool_calls"
+        # Every tool_choice alike, a named one included (where OpenAI says "stop"): agent loops (AI SDK,
+        # opencode, openai-python agents) run the calls only when finish_reason is "tool_calls".
+        return "tool_calls"
     return "length" if generation_finish == "length" else "stop"
 
 
@@ -148,7 +147,7 @@ def run_chat_completion(
     for reason in parser.failures:
         logger.warning("task %s: tool call not parsed as intended: %s", task.task_id, reason)
     yield FinishChunk(
-        finish_reason=_finish_reason(generation_finish, parser, params.tool_policy),
+        finish_reason=_finish_reason(generation_finish, parser),
         usage=Usage(
             prompt_tokens=len(prompt.tokens),
             completion_tokens=len(generated),
