@@ -159,6 +159,15 @@ def test_finish_stop_after_tool_calls_is_flagged() -> None:
     assert "8-finish" in broken_rules(payloads)
 
 
+def test_named_tool_choice_expects_stop_after_its_call_as_openai_sends() -> None:
+    stopped = streams.tool_call_stream()
+    stopped[7] = streams.finish("stop")
+    assert stream_violations(stopped, include_usage=True, named_tool_choice=True) == []
+    # ...and "tool_calls" is then the deviation from OpenAI.
+    rules = {v.rule for v in stream_violations(streams.tool_call_stream(), include_usage=True, named_tool_choice=True)}
+    assert "8-finish" in rules
+
+
 def test_finish_tool_calls_without_a_call_is_flagged() -> None:
     payloads = [streams.role(), streams.content("Hi"), streams.finish("tool_calls"), streams.usage(), DONE_PAYLOAD]
     assert "8-finish" in broken_rules(payloads)

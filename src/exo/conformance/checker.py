@@ -16,13 +16,15 @@ def sse_payloads(body: str) -> list[str]:
     return payloads
 
 
-def check_stream(payloads: Sequence[str], *, include_usage: bool) -> StreamCheck:
+def check_stream(payloads: Sequence[str], *, include_usage: bool, named_tool_choice: bool = False) -> StreamCheck:
     """Every contract violation of one streamed response, plus any disagreement of openai-python's accumulator."""
-    walked = walk_stream(payloads, include_usage=include_usage)
+    walked = walk_stream(payloads, include_usage=include_usage, named_tool_choice=named_tool_choice)
     extra = openai_violations(payloads, walked.summary)
     return StreamCheck(summary=walked.summary, violations=(*walked.violations, *extra))
 
 
-def stream_violations(payloads: Sequence[str], *, include_usage: bool) -> list[Violation]:
+def stream_violations(
+    payloads: Sequence[str], *, include_usage: bool, named_tool_choice: bool = False
+) -> list[Violation]:
     """The violations alone: empty when the stream is safe for openai-python and the AI SDK."""
-    return list(check_stream(payloads, include_usage=include_usage).violations)
+    return list(check_stream(payloads, include_usage=include_usage, named_tool_choice=named_tool_choice).violations)

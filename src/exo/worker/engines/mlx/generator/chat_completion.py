@@ -58,12 +58,16 @@ def _make_parser(context: EngineContext, policy: ToolPolicy, reasoning: Reasonin
     )
 
 
-def _finish_reason(generation_finish: FinishReason | None, parser: ToolStreamParser) -> FinishReason:
-    if parser.tool_calls_emitted and generation_finish != "length":
-        # Every tool_choice alike, a named one included (where OpenAI says "stop"): agent loops (AI SDK,
-        # opencode, openai-python agents) run the calls only when finish_reason is "tool_calls".
+def _finish_reason(
+    generation_finish: FinishReason | None, parser: ToolStreamParser, policy: ToolPolicy
+) -> FinishReason:
+    if generation_finish == "length":
+        return "length"
+    # OpenAI answers "stop" for a call forced by a named tool_choice (the caller asked for exactly that call and
+    # needs no loop signal); every other reply with calls is "tool_calls", which agent loops run the calls on.
+    if parser.tool_calls_emitted and policy.mode != "named":
         return "tool_calls"
-    return "length" if generation_finish == "length" else "stop"
+    return "stop"
 
 
 def run_chat_completion(
@@ -147,7 +151,7 @@ def run_chat_completion(
     for reason in parser.failures:
         logger.warning("task %s: tool call not parsed as intended: %s", task.task_id, reason)
     yield FinishChunk(
-        finish_reason=_finish_reason(generation_finish, parser),
+        finish_reason=_finish_reason(generation_finish, parser, params.tool_policy),
         usage=Usage(
             prompt_tokens=len(prompt.tokens),
             completion_tokens=len(generated),
