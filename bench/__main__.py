@@ -1,6 +1,7 @@
 """`uv run python -m bench [--model SPEC] [--quick] [--output PATH] [--note TEXT] [--results-json PATH]`.
 
-Measures and writes the report; `--render JSON` re-renders a saved run without measuring."""
+Measures and writes the report; `--render JSON` re-renders a saved run without measuring; `--only constrained
+--base JSON` measures that section alone and renders it together with the other sections' saved numbers."""
 
 import argparse
 import asyncio
@@ -15,11 +16,19 @@ from types import FrameType
 import httpx
 
 from bench.charts import write_charts
+from bench.constrained import measure_constrained
 from bench.machine import machine_info
 from bench.parser_cost import measure_parser_cost
 from bench.raw_baseline import RawBaseline, running_raw_baseline
 from bench.report import render_markdown
-from bench.results import AgentSeries, BenchReport, BenchSettings, ConcurrencyRow, DecodeRow
+from bench.results import (
+    AgentSeries,
+    BenchReport,
+    BenchSettings,
+    ConcurrencyRow,
+    ConstrainedSettings,
+    DecodeRow,
+)
 from bench.sections import (
     measure_agent,
     measure_concurrency,
@@ -29,7 +38,7 @@ from bench.sections import (
     warm_up,
 )
 from bench.servers import RunningServer, running_exo, running_mlx_lm_server
-from bench.settings import FULL, QUICK
+from bench.settings import CONSTRAINED_FULL, CONSTRAINED_QUICK, FULL, QUICK
 from bench.targets import RAW
 from bench.workloads import agent_tools
 from exo.models.resolve import ResolvedModel, default_models_dir, resolve_model
@@ -37,6 +46,8 @@ from exo.models.resolve import ResolvedModel, default_models_dir, resolve_model
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 QUICK_MODEL = REPOSITORY_ROOT / "tests" / "fixtures" / "models" / "tiny-qwen-tools"
 DEFAULT_OUTPUT = REPOSITORY_ROOT / "docs" / "PERFORMANCE.md"
+SECTIONS = ("constrained",)
+"""Sections `--only` can measure alone (the others share servers that one run starts)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--results-json", type=Path, help="also save the measured numbers as JSON here")
     parser.add_argument(
         "--render", type=Path, metavar="JSON", help="measure nothing: render the report from a --results-json file"
+    )
+    parser.add_argument(
+        "--only", choices=SECTIONS, help="measure this section alone; the rest of the report comes from --base"
+    )
+    parser.add_argument(
+        "--base", type=Path, metavar="JSON", help="with --only: a --results-json file holding the other sections"
     )
     return parser
 
@@ -80,7 +97,9 @@ async def _measure_servers(
     return decode, agent, concurrency
 
 
-def run_bench(model: ResolvedModel, settings: BenchSettings, work_dir: Path) -> BenchReport:
+def run_bench(
+    model: ResolvedModel, settings: BenchSettings, constrained: ConstrainedSettings, work_dir: Path
+) -> BenchReport:
     """Measure every section on `model`; every subprocess is stopped before returning, also on errors."""
     started = time.monotonic()
     _progress("tool-stream parser cost")
@@ -95,6 +114,8 @@ def run_bench(model: ResolvedModel, settings: BenchSettings, work_dir: Path) -> 
         running_mlx_lm_server(float32_copy, work_dir) as peer,
     ):
         decode, agent, concurrency = asyncio.run(_measure_servers(raw, exo, peer, settings))
+    _progress("grammar-constrained decoding: compile times, then decode per tool_choice in turn")
+    constrained_report = measure_constrained(model.path, constrained)
     return BenchReport(
         model_id=model.model_id,
         model_path=str(model.path),
@@ -105,6 +126,7 @@ def run_bench(model: ResolvedModel, settings: BenchSettings, work_dir: Path) -> 
         parser=parser,
         concurrency=concurrency,
         wall_s=time.monotonic() - started,
+        constrained=constrained_report,
     )
 
 
@@ -112,25 +134,49 @@ def _exit_on_signal(signal_number: int, _frame: FrameType | None) -> None:
     sys.exit(128 + signal_number)
 
 
-def _measure(model_spec: str | None, *, quick: bool) -> BenchReport:
+def _resolve(model_spec: str | None, *, quick: bool) -> ResolvedModel:
     # Turn SIGTERM into SystemExit so the `finally` blocks stop exo and mlx_lm.server (they run in their own sessions
     # and would otherwise outlive us).
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    settings = QUICK if quick else FULL
     spec = str(QUICK_MODEL) if quick and model_spec is None else model_spec
     model = resolve_model(spec, default_models_dir())
-    _progress(f"model {model.model_id} at {model.path}; {'quick' if settings.quick else 'full'} run")
+    _progress(f"model {model.model_id} at {model.path}; {'quick' if quick else 'full'} run")
+    return model
+
+
+def _measure(model_spec: str | None, *, quick: bool) -> BenchReport:
+    model = _resolve(model_spec, quick=quick)
+    settings, constrained = (QUICK, CONSTRAINED_QUICK) if quick else (FULL, CONSTRAINED_FULL)
     with tempfile.TemporaryDirectory(prefix="exo-bench-") as scratch:
-        return run_bench(model, settings, Path(scratch))
+        return run_bench(model, settings, constrained, Path(scratch))
+
+
+def _measure_constrained_into(base_path: Path, model_spec: str | None, *, quick: bool) -> BenchReport:
+    """The saved report at `base_path` with section 5 measured afresh on its model (or on `model_spec`)."""
+    base = BenchReport.model_validate_json(base_path.read_text())
+    model = _resolve(model_spec or base.model_path, quick=quick)
+    if model.model_id != base.model_id:
+        raise SystemExit(f"--base holds numbers for {base.model_id}, not {model.model_id}: one report, one model")
+    started = time.monotonic()
+    _progress("grammar-constrained decoding: compile times, then decode per tool_choice in turn")
+    section = measure_constrained(model.path, CONSTRAINED_QUICK if quick else CONSTRAINED_FULL)
+    _progress(f"section measured in {time.monotonic() - started:.0f} s")
+    return base.model_copy(update={"constrained": section})
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the suite and write the Markdown report and its charts."""
-    arguments = build_parser().parse_args(argv)
+    parser = build_parser()
+    arguments = parser.parse_args(argv)
+    if (arguments.only is None) != (arguments.base is None):
+        parser.error("--only and --base go together")
     if arguments.render is not None:
         report = BenchReport.model_validate_json(arguments.render.read_text())
     else:
-        report = _measure(arguments.model, quick=arguments.quick)
+        if arguments.only is not None:
+            report = _measure_constrained_into(arguments.base, arguments.model, quick=arguments.quick)
+        else:
+            report = _measure(arguments.model, quick=arguments.quick)
         if arguments.results_json is not None:
             arguments.results_json.write_text(report.model_dump_json(indent=2))
     output: Path = arguments.output

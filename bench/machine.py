@@ -19,7 +19,8 @@ def blas_description() -> str:
     return f"{library} (LD_PRELOAD)"
 
 
-def _commit() -> str:
+def exo_commit() -> str:
+    """The checkout's short commit id, or "unknown" outside a git checkout."""
     completed = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
     return completed.stdout.strip() or "unknown"
 
@@ -36,5 +37,5 @@ def machine_info(matmul_gflops: float) -> MachineInfo:
         mlx_lm_version=metadata.version("mlx-lm"),
         blas=blas_description(),
         matmul_gflops=matmul_gflops,
-        exo_commit=_commit(),
+        exo_commit=exo_commit(),
     )

@@ -2,6 +2,8 @@
 
 from datetime import UTC, datetime
 
+from bench.markdown import markdown_table
+from bench.report_constrained import CONSTRAINED_TITLE, render_constrained
 from bench.results import AgentSeries, BenchReport
 from bench.targets import (
     EXO_NO_TOOLS,
@@ -22,15 +24,10 @@ SECTION_TITLES = (
     "## 2. Agent turns",
     "## 3. Tool-stream parser cost",
     "## 4. Concurrent streams",
+    CONSTRAINED_TITLE,
 )
 BUSY_LOAD_PER_CPU = 0.5
 """A 1-minute load average above this share of the CPUs means other work was running during the benchmark."""
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return [*lines, ""]
 
 
 def _machine(report: BenchReport) -> list[str]:
@@ -48,7 +45,7 @@ def _machine(report: BenchReport) -> list[str]:
         ["Model", f"{report.model_id} (`{report.model_path}`)"],
         ["Run", f"{'quick smoke run' if report.settings.quick else 'full run'}, {report.wall_s:.0f} s in all"],
     ]
-    lines = ["## Machine", "", *_table(["", ""], rows)]
+    lines = ["## Machine", "", *markdown_table(["", ""], rows)]
     if machine.load_average[0] > BUSY_LOAD_PER_CPU * machine.cpu_count:
         lines += [
             "**Taken with other work on the machine** (see the load average): absolute numbers are lower and "
@@ -66,7 +63,7 @@ def _targets(checks: list[TargetCheck]) -> list[str]:
         "",
         f"{met} of {len(checks)} targets met.",
         "",
-        *_table(["Target", "Measured", "", "Why"], rows),
+        *markdown_table(["Target", "Measured", "", "Why"], rows),
     ]
 
 
@@ -94,7 +91,7 @@ def _decode(report: BenchReport) -> list[str]:
         f"speed of {settings.decode_repeats} run(s) per system, TTFT of the first run (a prompt no cache had seen). "
         "Decode tokens/s = (completion tokens − 1) / (last token time − first token time).",
         "",
-        *_table(["System", "Decode tok/s", "× raw", "TTFT s", "Prompt tokens", "Completion tokens"], rows),
+        *markdown_table(["System", "Decode tok/s", "× raw", "TTFT s", "Prompt tokens", "Completion tokens"], rows),
         f"- exo / raw: **{format_ratio(ratio(exo_plain.decode_tokens_per_s, raw.decode_tokens_per_s))}** without "
         f"tools, {format_ratio(ratio(exo_tools.decode_tokens_per_s, raw.decode_tokens_per_s))} with tools (a longer "
         "prompt).",
@@ -132,7 +129,7 @@ def _agent(report: BenchReport) -> list[str]:
         f"max_tokens {settings.agent_max_tokens}. Cached tokens are each server's "
         "`usage.prompt_tokens_details.cached_tokens`.",
         "",
-        *_table(header, rows),
+        *markdown_table(header, rows),
         *_agent_summary(exo, others),
         "![agent turn TTFT](perf/agent_turns.png)",
         "",
@@ -166,7 +163,7 @@ def _parser(report: BenchReport) -> list[str]:
         f"{settings.parser_repeats} run(s), sizes taking turns. Characters examined per character fed is the "
         "parser's own work meter: a count, not a time, so other work on the CPU cannot disturb it.",
         "",
-        *_table(["Arguments, bytes", "Segments", "µs per segment", "Characters examined per character"], rows),
+        *markdown_table(["Arguments, bytes", "Segments", "µs per segment", "Characters examined per character"], rows),
         "![parser cost](perf/parser_cost.png)",
         "",
     ]
@@ -189,7 +186,7 @@ def _concurrency(report: BenchReport) -> list[str]:
         "tokens / time from the first request to the last token; per stream = each stream's tokens / its own wall "
         "time (waiting and prefill included), averaged.",
         "",
-        *_table(["Streams", "Aggregate tok/s", "Per-stream tok/s", "Mean TTFT s"], rows),
+        *markdown_table(["Streams", "Aggregate tok/s", "Per-stream tok/s", "Mean TTFT s"], rows),
         *_concurrency_summary(report),
         "![concurrency](perf/concurrency.png)",
         "",
@@ -253,6 +250,7 @@ def render_markdown(report: BenchReport, notes: list[str]) -> str:
         *_agent(report),
         *_parser(report),
         *_concurrency(report),
+        *(render_constrained(report.constrained) if report.constrained is not None else []),
         *_METHOD,
         *_sizes(report),
     ]

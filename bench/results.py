@@ -97,6 +97,61 @@ class BenchSettings(BenchModel):
     concurrency_max_tokens: int
 
 
+class ConstrainedSettings(BenchModel):
+    """The knobs of the constrained-decoding section (kept apart so reports saved before it existed still load)."""
+
+    decode_tools: tuple[str, ...] | None
+    """Names of the tools offered in the decode prompt; None offers the whole opencode tool set."""
+    max_tokens: int
+    repeats: int
+    """Decode runs per mode; the modes take turns within each repeat."""
+    compile_repeats: int
+
+
+class ConstrainedDecodeRow(BenchModel):
+    """Decode speed of one `tool_choice` mode on the same prompt, timed in-process around exo's `generate_tokens`."""
+
+    mode: str
+    constrained: bool
+    ms_per_token: list[float]
+    """Per run: (last token time − first token time) / (tokens − 1), so prefill is excluded."""
+    median_ms_per_token: float
+    completion_tokens: int
+    same_tokens_as_unconstrained: bool
+    """Whether the greedy output was token for token the unconstrained one (then both did identical model work)."""
+    text: str
+
+
+class GrammarCompileRow(BenchModel):
+    """Building the logits processor for one request shape (`logits_processors_for`, as the runner calls it)."""
+
+    mode: str
+    tool_count: int
+    schema_chars: int
+    """Characters of the tools' JSON (names, descriptions and parameter schemas) the grammar is built from."""
+    cold_ms: float
+    """Median over repeats with the grammar cache emptied (the llguidance tokenizer already built)."""
+    cached_ms: float
+    """Median of the same request again: the compiled grammar comes from the cache."""
+
+
+class ConstrainedReport(BenchModel):
+    """Section 5: what grammar-constrained tool calling costs per token and per request."""
+
+    settings: ConstrainedSettings
+    tool_format: str
+    prompt_tokens: int
+    vocabulary_size: int
+    decode: list[ConstrainedDecodeRow]
+    first_request_ms: float
+    """The first constrained request after the model loaded: llguidance tokenizer build plus grammar compile."""
+    tokenizer_build_ms: float
+    compile: list[GrammarCompileRow]
+    load_average: tuple[float, float, float]
+    """Load average when the section finished (it may be measured apart from the other sections)."""
+    exo_commit: str
+
+
 class BenchReport(BenchModel):
     model_id: str
     model_path: str
@@ -107,3 +162,5 @@ class BenchReport(BenchModel):
     parser: list[ParserCost]
     concurrency: list[ConcurrencyRow]
     wall_s: float
+    constrained: ConstrainedReport | None = None
+    """Absent from reports saved before the section existed."""
