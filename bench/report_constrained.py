@@ -1,5 +1,7 @@
 """Render section 5, grammar-constrained decoding, as Markdown."""
 
+import re
+
 from bench.markdown import markdown_table
 from bench.results import ConstrainedReport
 from bench.targets import CONSTRAINED_SLOWDOWN_TARGET
@@ -9,9 +11,13 @@ _TEXT_EXCERPT_CHARS = 60
 
 
 def _excerpt(text: str) -> str:
-    """The start of a reply on one table line: newlines and pipes escaped."""
+    """The start of a reply as an inline code span on one table line (newlines shown as \\n, pipes escaped)."""
     short = text[:_TEXT_EXCERPT_CHARS] + ("…" if len(text) > _TEXT_EXCERPT_CHARS else "")
-    return "`" + short.replace("\n", "\\n").replace("|", "\\|").replace("`", "'") + "`"
+    short = short.replace("\n", "\\n").replace("|", "\\|")
+    # A code span closes on a backtick run of its own length: delimit with a run longer than any in the text
+    # (replies often open with a ```json fence).
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", short)), default=0) + 1)
+    return f"{fence} {short} {fence}"
 
 
 def _decode(section: ConstrainedReport) -> list[str]:

@@ -12,7 +12,9 @@ from bench.targets import check_constrained_decode, check_targets
 from tests.bench.test_render import sample_report
 
 
-def _decode_row(mode: str, ms: float, *, constrained: bool, same: bool = True) -> ConstrainedDecodeRow:
+def _decode_row(
+    mode: str, ms: float, *, constrained: bool, same: bool = True, text: str = '<tool_call>\n{"name": "write"}'
+) -> ConstrainedDecodeRow:
     return ConstrainedDecodeRow(
         mode=mode,
         constrained=constrained,
@@ -20,7 +22,7 @@ def _decode_row(mode: str, ms: float, *, constrained: bool, same: bool = True) -
         median_ms_per_token=ms,
         completion_tokens=48,
         same_tokens_as_unconstrained=same,
-        text='<tool_call>\n{"name": "write", "arguments": {"c": "| a |"}}',
+        text=text,
     )
 
 
@@ -32,7 +34,7 @@ def sample_section(required_ms: float, named_ms: float) -> ConstrainedReport:
         prompt_tokens=5000,
         vocabulary_size=151_665,
         decode=[
-            _decode_row("tool_choice auto (unconstrained)", 200.0, constrained=False),
+            _decode_row("tool_choice auto (unconstrained)", 200.0, constrained=False, text="```json\n| a |"),
             _decode_row('tool_choice "required"', required_ms, constrained=True),
             _decode_row('tool_choice named "write"', named_ms, constrained=True, same=False),
         ],
@@ -74,7 +76,8 @@ def test_rendered_report_has_section_five_and_its_target() -> None:
     assert "## 5. Grammar-constrained decoding" in document
     assert "3 of 5 targets met." in document
     assert '| tool_choice named "write" | 218.0 | 1.090× | 219.0, 218.0, 217.0 | 48 | no |' in document
-    assert "\\| a \\|" in document  # a pipe in the reply must not break the table
+    # Pipes in a reply must not break the table, nor its code fence close the excerpt's code span.
+    assert "| ```` ```json\\n\\| a \\| ```` |" in document
     assert '| tool_choice "required", 10 tools | 10 | 20,491 | 6.50 | 0.250 |' in document
     assert "**1234 ms**" in document
 
@@ -97,8 +100,12 @@ def test_only_constrained_measures_the_fixture_model_and_keeps_the_base_numbers(
     base_path, merged_path = tmp_path / "base.json", tmp_path / "merged.json"
     base_path.write_text(base.model_dump_json())
     output = tmp_path / "out" / "PERFORMANCE.md"
-    main(["--only", "constrained", "--quick", "--base", str(base_path), "--results-json", str(merged_path)])
-    main(["--render", str(merged_path), "--output", str(output)])
+    # --output always: the default is the repository's own docs/PERFORMANCE.md.
+    main(
+        ["--only", "constrained", "--quick", "--base", str(base_path)]
+        + ["--results-json", str(merged_path)]
+        + ["--output", str(output)]
+    )
     merged = BenchReport.model_validate_json(merged_path.read_text())
     assert merged.model_copy(update={"constrained": None}) == base
     section = merged.constrained
