@@ -14,13 +14,23 @@ from exo.shared.types.api import (
     ChatMessage,
     ContentPart,
     FunctionDefinition,
+    JsonObjectResponseFormat,
+    JsonSchemaResponseFormat,
     NamedToolChoice,
     TextContentPart,
+    TextResponseFormat,
     ToolCall,
 )
 from exo.shared.types.commands import ChatCompletionCommand
 from exo.shared.types.common import ModelId, new_command_id
-from exo.shared.types.tasks import ChatCompletionTaskParams, PromptMessage, PromptToolCall, SamplingParams, ToolPolicy
+from exo.shared.types.tasks import (
+    ChatCompletionTaskParams,
+    PromptMessage,
+    PromptToolCall,
+    SamplingParams,
+    StructuredOutput,
+    ToolPolicy,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -205,16 +215,31 @@ def chat_template_kwargs(request: ChatCompletionRequest) -> dict[str, JsonValue]
     return kwargs
 
 
+def structured_output(request: ChatCompletionRequest) -> StructuredOutput | None:
+    """The JSON the reply's content must be (`response_format` json_object / json_schema), schema checked here.
+
+    A schema that is not valid JSON Schema is a 400 naming the problem; what is valid but beyond llguidance (such
+    as a `$ref` to nowhere) is refused by the runner when it compiles the grammar, also as a 400.
+    """
+    match request.response_format:
+        case None | TextResponseFormat():
+            return None
+        case JsonObjectResponseFormat():
+            return StructuredOutput(json_schema={"type": "object"})
+        case JsonSchemaResponseFormat(json_schema=spec):
+            try:
+                validator_for(spec.schema_).check_schema(spec.schema_)
+            except SchemaError as error:
+                raise ApiError(
+                    400,
+                    f"response_format.json_schema.schema is not a valid JSON Schema: {error.message}",
+                    param="response_format",
+                ) from error
+            return StructuredOutput(json_schema=spec.schema_, strict=spec.strict is True)
+
+
 def reject_unsupported_features(request: ChatCompletionRequest) -> None:
     """400 for fields that would change the answer in ways we cannot honour (rather than silently ignoring them)."""
-    if request.response_format is not None and request.response_format.type != "text":
-        raise ApiError(
-            400,
-            f"response_format type '{request.response_format.type}' is not supported; "
-            "describe the output in the prompt or use tools",
-            param="response_format",
-            code="unsupported_parameter",
-        )
     if request.logprobs:
         raise ApiError(400, "logprobs are not supported", param="logprobs", code="unsupported_parameter")
     if request.logit_bias:
@@ -232,5 +257,6 @@ def to_command(request: ChatCompletionRequest, model_id: ModelId) -> ChatComplet
         tool_policy=tool_policy(request),
         sampling=sampling_params(request),
         chat_template_kwargs=chat_template_kwargs(request),
+        structured_output=structured_output(request),
     )
     return ChatCompletionCommand(command_id=new_command_id(), model_id=model_id, params=params)

@@ -96,9 +96,36 @@ class StreamOptions(WireModel):
     include_usage: bool = False
 
 
-class ResponseFormat(WireModel):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonObject | None = None
+class TextResponseFormat(WireModel):
+    """Free text: the default, nothing is constrained."""
+
+    type: Literal["text"]
+
+
+class JsonObjectResponseFormat(WireModel):
+    """JSON mode: the reply's content is one JSON object, of any shape."""
+
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(WireModel):
+    """Structured outputs: the reply's content is JSON valid against `schema` (enforced whatever `strict` says)."""
+
+    name: str
+    description: str | None = None
+    # `schema` would shadow a BaseModel attribute, so the field has another name and reads the wire key by alias.
+    schema_: JsonObject = Field(alias="schema")
+    strict: bool | None = None
+
+
+class JsonSchemaResponseFormat(WireModel):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[
+    TextResponseFormat | JsonObjectResponseFormat | JsonSchemaResponseFormat, Field(discriminator="type")
+]
 
 
 class ChatCompletionRequest(WireModel):

@@ -54,12 +54,26 @@ class SamplingParams(FrozenModel):
     stop: tuple[str, ...] = ()
 
 
+class StructuredOutput(FrozenModel):
+    """`response_format` json_object / json_schema: the reply's content must be JSON valid against `json_schema`.
+
+    The API checked the schema; json_object arrives as `{"type": "object"}`.
+    """
+
+    json_schema: dict[str, JsonValue]
+    # json_schema `strict: true`: a keyword the grammar cannot enforce (such as `uniqueItems`) fails the request
+    # instead of going unenforced, so a reply always validates.
+    strict: bool = False
+
+
 class ChatCompletionTaskParams(FrozenModel):
     messages: tuple[PromptMessage, ...]
     tool_policy: ToolPolicy = Field(default_factory=ToolPolicy)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     # Extra variables for the model's chat template (e.g. Qwen3's `enable_thinking`).
     chat_template_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
+    # None: free text (`response_format` absent or "text").
+    structured_output: StructuredOutput | None = None
 
 
 class ChatCompletionTask(FrozenModel):

@@ -91,17 +91,25 @@ def steering_processor(tokenizer: TokenizerWrapper, *, end_boost: float = _END_B
     return boost
 
 
-def marker_steering_processor(tokenizer: TokenizerWrapper, marker_text: str = "<tool_call>") -> LogitsProcessor:
+def marker_steering_processor(
+    tokenizer: TokenizerWrapper, marker_text: str = "<tool_call>", *, once: bool = False
+) -> LogitsProcessor:
     """Stands in for a model that decides to call a tool (or stop thinking): it pushes towards spelling the marker,
     piece by piece.
 
     Random text almost never spells a marker that is several BPE pieces, so the tests need this to reach the
-    constrained part of the grammar (or leave the free reasoning block) at all.
+    constrained part of the grammar (or leave the free reasoning block) at all. With `once`, the push stops after
+    the marker is written (otherwise it also fills free-form JSON strings with marker pieces).
     """
     marker: list[int] = tokenizer.encode(marker_text)
+    written_once = False
 
     def boost(tokens: mx.array, logits: mx.array) -> mx.array:
+        nonlocal written_once
         tail: list[int] = tokens[-len(marker) :].tolist()  # pyright: ignore[reportAssignmentType] -- 1-D ints
+        written_once = written_once or (once and tail == marker)
+        if written_once:
+            return logits
         written = next((size for size in range(len(marker) - 1, 0, -1) if tail[-size:] == marker[:size]), 0)
         bias = mx.zeros((logits.shape[-1],), dtype=logits.dtype)
         bias[marker[written]] = _MARKER_BOOST

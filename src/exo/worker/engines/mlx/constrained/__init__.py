@@ -23,6 +23,10 @@ mask, so it gives up mlx-lm's overlap of one step's Python work with the previou
 
 Use: `constraint_needed(...)` decides, the runner builds a `ToolConstraintSpec`, then
 `make_tool_logits_processor(tokenizer, spec, prompt_length=...)` goes into mlx-lm's `logits_processors`.
+
+Structured outputs (`response_format` json_object / json_schema) use the same machinery: a `JsonAnswerSpec` and
+`make_answer_logits_processor(...)` hold the reply's content to one JSON value valid against the schema (or, under
+`tool_choice: "auto"`, calls in its place); see structured_output.py.
 """
 
 from exo.worker.engines.mlx.constrained.grammar import SUPPORTED_FORMATS, build_tool_grammar
@@ -39,17 +43,25 @@ from exo.worker.engines.mlx.constrained.spec import (
     constraint_needed,
     select_constrained_tools,
 )
+from exo.worker.engines.mlx.constrained.structured_output import (
+    JsonAnswerSpec,
+    build_answer_grammar,
+    make_answer_logits_processor,
+)
 
 __all__ = [
     "SUPPORTED_FORMATS",
     "ConstraintMode",
+    "JsonAnswerSpec",
     "ReasoningMarkers",
     "ToolCallConstraintError",
     "ToolCallLogitsProcessor",
     "ToolConstraintSpec",
     "UnsupportedConstraintError",
+    "build_answer_grammar",
     "build_tool_grammar",
     "constraint_needed",
+    "make_answer_logits_processor",
     "make_tool_logits_processor",
     "select_constrained_tools",
 ]

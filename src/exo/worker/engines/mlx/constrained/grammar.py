@@ -6,6 +6,7 @@ Each format contributes a `reply` rule; `start` adds the optional reasoning bloc
 """
 
 import json
+import re
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Final
@@ -23,29 +24,31 @@ from exo.worker.engines.mlx.constrained.spec import (
 HERMES_CALL_START: Final = "<tool_call>"
 HERMES_CALL_END: Final = "</tool_call>"
 LLAMA3_PYTHON_TAG: Final = "<|python_tag|>"
-_TAGGED_JSON_FORMATS: Final = frozenset({"hermes", "generic"})
-_LLAMA3_JSON_FORMAT: Final = "llama3_json"
-SUPPORTED_FORMATS: Final = frozenset({*_TAGGED_JSON_FORMATS, _LLAMA3_JSON_FORMAT})
+TAGGED_JSON_FORMATS: Final = frozenset({"hermes", "generic"})
+LLAMA3_JSON_FORMAT: Final = "llama3_json"
+SUPPORTED_FORMATS: Final = frozenset({*TAGGED_JSON_FORMATS, LLAMA3_JSON_FORMAT})
 
 # Compact json.dumps-style separators (the spacing chat templates render, and no unbounded whitespace runs for a
 # sampler to wander into). Lenient: keywords llguidance does not implement (uniqueItems, not, if/then/else,
 # contains, propertyNames, dependentRequired, unevaluatedProperties) go unenforced instead of failing the
 # request; everything else in the schema is still enforced.
-_JSON_OPTIONS: Final[JsonObject] = {
+JSON_OPTIONS: Final[JsonObject] = {
     "whitespace_flexible": False,
     "item_separator": ", ",
     "key_separator": ": ",
     "lenient": True,
 }
 _SCHEMA_COMBINATORS: Final = ("type", "anyOf", "oneOf", "allOf", "$ref", "enum", "const")
-_NEWLINE: Final = json.dumps("\n")
-_ANY_TEXT: Final = r"TEXT: /(.|\n)*/"
+NEWLINE: Final = json.dumps("\n")
+_ERROR_POSITION: Final = re.compile(r"^at \d+\(\d+\): ")
+_GRAMMAR_ECHO_LINE: Final = re.compile(r"^\s*\d+ \| ")
+ANY_TEXT: Final = r"TEXT: /(.|\n)*/"
 
 
 def marker_texts(spec: ToolConstraintSpec) -> tuple[str, ...]:
     """Texts the grammar for `spec` writes as markers: the caller looks up which are single added tokens."""
     tool_markers = (
-        (HERMES_CALL_START, HERMES_CALL_END) if spec.tool_format in _TAGGED_JSON_FORMATS else (LLAMA3_PYTHON_TAG,)
+        (HERMES_CALL_START, HERMES_CALL_END) if spec.tool_format in TAGGED_JSON_FORMATS else (LLAMA3_PYTHON_TAG,)
     )
     reasoning = (spec.reasoning.start, spec.reasoning.end) if spec.reasoning else ()
     return (*tool_markers, *reasoning)
@@ -64,20 +67,20 @@ def build_tool_grammar(spec: ToolConstraintSpec, *, special_tokens: Mapping[str,
     if spec.mode is ConstraintMode.NAMED and len(spec.tools) != 1:
         raise UnsupportedConstraintError("a named tool_choice constrains to exactly one tool")
     markers = special_tokens or {}
-    if spec.tool_format in _TAGGED_JSON_FORMATS:
+    if spec.tool_format in TAGGED_JSON_FORMATS:
         reply = _tagged_json_reply(spec, markers)
-    elif spec.tool_format == _LLAMA3_JSON_FORMAT:
+    elif spec.tool_format == LLAMA3_JSON_FORMAT:
         reply = _bare_json_reply(spec, markers)
     else:
         raise UnsupportedConstraintError(
             f"tool format {spec.tool_format!r} has no constraint grammar (supported: {sorted(SUPPORTED_FORMATS)})"
         )
-    grammar = "\n".join(["%llguidance {}", *_start_rules(spec.reasoning, markers), _ANY_TEXT, *reply])
-    _raise_if_rejected(grammar)
+    grammar = "\n".join(["%llguidance {}", *start_rules(spec.reasoning, markers), ANY_TEXT, *reply])
+    raise_if_rejected(grammar)
     return grammar
 
 
-def _start_rules(reasoning: ReasoningMarkers | None, markers: Mapping[str, int]) -> list[str]:
+def start_rules(reasoning: ReasoningMarkers | None, markers: Mapping[str, int]) -> list[str]:
     """`start`: the reply, after a reasoning block when the model has one (its text free, ended by its marker)."""
     if reasoning is None:
         return ["start: reply"]
@@ -87,25 +90,21 @@ def _start_rules(reasoning: ReasoningMarkers | None, markers: Mapping[str, int])
     ]
     if reasoning.opened_in_prompt:
         return ["start: reasoning_rest reply", *rules]
-    return [f"start: ({_marker(reasoning.start, markers)} reasoning_rest)? reply", *rules]
+    return [f"start: ({marker_expression(reasoning.start, markers)} reasoning_rest)? reply", *rules]
 
 
 def _tagged_json_reply(spec: ToolConstraintSpec, markers: Mapping[str, int]) -> list[str]:
     """Hermes/Qwen: `<tool_call>\\n{"name": …, "arguments": …}\\n</tool_call>`, calls joined by a newline."""
     single_call = spec.mode is ConstraintMode.NAMED or not spec.parallel_tool_calls
-    more_calls = "" if single_call else f" ({_NEWLINE} call)*"
-    call_rules = [
-        f"call: {_marker(HERMES_CALL_START, markers)} {_NEWLINE} call_rest",
-        f"call_rest: body {_NEWLINE} {_marker(HERMES_CALL_END, markers)}",
-        *_body_rules(spec.tools, "arguments"),
-    ]
+    more_calls = "" if single_call else f" ({NEWLINE} call)*"
+    call_rules = tagged_call_rules(spec.tools, markers)
     if spec.mode is not ConstraintMode.STRICT_AUTO:
         return [f"reply: call{more_calls}", *call_rules]
     # Free text ends at the first marker (a lazy lexeme stops there), so text can never carry a spelled-out marker
     # past the grammar: a constrained call follows.
     return [
         f"reply: TEXT | first_call{more_calls}",
-        f"first_call: {_text_then(HERMES_CALL_START, markers, 'call_start')} {_NEWLINE} call_rest",
+        f"first_call: {_text_then(HERMES_CALL_START, markers, 'call_start')} {NEWLINE} call_rest",
         *_text_then_rules(HERMES_CALL_START, markers, "call_start"),
         *call_rules,
     ]
@@ -114,22 +113,36 @@ def _tagged_json_reply(spec: ToolConstraintSpec, markers: Mapping[str, int]) -> 
 def _bare_json_reply(spec: ToolConstraintSpec, markers: Mapping[str, int]) -> list[str]:
     """Llama 3.x JSON tool calling: one `{"name": …, "parameters": …}` object, optionally after the model's
     `<|python_tag|>` token where the tokenizer has one (one call: parallel calls are not part of the format)."""
-    call = f"<[{markers[LLAMA3_PYTHON_TAG]}]>? body" if LLAMA3_PYTHON_TAG in markers else "body"
-    body = _body_rules(spec.tools, "parameters")
+    call = llama3_call(markers)
+    body = body_rules(spec.tools, "parameters")
     if spec.mode is ConstraintMode.STRICT_AUTO:
         # Text that opens with "{" is a call, as Llama's own prompt format reads it.
         return [f"reply: PROSE | {call}", r"PROSE: /([^{](.|\n)*)?/", *body]
     return [f"reply: {call}", *body]
 
 
-def _body_rules(tools: tuple[FunctionDefinition, ...], arguments_key: str) -> list[str]:
+def tagged_call_rules(tools: tuple[FunctionDefinition, ...], markers: Mapping[str, int]) -> list[str]:
+    """`call` (and `call_rest`, `body`): one Hermes/Qwen `<tool_call>` block naming one of `tools`."""
+    return [
+        f"call: {marker_expression(HERMES_CALL_START, markers)} {NEWLINE} call_rest",
+        f"call_rest: body {NEWLINE} {marker_expression(HERMES_CALL_END, markers)}",
+        *body_rules(tools, "arguments"),
+    ]
+
+
+def llama3_call(markers: Mapping[str, int]) -> str:
+    """A Llama 3 call: `body` (rules from `body_rules` with "parameters"), after `<|python_tag|>` if it is a token."""
+    return f"<[{markers[LLAMA3_PYTHON_TAG]}]>? body" if LLAMA3_PYTHON_TAG in markers else "body"
+
+
+def body_rules(tools: tuple[FunctionDefinition, ...], arguments_key: str) -> list[str]:
     """`body` is one alternative per tool: fixed JSON text up to the arguments, the tool's schema, then `}`."""
     alternatives = [f"body_{index}" for index in range(len(tools))]
     rules = [f"body: {' | '.join(alternatives)}"]
     for rule_name, tool in zip(alternatives, tools, strict=True):
         head = "{" + json.dumps("name") + ": " + json.dumps(tool.name) + ", " + json.dumps(arguments_key) + ": "
         schema = json.dumps(_arguments_schema(tool.parameters))
-        rules.append(f"{rule_name}: {_literal(head)} %json {schema} {_literal('}')}")
+        rules.append(f"{rule_name}: {literal(head)} %json {schema} {literal('}')}")
     return rules
 
 
@@ -138,7 +151,7 @@ def _arguments_schema(parameters: JsonObject) -> JsonObject:
     schema = dict(parameters)
     if not any(key in schema for key in _SCHEMA_COMBINATORS):
         schema["type"] = "object"
-    schema["x-guidance"] = _JSON_OPTIONS
+    schema["x-guidance"] = JSON_OPTIONS
     return schema
 
 
@@ -148,28 +161,40 @@ def _text_then(marker: str, markers: Mapping[str, int], name: str) -> str:
 
 
 def _text_then_rules(marker: str, markers: Mapping[str, int], name: str) -> list[str]:
-    rules = [f"text_then_{name}[lazy]: TEXT {_literal(marker)}"]
+    rules = [f"text_then_{name}[lazy]: TEXT {literal(marker)}"]
     if marker in markers:
         # An added token cannot occur inside TEXT, so it ends the text by itself.
         rules.append(f"text_then_{name}_token: TEXT <[{markers[marker]}]>")
     return rules
 
 
-def _marker(text: str, markers: Mapping[str, int]) -> str:
+def marker_expression(text: str, markers: Mapping[str, int]) -> str:
     """A marker written as its added token (by id) or as plain text pieces."""
     if text in markers:
-        return f"(<[{markers[text]}]> | {_literal(text)})"
-    return _literal(text)
+        return f"(<[{markers[text]}]> | {literal(text)})"
+    return literal(text)
 
 
-def _literal(text: str) -> str:
+def literal(text: str) -> str:
     """A lark string literal; JSON string escapes are what llguidance's lark reader understands."""
     return json.dumps(text, ensure_ascii=False)
 
 
 @lru_cache(maxsize=64)
-def _raise_if_rejected(grammar: str) -> None:
+def raise_if_rejected(grammar: str, subject: str = "the tool-call grammar") -> None:
     """Compile the grammar once without a tokenizer so what llguidance cannot compile fails here, clearly."""
     is_error, messages = LLMatcher.validate_grammar_with_warnings(LLMatcher.grammar_from_lark(grammar))
     if is_error:
-        raise UnsupportedConstraintError(f"llguidance rejects the tool-call grammar: {'; '.join(messages)}")
+        reasons = "; ".join(_without_grammar_echo(message) for message in messages)
+        raise UnsupportedConstraintError(f"llguidance rejects {subject}: {reasons}")
+
+
+def _without_grammar_echo(message: str) -> str:
+    """llguidance's message minus its position prefix ("at 2(8): ") and its echo of the grammar, which repeats
+    every schema in full: what is left names the problem and fits in an error response."""
+    lines: list[str] = []
+    for line in _ERROR_POSITION.sub("", message).splitlines():
+        if _GRAMMAR_ECHO_LINE.match(line):
+            break
+        lines.append(line.strip())
+    return " ".join(line for line in lines if line)

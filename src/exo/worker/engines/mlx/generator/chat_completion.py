@@ -21,10 +21,10 @@ from exo.worker.engines.mlx.constrained import ReasoningMarkers
 from exo.worker.engines.mlx.generator.constraints import (
     UnsupportedConstraintError,
     callable_functions,
-    logits_processors_for,
 )
 from exo.worker.engines.mlx.generator.generate import ContextLengthExceededError, clamp_max_tokens, generate_tokens
 from exo.worker.engines.mlx.generator.stop_sequences import StopSequenceMatcher
+from exo.worker.engines.mlx.generator.structured_output import structured_logits_processors
 from exo.worker.engines.mlx.generator.tool_parser import ToolFormatName, ToolStreamParser
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template
 
@@ -95,10 +95,11 @@ def run_chat_completion(
     reasoning = reasoning_markers(loaded.tokenizer, prompt.starts_in_reasoning)
     try:
         # mlx-lm hands processors the tokens it was given (the uncached rest of the prompt) plus the sampled ones.
-        processors = logits_processors_for(
+        processors = structured_logits_processors(
             loaded.tokenizer,
             context.tool_format,
             params.tool_policy,
+            params.structured_output,
             prompt_length=len(to_prefill),
             reasoning=reasoning,
         )
