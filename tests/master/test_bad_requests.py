@@ -163,10 +163,10 @@ CASES = [
         "needs a 'text' string",
     ),
     BadRequest(
-        "response_format_json_schema",
-        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+        "response_format_invalid_json_schema",
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}},
         400,
-        "response_format type 'json_schema' is not supported",
+        "response_format.json_schema.schema is not a valid JSON Schema",
         param="response_format",
     ),
     BadRequest("logprobs_requested", {"logprobs": True}, 400, "logprobs are not supported", param="logprobs"),
