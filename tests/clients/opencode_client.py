@@ -92,18 +92,30 @@ def _major_version(binary: Path) -> int | None:
     return int(head) if result.returncode == 0 and head.isdigit() else None
 
 
-def provider_config(base_url: str, model_id: str, context_tokens: int, output_tokens: int) -> JsonObject:
+def provider_config(
+    base_url: str,
+    model_id: str,
+    context_tokens: int,
+    output_tokens: int,
+    *,
+    agent_prompt: str | None = None,
+    disabled_tools: Sequence[str] = (),
+) -> JsonObject:
     """An opencode.json that routes `exo/<model_id>` to exo's OpenAI-compatible API at `base_url` (ending in /v1).
 
     File edits are allowed up front because a headless run cannot answer a permission prompt; the title agent is
-    disabled so a run makes only the requests of the conversation itself.
+    disabled so a run makes only the requests of the conversation itself. `agent_prompt` replaces the build agent's
+    system prompt and `disabled_tools` switches tools off (opencode still sends its environment block and the tools
+    left on, each with its full description and schema).
     """
+    build_agent: JsonObject = {} if agent_prompt is None else {"build": {"prompt": agent_prompt}}
     return {
         "$schema": "https://opencode.ai/config.json",
         "autoupdate": False,
         "share": "disabled",
         "permission": {"edit": "allow"},
-        "agent": {"title": {"disable": True}},
+        "agent": {"title": {"disable": True}, **build_agent},
+        "tools": dict.fromkeys(disabled_tools, False),
         "provider": {
             PROVIDER_ID: {
                 "npm": "@ai-sdk/openai-compatible",

@@ -159,11 +159,12 @@ def test_killing_the_idle_runner_restarts_it_and_the_next_request_succeeds(serve
 
 
 def test_killing_the_runner_mid_request_fails_that_request_and_recovers(tmp_path: Path) -> None:
-    # tiny-qwen-agent has a 32k context: a 30k-token prompt takes seconds to prefill, so the kill lands mid-request.
+    # tiny-qwen-agent has a 32k context and a character-level vocabulary (16 tokens per repeat): the ~29k-token
+    # prompt takes seconds to prefill, so the kill lands mid-request.
     with running_exo([fixture_model("tiny-qwen-agent")], tmp_path) as server:
         body = {
             "model": "tiny-qwen-agent",
-            "messages": [{"role": "user", "content": "alpha beta gamma delta " * 7000}],
+            "messages": [{"role": "user", "content": "alpha beta gamma delta " * 1800}],
         }
         result: dict[str, httpx.Response] = {}
 
