@@ -6,7 +6,9 @@ What it shows:
   * the agent loop streams each answer, prints text as it arrives, and assembles tool calls from their deltas;
   * every failure a tool call can meet (unknown tool, bad JSON, invalid arguments, an exception, a timeout) goes
     back to the model as the tool's result, so the model can correct itself and the loop never crashes;
-  * a per-tool timeout and a limit on the number of turns.
+  * a per-tool timeout, a limit on the number of turns, and a guard against a model that repeats a call it has
+    already made (small models do): the repeat is not run again, the model reads a note saying so, and the next
+    turn is asked with `tool_choice: "none"` so it answers from the results it has.
 
 Start exo, then run the example (with no --model it uses the first model exo serves):
 
@@ -53,6 +55,10 @@ DEFAULT_BASE_URL = "http://localhost:52415/v1"
 DEFAULT_PROMPT = "What is the weather in Paris?"
 DEFAULT_TOOL_TIMEOUT_SECONDS = 10.0
 DEFAULT_MAX_TURNS = 6
+REPEATED_CALL_NOTE = (
+    "You already called {name} with these arguments and its result is above. Do not call it again: answer the "
+    "user's question now."
+)
 
 # ---------------------------------------------------------------------------------------------- the tool registry
 
@@ -114,7 +120,8 @@ def tool_from_function(function: Callable[..., object]) -> Tool:
 
 
 ToolFunction = TypeVar("ToolFunction", bound=Callable[..., object])
-ToolErrorKind = Literal["unknown_tool", "invalid_arguments", "timeout", "tool_failed"]
+ToolChoice = Literal["auto", "none"]
+ToolErrorKind = Literal["unknown_tool", "invalid_arguments", "timeout", "tool_failed", "repeated_call"]
 
 
 class ToolError(BaseModel):
@@ -326,11 +333,16 @@ def stream_turn(
     messages: list[ChatCompletionMessageParam],
     tools: list[ChatCompletionFunctionToolParam],
     output: TextIO,
+    *,
+    tool_choice: ToolChoice = "auto",
 ) -> AssistantTurn:
     """Stream one assistant turn: print text as it arrives, and assemble tool calls from their deltas by index."""
     content: list[str] = []
     calls: dict[int, ToolCallRequest] = {}
-    for chunk in client.chat.completions.create(model=model, messages=messages, tools=tools, stream=True):
+    stream = client.chat.completions.create(
+        model=model, messages=messages, tools=tools, tool_choice=tool_choice, stream=True
+    )
+    for chunk in stream:
         for choice in chunk.choices:
             delta = choice.delta
             # exo streams reasoning as `delta.reasoning_content`, an extension the SDK keeps as an extra field.
@@ -358,9 +370,12 @@ def complete_turn(
     messages: list[ChatCompletionMessageParam],
     tools: list[ChatCompletionFunctionToolParam],
     output: TextIO,
+    *,
+    tool_choice: ToolChoice = "auto",
 ) -> AssistantTurn:
     """One assistant turn without streaming."""
-    message = client.chat.completions.create(model=model, messages=messages, tools=tools).choices[0].message
+    reply = client.chat.completions.create(model=model, messages=messages, tools=tools, tool_choice=tool_choice)
+    message = reply.choices[0].message
     if message.content:
         print(message.content, file=output)
     calls = [
@@ -388,19 +403,36 @@ def run_agent(
     destination = output or sys.stdout
     messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompt}]
     tool_runs: list[ToolRun] = []
+    calls_made: set[tuple[str, str]] = set()
+    tool_choice: ToolChoice = "auto"
     take_turn = stream_turn if stream else complete_turn
     for _ in range(max_turns):
-        turn = take_turn(client, model, messages, registry.definitions(), destination)
+        turn = take_turn(client, model, messages, registry.definitions(), destination, tool_choice=tool_choice)
         if not turn.tool_calls:
             return AgentResult(answer=turn.content, tool_runs=tool_runs)
         messages.append({"role": "assistant", "content": turn.content or None, "tool_calls": _as_params(turn)})
+        tool_choice = "auto"
         for call in turn.tool_calls:
             print(f"→ {call.name}({call.arguments})", file=destination)
-            run = registry.run(call.name, call.arguments)
+            key = (call.name, _canonical_arguments(call.arguments))
+            if key in calls_made:
+                run = _failed(call.name, call.arguments, "repeated_call", REPEATED_CALL_NOTE.format(name=call.name))
+                tool_choice = "none"  # the results are all there: the next turn must answer in text
+            else:
+                calls_made.add(key)
+                run = registry.run(call.name, call.arguments)
             print(f"← {run.result}", file=destination)
             tool_runs.append(run)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": run.result})
     return AgentResult(answer=None, tool_runs=tool_runs)
+
+
+def _canonical_arguments(arguments: str) -> str:
+    """The arguments with key order and spacing normalised, so `{"a":1}` and `{ "a": 1 }` are the same call."""
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True)
+    except json.JSONDecodeError:
+        return arguments
 
 
 def _as_params(turn: AssistantTurn) -> Iterable[ChatCompletionMessageFunctionToolCallParam]:
