@@ -353,3 +353,31 @@ def test_allowed_tools_required_calls_only_an_allowed_tool(server: ExoServer) ->
     assert names
     assert set(names) == {"get_time"}
     assert response.json()["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_strict_tool_whose_schema_cannot_be_enforced_is_a_400_and_the_server_keeps_serving(
+    server: ExoServer, client: OpenAI
+) -> None:
+    unique_tags = {
+        "type": "function",
+        "function": {
+            "name": "tag",
+            "strict": True,
+            "parameters": {
+                "type": "object",
+                "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+                "required": ["tags"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    body: dict[str, Any] = {"model": QWEN, "messages": [user("Hello!")], "tools": [unique_tags]}
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "unsupported"
+    assert "uniqueItems" in error["message"]
+    # Without `strict` the same schema is accepted: what the grammar can enforce is, the rest is validated after.
+    lenient = {**unique_tags, "function": {**unique_tags["function"], "strict": False}}
+    answer = client.chat.completions.create(model=QWEN, messages=messages(user("Hello!")), tools=tools(lenient))
+    assert answer.choices[0].message.content == GREETING_REPLY

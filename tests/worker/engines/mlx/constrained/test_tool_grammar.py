@@ -184,6 +184,23 @@ def test_keywords_llguidance_cannot_enforce_are_relaxed_and_reported(tool_model:
     )
 
 
+@pytest.mark.parametrize("mode", [ConstraintMode.STRICT_AUTO, ConstraintMode.REQUIRED, ConstraintMode.NAMED])
+def test_a_strict_tool_with_a_keyword_llguidance_cannot_enforce_is_refused_not_relaxed(mode: ConstraintMode) -> None:
+    unique = WEATHER.model_copy(
+        update={
+            "strict": True,
+            "parameters": {
+                "type": "object",
+                "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+                "required": ["tags"],
+            },
+        }
+    )
+    spec = ToolConstraintSpec(tool_format="hermes", tools=(unique,), mode=mode, parallel_tool_calls=True)
+    with pytest.raises(UnsupportedConstraintError, match="uniqueItems"):
+        build_tool_grammar(spec)
+
+
 def test_tokenizers_llguidance_cannot_read_are_refused(marker_text_model: LoadedModel) -> None:
     _, tokenizer = marker_text_model
     slow = TokenizerWrapper(tokenizer._tokenizer)  # pyright: ignore[reportPrivateUsage] -- a second wrapper

@@ -31,7 +31,8 @@ SUPPORTED_FORMATS: Final = frozenset({*TAGGED_JSON_FORMATS, LLAMA3_JSON_FORMAT})
 # Compact json.dumps-style separators (the spacing chat templates render, and no unbounded whitespace runs for a
 # sampler to wander into). Lenient: keywords llguidance does not implement (uniqueItems, not, if/then/else,
 # contains, propertyNames, dependentRequired, unevaluatedProperties) go unenforced instead of failing the
-# request; everything else in the schema is still enforced.
+# request; everything else in the schema is still enforced. A `strict: true` tool is never lenient: its client
+# asked for arguments that always validate, so such a keyword fails the request instead.
 JSON_OPTIONS: Final[JsonObject] = {
     "whitespace_flexible": False,
     "item_separator": ", ",
@@ -141,17 +142,17 @@ def body_rules(tools: tuple[FunctionDefinition, ...], arguments_key: str) -> lis
     rules = [f"body: {' | '.join(alternatives)}"]
     for rule_name, tool in zip(alternatives, tools, strict=True):
         head = "{" + json.dumps("name") + ": " + json.dumps(tool.name) + ", " + json.dumps(arguments_key) + ": "
-        schema = json.dumps(_arguments_schema(tool.parameters))
+        schema = json.dumps(_arguments_schema(tool.parameters, every_keyword_enforced=bool(tool.strict)))
         rules.append(f"{rule_name}: {literal(head)} %json {schema} {literal('}')}")
     return rules
 
 
-def _arguments_schema(parameters: JsonObject) -> JsonObject:
+def _arguments_schema(parameters: JsonObject, *, every_keyword_enforced: bool) -> JsonObject:
     """The tool's schema with our JSON layout options; a schema that says nothing still means an object."""
     schema = dict(parameters)
     if not any(key in schema for key in _SCHEMA_COMBINATORS):
         schema["type"] = "object"
-    schema["x-guidance"] = JSON_OPTIONS
+    schema["x-guidance"] = {**JSON_OPTIONS, "lenient": not every_keyword_enforced}
     return schema
 
 
