@@ -358,26 +358,34 @@ def test_allowed_tools_required_calls_only_an_allowed_tool(server: ExoServer) ->
 def test_a_strict_tool_whose_schema_cannot_be_enforced_is_a_400_and_the_server_keeps_serving(
     server: ExoServer, client: OpenAI
 ) -> None:
-    unique_tags = {
-        "type": "function",
-        "function": {
-            "name": "tag",
-            "strict": True,
-            "parameters": {
-                "type": "object",
-                "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
-                "required": ["tags"],
-                "additionalProperties": False,
-            },
-        },
-    }
-    body: dict[str, Any] = {"model": QWEN, "messages": [user("Hello!")], "tools": [unique_tags]}
-    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
+    def tag_tool(*, strict: bool) -> JsonObject:
+        tags: JsonObject = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+        parameters: JsonObject = {"type": "object", "properties": {"tags": tags}, "required": ["tags"]}
+        return {"type": "function", "function": {"name": "tag", "strict": strict, "parameters": parameters}}
+
+    def ask(tool: JsonObject, tool_choice: str) -> httpx.Response:
+        body: dict[str, Any] = {
+            "model": QWEN,
+            "messages": [user("Hello!")],
+            "tools": [tool],
+            "tool_choice": tool_choice,
+        }
+        return httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
+
+    refused = ask(tag_tool(strict=True), "auto")
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
     assert error["code"] == "unsupported"
     assert "uniqueItems" in error["message"]
-    # Without `strict` the same schema is accepted: what the grammar can enforce is, the rest is validated after.
-    lenient = {**unique_tags, "function": {**unique_tags["function"], "strict": False}}
-    answer = client.chat.completions.create(model=QWEN, messages=messages(user("Hello!")), tools=tools(lenient))
-    assert answer.choices[0].message.content == GREETING_REPLY
+    # Without `strict`, even a forced call is served: the grammar enforces what it can (an array of strings) and
+    # leaves uniqueItems to the validation after the call.
+    forced = ask(tag_tool(strict=False), "required")
+    assert forced.status_code == 200, forced.text
+    calls = forced.json()["choices"][0]["message"]["tool_calls"]
+    assert calls
+    for call in calls:
+        tags = json.loads(call["function"]["arguments"])["tags"]
+        assert isinstance(tags, list)
+        assert all(isinstance(tag, str) for tag in cast(list[object], tags))
+    greeting = client.chat.completions.create(model=QWEN, messages=messages(user("Hello!")))
+    assert greeting.choices[0].message.content == GREETING_REPLY
