@@ -2,11 +2,14 @@
 
 from pathlib import Path
 
+import llguidance
 import pytest
+from llguidance import LLMatcher
 from mlx import nn
 from mlx_lm import load
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from exo.worker.engines.mlx.constrained.compiled import guidance_tokenizer
 from tests.worker.engines.mlx.constrained.tiny_models import build_tool_model
 
 LoadedModel = tuple[nn.Module, TokenizerWrapper]
@@ -35,3 +38,13 @@ def tool_model(
 ) -> LoadedModel:
     """Each test runs against both tokenizations of the tool markers."""
     return marker_token_model if request.param == "marker-tokens" else marker_text_model
+
+
+def grammar_accepts(tool_model: LoadedModel, grammar: str, reply: str) -> bool:
+    """Whether the whole reply, tokenized as the model would, is a complete sentence of the grammar."""
+    _, tokenizer = tool_model
+    matcher = LLMatcher(
+        guidance_tokenizer(tokenizer).lltokenizer, llguidance.grammar_from("lark", grammar), log_level=0
+    )
+    tokens: list[int] = tokenizer.encode(reply)
+    return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()

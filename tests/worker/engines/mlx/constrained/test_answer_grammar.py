@@ -1,8 +1,6 @@
 """Structured-output grammar text: which replies it accepts, and the clear errors for what it cannot enforce."""
 
-import llguidance
 import pytest
-from llguidance import LLMatcher
 
 from exo.worker.engines.mlx.constrained import (
     JsonAnswerSpec,
@@ -12,7 +10,7 @@ from exo.worker.engines.mlx.constrained import (
 )
 from exo.worker.engines.mlx.constrained.compiled import guidance_tokenizer
 from exo.worker.engines.mlx.constrained.structured_output import answer_marker_texts
-from tests.worker.engines.mlx.constrained.conftest import LoadedModel
+from tests.worker.engines.mlx.constrained.conftest import LoadedModel, grammar_accepts
 from tests.worker.engines.mlx.constrained.schemas import SEARCH, WEATHER
 
 ANSWER_SCHEMA = {
@@ -27,13 +25,10 @@ CALL_SEARCH = '<tool_call>\n{"name": "search", "arguments": {"query": "x", "limi
 
 
 def _accepts(tool_model: LoadedModel, spec: JsonAnswerSpec, reply: str) -> bool:
-    """Whether the whole reply, tokenized as the model would, is a complete sentence of the grammar."""
-    _, tokenizer = tool_model
-    guidance = guidance_tokenizer(tokenizer)
+    """Whether the model's tokenization of the whole reply is a complete sentence of the grammar for `spec`."""
+    guidance = guidance_tokenizer(tool_model[1])
     grammar = build_answer_grammar(spec, special_tokens=guidance.special_tokens(answer_marker_texts(spec)))
-    matcher = LLMatcher(guidance.lltokenizer, llguidance.grammar_from("lark", grammar), log_level=0)
-    tokens: list[int] = tokenizer.encode(reply)
-    return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
+    return grammar_accepts(tool_model, grammar, reply)
 
 
 def _with_tools(*, parallel: bool = True) -> JsonAnswerSpec:

@@ -1,8 +1,6 @@
 """Grammar text: which replies it accepts, for both tokenizations of the markers, and what it refuses to build."""
 
-import llguidance
 import pytest
-from llguidance import LLMatcher
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from exo.worker.engines.mlx.constrained import (
@@ -15,7 +13,7 @@ from exo.worker.engines.mlx.constrained import (
 )
 from exo.worker.engines.mlx.constrained.compiled import guidance_tokenizer
 from exo.worker.engines.mlx.constrained.grammar import marker_texts
-from tests.worker.engines.mlx.constrained.conftest import LoadedModel
+from tests.worker.engines.mlx.constrained.conftest import LoadedModel, grammar_accepts
 from tests.worker.engines.mlx.constrained.schemas import SEARCH, WEATHER
 
 CALL_WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
@@ -23,13 +21,10 @@ CALL_SEARCH = '<tool_call>\n{"name": "search", "arguments": {"query": "x", "limi
 
 
 def _accepts(tool_model: LoadedModel, spec: ToolConstraintSpec, reply: str) -> bool:
-    """Whether the whole reply, tokenized as the model would, is a complete sentence of the grammar."""
-    _, tokenizer = tool_model
-    guidance = guidance_tokenizer(tokenizer)
+    """Whether the model's tokenization of the whole reply is a complete sentence of the grammar for `spec`."""
+    guidance = guidance_tokenizer(tool_model[1])
     grammar = build_tool_grammar(spec, special_tokens=guidance.special_tokens(marker_texts(spec)))
-    matcher = LLMatcher(guidance.lltokenizer, llguidance.grammar_from("lark", grammar), log_level=0)
-    tokens: list[int] = tokenizer.encode(reply)
-    return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
+    return grammar_accepts(tool_model, grammar, reply)
 
 
 def _spec(mode: ConstraintMode, *, parallel: bool = True, tool_format: str = "hermes") -> ToolConstraintSpec:

@@ -28,17 +28,9 @@ TAGGED_JSON_FORMATS: Final = frozenset({"hermes", "generic"})
 LLAMA3_JSON_FORMAT: Final = "llama3_json"
 SUPPORTED_FORMATS: Final = frozenset({*TAGGED_JSON_FORMATS, LLAMA3_JSON_FORMAT})
 
-# Compact json.dumps-style separators (the spacing chat templates render, and no unbounded whitespace runs for a
-# sampler to wander into). Lenient: keywords llguidance does not implement (uniqueItems, not, if/then/else,
-# contains, propertyNames, dependentRequired, unevaluatedProperties) go unenforced instead of failing the
-# request; everything else in the schema is still enforced. A `strict: true` tool is never lenient: its client
-# asked for arguments that always validate, so such a keyword fails the request instead.
-JSON_OPTIONS: Final[JsonObject] = {
-    "whitespace_flexible": False,
-    "item_separator": ", ",
-    "key_separator": ": ",
-    "lenient": True,
-}
+# Compact json.dumps-style separators: the spacing chat templates render, and no unbounded whitespace runs for a
+# sampler to wander into.
+_JSON_LAYOUT: Final[JsonObject] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _SCHEMA_COMBINATORS: Final = ("type", "anyOf", "oneOf", "allOf", "$ref", "enum", "const")
 NEWLINE: Final = json.dumps("\n")
 _ERROR_POSITION: Final = re.compile(r"^at \d+\(\d+\): ")
@@ -46,13 +38,30 @@ _GRAMMAR_ECHO_LINE: Final = re.compile(r"^\s*\d+ \| ")
 ANY_TEXT: Final = r"TEXT: /(.|\n)*/"
 
 
+def json_options(*, every_keyword_enforced: bool) -> JsonObject:
+    """llguidance's `x-guidance` options for an embedded schema.
+
+    Lenient unless `every_keyword_enforced`: keywords llguidance does not implement (uniqueItems, not,
+    if/then/else, contains, propertyNames, dependentRequired, unevaluatedProperties) then go unenforced instead of
+    failing the request, and everything else in the schema is still enforced. `strict: true` (a tool or a
+    json_schema response format) asks for output that always validates, so there such a keyword fails instead.
+    """
+    return {**_JSON_LAYOUT, "lenient": not every_keyword_enforced}
+
+
 def marker_texts(spec: ToolConstraintSpec) -> tuple[str, ...]:
     """Texts the grammar for `spec` writes as markers: the caller looks up which are single added tokens."""
-    tool_markers = (
-        (HERMES_CALL_START, HERMES_CALL_END) if spec.tool_format in TAGGED_JSON_FORMATS else (LLAMA3_PYTHON_TAG,)
-    )
-    reasoning = (spec.reasoning.start, spec.reasoning.end) if spec.reasoning else ()
-    return (*tool_markers, *reasoning)
+    return format_marker_texts(spec.tool_format, spec.reasoning, with_calls=True)
+
+
+def format_marker_texts(tool_format: str, reasoning: ReasoningMarkers | None, *, with_calls: bool) -> tuple[str, ...]:
+    """The call markers of `tool_format` (when calls may be written) and the reasoning markers."""
+    call_markers: tuple[str, ...] = ()
+    if with_calls:
+        tagged = tool_format in TAGGED_JSON_FORMATS
+        call_markers = (HERMES_CALL_START, HERMES_CALL_END) if tagged else (LLAMA3_PYTHON_TAG,)
+    reasoning_markers = (reasoning.start, reasoning.end) if reasoning else ()
+    return (*call_markers, *reasoning_markers)
 
 
 def build_tool_grammar(spec: ToolConstraintSpec, *, special_tokens: Mapping[str, int] | None = None) -> str:
@@ -152,7 +161,7 @@ def _arguments_schema(parameters: JsonObject, *, every_keyword_enforced: bool) -
     schema = dict(parameters)
     if not any(key in schema for key in _SCHEMA_COMBINATORS):
         schema["type"] = "object"
-    schema["x-guidance"] = {**JSON_OPTIONS, "lenient": not every_keyword_enforced}
+    schema["x-guidance"] = json_options(every_keyword_enforced=every_keyword_enforced)
     return schema
 
 

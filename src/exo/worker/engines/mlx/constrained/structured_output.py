@@ -17,15 +17,13 @@ from exo.shared.types.common import FrozenModel
 from exo.worker.engines.mlx.constrained.compiled import guidance_tokenizer, new_matcher
 from exo.worker.engines.mlx.constrained.grammar import (
     ANY_TEXT,
-    HERMES_CALL_END,
-    HERMES_CALL_START,
-    JSON_OPTIONS,
     LLAMA3_JSON_FORMAT,
-    LLAMA3_PYTHON_TAG,
     NEWLINE,
     SUPPORTED_FORMATS,
     TAGGED_JSON_FORMATS,
     body_rules,
+    format_marker_texts,
+    json_options,
     llama3_call,
     raise_if_rejected,
     start_rules,
@@ -62,7 +60,7 @@ def build_answer_grammar(spec: JsonAnswerSpec, *, special_tokens: Mapping[str, i
     `uniqueItems`), naming the problem, and when tools are offered in a format without call rules.
     """
     markers = special_tokens or {}
-    answer_options = {**JSON_OPTIONS, "lenient": not spec.every_keyword_enforced}
+    answer_options = json_options(every_keyword_enforced=spec.every_keyword_enforced)
     answer = f"answer: %json {json.dumps({**spec.json_schema, 'x-guidance': answer_options})}"
     grammar = "\n".join(
         ["%llguidance {}", *start_rules(spec.reasoning, markers), ANY_TEXT, *_reply_rules(spec, markers), answer]
@@ -73,12 +71,7 @@ def build_answer_grammar(spec: JsonAnswerSpec, *, special_tokens: Mapping[str, i
 
 def answer_marker_texts(spec: JsonAnswerSpec) -> tuple[str, ...]:
     """Texts the grammar for `spec` writes as markers: the caller looks up which are single added tokens."""
-    tool_markers: tuple[str, ...] = ()
-    if spec.tools:
-        tagged = spec.tool_format in TAGGED_JSON_FORMATS
-        tool_markers = (HERMES_CALL_START, HERMES_CALL_END) if tagged else (LLAMA3_PYTHON_TAG,)
-    reasoning = (spec.reasoning.start, spec.reasoning.end) if spec.reasoning else ()
-    return (*tool_markers, *reasoning)
+    return format_marker_texts(spec.tool_format, spec.reasoning, with_calls=bool(spec.tools))
 
 
 def make_answer_logits_processor(
