@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from openai import OpenAI
 
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
 
@@ -34,6 +35,10 @@ class ExoServer:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def openai_client(self) -> OpenAI:
+        """The official SDK pointed at this server: no retries (a failure must show), generous time for CPU runs."""
+        return OpenAI(base_url=f"{self.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
     def state(self) -> dict[str, object]:
         response = httpx.get(f"{self.base_url}/state", timeout=10)

@@ -46,7 +46,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExoServer]:
 
 @pytest.fixture
 def client(server: ExoServer) -> OpenAI:
-    return OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return server.openai_client()
 
 
 def tools(*definitions: JsonObject) -> list[ChatCompletionToolParam]:
