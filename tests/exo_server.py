@@ -10,6 +10,7 @@ from collections.abc import Generator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from uuid import uuid4
 
 import httpx
 from openai import OpenAI
@@ -94,6 +95,13 @@ def fixture_model(name: str) -> Path:
     return FIXTURE_MODELS_DIR / name
 
 
+def isolation(home: Path) -> tuple[list[str], dict[str, str]]:
+    """Arguments and environment that keep a test node to itself: its own EXO_HOME (identity), cluster port and
+    cluster name, and no multicast scouting, so nodes of parallel tests (or a developer's own node) never meet."""
+    arguments = ["--listen", f"tcp/127.0.0.1:{free_port()}", "--cluster", f"test-{uuid4().hex[:12]}", "--no-discovery"]
+    return arguments, {"EXO_HOME": str(home)}
+
+
 @contextmanager
 def running_exo(
     models: Sequence[Path], tmp_path: Path, extra_args: Sequence[str] = (), env: dict[str, str] | None = None
@@ -104,10 +112,15 @@ def running_exo(
     arguments = [sys.executable, "-m", "exo", "--api-port", str(port), "--models-dir", str(tmp_path / "models")]
     for model in models:
         arguments += ["--model", str(model)]
-    arguments += list(extra_args)
+    isolating_arguments, isolating_env = isolation(tmp_path / f"home-{port}")
+    arguments += isolating_arguments + list(extra_args)
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            arguments, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+            arguments,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **isolating_env, **(env or {})},
+            start_new_session=True,
         )
     server = ExoServer(process=process, port=port, log_path=log_path)
     try:

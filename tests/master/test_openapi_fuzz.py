@@ -1,6 +1,6 @@
 """Schemathesis fuzzes the app's own OpenAPI schema: no input may cause a 5xx, and every error is OpenAI-shaped.
 
-It runs against the production app in process (scripted worker, see inprocess_app) with a fixed number of
+It runs against the production app in process (scripted master, see inprocess_app) with a fixed number of
 examples and a derandomized seed, so it is fast and a failure reproduces exactly.
 """
 
@@ -13,7 +13,7 @@ from schemathesis import APIOperation, Case, GenerationMode
 
 from tests.master.inprocess_app import scripted_app
 
-APP, WORKER = scripted_app()
+APP, MASTER = scripted_app()
 FuzzCase = Case[APIOperation[Any, Any, Any, Any]]
 SCHEMA = schemathesis.openapi.from_asgi("/openapi.json", APP)
 EXAMPLES = 50
@@ -59,10 +59,10 @@ def test_fuzzed_requests_never_get_a_5xx_and_errors_are_openai_shaped(
     check()
 
 
-def test_positive_fuzzing_reaches_the_worker() -> None:
+def test_positive_fuzzing_reaches_the_master() -> None:
     """The positive run above is not vacuous: schema-valid requests get through validation to generation."""
     operation = SCHEMA["/v1/chat/completions"]["POST"]
-    before = len(WORKER.tasks)
+    before = len(MASTER.tasks)
 
     @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None)
     @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
@@ -70,4 +70,4 @@ def test_positive_fuzzing_reaches_the_worker() -> None:
         case.call()
 
     send()
-    assert len(WORKER.tasks) > before
+    assert len(MASTER.tasks) > before

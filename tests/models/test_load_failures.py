@@ -16,12 +16,13 @@ import anyio
 import httpx
 import pytest
 
-from exo.master.api import create_app
+from exo.cluster.settings import ClusterSettings
+from exo.master.api import ApiSettings, create_app
 from exo.models import default_model
 from exo.models.errors import ModelLoadError
 from exo.models.resolve import resolve_model
 from exo.node import Node, NodeConfig
-from tests.exo_server import ExoServer, fixture_model, free_port
+from tests.exo_server import ExoServer, fixture_model, free_port, isolation
 from tests.fixtures.fixture_specs import GREETING_REPLY
 from tests.models.tiny_gguf import build_model, build_tokenizer, write_gguf
 
@@ -34,8 +35,15 @@ def exo_node(models: Sequence[str], tmp_path: Path) -> Generator[ExoServer]:
     arguments = [sys.executable, "-m", "exo", "--api-port", str(port), "--models-dir", str(tmp_path / "models")]
     for model in models:
         arguments += ["--model", model]
+    isolating_arguments, isolating_env = isolation(tmp_path / f"home-{port}")
     with log_path.open("wb") as log:
-        process = subprocess.Popen(arguments, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            arguments + isolating_arguments,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **isolating_env},
+            start_new_session=True,
+        )
     server = ExoServer(process=process, port=port, log_path=log_path)
     try:
         deadline = time.monotonic() + 60
@@ -195,15 +203,18 @@ async def test_a_node_whose_default_model_is_corrupt_reports_it_in_state_and_ans
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     corrupt_pieces(tmp_path / "pieces", monkeypatch)
-    node = Node(NodeConfig(models=(None,), models_dir=tmp_path / "models"))
-    transport = httpx.ASGITransport(app=create_app(node))
+    # A node alone in process: no cluster listener, no scouting, its own identity.
+    cluster = ClusterSettings(name="corrupt-default", listen=(), discovery=False)
+    node = Node(NodeConfig(models=(None,), models_dir=tmp_path / "models", cluster=cluster, home=tmp_path / "home"))
+    await node.join()
+    transport = httpx.ASGITransport(app=create_app(node.master_client, ApiSettings()))
     async with (
         anyio.create_task_group() as task_group,
         httpx.AsyncClient(transport=transport, base_url="http://node") as client,
     ):
-        await node.start(task_group)
+        node.start(task_group)
         with anyio.fail_after(30):
-            while not node.master.state.runners:
+            while not node.master_client.state.runners:
                 await anyio.sleep(0.05)
         state = (await client.get("/state")).json()
         [runner] = state["runners"].values()

@@ -1,8 +1,13 @@
-"""The OpenAI-compatible HTTP API. Thin: validate the request, hand a command to the master, shape the answer."""
+"""The OpenAI-compatible HTTP API. Thin: validate the request, hand a command to the master, shape the answer.
+
+Every node serves it; a request for a model whose runner lives on another node is forwarded there by the master
+and streamed back unchanged. The cluster's own endpoints (/v1/cluster…, /metrics) are in cluster_routes.py.
+"""
 
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import uuid4
 
@@ -15,6 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from exo.master.adapters.chat_request import to_command
 from exo.master.adapters.chat_response import collect_response
 from exo.master.adapters.chat_stream import ChunkEncoder, sse_events
+from exo.master.client import MasterClient, TaskHandle, TaskRefusedError
+from exo.master.cluster_routes import cluster_router
 from exo.master.errors import (
     ApiError,
     handle_api_error,
@@ -22,9 +29,8 @@ from exo.master.errors import (
     handle_unexpected_error,
     handle_validation_error,
 )
-from exo.master.main import ModelNotLoadedError, TaskHandle
+from exo.master.placement import served_model_ids
 from exo.master.request_guard import RequestGuard
-from exo.node import Node
 from exo.shared.types.api import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -33,10 +39,9 @@ from exo.shared.types.api import (
     ModelList,
 )
 from exo.shared.types.chunks import Chunk, ErrorChunk
-from exo.shared.types.commands import CancelTaskCommand
+from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
 from exo.shared.types.common import ModelId
-from exo.shared.types.state import State
-from exo.worker.runner.supervisor import QueueFullError, RunnerUnavailableError
+from exo.shared.types.state import RunnerInfo, State
 
 logger = logging.getLogger(__name__)
 
@@ -58,14 +63,22 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {status: _ERRORS[status] for status in (401, 500)}
 
 
-def create_app(node: Node) -> FastAPI:
-    """The FastAPI app serving `node`: /health, /state, /v1/models and /v1/chat/completions."""
+@dataclass(frozen=True)
+class ApiSettings:
+    api_key: str | None = None
+    max_request_bytes: int = 32 * 1024 * 1024
+
+
+def create_app(master: MasterClient, settings: ApiSettings) -> FastAPI:
+    """The FastAPI app in front of `master`: /health, /state, /v1/models, /v1/chat/completions and the cluster's
+    endpoints."""
     app = FastAPI(title="exo", version="0.1.0")
     app.add_exception_handler(ApiError, handle_api_error)
     app.add_exception_handler(RequestValidationError, handle_validation_error)
     app.add_exception_handler(StarletteHTTPException, handle_http_error)
     app.add_exception_handler(Exception, handle_unexpected_error)
-    app.add_middleware(RequestGuard, api_key=node.config.api_key, max_body_bytes=node.config.max_request_bytes)
+    app.add_middleware(RequestGuard, api_key=settings.api_key, max_body_bytes=settings.max_request_bytes)
+    app.include_router(cluster_router(master))
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -73,52 +86,29 @@ def create_app(node: Node) -> FastAPI:
 
     @app.get("/state", responses=_AUTH_ERRORS)
     async def state() -> State:
-        return node.master.state
+        return master.state
 
     @app.get("/v1/models", responses=_AUTH_ERRORS)
     async def models() -> ModelList:
-        cards: list[ModelCard] = []
-        for runner in node.master.state.runners.values():
-            metadata = runner.metadata
-            capabilities = ["chat"]
-            if metadata is not None and metadata.tool_format is not None:
-                capabilities.append("tool_use")
-            if metadata is not None and metadata.supports_reasoning:
-                capabilities.append("reasoning")
-            cards.append(
-                ModelCard(
-                    id=runner.model_id,
-                    created=int(time.time()),
-                    capabilities=capabilities,
-                    context_length=metadata.context_length if metadata else None,
-                )
-            )
-        return ModelList(data=cards)
+        return ModelList(data=_model_cards(master.state))
 
     @app.post("/v1/chat/completions", response_model=None, responses=_ERRORS)
     async def chat_completions(
         request: ChatCompletionRequest, http_request: Request
     ) -> ChatCompletionResponse | Response:
-        model_id = _served_model(node, request.model)
+        model_id = _served_model(master.state, request.model)
         command = to_command(request, model_id)
-        try:
-            handle = node.master.submit_chat_completion(command)
-        except ModelNotLoadedError as error:
-            raise ApiError(
-                404, f"model '{error}' is not loaded", error_type="not_found_error", code="model_not_found"
-            ) from error
-        except QueueFullError as error:
-            raise ApiError(429, str(error), error_type="rate_limit_error", code="queue_full") from error
-        except RunnerUnavailableError as error:
-            raise ApiError(503, str(error), error_type="server_error", code="model_unavailable") from error
+        handle = await _unless_client_leaves(http_request, lambda: _submit(master, command))
+        if handle is None:
+            return Response(status_code=499)
         completion_id = f"chatcmpl-{uuid4().hex}"
         created = int(time.time())
         if not request.stream:
             response = await _unless_client_leaves(
-                http_request, lambda: _complete(node, handle, completion_id, created, model_id)
+                http_request, lambda: _complete(master, handle, completion_id, created, model_id)
             )
             return response if response is not None else Response(status_code=499)
-        first = await _unless_client_leaves(http_request, lambda: _first_chunk(node, handle))
+        first = await _unless_client_leaves(http_request, lambda: _first_chunk(master, handle))
         if first is None:
             await handle.chunks.aclose()
             return Response(status_code=499)
@@ -128,7 +118,7 @@ def create_app(node: Node) -> FastAPI:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         encoder = ChunkEncoder(completion_id, created, model_id, include_usage)
         return StreamingResponse(
-            _cancelling_on_exit(node, handle, sse_events(encoder, first, handle.chunks)),
+            _cancelling_on_exit(master, handle, sse_events(encoder, first, handle.chunks)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -136,19 +126,55 @@ def create_app(node: Node) -> FastAPI:
     return app
 
 
-def _served_model(node: Node, requested: str | None) -> ModelId:
-    model_id = node.resolve_request_model(requested)
-    if model_id is not None:
-        return model_id
+def _model_cards(state: State) -> list[ModelCard]:
+    """One card per model served anywhere in the cluster (described by a ready runner when there is one)."""
+    described: dict[ModelId, RunnerInfo] = {}
+    for runner in state.runners.values():
+        if runner.model_id in served_model_ids(state):
+            known = described.get(runner.model_id)
+            if known is None or (known.metadata is None and runner.metadata is not None):
+                described[runner.model_id] = runner
+    cards: list[ModelCard] = []
+    for model_id, runner in sorted(described.items()):
+        metadata = runner.metadata
+        capabilities = ["chat"]
+        if metadata is not None and metadata.tool_format is not None:
+            capabilities.append("tool_use")
+        if metadata is not None and metadata.supports_reasoning:
+            capabilities.append("reasoning")
+        cards.append(
+            ModelCard(
+                id=model_id,
+                created=int(time.time()),
+                capabilities=capabilities,
+                context_length=metadata.context_length if metadata else None,
+            )
+        )
+    return cards
+
+
+def _served_model(state: State, requested: str | None) -> ModelId:
+    """The model a request names (or the only one served, when it names none), or the error saying why not."""
+    served = served_model_ids(state)
+    if not requested and len(served) == 1:
+        return served[0]
+    if requested and requested in served:
+        return ModelId(requested)
     label = requested or "default"
-    if label in node.preparing or (requested is None and node.preparing):
+    preparing = {
+        preparation.model
+        for node in state.nodes.values()
+        if node.health.status != "down"
+        for preparation in node.preparing
+    }
+    if label in preparing or (not requested and preparing):
         raise ApiError(503, f"model '{label}' is still being prepared; retry shortly", error_type="server_error")
-    served = ", ".join(node.master.model_ids()) or "none"
-    if requested is None:
-        raise ApiError(400, f"the request names no model and several are served ({served})", param="model")
+    served_text = ", ".join(served) or "none"
+    if not requested:
+        raise ApiError(400, f"the request names no model and several are served ({served_text})", param="model")
     raise ApiError(
         404,
-        f"model '{requested}' is not served here (served: {served})",
+        f"model '{requested}' is not served here (served: {served_text})",
         error_type="not_found_error",
         param="model",
         code="model_not_found",
@@ -181,28 +207,48 @@ async def _unless_client_leaves(http_request: Request, work: Callable[[], Awaita
     return result[0] if result else None
 
 
-async def _first_chunk(node: Node, handle: TaskHandle) -> Chunk:
+# How each refusal reaches the client: (HTTP status, OpenAI error type, code).
+_REFUSALS: dict[str, tuple[int, str, str]] = {
+    "queue_full": (429, "rate_limit_error", "queue_full"),
+    "model_unavailable": (503, "server_error", "model_unavailable"),
+    "model_not_found": (404, "not_found_error", "model_not_found"),
+    "no_master": (503, "server_error", "no_master"),
+}
+
+
+async def _submit(master: MasterClient, command: ChatCompletionCommand) -> TaskHandle:
+    """Hand the command to the master; a task that cannot start becomes its HTTP error."""
+    try:
+        return await master.submit_chat_completion(command)
+    except TaskRefusedError as error:
+        status, error_type, code = _REFUSALS[error.reason]
+        raise ApiError(status, str(error), error_type=error_type, code=code) from error
+
+
+async def _first_chunk(master: MasterClient, handle: TaskHandle) -> Chunk:
     """Wait for the first chunk so request-level errors (context too long…) become proper HTTP errors."""
     try:
         return await anext(handle.chunks)
     except StopAsyncIteration:
         return ErrorChunk(message="generation was cancelled before it started", status_code=500)
     except BaseException:
-        node.master.cancel(CancelTaskCommand(task_id=handle.task_id))
+        master.cancel(CancelTaskCommand(task_id=handle.task_id))
         raise
 
 
 async def _complete(
-    node: Node, handle: TaskHandle, completion_id: str, created: int, model_id: ModelId
+    master: MasterClient, handle: TaskHandle, completion_id: str, created: int, model_id: ModelId
 ) -> ChatCompletionResponse:
     try:
         return await collect_response(handle.chunks, completion_id=completion_id, created=created, model=model_id)
     except BaseException:
-        node.master.cancel(CancelTaskCommand(task_id=handle.task_id))
+        master.cancel(CancelTaskCommand(task_id=handle.task_id))
         raise
 
 
-async def _cancelling_on_exit(node: Node, handle: TaskHandle, events: AsyncIterator[str]) -> AsyncIterator[str]:
+async def _cancelling_on_exit(
+    master: MasterClient, handle: TaskHandle, events: AsyncIterator[str]
+) -> AsyncIterator[str]:
     """If the client goes away mid-stream, tell the runner to stop generating."""
     finished = False
     try:
@@ -212,5 +258,5 @@ async def _cancelling_on_exit(node: Node, handle: TaskHandle, events: AsyncItera
     finally:
         if not finished:
             logger.info("client left during task %s; cancelling it", handle.task_id)
-            node.master.cancel(CancelTaskCommand(task_id=handle.task_id))
+            master.cancel(CancelTaskCommand(task_id=handle.task_id))
         await handle.chunks.aclose()
