@@ -128,16 +128,21 @@ async def serve(config: NodeConfig) -> None:
         logger.warning("listening on %s without an API key: anyone on the network can use this node", config.host)
     node = Node(config)
     await node.join()
-    async with anyio.create_task_group() as task_group:
-        node.start(task_group)
-        app = create_app(node.master_client, ApiSettings(config.api_key, config.max_request_bytes))
-        server = uvicorn.Server(
-            uvicorn.Config(app, host=config.host, port=config.api_port, log_level="warning", access_log=False)
-        )
-        logger.info("exo API on http://%s:%d/v1", config.host, config.api_port)
-        await server.serve()
-        await node.stop()
-        task_group.cancel_scope.cancel()
+    try:
+        async with anyio.create_task_group() as task_group:
+            node.start(task_group)
+            app = create_app(node.master_client, ApiSettings(config.api_key, config.max_request_bytes))
+            server = uvicorn.Server(
+                uvicorn.Config(app, host=config.host, port=config.api_port, log_level="warning", access_log=False)
+            )
+            logger.info("exo API on http://%s:%d/v1", config.host, config.api_port)
+            await server.serve()
+            task_group.cancel_scope.cancel()
+    finally:
+        # Also when Ctrl-C cancels everything: the runners stop and the node leaves the cluster (an open zenoh
+        # session would keep the process from exiting).
+        with anyio.CancelScope(shield=True):
+            await node.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

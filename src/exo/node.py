@@ -142,12 +142,14 @@ class Node:
 
     async def stop(self) -> None:
         """Stop the runners, then leave the cluster (peers see this node go at once)."""
-        if self._worker is not None:
-            await self._worker.stop()
-        if self._parts is not None:
-            await self._parts.bus.close()
-        if self._identity is not None:
-            self._identity.release()
+        try:
+            if self._worker is not None:
+                await self._worker.stop()
+        finally:
+            if self._parts is not None:
+                await self._parts.bus.close()
+            if self._identity is not None:
+                self._identity.release()
 
     def _runner_config(self, model_id: ModelId, model_path: Path) -> RunnerConfig:
         return RunnerConfig(
