@@ -126,6 +126,11 @@ async def serve(config: NodeConfig) -> None:
         logger.warning(advice)
     if config.host not in LOOPBACK_HOSTS and not config.api_key:
         logger.warning("listening on %s without an API key: anyone on the network can use this node", config.host)
+    if config.cluster.reachable_from_network:
+        logger.warning(
+            "cluster port %s is open to the network and unauthenticated: run clusters on trusted networks only",
+            ", ".join(config.cluster.listen),
+        )
     node = Node(config)
     await node.join()
     try:

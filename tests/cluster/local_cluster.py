@@ -91,9 +91,30 @@ class LocalCluster:
         cluster_port: int | None = None,
         cluster_name: str | None = None,
         discovery: bool = False,
-        extra: Sequence[str] = (),
     ) -> ClusterNode:
-        """Start a node (no model when `models` is empty); `home` reuses a stopped node's identity."""
+        """Start a node and wait until it serves; see `launch`."""
+        node = self.launch(
+            name, models, peers, home=home, cluster_port=cluster_port, cluster_name=cluster_name, discovery=discovery
+        )
+        self.wait_ready(node)
+        return node
+
+    def wait_ready(self, node: ClusterNode) -> None:
+        """Wait until `node` answers and its own runners are ready."""
+        self.wait_until(node, lambda: _runners_ready(node), "its API and runners to come up", START_TIMEOUT_S)
+
+    def launch(
+        self,
+        name: str,
+        models: Sequence[Path] = (),
+        peers: Sequence[ClusterNode] = (),
+        *,
+        home: Path | None = None,
+        cluster_port: int | None = None,
+        cluster_name: str | None = None,
+        discovery: bool = False,
+    ) -> ClusterNode:
+        """Start a node without waiting for it (no model when `models` is empty; `home` reuses an identity)."""
         api_port = free_port()
         cluster_port = cluster_port or free_port()
         home = home or self.work_dir / f"home-{name}"
@@ -104,7 +125,6 @@ class LocalCluster:
         arguments += [argument for model in models for argument in ("--model", str(model))] or ["--no-model"]
         arguments += [argument for peer in peers for argument in ("--peer", peer.endpoint)]
         arguments += [] if discovery else ["--no-discovery"]
-        arguments += list(extra)
         environment = {**os.environ, "EXO_HOME": str(home)}
         environment.pop("EXO_PEERS", None)
         with log_path.open("ab") as log:
@@ -113,7 +133,6 @@ class LocalCluster:
             )
         node = ClusterNode(name, process, api_port, cluster_port, home, log_path, tuple(models), arguments)
         self.nodes.append(node)
-        self.wait_until(node, lambda: _runners_ready(node), "its API and runners to come up", START_TIMEOUT_S)
         return node
 
     def restart(self, node: ClusterNode, peers: Sequence[ClusterNode] = ()) -> ClusterNode:

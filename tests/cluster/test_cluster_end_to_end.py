@@ -30,9 +30,11 @@ CLUSTER = "e2e-three"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     endless = endless_copy(tmp_path_factory.mktemp("models"))
     with local_cluster(tmp_path_factory.mktemp("cluster"), CLUSTER) as running:
-        alpha = running.start("alpha", [fixture_model(QWEN), endless])
-        beta = running.start("beta", peers=[alpha])
-        running.start("gamma", [fixture_model(LLAMA)], peers=[beta])
+        alpha = running.start("alpha", [fixture_model(QWEN), endless])  # first, so it is the master
+        beta = running.launch("beta", peers=[alpha])
+        gamma = running.launch("gamma", [fixture_model(LLAMA)], peers=[beta])
+        running.wait_ready(beta)
+        running.wait_ready(gamma)
         yield running
 
 

@@ -27,9 +27,9 @@ DOWN_WITHIN_S = 10.0
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     endless = endless_copy(tmp_path_factory.mktemp("models"))
     with local_cluster(tmp_path_factory.mktemp("failover"), "e2e-failover") as running:
-        m1 = running.start("m1", [fixture_model(QWEN)])
-        running.start("m2", [endless], peers=[m1])
-        running.start("n", peers=[m1])
+        m1 = running.start("m1", [fixture_model(QWEN)])  # first, so it is the master
+        for node in (running.launch("m2", [endless], peers=[m1]), running.launch("n", peers=[m1])):
+            running.wait_ready(node)
         running.settled_states(running.nodes)
         yield running
 

@@ -98,3 +98,10 @@ def test_cli_cluster_flags_and_exo_peers(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_cli_refuses_a_model_on_a_no_model_node() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--no-model", "--model", "x"])
+
+
+def test_only_a_listener_beyond_loopback_is_reachable_from_the_network() -> None:
+    assert ClusterSettings(listen=("tcp/0.0.0.0:52414",)).reachable_from_network
+    assert ClusterSettings(listen=("tcp/127.0.0.1:1", "tcp/10.0.0.2:52414")).reachable_from_network
+    assert not ClusterSettings(listen=("tcp/127.0.0.1:52414", "tcp/[::1]:52414")).reachable_from_network
+    assert not ClusterSettings(listen=()).reachable_from_network

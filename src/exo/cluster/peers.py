@@ -106,6 +106,8 @@ class PeerConnector:
         helper_config.insert_json5("connect/timeout_ms", json.dumps(CONNECT_TIMEOUT_MILLISECONDS))
         helper_config.insert_json5("connect/exit_on_failure", "true")
         helper_config.insert_json5("scouting/multicast/enabled", "false")
+        # The helper links only the two sides; what it learns from gossip is for them to act on, not for it.
+        helper_config.insert_json5("scouting/gossip/autoconnect", json.dumps({"router": [], "peer": []}))
         try:
             helper = await anyio.to_thread.run_sync(zenoh.open, helper_config)
         except zenoh.ZError as error:
@@ -114,11 +116,13 @@ class PeerConnector:
             me = self._membership.node_id
             deadline = time.monotonic() + LINK_WAIT_SECONDS
             while True:
-                others = {str(zenoh_id) for zenoh_id in helper.info.peers_zid()} - {me}
-                if others:
-                    peer = others.pop()
+                reached = {str(zenoh_id) for zenoh_id in helper.info.peers_zid()}
+                if reached - {me}:
+                    peer = (reached - {me}).pop()
                     break
                 if time.monotonic() > deadline:
+                    if reached == {me}:
+                        raise PeerUnreachableError(f"{', '.join(endpoints)} is this node itself")
                     raise PeerUnreachableError(f"nothing answered at {', '.join(endpoints)}")
                 await anyio.sleep(0.05)
             while peer not in self._connected_ids() and time.monotonic() < deadline:

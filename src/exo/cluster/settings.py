@@ -76,12 +76,13 @@ class ClusterSettings:
     discovery: bool = True
 
     @property
-    def listens_on_loopback_only(self) -> bool:
-        return bool(self.listen) and all("/127." in endpoint or "/[::1]" in endpoint for endpoint in self.listen)
+    def reachable_from_network(self) -> bool:
+        """Some listener accepts connections from other machines."""
+        return any("/127." not in endpoint and "/[::1]" not in endpoint for endpoint in self.listen)
 
     def multicast_interface(self) -> str:
         """Scout on the loopback interface for a loopback node, so it never advertises 127.0.0.1 to the LAN."""
-        if self.listens_on_loopback_only:
+        if self.listen and not self.reachable_from_network:
             return loopback_interface() or "auto"
         return "auto"
 
