@@ -4,6 +4,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from exo.shared.types.api import FunctionDefinition
+from exo.tool_calls.grammar.reply import FormatGrammar
 from exo.tool_calls.work_meter import WorkMeter
 
 
@@ -73,7 +74,12 @@ class CallRegion(Protocol):
 
 
 class ToolFormat(Protocol):
-    """A tool-call wire format: how its calls begin, and a region reader for what follows."""
+    """A tool-call wire format: how its calls begin, a region reader for what follows, and its grammar."""
+
+    @property
+    def grammar(self) -> FormatGrammar:
+        """How replies in this format are written, for constrained generation."""
+        ...
 
     @property
     def start_markers(self) -> tuple[str, ...]: ...

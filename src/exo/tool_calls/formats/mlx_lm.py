@@ -8,6 +8,9 @@ from typing import cast
 
 from exo.tool_calls.arguments.parsed_call import emit_parsed_calls, parsed_calls_from_untyped
 from exo.tool_calls.format import CallRegion, CallSink
+from exo.tool_calls.grammar.lark import LarkWriter
+from exo.tool_calls.grammar.reply import ReplyRequest, ReplyShape
+from exo.tool_calls.grammar.spec import UnsupportedConstraintError
 from exo.tool_calls.markers import MarkerScanner
 
 UntypedParser = Callable[[str, object], object]
@@ -67,6 +70,22 @@ class MlxLmRegion:
             self._sink.reject(reason)
 
 
+class _TextOnlyGrammar:
+    """No call rules yet: only `tool_choice: "none"` (text that never writes the start marker) is enforced."""
+
+    def __init__(self, module: Callable[[], _MlxLmModule]) -> None:
+        self._module = module
+
+    @property
+    def marker_texts(self) -> tuple[str, ...]:
+        return (self._module().start,)
+
+    def reply(self, lark: LarkWriter, request: ReplyRequest, /) -> str:
+        if request.shape is not ReplyShape.TEXT_ONLY:
+            raise UnsupportedConstraintError("this tool format has no constraint grammar for calls")
+        return lark.prose(never_containing=(self._module().start,))
+
+
 class MlxLmFormat:
     """A format backed by one mlx-lm tool-parser module (imported on first use: mlx-lm is slow to import)."""
 
@@ -75,6 +94,7 @@ class MlxLmFormat:
     def __init__(self, module_name: str) -> None:
         self._module_name = module_name
         self._module: _MlxLmModule | None = None
+        self.grammar = _TextOnlyGrammar(self._loaded)
 
     def _loaded(self) -> _MlxLmModule:
         if self._module is None:
