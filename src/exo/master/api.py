@@ -28,6 +28,7 @@ from exo.master.errors import (
 )
 from exo.master.request_guard import RequestGuard
 from exo.master.routes.messages import messages_router
+from exo.master.routes.responses import responses_router
 from exo.node import Node
 from exo.shared.types.api import (
     ChatCompletionRequest,
@@ -55,7 +56,7 @@ _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {status: _ERRORS[status] for sta
 
 
 def create_app(node: Node) -> FastAPI:
-    """The FastAPI app serving `node`: /health, /state, /v1/models, /v1/chat/completions and the Messages API."""
+    """The FastAPI app serving `node`: /health, /state, /v1/models, chat completions, Messages and Responses."""
     app = FastAPI(title="exo", version="0.1.0")
     app.add_exception_handler(ApiError, handle_api_error)
     app.add_exception_handler(RequestValidationError, handle_validation_error)
@@ -115,4 +116,5 @@ def create_app(node: Node) -> FastAPI:
         return event_stream(node, handle, sse_events(encoder, first, handle.chunks))
 
     app.include_router(messages_router(node))
+    app.include_router(responses_router(node))
     return app

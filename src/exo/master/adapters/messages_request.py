@@ -13,6 +13,7 @@ from pydantic import JsonValue
 
 from exo.master.adapters.json_output import json_output
 from exo.master.adapters.tool_controls import build_policy, check_functions
+from exo.master.adapters.unsupported import unsupported
 from exo.master.errors import ApiError
 from exo.shared.types.anthropic_messages import (
     ContentBlockParam,
@@ -60,15 +61,10 @@ CLEAR_THINKING_EDIT = "clear_thinking_20251015"
 MAX_STOP_SEQUENCES = 16
 
 
-def unsupported(where: str, what: str) -> ApiError:
-    """The 400 for a request feature this server does not have."""
-    return ApiError(400, f"{where}: {what} is not supported by this server", param=where, code="unsupported_parameter")
-
-
-def _block_kind(block_type: str, turn: str) -> str:
+def _refused_block(where: str, block_type: str, place: str) -> ApiError:
     if block_type in ("image", "document"):
-        return f"{block_type} input (only text is read)"
-    return f"a '{block_type}' block in {turn}"
+        return unsupported(where, f"{block_type} input", "the served models read text only")
+    return unsupported(where, f"'{block_type}' blocks in {place}")
 
 
 def _blocks(content: str | Sequence[ContentBlockParam]) -> Sequence[ContentBlockParam]:
@@ -82,7 +78,7 @@ def _text_only(content: str | Sequence[ContentBlockParam] | None, where: str) ->
     texts: list[str] = []
     for position, block in enumerate(_blocks(content)):
         if not isinstance(block, TextBlockParam):
-            raise unsupported(f"{where}[{position}]", _block_kind(block.type, "text-only content"))
+            raise _refused_block(f"{where}[{position}]", block.type, "text-only content")
         texts.append(block.text)
     return "".join(texts)
 
@@ -112,7 +108,7 @@ def _user_turn(blocks: Sequence[ContentBlockParam], where: str, known_ids: set[s
             case ToolResultBlockParam():
                 results.append(_tool_result(block, f"{where}.content[{position}]", known_ids))
             case _:
-                raise unsupported(f"{where}.content[{position}]", _block_kind(block.type, "a user turn"))
+                raise _refused_block(f"{where}.content[{position}]", block.type, "a user turn")
     if texts or not results:
         results.append(PromptMessage(role="user", content="".join(texts)))
     return results
@@ -132,7 +128,7 @@ def _assistant_turn(blocks: Sequence[ContentBlockParam], where: str, known_ids: 
                 calls.append(PromptToolCall(call_id=call_id, name=name, arguments=arguments))
                 known_ids.add(call_id)
             case _:
-                raise unsupported(f"{where}.content[{position}]", _block_kind(block.type, "an assistant turn"))
+                raise _refused_block(f"{where}.content[{position}]", block.type, "an assistant turn")
     return PromptMessage(
         role="assistant", content="".join(texts), reasoning_content="".join(reasoning) or None, tool_calls=tuple(calls)
     )
@@ -144,7 +140,7 @@ def _kept_thinking_turns(context: ContextManagementParam | None) -> int | None:
     for position, edit in enumerate(context.edits if context else []):
         where = f"context_management.edits[{position}]"
         if edit.type != CLEAR_THINKING_EDIT:
-            raise unsupported(where, f"the context edit '{edit.type}' (only {CLEAR_THINKING_EDIT})")
+            raise unsupported(where, f"the context edit '{edit.type}'", f"only {CLEAR_THINKING_EDIT} is applied")
         match edit.keep:
             case "all" | ThinkingTurns(type="all"):
                 kept = None
@@ -197,13 +193,13 @@ def _functions(request: MessagesPrompt) -> tuple[FunctionDefinition, ...]:
     for position, tool in enumerate(request.tools or []):
         where = f"tools[{position}]"
         if tool.type not in CLIENT_TOOL_TYPES:
-            raise unsupported(f"{where}.type", f"the server tool '{tool.type}' (only client tools)")
+            raise unsupported(f"{where}.type", f"the server tool '{tool.type}'", "only client tools run here")
         if tool.input_schema is None:
             raise ApiError(400, f"{where}.input_schema is required", param=f"{where}.input_schema")
         if tool.defer_loading:
-            raise unsupported(f"{where}.defer_loading", "deferred tool loading (it needs server-side tool search)")
+            raise unsupported(f"{where}.defer_loading", "deferred tool loading", "it needs server-side tool search")
         if tool.input_examples:
-            raise unsupported(f"{where}.input_examples", "input_examples")
+            raise unsupported(f"{where}.input_examples", "tool input examples")
         if any(caller != "direct" for caller in tool.allowed_callers or []):
             raise unsupported(f"{where}.allowed_callers", "calls from server-side code execution")
         functions.append(
@@ -250,7 +246,7 @@ def _structured_output(request: MessagesPrompt) -> StructuredOutput | None:
 
 def _reject_unsupported(request: MessagesPrompt) -> None:
     if request.mcp_servers:
-        raise unsupported("mcp_servers", "the MCP connector (connect MCP servers to the client instead)")
+        raise unsupported("mcp_servers", "the MCP connector", "connect MCP servers to the client instead")
 
 
 def prompt_params(request: MessagesPrompt, sampling: SamplingParams) -> ChatCompletionTaskParams:
