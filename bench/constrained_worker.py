@@ -26,11 +26,11 @@ from bench.results import ConstrainedDecodeRow, ConstrainedReport, ConstrainedSe
 from exo.shared.types.api import FunctionDefinition, ToolDefinition
 from exo.shared.types.tasks import PromptMessage, SamplingParams, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
+from exo.tool_calls import detect_tool_format
 from exo.worker.engines.mlx.constrained.compiled import clear_caches, guidance_tokenizer
 from exo.worker.engines.mlx.generator.chat_completion import reasoning_markers
 from exo.worker.engines.mlx.generator.constraints import logits_processors_for
 from exo.worker.engines.mlx.generator.generate import LogitsProcessor, generate_tokens
-from exo.worker.engines.mlx.generator.tool_parser import detect_tool_format
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template, chat_template_text, load_model
 
 NAMED_TOOL = "write"

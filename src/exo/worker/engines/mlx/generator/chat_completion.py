@@ -16,6 +16,7 @@ from exo.shared.types.chunks import (
 )
 from exo.shared.types.common import FinishReason
 from exo.shared.types.tasks import ChatCompletionTask, ToolPolicy
+from exo.tool_calls import ToolFormatName, ToolStreamParser
 from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
 from exo.worker.engines.mlx.constrained import ReasoningMarkers
 from exo.worker.engines.mlx.generator.constraints import (
@@ -25,7 +26,6 @@ from exo.worker.engines.mlx.generator.constraints import (
 from exo.worker.engines.mlx.generator.generate import ContextLengthExceededError, clamp_max_tokens, generate_tokens
 from exo.worker.engines.mlx.generator.stop_sequences import StopSequenceMatcher
 from exo.worker.engines.mlx.generator.structured_output import structured_logits_processors
-from exo.worker.engines.mlx.generator.tool_parser import ToolFormatName, ToolStreamParser
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template
 
 logger = logging.getLogger(__name__)
