@@ -6,11 +6,14 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import uvicorn
 
-from exo.node import Node, NodeConfig
+if TYPE_CHECKING:
+    # The node (and the model tooling it imports) loads only when a node starts: `exo mcp` starts fast without it.
+    from exo.node import NodeConfig
 
 logger = logging.getLogger("exo")
 
@@ -18,7 +21,12 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="exo", description="Run an exo node with an OpenAI-compatible API.")
+    parser = argparse.ArgumentParser(
+        prog="exo",
+        description="Run an exo node with an OpenAI-compatible API.",
+        epilog="Other commands: `exo mcp` serves exo's tools to agents over MCP (exo mcp --help); "
+        "`exo conformance` checks the tool-call formats.",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 exposes it)")
     parser.add_argument("--api-port", type=int, default=52415, help="API port (default 52415)")
     parser.add_argument(
@@ -46,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(arguments: argparse.Namespace) -> NodeConfig:
+def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
+    from exo.node import NodeConfig
+
     level = logging.DEBUG if arguments.verbose else logging.WARNING if arguments.quiet else logging.INFO
     models: list[str] | None = arguments.model
     return NodeConfig(
@@ -64,8 +74,9 @@ def config_from_args(arguments: argparse.Namespace) -> NodeConfig:
     )
 
 
-async def serve(config: NodeConfig) -> None:
+async def serve(config: "NodeConfig") -> None:
     from exo.master.api import create_app
+    from exo.node import Node
     from exo.worker.engines.mlx.blas import blas_advice, blas_environment
 
     os.environ.update(blas_environment(os.environ))
@@ -92,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from exo.conformance.cli import main as conformance_main
 
         sys.exit(conformance_main(command_line[1:]))
+    if command_line[:1] == ["mcp"]:
+        from exo.mcp.cli import main as mcp_main
+
+        sys.exit(mcp_main(command_line[1:]))
     arguments = build_parser().parse_args(command_line)
     config = config_from_args(arguments)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
