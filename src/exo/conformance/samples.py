@@ -15,7 +15,7 @@ from itertools import cycle
 
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.common import FrozenModel
-from exo.worker.engines.mlx.generator.tool_parser import ToolFormatName
+from exo.tool_calls import ToolFormatName
 
 WEATHER_TOOL = FunctionDefinition(
     name="get_weather",
