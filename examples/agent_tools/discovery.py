@@ -38,11 +38,6 @@ def discovered_tools(
     stops start-up: an unreachable server, a broken tool declaration or a wedged extension is logged and skipped.
     """
     with ExitStack() as stack:
-        if mcp_servers:
-            portal = stack.enter_context(start_blocking_portal())
-            servers = stack.enter_context(McpServers(portal, call_timeout_seconds=call_timeout_seconds))
-            for spec in mcp_servers:
-                _add_all(registry, servers.connect(spec, mcp_headers))
         for command in extensions:
             argv = shlex.split(command)
             try:
@@ -52,6 +47,11 @@ def discovered_tools(
                 continue
             stack.callback(extension.close)
             _add_all(registry, extension.tools(ready_grace_seconds))
+        if mcp_servers:
+            portal = stack.enter_context(start_blocking_portal())
+            servers = stack.enter_context(McpServers(portal, call_timeout_seconds=call_timeout_seconds))
+            for spec in mcp_servers:
+                _add_all(registry, servers.connect(spec, mcp_headers))
         yield registry
 
 
