@@ -15,6 +15,7 @@ from pathlib import Path
 from uuid import uuid4
 
 import httpx
+from anthropic import Anthropic
 from openai import OpenAI
 
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
@@ -31,6 +32,7 @@ class ExoServer:
     process: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    api_key: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -43,8 +45,13 @@ class ExoServer:
         """The official SDK pointed at this server: no retries (a failure must show), generous time for CPU runs."""
         return OpenAI(base_url=f"{self.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
+    def anthropic_client(self) -> Anthropic:
+        """The official Anthropic SDK pointed at this server (the Messages API), as strict as `openai_client`."""
+        return Anthropic(base_url=self.base_url, api_key="unused", max_retries=0, timeout=120)
+
     def state(self) -> dict[str, object]:
-        response = httpx.get(f"{self.base_url}/state", timeout=10)
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        response = httpx.get(f"{self.base_url}/state", headers=headers, timeout=10)
         response.raise_for_status()
         state: dict[str, object] = response.json()
         return state
@@ -127,9 +134,14 @@ def isolation(home: Path) -> tuple[list[str], dict[str, str]]:
 
 @contextmanager
 def running_exo(
-    models: Sequence[Path], tmp_path: Path, extra_args: Sequence[str] = (), env: dict[str, str] | None = None
+    models: Sequence[Path],
+    tmp_path: Path,
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    api_key: str | None = None,
 ) -> Generator[ExoServer]:
-    """Start `python -m exo` on a free port serving `models`, wait until ready, and stop it afterwards."""
+    """Start `python -m exo` on a free port serving `models` (behind `api_key` when given), wait until ready, and
+    stop it afterwards."""
     port = free_port()
     log_path = tmp_path / f"exo-{port}.log"
     arguments = [sys.executable, "-m", "exo", "--api-port", str(port), "--models-dir", str(tmp_path / "models")]
@@ -137,6 +149,8 @@ def running_exo(
         arguments += ["--model", str(model)]
     isolating_arguments, isolating_env = isolation(tmp_path / f"home-{port}")
     arguments += isolating_arguments + list(extra_args)
+    if api_key is not None:
+        arguments += ["--api-key", api_key]
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             arguments,
@@ -145,7 +159,7 @@ def running_exo(
             env={**os.environ, **isolating_env, **(env or {})},
             start_new_session=True,
         )
-    server = ExoServer(process=process, port=port, log_path=log_path)
+    server = ExoServer(process=process, port=port, log_path=log_path, api_key=api_key)
     try:
         server.wait_until_all_ready(len(models))
         yield server

@@ -6,11 +6,11 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import uvicorn
 
-from exo.cluster.identity import NodeIdentityError
 from exo.cluster.settings import (
     DEFAULT_CLUSTER_NAME,
     LOOPBACK_HOSTS,
@@ -21,26 +21,48 @@ from exo.cluster.settings import (
     normalise_endpoint,
     parse_peer_list,
 )
-from exo.node import Node, NodeConfig, NodeStartError
+
+# exo.node (and with it the model converter, transformers…) is imported only when a node starts: the subcommands
+# (`exo models`, `exo conformance`, `exo mcp`) start quickly without it.
+if TYPE_CHECKING:
+    from exo.node import NodeConfig
 
 logger = logging.getLogger("exo")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="exo", description="Run an exo node with an OpenAI-compatible API.")
+    parser = argparse.ArgumentParser(
+        prog="exo",
+        description="Run an exo node with an OpenAI-compatible API.",
+        epilog="Other commands: `exo mcp` serves exo's tools to agents over MCP (exo mcp --help); "
+        "`exo conformance` checks the tool-call formats.",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 exposes it)")
     parser.add_argument("--api-port", type=int, default=52415, help="API port (default 52415)")
     serving = parser.add_mutually_exclusive_group()
     serving.add_argument(
         "--model",
         action="append",
-        help="model to load: a local mlx-lm directory, a .gguf file or a Hugging Face repo id "
-        "(repeatable; default: the bundled Qwen2.5-Coder-0.5B-Instruct)",
+        help="model to load: a catalog id (`exo models` lists them), a local mlx-lm directory, a .gguf file or a "
+        "Hugging Face repo id (repeatable; default: the bundled Qwen2.5-Coder-0.5B-Instruct)",
     )
     serving.add_argument(
         "--no-model",
         action="store_true",
         help="load no model here: the node lends its API and memory and serves the cluster's models",
+    )
+    parser.add_argument(
+        "--models-dir", type=Path, help="where downloaded/imported models live (default $EXO_HOME/models)"
+    )
+    parser.add_argument("--api-key", default=os.environ.get("EXO_API_KEY"), help="require 'Authorization: Bearer KEY'")
+    parser.add_argument("--tool-format", help="override the tool-call format detected from the chat template")
+    parser.add_argument("--queue-limit", type=int, default=64, help="requests waiting per model before 429")
+    parser.add_argument("--prefix-cache-gb", type=float, default=2.0, help="memory budget of the prompt prefix cache")
+    parser.add_argument("--max-request-mb", type=float, default=32.0, help="largest accepted request body")
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let models run their own Python code while loading (custom architectures/tokenizers); off by default",
     )
     cluster = parser.add_argument_group("cluster")
     cluster.add_argument(
@@ -64,19 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-discovery", action="store_true", help="do not look for nodes with multicast (use --peer instead)"
     )
     cluster.add_argument("--node-name", help="this node's name in /v1/cluster (default: the host name)")
-    parser.add_argument(
-        "--models-dir", type=Path, help="where downloaded/imported models live (default $EXO_HOME/models)"
-    )
-    parser.add_argument("--api-key", default=os.environ.get("EXO_API_KEY"), help="require 'Authorization: Bearer KEY'")
-    parser.add_argument("--tool-format", help="override the tool-call format detected from the chat template")
-    parser.add_argument("--queue-limit", type=int, default=64, help="requests waiting per model before 429")
-    parser.add_argument("--prefix-cache-gb", type=float, default=2.0, help="memory budget of the prompt prefix cache")
-    parser.add_argument("--max-request-mb", type=float, default=32.0, help="largest accepted request body")
-    parser.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="let models run their own Python code while loading (custom architectures/tokenizers); off by default",
-    )
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     verbosity.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
@@ -96,7 +105,9 @@ def cluster_settings_from_args(arguments: argparse.Namespace) -> ClusterSettings
     )
 
 
-def config_from_args(arguments: argparse.Namespace) -> NodeConfig:
+def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
+    from exo.node import NodeConfig
+
     level = logging.DEBUG if arguments.verbose else logging.WARNING if arguments.quiet else logging.INFO
     models: list[str] | None = arguments.model
     return NodeConfig(
@@ -116,12 +127,14 @@ def config_from_args(arguments: argparse.Namespace) -> NodeConfig:
     )
 
 
-async def serve(config: NodeConfig) -> None:
+async def serve(config: "NodeConfig") -> None:
     from exo.master.api import ApiSettings, create_app
+    from exo.node import Node
     from exo.worker.engines.mlx.blas import blas_advice, blas_environment
 
+    # The runner subprocesses inherit this environment: the optimized BLAS must be preloaded before mlx loads.
     os.environ.update(blas_environment(os.environ))
-    advice = blas_advice()
+    advice = blas_advice(os.environ)
     if advice:
         logger.warning(advice)
     if config.host not in LOOPBACK_HOSTS and not config.api_key:
@@ -133,12 +146,18 @@ async def serve(config: NodeConfig) -> None:
         )
     node = Node(config)
     await node.join()
+    settings = ApiSettings(config.api_key, config.max_request_bytes, config.host, config.api_port)
     try:
         async with anyio.create_task_group() as task_group:
             node.start(task_group)
-            app = create_app(node.master_client, ApiSettings(config.api_key, config.max_request_bytes))
             server = uvicorn.Server(
-                uvicorn.Config(app, host=config.host, port=config.api_port, log_level="warning", access_log=False)
+                uvicorn.Config(
+                    create_app(node.master_client, settings),
+                    host=config.host,
+                    port=config.api_port,
+                    log_level="warning",
+                    access_log=False,
+                )
             )
             logger.info("exo API on http://%s:%d/v1", config.host, config.api_port)
             await server.serve()
@@ -156,6 +175,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         from exo.conformance.cli import main as conformance_main
 
         sys.exit(conformance_main(command_line[1:]))
+    if command_line[:1] == ["models"]:
+        from exo.models.cli import main as models_main
+
+        sys.exit(models_main(command_line[1:]))
+    if command_line[:1] == ["mcp"]:
+        from exo.mcp.cli import main as mcp_main
+
+        sys.exit(mcp_main(command_line[1:]))
     parser = build_parser()
     arguments = parser.parse_args(command_line)
     try:
@@ -163,6 +190,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ClusterSettingsError as error:
         parser.error(str(error))
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from exo.cluster.identity import NodeIdentityError
+    from exo.node import NodeStartError
+
     try:
         anyio.run(serve, config)
     except KeyboardInterrupt:

@@ -25,7 +25,8 @@ from exo.cluster.settings import ClusterSettings, zenoh_config
 from exo.cluster.topics import Member, Topics
 from exo.master.client import BusMasterClient
 from exo.master.main import Master
-from exo.models.resolve import exo_home
+from exo.models.paths import exo_home
+from exo.models.progress_display import ConsoleProgress
 from exo.shared.types.common import ModelId
 from exo.worker.main import Worker
 from exo.worker.runner.supervisor import RunnerConfig
@@ -78,6 +79,8 @@ class Node:
         self._identity: NodeIdentity | None = None
         self._parts: _JoinedParts | None = None
         self._worker: Worker | None = None
+        # Downloads and conversions show on the console (a bar on a terminal) and in /state.
+        self._console_progress = ConsoleProgress()
 
     @property
     def master_client(self) -> BusMasterClient:
@@ -131,7 +134,14 @@ class Node:
             serves_models=bool(config.models) or bool(config.extra_runner_configs),
             started_at=self._started_at,
         )
-        self._worker = worker = Worker(task_group, parts.bus, parts.topics, parts.membership, describe)
+        self._worker = worker = Worker(
+            task_group,
+            parts.bus,
+            parts.topics,
+            parts.membership,
+            describe_node=describe,
+            show_progress=self._console_progress,
+        )
         components = (parts.membership, parts.event_log, parts.master, parts.master_client, worker, parts.peers)
         for component in components:
             task_group.start_soon(component.run, name=type(component).__name__)
@@ -142,6 +152,7 @@ class Node:
 
     async def stop(self) -> None:
         """Stop the runners, then leave the cluster (peers see this node go at once)."""
+        self._console_progress.close()
         try:
             if self._worker is not None:
                 await self._worker.stop()

@@ -79,11 +79,19 @@ def scripted_state() -> State:
     )
 
 
+SCRIPTED_CHUNKS: tuple[Chunk, ...] = (
+    TokenChunk(text=SCRIPTED_REPLY),
+    FinishChunk(finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=2)),
+)
+
+
 class ScriptedMaster:
-    """A MasterClient that answers every completion with SCRIPTED_REPLY and records what it was given."""
+    """A MasterClient that answers every completion with `script` (SCRIPTED_REPLY unless a test sets another) and
+    records what it was given."""
 
     def __init__(self) -> None:
         self.tasks: list[ChatCompletionCommand] = []
+        self.script: tuple[Chunk, ...] = SCRIPTED_CHUNKS
         self.cancelled: list[TaskId] = []
         self.peers_added: list[str] = []
         self.state = scripted_state()
@@ -93,9 +101,11 @@ class ScriptedMaster:
     async def submit_chat_completion(self, command: ChatCompletionCommand) -> TaskHandle:
         self.tasks.append(command)
 
+        script = self.script
+
         async def chunks() -> AsyncGenerator[Chunk, None]:
-            yield TokenChunk(text=SCRIPTED_REPLY)
-            yield FinishChunk(finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=2))
+            for chunk in script:
+                yield chunk
 
         return TaskHandle(task_id=TaskId(f"task-{len(self.tasks)}"), node_id=SCRIPTED_NODE, chunks=chunks())
 

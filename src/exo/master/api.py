@@ -4,24 +4,28 @@ Every node serves it; a request for a model whose runner lives on another node i
 and streamed back unchanged. The cluster's own endpoints (/v1/cluster…, /metrics) are in cluster_routes.py.
 """
 
-import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 from uuid import uuid4
 
-import anyio
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exo.master.adapters.chat_request import to_command
 from exo.master.adapters.chat_response import collect_response
 from exo.master.adapters.chat_stream import ChunkEncoder, sse_events
-from exo.master.client import MasterClient, TaskHandle, TaskRefusedError
+from exo.master.client import MasterClient
 from exo.master.cluster_routes import cluster_router
+from exo.master.completion_flow import (
+    CLIENT_CLOSED_REQUEST,
+    collect,
+    event_stream,
+    first_chunk,
+    served_model,
+    submit,
+)
 from exo.master.errors import (
     ApiError,
     handle_api_error,
@@ -31,6 +35,9 @@ from exo.master.errors import (
 )
 from exo.master.placement import served_model_ids
 from exo.master.request_guard import RequestGuard
+from exo.master.routes.messages import messages_router
+from exo.master.routes.responses import responses_router
+from exo.mcp.http_mount import mount_mcp
 from exo.shared.types.api import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -38,14 +45,8 @@ from exo.shared.types.api import (
     ModelCard,
     ModelList,
 )
-from exo.shared.types.chunks import Chunk, ErrorChunk
-from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.state import RunnerInfo, State
-
-logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 # Documented in the OpenAPI schema so clients and fuzzers know every failure has OpenAI's error shape.
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -67,18 +68,21 @@ _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {status: _ERRORS[status] for sta
 class ApiSettings:
     api_key: str | None = None
     max_request_bytes: int = 32 * 1024 * 1024
+    # Where the API listens: the /mcp tools call the node's own API there.
+    host: str = "127.0.0.1"
+    port: int = 52415
 
 
 def create_app(master: MasterClient, settings: ApiSettings) -> FastAPI:
-    """The FastAPI app in front of `master`: /health, /state, /v1/models, /v1/chat/completions and the cluster's
-    endpoints."""
+    """The FastAPI app in front of `master`: /health, /state, /v1/models, chat completions, Messages, Responses,
+    the cluster's endpoints and the MCP tools at /mcp."""
     app = FastAPI(title="exo", version="0.1.0")
     app.add_exception_handler(ApiError, handle_api_error)
     app.add_exception_handler(RequestValidationError, handle_validation_error)
     app.add_exception_handler(StarletteHTTPException, handle_http_error)
     app.add_exception_handler(Exception, handle_unexpected_error)
     app.add_middleware(RequestGuard, api_key=settings.api_key, max_body_bytes=settings.max_request_bytes)
-    app.include_router(cluster_router(master))
+    mount_mcp(app, host=settings.host, port=settings.port, api_key=settings.api_key)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -96,41 +100,37 @@ def create_app(master: MasterClient, settings: ApiSettings) -> FastAPI:
     async def chat_completions(
         request: ChatCompletionRequest, http_request: Request
     ) -> ChatCompletionResponse | Response:
-        model_id = _served_model(master.state, request.model)
-        command = to_command(request, model_id)
-        handle = await _unless_client_leaves(http_request, lambda: _submit(master, command))
-        if handle is None:
-            return Response(status_code=499)
+        model_id = served_model(master.state, request.model)
+        handle = await submit(master, to_command(request, model_id), http_request)
         completion_id = f"chatcmpl-{uuid4().hex}"
         created = int(time.time())
         if not request.stream:
-            response = await _unless_client_leaves(
-                http_request, lambda: _complete(master, handle, completion_id, created, model_id)
+            response = await collect(
+                master,
+                handle,
+                http_request,
+                lambda chunks: collect_response(chunks, completion_id=completion_id, created=created, model=model_id),
             )
-            return response if response is not None else Response(status_code=499)
-        first = await _unless_client_leaves(http_request, lambda: _first_chunk(master, handle))
+            return response if response is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
+        first = await first_chunk(master, handle, http_request)
         if first is None:
-            await handle.chunks.aclose()
-            return Response(status_code=499)
-        if isinstance(first, ErrorChunk) and first.status_code < 500:
-            await handle.chunks.aclose()
-            raise ApiError(first.status_code, first.message, error_type=first.error_type, code=first.code)
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         encoder = ChunkEncoder(completion_id, created, model_id, include_usage)
-        return StreamingResponse(
-            _cancelling_on_exit(master, handle, sse_events(encoder, first, handle.chunks)),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return event_stream(master, handle, sse_events(encoder, first, handle.chunks))
 
+    app.include_router(messages_router(master))
+    app.include_router(responses_router(master))
+    app.include_router(cluster_router(master))
     return app
 
 
 def _model_cards(state: State) -> list[ModelCard]:
-    """One card per model served anywhere in the cluster (described by a ready runner when there is one)."""
+    """One card per model served anywhere in the cluster (described by a loaded runner when there is one)."""
+    served = served_model_ids(state)
     described: dict[ModelId, RunnerInfo] = {}
     for runner in state.runners.values():
-        if runner.model_id in served_model_ids(state):
+        if runner.model_id in served:
             known = described.get(runner.model_id)
             if known is None or (known.metadata is None and runner.metadata is not None):
                 described[runner.model_id] = runner
@@ -151,112 +151,3 @@ def _model_cards(state: State) -> list[ModelCard]:
             )
         )
     return cards
-
-
-def _served_model(state: State, requested: str | None) -> ModelId:
-    """The model a request names (or the only one served, when it names none), or the error saying why not."""
-    served = served_model_ids(state)
-    if not requested and len(served) == 1:
-        return served[0]
-    if requested and requested in served:
-        return ModelId(requested)
-    label = requested or "default"
-    preparing = {
-        preparation.model
-        for node in state.nodes.values()
-        if node.health.status != "down"
-        for preparation in node.preparing
-    }
-    if label in preparing or (not requested and preparing):
-        raise ApiError(503, f"model '{label}' is still being prepared; retry shortly", error_type="server_error")
-    served_text = ", ".join(served) or "none"
-    if not requested:
-        raise ApiError(400, f"the request names no model and several are served ({served_text})", param="model")
-    raise ApiError(
-        404,
-        f"model '{requested}' is not served here (served: {served_text})",
-        error_type="not_found_error",
-        param="model",
-        code="model_not_found",
-    )
-
-
-async def _unless_client_leaves(http_request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
-    """Await `work()`, or cancel it and return None if the client disconnects first.
-
-    Until the response starts streaming, nothing else notices a client that gave up: without this a request
-    abandoned while it waits in the queue would still run (its cancellation in `work` drops it from the queue).
-    """
-    result: list[T] = []
-    failure: list[Exception] = []
-    async with anyio.create_task_group() as group:
-
-        async def watch() -> None:
-            while not await http_request.is_disconnected():
-                await anyio.sleep(0.1)
-            group.cancel_scope.cancel()
-
-        group.start_soon(watch)
-        try:
-            result.append(await work())
-        except Exception as error:  # re-raised below, outside the group, so it is not wrapped in an ExceptionGroup
-            failure.append(error)
-        group.cancel_scope.cancel()
-    if failure:
-        raise failure[0]
-    return result[0] if result else None
-
-
-# How each refusal reaches the client: (HTTP status, OpenAI error type, code).
-_REFUSALS: dict[str, tuple[int, str, str]] = {
-    "queue_full": (429, "rate_limit_error", "queue_full"),
-    "model_unavailable": (503, "server_error", "model_unavailable"),
-    "model_not_found": (404, "not_found_error", "model_not_found"),
-    "no_master": (503, "server_error", "no_master"),
-}
-
-
-async def _submit(master: MasterClient, command: ChatCompletionCommand) -> TaskHandle:
-    """Hand the command to the master; a task that cannot start becomes its HTTP error."""
-    try:
-        return await master.submit_chat_completion(command)
-    except TaskRefusedError as error:
-        status, error_type, code = _REFUSALS[error.reason]
-        raise ApiError(status, str(error), error_type=error_type, code=code) from error
-
-
-async def _first_chunk(master: MasterClient, handle: TaskHandle) -> Chunk:
-    """Wait for the first chunk so request-level errors (context too long…) become proper HTTP errors."""
-    try:
-        return await anext(handle.chunks)
-    except StopAsyncIteration:
-        return ErrorChunk(message="generation was cancelled before it started", status_code=500)
-    except BaseException:
-        master.cancel(CancelTaskCommand(task_id=handle.task_id))
-        raise
-
-
-async def _complete(
-    master: MasterClient, handle: TaskHandle, completion_id: str, created: int, model_id: ModelId
-) -> ChatCompletionResponse:
-    try:
-        return await collect_response(handle.chunks, completion_id=completion_id, created=created, model=model_id)
-    except BaseException:
-        master.cancel(CancelTaskCommand(task_id=handle.task_id))
-        raise
-
-
-async def _cancelling_on_exit(
-    master: MasterClient, handle: TaskHandle, events: AsyncIterator[str]
-) -> AsyncIterator[str]:
-    """If the client goes away mid-stream, tell the runner to stop generating."""
-    finished = False
-    try:
-        async for event in events:
-            yield event
-        finished = True
-    finally:
-        if not finished:
-            logger.info("client left during task %s; cancelling it", handle.task_id)
-            master.cancel(CancelTaskCommand(task_id=handle.task_id))
-        await handle.chunks.aclose()

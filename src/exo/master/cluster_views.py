@@ -77,7 +77,7 @@ def cluster_node(state: State, node: NodeInfo) -> ClusterNode:
         serves_models=facts.serves_models,
         started_at=facts.started_at,
         last_seen=node.last_seen,
-        preparing=[preparation.model for preparation in node.preparing],
+        preparing=list(node.preparing),
         models=cluster_models(state, (r for r in state.runners.values() if r.node_id == facts.node_id)),
     )
 

@@ -34,6 +34,7 @@ from exo.shared.types.events import (
     NodeDown,
     NodeReported,
     NodeStale,
+    PreparationUpdated,
     RunnerUpdated,
     TaskFinished,
     TaskUpdated,
@@ -65,6 +66,8 @@ def owned_by(event: LocalEvent, origin: NodeId, state: State) -> bool:
         case TaskFinished(task_id=task_id):
             task = state.tasks.get(task_id)
             return task is None or task.node_id == origin
+        case PreparationUpdated():
+            return True  # it carries no node id: it is about the node that sent it
 
 
 class Master:

@@ -10,6 +10,7 @@ from exo.shared.types.events import (
     NodeDown,
     NodeReported,
     NodeStale,
+    PreparationUpdated,
     RunnerUpdated,
     TaskFinished,
     TaskUpdated,
@@ -32,7 +33,7 @@ def apply(state: State, indexed: IndexedEvent) -> State:
 
 def _apply_event(state: State, indexed: IndexedEvent) -> State:
     match indexed.event:
-        case NodeReported(facts=facts, preparing=preparing, runners=runners, tasks=tasks):
+        case NodeReported(facts=facts, preparing=preparing, preparations=preparations, runners=runners, tasks=tasks):
             node_id = facts.node_id
             kept_runners = {key: runner for key, runner in state.runners.items() if runner.node_id != node_id}
             kept_tasks = {key: task for key, task in state.tasks.items() if task.node_id != node_id}
@@ -41,6 +42,7 @@ def _apply_event(state: State, indexed: IndexedEvent) -> State:
             node = NodeInfo(
                 facts=facts,
                 preparing=preparing,
+                preparations=preparations,
                 last_seen=indexed.ordered_at,
                 health=node_health(facts, owned_runners.values()),
             )
@@ -62,13 +64,19 @@ def _apply_event(state: State, indexed: IndexedEvent) -> State:
             return state.model_copy(update={"tasks": {**state.tasks, task.task_id: task}})
         case TaskFinished(task_id=task_id):
             return state.model_copy(update={"tasks": {k: v for k, v in state.tasks.items() if k != task_id}})
+        case PreparationUpdated(preparation=preparation):
+            node = state.nodes.get(indexed.origin)
+            if node is None or node.health.status == "down":
+                return state
+            preparations = {**node.preparations, preparation.model_id: preparation}
+            return _with_node(state, node.model_copy(update={"preparations": preparations}))
         case MasterElected(node_id=node_id):
             return state.model_copy(update={"master_node_id": node_id})
         case NodeDown(node_id=node_id, reason=reason):
             node = state.nodes.get(node_id)
             if node is None:
                 return state
-            down = node.model_copy(update={"health": NodeHealth(status="down", reason=reason)})
+            down = node.model_copy(update={"health": NodeHealth(status="down", reason=reason), "preparing": ()})
             return _with_node(state, down).model_copy(
                 update={
                     "runners": {k: v for k, v in state.runners.items() if v.node_id != node_id},

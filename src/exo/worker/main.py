@@ -13,18 +13,28 @@ from collections.abc import Callable
 from pathlib import Path
 
 import anyio
+import anyio.from_thread
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from exo.cluster.bus import Bus
 from exo.cluster.membership import Membership
 from exo.cluster.topics import Topics
+from exo.models.progress import PreparationSink, PreparationTracker
 from exo.models.resolve import ResolvedModel, model_id_for, resolve_model
 from exo.shared.types.commands import AssignTask, StopTask, WorkerCommandAdapter
 from exo.shared.types.common import InstanceId, ModelId, RunnerId, TaskId, new_instance_id, new_runner_id
 from exo.shared.types.event_log import LocalEventMessage, ResyncRequestAdapter
-from exo.shared.types.events import LocalEvent, NodeReported, RunnerUpdated, TaskFinished, TaskUpdated
-from exo.shared.types.state import ModelPreparation, NodeFacts, RunnerInfo, TaskInfo, TaskOutcome, TaskStatus
+from exo.shared.types.events import (
+    LocalEvent,
+    NodeReported,
+    PreparationUpdated,
+    RunnerUpdated,
+    TaskFinished,
+    TaskUpdated,
+)
+from exo.shared.types.preparation import ModelPreparation
+from exo.shared.types.state import NodeFacts, RunnerInfo, TaskInfo, TaskOutcome, TaskStatus
 from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor
 from exo.worker.runner_metrics import RunnerMetricsRecorder
 from exo.worker.task_streams import StreamTimings, TaskStreams
@@ -43,17 +53,21 @@ class Worker:
         bus: Bus,
         topics: Topics,
         membership: Membership,
+        *,
         describe_node: Callable[[], NodeFacts],
+        show_progress: PreparationSink,
     ) -> None:
         self._task_group = task_group
         self._bus = bus
         self._topics = topics
         self._node_id = membership.node_id
         self._describe_node = describe_node
+        self._show_progress = show_progress
         self._supervisors: dict[RunnerId, RunnerSupervisor] = {}
         self._instances: dict[RunnerId, InstanceId] = {}
         self._metrics: dict[RunnerId, RunnerMetricsRecorder] = {}
-        self._preparing: dict[str, ModelPreparation] = {}
+        self._preparing: list[str] = []
+        self._preparations: dict[ModelId, ModelPreparation] = {}
         self._task_created: dict[TaskId, float] = {}
         self._reported_tasks: dict[RunnerId, dict[TaskId, TaskStatus]] = {}
         self._sequence = 0
@@ -78,21 +92,41 @@ class Worker:
     ) -> None:
         """Resolve `spec` (download/convert as needed), then start its runner; a failure leaves a failed runner."""
         label = spec or "default"
-        self._preparing[label] = ModelPreparation(model=label, started_at=time.time())
+        self._preparing.append(label)
         self.report_in_full()
         try:
-            resolved: ResolvedModel = await anyio.to_thread.run_sync(resolve_model, spec, models_dir)
+            resolved = await anyio.to_thread.run_sync(self._resolve_with_progress, spec, models_dir)
         except Exception as error:
             # Keep serving the other models; this one shows up in /state as failed and its requests get a 503
             # that names the reason.
             logger.error("cannot prepare model %s: %s", label, error)
+            self._preparing.remove(label)
             reason = f"cannot prepare model {label}: {error}"
             self.add_unavailable_runner(runner_config_for(model_id_for(spec), Path(spec or label)), reason)
             return
-        finally:
-            del self._preparing[label]
-            self.report_in_full()
+        self._preparing.remove(label)
         self.start_runner(runner_config_for(resolved.model_id, resolved.path))
+
+    def _resolve_with_progress(self, spec: str | None, models_dir: Path | None) -> ResolvedModel:
+        """Runs in a worker thread: resolve `spec`, publishing download and conversion progress as it goes."""
+        tracker = PreparationTracker(model_id_for(spec), (self._show_progress, self._publish_preparation))
+        try:
+            resolved = resolve_model(spec, models_dir, tracker)
+        except Exception as error:
+            if tracker.last is not None:
+                tracker.fail(str(error))
+            raise
+        if tracker.last is not None:
+            tracker.finish()
+        return resolved
+
+    def _publish_preparation(self, preparation: ModelPreparation) -> None:
+        # Called from the preparing thread: events are published from the event loop, in order.
+        anyio.from_thread.run_sync(self._record_preparation, preparation)
+
+    def _record_preparation(self, preparation: ModelPreparation) -> None:
+        self._preparations[preparation.model_id] = preparation
+        self._publish(PreparationUpdated(preparation=preparation))
 
     def start_runner(self, config: RunnerConfig) -> RunnerSupervisor:
         supervisor = self._register(config)
@@ -160,7 +194,8 @@ class Worker:
         self._publish(
             NodeReported(
                 facts=self._describe_node(),
-                preparing=tuple(self._preparing.values()),
+                preparing=tuple(self._preparing),
+                preparations=dict(self._preparations),
                 runners=tuple(self._runner_info(runner_id) for runner_id in self._supervisors),
                 tasks=tuple(tasks),
             )

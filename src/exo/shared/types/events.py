@@ -8,8 +8,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
-from exo.shared.types.common import FrozenModel, NodeId, TaskId
-from exo.shared.types.state import ModelPreparation, NodeFacts, RunnerInfo, TaskInfo
+from exo.shared.types.common import FrozenModel, ModelId, NodeId, TaskId
+from exo.shared.types.preparation import ModelPreparation
+from exo.shared.types.state import NodeFacts, RunnerInfo, TaskInfo
 
 
 class NodeReported(FrozenModel):
@@ -20,7 +21,8 @@ class NodeReported(FrozenModel):
 
     kind: Literal["node_reported"] = "node_reported"
     facts: NodeFacts
-    preparing: tuple[ModelPreparation, ...] = ()
+    preparing: tuple[str, ...] = ()
+    preparations: dict[ModelId, ModelPreparation] = Field(default_factory=dict)
     runners: tuple[RunnerInfo, ...] = ()
     tasks: tuple[TaskInfo, ...] = ()
 
@@ -38,6 +40,13 @@ class TaskUpdated(FrozenModel):
 class TaskFinished(FrozenModel):
     kind: Literal["task_finished"] = "task_finished"
     task_id: TaskId
+
+
+class PreparationUpdated(FrozenModel):
+    """Progress (or the end) of preparing one of the reporting node's models."""
+
+    kind: Literal["preparation_updated"] = "preparation_updated"
+    preparation: ModelPreparation
 
 
 class MasterElected(FrozenModel):
@@ -63,10 +72,19 @@ class NodeStale(FrozenModel):
     silent_seconds: float
 
 
-LocalEvent = Annotated[NodeReported | RunnerUpdated | TaskUpdated | TaskFinished, Field(discriminator="kind")]
+LocalEvent = Annotated[
+    NodeReported | RunnerUpdated | TaskUpdated | TaskFinished | PreparationUpdated, Field(discriminator="kind")
+]
 MasterEvent = MasterElected | NodeDown | NodeStale
 Event = Annotated[
-    NodeReported | RunnerUpdated | TaskUpdated | TaskFinished | MasterElected | NodeDown | NodeStale,
+    NodeReported
+    | RunnerUpdated
+    | TaskUpdated
+    | TaskFinished
+    | PreparationUpdated
+    | MasterElected
+    | NodeDown
+    | NodeStale,
     Field(discriminator="kind"),
 ]
 EventAdapter: TypeAdapter[Event] = TypeAdapter(Event)

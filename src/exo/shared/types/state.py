@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from exo.shared.types.common import FrozenModel, InstanceId, ModelId, NodeId, RunnerId, TaskId
+from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.worker.runner_response import ModelMetadata
 from exo.shared.types.worker.runner_status import RunnerStatus
 from exo.shared.types.worker.shards import ShardAssignment
@@ -45,13 +46,6 @@ class NodeFacts(FrozenModel):
     started_at: float
 
 
-class ModelPreparation(FrozenModel):
-    """A model a node is still preparing (downloading or converting) before its runner starts."""
-
-    model: str
-    started_at: float
-
-
 class NodeHealth(FrozenModel):
     status: NodeStatus
     # Why the node is not healthy; None when it is.
@@ -60,7 +54,10 @@ class NodeHealth(FrozenModel):
 
 class NodeInfo(FrozenModel):
     facts: NodeFacts
-    preparing: tuple[ModelPreparation, ...] = ()
+    # The `--model` specs (or "default") the node is resolving right now: their requests get a 503 until then.
+    preparing: tuple[str, ...] = ()
+    # Downloads, GGUF assembly and conversions the node ran for its models, with progress (and how they ended).
+    preparations: dict[ModelId, ModelPreparation] = Field(default_factory=dict)
     # When the master last ordered an event from this node (the master's clock).
     last_seen: float
     health: NodeHealth

@@ -1,0 +1,185 @@
+"""What every generating route does with its command, whatever the wire protocol.
+
+Chat Completions, the Messages API and the Responses API differ only in how they read the request and write the
+answer. In between they all: pick the served model (anywhere in the cluster), submit the command through the
+master's one entry point (which places it on the node whose runner serves the model), wait for the first chunk (so
+request-level failures such as a prompt too long become HTTP errors), then stream or collect the chunks, cancelling
+the task when the client goes away.
+"""
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from exo.master.client import MasterClient, TaskHandle, TaskRefusedError
+from exo.master.errors import ApiError
+from exo.master.placement import served_model_ids
+from exo.shared.types.chunks import Chunk, ErrorChunk
+from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
+from exo.shared.types.common import ModelId
+from exo.shared.types.preparation import PreparationPhase
+from exo.shared.types.state import State
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# nginx's "client closed request": nobody reads it, but logs and tests see why the request ended.
+CLIENT_CLOSED_REQUEST = 499
+_ENDED: frozenset[PreparationPhase] = frozenset({"ready", "failed"})
+
+
+def served_model(state: State, requested: str | None) -> ModelId:
+    """The model a request names (or the only one served in the cluster), else a 400/404/503 saying why not."""
+    served = served_model_ids(state)
+    if not requested and len(served) == 1:
+        return served[0]
+    if requested and requested in served:
+        return ModelId(requested)
+    label = requested or "default"
+    preparing = {
+        name
+        for node in state.nodes.values()
+        if node.health.status != "down"
+        for name in (
+            *node.preparing,
+            *(model_id for model_id, preparation in node.preparations.items() if preparation.phase not in _ENDED),
+        )
+    }
+    if label in preparing or (not requested and preparing):
+        raise ApiError(503, f"model '{label}' is still being prepared; retry shortly", error_type="server_error")
+    served_text = ", ".join(served) or "none"
+    if not requested:
+        raise ApiError(400, f"the request names no model and several are served ({served_text})", param="model")
+    raise ApiError(
+        404,
+        f"model '{requested}' is not served here (served: {served_text})",
+        error_type="not_found_error",
+        param="model",
+        code="model_not_found",
+    )
+
+
+# How each refusal reaches the client: (HTTP status, OpenAI error type, code).
+_REFUSALS: dict[str, tuple[int, str, str]] = {
+    "queue_full": (429, "rate_limit_error", "queue_full"),
+    "model_unavailable": (503, "server_error", "model_unavailable"),
+    "model_not_found": (404, "not_found_error", "model_not_found"),
+    "no_master": (503, "server_error", "no_master"),
+}
+
+
+async def submit(master: MasterClient, command: ChatCompletionCommand, http_request: Request) -> TaskHandle:
+    """Hand `command` to the master (the single entry point for generation, wherever its runner lives).
+
+    A task that cannot start becomes its ApiError; a client that leaves while the master places the task gets 499.
+    """
+
+    async def place() -> TaskHandle:
+        try:
+            return await master.submit_chat_completion(command)
+        except TaskRefusedError as error:
+            status, error_type, code = _REFUSALS[error.reason]
+            raise ApiError(status, str(error), error_type=error_type, code=code) from error
+
+    handle = await unless_client_leaves(http_request, place)
+    if handle is None:
+        raise ApiError(CLIENT_CLOSED_REQUEST, "the client closed the request", code="client_closed_request")
+    return handle
+
+
+async def unless_client_leaves(http_request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
+    """Await `work()`, or cancel it and return None if the client disconnects first.
+
+    Until the response starts streaming, nothing else notices a client that gave up: without this a request
+    abandoned while it waits in the queue would still run (its cancellation in `work` drops it from the queue).
+    """
+    result: list[T] = []
+    failure: list[Exception] = []
+    async with anyio.create_task_group() as group:
+
+        async def watch() -> None:
+            while not await http_request.is_disconnected():
+                await anyio.sleep(0.1)
+            group.cancel_scope.cancel()
+
+        group.start_soon(watch)
+        try:
+            result.append(await work())
+        except Exception as error:  # re-raised below, outside the group, so it is not wrapped in an ExceptionGroup
+            failure.append(error)
+        group.cancel_scope.cancel()
+    if failure:
+        raise failure[0]
+    return result[0] if result else None
+
+
+async def _next_chunk(master: MasterClient, handle: TaskHandle) -> Chunk:
+    try:
+        return await anext(handle.chunks)
+    except StopAsyncIteration:
+        return ErrorChunk(message="generation was cancelled before it started", status_code=500)
+    except BaseException:
+        master.cancel(CancelTaskCommand(task_id=handle.task_id))
+        raise
+
+
+async def first_chunk(master: MasterClient, handle: TaskHandle, http_request: Request) -> Chunk | None:
+    """The task's first chunk, before any byte of the answer is sent; None if the client left meanwhile.
+
+    A request-level failure (an ErrorChunk with a 4xx status: context too long, a schema the grammar cannot
+    enforce…) is raised as an ApiError, so the client gets a proper HTTP error instead of a stream.
+    """
+    first = await unless_client_leaves(http_request, lambda: _next_chunk(master, handle))
+    if first is None or (isinstance(first, ErrorChunk) and first.status_code < 500):
+        await handle.chunks.aclose()
+    if isinstance(first, ErrorChunk) and first.status_code < 500:
+        raise ApiError(first.status_code, first.message, error_type=first.error_type, code=first.code)
+    return first
+
+
+async def collect(
+    master: MasterClient,
+    handle: TaskHandle,
+    http_request: Request,
+    collector: Callable[[AsyncIterator[Chunk]], Awaitable[T]],
+) -> T | None:
+    """The non-streaming answer `collector` builds from every chunk; None if the client left first."""
+
+    async def work() -> T:
+        try:
+            return await collector(handle.chunks)
+        except BaseException:
+            master.cancel(CancelTaskCommand(task_id=handle.task_id))
+            raise
+
+    return await unless_client_leaves(http_request, work)
+
+
+async def _cancelling_on_exit(
+    master: MasterClient, handle: TaskHandle, events: AsyncIterator[str]
+) -> AsyncIterator[str]:
+    """If the client goes away mid-stream, tell the runner to stop generating."""
+    finished = False
+    try:
+        async for event in events:
+            yield event
+        finished = True
+    finally:
+        if not finished:
+            logger.info("client left during task %s; cancelling it", handle.task_id)
+            master.cancel(CancelTaskCommand(task_id=handle.task_id))
+        await handle.chunks.aclose()
+
+
+def event_stream(master: MasterClient, handle: TaskHandle, events: AsyncIterator[str]) -> StreamingResponse:
+    """The SSE response carrying `events`; the task is cancelled if the client leaves before the end."""
+    return StreamingResponse(
+        _cancelling_on_exit(master, handle, events),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
