@@ -70,7 +70,11 @@ def scripted_app(config: NodeConfig | None = None) -> tuple[FastAPI, ScriptedWor
                 shard=ShardAssignment(),
                 status="ready",
                 metadata=ModelMetadata(
-                    context_length=4096, tool_format="hermes", supports_reasoning=False, dtype="float32"
+                    context_length=4096,
+                    tool_format="hermes",
+                    supports_reasoning=False,
+                    dtype="float32",
+                    vocab_size=741,
                 ),
             )
         )

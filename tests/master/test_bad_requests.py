@@ -145,10 +145,28 @@ CASES = [
     BadRequest(
         "tool_choice_unknown_mode", {"tools": [GET_WEATHER_TOOL], "tool_choice": "sometimes"}, 400, "tool_choice"
     ),
-    BadRequest("max_tokens_zero", {"max_tokens": 0}, 400, "at least 1", param="max_tokens"),
-    BadRequest("max_tokens_negative", {"max_tokens": -5}, 400, "at least 1", param="max_tokens"),
-    BadRequest("max_completion_tokens_zero", {"max_completion_tokens": 0}, 400, "at least 1", param="max_tokens"),
+    BadRequest("max_tokens_zero", {"max_tokens": 0}, 400, "greater than or equal to 1", param="max_tokens"),
+    BadRequest("max_tokens_negative", {"max_tokens": -5}, 400, "greater than or equal to 1", param="max_tokens"),
+    BadRequest(
+        "max_completion_tokens_zero",
+        {"max_completion_tokens": 0},
+        400,
+        "greater than or equal to 1",
+        param="max_completion_tokens",
+    ),
     BadRequest("n_greater_than_one", {"n": 2}, 400, "only n=1", param="n"),
+    # Sampling values mlx cannot take (each was a 500): the seed is an unsigned 64-bit integer, top_k must be below
+    # the vocabulary (tiny-qwen-tools and the scripted model: 741 tokens).
+    BadRequest("seed_negative", {"seed": -1}, 400, "must be between 0 and 18446744073709551615", param="seed"),
+    BadRequest("seed_2_to_the_64", {"seed": 2**64}, 400, "must be between 0 and", param="seed"),
+    BadRequest("seed_2_to_the_70", {"seed": 2**70}, 400, "must be between 0 and", param="seed"),
+    BadRequest(
+        "top_k_at_the_vocabulary_size", {"top_k": 741, "temperature": 0.7}, 400, "vocabulary size of 741", "top_k"
+    ),
+    BadRequest("top_k_huge", {"top_k": 2**70}, 400, "vocabulary size of 741", param="top_k"),
+    BadRequest("top_k_below_minus_one", {"top_k": -2}, 400, "greater than or equal to -1", param="top_k"),
+    BadRequest("too_many_stop_sequences", {"stop": ["a"] * 17}, 400, "at most 16 items", param="stop"),
+    BadRequest("stop_sequence_too_long", {"stop": ["ok", "x" * 1001]}, 400, "at most 1000 characters", "stop[1]"),
     BadRequest(
         "image_content_part",
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},

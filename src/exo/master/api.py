@@ -21,8 +21,10 @@ from exo.master.errors import (
     handle_http_error,
     handle_unexpected_error,
     handle_validation_error,
+    placement_error,
+    task_error,
 )
-from exo.master.main import ModelNotLoadedError, TaskHandle
+from exo.master.main import TaskHandle
 from exo.master.request_guard import RequestGuard
 from exo.node import Node
 from exo.shared.types.api import (
@@ -36,7 +38,7 @@ from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.commands import CancelTaskCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.state import State
-from exo.worker.runner.supervisor import QueueFullError, RunnerUnavailableError
+from exo.shared.types.worker.runner_response import ModelMetadata
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +93,7 @@ def create_app(node: Node) -> FastAPI:
                     created=int(time.time()),
                     capabilities=capabilities,
                     context_length=metadata.context_length if metadata else None,
+                    vocab_size=metadata.vocab_size if metadata else None,
                 )
             )
         return ModelList(data=cards)
@@ -100,17 +103,14 @@ def create_app(node: Node) -> FastAPI:
         request: ChatCompletionRequest, http_request: Request
     ) -> ChatCompletionResponse | Response:
         model_id = _served_model(node, request.model)
-        command = to_command(request, model_id)
+        command = to_command(request, model_id, _metadata(node, model_id))
         try:
             handle = node.master.submit_chat_completion(command)
-        except ModelNotLoadedError as error:
-            raise ApiError(
-                404, f"model '{error}' is not loaded", error_type="not_found_error", code="model_not_found"
-            ) from error
-        except QueueFullError as error:
-            raise ApiError(429, str(error), error_type="rate_limit_error", code="queue_full") from error
-        except RunnerUnavailableError as error:
-            raise ApiError(503, str(error), error_type="server_error", code="model_unavailable") from error
+        except Exception as error:
+            refusal = placement_error(error)
+            if refusal is None:
+                raise
+            raise refusal from error
         completion_id = f"chatcmpl-{uuid4().hex}"
         created = int(time.time())
         if not request.stream:
@@ -122,9 +122,9 @@ def create_app(node: Node) -> FastAPI:
         if first is None:
             await handle.chunks.aclose()
             return Response(status_code=499)
-        if isinstance(first, ErrorChunk) and first.status_code < 500:
+        if isinstance(first, ErrorChunk) and (refusal := task_error(first)).status_code < 500:
             await handle.chunks.aclose()
-            raise ApiError(first.status_code, first.message, error_type=first.error_type, code=first.code)
+            raise refusal
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         encoder = ChunkEncoder(completion_id, created, model_id, include_usage)
         return StreamingResponse(
@@ -153,6 +153,12 @@ def _served_model(node: Node, requested: str | None) -> ModelId:
         param="model",
         code="model_not_found",
     )
+
+
+def _metadata(node: Node, model_id: ModelId) -> ModelMetadata | None:
+    """What the runner serving `model_id` reported when it loaded (None while it loads)."""
+    runners = node.master.state.runners.values()
+    return next((runner.metadata for runner in runners if runner.model_id == model_id and runner.metadata), None)
 
 
 async def _unless_client_leaves(http_request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
@@ -186,7 +192,7 @@ async def _first_chunk(node: Node, handle: TaskHandle) -> Chunk:
     try:
         return await anext(handle.chunks)
     except StopAsyncIteration:
-        return ErrorChunk(message="generation was cancelled before it started", status_code=500)
+        return ErrorChunk(error="generation_failed", message="generation was cancelled before it started")
     except BaseException:
         node.master.cancel(CancelTaskCommand(task_id=handle.task_id))
         raise

@@ -31,6 +31,7 @@ from exo.shared.types.tasks import (
     StructuredOutput,
     ToolPolicy,
 )
+from exo.shared.types.worker.runner_response import ModelMetadata
 
 logger = logging.getLogger(__name__)
 
@@ -173,15 +174,20 @@ def _allowed_tool_names(entries: Sequence[dict[str, object]], names: set[str]) -
     return tuple(result)
 
 
-def sampling_params(request: ChatCompletionRequest) -> SamplingParams:
+def sampling_params(request: ChatCompletionRequest, vocabulary_size: int | None) -> SamplingParams:
+    """The sampling settings; ranges that do not depend on the model were checked with the request's schema,
+    `top_k` is checked here against the model's `vocabulary_size` (when the runner reported it)."""
     max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
-    if max_tokens is not None and max_tokens <= 0:
-        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
     if request.n is not None and request.n != 1:
         raise ApiError(400, "only n=1 is supported", param="n")
+    if vocabulary_size is not None and request.top_k is not None and request.top_k >= vocabulary_size:
+        raise ApiError(
+            400,
+            f"top_k must be below the model's vocabulary size of {vocabulary_size} (0 or -1: no limit), "
+            f"got {request.top_k}",
+            param="top_k",
+        )
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-    if len(stop) > 16:
-        raise ApiError(400, "at most 16 stop sequences are supported", param="stop")
     return SamplingParams(
         temperature=request.temperature if request.temperature is not None else 0.0,
         top_p=request.top_p if request.top_p is not None else 1.0,
@@ -246,8 +252,11 @@ def reject_unsupported_features(request: ChatCompletionRequest) -> None:
         raise ApiError(400, "logit_bias is not supported", param="logit_bias", code="unsupported_parameter")
 
 
-def to_command(request: ChatCompletionRequest, model_id: ModelId) -> ChatCompletionCommand:
-    """Validate `request` (400 ApiError for anything we cannot honour) and turn it into a command for `model_id`."""
+def to_command(
+    request: ChatCompletionRequest, model_id: ModelId, metadata: ModelMetadata | None = None
+) -> ChatCompletionCommand:
+    """Validate `request` (400 ApiError for anything we cannot honour) and turn it into a command for `model_id`,
+    whose runner reported `metadata` (None while it loads: the checks that need it are then left to the runner)."""
     reject_unsupported_features(request)
     ignored = [name for name in IGNORED_REQUEST_FIELDS if name in request.model_fields_set]
     if ignored:
@@ -255,7 +264,7 @@ def to_command(request: ChatCompletionRequest, model_id: ModelId) -> ChatComplet
     params = ChatCompletionTaskParams(
         messages=normalise_messages(request.messages),
         tool_policy=tool_policy(request),
-        sampling=sampling_params(request),
+        sampling=sampling_params(request, metadata.vocab_size if metadata else None),
         chat_template_kwargs=chat_template_kwargs(request),
         structured_output=structured_output(request),
     )

@@ -25,6 +25,8 @@ class ModelMetadata(FrozenModel):
     tool_format: str | None
     supports_reasoning: bool
     dtype: str
+    # The width of the model's logits (the tokens sampling chooses from); None from runners that do not say.
+    vocab_size: int | None = None
 
 
 # ---- worker → runner -------------------------------------------------------------------------

@@ -36,6 +36,8 @@ class LoadedModel:
     context_length: int
     dtype: str
     shard: ShardAssignment
+    # The width of the logits: how many tokens sampling chooses from (top_k must stay below it).
+    vocabulary_size: int
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,16 @@ def _context_length(config: dict[str, Any]) -> int:
     if isinstance(text_config, dict):
         return _context_length(cast(dict[str, Any], text_config))
     return DEFAULT_CONTEXT_LENGTH
+
+
+def _vocabulary_size(config: dict[str, Any], tokenizer: TokenizerWrapper) -> int:
+    """The logits' width from the config (it can exceed the tokenizer's vocabulary: padded embeddings)."""
+    for candidate in (config, config.get("text_config")):
+        if isinstance(candidate, dict):
+            value = cast(dict[str, Any], candidate).get("vocab_size")
+            if isinstance(value, int) and value > 0:
+                return value
+    return len(tokenizer.vocab)
 
 
 def _linux_cpu() -> bool:
@@ -95,7 +107,12 @@ def load_model(path: Path, shard: ShardAssignment, *, trust_remote_code: bool = 
     mx.eval(model.parameters())
     config = cast(dict[str, Any], json.loads((path / "config.json").read_text()))
     return LoadedModel(
-        model=model, tokenizer=tokenizer, context_length=_context_length(config), dtype=dtype, shard=shard
+        model=model,
+        tokenizer=tokenizer,
+        context_length=_context_length(config),
+        dtype=dtype,
+        shard=shard,
+        vocabulary_size=_vocabulary_size(config, tokenizer),
     )
 
 
