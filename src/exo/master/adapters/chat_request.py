@@ -7,6 +7,12 @@ from jsonschema import SchemaError
 from jsonschema.validators import validator_for
 from pydantic import JsonValue
 
+from exo.master.adapters.schema_termination import (
+    CheckBudget,
+    as_tool_parameters,
+    self_application_cycle,
+    unfinishable_reason,
+)
 from exo.master.errors import ApiError
 from exo.shared.types.api import (
     AllowedToolsChoice,
@@ -124,9 +130,40 @@ def _check_tools(request: ChatCompletionRequest) -> tuple[FunctionDefinition, ..
             validator_for(tool.function.parameters).check_schema(tool.function.parameters)
         except SchemaError as error:
             raise ApiError(
-                400, f"{where}.function.parameters is not a valid JSON Schema: {error.message}", param=where
+                400,
+                f"{where}.function.parameters is not a valid JSON Schema: {error.message}",
+                param=f"{where}.function.parameters",
             ) from error
     return tuple(tool.function for tool in tools)
+
+
+def _grammar_enforced(policy: ToolPolicy) -> set[str]:
+    """The names of the tools whose schemas the grammar enforces: the callable ones when calls are forced or any
+    callable tool is strict; none under plain "auto" (the parser checks arguments after the fact there)."""
+    callable_names = set(policy.callable_tools) or {tool.name for tool in policy.tools}
+    if policy.mode in ("required", "named"):
+        return callable_names
+    strict = any(tool.strict for tool in policy.tools if tool.name in callable_names)
+    return callable_names if policy.mode == "auto" and strict else set()
+
+
+def check_schemas_finish(policy: ToolPolicy, output: StructuredOutput | None) -> None:
+    """400 `unsupported` for a schema nothing can finish (see schema_termination.py): one that applies itself to
+    the same value without end, anywhere; one no finite value satisfies, where the grammar enforces it."""
+    budget = CheckBudget()
+    enforced = _grammar_enforced(policy)
+    schemas = [
+        (f"tools[{position}].function.parameters", as_tool_parameters(tool.parameters), tool.name in enforced)
+        for position, tool in enumerate(policy.tools)
+    ]
+    if output is not None:
+        schemas.append(("response_format.json_schema.schema", output.json_schema, True))
+    for where, schema, finished_by_grammar in schemas:
+        problem = self_application_cycle(schema, budget)
+        if problem is None and finished_by_grammar:
+            problem = unfinishable_reason(schema, budget)
+        if problem is not None:
+            raise ApiError(400, f"{where} cannot be served: {problem}", param=where, code="unsupported")
 
 
 def tool_policy(request: ChatCompletionRequest) -> ToolPolicy:
@@ -239,7 +276,7 @@ def structured_output(request: ChatCompletionRequest) -> StructuredOutput | None
                 raise ApiError(
                     400,
                     f"response_format.json_schema.schema is not a valid JSON Schema: {error.message}",
-                    param="response_format",
+                    param="response_format.json_schema.schema",
                 ) from error
             return StructuredOutput(json_schema=spec.schema_, strict=spec.strict is True)
 
@@ -261,11 +298,14 @@ def to_command(
     ignored = [name for name in IGNORED_REQUEST_FIELDS if name in request.model_fields_set]
     if ignored:
         logger.debug("ignoring request fields %s", ", ".join(ignored))
+    policy = tool_policy(request)
+    output = structured_output(request)
+    check_schemas_finish(policy, output)
     params = ChatCompletionTaskParams(
         messages=normalise_messages(request.messages),
-        tool_policy=tool_policy(request),
+        tool_policy=policy,
         sampling=sampling_params(request, metadata.vocab_size if metadata else None),
         chat_template_kwargs=chat_template_kwargs(request),
-        structured_output=structured_output(request),
+        structured_output=output,
     )
     return ChatCompletionCommand(command_id=new_command_id(), model_id=model_id, params=params)
