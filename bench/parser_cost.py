@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from bench.results import ParserCost
 from exo.shared.types.api import FunctionDefinition
-from exo.worker.engines.mlx.generator.tool_parser import ToolFormatName, ToolStreamParser
+from exo.tool_calls import ToolFormatName, ToolStreamParser
 
 _WRITE_TOOL = FunctionDefinition(
     name="write",

@@ -12,7 +12,7 @@ from exo.conformance.replay import replay_case
 from exo.conformance.samples import PARIS, ConformanceCase, cases_for
 from exo.master.adapters.chat_stream import ChunkEncoder
 from exo.shared.types.chunks import Chunk, ToolCallArgumentsChunk, ToolCallChunk
-from exo.worker.engines.mlx.generator.tool_parser import ToolFormatName
+from exo.tool_calls import ToolFormatName
 
 
 class ReportedCase(BaseModel):

@@ -12,7 +12,7 @@ from pydantic import TypeAdapter
 
 from exo.conformance.replay import CaseResult, replay_case
 from exo.conformance.samples import all_cases
-from exo.worker.engines.mlx.generator.tool_parser import ToolFormatName
+from exo.tool_calls import ToolFormatName
 
 _PROBLEM_WIDTH = 100
 _RESULTS_ADAPTER = TypeAdapter(list[CaseResult])

@@ -19,7 +19,7 @@ from exo.master.adapters import chat_response, chat_stream
 from exo.shared.types.api import ChatCompletionResponse
 from exo.shared.types.chunks import Chunk, FinishChunk, Usage
 from exo.shared.types.common import FrozenModel
-from exo.worker.engines.mlx.generator.tool_parser import ToolFormatName, ToolStreamParser
+from exo.tool_calls import ToolFormatName, ToolStreamParser
 
 _COMPLETION_ID = "chatcmpl-conformance"
 _MODEL = "conformance"

@@ -22,9 +22,11 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 
 
 def _authorized(scope: Scope, api_key: str) -> bool:
-    supplied = _header(scope, b"authorization") or b""
+    # OpenAI clients send `Authorization: Bearer KEY`, Anthropic clients `x-api-key: KEY`.
+    bearer = _header(scope, b"authorization") or b""
+    key = _header(scope, b"x-api-key") or b""
     # Compare in constant time so response timing does not leak how much of a guessed key was right.
-    return hmac.compare_digest(supplied, f"Bearer {api_key}".encode())
+    return hmac.compare_digest(bearer, f"Bearer {api_key}".encode()) | hmac.compare_digest(key, api_key.encode())
 
 
 def _is_json(scope: Scope) -> bool:

@@ -16,12 +16,10 @@ from exo.shared.types.chunks import (
 )
 from exo.shared.types.common import FinishReason
 from exo.shared.types.tasks import ChatCompletionTask, ToolPolicy
+from exo.tool_calls import ToolFormatName, ToolStreamParser
+from exo.tool_calls.grammar.spec import ReasoningMarkers, UnsupportedConstraintError
 from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
-from exo.worker.engines.mlx.constrained import ReasoningMarkers
-from exo.worker.engines.mlx.generator.constraints import (
-    UnsupportedConstraintError,
-    callable_functions,
-)
+from exo.worker.engines.mlx.constrained import callable_functions, constraint_spec, make_logits_processor
 from exo.worker.engines.mlx.generator.generate import (
     ContextLengthExceededError,
     InvalidSamplingError,
@@ -30,8 +28,6 @@ from exo.worker.engines.mlx.generator.generate import (
     generate_tokens,
 )
 from exo.worker.engines.mlx.generator.stop_sequences import StopSequenceMatcher
-from exo.worker.engines.mlx.generator.structured_output import structured_logits_processors
-from exo.worker.engines.mlx.generator.tool_parser import ToolFormatName, ToolStreamParser
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template
 
 logger = logging.getLogger(__name__)
@@ -87,6 +83,9 @@ def run_chat_completion(
     try:
         check_sampling(params.sampling, loaded.vocabulary_size)
         prompt = apply_chat_template(loaded.tokenizer, params.messages, params.tool_policy, params.chat_template_kwargs)
+        if params.count_prompt_only:
+            yield FinishChunk(finish_reason="stop", usage=Usage(prompt_tokens=len(prompt.tokens), completion_tokens=0))
+            return
         max_tokens = clamp_max_tokens(params.sampling.max_tokens, len(prompt.tokens), loaded.context_length)
     except InvalidSamplingError as error:
         yield ErrorChunk(error="invalid_request", message=str(error), param=error.param)
@@ -100,14 +99,8 @@ def run_chat_completion(
     reasoning = reasoning_markers(loaded.tokenizer, prompt.starts_in_reasoning)
     try:
         # mlx-lm hands processors the tokens it was given (the uncached rest of the prompt) plus the sampled ones.
-        processors = structured_logits_processors(
-            loaded.tokenizer,
-            context.tool_format,
-            params.tool_policy,
-            params.structured_output,
-            prompt_length=len(to_prefill),
-            reasoning=reasoning,
-        )
+        spec = constraint_spec(params.tool_policy, params.structured_output, context.tool_format, reasoning)
+        processors = (make_logits_processor(loaded.tokenizer, spec, prompt_length=len(to_prefill)),) if spec else ()
     except UnsupportedConstraintError as error:
         if lease and context.prefix_cache:
             context.prefix_cache.discard(lease)
@@ -158,6 +151,7 @@ def run_chat_completion(
         logger.warning("task %s: tool call not parsed as intended: %s", task.task_id, reason)
     yield FinishChunk(
         finish_reason=_finish_reason(generation_finish, parser, params.tool_policy),
+        stop_sequence=stops.matched,
         usage=Usage(
             prompt_tokens=len(prompt.tokens),
             completion_tokens=len(generated),

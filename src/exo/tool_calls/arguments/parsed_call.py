@@ -1,0 +1,60 @@
+"""Calls parsed whole (by mlx-lm's parsers, `ast`, or a held JSON list) and how they are emitted."""
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import cast
+
+from pydantic import BaseModel, ConfigDict
+from pydantic import JsonValue as WireJsonValue
+
+from exo.tool_calls.arguments.json_stream import JsonValueStreamer
+from exo.tool_calls.arguments.schema import SchemaView
+from exo.tool_calls.format import CallSink
+
+
+class ParsedCall(BaseModel):
+    """One complete call: a name and its arguments object."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    arguments: dict[str, WireJsonValue]
+
+
+def parsed_calls_from_untyped(result: object) -> list[ParsedCall]:
+    """Type-check what an mlx-lm parser returned (a dict or a list of dicts with name/arguments)."""
+    items = cast(list[object], result) if isinstance(result, list) else [result]
+    calls: list[ParsedCall] = []
+    for item in items:
+        if not isinstance(item, Mapping):
+            raise ValueError(f"not a call: {item!r:.80}")
+        entry = cast(Mapping[str, object], item)
+        name, arguments = entry.get("name"), entry.get("arguments", {})
+        if isinstance(arguments, str):
+            arguments = cast(object, json.loads(arguments))
+        if not isinstance(name, str) or not isinstance(arguments, dict):
+            raise ValueError(f"not a call: {item!r:.80}")
+        calls.append(ParsedCall(name=name, arguments=cast(dict[str, WireJsonValue], arguments)))
+    return calls
+
+
+def emit_parsed_calls(sink: CallSink, calls: Sequence[ParsedCall]) -> str | None:
+    """Emit every call, or none: returns why they were refused (an unknown name), else None.
+
+    The arguments go through the same schema-aware scanner as streamed ones, so coercion is identical.
+    """
+    if not calls:
+        return "no call found"
+    tools = [sink.find_tool(call.name) for call in calls]
+    for call, tool in zip(calls, tools, strict=True):
+        if tool is None:
+            return f"unknown tool {call.name!r}"
+    for call, tool in zip(calls, tools, strict=True):
+        assert tool is not None
+        sink.open_call(tool)
+        text = json.dumps(call.arguments, ensure_ascii=False)
+        streamer = JsonValueStreamer(SchemaView.of_tool(tool.parameters), sink.meter)
+        streamer.feed(text, 0)
+        sink.arguments(streamer.take())
+        sink.close_call()
+    return None

@@ -1,0 +1,1 @@
+"""One module per tool-call format: its markers and the region reader for what follows them."""
