@@ -1,5 +1,6 @@
 """The one interface between a format and the grammar builder: how a reply in the format may look, per mode."""
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -80,9 +81,11 @@ class OpenedCallsGrammar:
             case ReplyShape.TEXT_ONLY:
                 return lark.prose(never_containing=openings, never_starting=self.never_starting)
             case ReplyShape.TEXT_OR_CALLS:
-                prose = lark.prose(never_containing=openings, never_starting=self.never_starting)
                 if self.bare:
+                    # Text may not even begin like a call: a greedy text lexeme cannot give way to one later.
+                    prose = lark.prose(never_containing=openings, never_starting=(re.escape(self.opening),))
                     return f"{prose} | {calls}"
+                prose = lark.prose(never_containing=openings, never_starting=self.never_starting)
                 first, *rest = self._opening_pieces()
                 text_then_opening = " ".join([lark.text_until(first, "prose"), *map(lark.marker, rest)])
                 return f"{prose} | {text_then_opening} {self.after_opening(lark, request)}"
