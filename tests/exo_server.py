@@ -96,7 +96,11 @@ def fixture_model(name: str) -> Path:
 
 @contextmanager
 def running_exo(
-    models: Sequence[Path], tmp_path: Path, extra_args: Sequence[str] = (), env: dict[str, str] | None = None
+    models: Sequence[Path],
+    tmp_path: Path,
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    ready_timeout: float = 60.0,
 ) -> Generator[ExoServer]:
     """Start `python -m exo` on a free port serving `models`, wait until ready, and stop it afterwards."""
     port = free_port()
@@ -111,7 +115,7 @@ def running_exo(
         )
     server = ExoServer(process=process, port=port, log_path=log_path)
     try:
-        server.wait_until_all_ready(len(models))
+        server.wait_until_all_ready(len(models), timeout=ready_timeout)
         yield server
     finally:
         if process.poll() is None:

@@ -39,9 +39,14 @@ class FormatTokenizer:
         markers = (*format_grammar(tool_format).marker_texts, *stops) if markers_are_tokens else stops
         tokenizer.add_special_tokens([AddedToken(marker, special=True) for marker in markers])
         self.fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=END_OF_TURN)
-        eos = [self.fast.convert_tokens_to_ids(token) for token in (END_OF_TURN, *stops)]
-        self.lltokenizer: LLTokenizer = llguidance.hf.from_tokenizer(self.fast, eos_token=[int(i) for i in eos])
-        self.special_tokens = {marker: int(self.fast.convert_tokens_to_ids(marker)) for marker in markers}
+        eos = [self._id(token) for token in (END_OF_TURN, *stops)]
+        self.lltokenizer: LLTokenizer = llguidance.hf.from_tokenizer(self.fast, eos_token=eos)
+        self.special_tokens = {marker: self._id(marker) for marker in markers}
+
+    def _id(self, token: str) -> int:
+        token_id = self.fast.convert_tokens_to_ids(token)
+        assert isinstance(token_id, int)
+        return token_id
 
     def accepts(self, grammar: str, reply: str) -> bool:
         """Whether the whole reply, tokenized as a model with this tokenizer would write it, completes the grammar."""
