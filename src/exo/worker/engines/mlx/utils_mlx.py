@@ -19,7 +19,7 @@ from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.tool_calls.format import HistoryNeeds
-from exo.worker.engines.mlx.chat_messages import to_template_messages
+from exo.worker.engines.mlx.chat_messages import to_template_messages, tool_description
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def chat_template_text(tokenizer: TokenizerWrapper) -> str | None:
 
 
 def _tool_dicts(tools: tuple[FunctionDefinition, ...]) -> list[dict[str, Any]]:
-    return [{"type": "function", "function": tool.model_dump(exclude_none=True)} for tool in tools]
+    return [{"type": "function", "function": tool_description(tool)} for tool in tools]
 
 
 def apply_chat_template(
