@@ -18,9 +18,12 @@ from mlx_lm.utils import load as mlx_lm_load
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
+from exo.tool_calls.format import HistoryNeeds
 from exo.worker.engines.mlx.chat_messages import to_template_messages, tool_description
 
 logger = logging.getLogger(__name__)
+
+_OPENAI_SHAPE = HistoryNeeds()
 
 DEFAULT_CONTEXT_LENGTH = 4096
 
@@ -135,14 +138,16 @@ def apply_chat_template(
     messages: tuple[PromptMessage, ...],
     tool_policy: ToolPolicy,
     template_kwargs: Mapping[str, object] | None = None,
+    history: HistoryNeeds = _OPENAI_SHAPE,
 ) -> RenderedPrompt:
     """Render `messages` (and the offered tools) into prompt tokens with the model's own chat template.
 
-    `template_kwargs` are extra template variables from the client (the API has already refused reserved names).
+    `template_kwargs` are extra template variables from the client (the API has already refused reserved names);
+    `history` is what the model's tool format needs of rendered history.
     """
     template = chat_template_text(tokenizer)
     offered = tool_policy.tools if tool_policy.mode != "none" else ()
-    template_messages = to_template_messages(messages, chat_template=template, tools=offered)
+    template_messages = to_template_messages(messages, chat_template=template, tools=offered, needs=history)
     kwargs: dict[str, Any] = {**(template_kwargs or {}), "add_generation_prompt": True}
     if offered and template is not None and "tools" in template:
         kwargs["tools"] = _tool_dicts(offered)

@@ -18,6 +18,7 @@ from exo.shared.types.common import FinishReason
 from exo.shared.types.tasks import ChatCompletionTask, ToolPolicy
 from exo.tool_calls import ToolFormatName, ToolStreamParser
 from exo.tool_calls.grammar.spec import ReasoningMarkers, UnsupportedConstraintError
+from exo.tool_calls.registry import format_for
 from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
 from exo.worker.engines.mlx.constrained import callable_functions, constraint_spec, make_logits_processor
 from exo.worker.engines.mlx.generator.generate import (
@@ -82,7 +83,13 @@ def run_chat_completion(
     params = task.params
     try:
         check_sampling(params.sampling, loaded.vocabulary_size)
-        prompt = apply_chat_template(loaded.tokenizer, params.messages, params.tool_policy, params.chat_template_kwargs)
+        prompt = apply_chat_template(
+            loaded.tokenizer,
+            params.messages,
+            params.tool_policy,
+            params.chat_template_kwargs,
+            history=format_for(context.tool_format).history,
+        )
         if params.count_prompt_only:
             yield FinishChunk(finish_reason="stop", usage=Usage(prompt_tokens=len(prompt.tokens), completion_tokens=0))
             return
