@@ -109,7 +109,7 @@ def measure_blas(
 ) -> BlasSection:
     """Measure every candidate `rounds` times in turn, quiet and with one competing busy process."""
     candidates = find_candidates(extra_libraries, extra_library_path)
-    setup = BlasWorkerSetup(model_path=model_path, prefill_tokens=256, decode_tokens=16, sustained_seconds=3.0)
+    setup = BlasWorkerSetup(model_path=model_path, prefill_tokens=128, decode_tokens=16, sustained_seconds=3.0)
     quiet: dict[str, list[BlasMeasurement]] = {candidate.name: [] for candidate in candidates}
     contended: dict[str, list[BlasMeasurement]] = {candidate.name: [] for candidate in candidates}
     for round_number in range(1, rounds + 1):
