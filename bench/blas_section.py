@@ -18,6 +18,7 @@ from pathlib import Path
 from bench.blas_worker import BlasWorkerSetup
 from bench.machine import exo_commit
 from bench.results import BlasMeasurement, BlasRow, BlasSection
+from bench.worker_process import run_worker
 from exo.worker.engines.mlx.blas import (
     LIBRARY_DIRS,
     NO_PRELOAD_VARIABLE,
@@ -68,18 +69,14 @@ def find_candidates(extra_libraries: Sequence[Path], extra_library_path: str | N
 
 def _run_worker(candidate: BlasCandidate, setup: BlasWorkerSetup) -> BlasMeasurement:
     environment = {key: value for key, value in os.environ.items() if key not in ("LD_PRELOAD", NO_PRELOAD_VARIABLE)}
-    completed = subprocess.run(
-        [sys.executable, "-m", "bench.blas_worker", setup.model_dump_json()],
-        env={**environment, **candidate.environment},
-        stdout=subprocess.PIPE,
-        text=True,
-        timeout=WORKER_TIMEOUT_S,
-        check=False,
+    report = run_worker(
+        "bench.blas_worker",
+        setup.model_dump_json(),
+        {**environment, **candidate.environment},
+        WORKER_TIMEOUT_S,
+        f"BLAS ({candidate.name})",
     )
-    reports = [line for line in completed.stdout.splitlines() if line.startswith("{")]
-    if completed.returncode != 0 or not reports:
-        raise RuntimeError(f"the BLAS worker for {candidate.name} exited with {completed.returncode} and no report")
-    return BlasMeasurement.model_validate_json(reports[-1])
+    return BlasMeasurement.model_validate_json(report)
 
 
 def _contended(candidate: BlasCandidate, setup: BlasWorkerSetup) -> BlasMeasurement:
