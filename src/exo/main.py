@@ -12,7 +12,7 @@ import anyio
 import uvicorn
 
 # exo.node (and with it the model converter, transformers…) is imported only when a node starts: the subcommands
-# (`exo models`, `exo conformance`) start quickly without it.
+# (`exo models`, `exo conformance`, `exo mcp`) start quickly without it.
 if TYPE_CHECKING:
     from exo.node import NodeConfig
 
@@ -22,7 +22,12 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="exo", description="Run an exo node with an OpenAI-compatible API.")
+    parser = argparse.ArgumentParser(
+        prog="exo",
+        description="Run an exo node with an OpenAI-compatible API.",
+        epilog="Other commands: `exo mcp` serves exo's tools to agents over MCP (exo mcp --help); "
+        "`exo conformance` checks the tool-call formats.",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 exposes it)")
     parser.add_argument("--api-port", type=int, default=52415, help="API port (default 52415)")
     parser.add_argument(
@@ -110,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from exo.models.cli import main as models_main
 
         sys.exit(models_main(command_line[1:]))
+    if command_line[:1] == ["mcp"]:
+        from exo.mcp.cli import main as mcp_main
+
+        sys.exit(mcp_main(command_line[1:]))
     arguments = build_parser().parse_args(command_line)
     config = config_from_args(arguments)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")

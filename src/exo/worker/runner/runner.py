@@ -10,7 +10,7 @@ import os
 import signal
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pydantic import ValidationError
 
@@ -186,7 +186,12 @@ def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
     try:
         loaded = load_model(model_path, bootstrap.shard, trust_remote_code=bootstrap.trust_remote_code)
         template = chat_template_text(loaded.tokenizer)
-        tool_format = detect_tool_format(template, _read_tool_parser_type(model_path), bootstrap.tool_format_override)
+        tool_format = detect_tool_format(
+            template,
+            _read_tool_parser_type(model_path),
+            bootstrap.tool_format_override,
+            vocabulary=cast(dict[str, int], loaded.tokenizer.get_vocab()),
+        )
     except ModelLoadError as error:
         raise _LoadFailedError(str(error)) from error
     except Exception as error:
