@@ -29,6 +29,7 @@ from exo.master.errors import (
 from exo.master.request_guard import RequestGuard
 from exo.master.routes.messages import messages_router
 from exo.master.routes.responses import responses_router
+from exo.mcp.http_mount import mount_mcp
 from exo.node import Node
 from exo.shared.types.api import (
     ChatCompletionRequest,
@@ -63,6 +64,7 @@ def create_app(node: Node) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, handle_http_error)
     app.add_exception_handler(Exception, handle_unexpected_error)
     app.add_middleware(RequestGuard, api_key=node.config.api_key, max_body_bytes=node.config.max_request_bytes)
+    mount_mcp(app, host=node.config.host, port=node.config.api_port, api_key=node.config.api_key)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -7,9 +7,12 @@ It talks to its supervisor over a multiprocessing Connection, exchanging only ty
 import json
 import logging
 import os
+import signal
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
+
+from pydantic import ValidationError
 
 from exo.shared.types.chunks import ErrorChunk, FinishChunk
 from exo.shared.types.common import TaskId
@@ -36,6 +39,24 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+class UnreadableRequestError(Exception):
+    """A message from the supervisor did not validate; `task_id` is the task it was for, when one can be read."""
+
+    def __init__(self, error: ValidationError, payload: bytes) -> None:
+        super().__init__(f"{error.error_count()} validation error(s), first: {error.errors()[0]['msg']}")
+        self.task_id = _lenient_task_id(payload)
+
+
+def _lenient_task_id(payload: bytes) -> TaskId | None:
+    try:
+        message: object = json.loads(payload)
+    except ValueError:
+        return None
+    task = message.get("task") if isinstance(message, dict) else None
+    task_id = task.get("task_id") if isinstance(task, dict) else None
+    return TaskId(task_id) if isinstance(task_id, str) else None
+
+
 class RunnerChannel:
     """Typed wrapper around the runner's end of the pipe."""
 
@@ -46,7 +67,13 @@ class RunnerChannel:
         self._connection.send_bytes(RunnerResponseAdapter.dump_json(message))
 
     def receive(self) -> RunnerRequest:
-        return RunnerRequestAdapter.validate_json(self._connection.recv_bytes())
+        """The next request; raises UnreadableRequestError for one that does not validate, EOFError once the
+        supervisor has closed the pipe."""
+        payload = self._connection.recv_bytes()
+        try:
+            return RunnerRequestAdapter.validate_json(payload)
+        except ValidationError as error:
+            raise UnreadableRequestError(error, payload) from error
 
     def poll(self) -> bool:
         return self._connection.poll()
@@ -89,6 +116,9 @@ def _read_tool_parser_type(model_path: Path) -> str | None:
 
 def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
     """Entry point of the runner subprocess."""
+    # Ctrl-C in a terminal reaches the whole process group; the supervisor stops the runner with a Shutdown message,
+    # so the interrupt itself must not kill it mid-task with a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format=f"%(asctime)s runner[{os.getpid()}] %(levelname)s %(message)s")
     channel = RunnerChannel(connection)
     bootstrap = channel.receive()
@@ -111,7 +141,14 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
     channel.send(RunnerReady(metadata=metadata))
     logger.info("loaded %s (tool format %s, dtype %s)", bootstrap.model_path, metadata.tool_format, metadata.dtype)
     while True:
-        match channel.receive():
+        try:
+            request = channel.receive()
+        except EOFError:
+            return  # the supervisor is gone
+        except UnreadableRequestError as unreadable:
+            _refuse_unreadable(channel, unreadable)
+            continue
+        match request:
             case RunTask(task=task):
                 control = _run_task(channel, context, task)
                 if control.shutdown_requested:
@@ -122,6 +159,16 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
                 pass  # nothing is running; a late cancel needs no action
 
 
+def _refuse_unreadable(channel: RunnerChannel, unreadable: UnreadableRequestError) -> None:
+    """A request that does not validate: fail its task (so the supervisor's queue moves on) when it names one."""
+    task_id = unreadable.task_id
+    logger.error("unreadable request from the supervisor (task %s): %s", task_id, unreadable)
+    if task_id is not None:
+        failure = ErrorChunk(message=f"the model runner could not read the request: {unreadable}")
+        channel.send(TaskChunk(task_id=task_id, chunk=failure))
+        channel.send(TaskDone(task_id=task_id))
+
+
 class _LoadFailedError(Exception):
     """Loading failed; the message names the model path and the cause."""
 
@@ -129,15 +176,22 @@ class _LoadFailedError(Exception):
 def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
     # Heavy imports happen here, in the child, so the API process never loads MLX.
     from exo.tool_calls import detect_tool_format
+    from exo.worker.engines.mlx.blas_check import blas_report
     from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
     from exo.worker.engines.mlx.generator.chat_completion import EngineContext
     from exo.worker.engines.mlx.utils_mlx import ModelLoadError, chat_template_text, load_model
 
     model_path = Path(bootstrap.model_path)
+    blas = blas_report()  # before the model takes the memory bandwidth; a fraction of a second
     try:
         loaded = load_model(model_path, bootstrap.shard, trust_remote_code=bootstrap.trust_remote_code)
         template = chat_template_text(loaded.tokenizer)
-        tool_format = detect_tool_format(template, _read_tool_parser_type(model_path), bootstrap.tool_format_override)
+        tool_format = detect_tool_format(
+            template,
+            _read_tool_parser_type(model_path),
+            bootstrap.tool_format_override,
+            vocabulary=cast(dict[str, int], loaded.tokenizer.get_vocab()),
+        )
     except ModelLoadError as error:
         raise _LoadFailedError(str(error)) from error
     except Exception as error:
@@ -148,6 +202,7 @@ def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
         tool_format=str(tool_format),
         supports_reasoning=loaded.tokenizer.has_thinking,
         dtype=loaded.dtype,
+        blas=blas,
     )
     return EngineContext(loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache), metadata
 

@@ -17,15 +17,11 @@ from exo.shared.types.chunks import (
 from exo.shared.types.common import FinishReason
 from exo.shared.types.tasks import ChatCompletionTask, ToolPolicy
 from exo.tool_calls import ToolFormatName, ToolStreamParser
+from exo.tool_calls.grammar.spec import ReasoningMarkers, UnsupportedConstraintError
 from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
-from exo.worker.engines.mlx.constrained import ReasoningMarkers
-from exo.worker.engines.mlx.generator.constraints import (
-    UnsupportedConstraintError,
-    callable_functions,
-)
+from exo.worker.engines.mlx.constrained import callable_functions, constraint_spec, make_logits_processor
 from exo.worker.engines.mlx.generator.generate import ContextLengthExceededError, clamp_max_tokens, generate_tokens
 from exo.worker.engines.mlx.generator.stop_sequences import StopSequenceMatcher
-from exo.worker.engines.mlx.generator.structured_output import structured_logits_processors
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template
 
 logger = logging.getLogger(__name__)
@@ -98,14 +94,8 @@ def run_chat_completion(
     reasoning = reasoning_markers(loaded.tokenizer, prompt.starts_in_reasoning)
     try:
         # mlx-lm hands processors the tokens it was given (the uncached rest of the prompt) plus the sampled ones.
-        processors = structured_logits_processors(
-            loaded.tokenizer,
-            context.tool_format,
-            params.tool_policy,
-            params.structured_output,
-            prompt_length=len(to_prefill),
-            reasoning=reasoning,
-        )
+        spec = constraint_spec(params.tool_policy, params.structured_output, context.tool_format, reasoning)
+        processors = (make_logits_processor(loaded.tokenizer, spec, prompt_length=len(to_prefill)),) if spec else ()
     except UnsupportedConstraintError as error:
         if lease and context.prefix_cache:
             context.prefix_cache.discard(lease)
