@@ -63,10 +63,12 @@ class ScriptedWorker(Worker):
         pass
 
 
-def scripted_app(config: NodeConfig | None = None) -> tuple[FastAPI, ScriptedWorker]:
-    """The production app for a node serving SCRIPTED_MODEL through a ScriptedWorker."""
+def scripted_app(
+    config: NodeConfig | None = None, worker: ScriptedWorker | None = None
+) -> tuple[FastAPI, ScriptedWorker]:
+    """The production app for a node serving SCRIPTED_MODEL through a ScriptedWorker (or `worker`)."""
     node = Node(config or NodeConfig())
-    worker = ScriptedWorker()
+    worker = worker or ScriptedWorker()
     node.master.attach_worker(worker)
     node.master.on_event(
         RunnerUpdated(

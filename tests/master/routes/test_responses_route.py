@@ -169,7 +169,7 @@ def test_stream_accumulates_to_the_non_streaming_response(name: str, scripted: t
     assert whole.usage is not None
     assert whole.usage.model_dump(exclude_none=True) == {
         "input_tokens": 12,
-        "input_tokens_details": {"cached_tokens": 4},
+        "input_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 0},
         "output_tokens": 5,
         "output_tokens_details": {"reasoning_tokens": 2},
         "total_tokens": 17,
