@@ -5,13 +5,15 @@ same facts. Every failure — exo down, the API key refused, an unknown node or 
 cluster — is an error result whose text says what is wrong and what to do; the server itself never fails a call.
 """
 
-from collections.abc import Awaitable
+import inspect
+import re
+from collections.abc import Awaitable, Callable
 from importlib.metadata import version
-from typing import Annotated, Protocol
+from typing import Annotated, Any, TypeVar
 
 from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from exo.mcp.failures import ToolFailedError
 from exo.mcp.inference import DEFAULT_MAX_TOKENS, RunResult, run_model
@@ -25,17 +27,29 @@ INSTRUCTIONS = (
 )
 
 
-class _Described(Protocol):
-    def describe(self) -> str: ...
-    def model_dump(self, *, mode: str) -> dict[str, object]: ...
+Result = TypeVar("Result", bound=BaseModel)
+ToolFunction = TypeVar("ToolFunction", bound=Callable[..., Any])
 
 
 def _reads(title: str) -> ToolAnnotations:
     return ToolAnnotations(title=title, read_only_hint=True, idempotent_hint=True, open_world_hint=False)
 
 
-async def _answer(work: Awaitable[_Described]) -> CallToolResult:
-    """The tool's result, or its failure as an error result the agent can read."""
+def _description(function: Callable[..., Any]) -> str:
+    # Models read this: no docstring indentation, and a wrapped line joined back into its sentence.
+    return re.sub(r"(?<!\n)\n(?!\n)", " ", inspect.cleandoc(function.__doc__ or ""))
+
+
+def _tool(server: MCPServer, name: str, annotations: ToolAnnotations) -> Callable[[ToolFunction], ToolFunction]:
+    def register(function: ToolFunction) -> ToolFunction:
+        server.add_tool(function, name=name, description=_description(function), annotations=annotations)
+        return function
+
+    return register
+
+
+async def _answer(work: Awaitable[Result], render: Callable[[Result], str]) -> CallToolResult:
+    """The tool's result (structured, and as text), or its failure as an error result the agent can read."""
     try:
         result = await work
     except ToolFailedError as failure:
@@ -46,7 +60,7 @@ async def _answer(work: Awaitable[_Described]) -> CallToolResult:
     except (NodeUnreachableError, NodeApiError) as error:
         return CallToolResult(content=[TextContent(type="text", text=str(error))], is_error=True)
     return CallToolResult(
-        content=[TextContent(type="text", text=result.describe())], structured_content=result.model_dump(mode="json")
+        content=[TextContent(type="text", text=render(result))], structured_content=result.model_dump(mode="json")
     )
 
 
@@ -54,21 +68,22 @@ def build_server(client: NodeClient) -> MCPServer:
     """The MCP server whose tools ask the node behind `client`."""
     server = MCPServer("exo", title="exo", version=version("exo"), instructions=INSTRUCTIONS, log_level="WARNING")
 
-    @server.tool(name="exo_status", annotations=_reads("exo status"))
+    @_tool(server, "exo_status", _reads("exo status"))
     async def exo_status() -> Annotated[CallToolResult, StatusResult]:
         """Is exo running and is its API usable? Returns the node id, version, number of peers and the models it
         serves with their state. An error result when exo is not running or refuses the API key."""
-        return await _answer(status(client))
+        return await _answer(status(client), StatusResult.describe)
 
-    @server.tool(name="exo_list_models", annotations=_reads("exo models"))
+    @_tool(server, "exo_list_models", _reads("exo models"))
     async def exo_list_models() -> Annotated[CallToolResult, ModelsResult]:
         """The models exo serves: id, state (loading, ready, failed), where they are loaded from, context length
         and tool-call format."""
-        return await _answer(list_models(client))
+        return await _answer(list_models(client), ModelsResult.describe)
 
-    @server.tool(
-        name="exo_run_model",
-        annotations=ToolAnnotations(
+    @_tool(
+        server,
+        "exo_run_model",
+        ToolAnnotations(
             title="Run a prompt on an exo model", read_only_hint=True, idempotent_hint=False, open_world_hint=False
         ),
     )
@@ -80,6 +95,6 @@ def build_server(client: NodeClient) -> MCPServer:
     ) -> Annotated[CallToolResult, RunResult]:
         """Run one prompt on a model through exo's chat-completions API and return the answer with its timing
         (tokens, seconds, tokens/s)."""
-        return await _answer(run_model(client, model, prompt, temperature, max_tokens))
+        return await _answer(run_model(client, model, prompt, temperature, max_tokens), RunResult.describe)
 
     return server
