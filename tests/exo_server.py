@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from anthropic import Anthropic
 from openai import OpenAI
 
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
@@ -40,6 +41,10 @@ class ExoServer:
     def openai_client(self) -> OpenAI:
         """The official SDK pointed at this server: no retries (a failure must show), generous time for CPU runs."""
         return OpenAI(base_url=f"{self.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+    def anthropic_client(self) -> Anthropic:
+        """The official Anthropic SDK pointed at this server (the Messages API), as strict as `openai_client`."""
+        return Anthropic(base_url=self.base_url, api_key="unused", max_retries=0, timeout=120)
 
     def state(self) -> dict[str, object]:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 import anyio
 import uvicorn
 
+# exo.node (and with it the model converter, transformers…) is imported only when a node starts: the subcommands
+# (`exo models`, `exo conformance`, `exo mcp`) start quickly without it.
 if TYPE_CHECKING:
-    # The node (and the model tooling it imports) loads only when a node starts: `exo mcp` starts fast without it.
     from exo.node import NodeConfig
 
 logger = logging.getLogger("exo")
@@ -32,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--model",
         action="append",
-        help="model to load: a local mlx-lm directory, a .gguf file or a Hugging Face repo id "
-        "(repeatable; default: the bundled Qwen2.5-Coder-0.5B-Instruct)",
+        help="model to load: a catalog id (`exo models` lists them), a local mlx-lm directory, a .gguf file or a "
+        "Hugging Face repo id (repeatable; default: the bundled Qwen2.5-Coder-0.5B-Instruct)",
     )
     parser.add_argument(
         "--models-dir", type=Path, help="where downloaded/imported models live (default $EXO_HOME/models)"
@@ -79,8 +80,9 @@ async def serve(config: "NodeConfig") -> None:
     from exo.node import Node
     from exo.worker.engines.mlx.blas import blas_advice, blas_environment
 
+    # The runner subprocesses inherit this environment: the optimized BLAS must be preloaded before mlx loads.
     os.environ.update(blas_environment(os.environ))
-    advice = blas_advice()
+    advice = blas_advice(os.environ)
     if advice:
         logger.warning(advice)
     if config.host not in LOOPBACK_HOSTS and not config.api_key:
@@ -103,6 +105,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from exo.conformance.cli import main as conformance_main
 
         sys.exit(conformance_main(command_line[1:]))
+    if command_line[:1] == ["models"]:
+        from exo.models.cli import main as models_main
+
+        sys.exit(models_main(command_line[1:]))
     if command_line[:1] == ["mcp"]:
         from exo.mcp.cli import main as mcp_main
 

@@ -4,7 +4,7 @@ as a fallback (see raw_json)."""
 
 from typing import Final
 
-from exo.tool_calls.format import CallRegion, CallSink
+from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
 from exo.tool_calls.grammar.json_calls import json_call_object
 from exo.tool_calls.grammar.lark import LarkWriter, literal
 from exo.tool_calls.grammar.reply import OpenedCallsGrammar, ReplyRequest, repeated
@@ -28,7 +28,7 @@ class HermesGrammar(OpenedCallsGrammar):
         return repeated(lark, rest, f"{newline} {lark.marker(START)}", parallel=request.parallel)
 
 
-class HermesFormat:
+class HermesFormat(MarkedFormat):
     start_markers: tuple[str, ...] = (START,)
     bare_openers: str = BARE_JSON_OPENERS
     grammar = HermesGrammar()

@@ -3,7 +3,7 @@
 
 from typing import Final
 
-from exo.tool_calls.format import CallRegion, CallSink
+from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
 from exo.tool_calls.grammar.json_calls import json_call_object
 from exo.tool_calls.grammar.lark import LarkWriter
 from exo.tool_calls.grammar.reply import ReplyRequest, ReplyShape
@@ -38,7 +38,7 @@ class Llama3JsonGrammar:
                 return f"{prose} | {call}"
 
 
-class Llama3JsonFormat:
+class Llama3JsonFormat(MarkedFormat):
     start_markers: tuple[str, ...] = (PYTHON_TAG,)
     bare_openers: str = BARE_JSON_OPENERS
     grammar = Llama3JsonGrammar()

@@ -5,7 +5,7 @@ import re
 
 from exo.tool_calls.arguments.json_stream import JsonValueStreamer
 from exo.tool_calls.arguments.schema import SchemaView
-from exo.tool_calls.format import CallRegion, CallSink
+from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
 from exo.tool_calls.grammar.json_calls import json_call_object, named_json_arguments
 from exo.tool_calls.grammar.lark import LarkWriter, literal
 from exo.tool_calls.grammar.reply import OpenedCallsGrammar, ReplyRequest, repeated
@@ -154,13 +154,9 @@ class MistralGrammar(OpenedCallsGrammar):
         return f"{literal(' ')}? {literal('[')} {listed} {literal(']')}"
 
 
-class MistralFormat:
+class MistralFormat(MarkedFormat):
     start_markers: tuple[str, ...] = (_START,)
-    bare_openers: str = ""
     grammar = MistralGrammar()
 
     def open_region(self, _marker: str, sink: CallSink, /) -> CallRegion:
         return MistralHeaderRegion(sink)
-
-    def open_bare(self, sink: CallSink) -> CallRegion:
-        raise NotImplementedError("Mistral calls always start with [TOOL_CALLS]")

@@ -6,7 +6,7 @@ content."""
 from exo.shared.types.api import FunctionDefinition
 from exo.tool_calls.arguments.parsed_call import emit_parsed_calls
 from exo.tool_calls.arguments.python_literals import BracketTracker, parse_pythonic_calls
-from exo.tool_calls.format import CallRegion, CallSink
+from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
 from exo.tool_calls.grammar.lark import LarkWriter, literal
 from exo.tool_calls.grammar.parameters import any_parameters, json_value, parameter_sequence, tool_parameters
 from exo.tool_calls.grammar.reply import OpenedCallsGrammar, ReplyRequest, repeated
@@ -137,7 +137,7 @@ class PythonicGrammar(OpenedCallsGrammar):
         return f"{literal(tool.name + '(')} {arguments} {literal(')')}"
 
 
-class PythonicFormat:
+class PythonicFormat(MarkedFormat):
     start_markers: tuple[str, ...] = (_LIST_START, _PYTHON_TAG)
     bare_openers: str = "["
     grammar = PythonicGrammar()

@@ -20,7 +20,7 @@ import re
 from exo.shared.types.api import FunctionDefinition
 from exo.tool_calls.arguments.schema import SchemaView
 from exo.tool_calls.arguments.text_values import convert_xml_value, streams_as_string
-from exo.tool_calls.format import CallRegion, CallSink
+from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
 from exo.tool_calls.grammar.lark import LarkWriter, literal
 from exo.tool_calls.grammar.parameters import (
     Parameter,
@@ -313,13 +313,9 @@ class Qwen3CoderGrammar(OpenedCallsGrammar):
         return f"{literal(_PARAMETER)} {name} {literal('>' + _NEWLINE)} {value} {literal(_NEWLINE)}"
 
 
-class Qwen3CoderFormat:
+class Qwen3CoderFormat(MarkedFormat):
     start_markers: tuple[str, ...] = (_WRAPPER, _FUNCTION)
-    bare_openers: str = ""
     grammar = Qwen3CoderGrammar()
 
     def open_region(self, marker: str, sink: CallSink, /) -> CallRegion:
         return WrapperRegion(sink) if marker == _WRAPPER else Qwen3CoderRegion(sink, wrapped=False)
-
-    def open_bare(self, sink: CallSink) -> CallRegion:
-        raise NotImplementedError("Qwen3-Coder calls always start with a tag")

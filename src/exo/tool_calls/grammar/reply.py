@@ -48,6 +48,8 @@ class OpenedCallsGrammar:
     """
 
     opening: str = ""
+    opening_pieces: tuple[str, ...] = ()
+    """The opening as the pieces the model writes it in, when it is made of several added tokens."""
     markers: tuple[str, ...] = ()
     also_opening: tuple[str, ...] = ()
     never_starting: tuple[str, ...] = ()
@@ -61,8 +63,11 @@ class OpenedCallsGrammar:
         """Everything a call section holds after its opening marker (every call, one when not parallel)."""
         raise NotImplementedError
 
+    def _opening_pieces(self) -> tuple[str, ...]:
+        return self.opening_pieces or (self.opening,)
+
     def opening_expression(self, lark: LarkWriter) -> str:
-        return lark.marker(self.opening)
+        return " ".join(lark.marker(piece) for piece in self._opening_pieces())
 
     def reply(self, lark: LarkWriter, request: ReplyRequest, /) -> str:
         calls = f"{self.opening_expression(lark)} {self.after_opening(lark, request)}"
@@ -78,7 +83,8 @@ class OpenedCallsGrammar:
                 prose = lark.prose(never_containing=openings, never_starting=self.never_starting)
                 if self.bare:
                     return f"{prose} | {calls}"
-                text_then_opening = lark.text_until(self.opening, "prose")
+                first, *rest = self._opening_pieces()
+                text_then_opening = " ".join([lark.text_until(first, "prose"), *map(lark.marker, rest)])
                 return f"{prose} | {text_then_opening} {self.after_opening(lark, request)}"
 
 

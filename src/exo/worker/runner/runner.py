@@ -10,7 +10,7 @@ import os
 import signal
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pydantic import ValidationError
 
@@ -176,15 +176,22 @@ class _LoadFailedError(Exception):
 def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
     # Heavy imports happen here, in the child, so the API process never loads MLX.
     from exo.tool_calls import detect_tool_format
+    from exo.worker.engines.mlx.blas_check import blas_report
     from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
     from exo.worker.engines.mlx.generator.chat_completion import EngineContext
     from exo.worker.engines.mlx.utils_mlx import ModelLoadError, chat_template_text, load_model
 
     model_path = Path(bootstrap.model_path)
+    blas = blas_report()  # before the model takes the memory bandwidth; a fraction of a second
     try:
         loaded = load_model(model_path, bootstrap.shard, trust_remote_code=bootstrap.trust_remote_code)
         template = chat_template_text(loaded.tokenizer)
-        tool_format = detect_tool_format(template, _read_tool_parser_type(model_path), bootstrap.tool_format_override)
+        tool_format = detect_tool_format(
+            template,
+            _read_tool_parser_type(model_path),
+            bootstrap.tool_format_override,
+            vocabulary=cast(dict[str, int], loaded.tokenizer.get_vocab()),
+        )
     except ModelLoadError as error:
         raise _LoadFailedError(str(error)) from error
     except Exception as error:
@@ -195,6 +202,7 @@ def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
         tool_format=str(tool_format),
         supports_reasoning=loaded.tokenizer.has_thinking,
         dtype=loaded.dtype,
+        blas=blas,
     )
     return EngineContext(loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache), metadata
 

@@ -292,6 +292,13 @@ class RunnerSupervisor:
         match message:
             case RunnerReady(metadata=metadata):
                 self.metadata = metadata
+                if metadata.blas is not None:
+                    logger.info(
+                        "runner %s for %s is ready; BLAS: %s",
+                        self.runner_id,
+                        self.config.model_id,
+                        metadata.blas.describe(),
+                    )
                 self.status = "ready"
                 self._load_failures = 0
                 self._ready.set()

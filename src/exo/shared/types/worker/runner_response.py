@@ -4,6 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
+from exo.shared.types.blas import BlasReport
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import FinishReason, FrozenModel, TaskId
 from exo.shared.types.tasks import ChatCompletionTask
@@ -25,6 +26,8 @@ class ModelMetadata(FrozenModel):
     tool_format: str | None
     supports_reasoning: bool
     dtype: str
+    # The BLAS the runner's float32 matmuls use and its measured speed (None from runners that did not check).
+    blas: BlasReport | None = None
 
 
 # ---- worker → runner -------------------------------------------------------------------------

@@ -76,6 +76,9 @@ def run_chat_completion(
     params = task.params
     try:
         prompt = apply_chat_template(loaded.tokenizer, params.messages, params.tool_policy, params.chat_template_kwargs)
+        if params.count_prompt_only:
+            yield FinishChunk(finish_reason="stop", usage=Usage(prompt_tokens=len(prompt.tokens), completion_tokens=0))
+            return
         max_tokens = clamp_max_tokens(params.sampling.max_tokens, len(prompt.tokens), loaded.context_length)
     except ContextLengthExceededError as error:
         yield ErrorChunk(
@@ -143,6 +146,7 @@ def run_chat_completion(
         logger.warning("task %s: tool call not parsed as intended: %s", task.task_id, reason)
     yield FinishChunk(
         finish_reason=_finish_reason(generation_finish, parser, params.tool_policy),
+        stop_sequence=stops.matched,
         usage=Usage(
             prompt_tokens=len(prompt.tokens),
             completion_tokens=len(generated),
