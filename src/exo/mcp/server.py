@@ -11,15 +11,16 @@ from collections.abc import Awaitable, Callable
 from importlib.metadata import version
 from typing import Annotated, Any, TypeVar
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from exo.mcp.failures import ToolFailedError
 from exo.mcp.inference import DEFAULT_MAX_TOKENS, RunResult, run_model
-from exo.mcp.models import ModelsResult, list_models
+from exo.mcp.models import ModelsResult, describe_download, download_model, list_models
 from exo.mcp.node_client import NodeApiError, NodeClient, NodeUnreachableError
 from exo.mcp.status import StatusResult, status
+from exo.shared.types.catalog_api import DownloadDone
 
 INSTRUCTIONS = (
     "Tools to look after an exo cluster (LLM inference on MLX): check that exo is up, read its nodes, memory and "
@@ -76,9 +77,30 @@ def build_server(client: NodeClient) -> MCPServer:
 
     @_tool(server, "exo_list_models", _reads("exo models"))
     async def exo_list_models() -> Annotated[CallToolResult, ModelsResult]:
-        """The models exo serves: id, state (loading, ready, failed), where they are loaded from, context length
-        and tool-call format."""
+        """The models exo serves (id, state, where they load from, context length, tool-call format) and the
+        catalog of models exo can fetch: family, size, download and disk size, the memory each needs to be served,
+        and whether it is downloaded."""
         return await _answer(list_models(client), ModelsResult.describe)
+
+    @_tool(
+        server,
+        "exo_download_model",
+        ToolAnnotations(
+            title="Download a model into exo",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=True,
+        ),
+    )
+    async def exo_download_model(
+        model: Annotated[str, Field(description="a model id from exo's catalog (see exo_list_models)")],
+        context: Context[Any, Any],
+    ) -> Annotated[CallToolResult, DownloadDone]:
+        """Changes the cluster: downloads a catalog model into the node's models directory and converts it for
+        MLX (gigabytes of disk; minutes), sending progress notifications as it goes. Returns where it landed; an
+        already downloaded model returns at once."""
+        return await _answer(download_model(client, model, context.report_progress), describe_download)
 
     @_tool(
         server,
