@@ -14,7 +14,8 @@ from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.worker.runner_status import RunnerStatus
 
 # A download reports its phases one after the other (fetching or assembling, then converting), each counting its
-# own bytes from zero; MCP progress must only grow, so each phase is one unit of a two-unit total.
+# own bytes from zero; MCP progress must grow with every notification, so each phase is one unit of a two-unit
+# total and a snapshot that does not move it forward is not sent.
 _PHASE_UNITS = {"downloading": 0.0, "assembling": 0.0, "converting": 1.0, "ready": 2.0}
 DOWNLOAD_PROGRESS_TOTAL = 2.0
 
@@ -76,14 +77,19 @@ def describe_download(done: DownloadDone) -> str:
 
 async def download_model(client: NodeClient, model: str, report: ProgressReporter) -> DownloadDone:
     """Have the node fetch and import `model`, passing its progress on as it goes."""
-    reached = 0.0
+    reached: float | None = None
 
     async def forward(preparation: ModelPreparation) -> None:
         nonlocal reached
+        phase_start = _PHASE_UNITS.get(preparation.phase)
+        if phase_start is None:
+            return  # a failure arrives as the download's error, not as progress
         fraction = preparation.done_bytes / preparation.total_bytes if preparation.total_bytes > 0 else 0.0
-        units = _PHASE_UNITS.get(preparation.phase, reached) + min(fraction, 1.0)
-        reached = max(reached, min(units, DOWNLOAD_PROGRESS_TOTAL))
-        await report(reached, DOWNLOAD_PROGRESS_TOTAL, describe_preparation(preparation))
+        units = min(phase_start + min(fraction, 1.0), DOWNLOAD_PROGRESS_TOTAL)
+        if reached is not None and units <= reached:
+            return  # MCP progress must grow with every notification
+        reached = units
+        await report(units, DOWNLOAD_PROGRESS_TOTAL, describe_preparation(preparation))
 
     try:
         return await client.download(model, forward)

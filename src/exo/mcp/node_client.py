@@ -50,10 +50,16 @@ class NodeApiError(Exception):
 class NodeClient:
     """The API of the exo node at `base_url`, with its API key when it has one. Use it as an async context."""
 
-    def __init__(self, base_url: str = DEFAULT_NODE_URL, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str = DEFAULT_NODE_URL,
+        api_key: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        """`transport` replaces the network (httpx's own seam; tests answer with a scripted node)."""
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=_TIMEOUT)
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=_TIMEOUT, transport=transport)
 
     async def __aenter__(self) -> Self:
         return self
