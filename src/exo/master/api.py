@@ -28,6 +28,7 @@ from exo.master.errors import (
     handle_validation_error,
 )
 from exo.master.request_guard import RequestGuard
+from exo.master.routes.catalog import catalog_router
 from exo.master.routes.messages import MESSAGES_PATH_PREFIX, messages_router
 from exo.master.routes.responses import responses_router
 from exo.mcp.http_mount import mount_mcp
@@ -126,4 +127,5 @@ def create_app(node: Node) -> FastAPI:
 
     app.include_router(messages_router(node))
     app.include_router(responses_router(node))
+    app.include_router(catalog_router(node))
     return app
