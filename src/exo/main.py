@@ -146,13 +146,13 @@ async def serve(config: "NodeConfig") -> None:
         )
     node = Node(config)
     await node.join()
-    settings = ApiSettings(config.api_key, config.max_request_bytes, config.host, config.api_port)
+    settings = ApiSettings(config.api_key, config.max_request_bytes, config.host, config.api_port, config.models_dir)
     try:
         async with anyio.create_task_group() as task_group:
             node.start(task_group)
             server = uvicorn.Server(
                 uvicorn.Config(
-                    create_app(node.master_client, settings),
+                    create_app(node.master_client, settings, node.publish_preparation),
                     host=config.host,
                     port=config.api_port,
                     log_level="warning",
@@ -167,6 +167,12 @@ async def serve(config: "NodeConfig") -> None:
         # session would keep the process from exiting).
         with anyio.CancelScope(shield=True):
             await node.stop()
+
+
+def quiet_http_client_logs(level: int) -> None:
+    """httpx logs every request at INFO: one line per model piece fetched. Keep them for -v only."""
+    if level > logging.DEBUG:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -190,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ClusterSettingsError as error:
         parser.error(str(error))
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    quiet_http_client_logs(config.log_level)
     from exo.cluster.identity import NodeIdentityError
     from exo.node import NodeStartError
 

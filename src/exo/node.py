@@ -28,6 +28,7 @@ from exo.master.main import Master
 from exo.models.paths import exo_home
 from exo.models.progress_display import ConsoleProgress
 from exo.shared.types.common import ModelId
+from exo.shared.types.preparation import ModelPreparation
 from exo.worker.main import Worker
 from exo.worker.runner.supervisor import RunnerConfig
 
@@ -149,6 +150,11 @@ class Node:
             task_group.start_soon(worker.prepare_and_load, spec, self._runner_config, config.models_dir)
         for runner_config in config.extra_runner_configs:
             worker.start_runner(runner_config)
+
+    def publish_preparation(self, preparation: ModelPreparation) -> None:
+        """Record progress of model work this node does outside its start-up (a catalog download); from a thread."""
+        assert self._worker is not None, "the node is started first"
+        self._worker.publish_preparation(preparation)
 
     async def stop(self) -> None:
         """Stop the runners, then leave the cluster (peers see this node go at once)."""

@@ -17,6 +17,7 @@ from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk, Usage
 from exo.shared.types.cluster_api import DiscoveryReport, PeerConnection
 from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
 from exo.shared.types.common import InstanceId, ModelId, NodeId, RunnerId, TaskId
+from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.state import (
     NodeFacts,
     NodeHealth,
@@ -68,7 +69,9 @@ def scripted_state() -> State:
         model_path="/nonexistent/scripted-model",
         shard=ShardAssignment(),
         status="ready",
-        metadata=ModelMetadata(context_length=4096, tool_format="hermes", supports_reasoning=False, dtype="float32"),
+        metadata=ModelMetadata(
+            context_length=4096, tool_format="hermes", supports_reasoning=False, dtype="float32", vocab_size=741
+        ),
     )
     node = NodeInfo(facts=facts, last_seen=2.0, health=NodeHealth(status="healthy"))
     return State(
@@ -86,22 +89,25 @@ SCRIPTED_CHUNKS: tuple[Chunk, ...] = (
 
 
 class ScriptedMaster:
-    """A MasterClient that answers every completion with `script` (SCRIPTED_REPLY unless a test sets another) and
-    records what it was given."""
+    """A MasterClient that answers every completion with `script` (SCRIPTED_REPLY unless a test sets another, or a
+    subclass answers per command in `chunks_for`) and records what it was given."""
 
     def __init__(self) -> None:
         self.tasks: list[ChatCompletionCommand] = []
         self.script: tuple[Chunk, ...] = SCRIPTED_CHUNKS
         self.cancelled: list[TaskId] = []
         self.peers_added: list[str] = []
+        self.preparations: list[ModelPreparation] = []
         self.state = scripted_state()
         self.node_id = SCRIPTED_NODE
         self.cluster_name = "scripted"
 
+    def chunks_for(self, command: ChatCompletionCommand) -> tuple[Chunk, ...]:  # noqa: ARG002 - one script for all
+        return self.script
+
     async def submit_chat_completion(self, command: ChatCompletionCommand) -> TaskHandle:
         self.tasks.append(command)
-
-        script = self.script
+        script = self.chunks_for(command)
 
         async def chunks() -> AsyncGenerator[Chunk, None]:
             for chunk in script:
@@ -120,8 +126,11 @@ class ScriptedMaster:
         return DiscoveryReport(found=[])
 
 
-def scripted_app(config: NodeConfig | None = None) -> tuple[FastAPI, ScriptedMaster]:
-    """The production app in front of a ScriptedMaster serving SCRIPTED_MODEL."""
+def scripted_app(
+    config: NodeConfig | None = None, master: ScriptedMaster | None = None
+) -> tuple[FastAPI, ScriptedMaster]:
+    """The production app in front of a ScriptedMaster (or `master`) serving SCRIPTED_MODEL."""
     config = config or NodeConfig()
-    master = ScriptedMaster()
-    return create_app(master, ApiSettings(config.api_key, config.max_request_bytes)), master
+    master = master or ScriptedMaster()
+    settings = ApiSettings(config.api_key, config.max_request_bytes, config.host, config.api_port, config.models_dir)
+    return create_app(master, settings, master.preparations.append), master

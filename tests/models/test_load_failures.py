@@ -16,15 +16,14 @@ import anyio
 import httpx
 import pytest
 
-from exo.cluster.settings import ClusterSettings
-from exo.master.api import ApiSettings, create_app
 from exo.models import catalog_fetch
 from exo.models.catalog import DEFAULT_MODEL_ID, QWEN25_CODER_05B
 from exo.models.errors import ModelLoadError
 from exo.models.resolve import resolve_model
-from exo.node import Node, NodeConfig
+from exo.node import NodeConfig
 from tests.exo_server import ExoServer, fixture_model, free_port, isolation
 from tests.fixtures.fixture_specs import GREETING_REPLY
+from tests.in_process_node import in_process_node
 from tests.models.tiny_gguf import build_model, build_tokenizer, write_gguf
 
 
@@ -204,16 +203,7 @@ async def test_a_node_whose_default_model_is_corrupt_reports_it_in_state_and_ans
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     corrupt_pieces(tmp_path / "pieces", monkeypatch)
-    # A node alone in process: no cluster listener, no scouting, its own identity.
-    cluster = ClusterSettings(name="corrupt-default", listen=(), discovery=False)
-    node = Node(NodeConfig(models=(None,), models_dir=tmp_path / "models", cluster=cluster, home=tmp_path / "home"))
-    await node.join()
-    transport = httpx.ASGITransport(app=create_app(node.master_client, ApiSettings()))
-    async with (
-        anyio.create_task_group() as task_group,
-        httpx.AsyncClient(transport=transport, base_url="http://node") as client,
-    ):
-        node.start(task_group)
+    async with in_process_node(NodeConfig(models=(None,), models_dir=tmp_path / "models"), tmp_path) as (node, client):
         with anyio.fail_after(30):
             while not node.master_client.state.runners:
                 await anyio.sleep(0.05)
@@ -235,6 +225,4 @@ async def test_a_node_whose_default_model_is_corrupt_reports_it_in_state_and_ans
         assert error["code"] == "model_unavailable"
         assert "model pieces are corrupt" in error["message"]
         assert json.loads((await client.get("/health")).text) == {"status": "ok"}
-        await node.stop()
-        task_group.cancel_scope.cancel()
     assert list((tmp_path / "models").iterdir()) == []

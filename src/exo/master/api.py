@@ -6,6 +6,7 @@ and streamed back unchanged. The cluster's own endpoints (/v1/cluster…, /metri
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
@@ -16,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from exo.master.adapters.chat_request import to_command
 from exo.master.adapters.chat_response import collect_response
 from exo.master.adapters.chat_stream import ChunkEncoder, sse_events
+from exo.master.adapters.messages_errors import anthropic_error
 from exo.master.client import MasterClient
 from exo.master.cluster_routes import cluster_router
 from exo.master.completion_flow import (
@@ -35,9 +37,12 @@ from exo.master.errors import (
 )
 from exo.master.placement import served_model_ids
 from exo.master.request_guard import RequestGuard
-from exo.master.routes.messages import messages_router
+from exo.master.routes.catalog import catalog_router
+from exo.master.routes.messages import MESSAGES_PATH_PREFIX, messages_router
 from exo.master.routes.responses import responses_router
 from exo.mcp.http_mount import mount_mcp
+from exo.models.paths import default_models_dir
+from exo.models.progress import PreparationSink
 from exo.shared.types.api import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -71,17 +76,30 @@ class ApiSettings:
     # Where the API listens: the /mcp tools call the node's own API there.
     host: str = "127.0.0.1"
     port: int = 52415
+    # This node's models directory, which the catalog routes download into (None: $EXO_HOME/models).
+    models_dir: Path | None = None
 
 
-def create_app(master: MasterClient, settings: ApiSettings) -> FastAPI:
+def create_app(
+    master: MasterClient, settings: ApiSettings, record_preparation: PreparationSink | None = None
+) -> FastAPI:
     """The FastAPI app in front of `master`: /health, /state, /v1/models, chat completions, Messages, Responses,
-    the cluster's endpoints and the MCP tools at /mcp."""
+    the cluster's endpoints, this node's model catalog and the MCP tools at /mcp.
+
+    `record_preparation` puts the progress of a catalog download into this node's state (it is called from the
+    download's thread); without it, downloads show their progress only to the client that asked.
+    """
     app = FastAPI(title="exo", version="0.1.0")
     app.add_exception_handler(ApiError, handle_api_error)
     app.add_exception_handler(RequestValidationError, handle_validation_error)
     app.add_exception_handler(StarletteHTTPException, handle_http_error)
     app.add_exception_handler(Exception, handle_unexpected_error)
-    app.add_middleware(RequestGuard, api_key=settings.api_key, max_body_bytes=settings.max_request_bytes)
+    app.add_middleware(
+        RequestGuard,
+        api_key=settings.api_key,
+        max_body_bytes=settings.max_request_bytes,
+        error_shapes={MESSAGES_PATH_PREFIX: anthropic_error},
+    )
     mount_mcp(app, host=settings.host, port=settings.port, api_key=settings.api_key)
 
     @app.get("/health")
@@ -121,6 +139,7 @@ def create_app(master: MasterClient, settings: ApiSettings) -> FastAPI:
 
     app.include_router(messages_router(master))
     app.include_router(responses_router(master))
+    app.include_router(catalog_router(settings.models_dir or default_models_dir(), record_preparation))
     app.include_router(cluster_router(master))
     return app
 
@@ -148,6 +167,7 @@ def _model_cards(state: State) -> list[ModelCard]:
                 created=int(time.time()),
                 capabilities=capabilities,
                 context_length=metadata.context_length if metadata else None,
+                vocab_size=metadata.vocab_size if metadata else None,
             )
         )
     return cards

@@ -9,7 +9,7 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -19,13 +19,13 @@ from exo.cluster.event_log import EventLog
 from exo.cluster.membership import Membership, MembershipView
 from exo.cluster.peers import PeerConnector
 from exo.cluster.topics import Topics
+from exo.shared.errors import ModelNotLoadedError, NoMasterError, QueueFullError, RunnerUnavailableError
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk
 from exo.shared.types.cluster_api import DiscoveryReport, PeerConnection
 from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand, PlaceTask, StopTask
-from exo.shared.types.common import CommandId, NodeId, RunnerId, TaskId
+from exo.shared.types.common import CommandId, ModelId, NodeId, RunnerId, TaskId
 from exo.shared.types.state import State
 from exo.shared.types.task_replies import (
-    RefusalReason,
     TaskAccepted,
     TaskChunkMessage,
     TaskRefused,
@@ -45,12 +45,15 @@ RESEND_SECONDS = 5.0
 SETTLE_SECONDS = 2.0
 
 
-class TaskRefusedError(Exception):
-    """The task never started; `reason` says why (the API maps it to an HTTP status)."""
-
-    def __init__(self, reason: RefusalReason | Literal["no_master"], message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+def refusal_error(refusal: TaskRefused, model_id: ModelId) -> Exception:
+    """The domain error (exo.shared.errors) a refusal stands for; the API decides what it is on the wire."""
+    match refusal.reason:
+        case "queue_full":
+            return QueueFullError(refusal.message)
+        case "model_unavailable":
+            return RunnerUnavailableError(refusal.message)
+        case "model_not_found":
+            return ModelNotLoadedError(model_id)
 
 
 @dataclass
@@ -75,7 +78,8 @@ class MasterClient(Protocol):
         ...
 
     async def submit_chat_completion(self, command: ChatCompletionCommand) -> TaskHandle:
-        """Run `command` somewhere in the cluster; raises TaskRefusedError when it cannot start."""
+        """Run `command` somewhere in the cluster. When it cannot start this raises the reason from
+        exo.shared.errors: ModelNotLoadedError, QueueFullError, RunnerUnavailableError or NoMasterError."""
         ...
 
     def cancel(self, command: CancelTaskCommand) -> None:
@@ -148,9 +152,7 @@ class BusMasterClient:
                         await pending.answered.wait()
         except TimeoutError:
             self._forget(pending)
-            raise TaskRefusedError(
-                "no_master", f"no cluster master answered within {ACCEPT_TIMEOUT_SECONDS:.0f} s"
-            ) from None
+            raise NoMasterError(f"no cluster master answered within {ACCEPT_TIMEOUT_SECONDS:.0f} s") from None
         except BaseException:
             # The client left while waiting: a task accepted after this point is stopped as soon as it is.
             pending.abandoned = True
@@ -160,7 +162,7 @@ class BusMasterClient:
             raise
         if pending.refusal is not None:
             self._forget(pending)
-            raise TaskRefusedError(pending.refusal.reason, pending.refusal.message)
+            raise refusal_error(pending.refusal, command.model_id)
         accepted = pending.accepted
         assert accepted is not None
         return TaskHandle(task_id=accepted.task_id, node_id=accepted.node_id, chunks=self._chunks(pending, accepted))
@@ -214,7 +216,8 @@ class BusMasterClient:
         if sequence == pending.next_sequence:
             return True
         logger.error("chunks %d-%d of a task were lost on the way from its node", pending.next_sequence, sequence - 1)
-        _deliver(pending, ErrorChunk(message="part of the answer was lost on the way from the node generating it"))
+        lost = "part of the answer was lost on the way from the node generating it"
+        _deliver(pending, ErrorChunk(error="generation_failed", message=lost))
         pending.sender.close()
         return False
 
@@ -224,7 +227,7 @@ class BusMasterClient:
             accepted = pending.accepted
             if accepted is not None and accepted.node_id in gone:
                 message = f"node {accepted.node_id}, which was generating this answer, left the cluster"
-                _deliver(pending, ErrorChunk(message=message, status_code=503, code="node_left"))
+                _deliver(pending, ErrorChunk(error="node_left", message=message))
                 pending.sender.close()
             elif accepted is None and new.master != old.master:
                 self._send(pending)

@@ -15,14 +15,15 @@ import anyio
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from exo.master.client import MasterClient, TaskHandle, TaskRefusedError
-from exo.master.errors import ApiError
+from exo.master.client import MasterClient, TaskHandle
+from exo.master.errors import ApiError, placement_error, task_error
 from exo.master.placement import served_model_ids
 from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.preparation import PreparationPhase
 from exo.shared.types.state import State
+from exo.shared.types.worker.runner_response import ModelMetadata
 
 logger = logging.getLogger(__name__)
 
@@ -64,27 +65,38 @@ def served_model(state: State, requested: str | None) -> ModelId:
     )
 
 
-# How each refusal reaches the client: (HTTP status, OpenAI error type, code).
-_REFUSALS: dict[str, tuple[int, str, str]] = {
-    "queue_full": (429, "rate_limit_error", "queue_full"),
-    "model_unavailable": (503, "server_error", "model_unavailable"),
-    "model_not_found": (404, "not_found_error", "model_not_found"),
-    "no_master": (503, "server_error", "no_master"),
-}
+def model_metadata(state: State, model_id: ModelId) -> ModelMetadata | None:
+    """What a runner serving `model_id` reported when it loaded (None while it loads)."""
+    runners = state.runners.values()
+    return next((runner.metadata for runner in runners if runner.model_id == model_id and runner.metadata), None)
+
+
+def _check_for_model(command: ChatCompletionCommand, metadata: ModelMetadata | None) -> None:
+    """400 for what the model itself cannot do with the command, whatever the protocol named it in."""
+    top_k = command.params.sampling.top_k
+    if metadata is not None and metadata.vocab_size is not None and top_k >= metadata.vocab_size:
+        raise ApiError(
+            400,
+            f"top_k must be below the model's vocabulary size of {metadata.vocab_size} (0: no limit), got {top_k}",
+            param="top_k",
+        )
 
 
 async def submit(master: MasterClient, command: ChatCompletionCommand, http_request: Request) -> TaskHandle:
     """Hand `command` to the master (the single entry point for generation, wherever its runner lives).
 
-    A task that cannot start becomes its ApiError; a client that leaves while the master places the task gets 499.
+    A task that cannot start becomes its ApiError; a client that leaves while the task is placed gets 499.
     """
+    _check_for_model(command, model_metadata(master.state, command.model_id))
 
     async def place() -> TaskHandle:
         try:
             return await master.submit_chat_completion(command)
-        except TaskRefusedError as error:
-            status, error_type, code = _REFUSALS[error.reason]
-            raise ApiError(status, str(error), error_type=error_type, code=code) from error
+        except Exception as error:
+            refusal = placement_error(error)
+            if refusal is None:
+                raise
+            raise refusal from error
 
     handle = await unless_client_leaves(http_request, place)
     if handle is None:
@@ -122,7 +134,7 @@ async def _next_chunk(master: MasterClient, handle: TaskHandle) -> Chunk:
     try:
         return await anext(handle.chunks)
     except StopAsyncIteration:
-        return ErrorChunk(message="generation was cancelled before it started", status_code=500)
+        return ErrorChunk(error="generation_failed", message="generation was cancelled before it started")
     except BaseException:
         master.cancel(CancelTaskCommand(task_id=handle.task_id))
         raise
@@ -135,10 +147,11 @@ async def first_chunk(master: MasterClient, handle: TaskHandle, http_request: Re
     enforce…) is raised as an ApiError, so the client gets a proper HTTP error instead of a stream.
     """
     first = await unless_client_leaves(http_request, lambda: _next_chunk(master, handle))
-    if first is None or (isinstance(first, ErrorChunk) and first.status_code < 500):
+    refusal = task_error(first) if isinstance(first, ErrorChunk) else None
+    if first is None or (refusal is not None and refusal.status_code < 500):
         await handle.chunks.aclose()
-    if isinstance(first, ErrorChunk) and first.status_code < 500:
-        raise ApiError(first.status_code, first.message, error_type=first.error_type, code=first.code)
+    if refusal is not None and refusal.status_code < 500:
+        raise refusal
     return first
 
 

@@ -100,16 +100,21 @@ class Worker:
             # Keep serving the other models; this one shows up in /state as failed and its requests get a 503
             # that names the reason.
             logger.error("cannot prepare model %s: %s", label, error)
-            self._preparing.remove(label)
+            self._end_preparing(label)
             reason = f"cannot prepare model {label}: {error}"
             self.add_unavailable_runner(runner_config_for(model_id_for(spec), Path(spec or label)), reason)
             return
-        self._preparing.remove(label)
+        self._end_preparing(label)
         self.start_runner(runner_config_for(resolved.model_id, resolved.path))
+
+    def _end_preparing(self, label: str) -> None:
+        # Reported before the runner appears, so the state never shows the model both preparing and served.
+        self._preparing.remove(label)
+        self.report_in_full()
 
     def _resolve_with_progress(self, spec: str | None, models_dir: Path | None) -> ResolvedModel:
         """Runs in a worker thread: resolve `spec`, publishing download and conversion progress as it goes."""
-        tracker = PreparationTracker(model_id_for(spec), (self._show_progress, self._publish_preparation))
+        tracker = PreparationTracker(model_id_for(spec), (self._show_progress, self.publish_preparation))
         try:
             resolved = resolve_model(spec, models_dir, tracker)
         except Exception as error:
@@ -120,8 +125,9 @@ class Worker:
             tracker.finish()
         return resolved
 
-    def _publish_preparation(self, preparation: ModelPreparation) -> None:
-        # Called from the preparing thread: events are published from the event loop, in order.
+    def publish_preparation(self, preparation: ModelPreparation) -> None:
+        """Record a preparation's progress as this node's; called from the thread doing the work (events are
+        published from the event loop, in order)."""
         anyio.from_thread.run_sync(self._record_preparation, preparation)
 
     def _record_preparation(self, preparation: ModelPreparation) -> None:

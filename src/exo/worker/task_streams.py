@@ -17,6 +17,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from exo.cluster.bus import Bus
 from exo.cluster.membership import MembershipView
 from exo.cluster.topics import Topics
+from exo.shared.errors import QueueFullError, RunnerUnavailableError
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, Usage
 from exo.shared.types.commands import AssignTask
 from exo.shared.types.common import CommandId, NodeId, RunnerId, TaskId
@@ -28,7 +29,7 @@ from exo.shared.types.task_replies import (
     TaskRefused,
     TaskStreamEnded,
 )
-from exo.worker.runner.supervisor import QueueFullError, RunnerSupervisor, RunnerUnavailableError
+from exo.worker.runner.supervisor import RunnerSupervisor
 
 logger = logging.getLogger(__name__)
 

@@ -18,9 +18,12 @@ from mlx_lm.utils import load as mlx_lm_load
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
+from exo.tool_calls.format import HistoryNeeds
 from exo.worker.engines.mlx.chat_messages import to_template_messages, tool_description
 
 logger = logging.getLogger(__name__)
+
+_OPENAI_SHAPE = HistoryNeeds()
 
 DEFAULT_CONTEXT_LENGTH = 4096
 
@@ -36,6 +39,8 @@ class LoadedModel:
     context_length: int
     dtype: str
     shard: ShardAssignment
+    # The width of the logits: how many tokens sampling chooses from (top_k must stay below it).
+    vocabulary_size: int
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,16 @@ def _context_length(config: dict[str, Any]) -> int:
     if isinstance(text_config, dict):
         return _context_length(cast(dict[str, Any], text_config))
     return DEFAULT_CONTEXT_LENGTH
+
+
+def _vocabulary_size(config: dict[str, Any], tokenizer: TokenizerWrapper) -> int:
+    """The logits' width from the config (it can exceed the tokenizer's vocabulary: padded embeddings)."""
+    for candidate in (config, config.get("text_config")):
+        if isinstance(candidate, dict):
+            value = cast(dict[str, Any], candidate).get("vocab_size")
+            if isinstance(value, int) and value > 0:
+                return value
+    return len(tokenizer.vocab)
 
 
 def _linux_cpu() -> bool:
@@ -95,7 +110,12 @@ def load_model(path: Path, shard: ShardAssignment, *, trust_remote_code: bool = 
     mx.eval(model.parameters())
     config = cast(dict[str, Any], json.loads((path / "config.json").read_text()))
     return LoadedModel(
-        model=model, tokenizer=tokenizer, context_length=_context_length(config), dtype=dtype, shard=shard
+        model=model,
+        tokenizer=tokenizer,
+        context_length=_context_length(config),
+        dtype=dtype,
+        shard=shard,
+        vocabulary_size=_vocabulary_size(config, tokenizer),
     )
 
 
@@ -118,14 +138,16 @@ def apply_chat_template(
     messages: tuple[PromptMessage, ...],
     tool_policy: ToolPolicy,
     template_kwargs: Mapping[str, object] | None = None,
+    history: HistoryNeeds = _OPENAI_SHAPE,
 ) -> RenderedPrompt:
     """Render `messages` (and the offered tools) into prompt tokens with the model's own chat template.
 
-    `template_kwargs` are extra template variables from the client (the API has already refused reserved names).
+    `template_kwargs` are extra template variables from the client (the API has already refused reserved names);
+    `history` is what the model's tool format needs of rendered history.
     """
     template = chat_template_text(tokenizer)
     offered = tool_policy.tools if tool_policy.mode != "none" else ()
-    template_messages = to_template_messages(messages, chat_template=template, tools=offered)
+    template_messages = to_template_messages(messages, chat_template=template, tools=offered, needs=history)
     kwargs: dict[str, Any] = {**(template_kwargs or {}), "add_generation_prompt": True}
     if offered and template is not None and "tools" in template:
         kwargs["tools"] = _tool_dicts(offered)
