@@ -57,7 +57,8 @@ class OpenedCallsGrammar:
     bare: bool = False
     never_in_text: tuple[str, ...] = ()
     """More texts free text may not contain, beyond the openings: near-misses of the call markup that a model
-    told not to call writes instead (the default model answers "none" with `<tool_call name="…">`)."""
+    told not to call writes instead (the default model answered "none" with `<tool_call name="…">`, then with
+    `<tool_output>`)."""
 
     @property
     def marker_texts(self) -> tuple[str, ...]:
