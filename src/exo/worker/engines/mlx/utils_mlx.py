@@ -15,6 +15,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import dequantize_model
 from mlx_lm.utils import load as mlx_lm_load
 
+from exo.models.errors import ModelLoadError
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
@@ -26,10 +27,6 @@ logger = logging.getLogger(__name__)
 _OPENAI_SHAPE = HistoryNeeds()
 
 DEFAULT_CONTEXT_LENGTH = 4096
-
-
-class ModelLoadError(Exception):
-    """The model directory could not be loaded; the message names the path and the reason."""
 
 
 @dataclass
