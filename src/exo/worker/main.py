@@ -147,10 +147,6 @@ class Worker:
         supervisor.mark_unavailable(reason)
         return supervisor
 
-    @property
-    def supervisors(self) -> list[RunnerSupervisor]:
-        return list(self._supervisors.values())
-
     async def stop(self) -> None:
         for supervisor in self._supervisors.values():
             await supervisor.stop()
