@@ -99,6 +99,9 @@ class PeerConnector:
         own = self._own_endpoints()
         if not own:
             raise PeerUnreachableError("this node has no cluster listener to introduce")
+        if set(endpoints) <= set(own):
+            # Dialling our own listener twice only times out (slowly on a busy host): say what it is at once.
+            raise PeerUnreachableError(f"{', '.join(endpoints)} is this node itself")
         helper_config = zenoh.Config()
         helper_config.insert_json5("mode", json.dumps("peer"))
         helper_config.insert_json5("listen/endpoints", "[]")
