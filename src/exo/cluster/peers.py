@@ -99,6 +99,9 @@ class PeerConnector:
         own = self._own_endpoints()
         if not own:
             raise PeerUnreachableError("this node has no cluster listener to introduce")
+        if set(endpoints) <= set(own):
+            # Dialling our own listener twice only times out (slowly on a busy host): say what it is at once.
+            raise PeerUnreachableError(f"{', '.join(endpoints)} is this node itself")
         helper_config = zenoh.Config()
         helper_config.insert_json5("mode", json.dumps("peer"))
         helper_config.insert_json5("listen/endpoints", "[]")
@@ -111,7 +114,8 @@ class PeerConnector:
         try:
             helper = await anyio.to_thread.run_sync(zenoh.open, helper_config)
         except zenoh.ZError as error:
-            raise PeerUnreachableError(str(error).split(" at ")[0]) from error
+            # zenoh's message lists this node's own listener beside the peer's: name only what the user asked for.
+            raise PeerUnreachableError(f"nothing answered at {', '.join(endpoints)}") from error
         try:
             me = self._membership.node_id
             deadline = time.monotonic() + LINK_WAIT_SECONDS
