@@ -24,11 +24,11 @@ from exo.master.errors import (
     handle_api_error,
     handle_http_error,
     handle_unexpected_error,
-    handle_validation_error,
 )
 from exo.master.request_guard import RequestGuard
 from exo.master.routes.messages import messages_router
 from exo.master.routes.responses import responses_router
+from exo.master.validation_errors import handle_validation_error
 from exo.mcp.http_mount import mount_mcp
 from exo.node import Node
 from exo.shared.types.api import (

@@ -10,7 +10,8 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
-from exo.master.errors import ApiError, validation_error
+from exo.master.errors import ApiError
+from exo.master.validation_errors import validation_error
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ def shaped_route(shape: ErrorShape) -> type[APIRoute]:
                 except ApiError as error:
                     return _render(shape, error)
                 except RequestValidationError as error:
-                    return _render(shape, validation_error(error.errors()))
+                    return _render(shape, validation_error(error.errors(), error.body))
                 except Exception:
                     logger.exception("unexpected failure on %s", request.url.path)
                     failure = ApiError(500, "internal server error", error_type="server_error", code="internal_error")
@@ -46,4 +47,4 @@ def shaped_route(shape: ErrorShape) -> type[APIRoute]:
 
 
 def _render(shape: ErrorShape, error: ApiError) -> JSONResponse:
-    return JSONResponse(status_code=error.status_code, content=shape(error).model_dump())
+    return JSONResponse(status_code=error.status_code, content=shape(error).model_dump(), headers=error.headers)
