@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let models run their own Python code while loading (custom architectures/tokenizers); off by default",
     )
+    parser.add_argument(
+        "--show-model-paths",
+        action="store_true",
+        help="show where models live on disk in API answers (/state, errors); they are always in the logs",
+    )
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     verbosity.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
@@ -72,6 +77,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         max_request_bytes=int(arguments.max_request_mb * 1024 * 1024),
         log_level=level,
         trust_remote_code=arguments.trust_remote_code,
+        show_model_paths=arguments.show_model_paths,
     )
 
 

@@ -39,6 +39,8 @@ class NodeConfig:
     log_level: int = logging.INFO
     # Let a model's own Python code run while loading (config.json `model_file`, tokenizer auto_map): off unless asked.
     trust_remote_code: bool = False
+    # Show where models live on disk in API answers (/state, error messages); they are always in the logs.
+    show_model_paths: bool = False
     extra_runner_configs: tuple[RunnerConfig, ...] = field(default_factory=tuple)
 
 

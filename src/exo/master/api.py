@@ -16,6 +16,7 @@ from exo.master.completion_flow import (
     collect,
     event_stream,
     first_chunk,
+    path_hider,
     served_model,
     submit,
 )
@@ -72,7 +73,8 @@ def create_app(node: Node) -> FastAPI:
 
     @app.get("/state", responses=_AUTH_ERRORS)
     async def state() -> State:
-        return node.master.state
+        hider = path_hider(node)
+        return hider.state(node.master.state) if hider else node.master.state
 
     @app.get("/v1/models", responses=_AUTH_ERRORS)
     async def models() -> ModelList:

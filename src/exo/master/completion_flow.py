@@ -8,6 +8,7 @@ collect the chunks, cancelling the task when the client goes away.
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import TypeVar
 
 import anyio
@@ -16,6 +17,8 @@ from fastapi.responses import StreamingResponse
 
 from exo.master.errors import ApiError, placement_error, task_error
 from exo.master.main import TaskHandle
+from exo.master.public_paths import PathHider, hide_in_errors, storage_directories
+from exo.models.paths import default_models_dir, exo_home
 from exo.node import Node
 from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
@@ -67,16 +70,29 @@ def _check_for_model(command: ChatCompletionCommand, metadata: ModelMetadata | N
         )
 
 
+def path_hider(node: Node) -> PathHider | None:
+    """What hides the node's model paths from API answers; None when the operator asked to show them."""
+    if node.config.show_model_paths:
+        return None
+    directories = storage_directories(node.config.models_dir or default_models_dir(), exo_home())
+    return PathHider(node.master.state, directories)
+
+
 def submit(node: Node, command: ChatCompletionCommand) -> TaskHandle:
-    """Hand `command` to the master (the single entry point for generation); its refusals become ApiErrors."""
+    """Hand `command` to the master (the single entry point for generation); its refusals become ApiErrors.
+
+    Error messages on the way back (refusals and failed tasks) do not show model paths (see public_paths.py).
+    """
     _check_for_model(command, model_metadata(node, command.model_id))
+    hider = path_hider(node)
     try:
-        return node.master.submit_chat_completion(command)
+        handle = node.master.submit_chat_completion(command)
     except Exception as error:
-        refusal = placement_error(error)
+        refusal = placement_error(error, hider.text if hider else str)
         if refusal is None:
             raise
         raise refusal from error
+    return replace(handle, chunks=hide_in_errors(handle.chunks, hider.text)) if hider else handle
 
 
 async def unless_client_leaves(http_request: Request, work: Callable[[], Awaitable[T]]) -> T | None:

@@ -1,5 +1,6 @@
 """OpenAI-shaped API errors: `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status."""
 
+from collections.abc import Callable
 from typing import Final
 
 from fastapi import Request
@@ -50,8 +51,9 @@ def task_error(chunk: ErrorChunk) -> ApiError:
     return ApiError(status, chunk.message, error_type=error_type, param=chunk.param, code=code)
 
 
-def placement_error(error: Exception) -> ApiError | None:
-    """The HTTP error for an error the master or worker raised while taking a task, or None for any other."""
+def placement_error(error: Exception, public: Callable[[str], str] = str) -> ApiError | None:
+    """The HTTP error for an error the master or worker raised while taking a task, or None for any other;
+    `public` turns the error's message into what the client may see (it hides model paths)."""
     match error:
         case ModelNotLoadedError():
             return ApiError(404, f"model '{error}' is not loaded", error_type="not_found_error", code="model_not_found")
@@ -59,7 +61,7 @@ def placement_error(error: Exception) -> ApiError | None:
             retry_after = {"Retry-After": str(QUEUE_FULL_RETRY_AFTER_SECONDS)}
             return ApiError(429, str(error), error_type="rate_limit_error", code="queue_full", headers=retry_after)
         case RunnerUnavailableError():
-            return ApiError(503, str(error), error_type="server_error", code="model_unavailable")
+            return ApiError(503, public(str(error)), error_type="server_error", code="model_unavailable")
         case _:
             return None
 
