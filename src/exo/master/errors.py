@@ -1,13 +1,12 @@
 """OpenAI-shaped API errors: `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status."""
 
-from collections.abc import Callable
 from typing import Final
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from exo.shared.errors import ModelNotLoadedError, QueueFullError, RunnerUnavailableError
+from exo.shared.errors import ModelNotLoadedError, NoMasterError, QueueFullError, RunnerUnavailableError
 from exo.shared.types.api import ErrorBody, ErrorResponse
 from exo.shared.types.chunks import ErrorChunk, TaskErrorKind
 
@@ -40,6 +39,7 @@ _TASK_ERRORS: Final[dict[TaskErrorKind, tuple[int, str, str | None]]] = {
     "model_unavailable": (503, "server_error", "model_unavailable"),
     "runner_stopped": (503, "server_error", "model_unavailable"),
     "runner_crashed": (500, "server_error", None),
+    "node_left": (503, "server_error", "node_left"),
     "dispatch_failed": (500, "server_error", None),
     "generation_failed": (500, "server_error", None),
 }
@@ -51,9 +51,8 @@ def task_error(chunk: ErrorChunk) -> ApiError:
     return ApiError(status, chunk.message, error_type=error_type, param=chunk.param, code=code)
 
 
-def placement_error(error: Exception, public: Callable[[str], str] = str) -> ApiError | None:
-    """The HTTP error for an error the master or worker raised while taking a task, or None for any other;
-    `public` turns the error's message into what the client may see (it hides model paths)."""
+def placement_error(error: Exception) -> ApiError | None:
+    """The HTTP error for an error the master or worker raised while taking a task, or None for any other."""
     match error:
         case ModelNotLoadedError():
             return ApiError(404, f"model '{error}' is not loaded", error_type="not_found_error", code="model_not_found")
@@ -61,7 +60,9 @@ def placement_error(error: Exception, public: Callable[[str], str] = str) -> Api
             retry_after = {"Retry-After": str(QUEUE_FULL_RETRY_AFTER_SECONDS)}
             return ApiError(429, str(error), error_type="rate_limit_error", code="queue_full", headers=retry_after)
         case RunnerUnavailableError():
-            return ApiError(503, public(str(error)), error_type="server_error", code="model_unavailable")
+            return ApiError(503, str(error), error_type="server_error", code="model_unavailable")
+        case NoMasterError():
+            return ApiError(503, str(error), error_type="server_error", code="no_master")
         case _:
             return None
 

@@ -1,4 +1,4 @@
-"""Chunks → OpenAI `chat.completion.chunk` SSE events, following shared/TOOL-CALLING-CONTRACT.md.
+"""Chunks → OpenAI `chat.completion.chunk` SSE events, following the streaming contract of docs/TOOL_CALLING.md.
 
 Role once in the first chunk; per tool call a first delta with index, id, type, name and empty arguments, then
 argument fragments with only index and function.arguments; `finish_reason` on the last choice chunk; then the

@@ -59,6 +59,7 @@ IGNORED_MESSAGES_FIELDS = (
 CLIENT_TOOL_TYPES = (None, "custom")
 CLEAR_THINKING_EDIT = "clear_thinking_20251015"
 MAX_STOP_SEQUENCES = 16
+BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
 
 
 def _refused_block(where: str, block_type: str, place: str) -> ApiError:
@@ -167,13 +168,29 @@ def _clear_thinking(history: list[PromptMessage], kept: int | None) -> list[Prom
     return result
 
 
+def _system_prompt(system: str | Sequence[ContentBlockParam]) -> str:
+    """The system text, without Claude Code's billing header block: it is metadata for Anthropic's billing, not an
+    instruction, and it changes with every conversation, so leaving it first in the prompt would defeat the prefix
+    cache for everything after it (the whole system prompt and tool definitions)."""
+    if isinstance(system, str):
+        return system
+    texts: list[str] = []
+    for position, block in enumerate(system):
+        if not isinstance(block, TextBlockParam):
+            raise _refused_block(f"system[{position}]", block.type, "text-only content")
+        if not block.text.startswith(BILLING_HEADER_PREFIX):
+            texts.append(block.text)
+    return "".join(texts)
+
+
 def normalise_history(request: MessagesPrompt) -> tuple[PromptMessage, ...]:
     """`system` and `messages` as the normalised history every protocol renders the same way."""
     if not request.messages:
         raise ApiError(400, "messages must contain at least one message", param="messages")
     history: list[PromptMessage] = []
-    if request.system:
-        history.append(PromptMessage(role="system", content=_text_only(request.system, "system")))
+    system = _system_prompt(request.system) if request.system else ""
+    if system:
+        history.append(PromptMessage(role="system", content=system))
     known_ids: set[str] = set()
     for position, message in enumerate(request.messages):
         where = f"messages[{position}]"

@@ -2,7 +2,7 @@
 
 from typing import Annotated, Literal
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field
 
 from exo.shared.types.common import FinishReason, FrozenModel, ToolCallId
 
@@ -66,6 +66,7 @@ TaskErrorKind = Literal[
     "model_unavailable",  # the model cannot serve: it failed to load, or the node is shutting down
     "runner_stopped",  # the runner died before the task started: nothing ran, retrying is safe
     "runner_crashed",  # the runner died while running the task
+    "node_left",  # the node running the task left the cluster (crashed, froze or lost its network)
     "dispatch_failed",  # the task could not be handed to the runner
     "generation_failed",  # the engine raised while generating
 ]
@@ -85,7 +86,6 @@ Chunk = Annotated[
     TokenChunk | ReasoningChunk | ToolCallChunk | ToolCallArgumentsChunk | FinishChunk | ErrorChunk,
     Field(discriminator="kind"),
 ]
-ChunkAdapter: TypeAdapter[Chunk] = TypeAdapter(Chunk)
 
 # What the tool parser emits while it watches generation (the runner adds Finish/Error itself).
 ParsedChunk = TokenChunk | ReasoningChunk | ToolCallChunk | ToolCallArgumentsChunk

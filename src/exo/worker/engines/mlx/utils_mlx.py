@@ -15,19 +15,19 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import dequantize_model
 from mlx_lm.utils import load as mlx_lm_load
 
+from exo.models.errors import ModelLoadError
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
+from exo.tool_calls.format import HistoryNeeds
 from exo.worker.engines.mlx.chat_messages import to_template_messages, tool_description
 from exo.worker.engines.mlx.prompt_budget import encode_within
 
 logger = logging.getLogger(__name__)
 
+_OPENAI_SHAPE = HistoryNeeds()
+
 DEFAULT_CONTEXT_LENGTH = 4096
-
-
-class ModelLoadError(Exception):
-    """The model directory could not be loaded; the message names the path and the reason."""
 
 
 @dataclass
@@ -136,18 +136,20 @@ def apply_chat_template(
     messages: tuple[PromptMessage, ...],
     tool_policy: ToolPolicy,
     template_kwargs: Mapping[str, object] | None = None,
+    history: HistoryNeeds = _OPENAI_SHAPE,
     *,
     context_length: int | None = None,
 ) -> RenderedPrompt:
     """Render `messages` (and the offered tools) into prompt tokens with the model's own chat template.
 
-    `template_kwargs` are extra template variables from the client (the API has already refused reserved names).
-    With `context_length`, a prompt that leaves no room to generate raises ContextLengthExceededError, found
-    without tokenising much more of it than the context holds (see prompt_budget.py).
+    `template_kwargs` are extra template variables from the client (the API has already refused reserved names);
+    `history` is what the model's tool format needs of rendered history. With `context_length`, a prompt that
+    leaves no room to generate raises ContextLengthExceededError, found without tokenising much more of it than
+    the context holds (see prompt_budget.py).
     """
     template = chat_template_text(tokenizer)
     offered = tool_policy.tools if tool_policy.mode != "none" else ()
-    template_messages = to_template_messages(messages, chat_template=template, tools=offered)
+    template_messages = to_template_messages(messages, chat_template=template, tools=offered, needs=history)
     kwargs: dict[str, Any] = {**(template_kwargs or {}), "add_generation_prompt": True}
     if offered and template is not None and "tools" in template:
         kwargs["tools"] = _tool_dicts(offered)

@@ -18,6 +18,7 @@ from exo.shared.types.common import FinishReason
 from exo.shared.types.tasks import ChatCompletionTask, ToolPolicy
 from exo.tool_calls import ToolFormatName, ToolStreamParser
 from exo.tool_calls.grammar.spec import ReasoningMarkers, UnsupportedConstraintError
+from exo.tool_calls.registry import format_for
 from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
 from exo.worker.engines.mlx.constrained import callable_functions, constraint_spec, make_logits_processor
 from exo.worker.engines.mlx.generator.generate import (
@@ -87,6 +88,7 @@ def run_chat_completion(
             params.messages,
             params.tool_policy,
             params.chat_template_kwargs,
+            history=format_for(context.tool_format).history,
             context_length=loaded.context_length,
         )
         if params.count_prompt_only:
