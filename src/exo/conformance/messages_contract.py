@@ -16,7 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from exo.conformance.contract import StreamedCall, Violation
 from exo.conformance.json_view import JsonMapping, as_int, as_object, parses_as_json_object
-from exo.conformance.protocol_check import ProtocolCheck, ProtocolSummary, named_events
+from exo.conformance.protocol_check import ProtocolCheck, ProtocolSummary, decoded_events
 
 _DELTA_FOR_BLOCK = {"text": "text_delta", "thinking": "thinking_delta", "tool_use": "input_json_delta"}
 _DELTA_FIELD = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
@@ -179,12 +179,11 @@ def _sdk_violations(events: list[JsonMapping], summary: ProtocolSummary) -> list
 def check_messages_stream(body: str) -> ProtocolCheck:
     """Every grammar violation of one Messages API SSE body, plus any disagreement of the SDK's accumulator."""
     walker = _MessagesWalker()
-    decoded: list[JsonMapping] = []
-    for position, (name, payload) in enumerate(named_events(body)):
-        data = as_object(json.loads(payload)) or {}
-        decoded.append(data)
+    events = decoded_events(body)
+    for position, (name, data) in enumerate(events):
         walker.read(position, name, data)
     checked = walker.finish()
+    decoded = [data for _, data in events]
     if checked.violations or checked.summary.errored:
         return checked
     return ProtocolCheck(summary=checked.summary, violations=tuple(_sdk_violations(decoded, checked.summary)))

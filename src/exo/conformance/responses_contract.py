@@ -8,7 +8,6 @@ the joined deltas, then `response.output_item.done`). A function call's argument
 The final response lists every item as it was closed.
 """
 
-import json
 from typing import Any, cast
 
 from openai import omit
@@ -20,7 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from exo.conformance.contract import StreamedCall, Violation
 from exo.conformance.json_view import JsonMapping, as_int, as_list, as_object, parses_as_json_object
-from exo.conformance.protocol_check import ProtocolCheck, ProtocolSummary, named_events
+from exo.conformance.protocol_check import ProtocolCheck, ProtocolSummary, decoded_events
 
 _FINAL = ("response.completed", "response.incomplete", "response.failed")
 _EVENT_ADAPTER: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
@@ -191,12 +190,11 @@ def _sdk_violations(events: list[JsonMapping], summary: ProtocolSummary) -> list
 def check_responses_stream(body: str) -> ProtocolCheck:
     """Every grammar violation of one Responses API SSE body, plus any disagreement of the SDK's stream state."""
     walker = _ResponsesWalker()
-    decoded: list[JsonMapping] = []
-    for position, (name, payload) in enumerate(named_events(body)):
-        data = as_object(json.loads(payload)) or {}
-        decoded.append(data)
+    events = decoded_events(body)
+    for position, (name, data) in enumerate(events):
         walker.read(position, name, data)
     checked = walker.finish()
+    decoded = [data for _, data in events]
     if checked.violations or checked.summary.stop != "response.completed":
         return checked
     return ProtocolCheck(summary=checked.summary, violations=tuple(_sdk_violations(decoded, checked.summary)))
