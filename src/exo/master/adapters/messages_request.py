@@ -13,7 +13,7 @@ from pydantic import JsonValue
 from exo.master.adapters.field_policy import log_ignored, unsupported
 from exo.master.adapters.json_output import json_output
 from exo.master.adapters.token_count import count_command as count_only
-from exo.master.adapters.tool_controls import build_policy, check_functions
+from exo.master.adapters.tool_controls import build_policy, check_enforced_schemas, check_functions
 from exo.master.errors import ApiError
 from exo.shared.types.anthropic_messages import (
     ContentBlockParam,
@@ -256,7 +256,7 @@ def _structured_output(request: MessagesPrompt) -> StructuredOutput | None:
         return None
     # Anthropic's structured outputs are guaranteed, so a keyword the grammar cannot enforce is refused.
     where = "output_config.format.schema"
-    return json_output(output_format.schema_, strict=True, where=where, param="output_config.format")
+    return json_output(output_format.schema_, strict=True, where=where)
 
 
 def _reject_unsupported(request: MessagesPrompt) -> None:
@@ -267,9 +267,11 @@ def _reject_unsupported(request: MessagesPrompt) -> None:
 def prompt_params(request: MessagesPrompt, sampling: SamplingParams) -> ChatCompletionTaskParams:
     """Everything that determines the prompt, checked, plus `sampling`."""
     _reject_unsupported(request)
+    policy = tool_policy(request)
+    check_enforced_schemas(policy, schema_field="input_schema")
     return ChatCompletionTaskParams(
         messages=normalise_history(request),
-        tool_policy=tool_policy(request),
+        tool_policy=policy,
         sampling=sampling,
         chat_template_kwargs=_template_kwargs(request),
         structured_output=_structured_output(request),

@@ -5,7 +5,7 @@ the wire as named SSE events or into the non-streaming answer, so both answers a
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from exo.master.errors import ApiError
+from exo.master.errors import ApiError, task_error
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk
 
 
@@ -43,7 +43,7 @@ async def sse_body(encoder: EventEncoder, first: Chunk, rest: AsyncIterator[Chun
         if isinstance(chunk, FinishChunk | ErrorChunk):
             return
     # The runner ended the stream without a final chunk (it was cancelled): still end it the protocol's way.
-    for event in encoder.encode(ErrorChunk(message="generation ended unexpectedly")):
+    for event in encoder.encode(ErrorChunk(error="generation_failed", message="generation ended unexpectedly")):
         yield sse_event(event)
 
 
@@ -52,7 +52,7 @@ async def fold_chunks(chunks: AsyncIterator[Chunk], encoder: EventEncoder) -> No
     an ApiError with its status."""
     async for chunk in chunks:
         if isinstance(chunk, ErrorChunk):
-            raise ApiError(chunk.status_code, chunk.message, error_type=chunk.error_type, code=chunk.code)
+            raise task_error(chunk)
         encoder.encode(chunk)
         if isinstance(chunk, FinishChunk):
             return

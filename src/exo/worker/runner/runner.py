@@ -164,7 +164,9 @@ def _refuse_unreadable(channel: RunnerChannel, unreadable: UnreadableRequestErro
     task_id = unreadable.task_id
     logger.error("unreadable request from the supervisor (task %s): %s", task_id, unreadable)
     if task_id is not None:
-        failure = ErrorChunk(message=f"the model runner could not read the request: {unreadable}")
+        failure = ErrorChunk(
+            error="dispatch_failed", message=f"the model runner could not read the request: {unreadable}"
+        )
         channel.send(TaskChunk(task_id=task_id, chunk=failure))
         channel.send(TaskDone(task_id=task_id))
 
@@ -175,11 +177,12 @@ class _LoadFailedError(Exception):
 
 def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
     # Heavy imports happen here, in the child, so the API process never loads MLX.
+    from exo.models.errors import ModelLoadError
     from exo.tool_calls import detect_tool_format
     from exo.worker.engines.mlx.blas_check import blas_report
     from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
     from exo.worker.engines.mlx.generator.chat_completion import EngineContext
-    from exo.worker.engines.mlx.utils_mlx import ModelLoadError, chat_template_text, load_model
+    from exo.worker.engines.mlx.utils_mlx import chat_template_text, load_model
 
     model_path = Path(bootstrap.model_path)
     blas = blas_report()  # before the model takes the memory bandwidth; a fraction of a second
@@ -202,6 +205,7 @@ def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
         tool_format=str(tool_format),
         supports_reasoning=loaded.tokenizer.has_thinking,
         dtype=loaded.dtype,
+        vocab_size=loaded.vocabulary_size,
         blas=blas,
     )
     return EngineContext(loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache), metadata
@@ -224,7 +228,7 @@ def _run_task(channel: RunnerChannel, context: "EngineContext", task: ChatComple
             channel.send(TaskChunk(task_id=task.task_id, chunk=chunk))
     except Exception as error:
         logger.exception("task %s failed", task.task_id)
-        failure = ErrorChunk(message=f"generation failed: {type(error).__name__}: {error}")
+        failure = ErrorChunk(error="generation_failed", message=f"generation failed: {type(error).__name__}: {error}")
         channel.send(TaskChunk(task_id=task.task_id, chunk=failure))
     tokens = control.tokens_generated if generated is None else generated
     if control.cancelled:
