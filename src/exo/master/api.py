@@ -34,15 +34,16 @@ from exo.master.errors import (
     handle_api_error,
     handle_http_error,
     handle_unexpected_error,
-    handle_validation_error,
 )
 from exo.master.placement import served_model_ids
+from exo.master.public_paths import PublicMasterClient, storage_directories
 from exo.master.request_guard import RequestGuard
 from exo.master.routes.catalog import catalog_router
 from exo.master.routes.messages import MESSAGES_PATH_PREFIX, messages_router
 from exo.master.routes.responses import responses_router
+from exo.master.validation_errors import handle_validation_error
 from exo.mcp.http_mount import mount_mcp
-from exo.models.paths import default_models_dir
+from exo.models.paths import default_models_dir, exo_home
 from exo.models.progress import PreparationSink
 from exo.shared.types.api import (
     ChatCompletionRequest,
@@ -68,6 +69,8 @@ class ApiSettings:
     port: int = 52415
     # This node's models directory, which the catalog routes download into (None: $EXO_HOME/models).
     models_dir: Path | None = None
+    # Show where models live on disk in answers (/state, errors); otherwise only the logs do (public_paths.py).
+    show_model_paths: bool = False
 
 
 def create_app(
@@ -79,6 +82,9 @@ def create_app(
     `record_preparation` puts the progress of a catalog download into this node's state (it is called from the
     download's thread); without it, downloads show their progress only to the client that asked.
     """
+    models_dir = settings.models_dir or default_models_dir()
+    if not settings.show_model_paths:
+        master = PublicMasterClient(master, storage_directories(models_dir, exo_home()))
     app = FastAPI(title="exo", version="0.1.0")
     app.add_exception_handler(ApiError, handle_api_error)
     app.add_exception_handler(RequestValidationError, handle_validation_error)
@@ -129,7 +135,7 @@ def create_app(
 
     app.include_router(messages_router(master))
     app.include_router(responses_router(master))
-    app.include_router(catalog_router(settings.models_dir or default_models_dir(), record_preparation))
+    app.include_router(catalog_router(models_dir, record_preparation))
     app.include_router(cluster_router(master))
     return app
 

@@ -14,7 +14,8 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
-from exo.master.errors import ApiError, validation_error
+from exo.master.errors import ApiError
+from exo.master.validation_errors import validation_error
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def shaped_route(shape: ErrorShape) -> type[APIRoute]:
                 except ApiError as error:
                     return shaped_response(shape, error)
                 except RequestValidationError as error:
-                    return shaped_response(shape, validation_error(error.errors()))
+                    return shaped_response(shape, validation_error(error.errors(), error.body))
                 except Exception:
                     logger.exception("unexpected failure on %s", request.url.path)
                     failure = ApiError(500, "internal server error", error_type="server_error", code="internal_error")
@@ -61,6 +62,6 @@ def shaped_route(shape: ErrorShape) -> type[APIRoute]:
     return ShapedRoute
 
 
-def shaped_response(shape: ErrorShape, error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
-    """The JSON response for `error` in `shape`."""
-    return JSONResponse(status_code=error.status_code, content=shape(error).model_dump(), headers=headers)
+def shaped_response(shape: ErrorShape, error: ApiError) -> JSONResponse:
+    """The JSON response for `error` in `shape`, with its headers (Retry-After, WWW-Authenticate)."""
+    return JSONResponse(status_code=error.status_code, content=shape(error).model_dump(), headers=error.headers)

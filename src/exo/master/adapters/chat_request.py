@@ -60,7 +60,8 @@ def _content_text(content: str | list[ContentPart] | None, where: str) -> str:
     for position, part in enumerate(content):
         if not isinstance(part, TextContentPart):
             if part.type == "text":
-                raise ApiError(400, f"{where}.content[{position}]: a text part needs a 'text' string")
+                field = f"{where}.content[{position}].text"
+                raise ApiError(400, f"{field}: a text part needs a 'text' string", param=field)
             raise ApiError(
                 400,
                 f"{where}.content[{position}]: content parts of type '{part.type}' are not supported (only 'text')",
