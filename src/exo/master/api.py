@@ -28,6 +28,7 @@ from exo.master.completion_flow import (
     served_model,
     submit,
 )
+from exo.master.error_shapes import documented_errors
 from exo.master.errors import (
     ApiError,
     handle_api_error,
@@ -55,18 +56,7 @@ from exo.shared.types.common import ModelId
 from exo.shared.types.state import RunnerInfo, State
 
 # Documented in the OpenAPI schema so clients and fuzzers know every failure has OpenAI's error shape.
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": description}
-    for status, description in {
-        400: "Invalid request",
-        401: "Missing or wrong API key",
-        404: "Model not served",
-        413: "Request body too large",
-        429: "The model's queue is full",
-        500: "Server error",
-        503: "Model still loading or unavailable",
-    }.items()
-}
+_ERRORS = documented_errors(ErrorResponse)
 _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {status: _ERRORS[status] for status in (401, 500)}
 
 

@@ -21,6 +21,22 @@ logger = logging.getLogger(__name__)
 
 ErrorShape = Callable[[ApiError], BaseModel]
 
+_DOCUMENTED_FAILURES = {
+    400: "Invalid request",
+    401: "Missing or wrong API key",
+    404: "Model not served",
+    413: "Request body too large",
+    429: "The model's queue is full",
+    500: "Server error",
+    503: "Model still loading or unavailable",
+}
+
+
+def documented_errors(body: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of a generating route: each failure status, its error body's schema being `body`, so
+    clients and fuzzers know every failure's shape."""
+    return {status: {"model": body, "description": text} for status, text in _DOCUMENTED_FAILURES.items()}
+
 
 def shaped_route(shape: ErrorShape) -> type[APIRoute]:
     """An APIRoute whose validation errors, ApiErrors and unexpected failures are rendered by `shape`."""

@@ -1,10 +1,10 @@
 """OpenAI chat request → ChatCompletionCommand, rejecting what cannot be honoured with a clear 400."""
 
-import logging
 from collections.abc import Sequence
 
 from pydantic import JsonValue
 
+from exo.master.adapters.field_policy import log_ignored
 from exo.master.adapters.json_output import json_output
 from exo.master.adapters.tool_controls import (
     allowed_tool_names,
@@ -36,8 +36,6 @@ from exo.shared.types.tasks import (
     StructuredOutput,
     ToolPolicy,
 )
-
-logger = logging.getLogger(__name__)
 
 # Request fields accepted for compatibility but not acted on: clients such as opencode, the AI SDK or scripts
 # written for vLLM send them routinely, and rejecting them would break those clients for no benefit. Each one has no
@@ -205,9 +203,7 @@ def reject_unsupported_features(request: ChatCompletionRequest) -> None:
 def to_command(request: ChatCompletionRequest, model_id: ModelId) -> ChatCompletionCommand:
     """Validate `request` (400 ApiError for anything we cannot honour) and turn it into a command for `model_id`."""
     reject_unsupported_features(request)
-    ignored = [name for name in IGNORED_REQUEST_FIELDS if name in request.model_fields_set]
-    if ignored:
-        logger.debug("ignoring request fields %s", ", ".join(ignored))
+    log_ignored(request, IGNORED_REQUEST_FIELDS)
     policy = tool_policy(request)
     check_enforced_schemas(policy, field_prefix="function.")
     params = ChatCompletionTaskParams(
