@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,12 +15,9 @@ from anthropic import Anthropic
 from openai import OpenAI
 
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
+from tests.ports import free_port
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+__all__ = ["ExoServer", "fixture_model", "free_port", "running_exo"]
 
 
 @dataclass

@@ -1,0 +1,74 @@
+"""What the pipeline tests run on each rank: load a shard, decode greedily in lockstep, report what happened."""
+
+import re
+from pathlib import Path
+from typing import cast
+
+import mlx.core as mx
+from mlx import nn
+from mlx.utils import tree_flatten
+
+from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
+from exo.worker.engines.mlx.distributed.lockstep import StepOutcome, forward_last, prefill, share_step
+from exo.worker.engines.mlx.utils_mlx import load_model
+
+PROMPT = (5, 17, 42, 99, 7, 3, 250, 11, 64, 8)
+STEPS = 6
+
+
+def held_layer_count(model: nn.Module) -> int:
+    """How many layers' weights this rank holds at all."""
+    names = [name for name, _ in cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))]
+    return len({int(match.group(1)) for name in names if (match := re.search(r"layers\.(\d+)\.", name))})
+
+
+def layer_fingerprints(model: nn.Module) -> list[float]:
+    """A checksum of each layer this rank runs, in order: which of the whole model's layers they are."""
+    layers = cast(list[nn.Module], model.layers)
+    return [cast(float, mx.sum(layer.self_attn.q_proj.weight).item()) for layer in layers]
+
+
+def greedy_in_lockstep(shard: ShardAssignment, model_dir: Path, group: mx.distributed.Group) -> dict[str, object]:
+    """Prefill PROMPT in chunks of 3, then STEPS greedy tokens chosen by rank 0; rank 0 also returns its logits."""
+    loaded = load_model(model_dir, shard, group=group)
+    leader = shard.rank == 0
+    cache: PromptCache = new_prompt_cache(loaded.model)
+    prefill(loaded.model, cache, PROMPT[:-1], step_size=3)
+    pending = list(PROMPT[-1:])
+    tokens: list[int] = []
+    logits_rows: list[list[float]] = []
+    for step in range(STEPS):
+        logits = forward_last(loaded.model, cache, pending, leader=leader)
+        choice = None
+        if logits is not None:
+            logits_rows.append(cast(list[float], logits[0].tolist()))
+            outcome = StepOutcome.CONTINUE if step < STEPS - 1 else StepOutcome.FINISHED
+            choice = (cast(int, mx.argmax(logits[0]).item()), outcome)
+        token, _ = share_step(group, choice)
+        tokens.append(token)
+        pending = [token]
+    return {
+        "strategy": loaded.strategy,
+        "tokens": tokens,
+        "logits": logits_rows,
+        "held_layers": held_layer_count(loaded.model),
+        "fingerprints": layer_fingerprints(loaded.model),
+    }
+
+
+def greedy_alone(model_dir: Path) -> dict[str, object]:
+    """The same decode, in the same chunks, by the whole model in one process."""
+    loaded = load_model(model_dir, ShardAssignment())
+    cache = new_prompt_cache(loaded.model)
+    prefill(loaded.model, cache, PROMPT[:-1], step_size=3)
+    pending = list(PROMPT[-1:])
+    tokens: list[int] = []
+    logits_rows: list[list[float]] = []
+    for _ in range(STEPS):
+        logits = forward_last(loaded.model, cache, pending, leader=True)
+        assert logits is not None
+        logits_rows.append(cast(list[float], logits[0].tolist()))
+        tokens.append(cast(int, mx.argmax(logits[0]).item()))
+        pending = tokens[-1:]
+    return {"tokens": tokens, "logits": logits_rows, "fingerprints": layer_fingerprints(loaded.model)}
