@@ -51,7 +51,7 @@ class Worker:
         return list(self._supervisors.values())
 
     def submit(self, runner_id: RunnerId, task: ChatCompletionTask) -> MemoryObjectReceiveStream[Chunk]:
-        """Queue `task` on the runner; raises the supervisor's QueueFullError / RunnerUnavailableError."""
+        """Queue `task` on the runner; raises QueueFullError / RunnerUnavailableError (exo.shared.errors)."""
         return self._supervisors[runner_id].submit(task)
 
     def cancel(self, runner_id: RunnerId, task_id: TaskId) -> None:

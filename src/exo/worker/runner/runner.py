@@ -164,7 +164,9 @@ def _refuse_unreadable(channel: RunnerChannel, unreadable: UnreadableRequestErro
     task_id = unreadable.task_id
     logger.error("unreadable request from the supervisor (task %s): %s", task_id, unreadable)
     if task_id is not None:
-        failure = ErrorChunk(message=f"the model runner could not read the request: {unreadable}")
+        failure = ErrorChunk(
+            error="dispatch_failed", message=f"the model runner could not read the request: {unreadable}"
+        )
         channel.send(TaskChunk(task_id=task_id, chunk=failure))
         channel.send(TaskDone(task_id=task_id))
 
@@ -202,6 +204,7 @@ def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
         tool_format=str(tool_format),
         supports_reasoning=loaded.tokenizer.has_thinking,
         dtype=loaded.dtype,
+        vocab_size=loaded.vocabulary_size,
         blas=blas,
     )
     return EngineContext(loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache), metadata
@@ -224,7 +227,7 @@ def _run_task(channel: RunnerChannel, context: "EngineContext", task: ChatComple
             channel.send(TaskChunk(task_id=task.task_id, chunk=chunk))
     except Exception as error:
         logger.exception("task %s failed", task.task_id)
-        failure = ErrorChunk(message=f"generation failed: {type(error).__name__}: {error}")
+        failure = ErrorChunk(error="generation_failed", message=f"generation failed: {type(error).__name__}: {error}")
         channel.send(TaskChunk(task_id=task.task_id, chunk=failure))
     tokens = control.tokens_generated if generated is None else generated
     if control.cancelled:

@@ -29,6 +29,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
+from exo.shared.errors import QueueFullError, RunnerUnavailableError
 from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.common import ModelId, RunnerId, TaskId
 from exo.shared.types.state import TaskOutcome, TaskSummary
@@ -62,14 +63,6 @@ MAX_RESTART_DELAY_SECONDS = 10.0
 def restart_delay(consecutive_crashes: int) -> float:
     """Seconds to wait before restarting after the `consecutive_crashes`-th crash in a row: 0.5, 1, 2, 4… up to 10."""
     return min(0.5 * 2 ** max(consecutive_crashes - 1, 0), MAX_RESTART_DELAY_SECONDS)
-
-
-class QueueFullError(Exception):
-    """More tasks are waiting than the configured queue limit allows."""
-
-
-class RunnerUnavailableError(Exception):
-    """The runner failed and cannot take tasks (for example, its model does not load)."""
 
 
 @dataclass(frozen=True)
@@ -201,7 +194,7 @@ class RunnerSupervisor:
             if process.is_alive():
                 process.kill()
         self.status = "shutdown"
-        self._fail_all("the node is shutting down", status_code=503)
+        self._fail_all("the node is shutting down")
         self._on_change()
 
     async def wait_ready(self) -> None:
@@ -309,7 +302,7 @@ class RunnerSupervisor:
                 self.status = "failed"
                 self.last_error = reason
                 logger.error("runner %s could not load %s: %s", self.runner_id, self.config.model_id, reason)
-                self._fail_all(f"model {self.config.model_id} failed to load: {reason}", status_code=503)
+                self._fail_all(f"model {self.config.model_id} failed to load: {reason}")
             case TaskChunk(task_id=task_id, chunk=chunk):
                 if self._running and self._running.task.task_id == task_id:
                     self._running.deliver(chunk)
@@ -341,7 +334,8 @@ class RunnerSupervisor:
                 payload = RunnerRequestAdapter.dump_json(RunTask(task=pending.task))
             except PydanticSerializationError as error:
                 logger.error("task %s cannot be sent to runner %s: %s", pending.task.task_id, self.runner_id, error)
-                self._fail(pending, ErrorChunk(message=f"the request could not be handed to the model runner: {error}"))
+                failure = f"the request could not be handed to the model runner: {error}"
+                self._fail(pending, ErrorChunk(error="dispatch_failed", message=failure))
                 continue
             self._running = pending
             self.status = "running"
@@ -351,9 +345,7 @@ class RunnerSupervisor:
                 self._fail(
                     pending,
                     ErrorChunk(
-                        message="the model runner stopped before this request started; retry it",
-                        status_code=503,
-                        code="model_unavailable",
+                        error="runner_stopped", message="the model runner stopped before this request started; retry it"
                     ),
                 )
 
@@ -377,13 +369,16 @@ class RunnerSupervisor:
         log("runner %s for %s: %s", self.runner_id, self.config.model_id, reason)
         if self._running is not None:
             self._running.deliver(
-                ErrorChunk(message=f"the model runner crashed while generating ({reason}); it is being restarted")
+                ErrorChunk(
+                    error="runner_crashed",
+                    message=f"the model runner crashed while generating ({reason}); it is being restarted",
+                )
             )
             self._running.sender.close()
             self._record(self._running.task.task_id, "failed", None)
             self._running = None
         if self.gave_up:
-            self._fail_all(f"model {self.config.model_id} is unavailable: {self.last_error}", status_code=503)
+            self._fail_all(f"model {self.config.model_id} is unavailable: {self.last_error}")
         self._on_change()
 
     def _record(self, task_id: TaskId, outcome: TaskOutcome, generated_tokens: int | None) -> None:
@@ -391,14 +386,14 @@ class RunnerSupervisor:
             TaskSummary(task_id=task_id, outcome=outcome, generated_tokens=generated_tokens, finished_at=time.time())
         )
 
-    def _fail_all(self, message: str, *, status_code: int) -> None:
+    def _fail_all(self, message: str) -> None:
         waiting = list(self._queue)
         self._queue.clear()
         if self._running is not None:
             waiting.append(self._running)
             self._running = None
         for pending in waiting:
-            self._fail(pending, ErrorChunk(message=message, status_code=status_code, code="model_unavailable"))
+            self._fail(pending, ErrorChunk(error="model_unavailable", message=message))
 
     def _fail(self, pending: _PendingTask, error: ErrorChunk) -> None:
         """End a task that is no longer queued or running with `error`."""

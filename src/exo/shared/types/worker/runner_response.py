@@ -26,6 +26,8 @@ class ModelMetadata(FrozenModel):
     tool_format: str | None
     supports_reasoning: bool
     dtype: str
+    # The width of the model's logits (the tokens sampling chooses from); None from runners that do not say.
+    vocab_size: int | None = None
     # The BLAS the runner's float32 matmuls use and its measured speed (None from runners that did not check).
     blas: BlasReport | None = None
 

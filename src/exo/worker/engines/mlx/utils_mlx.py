@@ -20,10 +20,13 @@ from exo.models.shard_files import missing_weight_files
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
+from exo.tool_calls.format import HistoryNeeds
 from exo.worker.engines.mlx.chat_messages import to_template_messages, tool_description
 from exo.worker.engines.mlx.distributed.layer_split import PipelineStrategy, split_layers
 
 logger = logging.getLogger(__name__)
+
+_OPENAI_SHAPE = HistoryNeeds()
 
 DEFAULT_CONTEXT_LENGTH = 4096
 
@@ -39,6 +42,8 @@ class LoadedModel:
     context_length: int
     dtype: str
     shard: ShardAssignment
+    # The width of the logits: how many tokens sampling chooses from (top_k must stay below it).
+    vocabulary_size: int
     # The ring this rank's pipeline runs over, and how the model was split (None for a whole model).
     group: mx.distributed.Group | None = None
     strategy: PipelineStrategy | None = None
@@ -61,6 +66,16 @@ def _context_length(config: dict[str, Any]) -> int:
     if isinstance(text_config, dict):
         return _context_length(cast(dict[str, Any], text_config))
     return DEFAULT_CONTEXT_LENGTH
+
+
+def _vocabulary_size(config: dict[str, Any], tokenizer: TokenizerWrapper) -> int:
+    """The logits' width from the config (it can exceed the tokenizer's vocabulary: padded embeddings)."""
+    for candidate in (config, config.get("text_config")):
+        if isinstance(candidate, dict):
+            value = cast(dict[str, Any], candidate).get("vocab_size")
+            if isinstance(value, int) and value > 0:
+                return value
+    return len(tokenizer.vocab)
 
 
 def _linux_cpu() -> bool:
@@ -108,8 +123,14 @@ def load_model(
         raise ModelLoadError(f"cannot load model from {path}: {type(error).__name__}: {error}") from error
     dtype = _use_fast_cpu_dtype(model)
     mx.eval(model.parameters())
+    config = _read_config(path)
     return LoadedModel(
-        model=model, tokenizer=tokenizer, context_length=_context_length(_read_config(path)), dtype=dtype, shard=shard
+        model=model,
+        tokenizer=tokenizer,
+        context_length=_context_length(config),
+        dtype=dtype,
+        shard=shard,
+        vocabulary_size=_vocabulary_size(config, tokenizer),
     )
 
 
@@ -135,9 +156,10 @@ def _load_pipeline_stage(
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
-        context_length=_context_length(_read_config(path)),
+        context_length=_context_length(config),
         dtype=dtype,
         shard=shard,
+        vocabulary_size=_vocabulary_size(config, tokenizer),
         group=group,
         strategy=strategy,
     )
@@ -166,14 +188,16 @@ def apply_chat_template(
     messages: tuple[PromptMessage, ...],
     tool_policy: ToolPolicy,
     template_kwargs: Mapping[str, object] | None = None,
+    history: HistoryNeeds = _OPENAI_SHAPE,
 ) -> RenderedPrompt:
     """Render `messages` (and the offered tools) into prompt tokens with the model's own chat template.
 
-    `template_kwargs` are extra template variables from the client (the API has already refused reserved names).
+    `template_kwargs` are extra template variables from the client (the API has already refused reserved names);
+    `history` is what the model's tool format needs of rendered history.
     """
     template = chat_template_text(tokenizer)
     offered = tool_policy.tools if tool_policy.mode != "none" else ()
-    template_messages = to_template_messages(messages, chat_template=template, tools=offered)
+    template_messages = to_template_messages(messages, chat_template=template, tools=offered, needs=history)
     kwargs: dict[str, Any] = {**(template_kwargs or {}), "add_generation_prompt": True}
     if offered and template is not None and "tools" in template:
         kwargs["tools"] = _tool_dicts(offered)

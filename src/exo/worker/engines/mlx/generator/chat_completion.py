@@ -18,9 +18,16 @@ from exo.shared.types.common import FinishReason
 from exo.shared.types.tasks import ChatCompletionTask, ToolPolicy
 from exo.tool_calls import ToolFormatName, ToolStreamParser
 from exo.tool_calls.grammar.spec import ReasoningMarkers, UnsupportedConstraintError
+from exo.tool_calls.registry import format_for
 from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
 from exo.worker.engines.mlx.constrained import callable_functions, constraint_spec, make_logits_processor
-from exo.worker.engines.mlx.generator.generate import ContextLengthExceededError, clamp_max_tokens, generate_tokens
+from exo.worker.engines.mlx.generator.generate import (
+    ContextLengthExceededError,
+    InvalidSamplingError,
+    check_sampling,
+    clamp_max_tokens,
+    generate_tokens,
+)
 from exo.worker.engines.mlx.generator.stop_sequences import StopSequenceMatcher
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template
 
@@ -75,18 +82,23 @@ def run_chat_completion(
     loaded = context.loaded
     params = task.params
     try:
-        prompt = apply_chat_template(loaded.tokenizer, params.messages, params.tool_policy, params.chat_template_kwargs)
+        check_sampling(params.sampling, loaded.vocabulary_size)
+        prompt = apply_chat_template(
+            loaded.tokenizer,
+            params.messages,
+            params.tool_policy,
+            params.chat_template_kwargs,
+            history=format_for(context.tool_format).history,
+        )
         if params.count_prompt_only:
             yield FinishChunk(finish_reason="stop", usage=Usage(prompt_tokens=len(prompt.tokens), completion_tokens=0))
             return
         max_tokens = clamp_max_tokens(params.sampling.max_tokens, len(prompt.tokens), loaded.context_length)
+    except InvalidSamplingError as error:
+        yield ErrorChunk(error="invalid_request", message=str(error), param=error.param)
+        return
     except ContextLengthExceededError as error:
-        yield ErrorChunk(
-            message=str(error),
-            error_type="invalid_request_error",
-            code="context_length_exceeded",
-            status_code=400,
-        )
+        yield ErrorChunk(error="context_length_exceeded", message=str(error))
         return
 
     lease = context.prefix_cache.acquire(prompt.tokens) if context.prefix_cache else None
@@ -99,7 +111,7 @@ def run_chat_completion(
     except UnsupportedConstraintError as error:
         if lease and context.prefix_cache:
             context.prefix_cache.discard(lease)
-        yield ErrorChunk(message=str(error), error_type="invalid_request_error", code="unsupported", status_code=400)
+        yield ErrorChunk(error="unsupported", message=str(error))
         return
 
     parser = _make_parser(context, params.tool_policy, reasoning)
@@ -134,7 +146,7 @@ def run_chat_completion(
         logger.exception("generation failed for task %s", task.task_id)
         if lease and context.prefix_cache:
             context.prefix_cache.discard(lease)
-        yield ErrorChunk(message=f"generation failed: {type(error).__name__}: {error}")
+        yield ErrorChunk(error="generation_failed", message=f"generation failed: {type(error).__name__}: {error}")
         return
     if lease and context.prefix_cache:
         context.prefix_cache.release(lease, [*prompt.tokens, *generated])

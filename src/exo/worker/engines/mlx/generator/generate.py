@@ -1,12 +1,13 @@
 """Token generation on top of `mlx_lm.stream_generate`: sampling, limits and typed output."""
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Final
 
 import mlx.core as mx
 from mlx_lm.generate import stream_generate
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
+from exo.shared.types.api import MAX_SEED
 from exo.shared.types.tasks import SamplingParams
 from exo.shared.types.worker.runner_response import GenerationResponse
 from exo.worker.engines.mlx.utils_mlx import LoadedModel
@@ -14,8 +15,38 @@ from exo.worker.engines.mlx.utils_mlx import LoadedModel
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 
+# mlx-lm samples from logprobs * (1 / temperature) in the model's dtype: below this, 1 / temperature passes what half
+# precision holds (65504), a certain token's logprob of 0 becomes 0 * inf = NaN and the sample is garbage. A
+# temperature this small means "the likeliest token", so it is sampled greedily.
+GREEDY_BELOW_TEMPERATURE: Final = 1e-4
+
+
 class ContextLengthExceededError(ValueError):
     """The prompt leaves no room to generate within the model's context."""
+
+
+class InvalidSamplingError(ValueError):
+    """A sampling value mlx cannot use; `param` names the request field."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def check_sampling(sampling: SamplingParams, vocabulary_size: int) -> None:
+    """Raise InvalidSamplingError for what mlx would fail on mid-request (the API refuses these first; this keeps
+    every front end from turning them into a failed generation)."""
+    if sampling.seed is not None and not 0 <= sampling.seed <= MAX_SEED:
+        raise InvalidSamplingError("seed", f"seed must be between 0 and {MAX_SEED}, got {sampling.seed}")
+    if not 0 <= sampling.top_k < vocabulary_size:
+        raise InvalidSamplingError(
+            "top_k", f"top_k must be below the model's vocabulary size of {vocabulary_size}, got {sampling.top_k}"
+        )
+
+
+def sampling_temperature(requested: float) -> float:
+    """The temperature sampled with: `requested`, or 0 (greedy) below GREEDY_BELOW_TEMPERATURE."""
+    return requested if requested >= GREEDY_BELOW_TEMPERATURE else 0.0
 
 
 def clamp_max_tokens(requested: int | None, prompt_length: int, context_length: int) -> int:
@@ -45,7 +76,7 @@ def generate_tokens(
     if sampling.seed is not None:
         mx.random.seed(sampling.seed)
     sampler = make_sampler(
-        temp=sampling.temperature,
+        temp=sampling_temperature(sampling.temperature),
         top_p=sampling.top_p if sampling.top_p < 1.0 else 0.0,
         min_p=sampling.min_p,
         top_k=sampling.top_k,
