@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from rich.filesize import decimal
 
 from exo.mcp.inference import RunResult
 from exo.mcp.models import ModelsResult
@@ -81,7 +82,11 @@ async def test_list_models_shows_what_the_runner_loaded(transport: McpTransport,
     assert served[0].context_length is not None
     text = text_of(result)
     assert f"- {MODEL} (ready, context {served[0].context_length}, tool calls as hermes)" in text
-    assert "- qwen2.5-coder-1.5b-instruct (Qwen2.5-Coder 1.5B, 1.1 GB download, 3.1 GB on disk" in text
+    larger = CATALOG[1]
+    assert (
+        f"- {larger.model_id} ({larger.family} {larger.parameters}, {decimal(larger.source.download_bytes)} download, "
+        f"{decimal(larger.imported_bytes)} on disk, needs {decimal(larger.memory_bytes())} of memory): not downloaded"
+    ) in text
 
 
 @both_transports

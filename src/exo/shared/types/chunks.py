@@ -2,7 +2,7 @@
 
 from typing import Annotated, Literal
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field
 
 from exo.shared.types.common import FinishReason, FrozenModel, ToolCallId
 
@@ -85,7 +85,6 @@ Chunk = Annotated[
     TokenChunk | ReasoningChunk | ToolCallChunk | ToolCallArgumentsChunk | FinishChunk | ErrorChunk,
     Field(discriminator="kind"),
 ]
-ChunkAdapter: TypeAdapter[Chunk] = TypeAdapter(Chunk)
 
 # What the tool parser emits while it watches generation (the runner adds Finish/Error itself).
 ParsedChunk = TokenChunk | ReasoningChunk | ToolCallChunk | ToolCallArgumentsChunk

@@ -55,6 +55,10 @@ class OpenedCallsGrammar:
     also_opening: tuple[str, ...] = ()
     never_starting: tuple[str, ...] = ()
     bare: bool = False
+    never_in_text: tuple[str, ...] = ()
+    """More texts free text may not contain, beyond the openings: near-misses of the call markup that a model
+    told not to call writes instead (the default model answered "none" with `<tool_call name="…">`, then with
+    `<tool_output>`)."""
 
     @property
     def marker_texts(self) -> tuple[str, ...]:
@@ -81,7 +85,7 @@ class OpenedCallsGrammar:
             case ReplyShape.ANSWER_OR_CALLS:
                 return f"answer | {self._calls(lark, request)}"
             case ReplyShape.TEXT_ONLY:
-                return lark.prose(never_containing=openings, never_starting=self.never_starting)
+                return lark.prose(never_containing=(*openings, *self.never_in_text), never_starting=self.never_starting)
             case ReplyShape.TEXT_OR_CALLS:
                 if self.bare:
                     # Text may not even begin like a call: a greedy text lexeme cannot give way to one later.

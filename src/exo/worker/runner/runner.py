@@ -177,11 +177,12 @@ class _LoadFailedError(Exception):
 
 def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
     # Heavy imports happen here, in the child, so the API process never loads MLX.
+    from exo.models.errors import ModelLoadError
     from exo.tool_calls import detect_tool_format
     from exo.worker.engines.mlx.blas_check import blas_report
     from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
     from exo.worker.engines.mlx.generator.chat_completion import EngineContext
-    from exo.worker.engines.mlx.utils_mlx import ModelLoadError, chat_template_text, load_model
+    from exo.worker.engines.mlx.utils_mlx import chat_template_text, load_model
 
     model_path = Path(bootstrap.model_path)
     blas = blas_report()  # before the model takes the memory bandwidth; a fraction of a second

@@ -16,6 +16,7 @@ from mlx_lm.utils import dequantize_model, load_tokenizer
 from mlx_lm.utils import load as mlx_lm_load
 from mlx_lm.utils import load_model as mlx_lm_load_model
 
+from exo.models.errors import ModelLoadError
 from exo.models.shard_files import missing_weight_files
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, ToolPolicy
@@ -23,16 +24,13 @@ from exo.shared.types.worker.shards import ShardAssignment
 from exo.tool_calls.format import HistoryNeeds
 from exo.worker.engines.mlx.chat_messages import to_template_messages, tool_description
 from exo.worker.engines.mlx.distributed.layer_split import PipelineStrategy, split_layers
+from exo.worker.engines.mlx.prompt_budget import encode_within
 
 logger = logging.getLogger(__name__)
 
 _OPENAI_SHAPE = HistoryNeeds()
 
 DEFAULT_CONTEXT_LENGTH = 4096
-
-
-class ModelLoadError(Exception):
-    """The model directory could not be loaded; the message names the path and the reason."""
 
 
 @dataclass
@@ -189,11 +187,15 @@ def apply_chat_template(
     tool_policy: ToolPolicy,
     template_kwargs: Mapping[str, object] | None = None,
     history: HistoryNeeds = _OPENAI_SHAPE,
+    *,
+    context_length: int | None = None,
 ) -> RenderedPrompt:
     """Render `messages` (and the offered tools) into prompt tokens with the model's own chat template.
 
     `template_kwargs` are extra template variables from the client (the API has already refused reserved names);
-    `history` is what the model's tool format needs of rendered history.
+    `history` is what the model's tool format needs of rendered history. With `context_length`, a prompt that
+    leaves no room to generate raises ContextLengthExceededError, found without tokenising much more of it than
+    the context holds (see prompt_budget.py).
     """
     template = chat_template_text(tokenizer)
     offered = tool_policy.tools if tool_policy.mode != "none" else ()
@@ -206,7 +208,11 @@ def apply_chat_template(
         kwargs["add_generation_prompt"] = False
         kwargs["continue_final_message"] = True
     text = cast(str, tokenizer.apply_chat_template(template_messages, tokenize=False, **kwargs))
-    tokens = cast(list[int], tokenizer.encode(text, add_special_tokens=False))
+
+    def encode(piece: str) -> list[int]:
+        return cast(list[int], tokenizer.encode(piece, add_special_tokens=False))
+
+    tokens = encode(text) if context_length is None else encode_within(encode, text, context_length)
     think_start = tokenizer.think_start if tokenizer.has_thinking else None
     starts_in_reasoning = think_start is not None and _opens_reasoning(text, think_start, tokenizer)
     return RenderedPrompt(tokens=tokens, text=text, starts_in_reasoning=starts_in_reasoning)

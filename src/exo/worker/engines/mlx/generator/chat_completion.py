@@ -22,13 +22,13 @@ from exo.tool_calls.registry import format_for
 from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
 from exo.worker.engines.mlx.constrained import callable_functions, constraint_spec, make_logits_processor
 from exo.worker.engines.mlx.generator.generate import (
-    ContextLengthExceededError,
     InvalidSamplingError,
     check_sampling,
     clamp_max_tokens,
     generate_tokens,
 )
 from exo.worker.engines.mlx.generator.stop_sequences import StopSequenceMatcher
+from exo.worker.engines.mlx.prompt_budget import ContextLengthExceededError
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template
 
 logger = logging.getLogger(__name__)
@@ -89,6 +89,7 @@ def run_chat_completion(
             params.tool_policy,
             params.chat_template_kwargs,
             history=format_for(context.tool_format).history,
+            context_length=loaded.context_length,
         )
         if params.count_prompt_only:
             yield FinishChunk(finish_reason="stop", usage=Usage(prompt_tokens=len(prompt.tokens), completion_tokens=0))

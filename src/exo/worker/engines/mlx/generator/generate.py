@@ -10,6 +10,7 @@ from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from exo.shared.types.api import MAX_SEED
 from exo.shared.types.tasks import SamplingParams
 from exo.shared.types.worker.runner_response import GenerationResponse
+from exo.worker.engines.mlx.prompt_budget import context_exceeded
 from exo.worker.engines.mlx.utils_mlx import LoadedModel
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
@@ -19,10 +20,6 @@ LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 # precision holds (65504), a certain token's logprob of 0 becomes 0 * inf = NaN and the sample is garbage. A
 # temperature this small means "the likeliest token", so it is sampled greedily.
 GREEDY_BELOW_TEMPERATURE: Final = 1e-4
-
-
-class ContextLengthExceededError(ValueError):
-    """The prompt leaves no room to generate within the model's context."""
 
 
 class InvalidSamplingError(ValueError):
@@ -53,10 +50,7 @@ def clamp_max_tokens(requested: int | None, prompt_length: int, context_length: 
     """Clamp to what fits in the context (clients like opencode ask for 32k regardless of the model)."""
     room = context_length - prompt_length
     if room <= 0:
-        raise ContextLengthExceededError(
-            f"the prompt is {prompt_length} tokens but the model's context is {context_length} tokens; "
-            "shorten the conversation or the tool definitions"
-        )
+        raise context_exceeded(prompt_length, context_length)
     return room if requested is None else min(requested, room)
 
 
