@@ -73,9 +73,14 @@ class InstanceKeeper:
 
     async def place(self, model_id: ModelId, model_path: Path, min_nodes: int) -> PlacedInstance:
         """Place `model_id` now and return the instance; raises InstancePlacementError or NoMasterError."""
+        before = self._wanted.get(model_id)
         reply = await self._ask(self.want(model_id, model_path, min_nodes))
         if reply.instance is None:
-            self._wanted.pop(model_id, None)  # a refused runtime request is not retried behind the caller's back
+            # A refused request is not retried behind the caller's back; what was wanted before still is.
+            if before is None:
+                del self._wanted[model_id]
+            else:
+                self._wanted[model_id] = before
             raise InstancePlacementError(reply.error or "the master refused the placement")
         return reply.instance
 

@@ -220,9 +220,10 @@ class Master:
                         self._place_instance(command)
 
     def _place_instance(self, request: PlaceInstance) -> None:
-        """Place a model over nodes by memory (once: a repeated request gets the instance already placed)."""
+        """Place a model over nodes by memory. A repeated request gets the instance already placed; one with another
+        `min_nodes` replaces it only once the new placement is found (a refusal leaves it serving)."""
         reply_to = self._topics.instance_replies(request.files_from)
-        placed = next(
+        current = next(
             (
                 instance
                 for instance in self._state.instances.values()
@@ -230,18 +231,21 @@ class Master:
             ),
             None,
         )
-        if placed is None:
-            try:
-                placed = place_instance(
-                    self._state, request, new_instance_id(), now=self._clock(), draw_ports=_draw_ports
-                )
-            except PlacementError as error:
-                logger.warning("cannot place %s: %s", request.model_id, error)
-                self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, error=str(error)))
-                return
-            layers = ", ".join(f"{rank.node_id} {rank.start_layer}-{rank.end_layer - 1}" for rank in placed.ranks)
-            logger.info("placed %s as instance %s: %s", placed.model_id, placed.instance_id, layers)
-            self._order(InstancePlaced(instance=placed))
+        if current is not None and current.min_nodes == request.min_nodes:
+            self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, instance=current))
+            return
+        try:
+            placed = place_instance(self._state, request, new_instance_id(), now=self._clock(), draw_ports=_draw_ports)
+        except PlacementError as error:
+            logger.warning("cannot place %s: %s", request.model_id, error)
+            self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, error=str(error)))
+            return
+        if current is not None:
+            reason = f"placed anew over at least {request.min_nodes} nodes"
+            self._order(InstanceRemoved(instance_id=current.instance_id, reason=reason))
+        layers = ", ".join(f"{rank.node_id} {rank.start_layer}-{rank.end_layer - 1}" for rank in placed.ranks)
+        logger.info("placed %s as instance %s: %s", placed.model_id, placed.instance_id, layers)
+        self._order(InstancePlaced(instance=placed))
         self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, instance=placed))
 
     def _place(self, place: PlaceTask) -> None:
