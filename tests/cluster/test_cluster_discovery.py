@@ -61,9 +61,11 @@ def test_a_peer_added_at_runtime_joins(cluster: LocalCluster) -> None:
 def test_an_unreachable_peer_or_this_node_is_a_502_and_a_malformed_one_a_400(cluster: LocalCluster) -> None:
     x = next(member for member in cluster.nodes if member.name == "x")
     started = time.monotonic()
-    response = add_peer(x, f"tcp/127.0.0.1:{free_port()}")
+    silent = f"tcp/127.0.0.1:{free_port()}"
+    response = add_peer(x, silent)
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "peer_unreachable"
+    assert response.json()["error"]["message"] == f"nothing answered at {silent}"
     assert time.monotonic() - started < 30
     response = add_peer(x, x.endpoint)
     assert response.status_code == 502

@@ -114,7 +114,8 @@ class PeerConnector:
         try:
             helper = await anyio.to_thread.run_sync(zenoh.open, helper_config)
         except zenoh.ZError as error:
-            raise PeerUnreachableError(str(error).split(" at ")[0]) from error
+            # zenoh's message lists this node's own listener beside the peer's: name only what the user asked for.
+            raise PeerUnreachableError(f"nothing answered at {', '.join(endpoints)}") from error
         try:
             me = self._membership.node_id
             deadline = time.monotonic() + LINK_WAIT_SECONDS
