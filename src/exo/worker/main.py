@@ -81,8 +81,7 @@ class Worker:
             )
         )
         held: dict[TaskId, TaskStatus] = dict.fromkeys(supervisor.queued_task_ids, "queued")
-        running = supervisor.running_task_id
-        if running is not None:
+        for running in supervisor.running_task_ids:
             held[running] = "running"
         reported = self._reported_tasks.get(runner_id, {})
         for task_id, status in held.items():

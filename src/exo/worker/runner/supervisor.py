@@ -1,6 +1,9 @@
 """Supervises one runner subprocess: starts it, queues tasks for it (FIFO), routes its chunks, restarts it on crash.
 
-A crash of the runner fails only the task it was running; the API process is untouched and queued tasks run once
+The runner decodes up to its batch size of tasks at once (continuous batching): that many are handed to it, each
+chunk it streams back names its task, and the rest wait here in arrival order until one of them finishes.
+
+A crash of the runner fails only the tasks it was running; the API process is untouched and queued tasks run once
 the replacement runner has loaded. Restarts back off exponentially while the runner keeps crashing without
 finishing a task. A model that cannot load (a load error, or MAX_CONSECUTIVE_LOAD_FAILURES crashes before it became
 ready) marks the runner failed for good: queued and later requests get a 503 naming the reason.
@@ -76,6 +79,10 @@ class RunnerConfig:
     tool_format_override: str | None = None
     log_level: int = logging.INFO
     trust_remote_code: bool = False
+    batch_size: int = 8
+    """Most tasks the runner decodes together (it may allow fewer for a model that cannot batch)."""
+    speculation: bool = True
+    """Prompt-lookup speculative decoding in the runner."""
 
 
 @dataclass
@@ -109,7 +116,7 @@ class RunnerSupervisor:
         self.restarts = 0
         self.pid: int | None = None
         self._queue: deque[_PendingTask] = deque()
-        self._running: _PendingTask | None = None
+        self._running: dict[TaskId, _PendingTask] = {}
         self._connection: Connection | None = None
         self._process: BaseProcess | None = None
         self._ready = anyio.Event()
@@ -125,8 +132,9 @@ class RunnerSupervisor:
         return [pending.task.task_id for pending in self._queue]
 
     @property
-    def running_task_id(self) -> TaskId | None:
-        return self._running.task.task_id if self._running else None
+    def running_task_ids(self) -> list[TaskId]:
+        """Tasks handed to the runner, in the order they were handed over."""
+        return list(self._running)
 
     @property
     def recent_tasks(self) -> tuple[TaskSummary, ...]:
@@ -158,7 +166,7 @@ class RunnerSupervisor:
         return receiver
 
     def cancel(self, task_id: TaskId) -> None:
-        """Drop a queued task, or ask the runner to stop the running one (it stops within one token)."""
+        """Drop a queued task, or ask the runner to stop a running one (it stops within one token)."""
         for pending in list(self._queue):
             if pending.task.task_id == task_id:
                 self._queue.remove(pending)
@@ -166,7 +174,7 @@ class RunnerSupervisor:
                 self._record(task_id, "cancelled", 0)
                 self._on_change()
                 return
-        if self._running and self._running.task.task_id == task_id:
+        if task_id in self._running:
             self._send(CancelTask(task_id=task_id))
 
     async def run(self) -> None:
@@ -217,6 +225,8 @@ class RunnerSupervisor:
                 tool_format_override=self.config.tool_format_override,
                 prefix_cache_bytes=self.config.prefix_cache_bytes,
                 trust_remote_code=self.config.trust_remote_code,
+                batch_size=self.config.batch_size,
+                speculation=self.config.speculation,
             )
         )
         logger.info("started runner %s (pid %s) for %s", self.runner_id, process.pid, self.config.model_id)
@@ -270,29 +280,35 @@ class RunnerSupervisor:
                 logger.error("runner %s could not load %s: %s", self.runner_id, self.config.model_id, reason)
                 self._fail_all(f"model {self.config.model_id} failed to load: {reason}", status_code=503)
             case TaskChunk(task_id=task_id, chunk=chunk):
-                if self._running and self._running.task.task_id == task_id:
-                    self._running.deliver(chunk)
+                running = self._running.get(task_id)
+                if running is not None:
+                    running.deliver(chunk)
                 return  # routing a chunk changes nothing /state shows; reporting per token would only cost time
             case TaskDone(task_id=task_id, generated_tokens=tokens, cancelled=cancelled):
-                if self._running and self._running.task.task_id == task_id:
-                    finished = self._running
+                finished = self._running.pop(task_id, None)
+                if finished is not None:
                     finished.sender.close()
-                    self._running = None
                     outcome: TaskOutcome = "cancelled" if cancelled else "failed" if finished.failed else "finished"
                     self._record(task_id, outcome, tokens)
                     if outcome == "finished":
                         self._consecutive_crashes = 0
-                self.status = "ready"
+                if self.status == "running" and not self._running:
+                    self.status = "ready"
                 self._dispatch_next()
         self._on_change()
 
+    @property
+    def _capacity(self) -> int:
+        """How many tasks the runner takes at once (its batch size, known once it has loaded)."""
+        return self.metadata.batch_size if self.metadata is not None else 1
+
     def _dispatch_next(self) -> None:
-        if self.status != "ready" or self._running is not None:
-            return
-        if self._queue:
-            self._running = self._queue.popleft()
+        """Hand queued tasks, oldest first, to the runner while it has room for them."""
+        while self.status in ("ready", "running") and len(self._running) < self._capacity and self._queue:
+            pending = self._queue.popleft()
+            self._running[pending.task.task_id] = pending
             self.status = "running"
-            self._send(RunTask(task=self._running.task))
+            self._send(RunTask(task=pending.task))
 
     def _on_process_gone(self, reason: str) -> None:
         crashed_while_loading = self.status == "loading"
@@ -308,13 +324,14 @@ class RunnerSupervisor:
                 self._load_failures += 1
         log = logger.info if expected_exit else logger.error
         log("runner %s for %s: %s", self.runner_id, self.config.model_id, reason)
-        if self._running is not None:
-            self._running.deliver(
+        crashed_tasks = list(self._running.values())
+        self._running.clear()
+        for running in crashed_tasks:
+            running.deliver(
                 ErrorChunk(message=f"the model runner crashed while generating ({reason}); it is being restarted")
             )
-            self._running.sender.close()
-            self._record(self._running.task.task_id, "failed", None)
-            self._running = None
+            running.sender.close()
+            self._record(running.task.task_id, "failed", None)
         if self.gave_up:
             self._fail_all(f"model {self.config.model_id} is unavailable: {self.last_error}", status_code=503)
         self._on_change()
@@ -325,11 +342,9 @@ class RunnerSupervisor:
         )
 
     def _fail_all(self, message: str, *, status_code: int) -> None:
-        waiting = list(self._queue)
+        waiting = [*self._queue, *self._running.values()]
         self._queue.clear()
-        if self._running is not None:
-            waiting.append(self._running)
-            self._running = None
+        self._running.clear()
         for pending in waiting:
             pending.deliver(ErrorChunk(message=message, status_code=status_code, code="model_unavailable"))
             pending.sender.close()

@@ -1,17 +1,20 @@
-"""Token generation on top of `mlx_lm.stream_generate`: sampling, limits and typed output."""
+"""Token generation for one prompt with exo's solo decoder: sampling, limits and typed output.
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+The runner drives requests through `ChatRequest` and the scheduler; this plain loop is the same decoder without the
+chat semantics, for measuring and testing the decode path on its own.
+"""
 
-import mlx.core as mx
-from mlx_lm.generate import stream_generate
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
+from collections.abc import Iterator, Sequence
 
 from exo.shared.types.tasks import SamplingParams
 from exo.shared.types.worker.runner_response import GenerationResponse
+from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
+from exo.worker.engines.mlx.generator.processors import RequestProcessors
+from exo.worker.engines.mlx.generator.sampling import LogitsProcessor, make_request_sampler, penalty_processors
+from exo.worker.engines.mlx.generator.solo import SoloDecoder
 from exo.worker.engines.mlx.utils_mlx import LoadedModel
 
-LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+__all__ = ["ContextLengthExceededError", "LogitsProcessor", "clamp_max_tokens", "generate_tokens"]
 
 
 class ContextLengthExceededError(ValueError):
@@ -35,40 +38,46 @@ def generate_tokens(
     *,
     sampling: SamplingParams,
     max_tokens: int,
-    prompt_cache: list[Any] | None = None,
+    prompt_cache: PromptCache | None = None,
     logits_processors: Sequence[LogitsProcessor] = (),
 ) -> Iterator[GenerationResponse]:
     """Yield one GenerationResponse per generated token; the last one carries finish_reason "stop" or "length".
 
     `prompt_tokens` are the tokens still to prefill: with a prefix cache, only the part after the cached prefix.
+    Penalties run first, then `logits_processors` (a grammar constraint must see and mask the final logits).
     """
-    if sampling.seed is not None:
-        mx.random.seed(sampling.seed)
-    sampler = make_sampler(
-        temp=sampling.temperature,
-        top_p=sampling.top_p if sampling.top_p < 1.0 else 0.0,
-        min_p=sampling.min_p,
-        top_k=sampling.top_k,
-    )
-    # Penalties first: a grammar constraint must see (and mask) the final logits.
-    penalties = make_logits_processors(
-        repetition_penalty=sampling.repetition_penalty,
-        presence_penalty=sampling.presence_penalty,
-        frequency_penalty=sampling.frequency_penalty,
-    )
-    processors = [*penalties, *logits_processors]
-    for response in stream_generate(
+    if not prompt_tokens:
+        raise ValueError("prompt_tokens must not be empty")
+    tokenizer = loaded.tokenizer
+    eos_token_ids = set(tokenizer.eos_token_ids)
+    detokenizer = tokenizer.detokenizer
+    processors = RequestProcessors([*penalty_processors(sampling), *logits_processors], ())
+    decoder = SoloDecoder(
         loaded.model,
-        loaded.tokenizer,
-        mx.array(list(prompt_tokens)),
-        max_tokens=max_tokens,
-        sampler=sampler,
-        prompt_cache=prompt_cache,
-        logits_processors=processors or None,
-    ):
-        finish = response.finish_reason
-        yield GenerationResponse(
-            text=response.text,
-            token=response.token,
-            finish_reason="stop" if finish == "stop" else "length" if finish == "length" else None,
-        )
+        prompt_cache if prompt_cache is not None else new_prompt_cache(loaded.model),
+        fed=(),
+        pending=prompt_tokens,
+        sampler=make_request_sampler(sampling),
+        processors=processors,
+        drafts=None,
+    )
+    while decoder.prefilling:
+        decoder.prefill()
+    decoder.launch(0)
+    generated = 0
+    while True:
+        (token,) = decoder.collect()
+        if processors.error is not None:
+            raise processors.error
+        if token in eos_token_ids:
+            detokenizer.finalize()
+            yield GenerationResponse(text=detokenizer.last_segment, token=token, finish_reason="stop")
+            return
+        detokenizer.add_token(token)
+        generated += 1
+        if generated >= max_tokens:
+            detokenizer.finalize()
+            yield GenerationResponse(text=detokenizer.last_segment, token=token, finish_reason="length")
+            return
+        decoder.launch(0)
+        yield GenerationResponse(text=detokenizer.last_segment, token=token)
