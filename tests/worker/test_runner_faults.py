@@ -8,7 +8,6 @@ only ends at max_tokens (~700 tokens/s here), so a 4000-token request reliably l
 
 import json
 import os
-import shutil
 import signal
 import threading
 import time
@@ -19,28 +18,11 @@ import httpx
 import pytest
 
 from exo.worker.runner.supervisor import restart_delay
-from tests.exo_server import ExoServer, fixture_model, running_exo
+from tests.exo_server import ExoServer, running_exo
+from tests.fixtures.endless_model import MODEL, endless_copy
 from tests.fixtures.fixture_specs import GREETING_REPLY
 
-MODEL = "endless-qwen"
 LONG = 4000
-
-
-def endless_copy(directory: Path) -> Path:
-    """Copy tiny-qwen-tools to `directory/endless-qwen` with no end-of-sequence token configured."""
-    target = directory / MODEL
-    shutil.copytree(fixture_model("tiny-qwen-tools"), target)
-    for name in ("config.json", "generation_config.json"):
-        config = json.loads((target / name).read_text())
-        config["eos_token_id"] = []
-        (target / name).write_text(json.dumps(config))
-    tokenizer_config = json.loads((target / "tokenizer_config.json").read_text())
-    tokenizer_config["eos_token"] = None
-    (target / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
-    special = json.loads((target / "special_tokens_map.json").read_text())
-    special.pop("eos_token", None)
-    (target / "special_tokens_map.json").write_text(json.dumps(special))
-    return target
 
 
 @pytest.fixture(scope="module")
