@@ -41,7 +41,8 @@ from bench.servers import RunningServer, running_exo, running_mlx_lm_server
 from bench.settings import CONSTRAINED_FULL, CONSTRAINED_QUICK, FULL, QUICK
 from bench.targets import RAW
 from bench.workloads import agent_tools
-from exo.models.resolve import ResolvedModel, default_models_dir, resolve_model
+from exo.models.paths import default_models_dir
+from exo.models.resolve import ResolvedModel, resolve_model
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 QUICK_MODEL = REPOSITORY_ROOT / "tests" / "fixtures" / "models" / "tiny-qwen-tools"

@@ -2,7 +2,7 @@
 
 The parent starts it with exo's runner environment (`blas_environment`: the optimized BLAS must be preloaded before
 mlx is imported). It loads the model as exo's runner does, then measures with the runner's own functions:
-`logits_processors_for` (grammar build and compile) and `generate_tokens` (decode), and prints one
+`constraint_spec` + `make_logits_processor` (grammar build and compile) and `generate_tokens` (decode), and prints one
 `ConstrainedReport` JSON line on stdout.
 
 Decode runs share one prompt. It is prefilled once; every run then restarts from that prompt cache rewound to the
@@ -26,10 +26,10 @@ from bench.results import ConstrainedDecodeRow, ConstrainedReport, ConstrainedSe
 from exo.shared.types.api import FunctionDefinition, ToolDefinition
 from exo.shared.types.tasks import PromptMessage, SamplingParams, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
-from exo.tool_calls import detect_tool_format
+from exo.tool_calls import ToolFormatName, detect_tool_format
+from exo.worker.engines.mlx.constrained import constraint_spec, make_logits_processor
 from exo.worker.engines.mlx.constrained.compiled import clear_caches, guidance_tokenizer
 from exo.worker.engines.mlx.generator.chat_completion import reasoning_markers
-from exo.worker.engines.mlx.generator.constraints import logits_processors_for
 from exo.worker.engines.mlx.generator.generate import LogitsProcessor, generate_tokens
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template, chat_template_text, load_model
 
@@ -73,7 +73,7 @@ def decode_policies(tools: tuple[FunctionDefinition, ...]) -> dict[str, ToolPoli
 class _Decoder:
     """The decode prompt prefilled once; `run` decodes from it under a policy and rewinds the cache afterwards."""
 
-    def __init__(self, loaded: LoadedModel, tool_format: str, tools: tuple[FunctionDefinition, ...]) -> None:
+    def __init__(self, loaded: LoadedModel, tool_format: ToolFormatName, tools: tuple[FunctionDefinition, ...]) -> None:
         self.loaded = loaded
         self.tool_format = tool_format
         messages = (PromptMessage(role="system", content=_SYSTEM), PromptMessage(role="user", content=_USER))
@@ -103,9 +103,8 @@ class _Decoder:
 
     def processors(self, policy: ToolPolicy) -> Sequence[LogitsProcessor]:
         """What the runner would pass to `generate_tokens` for this policy, given one uncached prompt token."""
-        return logits_processors_for(
-            self.loaded.tokenizer, self.tool_format, policy, prompt_length=1, reasoning=self.reasoning
-        )
+        spec = constraint_spec(policy, None, self.tool_format, self.reasoning)
+        return (make_logits_processor(self.loaded.tokenizer, spec, prompt_length=1),) if spec else ()
 
     def run(self, policy: ToolPolicy, max_tokens: int) -> tuple[float, list[int]]:
         """(ms per decoded token, tokens) of one greedy run; the processor is built before the clock starts."""
@@ -207,7 +206,7 @@ def measure(setup: ConstrainedSetup) -> ConstrainedReport:
     """Load the model and measure compile times, then decode speed per mode."""
     settings = setup.settings
     loaded = load_model(setup.model_path, ShardAssignment())
-    tool_format = str(detect_tool_format(chat_template_text(loaded.tokenizer)))
+    tool_format = detect_tool_format(chat_template_text(loaded.tokenizer))
     all_tools = load_tools(setup.tools_path)
     wanted = settings.decode_tools
     decode_tools = all_tools if wanted is None else tuple(tool for tool in all_tools if tool.name in wanted)

@@ -6,17 +6,18 @@ import subprocess
 from importlib import metadata
 
 from bench.results import MachineInfo
-from exo.worker.engines.mlx.blas import NO_PRELOAD_VARIABLE, find_optimized_blas
+from exo.worker.engines.mlx.blas import NO_PRELOAD_VARIABLE, choose_blas
 
 
 def blas_description() -> str:
     """The BLAS exo preloads for its runner (and the bench for its baselines), or why there is none."""
     if os.environ.get(NO_PRELOAD_VARIABLE) == "1":
         return f"mlx's bundled reference BLAS ({NO_PRELOAD_VARIABLE}=1)"
-    library = find_optimized_blas()
-    if library is None:
+    choice = choose_blas(os.environ)
+    if choice is None:
         return "mlx's bundled reference BLAS (no optimized BLAS found)" if platform.system() == "Linux" else "native"
-    return f"{library} (LD_PRELOAD)"
+    threading = f", {choice.threading} threads" if choice.threading else ""
+    return f"{choice.kind} from {choice.source}: {choice.library} (LD_PRELOAD{threading})"
 
 
 def exo_commit() -> str:

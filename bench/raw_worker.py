@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from bench.results import StreamMeasurement
 from bench.workloads import decode_messages
 from exo.shared.types.worker.shards import ShardAssignment
-from exo.worker.engines.mlx.blas import measure_matmul_gflops
+from exo.worker.engines.mlx.blas_check import measure_matmul_gflops
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, load_model
 
 _WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")

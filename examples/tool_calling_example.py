@@ -3,6 +3,9 @@
 What it shows:
   * tools are plain typed Python functions; their JSON schema comes from the signature (pydantic), so the schema
     the model sees and the validation the arguments get can never drift apart;
+  * tools are also discovered: from MCP servers named on the command line (exo's own `exo mcp` included) and from
+    extension processes speaking a small line-JSON protocol (see examples/agent_tools/extension.py and the
+    weather extension in examples/extensions/); their schemas are checked when they register;
   * the agent loop streams each answer, prints text as it arrives, and assembles tool calls from their deltas;
   * every failure a tool call can meet (unknown tool, bad JSON, invalid arguments, an exception, a timeout) goes
     back to the model as the tool's result, so the model can correct itself and the loop never crashes;
@@ -17,6 +20,13 @@ Start exo, then run the example (with no --model it uses the first model exo ser
     uv run python examples/tool_calling_example.py --prompt "What is (2 + 3) * 7 - 2 ** 5?" --no-stream
     uv run python examples/tool_calling_example.py --tools get_time --prompt "What time is it in Tokyo?"
 
+With discovered tools instead of the built-in ones: the weather extension, and exo's own MCP tools (cluster
+status, memory, models) from `exo mcp` over stdio or from the node's `/mcp` endpoint:
+
+    uv run python examples/tool_calling_example.py --tools --extension "python examples/extensions/weather_extension.py"
+    uv run python examples/tool_calling_example.py --tools --mcp "uv run exo mcp" --prompt "Is exo up?"
+    uv run python examples/tool_calling_example.py --tools --mcp http://127.0.0.1:52415/mcp --prompt "Is exo up?"
+
 Offline, with the repository's tiny test model (trained on one prompt and only the get_weather tool; it answers
 sensibly only after the made-up result it was trained on, so expect its final text to be odd):
 
@@ -30,16 +40,15 @@ parses arithmetic with `ast` and never calls `eval`, and the clock reads the IAN
 import argparse
 import ast
 import hashlib
-import inspect
 import json
+import logging
 import math
 import operator
 import sys
-import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
 from datetime import datetime
-from typing import Annotated, Any, Literal, TextIO, TypeVar
+from pathlib import Path
+from typing import Annotated, Any, Literal, TextIO
 from zoneinfo import ZoneInfo
 
 from openai import OpenAI
@@ -48,159 +57,22 @@ from openai.types.chat import (
     ChatCompletionMessageFunctionToolCallParam,
     ChatCompletionMessageParam,
 )
-from pydantic import BaseModel, Field, ValidationError, create_model
-from pydantic_core import to_jsonable_python
+from pydantic import BaseModel, Field
+
+# Run as a script, only examples/ is on the import path; the agent's modules import as `examples.agent_tools`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from examples.agent_tools.discovery import discovered_tools, parse_header
+from examples.agent_tools.extension import DEFAULT_CALL_TIMEOUT_SECONDS, DEFAULT_READY_GRACE_SECONDS
+from examples.agent_tools.registry import DEFAULT_TOOL_TIMEOUT_SECONDS, ToolRegistry, ToolRun, failed_run
 
 DEFAULT_BASE_URL = "http://localhost:52415/v1"
 DEFAULT_PROMPT = "What is the weather in Paris?"
-DEFAULT_TOOL_TIMEOUT_SECONDS = 10.0
 DEFAULT_MAX_TURNS = 6
 REPEATED_CALL_NOTE = (
     "You already called {name} with these arguments and its result is above. Do not call it again: answer the "
     "user's question now."
 )
-
-# ---------------------------------------------------------------------------------------------- the tool registry
-
-
-class Tool(BaseModel):
-    """One callable tool: the Python function, the model of its arguments, and what the model is told about it."""
-
-    name: str
-    description: str
-    function: Callable[..., object]
-    arguments: type[BaseModel]
-
-    def definition(self) -> ChatCompletionFunctionToolParam:
-        """The tool as the chat-completions API declares it."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": tidy_schema(self.arguments.model_json_schema()),
-            },
-        }
-
-
-def tidy_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """Drop pydantic's generated titles and put `type` first, the way hand-written tool schemas read.
-
-    Models see the schema as text in their prompt, so a schema shaped like the ones they were trained on helps.
-    """
-    tidy: dict[str, Any] = {"type": schema["type"]} if "type" in schema else {}
-    for key, value in schema.items():
-        if key in ("type", "title"):
-            continue
-        if key in ("properties", "$defs") and isinstance(value, dict):
-            tidy[key] = {name: tidy_schema(child) for name, child in value.items()}  # pyright: ignore[reportUnknownArgumentType]
-        elif isinstance(value, dict):
-            tidy[key] = tidy_schema(value)  # pyright: ignore[reportUnknownArgumentType]
-        elif isinstance(value, list):
-            tidy[key] = [tidy_schema(item) if isinstance(item, dict) else item for item in value]  # pyright: ignore[reportUnknownArgumentType]
-        else:
-            tidy[key] = value
-    return tidy
-
-
-def tool_from_function(function: Callable[..., object]) -> Tool:
-    """Derive a tool from a function: name, first docstring paragraph, and a pydantic model of its parameters.
-
-    Describe a parameter with `Annotated[str, Field(description=...)]`; a default value makes it optional.
-    """
-    fields: dict[str, Any] = {}
-    for parameter in inspect.signature(function, eval_str=True).parameters.values():
-        if parameter.annotation is inspect.Parameter.empty:
-            raise TypeError(f"{function.__name__}: parameter {parameter.name!r} needs a type hint")
-        default = ... if parameter.default is inspect.Parameter.empty else parameter.default
-        fields[parameter.name] = (parameter.annotation, default)
-    description = (inspect.getdoc(function) or "").split("\n\n")[0].replace("\n", " ")
-    arguments = create_model(f"{function.__name__}_arguments", **fields)
-    return Tool(name=function.__name__, description=description, function=function, arguments=arguments)
-
-
-ToolFunction = TypeVar("ToolFunction", bound=Callable[..., object])
-ToolChoice = Literal["auto", "none"]
-ToolErrorKind = Literal["unknown_tool", "invalid_arguments", "timeout", "tool_failed", "repeated_call"]
-
-
-class ToolError(BaseModel):
-    """What the model reads when a call could not run or failed: enough to fix the call and try again."""
-
-    error: ToolErrorKind
-    message: str
-
-
-class ToolRun(BaseModel):
-    """One executed call, kept so the app (and its tests) can see what the agent did."""
-
-    name: str
-    arguments: str
-    result: str
-    ok: bool
-
-
-def call_with_timeout(function: Callable[[], object], timeout_seconds: float) -> object:
-    """Run `function` in a daemon thread and wait at most `timeout_seconds` (raising TimeoutError after that).
-
-    Python cannot kill a thread, so a tool that hangs keeps running in the background; a daemon thread at least
-    does not keep the process alive at exit. Tools that can hang for good belong in a subprocess instead.
-    """
-    future: Future[object] = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(function())
-        except Exception as error:  # handed to the caller through the future
-            future.set_exception(error)
-
-    threading.Thread(target=run, daemon=True, name="tool-call").start()
-    return future.result(timeout=timeout_seconds)
-
-
-class ToolRegistry:
-    """The tools an agent may call, their definitions for the API, and a `run` that never raises."""
-
-    def __init__(self, timeout_seconds: float = DEFAULT_TOOL_TIMEOUT_SECONDS) -> None:
-        self.timeout_seconds = timeout_seconds
-        self._tools: dict[str, Tool] = {}
-
-    def register(self, function: ToolFunction) -> ToolFunction:
-        """Add a function as a tool (usable as a decorator); it stays callable as before."""
-        tool = tool_from_function(function)
-        self._tools[tool.name] = tool
-        return function
-
-    def definitions(self) -> list[ChatCompletionFunctionToolParam]:
-        """Every tool, declared for the `tools` field of a chat-completions request."""
-        return [tool.definition() for tool in self._tools.values()]
-
-    def run(self, name: str, arguments_json: str) -> ToolRun:
-        """Validate the arguments, run the tool, and return its result (or the error) as the tool message text."""
-        tool = self._tools.get(name)
-        if tool is None:
-            known = ", ".join(self._tools) or "none"
-            return _failed(name, arguments_json, "unknown_tool", f"no tool named {name!r}; available: {known}")
-        try:
-            # An empty string is how some servers send "no arguments".
-            arguments = tool.arguments.model_validate_json(arguments_json or "{}")
-        except ValidationError as error:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in error.errors())
-            received = arguments_json if len(arguments_json) <= 200 else arguments_json[:200] + "…"
-            return _failed(name, arguments_json, "invalid_arguments", f"{problems} (received {received!r})")
-        try:
-            result = call_with_timeout(lambda: tool.function(**dict(arguments)), self.timeout_seconds)
-        except TimeoutError:
-            return _failed(name, arguments_json, "timeout", f"{name} took longer than {self.timeout_seconds:g}s")
-        except Exception as error:  # any tool failure is the model's to see, not the loop's to crash on
-            return _failed(name, arguments_json, "tool_failed", f"{type(error).__name__}: {error}")
-        return ToolRun(name=name, arguments=arguments_json, result=json.dumps(to_jsonable_python(result)), ok=True)
-
-
-def _failed(name: str, arguments_json: str, kind: ToolErrorKind, message: str) -> ToolRun:
-    result = ToolError(error=kind, message=message).model_dump_json()
-    return ToolRun(name=name, arguments=arguments_json, result=result, ok=False)
-
 
 # --------------------------------------------------------------------------------------------------- the tools
 
@@ -305,6 +177,9 @@ def example_registry(names: Iterable[str], timeout_seconds: float = DEFAULT_TOOL
 
 
 # ----------------------------------------------------------------------------------------------- the agent loop
+
+
+ToolChoice = Literal["auto", "none"]
 
 
 class ToolCallRequest(BaseModel):
@@ -416,7 +291,7 @@ def run_agent(
             print(f"→ {call.name}({call.arguments})", file=destination)
             key = (call.name, _canonical_arguments(call.arguments))
             if key in calls_made:
-                run = _failed(call.name, call.arguments, "repeated_call", REPEATED_CALL_NOTE.format(name=call.name))
+                run = failed_run(call.name, call.arguments, "repeated_call", REPEATED_CALL_NOTE.format(name=call.name))
                 tool_choice = "none"  # the results are all there: the next turn must answer in text
             else:
                 calls_made.add(key)
@@ -452,8 +327,8 @@ def _json_or_empty(call: ToolCallRequest) -> str:
     return call.arguments
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse the command line, run the agent once, and return the exit status."""
+def build_parser() -> argparse.ArgumentParser:
+    """The example's command line."""
     parser = argparse.ArgumentParser(description="A tool-calling agent against an exo node (openai SDK).")
     parser.add_argument("--base-url", default=DEFAULT_BASE_URL, help=f"exo API address (default {DEFAULT_BASE_URL})")
     parser.add_argument("--model", help="model id (default: the first model in /v1/models)")
@@ -463,18 +338,64 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS, help="model turns before giving up")
     parser.add_argument("--tool-timeout", type=float, default=DEFAULT_TOOL_TIMEOUT_SECONDS, help="seconds per call")
     tool_names = [function.__name__ for function in EXAMPLE_TOOLS]
-    parser.add_argument("--tools", nargs="+", choices=tool_names, default=tool_names, help="the tools to offer")
-    arguments = parser.parse_args(argv)
+    parser.add_argument(
+        "--tools", nargs="*", choices=tool_names, default=tool_names, help="the built-in tools to offer (none: --tools)"
+    )
+    parser.add_argument(
+        "--mcp",
+        action="append",
+        default=[],
+        metavar="COMMAND_OR_URL",
+        help="an MCP server to load tools from: a command run over stdio ('uv run exo mcp') or a URL (repeatable)",
+    )
+    parser.add_argument(
+        "--mcp-header",
+        action="append",
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="a header for MCP servers reached by URL, e.g. 'Authorization: Bearer KEY' (repeatable)",
+    )
+    parser.add_argument(
+        "--extension",
+        action="append",
+        default=[],
+        metavar="COMMAND",
+        help="an extension process speaking the line-JSON tool protocol (repeatable)",
+    )
+    parser.add_argument(
+        "--ready-grace",
+        type=float,
+        default=DEFAULT_READY_GRACE_SECONDS,
+        help=f"seconds to wait for an extension's 'ready' (default {DEFAULT_READY_GRACE_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--remote-tool-timeout",
+        type=float,
+        default=DEFAULT_CALL_TIMEOUT_SECONDS,
+        help=f"seconds per MCP or extension call (default {DEFAULT_CALL_TIMEOUT_SECONDS:g})",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line, load the tools, run the agent once, and return the exit status."""
+    arguments = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    headers = dict(parse_header(header) for header in arguments.mcp_header)
     client = OpenAI(base_url=arguments.base_url, api_key=arguments.api_key)
     model: str = arguments.model or client.models.list().data[0].id
-    result = run_agent(
-        client,
-        model,
-        arguments.prompt,
+    with discovered_tools(
         example_registry(arguments.tools, arguments.tool_timeout),
-        stream=not arguments.no_stream,
-        max_turns=arguments.max_turns,
-    )
+        mcp_servers=arguments.mcp,
+        mcp_headers=headers,
+        extensions=arguments.extension,
+        ready_grace_seconds=arguments.ready_grace,
+        call_timeout_seconds=arguments.remote_tool_timeout,
+    ) as registry:
+        print(f"tools: {', '.join(registry.names()) or 'none'}", file=sys.stderr)
+        result = run_agent(
+            client, model, arguments.prompt, registry, stream=not arguments.no_stream, max_turns=arguments.max_turns
+        )
     if result.answer is None:
         print(f"no answer after {arguments.max_turns} turns", file=sys.stderr)
         return 1

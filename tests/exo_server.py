@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from anthropic import Anthropic
 from openai import OpenAI
 
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
@@ -28,6 +29,7 @@ class ExoServer:
     process: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    api_key: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -40,8 +42,13 @@ class ExoServer:
         """The official SDK pointed at this server: no retries (a failure must show), generous time for CPU runs."""
         return OpenAI(base_url=f"{self.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
+    def anthropic_client(self) -> Anthropic:
+        """The official Anthropic SDK pointed at this server (the Messages API), as strict as `openai_client`."""
+        return Anthropic(base_url=self.base_url, api_key="unused", max_retries=0, timeout=120)
+
     def state(self) -> dict[str, object]:
-        response = httpx.get(f"{self.base_url}/state", timeout=10)
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        response = httpx.get(f"{self.base_url}/state", headers=headers, timeout=10)
         response.raise_for_status()
         state: dict[str, object] = response.json()
         return state
@@ -96,20 +103,27 @@ def fixture_model(name: str) -> Path:
 
 @contextmanager
 def running_exo(
-    models: Sequence[Path], tmp_path: Path, extra_args: Sequence[str] = (), env: dict[str, str] | None = None
+    models: Sequence[Path],
+    tmp_path: Path,
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    api_key: str | None = None,
 ) -> Generator[ExoServer]:
-    """Start `python -m exo` on a free port serving `models`, wait until ready, and stop it afterwards."""
+    """Start `python -m exo` on a free port serving `models` (behind `api_key` when given), wait until ready, and
+    stop it afterwards."""
     port = free_port()
     log_path = tmp_path / f"exo-{port}.log"
     arguments = [sys.executable, "-m", "exo", "--api-port", str(port), "--models-dir", str(tmp_path / "models")]
     for model in models:
         arguments += ["--model", str(model)]
     arguments += list(extra_args)
+    if api_key is not None:
+        arguments += ["--api-key", api_key]
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             arguments, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
         )
-    server = ExoServer(process=process, port=port, log_path=log_path)
+    server = ExoServer(process=process, port=port, log_path=log_path, api_key=api_key)
     try:
         server.wait_until_all_ready(len(models))
         yield server

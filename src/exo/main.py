@@ -6,11 +6,15 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import uvicorn
 
-from exo.node import Node, NodeConfig
+# exo.node (and with it the model converter, transformers…) is imported only when a node starts: the subcommands
+# (`exo models`, `exo conformance`, `exo mcp`) start quickly without it.
+if TYPE_CHECKING:
+    from exo.node import NodeConfig
 
 logger = logging.getLogger("exo")
 
@@ -25,14 +29,19 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="exo", description="Run an exo node with an OpenAI-compatible API.")
+    parser = argparse.ArgumentParser(
+        prog="exo",
+        description="Run an exo node with an OpenAI-compatible API.",
+        epilog="Other commands: `exo mcp` serves exo's tools to agents over MCP (exo mcp --help); "
+        "`exo conformance` checks the tool-call formats.",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 exposes it)")
     parser.add_argument("--api-port", type=int, default=52415, help="API port (default 52415)")
     parser.add_argument(
         "--model",
         action="append",
-        help="model to load: a local mlx-lm directory, a .gguf file or a Hugging Face repo id "
-        "(repeatable; default: the bundled Qwen2.5-Coder-0.5B-Instruct)",
+        help="model to load: a catalog id (`exo models` lists them), a local mlx-lm directory, a .gguf file or a "
+        "Hugging Face repo id (repeatable; default: the bundled Qwen2.5-Coder-0.5B-Instruct)",
     )
     parser.add_argument(
         "--models-dir", type=Path, help="where downloaded/imported models live (default $EXO_HOME/models)"
@@ -65,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(arguments: argparse.Namespace) -> NodeConfig:
+def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
+    from exo.node import NodeConfig
+
     level = logging.DEBUG if arguments.verbose else logging.WARNING if arguments.quiet else logging.INFO
     models: list[str] | None = arguments.model
     return NodeConfig(
@@ -85,12 +96,14 @@ def config_from_args(arguments: argparse.Namespace) -> NodeConfig:
     )
 
 
-async def serve(config: NodeConfig) -> None:
+async def serve(config: "NodeConfig") -> None:
     from exo.master.api import create_app
+    from exo.node import Node
     from exo.worker.engines.mlx.blas import blas_advice, blas_environment
 
+    # The runner subprocesses inherit this environment: the optimized BLAS must be preloaded before mlx loads.
     os.environ.update(blas_environment(os.environ))
-    advice = blas_advice()
+    advice = blas_advice(os.environ)
     if advice:
         logger.warning(advice)
     if config.host not in LOOPBACK_HOSTS and not config.api_key:
@@ -113,6 +126,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         from exo.conformance.cli import main as conformance_main
 
         sys.exit(conformance_main(command_line[1:]))
+    if command_line[:1] == ["models"]:
+        from exo.models.cli import main as models_main
+
+        sys.exit(models_main(command_line[1:]))
+    if command_line[:1] == ["mcp"]:
+        from exo.mcp.cli import main as mcp_main
+
+        sys.exit(mcp_main(command_line[1:]))
     arguments = build_parser().parse_args(command_line)
     config = config_from_args(arguments)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")

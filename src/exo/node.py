@@ -7,12 +7,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+import anyio.from_thread
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from exo.master.main import Master
+from exo.models.progress import PreparationTracker
+from exo.models.progress_display import ConsoleProgress
 from exo.models.resolve import ResolvedModel, model_id_for, resolve_model
 from exo.shared.types.common import ModelId, NodeId
+from exo.shared.types.events import PreparationUpdated
+from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.state import NodeInfo
 from exo.worker.main import Worker
 from exo.worker.runner.supervisor import RunnerConfig
@@ -50,6 +55,8 @@ class Node:
         self.preparing: set[str] = set()
         self.preparation_errors: dict[str, str] = {}
         self._worker: Worker | None = None
+        # Downloads and conversions show on the console (a bar on a terminal) and in /state.
+        self._console_progress = ConsoleProgress()
 
     async def start(self, task_group: TaskGroup) -> None:
         """Start the worker and, in the background, prepare and load each configured model."""
@@ -61,6 +68,7 @@ class Node:
             self._worker.start_runner(runner_config)
 
     async def stop(self) -> None:
+        self._console_progress.close()
         if self._worker is not None:
             await self._worker.stop()
 
@@ -69,7 +77,7 @@ class Node:
         self.preparing.add(label)
         assert self._worker is not None
         try:
-            resolved: ResolvedModel = await anyio.to_thread.run_sync(resolve_model, spec, self.config.models_dir)
+            resolved = await anyio.to_thread.run_sync(self._resolve_with_progress, spec)
         except Exception as error:
             # Keep serving the other models; this one shows up in /state as failed and its requests get a 503
             # that names the reason.
@@ -81,6 +89,23 @@ class Node:
         finally:
             self.preparing.discard(label)
         self._worker.start_runner(self._runner_config(resolved.model_id, resolved.path))
+
+    def _resolve_with_progress(self, spec: str | None) -> ResolvedModel:
+        """Runs in a worker thread: resolve `spec`, publishing download and conversion progress as it goes."""
+        tracker = PreparationTracker(model_id_for(spec), (self._console_progress, self._publish_preparation))
+        try:
+            resolved = resolve_model(spec, self.config.models_dir, tracker)
+        except Exception as error:
+            if tracker.last is not None:
+                tracker.fail(str(error))
+            raise
+        if tracker.last is not None:
+            tracker.finish()
+        return resolved
+
+    def _publish_preparation(self, preparation: ModelPreparation) -> None:
+        # Called from the preparing thread: the state is only ever changed on the event loop.
+        anyio.from_thread.run_sync(self.master.on_event, PreparationUpdated(preparation=preparation))
 
     def _runner_config(self, model_id: ModelId, model_path: Path) -> RunnerConfig:
         return RunnerConfig(

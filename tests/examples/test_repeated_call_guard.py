@@ -12,7 +12,8 @@ import httpx2 as httpx  # the HTTP library openai 3.x is built on
 from openai import OpenAI
 from pydantic import JsonValue
 
-from examples.tool_calling_example import REPEATED_CALL_NOTE, ToolError, ToolRegistry, run_agent
+from examples.agent_tools.registry import ToolError, ToolRegistry
+from examples.tool_calling_example import REPEATED_CALL_NOTE, run_agent
 
 JsonObject = dict[str, JsonValue]
 ANSWER_WITHOUT_TOOLS = "a is 1 (asked without tools)"

@@ -14,14 +14,8 @@ import pytest
 from openai import OpenAI
 from pydantic import Field
 
-from examples.tool_calling_example import (
-    ToolError,
-    ToolRegistry,
-    Weather,
-    example_registry,
-    main,
-    run_agent,
-)
+from examples.agent_tools.registry import ToolError, ToolRegistry
+from examples.tool_calling_example import Weather, example_registry, main, run_agent
 from examples.tool_calling_example import get_weather as example_get_weather
 from tests.exo_server import ExoServer, fixture_model, running_exo
 from tests.fixtures.fixture_specs import PARIS_WEATHER_ANSWER, PARIS_WEATHER_RESULT

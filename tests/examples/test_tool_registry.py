@@ -8,16 +8,8 @@ from typing import Annotated, Any, Literal, cast
 import pytest
 from pydantic import BaseModel, Field
 
-from examples.tool_calling_example import (
-    EXAMPLE_TOOLS,
-    ToolError,
-    ToolRegistry,
-    Weather,
-    example_registry,
-    get_time,
-    get_weather,
-    tool_from_function,
-)
+from examples.agent_tools.registry import ToolError, ToolRegistry, tool_from_function
+from examples.tool_calling_example import EXAMPLE_TOOLS, Weather, example_registry, get_time, get_weather
 from tests.fixtures.fixture_specs import GET_TIME_TOOL, GET_WEATHER_TOOL
 
 

@@ -38,17 +38,24 @@ class ResponseLike(Protocol):
     def json(self) -> Any: ...
 
 
+SCRIPTED_CHUNKS: tuple[Chunk, ...] = (
+    TokenChunk(text=SCRIPTED_REPLY),
+    FinishChunk(finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=2)),
+)
+
+
 class ScriptedWorker(Worker):
-    """Answers every task with SCRIPTED_REPLY and records what it was given."""
+    """Answers every task with `script` (SCRIPTED_REPLY unless a test sets another) and records what it was given."""
 
     def __init__(self) -> None:  # pyright: ignore[reportMissingSuperCall] - no task group: nothing runs
         self.tasks: list[ChatCompletionTask] = []
+        self.script: tuple[Chunk, ...] = SCRIPTED_CHUNKS
 
     def submit(self, runner_id: RunnerId, task: ChatCompletionTask) -> MemoryObjectReceiveStream[Chunk]:  # noqa: ARG002 - one runner
         self.tasks.append(task)
-        sender, receiver = create_memory_object_stream[Chunk](2)
-        sender.send_nowait(TokenChunk(text=SCRIPTED_REPLY))
-        sender.send_nowait(FinishChunk(finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=2)))
+        sender, receiver = create_memory_object_stream[Chunk](len(self.script))
+        for chunk in self.script:
+            sender.send_nowait(chunk)
         sender.close()
         return receiver
 

@@ -177,6 +177,63 @@ CASES = [
     BadRequest("model_windows_traversal", {"model": "..\\..\\windows\\system32"}, 404, "not served", param="model"),
     BadRequest("model_missing", {"model": "no-such-model"}, 404, "not served", param="model"),
     BadRequest("body_over_the_size_limit", {"padding_field": "x" * MAX_REQUEST_BYTES}, 413, "larger than"),
+    # Text that cannot be passed on (lone surrogates, NUL, bytes that are not UTF-8) and numbers JSON does not have,
+    # in any field: refused by the request guard before any route, naming where.
+    BadRequest(
+        "lone_surrogate_in_content",
+        {"messages": [{"role": "user", "content": "\ud800"}]},
+        400,
+        "lone UTF-16 surrogate",
+        param="messages[0].content",
+    ),
+    BadRequest(
+        "lone_surrogate_in_a_content_part",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "ok \udfff"}]}]},
+        400,
+        "lone UTF-16 surrogate",
+        param="messages[0].content[0].text",
+    ),
+    BadRequest(
+        "lone_surrogate_in_a_tool_description",
+        {"tools": [{"type": "function", "function": {"name": "f", "description": "\ud800"}}]},
+        400,
+        "lone UTF-16 surrogate",
+        param="tools[0].function.description",
+    ),
+    BadRequest("lone_surrogate_in_a_stop_string", {"stop": ["\ud800"]}, 400, "lone UTF-16 surrogate", "stop[0]"),
+    BadRequest("lone_surrogate_in_the_model_id", {"model": "\ud800"}, 400, "lone UTF-16 surrogate", param="model"),
+    BadRequest(
+        "lone_surrogate_in_tool_call_arguments",
+        {
+            "messages": [
+                *HELLO,
+                {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": {"\ud800": 1}}}]},
+            ]
+        },
+        400,
+        "a key of messages[1].tool_calls[0].function.arguments",
+        param="messages[1].tool_calls[0].function.arguments",
+    ),
+    BadRequest(
+        "nul_in_content", {"messages": [{"role": "user", "content": "a\x00b"}]}, 400, "NUL", "messages[0].content"
+    ),
+    BadRequest("nul_in_a_tool_name", {"tools": [tool("get\x00weather")]}, 400, "NUL", "tools[0].function.name"),
+    BadRequest("invalid_utf8_bytes", b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', 400, "not valid UTF-8"),
+    BadRequest(
+        "nan_temperature",
+        b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+        400,
+        "NaN is not a JSON number",
+        "temperature",
+    ),
+    BadRequest(
+        "infinity_in_a_schema",
+        b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", '
+        b'"parameters": {"type": "object", "maxProperties": Infinity}}}]}',
+        400,
+        "Infinity is not a JSON number",
+        param="tools[0].function.parameters.maxProperties",
+    ),
 ]
 
 
@@ -344,10 +401,17 @@ CONTEXT_TOO_LONG = BadRequest(
 )
 
 
+def assert_greeted(client: httpx.Client) -> None:
+    good = post(client, json.dumps({"model": "tiny-qwen-tools", "messages": HELLO}).encode())
+    assert good.status_code == 200, good.text
+    assert good.json()["choices"][0]["message"]["content"] == GREETING_REPLY
+
+
 def test_a_real_server_refuses_every_bad_request_and_still_answers(server: ExoServer) -> None:
     with httpx.Client(base_url=server.base_url, timeout=120) as client:
         for case in [*CASES, CONTEXT_TOO_LONG]:
             assert_openai_error(post(client, case.content("tiny-qwen-tools"), case.headers), case)
+            assert_greeted(client)
         too_long_stream = post(client, CONTEXT_TOO_LONG.content("tiny-qwen-tools")[:-1] + b', "stream": true}')
         assert_openai_error(too_long_stream, CONTEXT_TOO_LONG)
         chunked_response = client.post("/v1/chat/completions", content=chunked(MAX_REQUEST_BYTES * 2))
@@ -369,3 +433,13 @@ def test_a_real_server_streams_an_opencode_shaped_request(server: ExoServer) -> 
     chunks = [json.loads(payload) for payload in payloads[:-1]]
     text = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks if chunk["choices"])
     assert text == GREETING_REPLY
+
+
+def test_escaped_unicode_that_is_valid_reaches_the_runner_intact(app: tuple[TestClient, ScriptedWorker]) -> None:
+    client, worker = app
+    text = "emoji \U0001f600, caf\u00e9, \u4e2d\u6587, NaN and Infinity as words"
+    response = post(
+        client, json.dumps({"model": SCRIPTED_MODEL, "messages": [{"role": "user", "content": text}]}).encode()
+    )
+    assert response.status_code == 200, response.text
+    assert worker.tasks[0].params.messages[0].content == text

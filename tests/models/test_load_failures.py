@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from exo.master.api import create_app
-from exo.models import default_model
+from exo.models import catalog_fetch
+from exo.models.catalog import DEFAULT_MODEL_ID, QWEN25_CODER_05B
 from exo.models.errors import ModelLoadError
 from exo.models.resolve import resolve_model
 from exo.node import Node, NodeConfig
@@ -171,14 +172,14 @@ def test_staging_left_by_a_killed_import_is_removed_by_the_next_one_and_a_live_o
 
 
 def corrupt_pieces(directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the default model's PyPI pieces the right count but the wrong bytes."""
+    """Make the default model's installed PyPI pieces the right count but the wrong bytes."""
     directory.mkdir()
     pieces: list[Path] = []
-    for number in range(1, default_model.PART_COUNT + 1):
+    for number in range(1, len(QWEN25_CODER_05B.source.pieces) + 1):
         piece = directory / f"part{number:02d}.bin"
         piece.write_bytes(bytes([number]) * 4096)
         pieces.append(piece)
-    monkeypatch.setattr(default_model, "part_paths", lambda: pieces)
+    monkeypatch.setattr(catalog_fetch, "installed_piece_paths", lambda _source: pieces)
 
 
 def test_default_model_pieces_with_the_wrong_sha256_leave_nothing_behind(
@@ -186,7 +187,7 @@ def test_default_model_pieces_with_the_wrong_sha256_leave_nothing_behind(
 ) -> None:
     corrupt_pieces(tmp_path / "pieces", monkeypatch)
     models_dir = tmp_path / "models"
-    with pytest.raises(ModelLoadError, match=f"corrupt: got {6 * 4096} bytes with sha256 .* expected"):
+    with pytest.raises(ModelLoadError, match=f"corrupt: joined they are {6 * 4096} bytes with sha256 .* expected"):
         resolve_model(None, models_dir)
     assert list(models_dir.iterdir()) == []
 
@@ -207,14 +208,19 @@ async def test_a_node_whose_default_model_is_corrupt_reports_it_in_state_and_ans
                 await anyio.sleep(0.05)
         state = (await client.get("/state")).json()
         [runner] = state["runners"].values()
-        assert runner["model_id"] == default_model.DEFAULT_MODEL_ID
+        assert runner["model_id"] == DEFAULT_MODEL_ID
         assert runner["status"] == "failed"
-        assert "default model pieces are corrupt" in runner["last_error"]
+        assert "model pieces are corrupt" in runner["last_error"]
+        # The preparation's own record says how far it got before the check failed.
+        preparation = state["preparations"][DEFAULT_MODEL_ID]
+        assert preparation["phase"] == "failed"
+        assert preparation["done_bytes"] == preparation["total_bytes"] == 6 * 4096
+        assert "model pieces are corrupt" in preparation["error"]
         response = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
         assert response.status_code == 503
         error = response.json()["error"]
         assert error["code"] == "model_unavailable"
-        assert "default model pieces are corrupt" in error["message"]
+        assert "model pieces are corrupt" in error["message"]
         assert json.loads((await client.get("/health")).text) == {"status": "ok"}
         await node.stop()
         task_group.cancel_scope.cancel()

@@ -8,7 +8,8 @@ from huggingface_hub.errors import LocalEntryNotFoundError
 
 from exo.models import huggingface
 from exo.models.errors import InvalidModelIdError, ModelLoadError, ModelNotFoundError
-from exo.models.resolve import default_models_dir, exo_home, resolve_model
+from exo.models.paths import default_models_dir, exo_home
+from exo.models.resolve import resolve_model
 from tests.models.tiny_gguf import build_model, build_tokenizer, write_gguf
 
 

@@ -1,20 +1,24 @@
 """The OpenAI-compatible HTTP API. Thin: validate the request, hand a command to the master, shape the answer."""
 
-import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 from uuid import uuid4
 
-import anyio
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exo.master.adapters.chat_request import to_command
 from exo.master.adapters.chat_response import collect_response
 from exo.master.adapters.chat_stream import ChunkEncoder, sse_events
+from exo.master.completion_flow import (
+    CLIENT_CLOSED_REQUEST,
+    collect,
+    event_stream,
+    first_chunk,
+    served_model,
+    submit,
+)
 from exo.master.errors import (
     ApiError,
     handle_api_error,
@@ -22,8 +26,10 @@ from exo.master.errors import (
     handle_unexpected_error,
     handle_validation_error,
 )
-from exo.master.main import ModelNotLoadedError, TaskHandle
 from exo.master.request_guard import RequestGuard
+from exo.master.routes.messages import messages_router
+from exo.master.routes.responses import responses_router
+from exo.mcp.http_mount import mount_mcp
 from exo.node import Node
 from exo.shared.types.api import (
     ChatCompletionRequest,
@@ -32,15 +38,7 @@ from exo.shared.types.api import (
     ModelCard,
     ModelList,
 )
-from exo.shared.types.chunks import Chunk, ErrorChunk
-from exo.shared.types.commands import CancelTaskCommand
-from exo.shared.types.common import ModelId
 from exo.shared.types.state import State
-from exo.worker.runner.supervisor import QueueFullError, RunnerUnavailableError
-
-logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 # Documented in the OpenAPI schema so clients and fuzzers know every failure has OpenAI's error shape.
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -59,13 +57,14 @@ _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {status: _ERRORS[status] for sta
 
 
 def create_app(node: Node) -> FastAPI:
-    """The FastAPI app serving `node`: /health, /state, /v1/models and /v1/chat/completions."""
+    """The FastAPI app serving `node`: /health, /state, /v1/models, chat completions, Messages and Responses."""
     app = FastAPI(title="exo", version="0.1.0")
     app.add_exception_handler(ApiError, handle_api_error)
     app.add_exception_handler(RequestValidationError, handle_validation_error)
     app.add_exception_handler(StarletteHTTPException, handle_http_error)
     app.add_exception_handler(Exception, handle_unexpected_error)
     app.add_middleware(RequestGuard, api_key=node.config.api_key, max_body_bytes=node.config.max_request_bytes)
+    mount_mcp(app, host=node.config.host, port=node.config.api_port, api_key=node.config.api_key)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -99,118 +98,25 @@ def create_app(node: Node) -> FastAPI:
     async def chat_completions(
         request: ChatCompletionRequest, http_request: Request
     ) -> ChatCompletionResponse | Response:
-        model_id = _served_model(node, request.model)
-        command = to_command(request, model_id)
-        try:
-            handle = node.master.submit_chat_completion(command)
-        except ModelNotLoadedError as error:
-            raise ApiError(
-                404, f"model '{error}' is not loaded", error_type="not_found_error", code="model_not_found"
-            ) from error
-        except QueueFullError as error:
-            raise ApiError(429, str(error), error_type="rate_limit_error", code="queue_full") from error
-        except RunnerUnavailableError as error:
-            raise ApiError(503, str(error), error_type="server_error", code="model_unavailable") from error
+        model_id = served_model(node, request.model)
+        handle = submit(node, to_command(request, model_id))
         completion_id = f"chatcmpl-{uuid4().hex}"
         created = int(time.time())
         if not request.stream:
-            response = await _unless_client_leaves(
-                http_request, lambda: _complete(node, handle, completion_id, created, model_id)
+            response = await collect(
+                node,
+                handle,
+                http_request,
+                lambda chunks: collect_response(chunks, completion_id=completion_id, created=created, model=model_id),
             )
-            return response if response is not None else Response(status_code=499)
-        first = await _unless_client_leaves(http_request, lambda: _first_chunk(node, handle))
+            return response if response is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
+        first = await first_chunk(node, handle, http_request)
         if first is None:
-            await handle.chunks.aclose()
-            return Response(status_code=499)
-        if isinstance(first, ErrorChunk) and first.status_code < 500:
-            await handle.chunks.aclose()
-            raise ApiError(first.status_code, first.message, error_type=first.error_type, code=first.code)
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         encoder = ChunkEncoder(completion_id, created, model_id, include_usage)
-        return StreamingResponse(
-            _cancelling_on_exit(node, handle, sse_events(encoder, first, handle.chunks)),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return event_stream(node, handle, sse_events(encoder, first, handle.chunks))
 
+    app.include_router(messages_router(node))
+    app.include_router(responses_router(node))
     return app
-
-
-def _served_model(node: Node, requested: str | None) -> ModelId:
-    model_id = node.resolve_request_model(requested)
-    if model_id is not None:
-        return model_id
-    label = requested or "default"
-    if label in node.preparing or (requested is None and node.preparing):
-        raise ApiError(503, f"model '{label}' is still being prepared; retry shortly", error_type="server_error")
-    served = ", ".join(node.master.model_ids()) or "none"
-    if requested is None:
-        raise ApiError(400, f"the request names no model and several are served ({served})", param="model")
-    raise ApiError(
-        404,
-        f"model '{requested}' is not served here (served: {served})",
-        error_type="not_found_error",
-        param="model",
-        code="model_not_found",
-    )
-
-
-async def _unless_client_leaves(http_request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
-    """Await `work()`, or cancel it and return None if the client disconnects first.
-
-    Until the response starts streaming, nothing else notices a client that gave up: without this a request
-    abandoned while it waits in the queue would still run (its cancellation in `work` drops it from the queue).
-    """
-    result: list[T] = []
-    failure: list[Exception] = []
-    async with anyio.create_task_group() as group:
-
-        async def watch() -> None:
-            while not await http_request.is_disconnected():
-                await anyio.sleep(0.1)
-            group.cancel_scope.cancel()
-
-        group.start_soon(watch)
-        try:
-            result.append(await work())
-        except Exception as error:  # re-raised below, outside the group, so it is not wrapped in an ExceptionGroup
-            failure.append(error)
-        group.cancel_scope.cancel()
-    if failure:
-        raise failure[0]
-    return result[0] if result else None
-
-
-async def _first_chunk(node: Node, handle: TaskHandle) -> Chunk:
-    """Wait for the first chunk so request-level errors (context too long…) become proper HTTP errors."""
-    try:
-        return await anext(handle.chunks)
-    except StopAsyncIteration:
-        return ErrorChunk(message="generation was cancelled before it started", status_code=500)
-    except BaseException:
-        node.master.cancel(CancelTaskCommand(task_id=handle.task_id))
-        raise
-
-
-async def _complete(
-    node: Node, handle: TaskHandle, completion_id: str, created: int, model_id: ModelId
-) -> ChatCompletionResponse:
-    try:
-        return await collect_response(handle.chunks, completion_id=completion_id, created=created, model=model_id)
-    except BaseException:
-        node.master.cancel(CancelTaskCommand(task_id=handle.task_id))
-        raise
-
-
-async def _cancelling_on_exit(node: Node, handle: TaskHandle, events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """If the client goes away mid-stream, tell the runner to stop generating."""
-    finished = False
-    try:
-        async for event in events:
-            yield event
-        finished = True
-    finally:
-        if not finished:
-            logger.info("client left during task %s; cancelling it", handle.task_id)
-            node.master.cancel(CancelTaskCommand(task_id=handle.task_id))
-        await handle.chunks.aclose()

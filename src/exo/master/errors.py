@@ -8,6 +8,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from exo.master.body_text import public_path
 from exo.shared.types.api import ErrorBody, ErrorResponse
 
 # Pydantic names the member of a union it tried inside error locations (`stop.str`, `tool_choice.NamedToolChoice`);
@@ -42,13 +43,14 @@ async def handle_api_error(_request: Request, error: Exception) -> JSONResponse:
 
 def _public_location(location: Sequence[int | str]) -> str:
     """`("body", "messages", 0, "role")` → `messages[0].role`, the form our own 400s use."""
-    text = ""
-    for part in location:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        elif part != "body" and not (part[:1].isupper() or "[" in part or part in _UNION_MEMBER_NAMES):
-            text += f".{part}" if text else part
-    return text
+    return public_path(
+        [
+            part
+            for part in location
+            if isinstance(part, int)
+            or not (part == "body" or part[:1].isupper() or "[" in part or part in _UNION_MEMBER_NAMES)
+        ]
+    )
 
 
 def validation_error(problems: Sequence[Any]) -> ApiError:

@@ -1,14 +1,16 @@
-"""ASGI middleware in front of every route: the API key, then the request-body size limit.
+"""ASGI middleware in front of every route: the API key, the request-body size limit, then the body's text.
 
 It is plain ASGI rather than a Starlette `BaseHTTPMiddleware` because the size limit must hold while the body is
 read: a chunked upload has no Content-Length to check up front, so the guard reads the body itself, stops at the
-limit, and hands the app a replay of what it read.
+limit, and hands the app a replay of what it read. Reading the whole body here also lets one check cover every JSON
+endpoint, present and future: text that cannot be passed on (see body_text.py) is refused before any route runs.
 """
 
 import hmac
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from exo.master.body_text import find_body_problem
 from exo.master.errors import ApiError, error_response
 
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
@@ -20,9 +22,17 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 
 
 def _authorized(scope: Scope, api_key: str) -> bool:
-    supplied = _header(scope, b"authorization") or b""
+    # OpenAI clients send `Authorization: Bearer KEY`, Anthropic clients `x-api-key: KEY`.
+    bearer = _header(scope, b"authorization") or b""
+    key = _header(scope, b"x-api-key") or b""
     # Compare in constant time so response timing does not leak how much of a guessed key was right.
-    return hmac.compare_digest(supplied, f"Bearer {api_key}".encode())
+    return hmac.compare_digest(bearer, f"Bearer {api_key}".encode()) | hmac.compare_digest(key, api_key.encode())
+
+
+def _is_json(scope: Scope) -> bool:
+    """Whether the body is meant as JSON: a JSON media type, or none at all (FastAPI reads that as JSON too)."""
+    content_type = (_header(scope, b"content-type") or b"").split(b";")[0].strip().lower()
+    return not content_type or content_type == b"application/json" or content_type.endswith(b"+json")
 
 
 def _too_large(limit: int) -> ApiError:
@@ -54,6 +64,11 @@ class RequestGuard:
         body = await self._read_body(receive)
         if body is None:
             await error_response(_too_large(self._max_body_bytes))(scope, receive, send)
+            return
+        problem = find_body_problem(body) if _is_json(scope) else None
+        if problem is not None:
+            refused = ApiError(400, problem.message, param=problem.param, code=problem.code)
+            await error_response(refused)(scope, receive, send)
             return
         await self._app(scope, _replay(body, receive), send)
 

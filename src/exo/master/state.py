@@ -1,7 +1,7 @@
 """Pure state transitions and placement decisions: no I/O, so they are tested without processes."""
 
 from exo.shared.types.common import ModelId, RunnerId
-from exo.shared.types.events import Event, NodeJoined, RunnerUpdated, TaskFinished, TaskUpdated
+from exo.shared.types.events import Event, NodeJoined, PreparationUpdated, RunnerUpdated, TaskFinished, TaskUpdated
 from exo.shared.types.state import State
 
 
@@ -16,6 +16,9 @@ def apply(state: State, event: Event) -> State:
             return state.model_copy(update={"tasks": {**state.tasks, task.task_id: task}})
         case TaskFinished(task_id=task_id):
             return state.model_copy(update={"tasks": {k: v for k, v in state.tasks.items() if k != task_id}})
+        case PreparationUpdated(preparation=preparation):
+            preparations = {**state.preparations, preparation.model_id: preparation}
+            return state.model_copy(update={"preparations": preparations})
 
 
 def place_task(state: State, model_id: ModelId) -> RunnerId | None:

@@ -19,6 +19,7 @@ from safetensors.numpy import save_file
 from exo.models.errors import ModelLoadError
 from exo.models.gguf_metadata import GGUFMetadata
 from exo.models.gguf_tokenizer import build_tokenizer, find_untrained_markers
+from exo.models.progress import ByteCounter, ProgressCallback, no_progress
 from exo.models.staging import staged_directory
 
 logger = logging.getLogger(__name__)
@@ -117,16 +118,17 @@ def _dequantize(tensor: gguf.ReaderTensor) -> npt.NDArray[np.float32]:
 
 
 def _convert_weights(
-    reader: gguf.GGUFReader, config: ArchitectureConfig, source: Path
+    reader: gguf.GGUFReader, config: ArchitectureConfig, source: Path, progress: ProgressCallback
 ) -> tuple[dict[str, npt.NDArray[np.float16]], npt.NDArray[np.float32]]:
-    """Dequantize and rename every tensor; also return the float32 embedding matrix for the marker rule."""
+    """Dequantize and rename every tensor; also return the float32 embedding matrix for the marker rule.
+
+    Progress counts the GGUF bytes of the tensors converted so far (phase "converting").
+    """
     weights: dict[str, npt.NDArray[np.float16]] = {}
     embeddings: npt.NDArray[np.float32] | None = None
-    for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
-        if name is None:
-            logger.debug("skipping GGUF tensor %s", tensor.name)
-            continue
+    used = [(tensor, name) for tensor in reader.tensors if (name := hf_tensor_name(tensor.name)) is not None]
+    counter = ByteCounter("converting", sum(int(tensor.n_bytes) for tensor, _name in used), progress)
+    for tensor, name in used:
         try:
             values = _dequantize(tensor)
         except NotImplementedError as error:
@@ -138,12 +140,13 @@ def _convert_weights(
         if name == "model.embed_tokens.weight":
             embeddings = values
         weights[name] = values.astype(np.float16)
+        counter.add(int(tensor.n_bytes))
     if embeddings is None:
         raise ModelLoadError(f"cannot import {source}: no token_embd.weight tensor")
     return weights, embeddings
 
 
-def import_gguf(gguf_path: Path, out_dir: Path) -> Path:
+def import_gguf(gguf_path: Path, out_dir: Path, progress: ProgressCallback = no_progress) -> Path:
     """Convert `gguf_path` into `out_dir` (config.json, model.safetensors, tokenizer files) and return `out_dir`.
 
     The directory appears atomically: it is built in a temp dir beside `out_dir` and renamed at the end, so a
@@ -172,7 +175,7 @@ def import_gguf(gguf_path: Path, out_dir: Path) -> Path:
     logger.info("importing %s (%s, %d layers) into %s", gguf_path.name, arch, config.num_hidden_layers, out_dir)
 
     with staged_directory(out_dir) as staging:
-        weights, embeddings = _convert_weights(reader, config, gguf_path)
+        weights, embeddings = _convert_weights(reader, config, gguf_path, progress)
         untrained = find_untrained_markers(tokens, metadata.integers("tokenizer.ggml.token_type"), embeddings)
         if untrained:
             logger.info("encoding untrained marker tokens as plain text: %s", ", ".join(sorted(untrained)))

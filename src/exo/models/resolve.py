@@ -1,15 +1,17 @@
 """Turn the `--model` argument into a local directory that `mlx_lm.load` can open."""
 
 import hashlib
-import os
 import re
 from pathlib import Path
 from typing import Literal
 
-from exo.models.default_model import DEFAULT_MODEL_ID, ensure_default_model
+from exo.models.catalog import DEFAULT_MODEL_ID, QWEN25_CODER_05B, find_entry
+from exo.models.catalog_fetch import ensure_catalog_model
 from exo.models.errors import InvalidModelIdError, ModelLoadError, ModelNotFoundError
 from exo.models.gguf_import import import_gguf
 from exo.models.huggingface import download_repository
+from exo.models.paths import default_models_dir
+from exo.models.progress import ProgressCallback, no_progress
 from exo.shared.types.common import FrozenModel, ModelId
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
@@ -23,18 +25,7 @@ class ResolvedModel(FrozenModel):
 
     model_id: ModelId
     path: Path
-    source: Literal["directory", "gguf", "huggingface", "default"]
-
-
-def exo_home() -> Path:
-    """exo's state directory: `$EXO_HOME`, else `~/.cache/exo`."""
-    configured = os.environ.get("EXO_HOME")
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "exo"
-
-
-def default_models_dir() -> Path:
-    """Where downloaded and converted models live: `exo_home()/models`."""
-    return exo_home() / "models"
+    source: Literal["directory", "gguf", "huggingface", "default", "catalog"]
 
 
 def _is_model_directory(path: Path) -> bool:
@@ -49,7 +40,7 @@ def _gguf_model_id(gguf_path: Path) -> str:
     return re.sub(r"[^a-z0-9._-]+", "-", gguf_path.stem.lower()).strip("-.") or "gguf-model"
 
 
-def _resolve_gguf(gguf_path: Path, models_dir: Path) -> ResolvedModel:
+def _resolve_gguf(gguf_path: Path, models_dir: Path, progress: ProgressCallback) -> ResolvedModel:
     if not gguf_path.is_file():
         raise ModelNotFoundError(f"GGUF file {gguf_path} does not exist")
     model_id = _gguf_model_id(gguf_path)
@@ -58,7 +49,7 @@ def _resolve_gguf(gguf_path: Path, models_dir: Path) -> ResolvedModel:
     key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     target = models_dir / f"{model_id}-{key}"
     if not _is_model_directory(target):
-        import_gguf(gguf_path, target)
+        import_gguf(gguf_path, target, progress)
     return ResolvedModel(model_id=ModelId(model_id), path=target, source="gguf")
 
 
@@ -84,24 +75,33 @@ def model_id_for(spec: str | None) -> ModelId:
     return ModelId(spec)
 
 
-def resolve_model(spec: str | None, models_dir: Path | None = None) -> ResolvedModel:
+def resolve_model(
+    spec: str | None, models_dir: Path | None = None, progress: ProgressCallback = no_progress
+) -> ResolvedModel:
     """Resolve `spec` to a local model directory, fetching or converting it into `models_dir` when needed.
 
     - `None`, `"default"` or the default id: the bundled Qwen2.5-Coder-0.5B-Instruct, imported once.
+    - a catalog id (`exo models` lists them, e.g. `qwen2.5-coder-1.5b-instruct`): downloaded and imported once.
     - an existing directory with a config.json: used as is.
     - a path ending in `.gguf`: imported once into `models_dir` (cached by path, size and mtime).
     - a bare name present in `models_dir` (e.g. `tiny-qwen-tools`): that directory.
     - `owner/name`: a Hugging Face repository, downloaded into `models_dir/owner--name` unless already there.
 
     Raises `InvalidModelIdError` for specs that try to leave `models_dir` (`../../etc`), `ModelNotFoundError` when
-    nothing matches and `ModelLoadError` when a found model cannot be fetched or converted.
+    nothing matches and `ModelLoadError` when a found model cannot be fetched or converted. Long steps (download,
+    GGUF assembly, conversion) report to `progress`.
     """
     models_dir = models_dir if models_dir is not None else default_models_dir()
     if spec is None or spec in ("default", DEFAULT_MODEL_ID):
-        return ResolvedModel(model_id=DEFAULT_MODEL_ID, path=ensure_default_model(models_dir), source="default")
+        path = ensure_catalog_model(QWEN25_CODER_05B, models_dir, progress)
+        return ResolvedModel(model_id=DEFAULT_MODEL_ID, path=path, source="default")
+    entry = find_entry(spec)
+    if entry is not None:
+        path = ensure_catalog_model(entry, models_dir, progress)
+        return ResolvedModel(model_id=entry.model_id, path=path, source="catalog")
     path = Path(spec).expanduser()
     if spec.lower().endswith(_GGUF_SUFFIX):
-        return _resolve_gguf(path, models_dir)
+        return _resolve_gguf(path, models_dir, progress)
     if path.is_dir() and _is_model_directory(path):
         return ResolvedModel(model_id=ModelId(path.resolve().name), path=path, source="directory")
     if ".." in Path(spec).parts:

@@ -1,9 +1,11 @@
 """The one interface between the stream parser and a tool-call format (see the package docstring)."""
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from exo.shared.types.api import FunctionDefinition
+from exo.tool_calls.grammar.reply import FormatGrammar
 from exo.tool_calls.work_meter import WorkMeter
 
 
@@ -49,6 +51,15 @@ class CallSink(Protocol):
         """Text inside a call region that turned out to be ordinary content."""
         ...
 
+    def reasoning(self, text: str) -> None:
+        """Text a format marks as reasoning itself (harmony's analysis channel); content once the answer began."""
+        ...
+
+    def settle(self) -> None:
+        """Before commit: the region's text so far was emitted (as content or reasoning) and will not be rejected,
+        so no raw copy of it is kept."""
+        ...
+
 
 class CallRegion(Protocol):
     """Reads the text of one call region (after a start marker, or a bare call at the start of the reply)."""
@@ -72,8 +83,26 @@ class CallRegion(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class HistoryNeeds:
+    """What a format's chat template expects of history beyond OpenAI's message shape."""
+
+    reasoning_field: str = "reasoning_content"
+    """The assistant-message key the template reads earlier reasoning from (GPT-OSS's reads `thinking`)."""
+
+
 class ToolFormat(Protocol):
-    """A tool-call wire format: how its calls begin, and a region reader for what follows."""
+    """A tool-call wire format: how its calls begin, a region reader for what follows, and its grammar."""
+
+    @property
+    def history(self) -> HistoryNeeds:
+        """What its chat template needs of rendered history."""
+        ...
+
+    @property
+    def grammar(self) -> FormatGrammar:
+        """How replies in this format are written, for constrained generation."""
+        ...
 
     @property
     def start_markers(self) -> tuple[str, ...]: ...
@@ -83,6 +112,12 @@ class ToolFormat(Protocol):
         """Characters that may open a call with no marker, at the very start of the reply ("" if none)."""
         ...
 
+    @property
+    def frames_every_reply(self) -> bool:
+        """Every reply is framed by the format's markers (harmony's channels), so they are read even when no tool
+        may be called."""
+        ...
+
     def open_region(self, marker: str, sink: CallSink, /) -> CallRegion:
         """A region that begins after `marker`."""
         ...
@@ -90,3 +125,14 @@ class ToolFormat(Protocol):
     def open_bare(self, sink: CallSink) -> CallRegion:
         """A region fed from the opener character itself (only called when `bare_openers` has it)."""
         ...
+
+
+class MarkedFormat:
+    """Defaults for a format whose calls always begin with one of its start markers."""
+
+    bare_openers: str = ""
+    frames_every_reply: bool = False
+    history: HistoryNeeds = HistoryNeeds()
+
+    def open_bare(self, sink: CallSink) -> CallRegion:
+        raise NotImplementedError(f"{type(self).__name__} calls always start with a marker")

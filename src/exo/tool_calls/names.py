@@ -21,4 +21,7 @@ class ToolFormatName(StrEnum):
     LONGCAT = "longcat"
     MINICPM5 = "minicpm5"
     MUSE_SPARK = "muse_spark"
+    HARMONY = "harmony"
+    DEEPSEEK_V31 = "deepseek_v31"
+    DEEPSEEK_V32 = "deepseek_v32"
     GENERIC = "generic"

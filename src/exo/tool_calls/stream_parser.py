@@ -52,7 +52,7 @@ class ToolStreamParser:
         self._parallel = parallel_tool_calls
         self._new_call_id = new_call_id
         self._reasoning_start = reasoning_markers[0] if reasoning_markers else None
-        markers = self._format.start_markers if self._tools else ()
+        markers = self._format.start_markers if self._tools or self._format.frames_every_reply else ()
         if self._reasoning_start is not None:
             markers = (*markers, self._reasoning_start)
         self._content_scanner = MarkerScanner(markers, self.meter)
@@ -167,6 +167,17 @@ class ToolStreamParser:
 
     def content(self, text: str) -> None:
         self._emit_content(text)
+
+    def reasoning(self, text: str) -> None:
+        if self._answer_started:
+            # Contract rule 10: reasoning comes first; later reasoning is kept, as content.
+            self._emit_content(text)
+        else:
+            self._emit_reasoning(text)
+
+    def settle(self) -> None:
+        self._raw_active = False
+        self._raw.clear()
 
     # ---- internals ---------------------------------------------------------------------------------
 

@@ -3,10 +3,10 @@
 import logging
 from collections.abc import Sequence
 
-from jsonschema import SchemaError
-from jsonschema.validators import validator_for
 from pydantic import JsonValue
 
+from exo.master.adapters.json_output import json_output
+from exo.master.adapters.tool_controls import allowed_tool_names, build_policy, check_functions
 from exo.master.errors import ApiError
 from exo.shared.types.api import (
     AllowedToolsChoice,
@@ -108,69 +108,28 @@ def normalise_messages(messages: Sequence[ChatMessage]) -> tuple[PromptMessage, 
 
 def _check_tools(request: ChatCompletionRequest) -> tuple[FunctionDefinition, ...]:
     tools = request.tools or []
-    seen: set[str] = set()
     for position, tool in enumerate(tools):
-        where = f"tools[{position}]"
         if tool.type != "function":
-            raise ApiError(400, f"{where}.type must be 'function', got '{tool.type}'", param=f"{where}.type")
-        name = tool.function.name
-        if not name or len(name) > 64 or not all(char.isalnum() or char in "_-." for char in name):
-            raise ApiError(400, f"{where}.function.name '{name}' must be 1-64 letters, digits, '_', '-' or '.'")
-        if name in seen:
-            raise ApiError(400, f"{where}: duplicate tool name '{name}'", param=f"{where}.function.name")
-        seen.add(name)
-        try:
-            validator_for(tool.function.parameters).check_schema(tool.function.parameters)
-        except SchemaError as error:
-            raise ApiError(
-                400, f"{where}.function.parameters is not a valid JSON Schema: {error.message}", param=where
-            ) from error
-    return tuple(tool.function for tool in tools)
+            where = f"tools[{position}].type"
+            raise ApiError(400, f"{where} must be 'function', got '{tool.type}'", param=where)
+    return check_functions([tool.function for tool in tools], field_prefix="function.")
 
 
 def tool_policy(request: ChatCompletionRequest) -> ToolPolicy:
     """Decide what the model may do with tools from `tools`, `tool_choice` and `parallel_tool_calls`."""
     tools = _check_tools(request)
-    names = {tool.name for tool in tools}
     parallel = request.parallel_tool_calls is not False
-    choice = request.tool_choice
-    if not tools:
-        if choice not in (None, "none", "auto"):
-            raise ApiError(400, "tool_choice requires a non-empty tools list", param="tool_choice")
-        return ToolPolicy(mode="none")
-    match choice:
+    match request.tool_choice:
         case None | "auto":
-            return ToolPolicy(tools=tools, mode="auto", parallel_tool_calls=parallel)
-        case "none":
-            return ToolPolicy(tools=tools, mode="none", parallel_tool_calls=parallel)
-        case "required":
-            return ToolPolicy(tools=tools, mode="required", parallel_tool_calls=parallel)
+            return build_policy(tools, "auto", parallel_tool_calls=parallel)
+        case "none" | "required" as mode:
+            return build_policy(tools, mode, parallel_tool_calls=parallel)
         case NamedToolChoice(function=function):
-            if function.name not in names:
-                raise ApiError(400, f"tool_choice names '{function.name}', which is not in tools", param="tool_choice")
-            return ToolPolicy(tools=tools, callable_tools=(function.name,), mode="named", parallel_tool_calls=False)
+            return build_policy(tools, "named", callable_tools=(function.name,))
         case AllowedToolsChoice(allowed_tools=allowed):
-            allowed_names = _allowed_tool_names(allowed.tools, names)
-            return ToolPolicy(
-                tools=tools, callable_tools=allowed_names, mode=allowed.mode, parallel_tool_calls=parallel
-            )
-
-
-def _allowed_tool_names(entries: Sequence[dict[str, object]], names: set[str]) -> tuple[str, ...]:
-    result: list[str] = []
-    for position, entry in enumerate(entries):
-        function = entry.get("function")
-        name = function.get("name") if isinstance(function, dict) else entry.get("name")
-        if not isinstance(name, str) or name not in names:
-            raise ApiError(
-                400,
-                f"tool_choice.allowed_tools.tools[{position}] must name a tool from tools",
-                param="tool_choice.allowed_tools",
-            )
-        result.append(name)
-    if not result:
-        raise ApiError(400, "tool_choice.allowed_tools.tools must not be empty", param="tool_choice.allowed_tools")
-    return tuple(result)
+            param = "tool_choice.allowed_tools"
+            names = allowed_tool_names(allowed.tools, {tool.name for tool in tools}, param) if tools else ()
+            return build_policy(tools, allowed.mode, callable_tools=names, parallel_tool_calls=parallel)
 
 
 def sampling_params(request: ChatCompletionRequest) -> SamplingParams:
@@ -227,15 +186,8 @@ def structured_output(request: ChatCompletionRequest) -> StructuredOutput | None
         case JsonObjectResponseFormat():
             return StructuredOutput(json_schema={"type": "object"})
         case JsonSchemaResponseFormat(json_schema=spec):
-            try:
-                validator_for(spec.schema_).check_schema(spec.schema_)
-            except SchemaError as error:
-                raise ApiError(
-                    400,
-                    f"response_format.json_schema.schema is not a valid JSON Schema: {error.message}",
-                    param="response_format",
-                ) from error
-            return StructuredOutput(json_schema=spec.schema_, strict=spec.strict is True)
+            where = "response_format.json_schema.schema"
+            return json_output(spec.schema_, strict=spec.strict is True, where=where, param="response_format")
 
 
 def reject_unsupported_features(request: ChatCompletionRequest) -> None:

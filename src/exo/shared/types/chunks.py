@@ -55,6 +55,8 @@ class FinishChunk(FrozenModel):
     kind: Literal["finish"] = "finish"
     finish_reason: FinishReason
     usage: Usage
+    # The client's stop sequence that ended generation, if one did (the Messages API reports which).
+    stop_sequence: str | None = None
 
 
 class ErrorChunk(FrozenModel):

@@ -3,6 +3,7 @@
 from typing import Literal
 
 from exo.shared.types.common import FrozenModel, TaskId
+from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.state import NodeInfo, RunnerInfo, TaskInfo
 
 
@@ -26,4 +27,9 @@ class TaskFinished(FrozenModel):
     task_id: TaskId
 
 
-Event = NodeJoined | RunnerUpdated | TaskUpdated | TaskFinished
+class PreparationUpdated(FrozenModel):
+    kind: Literal["preparation_updated"] = "preparation_updated"
+    preparation: ModelPreparation
+
+
+Event = NodeJoined | RunnerUpdated | TaskUpdated | TaskFinished | PreparationUpdated

@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import Field
 
 from exo.shared.types.common import FrozenModel, ModelId, NodeId, RunnerId, TaskId
+from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.worker.runner_response import ModelMetadata
 from exo.shared.types.worker.runner_status import RunnerStatus
 from exo.shared.types.worker.shards import ShardAssignment
@@ -56,3 +57,5 @@ class State(FrozenModel):
     nodes: dict[NodeId, NodeInfo] = Field(default_factory=dict)
     runners: dict[RunnerId, RunnerInfo] = Field(default_factory=dict)
     tasks: dict[TaskId, TaskInfo] = Field(default_factory=dict)
+    # Models being downloaded, assembled or converted before a runner can load them (and how that ended).
+    preparations: dict[ModelId, ModelPreparation] = Field(default_factory=dict)

@@ -8,6 +8,8 @@ from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.common import CommandId, FrozenModel, ModelId, TaskId
 
 Role = Literal["system", "user", "assistant", "tool"]
+# How the model may use the offered tools; every wire protocol's tool-choice names map onto these.
+ToolChoiceMode = Literal["none", "auto", "required", "named"]
 
 
 class PromptToolCall(FrozenModel):
@@ -35,7 +37,7 @@ class ToolPolicy(FrozenModel):
     tools: tuple[FunctionDefinition, ...] = ()
     # The subset that may actually be called (allowed_tools / a named choice); empty means all of `tools`.
     callable_tools: tuple[str, ...] = ()
-    mode: Literal["none", "auto", "required", "named"] = "auto"
+    mode: ToolChoiceMode = "auto"
     parallel_tool_calls: bool = True
 
 
@@ -74,6 +76,8 @@ class ChatCompletionTaskParams(FrozenModel):
     chat_template_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
     # None: free text (`response_format` absent or "text").
     structured_output: StructuredOutput | None = None
+    # Render the prompt and report its length as usage.prompt_tokens, generating nothing (token counting).
+    count_prompt_only: bool = False
 
 
 class ChatCompletionTask(FrozenModel):

@@ -2,20 +2,39 @@
 syntax, used when the template has none and we describe the tools ourselves). Bare JSON replies are accepted
 as a fallback (see raw_json)."""
 
-from exo.tool_calls.format import CallRegion, CallSink
+from typing import Final
+
+from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
+from exo.tool_calls.grammar.json_calls import json_call_object
+from exo.tool_calls.grammar.lark import LarkWriter, literal
+from exo.tool_calls.grammar.reply import OpenedCallsGrammar, ReplyRequest, repeated
 from exo.tool_calls.regions.json_call_region import JsonCallRegion
-from exo.tool_calls.regions.raw_json import BARE_JSON_OPENERS, RawJsonRegion
+from exo.tool_calls.regions.raw_json import BARE_JSON_CALL_START, BARE_JSON_OPENERS, RawJsonRegion
 
-_START = "<tool_call>"
-_END = "</tool_call>"
+START: Final = "<tool_call>"
+END: Final = "</tool_call>"
 
 
-class HermesFormat:
-    start_markers: tuple[str, ...] = (_START,)
+class HermesGrammar(OpenedCallsGrammar):
+    """`<tool_call>\\n{"name": …, "arguments": …}\\n</tool_call>`, calls joined by a newline."""
+
+    opening = START
+    markers = (START, END)
+    never_starting = (BARE_JSON_CALL_START,)
+
+    def after_opening(self, lark: LarkWriter, request: ReplyRequest, /) -> str:
+        newline = literal("\n")
+        rest = lark.rule("call_rest", f"{newline} {json_call_object(lark, request.tools)} {newline} {lark.marker(END)}")
+        return repeated(lark, rest, f"{newline} {lark.marker(START)}", parallel=request.parallel)
+
+
+class HermesFormat(MarkedFormat):
+    start_markers: tuple[str, ...] = (START,)
     bare_openers: str = BARE_JSON_OPENERS
+    grammar = HermesGrammar()
 
     def open_region(self, _marker: str, sink: CallSink, /) -> CallRegion:
-        return JsonCallRegion(sink, shape="single", strict_shape=False, end_markers=(_END,), start_markers=(_START,))
+        return JsonCallRegion(sink, shape="single", strict_shape=False, end_markers=(END,), start_markers=(START,))
 
     def open_bare(self, sink: CallSink) -> CallRegion:
         return RawJsonRegion(sink)

@@ -5,11 +5,15 @@ import re
 
 from exo.tool_calls.arguments.json_stream import JsonValueStreamer
 from exo.tool_calls.arguments.schema import SchemaView
-from exo.tool_calls.format import CallRegion, CallSink
+from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
+from exo.tool_calls.grammar.json_calls import json_call_object, named_json_arguments
+from exo.tool_calls.grammar.lark import LarkWriter, literal
+from exo.tool_calls.grammar.reply import OpenedCallsGrammar, ReplyRequest, repeated
 from exo.tool_calls.markers import LiteralMatcher, MarkerScanner
 from exo.tool_calls.regions.json_call_region import JsonCallRegion
 
 _START = "[TOOL_CALLS]"
+_ARGS = "[ARGS]"
 _NAME_CHARACTERS = re.compile(r"[\w.\-]*")
 _LONGEST_NAME = 256
 _WHITESPACE = " \t\n\r"
@@ -135,12 +139,24 @@ class MistralHeaderRegion:
         self._finished = True
 
 
-class MistralFormat:
+class MistralGrammar(OpenedCallsGrammar):
+    """`[TOOL_CALLS]name[ARGS]{...}` per call where the tokenizer has `[ARGS]` as a token (Mistral's v11+ tokenizers:
+    Small 3.2, Devstral, Magistral), else the list form `[TOOL_CALLS][{"name": …, "arguments": …}, …]` (v3)."""
+
+    opening = _START
+    markers = (_START, _ARGS)
+
+    def after_opening(self, lark: LarkWriter, request: ReplyRequest, /) -> str:
+        if _ARGS in lark.special_tokens:
+            call = named_json_arguments(lark, request.tools, f"{{name}} {lark.marker(_ARGS)} {{arguments}}")
+            return repeated(lark, call, lark.marker(_START), parallel=request.parallel)
+        listed = repeated(lark, json_call_object(lark, request.tools), literal(", "), parallel=request.parallel)
+        return f"{literal(' ')}? {literal('[')} {listed} {literal(']')}"
+
+
+class MistralFormat(MarkedFormat):
     start_markers: tuple[str, ...] = (_START,)
-    bare_openers: str = ""
+    grammar = MistralGrammar()
 
     def open_region(self, _marker: str, sink: CallSink, /) -> CallRegion:
         return MistralHeaderRegion(sink)
-
-    def open_bare(self, sink: CallSink) -> CallRegion:
-        raise NotImplementedError("Mistral calls always start with [TOOL_CALLS]")

@@ -3,15 +3,21 @@
 `ast` when it closes; every call in it is emitted, or (an unknown name, bad syntax) none and the text is
 content."""
 
+from exo.shared.types.api import FunctionDefinition
 from exo.tool_calls.arguments.parsed_call import emit_parsed_calls
 from exo.tool_calls.arguments.python_literals import BracketTracker, parse_pythonic_calls
-from exo.tool_calls.format import CallRegion, CallSink
+from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
+from exo.tool_calls.grammar.lark import LarkWriter, literal
+from exo.tool_calls.grammar.parameters import any_parameters, json_value, parameter_sequence, tool_parameters
+from exo.tool_calls.grammar.reply import OpenedCallsGrammar, ReplyRequest, repeated
 from exo.tool_calls.markers import MarkerScanner
 
 _LIST_START = "<|tool_call_start|>"
 _LIST_END = "<|tool_call_end|>"
 _PYTHON_TAG = "<|python_tag|>"
 _WHITESPACE = " \t\n\r"
+# What a reply that is a list of calls starts with (a markdown link "[the docs](…)" does not).
+_CALL_LIST_START = r"\[[ \t\r\n]*[A-Za-z_][A-Za-z0-9_.]*\("
 
 
 def _emit(sink: CallSink, text: str) -> None:
@@ -95,9 +101,46 @@ class DelimitedCallsRegion:
         _emit(self._sink, "".join(self._parts))
 
 
-class PythonicFormat:
+class PythonicGrammar(OpenedCallsGrammar):
+    """`[f(a=1, b="x"), g()]`: bare at the start of the reply, or between LFM2's `<|tool_call_start|>` and
+    `<|tool_call_end|>` where the tokenizer has those as tokens. Values are JSON text, which Python reads as the
+    same literals (the parser maps true/false/null)."""
+
+    opening = "["
+    markers = (_LIST_START, _LIST_END)
+    never_starting = (_CALL_LIST_START,)
+    bare = True
+    also_opening = (_LIST_START, _PYTHON_TAG)
+
+    def opening_expression(self, lark: LarkWriter) -> str:
+        if _LIST_START in lark.special_tokens:
+            return f"{lark.marker(_LIST_START)} {literal('[')}"
+        return literal("[")
+
+    def after_opening(self, lark: LarkWriter, request: ReplyRequest, /) -> str:
+        calls = " | ".join(lark.rule(f"call_{tool.name}", self._call(lark, tool)) for tool in request.tools)
+        listed = repeated(lark, lark.rule("call", calls), literal(", "), parallel=request.parallel)
+        closing = f" {lark.marker(_LIST_END)}" if _LIST_START in lark.special_tokens else ""
+        return f"{listed} {literal(']')}{closing}"
+
+    def _call(self, lark: LarkWriter, tool: FunctionDefinition) -> str:
+        parameters = tool_parameters(tool, "pythonic")
+        if parameters is None:
+            arguments = any_parameters(lark, lambda name: f"{name} {literal('=')} %json {{}}", separator=literal(", "))
+        else:
+            arguments = parameter_sequence(
+                lark,
+                parameters,
+                lambda parameter: f"{literal(parameter.name + '=')} {json_value(lark, parameter)}",
+                separator=literal(", "),
+            )
+        return f"{literal(tool.name + '(')} {arguments} {literal(')')}"
+
+
+class PythonicFormat(MarkedFormat):
     start_markers: tuple[str, ...] = (_LIST_START, _PYTHON_TAG)
     bare_openers: str = "["
+    grammar = PythonicGrammar()
 
     def open_region(self, marker: str, sink: CallSink, /) -> CallRegion:
         return DelimitedCallsRegion(sink) if marker == _LIST_START else BracketedCallsRegion(sink)

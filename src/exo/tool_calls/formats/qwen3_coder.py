@@ -17,9 +17,20 @@ parameter, parameters may come in any order. A hermes JSON object inside `<tool_
 import json
 import re
 
+from exo.shared.types.api import FunctionDefinition
 from exo.tool_calls.arguments.schema import SchemaView
 from exo.tool_calls.arguments.text_values import convert_xml_value, streams_as_string
-from exo.tool_calls.format import CallRegion, CallSink
+from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
+from exo.tool_calls.grammar.lark import LarkWriter, literal
+from exo.tool_calls.grammar.parameters import (
+    Parameter,
+    any_parameters,
+    json_value,
+    parameter_sequence,
+    text_value,
+    tool_parameters,
+)
+from exo.tool_calls.grammar.reply import OpenedCallsGrammar, ReplyRequest, repeated
 from exo.tool_calls.markers import LiteralMatcher, MarkerScanner
 from exo.tool_calls.regions.json_call_region import JsonCallRegion
 
@@ -42,6 +53,7 @@ _VALUE_ENDS = (
 _LONGEST_NAME = 256
 _NAME_BREAK = re.compile("[<\n]")
 _WHITESPACE = " \t\n\r"
+_NEWLINE = "\n"
 
 _OPENING = "opening"  # after <tool_call>: expect <function=
 _NAME = "name"  # inside <function=…>
@@ -268,12 +280,42 @@ class WrapperRegion:
             self._inner.finish()
 
 
-class Qwen3CoderFormat:
+class Qwen3CoderGrammar(OpenedCallsGrammar):
+    """`<tool_call>` NL `<function=NAME>` NL (`<parameter=K>` NL VALUE NL `</parameter>` NL)* `</function>` NL
+    `</tool_call>`, as the Qwen3-Coder template renders calls; calls joined by a newline."""
+
+    opening = _WRAPPER
+    markers = (_WRAPPER, _WRAPPER_END)
+    also_opening = (_FUNCTION,)
+
+    def after_opening(self, lark: LarkWriter, request: ReplyRequest, /) -> str:
+        functions = " | ".join(lark.rule(f"function_{tool.name}", self._function(lark, tool)) for tool in request.tools)
+        closing = f"{literal(_FUNCTION_END + _NEWLINE)} {lark.marker(_WRAPPER_END)}"
+        rest = lark.rule("call_rest", f"{literal(_NEWLINE)} ({functions}) {closing}")
+        return repeated(lark, rest, f"{literal(_NEWLINE)} {lark.marker(_WRAPPER)}", parallel=request.parallel)
+
+    def _function(self, lark: LarkWriter, tool: FunctionDefinition) -> str:
+        head = literal(f"{_FUNCTION}{tool.name}>{_NEWLINE}")
+        parameters = tool_parameters(tool, "qwen3_coder")
+        if parameters is None:
+            return f"{head} {any_parameters(lark, lambda name: self._any_parameter(lark, name))}"
+        return f"{head} {parameter_sequence(lark, parameters, lambda parameter: self._parameter(lark, parameter))}"
+
+    def _parameter(self, lark: LarkWriter, parameter: Parameter) -> str:
+        head = literal(f"{_PARAMETER}{parameter.name}>{_NEWLINE}")
+        end = _NEWLINE + _PARAMETER_END
+        if parameter.is_text:
+            return f"{head} {text_value(lark, parameter, end, 'qwen3_coder')} {literal(_NEWLINE)}"
+        return f"{head} {json_value(lark, parameter)} {literal(end + _NEWLINE)}"
+
+    def _any_parameter(self, lark: LarkWriter, name: str) -> str:
+        value = lark.text_until(_NEWLINE + _PARAMETER_END, "value")
+        return f"{literal(_PARAMETER)} {name} {literal('>' + _NEWLINE)} {value} {literal(_NEWLINE)}"
+
+
+class Qwen3CoderFormat(MarkedFormat):
     start_markers: tuple[str, ...] = (_WRAPPER, _FUNCTION)
-    bare_openers: str = ""
+    grammar = Qwen3CoderGrammar()
 
     def open_region(self, marker: str, sink: CallSink, /) -> CallRegion:
         return WrapperRegion(sink) if marker == _WRAPPER else Qwen3CoderRegion(sink, wrapped=False)
-
-    def open_bare(self, sink: CallSink) -> CallRegion:
-        raise NotImplementedError("Qwen3-Coder calls always start with a tag")

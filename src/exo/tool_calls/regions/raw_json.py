@@ -11,6 +11,8 @@ from exo.tool_calls.markers import LiteralMatcher
 from exo.tool_calls.regions.envelope_sequence import EnvelopeSequence
 
 BARE_JSON_OPENERS = "{[`"
+# A regex piece for the start of such a reply, for grammars that must keep text from beginning like a call.
+BARE_JSON_CALL_START = r'(```(json|JSON)?[ \t\r\n]*)?\[?[ \t\r\n]*\{[ \t\r\n]*"(name|arguments|parameters)"'
 _WHITESPACE = " \t\n\r"
 _FENCE_OPENINGS = ("```json", "```JSON", "```\n")
 

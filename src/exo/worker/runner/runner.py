@@ -7,11 +7,15 @@ It talks to its supervisor over a multiprocessing Connection, exchanging only ty
 import json
 import logging
 import os
+import signal
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from exo.shared.types.chunks import ErrorChunk
+from pydantic import ValidationError
+
+from exo.shared.types.chunks import Chunk, ErrorChunk
+from exo.shared.types.common import TaskId
 from exo.shared.types.tasks import ChatCompletionTask
 from exo.shared.types.worker.runner_response import (
     CancelTask,
@@ -36,6 +40,24 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+class UnreadableRequestError(Exception):
+    """A message from the supervisor did not validate; `task_id` is the task it was for, when one can be read."""
+
+    def __init__(self, error: ValidationError, payload: bytes) -> None:
+        super().__init__(f"{error.error_count()} validation error(s), first: {error.errors()[0]['msg']}")
+        self.task_id = _lenient_task_id(payload)
+
+
+def _lenient_task_id(payload: bytes) -> TaskId | None:
+    try:
+        message: object = json.loads(payload)
+    except ValueError:
+        return None
+    task = message.get("task") if isinstance(message, dict) else None
+    task_id = task.get("task_id") if isinstance(task, dict) else None
+    return TaskId(task_id) if isinstance(task_id, str) else None
+
+
 class RunnerChannel:
     """Typed wrapper around the runner's end of the pipe."""
 
@@ -46,7 +68,13 @@ class RunnerChannel:
         self._connection.send_bytes(RunnerResponseAdapter.dump_json(message))
 
     def receive(self) -> RunnerRequest:
-        return RunnerRequestAdapter.validate_json(self._connection.recv_bytes())
+        """The next request; raises UnreadableRequestError for one that does not validate, EOFError once the
+        supervisor has closed the pipe."""
+        payload = self._connection.recv_bytes()
+        try:
+            return RunnerRequestAdapter.validate_json(payload)
+        except ValidationError as error:
+            raise UnreadableRequestError(error, payload) from error
 
     def poll(self) -> bool:
         return self._connection.poll()
@@ -62,6 +90,9 @@ def _read_tool_parser_type(model_path: Path) -> str | None:
 
 def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
     """Entry point of the runner subprocess."""
+    # Ctrl-C in a terminal reaches the whole process group; the supervisor stops the runner with a Shutdown message,
+    # so the interrupt itself must not kill it mid-task with a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format=f"%(asctime)s runner[{os.getpid()}] %(levelname)s %(message)s")
     channel = RunnerChannel(connection)
     bootstrap = channel.receive()
@@ -131,29 +162,50 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
 
 
 def _incoming(channel: RunnerChannel, *, wait: bool) -> list[RunnerRequest]:
-    """Every message waiting on the pipe; with `wait`, block until there is at least one."""
-    messages = [channel.receive()] if wait else []
-    while channel.poll():
-        messages.append(channel.receive())
+    """Every message waiting on the pipe; with `wait`, block until there is at least one.
+
+    A message that does not validate is answered here (its task fails); a closed pipe (the supervisor is gone)
+    reads as a Shutdown.
+    """
+    messages: list[RunnerRequest] = []
+    while wait or channel.poll():
+        wait = False
+        try:
+            messages.append(channel.receive())
+        except EOFError:
+            return [*messages, Shutdown()]
+        except UnreadableRequestError as unreadable:
+            _refuse_unreadable(channel, unreadable)
     return messages
 
 
 def _admit(
     channel: RunnerChannel, context: "EngineContext", scheduler: "GenerationScheduler", task: ChatCompletionTask
 ) -> None:
-    """Start a task, or answer it at once with the error that keeps it from starting."""
-    from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, RequestRefusedError
+    """Start a task, or answer it at once (the error that keeps it from starting, or a prompt-token count)."""
+    from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, ImmediateReplyError
 
+    reply: Chunk
     try:
         scheduler.admit(ChatRequest.open(context, task))
         return
-    except RequestRefusedError as refused:
-        failure = refused.chunk
+    except ImmediateReplyError as immediate:
+        reply = immediate.chunk
     except Exception as error:
         logger.exception("task %s could not start", task.task_id)
-        failure = ErrorChunk(message=f"generation failed: {type(error).__name__}: {error}")
-    channel.send(TaskChunk(task_id=task.task_id, chunk=failure))
+        reply = ErrorChunk(message=f"generation failed: {type(error).__name__}: {error}")
+    channel.send(TaskChunk(task_id=task.task_id, chunk=reply))
     channel.send(TaskDone(task_id=task.task_id))
+
+
+def _refuse_unreadable(channel: RunnerChannel, unreadable: UnreadableRequestError) -> None:
+    """A request that does not validate: fail its task (so the supervisor's queue moves on) when it names one."""
+    task_id = unreadable.task_id
+    logger.error("unreadable request from the supervisor (task %s): %s", task_id, unreadable)
+    if task_id is not None:
+        failure = ErrorChunk(message=f"the model runner could not read the request: {unreadable}")
+        channel.send(TaskChunk(task_id=task_id, chunk=failure))
+        channel.send(TaskDone(task_id=task_id))
 
 
 class _LoadFailedError(Exception):
@@ -163,6 +215,7 @@ class _LoadFailedError(Exception):
 def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
     # Heavy imports happen here, in the child, so the API process never loads MLX.
     from exo.tool_calls import detect_tool_format
+    from exo.worker.engines.mlx.blas_check import blas_report
     from exo.worker.engines.mlx.cache.layer_cache import can_batch
     from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
     from exo.worker.engines.mlx.generator.chat_completion import DecodeSettings, EngineContext
@@ -170,10 +223,16 @@ def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
     from exo.worker.engines.mlx.utils_mlx import ModelLoadError, chat_template_text, load_model
 
     model_path = Path(bootstrap.model_path)
+    blas = blas_report()  # before the model takes the memory bandwidth; a fraction of a second
     try:
         loaded = load_model(model_path, bootstrap.shard, trust_remote_code=bootstrap.trust_remote_code)
         template = chat_template_text(loaded.tokenizer)
-        tool_format = detect_tool_format(template, _read_tool_parser_type(model_path), bootstrap.tool_format_override)
+        tool_format = detect_tool_format(
+            template,
+            _read_tool_parser_type(model_path),
+            bootstrap.tool_format_override,
+            vocabulary=cast(dict[str, int], loaded.tokenizer.get_vocab()),
+        )
     except ModelLoadError as error:
         raise _LoadFailedError(str(error)) from error
     except Exception as error:
@@ -189,6 +248,7 @@ def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
         supports_reasoning=loaded.tokenizer.has_thinking,
         dtype=loaded.dtype,
         batch_size=batch_size,
+        blas=blas,
     )
     context = EngineContext(loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache, decode=decode)
     return context, metadata

@@ -4,9 +4,13 @@ The runner decodes up to its batch size of tasks at once (continuous batching): 
 chunk it streams back names its task, and the rest wait here in arrival order until one of them finishes.
 
 A crash of the runner fails only the tasks it was running; the API process is untouched and queued tasks run once
-the replacement runner has loaded. Restarts back off exponentially while the runner keeps crashing without
-finishing a task. A model that cannot load (a load error, or MAX_CONSECUTIVE_LOAD_FAILURES crashes before it became
-ready) marks the runner failed for good: queued and later requests get a 503 naming the reason.
+the replacement runner has loaded. Handing a task over is guarded the same way: a task that cannot be encoded for the
+pipe fails alone and the next one is dispatched, and a pipe that cannot be written means the runner is gone, so it
+is killed and replaced while the task that could not be sent fails with a retryable error.
+
+Restarts back off exponentially while the runner keeps crashing without finishing a task. A model that cannot load
+(a load error, or MAX_CONSECUTIVE_LOAD_FAILURES crashes before it became ready) marks the runner failed for good:
+queued and later requests get a 503 naming the reason.
 """
 
 import contextlib
@@ -25,6 +29,8 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
 from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.common import ModelId, RunnerId, TaskId
@@ -180,7 +186,11 @@ class RunnerSupervisor:
     async def run(self) -> None:
         """Keep a runner alive until `stop()`: start it, pump its messages, restart it when it dies."""
         while not self._stopping:
-            self._start_process()
+            try:
+                self._start_process()
+            except PydanticSerializationError as error:
+                self.mark_unavailable(f"the runner's configuration cannot be sent to it: {error}")
+                break
             try:
                 await self._pump_messages()
             except _ProcessGoneError as gone:
@@ -203,11 +213,24 @@ class RunnerSupervisor:
         self._on_change()
 
     async def wait_ready(self) -> None:
+        """Wait until the runner has loaded its model (again, after a crash)."""
         await self._ready.wait()
 
     # ---- process management -----------------------------------------------------------------
 
     def _start_process(self) -> None:
+        """Spawn a runner and send it the bootstrap; raises PydanticSerializationError (before spawning) when the
+        configuration cannot cross the pipe (a model path that is not valid Unicode)."""
+        bootstrap = RunnerBootstrap(
+            model_path=str(self.config.model_path),
+            shard=self.config.shard,
+            tool_format_override=self.config.tool_format_override,
+            prefix_cache_bytes=self.config.prefix_cache_bytes,
+            trust_remote_code=self.config.trust_remote_code,
+            batch_size=self.config.batch_size,
+            speculation=self.config.speculation,
+        )
+        payload = RunnerRequestAdapter.dump_json(bootstrap)
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe(duplex=True)
         process = context.Process(
@@ -217,18 +240,7 @@ class RunnerSupervisor:
         child.close()
         self._process, self._connection, self.pid = process, parent, process.pid
         self.status = "loading"
-        self._ready = anyio.Event()
-        self._send(
-            RunnerBootstrap(
-                model_path=str(self.config.model_path),
-                shard=self.config.shard,
-                tool_format_override=self.config.tool_format_override,
-                prefix_cache_bytes=self.config.prefix_cache_bytes,
-                trust_remote_code=self.config.trust_remote_code,
-                batch_size=self.config.batch_size,
-                speculation=self.config.speculation,
-            )
-        )
+        self._write(payload)
         logger.info("started runner %s (pid %s) for %s", self.runner_id, process.pid, self.config.model_id)
         self._on_change()
 
@@ -245,7 +257,13 @@ class RunnerSupervisor:
                         payload = connection.recv_bytes()
                     except (EOFError, OSError):
                         break
-                    message = RunnerResponseAdapter.validate_json(payload)
+                    try:
+                        message = RunnerResponseAdapter.validate_json(payload)
+                    except ValidationError as error:
+                        # A runner that breaks the protocol cannot be trusted with the next task: replace it.
+                        logger.error("runner %s sent an unreadable message (%s); replacing it", self.runner_id, error)
+                        process.kill()
+                        break
                     anyio.from_thread.run_sync(self._handle, message)
                 else:
                     break
@@ -254,13 +272,29 @@ class RunnerSupervisor:
         process.join(timeout=1.0)
         raise _ProcessGoneError(f"runner process exited with code {process.exitcode}")
 
-    def _send(self, message: RunnerRequest) -> None:
-        if self._connection is None:
-            return
+    def _send(self, message: RunnerRequest) -> bool:
+        """Write a control message (bootstrap, cancel, shutdown); False when the runner could not be reached."""
         try:
-            self._connection.send_bytes(RunnerRequestAdapter.dump_json(message))
-        except (BrokenPipeError, OSError):
-            logger.warning("runner %s pipe is closed; its exit will be handled by the supervisor", self.runner_id)
+            payload = RunnerRequestAdapter.dump_json(message)
+        except PydanticSerializationError:
+            logger.exception("runner %s: cannot encode a %s message", self.runner_id, message.kind)
+            return False
+        return self._write(payload)
+
+    def _write(self, payload: bytes) -> bool:
+        """Write `payload` to the runner's pipe. A pipe that cannot be written means the runner is gone (or can no
+        longer be talked to): it is killed so the message pump sees it exit and a replacement is started."""
+        if self._connection is None:
+            return False
+        try:
+            self._connection.send_bytes(payload)
+        except (OSError, ValueError) as error:  # BrokenPipe/ConnectionReset, or ValueError for a closed handle
+            if not self._stopping:
+                logger.warning("runner %s cannot be written to (%s); it will be replaced", self.runner_id, error)
+                if self._process is not None and self._process.is_alive():
+                    self._process.kill()
+            return False
+        return True
 
     # ---- message handling -------------------------------------------------------------------
 
@@ -268,6 +302,13 @@ class RunnerSupervisor:
         match message:
             case RunnerReady(metadata=metadata):
                 self.metadata = metadata
+                if metadata.blas is not None:
+                    logger.info(
+                        "runner %s for %s is ready; BLAS: %s",
+                        self.runner_id,
+                        self.config.model_id,
+                        metadata.blas.describe(),
+                    )
                 self.status = "ready"
                 self._load_failures = 0
                 self._ready.set()
@@ -303,19 +344,45 @@ class RunnerSupervisor:
         return self.metadata.batch_size if self.metadata is not None else 1
 
     def _dispatch_next(self) -> None:
-        """Hand queued tasks, oldest first, to the runner while it has room for them."""
+        """Hand queued tasks, oldest first, to the runner while it has room for them (its batch size).
+
+        Whatever fails between leaving the queue and reaching the runner fails that task alone and never leaves the
+        supervisor thinking it runs: a task that cannot be encoded is answered with an error and the next one is
+        tried; a pipe that cannot be written fails the task (it never started, so a retry is safe) and the runner is
+        replaced, after which the rest of the queue runs.
+        """
         while self.status in ("ready", "running") and len(self._running) < self._capacity and self._queue:
             pending = self._queue.popleft()
+            try:
+                payload = RunnerRequestAdapter.dump_json(RunTask(task=pending.task))
+            except PydanticSerializationError as error:
+                logger.error("task %s cannot be sent to runner %s: %s", pending.task.task_id, self.runner_id, error)
+                self._fail(pending, ErrorChunk(message=f"the request could not be handed to the model runner: {error}"))
+                continue
             self._running[pending.task.task_id] = pending
             self.status = "running"
-            self._send(RunTask(task=pending.task))
+            if not self._write(payload):
+                del self._running[pending.task.task_id]
+                self.status = "failed"  # until the pump sees the process exit and restarts it
+                self._fail(
+                    pending,
+                    ErrorChunk(
+                        message="the model runner stopped before this request started; retry it",
+                        status_code=503,
+                        code="model_unavailable",
+                    ),
+                )
 
     def _on_process_gone(self, reason: str) -> None:
+        if self._stopping:
+            logger.info("runner %s for %s stopped (%s)", self.runner_id, self.config.model_id, reason)
+            return  # stop() fails what is left and reports the runner shut down
         crashed_while_loading = self.status == "loading"
         # After reporting a load failure the runner exits on purpose; last_error already holds the reason.
         expected_exit = self.gave_up
         self.status = "failed"
-        self._ready = anyio.Event()
+        if self._ready.is_set():
+            self._ready = anyio.Event()  # a waiter that arrives now waits for the replacement
         if not expected_exit:
             self._consecutive_crashes += 1
             when = "while loading" if crashed_while_loading else "while serving"
@@ -346,6 +413,10 @@ class RunnerSupervisor:
         self._queue.clear()
         self._running.clear()
         for pending in waiting:
-            pending.deliver(ErrorChunk(message=message, status_code=status_code, code="model_unavailable"))
-            pending.sender.close()
-            self._record(pending.task.task_id, "failed", None)
+            self._fail(pending, ErrorChunk(message=message, status_code=status_code, code="model_unavailable"))
+
+    def _fail(self, pending: _PendingTask, error: ErrorChunk) -> None:
+        """End a task that is no longer queued or running with `error`."""
+        pending.deliver(error)
+        pending.sender.close()
+        self._record(pending.task.task_id, "failed", None)

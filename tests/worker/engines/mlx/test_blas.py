@@ -1,6 +1,7 @@
-"""The BLAS fast path: which library is chosen, how the runner's environment carries it, and that it computes right."""
+"""The BLAS fast path: which library is chosen, how the runner's environment carries it, and what the runner finds."""
 
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +9,9 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from exo.worker.engines.mlx import blas
+from exo.worker.engines.mlx import blas, blas_check
+
+LINUX_X86_64 = sys.platform.startswith("linux") and platform.machine() == "x86_64"
 
 
 def _install_fake_library(directory: Path, name: str) -> Path:
@@ -20,52 +23,91 @@ def _install_fake_library(directory: Path, name: str) -> Path:
 
 @pytest.fixture
 def linux_with_library_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A Linux machine whose only library directory is an empty temporary folder."""
+    """A Linux machine whose only library directory is an empty temporary folder and with no PyPI MKL."""
     monkeypatch.setattr(sys, "platform", "linux")
-    monkeypatch.setattr(blas, "LIBRARY_DIRS", (tmp_path,))
-    return tmp_path
+    monkeypatch.setattr(blas, "LIBRARY_DIRS", (tmp_path / "system",))
+    monkeypatch.setattr(blas, "find_pypi_mkl", lambda: None)
+    return tmp_path / "system"
+
+
+def _with_pypi_mkl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    wheel_library = _install_fake_library(tmp_path / "venv" / "lib", "libmkl_rt.so.3")
+    monkeypatch.setattr(blas, "find_pypi_mkl", lambda: wheel_library)
+    return wheel_library
 
 
 def test_finds_nothing_when_no_optimized_blas_is_installed(linux_with_library_dir: Path) -> None:
     _install_fake_library(linux_with_library_dir, "libblas.so.3")  # possibly the reference BLAS: not a candidate
 
-    assert blas.find_optimized_blas() is None
+    assert blas.choose_blas({}) is None
+    assert blas.blas_environment({"PATH": "/bin"}) == {"PATH": "/bin"}
 
 
-def test_prefers_threaded_openblas_over_other_libraries(linux_with_library_dir: Path) -> None:
-    _install_fake_library(linux_with_library_dir, "libblis.so.4")
+def test_a_system_openblas_comes_first_then_the_pypi_mkl_then_a_system_blis(
+    linux_with_library_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blis = _install_fake_library(linux_with_library_dir, "libblis.so.4")
+    assert blas.choose_blas({}) == blas.BlasChoice(kind="blis", source="system", library=blis)
+
+    system_mkl = _install_fake_library(linux_with_library_dir, "libmkl_rt.so.2")
+    assert blas.choose_blas({}) == blas.BlasChoice(kind="mkl", source="system", library=system_mkl, threading="INTEL")
+
+    wheel_mkl = _with_pypi_mkl(tmp_path, monkeypatch)
+    assert blas.choose_blas({}) == blas.BlasChoice(kind="mkl", source="pypi", library=wheel_mkl, threading="INTEL")
+
     _install_fake_library(linux_with_library_dir, "libopenblas.so.0")
     threaded = _install_fake_library(linux_with_library_dir, "openblas-pthread/libopenblas.so.0")
+    assert blas.choose_blas({}) == blas.BlasChoice(kind="openblas", source="system", library=threaded)
 
-    assert blas.find_optimized_blas() == threaded
+
+def test_the_search_path_variable_replaces_the_system_folders(
+    linux_with_library_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _install_fake_library(linux_with_library_dir, "libopenblas.so.0")
+    elsewhere = _install_fake_library(tmp_path / "opt", "libopenblas.so.0")
+    wheel_mkl = _with_pypi_mkl(tmp_path, monkeypatch)
+
+    assert blas.choose_blas({blas.SEARCH_PATH_VARIABLE: str(tmp_path / "opt")}) == blas.BlasChoice(
+        kind="openblas", source="system", library=elsewhere
+    )
+    no_system = blas.choose_blas({blas.SEARCH_PATH_VARIABLE: ""})
+    assert no_system is not None
+    assert (no_system.kind, no_system.source, no_system.library) == ("mkl", "pypi", wheel_mkl)
 
 
-def test_finds_blis_or_mkl_when_openblas_is_absent(linux_with_library_dir: Path) -> None:
-    mkl = _install_fake_library(linux_with_library_dir, "libmkl_rt.so.2")
-    assert blas.find_optimized_blas() == mkl
+def test_mkl_threading_is_intel_unless_the_user_chose_a_valid_layer() -> None:
+    assert blas.mkl_threading({}) == "INTEL"
+    assert blas.mkl_threading({"MKL_THREADING_LAYER": "gnu"}) == "GNU"
+    assert blas.mkl_threading({"MKL_THREADING_LAYER": "bogus"}) == "INTEL"
 
-    blis = _install_fake_library(linux_with_library_dir, "libblis.so.4")
-    assert blas.find_optimized_blas() == blis
+
+@pytest.mark.usefixtures("linux_with_library_dir")
+def test_environment_preloads_mkl_with_its_threading_and_lp64_interface(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wheel_mkl = _with_pypi_mkl(tmp_path, monkeypatch)
+    base = {"PATH": "/bin"}
+
+    environment = blas.blas_environment(base)
+
+    assert environment == {
+        "PATH": "/bin",
+        "LD_PRELOAD": str(wheel_mkl),
+        "MKL_THREADING_LAYER": "INTEL",
+        "MKL_INTERFACE_LAYER": "LP64",
+    }
+    assert base == {"PATH": "/bin"}  # the caller's mapping is not modified
+    users = blas.blas_environment({"MKL_THREADING_LAYER": "TBB"})
+    assert users["MKL_THREADING_LAYER"] == "TBB"
 
 
 def test_macos_never_preloads(linux_with_library_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _install_fake_library(linux_with_library_dir, "libopenblas.so.0")
     monkeypatch.setattr(sys, "platform", "darwin")
 
-    assert blas.find_optimized_blas() is None
+    assert blas.choose_blas({}) is None
     assert blas.blas_environment({"PATH": "/bin"}) == {"PATH": "/bin"}
-    assert blas.blas_advice() is None
-    assert blas.preferred_compute_dtype() is None
-
-
-def test_environment_preloads_the_found_library(linux_with_library_dir: Path) -> None:
-    library = _install_fake_library(linux_with_library_dir, "libopenblas.so.0")
-    base = {"PATH": "/bin"}
-
-    environment = blas.blas_environment(base)
-
-    assert environment == {"PATH": "/bin", "LD_PRELOAD": str(library)}
-    assert base == {"PATH": "/bin"}  # the caller's mapping is not modified
+    assert blas.blas_advice({}) is None
 
 
 def test_environment_keeps_an_existing_preload_first(linux_with_library_dir: Path) -> None:
@@ -77,32 +119,49 @@ def test_environment_keeps_an_existing_preload_first(linux_with_library_dir: Pat
     assert blas.blas_environment(environment) == environment  # preloading twice does not repeat the library
 
 
-def test_environment_unchanged_when_opted_out_or_nothing_found(linux_with_library_dir: Path) -> None:
-    assert blas.blas_environment({"LD_PRELOAD": "/opt/a.so"}) == {"LD_PRELOAD": "/opt/a.so"}
-
+def test_environment_unchanged_when_opted_out(linux_with_library_dir: Path) -> None:
     _install_fake_library(linux_with_library_dir, "libopenblas.so.0")
     opted_out = {blas.NO_PRELOAD_VARIABLE: "1"}
+
     assert blas.blas_environment(opted_out) == opted_out
+    assert blas.blas_advice(opted_out) is None
 
 
 def test_advice_only_when_linux_lacks_an_optimized_blas(linux_with_library_dir: Path) -> None:
-    advice = blas.blas_advice()
+    advice = blas.blas_advice({})
     assert advice is not None
     assert "libopenblas0-pthread" in advice
 
     _install_fake_library(linux_with_library_dir, "libopenblas.so.0")
-    assert blas.blas_advice() is None
+    assert blas.blas_advice({}) is None
 
 
-def test_compute_dtype_is_float32_on_a_linux_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "platform", "linux")
+def test_libraries_are_classified_by_family_and_origin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    wheel_mkl = _with_pypi_mkl(tmp_path, monkeypatch)
+    assert blas.classify_library(None) == ("reference", "bundled")
+    assert blas.classify_library(wheel_mkl) == ("mkl", "pypi")
+    assert blas.classify_library(Path("/usr/lib/x86_64-linux-gnu/libmkl_rt.so.2")) == ("mkl", "system")
+    assert blas.classify_library(Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3")) == (
+        "openblas",
+        "system",
+    )
+    accelerate = Path("/System/Library/Frameworks/Accelerate.framework/Versions/A/Frameworks/vecLib.framework/libBLAS")
+    assert blas.classify_library(accelerate) == ("accelerate", "system")
 
-    with mx.stream(mx.cpu):
-        assert blas.preferred_compute_dtype() == mx.float32
+
+def test_the_node_side_module_does_not_import_mlx() -> None:
+    script = "import sys, exo.worker.engines.mlx.blas; print('mlx.core' in sys.modules)"
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    assert completed.stdout.strip() == "False"
 
 
-def test_matmul_self_check_reports_a_positive_rate() -> None:
-    assert blas.measure_matmul_gflops(n=64) > 0
+def test_the_self_check_reports_this_process_and_a_positive_rate() -> None:
+    report = blas_check.blas_report(n=64)
+
+    assert report.matmul_size == 64
+    assert report.matmul_gflops > 0
+    if "LD_PRELOAD" not in os.environ and sys.platform.startswith("linux"):
+        assert (report.kind, report.source, report.library) == ("reference", "bundled", None)
 
 
 _MATMUL_SCRIPT = """
@@ -131,16 +190,16 @@ def _matmul_in_subprocess(environment: dict[str, str], output: Path) -> tuple[mx
     return result, completed.stdout
 
 
-@pytest.mark.skipif(blas.find_optimized_blas() is None, reason="no optimized BLAS installed on this machine")
+@pytest.mark.skipif(not LINUX_X86_64, reason="exo preloads a BLAS on Linux only; the PyPI MKL is for x86_64")
 def test_preloaded_subprocess_uses_the_optimized_blas_and_computes_the_same_matmul(tmp_path: Path) -> None:
-    library = blas.find_optimized_blas()
-    assert library is not None
     plain_environment = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
+    choice = blas.choose_blas(plain_environment)
+    assert choice is not None, "Linux x86_64 always has the mkl wheel, a dependency of exo"
 
     reference, reference_maps = _matmul_in_subprocess(plain_environment, tmp_path / "reference.npy")
     optimized, optimized_maps = _matmul_in_subprocess(blas.blas_environment(plain_environment), tmp_path / "fast.npy")
 
-    loaded = str(library.resolve())
+    loaded = str(choice.library.resolve())
     assert loaded not in reference_maps
     assert loaded in optimized_maps
     assert mx.allclose(optimized, reference, rtol=1e-4, atol=1e-3).item()

@@ -4,6 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
+from exo.shared.types.blas import BlasReport
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import FinishReason, FrozenModel, TaskId
 from exo.shared.types.tasks import ChatCompletionTask
@@ -27,6 +28,8 @@ class ModelMetadata(FrozenModel):
     dtype: str
     batch_size: int = 1
     """How many tasks the runner decodes at once (continuous batching); the worker sends it that many."""
+    # The BLAS the runner's float32 matmuls use and its measured speed (None from runners that did not check).
+    blas: BlasReport | None = None
 
 
 # ---- worker → runner -------------------------------------------------------------------------

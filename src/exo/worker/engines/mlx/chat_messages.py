@@ -90,6 +90,12 @@ def _sequence_parallel_calls(messages: Sequence[PromptMessage]) -> list[PromptMe
     return result
 
 
+def tool_description(tool: FunctionDefinition) -> dict[str, object]:
+    """What the model is shown of a tool: `strict` is a server-side control, so the prompt is the same with or
+    without it (and the same whichever API protocol the tool came through)."""
+    return tool.model_dump(exclude_none=True, exclude={"strict"})
+
+
 def describe_tools_prompt(tools: Sequence[FunctionDefinition]) -> str:
     """System text for templates without tool support: describe the tools and ask for `<tool_call>` JSON."""
     lines = [
@@ -97,7 +103,7 @@ def describe_tools_prompt(tools: Sequence[FunctionDefinition]) -> str:
         '<tool_call>{"name": <tool name>, "arguments": <JSON object>}</tool_call>',
         "(one block per call) and nothing else. Available tools:",
     ]
-    lines.extend(json.dumps(tool.model_dump(exclude_none=True)) for tool in tools)
+    lines.extend(json.dumps(tool_description(tool)) for tool in tools)
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ from mlx_lm.utils import load as mlx_lm_load
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
-from exo.worker.engines.mlx.chat_messages import to_template_messages
+from exo.worker.engines.mlx.chat_messages import to_template_messages, tool_description
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def chat_template_text(tokenizer: TokenizerWrapper) -> str | None:
 
 
 def _tool_dicts(tools: tuple[FunctionDefinition, ...]) -> list[dict[str, Any]]:
-    return [{"type": "function", "function": tool.model_dump(exclude_none=True)} for tool in tools]
+    return [{"type": "function", "function": tool_description(tool)} for tool in tools]
 
 
 def apply_chat_template(

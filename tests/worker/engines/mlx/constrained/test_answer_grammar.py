@@ -2,14 +2,10 @@
 
 import pytest
 
-from exo.worker.engines.mlx.constrained import (
-    JsonAnswerSpec,
-    ReasoningMarkers,
-    UnsupportedConstraintError,
-    build_answer_grammar,
-)
+from exo.tool_calls.grammar.build import answer_marker_texts, build_answer_grammar
+from exo.tool_calls.grammar.spec import JsonAnswerSpec, ReasoningMarkers, UnsupportedConstraintError
+from exo.tool_calls.names import ToolFormatName
 from exo.worker.engines.mlx.constrained.compiled import guidance_tokenizer
-from exo.worker.engines.mlx.constrained.structured_output import answer_marker_texts
 from tests.worker.engines.mlx.constrained.conftest import LoadedModel, grammar_accepts
 from tests.worker.engines.mlx.constrained.schemas import SEARCH, WEATHER
 
@@ -34,7 +30,7 @@ def _accepts(tool_model: LoadedModel, spec: JsonAnswerSpec, reply: str) -> bool:
 def _with_tools(*, parallel: bool = True) -> JsonAnswerSpec:
     return JsonAnswerSpec(
         json_schema=ANSWER_SCHEMA,
-        tool_format="hermes",
+        tool_format=ToolFormatName.HERMES,
         tools=(WEATHER, SEARCH),
         tool_schemas_enforced=True,
         parallel_tool_calls=parallel,
@@ -116,7 +112,9 @@ def test_without_strict_an_unenforceable_keyword_is_skipped_not_refused() -> Non
     assert "uniqueItems" in build_answer_grammar(JsonAnswerSpec(json_schema={"type": "array", "uniqueItems": True}))
 
 
-def test_tools_in_a_format_without_call_rules_are_refused_but_answers_alone_work() -> None:
-    with pytest.raises(UnsupportedConstraintError, match="tool format 'mistral'"):
-        build_answer_grammar(JsonAnswerSpec(json_schema=ANSWER_SCHEMA, tool_format="mistral", tools=(WEATHER,)))
-    assert "answer: %json" in build_answer_grammar(JsonAnswerSpec(json_schema=ANSWER_SCHEMA, tool_format="mistral"))
+def test_every_format_offers_its_calls_beside_the_answer() -> None:
+    grammar = build_answer_grammar(
+        JsonAnswerSpec(json_schema=ANSWER_SCHEMA, tool_format=ToolFormatName.MISTRAL, tools=(WEATHER,))
+    )
+    assert "answer | " in grammar
+    assert "[TOOL_CALLS]" in grammar

@@ -7,20 +7,12 @@ import mlx.core as mx
 import pytest
 
 from exo.shared.types.api import (
-    AllowedToolsChoice,
-    AllowedToolsSpec,
     FunctionDefinition,
-    NamedFunction,
-    NamedToolChoice,
     ToolDefinition,
 )
-from exo.worker.engines.mlx.constrained import (
-    ConstraintMode,
-    ReasoningMarkers,
-    ToolConstraintSpec,
-    make_tool_logits_processor,
-    select_constrained_tools,
-)
+from exo.tool_calls.grammar.spec import ConstraintMode, ReasoningMarkers, ToolConstraintSpec
+from exo.tool_calls.names import ToolFormatName
+from exo.worker.engines.mlx.constrained import make_logits_processor
 from exo.worker.engines.mlx.constrained.compiled import clear_caches
 from tests.worker.engines.mlx.constrained.conftest import LoadedModel
 from tests.worker.engines.mlx.constrained.generation import (
@@ -50,7 +42,7 @@ def _constrained(
     end_boost: float = 5.0,
 ) -> Generation:
     model, tokenizer = tool_model
-    processor = make_tool_logits_processor(tokenizer, spec, prompt_length=prompt_length(tokenizer))
+    processor = make_logits_processor(tokenizer, spec, prompt_length=prompt_length(tokenizer))
     steering = [steering_processor(tokenizer, end_boost=end_boost)]
     if steer_to is not None:
         steering.append(marker_steering_processor(tokenizer, steer_to))
@@ -61,7 +53,7 @@ def _constrained(
 
 def test_required_always_yields_valid_calls_to_the_given_tools(tool_model: LoadedModel) -> None:
     spec = ToolConstraintSpec(
-        tool_format="hermes", tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
     )
     called: set[str] = set()
     for seed in PROPERTY_SEEDS:
@@ -76,9 +68,9 @@ def test_named_choice_always_yields_exactly_one_call_to_that_tool(tool_model: Lo
     request_tools = [ToolDefinition(function=tool) for tool in ALL_TOOLS]
     for seed in SEEDS:
         named = ALL_TOOLS[seed % len(ALL_TOOLS)]
-        tools = select_constrained_tools(request_tools, NamedToolChoice(function=NamedFunction(name=named.name)))
+        tools = tuple(tool.function for tool in request_tools if tool.function.name == named.name)
         spec = ToolConstraintSpec(
-            tool_format="hermes", tools=tools, mode=ConstraintMode.NAMED, parallel_tool_calls=True
+            tool_format=ToolFormatName.HERMES, tools=tools, mode=ConstraintMode.NAMED, parallel_tool_calls=True
         )
         calls = parse_hermes_calls(_constrained(tool_model, spec, seed).text)
         assert [call.name for call in calls] == [named.name]
@@ -87,10 +79,10 @@ def test_named_choice_always_yields_exactly_one_call_to_that_tool(tool_model: Lo
 
 def test_allowed_tools_are_never_escaped(tool_model: LoadedModel) -> None:
     request_tools = [ToolDefinition(function=tool) for tool in ALL_TOOLS]
-    allowed = [{"type": "function", "function": {"name": name}} for name in ("search", "move_file")]
-    choice = AllowedToolsChoice(type="allowed_tools", allowed_tools=AllowedToolsSpec(mode="required", tools=allowed))
-    tools = select_constrained_tools(request_tools, choice)
-    spec = ToolConstraintSpec(tool_format="hermes", tools=tools, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True)
+    tools = tuple(tool.function for tool in request_tools if tool.function.name in ("search", "move_file"))
+    spec = ToolConstraintSpec(
+        tool_format=ToolFormatName.HERMES, tools=tools, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+    )
     for seed in SEEDS:
         for call in parse_hermes_calls(_constrained(tool_model, spec, seed).text):
             assert call.name in {"search", "move_file"}
@@ -99,7 +91,7 @@ def test_allowed_tools_are_never_escaped(tool_model: LoadedModel) -> None:
 
 def test_parallel_tool_calls_false_yields_exactly_one_call(tool_model: LoadedModel) -> None:
     spec = ToolConstraintSpec(
-        tool_format="hermes", tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=False
+        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=False
     )
     for seed in SEEDS:
         calls = parse_hermes_calls(_constrained(tool_model, spec, seed).text)
@@ -114,13 +106,13 @@ def test_after_a_call_only_end_of_turn_or_a_parallel_call_may_follow(
     """Guards the test above: the single call comes from the grammar, not from the sampling's luck."""
     _, tokenizer = tool_model
     spec = ToolConstraintSpec(
-        tool_format="hermes", tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=parallel
+        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=parallel
     )
     prompt = tokenizer.encode(PROMPT)
     call: list[int] = tokenizer.encode(
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
     )
-    processor = make_tool_logits_processor(tokenizer, spec, prompt_length=len(prompt))
+    processor = make_logits_processor(tokenizer, spec, prompt_length=len(prompt))
     logits = mx.zeros((1, tokenizer.vocab_size + 7))
     for end in range(len(call)):
         processor(mx.array(prompt + call[:end]), logits)
@@ -133,7 +125,7 @@ def test_after_a_call_only_end_of_turn_or_a_parallel_call_may_follow(
 def test_strict_auto_yields_free_text_or_valid_calls(tool_model: LoadedModel) -> None:
     tools = (WEATHER, SEARCH)
     spec = ToolConstraintSpec(
-        tool_format="hermes", tools=tools, mode=ConstraintMode.STRICT_AUTO, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=tools, mode=ConstraintMode.STRICT_AUTO, parallel_tool_calls=True
     )
     replies_with_calls = replies_without_calls = 0
     for seed in SEEDS:
@@ -152,7 +144,11 @@ def test_strict_auto_yields_free_text_or_valid_calls(tool_model: LoadedModel) ->
 def test_reasoning_opened_by_the_prompt_is_free_then_the_named_call_follows(tool_model: LoadedModel) -> None:
     thinking = ReasoningMarkers(start="<think>", end="</think>", opened_in_prompt=True)
     spec = ToolConstraintSpec(
-        tool_format="hermes", tools=(SEARCH,), mode=ConstraintMode.NAMED, parallel_tool_calls=True, reasoning=thinking
+        tool_format=ToolFormatName.HERMES,
+        tools=(SEARCH,),
+        mode=ConstraintMode.NAMED,
+        parallel_tool_calls=True,
+        reasoning=thinking,
     )
     for seed in SEEDS:
         generation = _constrained(tool_model, spec, seed, steer_to="</think>")
@@ -165,7 +161,7 @@ def test_reasoning_opened_by_the_prompt_is_free_then_the_named_call_follows(tool
 
 def test_llama3_json_required_yields_one_valid_object(tool_model: LoadedModel) -> None:
     spec = ToolConstraintSpec(
-        tool_format="llama3_json", tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+        tool_format=ToolFormatName.LLAMA3_JSON, tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
     )
     for seed in SEEDS:
         assert_valid_call(parse_llama3_call(_constrained(tool_model, spec, seed).text), ALL_TOOLS)
@@ -184,7 +180,7 @@ def test_plain_generation_is_untouched_by_constrained_requests(tool_model: Loade
     model, tokenizer = tool_model
     before = generate(model, tokenizer, [], seed=7, max_tokens=60)
     spec = ToolConstraintSpec(
-        tool_format="hermes", tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
     )
     _constrained(tool_model, spec, seed=7)
     after = generate(model, tokenizer, [], seed=7, max_tokens=60)
@@ -195,7 +191,7 @@ def test_plain_generation_is_untouched_by_constrained_requests(tool_model: Loade
 def test_processors_from_the_cache_start_fresh(tool_model: LoadedModel) -> None:
     """A cached grammar is copied per request: a finished request leaves no state for the next one."""
     spec = ToolConstraintSpec(
-        tool_format="hermes", tools=(WEATHER,), mode=ConstraintMode.NAMED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=(WEATHER,), mode=ConstraintMode.NAMED, parallel_tool_calls=True
     )
     first = _constrained(tool_model, spec, seed=3)
     second = _constrained(tool_model, spec, seed=3)
@@ -209,10 +205,10 @@ def test_prompt_length_of_the_whole_conversation_still_works_when_mlx_lm_sees_on
     """With a prefix cache the runner hands mlx-lm only the uncached tokens; the processor anchors on what it sees."""
     model, tokenizer = tool_model
     spec = ToolConstraintSpec(
-        tool_format="hermes", tools=(WEATHER,), mode=ConstraintMode.NAMED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=(WEATHER,), mode=ConstraintMode.NAMED, parallel_tool_calls=True
     )
     full_prompt_length = prompt_length(tokenizer) + 500
-    processor = make_tool_logits_processor(tokenizer, spec, prompt_length=full_prompt_length)
+    processor = make_logits_processor(tokenizer, spec, prompt_length=full_prompt_length)
     generation = generate(model, tokenizer, [steering_processor(tokenizer), processor], seed=5)
     assert generation.ended_with_eos
     assert_valid_call(parse_hermes_calls(generation.text)[0], (WEATHER,))
@@ -222,7 +218,7 @@ def test_prompt_length_of_the_whole_conversation_still_works_when_mlx_lm_sees_on
 def test_matchers_for_concurrent_requests_are_independent(tool_model: LoadedModel) -> None:
     """Requests on several threads copy the same cached grammar; each one's output is what it is alone."""
     spec = ToolConstraintSpec(
-        tool_format="hermes", tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
     )
     _, tokenizer = tool_model
     replies = [
@@ -232,7 +228,7 @@ def test_matchers_for_concurrent_requests_are_independent(tool_model: LoadedMode
 
     def walk(reply: str) -> bool:
         tokens: list[int] = tokenizer.encode(reply)
-        processor = make_tool_logits_processor(tokenizer, spec, prompt_length=0)
+        processor = make_logits_processor(tokenizer, spec, prompt_length=0)
         logits = mx.zeros((1, tokenizer.vocab_size + 7))
         for end in range(len(tokens)):
             if processor(mx.array(tokens[:end]), logits)[0, tokens[end]].item() != 0.0:
@@ -247,14 +243,14 @@ def test_compile_and_mask_cost_are_reported(tool_model: LoadedModel) -> None:
     """Prints the numbers the docs quote; asserts only that the cache makes the repeat cheaper."""
     model, tokenizer = tool_model
     spec = ToolConstraintSpec(
-        tool_format="hermes", tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
     )
     clear_caches()
     started = time.perf_counter()
-    make_tool_logits_processor(tokenizer, spec, prompt_length=0)
+    make_logits_processor(tokenizer, spec, prompt_length=0)
     cold = time.perf_counter() - started
     started = time.perf_counter()
-    processor = make_tool_logits_processor(tokenizer, spec, prompt_length=prompt_length(tokenizer))
+    processor = make_logits_processor(tokenizer, spec, prompt_length=prompt_length(tokenizer))
     cached = time.perf_counter() - started
     started = time.perf_counter()
     constrained = generate(model, tokenizer, [steering_processor(tokenizer), processor], seed=1)
@@ -272,9 +268,9 @@ def test_compile_and_mask_cost_are_reported(tool_model: LoadedModel) -> None:
 def test_definitions_are_not_mutated_by_grammar_building() -> None:
     original = FunctionDefinition.model_validate(WEATHER.model_dump())
     spec = ToolConstraintSpec(
-        tool_format="hermes", tools=(WEATHER,), mode=ConstraintMode.NAMED, parallel_tool_calls=False
+        tool_format=ToolFormatName.HERMES, tools=(WEATHER,), mode=ConstraintMode.NAMED, parallel_tool_calls=False
     )
-    from exo.worker.engines.mlx.constrained import build_tool_grammar
+    from exo.tool_calls.grammar.build import build_tool_grammar
 
     build_tool_grammar(spec)
     assert original == WEATHER

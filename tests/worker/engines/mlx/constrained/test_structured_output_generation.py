@@ -8,7 +8,9 @@ import mlx.core as mx
 import pytest
 from pydantic import JsonValue
 
-from exo.worker.engines.mlx.constrained import JsonAnswerSpec, ReasoningMarkers, make_answer_logits_processor
+from exo.tool_calls.grammar.spec import JsonAnswerSpec, ReasoningMarkers
+from exo.tool_calls.names import ToolFormatName
+from exo.worker.engines.mlx.constrained import make_logits_processor
 from exo.worker.engines.mlx.constrained.compiled import clear_caches
 from tests.worker.engines.mlx.constrained.conftest import LoadedModel
 from tests.worker.engines.mlx.constrained.generation import (
@@ -101,7 +103,7 @@ def _answer(
     extra: Sequence[LogitsProcessor] = (),
 ) -> Generation:
     model, tokenizer = tool_model
-    processor = make_answer_logits_processor(tokenizer, spec, prompt_length=prompt_length(tokenizer))
+    processor = make_logits_processor(tokenizer, spec, prompt_length=prompt_length(tokenizer))
     steering = [steering_processor(tokenizer), *extra]
     if steer_to is not None:
         steering.append(marker_steering_processor(tokenizer, steer_to, once=True))
@@ -148,7 +150,7 @@ def test_the_reply_ends_as_soon_as_the_value_is_complete(tool_model: LoadedModel
     _, tokenizer = tool_model
     prompt: list[int] = tokenizer.encode(PROMPT)
     answer: list[int] = tokenizer.encode('{"name": "Ada", "age": 36, "role": "admin"}')
-    processor = make_answer_logits_processor(tokenizer, JsonAnswerSpec(json_schema=PERSON), prompt_length=len(prompt))
+    processor = make_logits_processor(tokenizer, JsonAnswerSpec(json_schema=PERSON), prompt_length=len(prompt))
     logits = mx.zeros((1, tokenizer.vocab_size + 7))
     for end in range(len(answer)):
         processor(mx.array(prompt + answer[:end]), logits)
@@ -165,7 +167,9 @@ def test_a_reply_cut_by_max_tokens_is_a_prefix_of_valid_json(tool_model: LoadedM
 
 def test_auto_tools_yield_either_valid_calls_or_the_valid_answer(tool_model: LoadedModel) -> None:
     tools = (WEATHER, SEARCH)
-    spec = JsonAnswerSpec(json_schema=PERSON, tool_format="hermes", tools=tools, tool_schemas_enforced=True)
+    spec = JsonAnswerSpec(
+        json_schema=PERSON, tool_format=ToolFormatName.HERMES, tools=tools, tool_schemas_enforced=True
+    )
     answers = replies_with_calls = 0
     for seed in range(12):
         generation = _answer(tool_model, spec, seed, steer_to="<tool_call>" if seed % 2 == 0 else "{")
@@ -188,7 +192,9 @@ def test_calls_to_non_strict_tools_keep_the_name_but_any_object_arguments(tool_m
     only_city = WEATHER.model_copy(
         update={"parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
     )
-    spec = JsonAnswerSpec(json_schema=PERSON, tool_format="hermes", tools=(only_city,), parallel_tool_calls=False)
+    spec = JsonAnswerSpec(
+        json_schema=PERSON, tool_format=ToolFormatName.HERMES, tools=(only_city,), parallel_tool_calls=False
+    )
     for seed in SEEDS:
         _, calls = split_strict_auto(
             _answer(tool_model, spec, seed, steer_to="<tool_call>", extra=[_flat_steering(tool_model)]).text
@@ -198,7 +204,9 @@ def test_calls_to_non_strict_tools_keep_the_name_but_any_object_arguments(tool_m
 
 
 def test_llama3_auto_replies_are_json_either_a_call_or_the_answer(tool_model: LoadedModel) -> None:
-    spec = JsonAnswerSpec(json_schema=PERSON, tool_format="llama3_json", tools=(SEARCH,), tool_schemas_enforced=True)
+    spec = JsonAnswerSpec(
+        json_schema=PERSON, tool_format=ToolFormatName.LLAMA3_JSON, tools=(SEARCH,), tool_schemas_enforced=True
+    )
     for seed in SEEDS:
         generation = _answer(tool_model, spec, seed)
         assert generation.ended_with_eos, generation.text

@@ -3,16 +3,11 @@
 import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from exo.worker.engines.mlx.constrained import (
-    ConstraintMode,
-    ReasoningMarkers,
-    ToolConstraintSpec,
-    UnsupportedConstraintError,
-    build_tool_grammar,
-    make_tool_logits_processor,
-)
+from exo.tool_calls.grammar.build import build_tool_grammar, tool_marker_texts
+from exo.tool_calls.grammar.spec import ConstraintMode, ReasoningMarkers, ToolConstraintSpec, UnsupportedConstraintError
+from exo.tool_calls.names import ToolFormatName
+from exo.worker.engines.mlx.constrained import make_logits_processor
 from exo.worker.engines.mlx.constrained.compiled import guidance_tokenizer
-from exo.worker.engines.mlx.constrained.grammar import marker_texts
 from tests.worker.engines.mlx.constrained.conftest import LoadedModel, grammar_accepts
 from tests.worker.engines.mlx.constrained.schemas import SEARCH, WEATHER
 
@@ -23,11 +18,13 @@ CALL_SEARCH = '<tool_call>\n{"name": "search", "arguments": {"query": "x", "limi
 def _accepts(tool_model: LoadedModel, spec: ToolConstraintSpec, reply: str) -> bool:
     """Whether the model's tokenization of the whole reply is a complete sentence of the grammar for `spec`."""
     guidance = guidance_tokenizer(tool_model[1])
-    grammar = build_tool_grammar(spec, special_tokens=guidance.special_tokens(marker_texts(spec)))
+    grammar = build_tool_grammar(spec, special_tokens=guidance.special_tokens(tool_marker_texts(spec)))
     return grammar_accepts(tool_model, grammar, reply)
 
 
-def _spec(mode: ConstraintMode, *, parallel: bool = True, tool_format: str = "hermes") -> ToolConstraintSpec:
+def _spec(
+    mode: ConstraintMode, *, parallel: bool = True, tool_format: ToolFormatName = ToolFormatName.HERMES
+) -> ToolConstraintSpec:
     tools = (WEATHER,) if mode is ConstraintMode.NAMED else (WEATHER, SEARCH)
     return ToolConstraintSpec(tool_format=tool_format, tools=tools, mode=mode, parallel_tool_calls=parallel)
 
@@ -80,11 +77,11 @@ def test_strict_auto_allows_text_or_text_then_valid_calls(tool_model: LoadedMode
 
 def test_llama3_json_is_one_bare_object_with_parameters(tool_model: LoadedModel) -> None:
     call = '{"name": "search", "parameters": {"query": "x", "limit": 3}}'
-    required = _spec(ConstraintMode.REQUIRED, tool_format="llama3_json")
+    required = _spec(ConstraintMode.REQUIRED, tool_format=ToolFormatName.LLAMA3_JSON)
     assert _accepts(tool_model, required, call)
     assert not _accepts(tool_model, required, call.replace("parameters", "arguments"))
     assert not _accepts(tool_model, required, f"{call}{call}")
-    strict = _spec(ConstraintMode.STRICT_AUTO, tool_format="llama3_json")
+    strict = _spec(ConstraintMode.STRICT_AUTO, tool_format=ToolFormatName.LLAMA3_JSON)
     assert _accepts(tool_model, strict, "No call needed.")
     assert not _accepts(tool_model, strict, '{"name": "search", "parameters": {}}')
 
@@ -93,7 +90,7 @@ def test_llama3_json_accepts_the_python_tag_where_it_is_a_token(
     marker_token_model: LoadedModel, marker_text_model: LoadedModel
 ) -> None:
     tagged = '<|python_tag|>{"name": "search", "parameters": {"query": "x", "limit": 3}}'
-    required = _spec(ConstraintMode.REQUIRED, tool_format="llama3_json")
+    required = _spec(ConstraintMode.REQUIRED, tool_format=ToolFormatName.LLAMA3_JSON)
     assert _accepts(marker_token_model, required, tagged)
     assert not _accepts(marker_text_model, required, tagged)
 
@@ -108,16 +105,10 @@ def test_markers_are_matched_as_added_tokens_only_where_they_are_tokens(
     assert set(guidance_tokenizer(marker_text_model[1]).special_tokens(markers)) == {"<|im_end|>"}
 
 
-@pytest.mark.parametrize("tool_format", ["mistral", "qwen3_coder", "harmony"])
-def test_formats_without_a_grammar_are_refused_by_name(tool_format: str) -> None:
-    with pytest.raises(UnsupportedConstraintError, match=tool_format):
-        build_tool_grammar(_spec(ConstraintMode.REQUIRED, tool_format=tool_format))
-
-
 def test_schema_llguidance_cannot_compile_is_refused() -> None:
     broken = WEATHER.model_copy(update={"parameters": {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}})
     spec = ToolConstraintSpec(
-        tool_format="hermes", tools=(broken,), mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=(broken,), mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
     )
     with pytest.raises(UnsupportedConstraintError, match="llguidance"):
         build_tool_grammar(spec)
@@ -125,7 +116,7 @@ def test_schema_llguidance_cannot_compile_is_refused() -> None:
 
 def test_named_mode_with_several_tools_is_refused() -> None:
     spec = ToolConstraintSpec(
-        tool_format="hermes", tools=(WEATHER, SEARCH), mode=ConstraintMode.NAMED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=(WEATHER, SEARCH), mode=ConstraintMode.NAMED, parallel_tool_calls=True
     )
     with pytest.raises(UnsupportedConstraintError):
         build_tool_grammar(spec)
@@ -167,9 +158,9 @@ def test_keywords_llguidance_cannot_enforce_are_relaxed_and_reported(tool_model:
         }
     )
     spec = ToolConstraintSpec(
-        tool_format="hermes", tools=(unique,), mode=ConstraintMode.NAMED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=(unique,), mode=ConstraintMode.NAMED, parallel_tool_calls=True
     )
-    processor = make_tool_logits_processor(tool_model[1], spec, prompt_length=0)
+    processor = make_logits_processor(tool_model[1], spec, prompt_length=0)
     assert any("uniqueItems" in warning for warning in processor.unenforced_schema_keywords)
     assert _accepts(
         tool_model, spec, '<tool_call>\n{"name": "get_weather", "arguments": {"tags": ["a"]}}\n</tool_call>'
@@ -191,7 +182,7 @@ def test_a_strict_tool_with_a_keyword_llguidance_cannot_enforce_is_refused_not_r
             },
         }
     )
-    spec = ToolConstraintSpec(tool_format="hermes", tools=(unique,), mode=mode, parallel_tool_calls=True)
+    spec = ToolConstraintSpec(tool_format=ToolFormatName.HERMES, tools=(unique,), mode=mode, parallel_tool_calls=True)
     with pytest.raises(UnsupportedConstraintError, match="uniqueItems"):
         build_tool_grammar(spec)
 
@@ -203,4 +194,4 @@ def test_tokenizers_llguidance_cannot_read_are_refused(marker_text_model: Loaded
     slow._tokenizer = object()  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue] -- test double
     spec = _spec(ConstraintMode.REQUIRED)
     with pytest.raises(UnsupportedConstraintError, match="tokenizer"):
-        make_tool_logits_processor(slow, spec, prompt_length=0)
+        make_logits_processor(slow, spec, prompt_length=0)

@@ -14,7 +14,7 @@ import llguidance.hf
 from llguidance import LLMatcher, LLTokenizer
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from exo.worker.engines.mlx.constrained.spec import UnsupportedConstraintError
+from exo.tool_calls.grammar.spec import UnsupportedConstraintError
 
 _TOKENIZER_CACHE_SIZE: Final = 4
 _GRAMMAR_CACHE_SIZE: Final = 32

@@ -13,9 +13,14 @@ from llguidance import LLMatcher
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from numpy.typing import NDArray
 
+from exo.tool_calls.grammar.build import (
+    answer_marker_texts,
+    build_answer_grammar,
+    build_tool_grammar,
+    tool_marker_texts,
+)
+from exo.tool_calls.grammar.spec import JsonAnswerSpec, ToolConstraintSpec
 from exo.worker.engines.mlx.constrained.compiled import guidance_tokenizer, new_matcher
-from exo.worker.engines.mlx.constrained.grammar import build_tool_grammar, marker_texts
-from exo.worker.engines.mlx.constrained.spec import ToolConstraintSpec
 
 _BITS_PER_WORD: Final = 32
 _BIAS_BY_BIT: Final = np.array([-np.inf, 0.0], dtype=np.float32)
@@ -105,17 +110,20 @@ class ToolCallLogitsProcessor:
         return self._bias
 
 
-def make_tool_logits_processor(
-    tokenizer: TokenizerWrapper, spec: ToolConstraintSpec, *, prompt_length: int
+def make_logits_processor(
+    tokenizer: TokenizerWrapper, spec: ToolConstraintSpec | JsonAnswerSpec, *, prompt_length: int
 ) -> ToolCallLogitsProcessor:
-    """A processor enforcing `spec` for one request.
+    """A processor enforcing `spec` (tool calls, or a structured-output answer) for one request.
 
     `prompt_length` is the number of tokens handed to mlx-lm's generate (what it passes back to processors ahead of
     the sampled tokens); the processor anchors on what the first call actually shows, and reports a difference in
-    `prompt_length_mismatch`. Tokenizer and compiled grammar come from caches; raises UnsupportedConstraintError when
-    the format or a schema cannot be enforced.
+    `prompt_length_mismatch`. Tokenizer and compiled grammar come from caches, so a repeated schema compiles once;
+    raises UnsupportedConstraintError when a schema cannot be enforced.
     """
     guidance = guidance_tokenizer(tokenizer)
-    grammar = build_tool_grammar(spec, special_tokens=guidance.special_tokens(marker_texts(spec)))
+    if isinstance(spec, JsonAnswerSpec):
+        grammar = build_answer_grammar(spec, special_tokens=guidance.special_tokens(answer_marker_texts(spec)))
+    else:
+        grammar = build_tool_grammar(spec, special_tokens=guidance.special_tokens(tool_marker_texts(spec)))
     matcher = new_matcher(guidance.lltokenizer, grammar)
     return ToolCallLogitsProcessor(matcher, guidance.lltokenizer.vocab_size, prompt_length=prompt_length)

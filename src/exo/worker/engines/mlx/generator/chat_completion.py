@@ -17,16 +17,15 @@ from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, ParsedChunk,
 from exo.shared.types.common import FinishReason, TaskId
 from exo.shared.types.tasks import ChatCompletionTask, ToolPolicy
 from exo.tool_calls import ToolFormatName, ToolStreamParser
+from exo.tool_calls.grammar.spec import ReasoningMarkers, UnsupportedConstraintError
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
 from exo.worker.engines.mlx.cache.prefix_cache import CacheLease, PrefixCache
-from exo.worker.engines.mlx.constrained import ReasoningMarkers, ToolCallLogitsProcessor
-from exo.worker.engines.mlx.generator.constraints import UnsupportedConstraintError, callable_functions
+from exo.worker.engines.mlx.constrained import callable_functions, constraint_spec, make_logits_processor
 from exo.worker.engines.mlx.generator.generate import ContextLengthExceededError, clamp_max_tokens
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings, PromptLookup
 from exo.worker.engines.mlx.generator.sampling import GREEDY, Sampler, make_request_sampler, penalty_processors
 from exo.worker.engines.mlx.generator.stop_sequences import StopSequenceMatcher
-from exo.worker.engines.mlx.generator.structured_output import structured_logits_processors
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, RenderedPrompt, apply_chat_template
 
 logger = logging.getLogger(__name__)
@@ -87,25 +86,19 @@ def _build_processors(
 ) -> RequestProcessors:
     """Penalties plus the grammar the task's tool policy / response_format needs; raises UnsupportedConstraintError."""
     params = task.params
+    spec = constraint_spec(params.tool_policy, params.structured_output, context.tool_format, reasoning)
     # Processors are shown the tokens fed after the cached prefix (the uncached rest of the prompt) plus the sampled
     # ones, whichever decoder runs the request.
-    constraints = structured_logits_processors(
-        context.loaded.tokenizer,
-        context.tool_format,
-        params.tool_policy,
-        params.structured_output,
-        prompt_length=prefill_length,
-        reasoning=reasoning,
-    )
-    grammars = [processor for processor in constraints if isinstance(processor, ToolCallLogitsProcessor)]
+    grammars = (make_logits_processor(context.loaded.tokenizer, spec, prompt_length=prefill_length),) if spec else ()
     return RequestProcessors(penalty_processors(params.sampling), grammars)
 
 
-class RequestRefusedError(Exception):
-    """The request cannot start; `chunk` says why (the API turns it into the HTTP error)."""
+class ImmediateReplyError(Exception):
+    """The request is answered without decoding: `chunk` is its whole answer (a refusal the API turns into an HTTP
+    error, or the prompt-token count a counting request asked for)."""
 
-    def __init__(self, chunk: ErrorChunk) -> None:
-        super().__init__(chunk.message)
+    def __init__(self, chunk: ErrorChunk | FinishChunk) -> None:
+        super().__init__(chunk.message if isinstance(chunk, ErrorChunk) else "prompt tokens counted")
         self.chunk = chunk
 
 
@@ -143,13 +136,16 @@ class ChatRequest:
 
     @classmethod
     def open(cls, context: EngineContext, task: ChatCompletionTask) -> "ChatRequest":
-        """Render the prompt, lease the prefix cache and build the processors; raises RequestRefusedError."""
+        """Render the prompt, lease the prefix cache and build the processors; raises ImmediateReplyError."""
         loaded = context.loaded
         params = task.params
         try:
             prompt = apply_chat_template(
                 loaded.tokenizer, params.messages, params.tool_policy, params.chat_template_kwargs
             )
+            if params.count_prompt_only:
+                usage = Usage(prompt_tokens=len(prompt.tokens), completion_tokens=0)
+                raise ImmediateReplyError(FinishChunk(finish_reason="stop", usage=usage))
             max_tokens = clamp_max_tokens(params.sampling.max_tokens, len(prompt.tokens), loaded.context_length)
         except ContextLengthExceededError as error:
             refusal = ErrorChunk(
@@ -158,7 +154,7 @@ class ChatRequest:
                 code="context_length_exceeded",
                 status_code=400,
             )
-            raise RequestRefusedError(refusal) from error
+            raise ImmediateReplyError(refusal) from error
         lease = context.prefix_cache.acquire(prompt.tokens) if context.prefix_cache else None
         prefill = lease.remaining_tokens if lease else prompt.tokens
         reasoning = reasoning_markers(loaded.tokenizer, prompt.starts_in_reasoning)
@@ -170,7 +166,7 @@ class ChatRequest:
             refusal = ErrorChunk(
                 message=str(error), error_type="invalid_request_error", code="unsupported", status_code=400
             )
-            raise RequestRefusedError(refusal) from error
+            raise ImmediateReplyError(refusal) from error
         return cls(
             context,
             task,
@@ -259,7 +255,7 @@ class ChatRequest:
             reasoning_tokens=self._reasoning_tokens,
         )
         finish = _finish_reason(self.finish_reason, self._parser, self._task.params.tool_policy)
-        return [*tail, FinishChunk(finish_reason=finish, usage=usage)]
+        return [*tail, FinishChunk(finish_reason=finish, stop_sequence=self._stops.matched, usage=usage)]
 
     def cancel(self, cache: PromptCache | None) -> None:
         """The client went away: no more chunks; what was computed still fills the prefix cache."""

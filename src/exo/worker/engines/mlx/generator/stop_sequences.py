@@ -11,6 +11,8 @@ class StopSequenceMatcher:
         self._longest = max((len(stop) for stop in self._stops), default=0)
         self._pending = ""
         self.stopped = False
+        # The stop sequence found first in the text (the longest of those starting at the same place).
+        self.matched: str | None = None
 
     def feed(self, text: str) -> str:
         if not self._stops:
@@ -18,8 +20,9 @@ class StopSequenceMatcher:
         if self.stopped:
             return ""
         window = self._pending + text
-        cut = min((position for stop in self._stops if (position := window.find(stop)) >= 0), default=-1)
-        if cut >= 0:
+        found = [(position, -len(stop), stop) for stop in self._stops if (position := window.find(stop)) >= 0]
+        if found:
+            cut, _, self.matched = min(found)
             self.stopped = True
             self._pending = ""
             return window[:cut]

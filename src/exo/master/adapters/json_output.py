@@ -1,0 +1,19 @@
+"""The reply-must-be-JSON control every protocol has (`response_format`, `text.format`, `output_config.format`)."""
+
+from jsonschema import SchemaError
+from jsonschema.validators import validator_for
+from pydantic import JsonValue
+
+from exo.master.errors import ApiError
+from exo.shared.types.tasks import StructuredOutput
+
+
+def json_output(schema: dict[str, JsonValue], *, strict: bool, where: str, param: str) -> StructuredOutput:
+    """The structured output for `schema` (found at `where` in the request), refused with a 400 if it is not a
+    valid JSON Schema. What is valid but beyond llguidance is refused by the runner when it compiles the grammar.
+    """
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as error:
+        raise ApiError(400, f"{where} is not a valid JSON Schema: {error.message}", param=param) from error
+    return StructuredOutput(json_schema=schema, strict=strict)

@@ -1,0 +1,82 @@
+"""Tool definitions and tool-choice controls, whatever the wire protocol: every dialect ends up as one ToolPolicy.
+
+Chat Completions, the Messages API and the Responses API name these things differently (`required` / `any`,
+`parallel_tool_calls` / `disable_parallel_tool_use`); each adapter maps its names onto the arguments here, so the
+checks and the policy the engine enforces are the same for all three.
+"""
+
+from collections.abc import Sequence
+
+from jsonschema import SchemaError
+from jsonschema.validators import validator_for
+
+from exo.master.errors import ApiError
+from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tasks import ToolChoiceMode, ToolPolicy
+
+MAX_TOOL_NAME_LENGTH = 64
+
+
+def check_functions(
+    functions: Sequence[FunctionDefinition], *, field_prefix: str = "", schema_field: str = "parameters"
+) -> tuple[FunctionDefinition, ...]:
+    """Refuse bad names, duplicates and invalid JSON Schemas of `tools[i]` (whose fields sit under `field_prefix`)."""
+    seen: set[str] = set()
+    for position, function in enumerate(functions):
+        where = f"tools[{position}]"
+        name = function.name
+        if not name or len(name) > MAX_TOOL_NAME_LENGTH or not all(char.isalnum() or char in "_-." for char in name):
+            raise ApiError(400, f"{where}.{field_prefix}name '{name}' must be 1-64 letters, digits, '_', '-' or '.'")
+        if name in seen:
+            raise ApiError(400, f"{where}: duplicate tool name '{name}'", param=f"{where}.{field_prefix}name")
+        seen.add(name)
+        try:
+            validator_for(function.parameters).check_schema(function.parameters)
+        except SchemaError as error:
+            raise ApiError(
+                400, f"{where}.{field_prefix}{schema_field} is not a valid JSON Schema: {error.message}", param=where
+            ) from error
+    return tuple(functions)
+
+
+def allowed_tool_names(entries: Sequence[dict[str, object]], names: set[str], param: str) -> tuple[str, ...]:
+    """The names an `allowed_tools` list picks: entries `{"type": "function", "name"}` or `{…, "function": {…}}`."""
+    result: list[str] = []
+    for position, entry in enumerate(entries):
+        function = entry.get("function")
+        name = function.get("name") if isinstance(function, dict) else entry.get("name")
+        if not isinstance(name, str) or name not in names:
+            raise ApiError(400, f"{param}.tools[{position}] must name a tool from tools", param=param)
+        result.append(name)
+    if not result:
+        raise ApiError(400, f"{param}.tools must not be empty", param=param)
+    return tuple(result)
+
+
+def build_policy(
+    tools: tuple[FunctionDefinition, ...],
+    mode: ToolChoiceMode,
+    *,
+    callable_tools: tuple[str, ...] = (),
+    parallel_tool_calls: bool = True,
+    choice_param: str = "tool_choice",
+) -> ToolPolicy:
+    """The policy for checked `tools`: `mode` with, for `named` or a subset, the `callable_tools` it names.
+
+    A choice that needs tools (`required`, a named tool) without any is a 400; a named tool must be among them.
+    A named choice always means exactly one call.
+    """
+    if not tools:
+        if mode not in ("none", "auto"):
+            raise ApiError(400, f"{choice_param} requires a non-empty tools list", param=choice_param)
+        return ToolPolicy(mode="none")
+    names = {tool.name for tool in tools}
+    for name in callable_tools:
+        if name not in names:
+            raise ApiError(400, f"{choice_param} names '{name}', which is not in tools", param=choice_param)
+    return ToolPolicy(
+        tools=tools,
+        callable_tools=callable_tools,
+        mode=mode,
+        parallel_tool_calls=parallel_tool_calls and mode != "named",
+    )

@@ -1,0 +1,155 @@
+"""What every generating route does with its command, whatever the wire protocol.
+
+Chat Completions, the Messages API and the Responses API differ only in how they read the request and write the
+answer. In between they all: pick the served model, submit the command through the master's one entry point, wait
+for the first chunk (so request-level failures such as a prompt too long become HTTP errors), then stream or
+collect the chunks, cancelling the task when the client goes away.
+"""
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from exo.master.errors import ApiError
+from exo.master.main import ModelNotLoadedError, TaskHandle
+from exo.node import Node
+from exo.shared.types.chunks import Chunk, ErrorChunk
+from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
+from exo.shared.types.common import ModelId
+from exo.worker.runner.supervisor import QueueFullError, RunnerUnavailableError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# nginx's "client closed request": nobody reads it, but logs and tests see why the request ended.
+CLIENT_CLOSED_REQUEST = 499
+
+
+def served_model(node: Node, requested: str | None) -> ModelId:
+    """The served model a request names (or the only one), else a 400/404/503 saying why not."""
+    model_id = node.resolve_request_model(requested)
+    if model_id is not None:
+        return model_id
+    label = requested or "default"
+    if label in node.preparing or (requested is None and node.preparing):
+        raise ApiError(503, f"model '{label}' is still being prepared; retry shortly", error_type="server_error")
+    served = ", ".join(node.master.model_ids()) or "none"
+    if requested is None:
+        raise ApiError(400, f"the request names no model and several are served ({served})", param="model")
+    raise ApiError(
+        404,
+        f"model '{requested}' is not served here (served: {served})",
+        error_type="not_found_error",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def submit(node: Node, command: ChatCompletionCommand) -> TaskHandle:
+    """Hand `command` to the master (the single entry point for generation); its refusals become ApiErrors."""
+    try:
+        return node.master.submit_chat_completion(command)
+    except ModelNotLoadedError as error:
+        raise ApiError(
+            404, f"model '{error}' is not loaded", error_type="not_found_error", code="model_not_found"
+        ) from error
+    except QueueFullError as error:
+        raise ApiError(429, str(error), error_type="rate_limit_error", code="queue_full") from error
+    except RunnerUnavailableError as error:
+        raise ApiError(503, str(error), error_type="server_error", code="model_unavailable") from error
+
+
+async def unless_client_leaves(http_request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
+    """Await `work()`, or cancel it and return None if the client disconnects first.
+
+    Until the response starts streaming, nothing else notices a client that gave up: without this a request
+    abandoned while it waits in the queue would still run (its cancellation in `work` drops it from the queue).
+    """
+    result: list[T] = []
+    failure: list[Exception] = []
+    async with anyio.create_task_group() as group:
+
+        async def watch() -> None:
+            while not await http_request.is_disconnected():
+                await anyio.sleep(0.1)
+            group.cancel_scope.cancel()
+
+        group.start_soon(watch)
+        try:
+            result.append(await work())
+        except Exception as error:  # re-raised below, outside the group, so it is not wrapped in an ExceptionGroup
+            failure.append(error)
+        group.cancel_scope.cancel()
+    if failure:
+        raise failure[0]
+    return result[0] if result else None
+
+
+async def _next_chunk(node: Node, handle: TaskHandle) -> Chunk:
+    try:
+        return await anext(handle.chunks)
+    except StopAsyncIteration:
+        return ErrorChunk(message="generation was cancelled before it started", status_code=500)
+    except BaseException:
+        node.master.cancel(CancelTaskCommand(task_id=handle.task_id))
+        raise
+
+
+async def first_chunk(node: Node, handle: TaskHandle, http_request: Request) -> Chunk | None:
+    """The task's first chunk, before any byte of the answer is sent; None if the client left meanwhile.
+
+    A request-level failure (an ErrorChunk with a 4xx status: context too long, a schema the grammar cannot
+    enforce…) is raised as an ApiError, so the client gets a proper HTTP error instead of a stream.
+    """
+    first = await unless_client_leaves(http_request, lambda: _next_chunk(node, handle))
+    if first is None or (isinstance(first, ErrorChunk) and first.status_code < 500):
+        await handle.chunks.aclose()
+    if isinstance(first, ErrorChunk) and first.status_code < 500:
+        raise ApiError(first.status_code, first.message, error_type=first.error_type, code=first.code)
+    return first
+
+
+async def collect(
+    node: Node,
+    handle: TaskHandle,
+    http_request: Request,
+    collector: Callable[[AsyncIterator[Chunk]], Awaitable[T]],
+) -> T | None:
+    """The non-streaming answer `collector` builds from every chunk; None if the client left first."""
+
+    async def work() -> T:
+        try:
+            return await collector(handle.chunks)
+        except BaseException:
+            node.master.cancel(CancelTaskCommand(task_id=handle.task_id))
+            raise
+
+    return await unless_client_leaves(http_request, work)
+
+
+async def _cancelling_on_exit(node: Node, handle: TaskHandle, events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """If the client goes away mid-stream, tell the runner to stop generating."""
+    finished = False
+    try:
+        async for event in events:
+            yield event
+        finished = True
+    finally:
+        if not finished:
+            logger.info("client left during task %s; cancelling it", handle.task_id)
+            node.master.cancel(CancelTaskCommand(task_id=handle.task_id))
+        await handle.chunks.aclose()
+
+
+def event_stream(node: Node, handle: TaskHandle, events: AsyncIterator[str]) -> StreamingResponse:
+    """The SSE response carrying `events`; the task is cancelled if the client leaves before the end."""
+    return StreamingResponse(
+        _cancelling_on_exit(node, handle, events),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

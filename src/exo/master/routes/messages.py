@@ -1,0 +1,76 @@
+"""The Anthropic Messages API: POST /v1/messages and /v1/messages/count_tokens, errors in Anthropic's shape."""
+
+from typing import Any
+from uuid import uuid4
+
+from fastapi import APIRouter, Request, Response
+
+from exo.master.adapters.messages_errors import anthropic_error
+from exo.master.adapters.messages_request import count_command, to_command
+from exo.master.adapters.messages_response import collect_message
+from exo.master.adapters.messages_stream import MessageStreamEncoder, message_events
+from exo.master.adapters.token_count import collect_prompt_tokens
+from exo.master.completion_flow import (
+    CLIENT_CLOSED_REQUEST,
+    collect,
+    event_stream,
+    first_chunk,
+    served_model,
+    submit,
+)
+from exo.master.routes.protocol_errors import shaped_route
+from exo.node import Node
+from exo.shared.types.anthropic_messages import (
+    AnthropicErrorResponse,
+    AnthropicMessage,
+    CountTokensRequest,
+    MessagesRequest,
+    TokenCount,
+)
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": AnthropicErrorResponse, "description": description}
+    for status, description in {
+        400: "Invalid request",
+        401: "Missing or wrong API key",
+        404: "Model not served",
+        413: "Request body too large",
+        429: "The model's queue is full",
+        500: "Server error",
+        503: "Model still loading or unavailable",
+    }.items()
+}
+
+
+def messages_router(node: Node) -> APIRouter:
+    """The Messages API routes for `node`."""
+    router = APIRouter(route_class=shaped_route(anthropic_error), tags=["Anthropic Messages"])
+
+    @router.post("/v1/messages", response_model=None, responses=_ERRORS)
+    async def create_message(request: MessagesRequest, http_request: Request) -> AnthropicMessage | Response:
+        model_id = served_model(node, request.model)
+        handle = submit(node, to_command(request, model_id))
+        message_id = f"msg_{uuid4().hex}"
+        if not request.stream:
+            message = await collect(
+                node,
+                handle,
+                http_request,
+                lambda chunks: collect_message(chunks, message_id=message_id, model=model_id),
+            )
+            return message if message is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
+        first = await first_chunk(node, handle, http_request)
+        if first is None:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        encoder = MessageStreamEncoder(message_id, model_id)
+        return event_stream(node, handle, message_events(encoder, first, handle.chunks))
+
+    @router.post("/v1/messages/count_tokens", response_model=None, responses=_ERRORS)
+    async def count_tokens(request: CountTokensRequest, http_request: Request) -> TokenCount | Response:
+        """The prompt's tokens, counted by the model's runner with the model's own template and tokenizer."""
+        model_id = served_model(node, request.model)
+        handle = submit(node, count_command(request, model_id))
+        count = await collect(node, handle, http_request, collect_prompt_tokens)
+        return TokenCount(input_tokens=count) if count is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
+
+    return router

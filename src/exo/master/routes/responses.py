@@ -1,0 +1,64 @@
+"""The OpenAI Responses API: POST /v1/responses and /v1/responses/input_tokens (errors in OpenAI's shape)."""
+
+from typing import Any
+from uuid import uuid4
+
+from fastapi import APIRouter, Request, Response
+
+from exo.master.adapters.responses_request import count_command, to_command
+from exo.master.adapters.responses_response import collect_response, initial_response
+from exo.master.adapters.responses_stream import ResponseStreamEncoder, response_events
+from exo.master.adapters.token_count import collect_prompt_tokens
+from exo.master.completion_flow import (
+    CLIENT_CLOSED_REQUEST,
+    collect,
+    event_stream,
+    first_chunk,
+    served_model,
+    submit,
+)
+from exo.node import Node
+from exo.shared.types.api import ErrorResponse
+from exo.shared.types.openai_responses import InputTokensRequest, ResponsesRequest
+from exo.shared.types.openai_responses_output import InputTokenCount, ResponseObject
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in {
+        400: "Invalid request",
+        401: "Missing or wrong API key",
+        404: "Model not served",
+        413: "Request body too large",
+        429: "The model's queue is full",
+        500: "Server error",
+        503: "Model still loading or unavailable",
+    }.items()
+}
+
+
+def responses_router(node: Node) -> APIRouter:
+    """The Responses API routes for `node`."""
+    router = APIRouter(tags=["OpenAI Responses"])
+
+    @router.post("/v1/responses", response_model=None, responses=_ERRORS)
+    async def create_response(request: ResponsesRequest, http_request: Request) -> ResponseObject | Response:
+        model_id = served_model(node, request.model)
+        handle = submit(node, to_command(request, model_id))
+        initial = initial_response(request, f"resp_{uuid4().hex}", model_id)
+        if not request.stream:
+            response = await collect(node, handle, http_request, lambda chunks: collect_response(chunks, initial))
+            return response if response is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
+        first = await first_chunk(node, handle, http_request)
+        if first is None:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        return event_stream(node, handle, response_events(ResponseStreamEncoder(initial), first, handle.chunks))
+
+    @router.post("/v1/responses/input_tokens", response_model=None, responses=_ERRORS)
+    async def count_input_tokens(request: InputTokensRequest, http_request: Request) -> InputTokenCount | Response:
+        """The prompt's tokens, counted by the model's runner with the model's own template and tokenizer."""
+        model_id = served_model(node, request.model)
+        handle = submit(node, count_command(request, model_id))
+        count = await collect(node, handle, http_request, collect_prompt_tokens)
+        return InputTokenCount(input_tokens=count) if count is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
+
+    return router

@@ -1,0 +1,117 @@
+"""A typed HTTP client of one exo node's API: what the MCP tools know about the cluster, they ask through this.
+
+Every answer is parsed into the API's own response models, so a tool never reads a loose dict, and every failure is
+one of two exceptions whose message a person (or a model) can act on: the node is not reachable, or it answered
+with an error.
+"""
+
+from types import TracebackType
+from typing import Self, TypeVar
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from exo.shared.types.api import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse, ModelList
+from exo.shared.types.state import State
+
+DEFAULT_NODE_URL = "http://127.0.0.1:52415"
+# Reads may wait for a whole completion on a slow CPU; connecting to a live node never takes long.
+_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
+
+ResponseModel = TypeVar("ResponseModel", bound=BaseModel)
+
+
+class NodeUnreachableError(Exception):
+    """Nothing answered at the node's address (exo is not running there, or a network is in the way)."""
+
+
+class NodeApiError(Exception):
+    """The node answered with an error status; the message is the node's own (OpenAI-shaped) error message."""
+
+    def __init__(self, status_code: int, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.code = code
+
+
+class NodeClient:
+    """The API of the exo node at `base_url`, with its API key when it has one. Use it as an async context."""
+
+    def __init__(self, base_url: str = DEFAULT_NODE_URL, api_key: str | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=_TIMEOUT)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def health(self) -> None:
+        """Return when the API answers `/health`; NodeUnreachableError when nothing does."""
+        await self._request("GET", "/health")
+
+    async def state(self) -> State:
+        """The node's `/state`: nodes, runners (status, shard, last error) and in-flight tasks."""
+        return await self._get("/state", State)
+
+    async def models(self) -> ModelList:
+        """The served models, as `/v1/models` lists them."""
+        return await self._get("/v1/models", ModelList)
+
+    async def chat_completion(self, request: ChatCompletionRequest) -> ChatCompletionResponse:
+        """One non-streaming chat completion."""
+        body = request.model_dump(mode="json", exclude_none=True)
+        response = await self._request("POST", "/v1/chat/completions", json=body)
+        return _parsed(response, ChatCompletionResponse)
+
+    async def _get(self, path: str, model: type[ResponseModel]) -> ResponseModel:
+        return _parsed(await self._request("GET", path), model)
+
+    async def _request(self, method: str, path: str, json: object = None) -> httpx.Response:
+        try:
+            response = await self._http.request(method, path, json=json)
+        except httpx.TimeoutException as error:
+            raise NodeUnreachableError(f"exo at {self.base_url} did not answer {path} in time ({error!r})") from error
+        except httpx.TransportError as error:
+            raise NodeUnreachableError(
+                f"exo is not reachable at {self.base_url} ({_reason(error)}); is it running? Start it with `uv run exo`"
+            ) from error
+        if response.status_code >= 400:
+            raise _api_error(self.base_url, path, response)
+        return response
+
+
+def _reason(error: httpx.TransportError) -> str:
+    if isinstance(error, httpx.ConnectError):
+        return "nothing accepted the connection"
+    return str(error) or type(error).__name__
+
+
+def _api_error(base_url: str, path: str, response: httpx.Response) -> NodeApiError:
+    if response.status_code == 401:
+        return NodeApiError(
+            401, f"exo at {base_url} refused the API key; pass --api-key or set EXO_API_KEY", "invalid_api_key"
+        )
+    try:
+        body = ErrorResponse.model_validate_json(response.content).error
+    except ValidationError:
+        return NodeApiError(response.status_code, f"{path} answered {response.status_code}: {response.text[:300]}")
+    return NodeApiError(response.status_code, body.message, body.code)
+
+
+def _parsed(response: httpx.Response, model: type[ResponseModel]) -> ResponseModel:
+    try:
+        return model.model_validate_json(response.content)
+    except ValidationError as error:
+        # A node of another version may answer in a shape this client does not know.
+        raise NodeApiError(
+            response.status_code, f"{response.request.url.path} answered in an unexpected shape: {error}"
+        ) from error

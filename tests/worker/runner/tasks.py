@@ -1,0 +1,49 @@
+"""Tasks and a supervisor for tests that drive a real runner subprocess without the API in front of it."""
+
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from exo.shared.types.chunks import Chunk
+from exo.shared.types.common import ModelId, new_command_id, new_runner_id, new_task_id
+from exo.shared.types.tasks import ChatCompletionTask, ChatCompletionTaskParams, PromptMessage, SamplingParams
+from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor
+from tests.exo_server import fixture_model
+
+MODEL = ModelId("tiny-qwen-tools")
+
+
+def chat_task(content: str = "Hello!", max_tokens: int = 32) -> ChatCompletionTask:
+    """A greedy completion of one user message on the tiny fixture model."""
+    return ChatCompletionTask(
+        task_id=new_task_id(),
+        command_id=new_command_id(),
+        model_id=MODEL,
+        params=ChatCompletionTaskParams(
+            messages=(PromptMessage(role="user", content=content),), sampling=SamplingParams(max_tokens=max_tokens)
+        ),
+    )
+
+
+async def collect(stream: MemoryObjectReceiveStream[Chunk]) -> list[Chunk]:
+    """Every chunk of one task, until the supervisor closes its stream."""
+    async with stream:
+        return [chunk async for chunk in stream]
+
+
+@asynccontextmanager
+async def running_supervisor(batch_size: int = 8) -> AsyncGenerator[RunnerSupervisor]:
+    """A RunnerSupervisor with a real runner subprocess serving tiny-qwen-tools, ready to take tasks."""
+    config = RunnerConfig(model_id=MODEL, model_path=fixture_model(MODEL), batch_size=batch_size)
+    supervisor = RunnerSupervisor(new_runner_id(), config)
+    async with anyio.create_task_group() as group:
+        group.start_soon(supervisor.run)
+        with anyio.fail_after(120):
+            await supervisor.wait_ready()
+        try:
+            yield supervisor
+        finally:
+            await supervisor.stop()
+            group.cancel_scope.cancel()

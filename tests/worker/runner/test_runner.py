@@ -1,0 +1,95 @@
+"""The runner's end of the pipe: a request it cannot read fails that task (or is ignored), and it keeps serving."""
+
+import json
+import multiprocessing
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+
+import pytest
+
+from exo.shared.types.chunks import ErrorChunk, FinishChunk, TokenChunk
+from exo.shared.types.worker.runner_response import (
+    RunnerBootstrap,
+    RunnerReady,
+    RunnerRequest,
+    RunnerRequestAdapter,
+    RunnerResponse,
+    RunnerResponseAdapter,
+    RunTask,
+    Shutdown,
+    TaskChunk,
+    TaskDone,
+)
+from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.runner.runner import runner_main
+from tests.exo_server import fixture_model
+from tests.fixtures.fixture_specs import GREETING_REPLY
+from tests.worker.runner.tasks import MODEL, chat_task
+
+
+class RunnerUnderTest:
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    def send(self, message: RunnerRequest) -> None:
+        self.connection.send_bytes(RunnerRequestAdapter.dump_json(message))
+
+    def receive(self, timeout: float = 60) -> RunnerResponse:
+        assert self.connection.poll(timeout), "the runner did not answer"
+        return RunnerResponseAdapter.validate_json(self.connection.recv_bytes())
+
+    def until_done(self) -> list[RunnerResponse]:
+        messages = [self.receive()]
+        while not isinstance(messages[-1], TaskDone):
+            messages.append(self.receive())
+        return messages
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[RunnerUnderTest]:
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe(duplex=True)
+    process = context.Process(target=runner_main, args=(child,), daemon=True)
+    process.start()
+    child.close()
+    under_test = RunnerUnderTest(parent)
+    under_test.send(RunnerBootstrap(model_path=str(fixture_model(MODEL)), shard=ShardAssignment()))
+    assert isinstance(under_test.receive(timeout=120), RunnerReady)
+    yield under_test
+    under_test.send(Shutdown())
+    process.join(10)
+    assert process.exitcode == 0
+
+
+def assert_still_serving(runner: RunnerUnderTest) -> None:
+    task = chat_task()
+    runner.send(RunTask(task=task))
+    *chunks, done = runner.until_done()
+    assert isinstance(done, TaskDone)
+    assert done.task_id == task.task_id
+    texts = [message.chunk for message in chunks if isinstance(message, TaskChunk)]
+    assert isinstance(texts[-1], FinishChunk)
+    assert "".join(chunk.text for chunk in texts if isinstance(chunk, TokenChunk)) == GREETING_REPLY
+
+
+def test_a_run_task_that_does_not_validate_fails_that_task_and_the_runner_keeps_serving(
+    runner: RunnerUnderTest,
+) -> None:
+    task = json.loads(RunTask(task=chat_task()).model_dump_json())
+    task["task"]["params"]["sampling"]["temperature"] = "hot"
+    runner.connection.send_bytes(json.dumps(task).encode())
+    chunk, done = runner.until_done()
+    assert isinstance(chunk, TaskChunk)
+    assert chunk.task_id == task["task"]["task_id"]
+    assert isinstance(chunk.chunk, ErrorChunk)
+    assert "could not read the request" in chunk.chunk.message
+    assert done == TaskDone(task_id=task["task"]["task_id"])
+    assert_still_serving(runner)
+
+
+@pytest.mark.parametrize("payload", [b"not json", b'{"kind": "reboot"}', b'{"kind": "run_task", "task": 5}', b"\xff"])
+def test_a_request_that_names_no_task_is_ignored_and_the_runner_keeps_serving(
+    runner: RunnerUnderTest, payload: bytes
+) -> None:
+    runner.connection.send_bytes(payload)
+    assert_still_serving(runner)
