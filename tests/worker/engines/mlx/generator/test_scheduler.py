@@ -14,6 +14,7 @@ from exo.shared.types.chunks import ErrorChunk
 from exo.shared.types.tasks import ChatCompletionTask
 from exo.worker.engines.mlx.generator.chat_completion import DecodeSettings, EngineContext
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
+from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 from tests.fixtures.fixture_specs import (
     FIXTURE_MODELS_DIR,
@@ -81,7 +82,8 @@ SHAPES: dict[str, JsonBody] = {
         "max_tokens": 5,
     },
 }
-BATCHED = DecodeSettings(batch_size=16)
+# Every draft verified when a request decodes alone, whatever the load makes multi-token passes cost.
+BATCHED = DecodeSettings(batch_size=16, speculation=LookupSettings(adaptive=False))
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from exo.shared.types.tasks import PromptMessage, SamplingParams, ToolPolicy
 from exo.worker.engines.mlx.cache.layer_cache import new_prompt_cache
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings, EngineContext
+from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
 from exo.worker.engines.mlx.generator.generate import generate_tokens
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings, PromptLookup
@@ -28,7 +29,8 @@ from tests.worker.engines.mlx.generator.scheduling import JsonBody, engine_conte
 
 LENGTH = 40
 WORDS = ("Hello", "weather", "Paris", "Tokyo", "the", "cat", "sat", "on", "mat", "tool", "call", "!", "?", "\n")
-SPECULATING = DecodeSettings(speculation=LookupSettings())
+# Every draft verified (not only those the measured costs favour), so what is checked does not depend on the load.
+SPECULATING = DecodeSettings(speculation=LookupSettings(adaptive=False))
 PLAIN = DecodeSettings(speculation=None)
 
 Proposer = Callable[[list[int], int], list[int]]
@@ -75,7 +77,7 @@ def speculative_greedy(
         sampler=GREEDY,
         processors=RequestProcessors((), ()),
         drafts=lambda limit: propose(produced, limit) if produced else [],
-        max_draft_tokens=8,
+        policy=DraftPolicy(StepCosts(), maximum=8),  # no measured costs: every draft is verified
     )
     while decoder.prefilling:
         decoder.prefill()

@@ -18,6 +18,8 @@ class LookupSettings:
     longest_ngram: int = 4
     shortest_ngram: int = 2
     """An n-gram this short or longer must match before anything is proposed (single tokens match far too often)."""
+    adaptive: bool = True
+    """Verify a draft only when the measured step costs say it pays (`draft_policy`); False verifies every draft."""
 
 
 class PromptLookup:
@@ -55,24 +57,3 @@ class PromptLookup:
             if start is not None:
                 return self._tokens[start : start + limit]
         return []
-
-
-class DraftBudget:
-    """How many draft tokens to verify next: the full length while guesses hold, shrinking after misses.
-
-    Verifying a draft costs more than a plain step (more tokens in the forward pass), so a request whose drafts keep
-    failing (free text that merely shares a few words with the prompt) drafts little; one that is copying drafts long.
-    """
-
-    def __init__(self, maximum: int) -> None:
-        self._maximum = maximum
-        self.current = maximum
-
-    def record(self, drafted: int, accepted: int) -> None:
-        """Adapt to the last verification: `accepted` of `drafted` tokens matched what the model produced."""
-        if drafted == 0:
-            return
-        if accepted == drafted:
-            self.current = min(self._maximum, max(self.current * 2, 1))
-        else:
-            self.current = max(accepted, 1)

@@ -19,6 +19,8 @@ from exo.shared.types.common import TaskId
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, trim_tokens
 from exo.worker.engines.mlx.generator.batch import BatchDecoder, BatchMember
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings
+from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
+from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
 from exo.worker.engines.mlx.generator.solo import SoloDecoder, SpeculationStats
 
 logger = logging.getLogger(__name__)
@@ -46,7 +48,9 @@ class GenerationScheduler:
         self._batch: BatchDecoder | None = None
         self._batched: dict[TaskId, ChatRequest] = {}
         self.speculation = SpeculationStats()
-        """Drafts proposed and accepted by every solo decoder so far."""
+        """Drafts verified and accepted by every solo decoder so far."""
+        self.step_costs = StepCosts()
+        """What solo forward passes cost here, by tokens fed: whether a draft is worth verifying."""
 
     @property
     def active(self) -> int:
@@ -115,10 +119,16 @@ class GenerationScheduler:
             sampler=request.sampler,
             processors=request.processors,
             drafts=request.propose_draft if speculation else None,
-            max_draft_tokens=speculation.max_draft_tokens if speculation else 0,
+            policy=self._draft_policy(speculation) if speculation else None,
+            costs=self.step_costs,
             prefill_step_size=self._settings.prefill_step_size,
         )
         self._solo = (request, decoder)
+
+    def _draft_policy(self, speculation: LookupSettings) -> DraftPolicy:
+        # Without adaptation the policy sees no measured costs, so it verifies every draft in full.
+        costs = self.step_costs if speculation.adaptive else StepCosts()
+        return DraftPolicy(costs, speculation.max_draft_tokens)
 
     def _solo_step(self) -> list[RequestUpdate]:
         assert self._solo is not None

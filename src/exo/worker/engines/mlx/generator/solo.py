@@ -10,6 +10,7 @@ Like mlx-lm's `generate_step`, the next step is launched (`mx.async_eval`) befor
 tokens, so detokenizing, parsing and sending overlap the next forward pass.
 """
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -18,8 +19,8 @@ from mlx import nn
 from mlx_lm.generate import generation_stream
 
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, materialize, trim_tokens
+from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
-from exo.worker.engines.mlx.generator.prompt_lookup import DraftBudget
 from exo.worker.engines.mlx.generator.sampling import Sampler
 
 DraftSource = Callable[[int], list[int]]
@@ -32,6 +33,8 @@ class _LaunchedStep:
     """The pending token, then the draft."""
     samples: mx.array
     """The model's token after each input (one per position), still being computed."""
+    started: float
+    """`time.perf_counter()` when it was launched."""
 
     @property
     def draft(self) -> list[int]:
@@ -58,7 +61,8 @@ class SoloDecoder:
         sampler: Sampler,
         processors: RequestProcessors,
         drafts: DraftSource | None,
-        max_draft_tokens: int = 0,
+        policy: DraftPolicy | None = None,
+        costs: StepCosts | None = None,
         prefill_step_size: int = 512,
     ) -> None:
         if not pending:
@@ -72,7 +76,8 @@ class SoloDecoder:
         self._sampler = sampler
         self._processors = processors
         self._drafts = drafts
-        self._budget = DraftBudget(max_draft_tokens)
+        self._policy = policy
+        self._costs = costs
         self._prefill_step_size = prefill_step_size
         self._launched: _LaunchedStep | None = None
         self.stats = SpeculationStats()
@@ -101,17 +106,29 @@ class SoloDecoder:
         """Start the step that feeds the pending token, with up to `draft_limit` draft tokens when there are any."""
         if self.prefilling or self._launched is not None:
             raise RuntimeError("launch needs a prefilled sequence and no step in flight")
-        limit = min(draft_limit, self._budget.current)
-        draft = self._drafts(limit) if self._drafts is not None and limit > 0 else []
-        if draft and self._processors.constrained:
-            context = mx.array([*self.fed, *self.pending])
-            draft = draft[: self._processors.allowed_draft_length(context, draft)]
-        inputs = [*self.pending, *draft]
+        inputs = [*self.pending, *self._draft(draft_limit)]
+        started = time.perf_counter()
         with mx.stream(generation_stream):
             logits = self._model(mx.array(inputs)[None], cache=self.cache)[0]
             samples = self._sample(inputs, logits)
         mx.async_eval(samples)
-        self._launched = _LaunchedStep(inputs=inputs, samples=samples)
+        self._launched = _LaunchedStep(inputs=inputs, samples=samples, started=started)
+
+    def _draft(self, limit: int) -> list[int]:
+        """The draft tokens to verify with the pending token: the lookup's proposal, cut where the grammar forbids
+        it, as long as the policy expects to pay off."""
+        if self._drafts is None or self._policy is None or limit <= 0:
+            return []
+        draft = self._drafts(limit)
+        if draft and self._processors.constrained:
+            context = mx.array([*self.fed, *self.pending])
+            draft = draft[: self._processors.allowed_draft_length(context, draft)]
+        if not draft:
+            return []
+        length = self._policy.draft_length(len(draft))
+        if length == 0:
+            self._policy.declined()
+        return draft[:length]
 
     def collect(self) -> list[int]:
         """The launched step's tokens: the drafts the model agreed with, then its own next token."""
@@ -120,6 +137,8 @@ class SoloDecoder:
             raise RuntimeError("no step in flight")
         self._launched = None
         samples: list[int] = step.samples.tolist()  # pyright: ignore[reportAssignmentType] -- 1-D token ids
+        if self._costs is not None:
+            self._costs.record(len(step.inputs), time.perf_counter() - step.started)
         draft = step.draft
         accepted = 0
         while accepted < len(draft) and samples[accepted] == draft[accepted]:
@@ -128,7 +147,8 @@ class SoloDecoder:
         if rejected:
             trim_tokens(self.cache, rejected)
             self._processors.rollback(rejected)
-        self._budget.record(len(draft), accepted)
+        if draft and self._policy is not None:
+            self._policy.record(len(draft), accepted)
         self.stats.steps += 1
         self.stats.drafted += len(draft)
         self.stats.accepted += accepted
