@@ -59,3 +59,14 @@ def test_declined_drafts_are_tried_again_now_and_then_to_remeasure() -> None:
     assert policy.draft_length(6) == 6
     policy.record(drafted=6, accepted=1)
     assert policy.draft_length(6) == 0
+
+
+def test_unmeasured_pass_lengths_are_interpolated_from_measured_ones() -> None:
+    measured = StepCosts()
+    measured.record(1, 1.0)
+    assert measured.seconds(5) == 1.0  # nothing longer measured: as cheap as the longest known, so it gets tried
+    measured.record(9, 3.0)
+    assert measured.seconds(5) == 2.0
+    assert measured.seconds(12) == 3.0
+    # At the prior acceptance (1/2) one draft token yields 1.5 tokens for 1.25 passes; two yield 1.75 for 1.5.
+    assert DraftPolicy(measured, maximum=8).draft_length(8) == 1

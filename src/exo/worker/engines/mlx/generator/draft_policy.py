@@ -16,7 +16,7 @@ _ACCEPTANCE_DECAY: Final = 0.7
 _PRIOR_ACCEPTANCE: Final = 0.5
 """Before any verification a request assumes half its draft tokens hold."""
 _MOST_ACCEPTANCE: Final = 0.95
-EXPLORE_AFTER_STEPS: Final = 32
+EXPLORE_AFTER_STEPS: Final = 200
 """Declined drafts after which one is verified anyway, to re-measure what multi-token passes cost now."""
 
 
@@ -33,8 +33,18 @@ class StepCosts:
         )
 
     def seconds(self, tokens_fed: int) -> float | None:
-        """The measured cost of a pass feeding `tokens_fed` tokens, None before one was measured."""
-        return self._seconds.get(tokens_fed)
+        """The cost of a pass feeding `tokens_fed` tokens: measured, or interpolated between a plain pass and the
+        nearest longer measured one (a pass costs more the more it feeds), or as the nearest shorter one when no
+        longer pass was measured yet (optimistic, so longer drafts get tried). None before any pass was measured."""
+        measured = self._seconds.get(tokens_fed)
+        if measured is not None or not self._seconds:
+            return measured
+        plain = self._seconds.get(1)
+        longer = min((fed for fed in self._seconds if fed > tokens_fed), default=None)
+        if plain is not None and longer is not None:
+            return plain + (self._seconds[longer] - plain) * (tokens_fed - 1) / (longer - 1)
+        shorter = max((fed for fed in self._seconds if fed < tokens_fed), default=None)
+        return self._seconds[shorter] if shorter is not None else self._seconds[min(self._seconds)]
 
 
 class DraftPolicy:
@@ -64,7 +74,6 @@ class DraftPolicy:
         for length in range(1, limit + 1):
             term *= self.acceptance
             expected += term
-            # A length never measured is assumed to cost a plain step, so it gets tried (and measured) once.
             cost = self._costs.seconds(length + 1) or plain
             if expected / cost > best_rate:
                 best_length, best_rate = length, expected / cost
