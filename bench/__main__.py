@@ -1,7 +1,8 @@
 """`uv run python -m bench [--model SPEC] [--quick] [--output PATH] [--note TEXT] [--results-json PATH]`.
 
 Measures and writes the report; `--render JSON` re-renders a saved run without measuring; `--only constrained
---base JSON` measures that section alone and renders it together with the other sections' saved numbers."""
+--base JSON` measures that section alone and renders it together with the other sections' saved numbers. Section 6
+(BLAS candidates on Linux x86_64) is measured only that way: `--only blas --base JSON [--blas-library PATH]`."""
 
 import argparse
 import asyncio
@@ -15,6 +16,7 @@ from types import FrameType
 
 import httpx
 
+from bench.blas_section import measure_blas
 from bench.charts import write_charts
 from bench.constrained import measure_constrained
 from bench.machine import machine_info
@@ -47,7 +49,7 @@ from exo.models.resolve import ResolvedModel, resolve_model
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 QUICK_MODEL = REPOSITORY_ROOT / "tests" / "fixtures" / "models" / "tiny-qwen-tools"
 DEFAULT_OUTPUT = REPOSITORY_ROOT / "docs" / "PERFORMANCE.md"
-SECTIONS = ("constrained",)
+SECTIONS = ("constrained", "blas")
 """Sections `--only` can measure alone (the others share servers that one run starts)."""
 
 
@@ -69,6 +71,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--base", type=Path, metavar="JSON", help="with --only: a --results-json file holding the other sections"
     )
+    parser.add_argument(
+        "--blas-library",
+        type=Path,
+        action="append",
+        default=[],
+        help="with --only blas: also measure this cblas library (repeatable), e.g. an unpacked distribution package",
+    )
+    parser.add_argument(
+        "--blas-library-path", help="with --blas-library: LD_LIBRARY_PATH for those libraries' own dependencies"
+    )
+    parser.add_argument("--blas-rounds", type=int, default=3, help="with --only blas: rounds of all candidates")
     return parser
 
 
@@ -152,6 +165,23 @@ def _measure(model_spec: str | None, *, quick: bool) -> BenchReport:
         return run_bench(model, settings, constrained, Path(scratch))
 
 
+def _measure_blas_into(base_path: Path, model_spec: str | None, arguments: argparse.Namespace) -> BenchReport:
+    """The saved report at `base_path` with section 6 (BLAS candidates) measured afresh on its model."""
+    base = BenchReport.model_validate_json(base_path.read_text())
+    model = _resolve(model_spec or base.model_path, quick=arguments.quick)
+    started = time.monotonic()
+    section = measure_blas(
+        model.model_id,
+        model.path,
+        1 if arguments.quick else arguments.blas_rounds,
+        extra_libraries=arguments.blas_library,
+        extra_library_path=arguments.blas_library_path,
+        progress=_progress,
+    )
+    _progress(f"section measured in {time.monotonic() - started:.0f} s")
+    return base.model_copy(update={"blas": section})
+
+
 def _measure_constrained_into(base_path: Path, model_spec: str | None, *, quick: bool) -> BenchReport:
     """The saved report at `base_path` with section 5 measured afresh on its model (or on `model_spec`)."""
     base = BenchReport.model_validate_json(base_path.read_text())
@@ -174,7 +204,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if arguments.render is not None:
         report = BenchReport.model_validate_json(arguments.render.read_text())
     else:
-        if arguments.only is not None:
+        if arguments.only == "blas":
+            report = _measure_blas_into(arguments.base, arguments.model, arguments)
+        elif arguments.only is not None:
             report = _measure_constrained_into(arguments.base, arguments.model, quick=arguments.quick)
         else:
             report = _measure(arguments.model, quick=arguments.quick)

@@ -3,6 +3,7 @@
 from datetime import UTC, datetime
 
 from bench.markdown import markdown_table
+from bench.report_blas import render_blas
 from bench.report_constrained import CONSTRAINED_TITLE, render_constrained
 from bench.results import AgentSeries, BenchReport
 from bench.targets import (
@@ -251,6 +252,7 @@ def render_markdown(report: BenchReport, notes: list[str]) -> str:
         *_parser(report),
         *_concurrency(report),
         *(render_constrained(report.constrained) if report.constrained is not None else []),
+        *(render_blas(report.blas) if report.blas is not None else []),
         *_METHOD,
         *_sizes(report),
     ]

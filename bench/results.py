@@ -152,6 +152,41 @@ class ConstrainedReport(BenchModel):
     exo_commit: str
 
 
+class BlasMeasurement(BenchModel):
+    """One run of one BLAS candidate in a fresh process (`bench.blas_worker`)."""
+
+    library: str | None
+    """The file `cblas_sgemm` resolved to; None for mlx's bundled reference BLAS."""
+    self_check_gflops: float
+    """exo's runner self-check: best single 512×512 float32 matmul over 0.15 s."""
+    sustained_gflops: float
+    """Mean 512×512 float32 matmul rate over a few seconds, stalls included."""
+    prefill_tokens_per_s: float | None
+    decode_tokens_per_s: float | None
+    """None when the run measured matmuls only (the contended runs)."""
+
+
+class BlasRow(BenchModel):
+    candidate: str
+    chosen_by_exo: bool
+    quiet: list[BlasMeasurement]
+    contended: list[BlasMeasurement]
+    """The same candidate while one busy-looping process competes for a core (matmuls only)."""
+
+
+class BlasSection(BenchModel):
+    """Section 6: the BLAS candidates for Linux x86_64, measured in alternation."""
+
+    rows: list[BlasRow]
+    rounds: int
+    model_id: str | None
+    prefill_tokens: int
+    decode_tokens: int
+    cpu: str
+    load_average: tuple[float, float, float]
+    exo_commit: str
+
+
 class BenchReport(BenchModel):
     model_id: str
     model_path: str
@@ -164,3 +199,5 @@ class BenchReport(BenchModel):
     wall_s: float
     constrained: ConstrainedReport | None = None
     """Absent from reports saved before the section existed."""
+    blas: BlasSection | None = None
+    """Absent from reports saved before the section existed (and off Linux x86_64)."""

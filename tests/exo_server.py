@@ -107,6 +107,8 @@ def running_exo(
     tmp_path: Path,
     extra_args: Sequence[str] = (),
     env: dict[str, str] | None = None,
+    *,
+    ready_timeout: float = 60.0,
     api_key: str | None = None,
 ) -> Generator[ExoServer]:
     """Start `python -m exo` on a free port serving `models` (behind `api_key` when given), wait until ready, and
@@ -125,7 +127,7 @@ def running_exo(
         )
     server = ExoServer(process=process, port=port, log_path=log_path, api_key=api_key)
     try:
-        server.wait_until_all_ready(len(models))
+        server.wait_until_all_ready(len(models), timeout=ready_timeout)
         yield server
     finally:
         if process.poll() is None:

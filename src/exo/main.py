@@ -120,6 +120,12 @@ async def serve(config: "NodeConfig") -> None:
         task_group.cancel_scope.cancel()
 
 
+def quiet_http_client_logs(level: int) -> None:
+    """httpx logs every request at INFO: one line per model piece fetched. Keep them for -v only."""
+    if level > logging.DEBUG:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     command_line = list(sys.argv[1:] if argv is None else argv)
     if command_line[:1] == ["conformance"]:
@@ -137,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     arguments = build_parser().parse_args(command_line)
     config = config_from_args(arguments)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    quiet_http_client_logs(config.log_level)
     try:
         anyio.run(serve, config)
     except KeyboardInterrupt:

@@ -63,10 +63,12 @@ class ScriptedWorker(Worker):
         pass
 
 
-def scripted_app(config: NodeConfig | None = None) -> tuple[FastAPI, ScriptedWorker]:
-    """The production app for a node serving SCRIPTED_MODEL through a ScriptedWorker."""
+def scripted_app(
+    config: NodeConfig | None = None, worker: ScriptedWorker | None = None
+) -> tuple[FastAPI, ScriptedWorker]:
+    """The production app for a node serving SCRIPTED_MODEL through a ScriptedWorker (or `worker`)."""
     node = Node(config or NodeConfig())
-    worker = ScriptedWorker()
+    worker = worker or ScriptedWorker()
     node.master.attach_worker(worker)
     node.master.on_event(
         RunnerUpdated(
@@ -77,7 +79,11 @@ def scripted_app(config: NodeConfig | None = None) -> tuple[FastAPI, ScriptedWor
                 shard=ShardAssignment(),
                 status="ready",
                 metadata=ModelMetadata(
-                    context_length=4096, tool_format="hermes", supports_reasoning=False, dtype="float32"
+                    context_length=4096,
+                    tool_format="hermes",
+                    supports_reasoning=False,
+                    dtype="float32",
+                    vocab_size=741,
                 ),
             )
         )

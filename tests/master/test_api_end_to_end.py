@@ -88,6 +88,7 @@ def test_models_health_and_state(server: ExoServer) -> None:
     assert [card["id"] for card in models["data"]] == ["tiny-qwen-tools"]
     assert "tool_use" in models["data"][0]["capabilities"]
     assert models["data"][0]["context_length"] == 4096
+    assert models["data"][0]["vocab_size"] == 741
     assert httpx.get(f"{server.base_url}/health").json() == {"status": "ok"}
     state = server.state()
     runner = server.runner()

@@ -56,6 +56,24 @@ class BadRequest:
         return json.dumps({"model": model, "messages": HELLO, **self.body}).encode()
 
 
+# Schemas nothing can finish (each was a 500, or an empty "JSON" answer): one that applies itself to the same value
+# without end, and one no finite value satisfies (every `next` needs a `next`).
+SELF_REFERENCE: JsonBody = {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+NEXT_REQUIRED: JsonBody = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "next": {"$ref": "#"}},
+    "required": ["city", "next"],
+}
+
+
+def strict_tool(name: str, parameters: JsonBody) -> JsonBody:
+    return {"type": "function", "function": {"name": name, "parameters": parameters, "strict": True}}
+
+
+def answer_format(schema: JsonBody) -> JsonBody:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+
+
 CASES = [
     BadRequest("malformed_json", b'{"model": "x", "messages": [', 400, "not valid JSON"),
     BadRequest("body_not_an_object", b"[1, 2, 3]", 400, "must be a JSON object"),
@@ -123,7 +141,7 @@ CASES = [
         {"tools": [tool("get_weather", {"type": "object", "properties": {"city": {"type": "strng"}}})]},
         400,
         "not a valid JSON Schema",
-        param="tools[0]",
+        param="tools[0].function.parameters",
     ),
     BadRequest(
         "parameters_not_an_object",
@@ -145,10 +163,80 @@ CASES = [
     BadRequest(
         "tool_choice_unknown_mode", {"tools": [GET_WEATHER_TOOL], "tool_choice": "sometimes"}, 400, "tool_choice"
     ),
-    BadRequest("max_tokens_zero", {"max_tokens": 0}, 400, "at least 1", param="max_tokens"),
-    BadRequest("max_tokens_negative", {"max_tokens": -5}, 400, "at least 1", param="max_tokens"),
-    BadRequest("max_completion_tokens_zero", {"max_completion_tokens": 0}, 400, "at least 1", param="max_tokens"),
+    BadRequest(
+        "self_referencing_tool_schema_under_required",
+        {"tools": [tool("get_weather", SELF_REFERENCE)], "tool_choice": "required"},
+        400,
+        "applies itself to the same value without end",
+        param="tools[0].function.parameters",
+    ),
+    BadRequest(
+        "self_referencing_tool_schema_under_auto",
+        {"tools": [tool("get_weather", SELF_REFERENCE)]},
+        400,
+        "applies itself to the same value without end",
+        param="tools[0].function.parameters",
+    ),
+    BadRequest(
+        "self_referencing_response_format",
+        {"response_format": answer_format(SELF_REFERENCE)},
+        400,
+        "applies itself to the same value without end",
+        param="response_format.json_schema.schema",
+    ),
+    BadRequest(
+        "endlessly_required_tool_schema_under_required",
+        {"tools": [tool("get_weather", NEXT_REQUIRED)], "tool_choice": "required"},
+        400,
+        "no finite value satisfies it (required 'next' → $ref '#')",
+        param="tools[0].function.parameters",
+    ),
+    BadRequest(
+        "endlessly_required_tool_schema_named",
+        {
+            "tools": [GET_WEATHER_TOOL, tool("get_time", NEXT_REQUIRED)],
+            "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+        },
+        400,
+        "no finite value satisfies it",
+        param="tools[1].function.parameters",
+    ),
+    BadRequest(
+        "endlessly_required_strict_tool_schema",
+        {"tools": [strict_tool("get_weather", NEXT_REQUIRED)]},
+        400,
+        "no finite value satisfies it",
+        param="tools[0].function.parameters",
+    ),
+    BadRequest(
+        "endlessly_required_response_format",
+        {"response_format": answer_format(NEXT_REQUIRED)},
+        400,
+        "no finite value satisfies it",
+        param="response_format.json_schema.schema",
+    ),
+    BadRequest("max_tokens_zero", {"max_tokens": 0}, 400, "greater than or equal to 1", param="max_tokens"),
+    BadRequest("max_tokens_negative", {"max_tokens": -5}, 400, "greater than or equal to 1", param="max_tokens"),
+    BadRequest(
+        "max_completion_tokens_zero",
+        {"max_completion_tokens": 0},
+        400,
+        "greater than or equal to 1",
+        param="max_completion_tokens",
+    ),
     BadRequest("n_greater_than_one", {"n": 2}, 400, "only n=1", param="n"),
+    # Sampling values mlx cannot take (each was a 500): the seed is an unsigned 64-bit integer, top_k must be below
+    # the vocabulary (tiny-qwen-tools and the scripted model: 741 tokens).
+    BadRequest("seed_negative", {"seed": -1}, 400, "must be between 0 and 18446744073709551615", param="seed"),
+    BadRequest("seed_2_to_the_64", {"seed": 2**64}, 400, "must be between 0 and", param="seed"),
+    BadRequest("seed_2_to_the_70", {"seed": 2**70}, 400, "must be between 0 and", param="seed"),
+    BadRequest(
+        "top_k_at_the_vocabulary_size", {"top_k": 741, "temperature": 0.7}, 400, "vocabulary size of 741", "top_k"
+    ),
+    BadRequest("top_k_huge", {"top_k": 2**70}, 400, "vocabulary size of 741", param="top_k"),
+    BadRequest("top_k_below_minus_one", {"top_k": -2}, 400, "greater than or equal to -1", param="top_k"),
+    BadRequest("too_many_stop_sequences", {"stop": ["a"] * 17}, 400, "at most 16 items", param="stop"),
+    BadRequest("stop_sequence_too_long", {"stop": ["ok", "x" * 1001]}, 400, "at most 1000 characters", "stop[1]"),
     BadRequest(
         "image_content_part",
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
@@ -167,7 +255,7 @@ CASES = [
         {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}},
         400,
         "response_format.json_schema.schema is not a valid JSON Schema",
-        param="response_format",
+        param="response_format.json_schema.schema",
     ),
     BadRequest("logprobs_requested", {"logprobs": True}, 400, "logprobs are not supported", param="logprobs"),
     BadRequest("logit_bias_requested", {"logit_bias": {"42": 100}}, 400, "logit_bias is not supported", "logit_bias"),
@@ -443,3 +531,15 @@ def test_escaped_unicode_that_is_valid_reaches_the_runner_intact(app: tuple[Test
     )
     assert response.status_code == 200, response.text
     assert worker.tasks[0].params.messages[0].content == text
+
+
+def test_an_endlessly_required_schema_stays_lenient_under_plain_auto(app: tuple[TestClient, ScriptedWorker]) -> None:
+    """Under plain "auto" no grammar enforces the schema (the parser checks arguments after the fact, and checking a
+    finite value always ends), so the request is served as documented; only a named tool is forced."""
+    client, worker = app
+    tools = [GET_WEATHER_TOOL, tool("get_time", NEXT_REQUIRED)]
+    for choice in ("auto", {"type": "function", "function": {"name": "get_weather"}}):
+        body = {"model": SCRIPTED_MODEL, "messages": HELLO, "tools": tools, "tool_choice": choice}
+        response = post(client, json.dumps(body).encode())
+        assert response.status_code == 200, response.text
+    assert len(worker.tasks) == 2

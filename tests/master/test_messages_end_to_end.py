@@ -149,10 +149,10 @@ def test_a_tool_result_turn_leads_to_the_fixture_answer(client: Anthropic) -> No
 
 def test_errors_are_raised_by_the_sdk_as_errors_and_the_server_keeps_serving(client: Anthropic) -> None:
     with pytest.raises(NotFoundError):
-        client.messages.create(**{**ask("Hello!"), "model": "not-a-served-model"})
+        client.messages.create(**ask("Hello!", model="not-a-served-model"))
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
     with pytest.raises(BadRequestError, match="image input"):
-        client.messages.create(**{**ask("Hello!"), "messages": [{"role": "user", "content": [image]}]})
+        client.messages.create(**ask("Hello!", messages=[{"role": "user", "content": [image]}]))
     for stream in (False, True):
         with pytest.raises(BadRequestError, match="prompt is too long") as raised:
             client.messages.create(**ask("weather " * 5000), stream=stream)

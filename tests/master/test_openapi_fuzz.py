@@ -1,4 +1,5 @@
-"""Schemathesis fuzzes the app's own OpenAPI schema: no input may cause a 5xx, and every error is OpenAI-shaped.
+"""Schemathesis fuzzes the app's own OpenAPI schema: no input may cause a 5xx, and every error has its protocol's
+shape (OpenAI's, Anthropic's on the Messages API).
 
 It runs against the production app in process (scripted worker, see inprocess_app) with a fixed number of
 examples and a derandomized seed, so it is fast and a failure reproduces exactly.
@@ -22,8 +23,14 @@ EXAMPLES = 50
 def assert_well_behaved(case: FuzzCase) -> None:
     response = case.call()
     assert response.status_code < 500, f"{case.method} {case.path} {case.body!r} -> {response.text}"
-    if response.status_code >= 400:
+    if response.status_code >= 400 and case.path.startswith("/v1/messages"):
         payload: Any = response.json()
+        assert set(payload) == {"type", "error"}, response.text
+        assert payload["type"] == "error"
+        assert set(payload["error"]) == {"type", "message"}, response.text
+        assert payload["error"]["message"]
+    elif response.status_code >= 400:
+        payload = response.json()
         assert set(payload) == {"error"}, response.text
         assert set(payload["error"]) == {"message", "type", "param", "code"}, response.text
         assert isinstance(payload["error"]["message"], str)
@@ -35,12 +42,18 @@ def assert_well_behaved(case: FuzzCase) -> None:
     [
         ("POST", "/v1/chat/completions", GenerationMode.POSITIVE),
         ("POST", "/v1/chat/completions", GenerationMode.NEGATIVE),
+        ("POST", "/v1/messages", GenerationMode.POSITIVE),
+        ("POST", "/v1/messages", GenerationMode.NEGATIVE),
+        ("POST", "/v1/messages/count_tokens", GenerationMode.POSITIVE),
+        ("POST", "/v1/responses", GenerationMode.POSITIVE),
+        ("POST", "/v1/responses", GenerationMode.NEGATIVE),
+        ("POST", "/v1/responses/input_tokens", GenerationMode.POSITIVE),
         ("GET", "/v1/models", GenerationMode.POSITIVE),
         ("GET", "/state", GenerationMode.POSITIVE),
         ("GET", "/health", GenerationMode.POSITIVE),
     ],
 )
-def test_fuzzed_requests_never_get_a_5xx_and_errors_are_openai_shaped(
+def test_fuzzed_requests_never_get_a_5xx_and_errors_have_their_protocols_shape(
     method: str, path: str, mode: GenerationMode
 ) -> None:
     operation = SCHEMA[path][method]

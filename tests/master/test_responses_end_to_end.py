@@ -134,7 +134,7 @@ def test_function_call_output_leads_to_the_fixture_answer(client: OpenAI) -> Non
 
 def test_errors_are_raised_by_the_sdk_as_errors_and_the_server_keeps_serving(client: OpenAI) -> None:
     with pytest.raises(NotFoundError):
-        client.responses.create(**{**ask("Hello!"), "model": "not-a-served-model"})
+        client.responses.create(**ask("Hello!", model="not-a-served-model"))
     with pytest.raises(BadRequestError, match="web_search"):
         client.responses.create(**ask("Hello!", tools=[{"type": "web_search"}]))
     with pytest.raises(BadRequestError, match="previous_response_id"):

@@ -19,9 +19,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from exo.main import build_parser, config_from_args
+from exo.models.errors import ModelLoadError
 from exo.node import NodeConfig
 from exo.shared.types.worker.shards import ShardAssignment
-from exo.worker.engines.mlx.utils_mlx import ModelLoadError, load_model
+from exo.worker.engines.mlx.utils_mlx import load_model
 from tests.exo_server import fixture_model, free_port, running_exo
 from tests.fixtures.fixture_specs import GREETING_REPLY
 from tests.master.inprocess_app import SCRIPTED_MODEL, SCRIPTED_REPLY, ResponseLike, ScriptedWorker, scripted_app

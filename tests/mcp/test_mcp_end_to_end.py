@@ -9,10 +9,12 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from rich.filesize import decimal
 
 from exo.mcp.inference import RunResult
 from exo.mcp.models import ModelsResult
 from exo.mcp.status import StatusResult
+from exo.models.catalog import CATALOG
 from tests.exo_server import ExoServer, fixture_model, free_port, running_exo
 from tests.fixtures.fixture_specs import GREETING_REPLY
 from tests.mcp.mcp_clients import TRANSPORTS, McpTransport, exo_mcp_client, text_of
@@ -20,6 +22,7 @@ from tests.mcp.mcp_clients import TRANSPORTS, McpTransport, exo_mcp_client, text
 MODEL = "tiny-qwen-tools"
 API_KEY = "mcp-test-key"
 READ_ONLY_TOOLS = {"exo_status", "exo_list_models", "exo_run_model"}
+CHANGING_TOOLS = {"exo_download_model"}
 
 both_transports = pytest.mark.parametrize("transport", TRANSPORTS)
 
@@ -34,7 +37,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExoServer]:
 async def test_every_tool_is_listed_with_schemas_and_annotations(transport: McpTransport, node: ExoServer) -> None:
     async with exo_mcp_client(transport, node.base_url, API_KEY) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-    assert set(tools) >= READ_ONLY_TOOLS
+    assert set(tools) >= READ_ONLY_TOOLS | CHANGING_TOOLS
     for name, tool in tools.items():
         assert tool.description, name
         assert tool.input_schema["type"] == "object", name
@@ -42,6 +45,11 @@ async def test_every_tool_is_listed_with_schemas_and_annotations(transport: McpT
         assert tool.annotations is not None, name
     for name in READ_ONLY_TOOLS:
         assert tools[name].annotations.read_only_hint is True, name  # pyright: ignore[reportOptionalMemberAccess]
+    for name in CHANGING_TOOLS:
+        annotations = tools[name].annotations
+        assert annotations is not None
+        assert annotations.read_only_hint is False, name
+        assert tools[name].description.startswith("Changes the cluster:"), name  # pyright: ignore[reportOptionalMemberAccess]
     assert tools["exo_run_model"].input_schema["required"] == ["model", "prompt"]
 
 
@@ -65,11 +73,20 @@ async def test_list_models_shows_what_the_runner_loaded(transport: McpTransport,
     async with exo_mcp_client(transport, node.base_url, API_KEY) as client:
         result = await client.call_tool("exo_list_models", {})
     assert not result.is_error, result
-    served = ModelsResult.model_validate(result.structured_content).served
+    models = ModelsResult.model_validate(result.structured_content)
+    served = models.served
     assert [(model.model_id, model.status, model.tool_format) for model in served] == [(MODEL, "ready", "hermes")]
+    assert [model.listing.entry.model_id for model in models.catalog.models] == [entry.model_id for entry in CATALOG]
+    assert not any(model.listing.downloaded for model in models.catalog.models)  # a fresh models directory
     assert served[0].path == str(fixture_model(MODEL))
     assert served[0].context_length is not None
-    assert f"- {MODEL} (ready, context {served[0].context_length}, tool calls as hermes)" in text_of(result)
+    text = text_of(result)
+    assert f"- {MODEL} (ready, context {served[0].context_length}, tool calls as hermes)" in text
+    larger = CATALOG[1]
+    assert (
+        f"- {larger.model_id} ({larger.family} {larger.parameters}, {decimal(larger.source.download_bytes)} download, "
+        f"{decimal(larger.imported_bytes)} on disk, needs {decimal(larger.memory_bytes())} of memory): not downloaded"
+    ) in text
 
 
 @both_transports

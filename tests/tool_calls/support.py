@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.chunks import ParsedChunk, ReasoningChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk
 from exo.shared.types.common import ToolCallId
-from exo.tool_calls import ToolFormatName, ToolStreamParser, merge_chunks, parse_complete
+from exo.tool_calls import ToolFormatName, ToolStreamParser
+from tests.tool_calls.chunk_merge import merge_chunks
 
 WEATHER = FunctionDefinition(
     name="get_weather",
@@ -65,7 +66,9 @@ def run_stream(fixture: Fixture, pieces: Sequence[str], **options: object) -> tu
 
 
 def run_complete(fixture: Fixture, **options: object) -> list[ParsedChunk]:
-    return parse_complete(fixture.tool_format, fixture.tools, fixture.text, new_call_id=counting_ids(), **options)  # pyright: ignore[reportArgumentType]
+    """The whole text fed at once, chunks merged: what a non-streaming response holds."""
+    chunks, _ = run_stream(fixture, [fixture.text], **options)
+    return merge_chunks(chunks)
 
 
 def split_at(text: str, cuts: Sequence[int]) -> list[str]:

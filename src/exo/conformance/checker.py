@@ -1,9 +1,16 @@
-"""One entry point for checking a streamed response: the contract rules, then openai-python's reading of it."""
+"""One entry point for checking a streamed chat-completions response: the contract's numbered rules
+(docs/TOOL_CALLING.md, "The streaming contract"), then openai-python's own reading of the stream where the SDK
+is installed (a development dependency: a runtime-only install checks the rules alone).
 
-from collections.abc import Sequence
+Another protocol's stream (a future Messages or Responses endpoint) gets a walker module of its own beside
+contract.py and an entry point here; replay.py and the CLI stay as they are.
+"""
 
-from exo.conformance.contract import StreamCheck, Violation, walk_stream
-from exo.conformance.openai_crosscheck import openai_violations
+from collections.abc import Callable, Sequence
+
+from exo.conformance.contract import StreamCheck, StreamSummary, Violation, walk_stream
+
+SecondReader = Callable[[Sequence[str], StreamSummary], list[Violation]]
 
 
 def sse_payloads(body: str) -> list[str]:
@@ -16,10 +23,22 @@ def sse_payloads(body: str) -> list[str]:
     return payloads
 
 
+def openai_reader() -> SecondReader | None:
+    """openai-python's accumulator as a second reader, or None where the SDK is not installed."""
+    try:
+        from exo.conformance.openai_crosscheck import openai_violations
+    except ModuleNotFoundError as error:
+        if error.name is not None and error.name.split(".")[0] == "openai":
+            return None
+        raise
+    return openai_violations
+
+
 def check_stream(payloads: Sequence[str], *, include_usage: bool, named_tool_choice: bool = False) -> StreamCheck:
     """Every contract violation of one streamed response, plus any disagreement of openai-python's accumulator."""
     walked = walk_stream(payloads, include_usage=include_usage, named_tool_choice=named_tool_choice)
-    extra = openai_violations(payloads, walked.summary)
+    reader = openai_reader()
+    extra = reader(payloads, walked.summary) if reader is not None else []
     return StreamCheck(summary=walked.summary, violations=(*walked.violations, *extra))
 
 

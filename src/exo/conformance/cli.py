@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from pydantic import TypeAdapter
 
+from exo.conformance.checker import openai_reader
 from exo.conformance.replay import CaseResult, replay_case
 from exo.conformance.samples import all_cases
 from exo.tool_calls import ToolFormatName
@@ -58,6 +59,8 @@ def format_table(results: Sequence[CaseResult]) -> str:
     ]
     failed = sum(not result.passed for result in results)
     lines.append(f"{len(results) - failed}/{len(results)} cases pass")
+    if openai_reader() is None:
+        lines.append("(openai-python is not installed: streams were checked against the contract's rules alone)")
     return "\n".join(lines)
 
 

@@ -1,4 +1,4 @@
-"""The streaming contract of shared/TOOL-CALLING-CONTRACT.md as a checker over one response's SSE payloads.
+"""The streaming contract of docs/TOOL_CALLING.md as a checker over one response's SSE payloads.
 
 `walk_stream` reads the `data:` payloads in order (the JSON texts and the final `[DONE]`), accumulates what a
 client would (role, content, reasoning, tool calls, finish reason) and lists every rule the stream breaks.

@@ -14,6 +14,7 @@ from pydantic import computed_field
 
 from exo.conformance.checker import check_stream, sse_payloads
 from exo.conformance.contract import StreamSummary
+from exo.conformance.protocol_replay import protocol_checks
 from exo.conformance.samples import WEATHER_TOOL, ConformanceCase
 from exo.master.adapters import chat_response, chat_stream
 from exo.shared.types.api import ChatCompletionResponse
@@ -104,6 +105,10 @@ def replay_case(case: ConformanceCase) -> CaseResult:
         problems.append("parser: a malformed call was not noted as a failure")
     elif not case.malformed:
         problems.extend(f"parser: {failure}" for failure in failures)
+    for protocol, protocol_check in protocol_checks(chunks):
+        problems.extend(f"[{violation.rule}] {violation.message}" for violation in protocol_check.violations)
+        summary = protocol_check.summary.as_stream_summary()
+        problems.extend(f"{protocol}: {problem}" for problem in _expectation_problems(case, summary))
     streamed = [(call.call_id, call.name, call.arguments) for call in checked.summary.calls]
     if _collected_calls(chunks) != streamed:
         problems.append("the non-streaming response differs from the stream")

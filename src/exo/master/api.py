@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from exo.master.adapters.chat_request import to_command
 from exo.master.adapters.chat_response import collect_response
 from exo.master.adapters.chat_stream import ChunkEncoder, sse_events
+from exo.master.adapters.messages_errors import anthropic_error
 from exo.master.completion_flow import (
     CLIENT_CLOSED_REQUEST,
     collect,
@@ -27,7 +28,8 @@ from exo.master.errors import (
     handle_validation_error,
 )
 from exo.master.request_guard import RequestGuard
-from exo.master.routes.messages import messages_router
+from exo.master.routes.catalog import catalog_router
+from exo.master.routes.messages import MESSAGES_PATH_PREFIX, messages_router
 from exo.master.routes.responses import responses_router
 from exo.mcp.http_mount import mount_mcp
 from exo.node import Node
@@ -63,7 +65,12 @@ def create_app(node: Node) -> FastAPI:
     app.add_exception_handler(RequestValidationError, handle_validation_error)
     app.add_exception_handler(StarletteHTTPException, handle_http_error)
     app.add_exception_handler(Exception, handle_unexpected_error)
-    app.add_middleware(RequestGuard, api_key=node.config.api_key, max_body_bytes=node.config.max_request_bytes)
+    app.add_middleware(
+        RequestGuard,
+        api_key=node.config.api_key,
+        max_body_bytes=node.config.max_request_bytes,
+        error_shapes={MESSAGES_PATH_PREFIX: anthropic_error},
+    )
     mount_mcp(app, host=node.config.host, port=node.config.api_port, api_key=node.config.api_key)
 
     @app.get("/health")
@@ -90,6 +97,7 @@ def create_app(node: Node) -> FastAPI:
                     created=int(time.time()),
                     capabilities=capabilities,
                     context_length=metadata.context_length if metadata else None,
+                    vocab_size=metadata.vocab_size if metadata else None,
                 )
             )
         return ModelList(data=cards)
@@ -119,4 +127,5 @@ def create_app(node: Node) -> FastAPI:
 
     app.include_router(messages_router(node))
     app.include_router(responses_router(node))
+    app.include_router(catalog_router(node))
     return app

@@ -14,13 +14,13 @@ import anyio
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from exo.master.errors import ApiError
-from exo.master.main import ModelNotLoadedError, TaskHandle
+from exo.master.errors import ApiError, placement_error, task_error
+from exo.master.main import TaskHandle
 from exo.node import Node
 from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
 from exo.shared.types.common import ModelId
-from exo.worker.runner.supervisor import QueueFullError, RunnerUnavailableError
+from exo.shared.types.worker.runner_response import ModelMetadata
 
 logger = logging.getLogger(__name__)
 
@@ -50,18 +50,33 @@ def served_model(node: Node, requested: str | None) -> ModelId:
     )
 
 
+def model_metadata(node: Node, model_id: ModelId) -> ModelMetadata | None:
+    """What the runner serving `model_id` reported when it loaded (None while it loads)."""
+    runners = node.master.state.runners.values()
+    return next((runner.metadata for runner in runners if runner.model_id == model_id and runner.metadata), None)
+
+
+def _check_for_model(command: ChatCompletionCommand, metadata: ModelMetadata | None) -> None:
+    """400 for what the model itself cannot do with the command, whatever the protocol named it in."""
+    top_k = command.params.sampling.top_k
+    if metadata is not None and metadata.vocab_size is not None and top_k >= metadata.vocab_size:
+        raise ApiError(
+            400,
+            f"top_k must be below the model's vocabulary size of {metadata.vocab_size} (0: no limit), got {top_k}",
+            param="top_k",
+        )
+
+
 def submit(node: Node, command: ChatCompletionCommand) -> TaskHandle:
     """Hand `command` to the master (the single entry point for generation); its refusals become ApiErrors."""
+    _check_for_model(command, model_metadata(node, command.model_id))
     try:
         return node.master.submit_chat_completion(command)
-    except ModelNotLoadedError as error:
-        raise ApiError(
-            404, f"model '{error}' is not loaded", error_type="not_found_error", code="model_not_found"
-        ) from error
-    except QueueFullError as error:
-        raise ApiError(429, str(error), error_type="rate_limit_error", code="queue_full") from error
-    except RunnerUnavailableError as error:
-        raise ApiError(503, str(error), error_type="server_error", code="model_unavailable") from error
+    except Exception as error:
+        refusal = placement_error(error)
+        if refusal is None:
+            raise
+        raise refusal from error
 
 
 async def unless_client_leaves(http_request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
@@ -94,7 +109,7 @@ async def _next_chunk(node: Node, handle: TaskHandle) -> Chunk:
     try:
         return await anext(handle.chunks)
     except StopAsyncIteration:
-        return ErrorChunk(message="generation was cancelled before it started", status_code=500)
+        return ErrorChunk(error="generation_failed", message="generation was cancelled before it started")
     except BaseException:
         node.master.cancel(CancelTaskCommand(task_id=handle.task_id))
         raise
@@ -107,10 +122,11 @@ async def first_chunk(node: Node, handle: TaskHandle, http_request: Request) -> 
     enforce…) is raised as an ApiError, so the client gets a proper HTTP error instead of a stream.
     """
     first = await unless_client_leaves(http_request, lambda: _next_chunk(node, handle))
-    if first is None or (isinstance(first, ErrorChunk) and first.status_code < 500):
+    refusal = task_error(first) if isinstance(first, ErrorChunk) else None
+    if first is None or (refusal is not None and refusal.status_code < 500):
         await handle.chunks.aclose()
-    if isinstance(first, ErrorChunk) and first.status_code < 500:
-        raise ApiError(first.status_code, first.message, error_type=first.error_type, code=first.code)
+    if refusal is not None and refusal.status_code < 500:
+        raise refusal
     return first
 
 

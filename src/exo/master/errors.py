@@ -1,7 +1,7 @@
 """OpenAI-shaped API errors: `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status."""
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -9,11 +9,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exo.master.body_text import public_path
+from exo.shared.errors import ModelNotLoadedError, QueueFullError, RunnerUnavailableError
 from exo.shared.types.api import ErrorBody, ErrorResponse
+from exo.shared.types.chunks import ErrorChunk, TaskErrorKind
 
-# Pydantic names the member of a union it tried inside error locations (`stop.str`, `tool_choice.NamedToolChoice`);
-# OpenAI field names are lower snake case, so these parts are recognisable and dropped from what the client sees.
+# Pydantic names the member of a union it tried inside error locations (`stop.str`, `tool_choice.NamedToolChoice`,
+# `stop.constrained-str`, `stop.list[str]`); OpenAI field names are lower snake case, so these parts are recognisable
+# and dropped from what the client sees.
 _UNION_MEMBER_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+_UNION_MEMBER_PREFIXES = ("constrained-", "function-", "lax-or-strict")
 
 
 class ApiError(Exception):
@@ -29,6 +33,38 @@ class ApiError(Exception):
         super().__init__(message)
         self.status_code = status_code
         self.body = ErrorResponse(error=ErrorBody(message=message, type=error_type, param=param, code=code))
+
+
+# What each way a task can fail is on the wire: (status, OpenAI error type, code).
+_TASK_ERRORS: Final[dict[TaskErrorKind, tuple[int, str, str | None]]] = {
+    "context_length_exceeded": (400, "invalid_request_error", "context_length_exceeded"),
+    "unsupported": (400, "invalid_request_error", "unsupported"),
+    "invalid_request": (400, "invalid_request_error", "invalid_request"),
+    "model_unavailable": (503, "server_error", "model_unavailable"),
+    "runner_stopped": (503, "server_error", "model_unavailable"),
+    "runner_crashed": (500, "server_error", None),
+    "dispatch_failed": (500, "server_error", None),
+    "generation_failed": (500, "server_error", None),
+}
+
+
+def task_error(chunk: ErrorChunk) -> ApiError:
+    """The HTTP error for a task that failed with `chunk`."""
+    status, error_type, code = _TASK_ERRORS[chunk.error]
+    return ApiError(status, chunk.message, error_type=error_type, param=chunk.param, code=code)
+
+
+def placement_error(error: Exception) -> ApiError | None:
+    """The HTTP error for an error the master or worker raised while taking a task, or None for any other."""
+    match error:
+        case ModelNotLoadedError():
+            return ApiError(404, f"model '{error}' is not loaded", error_type="not_found_error", code="model_not_found")
+        case QueueFullError():
+            return ApiError(429, str(error), error_type="rate_limit_error", code="queue_full")
+        case RunnerUnavailableError():
+            return ApiError(503, str(error), error_type="server_error", code="model_unavailable")
+        case _:
+            return None
 
 
 def error_response(error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -48,7 +84,13 @@ def _public_location(location: Sequence[int | str]) -> str:
             part
             for part in location
             if isinstance(part, int)
-            or not (part == "body" or part[:1].isupper() or "[" in part or part in _UNION_MEMBER_NAMES)
+            or not (
+                part == "body"
+                or part[:1].isupper()
+                or "[" in part
+                or part in _UNION_MEMBER_NAMES
+                or part.startswith(_UNION_MEMBER_PREFIXES)
+            )
         ]
     )
 
@@ -64,7 +106,9 @@ def validation_error(problems: Sequence[Any]) -> ApiError:
             param=unknown[0],
             code="unknown_parameter",
         )
-    first = problems[0] if problems else {}
+    # A union reports one problem per member it tried; "should be a valid string" for a list says least, so a
+    # member's own complaint (too long, out of range) is named first.
+    first = next((problem for problem in problems if not _is_type_mismatch(problem)), problems[0] if problems else {})
     location = _public_location(first.get("loc", ()))
     message = str(first.get("msg", "invalid request"))
     problem_type = first.get("type")
@@ -80,6 +124,11 @@ def validation_error(problems: Sequence[Any]) -> ApiError:
     if len(problems) > 1:
         message += f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})"
     return ApiError(400, message, param=location or None, code="invalid_request")
+
+
+def _is_type_mismatch(problem: Any) -> bool:
+    problem_type = str(problem.get("type", ""))
+    return problem_type.endswith("_type") or problem_type in ("model_attributes_type", "union_tag_invalid")
 
 
 async def handle_validation_error(_request: Request, error: Exception) -> JSONResponse:

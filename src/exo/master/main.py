@@ -5,6 +5,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from exo.master.state import apply, place_task
+from exo.shared.errors import ModelNotLoadedError
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
 from exo.shared.types.common import ModelId, RunnerId, TaskId, new_task_id
@@ -14,10 +15,6 @@ from exo.shared.types.tasks import ChatCompletionTask
 from exo.worker.main import Worker
 
 logger = logging.getLogger(__name__)
-
-
-class ModelNotLoadedError(Exception):
-    """No runner serves the requested model."""
 
 
 @dataclass
@@ -47,7 +44,7 @@ class Master:
         return sorted({runner.model_id for runner in self.state.runners.values()})
 
     def submit_chat_completion(self, command: ChatCompletionCommand) -> TaskHandle:
-        """Place the completion on a runner; raises ModelNotLoadedError, or the supervisor's queue errors."""
+        """Place the completion on a runner; raises ModelNotLoadedError, QueueFullError or RunnerUnavailableError."""
         runner_id = place_task(self.state, command.model_id)
         if runner_id is None:
             raise ModelNotLoadedError(command.model_id)

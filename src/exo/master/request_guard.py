@@ -7,10 +7,13 @@ endpoint, present and future: text that cannot be passed on (see body_text.py) i
 """
 
 import hmac
+from collections.abc import Mapping
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from exo.master.body_text import find_body_problem
+from exo.master.error_shapes import ErrorShape, shaped_response
 from exo.master.errors import ApiError, error_response
 
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
@@ -42,10 +45,24 @@ def _too_large(limit: int) -> ApiError:
 class RequestGuard:
     """Reject unauthenticated requests (401) and bodies over `max_body_bytes` (413) before the app sees them."""
 
-    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        api_key: str | None,
+        max_body_bytes: int,
+        error_shapes: Mapping[str, ErrorShape] | None = None,
+    ) -> None:
         self._app = app
         self._api_key = api_key
         self._max_body_bytes = max_body_bytes
+        # Path prefix → the error shape of the protocol served there (OpenAI's everywhere else).
+        self._error_shapes = dict(error_shapes or {})
+
+    def _refusal(self, scope: Scope, error: ApiError, headers: dict[str, str] | None = None) -> Response:
+        path: str = scope["path"]
+        shape = next((shape for prefix, shape in self._error_shapes.items() if path.startswith(prefix)), None)
+        return error_response(error, headers) if shape is None else shaped_response(shape, error, headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -55,20 +72,20 @@ class RequestGuard:
             unauthorized = ApiError(
                 401, "missing or invalid API key", error_type="authentication_error", code="invalid_api_key"
             )
-            await error_response(unauthorized, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            await self._refusal(scope, unauthorized, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
             return
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self._max_body_bytes:
-            await error_response(_too_large(self._max_body_bytes))(scope, receive, send)
+            await self._refusal(scope, _too_large(self._max_body_bytes))(scope, receive, send)
             return
         body = await self._read_body(receive)
         if body is None:
-            await error_response(_too_large(self._max_body_bytes))(scope, receive, send)
+            await self._refusal(scope, _too_large(self._max_body_bytes))(scope, receive, send)
             return
         problem = find_body_problem(body) if _is_json(scope) else None
         if problem is not None:
             refused = ApiError(400, problem.message, param=problem.param, code=problem.code)
-            await error_response(refused)(scope, receive, send)
+            await self._refusal(scope, refused)(scope, receive, send)
             return
         await self._app(scope, _replay(body, receive), send)
 

@@ -5,13 +5,24 @@ one of two exceptions whose message a person (or a model) can act on: the node i
 with an error.
 """
 
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Self, TypeVar
 
 import httpx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from exo.shared.types.api import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse, ModelList
+from exo.shared.types.catalog_api import (
+    DownloadDone,
+    DownloadEvent,
+    DownloadFailed,
+    DownloadProgress,
+    DownloadRequest,
+    NodeCatalog,
+)
+from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.state import State
 
 DEFAULT_NODE_URL = "http://127.0.0.1:52415"
@@ -19,6 +30,8 @@ DEFAULT_NODE_URL = "http://127.0.0.1:52415"
 _TIMEOUT = httpx.Timeout(600.0, connect=5.0)
 
 ResponseModel = TypeVar("ResponseModel", bound=BaseModel)
+ProgressHandler = Callable[[ModelPreparation], Awaitable[None]]
+_DOWNLOAD_EVENT: TypeAdapter[DownloadEvent] = TypeAdapter(DownloadEvent)
 
 
 class NodeUnreachableError(Exception):
@@ -37,10 +50,16 @@ class NodeApiError(Exception):
 class NodeClient:
     """The API of the exo node at `base_url`, with its API key when it has one. Use it as an async context."""
 
-    def __init__(self, base_url: str = DEFAULT_NODE_URL, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str = DEFAULT_NODE_URL,
+        api_key: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        """`transport` replaces the network (httpx's own seam; tests answer with a scripted node)."""
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=_TIMEOUT)
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=_TIMEOUT, transport=transport)
 
     async def __aenter__(self) -> Self:
         return self
@@ -72,21 +91,56 @@ class NodeClient:
         response = await self._request("POST", "/v1/chat/completions", json=body)
         return _parsed(response, ChatCompletionResponse)
 
+    async def catalog(self) -> NodeCatalog:
+        """The models the node can fetch, which it has downloaded, and the memory each needs there."""
+        return await self._get("/v1/catalog", NodeCatalog)
+
+    async def download(self, model: str, on_progress: ProgressHandler) -> DownloadDone:
+        """Have the node fetch and import a catalog model; `on_progress` gets each snapshot until it is done."""
+        body = DownloadRequest(model=model).model_dump()
+        async with self._streamed("POST", "/v1/catalog/download", body) as response:
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                match _download_event(line.removeprefix("data: ")):
+                    case DownloadProgress(preparation=preparation):
+                        await on_progress(preparation)
+                    case DownloadDone() as done:
+                        return done
+                    case DownloadFailed(error=error):
+                        raise NodeApiError(500, error.message, error.code)
+        raise NodeApiError(500, f"exo at {self.base_url} ended the download of {model} without a result")
+
     async def _get(self, path: str, model: type[ResponseModel]) -> ResponseModel:
         return _parsed(await self._request("GET", path), model)
 
     async def _request(self, method: str, path: str, json: object = None) -> httpx.Response:
+        async with self._streamed(method, path, json) as response:
+            await response.aread()
+            return response
+
+    @asynccontextmanager
+    async def _streamed(self, method: str, path: str, json: object = None) -> AsyncGenerator[httpx.Response]:
+        """The response to one request, body not yet read; an HTTP error status raises NodeApiError."""
         try:
-            response = await self._http.request(method, path, json=json)
+            async with self._http.stream(method, path, json=json) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise _api_error(self.base_url, path, response)
+                yield response
         except httpx.TimeoutException as error:
             raise NodeUnreachableError(f"exo at {self.base_url} did not answer {path} in time ({error!r})") from error
         except httpx.TransportError as error:
             raise NodeUnreachableError(
                 f"exo is not reachable at {self.base_url} ({_reason(error)}); is it running? Start it with `uv run exo`"
             ) from error
-        if response.status_code >= 400:
-            raise _api_error(self.base_url, path, response)
-        return response
+
+
+def _download_event(data: str) -> DownloadEvent:
+    try:
+        return _DOWNLOAD_EVENT.validate_json(data)
+    except ValidationError as error:
+        raise NodeApiError(500, f"the download answered an event this client does not know: {data[:300]}") from error
 
 
 def _reason(error: httpx.TransportError) -> str:

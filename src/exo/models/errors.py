@@ -14,4 +14,4 @@ class InvalidModelIdError(ModelNotFoundError):
 
 
 class ModelLoadError(ExoModelError):
-    """The model exists but could not be fetched, verified or converted."""
+    """The model exists but could not be fetched, verified, converted or loaded."""

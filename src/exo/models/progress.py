@@ -59,6 +59,7 @@ class PreparationTracker:
         self._phase_started = clock()
         self._last_published = float("-inf")
         self._last: ModelPreparation | None = None
+        self._latest: ProgressUpdate | None = None  # the newest update, published or not
 
     @property
     def last(self) -> ModelPreparation | None:
@@ -67,6 +68,7 @@ class PreparationTracker:
 
     def __call__(self, update: ProgressUpdate) -> None:
         with self._lock:
+            self._latest = update
             now = self._clock()
             new_phase = self._last is None or self._last.phase != update.phase
             if new_phase:
@@ -83,15 +85,15 @@ class PreparationTracker:
 
     def finish(self) -> None:
         """Publish that the model is ready (whether or not any long step ran)."""
-        last = self._last
-        total = last.total_bytes if last else 0
+        latest = self._latest
+        total = latest.total_bytes if latest else 0
         self._publish(self._snapshot("ready", total, total, None, None))
 
     def fail(self, error: str) -> None:
         """Publish that preparing the model failed, keeping how far it got."""
-        last = self._last
-        snapshot = self._snapshot("failed", last.done_bytes if last else 0, last.total_bytes if last else 0, None, None)
-        self._publish(snapshot.model_copy(update={"error": error}))
+        latest = self._latest
+        done, total = (latest.done_bytes, latest.total_bytes) if latest else (0, 0)
+        self._publish(self._snapshot("failed", done, total, None, None).model_copy(update={"error": error}))
 
     def _snapshot(
         self, phase: PreparationPhase, done: int, total: int, rate: float | None, left: float | None

@@ -1,8 +1,8 @@
 """The incremental tool-call stream parser: generated text in, typed chunks out.
 
 `ToolStreamParser(format, tools, ...)` is fed each decoded segment and returns `ParsedChunk`s
-(TokenChunk | ReasoningChunk | ToolCallChunk | ToolCallArgumentsChunk); `parse_complete` is the same parser
-over a whole text, chunks merged, so streaming and non-streaming agree by construction.
+(TokenChunk | ReasoningChunk | ToolCallChunk | ToolCallArgumentsChunk); a non-streaming response is the same
+chunks collected, so streaming and non-streaming agree by construction.
 `detect_tool_format` picks the format from mlx-lm's `tool_parser_type` or the chat template.
 
 Emission
@@ -33,12 +33,14 @@ Failure rule
 - With `parallel_tool_calls=False`, once the first call is complete `should_stop` is True and all later
   text is discarded: the only text this parser ever discards.
 
-Formats are plug-ins (plugin.ToolFormat: start markers, bare openers, a region reader) picked by registry.
+Layout: `stream_parser.py` (the state machine), `format.py` (the one interface a format implements), one module
+per format in `formats/` (its markers, its region reader, its grammar, its history needs), the argument machinery
+in `arguments/` (schema-aware JSON streaming, coercion, validation), region readers shared by several formats in
+`regions/`, and the grammar side in `grammar/`. `registry.py` maps each `ToolFormatName` to its module.
 """
 
-from exo.tool_calls.chunk_merge import merge_chunks
 from exo.tool_calls.detect import detect_tool_format
 from exo.tool_calls.names import ToolFormatName
-from exo.tool_calls.stream_parser import ToolStreamParser, parse_complete
+from exo.tool_calls.stream_parser import ToolStreamParser
 
-__all__ = ["ToolFormatName", "ToolStreamParser", "detect_tool_format", "merge_chunks", "parse_complete"]
+__all__ = ["ToolFormatName", "ToolStreamParser", "detect_tool_format"]

@@ -10,7 +10,6 @@ from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.chunks import ParsedChunk, ReasoningChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk
 from exo.shared.types.common import ToolCallId, new_tool_call_id
 from exo.tool_calls.arguments.schema import validation_errors
-from exo.tool_calls.chunk_merge import merge_chunks
 from exo.tool_calls.format import CallRegion
 from exo.tool_calls.markers import MarkerScanner
 from exo.tool_calls.names import ToolFormatName
@@ -262,25 +261,3 @@ class ToolStreamParser:
             self._raw_active = False
             if region.handoff_marker is not None:
                 self._open_region(self._format.open_region(region.handoff_marker, self), region.handoff_marker)
-
-
-def parse_complete(
-    tool_format: ToolFormatName,
-    tools: Sequence[FunctionDefinition],
-    text: str,
-    *,
-    parallel_tool_calls: bool = True,
-    starts_in_reasoning: bool = False,
-    reasoning_markers: tuple[str, str] | None = ("<think>", "</think>"),
-    new_call_id: Callable[[], ToolCallId] = new_tool_call_id,
-) -> list[ParsedChunk]:
-    """Non-streaming: the same parser over the whole text, chunks merged (so it equals any streaming split)."""
-    parser = ToolStreamParser(
-        tool_format,
-        tools,
-        parallel_tool_calls=parallel_tool_calls,
-        starts_in_reasoning=starts_in_reasoning,
-        reasoning_markers=reasoning_markers,
-        new_call_id=new_call_id,
-    )
-    return merge_chunks([*parser.feed(text), *parser.finish()])

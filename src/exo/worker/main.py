@@ -43,15 +43,8 @@ class Worker:
         supervisor.mark_unavailable(reason)
         return supervisor
 
-    def supervisor(self, runner_id: RunnerId) -> RunnerSupervisor:
-        return self._supervisors[runner_id]
-
-    @property
-    def supervisors(self) -> list[RunnerSupervisor]:
-        return list(self._supervisors.values())
-
     def submit(self, runner_id: RunnerId, task: ChatCompletionTask) -> MemoryObjectReceiveStream[Chunk]:
-        """Queue `task` on the runner; raises the supervisor's QueueFullError / RunnerUnavailableError."""
+        """Queue `task` on the runner; raises QueueFullError / RunnerUnavailableError (exo.shared.errors)."""
         return self._supervisors[runner_id].submit(task)
 
     def cancel(self, runner_id: RunnerId, task_id: TaskId) -> None:

@@ -55,7 +55,7 @@ def test_an_invalid_schema_is_a_400_naming_the_problem(schema: dict[str, object]
     with pytest.raises(ApiError) as raised:
         structured_output({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
     assert raised.value.status_code == 400
-    assert raised.value.body.error.param == "response_format"
+    assert raised.value.body.error.param == "response_format.json_schema.schema"
     assert "response_format.json_schema.schema is not a valid JSON Schema" in str(raised.value)
     assert needle in str(raised.value)
 

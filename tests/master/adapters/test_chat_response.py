@@ -81,9 +81,7 @@ async def test_plain_answer_has_text_content_reasoning_and_no_tool_calls() -> No
 
 async def test_an_error_chunk_becomes_an_api_error_with_its_status() -> None:
     with pytest.raises(ApiError) as raised:
-        await collect(
-            [TokenChunk(text="x"), ErrorChunk(message="too long", code="context_length_exceeded", status_code=400)]
-        )
+        await collect([TokenChunk(text="x"), ErrorChunk(error="context_length_exceeded", message="too long")])
     assert raised.value.status_code == 400
     assert raised.value.body.error.code == "context_length_exceeded"
 

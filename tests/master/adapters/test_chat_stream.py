@@ -145,7 +145,7 @@ async def test_empty_text_and_empty_fragments_send_no_delta() -> None:
 async def test_an_error_mid_stream_is_one_error_event_then_done() -> None:
     chunks: list[Chunk] = [
         TokenChunk(text="partial"),
-        ErrorChunk(message="generation failed: boom", code="internal"),
+        ErrorChunk(error="generation_failed", message="generation failed: boom"),
         TokenChunk(text="never sent"),
     ]
     payloads = await stream(chunks, include_usage=True)
@@ -155,12 +155,12 @@ async def test_an_error_mid_stream_is_one_error_event_then_done() -> None:
     assert payloads[-1] == DONE_PAYLOAD
     assert sum("error" in decoded(payload) for payload in payloads[:-1]) == 1
     assert decoded(payloads[-2]) == {
-        "error": {"message": "generation failed: boom", "type": "server_error", "param": None, "code": "internal"}
+        "error": {"message": "generation failed: boom", "type": "server_error", "param": None, "code": None}
     }
 
 
 async def test_an_error_before_any_output_still_opens_and_closes_the_stream() -> None:
-    first = ErrorChunk(message="too long", error_type="invalid_request_error", code="context_length_exceeded")
+    first = ErrorChunk(error="context_length_exceeded", message="too long")
     payloads = await stream([first], include_usage=True)
     assert_keeps_contract(payloads, include_usage=True)
     assert len(payloads) == 3

@@ -273,3 +273,18 @@ def test_claude_code_request_is_accepted_as_sent() -> None:
         PromptMessage(role="user", content="hi"),
     )
     assert mapped.tool_policy.mode == "auto"
+
+
+def test_claude_codes_billing_header_block_is_not_part_of_the_prompt() -> None:
+    # It changes with every conversation (a hash of the first message): first in the prompt it would defeat the
+    # prefix cache for the whole system prompt and every tool definition after it.
+    system = [
+        {
+            "type": "text",
+            "text": "x-anthropic-billing-header: cc_version=2.1.197.434; cc_entrypoint=sdk-cli; cch=36ee5;",
+        },
+        {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "\nBe brief."},
+    ]
+    history = params(system=system, messages=[{"role": "user", "content": "x"}]).messages
+    assert history[0] == PromptMessage(role="system", content="You are a Claude agent.\nBe brief.")

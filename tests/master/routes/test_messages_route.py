@@ -177,10 +177,8 @@ def test_an_error_before_any_output_is_an_http_error_in_anthropic_shape(
 ) -> None:
     client, worker = scripted
     overflow = ErrorChunk(
+        error="context_length_exceeded",
         message="the prompt is 5000 tokens but the model's context is 4096 tokens",
-        error_type="invalid_request_error",
-        code="context_length_exceeded",
-        status_code=400,
     )
     worker.script = (overflow,)
     for stream in (False, True):
@@ -194,7 +192,7 @@ def test_an_error_before_any_output_is_an_http_error_in_anthropic_shape(
 
 def test_a_failure_mid_stream_is_an_error_event_the_sdk_raises(scripted: tuple[Anthropic, ScriptedWorker]) -> None:
     client, worker = scripted
-    worker.script = (TokenChunk(text="Hi"), ErrorChunk(message="the model runner crashed"))
+    worker.script = (TokenChunk(text="Hi"), ErrorChunk(error="runner_crashed", message="the model runner crashed"))
     with (
         pytest.raises(APIStatusError, match="the model runner crashed"),
         client.messages.stream(**create()) as stream,
@@ -236,11 +234,24 @@ def test_count_tokens_reports_the_runner_count(scripted: tuple[Anthropic, Script
     assert worker.tasks[-1].params.count_prompt_only
 
 
-def test_an_anthropic_api_key_header_is_accepted() -> None:
-    app, _ = scripted_app(NodeConfig(api_key="secret"))
+def test_an_anthropic_api_key_header_is_accepted_and_guard_refusals_use_anthropic_shape() -> None:
+    app, worker = scripted_app(NodeConfig(api_key="secret", max_request_bytes=4096))
     with TestClient(app) as http:
         accepted = Anthropic(base_url=str(http.base_url), api_key="secret", http_client=http, max_retries=0)
         assert accepted.messages.create(**create()).content
         refused = Anthropic(base_url=str(http.base_url), api_key="wrong", http_client=http, max_retries=0)
-        with pytest.raises(AuthenticationError):
+        with pytest.raises(AuthenticationError) as unauthorized:
             refused.messages.create(**create())
+        assert unauthorized.value.body == {
+            "type": "error",
+            "error": {"type": "authentication_error", "message": "missing or invalid API key"},
+        }
+        with pytest.raises(APIStatusError) as too_large:
+            accepted.messages.create(**create(system="x" * 5000))
+        assert too_large.value.status_code == 413
+        assert too_large.value.body["error"]["type"] == "request_too_large"  # pyright: ignore[reportIndexIssue, reportOptionalSubscript, reportCallIssue, reportArgumentType]
+        with pytest.raises(BadRequestError) as unpassable:
+            accepted.messages.create(**create(messages=[{"role": "user", "content": "nul \u0000 here"}]))
+        assert unpassable.value.body["type"] == "error"  # pyright: ignore[reportIndexIssue, reportOptionalSubscript, reportCallIssue, reportArgumentType]
+        assert "messages[0].content" in unpassable.value.body["error"]["message"]  # pyright: ignore[reportIndexIssue, reportOptionalSubscript, reportCallIssue, reportArgumentType]
+    assert len(worker.tasks) == 1

@@ -169,7 +169,7 @@ def test_stream_accumulates_to_the_non_streaming_response(name: str, scripted: t
     assert whole.usage is not None
     assert whole.usage.model_dump(exclude_none=True) == {
         "input_tokens": 12,
-        "input_tokens_details": {"cached_tokens": 4},
+        "input_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 0},
         "output_tokens": 5,
         "output_tokens_details": {"reasoning_tokens": 2},
         "total_tokens": 17,
@@ -209,11 +209,7 @@ def test_max_output_tokens_ends_incomplete(scripted: tuple[OpenAI, ScriptedWorke
 
 def test_an_error_before_any_output_is_an_http_error(scripted: tuple[OpenAI, ScriptedWorker]) -> None:
     client, worker = scripted
-    worker.script = (
-        ErrorChunk(
-            message="too long", error_type="invalid_request_error", code="context_length_exceeded", status_code=400
-        ),
-    )
+    worker.script = (ErrorChunk(error="context_length_exceeded", message="too long"),)
     for stream in (False, True):
         with pytest.raises(BadRequestError) as raised:
             client.responses.create(**create(stream=stream))
@@ -222,7 +218,7 @@ def test_an_error_before_any_output_is_an_http_error(scripted: tuple[OpenAI, Scr
 
 def test_a_failure_mid_stream_ends_with_response_failed(scripted: tuple[OpenAI, ScriptedWorker]) -> None:
     client, worker = scripted
-    worker.script = (TokenChunk(text="Hi"), ErrorChunk(message="the model runner crashed"))
+    worker.script = (TokenChunk(text="Hi"), ErrorChunk(error="runner_crashed", message="the model runner crashed"))
     events = sse_events(client, create())
     check_event_grammar(events, "response.failed")
     failed = events[-1][1]["response"]

@@ -80,7 +80,7 @@ async def test_a_pipe_write_that_fails_at_dispatch_fails_that_task_and_the_next_
 
         (error,) = await collect(unsent)
         assert isinstance(error, ErrorChunk)
-        assert error.status_code == 503
+        assert error.error == "runner_stopped"
         assert "stopped before this request started" in error.message
         with anyio.fail_after(120):
             assert reply_text(await collect(queued)) == GREETING_REPLY

@@ -6,7 +6,12 @@ from collections.abc import Sequence
 from pydantic import JsonValue
 
 from exo.master.adapters.json_output import json_output
-from exo.master.adapters.tool_controls import allowed_tool_names, build_policy, check_functions
+from exo.master.adapters.tool_controls import (
+    allowed_tool_names,
+    build_policy,
+    check_enforced_schemas,
+    check_functions,
+)
 from exo.master.errors import ApiError
 from exo.shared.types.api import (
     AllowedToolsChoice,
@@ -133,14 +138,12 @@ def tool_policy(request: ChatCompletionRequest) -> ToolPolicy:
 
 
 def sampling_params(request: ChatCompletionRequest) -> SamplingParams:
+    """The sampling settings (their ranges were checked with the request's schema; `top_k` against the model's
+    vocabulary when the command is submitted)."""
     max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
-    if max_tokens is not None and max_tokens <= 0:
-        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
     if request.n is not None and request.n != 1:
         raise ApiError(400, "only n=1 is supported", param="n")
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-    if len(stop) > 16:
-        raise ApiError(400, "at most 16 stop sequences are supported", param="stop")
     return SamplingParams(
         temperature=request.temperature if request.temperature is not None else 0.0,
         top_p=request.top_p if request.top_p is not None else 1.0,
@@ -187,7 +190,7 @@ def structured_output(request: ChatCompletionRequest) -> StructuredOutput | None
             return StructuredOutput(json_schema={"type": "object"})
         case JsonSchemaResponseFormat(json_schema=spec):
             where = "response_format.json_schema.schema"
-            return json_output(spec.schema_, strict=spec.strict is True, where=where, param="response_format")
+            return json_output(spec.schema_, strict=spec.strict is True, where=where)
 
 
 def reject_unsupported_features(request: ChatCompletionRequest) -> None:
@@ -204,9 +207,11 @@ def to_command(request: ChatCompletionRequest, model_id: ModelId) -> ChatComplet
     ignored = [name for name in IGNORED_REQUEST_FIELDS if name in request.model_fields_set]
     if ignored:
         logger.debug("ignoring request fields %s", ", ".join(ignored))
+    policy = tool_policy(request)
+    check_enforced_schemas(policy, field_prefix="function.")
     params = ChatCompletionTaskParams(
         messages=normalise_messages(request.messages),
-        tool_policy=tool_policy(request),
+        tool_policy=policy,
         sampling=sampling_params(request),
         chat_template_kwargs=chat_template_kwargs(request),
         structured_output=structured_output(request),

@@ -2,7 +2,7 @@
 
 from collections.abc import AsyncIterator
 
-from exo.master.errors import ApiError
+from exo.master.errors import ApiError, task_error
 from exo.shared.types.api import (
     ChatCompletionResponse,
     Choice,
@@ -44,8 +44,8 @@ async def collect_response(
                 calls[index][2].append(fragment)
             case FinishChunk():
                 finish = chunk
-            case ErrorChunk(message=message, error_type=error_type, code=code, status_code=status):
-                raise ApiError(status, message, error_type=error_type, code=code)
+            case ErrorChunk():
+                raise task_error(chunk)
     if finish is None:
         raise ApiError(500, "generation ended without a result", error_type="server_error")
     tool_calls = [

@@ -1,4 +1,4 @@
-"""Chunks → OpenAI `chat.completion.chunk` SSE events, following shared/TOOL-CALLING-CONTRACT.md.
+"""Chunks → OpenAI `chat.completion.chunk` SSE events, following the streaming contract of docs/TOOL_CALLING.md.
 
 Role once in the first chunk; per tool call a first delta with index, id, type, name and empty arguments, then
 argument fragments with only index and function.arguments; `finish_reason` on the last choice chunk; then the
@@ -9,6 +9,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from exo.master.errors import task_error
 from exo.shared.types.chunks import (
     Chunk,
     ErrorChunk,
@@ -34,7 +35,7 @@ def usage_payload(usage: Usage) -> dict[str, Any]:
 
 
 def error_payload(chunk: ErrorChunk) -> dict[str, Any]:
-    return {"error": {"message": chunk.message, "type": chunk.error_type, "param": None, "code": chunk.code}}
+    return task_error(chunk).body.model_dump()
 
 
 def _event(payload: dict[str, Any]) -> str:
@@ -95,5 +96,5 @@ async def sse_events(encoder: ChunkEncoder, first: Chunk, rest: AsyncIterator[Ch
                 break
         else:
             # The runner ended the stream without a final chunk (it was cancelled): still close properly.
-            yield _event(error_payload(ErrorChunk(message="generation ended unexpectedly")))
+            yield _event(error_payload(ErrorChunk(error="generation_failed", message="generation ended unexpectedly")))
     yield DONE_EVENT

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pydantic import JsonValue
 
 from exo.master.adapters.json_output import json_output
-from exo.master.adapters.tool_controls import build_policy, check_functions
+from exo.master.adapters.tool_controls import build_policy, check_enforced_schemas, check_functions
 from exo.master.adapters.unsupported import unsupported
 from exo.master.errors import ApiError
 from exo.shared.types.anthropic_messages import (
@@ -59,6 +59,7 @@ IGNORED_MESSAGES_FIELDS = (
 CLIENT_TOOL_TYPES = (None, "custom")
 CLEAR_THINKING_EDIT = "clear_thinking_20251015"
 MAX_STOP_SEQUENCES = 16
+BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
 
 
 def _refused_block(where: str, block_type: str, place: str) -> ApiError:
@@ -167,13 +168,29 @@ def _clear_thinking(history: list[PromptMessage], kept: int | None) -> list[Prom
     return result
 
 
+def _system_prompt(system: str | Sequence[ContentBlockParam]) -> str:
+    """The system text, without Claude Code's billing header block: it is metadata for Anthropic's billing, not an
+    instruction, and it changes with every conversation, so leaving it first in the prompt would defeat the prefix
+    cache for everything after it (the whole system prompt and tool definitions)."""
+    if isinstance(system, str):
+        return system
+    texts: list[str] = []
+    for position, block in enumerate(system):
+        if not isinstance(block, TextBlockParam):
+            raise _refused_block(f"system[{position}]", block.type, "text-only content")
+        if not block.text.startswith(BILLING_HEADER_PREFIX):
+            texts.append(block.text)
+    return "".join(texts)
+
+
 def normalise_history(request: MessagesPrompt) -> tuple[PromptMessage, ...]:
     """`system` and `messages` as the normalised history every protocol renders the same way."""
     if not request.messages:
         raise ApiError(400, "messages must contain at least one message", param="messages")
     history: list[PromptMessage] = []
-    if request.system:
-        history.append(PromptMessage(role="system", content=_text_only(request.system, "system")))
+    system = _system_prompt(request.system) if request.system else ""
+    if system:
+        history.append(PromptMessage(role="system", content=system))
     known_ids: set[str] = set()
     for position, message in enumerate(request.messages):
         where = f"messages[{position}]"
@@ -241,7 +258,7 @@ def _structured_output(request: MessagesPrompt) -> StructuredOutput | None:
         return None
     # Anthropic's structured outputs are guaranteed, so a keyword the grammar cannot enforce is refused.
     where = "output_config.format.schema"
-    return json_output(output_format.schema_, strict=True, where=where, param="output_config.format")
+    return json_output(output_format.schema_, strict=True, where=where)
 
 
 def _reject_unsupported(request: MessagesPrompt) -> None:
@@ -252,9 +269,11 @@ def _reject_unsupported(request: MessagesPrompt) -> None:
 def prompt_params(request: MessagesPrompt, sampling: SamplingParams) -> ChatCompletionTaskParams:
     """Everything that determines the prompt, checked, plus `sampling`."""
     _reject_unsupported(request)
+    policy = tool_policy(request)
+    check_enforced_schemas(policy, schema_field="input_schema")
     return ChatCompletionTaskParams(
         messages=normalise_history(request),
-        tool_policy=tool_policy(request),
+        tool_policy=policy,
         sampling=sampling,
         chat_template_kwargs=_template_kwargs(request),
         structured_output=_structured_output(request),

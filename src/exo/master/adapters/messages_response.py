@@ -3,7 +3,7 @@
 from collections.abc import AsyncIterator
 
 from exo.master.adapters.messages_stream import MessageStreamEncoder
-from exo.master.errors import ApiError
+from exo.master.errors import ApiError, task_error
 from exo.shared.types.anthropic_messages import AnthropicMessage
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk
 
@@ -13,7 +13,7 @@ async def collect_message(chunks: AsyncIterator[Chunk], *, message_id: str, mode
     encoder = MessageStreamEncoder(message_id, model)
     async for chunk in chunks:
         if isinstance(chunk, ErrorChunk):
-            raise ApiError(chunk.status_code, chunk.message, error_type=chunk.error_type, code=chunk.code)
+            raise task_error(chunk)
         encoder.encode(chunk)
         if isinstance(chunk, FinishChunk):
             return encoder.message()

@@ -10,7 +10,8 @@ import json
 from collections.abc import AsyncIterator
 from typing import Literal
 
-from exo.master.adapters.messages_errors import anthropic_error_body
+from exo.master.adapters.messages_errors import anthropic_error, anthropic_error_body
+from exo.master.errors import task_error
 from exo.shared.types.anthropic_messages import (
     AnthropicMessage,
     ContentBlock,
@@ -146,8 +147,8 @@ class MessageStreamEncoder:
                 return [ContentBlockDeltaEvent(index=block.position, delta=delta)]
             case FinishChunk():
                 return [*self._close(), *self._finish(chunk)]
-            case ErrorChunk(message=message, code=code, status_code=status):
-                return [ErrorEvent(error=anthropic_error_body(status, message, code))]
+            case ErrorChunk():
+                return [ErrorEvent(error=anthropic_error(task_error(chunk)).error)]
             case _:
                 return []  # an empty text or argument fragment
 

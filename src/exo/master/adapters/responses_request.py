@@ -13,7 +13,12 @@ from collections.abc import Sequence
 from pydantic import JsonValue
 
 from exo.master.adapters.json_output import json_output
-from exo.master.adapters.tool_controls import allowed_tool_names, build_policy, check_functions
+from exo.master.adapters.tool_controls import (
+    allowed_tool_names,
+    build_policy,
+    check_enforced_schemas,
+    check_functions,
+)
 from exo.master.adapters.unsupported import unsupported
 from exo.master.errors import ApiError
 from exo.shared.types.api import FunctionDefinition
@@ -201,7 +206,7 @@ def _structured_output(request: ResponsesPrompt) -> StructuredOutput | None:
     if output_format.schema_ is None:
         raise ApiError(400, "text.format.schema is required for type 'json_schema'", param="text.format.schema")
     where = "text.format.schema"
-    return json_output(output_format.schema_, strict=output_format.strict is True, where=where, param="text.format")
+    return json_output(output_format.schema_, strict=output_format.strict is True, where=where)
 
 
 def _template_kwargs(request: ResponsesPrompt) -> dict[str, JsonValue]:
@@ -215,9 +220,11 @@ def prompt_params(request: ResponsesPrompt, sampling: SamplingParams) -> ChatCom
     """Everything that determines the prompt, checked, plus `sampling`."""
     if request.truncation == "auto":
         raise unsupported("truncation", "'auto' truncation", "a prompt that does not fit is refused, never cut")
+    policy = tool_policy(request)
+    check_enforced_schemas(policy)
     return ChatCompletionTaskParams(
         messages=normalise_input(request),
-        tool_policy=tool_policy(request),
+        tool_policy=policy,
         sampling=sampling,
         chat_template_kwargs=_template_kwargs(request),
         structured_output=_structured_output(request),

@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 from exo.master.adapters.responses_stream import ResponseStreamEncoder
-from exo.master.errors import ApiError
+from exo.master.errors import ApiError, task_error
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk
 from exo.shared.types.openai_responses import ResponsesRequest
 from exo.shared.types.openai_responses_output import ResponseObject
@@ -42,7 +42,7 @@ async def collect_response(chunks: AsyncIterator[Chunk], initial: ResponseObject
     encoder = ResponseStreamEncoder(initial)
     async for chunk in chunks:
         if isinstance(chunk, ErrorChunk):
-            raise ApiError(chunk.status_code, chunk.message, error_type=chunk.error_type, code=chunk.code)
+            raise task_error(chunk)
         encoder.encode(chunk)
         if isinstance(chunk, FinishChunk):
             return encoder.response()

@@ -278,5 +278,5 @@ async def response_events(
         if isinstance(chunk, FinishChunk | ErrorChunk):
             return
     # The runner ended the stream without a final chunk (it was cancelled): still end the response, as failed.
-    for event in encoder.encode(ErrorChunk(message="generation ended unexpectedly")):
+    for event in encoder.encode(ErrorChunk(error="generation_failed", message="generation ended unexpectedly")):
         yield sse_event(event)

@@ -2,7 +2,7 @@
 
 from collections.abc import AsyncIterator
 
-from exo.master.errors import ApiError
+from exo.master.errors import ApiError, task_error
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk
 
 
@@ -12,8 +12,8 @@ async def collect_prompt_tokens(chunks: AsyncIterator[Chunk]) -> int:
         match chunk:
             case FinishChunk(usage=usage):
                 return usage.prompt_tokens
-            case ErrorChunk(message=message, error_type=error_type, code=code, status_code=status):
-                raise ApiError(status, message, error_type=error_type, code=code)
+            case ErrorChunk():
+                raise task_error(chunk)
             case _:
                 pass
     raise ApiError(500, "token counting ended without a result", error_type="server_error")

@@ -10,6 +10,12 @@ from collections.abc import Sequence
 from jsonschema import SchemaError
 from jsonschema.validators import validator_for
 
+from exo.master.adapters.schema_termination import (
+    CheckBudget,
+    as_tool_parameters,
+    self_application_cycle,
+    unfinishable_reason,
+)
 from exo.master.errors import ApiError
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import ToolChoiceMode, ToolPolicy
@@ -20,8 +26,10 @@ MAX_TOOL_NAME_LENGTH = 64
 def check_functions(
     functions: Sequence[FunctionDefinition], *, field_prefix: str = "", schema_field: str = "parameters"
 ) -> tuple[FunctionDefinition, ...]:
-    """Refuse bad names, duplicates and invalid JSON Schemas of `tools[i]` (whose fields sit under `field_prefix`)."""
+    """Refuse bad names, duplicates and invalid JSON Schemas of `tools[i]` (whose fields sit under `field_prefix`),
+    and schemas that apply themselves to the same value without end (no validator can evaluate them)."""
     seen: set[str] = set()
+    budget = CheckBudget()
     for position, function in enumerate(functions):
         where = f"tools[{position}]"
         name = function.name
@@ -30,13 +38,43 @@ def check_functions(
         if name in seen:
             raise ApiError(400, f"{where}: duplicate tool name '{name}'", param=f"{where}.{field_prefix}name")
         seen.add(name)
+        schema_param = f"{where}.{field_prefix}{schema_field}"
         try:
             validator_for(function.parameters).check_schema(function.parameters)
         except SchemaError as error:
             raise ApiError(
-                400, f"{where}.{field_prefix}{schema_field} is not a valid JSON Schema: {error.message}", param=where
+                400, f"{schema_param} is not a valid JSON Schema: {error.message}", param=schema_param
             ) from error
+        if (cycle := self_application_cycle(function.parameters, budget)) is not None:
+            raise unservable_schema(schema_param, cycle)
     return tuple(functions)
+
+
+def unservable_schema(param: str, problem: str) -> ApiError:
+    """The 400 for a schema nothing can finish (see schema_termination.py)."""
+    return ApiError(400, f"{param} cannot be served: {problem}", param=param, code="unsupported")
+
+
+def _grammar_enforced(policy: ToolPolicy) -> set[str]:
+    """The names of the tools whose schemas the grammar enforces: the callable ones when calls are forced or any
+    callable tool is strict; none under plain "auto" (the parser checks arguments after the fact there)."""
+    callable_names = set(policy.callable_tools) or {tool.name for tool in policy.tools}
+    if policy.mode in ("required", "named"):
+        return callable_names
+    strict = any(tool.strict for tool in policy.tools if tool.name in callable_names)
+    return callable_names if policy.mode == "auto" and strict else set()
+
+
+def check_enforced_schemas(policy: ToolPolicy, *, field_prefix: str = "", schema_field: str = "parameters") -> None:
+    """400 `unsupported` for a tool schema the grammar will enforce that no finite value satisfies (a required
+    chain that never ends): generation could never finish it. Plain "auto" stays lenient, as documented."""
+    budget = CheckBudget()
+    enforced = _grammar_enforced(policy)
+    for position, tool in enumerate(policy.tools):
+        if tool.name in enforced:
+            problem = unfinishable_reason(as_tool_parameters(tool.parameters), budget)
+            if problem is not None:
+                raise unservable_schema(f"tools[{position}].{field_prefix}{schema_field}", problem)
 
 
 def allowed_tool_names(entries: Sequence[dict[str, object]], names: set[str], param: str) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from exo.master.completion_flow import (
     served_model,
     submit,
 )
-from exo.master.routes.protocol_errors import shaped_route
+from exo.master.error_shapes import shaped_route
 from exo.node import Node
 from exo.shared.types.anthropic_messages import (
     AnthropicErrorResponse,
@@ -28,6 +28,8 @@ from exo.shared.types.anthropic_messages import (
     TokenCount,
 )
 
+# Every path of this protocol starts with this; the request guard answers its refusals in Anthropic's shape too.
+MESSAGES_PATH_PREFIX = "/v1/messages"
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": AnthropicErrorResponse, "description": description}
     for status, description in {
@@ -46,7 +48,7 @@ def messages_router(node: Node) -> APIRouter:
     """The Messages API routes for `node`."""
     router = APIRouter(route_class=shaped_route(anthropic_error), tags=["Anthropic Messages"])
 
-    @router.post("/v1/messages", response_model=None, responses=_ERRORS)
+    @router.post(MESSAGES_PATH_PREFIX, response_model=None, responses=_ERRORS)
     async def create_message(request: MessagesRequest, http_request: Request) -> AnthropicMessage | Response:
         model_id = served_model(node, request.model)
         handle = submit(node, to_command(request, model_id))
@@ -65,7 +67,7 @@ def messages_router(node: Node) -> APIRouter:
         encoder = MessageStreamEncoder(message_id, model_id)
         return event_stream(node, handle, message_events(encoder, first, handle.chunks))
 
-    @router.post("/v1/messages/count_tokens", response_model=None, responses=_ERRORS)
+    @router.post(f"{MESSAGES_PATH_PREFIX}/count_tokens", response_model=None, responses=_ERRORS)
     async def count_tokens(request: CountTokensRequest, http_request: Request) -> TokenCount | Response:
         """The prompt's tokens, counted by the model's runner with the model's own template and tokenizer."""
         model_id = served_model(node, request.model)

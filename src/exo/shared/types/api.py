@@ -1,8 +1,9 @@
 """OpenAI chat-completions wire types: what clients send and what we answer."""
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from exo.shared.types.common import FinishReason
 
@@ -15,6 +16,29 @@ def _whole_float_to_int(value: object) -> object:
 
 
 Integer = Annotated[int, BeforeValidator(_whole_float_to_int)]
+
+# mlx seeds its generator with an unsigned 64-bit integer.
+MAX_SEED: Final = 2**64 - 1
+
+
+def _seed_in_range(value: int) -> int:
+    # Field(le=...) would word the bound as a float (1.8446744073709552e19), which is not the bound.
+    if not 0 <= value <= MAX_SEED:
+        raise PydanticCustomError("seed_range", "must be between 0 and {maximum}", {"maximum": MAX_SEED})
+    return value
+
+
+Seed = Annotated[
+    int,
+    BeforeValidator(_whole_float_to_int),
+    AfterValidator(_seed_in_range),
+    # 2**64 is exact as a JSON (double) number, MAX_SEED is not.
+    Field(json_schema_extra={"minimum": 0, "exclusiveMaximum": MAX_SEED + 1}),
+]
+MAX_STOP_SEQUENCES: Final = 16
+# A stop sequence is matched against the tail of the output after every token; a bound keeps that cheap.
+MAX_STOP_SEQUENCE_CHARACTERS: Final = 1000
+StopSequence = Annotated[str, Field(max_length=MAX_STOP_SEQUENCE_CHARACTERS)]
 
 
 class WireModel(BaseModel):
@@ -145,13 +169,14 @@ class ChatCompletionRequest(WireModel):
     messages: list[ChatMessage]
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: Integer | None = None
-    max_completion_tokens: Integer | None = None
+    max_tokens: Integer | None = Field(default=None, ge=1)
+    max_completion_tokens: Integer | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: Integer | None = None
-    stop: str | list[str] | None = None
-    n: Integer | None = None
+    seed: Seed | None = None
+    stop: StopSequence | Annotated[list[StopSequence], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
+    # Only 1 is supported; the check in the adapter says so in words, the schema states the range.
+    n: Integer | None = Field(default=None, json_schema_extra={"minimum": 1, "maximum": 1})
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -161,6 +186,7 @@ class ChatCompletionRequest(WireModel):
     logit_bias: dict[str, float] | None = None
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    # 0 or -1: no limit. Must be below the model's vocabulary size (`vocab_size` in GET /v1/models).
     top_k: Integer | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
@@ -246,6 +272,8 @@ class ModelCard(BaseModel):
     owned_by: str = "exo"
     capabilities: list[str] = Field(default_factory=list)
     context_length: int | None = None
+    # The number of tokens the model chooses from: `top_k` must be below it.
+    vocab_size: int | None = None
 
 
 class ModelList(BaseModel):

@@ -2,7 +2,7 @@
 
 from typing import Annotated, Literal
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field
 
 from exo.shared.types.common import FinishReason, FrozenModel, ToolCallId
 
@@ -59,21 +59,32 @@ class FinishChunk(FrozenModel):
     stop_sequence: str | None = None
 
 
+TaskErrorKind = Literal[
+    "context_length_exceeded",  # the prompt leaves no room to generate in the model's context
+    "unsupported",  # the request asks for enforcement the grammar cannot give (a schema it cannot compile or finish)
+    "invalid_request",  # the engine refused a value of the request; `param` names it
+    "model_unavailable",  # the model cannot serve: it failed to load, or the node is shutting down
+    "runner_stopped",  # the runner died before the task started: nothing ran, retrying is safe
+    "runner_crashed",  # the runner died while running the task
+    "dispatch_failed",  # the task could not be handed to the runner
+    "generation_failed",  # the engine raised while generating
+]
+
+
 class ErrorChunk(FrozenModel):
-    """The task failed; nothing follows."""
+    """The task failed; nothing follows. It says what went wrong; the front end decides what that is on its wire."""
 
     kind: Literal["error"] = "error"
+    error: TaskErrorKind
     message: str
-    error_type: str = "server_error"
-    code: str | None = None
-    status_code: int = 500
+    # The request field at fault, when one is (in the request's own naming: `top_k`, `messages[0].content`).
+    param: str | None = None
 
 
 Chunk = Annotated[
     TokenChunk | ReasoningChunk | ToolCallChunk | ToolCallArgumentsChunk | FinishChunk | ErrorChunk,
     Field(discriminator="kind"),
 ]
-ChunkAdapter: TypeAdapter[Chunk] = TypeAdapter(Chunk)
 
 # What the tool parser emits while it watches generation (the runner adds Finish/Error itself).
 ParsedChunk = TokenChunk | ReasoningChunk | ToolCallChunk | ToolCallArgumentsChunk

@@ -60,6 +60,8 @@ OutputItem = Annotated[MessageOutput | ReasoningOutput | FunctionCallOutput, Fie
 
 class InputTokensDetails(BaseModel):
     cached_tokens: int
+    # Written to a billed cache; exo's prefix cache costs nothing to fill.
+    cache_write_tokens: int = 0
 
 
 class OutputTokensDetails(BaseModel):

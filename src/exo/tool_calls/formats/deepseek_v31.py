@@ -3,6 +3,7 @@
 
 from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
 from exo.tool_calls.grammar.header_json import HeaderJsonGrammar, HeaderJsonLayout
+from exo.tool_calls.grammar.lark import literal
 from exo.tool_calls.regions.header_json import HeaderJsonRegion, HeaderJsonSyntax
 
 SECTION = "<｜tool▁calls▁begin｜>"
@@ -27,7 +28,7 @@ class DeepSeekV31Format(MarkedFormat):
             opening=SECTION,
             markers=(SECTION, _SECTION_END, _CALL, _SEPARATOR, _CALL_END),
             call_open=_CALL,
-            header=lambda name: name,
+            header=literal,
             arguments_open=_SEPARATOR,
             call_close=_CALL_END,
             section_close=_SECTION_END,

@@ -21,6 +21,7 @@ class HermesGrammar(OpenedCallsGrammar):
     opening = START
     markers = (START, END)
     never_starting = (BARE_JSON_CALL_START,)
+    never_in_text = ("<tool_",)
 
     def after_opening(self, lark: LarkWriter, request: ReplyRequest, /) -> str:
         newline = literal("\n")

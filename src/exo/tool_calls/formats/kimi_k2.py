@@ -5,6 +5,7 @@ import re
 
 from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
 from exo.tool_calls.grammar.header_json import HeaderJsonGrammar, HeaderJsonLayout
+from exo.tool_calls.grammar.lark import literal
 from exo.tool_calls.regions.header_json import HeaderJsonRegion, HeaderJsonSyntax
 
 _SECTION = "<|tool_calls_section_begin|>"
@@ -32,7 +33,7 @@ class KimiK2Format(MarkedFormat):
             opening=_SECTION,
             markers=(_SECTION, _SECTION_END, _CALL, _ARGUMENTS, _CALL_END),
             call_open=_CALL,
-            header=lambda name: f"functions.{name}:0",
+            header=lambda name: f"{literal(f'functions.{name}:')} /[0-9]+/",
             arguments_open=_ARGUMENTS,
             call_close=_CALL_END,
             section_close=_SECTION_END,

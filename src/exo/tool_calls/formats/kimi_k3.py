@@ -3,7 +3,7 @@ type="string"<|sep|>V<|close|>argument<|sep|>…<|close|>call<|sep|><|close|>too
 `<|open|>json …` block of whole JSON arguments is not read: such a call is kept with the arguments read so far.)"""
 
 from exo.tool_calls.formats.tagged_format import TaggedFormat
-from exo.tool_calls.grammar.tagged import TagLayout
+from exo.tool_calls.grammar.tagged import Pattern, TagLayout
 from exo.tool_calls.regions.tagged_calls import ParameterHeader, TagSyntax, attribute
 
 _OPEN, _CLOSE, _SEP = "<|open|>", "<|close|>", "<|sep|>"
@@ -31,10 +31,12 @@ KIMI_K3 = TaggedFormat(
         opening=f"{_OPEN}tools{_SEP}",
         opening_pieces=(_OPEN, "tools", _SEP),
         markers=(_OPEN, _CLOSE, _SEP),
-        call_head=lambda name: (_OPEN, f'call tool="{name}" index="1"', _SEP),
+        call_head=lambda name: (_OPEN, f'call tool="{name}" index="', Pattern("[0-9]+"), '"', _SEP),
         parameter_head=lambda name, text: (
             _OPEN,
-            f'argument key="{name}" type="{"string" if text else "json"}"',
+            f'argument key="{name}" type="',
+            "string" if text else Pattern("(integer|number|boolean|object|array|null)"),
+            '"',
             _SEP,
         ),
         parameter_close=_CLOSE,

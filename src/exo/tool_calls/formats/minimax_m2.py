@@ -6,8 +6,9 @@ from exo.tool_calls.grammar.tagged import TagLayout
 from exo.tool_calls.regions.tagged_calls import ParameterHeader, TagSyntax, unquoted
 
 
-def invoke_format(section: str, section_end: str, prefix: str, label: str) -> TaggedFormat:
-    """`<PREFIXinvoke name="…">` calls with `<PREFIXparameter name="…">` arguments inside a section."""
+def invoke_format(section: str, section_end: str, prefix: str, label: str, newline: str = "\n") -> TaggedFormat:
+    """`<PREFIXinvoke name="…">` calls with `<PREFIXparameter name="…">` arguments inside a section, each tag on
+    its own line unless `newline` is ""."""
     invoke, invoke_end = f"<{prefix}invoke name=", f"</{prefix}invoke>"
     parameter, parameter_end = f"<{prefix}parameter name=", f"</{prefix}parameter>"
     syntax = TagSyntax(
@@ -25,12 +26,12 @@ def invoke_format(section: str, section_end: str, prefix: str, label: str) -> Ta
         label=label,
         opening=section,
         markers=(section, section_end),
-        call_head=lambda name: (f'{invoke}"{name}">', "\n"),
+        call_head=lambda name: (f'{invoke}"{name}">', newline),
         parameter_head=lambda name, _text: (f'{parameter}"{name}">',),
         parameter_close=parameter_end,
-        after_parameter=("\n",),
-        call_tail=(invoke_end, "\n"),
-        section_head=("\n",),
+        after_parameter=(newline,),
+        call_tail=(invoke_end, newline),
+        section_head=(newline,),
         section_close=(section_end,),
     )
     return TaggedFormat(syntax, layout)

@@ -3,4 +3,4 @@
 
 from exo.tool_calls.formats.minimax_m2 import invoke_format
 
-MUSE_SPARK = invoke_format("<atem:function_calls>", "</atem:function_calls>", "atem:", "muse_spark")
+MUSE_SPARK = invoke_format("<atem:function_calls>", "</atem:function_calls>", "atem:", "muse_spark", newline="")

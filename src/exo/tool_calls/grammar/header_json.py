@@ -3,7 +3,7 @@
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from exo.tool_calls.grammar.lark import LarkWriter, literal
+from exo.tool_calls.grammar.lark import LarkWriter
 from exo.tool_calls.grammar.reply import OpenedCallsGrammar, ReplyRequest, repeated
 
 
@@ -13,7 +13,7 @@ class HeaderJsonLayout:
     markers: tuple[str, ...]
     call_open: str
     header: Callable[[str], str]
-    """The header text for a tool name (Kimi K2: `functions.NAME:0`)."""
+    """The header for a tool name, as lark (Kimi K2: `"functions.NAME:" /[0-9]+/`)."""
     arguments_open: str
     call_close: str
     section_close: str
@@ -30,7 +30,7 @@ class HeaderJsonGrammar(OpenedCallsGrammar):
         alternatives: Sequence[str] = [
             lark.rule(
                 f"call_{tool.name}",
-                f"{literal(layout.header(tool.name))} {lark.marker(layout.arguments_open)} "
+                f"{layout.header(tool.name)} {lark.marker(layout.arguments_open)} "
                 f"{lark.arguments(tool.parameters, every_keyword_enforced=bool(tool.strict))}",
             )
             for tool in request.tools

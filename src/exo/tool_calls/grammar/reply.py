@@ -1,5 +1,6 @@
 """The one interface between a format and the grammar builder: how a reply in the format may look, per mode."""
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -54,6 +55,10 @@ class OpenedCallsGrammar:
     also_opening: tuple[str, ...] = ()
     never_starting: tuple[str, ...] = ()
     bare: bool = False
+    never_in_text: tuple[str, ...] = ()
+    """More texts free text may not contain, beyond the openings: near-misses of the call markup that a model
+    told not to call writes instead (the default model answered "none" with `<tool_call name="…">`, then with
+    `<tool_output>`)."""
 
     @property
     def marker_texts(self) -> tuple[str, ...]:
@@ -69,20 +74,24 @@ class OpenedCallsGrammar:
     def opening_expression(self, lark: LarkWriter) -> str:
         return " ".join(lark.marker(piece) for piece in self._opening_pieces())
 
+    def _calls(self, lark: LarkWriter, request: ReplyRequest) -> str:
+        return f"{self.opening_expression(lark)} {self.after_opening(lark, request)}"
+
     def reply(self, lark: LarkWriter, request: ReplyRequest, /) -> str:
-        calls = f"{self.opening_expression(lark)} {self.after_opening(lark, request)}"
         openings = (self.opening, *self.also_opening) if not self.bare else self.also_opening
         match request.shape:
             case ReplyShape.CALLS:
-                return calls
+                return self._calls(lark, request)
             case ReplyShape.ANSWER_OR_CALLS:
-                return f"answer | {calls}"
+                return f"answer | {self._calls(lark, request)}"
             case ReplyShape.TEXT_ONLY:
-                return lark.prose(never_containing=openings, never_starting=self.never_starting)
+                return lark.prose(never_containing=(*openings, *self.never_in_text), never_starting=self.never_starting)
             case ReplyShape.TEXT_OR_CALLS:
-                prose = lark.prose(never_containing=openings, never_starting=self.never_starting)
                 if self.bare:
-                    return f"{prose} | {calls}"
+                    # Text may not even begin like a call: a greedy text lexeme cannot give way to one later.
+                    prose = lark.prose(never_containing=openings, never_starting=(re.escape(self.opening),))
+                    return f"{prose} | {self._calls(lark, request)}"
+                prose = lark.prose(never_containing=openings, never_starting=self.never_starting)
                 first, *rest = self._opening_pieces()
                 text_then_opening = " ".join([lark.text_until(first, "prose"), *map(lark.marker, rest)])
                 return f"{prose} | {text_then_opening} {self.after_opening(lark, request)}"

@@ -15,8 +15,16 @@ from exo.tool_calls.grammar.parameters import (
 )
 from exo.tool_calls.grammar.reply import OpenedCallsGrammar, ReplyRequest, repeated
 
+
+class Pattern(str):
+    """A layout piece that is a regex (lark `/…/`), such as a call's running index."""
+
+    __slots__ = ()
+
+
 Pieces = Sequence[str]
-"""Texts written in order; a text that is an added token of the model is written as that token."""
+"""Texts written in order; a text that is an added token of the model is written as that token; a `Pattern` is a
+regex."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,7 @@ class TaggedGrammar(OpenedCallsGrammar):
         self.markers = layout.markers
 
     def _pieces(self, lark: LarkWriter, pieces: Pieces) -> str:
-        return " ".join(lark.marker(piece) for piece in pieces if piece)
+        return " ".join(f"/{piece}/" if isinstance(piece, Pattern) else lark.marker(piece) for piece in pieces if piece)
 
     def after_opening(self, lark: LarkWriter, request: ReplyRequest, /) -> str:
         layout = self._layout

@@ -193,7 +193,7 @@ def _admit(
         reply = immediate.chunk
     except Exception as error:
         logger.exception("task %s could not start", task.task_id)
-        reply = ErrorChunk(message=f"generation failed: {type(error).__name__}: {error}")
+        reply = ErrorChunk(error="generation_failed", message=f"generation failed: {type(error).__name__}: {error}")
     channel.send(TaskChunk(task_id=task.task_id, chunk=reply))
     channel.send(TaskDone(task_id=task.task_id))
 
@@ -203,7 +203,9 @@ def _refuse_unreadable(channel: RunnerChannel, unreadable: UnreadableRequestErro
     task_id = unreadable.task_id
     logger.error("unreadable request from the supervisor (task %s): %s", task_id, unreadable)
     if task_id is not None:
-        failure = ErrorChunk(message=f"the model runner could not read the request: {unreadable}")
+        failure = ErrorChunk(
+            error="dispatch_failed", message=f"the model runner could not read the request: {unreadable}"
+        )
         channel.send(TaskChunk(task_id=task_id, chunk=failure))
         channel.send(TaskDone(task_id=task_id))
 
@@ -214,13 +216,14 @@ class _LoadFailedError(Exception):
 
 def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
     # Heavy imports happen here, in the child, so the API process never loads MLX.
+    from exo.models.errors import ModelLoadError
     from exo.tool_calls import detect_tool_format
     from exo.worker.engines.mlx.blas_check import blas_report
     from exo.worker.engines.mlx.cache.layer_cache import can_batch
     from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
     from exo.worker.engines.mlx.generator.chat_completion import DecodeSettings, EngineContext
     from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
-    from exo.worker.engines.mlx.utils_mlx import ModelLoadError, chat_template_text, load_model
+    from exo.worker.engines.mlx.utils_mlx import chat_template_text, load_model
 
     model_path = Path(bootstrap.model_path)
     blas = blas_report()  # before the model takes the memory bandwidth; a fraction of a second
@@ -248,6 +251,7 @@ def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
         supports_reasoning=loaded.tokenizer.has_thinking,
         dtype=loaded.dtype,
         batch_size=batch_size,
+        vocab_size=loaded.vocabulary_size,
         blas=blas,
     )
     context = EngineContext(loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache, decode=decode)

@@ -32,6 +32,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
+from exo.shared.errors import QueueFullError, RunnerUnavailableError
 from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.common import ModelId, RunnerId, TaskId
 from exo.shared.types.state import TaskOutcome, TaskSummary
@@ -65,14 +66,6 @@ MAX_RESTART_DELAY_SECONDS = 10.0
 def restart_delay(consecutive_crashes: int) -> float:
     """Seconds to wait before restarting after the `consecutive_crashes`-th crash in a row: 0.5, 1, 2, 4… up to 10."""
     return min(0.5 * 2 ** max(consecutive_crashes - 1, 0), MAX_RESTART_DELAY_SECONDS)
-
-
-class QueueFullError(Exception):
-    """More tasks are waiting than the configured queue limit allows."""
-
-
-class RunnerUnavailableError(Exception):
-    """The runner failed and cannot take tasks (for example, its model does not load)."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +202,7 @@ class RunnerSupervisor:
             if process.is_alive():
                 process.kill()
         self.status = "shutdown"
-        self._fail_all("the node is shutting down", status_code=503)
+        self._fail_all("the node is shutting down")
         self._on_change()
 
     async def wait_ready(self) -> None:
@@ -319,7 +312,7 @@ class RunnerSupervisor:
                 self.status = "failed"
                 self.last_error = reason
                 logger.error("runner %s could not load %s: %s", self.runner_id, self.config.model_id, reason)
-                self._fail_all(f"model {self.config.model_id} failed to load: {reason}", status_code=503)
+                self._fail_all(f"model {self.config.model_id} failed to load: {reason}")
             case TaskChunk(task_id=task_id, chunk=chunk):
                 running = self._running.get(task_id)
                 if running is not None:
@@ -357,7 +350,8 @@ class RunnerSupervisor:
                 payload = RunnerRequestAdapter.dump_json(RunTask(task=pending.task))
             except PydanticSerializationError as error:
                 logger.error("task %s cannot be sent to runner %s: %s", pending.task.task_id, self.runner_id, error)
-                self._fail(pending, ErrorChunk(message=f"the request could not be handed to the model runner: {error}"))
+                failure = f"the request could not be handed to the model runner: {error}"
+                self._fail(pending, ErrorChunk(error="dispatch_failed", message=failure))
                 continue
             self._running[pending.task.task_id] = pending
             self.status = "running"
@@ -367,9 +361,7 @@ class RunnerSupervisor:
                 self._fail(
                     pending,
                     ErrorChunk(
-                        message="the model runner stopped before this request started; retry it",
-                        status_code=503,
-                        code="model_unavailable",
+                        error="runner_stopped", message="the model runner stopped before this request started; retry it"
                     ),
                 )
 
@@ -395,12 +387,15 @@ class RunnerSupervisor:
         self._running.clear()
         for running in crashed_tasks:
             running.deliver(
-                ErrorChunk(message=f"the model runner crashed while generating ({reason}); it is being restarted")
+                ErrorChunk(
+                    error="runner_crashed",
+                    message=f"the model runner crashed while generating ({reason}); it is being restarted",
+                )
             )
             running.sender.close()
             self._record(running.task.task_id, "failed", None)
         if self.gave_up:
-            self._fail_all(f"model {self.config.model_id} is unavailable: {self.last_error}", status_code=503)
+            self._fail_all(f"model {self.config.model_id} is unavailable: {self.last_error}")
         self._on_change()
 
     def _record(self, task_id: TaskId, outcome: TaskOutcome, generated_tokens: int | None) -> None:
@@ -408,12 +403,12 @@ class RunnerSupervisor:
             TaskSummary(task_id=task_id, outcome=outcome, generated_tokens=generated_tokens, finished_at=time.time())
         )
 
-    def _fail_all(self, message: str, *, status_code: int) -> None:
+    def _fail_all(self, message: str) -> None:
         waiting = [*self._queue, *self._running.values()]
         self._queue.clear()
         self._running.clear()
         for pending in waiting:
-            self._fail(pending, ErrorChunk(message=message, status_code=status_code, code="model_unavailable"))
+            self._fail(pending, ErrorChunk(error="model_unavailable", message=message))
 
     def _fail(self, pending: _PendingTask, error: ErrorChunk) -> None:
         """End a task that is no longer queued or running with `error`."""

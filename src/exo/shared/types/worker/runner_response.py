@@ -28,6 +28,8 @@ class ModelMetadata(FrozenModel):
     dtype: str
     batch_size: int = 1
     """How many tasks the runner decodes at once (continuous batching); the worker sends it that many."""
+    # The width of the model's logits (the tokens sampling chooses from); None from runners that do not say.
+    vocab_size: int | None = None
     # The BLAS the runner's float32 matmuls use and its measured speed (None from runners that did not check).
     blas: BlasReport | None = None
 

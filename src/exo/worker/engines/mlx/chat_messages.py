@@ -10,6 +10,9 @@ from collections.abc import Sequence
 
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, PromptToolCall
+from exo.tool_calls.format import HistoryNeeds
+
+_OPENAI_SHAPE = HistoryNeeds()
 
 TemplateMessage = dict[str, object]
 
@@ -46,7 +49,7 @@ def _tool_call_dict(call: PromptToolCall) -> TemplateMessage:
     }
 
 
-def _message_dict(message: PromptMessage, call_names: dict[str, str]) -> TemplateMessage:
+def _message_dict(message: PromptMessage, call_names: dict[str, str], history: HistoryNeeds) -> TemplateMessage:
     result: TemplateMessage = {"role": message.role, "content": message.content}
     if message.tool_calls:
         result["tool_calls"] = [_tool_call_dict(call) for call in message.tool_calls]
@@ -56,7 +59,7 @@ def _message_dict(message: PromptMessage, call_names: dict[str, str]) -> Templat
         if name is not None:
             result["name"] = name
     if message.reasoning_content:
-        result["reasoning_content"] = message.reasoning_content
+        result[history.reasoning_field] = message.reasoning_content
     return result
 
 
@@ -131,8 +134,12 @@ def to_template_messages(
     *,
     chat_template: str | None,
     tools: Sequence[FunctionDefinition],
+    needs: HistoryNeeds = _OPENAI_SHAPE,
 ) -> list[TemplateMessage]:
-    """Convert history for `chat_template`; when the template lacks tool support, tools go into a system turn."""
+    """Convert history for `chat_template`; when the template lacks tool support, tools go into a system turn.
+
+    `needs` are the model's tool format's own (GPT-OSS's template reads earlier reasoning from `thinking`).
+    """
     history = list(messages)
     if not template_supports_tools(chat_template):
         history = _inline_tool_history(history)
@@ -141,7 +148,7 @@ def to_template_messages(
     elif not template_allows_parallel_calls(chat_template):
         history = _sequence_parallel_calls(history)
     call_names = {call.call_id: call.name for message in history for call in message.tool_calls}
-    return [_message_dict(message, call_names) for message in history]
+    return [_message_dict(message, call_names, needs) for message in history]
 
 
 def _prepend_system(history: list[PromptMessage], text: str) -> list[PromptMessage]:

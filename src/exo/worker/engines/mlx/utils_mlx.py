@@ -15,18 +15,19 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import dequantize_model
 from mlx_lm.utils import load as mlx_lm_load
 
+from exo.models.errors import ModelLoadError
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
+from exo.tool_calls.format import HistoryNeeds
 from exo.worker.engines.mlx.chat_messages import to_template_messages, tool_description
+from exo.worker.engines.mlx.prompt_budget import encode_within
 
 logger = logging.getLogger(__name__)
 
+_OPENAI_SHAPE = HistoryNeeds()
+
 DEFAULT_CONTEXT_LENGTH = 4096
-
-
-class ModelLoadError(Exception):
-    """The model directory could not be loaded; the message names the path and the reason."""
 
 
 @dataclass
@@ -36,6 +37,8 @@ class LoadedModel:
     context_length: int
     dtype: str
     shard: ShardAssignment
+    # The width of the logits: how many tokens sampling chooses from (top_k must stay below it).
+    vocabulary_size: int
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,16 @@ def _context_length(config: dict[str, Any]) -> int:
     if isinstance(text_config, dict):
         return _context_length(cast(dict[str, Any], text_config))
     return DEFAULT_CONTEXT_LENGTH
+
+
+def _vocabulary_size(config: dict[str, Any], tokenizer: TokenizerWrapper) -> int:
+    """The logits' width from the config (it can exceed the tokenizer's vocabulary: padded embeddings)."""
+    for candidate in (config, config.get("text_config")):
+        if isinstance(candidate, dict):
+            value = cast(dict[str, Any], candidate).get("vocab_size")
+            if isinstance(value, int) and value > 0:
+                return value
+    return len(tokenizer.vocab)
 
 
 def _linux_cpu() -> bool:
@@ -95,7 +108,12 @@ def load_model(path: Path, shard: ShardAssignment, *, trust_remote_code: bool = 
     mx.eval(model.parameters())
     config = cast(dict[str, Any], json.loads((path / "config.json").read_text()))
     return LoadedModel(
-        model=model, tokenizer=tokenizer, context_length=_context_length(config), dtype=dtype, shard=shard
+        model=model,
+        tokenizer=tokenizer,
+        context_length=_context_length(config),
+        dtype=dtype,
+        shard=shard,
+        vocabulary_size=_vocabulary_size(config, tokenizer),
     )
 
 
@@ -118,14 +136,20 @@ def apply_chat_template(
     messages: tuple[PromptMessage, ...],
     tool_policy: ToolPolicy,
     template_kwargs: Mapping[str, object] | None = None,
+    history: HistoryNeeds = _OPENAI_SHAPE,
+    *,
+    context_length: int | None = None,
 ) -> RenderedPrompt:
     """Render `messages` (and the offered tools) into prompt tokens with the model's own chat template.
 
-    `template_kwargs` are extra template variables from the client (the API has already refused reserved names).
+    `template_kwargs` are extra template variables from the client (the API has already refused reserved names);
+    `history` is what the model's tool format needs of rendered history. With `context_length`, a prompt that
+    leaves no room to generate raises ContextLengthExceededError, found without tokenising much more of it than
+    the context holds (see prompt_budget.py).
     """
     template = chat_template_text(tokenizer)
     offered = tool_policy.tools if tool_policy.mode != "none" else ()
-    template_messages = to_template_messages(messages, chat_template=template, tools=offered)
+    template_messages = to_template_messages(messages, chat_template=template, tools=offered, needs=history)
     kwargs: dict[str, Any] = {**(template_kwargs or {}), "add_generation_prompt": True}
     if offered and template is not None and "tools" in template:
         kwargs["tools"] = _tool_dicts(offered)
@@ -134,7 +158,11 @@ def apply_chat_template(
         kwargs["add_generation_prompt"] = False
         kwargs["continue_final_message"] = True
     text = cast(str, tokenizer.apply_chat_template(template_messages, tokenize=False, **kwargs))
-    tokens = cast(list[int], tokenizer.encode(text, add_special_tokens=False))
+
+    def encode(piece: str) -> list[int]:
+        return cast(list[int], tokenizer.encode(piece, add_special_tokens=False))
+
+    tokens = encode(text) if context_length is None else encode_within(encode, text, context_length)
     think_start = tokenizer.think_start if tokenizer.has_thinking else None
     starts_in_reasoning = think_start is not None and _opens_reasoning(text, think_start, tokenizer)
     return RenderedPrompt(tokens=tokens, text=text, starts_in_reasoning=starts_in_reasoning)

@@ -2,12 +2,20 @@
 
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
+from mlx_lm.sample_utils import make_sampler
 
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, SamplingParams, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.generator.generate import generate_tokens
+from exo.worker.engines.mlx.generator.sampling import (
+    GREEDY_BELOW_TEMPERATURE,
+    InvalidSamplingError,
+    check_sampling,
+    sampling_temperature,
+)
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template, load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, GET_WEATHER_TOOL, GREETING_REPLY
 
@@ -55,3 +63,48 @@ def test_frequency_penalty_breaks_the_second_of_two_identical_calls(loaded: Load
     penalised = complete(loaded, question, SamplingParams(frequency_penalty=2.0), with_weather=True)
     assert plain.count("<tool_call>") == 2
     assert penalised != plain
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 1e-20, 5e-5])
+def test_a_vanishing_temperature_samples_greedily(loaded: LoadedModel, temperature: float) -> None:
+    # Unguarded, 1 / temperature overflows (float32 below ~3e-39, half precision below ~1.5e-5) and every seed
+    # samples a different garbage answer.
+    for seed in SEEDS:
+        assert complete(loaded, "Hello!", SamplingParams(temperature=temperature, seed=seed)) == GREETING_REPLY
+
+
+@pytest.mark.parametrize(
+    ("sampling", "param"),
+    [
+        (SamplingParams(seed=-1), "seed"),
+        (SamplingParams(seed=2**64), "seed"),
+        (SamplingParams(top_k=741), "top_k"),
+        (SamplingParams(top_k=10**9, temperature=0.7), "top_k"),
+        (SamplingParams(top_k=-2), "top_k"),
+    ],
+)
+def test_values_mlx_cannot_sample_with_are_refused_naming_the_field(
+    loaded: LoadedModel, sampling: SamplingParams, param: str
+) -> None:
+    assert loaded.vocabulary_size == 741
+    with pytest.raises(InvalidSamplingError) as refused:
+        check_sampling(sampling, loaded.vocabulary_size)
+    assert refused.value.param == param
+
+
+def test_the_edges_of_the_ranges_sample(loaded: LoadedModel) -> None:
+    for sampling in (SamplingParams(seed=0, top_k=740, temperature=0.5), SamplingParams(seed=2**64 - 1, top_k=1)):
+        check_sampling(sampling, loaded.vocabulary_size)
+        assert complete(loaded, "Hello!", sampling)
+
+
+@pytest.mark.parametrize("temperature", [GREEDY_BELOW_TEMPERATURE / 100, GREEDY_BELOW_TEMPERATURE])
+def test_the_greedy_threshold_covers_half_precision_logits(temperature: float) -> None:
+    # The runner samples in the model's dtype; half precision overflows first (1 / 1.5e-5 > 65504), so the threshold
+    # is set for it: at and above it mlx-lm's own sampler still picks the likeliest token from float16 logprobs.
+    mx.random.seed(3)
+    logits = mx.random.normal((1, 741)) * 5
+    logprobs = (logits - mx.logsumexp(logits, axis=-1, keepdims=True)).astype(mx.float16)
+    sampler = make_sampler(temp=sampling_temperature(temperature))
+    picks: set[object] = {sampler(logprobs).item() for _ in range(20)}
+    assert picks == {mx.argmax(logprobs).item()}

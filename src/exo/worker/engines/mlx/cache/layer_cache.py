@@ -63,11 +63,6 @@ def held_token_count(cache: PromptCache) -> int | None:
     return offsets.pop()
 
 
-def total_nbytes(cache: PromptCache) -> int:
-    """Bytes held by all layers' buffers (allocated size, which is what memory pressure depends on)."""
-    return sum(int(layer.nbytes) for layer in cache)
-
-
 def materialize(cache: PromptCache) -> None:
     """Evaluate the cache's pending computation so a stored cache holds plain buffers, not a graph of the last step."""
     mx.eval([getattr(layer, "state", None) for layer in cache])

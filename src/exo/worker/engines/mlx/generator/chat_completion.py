@@ -18,14 +18,23 @@ from exo.shared.types.common import FinishReason, TaskId
 from exo.shared.types.tasks import ChatCompletionTask, ToolPolicy
 from exo.tool_calls import ToolFormatName, ToolStreamParser
 from exo.tool_calls.grammar.spec import ReasoningMarkers, UnsupportedConstraintError
+from exo.tool_calls.registry import format_for
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
 from exo.worker.engines.mlx.cache.prefix_cache import CacheLease, PrefixCache
 from exo.worker.engines.mlx.constrained import callable_functions, constraint_spec, make_logits_processor
-from exo.worker.engines.mlx.generator.generate import ContextLengthExceededError, clamp_max_tokens
+from exo.worker.engines.mlx.generator.generate import clamp_max_tokens
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings, PromptLookup
-from exo.worker.engines.mlx.generator.sampling import GREEDY, Sampler, make_request_sampler, penalty_processors
+from exo.worker.engines.mlx.generator.sampling import (
+    GREEDY,
+    InvalidSamplingError,
+    Sampler,
+    check_sampling,
+    make_request_sampler,
+    penalty_processors,
+)
 from exo.worker.engines.mlx.generator.stop_sequences import StopSequenceMatcher
+from exo.worker.engines.mlx.prompt_budget import ContextLengthExceededError
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, RenderedPrompt, apply_chat_template
 
 logger = logging.getLogger(__name__)
@@ -140,21 +149,24 @@ class ChatRequest:
         loaded = context.loaded
         params = task.params
         try:
+            check_sampling(params.sampling, loaded.vocabulary_size)
             prompt = apply_chat_template(
-                loaded.tokenizer, params.messages, params.tool_policy, params.chat_template_kwargs
+                loaded.tokenizer,
+                params.messages,
+                params.tool_policy,
+                params.chat_template_kwargs,
+                history=format_for(context.tool_format).history,
+                context_length=loaded.context_length,
             )
             if params.count_prompt_only:
                 usage = Usage(prompt_tokens=len(prompt.tokens), completion_tokens=0)
                 raise ImmediateReplyError(FinishChunk(finish_reason="stop", usage=usage))
             max_tokens = clamp_max_tokens(params.sampling.max_tokens, len(prompt.tokens), loaded.context_length)
-        except ContextLengthExceededError as error:
-            refusal = ErrorChunk(
-                message=str(error),
-                error_type="invalid_request_error",
-                code="context_length_exceeded",
-                status_code=400,
-            )
+        except InvalidSamplingError as error:
+            refusal = ErrorChunk(error="invalid_request", message=str(error), param=error.param)
             raise ImmediateReplyError(refusal) from error
+        except ContextLengthExceededError as error:
+            raise ImmediateReplyError(ErrorChunk(error="context_length_exceeded", message=str(error))) from error
         lease = context.prefix_cache.acquire(prompt.tokens) if context.prefix_cache else None
         prefill = lease.remaining_tokens if lease else prompt.tokens
         reasoning = reasoning_markers(loaded.tokenizer, prompt.starts_in_reasoning)
@@ -163,10 +175,7 @@ class ChatRequest:
         except UnsupportedConstraintError as error:
             if lease and context.prefix_cache:
                 context.prefix_cache.discard(lease)
-            refusal = ErrorChunk(
-                message=str(error), error_type="invalid_request_error", code="unsupported", status_code=400
-            )
-            raise ImmediateReplyError(refusal) from error
+            raise ImmediateReplyError(ErrorChunk(error="unsupported", message=str(error))) from error
         return cls(
             context,
             task,
@@ -267,7 +276,7 @@ class ChatRequest:
         if not self._closed and self._lease is not None and self._context.prefix_cache is not None:
             self._context.prefix_cache.discard(self._lease)
         self._closed = True
-        return ErrorChunk(message=f"generation failed: {type(error).__name__}: {error}")
+        return ErrorChunk(error="generation_failed", message=f"generation failed: {type(error).__name__}: {error}")
 
     def _release(self, cache: PromptCache | None) -> None:
         if self._closed:

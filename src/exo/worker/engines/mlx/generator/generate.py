@@ -12,23 +12,17 @@ from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cac
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import LogitsProcessor, make_request_sampler, penalty_processors
 from exo.worker.engines.mlx.generator.solo import SoloDecoder
+from exo.worker.engines.mlx.prompt_budget import context_exceeded
 from exo.worker.engines.mlx.utils_mlx import LoadedModel
 
-__all__ = ["ContextLengthExceededError", "LogitsProcessor", "clamp_max_tokens", "generate_tokens"]
-
-
-class ContextLengthExceededError(ValueError):
-    """The prompt leaves no room to generate within the model's context."""
+__all__ = ["LogitsProcessor", "clamp_max_tokens", "generate_tokens"]
 
 
 def clamp_max_tokens(requested: int | None, prompt_length: int, context_length: int) -> int:
     """Clamp to what fits in the context (clients like opencode ask for 32k regardless of the model)."""
     room = context_length - prompt_length
     if room <= 0:
-        raise ContextLengthExceededError(
-            f"the prompt is {prompt_length} tokens but the model's context is {context_length} tokens; "
-            "shorten the conversation or the tool definitions"
-        )
+        raise context_exceeded(prompt_length, context_length)
     return room if requested is None else min(requested, room)
 
 

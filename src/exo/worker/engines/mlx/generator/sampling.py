@@ -14,6 +14,7 @@ from typing import Final
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, greedy_sampler, make_logits_processors
 
+from exo.shared.types.api import MAX_SEED
 from exo.shared.types.tasks import SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]
@@ -21,6 +22,35 @@ LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 GREEDY: Final[Sampler] = greedy_sampler
 _MASK64: Final = (1 << 64) - 1
+
+# Sampling multiplies logprobs by 1 / temperature in the model's dtype: below this, 1 / temperature passes what half
+# precision holds (65504), a certain token's logprob of 0 becomes 0 * inf = NaN and the sample is garbage. A
+# temperature this small means "the likeliest token", so it is sampled greedily.
+GREEDY_BELOW_TEMPERATURE: Final = 1e-4
+
+
+class InvalidSamplingError(ValueError):
+    """A sampling value mlx cannot use; `param` names the request field."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def check_sampling(sampling: SamplingParams, vocabulary_size: int) -> None:
+    """Raise InvalidSamplingError for what mlx would fail on mid-request (the API refuses these first; this keeps
+    every front end from turning them into a failed generation)."""
+    if sampling.seed is not None and not 0 <= sampling.seed <= MAX_SEED:
+        raise InvalidSamplingError("seed", f"seed must be between 0 and {MAX_SEED}, got {sampling.seed}")
+    if not 0 <= sampling.top_k < vocabulary_size:
+        raise InvalidSamplingError(
+            "top_k", f"top_k must be below the model's vocabulary size of {vocabulary_size}, got {sampling.top_k}"
+        )
+
+
+def sampling_temperature(requested: float) -> float:
+    """The temperature sampled with: `requested`, or 0 (greedy) below GREEDY_BELOW_TEMPERATURE."""
+    return requested if requested >= GREEDY_BELOW_TEMPERATURE else 0.0
 
 
 def _mix64(value: int) -> int:
@@ -35,7 +65,7 @@ class SeededSampler:
     """Temperature sampling (after top-p, min-p and top-k truncation) from a random stream owned by one request."""
 
     def __init__(self, sampling: SamplingParams, seed: int) -> None:
-        self._inverse_temperature: Final = 1.0 / sampling.temperature
+        self._inverse_temperature: Final = 1.0 / sampling_temperature(sampling.temperature)
         self._seed: Final = seed & _MASK64
         self._top_p: Final = sampling.top_p
         self._min_p: Final = sampling.min_p
@@ -60,8 +90,9 @@ class SeededSampler:
 
 
 def make_request_sampler(sampling: SamplingParams) -> Sampler:
-    """`GREEDY` at temperature 0; otherwise a SeededSampler on the request's seed (a random one when it has none)."""
-    if sampling.temperature == 0:
+    """`GREEDY` at temperature 0 (or one too small to sample with); otherwise a SeededSampler on the request's seed (a
+    random one when it has none)."""
+    if sampling_temperature(sampling.temperature) == 0:
         return GREEDY
     seed = sampling.seed if sampling.seed is not None else secrets.randbits(64)
     return SeededSampler(sampling, seed)

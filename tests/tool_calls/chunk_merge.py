@@ -1,4 +1,4 @@
-"""Merge a chunk stream into its shortest equivalent: what a non-streaming response is built from."""
+"""Merge a chunk stream into its shortest equivalent, to compare a streamed run with a whole-text run."""
 
 from collections.abc import Iterable
 

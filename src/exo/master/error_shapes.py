@@ -1,4 +1,8 @@
-"""A route class that answers every failure of its routes in a protocol's own error shape."""
+"""Errors in a protocol's own shape: for a router's routes (a route class) and for the request guard before them.
+
+The app-wide handlers answer in OpenAI's shape; another protocol (Anthropic's Messages API) gets the same errors
+(the same checks, statuses and messages) in the shape its SDK parses.
+"""
 
 import logging
 from collections.abc import Callable, Coroutine
@@ -18,11 +22,7 @@ ErrorShape = Callable[[ApiError], BaseModel]
 
 
 def shaped_route(shape: ErrorShape) -> type[APIRoute]:
-    """An APIRoute whose validation errors, ApiErrors and unexpected failures are rendered by `shape`.
-
-    The app-wide handlers answer in OpenAI's shape; a router for another protocol uses this class instead, so the
-    same errors (the same checks, statuses and messages) reach its clients in the shape their SDK parses.
-    """
+    """An APIRoute whose validation errors, ApiErrors and unexpected failures are rendered by `shape`."""
 
     class ShapedRoute(APIRoute):
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
@@ -32,18 +32,19 @@ def shaped_route(shape: ErrorShape) -> type[APIRoute]:
                 try:
                     return await handler(request)
                 except ApiError as error:
-                    return _render(shape, error)
+                    return shaped_response(shape, error)
                 except RequestValidationError as error:
-                    return _render(shape, validation_error(error.errors()))
+                    return shaped_response(shape, validation_error(error.errors()))
                 except Exception:
                     logger.exception("unexpected failure on %s", request.url.path)
                     failure = ApiError(500, "internal server error", error_type="server_error", code="internal_error")
-                    return _render(shape, failure)
+                    return shaped_response(shape, failure)
 
             return shaped
 
     return ShapedRoute
 
 
-def _render(shape: ErrorShape, error: ApiError) -> JSONResponse:
-    return JSONResponse(status_code=error.status_code, content=shape(error).model_dump())
+def shaped_response(shape: ErrorShape, error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The JSON response for `error` in `shape`."""
+    return JSONResponse(status_code=error.status_code, content=shape(error).model_dump(), headers=headers)

@@ -1,0 +1,43 @@
+"""What the Messages and Responses stream checkers share: named SSE events in, a summary and violations out."""
+
+from exo.conformance.contract import StreamedCall, StreamSummary, Violation
+from exo.shared.types.common import FrozenModel
+
+
+def named_events(body: str) -> list[tuple[str | None, str]]:
+    """The (event name, data) pairs of an SSE body, in order; multi-line data joined with newlines."""
+    events: list[tuple[str | None, str]] = []
+    for block in body.replace("\r\n", "\n").split("\n\n"):
+        name: str | None = None
+        data: list[str] = []
+        for line in block.split("\n"):
+            if line.startswith("event:"):
+                name = line.removeprefix("event:").strip()
+            elif line.startswith("data:"):
+                data.append(line.removeprefix("data:").removeprefix(" "))
+        if data:
+            events.append((name, "\n".join(data)))
+    return events
+
+
+class ProtocolSummary(FrozenModel):
+    """What a client ends up with after reading a whole stream: text, reasoning, calls, how it stopped."""
+
+    content: str = ""
+    reasoning: str = ""
+    calls: tuple[StreamedCall, ...] = ()
+    stop: str | None = None
+    errored: bool = False
+
+    def as_stream_summary(self) -> StreamSummary:
+        """The same content, reasoning and calls in the shape the Chat Completions checker reports."""
+        return StreamSummary(
+            role="assistant", content=self.content, reasoning=self.reasoning, calls=self.calls, errored=self.errored
+        )
+
+
+class ProtocolCheck(FrozenModel):
+    """The accumulated result and every violation found (empty when the stream keeps the protocol's grammar)."""
+
+    summary: ProtocolSummary
+    violations: tuple[Violation, ...]

@@ -1,0 +1,17 @@
+"""Errors the master and the worker raise for conditions their callers must handle.
+
+They say what went wrong in the node's own terms; the API (or any other front end) decides what that means on its
+wire, so it imports these and never the classes of the layers that raise them.
+"""
+
+
+class ModelNotLoadedError(Exception):
+    """No runner serves the requested model."""
+
+
+class QueueFullError(Exception):
+    """More tasks are waiting for the model than the configured queue limit allows."""
+
+
+class RunnerUnavailableError(Exception):
+    """The model's runner failed and cannot take tasks (for example, its model does not load)."""

@@ -1,0 +1,51 @@
+"""What the node's model-catalog endpoints answer: the catalog as found on that node, and a download's events."""
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from exo.models.catalog import CatalogListing
+from exo.shared.types.api import ErrorBody
+from exo.shared.types.common import FrozenModel, ModelId
+from exo.shared.types.preparation import ModelPreparation
+
+
+class NodeCatalogModel(FrozenModel):
+    """A catalog entry on this node: whether it is downloaded, and the memory it needs to be served here."""
+
+    listing: CatalogListing
+    # On this node's platform (float32 on a Linux CPU, float16 on Apple silicon).
+    memory_bytes: int
+
+
+class NodeCatalog(FrozenModel):
+    """GET /v1/catalog."""
+
+    models_dir: str
+    models: list[NodeCatalogModel]
+
+
+class DownloadRequest(FrozenModel):
+    """POST /v1/catalog/download: fetch and import a catalog model into this node's models directory."""
+
+    model: str
+
+
+class DownloadProgress(FrozenModel):
+    type: Literal["progress"] = "progress"
+    preparation: ModelPreparation
+
+
+class DownloadDone(FrozenModel):
+    type: Literal["done"] = "done"
+    model_id: ModelId
+    path: str
+
+
+class DownloadFailed(FrozenModel):
+    type: Literal["error"] = "error"
+    error: ErrorBody
+
+
+DownloadEvent = Annotated[DownloadProgress | DownloadDone | DownloadFailed, Field(discriminator="type")]
+"""One server-sent event of a download: progress snapshots, then `done` or `error`."""

@@ -1,0 +1,192 @@
+"""Run the real Claude Code and Codex CLIs headless against an exo node, isolated from the machine they run on.
+
+Both are npm packages that `.ci/run` installs, at the versions the captured requests in tests/fixtures/clients
+come from, into the git-ignored build/ folder. Each run gets its own HOME (and CODEX_HOME), a fixed time zone and
+shell (they appear in the prompt), no credentials but a dummy key, and every update check or telemetry switch off,
+so it talks to nothing but exo. Both print one JSON event per line, parsed into `CliRun`.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from pydantic import BaseModel, ConfigDict, JsonValue
+
+from exo.conformance.json_view import JsonMapping, as_list, as_object
+from tests.fixtures.client_requests import CLAUDE_CODE_VERSION, CLIENT_AGENT_PROMPT, CODEX_CONFIG, CODEX_VERSION
+
+REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+CLAUDE_CODE_INSTALL: Final = REPO_ROOT / "build" / "claude-code" / "node_modules" / ".bin" / "claude"
+CODEX_INSTALL: Final = REPO_ROOT / "build" / "codex" / "node_modules" / ".bin" / "codex"
+# Values the prompts contain; fixed so that a run on any machine sends what the fixture model was trained on.
+_STABLE_ENVIRONMENT: Final = {"TZ": "Etc/UTC", "SHELL": "/bin/bash", "NO_COLOR": "1"}
+# Variables of the machine that would point the clients elsewhere or change their prompt.
+_FOREIGN_PREFIXES: Final = ("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_", "XDG_")
+
+
+class CliRun(BaseModel):
+    """What one headless run did: its exit status, parsed JSON events and raw output (for failure messages)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    returncode: int
+    events: tuple[dict[str, JsonValue], ...]
+    stdout: str
+    stderr: str
+
+    def of_type(self, kind: str) -> list[dict[str, JsonValue]]:
+        return [event for event in self.events if event.get("type") == kind]
+
+    def claude_tool_uses(self) -> list[tuple[object, object]]:
+        """(name, input) of every tool_use block in Claude Code's `assistant` events."""
+        uses: list[tuple[object, object]] = []
+        for event in self.of_type("assistant"):
+            for raw in as_list((as_object(event.get("message")) or {}).get("content")) or []:
+                block = as_object(raw) or {}
+                if block.get("type") == "tool_use":
+                    uses.append((block.get("name"), block.get("input")))
+        return uses
+
+    def codex_items(self, kind: str) -> list[JsonMapping]:
+        """The items of Codex's `item.completed` events of type `kind` (command_execution, agent_message…)."""
+        items = [as_object(event.get("item")) or {} for event in self.of_type("item.completed")]
+        return [item for item in items if item.get("type") == kind]
+
+    def describe(self) -> str:
+        """Everything a failing assertion should show."""
+        return f"exited {self.returncode}\n--- stdout\n{self.stdout[-8000:]}\n--- stderr (tail)\n{self.stderr[-4000:]}"
+
+
+def find_cli(install: Path, command: str, version: str) -> Path | None:
+    """The CLI at `version`: the repository-local install `.ci/run` makes, else `command` on PATH.
+
+    Another version sends other prompts than the fixture model was trained on, so it does not count.
+    """
+    on_path = shutil.which(command)
+    for candidate in (install, *([Path(on_path)] if on_path else [])):
+        if candidate.is_file() and os.access(candidate, os.X_OK) and version in _version_line(candidate):
+            return candidate
+    return None
+
+
+def _version_line(binary: Path) -> str:
+    try:
+        result = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return result.stdout.strip() if result.returncode == 0 else ""
+
+
+def find_claude_code() -> Path | None:
+    return find_cli(CLAUDE_CODE_INSTALL, "claude", CLAUDE_CODE_VERSION)
+
+
+def find_codex() -> Path | None:
+    return find_cli(CODEX_INSTALL, "codex", CODEX_VERSION)
+
+
+def isolated_environment(home: Path, extra: dict[str, str]) -> dict[str, str]:
+    """This process's environment minus anything pointing a client elsewhere, with HOME under `home`."""
+    environment = {key: value for key, value in os.environ.items() if not key.startswith(_FOREIGN_PREFIXES)}
+    return environment | _STABLE_ENVIRONMENT | {"HOME": str(home)} | extra
+
+
+def _run(arguments: Sequence[str], project: Path, environment: dict[str, str], timeout: float) -> CliRun:
+    process = subprocess.Popen(
+        arguments,
+        cwd=project,
+        env=environment | {"PWD": str(project)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        stderr += f"\n[killed after {timeout:.0f}s]"
+    events: list[dict[str, JsonValue]] = []
+    for line in stdout.splitlines():
+        try:
+            decoded: object = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a warning line; the raw stdout stays in the run for debugging
+        if isinstance(decoded, dict):
+            events.append(decoded)  # pyright: ignore[reportUnknownArgumentType]
+    return CliRun(returncode=process.returncode, events=tuple(events), stdout=stdout, stderr=stderr)
+
+
+def run_claude_code(
+    binary: Path, project: Path, home: Path, *, base_url: str, model: str, prompt: str, timeout: float
+) -> CliRun:
+    """`claude -p <prompt>` with a one-line system prompt and only the Write tool, edits allowed, against exo.
+
+    ANTHROPIC_BASE_URL is exo's root (Claude Code appends /v1/messages); the attribution header is switched off as
+    docs/AGENTS.md recommends (exo drops it anyway).
+    """
+    environment = isolated_environment(
+        home,
+        {
+            "ANTHROPIC_BASE_URL": base_url,
+            "ANTHROPIC_API_KEY": "unused",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_TELEMETRY": "1",
+        },
+    )
+    arguments = [
+        str(binary),
+        "-p",
+        prompt,
+        "--system-prompt",
+        CLIENT_AGENT_PROMPT,
+        "--tools",
+        "Write",
+        "--permission-mode",
+        "acceptEdits",
+        "--model",
+        model,
+        "--output-format",
+        "stream-json",
+        "--verbose",
+    ]
+    return _run(arguments, project, environment, timeout)
+
+
+def codex_config(base_url: str, model: str, instructions: Path) -> str:
+    """Codex CLI's config.toml: exo as a Responses API provider (`base_url` ends in /v1), trimmed as in the test."""
+    return (
+        f'model = "{model}"\nmodel_provider = "exo"\n'
+        + CODEX_CONFIG.replace('"instructions.md"', json.dumps(str(instructions)))
+        + f'\n[model_providers.exo]\nname = "exo"\nbase_url = "{base_url}"\nwire_api = "responses"\n'
+    )
+
+
+def run_codex(
+    binary: Path, project: Path, home: Path, *, base_url: str, model: str, prompt: str, timeout: float
+) -> CliRun:
+    """`codex exec --json <prompt>` against exo, its sandbox off (the project is a throwaway test folder)."""
+    codex_home = home / ".codex"
+    codex_home.mkdir(parents=True, exist_ok=True)
+    instructions = codex_home / "instructions.md"
+    instructions.write_text(CLIENT_AGENT_PROMPT)
+    (codex_home / "config.toml").write_text(codex_config(base_url, model, instructions))
+    environment = isolated_environment(home, {"CODEX_HOME": str(codex_home)})
+    arguments = [
+        str(binary),
+        "exec",
+        "--json",
+        "--skip-git-repo-check",
+        "--dangerously-bypass-approvals-and-sandbox",
+        prompt,
+    ]
+    return _run(arguments, project, environment, timeout)

@@ -1,0 +1,100 @@
+"""Codex CLI completes one tool round trip through exo's Responses API: real `codex exec`, real HTTP, exo's
+production API, master and adapters; only generation is scripted.
+
+Codex's prompt is too long to train a CPU fixture model on (see tests/fixtures/client_requests.py), so the proof
+is in three parts: its captured requests replayed against a real node and model
+(test_captured_client_requests.py), a full session against the default model recorded in docs/AGENTS.md, and this
+test, where the runner answers as a model would — an exec_command call streamed in fragments, then, once Codex
+sent the command's output back, "Done." — and the real CLI must read exo's events, run the command and finish.
+"""
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from anyio import create_memory_object_stream
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk, Usage
+from exo.shared.types.common import RunnerId, ToolCallId
+from exo.shared.types.tasks import ChatCompletionTask
+from tests.clients.agent_cli import find_codex, run_codex
+from tests.exo_server import free_port
+from tests.fixtures.client_requests import CLIENT_TASK, CODEX_VERSION
+from tests.fixtures.fixture_specs import AGENT_DONE_REPLY
+from tests.master.inprocess_app import SCRIPTED_MODEL, ScriptedWorker, scripted_app
+
+CLI_TIMEOUT_SECONDS = 180.0
+USAGE = Usage(prompt_tokens=900, completion_tokens=20)
+EXEC_CALL: tuple[Chunk, ...] = (
+    ToolCallChunk(index=0, call_id=ToolCallId("call_" + "x" * 24), name="exec_command"),
+    ToolCallArgumentsChunk(index=0, fragment='{"cmd": '),
+    ToolCallArgumentsChunk(index=0, fragment='"printf hello > hello.txt"}'),
+    FinishChunk(finish_reason="tool_calls", usage=USAGE),
+)
+DONE: tuple[Chunk, ...] = (TokenChunk(text=AGENT_DONE_REPLY), FinishChunk(finish_reason="stop", usage=USAGE))
+
+pytestmark = pytest.mark.slow
+
+
+class ToolLoopWorker(ScriptedWorker):
+    """Answers like a model doing the task: the call first, the answer once a tool result is in the history."""
+
+    def submit(self, runner_id: RunnerId, task: ChatCompletionTask) -> MemoryObjectReceiveStream[Chunk]:  # noqa: ARG002 - one runner
+        self.tasks.append(task)
+        answered = any(message.role == "tool" for message in task.params.messages)
+        script = DONE if answered else EXEC_CALL
+        sender, receiver = create_memory_object_stream[Chunk](len(script))
+        for chunk in script:
+            sender.send_nowait(chunk)
+        sender.close()
+        return receiver
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[str, ToolLoopWorker]]:
+    """exo's production app on a real port, its runner scripted."""
+    worker = ToolLoopWorker()
+    app, _ = scripted_app(worker=worker)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the API did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}/v1", worker
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+def test_codex_runs_the_command_through_exo_and_prints_the_final_answer(
+    api: tuple[str, ToolLoopWorker], tmp_path: Path
+) -> None:
+    binary = find_codex()
+    if binary is None:
+        pytest.skip(f"Codex CLI {CODEX_VERSION} not installed (.ci/run installs it into build/codex)")
+    base_url, worker = api
+    project, home = tmp_path / "project", tmp_path / "home"
+    project.mkdir()
+    home.mkdir()
+    run = run_codex(
+        binary, project, home, base_url=base_url, model=SCRIPTED_MODEL, prompt=CLIENT_TASK, timeout=CLI_TIMEOUT_SECONDS
+    )
+    assert run.returncode == 0, run.describe()
+    written = project / "hello.txt"
+    assert written.is_file(), f"Codex did not create hello.txt\n{run.describe()}"
+    assert written.read_text() == "hello"
+    commands = [(item.get("command"), item.get("exit_code")) for item in run.codex_items("command_execution")]
+    assert commands == [("/bin/bash -lc 'printf hello > hello.txt'", 0)], run.describe()
+    assert [item.get("text") for item in run.codex_items("agent_message")] == [AGENT_DONE_REPLY], run.describe()
+    # Two requests reached the runner: the task, then the history with the call and the command's output.
+    assert len(worker.tasks) == 2, run.describe()
+    second = worker.tasks[1].params.messages
+    assert [call.name for message in second for call in message.tool_calls] == ["exec_command"]
+    assert second[-1].role == "tool"
+    assert "Process exited with code 0" in second[-1].content
