@@ -52,6 +52,8 @@ class NodeConfig:
     api_port: int = 52415
     api_key: str | None = None
     queue_limit: int = 64
+    batch_size: int = 8
+    speculation: bool = True
     prefix_cache_bytes: int = 2 * 1024**3
     tool_format_override: str | None = None
     max_request_bytes: int = 32 * 1024 * 1024
@@ -226,6 +228,8 @@ class Node:
             model_id=model_id,
             model_path=model_path,
             queue_limit=self.config.queue_limit,
+            batch_size=self.config.batch_size,
+            speculation=self.config.speculation,
             prefix_cache_bytes=self.config.prefix_cache_bytes,
             tool_format_override=self.config.tool_format_override,
             log_level=self.config.log_level,

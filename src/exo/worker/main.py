@@ -281,8 +281,7 @@ class Worker:
             return  # removed while a change of its was on the way
         self._publish(RunnerUpdated(runner=self._runner_info(runner_id)))
         held: dict[TaskId, TaskStatus] = dict.fromkeys(supervisor.queued_task_ids, "queued")
-        running = supervisor.running_task_id
-        if running is not None:
+        for running in supervisor.running_task_ids:
             held[running] = "running"
         reported = self._reported_tasks.get(runner_id, {})
         for task_id, status in held.items():

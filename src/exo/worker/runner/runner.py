@@ -1,4 +1,4 @@
-"""The runner subprocess: loads one model (shard) and executes chat-completion tasks one at a time.
+"""The runner subprocess: loads one model (shard) and decodes its chat-completion tasks, several at once.
 
 It talks to its supervisor over a multiprocessing Connection, exchanging only typed messages
 (`RunnerRequest` in, `RunnerResponse` out) serialised as JSON.
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, cast
 
 from pydantic import ValidationError
 
-from exo.shared.types.chunks import ErrorChunk, FinishChunk
+from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.common import TaskId
 from exo.shared.types.tasks import ChatCompletionTask
 from exo.shared.types.worker.runner_response import (
@@ -35,6 +35,7 @@ from exo.shared.types.worker.runner_response import (
 
 if TYPE_CHECKING:
     from exo.worker.engines.mlx.generator.chat_completion import EngineContext
+    from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 
 logger = logging.getLogger(__name__)
 
@@ -79,33 +80,6 @@ class RunnerChannel:
         return self._connection.poll()
 
 
-class TaskControl:
-    """Between tokens: drain the pipe for a cancel (or shutdown) aimed at the running task.
-
-    The engine asks once per generated token, so the number of questions is the number of tokens generated.
-    """
-
-    def __init__(self, channel: RunnerChannel, task_id: TaskId) -> None:
-        self._channel = channel
-        self._task_id = task_id
-        self.shutdown_requested = False
-        self.tokens_generated = 0
-        self.cancelled = False
-
-    def should_cancel(self) -> bool:
-        self.tokens_generated += 1
-        while not self.cancelled and self._channel.poll():
-            match self._channel.receive():
-                case CancelTask(task_id=task_id) if task_id == self._task_id:
-                    self.cancelled = True
-                case Shutdown():
-                    self.shutdown_requested = True
-                    self.cancelled = True
-                case _:
-                    pass  # a cancel for a task already finished, or a stray bootstrap: nothing to do
-        return self.cancelled
-
-
 def _read_tool_parser_type(model_path: Path) -> str | None:
     config_path = model_path / "tokenizer_config.json"
     if not config_path.exists():
@@ -139,24 +113,89 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
         channel.send(RunnerLoadFailed(message=reason))
         return
     channel.send(RunnerReady(metadata=metadata))
-    logger.info("loaded %s (tool format %s, dtype %s)", bootstrap.model_path, metadata.tool_format, metadata.dtype)
+    logger.info(
+        "loaded %s (tool format %s, dtype %s, batches up to %d requests, prompt-lookup speculation %s)",
+        bootstrap.model_path,
+        metadata.tool_format,
+        metadata.dtype,
+        metadata.batch_size,
+        "on" if bootstrap.speculation else "off",
+    )
+    _serve(channel, context)
+
+
+def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
+    """Admit tasks, cancel them and advance every active one a token at a time until told to shut down.
+
+    Messages are read between decode steps, so a task arriving while others decode joins them at the next token and
+    a cancel takes effect within one token.
+    """
+    from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
+
+    scheduler = GenerationScheduler(context.loaded.model, context.decode)
     while True:
+        for request in _incoming(channel, wait=scheduler.active == 0):
+            match request:
+                case RunTask(task=task):
+                    _admit(channel, context, scheduler, task)
+                case CancelTask(task_id=task_id):
+                    generated = scheduler.cancel(task_id)
+                    if generated is not None:  # else it already ended: nothing to do
+                        logger.info("task %s cancelled after %d generated tokens", task_id, generated)
+                        channel.send(TaskDone(task_id=task_id, generated_tokens=generated, cancelled=True))
+                case Shutdown():
+                    return
+                case RunnerBootstrap():
+                    pass
         try:
-            request = channel.receive()
+            updates = scheduler.step()
+        except Exception as error:
+            # A bug outside any one request's generation: fail what is running rather than the runner (and the
+            # loaded model) for everyone queued behind it.
+            logger.exception("decode step failed")
+            updates = scheduler.fail_all(error)
+        for update in updates:
+            for chunk in update.chunks:
+                channel.send(TaskChunk(task_id=update.task_id, chunk=chunk))
+            if update.done:
+                channel.send(TaskDone(task_id=update.task_id, generated_tokens=update.generated_tokens))
+
+
+def _incoming(channel: RunnerChannel, *, wait: bool) -> list[RunnerRequest]:
+    """Every message waiting on the pipe; with `wait`, block until there is at least one.
+
+    A message that does not validate is answered here (its task fails); a closed pipe (the supervisor is gone)
+    reads as a Shutdown.
+    """
+    messages: list[RunnerRequest] = []
+    while wait or channel.poll():
+        wait = False
+        try:
+            messages.append(channel.receive())
         except EOFError:
-            return  # the supervisor is gone
+            return [*messages, Shutdown()]
         except UnreadableRequestError as unreadable:
             _refuse_unreadable(channel, unreadable)
-            continue
-        match request:
-            case RunTask(task=task):
-                control = _run_task(channel, context, task)
-                if control.shutdown_requested:
-                    return
-            case Shutdown():
-                return
-            case CancelTask() | RunnerBootstrap():
-                pass  # nothing is running; a late cancel needs no action
+    return messages
+
+
+def _admit(
+    channel: RunnerChannel, context: "EngineContext", scheduler: "GenerationScheduler", task: ChatCompletionTask
+) -> None:
+    """Start a task, or answer it at once (the error that keeps it from starting, or a prompt-token count)."""
+    from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, ImmediateReplyError
+
+    reply: Chunk
+    try:
+        scheduler.admit(ChatRequest.open(context, task))
+        return
+    except ImmediateReplyError as immediate:
+        reply = immediate.chunk
+    except Exception as error:
+        logger.exception("task %s could not start", task.task_id)
+        reply = ErrorChunk(error="generation_failed", message=f"generation failed: {type(error).__name__}: {error}")
+    channel.send(TaskChunk(task_id=task.task_id, chunk=reply))
+    channel.send(TaskDone(task_id=task.task_id))
 
 
 def _refuse_unreadable(channel: RunnerChannel, unreadable: UnreadableRequestError) -> None:
@@ -180,8 +219,10 @@ def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
     from exo.models.errors import ModelLoadError
     from exo.tool_calls import detect_tool_format
     from exo.worker.engines.mlx.blas_check import blas_report
+    from exo.worker.engines.mlx.cache.layer_cache import can_batch
     from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
-    from exo.worker.engines.mlx.generator.chat_completion import EngineContext
+    from exo.worker.engines.mlx.generator.chat_completion import DecodeSettings, EngineContext
+    from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
     from exo.worker.engines.mlx.utils_mlx import chat_template_text, load_model
 
     model_path = Path(bootstrap.model_path)
@@ -200,38 +241,18 @@ def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
     except Exception as error:
         raise _LoadFailedError(f"cannot load model from {model_path}: {type(error).__name__}: {error}") from error
     prefix_cache = PrefixCache(loaded.model, bootstrap.prefix_cache_bytes) if bootstrap.prefix_cache_bytes else None
+    # A model whose KV cache mlx-lm cannot merge across sequences (some recurrent or sliding-window layers) serves its
+    # requests one at a time.
+    batch_size = bootstrap.batch_size if can_batch(loaded.model) else 1
+    decode = DecodeSettings(batch_size=batch_size, speculation=LookupSettings() if bootstrap.speculation else None)
     metadata = ModelMetadata(
         context_length=loaded.context_length,
         tool_format=str(tool_format),
         supports_reasoning=loaded.tokenizer.has_thinking,
         dtype=loaded.dtype,
+        batch_size=batch_size,
         vocab_size=loaded.vocabulary_size,
         blas=blas,
     )
-    return EngineContext(loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache), metadata
-
-
-def _run_task(channel: RunnerChannel, context: "EngineContext", task: ChatCompletionTask) -> TaskControl:
-    """Stream one task's chunks, then report it done with how many tokens it generated and whether it was cancelled.
-
-    An exception escaping the engine fails this task with an error chunk instead of killing the runner (and the
-    loaded model) for everyone queued behind it.
-    """
-    from exo.worker.engines.mlx.generator.chat_completion import run_chat_completion
-
-    control = TaskControl(channel, task.task_id)
-    generated: int | None = None
-    try:
-        for chunk in run_chat_completion(context, task, control.should_cancel):
-            if isinstance(chunk, FinishChunk):
-                generated = chunk.usage.completion_tokens
-            channel.send(TaskChunk(task_id=task.task_id, chunk=chunk))
-    except Exception as error:
-        logger.exception("task %s failed", task.task_id)
-        failure = ErrorChunk(error="generation_failed", message=f"generation failed: {type(error).__name__}: {error}")
-        channel.send(TaskChunk(task_id=task.task_id, chunk=failure))
-    tokens = control.tokens_generated if generated is None else generated
-    if control.cancelled:
-        logger.info("task %s cancelled after %d generated tokens", task.task_id, tokens)
-    channel.send(TaskDone(task_id=task.task_id, generated_tokens=tokens, cancelled=control.cancelled))
-    return control
+    context = EngineContext(loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache, decode=decode)
+    return context, metadata

@@ -2,7 +2,7 @@
 
 import re
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx import nn
@@ -26,7 +26,7 @@ def held_layer_count(model: nn.Module) -> int:
 def layer_fingerprints(model: nn.Module) -> list[float]:
     """A checksum of each layer this rank runs, in order: which of the whole model's layers they are."""
     layers = cast(list[nn.Module], model.layers)
-    return [cast(float, mx.sum(layer.self_attn.q_proj.weight).item()) for layer in layers]
+    return [cast(float, mx.sum(cast(Any, layer).self_attn.q_proj.weight).item()) for layer in layers]
 
 
 def greedy_in_lockstep(shard: ShardAssignment, model_dir: Path, group: mx.distributed.Group) -> dict[str, object]:

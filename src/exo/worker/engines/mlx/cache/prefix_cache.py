@@ -49,7 +49,8 @@ class CacheLease:
 class PrefixCache:
     """Keeps the KV caches of recent generations and leases out the best match for each new prompt.
 
-    Not thread-safe: a runner drives one generation at a time.
+    Not thread-safe: the runner's one generation thread leases and releases (several leases may be out at once,
+    one per request in a batch).
     """
 
     def __init__(self, model: nn.Module, memory_budget_bytes: int, max_entries: int = 8) -> None:
@@ -88,8 +89,11 @@ class PrefixCache:
         self._outstanding.add(lease.lease_id)
         return lease
 
-    def release(self, lease: CacheLease, tokens: Sequence[int]) -> None:
+    def release(self, lease: CacheLease, tokens: Sequence[int], cache: PromptCache | None = None) -> None:
         """Take back a leased cache that now holds KV for ``tokens`` (prompt + generated) and store it.
+
+        ``cache`` is the cache the generation ended with when that is not the leased object itself (a batched
+        generation hands back its member's copy, extracted from the batch's merged cache).
 
         The cache's own token count is checked against ``tokens``: a cache that ran ahead of the tokens the caller
         knows (mlx-lm's generator feeds each token to the model before yielding it) is trimmed back, one that holds
@@ -98,11 +102,12 @@ class PrefixCache:
         an entry bigger than the whole budget is not kept.
         """
         self._end(lease)
-        key = self._reconcile(lease, list(tokens))
+        filled = lease.cache if cache is None else cache
+        key = self._reconcile(lease, filled, list(tokens))
         if key is None:
             return
-        materialize(lease.cache)
-        self._store.insert_cache(_MODEL_KEY, key, lease.cache)
+        materialize(filled)
+        self._store.insert_cache(_MODEL_KEY, key, filled)
 
     def discard(self, lease: CacheLease) -> None:
         """End a lease whose generation failed or was cancelled: its cache is dropped, the store is untouched."""
@@ -137,14 +142,14 @@ class PrefixCache:
             return leased, cached_tokens - 1
         return new_prompt_cache(self._model), 0
 
-    def _reconcile(self, lease: CacheLease, tokens: list[int]) -> list[int] | None:
-        """The tokens the leased cache verifiably holds, after trimming any excess; None if it cannot be trusted."""
-        held = held_token_count(lease.cache)
+    def _reconcile(self, lease: CacheLease, cache: PromptCache, tokens: list[int]) -> list[int] | None:
+        """The tokens ``cache`` verifiably holds, after trimming any excess; None if it cannot be trusted."""
+        held = held_token_count(cache)
         if held is None or held == 0:
             return None
         if held > len(tokens):
             excess = held - len(tokens)
-            if not can_trim(lease.cache) or trim_tokens(lease.cache, excess) != excess:
+            if not can_trim(cache) or trim_tokens(cache, excess) != excess:
                 return None
             held = len(tokens)
         key = tokens[:held]
