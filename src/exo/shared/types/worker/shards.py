@@ -4,9 +4,14 @@ In a pipeline, rank 0 runs the *last* layers (mlx-lm's convention): it ends each
 the rank that chooses tokens, parses tool calls and streams chunks.
 """
 
+from typing import Literal
+
 from pydantic import model_validator
 
 from exo.shared.types.common import FrozenModel
+
+# How a model was split: by mlx-lm's own pipeline support, or by exo's layer-range wrapper.
+PipelineStrategy = Literal["mlx-lm", "layer-range"]
 
 
 class PipelinePeers(FrozenModel):

@@ -20,10 +20,10 @@ from exo.models.errors import ModelLoadError
 from exo.models.shard_files import missing_weight_files
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, ToolPolicy
-from exo.shared.types.worker.shards import ShardAssignment
+from exo.shared.types.worker.shards import PipelineStrategy, ShardAssignment
 from exo.tool_calls.format import HistoryNeeds
 from exo.worker.engines.mlx.chat_messages import to_template_messages, tool_description
-from exo.worker.engines.mlx.distributed.layer_split import PipelineStrategy, split_layers
+from exo.worker.engines.mlx.distributed.layer_split import split_layers
 from exo.worker.engines.mlx.prompt_budget import encode_within
 
 logger = logging.getLogger(__name__)

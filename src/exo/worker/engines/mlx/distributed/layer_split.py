@@ -11,15 +11,13 @@ Layers cut away are dropped before anything is evaluated: their weights are neve
 """
 
 from collections.abc import Callable
-from typing import Final, Literal, cast
+from typing import Final, cast
 
 import mlx.core as mx
 from mlx import nn
 
-from exo.shared.types.worker.shards import ShardAssignment
+from exo.shared.types.worker.shards import PipelineStrategy, ShardAssignment
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache
-
-PipelineStrategy = Literal["mlx-lm", "layer-range"]
 
 # Inner models whose forward pass is exactly `h = embed_tokens(x)`, a mask from `cache[0]`, `zip(layers, cache)`,
 # `norm(h)` (read from mlx-lm 0.32's sources); llama's mask-layer indices are renumbered below.
