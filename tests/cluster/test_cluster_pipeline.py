@@ -96,6 +96,35 @@ def test_the_node_without_weights_copied_only_its_layers_files_from_its_peer(
     assert preparation["phase"] == "ready"
 
 
+ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "degrees": {"type": "integer"}},
+    "required": ["city", "degrees"],
+}
+CASES: dict[str, dict[str, Any]] = {
+    "streamed tool call": TOOL_CALL_BODY,
+    "plain text": {"model": DEEP, "messages": [user("Hello!")]},
+    "two parallel calls": {**TOOL_CALL_BODY, "messages": [user("What is the weather in Paris and Tokyo?")]},
+    "tool_choice required": {**TOOL_CALL_BODY, "tool_choice": "required"},
+    "tool_choice named": {
+        **TOOL_CALL_BODY,
+        "messages": [user("Hello!")],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    },
+    "json_schema": {
+        "model": DEEP,
+        "messages": [user("What is the weather in Paris?")],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": ANSWER_SCHEMA}},
+    },
+}
+
+
+def _tool_calls(events: list[Any]) -> list[Any]:
+    return [
+        call for event in events[:-1] for choice in event["choices"] for call in choice["delta"].get("tool_calls", [])
+    ]
+
+
 @pytest.mark.parametrize("asked", ["alpha", "beta"])
 def test_a_streamed_tool_call_from_the_split_model_matches_one_node(
     pipeline: tuple[LocalCluster, ClusterNode, ClusterNode], solo: ClusterNode, asked: str
@@ -105,14 +134,40 @@ def test_a_streamed_tool_call_from_the_split_model_matches_one_node(
     solo_status, expected = stream_events(solo, TOOL_CALL_BODY)
     status, split = stream_events(node, TOOL_CALL_BODY)
     assert solo_status == status == 200
-    calls = [
-        call for event in expected[:-1] for choice in event["choices"] for call in choice["delta"].get("tool_calls", [])
-    ]
+    calls = _tool_calls(expected)
     assert calls
     assert calls[0]["function"]["name"] == "get_weather"
     # Usage aside (each side's prefix cache has seen a different history), every chunk is the same.
     assert comparable(split[:-2]) == comparable(expected[:-2])
     assert split[-2]["usage"]["completion_tokens"] == expected[-2]["usage"]["completion_tokens"]
+
+
+@pytest.mark.parametrize("case", [name for name in CASES if name != "streamed tool call"])
+def test_every_kind_of_answer_from_the_split_model_matches_one_node(
+    pipeline: tuple[LocalCluster, ClusterNode, ClusterNode], solo: ClusterNode, case: str
+) -> None:
+    _cluster, _alpha, beta = pipeline
+    solo_status, expected = stream_events(solo, CASES[case])
+    status, split = stream_events(beta, CASES[case])
+    assert solo_status == status == 200
+    assert comparable(split[:-2]) == comparable(expected[:-2])
+    if case == "two parallel calls":
+        assert len([call for call in _tool_calls(expected) if "id" in call]) == 2
+
+
+def test_a_second_turn_reuses_every_ranks_cached_prompt(
+    pipeline: tuple[LocalCluster, ClusterNode, ClusterNode],
+) -> None:
+    _cluster, alpha, _beta = pipeline
+    body = {**TOOL_CALL_BODY, "messages": [user("What is the weather in Paris and Tokyo?")], "stream": False}
+    first = httpx.post(f"{alpha.base_url}/v1/chat/completions", json=body, timeout=120).json()
+    again = httpx.post(f"{alpha.base_url}/v1/chat/completions", json=body, timeout=120).json()
+    assert (
+        again["choices"][0]["message"]["tool_calls"][0]["function"]
+        == first["choices"][0]["message"]["tool_calls"][0]["function"]
+    )
+    usage = again["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
 
 
 def test_placing_over_more_nodes_than_are_up_is_refused_with_the_reason(
