@@ -69,6 +69,7 @@ class InstanceKeeper:
             files_from=self._node_id,
         )
         self._wanted[model_id] = _Wanted(request=request, model_path=model_path)
+        logger.info("%s is to be placed over at least %d nodes (as soon as that many are up)", model_id, min_nodes)
         return request
 
     async def place(self, model_id: ModelId, model_path: Path, min_nodes: int) -> PlacedInstance:
