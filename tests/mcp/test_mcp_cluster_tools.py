@@ -193,6 +193,25 @@ async def test_shard_distribution_of_a_running_model_an_idle_one_and_an_unknown_
     )
 
 
+@both_transports
+async def test_discover_finds_the_peer_that_is_up_and_a_silent_peer_is_an_error_result(
+    transport: McpTransport, cluster: Cluster
+) -> None:
+    unreachable = f"tcp/127.0.0.1:{free_port()}"
+    async with exo_mcp_client(transport, cluster.beta.base_url, None) as client:
+        found = await client.call_tool("exo_discover", {"wait_for_peers": 1, "timeout": 30})
+        refused = await client.call_tool("exo_add_peer", {"address": unreachable})
+        after = await client.call_tool("exo_list_nodes", {})
+    assert not found.is_error, found
+    discovery = Discovery.model_validate(found.structured_content)
+    assert (discovery.peers_up, discovery.wanted_peers) == (1, 1)  # alpha; gamma has not joined yet
+    assert text_of(found).endswith(f"1 peer(s) up after {discovery.waited_seconds:.1f} s.")
+    assert refused.is_error
+    assert unreachable in text_of(refused)
+    assert text_of(refused).endswith("listening on that cluster port (52414 unless --listen says otherwise)?")
+    assert not after.is_error
+
+
 async def test_performance_metrics_count_a_request_made_during_the_window(cluster: Cluster) -> None:
     url = cluster.alpha.base_url
     before = PerformanceMetrics.model_validate(
