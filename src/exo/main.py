@@ -35,6 +35,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger("exo")
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     """An argparse type: a duration in seconds above zero."""
     try:
@@ -68,11 +75,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="load no model here: the node lends its API and memory and serves the cluster's models",
     )
     parser.add_argument(
+        "--min-nodes",
+        type=_positive_int,
+        default=1,
+        help="split each model over at least this many nodes of the cluster (placed by free memory, as soon as "
+        "that many are up; pipeline parallel); default 1: load it on this node",
+    )
+    parser.add_argument(
         "--models-dir", type=Path, help="where downloaded/imported models live (default $EXO_HOME/models)"
     )
     parser.add_argument("--api-key", default=os.environ.get("EXO_API_KEY"), help="require 'Authorization: Bearer KEY'")
     parser.add_argument("--tool-format", help="override the tool-call format detected from the chat template")
     parser.add_argument("--queue-limit", type=int, default=64, help="requests waiting per model before 429")
+    parser.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=8,
+        help="requests per model decoded together, joining and leaving between tokens (default 8; 1 serves them one "
+        "at a time)",
+    )
+    parser.add_argument(
+        "--no-speculation",
+        action="store_true",
+        help="turn off prompt-lookup speculative decoding (drafts copied from the conversation, checked by the model)",
+    )
     parser.add_argument("--prefix-cache-gb", type=float, default=2.0, help="memory budget of the prompt prefix cache")
     parser.add_argument("--max-request-mb", type=float, default=32.0, help="largest accepted request body")
     parser.add_argument(
@@ -150,6 +176,8 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         api_port=arguments.api_port,
         api_key=arguments.api_key or None,
         queue_limit=arguments.queue_limit,
+        batch_size=arguments.batch_size,
+        speculation=not arguments.no_speculation,
         prefix_cache_bytes=int(arguments.prefix_cache_gb * 1024**3),
         tool_format_override=arguments.tool_format,
         max_request_bytes=int(arguments.max_request_mb * 1024 * 1024),
@@ -160,6 +188,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         body_timeout_seconds=arguments.body_timeout,
         cluster=cluster_settings_from_args(arguments),
         node_name=arguments.node_name,
+        min_nodes=arguments.min_nodes,
     )
 
 

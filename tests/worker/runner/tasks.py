@@ -34,9 +34,10 @@ async def collect(stream: MemoryObjectReceiveStream[Chunk]) -> list[Chunk]:
 
 
 @asynccontextmanager
-async def running_supervisor() -> AsyncGenerator[RunnerSupervisor]:
+async def running_supervisor(batch_size: int = 8) -> AsyncGenerator[RunnerSupervisor]:
     """A RunnerSupervisor with a real runner subprocess serving tiny-qwen-tools, ready to take tasks."""
-    supervisor = RunnerSupervisor(new_runner_id(), RunnerConfig(model_id=MODEL, model_path=fixture_model(MODEL)))
+    config = RunnerConfig(model_id=MODEL, model_path=fixture_model(MODEL), batch_size=batch_size)
+    supervisor = RunnerSupervisor(new_runner_id(), config)
     async with anyio.create_task_group() as group:
         group.start_soon(supervisor.run)
         with anyio.fail_after(120):

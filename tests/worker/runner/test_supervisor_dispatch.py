@@ -5,6 +5,7 @@ cannot be encoded for the pipe, and a pipe write to a runner that has died.
 """
 
 import os
+import select
 import signal
 import time
 from collections.abc import Sequence
@@ -40,8 +41,21 @@ def wait_until_exited(pid: int, timeout: float = 30.0) -> None:
     raise TimeoutError(f"process {pid} did not exit")
 
 
+def wait_until_hung_up(fileno: int, timeout: float = 10.0) -> None:
+    """Block until the other end of the socket `fileno` is closed. The kernel releases a killed process's sockets
+    a moment after its file table (deferred fput): until then a write to the pipe still succeeds."""
+    poller = select.poll()
+    poller.register(fileno, select.POLLHUP)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(events & select.POLLHUP for _, events in poller.poll(10)):
+            return
+    raise TimeoutError("the runner's end of the pipe stayed open")
+
+
 async def test_a_task_that_cannot_be_encoded_fails_alone_and_the_queue_moves_on() -> None:
-    async with running_supervisor() as supervisor:
+    # One task at a time, so the poisoned task waits in the queue behind the first.
+    async with running_supervisor(batch_size=1) as supervisor:
         first = supervisor.submit(chat_task())
         poisoned = supervisor.submit(chat_task("\ud800"))  # a lone surrogate: not encodable as UTF-8
         after = supervisor.submit(chat_task())
@@ -61,8 +75,11 @@ async def test_a_pipe_write_that_fails_at_dispatch_fails_that_task_and_the_next_
     async with running_supervisor() as supervisor:
         pid = supervisor.pid
         assert pid is not None
+        connection = supervisor._connection  # pyright: ignore[reportPrivateUsage] -- the pipe the dispatch writes to
+        assert connection is not None
         os.kill(pid, signal.SIGKILL)
         wait_until_exited(pid)
+        wait_until_hung_up(connection.fileno())
         assert supervisor.status == "ready"  # the supervisor has not seen the exit: dispatch writes to a dead pipe
 
         unsent = supervisor.submit(chat_task())

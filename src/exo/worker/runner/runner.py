@@ -1,4 +1,4 @@
-"""The runner subprocess: loads one model (shard) and executes chat-completion tasks one at a time.
+"""The runner subprocess: loads one model (shard) and decodes its chat-completion tasks, several at once.
 
 It talks to its supervisor over a multiprocessing Connection, exchanging only typed messages
 (`RunnerRequest` in, `RunnerResponse` out) serialised as JSON.
@@ -8,13 +8,16 @@ import json
 import logging
 import os
 import signal
+import threading
+import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from pydantic import ValidationError
 
-from exo.shared.types.chunks import ErrorChunk, FinishChunk
+from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.common import TaskId
 from exo.shared.types.tasks import ChatCompletionTask
 from exo.shared.types.worker.runner_response import (
@@ -32,11 +35,16 @@ from exo.shared.types.worker.runner_response import (
     TaskChunk,
     TaskDone,
 )
+from exo.worker.runner.pipeline_link import PipelineLink
+from exo.worker.runner.pipeline_serving import serve_pipeline
 
 if TYPE_CHECKING:
     from exo.worker.engines.mlx.generator.chat_completion import EngineContext
+    from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 
 logger = logging.getLogger(__name__)
+
+ORPHAN_CHECK_SECONDS = 1.0
 
 
 class UnreadableRequestError(Exception):
@@ -78,32 +86,9 @@ class RunnerChannel:
     def poll(self) -> bool:
         return self._connection.poll()
 
-
-class TaskControl:
-    """Between tokens: drain the pipe for a cancel (or shutdown) aimed at the running task.
-
-    The engine asks once per generated token, so the number of questions is the number of tokens generated.
-    """
-
-    def __init__(self, channel: RunnerChannel, task_id: TaskId) -> None:
-        self._channel = channel
-        self._task_id = task_id
-        self.shutdown_requested = False
-        self.tokens_generated = 0
-        self.cancelled = False
-
-    def should_cancel(self) -> bool:
-        self.tokens_generated += 1
-        while not self.cancelled and self._channel.poll():
-            match self._channel.receive():
-                case CancelTask(task_id=task_id) if task_id == self._task_id:
-                    self.cancelled = True
-                case Shutdown():
-                    self.shutdown_requested = True
-                    self.cancelled = True
-                case _:
-                    pass  # a cancel for a task already finished, or a stray bootstrap: nothing to do
-        return self.cancelled
+    def fileno(self) -> int:
+        """The pipe's descriptor: a pipeline rank waits on it together with its task connections."""
+        return self._connection.fileno()
 
 
 def _read_tool_parser_type(model_path: Path) -> str | None:
@@ -120,13 +105,14 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
     # so the interrupt itself must not kill it mid-task with a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format=f"%(asctime)s runner[{os.getpid()}] %(levelname)s %(message)s")
+    _exit_when_orphaned()
     channel = RunnerChannel(connection)
     bootstrap = channel.receive()
     if not isinstance(bootstrap, RunnerBootstrap):
         channel.send(RunnerLoadFailed(message=f"expected a bootstrap message, got {bootstrap.kind}"))
         return
     try:
-        context, metadata = _load(bootstrap)
+        context, metadata, link = _load(bootstrap, _load_failed_exit(channel))
     except Exception as error:
         # Whatever breaks while loading (unreadable weights, a template the detector rejects, a bad override) is a
         # load failure with a reason, not a crash: a crash would be retried and fail the same way again.
@@ -139,24 +125,120 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
         channel.send(RunnerLoadFailed(message=reason))
         return
     channel.send(RunnerReady(metadata=metadata))
-    logger.info("loaded %s (tool format %s, dtype %s)", bootstrap.model_path, metadata.tool_format, metadata.dtype)
+    logger.info(
+        "loaded %s (tool format %s, dtype %s, batches up to %d requests, prompt-lookup speculation %s)",
+        bootstrap.model_path,
+        metadata.tool_format,
+        metadata.dtype,
+        metadata.batch_size,
+        "on" if bootstrap.speculation else "off",
+    )
+    if link is None:
+        _serve(channel, context)
+        return
+    reason = serve_pipeline(channel, context, link, lambda wait: _incoming(channel, wait=wait))
+    link.close()
+    if reason is not None:
+        # Exiting is the way out of a broken ring (mlx forms one per process); the supervisor starts this rank anew.
+        raise SystemExit(f"rank {bootstrap.shard.rank} leaves its pipeline: {reason}")
+
+
+def _exit_when_orphaned() -> None:
+    """End this process if the node that started it dies: a runner left behind would hold its memory (and a
+    pipeline rank would keep its peers waiting)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(ORPHAN_CHECK_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
+def _load_failed_exit(channel: RunnerChannel) -> Callable[[str], NoReturn]:
+    """Report a load failure from any thread, then end the process (a ring that never forms blocks the loader)."""
+
+    def give_up(reason: str) -> NoReturn:
+        logger.error("%s", reason)
+        channel.send(RunnerLoadFailed(message=reason))
+        os._exit(1)
+
+    return give_up
+
+
+def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
+    """Admit tasks, cancel them and advance every active one a token at a time until told to shut down.
+
+    Messages are read between decode steps, so a task arriving while others decode joins them at the next token and
+    a cancel takes effect within one token.
+    """
+    from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
+
+    scheduler = GenerationScheduler(context.loaded.model, context.decode)
     while True:
+        for request in _incoming(channel, wait=scheduler.active == 0):
+            match request:
+                case RunTask(task=task):
+                    _admit(channel, context, scheduler, task)
+                case CancelTask(task_id=task_id):
+                    generated = scheduler.cancel(task_id)
+                    if generated is not None:  # else it already ended: nothing to do
+                        logger.info("task %s cancelled after %d generated tokens", task_id, generated)
+                        channel.send(TaskDone(task_id=task_id, generated_tokens=generated, cancelled=True))
+                case Shutdown():
+                    return
+                case RunnerBootstrap():
+                    pass
         try:
-            request = channel.receive()
+            updates = scheduler.step()
+        except Exception as error:
+            # A bug outside any one request's generation: fail what is running rather than the runner (and the
+            # loaded model) for everyone queued behind it.
+            logger.exception("decode step failed")
+            updates = scheduler.fail_all(error)
+        for update in updates:
+            for chunk in update.chunks:
+                channel.send(TaskChunk(task_id=update.task_id, chunk=chunk))
+            if update.done:
+                channel.send(TaskDone(task_id=update.task_id, generated_tokens=update.generated_tokens))
+
+
+def _incoming(channel: RunnerChannel, *, wait: bool) -> list[RunnerRequest]:
+    """Every message waiting on the pipe; with `wait`, block until there is at least one.
+
+    A message that does not validate is answered here (its task fails); a closed pipe (the supervisor is gone)
+    reads as a Shutdown.
+    """
+    messages: list[RunnerRequest] = []
+    while wait or channel.poll():
+        wait = False
+        try:
+            messages.append(channel.receive())
         except EOFError:
-            return  # the supervisor is gone
+            return [*messages, Shutdown()]
         except UnreadableRequestError as unreadable:
             _refuse_unreadable(channel, unreadable)
-            continue
-        match request:
-            case RunTask(task=task):
-                control = _run_task(channel, context, task)
-                if control.shutdown_requested:
-                    return
-            case Shutdown():
-                return
-            case CancelTask() | RunnerBootstrap():
-                pass  # nothing is running; a late cancel needs no action
+    return messages
+
+
+def _admit(
+    channel: RunnerChannel, context: "EngineContext", scheduler: "GenerationScheduler", task: ChatCompletionTask
+) -> None:
+    """Start a task, or answer it at once (the error that keeps it from starting, or a prompt-token count)."""
+    from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, ImmediateReplyError
+
+    reply: Chunk
+    try:
+        scheduler.admit(ChatRequest.open(context, task))
+        return
+    except ImmediateReplyError as immediate:
+        reply = immediate.chunk
+    except Exception as error:
+        logger.exception("task %s could not start", task.task_id)
+        reply = ErrorChunk(error="generation_failed", message=f"generation failed: {type(error).__name__}: {error}")
+    channel.send(TaskChunk(task_id=task.task_id, chunk=reply))
+    channel.send(TaskDone(task_id=task.task_id))
 
 
 def _refuse_unreadable(channel: RunnerChannel, unreadable: UnreadableRequestError) -> None:
@@ -175,19 +257,31 @@ class _LoadFailedError(Exception):
     """Loading failed; the message names the model path and the cause."""
 
 
-def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
+def _load(
+    bootstrap: RunnerBootstrap, on_ring_timeout: Callable[[str], NoReturn]
+) -> tuple["EngineContext", ModelMetadata, PipelineLink | None]:
+    """Load the model (a pipeline rank first joins its ring, then loads only its layers, then meets the other ranks'
+    task connections)."""
     # Heavy imports happen here, in the child, so the API process never loads MLX.
     from exo.models.errors import ModelLoadError
     from exo.tool_calls import detect_tool_format
     from exo.worker.engines.mlx.blas_check import blas_report
+    from exo.worker.engines.mlx.cache.layer_cache import can_batch
     from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
-    from exo.worker.engines.mlx.generator.chat_completion import EngineContext
+    from exo.worker.engines.mlx.generator.chat_completion import DecodeSettings, EngineContext
+    from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
     from exo.worker.engines.mlx.utils_mlx import chat_template_text, load_model
 
     model_path = Path(bootstrap.model_path)
     blas = blas_report()  # before the model takes the memory bandwidth; a fraction of a second
+    link = PipelineLink.join(bootstrap.shard, on_ring_timeout) if bootstrap.shard.peers is not None else None
     try:
-        loaded = load_model(model_path, bootstrap.shard, trust_remote_code=bootstrap.trust_remote_code)
+        loaded = load_model(
+            model_path,
+            bootstrap.shard,
+            trust_remote_code=bootstrap.trust_remote_code,
+            group=link.group if link is not None else None,
+        )
         template = chat_template_text(loaded.tokenizer)
         tool_format = detect_tool_format(
             template,
@@ -200,38 +294,21 @@ def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
     except Exception as error:
         raise _LoadFailedError(f"cannot load model from {model_path}: {type(error).__name__}: {error}") from error
     prefix_cache = PrefixCache(loaded.model, bootstrap.prefix_cache_bytes) if bootstrap.prefix_cache_bytes else None
+    # A model whose KV cache mlx-lm cannot merge across sequences (some recurrent or sliding-window layers) serves its
+    # requests one at a time.
+    batch_size = bootstrap.batch_size if can_batch(loaded.model) and link is None else 1
+    decode = DecodeSettings(batch_size=batch_size, speculation=LookupSettings() if bootstrap.speculation else None)
     metadata = ModelMetadata(
         context_length=loaded.context_length,
         tool_format=str(tool_format),
         supports_reasoning=loaded.tokenizer.has_thinking,
         dtype=loaded.dtype,
+        batch_size=batch_size,
         vocab_size=loaded.vocabulary_size,
         blas=blas,
+        pipeline=loaded.strategy,
     )
-    return EngineContext(loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache), metadata
-
-
-def _run_task(channel: RunnerChannel, context: "EngineContext", task: ChatCompletionTask) -> TaskControl:
-    """Stream one task's chunks, then report it done with how many tokens it generated and whether it was cancelled.
-
-    An exception escaping the engine fails this task with an error chunk instead of killing the runner (and the
-    loaded model) for everyone queued behind it.
-    """
-    from exo.worker.engines.mlx.generator.chat_completion import run_chat_completion
-
-    control = TaskControl(channel, task.task_id)
-    generated: int | None = None
-    try:
-        for chunk in run_chat_completion(context, task, control.should_cancel):
-            if isinstance(chunk, FinishChunk):
-                generated = chunk.usage.completion_tokens
-            channel.send(TaskChunk(task_id=task.task_id, chunk=chunk))
-    except Exception as error:
-        logger.exception("task %s failed", task.task_id)
-        failure = ErrorChunk(error="generation_failed", message=f"generation failed: {type(error).__name__}: {error}")
-        channel.send(TaskChunk(task_id=task.task_id, chunk=failure))
-    tokens = control.tokens_generated if generated is None else generated
-    if control.cancelled:
-        logger.info("task %s cancelled after %d generated tokens", task.task_id, tokens)
-    channel.send(TaskDone(task_id=task.task_id, generated_tokens=tokens, cancelled=control.cancelled))
-    return control
+    context = EngineContext(loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache, decode=decode)
+    if link is not None:
+        link.connect_tasks()
+    return context, metadata, link

@@ -1,6 +1,9 @@
 """Supervises one runner subprocess: starts it, queues tasks for it (FIFO), routes its chunks, restarts it on crash.
 
-A crash of the runner fails only the task it was running; the API process is untouched and queued tasks run once
+The runner decodes up to its batch size of tasks at once (continuous batching): that many are handed to it, each
+chunk it streams back names its task, and the rest wait here in arrival order until one of them finishes.
+
+A crash of the runner fails only the tasks it was running; the API process is untouched and queued tasks run once
 the replacement runner has loaded. Handing a task over is guarded the same way: a task that cannot be encoded for the
 pipe fails alone and the next one is dispatched, and a pipe that cannot be written means the runner is gone, so it
 is killed and replaced while the task that could not be sent fails with a retryable error.
@@ -75,6 +78,10 @@ class RunnerConfig:
     tool_format_override: str | None = None
     log_level: int = logging.INFO
     trust_remote_code: bool = False
+    batch_size: int = 8
+    """Most tasks the runner decodes together (it may allow fewer for a model that cannot batch)."""
+    speculation: bool = True
+    """Prompt-lookup speculative decoding in the runner."""
 
 
 @dataclass
@@ -108,7 +115,7 @@ class RunnerSupervisor:
         self.restarts = 0
         self.pid: int | None = None
         self._queue: deque[_PendingTask] = deque()
-        self._running: _PendingTask | None = None
+        self._running: dict[TaskId, _PendingTask] = {}
         self._connection: Connection | None = None
         self._process: BaseProcess | None = None
         self._ready = anyio.Event()
@@ -124,8 +131,9 @@ class RunnerSupervisor:
         return [pending.task.task_id for pending in self._queue]
 
     @property
-    def running_task_id(self) -> TaskId | None:
-        return self._running.task.task_id if self._running else None
+    def running_task_ids(self) -> list[TaskId]:
+        """Tasks handed to the runner, in the order they were handed over."""
+        return list(self._running)
 
     @property
     def recent_tasks(self) -> tuple[TaskSummary, ...]:
@@ -157,7 +165,7 @@ class RunnerSupervisor:
         return receiver
 
     def cancel(self, task_id: TaskId) -> None:
-        """Drop a queued task, or ask the runner to stop the running one (it stops within one token)."""
+        """Drop a queued task, or ask the runner to stop a running one (it stops within one token)."""
         for pending in list(self._queue):
             if pending.task.task_id == task_id:
                 self._queue.remove(pending)
@@ -165,7 +173,7 @@ class RunnerSupervisor:
                 self._record(task_id, "cancelled", 0)
                 self._on_change()
                 return
-        if self._running and self._running.task.task_id == task_id:
+        if task_id in self._running:
             self._send(CancelTask(task_id=task_id))
 
     async def run(self) -> None:
@@ -212,6 +220,8 @@ class RunnerSupervisor:
             tool_format_override=self.config.tool_format_override,
             prefix_cache_bytes=self.config.prefix_cache_bytes,
             trust_remote_code=self.config.trust_remote_code,
+            batch_size=self.config.batch_size,
+            speculation=self.config.speculation,
         )
         payload = RunnerRequestAdapter.dump_json(bootstrap)
         context = multiprocessing.get_context("spawn")
@@ -304,31 +314,37 @@ class RunnerSupervisor:
                 logger.error("runner %s could not load %s: %s", self.runner_id, self.config.model_id, reason)
                 self._fail_all(f"model {self.config.model_id} failed to load: {reason}")
             case TaskChunk(task_id=task_id, chunk=chunk):
-                if self._running and self._running.task.task_id == task_id:
-                    self._running.deliver(chunk)
+                running = self._running.get(task_id)
+                if running is not None:
+                    running.deliver(chunk)
                 return  # routing a chunk changes nothing /state shows; reporting per token would only cost time
             case TaskDone(task_id=task_id, generated_tokens=tokens, cancelled=cancelled):
-                if self._running and self._running.task.task_id == task_id:
-                    finished = self._running
+                finished = self._running.pop(task_id, None)
+                if finished is not None:
                     finished.sender.close()
-                    self._running = None
                     outcome: TaskOutcome = "cancelled" if cancelled else "failed" if finished.failed else "finished"
                     self._record(task_id, outcome, tokens)
                     if outcome == "finished":
                         self._consecutive_crashes = 0
-                self.status = "ready"
+                if self.status == "running" and not self._running:
+                    self.status = "ready"
                 self._dispatch_next()
         self._on_change()
 
+    @property
+    def _capacity(self) -> int:
+        """How many tasks the runner takes at once (its batch size, known once it has loaded)."""
+        return self.metadata.batch_size if self.metadata is not None else 1
+
     def _dispatch_next(self) -> None:
-        """Hand the oldest queued task to the idle runner.
+        """Hand queued tasks, oldest first, to the runner while it has room for them (its batch size).
 
         Whatever fails between leaving the queue and reaching the runner fails that task alone and never leaves the
-        supervisor thinking something runs: a task that cannot be encoded is answered with an error and the next one
-        is tried; a pipe that cannot be written fails the task (it never started, so a retry is safe) and the runner
-        is replaced, after which the rest of the queue runs.
+        supervisor thinking it runs: a task that cannot be encoded is answered with an error and the next one is
+        tried; a pipe that cannot be written fails the task (it never started, so a retry is safe) and the runner is
+        replaced, after which the rest of the queue runs.
         """
-        while self.status == "ready" and self._running is None and self._queue:
+        while self.status in ("ready", "running") and len(self._running) < self._capacity and self._queue:
             pending = self._queue.popleft()
             try:
                 payload = RunnerRequestAdapter.dump_json(RunTask(task=pending.task))
@@ -337,10 +353,10 @@ class RunnerSupervisor:
                 failure = f"the request could not be handed to the model runner: {error}"
                 self._fail(pending, ErrorChunk(error="dispatch_failed", message=failure))
                 continue
-            self._running = pending
+            self._running[pending.task.task_id] = pending
             self.status = "running"
             if not self._write(payload):
-                self._running = None
+                del self._running[pending.task.task_id]
                 self.status = "failed"  # until the pump sees the process exit and restarts it
                 self._fail(
                     pending,
@@ -367,16 +383,17 @@ class RunnerSupervisor:
                 self._load_failures += 1
         log = logger.info if expected_exit else logger.error
         log("runner %s for %s: %s", self.runner_id, self.config.model_id, reason)
-        if self._running is not None:
-            self._running.deliver(
+        crashed_tasks = list(self._running.values())
+        self._running.clear()
+        for running in crashed_tasks:
+            running.deliver(
                 ErrorChunk(
                     error="runner_crashed",
                     message=f"the model runner crashed while generating ({reason}); it is being restarted",
                 )
             )
-            self._running.sender.close()
-            self._record(self._running.task.task_id, "failed", None)
-            self._running = None
+            running.sender.close()
+            self._record(running.task.task_id, "failed", None)
         if self.gave_up:
             self._fail_all(f"model {self.config.model_id} is unavailable: {self.last_error}")
         self._on_change()
@@ -387,11 +404,9 @@ class RunnerSupervisor:
         )
 
     def _fail_all(self, message: str) -> None:
-        waiting = list(self._queue)
+        waiting = [*self._queue, *self._running.values()]
         self._queue.clear()
-        if self._running is not None:
-            waiting.append(self._running)
-            self._running = None
+        self._running.clear()
         for pending in waiting:
             self._fail(pending, ErrorChunk(error="model_unavailable", message=message))
 

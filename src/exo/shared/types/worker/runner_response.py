@@ -8,7 +8,7 @@ from exo.shared.types.blas import BlasReport
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import FinishReason, FrozenModel, TaskId
 from exo.shared.types.tasks import ChatCompletionTask
-from exo.shared.types.worker.shards import ShardAssignment
+from exo.shared.types.worker.shards import PipelineStrategy, ShardAssignment
 
 
 class GenerationResponse(FrozenModel):
@@ -26,10 +26,14 @@ class ModelMetadata(FrozenModel):
     tool_format: str | None
     supports_reasoning: bool
     dtype: str
+    batch_size: int = 1
+    """How many tasks the runner decodes at once (continuous batching); the worker sends it that many."""
     # The width of the model's logits (the tokens sampling chooses from); None from runners that do not say.
     vocab_size: int | None = None
     # The BLAS the runner's float32 matmuls use and its measured speed (None from runners that did not check).
     blas: BlasReport | None = None
+    # How a pipeline rank's model was split (None for a whole model).
+    pipeline: PipelineStrategy | None = None
 
 
 # ---- worker → runner -------------------------------------------------------------------------
@@ -42,6 +46,10 @@ class RunnerBootstrap(FrozenModel):
     tool_format_override: str | None = None
     prefix_cache_bytes: int = 0
     trust_remote_code: bool = False
+    batch_size: int = 8
+    """Most tasks decoded together; 1 serves them one at a time."""
+    speculation: bool = True
+    """Prompt-lookup speculative decoding for a greedy request that runs alone."""
 
 
 class RunTask(FrozenModel):

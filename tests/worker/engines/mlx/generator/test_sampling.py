@@ -9,11 +9,11 @@ from mlx_lm.sample_utils import make_sampler
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, SamplingParams, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
-from exo.worker.engines.mlx.generator.generate import (
+from exo.worker.engines.mlx.generator.generate import generate_tokens
+from exo.worker.engines.mlx.generator.sampling import (
     GREEDY_BELOW_TEMPERATURE,
     InvalidSamplingError,
     check_sampling,
-    generate_tokens,
     sampling_temperature,
 )
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template, load_model

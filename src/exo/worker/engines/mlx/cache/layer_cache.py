@@ -31,6 +31,11 @@ def new_prompt_cache(model: nn.Module) -> PromptCache:
     return list(make_prompt_cache(model))
 
 
+def can_batch(model: nn.Module) -> bool:
+    """Whether mlx-lm can decode several sequences of ``model`` in one batch (every layer's cache can merge)."""
+    return all(hasattr(layer, "merge") for layer in make_prompt_cache(model))
+
+
 def can_trim(cache: PromptCache) -> bool:
     """Whether every layer can drop its most recent tokens (rotating caches that wrapped, SSM states cannot)."""
     return bool(can_trim_prompt_cache(cache))

@@ -7,6 +7,7 @@ it, always leaves at least one prompt token to prefill (generation needs the las
 caches whose contents are verified to match the tokens they are filed under.
 """
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,7 +49,8 @@ class CacheLease:
 class PrefixCache:
     """Keeps the KV caches of recent generations and leases out the best match for each new prompt.
 
-    Not thread-safe: a runner drives one generation at a time.
+    Not thread-safe: the runner's one generation thread leases and releases (several leases may be out at once,
+    one per request in a batch).
     """
 
     def __init__(self, model: nn.Module, memory_budget_bytes: int, max_entries: int = 8) -> None:
@@ -87,8 +89,11 @@ class PrefixCache:
         self._outstanding.add(lease.lease_id)
         return lease
 
-    def release(self, lease: CacheLease, tokens: Sequence[int]) -> None:
+    def release(self, lease: CacheLease, tokens: Sequence[int], cache: PromptCache | None = None) -> None:
         """Take back a leased cache that now holds KV for ``tokens`` (prompt + generated) and store it.
+
+        ``cache`` is the cache the generation ended with when that is not the leased object itself (a batched
+        generation hands back its member's copy, extracted from the batch's merged cache).
 
         The cache's own token count is checked against ``tokens``: a cache that ran ahead of the tokens the caller
         knows (mlx-lm's generator feeds each token to the model before yielding it) is trimmed back, one that holds
@@ -97,15 +102,32 @@ class PrefixCache:
         an entry bigger than the whole budget is not kept.
         """
         self._end(lease)
-        key = self._reconcile(lease, list(tokens))
+        filled = lease.cache if cache is None else cache
+        key = self._reconcile(lease, filled, list(tokens))
         if key is None:
             return
-        materialize(lease.cache)
-        self._store.insert_cache(_MODEL_KEY, key, lease.cache)
+        materialize(filled)
+        self._store.insert_cache(_MODEL_KEY, key, filled)
 
     def discard(self, lease: CacheLease) -> None:
         """End a lease whose generation failed or was cancelled: its cache is dropped, the store is untouched."""
         self._end(lease)
+
+    def shorten(self, lease: CacheLease, cached_tokens: int) -> CacheLease:
+        """The same lease holding only its first `cached_tokens` tokens (the ranks of a pipeline reuse only the
+        prefix every rank holds). Raises ValueError for a cache that cannot drop tokens."""
+        excess = lease.cached_tokens - cached_tokens
+        if excess < 0:
+            raise ValueError(f"a lease holding {lease.cached_tokens} tokens cannot grow to {cached_tokens}")
+        if excess == 0:
+            return lease
+        if cached_tokens == 0:
+            cache = new_prompt_cache(self._model)
+        elif not can_trim(lease.cache) or trim_tokens(lease.cache, excess) != excess:
+            raise ValueError(f"the leased cache cannot drop its last {excess} tokens")
+        else:
+            cache = lease.cache
+        return dataclasses.replace(lease, cache=cache, cached_tokens=cached_tokens)
 
     def _fetch(self, prompt: list[int]) -> tuple[PromptCache, int]:
         cache, rest = self._store.fetch_nearest_cache(_MODEL_KEY, prompt)
@@ -120,14 +142,14 @@ class PrefixCache:
             return leased, cached_tokens - 1
         return new_prompt_cache(self._model), 0
 
-    def _reconcile(self, lease: CacheLease, tokens: list[int]) -> list[int] | None:
-        """The tokens the leased cache verifiably holds, after trimming any excess; None if it cannot be trusted."""
-        held = held_token_count(lease.cache)
+    def _reconcile(self, lease: CacheLease, cache: PromptCache, tokens: list[int]) -> list[int] | None:
+        """The tokens ``cache`` verifiably holds, after trimming any excess; None if it cannot be trusted."""
+        held = held_token_count(cache)
         if held is None or held == 0:
             return None
         if held > len(tokens):
             excess = held - len(tokens)
-            if not can_trim(lease.cache) or trim_tokens(lease.cache, excess) != excess:
+            if not can_trim(cache) or trim_tokens(cache, excess) != excess:
                 return None
             held = len(tokens)
         key = tokens[:held]

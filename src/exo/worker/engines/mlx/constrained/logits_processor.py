@@ -62,6 +62,20 @@ class ToolCallLogitsProcessor:
         self._consume_new_tokens(tokens)
         return logits + self._logit_bias(logits.shape[-1], logits.dtype)
 
+    def rollback(self, num_tokens: int) -> None:
+        """Forget the last `num_tokens` consumed tokens: speculative decoding calls the processor for each drafted
+        position, then takes back the drafts the model rejected."""
+        if num_tokens <= 0:
+            return
+        if num_tokens > self._consumed or not self._matcher.rollback(num_tokens):
+            raise ToolCallConstraintError(f"cannot roll the grammar back by {num_tokens} tokens")
+        self._consumed -= num_tokens
+
+    def allowed_draft_length(self, tokens: mx.array, draft: list[int]) -> int:
+        """How many leading tokens of `draft`, proposed to follow `tokens`, the grammar allows (the rest is cut)."""
+        self._consume_new_tokens(tokens)
+        return self._matcher.validate_tokens(draft)
+
     def _consume_new_tokens(self, tokens: mx.array) -> None:
         if self._prompt_length is None:
             # The first call comes before anything is sampled, so whatever it shows is the prompt. Trusting it over

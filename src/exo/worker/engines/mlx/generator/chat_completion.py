@@ -1,37 +1,53 @@
-"""One chat completion inside the runner: prompt → (cached) prefill → tokens → stop sequences → tool parser → chunks."""
+"""One chat completion's semantics, whoever decodes it: prompt → (cached) prefill inputs → tokens → stop sequences →
+tool parser → chunks → finish.
+
+`ChatRequest` is the per-request state. A decoder (alone with speculation, in a batch, or a pipeline-parallel one)
+only produces token ids; it asks the request what to feed (prompt, cache, sampler, processors, limit) and hands every
+token back through `accept`, which detokenizes it, applies stop sequences and the tool-call parser and decides when
+the request is finished. So a request answers the same whichever decoder ran it.
+"""
 
 import logging
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from exo.shared.types.chunks import (
-    Chunk,
-    ErrorChunk,
-    FinishChunk,
-    ParsedChunk,
-    ReasoningChunk,
-    Usage,
-)
-from exo.shared.types.common import FinishReason
+from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, ParsedChunk, ReasoningChunk, Usage
+from exo.shared.types.common import FinishReason, TaskId
 from exo.shared.types.tasks import ChatCompletionTask, ToolPolicy
 from exo.tool_calls import ToolFormatName, ToolStreamParser
 from exo.tool_calls.grammar.spec import ReasoningMarkers, UnsupportedConstraintError
 from exo.tool_calls.registry import format_for
-from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
+from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
+from exo.worker.engines.mlx.cache.prefix_cache import CacheLease, PrefixCache
 from exo.worker.engines.mlx.constrained import callable_functions, constraint_spec, make_logits_processor
-from exo.worker.engines.mlx.generator.generate import (
+from exo.worker.engines.mlx.generator.generate import clamp_max_tokens
+from exo.worker.engines.mlx.generator.processors import RequestProcessors
+from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings, PromptLookup
+from exo.worker.engines.mlx.generator.sampling import (
+    GREEDY,
     InvalidSamplingError,
+    Sampler,
     check_sampling,
-    clamp_max_tokens,
-    generate_tokens,
+    make_request_sampler,
+    penalty_processors,
 )
 from exo.worker.engines.mlx.generator.stop_sequences import StopSequenceMatcher
 from exo.worker.engines.mlx.prompt_budget import ContextLengthExceededError
-from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template
+from exo.worker.engines.mlx.utils_mlx import LoadedModel, RenderedPrompt, apply_chat_template
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How the runner decodes: how many requests share a batch, and prompt-lookup speculation (None: off)."""
+
+    batch_size: int = 8
+    speculation: LookupSettings | None = field(default_factory=LookupSettings)
+    prefill_step_size: int = 512
+    """Prompt tokens per forward pass while prefilling: a batch's other members wait this long between tokens."""
 
 
 @dataclass
@@ -41,6 +57,7 @@ class EngineContext:
     loaded: LoadedModel
     tool_format: ToolFormatName
     prefix_cache: PrefixCache | None
+    decode: DecodeSettings = field(default_factory=DecodeSettings)
 
 
 def reasoning_markers(tokenizer: TokenizerWrapper, starts_in_reasoning: bool) -> ReasoningMarkers | None:
@@ -73,97 +90,222 @@ def _finish_reason(
     return "stop"
 
 
-def run_chat_completion(
-    context: EngineContext,
-    task: ChatCompletionTask,
-    should_cancel: Callable[[], bool],
-) -> Iterator[Chunk]:
-    """Yield the task's chunks; the last is a FinishChunk or an ErrorChunk (none if cancelled)."""
-    loaded = context.loaded
+def _build_processors(
+    context: EngineContext, task: ChatCompletionTask, prefill_length: int, reasoning: ReasoningMarkers | None
+) -> RequestProcessors:
+    """Penalties plus the grammar the task's tool policy / response_format needs; raises UnsupportedConstraintError."""
     params = task.params
-    try:
-        check_sampling(params.sampling, loaded.vocabulary_size)
-        prompt = apply_chat_template(
-            loaded.tokenizer,
-            params.messages,
-            params.tool_policy,
-            params.chat_template_kwargs,
-            history=format_for(context.tool_format).history,
-            context_length=loaded.context_length,
-        )
-        if params.count_prompt_only:
-            yield FinishChunk(finish_reason="stop", usage=Usage(prompt_tokens=len(prompt.tokens), completion_tokens=0))
-            return
-        max_tokens = clamp_max_tokens(params.sampling.max_tokens, len(prompt.tokens), loaded.context_length)
-    except InvalidSamplingError as error:
-        yield ErrorChunk(error="invalid_request", message=str(error), param=error.param)
-        return
-    except ContextLengthExceededError as error:
-        yield ErrorChunk(error="context_length_exceeded", message=str(error))
-        return
+    spec = constraint_spec(params.tool_policy, params.structured_output, context.tool_format, reasoning)
+    # Processors are shown the tokens fed after the cached prefix (the uncached rest of the prompt) plus the sampled
+    # ones, whichever decoder runs the request.
+    grammars = (make_logits_processor(context.loaded.tokenizer, spec, prompt_length=prefill_length),) if spec else ()
+    return RequestProcessors(penalty_processors(params.sampling), grammars)
 
-    lease = context.prefix_cache.acquire(prompt.tokens) if context.prefix_cache else None
-    to_prefill = lease.remaining_tokens if lease else prompt.tokens
-    reasoning = reasoning_markers(loaded.tokenizer, prompt.starts_in_reasoning)
-    try:
-        # mlx-lm hands processors the tokens it was given (the uncached rest of the prompt) plus the sampled ones.
-        spec = constraint_spec(params.tool_policy, params.structured_output, context.tool_format, reasoning)
-        processors = (make_logits_processor(loaded.tokenizer, spec, prompt_length=len(to_prefill)),) if spec else ()
-    except UnsupportedConstraintError as error:
-        if lease and context.prefix_cache:
-            context.prefix_cache.discard(lease)
-        yield ErrorChunk(error="unsupported", message=str(error))
-        return
 
-    parser = _make_parser(context, params.tool_policy, reasoning)
-    stops = StopSequenceMatcher(params.sampling.stop)
-    generated: list[int] = []
-    reasoning_tokens = 0
-    generation_finish: FinishReason | None = None
-    cancelled = False
-    try:
-        for response in generate_tokens(
-            loaded,
-            to_prefill,
-            sampling=params.sampling,
+class ImmediateReplyError(Exception):
+    """The request is answered without decoding: `chunk` is its whole answer (a refusal the API turns into an HTTP
+    error, or the prompt-token count a counting request asked for)."""
+
+    def __init__(self, chunk: ErrorChunk | FinishChunk) -> None:
+        super().__init__(chunk.message if isinstance(chunk, ErrorChunk) else "prompt tokens counted")
+        self.chunk = chunk
+
+
+class ChatRequest:
+    """The state of one chat completion while some decoder produces its tokens."""
+
+    def __init__(
+        self,
+        context: EngineContext,
+        task: ChatCompletionTask,
+        *,
+        prompt: RenderedPrompt,
+        max_tokens: int,
+        lease: CacheLease | None,
+        processors: RequestProcessors,
+        reasoning: ReasoningMarkers | None,
+    ) -> None:
+        self.task_id: TaskId = task.task_id
+        self._task = task
+        self._context = context
+        self._prompt = prompt
+        self._lease = lease
+        self.max_tokens = max_tokens
+        self.processors = processors
+        self.sampler: Sampler = make_request_sampler(task.params.sampling)
+        self._eos_token_ids = frozenset(context.loaded.tokenizer.eos_token_ids)
+        self._detokenizer = context.loaded.tokenizer.detokenizer
+        self._stops = StopSequenceMatcher(task.params.sampling.stop)
+        self._parser = _make_parser(context, task.params.tool_policy, reasoning)
+        self._lookup: PromptLookup | None = None
+        self.generated: list[int] = []
+        self._reasoning_tokens = 0
+        self.finish_reason: FinishReason | None = None
+        self._closed = False
+
+    @classmethod
+    def open(cls, context: EngineContext, task: ChatCompletionTask) -> "ChatRequest":
+        """Render the prompt, lease the prefix cache and build the processors; raises ImmediateReplyError."""
+        loaded = context.loaded
+        params = task.params
+        try:
+            check_sampling(params.sampling, loaded.vocabulary_size)
+            prompt = apply_chat_template(
+                loaded.tokenizer,
+                params.messages,
+                params.tool_policy,
+                params.chat_template_kwargs,
+                history=format_for(context.tool_format).history,
+                context_length=loaded.context_length,
+            )
+            if params.count_prompt_only:
+                usage = Usage(prompt_tokens=len(prompt.tokens), completion_tokens=0)
+                raise ImmediateReplyError(FinishChunk(finish_reason="stop", usage=usage))
+            max_tokens = clamp_max_tokens(params.sampling.max_tokens, len(prompt.tokens), loaded.context_length)
+        except InvalidSamplingError as error:
+            refusal = ErrorChunk(error="invalid_request", message=str(error), param=error.param)
+            raise ImmediateReplyError(refusal) from error
+        except ContextLengthExceededError as error:
+            raise ImmediateReplyError(ErrorChunk(error="context_length_exceeded", message=str(error))) from error
+        lease = context.prefix_cache.acquire(prompt.tokens) if context.prefix_cache else None
+        prefill = lease.remaining_tokens if lease else prompt.tokens
+        reasoning = reasoning_markers(loaded.tokenizer, prompt.starts_in_reasoning)
+        try:
+            processors = _build_processors(context, task, len(prefill), reasoning)
+        except UnsupportedConstraintError as error:
+            if lease and context.prefix_cache:
+                context.prefix_cache.discard(lease)
+            raise ImmediateReplyError(ErrorChunk(error="unsupported", message=str(error))) from error
+        return cls(
+            context,
+            task,
+            prompt=prompt,
             max_tokens=max_tokens,
-            prompt_cache=lease.cache if lease else None,
-            logits_processors=processors,
-        ):
-            if response.finish_reason != "stop":
-                generated.append(response.token)
-            chunks = parser.feed(stops.feed(response.text))
-            if chunks and all(isinstance(chunk, ReasoningChunk) for chunk in chunks):
-                reasoning_tokens += 1
-            yield from chunks
-            generation_finish = response.finish_reason
-            if should_cancel():
-                cancelled = True
+            lease=lease,
+            processors=processors,
+            reasoning=reasoning,
+        )
+
+    # ---- what a decoder feeds -------------------------------------------------------------------
+
+    @property
+    def task(self) -> ChatCompletionTask:
+        return self._task
+
+    @property
+    def prompt_tokens(self) -> list[int]:
+        """The whole rendered prompt."""
+        return list(self._prompt.tokens)
+
+    @property
+    def cached_tokens(self) -> int:
+        """How many leading prompt tokens the leased cache holds (their prefill is skipped)."""
+        return self._lease.cached_tokens if self._lease else 0
+
+    def limit_cached_tokens(self, cached_tokens: int) -> None:
+        """Reuse only the first `cached_tokens` of the leased prefix (the ranks of a pipeline reuse what every rank
+        holds); the rest is prefilled. The grammar processors anchor on the prompt they are first shown."""
+        if self._lease is not None and self._context.prefix_cache is not None:
+            self._lease = self._context.prefix_cache.shorten(self._lease, cached_tokens)
+
+    @property
+    def prefill_tokens(self) -> list[int]:
+        """The prompt tokens the cache does not hold yet: what to feed before the first token is sampled."""
+        return self._lease.remaining_tokens if self._lease else list(self._prompt.tokens)
+
+    def take_cache(self) -> PromptCache:
+        """The KV cache to start from (holding the cached prefix); the decoder owns it until it hands it back."""
+        return self._lease.cache if self._lease else new_prompt_cache(self._context.loaded.model)
+
+    @property
+    def speculative(self) -> bool:
+        """Whether prompt-lookup drafts may be verified for this request: greedy only, where a draft token is kept
+        exactly when the model's own choice equals it (sampling would need a different acceptance rule)."""
+        return self.sampler is GREEDY and self._context.decode.speculation is not None
+
+    def propose_draft(self, limit: int) -> list[int]:
+        """Draft tokens to follow the last generated one (none before the first token, or when not speculative)."""
+        settings = self._context.decode.speculation
+        if settings is None or not self.generated or not self.speculative:
+            return []
+        if self._lookup is None:
+            self._lookup = PromptLookup([*self._prompt.tokens, *self.generated], settings)
+        return self._lookup.propose(limit)
+
+    @property
+    def remaining_tokens(self) -> int:
+        """How many more tokens this request may generate."""
+        return self.max_tokens - len(self.generated)
+
+    # ---- what a decoder hands back --------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def accept(self, tokens: Sequence[int]) -> list[Chunk]:
+        """Take generated `tokens` in order and return the chunks they produce; tokens after the finish are ignored."""
+        chunks: list[Chunk] = []
+        for token in tokens:
+            if self.finish_reason is not None:
                 break
-            if stops.stopped or parser.should_stop:
-                generation_finish = "stop"
-                break
-    except Exception as error:
-        logger.exception("generation failed for task %s", task.task_id)
-        if lease and context.prefix_cache:
-            context.prefix_cache.discard(lease)
-        yield ErrorChunk(error="generation_failed", message=f"generation failed: {type(error).__name__}: {error}")
-        return
-    if lease and context.prefix_cache:
-        context.prefix_cache.release(lease, [*prompt.tokens, *generated])
-    if cancelled:
-        return
-    tail: list[ParsedChunk] = parser.feed(stops.flush()) + parser.finish()
-    yield from tail
-    for reason in parser.failures:
-        logger.warning("task %s: tool call not parsed as intended: %s", task.task_id, reason)
-    yield FinishChunk(
-        finish_reason=_finish_reason(generation_finish, parser, params.tool_policy),
-        stop_sequence=stops.matched,
-        usage=Usage(
-            prompt_tokens=len(prompt.tokens),
-            completion_tokens=len(generated),
-            cached_tokens=lease.cached_tokens if lease else 0,
-            reasoning_tokens=reasoning_tokens,
-        ),
-    )
+            chunks += self._accept_one(token)
+        return chunks
+
+    def _accept_one(self, token: int) -> list[ParsedChunk]:
+        if token in self._eos_token_ids:
+            self._detokenizer.finalize()
+            self.finish_reason = "stop"
+        else:
+            self._detokenizer.add_token(token)
+            self.generated.append(token)
+            if self._lookup is not None:
+                self._lookup.extend((token,))
+            if len(self.generated) >= self.max_tokens:
+                self._detokenizer.finalize()
+                self.finish_reason = "length"
+        chunks = self._parser.feed(self._stops.feed(self._detokenizer.last_segment))
+        if chunks and all(isinstance(chunk, ReasoningChunk) for chunk in chunks):
+            self._reasoning_tokens += 1
+        if self.finish_reason is None and (self._stops.stopped or self._parser.should_stop):
+            self.finish_reason = "stop"
+        return chunks
+
+    def finish(self, cache: PromptCache | None) -> list[Chunk]:
+        """The last chunks (the parser's held-back text, then the FinishChunk); stores `cache` for later prompts."""
+        self._release(cache)
+        tail: list[Chunk] = [*self._parser.feed(self._stops.flush()), *self._parser.finish()]
+        for reason in self._parser.failures:
+            logger.warning("task %s: tool call not parsed as intended: %s", self.task_id, reason)
+        usage = Usage(
+            prompt_tokens=len(self._prompt.tokens),
+            completion_tokens=len(self.generated),
+            cached_tokens=self._lease.cached_tokens if self._lease else 0,
+            reasoning_tokens=self._reasoning_tokens,
+        )
+        finish = _finish_reason(self.finish_reason, self._parser, self._task.params.tool_policy)
+        return [*tail, FinishChunk(finish_reason=finish, stop_sequence=self._stops.matched, usage=usage)]
+
+    def cancel(self, cache: PromptCache | None) -> None:
+        """The client went away: no more chunks; what was computed still fills the prefix cache."""
+        self._release(cache)
+
+    def fail(self, error: Exception) -> ErrorChunk:
+        """Generation broke: the cache is dropped (it may be half-written) and the client gets an error."""
+        logger.error("generation failed for task %s: %s: %s", self.task_id, type(error).__name__, error)
+        if not self._closed and self._lease is not None and self._context.prefix_cache is not None:
+            self._context.prefix_cache.discard(self._lease)
+        self._closed = True
+        return ErrorChunk(error="generation_failed", message=f"generation failed: {type(error).__name__}: {error}")
+
+    def _release(self, cache: PromptCache | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        prefix_cache = self._context.prefix_cache
+        if self._lease is None or prefix_cache is None:
+            return
+        if cache is None:
+            prefix_cache.discard(self._lease)
+        else:
+            prefix_cache.release(self._lease, [*self._prompt.tokens, *self.generated], cache=cache)

@@ -1,0 +1,98 @@
+"""Continuous batching on mlx-lm's `BatchGenerator`: sequences join and leave a running batch between tokens.
+
+mlx-lm does the batching itself: merging members' KV caches (left-padded), prefilling new prompts in chunks between
+decode steps, one forward pass per step for every member, and per-member samplers and logits processors. This class
+only maps requests to its sequence ids and leaves every decision (when a request ends, what its tokens mean) to the
+request: the generator is given no stop tokens and one token more than the request may generate, so it never ends a
+sequence on its own, and a member is always taken out with `remove`, which hands back its KV cache.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mlx import nn
+from mlx_lm.generate import BatchGenerator
+
+from exo.shared.types.common import TaskId
+from exo.worker.engines.mlx.cache.layer_cache import PromptCache
+from exo.worker.engines.mlx.generator.processors import RequestProcessors
+from exo.worker.engines.mlx.generator.sampling import Sampler
+
+
+@dataclass(frozen=True)
+class BatchMember:
+    """What the batch needs to decode one request."""
+
+    task_id: TaskId
+    sampler: Sampler
+    processors: RequestProcessors
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class RemovedMember:
+    cache: PromptCache
+    """The member's KV cache (the cached prefix, then `fed`)."""
+    fed: list[int]
+    """The tokens the cache holds after the cached prefix."""
+
+
+class BatchDecoder:
+    """The running batch of one model."""
+
+    def __init__(self, model: nn.Module, *, batch_size: int, prefill_step_size: int) -> None:
+        self._generator = BatchGenerator(
+            model,
+            completion_batch_size=batch_size,
+            prefill_batch_size=batch_size,
+            prefill_step_size=prefill_step_size,
+        )
+        self._uids: dict[TaskId, int] = {}
+        self._task_ids: dict[int, TaskId] = {}
+        self._tokens_out: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._uids)
+
+    def __contains__(self, task_id: TaskId) -> bool:
+        return task_id in self._uids
+
+    def add(self, member: BatchMember, cache: PromptCache, *, fed: Sequence[int], pending: Sequence[int]) -> None:
+        """Join the batch: `pending` is fed on top of `cache`, which holds the cached prefix and then `fed`."""
+        processors = [] if member.processors.empty else [member.processors]
+        (uid,) = self._generator.insert(
+            [list(pending)],
+            max_tokens=[member.max_tokens + 1],
+            caches=[cache],
+            all_tokens=[list(fed)],  # the generator appends to this list in place
+            samplers=[member.sampler],
+            logits_processors=[processors],
+        )
+        self._uids[member.task_id] = uid
+        self._task_ids[uid] = member.task_id
+        self._tokens_out[uid] = 0
+
+    def step(self) -> list[tuple[TaskId, int]]:
+        """One generation step (plus one prefill chunk for members still reading their prompts): each decoding
+        member's next token."""
+        _, responses = self._generator.next()
+        tokens: list[tuple[TaskId, int]] = []
+        for response in responses:
+            self._tokens_out[response.uid] += 1
+            tokens.append((self._task_ids[response.uid], response.token))
+        return tokens
+
+    def decoding(self, task_id: TaskId) -> bool:
+        """Whether the member has produced a token here (its prompt is behind it, its cache ends at its last token)."""
+        return self._tokens_out[self._uids[task_id]] > 0
+
+    def remove(self, task_id: TaskId) -> RemovedMember:
+        """Take a member out of the batch with its cache."""
+        uid = self._uids.pop(task_id)
+        del self._task_ids[uid]
+        del self._tokens_out[uid]
+        cache, tokens = self._generator.remove([uid], return_prompt_caches=True)[uid]
+        return RemovedMember(cache=list(cache), fed=list(tokens))
+
+    def close(self) -> None:
+        self._generator.close()

@@ -1,0 +1,92 @@
+"""How many draft tokens are worth verifying: the length with the most expected tokens per second, as measured.
+
+Verifying k drafts feeds k + 1 tokens in one forward pass. Whether that pays depends on the hardware and its load:
+on Apple silicon, or an idle CPU with an optimized BLAS, a pass over a few tokens costs about what a pass over one
+does; on a CPU shared with other work, a multi-token pass can cost several single ones. So the decoder times its
+own passes by the number of tokens fed (`StepCosts`, shared by the runner's requests) and each request keeps a
+running estimate of how often its drafts hold (`DraftPolicy`). A draft is verified only when its expected yield
+(1 + p + p² + … + p^k tokens, for per-token acceptance p) per measured second beats a plain step's one token; so
+speculation stays on where it measures faster and steps aside where it does not, without a setting to tune.
+"""
+
+from typing import Final
+
+_COST_DECAY: Final = 0.8
+_ACCEPTANCE_DECAY: Final = 0.7
+_PRIOR_ACCEPTANCE: Final = 0.5
+"""Before any verification a request assumes half its draft tokens hold."""
+_MOST_ACCEPTANCE: Final = 0.95
+EXPLORE_AFTER_STEPS: Final = 200
+"""Declined drafts after which one is verified anyway, to re-measure what multi-token passes cost now."""
+
+
+class StepCosts:
+    """Seconds per solo forward pass by the number of tokens it fed, as an exponential moving average."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[int, float] = {}
+
+    def record(self, tokens_fed: int, seconds: float) -> None:
+        previous = self._seconds.get(tokens_fed)
+        self._seconds[tokens_fed] = (
+            seconds if previous is None else _COST_DECAY * previous + (1 - _COST_DECAY) * seconds
+        )
+
+    def seconds(self, tokens_fed: int) -> float | None:
+        """The cost of a pass feeding `tokens_fed` tokens: measured, or interpolated between a plain pass and the
+        nearest longer measured one (a pass costs more the more it feeds), or as the nearest shorter one when no
+        longer pass was measured yet (optimistic, so longer drafts get tried). None before any pass was measured."""
+        measured = self._seconds.get(tokens_fed)
+        if measured is not None or not self._seconds:
+            return measured
+        plain = self._seconds.get(1)
+        longer = min((fed for fed in self._seconds if fed > tokens_fed), default=None)
+        if plain is not None and longer is not None:
+            return plain + (self._seconds[longer] - plain) * (tokens_fed - 1) / (longer - 1)
+        shorter = max((fed for fed in self._seconds if fed < tokens_fed), default=None)
+        return self._seconds[shorter] if shorter is not None else self._seconds[min(self._seconds)]
+
+
+class DraftPolicy:
+    """One request's draft lengths, from the shared step costs and its own recent acceptance."""
+
+    def __init__(self, costs: StepCosts, maximum: int) -> None:
+        self._costs = costs
+        self._maximum = maximum
+        self._acceptance = _PRIOR_ACCEPTANCE
+        self._declined = 0
+
+    @property
+    def acceptance(self) -> float:
+        """Estimated probability that the next draft token holds, given the ones before it did."""
+        return min(self._acceptance, _MOST_ACCEPTANCE)
+
+    def draft_length(self, available: int) -> int:
+        """How many of `available` draft tokens to verify (0: a plain step is expected to be faster)."""
+        limit = min(available, self._maximum)
+        if limit <= 0:
+            return 0
+        plain = self._costs.seconds(1)
+        if plain is None or self._declined >= EXPLORE_AFTER_STEPS:
+            return limit
+        best_length, best_rate = 0, 1.0 / plain
+        expected, term = 1.0, 1.0
+        for length in range(1, limit + 1):
+            term *= self.acceptance
+            expected += term
+            cost = self._costs.seconds(length + 1) or plain
+            if expected / cost > best_rate:
+                best_length, best_rate = length, expected / cost
+        return best_length
+
+    def declined(self) -> None:
+        """A draft was available and not verified (a plain step looked faster)."""
+        self._declined += 1
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """Learn from a verification: `accepted` of `drafted` draft tokens held."""
+        self._declined = 0
+        # Each verification estimates the per-token rate as held / tried (the first miss ends the tries); a moving
+        # average over verifications follows a request into and out of copying quickly.
+        tried = accepted + (1 if accepted < drafted else 0)
+        self._acceptance = _ACCEPTANCE_DECAY * self._acceptance + (1 - _ACCEPTANCE_DECAY) * accepted / tried

@@ -1,0 +1,253 @@
+"""Which decoder runs the active requests of one model, between tokens.
+
+One request alone decodes on the `SoloDecoder`, where it can use prompt-lookup speculation (drafts verified in one
+forward pass). Two or more share one mlx-lm batch: a request arriving while another decodes alone moves that one
+into the batch with its KV cache (no token is recomputed), and when a batch is down to one speculative (greedy)
+member that member moves back out to decode alone (its last token is fed again: one extra token of work).
+
+Each request's semantics stay in its `ChatRequest`; this module only moves token ids and caches around. A failure
+in one member's grammar fails that member alone; a failure of the forward pass fails the members that were in it.
+"""
+
+import logging
+from dataclasses import dataclass
+
+from mlx import nn
+
+from exo.shared.types.chunks import Chunk
+from exo.shared.types.common import TaskId
+from exo.worker.engines.mlx.cache.layer_cache import PromptCache, trim_tokens
+from exo.worker.engines.mlx.generator.batch import BatchDecoder, BatchMember
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings
+from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
+from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
+from exo.worker.engines.mlx.generator.solo import SoloDecoder, SpeculationStats
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RequestUpdate:
+    """What one step produced for one request."""
+
+    task_id: TaskId
+    chunks: list[Chunk]
+    done: bool
+    """The last chunk is the request's Finish or Error chunk; it has left the scheduler."""
+    generated_tokens: int
+
+
+class GenerationScheduler:
+    """The active requests of one loaded model and the decoder each one is on."""
+
+    def __init__(self, model: nn.Module, settings: DecodeSettings) -> None:
+        self._model = model
+        self._settings = settings
+        self._waiting: dict[TaskId, ChatRequest] = {}
+        self._solo: tuple[ChatRequest, SoloDecoder] | None = None
+        self._batch: BatchDecoder | None = None
+        self._batched: dict[TaskId, ChatRequest] = {}
+        self.speculation = SpeculationStats()
+        """Drafts verified and accepted by every solo decoder so far."""
+        self.step_costs = StepCosts()
+        """What solo forward passes cost here, by tokens fed: whether a draft is worth verifying."""
+
+    @property
+    def active(self) -> int:
+        """Requests admitted and not finished, cancelled or failed."""
+        return len(self._waiting) + len(self._batched) + (1 if self._solo else 0)
+
+    def admit(self, request: ChatRequest) -> None:
+        """Take a request; it starts decoding at the next step."""
+        self._waiting[request.task_id] = request
+
+    def cancel(self, task_id: TaskId) -> int | None:
+        """Drop a request (no more chunks); returns how many tokens it had generated, None if it is not here."""
+        if (request := self._waiting.pop(task_id, None)) is not None:
+            request.cancel(None)
+        elif self._solo is not None and self._solo[0].task_id == task_id:
+            request, decoder = self._solo
+            self._solo = None
+            request.cancel(decoder.cache)
+        elif (request := self._batched.pop(task_id, None)) is not None:
+            assert self._batch is not None
+            request.cancel(self._batch.remove(task_id).cache)
+        else:
+            return None
+        return len(request.generated)
+
+    def step(self) -> list[RequestUpdate]:
+        """Advance every active request by one decode step (or one prefill chunk)."""
+        updates: list[RequestUpdate] = []
+        if self.active > 1 and self._solo is not None:
+            updates += self._end_solo()
+        if self.active == 0:
+            return updates
+        if self.active == 1:
+            self._leave_batch_if_alone()
+            if self._solo is None and self._waiting:
+                request = self._waiting.popitem()[1]
+                self._start_solo(request, request.take_cache(), fed=[], pending=request.prefill_tokens)
+            if self._solo is not None:
+                return updates + self._solo_step()
+            return updates + self._batch_step()
+        for request in self._waiting.values():
+            self._join_batch(request, request.take_cache(), fed=[], pending=request.prefill_tokens)
+        self._waiting.clear()
+        return updates + self._batch_step()
+
+    def fail_all(self, error: Exception) -> list[RequestUpdate]:
+        """Fail every active request (something outside any one request broke) and start afresh."""
+        requests = [*self._waiting.values(), *self._batched.values()]
+        if self._solo is not None:
+            requests.append(self._solo[0])
+        self._waiting.clear()
+        self._batched.clear()
+        self._solo = None
+        self._reset_batch()
+        return [self._failed(request, error) for request in requests]
+
+    # ---- alone ----------------------------------------------------------------------------------
+
+    def _start_solo(self, request: ChatRequest, cache: PromptCache, *, fed: list[int], pending: list[int]) -> None:
+        speculation = self._settings.speculation if request.speculative else None
+        decoder = SoloDecoder(
+            self._model,
+            cache,
+            fed=fed,
+            pending=pending,
+            sampler=request.sampler,
+            processors=request.processors,
+            drafts=request.propose_draft if speculation else None,
+            policy=self._draft_policy(speculation) if speculation else None,
+            costs=self.step_costs,
+            prefill_step_size=self._settings.prefill_step_size,
+        )
+        self._solo = (request, decoder)
+
+    def _draft_policy(self, speculation: LookupSettings) -> DraftPolicy:
+        # Without adaptation the policy sees no measured costs, so it verifies every draft in full.
+        costs = self.step_costs if speculation.adaptive else StepCosts()
+        return DraftPolicy(costs, speculation.max_draft_tokens)
+
+    def _solo_step(self) -> list[RequestUpdate]:
+        assert self._solo is not None
+        request, decoder = self._solo
+        if decoder.prefilling:
+            try:
+                decoder.prefill()
+            except Exception as error:
+                logger.exception("prefill failed for task %s", request.task_id)
+                self._solo = None
+                return [self._failed(request, error)]
+            return []
+        if not decoder.launched:
+            decoder.launch(request.remaining_tokens - 1)
+        update = self._collect_solo()
+        if not update.done:
+            # Launch the next step now: it computes while this step's chunks are sent.
+            decoder.launch(request.remaining_tokens - 1)
+        return [update]
+
+    def _collect_solo(self) -> RequestUpdate:
+        """The launched solo step's tokens, handed to its request; the solo slot is emptied if the request ended."""
+        assert self._solo is not None
+        request, decoder = self._solo
+        before = (decoder.stats.steps, decoder.stats.drafted, decoder.stats.accepted)
+        try:
+            tokens = decoder.collect()
+        except Exception as error:
+            logger.exception("decoding task %s failed", request.task_id)
+            self._solo = None
+            return self._failed(request, error)
+        self.speculation.steps += decoder.stats.steps - before[0]
+        self.speculation.drafted += decoder.stats.drafted - before[1]
+        self.speculation.accepted += decoder.stats.accepted - before[2]
+        chunks = request.accept(tokens)
+        if request.processors.error is not None or request.finished:
+            self._solo = None
+            return self._ended(request, chunks, decoder.cache)
+        return RequestUpdate(request.task_id, chunks, done=False, generated_tokens=len(request.generated))
+
+    def _end_solo(self) -> list[RequestUpdate]:
+        """Move the request decoding alone into the batch (others arrived), after the step it has in flight."""
+        assert self._solo is not None
+        request, decoder = self._solo
+        updates = [self._collect_solo()] if decoder.launched else []
+        if not any(update.done for update in updates):
+            self._solo = None
+            self._join_batch(request, decoder.cache, fed=decoder.fed, pending=decoder.pending)
+        return updates
+
+    # ---- together -------------------------------------------------------------------------------
+
+    def _join_batch(self, request: ChatRequest, cache: PromptCache, *, fed: list[int], pending: list[int]) -> None:
+        if self._batch is None:
+            self._batch = BatchDecoder(
+                self._model,
+                batch_size=self._settings.batch_size,
+                prefill_step_size=self._settings.prefill_step_size,
+            )
+        member = BatchMember(
+            task_id=request.task_id,
+            sampler=request.sampler,
+            processors=request.processors,
+            max_tokens=request.remaining_tokens,
+        )
+        self._batch.add(member, cache, fed=fed, pending=pending)
+        self._batched[request.task_id] = request
+
+    def _leave_batch_if_alone(self) -> None:
+        """A lone greedy batch member that is past its prompt moves out to decode alone (and speculate)."""
+        if len(self._batched) != 1 or self._batch is None or self._settings.speculation is None:
+            return
+        task_id, request = next(iter(self._batched.items()))
+        if not request.speculative or not self._batch.decoding(task_id):
+            return
+        del self._batched[task_id]
+        removed = self._batch.remove(task_id)
+        # The batch already fed the member's last token (and sampled past it): drop that token from the cache so
+        # the solo decoder feeds it again and samples the next token itself.
+        trim_tokens(removed.cache, 1)
+        self._start_solo(request, removed.cache, fed=removed.fed[:-1], pending=removed.fed[-1:])
+
+    def _batch_step(self) -> list[RequestUpdate]:
+        assert self._batch is not None
+        try:
+            tokens = self._batch.step()
+        except Exception as error:
+            logger.exception("batch step failed for tasks %s", sorted(self._batched))
+            return self.fail_all(error)
+        produced: dict[TaskId, list[int]] = {}
+        for task_id, token in tokens:
+            produced.setdefault(task_id, []).append(token)
+        updates: list[RequestUpdate] = []
+        for task_id, request in list(self._batched.items()):
+            new_tokens = produced.get(task_id, [])
+            chunks = request.accept(new_tokens)
+            if request.processors.error is not None or request.finished:
+                del self._batched[task_id]
+                updates.append(self._ended(request, chunks, self._batch.remove(task_id).cache))
+            elif chunks or new_tokens:
+                updates.append(
+                    RequestUpdate(request.task_id, chunks, done=False, generated_tokens=len(request.generated))
+                )
+        return updates
+
+    def _reset_batch(self) -> None:
+        if self._batch is not None:
+            self._batch.close()
+        self._batch = None
+
+    # ---- endings --------------------------------------------------------------------------------
+
+    def _ended(self, request: ChatRequest, chunks: list[Chunk], cache: PromptCache) -> RequestUpdate:
+        """A request left its decoder: finished normally, or failed in its own processors."""
+        if request.processors.error is not None:
+            return self._failed(request, request.processors.error)
+        chunks = chunks + request.finish(cache)
+        return RequestUpdate(request.task_id, chunks, done=True, generated_tokens=len(request.generated))
+
+    @staticmethod
+    def _failed(request: ChatRequest, error: Exception) -> RequestUpdate:
+        return RequestUpdate(request.task_id, [request.fail(error)], done=True, generated_tokens=len(request.generated))

@@ -1,0 +1,168 @@
+"""Decoding one sequence with the model to itself: chunked prefill, then one forward pass per step that also checks
+prompt-lookup drafts.
+
+A step feeds the pending token plus any draft tokens, samples at every position and keeps the drafts up to the first
+one that differs from the model's own choice, plus that choice: one to `len(draft) + 1` tokens per forward pass.
+Greedy output is token for token the output without drafts, since every kept token is the argmax given exactly the
+tokens before it. The cache and the grammar are rolled back past the rejected drafts.
+
+Like mlx-lm's `generate_step`, the next step is launched (`mx.async_eval`) before the caller handles this step's
+tokens, so detokenizing, parsing and sending overlap the next forward pass.
+"""
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+from mlx import nn
+from mlx_lm.generate import generation_stream
+
+from exo.worker.engines.mlx.cache.layer_cache import PromptCache, materialize, trim_tokens
+from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
+from exo.worker.engines.mlx.generator.processors import RequestProcessors
+from exo.worker.engines.mlx.generator.sampling import Sampler
+
+DraftSource = Callable[[int], list[int]]
+"""Given a limit, draft tokens to follow the last generated token (an empty list for none)."""
+
+
+@dataclass(frozen=True)
+class _LaunchedStep:
+    inputs: list[int]
+    """The pending token, then the draft."""
+    samples: mx.array
+    """The model's token after each input (one per position), still being computed."""
+    started: float
+    """`time.perf_counter()` when it was launched."""
+
+    @property
+    def draft(self) -> list[int]:
+        return self.inputs[1:]
+
+
+@dataclass
+class SpeculationStats:
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+
+class SoloDecoder:
+    """Decodes one sequence: feeds `pending` on top of `cache` (which already holds the cached prefix and `fed`)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        cache: PromptCache,
+        *,
+        fed: Sequence[int],
+        pending: Sequence[int],
+        sampler: Sampler,
+        processors: RequestProcessors,
+        drafts: DraftSource | None,
+        policy: DraftPolicy | None = None,
+        costs: StepCosts | None = None,
+        prefill_step_size: int = 512,
+    ) -> None:
+        if not pending:
+            raise ValueError("a decoder needs at least one token to feed")
+        self._model = model
+        self.cache = cache
+        self.fed: list[int] = list(fed)
+        """Tokens the cache holds after the cached prefix, in order: what processors are shown before new ones."""
+        self.pending: list[int] = list(pending)
+        """Tokens not fed yet: the rest of the prompt while prefilling, then the last sampled token."""
+        self._sampler = sampler
+        self._processors = processors
+        self._drafts = drafts
+        self._policy = policy
+        self._costs = costs
+        self._prefill_step_size = prefill_step_size
+        self._launched: _LaunchedStep | None = None
+        self.stats = SpeculationStats()
+
+    @property
+    def prefilling(self) -> bool:
+        """Prompt tokens are left to prefill before the first decode step."""
+        return len(self.pending) > 1
+
+    @property
+    def launched(self) -> bool:
+        """A step is being computed; `collect` returns its tokens."""
+        return self._launched is not None
+
+    def prefill(self) -> None:
+        """Feed one chunk of the prompt (all but its last token, which the first decode step feeds)."""
+        chunk = self.pending[: min(self._prefill_step_size, len(self.pending) - 1)]
+        with mx.stream(generation_stream):
+            self._model(mx.array(chunk)[None], cache=self.cache)
+            materialize(self.cache)
+        mx.clear_cache()
+        self.fed += chunk
+        self.pending = self.pending[len(chunk) :]
+
+    def launch(self, draft_limit: int) -> None:
+        """Start the step that feeds the pending token, with up to `draft_limit` draft tokens when there are any."""
+        if self.prefilling or self._launched is not None:
+            raise RuntimeError("launch needs a prefilled sequence and no step in flight")
+        inputs = [*self.pending, *self._draft(draft_limit)]
+        started = time.perf_counter()
+        with mx.stream(generation_stream):
+            logits = self._model(mx.array(inputs)[None], cache=self.cache)[0]
+            samples = self._sample(inputs, logits)
+        mx.async_eval(samples)
+        self._launched = _LaunchedStep(inputs=inputs, samples=samples, started=started)
+
+    def _draft(self, limit: int) -> list[int]:
+        """The draft tokens to verify with the pending token: the lookup's proposal, cut where the grammar forbids
+        it, as long as the policy expects to pay off."""
+        if self._drafts is None or self._policy is None or limit <= 0:
+            return []
+        draft = self._drafts(limit)
+        if draft and self._processors.constrained:
+            context = mx.array([*self.fed, *self.pending])
+            draft = draft[: self._processors.allowed_draft_length(context, draft)]
+        if not draft:
+            return []
+        length = self._policy.draft_length(len(draft))
+        if length == 0:
+            self._policy.declined()
+        return draft[:length]
+
+    def collect(self) -> list[int]:
+        """The launched step's tokens: the drafts the model agreed with, then its own next token."""
+        step = self._launched
+        if step is None:
+            raise RuntimeError("no step in flight")
+        self._launched = None
+        samples: list[int] = step.samples.tolist()  # pyright: ignore[reportAssignmentType] -- 1-D token ids
+        if self._costs is not None:
+            self._costs.record(len(step.inputs), time.perf_counter() - step.started)
+        draft = step.draft
+        accepted = 0
+        while accepted < len(draft) and samples[accepted] == draft[accepted]:
+            accepted += 1
+        rejected = len(draft) - accepted
+        if rejected:
+            trim_tokens(self.cache, rejected)
+            self._processors.rollback(rejected)
+        if draft and self._policy is not None:
+            self._policy.record(len(draft), accepted)
+        self.stats.steps += 1
+        self.stats.drafted += len(draft)
+        self.stats.accepted += accepted
+        self.fed += step.inputs[: accepted + 1]
+        self.pending = [samples[accepted]]
+        return [*draft[:accepted], samples[accepted]]
+
+    def _sample(self, inputs: list[int], logits: mx.array) -> mx.array:
+        """The token after each position of `inputs`, each position processed as if decoded one at a time."""
+        if not self._processors.empty:
+            rows = [
+                self._processors(mx.array([*self.fed, *inputs[: position + 1]]), logits[position : position + 1])
+                for position in range(len(inputs))
+            ]
+            logits = mx.concatenate(rows, axis=0)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return self._sampler(logprobs)

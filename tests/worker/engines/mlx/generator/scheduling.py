@@ -1,0 +1,117 @@
+"""Driving the runner's GenerationScheduler in-process on a fixture model: requests built from OpenAI request bodies
+through the real API adapter, run alone or arriving together, their chunks collected per request."""
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pydantic import JsonValue
+
+from exo.master.adapters.chat_request import to_command
+from exo.shared.types.api import ChatCompletionRequest
+from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, ToolCallChunk
+from exo.shared.types.common import ModelId, TaskId, new_task_id
+from exo.shared.types.tasks import ChatCompletionTask
+from exo.shared.types.worker.shards import ShardAssignment
+from exo.tool_calls import detect_tool_format
+from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings, EngineContext
+from exo.worker.engines.mlx.generator.processors import RequestProcessors
+from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
+from exo.worker.engines.mlx.utils_mlx import LoadedModel, chat_template_text, load_model
+
+MAX_STEPS = 5_000
+JsonBody = dict[str, JsonValue]
+
+
+def engine_context(model_path: Path, settings: DecodeSettings, *, prefix_cache_bytes: int = 0) -> EngineContext:
+    """What the runner builds after loading `model_path` (without a prefix cache unless a budget is given)."""
+    loaded = load_model(model_path, ShardAssignment())
+    return context_for(loaded, settings, prefix_cache_bytes=prefix_cache_bytes)
+
+
+def context_for(loaded: LoadedModel, settings: DecodeSettings, *, prefix_cache_bytes: int = 0) -> EngineContext:
+    tool_format = detect_tool_format(chat_template_text(loaded.tokenizer))
+    prefix_cache = PrefixCache(loaded.model, prefix_cache_bytes) if prefix_cache_bytes else None
+    return EngineContext(loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache, decode=settings)
+
+
+def with_settings(context: EngineContext, settings: DecodeSettings) -> EngineContext:
+    """The same loaded model and prefix cache, decoded with other settings."""
+    return replace(context, decode=settings)
+
+
+def task(body: Mapping[str, JsonValue]) -> ChatCompletionTask:
+    """A runner task for an OpenAI chat request body, validated by the API's own adapter."""
+    command = to_command(ChatCompletionRequest.model_validate({"model": "fixture", **body}), ModelId("fixture"))
+    return ChatCompletionTask(
+        task_id=new_task_id(), command_id=command.command_id, model_id=command.model_id, params=command.params
+    )
+
+
+@dataclass
+class Outcome:
+    chunks: list[Chunk]
+
+    @property
+    def last(self) -> Chunk:
+        return self.chunks[-1]
+
+    def normalised(self) -> list[str]:
+        """The chunks as JSON, with the random tool-call ids and the cache-dependent usage field blanked."""
+        lines: list[str] = []
+        for chunk in self.chunks:
+            shown = chunk
+            if isinstance(chunk, ToolCallChunk):
+                shown = chunk.model_copy(update={"call_id": "call"})
+            if isinstance(chunk, FinishChunk):
+                shown = chunk.model_copy(update={"usage": chunk.usage.model_copy(update={"cached_tokens": 0})})
+            lines.append(shown.model_dump_json())
+        return lines
+
+    @property
+    def text(self) -> str:
+        return "".join(str(json.loads(line).get("text", "")) for line in self.normalised())
+
+
+def run(
+    context: EngineContext,
+    arrivals: Mapping[int, Sequence[ChatCompletionTask]],
+    *,
+    cancel_at: Mapping[int, Sequence[TaskId]] | None = None,
+    scheduler: GenerationScheduler | None = None,
+    processors: Mapping[TaskId, RequestProcessors] | None = None,
+) -> dict[TaskId, Outcome]:
+    """Step a scheduler until every task ended; `arrivals[n]` are admitted before step n, `cancel_at[n]` cancelled.
+
+    A cancelled task's outcome holds the chunks it got before the cancel. `processors` replace a task's own.
+    """
+    scheduler = scheduler or GenerationScheduler(context.loaded.model, context.decode)
+    outcomes: dict[TaskId, Outcome] = {}
+    pending = dict(arrivals)
+    cancels = dict(cancel_at or {})
+    for step in range(MAX_STEPS):
+        for arriving in pending.pop(step, ()):
+            outcomes[arriving.task_id] = Outcome([])
+            request = ChatRequest.open(context, arriving)
+            if processors and arriving.task_id in processors:
+                request.processors = processors[arriving.task_id]
+            scheduler.admit(request)
+        for task_id in cancels.pop(step, ()):
+            assert scheduler.cancel(task_id) is not None
+        for update in scheduler.step():
+            outcomes[update.task_id].chunks += update.chunks
+        if not pending and not cancels and scheduler.active == 0:
+            return outcomes
+    raise AssertionError(f"still running after {MAX_STEPS} steps")
+
+
+def run_alone(context: EngineContext, one: ChatCompletionTask) -> Outcome:
+    return run(context, {0: [one]})[one.task_id]
+
+
+def assert_ended(outcome: Outcome) -> FinishChunk:
+    assert isinstance(outcome.last, FinishChunk), outcome.chunks
+    assert not any(isinstance(chunk, ErrorChunk) for chunk in outcome.chunks)
+    return outcome.last

@@ -1,0 +1,72 @@
+"""Drafting decisions without a model: what the lookup proposes and how long a draft the measured costs justify."""
+
+from exo.worker.engines.mlx.generator.draft_policy import EXPLORE_AFTER_STEPS, DraftPolicy, StepCosts
+from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings, PromptLookup
+
+SETTINGS = LookupSettings(max_draft_tokens=4, longest_ngram=3, shortest_ngram=2)
+
+
+def test_lookup_continues_the_latest_earlier_occurrence_of_the_longest_matching_suffix() -> None:
+    lookup = PromptLookup([1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3], SETTINGS)
+    # Suffix (1, 2, 3) occurred at the start, followed by 4 5 9; (2, 3) alone last occurred before 7 8.
+    assert lookup.propose(10) == [4, 5, 9, 2]
+    assert lookup.propose(2) == [4, 5]
+    lookup.extend([6])
+    assert lookup.propose(10) == []  # (3, 6) and (6,) never occurred before; single tokens are not enough
+
+
+def test_lookup_never_proposes_the_suffix_itself_and_sees_every_new_token() -> None:
+    lookup = PromptLookup([5, 6], SETTINGS)
+    assert lookup.propose(4) == []
+    lookup.extend([5, 6])
+    assert lookup.propose(4) == [5, 6]  # the first (5, 6) was followed by the second
+
+
+def costs(per_token: float, base: float = 1.0, longest: int = 9) -> StepCosts:
+    measured = StepCosts()
+    for fed in range(1, longest + 1):
+        measured.record(fed, base + per_token * (fed - 1))
+    return measured
+
+
+def test_without_measurements_every_draft_is_verified_in_full() -> None:
+    assert DraftPolicy(StepCosts(), maximum=8).draft_length(5) == 5
+    assert DraftPolicy(StepCosts(), maximum=3).draft_length(5) == 3
+
+
+def test_where_extra_tokens_cost_a_whole_pass_each_a_draft_never_pays() -> None:
+    policy = DraftPolicy(costs(per_token=1.0), maximum=8)
+    assert policy.draft_length(8) == 0
+
+
+def test_cheap_passes_and_holding_drafts_give_long_drafts_and_misses_shorten_them() -> None:
+    policy = DraftPolicy(costs(per_token=0.05), maximum=8)
+    for _ in range(6):
+        policy.record(drafted=8, accepted=8)
+    assert policy.acceptance > 0.9
+    assert policy.draft_length(8) == 8
+    for _ in range(6):
+        policy.record(drafted=8, accepted=0)
+    assert policy.acceptance < 0.2
+    assert policy.draft_length(8) < 2
+
+
+def test_declined_drafts_are_tried_again_now_and_then_to_remeasure() -> None:
+    policy = DraftPolicy(costs(per_token=1.0), maximum=8)
+    for _ in range(EXPLORE_AFTER_STEPS):
+        assert policy.draft_length(6) == 0
+        policy.declined()
+    assert policy.draft_length(6) == 6
+    policy.record(drafted=6, accepted=1)
+    assert policy.draft_length(6) == 0
+
+
+def test_unmeasured_pass_lengths_are_interpolated_from_measured_ones() -> None:
+    measured = StepCosts()
+    measured.record(1, 1.0)
+    assert measured.seconds(5) == 1.0  # nothing longer measured: as cheap as the longest known, so it gets tried
+    measured.record(9, 3.0)
+    assert measured.seconds(5) == 2.0
+    assert measured.seconds(12) == 3.0
+    # At the prior acceptance (1/2) one draft token yields 1.5 tokens for 1.25 passes; two yield 1.75 for 1.5.
+    assert DraftPolicy(measured, maximum=8).draft_length(8) == 1

@@ -1,0 +1,178 @@
+"""Prompt-lookup speculation: greedy output token for token the output without it, with or without a grammar.
+
+Real forward passes of tiny-qwen-tools with its end-of-sequence ids removed (so every run decodes the full length:
+its greedy text soon repeats earlier phrases, which is what lookup drafts catch). Hypothesis draws the prompts, and
+for the verification itself, drafts that are right, partly right or wrong at a drawn position.
+"""
+
+from collections.abc import Callable, Sequence
+
+import mlx.core as mx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from exo.shared.types.tasks import PromptMessage, SamplingParams, ToolPolicy
+from exo.worker.engines.mlx.cache.layer_cache import new_prompt_cache
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings, EngineContext
+from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
+from exo.worker.engines.mlx.generator.generate import generate_tokens
+from exo.worker.engines.mlx.generator.processors import RequestProcessors
+from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings, PromptLookup
+from exo.worker.engines.mlx.generator.sampling import GREEDY
+from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
+from exo.worker.engines.mlx.generator.solo import SoloDecoder, SpeculationStats
+from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template
+from tests.fixtures.endless_model import endless_copy
+from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, GET_WEATHER_TOOL, user
+from tests.worker.engines.mlx.generator.scheduling import JsonBody, engine_context, run, task, with_settings
+
+LENGTH = 40
+WORDS = ("Hello", "weather", "Paris", "Tokyo", "the", "cat", "sat", "on", "mat", "tool", "call", "!", "?", "\n")
+# Every draft verified (not only those the measured costs favour), so what is checked does not depend on the load.
+SPECULATING = DecodeSettings(speculation=LookupSettings(adaptive=False))
+PLAIN = DecodeSettings(speculation=None)
+
+Proposer = Callable[[list[int], int], list[int]]
+"""Given the tokens produced so far and a limit, draft tokens to follow them."""
+
+
+@pytest.fixture(scope="module")
+def endless(tmp_path_factory: pytest.TempPathFactory) -> EngineContext:
+    return engine_context(endless_copy(tmp_path_factory.mktemp("models")), SPECULATING)
+
+
+@pytest.fixture(scope="module")
+def with_eos() -> EngineContext:
+    """The fixture model as trained: a tool-call grammar needs an end-of-sequence token to end on."""
+    return engine_context(FIXTURE_MODELS_DIR / "tiny-qwen-tools", SPECULATING)
+
+
+@pytest.fixture(scope="module")
+def drafts_in_property() -> SpeculationStats:
+    """Drafts the property test's examples verified, summed over all of them (checked by the test after it)."""
+    return SpeculationStats()
+
+
+def prompt_tokens(loaded: LoadedModel, text: str) -> list[int]:
+    return apply_chat_template(loaded.tokenizer, (PromptMessage(role="user", content=text),), ToolPolicy()).tokens
+
+
+def plain_greedy(loaded: LoadedModel, prompt: Sequence[int]) -> list[int]:
+    """The reference: exo's plain decode loop, one token per forward pass."""
+    responses = generate_tokens(loaded, prompt, sampling=SamplingParams(), max_tokens=LENGTH)
+    return [response.token for response in responses]
+
+
+def speculative_greedy(
+    loaded: LoadedModel, prompt: Sequence[int], propose: Proposer, stats: SpeculationStats
+) -> list[int]:
+    """Greedy decoding on the solo decoder with drafts from `propose`; at least LENGTH tokens."""
+    produced: list[int] = []
+    decoder = SoloDecoder(
+        loaded.model,
+        new_prompt_cache(loaded.model),
+        fed=(),
+        pending=prompt,
+        sampler=GREEDY,
+        processors=RequestProcessors((), ()),
+        drafts=lambda limit: propose(produced, limit) if produced else [],
+        policy=DraftPolicy(StepCosts(), maximum=8),  # no measured costs: every draft is verified
+    )
+    while decoder.prefilling:
+        decoder.prefill()
+    while len(produced) < LENGTH:
+        decoder.launch(LENGTH - len(produced) - 1)
+        produced += decoder.collect()
+    stats.drafted += decoder.stats.drafted
+    stats.accepted += decoder.stats.accepted
+    return produced
+
+
+def lookup_proposer(prompt: Sequence[int]) -> Proposer:
+    """The production drafter, fed the tokens as the request would feed it."""
+    lookup = PromptLookup(prompt, LookupSettings())
+
+    def propose(produced: list[int], limit: int) -> list[int]:
+        lookup.extend(produced[len(lookup) - len(prompt) :])
+        return lookup.propose(limit)
+
+    return propose
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(words=st.lists(st.sampled_from(WORDS), min_size=1, max_size=30))
+def test_lookup_speculation_gives_the_plain_greedy_tokens(
+    endless: EngineContext, drafts_in_property: SpeculationStats, words: list[str]
+) -> None:
+    loaded = endless.loaded
+    prompt = prompt_tokens(loaded, " ".join(words))
+    speculated = speculative_greedy(loaded, prompt, lookup_proposer(prompt), drafts_in_property)
+    assert speculated[:LENGTH] == plain_greedy(loaded, prompt)
+
+
+def test_the_property_test_verified_drafts_and_kept_some(drafts_in_property: SpeculationStats) -> None:
+    # Runs after the property test (same module, file order): its equality means something only if drafts were
+    # both proposed and accepted along the way.
+    assert drafts_in_property.accepted > 0
+    assert drafts_in_property.drafted > drafts_in_property.accepted
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    words=st.lists(st.sampled_from(WORDS), min_size=1, max_size=10),
+    wrong_at=st.integers(min_value=0, max_value=8),
+    wrong_token=st.integers(min_value=0, max_value=500),
+)
+def test_drafts_right_up_to_a_drawn_position_are_kept_exactly_that_far(
+    endless: EngineContext, words: list[str], wrong_at: int, wrong_token: int
+) -> None:
+    loaded = endless.loaded
+    prompt = prompt_tokens(loaded, " ".join(words))
+    expected = plain_greedy(loaded, prompt)
+
+    def oracle_with_a_mistake(produced: list[int], limit: int) -> list[int]:
+        truth = expected[len(produced) : len(produced) + limit]
+        if wrong_at < len(truth) and truth[wrong_at] != wrong_token:
+            truth[wrong_at] = wrong_token
+        return truth
+
+    stats = SpeculationStats()
+    assert speculative_greedy(loaded, prompt, oracle_with_a_mistake, stats)[:LENGTH] == expected
+    if wrong_at > 0:  # every draft is right up to the mistake, so some of it is always kept
+        assert stats.accepted > 0
+
+
+def test_drafts_the_grammar_forbids_are_cut_before_the_model_sees_them(with_eos: EngineContext) -> None:
+    forced: JsonBody = {"messages": [user("Hello!")], "tools": [GET_WEATHER_TOOL], "tool_choice": "required"}
+    request = ChatRequest.open(with_eos, task({**forced, "max_tokens": 8}))
+    tokenizer = with_eos.loaded.tokenizer
+    context = [*request.prefill_tokens]
+    request.processors(mx.array(context), mx.zeros((1, len(tokenizer.vocab))))  # the grammar anchors on the prompt
+    plain_text: list[int] = tokenizer.encode("Hello! How can I help", add_special_tokens=False)
+    call_start: list[int] = tokenizer.encode('<tool_call>\n{"name": "get_weather"', add_special_tokens=False)
+    assert request.processors.allowed_draft_length(mx.array(context), plain_text) == 0
+    assert request.processors.allowed_draft_length(mx.array(context), [*call_start, *plain_text]) == len(call_start)
+    assert request.processors.error is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": [user("What is the weather in Paris and Tokyo?")], "tools": [GET_WEATHER_TOOL]},
+        {"messages": [user("Hello!")], "tools": [GET_WEATHER_TOOL], "tool_choice": "required"},
+        {
+            "messages": [user("Tell me about Paris weather in Paris.")],
+            "tools": [GET_WEATHER_TOOL],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        },
+    ],
+    ids=["streamed calls", "tool_choice required", "tool_choice named"],
+)
+def test_speculation_composes_with_the_grammar_and_tool_call_streaming(with_eos: EngineContext, body: JsonBody) -> None:
+    scheduler = GenerationScheduler(with_eos.loaded.model, with_eos.decode)
+    speculated = run(with_eos, {0: [task({**body, "max_tokens": LENGTH})]}, scheduler=scheduler)
+    plain = run(with_settings(with_eos, PLAIN), {0: [task({**body, "max_tokens": LENGTH})]})
+    (speculated_outcome,), (plain_outcome,) = speculated.values(), plain.values()
+    assert speculated_outcome.normalised() == plain_outcome.normalised()
+    assert scheduler.speculation.accepted > 0
