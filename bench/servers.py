@@ -98,9 +98,12 @@ def running_exo(model_path: Path, work_dir: Path) -> Generator[RunningServer]:
     port = free_port()
     arguments = [sys.executable, "-m", "exo", "--api-port", str(port), "--model", str(model_path)]
     arguments += ["--models-dir", str(work_dir / "exo-models")]
-    # exo sets up its BLAS preload itself; it gets the caller's environment unchanged, as a user would start it.
+    # A node of its own (identity, cluster port and name, no scouting), so a node the user runs never joins in.
+    arguments += ["--listen", f"tcp/127.0.0.1:{free_port()}", "--cluster", f"bench-{port}", "--no-discovery"]
+    # exo sets up its BLAS preload itself; it gets the caller's environment otherwise unchanged, as a user would.
+    environment = {**os.environ, "EXO_HOME": str(work_dir / f"exo-home-{port}")}
     with _serving(
-        name="exo", arguments=arguments, env=dict(os.environ), log_dir=work_dir, port=port, ready=_exo_ready
+        name="exo", arguments=arguments, env=environment, log_dir=work_dir, port=port, ready=_exo_ready
     ) as server:
         yield server
 

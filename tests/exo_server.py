@@ -1,6 +1,8 @@
 """Run a real `exo` node in a subprocess for end-to-end tests (real HTTP, real runner subprocess, real MLX)."""
 
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -10,6 +12,7 @@ from collections.abc import Generator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from uuid import uuid4
 
 import httpx
 from anthropic import Anthropic
@@ -97,8 +100,36 @@ class ExoServer:
         raise TimeoutError(f"runners never all became ready (last: {statuses}):\n{self.log()}")
 
 
+ENDLESS_MODEL = "endless-qwen"
+
+
 def fixture_model(name: str) -> Path:
     return FIXTURE_MODELS_DIR / name
+
+
+def endless_copy(directory: Path) -> Path:
+    """Copy tiny-qwen-tools to `directory/endless-qwen` with no end-of-sequence token configured: it generates until
+    max_tokens, for tests that need a generation still running when they act."""
+    target = directory / ENDLESS_MODEL
+    shutil.copytree(fixture_model("tiny-qwen-tools"), target)
+    for name in ("config.json", "generation_config.json"):
+        config = json.loads((target / name).read_text())
+        config["eos_token_id"] = []
+        (target / name).write_text(json.dumps(config))
+    tokenizer_config = json.loads((target / "tokenizer_config.json").read_text())
+    tokenizer_config["eos_token"] = None
+    (target / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    special = json.loads((target / "special_tokens_map.json").read_text())
+    special.pop("eos_token", None)
+    (target / "special_tokens_map.json").write_text(json.dumps(special))
+    return target
+
+
+def isolation(home: Path) -> tuple[list[str], dict[str, str]]:
+    """Arguments and environment that keep a test node to itself: its own EXO_HOME (identity), cluster port and
+    cluster name, and no multicast scouting, so nodes of parallel tests (or a developer's own node) never meet."""
+    arguments = ["--listen", f"tcp/127.0.0.1:{free_port()}", "--cluster", f"test-{uuid4().hex[:12]}", "--no-discovery"]
+    return arguments, {"EXO_HOME": str(home)}
 
 
 @contextmanager
@@ -118,12 +149,17 @@ def running_exo(
     arguments = [sys.executable, "-m", "exo", "--api-port", str(port), "--models-dir", str(tmp_path / "models")]
     for model in models:
         arguments += ["--model", str(model)]
-    arguments += list(extra_args)
+    isolating_arguments, isolating_env = isolation(tmp_path / f"home-{port}")
+    arguments += isolating_arguments + list(extra_args)
     if api_key is not None:
         arguments += ["--api-key", api_key]
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            arguments, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+            arguments,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **isolating_env, **(env or {})},
+            start_new_session=True,
         )
     server = ExoServer(process=process, port=port, log_path=log_path, api_key=api_key)
     try:

@@ -4,11 +4,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 
-from exo.master.api import create_app
-from exo.node import Node, NodeConfig
+from exo.node import NodeConfig
 from tests.exo_server import fixture_model
+from tests.in_process_node import in_process_node
 from tests.models.tiny_gguf import build_model, build_tokenizer, write_gguf
 
 
@@ -19,22 +18,16 @@ async def test_a_converted_gguf_is_reported_ready_with_its_byte_counts_and_a_dir
     tokenizer = build_tokenizer()
     write_gguf(gguf_path, "qwen2", build_model("qwen2", tokenizer, seed=11), tokenizer, with_output=True)
     directory = fixture_model("tiny-qwen-tools")
-    node = Node(NodeConfig(models=(str(gguf_path), str(directory)), models_dir=tmp_path / "models"))
-    transport = httpx.ASGITransport(app=create_app(node))
-    state: dict[str, Any] = {}
-    async with (
-        anyio.create_task_group() as task_group,
-        httpx.AsyncClient(transport=transport, base_url="http://node") as client,
-    ):
-        await node.start(task_group)
+    config = NodeConfig(models=(str(gguf_path), str(directory)), models_dir=tmp_path / "models")
+    async with in_process_node(config, tmp_path) as (node, client):
         with anyio.fail_after(120):
-            while len(node.master.state.runners) < 2:
+            while len(node.master_client.state.runners) < 2:
                 await anyio.sleep(0.05)
-        state = (await client.get("/state")).json()
-        await node.stop()
-        task_group.cancel_scope.cancel()
+        state: dict[str, Any] = (await client.get("/state")).json()
 
-    preparations = state["preparations"]
+    [node_state] = state["nodes"].values()
+    assert node_state["preparing"] == []
+    preparations = node_state["preparations"]
     assert list(preparations) == ["tiny-prep"]
     converted = preparations["tiny-prep"]
     assert converted["phase"] == "ready"

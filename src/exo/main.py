@@ -11,14 +11,23 @@ from typing import TYPE_CHECKING
 import anyio
 import uvicorn
 
+from exo.cluster.settings import (
+    DEFAULT_CLUSTER_NAME,
+    LOOPBACK_HOSTS,
+    ClusterSettings,
+    ClusterSettingsError,
+    check_cluster_name,
+    default_listen_endpoint,
+    normalise_endpoint,
+    parse_peer_list,
+)
+
 # exo.node (and with it the model converter, transformers…) is imported only when a node starts: the subcommands
 # (`exo models`, `exo conformance`, `exo mcp`) start quickly without it.
 if TYPE_CHECKING:
     from exo.node import NodeConfig
 
 logger = logging.getLogger("exo")
-
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def _positive_int(text: str) -> int:
@@ -37,11 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 exposes it)")
     parser.add_argument("--api-port", type=int, default=52415, help="API port (default 52415)")
-    parser.add_argument(
+    serving = parser.add_mutually_exclusive_group()
+    serving.add_argument(
         "--model",
         action="append",
         help="model to load: a catalog id (`exo models` lists them), a local mlx-lm directory, a .gguf file or a "
         "Hugging Face repo id (repeatable; default: the bundled Qwen2.5-Coder-0.5B-Instruct)",
+    )
+    serving.add_argument(
+        "--no-model",
+        action="store_true",
+        help="load no model here: the node lends its API and memory and serves the cluster's models",
     )
     parser.add_argument(
         "--models-dir", type=Path, help="where downloaded/imported models live (default $EXO_HOME/models)"
@@ -68,10 +83,45 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let models run their own Python code while loading (custom architectures/tokenizers); off by default",
     )
+    cluster = parser.add_argument_group("cluster")
+    cluster.add_argument(
+        "--listen",
+        help="cluster endpoint to listen on, tcp/HOST:PORT (default tcp/127.0.0.1:52414, "
+        "or every interface when --host is not loopback)",
+    )
+    cluster.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        help="another node's cluster endpoint to connect to, tcp/HOST:PORT (repeatable; also EXO_PEERS, "
+        "comma-separated)",
+    )
+    cluster.add_argument(
+        "--cluster",
+        default=DEFAULT_CLUSTER_NAME,
+        help=f"cluster name: nodes with different names never merge (default {DEFAULT_CLUSTER_NAME!r})",
+    )
+    cluster.add_argument(
+        "--no-discovery", action="store_true", help="do not look for nodes with multicast (use --peer instead)"
+    )
+    cluster.add_argument("--node-name", help="this node's name in /v1/cluster (default: the host name)")
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     verbosity.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     return parser
+
+
+def cluster_settings_from_args(arguments: argparse.Namespace) -> ClusterSettings:
+    """Raises ClusterSettingsError for a malformed endpoint or cluster name."""
+    listen: str | None = arguments.listen
+    peers = [normalise_endpoint(peer) for peer in arguments.peer]
+    peers += parse_peer_list(os.environ.get("EXO_PEERS", ""))
+    return ClusterSettings(
+        name=check_cluster_name(arguments.cluster),
+        listen=(normalise_endpoint(listen) if listen else default_listen_endpoint(arguments.host),),
+        peers=tuple(dict.fromkeys(peers)),
+        discovery=not arguments.no_discovery,
+    )
 
 
 def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
@@ -80,7 +130,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
     level = logging.DEBUG if arguments.verbose else logging.WARNING if arguments.quiet else logging.INFO
     models: list[str] | None = arguments.model
     return NodeConfig(
-        models=tuple(models) if models else (None,),
+        models=() if arguments.no_model else tuple(models) if models else (None,),
         models_dir=arguments.models_dir,
         host=arguments.host,
         api_port=arguments.api_port,
@@ -93,11 +143,13 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         max_request_bytes=int(arguments.max_request_mb * 1024 * 1024),
         log_level=level,
         trust_remote_code=arguments.trust_remote_code,
+        cluster=cluster_settings_from_args(arguments),
+        node_name=arguments.node_name,
     )
 
 
 async def serve(config: "NodeConfig") -> None:
-    from exo.master.api import create_app
+    from exo.master.api import ApiSettings, create_app
     from exo.node import Node
     from exo.worker.engines.mlx.blas import blas_advice, blas_environment
 
@@ -108,16 +160,34 @@ async def serve(config: "NodeConfig") -> None:
         logger.warning(advice)
     if config.host not in LOOPBACK_HOSTS and not config.api_key:
         logger.warning("listening on %s without an API key: anyone on the network can use this node", config.host)
+    if config.cluster.reachable_from_network:
+        logger.warning(
+            "cluster port %s is open to the network and unauthenticated: run clusters on trusted networks only",
+            ", ".join(config.cluster.listen),
+        )
     node = Node(config)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(node), host=config.host, port=config.api_port, log_level="warning", access_log=False)
-    )
-    async with anyio.create_task_group() as task_group:
-        await node.start(task_group)
-        logger.info("exo API on http://%s:%d/v1", config.host, config.api_port)
-        await server.serve()
-        await node.stop()
-        task_group.cancel_scope.cancel()
+    await node.join()
+    settings = ApiSettings(config.api_key, config.max_request_bytes, config.host, config.api_port, config.models_dir)
+    try:
+        async with anyio.create_task_group() as task_group:
+            node.start(task_group)
+            server = uvicorn.Server(
+                uvicorn.Config(
+                    create_app(node.master_client, settings, node.publish_preparation),
+                    host=config.host,
+                    port=config.api_port,
+                    log_level="warning",
+                    access_log=False,
+                )
+            )
+            logger.info("exo API on http://%s:%d/v1", config.host, config.api_port)
+            await server.serve()
+            task_group.cancel_scope.cancel()
+    finally:
+        # Also when Ctrl-C cancels everything: the runners stop and the node leaves the cluster (an open zenoh
+        # session would keep the process from exiting).
+        with anyio.CancelScope(shield=True):
+            await node.stop()
 
 
 def quiet_http_client_logs(level: int) -> None:
@@ -140,14 +210,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         from exo.mcp.cli import main as mcp_main
 
         sys.exit(mcp_main(command_line[1:]))
-    arguments = build_parser().parse_args(command_line)
-    config = config_from_args(arguments)
+    parser = build_parser()
+    arguments = parser.parse_args(command_line)
+    try:
+        config = config_from_args(arguments)
+    except ClusterSettingsError as error:
+        parser.error(str(error))
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     quiet_http_client_logs(config.log_level)
+    from exo.cluster.identity import NodeIdentityError
+    from exo.node import NodeStartError
+
     try:
         anyio.run(serve, config)
     except KeyboardInterrupt:
         sys.exit(130)
+    except (NodeStartError, NodeIdentityError) as error:
+        logger.error("%s", error)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

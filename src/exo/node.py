@@ -1,32 +1,47 @@
-"""A node: the API, the master and the worker in one process, with one runner subprocess per model."""
+"""A node: the API, the master role and the worker in one process, with one runner subprocess per model.
+
+They talk only through the cluster bus (a zenoh session), whether the cluster is this node alone or many: the API
+asks the master client, the elected master orders events and places tasks, workers run them. `join` claims the
+node's identity and opens the bus, `start` runs the pieces in the caller's task group, `stop` shuts the runners
+down and leaves the cluster.
+"""
 
 import logging
-import platform
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import anyio
-import anyio.from_thread
-import anyio.to_thread
+import zenoh
 from anyio.abc import TaskGroup
 
+from exo.cluster.bus import Bus
+from exo.cluster.event_log import EventLog
+from exo.cluster.identity import NodeIdentity, claim_node_identity
+from exo.cluster.membership import Membership
+from exo.cluster.node_facts import NodeDescriber
+from exo.cluster.peers import PeerConnector
+from exo.cluster.settings import ClusterSettings, zenoh_config
+from exo.cluster.topics import Member, Topics
+from exo.master.client import BusMasterClient
 from exo.master.main import Master
-from exo.models.progress import PreparationTracker
+from exo.models.paths import exo_home
 from exo.models.progress_display import ConsoleProgress
-from exo.models.resolve import ResolvedModel, model_id_for, resolve_model
-from exo.shared.types.common import ModelId, NodeId
-from exo.shared.types.events import PreparationUpdated
+from exo.shared.types.common import ModelId
 from exo.shared.types.preparation import ModelPreparation
-from exo.shared.types.state import NodeInfo
 from exo.worker.main import Worker
 from exo.worker.runner.supervisor import RunnerConfig
 
 logger = logging.getLogger(__name__)
 
 
+class NodeStartError(RuntimeError):
+    """The node cannot join its cluster (its cluster port is taken, its identity is in use…)."""
+
+
 @dataclass(frozen=True)
 class NodeConfig:
+    # `None` is the default model; empty for a `--no-model` node.
     models: tuple[str | None, ...] = (None,)
     models_dir: Path | None = None
     host: str = "127.0.0.1"
@@ -42,70 +57,118 @@ class NodeConfig:
     # Let a model's own Python code run while loading (config.json `model_file`, tokenizer auto_map): off unless asked.
     trust_remote_code: bool = False
     extra_runner_configs: tuple[RunnerConfig, ...] = field(default_factory=tuple)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    # Shown in /v1/cluster; the host name by default.
+    node_name: str | None = None
+    # Where the node keeps its identity; `$EXO_HOME` (default ~/.cache/exo) when None.
+    home: Path | None = None
+
+
+@dataclass(frozen=True)
+class _JoinedParts:
+    bus: Bus
+    topics: Topics
+    membership: Membership
+    event_log: EventLog
+    master: Master
+    peers: PeerConnector
+    master_client: BusMasterClient
 
 
 class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
-        hostname = socket.gethostname()
-        node = NodeInfo(
-            node_id=NodeId(hostname), hostname=hostname, platform=platform.platform(), api_port=config.api_port
-        )
-        self.master = Master(node)
-        self.preparing: set[str] = set()
-        self.preparation_errors: dict[str, str] = {}
+        self._started_at = time.time()
+        self._identity: NodeIdentity | None = None
+        self._parts: _JoinedParts | None = None
         self._worker: Worker | None = None
         # Downloads and conversions show on the console (a bar on a terminal) and in /state.
         self._console_progress = ConsoleProgress()
 
-    async def start(self, task_group: TaskGroup) -> None:
-        """Start the worker and, in the background, prepare and load each configured model."""
-        self._worker = Worker(task_group, self.master.on_event)
-        self.master.attach_worker(self._worker)
-        for spec in self.config.models:
-            task_group.start_soon(self._prepare_and_load, spec)
-        for runner_config in self.config.extra_runner_configs:
-            self._worker.start_runner(runner_config)
+    @property
+    def master_client(self) -> BusMasterClient:
+        assert self._parts is not None, "the node joins its cluster first"
+        return self._parts.master_client
+
+    async def join(self) -> None:
+        """Claim this home's node identity, open the cluster bus and set up the parts that talk over it.
+
+        Raises NodeIdentityError (another node uses this home) or NodeStartError (the cluster port is taken).
+        """
+        config = self.config
+        self._identity = claim_node_identity(config.home or exo_home())
+        node_id = self._identity.node_id
+        try:
+            bus = await Bus.open(zenoh_config(config.cluster, node_id))
+        except zenoh.ZError as error:
+            self._identity.release()
+            listen = ", ".join(config.cluster.listen)
+            raise NodeStartError(
+                f"cannot open the cluster port ({listen}): {str(error).split(' at ')[0]}; "
+                "is another exo node using it? Pass --listen tcp/127.0.0.1:PORT to use another"
+            ) from error
+        topics = Topics(config.cluster.name)
+        membership = Membership(bus, topics, Member(node_id=node_id, started_at_ms=int(self._started_at * 1000)))
+        event_log = EventLog(bus, topics, membership)
+        peers = PeerConnector(bus, config.cluster, membership)
+        self._parts = _JoinedParts(
+            bus=bus,
+            topics=topics,
+            membership=membership,
+            event_log=event_log,
+            master=Master(bus, topics, membership, event_log),
+            peers=peers,
+            master_client=BusMasterClient(bus, topics, membership, event_log, peers),
+        )
+        logger.info(
+            "node %s joined cluster %r (listening on %s)", node_id, topics.cluster, ", ".join(config.cluster.listen)
+        )
+
+    def start(self, task_group: TaskGroup) -> None:
+        """Run the node's parts in `task_group`, then prepare and load each configured model in the background."""
+        assert self._identity is not None, "join() comes first"
+        assert self._parts is not None
+        config, parts = self.config, self._parts
+        describe = NodeDescriber(
+            node_id=self._identity.node_id,
+            name=config.node_name or socket.gethostname(),
+            listen=config.cluster.listen,
+            api_port=config.api_port,
+            serves_models=bool(config.models) or bool(config.extra_runner_configs),
+            started_at=self._started_at,
+        )
+        self._worker = worker = Worker(
+            task_group,
+            parts.bus,
+            parts.topics,
+            parts.membership,
+            describe_node=describe,
+            show_progress=self._console_progress,
+        )
+        components = (parts.membership, parts.event_log, parts.master, parts.master_client, worker, parts.peers)
+        for component in components:
+            task_group.start_soon(component.run, name=type(component).__name__)
+        for spec in config.models:
+            task_group.start_soon(worker.prepare_and_load, spec, self._runner_config, config.models_dir)
+        for runner_config in config.extra_runner_configs:
+            worker.start_runner(runner_config)
+
+    def publish_preparation(self, preparation: ModelPreparation) -> None:
+        """Record progress of model work this node does outside its start-up (a catalog download); from a thread."""
+        assert self._worker is not None, "the node is started first"
+        self._worker.publish_preparation(preparation)
 
     async def stop(self) -> None:
+        """Stop the runners, then leave the cluster (peers see this node go at once)."""
         self._console_progress.close()
-        if self._worker is not None:
-            await self._worker.stop()
-
-    async def _prepare_and_load(self, spec: str | None) -> None:
-        label = spec or "default"
-        self.preparing.add(label)
-        assert self._worker is not None
         try:
-            resolved = await anyio.to_thread.run_sync(self._resolve_with_progress, spec)
-        except Exception as error:
-            # Keep serving the other models; this one shows up in /state as failed and its requests get a 503
-            # that names the reason.
-            logger.error("cannot prepare model %s: %s", label, error)
-            self.preparation_errors[label] = str(error)
-            reason = f"cannot prepare model {label}: {error}"
-            self._worker.add_unavailable_runner(self._runner_config(model_id_for(spec), Path(spec or label)), reason)
-            return
+            if self._worker is not None:
+                await self._worker.stop()
         finally:
-            self.preparing.discard(label)
-        self._worker.start_runner(self._runner_config(resolved.model_id, resolved.path))
-
-    def _resolve_with_progress(self, spec: str | None) -> ResolvedModel:
-        """Runs in a worker thread: resolve `spec`, publishing download and conversion progress as it goes."""
-        tracker = PreparationTracker(model_id_for(spec), (self._console_progress, self._publish_preparation))
-        try:
-            resolved = resolve_model(spec, self.config.models_dir, tracker)
-        except Exception as error:
-            if tracker.last is not None:
-                tracker.fail(str(error))
-            raise
-        if tracker.last is not None:
-            tracker.finish()
-        return resolved
-
-    def _publish_preparation(self, preparation: ModelPreparation) -> None:
-        # Called from the preparing thread: the state is only ever changed on the event loop.
-        anyio.from_thread.run_sync(self.master.on_event, PreparationUpdated(preparation=preparation))
+            if self._parts is not None:
+                await self._parts.bus.close()
+            if self._identity is not None:
+                self._identity.release()
 
     def _runner_config(self, model_id: ModelId, model_path: Path) -> RunnerConfig:
         return RunnerConfig(
@@ -119,10 +182,3 @@ class Node:
             log_level=self.config.log_level,
             trust_remote_code=self.config.trust_remote_code,
         )
-
-    def resolve_request_model(self, requested: str | None) -> ModelId | None:
-        """The served model a request names (or the only one, when it names none)."""
-        served = self.master.model_ids()
-        if requested is None or requested == "":
-            return served[0] if len(served) == 1 else None
-        return ModelId(requested) if requested in served else None

@@ -15,17 +15,15 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from anyio import create_memory_object_stream
-from anyio.streams.memory import MemoryObjectReceiveStream
 
 from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk, Usage
-from exo.shared.types.common import RunnerId, ToolCallId
-from exo.shared.types.tasks import ChatCompletionTask
+from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.common import ToolCallId
 from tests.clients.agent_cli import find_codex, run_codex
 from tests.exo_server import free_port
 from tests.fixtures.client_requests import CLIENT_TASK, CODEX_VERSION
 from tests.fixtures.fixture_specs import AGENT_DONE_REPLY
-from tests.master.inprocess_app import SCRIPTED_MODEL, ScriptedWorker, scripted_app
+from tests.master.inprocess_app import SCRIPTED_MODEL, ScriptedMaster, scripted_app
 
 CLI_TIMEOUT_SECONDS = 180.0
 USAGE = Usage(prompt_tokens=900, completion_tokens=20)
@@ -40,25 +38,19 @@ DONE: tuple[Chunk, ...] = (TokenChunk(text=AGENT_DONE_REPLY), FinishChunk(finish
 pytestmark = pytest.mark.slow
 
 
-class ToolLoopWorker(ScriptedWorker):
+class ToolLoopMaster(ScriptedMaster):
     """Answers like a model doing the task: the call first, the answer once a tool result is in the history."""
 
-    def submit(self, runner_id: RunnerId, task: ChatCompletionTask) -> MemoryObjectReceiveStream[Chunk]:  # noqa: ARG002 - one runner
-        self.tasks.append(task)
-        answered = any(message.role == "tool" for message in task.params.messages)
-        script = DONE if answered else EXEC_CALL
-        sender, receiver = create_memory_object_stream[Chunk](len(script))
-        for chunk in script:
-            sender.send_nowait(chunk)
-        sender.close()
-        return receiver
+    def chunks_for(self, command: ChatCompletionCommand) -> tuple[Chunk, ...]:
+        answered = any(message.role == "tool" for message in command.params.messages)
+        return DONE if answered else EXEC_CALL
 
 
 @pytest.fixture
-def api() -> Iterator[tuple[str, ToolLoopWorker]]:
+def api() -> Iterator[tuple[str, ToolLoopMaster]]:
     """exo's production app on a real port, its runner scripted."""
-    worker = ToolLoopWorker()
-    app, _ = scripted_app(worker=worker)
+    master = ToolLoopMaster()
+    app, _ = scripted_app(master=master)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -67,18 +59,18 @@ def api() -> Iterator[tuple[str, ToolLoopWorker]]:
     while not server.started:
         assert time.monotonic() < deadline, "the API did not start"
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/v1", worker
+    yield f"http://127.0.0.1:{port}/v1", master
     server.should_exit = True
     thread.join(timeout=30)
 
 
 def test_codex_runs_the_command_through_exo_and_prints_the_final_answer(
-    api: tuple[str, ToolLoopWorker], tmp_path: Path
+    api: tuple[str, ToolLoopMaster], tmp_path: Path
 ) -> None:
     binary = find_codex()
     if binary is None:
         pytest.skip(f"Codex CLI {CODEX_VERSION} not installed (.ci/run installs it into build/codex)")
-    base_url, worker = api
+    base_url, master = api
     project, home = tmp_path / "project", tmp_path / "home"
     project.mkdir()
     home.mkdir()
@@ -93,8 +85,8 @@ def test_codex_runs_the_command_through_exo_and_prints_the_final_answer(
     assert commands == [("/bin/bash -lc 'printf hello > hello.txt'", 0)], run.describe()
     assert [item.get("text") for item in run.codex_items("agent_message")] == [AGENT_DONE_REPLY], run.describe()
     # Two requests reached the runner: the task, then the history with the call and the command's output.
-    assert len(worker.tasks) == 2, run.describe()
-    second = worker.tasks[1].params.messages
+    assert len(master.tasks) == 2, run.describe()
+    second = master.tasks[1].params.messages
     assert [call.name for message in second for call in message.tool_calls] == ["exec_command"]
     assert second[-1].role == "tool"
     assert "Process exited with code 0" in second[-1].content

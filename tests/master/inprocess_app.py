@@ -1,29 +1,37 @@
-"""The real FastAPI app and master in process, with a scripted worker instead of runner subprocesses.
+"""The real FastAPI app in process, in front of a scripted master instead of a cluster.
 
-Everything up to the worker boundary is the production code (guard middleware, validation, adapters, master
-placement, SSE encoding); only generation is replaced, so API behaviour is tested in milliseconds.
+Everything in the API is the production code (guard middleware, validation, adapters, SSE encoding, the cluster
+views); only what lies behind the master client (placement, workers, runners) is replaced, so API behaviour is
+tested in milliseconds. The bus path behind the master client is tested with real nodes (tests/cluster).
 """
 
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Protocol
 
-from anyio import create_memory_object_stream
-from anyio.streams.memory import MemoryObjectReceiveStream
 from fastapi import FastAPI
 
-from exo.master.api import create_app
-from exo.node import Node, NodeConfig
+from exo.master.api import ApiSettings, create_app
+from exo.master.client import TaskHandle
+from exo.node import NodeConfig
 from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk, Usage
-from exo.shared.types.common import ModelId, RunnerId, TaskId
-from exo.shared.types.events import RunnerUpdated
-from exo.shared.types.state import RunnerInfo
-from exo.shared.types.tasks import ChatCompletionTask
+from exo.shared.types.cluster_api import DiscoveryReport, PeerConnection
+from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
+from exo.shared.types.common import InstanceId, ModelId, NodeId, RunnerId, TaskId
+from exo.shared.types.preparation import ModelPreparation
+from exo.shared.types.state import (
+    NodeFacts,
+    NodeHealth,
+    NodeInfo,
+    NodeMemory,
+    RunnerInfo,
+    State,
+)
 from exo.shared.types.worker.runner_response import ModelMetadata
 from exo.shared.types.worker.shards import ShardAssignment
-from exo.worker.main import Worker
 
 SCRIPTED_MODEL = ModelId("scripted-model")
 SCRIPTED_REPLY = "scripted reply"
+SCRIPTED_NODE = NodeId("5c419e0000000000000000000000a11e")
 
 
 class ResponseLike(Protocol):
@@ -38,54 +46,91 @@ class ResponseLike(Protocol):
     def json(self) -> Any: ...
 
 
+def scripted_state() -> State:
+    """One healthy node serving SCRIPTED_MODEL with one ready runner."""
+    facts = NodeFacts(
+        node_id=SCRIPTED_NODE,
+        name="scripted",
+        cluster_endpoints=("tcp/127.0.0.1:52414",),
+        api_port=52415,
+        platform="test",
+        device="test (1 cores)",
+        mlx_backend="cpu",
+        memory=NodeMemory(total_bytes=8 * 1024**3, available_bytes=4 * 1024**3),
+        exo_version="0.1.0",
+        serves_models=True,
+        started_at=1.0,
+    )
+    runner = RunnerInfo(
+        runner_id=RunnerId("runner-scripted"),
+        node_id=SCRIPTED_NODE,
+        instance_id=InstanceId("instance-scripted"),
+        model_id=SCRIPTED_MODEL,
+        model_path="/nonexistent/scripted-model",
+        shard=ShardAssignment(),
+        status="ready",
+        metadata=ModelMetadata(
+            context_length=4096, tool_format="hermes", supports_reasoning=False, dtype="float32", vocab_size=741
+        ),
+    )
+    node = NodeInfo(facts=facts, last_seen=2.0, health=NodeHealth(status="healthy"))
+    return State(
+        master_node_id=SCRIPTED_NODE,
+        last_event_index=2,
+        nodes={SCRIPTED_NODE: node},
+        runners={runner.runner_id: runner},
+    )
+
+
 SCRIPTED_CHUNKS: tuple[Chunk, ...] = (
     TokenChunk(text=SCRIPTED_REPLY),
     FinishChunk(finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=2)),
 )
 
 
-class ScriptedWorker(Worker):
-    """Answers every task with `script` (SCRIPTED_REPLY unless a test sets another) and records what it was given."""
+class ScriptedMaster:
+    """A MasterClient that answers every completion with `script` (SCRIPTED_REPLY unless a test sets another, or a
+    subclass answers per command in `chunks_for`) and records what it was given."""
 
-    def __init__(self) -> None:  # pyright: ignore[reportMissingSuperCall] - no task group: nothing runs
-        self.tasks: list[ChatCompletionTask] = []
+    def __init__(self) -> None:
+        self.tasks: list[ChatCompletionCommand] = []
         self.script: tuple[Chunk, ...] = SCRIPTED_CHUNKS
+        self.cancelled: list[TaskId] = []
+        self.peers_added: list[str] = []
+        self.preparations: list[ModelPreparation] = []
+        self.state = scripted_state()
+        self.node_id = SCRIPTED_NODE
+        self.cluster_name = "scripted"
 
-    def submit(self, runner_id: RunnerId, task: ChatCompletionTask) -> MemoryObjectReceiveStream[Chunk]:  # noqa: ARG002 - one runner
-        self.tasks.append(task)
-        sender, receiver = create_memory_object_stream[Chunk](len(self.script))
-        for chunk in self.script:
-            sender.send_nowait(chunk)
-        sender.close()
-        return receiver
+    def chunks_for(self, command: ChatCompletionCommand) -> tuple[Chunk, ...]:  # noqa: ARG002 - one script for all
+        return self.script
 
-    def cancel(self, runner_id: RunnerId, task_id: TaskId) -> None:
-        pass
+    async def submit_chat_completion(self, command: ChatCompletionCommand) -> TaskHandle:
+        self.tasks.append(command)
+        script = self.chunks_for(command)
+
+        async def chunks() -> AsyncGenerator[Chunk, None]:
+            for chunk in script:
+                yield chunk
+
+        return TaskHandle(task_id=TaskId(f"task-{len(self.tasks)}"), node_id=SCRIPTED_NODE, chunks=chunks())
+
+    def cancel(self, command: CancelTaskCommand) -> None:
+        self.cancelled.append(command.task_id)
+
+    async def add_peer(self, endpoint: str) -> PeerConnection:
+        self.peers_added.append(endpoint)
+        return PeerConnection(endpoint=endpoint, node_id="scripted-peer", joined=True)
+
+    async def discover(self) -> DiscoveryReport:
+        return DiscoveryReport(found=[])
 
 
 def scripted_app(
-    config: NodeConfig | None = None, worker: ScriptedWorker | None = None
-) -> tuple[FastAPI, ScriptedWorker]:
-    """The production app for a node serving SCRIPTED_MODEL through a ScriptedWorker (or `worker`)."""
-    node = Node(config or NodeConfig())
-    worker = worker or ScriptedWorker()
-    node.master.attach_worker(worker)
-    node.master.on_event(
-        RunnerUpdated(
-            runner=RunnerInfo(
-                runner_id=RunnerId("runner-scripted"),
-                model_id=SCRIPTED_MODEL,
-                model_path="/nonexistent/scripted-model",
-                shard=ShardAssignment(),
-                status="ready",
-                metadata=ModelMetadata(
-                    context_length=4096,
-                    tool_format="hermes",
-                    supports_reasoning=False,
-                    dtype="float32",
-                    vocab_size=741,
-                ),
-            )
-        )
-    )
-    return create_app(node), worker
+    config: NodeConfig | None = None, master: ScriptedMaster | None = None
+) -> tuple[FastAPI, ScriptedMaster]:
+    """The production app in front of a ScriptedMaster (or `master`) serving SCRIPTED_MODEL."""
+    config = config or NodeConfig()
+    master = master or ScriptedMaster()
+    settings = ApiSettings(config.api_key, config.max_request_bytes, config.host, config.api_port, config.models_dir)
+    return create_app(master, settings, master.preparations.append), master

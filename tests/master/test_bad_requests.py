@@ -1,6 +1,6 @@
 """Bad input gets a clear OpenAI-shaped 4xx, never reaches a runner, and leaves the server serving.
 
-Every case runs in process against the production app (fast, and it proves nothing was handed to the worker), and
+Every case runs in process against the production app (fast, and it proves nothing was handed to the master), and
 the whole table is replayed once against a real `exo` subprocess with the tiny fixture model, which must still
 answer the fixture greeting afterwards.
 """
@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from exo.node import NodeConfig
 from tests.exo_server import ExoServer, fixture_model, running_exo
 from tests.fixtures.fixture_specs import GET_WEATHER_TOOL, GREETING_REPLY
-from tests.master.inprocess_app import SCRIPTED_MODEL, SCRIPTED_REPLY, ResponseLike, ScriptedWorker, scripted_app
+from tests.master.inprocess_app import SCRIPTED_MODEL, SCRIPTED_REPLY, ResponseLike, ScriptedMaster, scripted_app
 
 JsonBody = dict[str, object]
 # Small enough that a test can exceed it cheaply; the real server runs with the same limit.
@@ -339,10 +339,10 @@ def assert_openai_error(response: ResponseLike, case: BadRequest) -> None:
 
 
 @pytest.fixture
-def app() -> Iterator[tuple[TestClient, ScriptedWorker]]:
-    application, worker = scripted_app(NodeConfig(max_request_bytes=MAX_REQUEST_BYTES))
+def app() -> Iterator[tuple[TestClient, ScriptedMaster]]:
+    application, master = scripted_app(NodeConfig(max_request_bytes=MAX_REQUEST_BYTES))
     with TestClient(application) as client:
-        yield client, worker
+        yield client, master
 
 
 def post(client: TestClient | httpx.Client, content: bytes, headers: dict[str, str] | None = None) -> ResponseLike:
@@ -353,15 +353,15 @@ def post(client: TestClient | httpx.Client, content: bytes, headers: dict[str, s
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_bad_request_is_refused_before_any_runner_and_the_app_keeps_serving(
-    app: tuple[TestClient, ScriptedWorker], case: BadRequest
+    app: tuple[TestClient, ScriptedMaster], case: BadRequest
 ) -> None:
-    client, worker = app
+    client, master = app
     assert_openai_error(post(client, case.content(SCRIPTED_MODEL), case.headers), case)
-    assert worker.tasks == []
+    assert master.tasks == []
     good = post(client, json.dumps({"model": SCRIPTED_MODEL, "messages": HELLO}).encode())
     assert good.status_code == 200
     assert good.json()["choices"][0]["message"]["content"] == SCRIPTED_REPLY
-    assert len(worker.tasks) == 1
+    assert len(master.tasks) == 1
 
 
 def chunked(total: int, piece: int = 4096) -> Iterator[bytes]:
@@ -371,16 +371,16 @@ def chunked(total: int, piece: int = 4096) -> Iterator[bytes]:
         sent += piece
 
 
-def test_a_chunked_body_over_the_limit_is_413_without_content_length(app: tuple[TestClient, ScriptedWorker]) -> None:
-    client, worker = app
+def test_a_chunked_body_over_the_limit_is_413_without_content_length(app: tuple[TestClient, ScriptedMaster]) -> None:
+    client, master = app
     response = client.post("/v1/chat/completions", content=chunked(MAX_REQUEST_BYTES * 2))
     assert "content-length" not in response.request.headers
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "body_too_large"
-    assert worker.tasks == []
+    assert master.tasks == []
 
 
-def test_a_chunked_body_under_the_limit_is_served(app: tuple[TestClient, ScriptedWorker]) -> None:
+def test_a_chunked_body_under_the_limit_is_served(app: tuple[TestClient, ScriptedMaster]) -> None:
     client, _ = app
     body = json.dumps({"model": SCRIPTED_MODEL, "messages": HELLO}).encode()
     response = client.post(
@@ -392,7 +392,7 @@ def test_a_chunked_body_under_the_limit_is_served(app: tuple[TestClient, Scripte
 
 
 def test_model_ids_with_paths_never_touch_the_filesystem(
-    app: tuple[TestClient, ScriptedWorker], monkeypatch: pytest.MonkeyPatch
+    app: tuple[TestClient, ScriptedMaster], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     client, _ = app
     touched: list[str] = []
@@ -460,12 +460,12 @@ AI_SDK_REQUEST: JsonBody = {
 }
 
 
-def test_allow_listed_extension_fields_from_opencode_are_accepted(app: tuple[TestClient, ScriptedWorker]) -> None:
-    client, worker = app
+def test_allow_listed_extension_fields_from_opencode_are_accepted(app: tuple[TestClient, ScriptedMaster]) -> None:
+    client, master = app
     response = post(client, json.dumps({"model": SCRIPTED_MODEL, **AI_SDK_REQUEST}).encode())
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] == SCRIPTED_REPLY
-    (task,) = worker.tasks
+    (task,) = master.tasks
     assert task.params.sampling.temperature == 0.55
     assert task.params.sampling.seed == 7
     assert [message.content for message in task.params.messages] == ["Hello!"]
@@ -523,23 +523,23 @@ def test_a_real_server_streams_an_opencode_shaped_request(server: ExoServer) -> 
     assert text == GREETING_REPLY
 
 
-def test_escaped_unicode_that_is_valid_reaches_the_runner_intact(app: tuple[TestClient, ScriptedWorker]) -> None:
-    client, worker = app
+def test_escaped_unicode_that_is_valid_reaches_the_runner_intact(app: tuple[TestClient, ScriptedMaster]) -> None:
+    client, master = app
     text = "emoji \U0001f600, caf\u00e9, \u4e2d\u6587, NaN and Infinity as words"
     response = post(
         client, json.dumps({"model": SCRIPTED_MODEL, "messages": [{"role": "user", "content": text}]}).encode()
     )
     assert response.status_code == 200, response.text
-    assert worker.tasks[0].params.messages[0].content == text
+    assert master.tasks[0].params.messages[0].content == text
 
 
-def test_an_endlessly_required_schema_stays_lenient_under_plain_auto(app: tuple[TestClient, ScriptedWorker]) -> None:
+def test_an_endlessly_required_schema_stays_lenient_under_plain_auto(app: tuple[TestClient, ScriptedMaster]) -> None:
     """Under plain "auto" no grammar enforces the schema (the parser checks arguments after the fact, and checking a
     finite value always ends), so the request is served as documented; only a named tool is forced."""
-    client, worker = app
+    client, master = app
     tools = [GET_WEATHER_TOOL, tool("get_time", NEXT_REQUIRED)]
     for choice in ("auto", {"type": "function", "function": {"name": "get_weather"}}):
         body = {"model": SCRIPTED_MODEL, "messages": HELLO, "tools": tools, "tool_choice": choice}
         response = post(client, json.dumps(body).encode())
         assert response.status_code == 200, response.text
-    assert len(worker.tasks) == 2
+    assert len(master.tasks) == 2

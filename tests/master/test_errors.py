@@ -8,7 +8,7 @@ import pytest
 
 import exo.master
 from exo.master.errors import placement_error, task_error
-from exo.shared.errors import ModelNotLoadedError, QueueFullError, RunnerUnavailableError
+from exo.shared.errors import ModelNotLoadedError, NoMasterError, QueueFullError, RunnerUnavailableError
 from exo.shared.types.chunks import ErrorChunk, TaskErrorKind
 
 # The wire contract each way a task can fail keeps (what clients and SDKs branch on).
@@ -19,6 +19,7 @@ TASK_ERROR_WIRE = {
     "model_unavailable": (503, "server_error", "model_unavailable"),
     "runner_stopped": (503, "server_error", "model_unavailable"),
     "runner_crashed": (500, "server_error", None),
+    "node_left": (503, "server_error", "node_left"),
     "dispatch_failed": (500, "server_error", None),
     "generation_failed": (500, "server_error", None),
 }
@@ -38,6 +39,7 @@ def test_every_task_error_kind_has_its_http_status_type_and_code(kind: TaskError
         (ModelNotLoadedError("m"), 404, "model_not_found"),
         (QueueFullError("64 requests are already waiting"), 429, "queue_full"),
         (RunnerUnavailableError("model m is unavailable"), 503, "model_unavailable"),
+        (NoMasterError("no cluster master answered within 30 s"), 503, "no_master"),
     ],
 )
 def test_placement_errors_map_to_http(raised: Exception, status: int, code: str) -> None:

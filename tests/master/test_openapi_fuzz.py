@@ -1,7 +1,7 @@
 """Schemathesis fuzzes the app's own OpenAPI schema: no input may cause a 5xx, and every error has its protocol's
 shape (OpenAI's, Anthropic's on the Messages API).
 
-It runs against the production app in process (scripted worker, see inprocess_app) with a fixed number of
+It runs against the production app in process (scripted master, see inprocess_app) with a fixed number of
 examples and a derandomized seed, so it is fast and a failure reproduces exactly.
 """
 
@@ -14,7 +14,7 @@ from schemathesis import APIOperation, Case, GenerationMode
 
 from tests.master.inprocess_app import scripted_app
 
-APP, WORKER = scripted_app()
+APP, MASTER = scripted_app()
 FuzzCase = Case[APIOperation[Any, Any, Any, Any]]
 SCHEMA = schemathesis.openapi.from_asgi("/openapi.json", APP)
 EXAMPLES = 50
@@ -72,10 +72,10 @@ def test_fuzzed_requests_never_get_a_5xx_and_errors_have_their_protocols_shape(
     check()
 
 
-def test_positive_fuzzing_reaches_the_worker() -> None:
+def test_positive_fuzzing_reaches_the_master() -> None:
     """The positive run above is not vacuous: schema-valid requests get through validation to generation."""
     operation = SCHEMA["/v1/chat/completions"]["POST"]
-    before = len(WORKER.tasks)
+    before = len(MASTER.tasks)
 
     @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None)
     @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
@@ -83,4 +83,4 @@ def test_positive_fuzzing_reaches_the_worker() -> None:
         case.call()
 
     send()
-    assert len(WORKER.tasks) > before
+    assert len(MASTER.tasks) > before

@@ -23,9 +23,9 @@ from exo.models.errors import ModelLoadError
 from exo.node import NodeConfig
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.utils_mlx import load_model
-from tests.exo_server import fixture_model, free_port, running_exo
+from tests.exo_server import fixture_model, free_port, isolation, running_exo
 from tests.fixtures.fixture_specs import GREETING_REPLY
-from tests.master.inprocess_app import SCRIPTED_MODEL, SCRIPTED_REPLY, ResponseLike, ScriptedWorker, scripted_app
+from tests.master.inprocess_app import SCRIPTED_MODEL, SCRIPTED_REPLY, ResponseLike, ScriptedMaster, scripted_app
 
 API_KEY = "sk-test-0123456789"
 HELLO = [{"role": "user", "content": "Hello!"}]
@@ -39,10 +39,10 @@ CLOSED_ROUTES = [
 
 
 @pytest.fixture
-def keyed_app() -> Iterator[tuple[TestClient, ScriptedWorker]]:
-    application, worker = scripted_app(NodeConfig(api_key=API_KEY))
+def keyed_app() -> Iterator[tuple[TestClient, ScriptedMaster]]:
+    application, master = scripted_app(NodeConfig(api_key=API_KEY))
     with TestClient(application) as client:
-        yield client, worker
+        yield client, master
 
 
 def assert_unauthorized(response: ResponseLike) -> None:
@@ -60,12 +60,12 @@ def assert_unauthorized(response: ResponseLike) -> None:
 
 @pytest.mark.parametrize(("method", "path"), CLOSED_ROUTES)
 def test_every_route_but_health_needs_the_key(
-    keyed_app: tuple[TestClient, ScriptedWorker], method: str, path: str
+    keyed_app: tuple[TestClient, ScriptedMaster], method: str, path: str
 ) -> None:
-    client, worker = keyed_app
+    client, master = keyed_app
     body = {"model": SCRIPTED_MODEL, "messages": HELLO} if method == "POST" else None
     assert_unauthorized(client.request(method, path, json=body))
-    assert worker.tasks == []
+    assert master.tasks == []
 
 
 @pytest.mark.parametrize(
@@ -82,19 +82,19 @@ def test_every_route_but_health_needs_the_key(
         "",
     ],
 )
-def test_a_wrong_key_is_refused(keyed_app: tuple[TestClient, ScriptedWorker], authorization: str) -> None:
-    client, worker = keyed_app
+def test_a_wrong_key_is_refused(keyed_app: tuple[TestClient, ScriptedMaster], authorization: str) -> None:
+    client, master = keyed_app
     response = client.post(
         "/v1/chat/completions",
         json={"model": SCRIPTED_MODEL, "messages": HELLO},
         headers={"Authorization": authorization},
     )
     assert_unauthorized(response)
-    assert worker.tasks == []
+    assert master.tasks == []
 
 
-def test_the_right_key_opens_every_route(keyed_app: tuple[TestClient, ScriptedWorker]) -> None:
-    client, worker = keyed_app
+def test_the_right_key_opens_every_route(keyed_app: tuple[TestClient, ScriptedMaster]) -> None:
+    client, master = keyed_app
     headers = {"Authorization": f"Bearer {API_KEY}"}
     for method, path in CLOSED_ROUTES:
         body = {"model": SCRIPTED_MODEL, "messages": HELLO} if method == "POST" else None
@@ -102,20 +102,20 @@ def test_the_right_key_opens_every_route(keyed_app: tuple[TestClient, ScriptedWo
     assert [card["id"] for card in client.get("/v1/models", headers=headers).json()["data"]] == [SCRIPTED_MODEL]
     completion = client.post("/v1/chat/completions", json={"model": SCRIPTED_MODEL, "messages": HELLO}, headers=headers)
     assert completion.json()["choices"][0]["message"]["content"] == SCRIPTED_REPLY
-    assert len(worker.tasks) == 2
+    assert len(master.tasks) == 2
 
 
-def test_health_is_open_without_a_key(keyed_app: tuple[TestClient, ScriptedWorker]) -> None:
+def test_health_is_open_without_a_key(keyed_app: tuple[TestClient, ScriptedMaster]) -> None:
     client, _ = keyed_app
     assert client.get("/health").json() == {"status": "ok"}
 
 
-def test_the_key_is_checked_before_the_body_is_read(keyed_app: tuple[TestClient, ScriptedWorker]) -> None:
-    client, worker = keyed_app
+def test_the_key_is_checked_before_the_body_is_read(keyed_app: tuple[TestClient, ScriptedMaster]) -> None:
+    client, master = keyed_app
     for content in (b"{not json", b"x" * (40 * 1024 * 1024)):
         response = client.post("/v1/chat/completions", content=content, headers={"content-type": "application/json"})
         assert_unauthorized(response)
-    assert worker.tasks == []
+    assert master.tasks == []
 
 
 def test_without_a_key_configured_routes_are_open() -> None:
@@ -170,9 +170,13 @@ def exo_process(arguments: list[str], tmp_path: Path, env: dict[str, str] | None
     port = free_port()
     log_path = tmp_path / f"exo-{port}.log"
     command = [sys.executable, "-m", "exo", "--api-port", str(port), "--models-dir", str(tmp_path / "models")]
+    isolating_arguments, isolating_env = isolation(tmp_path / f"home-{port}")
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [*command, *arguments], stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            [*command, *isolating_arguments, *arguments],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **isolating_env, **(env or {})},
         )
     try:
         yield ExoProcess(process, f"http://127.0.0.1:{port}", log_path)

@@ -16,14 +16,14 @@ import anyio
 import httpx
 import pytest
 
-from exo.master.api import create_app
 from exo.models import catalog_fetch
 from exo.models.catalog import DEFAULT_MODEL_ID, QWEN25_CODER_05B
 from exo.models.errors import ModelLoadError
 from exo.models.resolve import resolve_model
-from exo.node import Node, NodeConfig
-from tests.exo_server import ExoServer, fixture_model, free_port
+from exo.node import NodeConfig
+from tests.exo_server import ExoServer, fixture_model, free_port, isolation
 from tests.fixtures.fixture_specs import GREETING_REPLY
+from tests.in_process_node import in_process_node
 from tests.models.tiny_gguf import build_model, build_tokenizer, write_gguf
 
 
@@ -35,8 +35,15 @@ def exo_node(models: Sequence[str], tmp_path: Path) -> Generator[ExoServer]:
     arguments = [sys.executable, "-m", "exo", "--api-port", str(port), "--models-dir", str(tmp_path / "models")]
     for model in models:
         arguments += ["--model", model]
+    isolating_arguments, isolating_env = isolation(tmp_path / f"home-{port}")
     with log_path.open("wb") as log:
-        process = subprocess.Popen(arguments, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            arguments + isolating_arguments,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **isolating_env},
+            start_new_session=True,
+        )
     server = ExoServer(process=process, port=port, log_path=log_path)
     try:
         deadline = time.monotonic() + 60
@@ -196,23 +203,19 @@ async def test_a_node_whose_default_model_is_corrupt_reports_it_in_state_and_ans
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     corrupt_pieces(tmp_path / "pieces", monkeypatch)
-    node = Node(NodeConfig(models=(None,), models_dir=tmp_path / "models"))
-    transport = httpx.ASGITransport(app=create_app(node))
-    async with (
-        anyio.create_task_group() as task_group,
-        httpx.AsyncClient(transport=transport, base_url="http://node") as client,
-    ):
-        await node.start(task_group)
+    async with in_process_node(NodeConfig(models=(None,), models_dir=tmp_path / "models"), tmp_path) as (node, client):
         with anyio.fail_after(30):
-            while not node.master.state.runners:
+            while not node.master_client.state.runners:
                 await anyio.sleep(0.05)
         state = (await client.get("/state")).json()
         [runner] = state["runners"].values()
         assert runner["model_id"] == DEFAULT_MODEL_ID
         assert runner["status"] == "failed"
         assert "model pieces are corrupt" in runner["last_error"]
-        # The preparation's own record says how far it got before the check failed.
-        preparation = state["preparations"][DEFAULT_MODEL_ID]
+        # The preparation's own record, on the node that prepared, says how far it got before the check failed.
+        [node_state] = state["nodes"].values()
+        assert node_state["preparing"] == []
+        preparation = node_state["preparations"][DEFAULT_MODEL_ID]
         assert preparation["phase"] == "failed"
         assert preparation["done_bytes"] == preparation["total_bytes"] == 6 * 4096
         assert "model pieces are corrupt" in preparation["error"]
@@ -222,6 +225,4 @@ async def test_a_node_whose_default_model_is_corrupt_reports_it_in_state_and_ans
         assert error["code"] == "model_unavailable"
         assert "model pieces are corrupt" in error["message"]
         assert json.loads((await client.get("/health")).text) == {"status": "ok"}
-        await node.stop()
-        task_group.cancel_scope.cancel()
     assert list((tmp_path / "models").iterdir()) == []

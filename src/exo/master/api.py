@@ -1,6 +1,12 @@
-"""The OpenAI-compatible HTTP API. Thin: validate the request, hand a command to the master, shape the answer."""
+"""The OpenAI-compatible HTTP API. Thin: validate the request, hand a command to the master, shape the answer.
+
+Every node serves it; a request for a model whose runner lives on another node is forwarded there by the master
+and streamed back unchanged. The cluster's own endpoints (/v1/cluster…, /metrics) are in cluster_routes.py.
+"""
 
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
@@ -12,6 +18,8 @@ from exo.master.adapters.chat_request import to_command
 from exo.master.adapters.chat_response import collect_response
 from exo.master.adapters.chat_stream import ChunkEncoder, sse_events
 from exo.master.adapters.messages_errors import anthropic_error
+from exo.master.client import MasterClient
+from exo.master.cluster_routes import cluster_router
 from exo.master.completion_flow import (
     CLIENT_CLOSED_REQUEST,
     collect,
@@ -27,12 +35,14 @@ from exo.master.errors import (
     handle_unexpected_error,
     handle_validation_error,
 )
+from exo.master.placement import served_model_ids
 from exo.master.request_guard import RequestGuard
 from exo.master.routes.catalog import catalog_router
 from exo.master.routes.messages import MESSAGES_PATH_PREFIX, messages_router
 from exo.master.routes.responses import responses_router
 from exo.mcp.http_mount import mount_mcp
-from exo.node import Node
+from exo.models.paths import default_models_dir
+from exo.models.progress import PreparationSink
 from exo.shared.types.api import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -40,7 +50,8 @@ from exo.shared.types.api import (
     ModelCard,
     ModelList,
 )
-from exo.shared.types.state import State
+from exo.shared.types.common import ModelId
+from exo.shared.types.state import RunnerInfo, State
 
 # Documented in the OpenAPI schema so clients and fuzzers know every failure has OpenAI's error shape.
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -58,8 +69,26 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {status: _ERRORS[status] for status in (401, 500)}
 
 
-def create_app(node: Node) -> FastAPI:
-    """The FastAPI app serving `node`: /health, /state, /v1/models, chat completions, Messages and Responses."""
+@dataclass(frozen=True)
+class ApiSettings:
+    api_key: str | None = None
+    max_request_bytes: int = 32 * 1024 * 1024
+    # Where the API listens: the /mcp tools call the node's own API there.
+    host: str = "127.0.0.1"
+    port: int = 52415
+    # This node's models directory, which the catalog routes download into (None: $EXO_HOME/models).
+    models_dir: Path | None = None
+
+
+def create_app(
+    master: MasterClient, settings: ApiSettings, record_preparation: PreparationSink | None = None
+) -> FastAPI:
+    """The FastAPI app in front of `master`: /health, /state, /v1/models, chat completions, Messages, Responses,
+    the cluster's endpoints, this node's model catalog and the MCP tools at /mcp.
+
+    `record_preparation` puts the progress of a catalog download into this node's state (it is called from the
+    download's thread); without it, downloads show their progress only to the client that asked.
+    """
     app = FastAPI(title="exo", version="0.1.0")
     app.add_exception_handler(ApiError, handle_api_error)
     app.add_exception_handler(RequestValidationError, handle_validation_error)
@@ -67,11 +96,11 @@ def create_app(node: Node) -> FastAPI:
     app.add_exception_handler(Exception, handle_unexpected_error)
     app.add_middleware(
         RequestGuard,
-        api_key=node.config.api_key,
-        max_body_bytes=node.config.max_request_bytes,
+        api_key=settings.api_key,
+        max_body_bytes=settings.max_request_bytes,
         error_shapes={MESSAGES_PATH_PREFIX: anthropic_error},
     )
-    mount_mcp(app, host=node.config.host, port=node.config.api_port, api_key=node.config.api_key)
+    mount_mcp(app, host=settings.host, port=settings.port, api_key=settings.api_key)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -79,53 +108,66 @@ def create_app(node: Node) -> FastAPI:
 
     @app.get("/state", responses=_AUTH_ERRORS)
     async def state() -> State:
-        return node.master.state
+        return master.state
 
     @app.get("/v1/models", responses=_AUTH_ERRORS)
     async def models() -> ModelList:
-        cards: list[ModelCard] = []
-        for runner in node.master.state.runners.values():
-            metadata = runner.metadata
-            capabilities = ["chat"]
-            if metadata is not None and metadata.tool_format is not None:
-                capabilities.append("tool_use")
-            if metadata is not None and metadata.supports_reasoning:
-                capabilities.append("reasoning")
-            cards.append(
-                ModelCard(
-                    id=runner.model_id,
-                    created=int(time.time()),
-                    capabilities=capabilities,
-                    context_length=metadata.context_length if metadata else None,
-                    vocab_size=metadata.vocab_size if metadata else None,
-                )
-            )
-        return ModelList(data=cards)
+        return ModelList(data=_model_cards(master.state))
 
     @app.post("/v1/chat/completions", response_model=None, responses=_ERRORS)
     async def chat_completions(
         request: ChatCompletionRequest, http_request: Request
     ) -> ChatCompletionResponse | Response:
-        model_id = served_model(node, request.model)
-        handle = submit(node, to_command(request, model_id))
+        model_id = served_model(master.state, request.model)
+        handle = await submit(master, to_command(request, model_id), http_request)
         completion_id = f"chatcmpl-{uuid4().hex}"
         created = int(time.time())
         if not request.stream:
             response = await collect(
-                node,
+                master,
                 handle,
                 http_request,
                 lambda chunks: collect_response(chunks, completion_id=completion_id, created=created, model=model_id),
             )
             return response if response is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
-        first = await first_chunk(node, handle, http_request)
+        first = await first_chunk(master, handle, http_request)
         if first is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         encoder = ChunkEncoder(completion_id, created, model_id, include_usage)
-        return event_stream(node, handle, sse_events(encoder, first, handle.chunks))
+        return event_stream(master, handle, sse_events(encoder, first, handle.chunks))
 
-    app.include_router(messages_router(node))
-    app.include_router(responses_router(node))
-    app.include_router(catalog_router(node))
+    app.include_router(messages_router(master))
+    app.include_router(responses_router(master))
+    app.include_router(catalog_router(settings.models_dir or default_models_dir(), record_preparation))
+    app.include_router(cluster_router(master))
     return app
+
+
+def _model_cards(state: State) -> list[ModelCard]:
+    """One card per model served anywhere in the cluster (described by a loaded runner when there is one)."""
+    served = served_model_ids(state)
+    described: dict[ModelId, RunnerInfo] = {}
+    for runner in state.runners.values():
+        if runner.model_id in served:
+            known = described.get(runner.model_id)
+            if known is None or (known.metadata is None and runner.metadata is not None):
+                described[runner.model_id] = runner
+    cards: list[ModelCard] = []
+    for model_id, runner in sorted(described.items()):
+        metadata = runner.metadata
+        capabilities = ["chat"]
+        if metadata is not None and metadata.tool_format is not None:
+            capabilities.append("tool_use")
+        if metadata is not None and metadata.supports_reasoning:
+            capabilities.append("reasoning")
+        cards.append(
+            ModelCard(
+                id=model_id,
+                created=int(time.time()),
+                capabilities=capabilities,
+                context_length=metadata.context_length if metadata else None,
+                vocab_size=metadata.vocab_size if metadata else None,
+            )
+        )
+    return cards

@@ -1,9 +1,10 @@
 """What every generating route does with its command, whatever the wire protocol.
 
 Chat Completions, the Messages API and the Responses API differ only in how they read the request and write the
-answer. In between they all: pick the served model, submit the command through the master's one entry point, wait
-for the first chunk (so request-level failures such as a prompt too long become HTTP errors), then stream or
-collect the chunks, cancelling the task when the client goes away.
+answer. In between they all: pick the served model (anywhere in the cluster), submit the command through the
+master's one entry point (which places it on the node whose runner serves the model), wait for the first chunk (so
+request-level failures such as a prompt too long become HTTP errors), then stream or collect the chunks, cancelling
+the task when the client goes away.
 """
 
 import logging
@@ -14,12 +15,14 @@ import anyio
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from exo.master.client import MasterClient, TaskHandle
 from exo.master.errors import ApiError, placement_error, task_error
-from exo.master.main import TaskHandle
-from exo.node import Node
+from exo.master.placement import served_model_ids
 from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
 from exo.shared.types.common import ModelId
+from exo.shared.types.preparation import PreparationPhase
+from exo.shared.types.state import State
 from exo.shared.types.worker.runner_response import ModelMetadata
 
 logger = logging.getLogger(__name__)
@@ -28,31 +31,43 @@ T = TypeVar("T")
 
 # nginx's "client closed request": nobody reads it, but logs and tests see why the request ended.
 CLIENT_CLOSED_REQUEST = 499
+_ENDED: frozenset[PreparationPhase] = frozenset({"ready", "failed"})
 
 
-def served_model(node: Node, requested: str | None) -> ModelId:
-    """The served model a request names (or the only one), else a 400/404/503 saying why not."""
-    model_id = node.resolve_request_model(requested)
-    if model_id is not None:
-        return model_id
+def served_model(state: State, requested: str | None) -> ModelId:
+    """The model a request names (or the only one served in the cluster), else a 400/404/503 saying why not."""
+    served = served_model_ids(state)
+    if not requested and len(served) == 1:
+        return served[0]
+    if requested and requested in served:
+        return ModelId(requested)
     label = requested or "default"
-    if label in node.preparing or (requested is None and node.preparing):
+    preparing = {
+        name
+        for node in state.nodes.values()
+        if node.health.status != "down"
+        for name in (
+            *node.preparing,
+            *(model_id for model_id, preparation in node.preparations.items() if preparation.phase not in _ENDED),
+        )
+    }
+    if label in preparing or (not requested and preparing):
         raise ApiError(503, f"model '{label}' is still being prepared; retry shortly", error_type="server_error")
-    served = ", ".join(node.master.model_ids()) or "none"
-    if requested is None:
-        raise ApiError(400, f"the request names no model and several are served ({served})", param="model")
+    served_text = ", ".join(served) or "none"
+    if not requested:
+        raise ApiError(400, f"the request names no model and several are served ({served_text})", param="model")
     raise ApiError(
         404,
-        f"model '{requested}' is not served here (served: {served})",
+        f"model '{requested}' is not served here (served: {served_text})",
         error_type="not_found_error",
         param="model",
         code="model_not_found",
     )
 
 
-def model_metadata(node: Node, model_id: ModelId) -> ModelMetadata | None:
-    """What the runner serving `model_id` reported when it loaded (None while it loads)."""
-    runners = node.master.state.runners.values()
+def model_metadata(state: State, model_id: ModelId) -> ModelMetadata | None:
+    """What a runner serving `model_id` reported when it loaded (None while it loads)."""
+    runners = state.runners.values()
     return next((runner.metadata for runner in runners if runner.model_id == model_id and runner.metadata), None)
 
 
@@ -67,16 +82,26 @@ def _check_for_model(command: ChatCompletionCommand, metadata: ModelMetadata | N
         )
 
 
-def submit(node: Node, command: ChatCompletionCommand) -> TaskHandle:
-    """Hand `command` to the master (the single entry point for generation); its refusals become ApiErrors."""
-    _check_for_model(command, model_metadata(node, command.model_id))
-    try:
-        return node.master.submit_chat_completion(command)
-    except Exception as error:
-        refusal = placement_error(error)
-        if refusal is None:
-            raise
-        raise refusal from error
+async def submit(master: MasterClient, command: ChatCompletionCommand, http_request: Request) -> TaskHandle:
+    """Hand `command` to the master (the single entry point for generation, wherever its runner lives).
+
+    A task that cannot start becomes its ApiError; a client that leaves while the task is placed gets 499.
+    """
+    _check_for_model(command, model_metadata(master.state, command.model_id))
+
+    async def place() -> TaskHandle:
+        try:
+            return await master.submit_chat_completion(command)
+        except Exception as error:
+            refusal = placement_error(error)
+            if refusal is None:
+                raise
+            raise refusal from error
+
+    handle = await unless_client_leaves(http_request, place)
+    if handle is None:
+        raise ApiError(CLIENT_CLOSED_REQUEST, "the client closed the request", code="client_closed_request")
+    return handle
 
 
 async def unless_client_leaves(http_request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
@@ -105,23 +130,23 @@ async def unless_client_leaves(http_request: Request, work: Callable[[], Awaitab
     return result[0] if result else None
 
 
-async def _next_chunk(node: Node, handle: TaskHandle) -> Chunk:
+async def _next_chunk(master: MasterClient, handle: TaskHandle) -> Chunk:
     try:
         return await anext(handle.chunks)
     except StopAsyncIteration:
         return ErrorChunk(error="generation_failed", message="generation was cancelled before it started")
     except BaseException:
-        node.master.cancel(CancelTaskCommand(task_id=handle.task_id))
+        master.cancel(CancelTaskCommand(task_id=handle.task_id))
         raise
 
 
-async def first_chunk(node: Node, handle: TaskHandle, http_request: Request) -> Chunk | None:
+async def first_chunk(master: MasterClient, handle: TaskHandle, http_request: Request) -> Chunk | None:
     """The task's first chunk, before any byte of the answer is sent; None if the client left meanwhile.
 
     A request-level failure (an ErrorChunk with a 4xx status: context too long, a schema the grammar cannot
     enforce…) is raised as an ApiError, so the client gets a proper HTTP error instead of a stream.
     """
-    first = await unless_client_leaves(http_request, lambda: _next_chunk(node, handle))
+    first = await unless_client_leaves(http_request, lambda: _next_chunk(master, handle))
     refusal = task_error(first) if isinstance(first, ErrorChunk) else None
     if first is None or (refusal is not None and refusal.status_code < 500):
         await handle.chunks.aclose()
@@ -131,7 +156,7 @@ async def first_chunk(node: Node, handle: TaskHandle, http_request: Request) -> 
 
 
 async def collect(
-    node: Node,
+    master: MasterClient,
     handle: TaskHandle,
     http_request: Request,
     collector: Callable[[AsyncIterator[Chunk]], Awaitable[T]],
@@ -142,13 +167,15 @@ async def collect(
         try:
             return await collector(handle.chunks)
         except BaseException:
-            node.master.cancel(CancelTaskCommand(task_id=handle.task_id))
+            master.cancel(CancelTaskCommand(task_id=handle.task_id))
             raise
 
     return await unless_client_leaves(http_request, work)
 
 
-async def _cancelling_on_exit(node: Node, handle: TaskHandle, events: AsyncIterator[str]) -> AsyncIterator[str]:
+async def _cancelling_on_exit(
+    master: MasterClient, handle: TaskHandle, events: AsyncIterator[str]
+) -> AsyncIterator[str]:
     """If the client goes away mid-stream, tell the runner to stop generating."""
     finished = False
     try:
@@ -158,14 +185,14 @@ async def _cancelling_on_exit(node: Node, handle: TaskHandle, events: AsyncItera
     finally:
         if not finished:
             logger.info("client left during task %s; cancelling it", handle.task_id)
-            node.master.cancel(CancelTaskCommand(task_id=handle.task_id))
+            master.cancel(CancelTaskCommand(task_id=handle.task_id))
         await handle.chunks.aclose()
 
 
-def event_stream(node: Node, handle: TaskHandle, events: AsyncIterator[str]) -> StreamingResponse:
+def event_stream(master: MasterClient, handle: TaskHandle, events: AsyncIterator[str]) -> StreamingResponse:
     """The SSE response carrying `events`; the task is cancelled if the client leaves before the end."""
     return StreamingResponse(
-        _cancelling_on_exit(node, handle, events),
+        _cancelling_on_exit(master, handle, events),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

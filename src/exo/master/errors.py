@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exo.master.body_text import public_path
-from exo.shared.errors import ModelNotLoadedError, QueueFullError, RunnerUnavailableError
+from exo.shared.errors import ModelNotLoadedError, NoMasterError, QueueFullError, RunnerUnavailableError
 from exo.shared.types.api import ErrorBody, ErrorResponse
 from exo.shared.types.chunks import ErrorChunk, TaskErrorKind
 
@@ -43,6 +43,7 @@ _TASK_ERRORS: Final[dict[TaskErrorKind, tuple[int, str, str | None]]] = {
     "model_unavailable": (503, "server_error", "model_unavailable"),
     "runner_stopped": (503, "server_error", "model_unavailable"),
     "runner_crashed": (500, "server_error", None),
+    "node_left": (503, "server_error", "node_left"),
     "dispatch_failed": (500, "server_error", None),
     "generation_failed": (500, "server_error", None),
 }
@@ -63,6 +64,8 @@ def placement_error(error: Exception) -> ApiError | None:
             return ApiError(429, str(error), error_type="rate_limit_error", code="queue_full")
         case RunnerUnavailableError():
             return ApiError(503, str(error), error_type="server_error", code="model_unavailable")
+        case NoMasterError():
+            return ApiError(503, str(error), error_type="server_error", code="no_master")
         case _:
             return None
 

@@ -1,68 +1,223 @@
-"""The master: applies events to the node state and turns commands into tasks placed on runners."""
+"""The master role. Every node runs it; only the elected master (see cluster/membership.py) acts.
+
+While elected it orders events (numbers every node's reports and publishes them as the one event log), answers
+snapshot queries, marks nodes that leave down and nodes that go quiet degraded, and places each requested task on a
+runner anywhere in the cluster. Its decisions are the pure functions of `exo.shared.apply` and
+`exo.master.placement`; this module only moves messages.
+"""
 
 import logging
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
 
-from exo.master.state import apply, place_task
-from exo.shared.errors import ModelNotLoadedError
-from exo.shared.types.chunks import Chunk
-from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
-from exo.shared.types.common import ModelId, RunnerId, TaskId, new_task_id
-from exo.shared.types.events import Event, NodeJoined
-from exo.shared.types.state import NodeInfo, State
+import anyio
+
+from exo.cluster.bus import Bus
+from exo.cluster.event_log import EventLog
+from exo.cluster.membership import Membership, MembershipView
+from exo.cluster.topics import Topics
+from exo.master.placement import place_task
+from exo.shared.apply import apply, is_up
+from exo.shared.types.commands import AssignTask, MasterCommandAdapter, PlaceTask
+from exo.shared.types.common import NodeId, new_task_id
+from exo.shared.types.event_log import (
+    IndexedEvent,
+    LocalEventMessage,
+    LocalEventMessageAdapter,
+    ResyncRequest,
+    StateSnapshot,
+)
+from exo.shared.types.events import (
+    Event,
+    LocalEvent,
+    MasterElected,
+    NodeDown,
+    NodeReported,
+    NodeStale,
+    PreparationUpdated,
+    RunnerUpdated,
+    TaskFinished,
+    TaskUpdated,
+)
+from exo.shared.types.state import State
+from exo.shared.types.task_replies import TaskRefused
 from exo.shared.types.tasks import ChatCompletionTask
-from exo.worker.main import Worker
 
 logger = logging.getLogger(__name__)
 
+# Nodes report every REPORT_INTERVAL_SECONDS (worker/main.py); three missed reports in a row make a node degraded.
+STALE_AFTER_SECONDS = 15.0
+SILENCE_CHECK_SECONDS = 2.0
 
-@dataclass
-class TaskHandle:
-    task_id: TaskId
-    runner_id: RunnerId
-    chunks: AsyncGenerator[Chunk, None]
+
+def owned_by(event: LocalEvent, origin: NodeId, state: State) -> bool:
+    """A node may only report what it owns: its own facts, runners and tasks."""
+    match event:
+        case NodeReported(facts=facts, runners=runners, tasks=tasks):
+            return (
+                facts.node_id == origin
+                and all(runner.node_id == origin for runner in runners)
+                and all(task.node_id == origin for task in tasks)
+            )
+        case RunnerUpdated(runner=runner):
+            return runner.node_id == origin
+        case TaskUpdated(task=task):
+            return task.node_id == origin
+        case TaskFinished(task_id=task_id):
+            task = state.tasks.get(task_id)
+            return task is None or task.node_id == origin
+        case PreparationUpdated():
+            return True  # it carries no node id: it is about the node that sent it
 
 
 class Master:
-    def __init__(self, node: NodeInfo) -> None:
-        self.state = apply(State(), NodeJoined(node=node))
-        self._worker: Worker | None = None
-
-    def attach_worker(self, worker: Worker) -> None:
-        self._worker = worker
+    def __init__(
+        self,
+        bus: Bus,
+        topics: Topics,
+        membership: Membership,
+        event_log: EventLog,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._bus = bus
+        self._topics = topics
+        self._membership = membership
+        self._event_log = event_log
+        self._clock = clock
+        self._me = membership.node_id
+        self._active = False
+        # The authoritative state while this node is master: every event it orders is applied here first.
+        self._state = State()
+        self._last_sequence: dict[NodeId, int] = {}
+        # Nodes already reported stale, with the last_seen they had then (reported again only after a new report).
+        self._flagged_stale: dict[NodeId, float] = {}
+        # Subscribed now, before anything runs, so no report sent during start-up is missed.
+        self._reports = bus.subscribe(topics.local_events, LocalEventMessageAdapter)
+        self._commands = bus.subscribe(topics.master_commands, MasterCommandAdapter)
 
     @property
-    def worker(self) -> Worker:
-        assert self._worker is not None, "the worker is attached at node start"
-        return self._worker
+    def active(self) -> bool:
+        return self._active
 
-    def on_event(self, event: Event) -> None:
-        self.state = apply(self.state, event)
+    async def run(self) -> None:
+        self._bus.answer_queries(self._topics.state, self._snapshot)
+        self._membership.on_change(self._on_membership)
+        if self._membership.is_master:
+            self._activate()
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._order_local_events)
+            group.start_soon(self._place_tasks)
+            group.start_soon(self._watch_for_silence)
 
-    def model_ids(self) -> list[ModelId]:
-        return sorted({runner.model_id for runner in self.state.runners.values()})
+    # ---- election ---------------------------------------------------------------------------
 
-    def submit_chat_completion(self, command: ChatCompletionCommand) -> TaskHandle:
-        """Place the completion on a runner; raises ModelNotLoadedError, QueueFullError or RunnerUnavailableError."""
-        runner_id = place_task(self.state, command.model_id)
-        if runner_id is None:
-            raise ModelNotLoadedError(command.model_id)
+    def _on_membership(self, old: MembershipView, new: MembershipView) -> None:
+        if new.master == self._me and not self._active:
+            self._activate()
+            return
+        if new.master != self._me and self._active:
+            logger.info("node %s is now the cluster master; this node follows it", new.master)
+            self._active = False
+            return
+        if self._active:
+            for node_id in sorted(old.live_nodes - new.live_nodes):
+                self._mark_down(node_id)
+            if new.live_nodes - old.live_nodes:
+                # A joining node may have reported before its token reached this node (and been ignored).
+                self._bus.publish(self._topics.resync, ResyncRequest(leader=self._me))
+
+    def _activate(self) -> None:
+        self._state = self._event_log.state
+        self._active = True
+        self._flagged_stale.clear()
+        logger.info("this node is the cluster master")
+        self._order(MasterElected(node_id=self._me))
+        live = self._membership.view.live_nodes
+        for node_id in sorted(self._state.nodes):
+            if node_id not in live:
+                self._mark_down(node_id)
+        # Whatever the previous master ordered last may not have reached this node: every node reports in full.
+        self._bus.publish(self._topics.resync, ResyncRequest(leader=self._me))
+
+    def _mark_down(self, node_id: NodeId) -> None:
+        if is_up(self._state, node_id):
+            self._order(NodeDown(node_id=node_id, reason="left the cluster (its liveliness token is gone)"))
+
+    # ---- the event log ----------------------------------------------------------------------
+
+    def _order(self, event: Event, origin: NodeId | None = None) -> None:
+        indexed = IndexedEvent(
+            leader=self._me,
+            index=self._state.last_event_index + 1,
+            ordered_at=self._clock(),
+            origin=origin or self._me,
+            event=event,
+        )
+        self._state = apply(self._state, indexed)
+        self._bus.publish(self._topics.ordered_events, indexed)
+
+    async def _order_local_events(self) -> None:
+        async with self._reports as messages:
+            async for message in messages:
+                if self._active:
+                    self._order_report(message)
+
+    def _order_report(self, message: LocalEventMessage) -> None:
+        origin = message.origin
+        if origin not in self._membership.view.live_nodes:
+            logger.debug("ignoring a report from %s, which is not (or no longer) a member", origin)
+            return
+        if not owned_by(message.event, origin, self._state):
+            logger.warning("dropped a %s from %s about something it does not own", message.event.kind, origin)
+            return
+        expected = self._last_sequence.get(origin, message.sequence - 1) + 1
+        self._last_sequence[origin] = message.sequence
+        if message.sequence != expected:
+            logger.info("reports %d-%d from %s were lost; asking for a full report", expected, message.sequence, origin)
+            self._bus.publish(self._topics.resync, ResyncRequest(leader=self._me))
+        self._order(message.event, origin)
+
+    def _snapshot(self) -> StateSnapshot | None:
+        """Answer a state query (on a zenoh thread) while master; a follower stays silent."""
+        return StateSnapshot(leader=self._me, state=self._state) if self._active else None
+
+    async def _watch_for_silence(self) -> None:
+        while True:
+            await anyio.sleep(SILENCE_CHECK_SECONDS)
+            if not self._active:
+                continue
+            now = self._clock()
+            for node_id, node in list(self._state.nodes.items()):
+                silent = now - node.last_seen
+                if node.health.status == "down" or node_id == self._me or silent < STALE_AFTER_SECONDS:
+                    continue
+                if self._flagged_stale.get(node_id) != node.last_seen:
+                    self._flagged_stale[node_id] = node.last_seen
+                    self._order(NodeStale(node_id=node_id, silent_seconds=round(silent, 1)))
+
+    # ---- placement --------------------------------------------------------------------------
+
+    async def _place_tasks(self) -> None:
+        async with self._commands as commands:
+            async for command in commands:
+                if self._active:
+                    self._place(command)
+
+    def _place(self, place: PlaceTask) -> None:
+        command = place.command
+        runner = place_task(self._state, command.model_id)
+        if runner is None:
+            refusal = TaskRefused(
+                command_id=command.command_id,
+                reason="model_not_found",
+                message=f"model '{command.model_id}' is not served by any node of the cluster",
+            )
+            self._bus.publish(self._topics.task_replies(place.requested_by), refusal)
+            return
         task = ChatCompletionTask(
             task_id=new_task_id(), command_id=command.command_id, model_id=command.model_id, params=command.params
         )
-        receiver = self.worker.submit(runner_id, task)
-
-        # The worker reports the task finished once its runner lets go of it (see worker/main.py).
-        async def chunks() -> AsyncGenerator[Chunk, None]:
-            async with receiver:
-                async for chunk in receiver:
-                    yield chunk
-
-        return TaskHandle(task_id=task.task_id, runner_id=runner_id, chunks=chunks())
-
-    def cancel(self, command: CancelTaskCommand) -> None:
-        """Stop a queued or running task; the runner stops within one generated token."""
-        task = self.state.tasks.get(command.task_id)
-        if task is not None:
-            self.worker.cancel(task.runner_id, command.task_id)
+        assignment = AssignTask(
+            command_id=command.command_id, task=task, runner_id=runner.runner_id, reply_to=place.requested_by
+        )
+        self._bus.publish(self._topics.worker_commands(runner.node_id), assignment)

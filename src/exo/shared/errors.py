@@ -15,3 +15,7 @@ class QueueFullError(Exception):
 
 class RunnerUnavailableError(Exception):
     """The model's runner failed and cannot take tasks (for example, its model does not load)."""
+
+
+class NoMasterError(Exception):
+    """No cluster master answered: the task could not be placed (the cluster is electing one, or split)."""

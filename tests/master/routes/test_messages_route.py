@@ -24,7 +24,7 @@ from exo.shared.types.chunks import (
     Usage,
 )
 from exo.shared.types.common import ToolCallId
-from tests.master.inprocess_app import SCRIPTED_MODEL, ScriptedWorker, scripted_app
+from tests.master.inprocess_app import SCRIPTED_MODEL, ScriptedMaster, scripted_app
 
 USAGE = Usage(prompt_tokens=12, completion_tokens=5, cached_tokens=4)
 PARIS = ToolCallId("call_aaaaaaaaaaaaaaaaaaaaaaa1")
@@ -97,10 +97,10 @@ SCRIPTS: dict[str, tuple[list[Chunk], list[dict[str, Any]], str]] = {
 
 
 @pytest.fixture
-def scripted() -> Iterator[tuple[Anthropic, ScriptedWorker]]:
-    app, worker = scripted_app()
+def scripted() -> Iterator[tuple[Anthropic, ScriptedMaster]]:
+    app, master = scripted_app()
     with TestClient(app) as http:
-        yield Anthropic(base_url=str(http.base_url), api_key="unused", http_client=http, max_retries=0), worker
+        yield Anthropic(base_url=str(http.base_url), api_key="unused", http_client=http, max_retries=0), master
 
 
 def create(**extra: Any) -> dict[str, Any]:
@@ -144,10 +144,10 @@ def check_event_grammar(events: list[tuple[str, dict[str, Any]]]) -> None:
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_stream_accumulates_to_the_non_streaming_message(name: str, scripted: tuple[Anthropic, ScriptedWorker]) -> None:
-    client, worker = scripted
+def test_stream_accumulates_to_the_non_streaming_message(name: str, scripted: tuple[Anthropic, ScriptedMaster]) -> None:
+    client, master = scripted
     chunks, content, stop_reason = SCRIPTS[name]
-    worker.script = tuple(chunks)
+    master.script = tuple(chunks)
     whole = client.messages.create(**create())
     with client.messages.stream(**create()) as stream:
         accumulated = stream.get_final_message()
@@ -160,9 +160,9 @@ def test_stream_accumulates_to_the_non_streaming_message(name: str, scripted: tu
     check_event_grammar(sse_events(client, create()))
 
 
-def test_tool_input_streams_as_the_runner_parsed_it(scripted: tuple[Anthropic, ScriptedWorker]) -> None:
-    client, worker = scripted
-    worker.script = tuple(SCRIPTS["parallel_calls_between_text"][0])
+def test_tool_input_streams_as_the_runner_parsed_it(scripted: tuple[Anthropic, ScriptedMaster]) -> None:
+    client, master = scripted
+    master.script = tuple(SCRIPTS["parallel_calls_between_text"][0])
     events = sse_events(client, create())
     starts = [data["content_block"] for name, data in events if name == "content_block_start"]
     assert starts[1] == {"type": "tool_use", "id": PARIS, "name": "get_weather", "input": {}}
@@ -173,14 +173,14 @@ def test_tool_input_streams_as_the_runner_parsed_it(scripted: tuple[Anthropic, S
 
 
 def test_an_error_before_any_output_is_an_http_error_in_anthropic_shape(
-    scripted: tuple[Anthropic, ScriptedWorker],
+    scripted: tuple[Anthropic, ScriptedMaster],
 ) -> None:
-    client, worker = scripted
+    client, master = scripted
     overflow = ErrorChunk(
         error="context_length_exceeded",
         message="the prompt is 5000 tokens but the model's context is 4096 tokens",
     )
-    worker.script = (overflow,)
+    master.script = (overflow,)
     for stream in (False, True):
         with pytest.raises(BadRequestError) as raised:
             client.messages.create(**create(), stream=stream)
@@ -190,9 +190,9 @@ def test_an_error_before_any_output_is_an_http_error_in_anthropic_shape(
         }
 
 
-def test_a_failure_mid_stream_is_an_error_event_the_sdk_raises(scripted: tuple[Anthropic, ScriptedWorker]) -> None:
-    client, worker = scripted
-    worker.script = (TokenChunk(text="Hi"), ErrorChunk(error="runner_crashed", message="the model runner crashed"))
+def test_a_failure_mid_stream_is_an_error_event_the_sdk_raises(scripted: tuple[Anthropic, ScriptedMaster]) -> None:
+    client, master = scripted
+    master.script = (TokenChunk(text="Hi"), ErrorChunk(error="runner_crashed", message="the model runner crashed"))
     with (
         pytest.raises(APIStatusError, match="the model runner crashed"),
         client.messages.stream(**create()) as stream,
@@ -209,9 +209,9 @@ def test_a_failure_mid_stream_is_an_error_event_the_sdk_raises(scripted: tuple[A
 
 
 def test_validation_errors_and_unknown_models_use_anthropic_error_shape(
-    scripted: tuple[Anthropic, ScriptedWorker],
+    scripted: tuple[Anthropic, ScriptedMaster],
 ) -> None:
-    client, worker = scripted
+    client, master = scripted
     with pytest.raises(BadRequestError) as bad:
         client.messages.create(**create(), extra_body={"max_tokens": "many"})
     assert bad.value.body == {
@@ -221,21 +221,21 @@ def test_validation_errors_and_unknown_models_use_anthropic_error_shape(
     with pytest.raises(NotFoundError) as missing:
         client.messages.create(**create(model="claude-opus-4"))
     assert missing.value.body["error"]["type"] == "not_found_error"  # pyright: ignore[reportIndexIssue, reportOptionalSubscript, reportCallIssue, reportArgumentType]
-    assert worker.tasks == []
+    assert master.tasks == []
 
 
-def test_count_tokens_reports_the_runner_count(scripted: tuple[Anthropic, ScriptedWorker]) -> None:
-    client, worker = scripted
-    worker.script = (FinishChunk(finish_reason="stop", usage=Usage(prompt_tokens=321, completion_tokens=0)),)
+def test_count_tokens_reports_the_runner_count(scripted: tuple[Anthropic, ScriptedMaster]) -> None:
+    client, master = scripted
+    master.script = (FinishChunk(finish_reason="stop", usage=Usage(prompt_tokens=321, completion_tokens=0)),)
     count = client.messages.count_tokens(
         model=SCRIPTED_MODEL, messages=[{"role": "user", "content": "hi"}], tools=TOOLS
     )
     assert count.input_tokens == 321
-    assert worker.tasks[-1].params.count_prompt_only
+    assert master.tasks[-1].params.count_prompt_only
 
 
 def test_an_anthropic_api_key_header_is_accepted_and_guard_refusals_use_anthropic_shape() -> None:
-    app, worker = scripted_app(NodeConfig(api_key="secret", max_request_bytes=4096))
+    app, master = scripted_app(NodeConfig(api_key="secret", max_request_bytes=4096))
     with TestClient(app) as http:
         accepted = Anthropic(base_url=str(http.base_url), api_key="secret", http_client=http, max_retries=0)
         assert accepted.messages.create(**create()).content
@@ -254,4 +254,4 @@ def test_an_anthropic_api_key_header_is_accepted_and_guard_refusals_use_anthropi
             accepted.messages.create(**create(messages=[{"role": "user", "content": "nul \u0000 here"}]))
         assert unpassable.value.body["type"] == "error"  # pyright: ignore[reportIndexIssue, reportOptionalSubscript, reportCallIssue, reportArgumentType]
         assert "messages[0].content" in unpassable.value.body["error"]["message"]  # pyright: ignore[reportIndexIssue, reportOptionalSubscript, reportCallIssue, reportArgumentType]
-    assert len(worker.tasks) == 1
+    assert len(master.tasks) == 1

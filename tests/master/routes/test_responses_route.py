@@ -24,7 +24,7 @@ from exo.shared.types.chunks import (
     Usage,
 )
 from exo.shared.types.common import ToolCallId
-from tests.master.inprocess_app import SCRIPTED_MODEL, ScriptedWorker, scripted_app
+from tests.master.inprocess_app import SCRIPTED_MODEL, ScriptedMaster, scripted_app
 
 USAGE = Usage(prompt_tokens=12, completion_tokens=5, cached_tokens=4, reasoning_tokens=2)
 PARIS = ToolCallId("call_aaaaaaaaaaaaaaaaaaaaaaa1")
@@ -110,10 +110,10 @@ SCRIPTS: dict[str, tuple[list[Chunk], list[dict[str, Any]]]] = {
 
 
 @pytest.fixture
-def scripted() -> Iterator[tuple[OpenAI, ScriptedWorker]]:
-    app, worker = scripted_app()
+def scripted() -> Iterator[tuple[OpenAI, ScriptedMaster]]:
+    app, master = scripted_app()
     with TestClient(app) as http:
-        yield OpenAI(base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0), worker
+        yield OpenAI(base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0), master
 
 
 def create(**extra: Any) -> dict[str, Any]:
@@ -156,10 +156,10 @@ def check_event_grammar(events: list[tuple[str, dict[str, Any]]], final: str) ->
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_stream_accumulates_to_the_non_streaming_response(name: str, scripted: tuple[OpenAI, ScriptedWorker]) -> None:
-    client, worker = scripted
+def test_stream_accumulates_to_the_non_streaming_response(name: str, scripted: tuple[OpenAI, ScriptedMaster]) -> None:
+    client, master = scripted
     chunks, output = SCRIPTS[name]
-    worker.script = tuple(chunks)
+    master.script = tuple(chunks)
     whole = client.responses.create(**create())
     with client.responses.stream(**create()) as stream:
         accumulated = stream.get_final_response()
@@ -177,9 +177,9 @@ def test_stream_accumulates_to_the_non_streaming_response(name: str, scripted: t
     check_event_grammar(sse_events(client, create()), "response.completed")
 
 
-def test_arguments_stream_as_the_runner_parsed_them(scripted: tuple[OpenAI, ScriptedWorker]) -> None:
-    client, worker = scripted
-    worker.script = tuple(SCRIPTS["parallel_calls_between_text"][0])
+def test_arguments_stream_as_the_runner_parsed_them(scripted: tuple[OpenAI, ScriptedMaster]) -> None:
+    client, master = scripted
+    master.script = tuple(SCRIPTS["parallel_calls_between_text"][0])
     events = sse_events(client, create())
     added = [data["item"] for name, data in events if name == "response.output_item.added"]
     assert added[1] == {
@@ -194,9 +194,9 @@ def test_arguments_stream_as_the_runner_parsed_them(scripted: tuple[OpenAI, Scri
     assert deltas == ['{"city": "Paris"}', '{"city"', ': "Rome"}']
 
 
-def test_max_output_tokens_ends_incomplete(scripted: tuple[OpenAI, ScriptedWorker]) -> None:
-    client, worker = scripted
-    worker.script = (TokenChunk(text="Once upon"), FinishChunk(finish_reason="length", usage=USAGE))
+def test_max_output_tokens_ends_incomplete(scripted: tuple[OpenAI, ScriptedMaster]) -> None:
+    client, master = scripted
+    master.script = (TokenChunk(text="Once upon"), FinishChunk(finish_reason="length", usage=USAGE))
     whole = client.responses.create(**create(max_output_tokens=2))
     assert whole.status == "incomplete"
     assert whole.incomplete_details is not None
@@ -207,18 +207,18 @@ def test_max_output_tokens_ends_incomplete(scripted: tuple[OpenAI, ScriptedWorke
     assert events[-1][1]["response"]["output"][0]["status"] == "incomplete"
 
 
-def test_an_error_before_any_output_is_an_http_error(scripted: tuple[OpenAI, ScriptedWorker]) -> None:
-    client, worker = scripted
-    worker.script = (ErrorChunk(error="context_length_exceeded", message="too long"),)
+def test_an_error_before_any_output_is_an_http_error(scripted: tuple[OpenAI, ScriptedMaster]) -> None:
+    client, master = scripted
+    master.script = (ErrorChunk(error="context_length_exceeded", message="too long"),)
     for stream in (False, True):
         with pytest.raises(BadRequestError) as raised:
             client.responses.create(**create(stream=stream))
         assert raised.value.code == "context_length_exceeded"
 
 
-def test_a_failure_mid_stream_ends_with_response_failed(scripted: tuple[OpenAI, ScriptedWorker]) -> None:
-    client, worker = scripted
-    worker.script = (TokenChunk(text="Hi"), ErrorChunk(error="runner_crashed", message="the model runner crashed"))
+def test_a_failure_mid_stream_ends_with_response_failed(scripted: tuple[OpenAI, ScriptedMaster]) -> None:
+    client, master = scripted
+    master.script = (TokenChunk(text="Hi"), ErrorChunk(error="runner_crashed", message="the model runner crashed"))
     events = sse_events(client, create())
     check_event_grammar(events, "response.failed")
     failed = events[-1][1]["response"]
@@ -227,15 +227,15 @@ def test_a_failure_mid_stream_ends_with_response_failed(scripted: tuple[OpenAI, 
     assert failed["output"][0]["status"] == "incomplete"
 
 
-def test_input_tokens_reports_the_runner_count(scripted: tuple[OpenAI, ScriptedWorker]) -> None:
-    client, worker = scripted
-    worker.script = (FinishChunk(finish_reason="stop", usage=Usage(prompt_tokens=321, completion_tokens=0)),)
+def test_input_tokens_reports_the_runner_count(scripted: tuple[OpenAI, ScriptedMaster]) -> None:
+    client, master = scripted
+    master.script = (FinishChunk(finish_reason="stop", usage=Usage(prompt_tokens=321, completion_tokens=0)),)
     count = client.responses.input_tokens.count(model=SCRIPTED_MODEL, input="hi", tools=TOOLS)
     assert count.input_tokens == 321
-    assert worker.tasks[-1].params.count_prompt_only
+    assert master.tasks[-1].params.count_prompt_only
 
 
-def test_the_response_echoes_the_request_settings(scripted: tuple[OpenAI, ScriptedWorker]) -> None:
+def test_the_response_echoes_the_request_settings(scripted: tuple[OpenAI, ScriptedMaster]) -> None:
     client, _ = scripted
     response = client.responses.create(
         **create(instructions="Be brief.", tool_choice="required", parallel_tool_calls=False, temperature=0.3)

@@ -22,9 +22,7 @@ from exo.master.errors import ApiError
 from exo.models.catalog import CATALOG, catalog_listing, find_entry
 from exo.models.catalog_fetch import ensure_catalog_model
 from exo.models.errors import ExoModelError
-from exo.models.paths import default_models_dir
-from exo.models.progress import PreparationTracker
-from exo.node import Node
+from exo.models.progress import PreparationSink, PreparationTracker
 from exo.shared.types.api import ErrorBody, ErrorResponse
 from exo.shared.types.catalog_api import (
     DownloadDone,
@@ -36,7 +34,6 @@ from exo.shared.types.catalog_api import (
     NodeCatalogModel,
 )
 from exo.shared.types.common import ModelId
-from exo.shared.types.events import PreparationUpdated
 from exo.shared.types.preparation import ModelPreparation
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -45,10 +42,9 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def catalog_router(node: Node) -> APIRouter:
-    """The catalog routes of `node`, downloading into its models directory."""
+def catalog_router(models_dir: Path, record_preparation: PreparationSink | None) -> APIRouter:
+    """This node's catalog routes, downloading into `models_dir` (progress also to `record_preparation`)."""
     router = APIRouter(tags=["Model catalog"])
-    models_dir = node.config.models_dir or default_models_dir()
     locks: dict[ModelId, anyio.Lock] = {}
 
     @router.get("/v1/catalog", responses=_ERRORS)
@@ -70,27 +66,34 @@ def catalog_router(node: Node) -> APIRouter:
                 code="model_not_found",
             )
         lock = locks.setdefault(entry.model_id, anyio.Lock())
-        events = _download_events(node, entry.model_id, models_dir, lock)
+        events = _download_events(record_preparation, entry.model_id, models_dir, lock)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     return router
 
 
-async def _download_events(node: Node, model_id: ModelId, models_dir: Path, lock: anyio.Lock) -> AsyncIterator[str]:
+async def _download_events(
+    record_preparation: PreparationSink | None, model_id: ModelId, models_dir: Path, lock: anyio.Lock
+) -> AsyncIterator[str]:
     sender, receiver = anyio.create_memory_object_stream[DownloadEvent](math.inf)
     async with anyio.create_task_group() as group:
-        group.start_soon(_download, node, model_id, models_dir, lock, sender)
+        group.start_soon(_download, record_preparation, model_id, models_dir, lock, sender)
         async with receiver:
             async for event in receiver:
                 yield f"data: {event.model_dump_json()}\n\n"
 
 
 async def _download(
-    node: Node, model_id: ModelId, models_dir: Path, lock: anyio.Lock, sender: MemoryObjectSendStream[DownloadEvent]
+    record_preparation: PreparationSink | None,
+    model_id: ModelId,
+    models_dir: Path,
+    lock: anyio.Lock,
+    sender: MemoryObjectSendStream[DownloadEvent],
 ) -> None:
     def publish(preparation: ModelPreparation) -> None:
-        # Called from the download thread: the state only ever changes on the event loop.
-        anyio.from_thread.run_sync(node.master.on_event, PreparationUpdated(preparation=preparation))
+        # Called from the download thread: the node records it as its own preparation, the client sees it.
+        if record_preparation is not None:
+            record_preparation(preparation)
         anyio.from_thread.run_sync(sender.send_nowait, DownloadProgress(preparation=preparation))
 
     async with sender, lock:

@@ -10,6 +10,7 @@ from exo.master.adapters.messages_request import count_command, to_command
 from exo.master.adapters.messages_response import collect_message
 from exo.master.adapters.messages_stream import MessageStreamEncoder, message_events
 from exo.master.adapters.token_count import collect_prompt_tokens
+from exo.master.client import MasterClient
 from exo.master.completion_flow import (
     CLIENT_CLOSED_REQUEST,
     collect,
@@ -19,7 +20,6 @@ from exo.master.completion_flow import (
     submit,
 )
 from exo.master.error_shapes import shaped_route
-from exo.node import Node
 from exo.shared.types.anthropic_messages import (
     AnthropicErrorResponse,
     AnthropicMessage,
@@ -44,35 +44,35 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def messages_router(node: Node) -> APIRouter:
-    """The Messages API routes for `node`."""
+def messages_router(master: MasterClient) -> APIRouter:
+    """The Messages API routes in front of `master`."""
     router = APIRouter(route_class=shaped_route(anthropic_error), tags=["Anthropic Messages"])
 
     @router.post(MESSAGES_PATH_PREFIX, response_model=None, responses=_ERRORS)
     async def create_message(request: MessagesRequest, http_request: Request) -> AnthropicMessage | Response:
-        model_id = served_model(node, request.model)
-        handle = submit(node, to_command(request, model_id))
+        model_id = served_model(master.state, request.model)
+        handle = await submit(master, to_command(request, model_id), http_request)
         message_id = f"msg_{uuid4().hex}"
         if not request.stream:
             message = await collect(
-                node,
+                master,
                 handle,
                 http_request,
                 lambda chunks: collect_message(chunks, message_id=message_id, model=model_id),
             )
             return message if message is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
-        first = await first_chunk(node, handle, http_request)
+        first = await first_chunk(master, handle, http_request)
         if first is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         encoder = MessageStreamEncoder(message_id, model_id)
-        return event_stream(node, handle, message_events(encoder, first, handle.chunks))
+        return event_stream(master, handle, message_events(encoder, first, handle.chunks))
 
     @router.post(f"{MESSAGES_PATH_PREFIX}/count_tokens", response_model=None, responses=_ERRORS)
     async def count_tokens(request: CountTokensRequest, http_request: Request) -> TokenCount | Response:
         """The prompt's tokens, counted by the model's runner with the model's own template and tokenizer."""
-        model_id = served_model(node, request.model)
-        handle = submit(node, count_command(request, model_id))
-        count = await collect(node, handle, http_request, collect_prompt_tokens)
+        model_id = served_model(master.state, request.model)
+        handle = await submit(master, count_command(request, model_id), http_request)
+        count = await collect(master, handle, http_request, collect_prompt_tokens)
         return TokenCount(input_tokens=count) if count is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
 
     return router

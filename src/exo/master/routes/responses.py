@@ -9,6 +9,7 @@ from exo.master.adapters.responses_request import count_command, to_command
 from exo.master.adapters.responses_response import collect_response, initial_response
 from exo.master.adapters.responses_stream import ResponseStreamEncoder, response_events
 from exo.master.adapters.token_count import collect_prompt_tokens
+from exo.master.client import MasterClient
 from exo.master.completion_flow import (
     CLIENT_CLOSED_REQUEST,
     collect,
@@ -17,7 +18,6 @@ from exo.master.completion_flow import (
     served_model,
     submit,
 )
-from exo.node import Node
 from exo.shared.types.api import ErrorResponse
 from exo.shared.types.openai_responses import InputTokensRequest, ResponsesRequest
 from exo.shared.types.openai_responses_output import InputTokenCount, ResponseObject
@@ -36,29 +36,29 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def responses_router(node: Node) -> APIRouter:
-    """The Responses API routes for `node`."""
+def responses_router(master: MasterClient) -> APIRouter:
+    """The Responses API routes in front of `master`."""
     router = APIRouter(tags=["OpenAI Responses"])
 
     @router.post("/v1/responses", response_model=None, responses=_ERRORS)
     async def create_response(request: ResponsesRequest, http_request: Request) -> ResponseObject | Response:
-        model_id = served_model(node, request.model)
-        handle = submit(node, to_command(request, model_id))
+        model_id = served_model(master.state, request.model)
+        handle = await submit(master, to_command(request, model_id), http_request)
         initial = initial_response(request, f"resp_{uuid4().hex}", model_id)
         if not request.stream:
-            response = await collect(node, handle, http_request, lambda chunks: collect_response(chunks, initial))
+            response = await collect(master, handle, http_request, lambda chunks: collect_response(chunks, initial))
             return response if response is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
-        first = await first_chunk(node, handle, http_request)
+        first = await first_chunk(master, handle, http_request)
         if first is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        return event_stream(node, handle, response_events(ResponseStreamEncoder(initial), first, handle.chunks))
+        return event_stream(master, handle, response_events(ResponseStreamEncoder(initial), first, handle.chunks))
 
     @router.post("/v1/responses/input_tokens", response_model=None, responses=_ERRORS)
     async def count_input_tokens(request: InputTokensRequest, http_request: Request) -> InputTokenCount | Response:
         """The prompt's tokens, counted by the model's runner with the model's own template and tokenizer."""
-        model_id = served_model(node, request.model)
-        handle = submit(node, count_command(request, model_id))
-        count = await collect(node, handle, http_request, collect_prompt_tokens)
+        model_id = served_model(master.state, request.model)
+        handle = await submit(master, count_command(request, model_id), http_request)
+        count = await collect(master, handle, http_request, collect_prompt_tokens)
         return InputTokenCount(input_tokens=count) if count is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
 
     return router

@@ -66,6 +66,7 @@ TaskErrorKind = Literal[
     "model_unavailable",  # the model cannot serve: it failed to load, or the node is shutting down
     "runner_stopped",  # the runner died before the task started: nothing ran, retrying is safe
     "runner_crashed",  # the runner died while running the task
+    "node_left",  # the node running the task left the cluster (crashed, froze or lost its network)
     "dispatch_failed",  # the task could not be handed to the runner
     "generation_failed",  # the engine raised while generating
 ]

@@ -1,12 +1,16 @@
-"""Commands the API sends to the master."""
+"""Commands: what the API asks of the master, and what the master asks of workers, over the cluster bus."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from exo.shared.types.common import CommandId, FrozenModel, ModelId, TaskId
-from exo.shared.types.tasks import ChatCompletionTaskParams
+from pydantic import Field, TypeAdapter
+
+from exo.shared.types.common import CommandId, FrozenModel, ModelId, NodeId, RunnerId, TaskId
+from exo.shared.types.tasks import ChatCompletionTask, ChatCompletionTaskParams
 
 
 class ChatCompletionCommand(FrozenModel):
+    """A completion the API validated (every wire protocol's adapter produces one)."""
+
     kind: Literal["chat_completion"] = "chat_completion"
     command_id: CommandId
     model_id: ModelId
@@ -20,4 +24,40 @@ class CancelTaskCommand(FrozenModel):
     task_id: TaskId
 
 
-Command = ChatCompletionCommand | CancelTaskCommand
+# ---- API node → elected master -------------------------------------------------------------
+
+
+class PlaceTask(FrozenModel):
+    """Run `command` on a runner of its model, anywhere in the cluster; answers go to `requested_by`."""
+
+    kind: Literal["place_task"] = "place_task"
+    command: ChatCompletionCommand
+    requested_by: NodeId
+
+
+MasterCommand = PlaceTask
+MasterCommandAdapter: TypeAdapter[MasterCommand] = TypeAdapter(MasterCommand)
+
+
+# ---- master → the worker that owns the runner (StopTask: from the node whose client left) ---
+
+
+class AssignTask(FrozenModel):
+    """Queue `task` on `runner_id`; its acceptance and chunks go to `reply_to` (see task_replies.py)."""
+
+    kind: Literal["assign_task"] = "assign_task"
+    command_id: CommandId
+    task: ChatCompletionTask
+    runner_id: RunnerId
+    reply_to: NodeId
+
+
+class StopTask(FrozenModel):
+    """Drop a queued task or stop a running one (its client went away)."""
+
+    kind: Literal["stop_task"] = "stop_task"
+    task_id: TaskId
+
+
+WorkerCommand = Annotated[AssignTask | StopTask, Field(discriminator="kind")]
+WorkerCommandAdapter: TypeAdapter[WorkerCommand] = TypeAdapter(WorkerCommand)

@@ -8,6 +8,9 @@ from uuid import uuid4
 from pydantic import BaseModel, ConfigDict
 
 NodeId = NewType("NodeId", str)
+# One served copy of a model: today one runner on one node; a model split across nodes is one instance of several
+# runners, one per rank.
+InstanceId = NewType("InstanceId", str)
 RunnerId = NewType("RunnerId", str)
 TaskId = NewType("TaskId", str)
 CommandId = NewType("CommandId", str)
@@ -35,6 +38,10 @@ def new_command_id() -> CommandId:
 
 def new_runner_id() -> RunnerId:
     return RunnerId(uuid4().hex[:12])
+
+
+def new_instance_id() -> InstanceId:
+    return InstanceId(uuid4().hex[:12])
 
 
 def new_tool_call_id() -> ToolCallId:

@@ -1,15 +1,30 @@
-"""Events: facts that happened on the node. The state is the fold of these (master/state.py `apply`)."""
+"""Events: facts that happened in the cluster. The state is the fold of these, in the master's order.
 
-from typing import Literal
+A node reports what it owns (`LocalEvent`: its facts, runners and tasks); the elected master numbers those reports
+and adds the events only it can see (`MasterEvent`: who is master, which nodes left or went quiet).
+"""
 
-from exo.shared.types.common import FrozenModel, TaskId
+from typing import Annotated, Literal
+
+from pydantic import Field, TypeAdapter
+
+from exo.shared.types.common import FrozenModel, ModelId, NodeId, TaskId
 from exo.shared.types.preparation import ModelPreparation
-from exo.shared.types.state import NodeInfo, RunnerInfo, TaskInfo
+from exo.shared.types.state import NodeFacts, RunnerInfo, TaskInfo
 
 
-class NodeJoined(FrozenModel):
-    kind: Literal["node_joined"] = "node_joined"
-    node: NodeInfo
+class NodeReported(FrozenModel):
+    """Everything a node owns, in full: sent when it joins, every few seconds, and when a new master asks.
+
+    Applying it replaces that node's runners and tasks, so anything a lost event left behind is repaired.
+    """
+
+    kind: Literal["node_reported"] = "node_reported"
+    facts: NodeFacts
+    preparing: tuple[str, ...] = ()
+    preparations: dict[ModelId, ModelPreparation] = Field(default_factory=dict)
+    runners: tuple[RunnerInfo, ...] = ()
+    tasks: tuple[TaskInfo, ...] = ()
 
 
 class RunnerUpdated(FrozenModel):
@@ -28,8 +43,48 @@ class TaskFinished(FrozenModel):
 
 
 class PreparationUpdated(FrozenModel):
+    """Progress (or the end) of preparing one of the reporting node's models."""
+
     kind: Literal["preparation_updated"] = "preparation_updated"
     preparation: ModelPreparation
 
 
-Event = NodeJoined | RunnerUpdated | TaskUpdated | TaskFinished | PreparationUpdated
+class MasterElected(FrozenModel):
+    """The first event a new master orders."""
+
+    kind: Literal["master_elected"] = "master_elected"
+    node_id: NodeId
+
+
+class NodeDown(FrozenModel):
+    """The node left (its liveliness token is gone): its runners and tasks leave the state, the node stays listed."""
+
+    kind: Literal["node_down"] = "node_down"
+    node_id: NodeId
+    reason: str
+
+
+class NodeStale(FrozenModel):
+    """The node is connected but has reported nothing for too long: degraded until its next report."""
+
+    kind: Literal["node_stale"] = "node_stale"
+    node_id: NodeId
+    silent_seconds: float
+
+
+LocalEvent = Annotated[
+    NodeReported | RunnerUpdated | TaskUpdated | TaskFinished | PreparationUpdated, Field(discriminator="kind")
+]
+MasterEvent = MasterElected | NodeDown | NodeStale
+Event = Annotated[
+    NodeReported
+    | RunnerUpdated
+    | TaskUpdated
+    | TaskFinished
+    | PreparationUpdated
+    | MasterElected
+    | NodeDown
+    | NodeStale,
+    Field(discriminator="kind"),
+]
+EventAdapter: TypeAdapter[Event] = TypeAdapter(Event)

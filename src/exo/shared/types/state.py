@@ -1,10 +1,15 @@
-"""The node's observable state, served at GET /state. Changed only by applying events (see master/state.py)."""
+"""The cluster's state, served at GET /state: the same document on every node once events settle.
+
+Changed only by folding ordered events into it (master/state.py `apply`). Every entry but the master's own has an
+owner node: a node reports its facts, runners and tasks, and the elected master adds what only it can see (who is
+master, which nodes left).
+"""
 
 from typing import Literal
 
 from pydantic import Field
 
-from exo.shared.types.common import FrozenModel, ModelId, NodeId, RunnerId, TaskId
+from exo.shared.types.common import FrozenModel, InstanceId, ModelId, NodeId, RunnerId, TaskId
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.worker.runner_response import ModelMetadata
 from exo.shared.types.worker.runner_status import RunnerStatus
@@ -12,13 +17,50 @@ from exo.shared.types.worker.shards import ShardAssignment
 
 TaskStatus = Literal["queued", "running"]
 TaskOutcome = Literal["finished", "cancelled", "failed"]
+NodeStatus = Literal["healthy", "degraded", "down"]
+MlxBackend = Literal["cpu", "metal", "cuda"]
+
+
+class NodeMemory(FrozenModel):
+    """Memory as psutil sees it; `available_bytes` is what placement may plan with."""
+
+    total_bytes: int
+    available_bytes: int
+
+
+class NodeFacts(FrozenModel):
+    """What a node reports about itself (refreshed every few seconds)."""
+
+    node_id: NodeId
+    name: str
+    # Where other nodes reach this node's cluster port: what `--peer` takes.
+    cluster_endpoints: tuple[str, ...]
+    api_port: int
+    platform: str
+    device: str
+    mlx_backend: MlxBackend
+    memory: NodeMemory
+    exo_version: str
+    # False for a `--no-model` node: it lends its memory and API but loads no model of its own.
+    serves_models: bool
+    started_at: float
+
+
+class NodeHealth(FrozenModel):
+    status: NodeStatus
+    # Why the node is not healthy; None when it is.
+    reason: str | None = None
 
 
 class NodeInfo(FrozenModel):
-    node_id: NodeId
-    hostname: str
-    platform: str
-    api_port: int
+    facts: NodeFacts
+    # The `--model` specs (or "default") the node is resolving right now: their requests get a 503 until then.
+    preparing: tuple[str, ...] = ()
+    # Downloads, GGUF assembly and conversions the node ran for its models, with progress (and how they ended).
+    preparations: dict[ModelId, ModelPreparation] = Field(default_factory=dict)
+    # When the master last ordered an event from this node (the master's clock).
+    last_seen: float
+    health: NodeHealth
 
 
 class TaskSummary(FrozenModel):
@@ -31,8 +73,27 @@ class TaskSummary(FrozenModel):
     finished_at: float
 
 
+class RunnerMetrics(FrozenModel):
+    """What a runner has served since it was registered, measured on its node.
+
+    Time to first token runs from the worker accepting the task to its first chunk (queueing included); decode
+    speed is completion tokens over the time after the first chunk. Both are means over recent requests.
+    """
+
+    requests_finished: int = 0
+    requests_failed: int = 0
+    requests_cancelled: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    time_to_first_token_seconds: float | None = None
+    decode_tokens_per_second: float | None = None
+
+
 class RunnerInfo(FrozenModel):
     runner_id: RunnerId
+    node_id: NodeId
+    # The instance this runner is a shard of; every runner is a whole instance today (world size 1).
+    instance_id: InstanceId
     model_id: ModelId
     model_path: str
     shard: ShardAssignment
@@ -43,19 +104,25 @@ class RunnerInfo(FrozenModel):
     metadata: ModelMetadata | None = None
     # The most recently ended tasks, oldest first (bounded), in the order the runner ran them.
     recent_tasks: tuple[TaskSummary, ...] = ()
+    metrics: RunnerMetrics = Field(default_factory=RunnerMetrics)
 
 
 class TaskInfo(FrozenModel):
     task_id: TaskId
     model_id: ModelId
     runner_id: RunnerId
+    # The node whose runner holds the task, and the node whose API client asked for it (they differ when the
+    # request was forwarded).
+    node_id: NodeId
+    requested_by: NodeId
     status: TaskStatus
     created_at: float
 
 
 class State(FrozenModel):
+    master_node_id: NodeId | None = None
+    # Index of the last event folded in; equal on two nodes means they hold the same state.
+    last_event_index: int = 0
     nodes: dict[NodeId, NodeInfo] = Field(default_factory=dict)
     runners: dict[RunnerId, RunnerInfo] = Field(default_factory=dict)
     tasks: dict[TaskId, TaskInfo] = Field(default_factory=dict)
-    # Models being downloaded, assembled or converted before a runner can load them (and how that ended).
-    preparations: dict[ModelId, ModelPreparation] = Field(default_factory=dict)

@@ -1,0 +1,152 @@
+"""The cluster bus: this node's zenoh session, carrying typed messages only.
+
+Zenoh calls back on its own threads. Every incoming payload is validated there against the pydantic type its key
+expects and handed to the event loop; a payload that is not valid (malformed, foreign, from an incompatible
+version, oversized) is logged and dropped, so nothing from the network can crash a node or reach its state
+unchecked.
+"""
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+import zenoh
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Chat requests are capped at 32 MiB by the API; nothing legitimate on the bus is larger than twice that.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# A flood of bad messages logs one line per key per interval, with a count, instead of one line each.
+DROP_LOG_INTERVAL_SECONDS = 10.0
+
+
+class Bus:
+    """Typed publish/subscribe, liveliness and queries over one zenoh session. Create with `await Bus.open(...)`."""
+
+    def __init__(self, session: zenoh.Session, loop: asyncio.AbstractEventLoop) -> None:
+        self.session = session
+        self._loop = loop
+        # Zenoh undeclares what it no longer references; these live as long as the bus.
+        self._declarations: list[Any] = []
+        self._senders: list[MemoryObjectSendStream[Any]] = []
+        self.dropped_messages = 0
+        self._drops_since_log: dict[str, int] = {}
+        self._last_drop_log: dict[str, float] = {}
+
+    @classmethod
+    async def open(cls, config: zenoh.Config) -> "Bus":
+        """Open the session (it may wait briefly for scouting replies, so off the event loop)."""
+        session = await anyio.to_thread.run_sync(zenoh.open, config)
+        return cls(session, asyncio.get_running_loop())
+
+    def publish(self, key: str, message: BaseModel) -> None:
+        """Send `message` reliably and at once (no batching delay); a full queue waits rather than drops."""
+        self.session.put(
+            key,
+            message.model_dump_json().encode(),
+            congestion_control=zenoh.CongestionControl.BLOCK,
+            express=True,
+        )
+
+    def subscribe(self, key: str, adapter: TypeAdapter[T]) -> MemoryObjectReceiveStream[T]:
+        """The valid messages published on `key` (a key expression), in arrival order."""
+        sender, receiver = anyio.create_memory_object_stream[T](max_buffer_size=math.inf)
+        self._senders.append(sender)
+
+        def on_sample(sample: zenoh.Sample) -> None:
+            message = self._validate(str(sample.key_expr), sample.payload.to_bytes(), adapter)
+            if message is not None:
+                self._hand_over(sender, message)
+
+        self._declarations.append(self.session.declare_subscriber(key, on_sample))
+        return receiver
+
+    def declare_token(self, key: str) -> None:
+        """Announce this session under `key` until the session closes (or its lease runs out, if it dies)."""
+        self._declarations.append(self.session.liveliness().declare_token(key))
+
+    def watch_liveliness(self, key: str) -> MemoryObjectReceiveStream[tuple[bool, str]]:
+        """(alive, token key) for every token under `key`: the ones present now, then each arrival and departure."""
+        sender, receiver = anyio.create_memory_object_stream[tuple[bool, str]](max_buffer_size=math.inf)
+        self._senders.append(sender)
+
+        def on_sample(sample: zenoh.Sample) -> None:
+            self._hand_over(sender, (sample.kind == zenoh.SampleKind.PUT, str(sample.key_expr)))
+
+        subscriber = self.session.liveliness().declare_subscriber(key, on_sample, history=True)
+        self._declarations.append(subscriber)
+        return receiver
+
+    def answer_queries(self, key: str, answer: Callable[[], BaseModel | None]) -> None:
+        """Reply to queries on `key` with `answer()` (called on a zenoh thread; None means stay silent)."""
+
+        def on_query(query: zenoh.Query) -> None:
+            reply = answer()
+            if reply is not None:
+                query.reply(key, reply.model_dump_json().encode())
+
+        self._declarations.append(self.session.declare_queryable(key, on_query))
+
+    async def query(self, key: str, adapter: TypeAdapter[T], timeout: float) -> list[T]:
+        """Every valid reply to a query on `key` that arrives within `timeout` seconds."""
+
+        def collect() -> list[T]:
+            replies: list[T] = []
+            for reply in self.session.get(key, timeout=timeout):
+                sample = reply.ok
+                if sample is None:
+                    continue
+                message = self._validate(str(sample.key_expr), sample.payload.to_bytes(), adapter)
+                if message is not None:
+                    replies.append(message)
+            return replies
+
+        return await anyio.to_thread.run_sync(collect)
+
+    async def close(self) -> None:
+        """Leave the cluster: peers see this node's tokens go at once."""
+        for sender in self._senders:
+            sender.close()
+        self._declarations.clear()
+        await anyio.to_thread.run_sync(self.session.close)
+
+    def _validate(self, key: str, payload: bytes, adapter: TypeAdapter[T]) -> T | None:
+        if len(payload) > MAX_MESSAGE_BYTES:
+            self._drop(key, f"{len(payload)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit")
+            return None
+        try:
+            return adapter.validate_json(payload)
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "message"
+            self._drop(key, f"{where}: {first['msg']} ({error.error_count()} problem(s))")
+            return None
+
+    def _drop(self, key: str, reason: str) -> None:
+        self.dropped_messages += 1
+        self._drops_since_log[key] = self._drops_since_log.get(key, 0) + 1
+        now = time.monotonic()
+        if now - self._last_drop_log.get(key, -math.inf) >= DROP_LOG_INTERVAL_SECONDS:
+            count = self._drops_since_log.pop(key)
+            self._last_drop_log[key] = now
+            logger.warning("dropped %d invalid message(s) from the network on %s: %s", count, key, reason)
+
+    def _hand_over(self, sender: MemoryObjectSendStream[T], item: T) -> None:
+        """From a zenoh thread onto the event loop, without blocking zenoh."""
+
+        def deliver() -> None:
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                sender.send_nowait(item)
+
+        with contextlib.suppress(RuntimeError):  # the loop already closed: the node is shutting down
+            self._loop.call_soon_threadsafe(deliver)

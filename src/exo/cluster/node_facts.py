@@ -1,0 +1,104 @@
+"""What a node tells the cluster about itself: identity, addresses, hardware, MLX backend, memory, version.
+
+Read from the platform, psutil and installed package metadata; MLX is never imported here (the API process never
+loads it), so the backend is read from which MLX wheel is installed.
+"""
+
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from exo.shared.types.common import NodeId
+from exo.shared.types.state import MlxBackend, NodeFacts, NodeMemory
+
+
+def mlx_backend() -> MlxBackend:
+    """Metal on Apple silicon, CUDA where an mlx-cuda wheel is installed, else the CPU backend."""
+    if sys.platform == "darwin" and platform.machine() == "arm64":
+        return "metal"
+    installed = {(distribution.metadata["Name"] or "").lower() for distribution in importlib.metadata.distributions()}
+    return "cuda" if any(name.startswith("mlx-cuda") for name in installed) else "cpu"
+
+
+def device_name() -> str:
+    """The processor's marketing name and core count, e.g. `Apple M2 Max (12 cores)` or `AMD EPYC (2 cores)`."""
+    name = platform.processor() or platform.machine()
+    if sys.platform == "darwin":
+        result = subprocess.run(
+            ["/usr/sbin/sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, check=False
+        )
+        name = result.stdout.strip() or name
+    elif os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as cpuinfo:
+            models = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+        name = models[0] if models else name
+    return f"{name} ({os.cpu_count() or 1} cores)"
+
+
+def node_memory() -> NodeMemory:
+    memory = psutil.virtual_memory()
+    return NodeMemory(total_bytes=memory.total, available_bytes=memory.available)
+
+
+def exo_version() -> str:
+    try:
+        return importlib.metadata.version("exo")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def reachable_endpoints(listen: tuple[str, ...]) -> tuple[str, ...]:
+    """The listen endpoints as peers can dial them: a wildcard address becomes each interface's address."""
+    endpoints: list[str] = []
+    for endpoint in listen:
+        wildcard = next((prefix for prefix in ("tcp/0.0.0.0:", "tcp/[::]:") if endpoint.startswith(prefix)), None)
+        if wildcard is None:
+            endpoints.append(endpoint)
+            continue
+        port = endpoint.removeprefix(wildcard)
+        family = socket.AF_INET if "0.0.0.0" in wildcard else socket.AF_INET6
+        for addresses in psutil.net_if_addrs().values():
+            for address in addresses:
+                host = address.address.split("%")[0]
+                if address.family != family or host.startswith(("127.", "::1", "fe80")):
+                    continue
+                endpoints.append(f"tcp/{host}:{port}" if family == socket.AF_INET else f"tcp/[{host}]:{port}")
+    return tuple(dict.fromkeys(endpoints))
+
+
+@dataclass
+class NodeDescriber:
+    """Gathers the facts that never change once, and fresh memory figures on every call."""
+
+    node_id: NodeId
+    name: str
+    listen: tuple[str, ...]
+    api_port: int
+    serves_models: bool
+    started_at: float = field(default_factory=time.time)
+    _platform: str = field(default_factory=platform.platform)
+    _device: str = field(default_factory=device_name)
+    _backend: MlxBackend = field(default_factory=mlx_backend)
+    _version: str = field(default_factory=exo_version)
+
+    def __call__(self) -> NodeFacts:
+        return NodeFacts(
+            node_id=self.node_id,
+            name=self.name,
+            cluster_endpoints=reachable_endpoints(self.listen),
+            api_port=self.api_port,
+            platform=self._platform,
+            device=self._device,
+            mlx_backend=self._backend,
+            memory=node_memory(),
+            exo_version=self._version,
+            serves_models=self.serves_models,
+            started_at=self.started_at,
+        )

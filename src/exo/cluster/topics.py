@@ -1,0 +1,72 @@
+"""The cluster's zenoh key space. Everything lives under `exo/<cluster>/v1/`, so two clusters (or two protocol
+versions) on one network never see each other's messages."""
+
+from dataclasses import dataclass
+
+from exo.shared.types.common import NodeId
+
+PROTOCOL_VERSION = "v1"
+
+
+@dataclass(frozen=True)
+class Member:
+    """One node session's liveliness token: a restarted node is the same node with a later `started_at_ms`."""
+
+    node_id: NodeId
+    started_at_ms: int
+
+
+@dataclass(frozen=True)
+class Topics:
+    cluster: str
+
+    @property
+    def root(self) -> str:
+        return f"exo/{self.cluster}/{PROTOCOL_VERSION}"
+
+    @property
+    def members(self) -> str:
+        """Liveliness tokens of every node session."""
+        return f"{self.root}/members/**"
+
+    def member(self, member: Member) -> str:
+        return f"{self.root}/members/{member.node_id}/{member.started_at_ms}"
+
+    def parse_member(self, key: str) -> Member | None:
+        """The member a liveliness key names, or None for a key that is not one of ours."""
+        prefix = f"{self.root}/members/"
+        if not key.startswith(prefix):
+            return None
+        parts = key.removeprefix(prefix).split("/")
+        if len(parts) != 2 or not parts[0] or not parts[1].isdigit():
+            return None
+        return Member(node_id=NodeId(parts[0]), started_at_ms=int(parts[1]))
+
+    @property
+    def local_events(self) -> str:
+        """Nodes → master: reports to be ordered."""
+        return f"{self.root}/events/local"
+
+    @property
+    def ordered_events(self) -> str:
+        """Master → every node: the event log."""
+        return f"{self.root}/events/ordered"
+
+    @property
+    def state(self) -> str:
+        """The master answers queries here with its state snapshot."""
+        return f"{self.root}/state"
+
+    @property
+    def resync(self) -> str:
+        return f"{self.root}/resync"
+
+    @property
+    def master_commands(self) -> str:
+        return f"{self.root}/master/commands"
+
+    def worker_commands(self, node_id: NodeId) -> str:
+        return f"{self.root}/workers/{node_id}"
+
+    def task_replies(self, node_id: NodeId) -> str:
+        return f"{self.root}/replies/{node_id}"

@@ -1,0 +1,91 @@
+"""The cluster's HTTP endpoints: typed read views for agents and tools, Prometheus metrics, and the two writes
+(add a peer, scan again). Every answer is a pydantic model, so the OpenAPI schema documents it."""
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+
+from exo.cluster.peers import PeerUnreachableError
+from exo.cluster.settings import ClusterSettingsError, normalise_endpoint
+from exo.master.client import MasterClient
+from exo.master.cluster_views import cluster_metrics, cluster_node, cluster_nodes, cluster_summary
+from exo.master.errors import ApiError
+from exo.master.prometheus import PROMETHEUS_CONTENT_TYPE, prometheus_text
+from exo.shared.types.api import ErrorResponse
+from exo.shared.types.cluster_api import (
+    ClusterMetrics,
+    ClusterNode,
+    ClusterNodeList,
+    ClusterSummary,
+    DiscoveryReport,
+    PeerConnection,
+    PeerRequest,
+)
+from exo.shared.types.common import NodeId
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    descriptions = {
+        400: "Invalid request",
+        401: "Missing or wrong API key",
+        404: "No such node",
+        500: "Server error",
+        502: "The peer did not answer",
+    }
+    return {status: {"model": ErrorResponse, "description": descriptions[status]} for status in statuses}
+
+
+def cluster_router(master: MasterClient) -> APIRouter:
+    router = APIRouter(tags=["cluster"])
+
+    @router.get("/v1/cluster", responses=_errors(401, 500))
+    async def summary() -> ClusterSummary:
+        """Nodes up and down, memory, and which models run where."""
+        return cluster_summary(master.state, master.cluster_name, master.node_id)
+
+    @router.get("/v1/cluster/nodes", responses=_errors(401, 500))
+    async def nodes() -> ClusterNodeList:
+        """Every node the cluster has seen, with its facts and health (down nodes included)."""
+        return ClusterNodeList(data=cluster_nodes(master.state))
+
+    @router.get("/v1/cluster/nodes/{node_id}", responses=_errors(401, 404, 500))
+    async def node(node_id: str) -> ClusterNode:
+        """One node's facts, health and runners."""
+        state = master.state
+        info = state.nodes.get(NodeId(node_id))
+        if info is None:
+            raise ApiError(404, f"no node {node_id!r} in this cluster", error_type="not_found_error", param="node_id")
+        return cluster_node(state, info)
+
+    @router.get("/v1/cluster/metrics", responses=_errors(401, 500))
+    async def metrics() -> ClusterMetrics:
+        """Per node and per model: requests, tokens, time to first token, decode speed, queue depth, memory."""
+        return cluster_metrics(master.state)
+
+    @router.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"content": {PROMETHEUS_CONTENT_TYPE: {}}, "description": "Prometheus text format"}},
+    )
+    async def prometheus() -> Response:
+        """The same figures for Prometheus, labelled by node, model and runner."""
+        return Response(prometheus_text(master.state, master.cluster_name), media_type=PROMETHEUS_CONTENT_TYPE)
+
+    @router.post("/v1/cluster/peers", responses=_errors(400, 401, 500, 502))
+    async def add_peer(request: PeerRequest) -> PeerConnection:
+        """Connect to another node at runtime (`tcp/HOST:PORT`); `joined` says whether it is in this cluster."""
+        try:
+            endpoint = normalise_endpoint(request.endpoint)
+        except ClusterSettingsError as error:
+            raise ApiError(400, str(error), param="endpoint", code="invalid_endpoint") from error
+        try:
+            return await master.add_peer(endpoint)
+        except PeerUnreachableError as error:
+            raise ApiError(502, str(error), error_type="server_error", code="peer_unreachable") from error
+
+    @router.post("/v1/cluster/discover", responses=_errors(401, 500))
+    async def discover() -> DiscoveryReport:
+        """Scan the network for nodes once (multicast scouting) and connect to those not connected yet."""
+        return await master.discover()
+
+    return router

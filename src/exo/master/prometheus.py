@@ -1,0 +1,83 @@
+"""GET /metrics: the cluster state in Prometheus text format, labelled by node, model and runner.
+
+Any node answers for the whole cluster (its state is the cluster's), so one scrape target is enough; scraping
+every node gives the same series.
+"""
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from exo.shared.types.state import RunnerInfo, State
+
+PROMETHEUS_CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def prometheus_text(state: State, cluster: str) -> bytes:
+    """The exposition text for `state`."""
+    return generate_latest(_StateCollector(state, cluster))
+
+
+class _StateCollector:
+    def __init__(self, state: State, cluster: str) -> None:
+        self._state = state
+        self._cluster = cluster
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._node_metrics()
+        yield from self._model_metrics()
+        index = GaugeMetricFamily("exo_event_log_index", "Index of the last event applied", labels=["cluster"])
+        index.add_metric([self._cluster], self._state.last_event_index)
+        yield index
+
+    def _node_metrics(self) -> Iterator[Metric]:
+        labels = ["cluster", "node_id", "node_name"]
+        up = GaugeMetricFamily("exo_node_up", "1 while the node is in the cluster", labels=labels)
+        degraded = GaugeMetricFamily("exo_node_degraded", "1 while the node is degraded", labels=labels)
+        master = GaugeMetricFamily("exo_node_master", "1 for the elected master", labels=labels)
+        total = GaugeMetricFamily("exo_node_memory_total_bytes", "Memory installed", labels=labels)
+        available = GaugeMetricFamily("exo_node_memory_available_bytes", "Memory available", labels=labels)
+        seen = GaugeMetricFamily("exo_node_last_seen_timestamp_seconds", "Last report from the node", labels=labels)
+        for node in self._state.nodes.values():
+            values = [self._cluster, node.facts.node_id, node.facts.name]
+            up.add_metric(values, node.health.status != "down")
+            degraded.add_metric(values, node.health.status == "degraded")
+            master.add_metric(values, self._state.master_node_id == node.facts.node_id)
+            total.add_metric(values, node.facts.memory.total_bytes)
+            available.add_metric(values, node.facts.memory.available_bytes)
+            seen.add_metric(values, node.last_seen)
+        yield from (up, degraded, master, total, available, seen)
+
+    def _model_metrics(self) -> Iterator[Metric]:
+        labels = ["cluster", "node_id", "model", "runner_id"]
+        requests = CounterMetricFamily(
+            "exo_requests", "Requests that left a runner, by outcome", labels=[*labels, "outcome"]
+        )
+        prompt = CounterMetricFamily("exo_prompt_tokens", "Prompt tokens processed", labels=labels)
+        generated = CounterMetricFamily("exo_generated_tokens", "Tokens generated", labels=labels)
+        first_token = GaugeMetricFamily(
+            "exo_time_to_first_token_seconds", "Mean time to first token over recent requests", labels=labels
+        )
+        decode = GaugeMetricFamily(
+            "exo_decode_tokens_per_second", "Mean decode speed over recent requests", labels=labels
+        )
+        tasks = GaugeMetricFamily("exo_tasks", "Tasks held by runners, by status", labels=[*labels, "status"])
+        for runner in sorted(self._state.runners.values(), key=lambda runner: runner.runner_id):
+            values = [self._cluster, runner.node_id, runner.model_id, runner.runner_id]
+            metrics = runner.metrics
+            requests.add_metric([*values, "finished"], metrics.requests_finished)
+            requests.add_metric([*values, "failed"], metrics.requests_failed)
+            requests.add_metric([*values, "cancelled"], metrics.requests_cancelled)
+            prompt.add_metric(values, metrics.prompt_tokens)
+            generated.add_metric(values, metrics.generated_tokens)
+            if metrics.time_to_first_token_seconds is not None:
+                first_token.add_metric(values, metrics.time_to_first_token_seconds)
+            if metrics.decode_tokens_per_second is not None:
+                decode.add_metric(values, metrics.decode_tokens_per_second)
+            for status in ("queued", "running"):
+                tasks.add_metric([*values, status], self._task_count(runner, status))
+        yield from (requests, prompt, generated, first_token, decode, tasks)
+
+    def _task_count(self, runner: RunnerInfo, status: str) -> int:
+        return sum(task.runner_id == runner.runner_id and task.status == status for task in self._state.tasks.values())

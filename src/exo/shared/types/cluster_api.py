@@ -1,0 +1,136 @@
+"""What the /v1/cluster endpoints answer: flat, typed documents for agents and tools (the /state document is the
+raw replicated state; these are views of it)."""
+
+from typing import Literal
+
+from pydantic import ConfigDict
+
+from exo.shared.types.common import FrozenModel
+from exo.shared.types.state import MlxBackend, NodeStatus
+from exo.shared.types.worker.runner_status import RunnerStatus
+
+
+class ModelInstance(FrozenModel):
+    """One served copy of a model; `rank`/`world_size` and the layer range say which part this runner holds."""
+
+    instance_id: str
+    runner_id: str
+    node_id: str
+    node_name: str
+    status: RunnerStatus
+    rank: int
+    world_size: int
+    start_layer: int
+    end_layer: int | None
+
+
+class ClusterModel(FrozenModel):
+    model_id: str
+    instances: list[ModelInstance]
+
+
+class ClusterSummary(FrozenModel):
+    """GET /v1/cluster: the cluster at a glance."""
+
+    cluster: str
+    # The node that answered, and the elected master.
+    node_id: str
+    master_node_id: str | None
+    nodes_healthy: int
+    nodes_degraded: int
+    nodes_down: int
+    # Summed over the nodes that are not down.
+    memory_total_bytes: int
+    memory_available_bytes: int
+    models: list[ClusterModel]
+    last_event_index: int
+
+
+class ClusterNode(FrozenModel):
+    """GET /v1/cluster/nodes/{node_id}: one node's facts, health and runners."""
+
+    node_id: str
+    name: str
+    is_master: bool
+    status: NodeStatus
+    reason: str | None
+    cluster_endpoints: list[str]
+    api_port: int
+    platform: str
+    device: str
+    mlx_backend: MlxBackend
+    memory_total_bytes: int
+    memory_available_bytes: int
+    exo_version: str
+    serves_models: bool
+    started_at: float
+    last_seen: float
+    preparing: list[str]
+    models: list[ClusterModel]
+
+
+class ClusterNodeList(FrozenModel):
+    object: Literal["list"] = "list"
+    data: list[ClusterNode]
+
+
+class RequestMetrics(FrozenModel):
+    """Requests served since the runners started; timings are means over recent requests (None before any)."""
+
+    requests_finished: int
+    requests_failed: int
+    requests_cancelled: int
+    prompt_tokens: int
+    generated_tokens: int
+    time_to_first_token_seconds: float | None
+    decode_tokens_per_second: float | None
+    tasks_running: int
+    queue_depth: int
+
+
+class NodeMetrics(RequestMetrics):
+    node_id: str
+    name: str
+    status: NodeStatus
+    memory_total_bytes: int
+    memory_available_bytes: int
+
+
+class ModelMetrics(RequestMetrics):
+    model_id: str
+    node_ids: list[str]
+
+
+class ClusterMetrics(FrozenModel):
+    """GET /v1/cluster/metrics: per node and per model (Prometheus text at GET /metrics)."""
+
+    nodes: list[NodeMetrics]
+    models: list[ModelMetrics]
+
+
+class PeerRequest(FrozenModel):
+    """POST /v1/cluster/peers body: the peer's cluster endpoint, `tcp/HOST:PORT` (port 52414 by default)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    endpoint: str
+
+
+class PeerConnection(FrozenModel):
+    endpoint: str
+    # The peer's node id (its zenoh id).
+    node_id: str
+    # False when the peer answered but is not in this cluster (another --cluster name, or not an exo node).
+    joined: bool
+
+
+class DiscoveredPeer(FrozenModel):
+    node_id: str
+    endpoints: list[str]
+    joined: bool
+
+
+class DiscoveryReport(FrozenModel):
+    """POST /v1/cluster/discover: the peers one multicast scan found (connected to, when they were not yet)."""
+
+    found: list[DiscoveredPeer]

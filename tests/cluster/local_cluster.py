@@ -1,0 +1,206 @@
+"""Several real exo nodes on 127.0.0.1 for cluster tests: separate processes, each with its own EXO_HOME, API port
+and cluster port, joined by explicit peers (or by scouting, where asked).
+
+Every node runs in a process group of its own (the node and its runner subprocesses), so a test can crash or freeze
+a whole node at once, and `LocalCluster` kills every group it started on exit, whether or not the test passed.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Generator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from tests.exo_server import free_port
+
+T = TypeVar("T")
+
+# Generous but bounded: starting Python, zenoh and a runner on a loaded 2-core machine takes seconds.
+START_TIMEOUT_S = 120.0
+SETTLE_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+
+
+@dataclass
+class ClusterNode:
+    name: str
+    process: subprocess.Popen[bytes]
+    api_port: int
+    cluster_port: int
+    home: Path
+    log_path: Path
+    models: tuple[Path, ...]
+    arguments: list[str] = field(default_factory=list[str])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp/127.0.0.1:{self.cluster_port}"
+
+    @property
+    def node_id(self) -> str:
+        return (self.home / "node_id").read_text().strip()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def get(self, path: str) -> Any:
+        response = httpx.get(f"{self.base_url}{path}", timeout=10)
+        response.raise_for_status()
+        return response.json()
+
+    def state(self) -> dict[str, Any]:
+        state: dict[str, Any] = self.get("/state")
+        return state
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def signal_group(self, signum: signal.Signals) -> None:
+        """Signal the node and its runners together, as when a machine dies or freezes."""
+        with suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signum)
+
+
+class LocalCluster:
+    """Starts nodes in `work_dir`; `stop_all` (also on exit) leaves no process behind."""
+
+    def __init__(self, work_dir: Path, cluster_name: str) -> None:
+        self.work_dir = work_dir
+        self.cluster_name = cluster_name
+        self.nodes: list[ClusterNode] = []
+
+    def start(
+        self,
+        name: str,
+        models: Sequence[Path] = (),
+        peers: Sequence[ClusterNode] = (),
+        *,
+        home: Path | None = None,
+        cluster_port: int | None = None,
+        cluster_name: str | None = None,
+        discovery: bool = False,
+    ) -> ClusterNode:
+        """Start a node and wait until it serves; see `launch`."""
+        node = self.launch(
+            name, models, peers, home=home, cluster_port=cluster_port, cluster_name=cluster_name, discovery=discovery
+        )
+        self.wait_ready(node)
+        return node
+
+    def wait_ready(self, node: ClusterNode) -> None:
+        """Wait until `node` answers and its own runners are ready."""
+        self.wait_until(node, lambda: _runners_ready(node), "its API and runners to come up", START_TIMEOUT_S)
+
+    def launch(
+        self,
+        name: str,
+        models: Sequence[Path] = (),
+        peers: Sequence[ClusterNode] = (),
+        *,
+        home: Path | None = None,
+        cluster_port: int | None = None,
+        cluster_name: str | None = None,
+        discovery: bool = False,
+    ) -> ClusterNode:
+        """Start a node without waiting for it (no model when `models` is empty; `home` reuses an identity)."""
+        api_port = free_port()
+        cluster_port = cluster_port or free_port()
+        home = home or self.work_dir / f"home-{name}"
+        log_path = self.work_dir / f"{name}-{api_port}.log"
+        arguments = [sys.executable, "-m", "exo", "--api-port", str(api_port), "--node-name", name]
+        arguments += ["--listen", f"tcp/127.0.0.1:{cluster_port}", "--cluster", cluster_name or self.cluster_name]
+        arguments += ["--models-dir", str(self.work_dir / f"models-{name}")]
+        arguments += [argument for model in models for argument in ("--model", str(model))] or ["--no-model"]
+        arguments += [argument for peer in peers for argument in ("--peer", peer.endpoint)]
+        arguments += [] if discovery else ["--no-discovery"]
+        environment = {**os.environ, "EXO_HOME": str(home)}
+        environment.pop("EXO_PEERS", None)
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(
+                arguments, stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True
+            )
+        node = ClusterNode(name, process, api_port, cluster_port, home, log_path, tuple(models), arguments)
+        self.nodes.append(node)
+        return node
+
+    def restart(self, node: ClusterNode, peers: Sequence[ClusterNode] = ()) -> ClusterNode:
+        """Start `node` again with its identity (EXO_HOME) and cluster port."""
+        return self.start(node.name, node.models, peers, home=node.home, cluster_port=node.cluster_port)
+
+    def crash(self, node: ClusterNode) -> None:
+        """SIGKILL the node and its runners: no goodbye to the cluster."""
+        node.signal_group(signal.SIGKILL)
+        node.process.wait(timeout=STOP_TIMEOUT_S)
+
+    def stop(self, node: ClusterNode) -> None:
+        """Ctrl-C, as an operator stops a node; killed if it does not exit in time."""
+        if node.running():
+            node.process.send_signal(signal.SIGINT)
+            try:
+                node.process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                node.signal_group(signal.SIGKILL)
+                node.process.wait()
+        # Runners of a node that was killed outright are in its group too.
+        node.signal_group(signal.SIGKILL)
+
+    def stop_all(self) -> None:
+        for node in self.nodes:
+            node.signal_group(signal.SIGCONT)  # a frozen node cannot handle SIGINT
+            self.stop(node)
+
+    def wait_until(self, node: ClusterNode, condition: Callable[[], bool], what: str, timeout: float) -> None:
+        """Poll `condition` until it holds; fail with every node's log tail after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not node.running():
+                raise RuntimeError(f"{node.name} exited ({node.process.returncode}):\n{node.log()[-6000:]}")
+            with suppress(httpx.HTTPError, KeyError, ValueError):
+                if condition():
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"{node.name}: waited {timeout:.0f} s for {what}\n{self.logs()}")
+
+    def settled_states(self, nodes: Sequence[ClusterNode], timeout: float = SETTLE_TIMEOUT_S) -> dict[str, Any]:
+        """Poll until every node in `nodes` returns the same /state document, and return it."""
+        deadline = time.monotonic() + timeout
+        states: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            with suppress(httpx.HTTPError):
+                states = [node.state() for node in nodes]
+                if all(state == states[0] for state in states):
+                    return states[0]
+            time.sleep(0.1)
+        shown = "\n".join(json.dumps(state, sort_keys=True)[:3000] for state in states)
+        raise TimeoutError(f"/state never converged on {[node.name for node in nodes]}:\n{shown}\n{self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {node.name} ---\n{node.log()[-4000:]}" for node in self.nodes)
+
+
+def _runners_ready(node: ClusterNode) -> bool:
+    """The API answers and this node's own runners (one per model) are ready."""
+    state = node.state()
+    own = [runner for runner in state["runners"].values() if runner["node_id"] == node.node_id]
+    return len(own) == len(node.models) and all(runner["status"] == "ready" for runner in own)
+
+
+@contextmanager
+def local_cluster(work_dir: Path, cluster_name: str) -> Generator[LocalCluster]:
+    cluster = LocalCluster(work_dir, cluster_name)
+    try:
+        yield cluster
+    finally:
+        cluster.stop_all()

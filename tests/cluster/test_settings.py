@@ -1,0 +1,107 @@
+"""Cluster flags: endpoints, peer lists, names, and the zenoh config they become."""
+
+import json
+
+import pytest
+
+from exo.cluster.settings import (
+    LEASE_MILLISECONDS,
+    MULTICAST_ADDRESS,
+    ClusterSettings,
+    ClusterSettingsError,
+    check_cluster_name,
+    default_listen_endpoint,
+    normalise_endpoint,
+    parse_peer_list,
+    zenoh_config,
+)
+from exo.main import build_parser, config_from_args
+from tests.shared.state_builders import NODE_A
+
+
+@pytest.mark.parametrize(
+    ("text", "endpoint"),
+    [
+        ("tcp/10.0.0.2:52414", "tcp/10.0.0.2:52414"),
+        ("10.0.0.2:52414", "tcp/10.0.0.2:52414"),
+        (" studio.local:1 ", "tcp/studio.local:1"),
+        ("tcp/[fe80::1]:52414", "tcp/[fe80::1]:52414"),
+    ],
+)
+def test_endpoints_are_normalised_to_tcp(text: str, endpoint: str) -> None:
+    assert normalise_endpoint(text) == endpoint
+
+
+@pytest.mark.parametrize("text", ["", "tcp/host", "quic/host:1", "tcp/host:70000", "tcp/host:0", "tcp/a b:1"])
+def test_malformed_endpoints_are_refused_with_the_expected_form(text: str) -> None:
+    with pytest.raises(ClusterSettingsError, match="tcp/HOST:PORT"):
+        normalise_endpoint(text)
+
+
+def test_exo_peers_takes_commas_or_whitespace() -> None:
+    assert parse_peer_list("10.0.0.2:52414, tcp/10.0.0.3:52414\n10.0.0.4:1") == (
+        "tcp/10.0.0.2:52414",
+        "tcp/10.0.0.3:52414",
+        "tcp/10.0.0.4:1",
+    )
+    assert parse_peer_list("") == ()
+
+
+@pytest.mark.parametrize("name", ["", "-lab", "a/b", "a*", "x" * 64, "é"])
+def test_cluster_names_that_cannot_be_a_key_segment_are_refused(name: str) -> None:
+    with pytest.raises(ClusterSettingsError):
+        check_cluster_name(name)
+
+
+def test_the_node_listens_on_loopback_unless_the_api_is_exposed() -> None:
+    assert default_listen_endpoint("127.0.0.1") == "tcp/127.0.0.1:52414"
+    assert default_listen_endpoint("0.0.0.0") == "tcp/0.0.0.0:52414"
+
+
+def test_the_zenoh_config_carries_identity_endpoints_scouting_and_lease() -> None:
+    settings = ClusterSettings(listen=("tcp/127.0.0.1:5000",), peers=("tcp/10.0.0.2:52414",), discovery=True)
+    config = zenoh_config(settings, NODE_A)
+    assert json.loads(config.get_json("id")) == NODE_A
+    assert json.loads(config.get_json("mode")) == "peer"
+    assert json.loads(config.get_json("listen/endpoints")) == ["tcp/127.0.0.1:5000"]
+    assert json.loads(config.get_json("connect/endpoints")) == ["tcp/10.0.0.2:52414"]
+    assert json.loads(config.get_json("scouting/multicast/enabled")) is True
+    assert json.loads(config.get_json("scouting/multicast/address")) == MULTICAST_ADDRESS
+    # A loopback node scouts on the loopback interface only, never advertising 127.0.0.1 to the LAN.
+    assert json.loads(config.get_json("scouting/multicast/interface")) in ("lo", "lo0")
+    assert json.loads(config.get_json("transport/link/tx/lease")) == LEASE_MILLISECONDS < 10_000
+    exposed = zenoh_config(ClusterSettings(listen=("tcp/0.0.0.0:52414",), discovery=False), NODE_A)
+    assert json.loads(exposed.get_json("scouting/multicast/enabled")) is False
+    assert json.loads(exposed.get_json("scouting/multicast/interface")) == "auto"
+
+
+def test_cli_defaults_join_the_default_cluster_on_loopback_with_discovery(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EXO_PEERS", raising=False)
+    config = config_from_args(build_parser().parse_args([]))
+    assert config.cluster == ClusterSettings()
+    assert config.models == (None,)
+
+
+def test_cli_cluster_flags_and_exo_peers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXO_PEERS", "10.0.0.9:52414")
+    arguments = ["--host", "0.0.0.0", "--peer", "10.0.0.2:52414", "--cluster", "lab", "--no-discovery", "--no-model"]
+    config = config_from_args(build_parser().parse_args(arguments))
+    assert config.cluster == ClusterSettings(
+        name="lab",
+        listen=("tcp/0.0.0.0:52414",),
+        peers=("tcp/10.0.0.2:52414", "tcp/10.0.0.9:52414"),
+        discovery=False,
+    )
+    assert config.models == ()
+
+
+def test_cli_refuses_a_model_on_a_no_model_node() -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--no-model", "--model", "x"])
+
+
+def test_only_a_listener_beyond_loopback_is_reachable_from_the_network() -> None:
+    assert ClusterSettings(listen=("tcp/0.0.0.0:52414",)).reachable_from_network
+    assert ClusterSettings(listen=("tcp/127.0.0.1:1", "tcp/10.0.0.2:52414")).reachable_from_network
+    assert not ClusterSettings(listen=("tcp/127.0.0.1:52414", "tcp/[::1]:52414")).reachable_from_network
+    assert not ClusterSettings(listen=()).reachable_from_network
