@@ -194,6 +194,10 @@ class Extension:
                 if not accepted:
                     logger.warning("extension %s registered %r after start-up; ignored", self.name, message.name)
             case Ready():
+                # Closed here, in the order the lines arrive: a tool registered after `ready` is refused however
+                # soon it follows, not only once the agent has woken up to read the tools.
+                with self._lock:
+                    self._accepting_tools = False
                 self._ready.set()
             case ToolResult():
                 with self._lock:

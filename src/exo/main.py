@@ -21,6 +21,11 @@ from exo.cluster.settings import (
     normalise_endpoint,
     parse_peer_list,
 )
+from exo.master.read_timeouts import (
+    DEFAULT_BODY_TIMEOUT_SECONDS,
+    DEFAULT_HEADER_TIMEOUT_SECONDS,
+    read_timeout_protocol,
+)
 
 # exo.node (and with it the model converter, transformers…) is imported only when a node starts: the subcommands
 # (`exo models`, `exo conformance`, `exo mcp`) start quickly without it.
@@ -31,10 +36,22 @@ logger = logging.getLogger("exo")
 
 
 def _positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a duration in seconds above zero."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +99,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--trust-remote-code",
         action="store_true",
         help="let models run their own Python code while loading (custom architectures/tokenizers); off by default",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=positive_seconds,
+        default=DEFAULT_HEADER_TIMEOUT_SECONDS,
+        help=f"seconds a client has to send its request headers (default {DEFAULT_HEADER_TIMEOUT_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=positive_seconds,
+        default=DEFAULT_BODY_TIMEOUT_SECONDS,
+        help=f"seconds a request body may stall between reads (default {DEFAULT_BODY_TIMEOUT_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--show-model-paths",
+        action="store_true",
+        help="show where models live on disk in API answers (/state, errors); they are always in the logs",
     )
     cluster = parser.add_argument_group("cluster")
     cluster.add_argument(
@@ -143,6 +177,9 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         max_request_bytes=int(arguments.max_request_mb * 1024 * 1024),
         log_level=level,
         trust_remote_code=arguments.trust_remote_code,
+        show_model_paths=arguments.show_model_paths,
+        header_timeout_seconds=arguments.header_timeout,
+        body_timeout_seconds=arguments.body_timeout,
         cluster=cluster_settings_from_args(arguments),
         node_name=arguments.node_name,
     )
@@ -167,7 +204,14 @@ async def serve(config: "NodeConfig") -> None:
         )
     node = Node(config)
     await node.join()
-    settings = ApiSettings(config.api_key, config.max_request_bytes, config.host, config.api_port, config.models_dir)
+    settings = ApiSettings(
+        config.api_key,
+        config.max_request_bytes,
+        config.host,
+        config.api_port,
+        config.models_dir,
+        show_model_paths=config.show_model_paths,
+    )
     try:
         async with anyio.create_task_group() as task_group:
             node.start(task_group)
@@ -178,6 +222,7 @@ async def serve(config: "NodeConfig") -> None:
                     port=config.api_port,
                     log_level="warning",
                     access_log=False,
+                    http=read_timeout_protocol(config.header_timeout_seconds, config.body_timeout_seconds),
                 )
             )
             logger.info("exo API on http://%s:%d/v1", config.host, config.api_port)

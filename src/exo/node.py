@@ -25,6 +25,7 @@ from exo.cluster.settings import ClusterSettings, zenoh_config
 from exo.cluster.topics import Member, Topics
 from exo.master.client import BusMasterClient
 from exo.master.main import Master
+from exo.master.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS, DEFAULT_HEADER_TIMEOUT_SECONDS
 from exo.models.paths import exo_home
 from exo.models.progress_display import ConsoleProgress
 from exo.shared.types.common import ModelId
@@ -56,6 +57,11 @@ class NodeConfig:
     log_level: int = logging.INFO
     # Let a model's own Python code run while loading (config.json `model_file`, tokenizer auto_map): off unless asked.
     trust_remote_code: bool = False
+    # Show where models live on disk in API answers (/state, error messages); they are always in the logs.
+    show_model_paths: bool = False
+    # A client must send its request headers within this, and may pause its body at most this long (read_timeouts.py).
+    header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS
+    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
     extra_runner_configs: tuple[RunnerConfig, ...] = field(default_factory=tuple)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     # Shown in /v1/cluster; the host name by default.

@@ -9,7 +9,6 @@ so it talks to nothing but exo. Both print one JSON event per line, parsed into 
 import json
 import os
 import shutil
-import signal
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Final
 from pydantic import BaseModel, ConfigDict, JsonValue
 
 from exo.conformance.json_view import JsonMapping, as_list, as_object
+from tests.clients.headless import run_headless
 from tests.fixtures.client_requests import CLAUDE_CODE_VERSION, CLIENT_AGENT_PROMPT, CODEX_CONFIG, CODEX_VERSION
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
@@ -97,31 +97,16 @@ def isolated_environment(home: Path, extra: dict[str, str]) -> dict[str, str]:
 
 
 def _run(arguments: Sequence[str], project: Path, environment: dict[str, str], timeout: float) -> CliRun:
-    process = subprocess.Popen(
-        arguments,
-        cwd=project,
-        env=environment | {"PWD": str(project)},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        stderr += f"\n[killed after {timeout:.0f}s]"
+    output = run_headless(arguments, project, environment, timeout)
     events: list[dict[str, JsonValue]] = []
-    for line in stdout.splitlines():
+    for line in output.stdout.splitlines():
         try:
             decoded: object = json.loads(line)
         except json.JSONDecodeError:
             continue  # a warning line; the raw stdout stays in the run for debugging
         if isinstance(decoded, dict):
             events.append(decoded)  # pyright: ignore[reportUnknownArgumentType]
-    return CliRun(returncode=process.returncode, events=tuple(events), stdout=stdout, stderr=stderr)
+    return CliRun(returncode=output.returncode, events=tuple(events), stdout=output.stdout, stderr=output.stderr)
 
 
 def run_claude_code(

@@ -9,7 +9,6 @@ still try the npm registry; offline it fails without holding the run up).
 import json
 import os
 import shutil
-import signal
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
+from tests.clients.headless import run_headless
 from tests.fixtures.fixture_specs import JsonObject
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
@@ -161,25 +161,11 @@ def run_opencode(
     sending it, which would change the user message the model sees.
     """
     arguments = [str(binary), "run", "--format", "json", "--print-logs", "--model", f"{PROVIDER_ID}/{model_id}"]
-    process = subprocess.Popen(
-        [*arguments, *prompt_words],
-        cwd=project,
-        # opencode takes its session folder from $PWD, which an inherited environment points at pytest's folder.
-        env=isolated_environment(home) | {"PWD": str(project)},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    # opencode takes its session folder from $PWD, which an inherited environment points at pytest's folder.
+    output = run_headless([*arguments, *prompt_words], project, isolated_environment(home), timeout)
+    return OpencodeRun(
+        returncode=output.returncode, events=_events(output.stdout), stdout=output.stdout, stderr=output.stderr
     )
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # opencode retries and compacts on errors, so a misbehaving model can keep it busy forever.
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        stderr += f"\n[killed after {timeout:.0f}s]"
-    return OpencodeRun(returncode=process.returncode, events=_events(stdout), stdout=stdout, stderr=stderr)
 
 
 def _events(stdout: str) -> tuple[OpencodeEvent, ...]:

@@ -7,8 +7,9 @@ from typing import Any
 import anyio
 
 from exo.conformance.protocol_check import named_events
-from exo.master.adapters.messages_stream import MessageStreamEncoder, message_events
-from exo.master.adapters.responses_stream import ResponseStreamEncoder, response_events
+from exo.master.adapters.messages_stream import MessageStreamEncoder
+from exo.master.adapters.protocol_events import sse_body
+from exo.master.adapters.responses_stream import ResponseStreamEncoder
 from exo.shared.types.chunks import (
     Chunk,
     FinishChunk,
@@ -40,13 +41,13 @@ async def _iterate(chunks: Sequence[Chunk]) -> AsyncIterator[Chunk]:
 
 
 async def _messages_body() -> str:
-    events = message_events(MessageStreamEncoder("msg_1", "m"), CHUNKS[0], _iterate(CHUNKS[1:]))
+    events = sse_body(MessageStreamEncoder("msg_1", "m"), CHUNKS[0], _iterate(CHUNKS[1:]))
     return "".join([event async for event in events])
 
 
 async def _responses_body() -> str:
     initial = ResponseObject(id="resp_1", created_at=0, status="in_progress", model="m", output=[])
-    events = response_events(ResponseStreamEncoder(initial), CHUNKS[0], _iterate(CHUNKS[1:]))
+    events = sse_body(ResponseStreamEncoder(initial), CHUNKS[0], _iterate(CHUNKS[1:]))
     return "".join([event async for event in events])
 
 

@@ -1,6 +1,6 @@
 """`exo conformance` from a runtime-only install: the built wheel in a fresh virtual environment with the project's
-locked runtime dependencies and none of the development ones (so no openai SDK). Installed from uv's cache, offline
-(`uv sync` put every locked file there)."""
+locked runtime dependencies and none of the development ones (so neither the openai nor the anthropic SDK).
+Installed from uv's cache, offline (`uv sync` put every locked file there)."""
 
 import os
 import shutil
@@ -11,6 +11,13 @@ from pathlib import Path
 import pytest
 
 REPOSITORY = Path(__file__).resolve().parents[2]
+GRAMMAR_PROBE = """
+from exo.conformance.messages_contract import check_messages_stream
+from exo.conformance.responses_contract import check_responses_stream
+messages = check_messages_stream('event: message_stop\\ndata: {"type": "message_stop"}\\n\\n')
+responses = check_responses_stream('event: response.completed\\ndata: {"type": "response.completed"}\\n\\n')
+print(*[violation.rule for violation in (*messages.violations, *responses.violations)])
+"""
 
 
 def _run(arguments: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -43,7 +50,8 @@ def test_exo_conformance_passes_in_an_install_without_dev_dependencies(tmp_path:
     python = environment / "bin" / "python"
     installed = _run([uv, "pip", "install", "--offline", "--no-deps", "--python", str(python), str(wheel)], 300)
     assert installed.returncode == 0, installed.stderr
-    assert _run([str(python), "-c", "import openai"], timeout=60).returncode != 0, "openai must not be installed"
+    for sdk in ("openai", "anthropic"):
+        assert _run([str(python), "-c", f"import {sdk}"], timeout=60).returncode != 0, f"{sdk} must not be installed"
     conformance = _run([str(environment / "bin" / "exo"), "conformance"], timeout=300)
     assert conformance.returncode == 0, conformance.stdout + conformance.stderr
     summary = conformance.stdout.strip().splitlines()
@@ -51,3 +59,8 @@ def test_exo_conformance_passes_in_an_install_without_dev_dependencies(tmp_path:
     assert "harmony" in conformance.stdout
     assert "deepseek_v32" in conformance.stdout
     assert "openai-python is not installed" in conformance.stdout
+    assert "anthropic is not installed" in conformance.stdout
+    # Without the SDKs the Messages and Responses grammar checks still run: a stream that starts at its end fails.
+    broken = _run([str(python), "-c", GRAMMAR_PROBE], timeout=120)
+    assert broken.returncode == 0, broken.stderr
+    assert {"messages:order", "responses:lifecycle"} <= set(broken.stdout.split()), broken.stdout

@@ -7,6 +7,7 @@ import logging
 import shlex
 import sys
 from collections.abc import Iterator
+from importlib.metadata import version
 from pathlib import Path
 from textwrap import dedent
 
@@ -66,7 +67,7 @@ def test_exo_mcp_tools_load_into_the_agent_and_answer_through_it(node: ExoServer
         unknown = registry.run("exo_run_model", '{"model": "no-such-model", "prompt": "Hi"}')
         invalid = registry.run("exo_run_model", '{"model": "x"}')
     assert status.ok, status.result
-    assert status.result.startswith(f"exo is up at {node.base_url}")
+    assert status.result.startswith(f"exo {version('exo')} is up at {node.base_url}: node ")
     assert run.ok, run.result
     assert run.result.startswith("Hello! How can I help you today?")
     assert (unknown.ok, ToolError.model_validate_json(unknown.result).error) == (False, "tool_failed")

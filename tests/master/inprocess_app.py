@@ -132,5 +132,12 @@ def scripted_app(
     """The production app in front of a ScriptedMaster (or `master`) serving SCRIPTED_MODEL."""
     config = config or NodeConfig()
     master = master or ScriptedMaster()
-    settings = ApiSettings(config.api_key, config.max_request_bytes, config.host, config.api_port, config.models_dir)
+    settings = ApiSettings(
+        config.api_key,
+        config.max_request_bytes,
+        config.host,
+        config.api_port,
+        config.models_dir,
+        show_model_paths=config.show_model_paths,
+    )
     return create_app(master, settings, master.preparations.append), master

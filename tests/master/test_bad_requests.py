@@ -135,7 +135,47 @@ CASES = [
     ),
     BadRequest("tool_not_type_function", {"tools": [tool("search", tool_type="retrieval")]}, 400, "must be 'function'"),
     BadRequest("duplicate_tool_names", {"tools": [tool("get_weather"), tool("get_weather")]}, 400, "duplicate tool"),
-    BadRequest("tool_name_with_spaces", {"tools": [tool("get weather")]}, 400, "must be 1-64 letters"),
+    BadRequest(
+        "tool_name_with_spaces", {"tools": [tool("get weather")]}, 400, "must be 1-64 ASCII", "tools[0].function.name"
+    ),
+    BadRequest("tool_name_not_ascii", {"tools": [tool("météo")]}, 400, "must be 1-64 ASCII", "tools[0].function.name"),
+    BadRequest("tool_name_too_long", {"tools": [tool("f" * 65)]}, 400, "must be 1-64 ASCII", "tools[0].function.name"),
+    # Booleans are booleans at every depth, as documented ("yes" was taken as true inside nested objects).
+    BadRequest(
+        "include_usage_as_string",
+        {"stream_options": {"include_usage": "yes"}},
+        400,
+        "valid boolean",
+        param="stream_options.include_usage",
+    ),
+    BadRequest(
+        "tool_strict_as_string",
+        {"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]},
+        400,
+        "valid boolean",
+        param="tools[0].function.strict",
+    ),
+    BadRequest(
+        "response_format_strict_as_number",
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "strict": 1}}},
+        400,
+        "valid boolean",
+        param="response_format.json_schema.strict",
+    ),
+    BadRequest(
+        "response_format_name_not_a_string",
+        {"response_format": {"type": "json_schema", "json_schema": {"name": 5, "schema": {}}}},
+        400,
+        "valid string",
+        param="response_format.json_schema.name",
+    ),
+    BadRequest(
+        "named_tool_choice_name_not_a_string",
+        {"tools": [GET_WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": 5}}},
+        400,
+        "valid string",
+        param="tool_choice.function.name",
+    ),
     BadRequest(
         "parameters_not_a_json_schema",
         {"tools": [tool("get_weather", {"type": "object", "properties": {"city": {"type": "strng"}}})]},
@@ -249,6 +289,7 @@ CASES = [
         {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
         400,
         "needs a 'text' string",
+        param="messages[0].content[0].text",
     ),
     BadRequest(
         "response_format_invalid_json_schema",
@@ -543,3 +584,13 @@ def test_an_endlessly_required_schema_stays_lenient_under_plain_auto(app: tuple[
         response = post(client, json.dumps(body).encode())
         assert response.status_code == 200, response.text
     assert len(master.tasks) == 2
+
+
+def test_a_json_syntax_error_names_no_field_and_says_where_it_is(app: tuple[TestClient, ScriptedMaster]) -> None:
+    client, _ = app
+    response = post(client, b'{"model": "scripted-model", "messages": [')
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] is None  # it used to be the character offset, as if that were a field
+    assert "not valid JSON" in error["message"]
+    assert "(at character 41)" in error["message"]

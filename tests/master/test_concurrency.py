@@ -218,6 +218,7 @@ def test_queued_requests_run_first_in_first_out_and_past_the_limit_get_429(serve
         stream_chat(server, GREETING, refused)
         body = {"model": MODEL, "messages": [user("Hello!")]}
         plain = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=30)
+        assert plain.headers["retry-after"] == "2"  # the OpenAI SDKs wait this long before retrying
         for status, payload in ((refused.status, json.loads(refused.body)), (plain.status_code, plain.json())):
             assert status == 429
             assert payload["error"]["code"] == "queue_full"

@@ -93,6 +93,15 @@ def test_a_wrong_key_is_refused(keyed_app: tuple[TestClient, ScriptedMaster], au
     assert master.tasks == []
 
 
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "BeArEr"])
+def test_the_bearer_scheme_is_case_insensitive(keyed_app: tuple[TestClient, ScriptedMaster], scheme: str) -> None:
+    client, master = keyed_app
+    headers = {"Authorization": f"{scheme} {API_KEY}"}
+    response = client.post("/v1/chat/completions", json={"model": SCRIPTED_MODEL, "messages": HELLO}, headers=headers)
+    assert response.status_code == 200, response.text  # RFC 7235: the scheme is case-insensitive, the key is not
+    assert len(master.tasks) == 1
+
+
 def test_the_right_key_opens_every_route(keyed_app: tuple[TestClient, ScriptedMaster]) -> None:
     client, master = keyed_app
     headers = {"Authorization": f"Bearer {API_KEY}"}

@@ -12,6 +12,7 @@ import pytest
 from exo.mcp.models import DOWNLOAD_PROGRESS_TOTAL, ModelsResult
 from exo.models.catalog import DEFAULT_MODEL_ID
 from exo.shared.types.catalog_api import DownloadDone
+from exo.shared.types.state import State
 from tests.exo_server import ExoServer, fixture_model, running_exo
 from tests.mcp.mcp_clients import exo_mcp_client, text_of
 
@@ -65,9 +66,8 @@ async def test_a_download_reports_progress_while_it_runs_and_returns_where_it_la
     assert messages[-1].endswith("(100%)") or "(100%)," in messages[-1]
 
     # The node's state and catalog now show it.
-    preparation = node.state()["preparations"]
-    assert isinstance(preparation, dict)
-    assert preparation[DEFAULT_MODEL_ID]["phase"] == "ready"  # pyright: ignore[reportUnknownMemberType]
+    (entry,) = State.model_validate(node.state()).nodes.values()  # preparations are kept per node
+    assert entry.preparations[DEFAULT_MODEL_ID].phase == "ready"
     downloaded = {model.listing.entry.model_id: model.listing.downloaded for model in listed.catalog.models}
     assert downloaded[DEFAULT_MODEL_ID] is True
 

@@ -6,6 +6,7 @@ agent can read, and the server must keep answering after them.
 """
 
 from collections.abc import Iterator
+from importlib.metadata import version
 
 import httpx
 import pytest
@@ -63,9 +64,15 @@ async def test_status_names_the_node_and_its_ready_model(transport: McpTransport
     assert isinstance(nodes, dict)
     assert (status.running, status.api_reachable, status.peers) == (True, True, 0)
     assert status.node_id in nodes
-    assert [(model.model_id, model.status) for model in status.models] == [(MODEL, "ready")]
-    assert f"exo is up at {status.url}: node {status.node_id}" in text_of(result)
-    assert f"Serving: {MODEL}." in text_of(result)
+    assert status.master_node_id == status.node_id  # alone, it is its own master
+    assert status.version == version("exo")
+    assert [(model.model_id, [instance.status for instance in model.instances]) for model in status.models] == [
+        (MODEL, ["ready"])
+    ]
+    assert f"exo {status.version} is up at {status.url}: node {status.node_name} [{status.node_id}] (the master)" in (
+        text_of(result)
+    )
+    assert f"Models: {MODEL} (ready on {status.node_name})." in text_of(result)
 
 
 @both_transports
@@ -78,14 +85,18 @@ async def test_list_models_shows_what_the_runner_loaded(transport: McpTransport,
     assert [(model.model_id, model.status, model.tool_format) for model in served] == [(MODEL, "ready", "hermes")]
     assert [model.listing.entry.model_id for model in models.catalog.models] == [entry.model_id for entry in CATALOG]
     assert not any(model.listing.downloaded for model in models.catalog.models)  # a fresh models directory
-    assert served[0].path == str(fixture_model(MODEL))
+    assert served[0].path == f"<{MODEL}>"  # where it lives on disk is in the node's log, not its API
     assert served[0].context_length is not None
     text = text_of(result)
     assert f"- {MODEL} (ready, context {served[0].context_length}, tool calls as hermes)" in text
     larger = CATALOG[1]
+    fit = next(fit for fit in models.fits if fit.model_id == larger.model_id)
+    assert (fit.needed_bytes, fit.fits) == (larger.memory_bytes(), fit.needed_bytes <= fit.available_bytes)
+    verdict = "fits the cluster's free memory" if fit.fits else "does NOT fit the cluster's free memory"
     assert (
         f"- {larger.model_id} ({larger.family} {larger.parameters}, {decimal(larger.source.download_bytes)} download, "
-        f"{decimal(larger.imported_bytes)} on disk, needs {decimal(larger.memory_bytes())} of memory): not downloaded"
+        f"{decimal(larger.imported_bytes)} on disk, needs {decimal(larger.memory_bytes())} of memory: {verdict}): "
+        "not downloaded"
     ) in text
 
 

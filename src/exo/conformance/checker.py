@@ -2,13 +2,14 @@
 (docs/TOOL_CALLING.md, "The streaming contract"), then openai-python's own reading of the stream where the SDK
 is installed (a development dependency: a runtime-only install checks the rules alone).
 
-Another protocol's stream (a future Messages or Responses endpoint) gets a walker module of its own beside
-contract.py and an entry point here; replay.py and the CLI stay as they are.
+The Messages and Responses streams have checkers of their own (messages_contract.py, responses_contract.py), with
+their SDKs as optional second readers in the same way.
 """
 
 from collections.abc import Callable, Sequence
 
 from exo.conformance.contract import StreamCheck, StreamSummary, Violation, walk_stream
+from exo.conformance.optional_sdk import optional_reader
 
 SecondReader = Callable[[Sequence[str], StreamSummary], list[Violation]]
 
@@ -25,13 +26,13 @@ def sse_payloads(body: str) -> list[str]:
 
 def openai_reader() -> SecondReader | None:
     """openai-python's accumulator as a second reader, or None where the SDK is not installed."""
-    try:
+
+    def load() -> SecondReader:
         from exo.conformance.openai_crosscheck import openai_violations
-    except ModuleNotFoundError as error:
-        if error.name is not None and error.name.split(".")[0] == "openai":
-            return None
-        raise
-    return openai_violations
+
+        return openai_violations
+
+    return optional_reader("openai", load)
 
 
 def check_stream(payloads: Sequence[str], *, include_usage: bool, named_tool_choice: bool = False) -> StreamCheck:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pydantic import TypeAdapter
 
 from exo.conformance.checker import openai_reader
+from exo.conformance.messages_contract import anthropic_reader
 from exo.conformance.replay import CaseResult, replay_case
 from exo.conformance.samples import all_cases
 from exo.tool_calls import ToolFormatName
@@ -59,9 +60,20 @@ def format_table(results: Sequence[CaseResult]) -> str:
     ]
     failed = sum(not result.passed for result in results)
     lines.append(f"{len(results) - failed}/{len(results)} cases pass")
+    return "\n".join([*lines, *missing_readers()])
+
+
+def missing_readers() -> list[str]:
+    """A line for each SDK whose second reader could not run, saying which streams were checked by rules alone."""
+    lines: list[str] = []
     if openai_reader() is None:
-        lines.append("(openai-python is not installed: streams were checked against the contract's rules alone)")
-    return "\n".join(lines)
+        lines.append(
+            "(openai-python is not installed: Chat Completions and Responses streams were checked against their "
+            "protocols' rules alone)"
+        )
+    if anthropic_reader() is None:
+        lines.append("(anthropic is not installed: Messages streams were checked against the protocol's rules alone)")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""The Anthropic Messages streaming grammar as a checker, with the `anthropic` SDK's accumulator as second reader.
+"""The Anthropic Messages streaming grammar as a checker, with the `anthropic` SDK's accumulator as second reader
+where that SDK is installed (a development dependency: a runtime-only install checks the grammar alone).
 
 A stream is: `message_start`; per content block `content_block_start` (index 0, 1, 2…, one block open at a time,
 starting empty), its deltas (text_delta in text blocks, thinking_delta in thinking blocks, input_json_delta in
@@ -7,20 +8,13 @@ reason ("tool_use" exactly when tool_use blocks were sent) and usage; then `mess
 `error` event, last. Each SSE event name must equal its data's `type`.
 """
 
-import json
-from typing import Any, cast
-
-from anthropic.lib.streaming._messages import accumulate_event  # pyright: ignore[reportPrivateUsage]
-from anthropic.types import RawMessageStreamEvent, ToolUseBlock
-from pydantic import TypeAdapter, ValidationError
-
 from exo.conformance.contract import StreamedCall, Violation
 from exo.conformance.json_view import JsonMapping, as_int, as_object, parses_as_json_object
-from exo.conformance.protocol_check import ProtocolCheck, ProtocolSummary, named_events
+from exo.conformance.optional_sdk import ProtocolReader, optional_reader
+from exo.conformance.protocol_check import ProtocolCheck, ProtocolSummary, decoded_events
 
 _DELTA_FOR_BLOCK = {"text": "text_delta", "thinking": "thinking_delta", "tool_use": "input_json_delta"}
 _DELTA_FIELD = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
-_EVENT_ADAPTER: TypeAdapter[RawMessageStreamEvent] = TypeAdapter(RawMessageStreamEvent)
 
 
 class _Block:
@@ -145,46 +139,27 @@ class _MessagesWalker:
         )
 
 
-def _sdk_violations(events: list[JsonMapping], summary: ProtocolSummary) -> list[Violation]:
-    """Each event must validate as the `anthropic` SDK's type for it, and its accumulator must read the stream as
-    the walker did."""
-    problems: list[Violation] = []
-    snapshot: Any = None
-    json_buffers: dict[int, bytes] = {}
-    try:
-        for position, data in enumerate(events):
-            if data.get("type") in ("error", "ping"):
-                continue
-            try:
-                _EVENT_ADAPTER.validate_python(data)
-            except ValidationError as error:
-                message = f"event {position} ({data.get('type')}) is not the SDK's type: {error.errors()[0]}"
-                problems.append(Violation(rule="messages:sdk-types", message=message[:300]))
-            # The accumulator builds events from plain dicts itself, as it does while streaming.
-            snapshot = accumulate_event(event=cast(Any, data), current_snapshot=snapshot, json_bufs=json_buffers)
-    except Exception as error:  # the accumulator raises on streams it cannot read
-        return [*problems, Violation(rule="messages:anthropic-sdk", message=f"{type(error).__name__}: {error}"[:300])]
-    if snapshot is None:
-        return [*problems, Violation(rule="messages:anthropic-sdk", message="no message to accumulate")]
-    uses = [(block.id, block.name, block.input) for block in snapshot.content if isinstance(block, ToolUseBlock)]
-    expected = [(call.call_id, call.name, json.loads(call.arguments or "{}")) for call in summary.calls]
-    text = "".join(block.text for block in snapshot.content if block.type == "text")
-    if uses != expected:
-        problems.append(Violation(rule="messages:anthropic-sdk", message=f"the SDK accumulated calls {uses}"[:300]))
-    if text != summary.content:
-        problems.append(Violation(rule="messages:anthropic-sdk", message=f"the SDK accumulated text {text!r}"[:300]))
-    return problems
+def anthropic_reader() -> ProtocolReader | None:
+    """The `anthropic` SDK's accumulator as a second reader, or None where the SDK is not installed."""
+
+    def load() -> ProtocolReader:
+        from exo.conformance.anthropic_crosscheck import anthropic_violations
+
+        return anthropic_violations
+
+    return optional_reader("anthropic", load)
 
 
 def check_messages_stream(body: str) -> ProtocolCheck:
-    """Every grammar violation of one Messages API SSE body, plus any disagreement of the SDK's accumulator."""
+    """Every grammar violation of one Messages API SSE body, plus any disagreement of the SDK's accumulator (where
+    `anthropic` is installed)."""
     walker = _MessagesWalker()
-    decoded: list[JsonMapping] = []
-    for position, (name, payload) in enumerate(named_events(body)):
-        data = as_object(json.loads(payload)) or {}
-        decoded.append(data)
+    events = decoded_events(body)
+    for position, (name, data) in enumerate(events):
         walker.read(position, name, data)
     checked = walker.finish()
-    if checked.violations or checked.summary.errored:
+    reader = anthropic_reader()
+    if reader is None or checked.violations or checked.summary.errored:
         return checked
-    return ProtocolCheck(summary=checked.summary, violations=tuple(_sdk_violations(decoded, checked.summary)))
+    decoded = [data for _, data in events]
+    return ProtocolCheck(summary=checked.summary, violations=tuple(reader(decoded, checked.summary)))

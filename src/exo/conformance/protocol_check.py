@@ -1,6 +1,9 @@
 """What the Messages and Responses stream checkers share: named SSE events in, a summary and violations out."""
 
+import json
+
 from exo.conformance.contract import StreamedCall, StreamSummary, Violation
+from exo.conformance.json_view import JsonMapping, as_object
 from exo.shared.types.common import FrozenModel
 
 
@@ -18,6 +21,11 @@ def named_events(body: str) -> list[tuple[str | None, str]]:
         if data:
             events.append((name, "\n".join(data)))
     return events
+
+
+def decoded_events(body: str) -> list[tuple[str | None, JsonMapping]]:
+    """The (event name, decoded data) pairs of an SSE body; data that is not a JSON object reads as `{}`."""
+    return [(name, as_object(json.loads(payload)) or {}) for name, payload in named_events(body)]
 
 
 class ProtocolSummary(FrozenModel):

@@ -15,9 +15,10 @@ from exo.conformance.messages_contract import check_messages_stream
 from exo.conformance.protocol_check import ProtocolCheck
 from exo.conformance.responses_contract import check_responses_stream
 from exo.master.adapters.messages_response import collect_message
-from exo.master.adapters.messages_stream import MessageStreamEncoder, message_events
+from exo.master.adapters.messages_stream import MessageStreamEncoder
+from exo.master.adapters.protocol_events import sse_body
 from exo.master.adapters.responses_response import collect_response
-from exo.master.adapters.responses_stream import ResponseStreamEncoder, response_events
+from exo.master.adapters.responses_stream import ResponseStreamEncoder
 from exo.shared.types.anthropic_messages import ToolUseContent
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.openai_responses_output import FunctionCallOutput, ResponseObject
@@ -39,7 +40,7 @@ Calls = list[tuple[str, str, object]]
 
 async def _messages(chunks: Sequence[Chunk]) -> tuple[str, Calls]:
     encoder = MessageStreamEncoder("msg_conformance", _MODEL)
-    body = "".join([event async for event in message_events(encoder, chunks[0], _iterate(chunks[1:]))])
+    body = "".join([event async for event in sse_body(encoder, chunks[0], _iterate(chunks[1:]))])
     message = await collect_message(_iterate(chunks), message_id="msg_conformance", model=_MODEL)
     calls: Calls = [
         (block.id, block.name, block.input) for block in message.content if isinstance(block, ToolUseContent)
@@ -49,7 +50,7 @@ async def _messages(chunks: Sequence[Chunk]) -> tuple[str, Calls]:
 
 async def _responses(chunks: Sequence[Chunk]) -> tuple[str, Calls]:
     encoder = ResponseStreamEncoder(_initial_response())
-    body = "".join([event async for event in response_events(encoder, chunks[0], _iterate(chunks[1:]))])
+    body = "".join([event async for event in sse_body(encoder, chunks[0], _iterate(chunks[1:]))])
     response = await collect_response(_iterate(chunks), _initial_response())
     calls: Calls = [
         (item.call_id, item.name, item.arguments) for item in response.output if isinstance(item, FunctionCallOutput)

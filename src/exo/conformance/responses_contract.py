@@ -1,4 +1,5 @@
-"""The OpenAI Responses streaming grammar as a checker, with the `openai` SDK's stream state as second reader.
+"""The OpenAI Responses streaming grammar as a checker, with the `openai` SDK's stream state as second reader where
+that SDK is installed (a development dependency: a runtime-only install checks the grammar alone).
 
 A stream is numbered by `sequence_number` from 0; it opens with `response.created` and `response.in_progress` and
 ends with `response.completed`, `response.incomplete` or `response.failed`, all carrying the same response id.
@@ -8,22 +9,12 @@ the joined deltas, then `response.output_item.done`). A function call's argument
 The final response lists every item as it was closed.
 """
 
-import json
-from typing import Any, cast
-
-from openai import omit
-from openai._models import construct_type  # pyright: ignore[reportPrivateUsage] - how the SDK builds stream events
-from openai.lib.streaming.responses import ResponseStreamState
-from openai.types.responses import ResponseFunctionToolCall, ResponseStreamEvent
-from openai.types.responses.response_output_message import ResponseOutputMessage
-from pydantic import TypeAdapter, ValidationError
-
 from exo.conformance.contract import StreamedCall, Violation
 from exo.conformance.json_view import JsonMapping, as_int, as_list, as_object, parses_as_json_object
-from exo.conformance.protocol_check import ProtocolCheck, ProtocolSummary, named_events
+from exo.conformance.optional_sdk import ProtocolReader, optional_reader
+from exo.conformance.protocol_check import ProtocolCheck, ProtocolSummary, decoded_events
 
 _FINAL = ("response.completed", "response.incomplete", "response.failed")
-_EVENT_ADAPTER: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
 _TEXT_DELTAS = {"response.output_text.delta": "message", "response.reasoning_text.delta": "reasoning"}
 _TEXT_DONES = {"response.output_text.done": "message", "response.reasoning_text.done": "reasoning"}
 
@@ -154,49 +145,27 @@ class _ResponsesWalker:
         )
 
 
-def _sdk_violations(events: list[JsonMapping], summary: ProtocolSummary) -> list[Violation]:
-    """Each event must validate as the `openai` SDK's type for it, and its stream state must accumulate the same
-    response the walker read (built from the events as the SDK builds them while streaming)."""
-    problems: list[Violation] = []
-    state: ResponseStreamState[Any] = ResponseStreamState(input_tools=omit, text_format=omit)
-    final: Any = None
-    try:
-        for position, data in enumerate(events):
-            try:
-                _EVENT_ADAPTER.validate_python(data)
-            except ValidationError as error:
-                message = f"event {position} ({data.get('type')}) is not the SDK's type: {error.errors()[0]}"
-                problems.append(Violation(rule="responses:sdk-types", message=message[:300]))
-            event_object = cast(ResponseStreamEvent, construct_type(type_=ResponseStreamEvent, value=data))
-            for event in state.handle_event(event_object):
-                if event.type == "response.completed":
-                    final = event.response
-    except Exception as error:  # the accumulator raises on streams it cannot read
-        return [*problems, Violation(rule="responses:openai-sdk", message=f"{type(error).__name__}: {error}"[:300])]
-    if final is None:
-        return [*problems, Violation(rule="responses:openai-sdk", message="the SDK saw no completed response")]
-    calls = [
-        (item.call_id, item.name, item.arguments) for item in final.output if isinstance(item, ResponseFunctionToolCall)
-    ]
-    expected = [(call.call_id, call.name, call.arguments) for call in summary.calls]
-    messages = [item for item in final.output if isinstance(item, ResponseOutputMessage)]
-    text = "".join(part.text for item in messages for part in item.content if part.type == "output_text")
-    if calls != expected:
-        problems.append(Violation(rule="responses:openai-sdk", message=f"the SDK accumulated calls {calls}"[:300]))
-    if text != summary.content:
-        problems.append(Violation(rule="responses:openai-sdk", message=f"the SDK accumulated text {text!r}"[:300]))
-    return problems
+def responses_reader() -> ProtocolReader | None:
+    """The `openai` SDK's Responses stream state as a second reader, or None where the SDK is not installed."""
+
+    def load() -> ProtocolReader:
+        from exo.conformance.responses_crosscheck import responses_violations
+
+        return responses_violations
+
+    return optional_reader("openai", load)
 
 
 def check_responses_stream(body: str) -> ProtocolCheck:
-    """Every grammar violation of one Responses API SSE body, plus any disagreement of the SDK's stream state."""
+    """Every grammar violation of one Responses API SSE body, plus any disagreement of the SDK's stream state (where
+    `openai` is installed)."""
     walker = _ResponsesWalker()
-    decoded: list[JsonMapping] = []
-    for position, (name, payload) in enumerate(named_events(body)):
-        data = as_object(json.loads(payload)) or {}
-        decoded.append(data)
+    events = decoded_events(body)
+    for position, (name, data) in enumerate(events):
         walker.read(position, name, data)
     checked = walker.finish()
-    if checked.violations or checked.summary.stop != "response.completed":
+    reader = responses_reader()
+    if reader is None or checked.violations or checked.summary.stop != "response.completed":
         return checked
-    return ProtocolCheck(summary=checked.summary, violations=tuple(_sdk_violations(decoded, checked.summary)))
+    decoded = [data for _, data in events]
+    return ProtocolCheck(summary=checked.summary, violations=tuple(reader(decoded, checked.summary)))

@@ -28,20 +28,22 @@ from exo.master.completion_flow import (
     served_model,
     submit,
 )
+from exo.master.error_shapes import documented_errors
 from exo.master.errors import (
     ApiError,
     handle_api_error,
     handle_http_error,
     handle_unexpected_error,
-    handle_validation_error,
 )
 from exo.master.placement import served_model_ids
+from exo.master.public_paths import PublicMasterClient, storage_directories
 from exo.master.request_guard import RequestGuard
 from exo.master.routes.catalog import catalog_router
 from exo.master.routes.messages import MESSAGES_PATH_PREFIX, messages_router
 from exo.master.routes.responses import responses_router
+from exo.master.validation_errors import handle_validation_error
 from exo.mcp.http_mount import mount_mcp
-from exo.models.paths import default_models_dir
+from exo.models.paths import default_models_dir, exo_home
 from exo.models.progress import PreparationSink
 from exo.shared.types.api import (
     ChatCompletionRequest,
@@ -54,18 +56,7 @@ from exo.shared.types.common import ModelId
 from exo.shared.types.state import RunnerInfo, State
 
 # Documented in the OpenAPI schema so clients and fuzzers know every failure has OpenAI's error shape.
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": description}
-    for status, description in {
-        400: "Invalid request",
-        401: "Missing or wrong API key",
-        404: "Model not served",
-        413: "Request body too large",
-        429: "The model's queue is full",
-        500: "Server error",
-        503: "Model still loading or unavailable",
-    }.items()
-}
+_ERRORS = documented_errors(ErrorResponse)
 _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {status: _ERRORS[status] for status in (401, 500)}
 
 
@@ -78,6 +69,8 @@ class ApiSettings:
     port: int = 52415
     # This node's models directory, which the catalog routes download into (None: $EXO_HOME/models).
     models_dir: Path | None = None
+    # Show where models live on disk in answers (/state, errors); otherwise only the logs do (public_paths.py).
+    show_model_paths: bool = False
 
 
 def create_app(
@@ -89,6 +82,9 @@ def create_app(
     `record_preparation` puts the progress of a catalog download into this node's state (it is called from the
     download's thread); without it, downloads show their progress only to the client that asked.
     """
+    models_dir = settings.models_dir or default_models_dir()
+    if not settings.show_model_paths:
+        master = PublicMasterClient(master, storage_directories(models_dir, exo_home()))
     app = FastAPI(title="exo", version="0.1.0")
     app.add_exception_handler(ApiError, handle_api_error)
     app.add_exception_handler(RequestValidationError, handle_validation_error)
@@ -139,7 +135,7 @@ def create_app(
 
     app.include_router(messages_router(master))
     app.include_router(responses_router(master))
-    app.include_router(catalog_router(settings.models_dir or default_models_dir(), record_preparation))
+    app.include_router(catalog_router(models_dir, record_preparation))
     app.include_router(cluster_router(master))
     return app
 

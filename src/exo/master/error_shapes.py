@@ -14,11 +14,28 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
-from exo.master.errors import ApiError, validation_error
+from exo.master.errors import ApiError
+from exo.master.validation_errors import validation_error
 
 logger = logging.getLogger(__name__)
 
 ErrorShape = Callable[[ApiError], BaseModel]
+
+_DOCUMENTED_FAILURES = {
+    400: "Invalid request",
+    401: "Missing or wrong API key",
+    404: "Model not served",
+    413: "Request body too large",
+    429: "The model's queue is full",
+    500: "Server error",
+    503: "Model still loading or unavailable",
+}
+
+
+def documented_errors(body: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of a generating route: each failure status, its error body's schema being `body`, so
+    clients and fuzzers know every failure's shape."""
+    return {status: {"model": body, "description": text} for status, text in _DOCUMENTED_FAILURES.items()}
 
 
 def shaped_route(shape: ErrorShape) -> type[APIRoute]:
@@ -34,7 +51,7 @@ def shaped_route(shape: ErrorShape) -> type[APIRoute]:
                 except ApiError as error:
                     return shaped_response(shape, error)
                 except RequestValidationError as error:
-                    return shaped_response(shape, validation_error(error.errors()))
+                    return shaped_response(shape, validation_error(error.errors(), error.body))
                 except Exception:
                     logger.exception("unexpected failure on %s", request.url.path)
                     failure = ApiError(500, "internal server error", error_type="server_error", code="internal_error")
@@ -45,6 +62,6 @@ def shaped_route(shape: ErrorShape) -> type[APIRoute]:
     return ShapedRoute
 
 
-def shaped_response(shape: ErrorShape, error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
-    """The JSON response for `error` in `shape`."""
-    return JSONResponse(status_code=error.status_code, content=shape(error).model_dump(), headers=headers)
+def shaped_response(shape: ErrorShape, error: ApiError) -> JSONResponse:
+    """The JSON response for `error` in `shape`, with its headers (Retry-After, WWW-Authenticate)."""
+    return JSONResponse(status_code=error.status_code, content=shape(error).model_dump(), headers=error.headers)

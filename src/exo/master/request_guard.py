@@ -24,12 +24,20 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return next((value for key, value in headers if key.lower() == name), None)
 
 
+def _bearer_token(authorization: bytes) -> bytes:
+    """The credentials of `Authorization: Bearer TOKEN`; the scheme is case-insensitive (RFC 7235), the one space
+    after it is not optional, and anything else yields no token."""
+    scheme, separator, token = authorization.partition(b" ")
+    return token if separator and scheme.lower() == b"bearer" else b""
+
+
 def _authorized(scope: Scope, api_key: str) -> bool:
     # OpenAI clients send `Authorization: Bearer KEY`, Anthropic clients `x-api-key: KEY`.
-    bearer = _header(scope, b"authorization") or b""
+    bearer = _bearer_token(_header(scope, b"authorization") or b"")
     key = _header(scope, b"x-api-key") or b""
+    expected = api_key.encode()
     # Compare in constant time so response timing does not leak how much of a guessed key was right.
-    return hmac.compare_digest(bearer, f"Bearer {api_key}".encode()) | hmac.compare_digest(key, api_key.encode())
+    return hmac.compare_digest(bearer, expected) | hmac.compare_digest(key, expected)
 
 
 def _is_json(scope: Scope) -> bool:
@@ -59,10 +67,10 @@ class RequestGuard:
         # Path prefix → the error shape of the protocol served there (OpenAI's everywhere else).
         self._error_shapes = dict(error_shapes or {})
 
-    def _refusal(self, scope: Scope, error: ApiError, headers: dict[str, str] | None = None) -> Response:
+    def _refusal(self, scope: Scope, error: ApiError) -> Response:
         path: str = scope["path"]
         shape = next((shape for prefix, shape in self._error_shapes.items() if path.startswith(prefix)), None)
-        return error_response(error, headers) if shape is None else shaped_response(shape, error, headers)
+        return error_response(error) if shape is None else shaped_response(shape, error)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -70,9 +78,13 @@ class RequestGuard:
             return
         if self._api_key and scope["path"] not in UNAUTHENTICATED_PATHS and not _authorized(scope, self._api_key):
             unauthorized = ApiError(
-                401, "missing or invalid API key", error_type="authentication_error", code="invalid_api_key"
+                401,
+                "missing or invalid API key",
+                error_type="authentication_error",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
             )
-            await self._refusal(scope, unauthorized, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            await self._refusal(scope, unauthorized)(scope, receive, send)
             return
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self._max_body_bytes:

@@ -5,6 +5,7 @@ import time
 from pydantic import Field
 
 from exo.mcp.failures import ToolFailedError
+from exo.mcp.memory import memory_fit, require_fit
 from exo.mcp.node_client import NodeApiError, NodeClient
 from exo.shared.types.api import ChatCompletionRequest, ChatMessage, ResponseToolCall
 from exo.shared.types.common import FinishReason, FrozenModel
@@ -35,6 +36,21 @@ class RunResult(FrozenModel):
         ).strip()
 
 
+async def _explain_not_served(client: NodeClient, model: str, error: NodeApiError) -> None:
+    """Why `model` cannot run: too large for the cluster (with the numbers), not started yet, or unknown."""
+    catalog = await client.catalog()
+    listed = next((entry for entry in catalog.models if entry.listing.entry.model_id == model), None)
+    if listed is None:
+        raise ToolFailedError(f"{error} Call exo_list_models to see what exo serves and can fetch.") from error
+    fit = memory_fit(listed, await client.cluster())
+    require_fit(fit)
+    step = "start" if listed.listing.downloaded else "fetch it with exo_download_model, then start"
+    raise ToolFailedError(
+        f"{model} is in exo's catalog but not running; {step} it with `exo --model {model}`. {fit.describe()}.",
+        partial=fit,
+    ) from error
+
+
 async def run_model(
     client: NodeClient, model: str, prompt: str, temperature: float | None, max_tokens: int
 ) -> RunResult:
@@ -50,7 +66,7 @@ async def run_model(
         response = await client.chat_completion(request)
     except NodeApiError as error:
         if error.code == "model_not_found":
-            raise ToolFailedError(f"{error} Call exo_list_models to see what exo serves and can fetch.") from error
+            await _explain_not_served(client, model, error)
         raise
     seconds = time.monotonic() - started
     choice = response.choices[0]

@@ -6,6 +6,7 @@ from pydantic import Field
 from rich.filesize import decimal
 
 from exo.mcp.failures import ToolFailedError
+from exo.mcp.memory import MemoryFit, memory_fit, require_fit
 from exo.mcp.node_client import NodeApiError, NodeClient
 from exo.models.progress_display import describe_preparation
 from exo.shared.types.catalog_api import DownloadDone, NodeCatalog
@@ -33,6 +34,7 @@ class ServedModel(FrozenModel):
 class ModelsResult(FrozenModel):
     served: list[ServedModel]
     catalog: NodeCatalog = Field(description="the models exo can fetch, and which are downloaded on the node")
+    fits: list[MemoryFit] = Field(description="each catalog model's memory need against the cluster's free memory")
 
     def describe(self) -> str:
         """One line per model."""
@@ -42,15 +44,20 @@ class ModelsResult(FrozenModel):
             context = f", context {model.context_length}" if model.context_length else ""
             lines.append(f"- {model.model_id} ({model.status}{context}{tools}) from {model.path}")
         lines.append(f"Catalog (downloads go to {self.catalog.models_dir}):")
+        fits = {fit.model_id: fit for fit in self.fits}
         for model in self.catalog.models:
             entry = model.listing.entry
             where = f"downloaded at {model.listing.path}" if model.listing.downloaded else "not downloaded"
             source = entry.source
             fetch = "comes with exo" if source.installed_with_exo else f"{decimal(source.download_bytes)} download"
+            fit = fits[entry.model_id]
+            memory = "fits the cluster's free memory" if fit.fits else "does NOT fit the cluster's free memory"
             lines.append(
                 f"- {entry.model_id} ({entry.family} {entry.parameters}, {fetch}, {decimal(entry.imported_bytes)} on "
-                f"disk, needs {decimal(model.memory_bytes)} of memory): {where}"
+                f"disk, needs {decimal(model.memory_bytes)} of memory: {memory}): {where}"
             )
+        if self.fits:
+            lines.append(f"The cluster has {decimal(self.fits[0].available_bytes)} of memory free.")
         return "\n".join(lines)
 
 
@@ -67,7 +74,10 @@ async def list_models(client: NodeClient) -> ModelsResult:
         )
         for runner in sorted(state.runners.values(), key=lambda runner: runner.model_id)
     ]
-    return ModelsResult(served=served, catalog=await client.catalog())
+    catalog = await client.catalog()
+    cluster = await client.cluster()
+    fits = [memory_fit(model, cluster) for model in catalog.models]
+    return ModelsResult(served=served, catalog=catalog, fits=fits)
 
 
 def describe_download(done: DownloadDone) -> str:
@@ -91,6 +101,10 @@ async def download_model(client: NodeClient, model: str, report: ProgressReporte
         reached = units
         await report(units, DOWNLOAD_PROGRESS_TOTAL, describe_preparation(preparation))
 
+    catalog = await client.catalog()
+    listed = next((entry for entry in catalog.models if entry.listing.entry.model_id == model), None)
+    if listed is not None and not listed.listing.downloaded:
+        require_fit(memory_fit(listed, await client.cluster()))
     try:
         return await client.download(model, forward)
     except NodeApiError as error:

@@ -9,6 +9,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Self, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -21,6 +22,15 @@ from exo.shared.types.catalog_api import (
     DownloadProgress,
     DownloadRequest,
     NodeCatalog,
+)
+from exo.shared.types.cluster_api import (
+    ClusterMetrics,
+    ClusterNode,
+    ClusterNodeList,
+    ClusterSummary,
+    DiscoveryReport,
+    PeerConnection,
+    PeerRequest,
 )
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.state import State
@@ -90,6 +100,31 @@ class NodeClient:
         body = request.model_dump(mode="json", exclude_none=True)
         response = await self._request("POST", "/v1/chat/completions", json=body)
         return _parsed(response, ChatCompletionResponse)
+
+    async def cluster(self) -> ClusterSummary:
+        """The cluster at a glance: the answering node, nodes up and down, memory, models and where they run."""
+        return await self._get("/v1/cluster", ClusterSummary)
+
+    async def cluster_nodes(self) -> ClusterNodeList:
+        """Every node the cluster has seen, with its facts and health."""
+        return await self._get("/v1/cluster/nodes", ClusterNodeList)
+
+    async def cluster_node(self, node_id: str) -> ClusterNode:
+        """One node; NodeApiError 404 when the cluster has no such node."""
+        return await self._get(f"/v1/cluster/nodes/{quote(node_id, safe='')}", ClusterNode)
+
+    async def cluster_metrics(self) -> ClusterMetrics:
+        """Per node and per model: requests, tokens, timings, queue depth, memory."""
+        return await self._get("/v1/cluster/metrics", ClusterMetrics)
+
+    async def add_peer(self, endpoint: str) -> PeerConnection:
+        """Connect the node to another node's cluster endpoint."""
+        body = PeerRequest(endpoint=endpoint).model_dump()
+        return _parsed(await self._request("POST", "/v1/cluster/peers", body), PeerConnection)
+
+    async def discover(self) -> DiscoveryReport:
+        """Have the node scan for other nodes once."""
+        return _parsed(await self._request("POST", "/v1/cluster/discover"), DiscoveryReport)
 
     async def catalog(self) -> NodeCatalog:
         """The models the node can fetch, which it has downloaded, and the memory each needs there."""

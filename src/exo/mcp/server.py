@@ -15,16 +15,32 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
+from exo.mcp.cluster import (
+    ClusterInfo,
+    ShardDistribution,
+    cluster_info,
+    describe_cluster,
+    describe_node_health,
+    describe_nodes,
+    describe_shards,
+    list_nodes,
+    node_health,
+    shard_distribution,
+)
 from exo.mcp.failures import ToolFailedError
 from exo.mcp.inference import DEFAULT_MAX_TOKENS, RunResult, run_model
+from exo.mcp.metrics import DEFAULT_SAMPLE_SECONDS, PerformanceMetrics, describe_performance, performance_metrics
 from exo.mcp.models import ModelsResult, describe_download, download_model, list_models
 from exo.mcp.node_client import NodeApiError, NodeClient, NodeUnreachableError
+from exo.mcp.peers import Discovery, add_peer, describe_discovery, describe_peer, discover
 from exo.mcp.status import StatusResult, status
 from exo.shared.types.catalog_api import DownloadDone
+from exo.shared.types.cluster_api import ClusterNode, ClusterNodeList, PeerConnection
 
 INSTRUCTIONS = (
-    "Tools to look after an exo cluster (LLM inference on MLX): check that exo is up, read its nodes, memory and "
-    "models, run a prompt on a model. Check the cluster's free memory before running or fetching a large model."
+    "Tools to look after an exo cluster (LLM inference on MLX across machines): check that exo is up, read its "
+    "nodes, memory, models and metrics, fetch and run models, add nodes. Check the cluster's free memory "
+    "(exo_cluster_info) before running or fetching a large model."
 )
 
 
@@ -34,6 +50,12 @@ ToolFunction = TypeVar("ToolFunction", bound=Callable[..., Any])
 
 def _reads(title: str) -> ToolAnnotations:
     return ToolAnnotations(title=title, read_only_hint=True, idempotent_hint=True, open_world_hint=False)
+
+
+def _changes(title: str, *, idempotent: bool) -> ToolAnnotations:
+    return ToolAnnotations(
+        title=title, read_only_hint=False, destructive_hint=False, idempotent_hint=idempotent, open_world_hint=True
+    )
 
 
 def _description(function: Callable[..., Any]) -> str:
@@ -75,6 +97,63 @@ def build_server(client: NodeClient) -> MCPServer:
         serves with their state. An error result when exo is not running or refuses the API key."""
         return await _answer(status(client), StatusResult.describe)
 
+    @_tool(server, "exo_cluster_info", _reads("exo cluster"))
+    async def exo_cluster_info() -> Annotated[CallToolResult, ClusterInfo]:
+        """The whole cluster: nodes up and down (with the master), memory free and total, every node's device,
+        memory and cluster endpoints (the topology), and each model's instances with their shard assignments.
+        Check the free memory here before running or fetching a large model."""
+        return await _answer(cluster_info(client), describe_cluster)
+
+    @_tool(server, "exo_list_nodes", _reads("exo nodes"))
+    async def exo_list_nodes() -> Annotated[CallToolResult, ClusterNodeList]:
+        """Every node the cluster has seen: id, name, address, device, memory, health (healthy, degraded or
+        down, with the reason) and the models it serves."""
+        return await _answer(list_nodes(client), describe_nodes)
+
+    @_tool(server, "exo_node_health", _reads("exo node health"))
+    async def exo_node_health(
+        node_id: Annotated[str, Field(description="a node id or name (see exo_list_nodes)")],
+    ) -> Annotated[CallToolResult, ClusterNode]:
+        """One node's health (healthy, degraded or down, and why), when it was last seen, the shards it holds,
+        its memory in use and its device. An error result names the known nodes when there is no such node."""
+        return await _answer(node_health(client, node_id), describe_node_health)
+
+    @_tool(server, "exo_shard_distribution", _reads("exo shard distribution"))
+    async def exo_shard_distribution(
+        model: Annotated[str, Field(description="a model id (see exo_list_models)")],
+    ) -> Annotated[CallToolResult, ShardDistribution]:
+        """Where a model runs: each instance's layers per node (rank, layer range) and the memory in use on those
+        nodes. For a catalog model that is not running, whether it would fit the cluster's free memory."""
+        return await _answer(shard_distribution(client, model), describe_shards)
+
+    @_tool(server, "exo_performance_metrics", _reads("exo performance"))
+    async def exo_performance_metrics(
+        sample_seconds: Annotated[
+            float, Field(ge=0.0, le=60.0, description="seconds to measure requests/s and tokens/s over (0: none)")
+        ] = DEFAULT_SAMPLE_SECONDS,
+    ) -> Annotated[CallToolResult, PerformanceMetrics]:
+        """Per node and per model: requests served, failed and cancelled, tokens generated, time to first token,
+        decode tokens/s, running tasks, queue depth and memory; plus requests/s and tokens/s measured over a short
+        window."""
+        return await _answer(performance_metrics(client, sample_seconds), describe_performance)
+
+    @_tool(server, "exo_discover", _changes("Discover exo nodes", idempotent=True))
+    async def exo_discover(
+        wait_for_peers: Annotated[int, Field(ge=0, le=64, description="peers to wait for (0: do not wait)")] = 0,
+        timeout: Annotated[float, Field(gt=0.0, le=120.0, description="seconds to wait for them")] = 10.0,
+    ) -> Annotated[CallToolResult, Discovery]:
+        """Changes the cluster: scans the local network for exo nodes (multicast) and connects to those found,
+        then waits until `wait_for_peers` other nodes are up. Nodes on other networks need exo_add_peer."""
+        return await _answer(discover(client, wait_for_peers, timeout), describe_discovery)
+
+    @_tool(server, "exo_add_peer", _changes("Add an exo peer", idempotent=True))
+    async def exo_add_peer(
+        address: Annotated[str, Field(description="the peer's cluster endpoint, e.g. tcp/192.168.1.20:52414")],
+    ) -> Annotated[CallToolResult, PeerConnection]:
+        """Changes the cluster: connects this node to another exo node at its cluster endpoint, for networks
+        where discovery does not reach it. Says whether that node joined this cluster."""
+        return await _answer(add_peer(client, address), describe_peer)
+
     @_tool(server, "exo_list_models", _reads("exo models"))
     async def exo_list_models() -> Annotated[CallToolResult, ModelsResult]:
         """The models exo serves (id, state, where they load from, context length, tool-call format) and the
@@ -82,17 +161,7 @@ def build_server(client: NodeClient) -> MCPServer:
         and whether it is downloaded."""
         return await _answer(list_models(client), ModelsResult.describe)
 
-    @_tool(
-        server,
-        "exo_download_model",
-        ToolAnnotations(
-            title="Download a model into exo",
-            read_only_hint=False,
-            destructive_hint=False,
-            idempotent_hint=True,
-            open_world_hint=True,
-        ),
-    )
+    @_tool(server, "exo_download_model", _changes("Download a model into exo", idempotent=True))
     async def exo_download_model(
         model: Annotated[str, Field(description="a model id from exo's catalog (see exo_list_models)")],
         context: Context[Any, Any],

@@ -1,17 +1,11 @@
-"""exo_status: is exo up, is its API usable with our key, which node answers, how many peers, which models."""
+"""exo_status: is exo up, is its API usable with our key, which node answers, its version, how many peers."""
 
 from pydantic import Field
 
 from exo.mcp.failures import ToolFailedError
 from exo.mcp.node_client import NodeApiError, NodeClient, NodeUnreachableError
-from exo.shared.types.common import FrozenModel, ModelId, NodeId
-from exo.shared.types.worker.runner_status import RunnerStatus
-
-
-class ModelStatus(FrozenModel):
-    model_id: ModelId
-    status: RunnerStatus
-    last_error: str | None = None
+from exo.shared.types.cluster_api import ClusterModel
+from exo.shared.types.common import FrozenModel
 
 
 class StatusResult(FrozenModel):
@@ -20,10 +14,14 @@ class StatusResult(FrozenModel):
     url: str = Field(description="the node's API address")
     running: bool = Field(description="something answered at the address")
     api_reachable: bool = Field(description="the API answered a request made with this server's API key")
-    node_id: NodeId | None = None
+    node_id: str | None = Field(default=None, description="the node that answered")
+    node_name: str | None = None
     version: str | None = Field(default=None, description="the node's exo version")
-    peers: int = Field(default=0, description="other nodes in the cluster")
-    models: list[ModelStatus] = Field(default_factory=list[ModelStatus], description="models and their runners")
+    cluster: str | None = Field(default=None, description="the cluster's name (--cluster)")
+    master_node_id: str | None = None
+    peers: int = Field(default=0, description="other nodes up in the cluster")
+    models: list[ClusterModel] = Field(default_factory=list[ClusterModel], description="models and their instances")
+    failures: list[str] = Field(default_factory=list[str], description="why a model's runner failed, if one did")
 
     def describe(self) -> str:
         """One paragraph for the agent to read."""
@@ -31,15 +29,17 @@ class StatusResult(FrozenModel):
             return f"exo is not running at {self.url}."
         if not self.api_reachable:
             return f"exo is running at {self.url} but its API refused this server's API key."
-        ready = [model.model_id for model in self.models if model.status in ("ready", "running")]
-        others = [f"{model.model_id} ({model.status})" for model in self.models if model.model_id not in ready]
-        version = f" version {self.version}," if self.version else ""
+        role = " (the master)" if self.master_node_id == self.node_id else ""
         lines = [
-            f"exo is up at {self.url}: node {self.node_id},{version} {self.peers} peer(s).",
-            f"Serving: {', '.join(ready) or 'no model yet'}.",
+            f"exo {self.version} is up at {self.url}: node {self.node_name} [{self.node_id}]{role} in cluster "
+            f"{self.cluster!r}, {self.peers} peer(s) up.",
         ]
-        if others:
-            lines.append(f"Not ready: {', '.join(others)}.")
+        serving = [
+            f"{model.model_id} ({', '.join(f'{one.status} on {one.node_name}' for one in model.instances)})"
+            for model in self.models
+        ]
+        lines.append(f"Models: {'; '.join(serving) or 'none yet'}.")
+        lines += [f"Failed: {failure}" for failure in self.failures]
         return "\n".join(lines)
 
 
@@ -51,19 +51,27 @@ async def status(client: NodeClient) -> StatusResult:
     except NodeUnreachableError as error:
         raise ToolFailedError(str(error), partial=down) from error
     try:
-        state = await client.state()
+        summary = await client.cluster()
     except NodeApiError as error:
         refused = down.model_copy(update={"running": True})
         raise ToolFailedError(str(error), partial=refused) from error
-    node_ids = sorted(state.nodes)
+    node = await client.cluster_node(summary.node_id)
+    state = await client.state()
+    failures = [
+        f"{runner.model_id} on {runner.node_id}: {runner.last_error}"
+        for runner in state.runners.values()
+        if runner.status == "failed" and runner.last_error
+    ]
     return StatusResult(
         url=client.base_url,
         running=True,
         api_reachable=True,
-        node_id=node_ids[0] if node_ids else None,
-        peers=max(len(node_ids) - 1, 0),
-        models=[
-            ModelStatus(model_id=runner.model_id, status=runner.status, last_error=runner.last_error)
-            for runner in sorted(state.runners.values(), key=lambda runner: runner.model_id)
-        ],
+        node_id=summary.node_id,
+        node_name=node.name,
+        version=node.exo_version,
+        cluster=summary.cluster,
+        master_node_id=summary.master_node_id,
+        peers=max(summary.nodes_healthy + summary.nodes_degraded - 1, 0),
+        models=summary.models,
+        failures=failures,
     )

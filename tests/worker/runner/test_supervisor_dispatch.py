@@ -27,11 +27,17 @@ def wait_until_exited(pid: int, timeout: float = 10.0) -> None:
     pipe is closed, while the supervisor, whose loop is blocked here, has not yet noticed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        # A zombie has no open files; the thread group leader turns zombie before its other threads let go of them.
-        if not os.listdir(f"/proc/{pid}/fd"):
+        # The open files go with the last thread: until then the leader can already be a zombie with an empty fd
+        # list while another thread still holds the socket.
+        if os.listdir(f"/proc/{pid}/task") == [str(pid)] and _state(pid) == "Z":
             return
         time.sleep(0.01)
     raise TimeoutError(f"process {pid} did not exit")
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
 
 
 def wait_until_hung_up(fileno: int, timeout: float = 10.0) -> None:

@@ -1,10 +1,10 @@
 """OpenAI chat request → ChatCompletionCommand, rejecting what cannot be honoured with a clear 400."""
 
-import logging
 from collections.abc import Sequence
 
 from pydantic import JsonValue
 
+from exo.master.adapters.field_policy import log_ignored
 from exo.master.adapters.json_output import json_output
 from exo.master.adapters.tool_controls import (
     allowed_tool_names,
@@ -37,8 +37,6 @@ from exo.shared.types.tasks import (
     ToolPolicy,
 )
 
-logger = logging.getLogger(__name__)
-
 # Request fields accepted for compatibility but not acted on: clients such as opencode, the AI SDK or scripts
 # written for vLLM send them routinely, and rejecting them would break those clients for no benefit. Each one has no
 # effect on a single local completion (user, store, metadata…); docs/OPERATIONS.md lists them.
@@ -62,7 +60,8 @@ def _content_text(content: str | list[ContentPart] | None, where: str) -> str:
     for position, part in enumerate(content):
         if not isinstance(part, TextContentPart):
             if part.type == "text":
-                raise ApiError(400, f"{where}.content[{position}]: a text part needs a 'text' string")
+                field = f"{where}.content[{position}].text"
+                raise ApiError(400, f"{field}: a text part needs a 'text' string", param=field)
             raise ApiError(
                 400,
                 f"{where}.content[{position}]: content parts of type '{part.type}' are not supported (only 'text')",
@@ -204,9 +203,7 @@ def reject_unsupported_features(request: ChatCompletionRequest) -> None:
 def to_command(request: ChatCompletionRequest, model_id: ModelId) -> ChatCompletionCommand:
     """Validate `request` (400 ApiError for anything we cannot honour) and turn it into a command for `model_id`."""
     reject_unsupported_features(request)
-    ignored = [name for name in IGNORED_REQUEST_FIELDS if name in request.model_fields_set]
-    if ignored:
-        logger.debug("ignoring request fields %s", ", ".join(ignored))
+    log_ignored(request, IGNORED_REQUEST_FIELDS)
     policy = tool_policy(request)
     check_enforced_schemas(policy, field_prefix="function.")
     params = ChatCompletionTaskParams(

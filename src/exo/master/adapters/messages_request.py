@@ -6,14 +6,14 @@ exactly as the equivalent chat request would be. What cannot be honoured (images
 context edits other than clearing thinking) is a 400 naming the field, never silently dropped.
 """
 
-import logging
 from collections.abc import Sequence
 
 from pydantic import JsonValue
 
+from exo.master.adapters.field_policy import log_ignored, unsupported
 from exo.master.adapters.json_output import json_output
+from exo.master.adapters.token_count import count_command as count_only
 from exo.master.adapters.tool_controls import build_policy, check_enforced_schemas, check_functions
-from exo.master.adapters.unsupported import unsupported
 from exo.master.errors import ApiError
 from exo.shared.types.anthropic_messages import (
     ContentBlockParam,
@@ -41,8 +41,6 @@ from exo.shared.types.tasks import (
     StructuredOutput,
     ToolPolicy,
 )
-
-logger = logging.getLogger(__name__)
 
 # Accepted, not acted on: none changes what one local completion generates (docs/AGENTS.md lists them, with
 # `output_config.effort` and `thinking.budget_tokens`).
@@ -300,14 +298,11 @@ def to_command(request: MessagesRequest, model_id: ModelId) -> ChatCompletionCom
     """Validate `request` (a 400 ApiError for anything we cannot honour) and turn it into a command."""
     if request.container is not None:
         raise unsupported("container", "code-execution containers")
-    ignored = [name for name in IGNORED_MESSAGES_FIELDS if name in request.model_fields_set]
-    if ignored:
-        logger.debug("ignoring request fields %s", ", ".join(ignored))
+    log_ignored(request, IGNORED_MESSAGES_FIELDS)
     params = prompt_params(request, sampling_params(request))
     return ChatCompletionCommand(command_id=new_command_id(), model_id=model_id, params=params)
 
 
 def count_command(request: MessagesPrompt, model_id: ModelId) -> ChatCompletionCommand:
     """The command that renders `request`'s prompt on the model's runner and counts its tokens."""
-    params = prompt_params(request, SamplingParams()).model_copy(update={"count_prompt_only": True})
-    return ChatCompletionCommand(command_id=new_command_id(), model_id=model_id, params=params)
+    return count_only(prompt_params(request, SamplingParams()), model_id)

@@ -7,10 +7,9 @@ the events describe, so the non-streaming answer is the same fold of the same ev
 """
 
 import json
-from collections.abc import AsyncIterator
 from typing import Literal
 
-from exo.master.adapters.messages_errors import anthropic_error, anthropic_error_body
+from exo.master.adapters.messages_errors import anthropic_error
 from exo.master.errors import task_error
 from exo.shared.types.anthropic_messages import (
     AnthropicMessage,
@@ -126,6 +125,7 @@ class MessageStreamEncoder:
         )
 
     def start(self) -> list[MessageStreamEvent]:
+        """message_start: the empty message (its usage arrives in message_delta, once the prompt is counted)."""
         return [MessageStartEvent(message=self.message())]
 
     def encode(self, chunk: Chunk) -> list[MessageStreamEvent]:
@@ -182,23 +182,3 @@ class MessageStreamEncoder:
         self._usage = MessageUsage.model_validate(usage.model_dump())
         delta = MessageDeltaBody(stop_reason=self._stop_reason, stop_sequence=self._stop_sequence)
         return [MessageDeltaEvent(delta=delta, usage=usage), MessageStopEvent()]
-
-
-def sse_event(event: MessageStreamEvent) -> str:
-    """One event on the wire: its type as the SSE event name, then its JSON."""
-    return f"event: {event.type}\ndata: {event.model_dump_json()}\n\n"
-
-
-async def message_events(encoder: MessageStreamEncoder, first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[str]:
-    """The whole SSE body: message_start, every chunk's events, then message_delta and message_stop (or error)."""
-    for event in encoder.start() + encoder.encode(first):
-        yield sse_event(event)
-    if isinstance(first, FinishChunk | ErrorChunk):
-        return
-    async for chunk in rest:
-        for event in encoder.encode(chunk):
-            yield sse_event(event)
-        if isinstance(chunk, FinishChunk | ErrorChunk):
-            return
-    # The runner ended the stream without a final chunk (it was cancelled): still end with an error event.
-    yield sse_event(ErrorEvent(error=anthropic_error_body(500, "generation ended unexpectedly")))

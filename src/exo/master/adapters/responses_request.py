@@ -7,19 +7,19 @@ Nothing is stored: what needs server-side state (`previous_response_id`, `conver
 hosted tool is a 400 naming the field, never silently dropped.
 """
 
-import logging
 from collections.abc import Sequence
 
 from pydantic import JsonValue
 
+from exo.master.adapters.field_policy import log_ignored, unsupported
 from exo.master.adapters.json_output import json_output
+from exo.master.adapters.token_count import count_command as count_only
 from exo.master.adapters.tool_controls import (
     allowed_tool_names,
     build_policy,
     check_enforced_schemas,
     check_functions,
 )
-from exo.master.adapters.unsupported import unsupported
 from exo.master.errors import ApiError
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.commands import ChatCompletionCommand
@@ -48,8 +48,6 @@ from exo.shared.types.tasks import (
     StructuredOutput,
     ToolPolicy,
 )
-
-logger = logging.getLogger(__name__)
 
 # Accepted, not acted on: none changes what one local completion generates (docs/AGENTS.md lists them, with
 # `reasoning.summary`, `text.verbosity` and the `include` values other than logprobs).
@@ -261,14 +259,11 @@ def sampling_params(request: ResponsesRequest) -> SamplingParams:
 def to_command(request: ResponsesRequest, model_id: ModelId) -> ChatCompletionCommand:
     """Validate `request` (a 400 ApiError for anything we cannot honour) and turn it into a command."""
     _reject_unsupported(request)
-    ignored = [name for name in IGNORED_RESPONSES_FIELDS if name in request.model_fields_set]
-    if ignored:
-        logger.debug("ignoring request fields %s", ", ".join(ignored))
+    log_ignored(request, IGNORED_RESPONSES_FIELDS)
     params = prompt_params(request, sampling_params(request))
     return ChatCompletionCommand(command_id=new_command_id(), model_id=model_id, params=params)
 
 
 def count_command(request: ResponsesPrompt, model_id: ModelId) -> ChatCompletionCommand:
     """The command that renders `request`'s prompt on the model's runner and counts its tokens."""
-    params = prompt_params(request, SamplingParams()).model_copy(update={"count_prompt_only": True})
-    return ChatCompletionCommand(command_id=new_command_id(), model_id=model_id, params=params)
+    return count_only(prompt_params(request, SamplingParams()), model_id)

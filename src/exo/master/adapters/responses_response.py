@@ -6,9 +6,9 @@ The non-streaming answer is the fold of the very events the stream would carry (
 import time
 from collections.abc import AsyncIterator
 
+from exo.master.adapters.protocol_events import fold_chunks
 from exo.master.adapters.responses_stream import ResponseStreamEncoder
-from exo.master.errors import ApiError, task_error
-from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk
+from exo.shared.types.chunks import Chunk
 from exo.shared.types.openai_responses import ResponsesRequest
 from exo.shared.types.openai_responses_output import ResponseObject
 
@@ -29,7 +29,7 @@ def initial_response(request: ResponsesRequest, response_id: str, model: str) ->
         temperature=request.temperature if request.temperature is not None else 0.0,
         top_p=request.top_p if request.top_p is not None else 1.0,
         tool_choice=tool_choice if isinstance(tool_choice, str) else tool_choice.model_dump(by_alias=True),
-        tools=[tool.model_dump(by_alias=True) for tool in request.tools or []],
+        tools=[tool.model_dump(by_alias=True, exclude_none=True) for tool in request.tools or []],
         text=text,
         reasoning=request.reasoning.model_dump(exclude_none=True) if request.reasoning else None,
         metadata=request.metadata or {},
@@ -40,10 +40,5 @@ def initial_response(request: ResponsesRequest, response_id: str, model: str) ->
 async def collect_response(chunks: AsyncIterator[Chunk], initial: ResponseObject) -> ResponseObject:
     """Encode every chunk and return the finished response; an ErrorChunk becomes an ApiError with its status."""
     encoder = ResponseStreamEncoder(initial)
-    async for chunk in chunks:
-        if isinstance(chunk, ErrorChunk):
-            raise task_error(chunk)
-        encoder.encode(chunk)
-        if isinstance(chunk, FinishChunk):
-            return encoder.response()
-    raise ApiError(500, "generation ended without a result", error_type="server_error")
+    await fold_chunks(chunks, encoder)
+    return encoder.response()

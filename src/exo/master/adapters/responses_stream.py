@@ -8,7 +8,6 @@ parsed them) and closed (`…done` events with the full text, then `output_item.
 whole response, which is also the non-streaming answer: both are the same fold of the same chunks.
 """
 
-from collections.abc import AsyncIterator
 from typing import Literal
 from uuid import uuid4
 
@@ -116,6 +115,7 @@ class ResponseStreamEncoder:
         return self._response.model_copy(update={"output": [item.output() for item in self._items]})
 
     def start(self) -> list[ResponseStreamEvent]:
+        """response.created and response.in_progress, carrying the response as created."""
         return [self._lifecycle("response.created"), self._lifecycle("response.in_progress")]
 
     def encode(self, chunk: Chunk) -> list[ResponseStreamEvent]:
@@ -257,26 +257,3 @@ class ResponseStreamEncoder:
             item=item.output(),
         )
         return [*events, done]
-
-
-def sse_event(event: ResponseStreamEvent) -> str:
-    """One event on the wire: its type as the SSE event name, then its JSON."""
-    return f"event: {event.type}\ndata: {event.model_dump_json()}\n\n"
-
-
-async def response_events(
-    encoder: ResponseStreamEncoder, first: Chunk, rest: AsyncIterator[Chunk]
-) -> AsyncIterator[str]:
-    """The whole SSE body: response.created, every chunk's events, then response.completed (or failed)."""
-    for event in encoder.start() + encoder.encode(first):
-        yield sse_event(event)
-    if isinstance(first, FinishChunk | ErrorChunk):
-        return
-    async for chunk in rest:
-        for event in encoder.encode(chunk):
-            yield sse_event(event)
-        if isinstance(chunk, FinishChunk | ErrorChunk):
-            return
-    # The runner ended the stream without a final chunk (it was cancelled): still end the response, as failed.
-    for event in encoder.encode(ErrorChunk(error="generation_failed", message="generation ended unexpectedly")):
-        yield sse_event(event)

@@ -1,9 +1,19 @@
-"""Chunks of a count-only task → the prompt's token count (rendered and tokenised on the model's runner)."""
+"""Token counting: a count-only command, and the count its task reports (the prompt rendered and tokenised on the
+model's runner, with the model's own template and tokenizer, exactly as a completion's prompt is)."""
 
 from collections.abc import AsyncIterator
 
 from exo.master.errors import ApiError, task_error
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk
+from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.common import ModelId, new_command_id
+from exo.shared.types.tasks import ChatCompletionTaskParams
+
+
+def count_command(params: ChatCompletionTaskParams, model_id: ModelId) -> ChatCompletionCommand:
+    """The command whose task renders `params`' prompt and reports its length, generating nothing."""
+    counting = params.model_copy(update={"count_prompt_only": True})
+    return ChatCompletionCommand(command_id=new_command_id(), model_id=model_id, params=counting)
 
 
 async def collect_prompt_tokens(chunks: AsyncIterator[Chunk]) -> int:

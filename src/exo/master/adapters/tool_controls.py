@@ -5,7 +5,9 @@ Chat Completions, the Messages API and the Responses API name these things diffe
 checks and the policy the engine enforces are the same for all three.
 """
 
+import re
 from collections.abc import Sequence
+from typing import Final
 
 from jsonschema import SchemaError
 from jsonschema.validators import validator_for
@@ -21,6 +23,8 @@ from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import ToolChoiceMode, ToolPolicy
 
 MAX_TOOL_NAME_LENGTH = 64
+# OpenAI's pattern for function names: ASCII only (`str.isalnum` would let "météo" or "工具" through).
+TOOL_NAME: Final = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_TOOL_NAME_LENGTH}}}")
 
 
 def check_functions(
@@ -33,8 +37,9 @@ def check_functions(
     for position, function in enumerate(functions):
         where = f"tools[{position}]"
         name = function.name
-        if not name or len(name) > MAX_TOOL_NAME_LENGTH or not all(char.isalnum() or char in "_-." for char in name):
-            raise ApiError(400, f"{where}.{field_prefix}name '{name}' must be 1-64 letters, digits, '_', '-' or '.'")
+        if not TOOL_NAME.fullmatch(name):
+            field = f"{where}.{field_prefix}name"
+            raise ApiError(400, f"{field} '{name}' must be 1-64 ASCII letters, digits, '_', '-' or '.'", param=field)
         if name in seen:
             raise ApiError(400, f"{where}: duplicate tool name '{name}'", param=f"{where}.{field_prefix}name")
         seen.add(name)

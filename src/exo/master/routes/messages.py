@@ -1,6 +1,5 @@
 """The Anthropic Messages API: POST /v1/messages and /v1/messages/count_tokens, errors in Anthropic's shape."""
 
-from typing import Any
 from uuid import uuid4
 
 from fastapi import APIRouter, Request, Response
@@ -8,7 +7,8 @@ from fastapi import APIRouter, Request, Response
 from exo.master.adapters.messages_errors import anthropic_error
 from exo.master.adapters.messages_request import count_command, to_command
 from exo.master.adapters.messages_response import collect_message
-from exo.master.adapters.messages_stream import MessageStreamEncoder, message_events
+from exo.master.adapters.messages_stream import MessageStreamEncoder
+from exo.master.adapters.protocol_events import sse_body
 from exo.master.adapters.token_count import collect_prompt_tokens
 from exo.master.client import MasterClient
 from exo.master.completion_flow import (
@@ -19,7 +19,7 @@ from exo.master.completion_flow import (
     served_model,
     submit,
 )
-from exo.master.error_shapes import shaped_route
+from exo.master.error_shapes import documented_errors, shaped_route
 from exo.shared.types.anthropic_messages import (
     AnthropicErrorResponse,
     AnthropicMessage,
@@ -30,18 +30,7 @@ from exo.shared.types.anthropic_messages import (
 
 # Every path of this protocol starts with this; the request guard answers its refusals in Anthropic's shape too.
 MESSAGES_PATH_PREFIX = "/v1/messages"
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": AnthropicErrorResponse, "description": description}
-    for status, description in {
-        400: "Invalid request",
-        401: "Missing or wrong API key",
-        404: "Model not served",
-        413: "Request body too large",
-        429: "The model's queue is full",
-        500: "Server error",
-        503: "Model still loading or unavailable",
-    }.items()
-}
+_ERRORS = documented_errors(AnthropicErrorResponse)
 
 
 def messages_router(master: MasterClient) -> APIRouter:
@@ -65,7 +54,7 @@ def messages_router(master: MasterClient) -> APIRouter:
         if first is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         encoder = MessageStreamEncoder(message_id, model_id)
-        return event_stream(master, handle, message_events(encoder, first, handle.chunks))
+        return event_stream(master, handle, sse_body(encoder, first, handle.chunks))
 
     @router.post(f"{MESSAGES_PATH_PREFIX}/count_tokens", response_model=None, responses=_ERRORS)
     async def count_tokens(request: CountTokensRequest, http_request: Request) -> TokenCount | Response:

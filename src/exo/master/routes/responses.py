@@ -1,13 +1,13 @@
 """The OpenAI Responses API: POST /v1/responses and /v1/responses/input_tokens (errors in OpenAI's shape)."""
 
-from typing import Any
 from uuid import uuid4
 
 from fastapi import APIRouter, Request, Response
 
+from exo.master.adapters.protocol_events import sse_body
 from exo.master.adapters.responses_request import count_command, to_command
 from exo.master.adapters.responses_response import collect_response, initial_response
-from exo.master.adapters.responses_stream import ResponseStreamEncoder, response_events
+from exo.master.adapters.responses_stream import ResponseStreamEncoder
 from exo.master.adapters.token_count import collect_prompt_tokens
 from exo.master.client import MasterClient
 from exo.master.completion_flow import (
@@ -18,22 +18,12 @@ from exo.master.completion_flow import (
     served_model,
     submit,
 )
+from exo.master.error_shapes import documented_errors
 from exo.shared.types.api import ErrorResponse
 from exo.shared.types.openai_responses import InputTokensRequest, ResponsesRequest
 from exo.shared.types.openai_responses_output import InputTokenCount, ResponseObject
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": description}
-    for status, description in {
-        400: "Invalid request",
-        401: "Missing or wrong API key",
-        404: "Model not served",
-        413: "Request body too large",
-        429: "The model's queue is full",
-        500: "Server error",
-        503: "Model still loading or unavailable",
-    }.items()
-}
+_ERRORS = documented_errors(ErrorResponse)
 
 
 def responses_router(master: MasterClient) -> APIRouter:
@@ -51,7 +41,7 @@ def responses_router(master: MasterClient) -> APIRouter:
         first = await first_chunk(master, handle, http_request)
         if first is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        return event_stream(master, handle, response_events(ResponseStreamEncoder(initial), first, handle.chunks))
+        return event_stream(master, handle, sse_body(ResponseStreamEncoder(initial), first, handle.chunks))
 
     @router.post("/v1/responses/input_tokens", response_model=None, responses=_ERRORS)
     async def count_input_tokens(request: InputTokensRequest, http_request: Request) -> InputTokenCount | Response:

@@ -42,9 +42,10 @@ StopSequence = Annotated[str, Field(max_length=MAX_STOP_SEQUENCE_CHARACTERS)]
 
 
 class WireModel(BaseModel):
-    """Request-side models accept unknown fields (clients send extras such as `x-` metadata)."""
+    """Request-side models accept unknown fields (clients send extras such as `x-` metadata) and are strict about
+    the ones they declare, however deep: `"yes"` is not a boolean, `"5"` not a number (as documented)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class TextContentPart(WireModel):

@@ -1,0 +1,135 @@
+"""Model paths stay out of API answers (/state, the cluster views, refusals, error messages streamed or not) unless
+the operator asks."""
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from exo.master.client import TaskHandle
+from exo.master.public_paths import PathHider, storage_directories
+from exo.node import NodeConfig
+from exo.shared.errors import RunnerUnavailableError
+from exo.shared.types.chunks import ErrorChunk, TokenChunk
+from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.common import InstanceId, ModelId, RunnerId
+from exo.shared.types.preparation import ModelPreparation
+from exo.shared.types.state import RunnerInfo, State
+from exo.shared.types.worker.shards import ShardAssignment
+from tests.master.inprocess_app import SCRIPTED_MODEL, SCRIPTED_NODE, ScriptedMaster, scripted_app
+
+MODEL_PATH = "/nonexistent/scripted-model"  # where inprocess_app says the scripted model lives
+HELLO = {"model": SCRIPTED_MODEL, "messages": [{"role": "user", "content": "Hello!"}]}
+LOAD_FAILURE = f"generation failed: OSError: cannot read {MODEL_PATH}/model.safetensors"
+
+
+@pytest.fixture
+def hidden() -> Iterator[tuple[TestClient, ScriptedMaster]]:
+    application, master = scripted_app()
+    with TestClient(application) as client:
+        yield client, master
+
+
+def test_state_and_cluster_views_show_the_model_not_where_it_lives(hidden: tuple[TestClient, ScriptedMaster]) -> None:
+    client, _ = hidden
+    state = client.get("/state")
+    assert MODEL_PATH not in state.text
+    (runner,) = state.json()["runners"].values()
+    assert runner["model_path"] == f"<{SCRIPTED_MODEL}>"
+    for path in ("/v1/cluster", "/v1/cluster/nodes", "/v1/models"):
+        response = client.get(path)
+        assert response.status_code == 200, path
+        assert MODEL_PATH not in response.text, path
+
+
+def test_a_failed_preparation_does_not_show_the_models_directory(hidden: tuple[TestClient, ScriptedMaster]) -> None:
+    client, master = hidden
+    failed = ModelPreparation(
+        model_id=ModelId("other"),
+        phase="failed",
+        done_bytes=0,
+        total_bytes=1,
+        started_at=1.0,
+        updated_at=2.0,
+        error=f"cannot read {MODEL_PATH}/weights.gguf",
+    )
+    node = master.state.nodes[SCRIPTED_NODE]
+    nodes = {SCRIPTED_NODE: node.model_copy(update={"preparations": {failed.model_id: failed}})}
+    master.state = master.state.model_copy(update={"nodes": nodes})
+    state = client.get("/state")
+    assert MODEL_PATH not in state.text
+    error = state.json()["nodes"][SCRIPTED_NODE]["preparations"]["other"]["error"]
+    assert error == f"cannot read <{SCRIPTED_MODEL}>/weights.gguf"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_failed_task_does_not_show_the_model_path(hidden: tuple[TestClient, ScriptedMaster], stream: bool) -> None:
+    client, master = hidden
+    master.script = (ErrorChunk(error="generation_failed", message=LOAD_FAILURE),)
+    response = client.post("/v1/chat/completions", json={**HELLO, "stream": stream})
+    assert MODEL_PATH not in response.text
+    assert f"cannot read <{SCRIPTED_MODEL}>/model.safetensors" in response.text
+
+
+def test_an_error_mid_stream_does_not_show_the_model_path(hidden: tuple[TestClient, ScriptedMaster]) -> None:
+    client, master = hidden
+    master.script = (TokenChunk(text="Hi"), ErrorChunk(error="generation_failed", message=LOAD_FAILURE))
+    for path in ("/v1/chat/completions", "/v1/messages", "/v1/responses"):
+        body = (
+            {**HELLO, "stream": True, "max_tokens": 5}
+            if path != "/v1/responses"
+            else {"model": SCRIPTED_MODEL, "input": "Hello!", "stream": True}
+        )
+        response = client.post(path, json=body)
+        assert response.status_code == 200, response.text
+        assert MODEL_PATH not in response.text, path
+        assert "cannot read" in response.text
+
+
+class _UnavailableMaster(ScriptedMaster):
+    """Refuses every task the way a worker whose model failed to load does: naming the model's file."""
+
+    async def submit_chat_completion(self, command: ChatCompletionCommand) -> TaskHandle:
+        raise RunnerUnavailableError(f"model '{command.model_id}' failed to load: {MODEL_PATH}/config.json is missing")
+
+
+def test_a_refusal_does_not_show_the_model_path() -> None:
+    application, _ = scripted_app(master=_UnavailableMaster())
+    with TestClient(application) as client:
+        response = client.post("/v1/chat/completions", json=HELLO)
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert error["code"] == "model_unavailable"
+    assert error["message"] == f"model '{SCRIPTED_MODEL}' failed to load: <{SCRIPTED_MODEL}>/config.json is missing"
+
+
+def test_the_operator_can_ask_to_see_paths() -> None:
+    application, master = scripted_app(NodeConfig(show_model_paths=True))
+    master.script = (ErrorChunk(error="generation_failed", message=LOAD_FAILURE),)
+    with TestClient(application) as client:
+        assert json.loads(client.get("/state").text)["runners"]["runner-scripted"]["model_path"] == MODEL_PATH
+        assert MODEL_PATH in client.post("/v1/chat/completions", json=HELLO).text
+
+
+def test_paths_are_hidden_as_given_and_resolved_longest_first(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    model = models / "qwen-abc123"
+    model.mkdir(parents=True)
+    runner = RunnerInfo(
+        runner_id=RunnerId("r"),
+        node_id=SCRIPTED_NODE,
+        instance_id=InstanceId("i"),
+        model_id=ModelId("qwen"),
+        model_path=str(model),
+        shard=ShardAssignment(),
+        status="failed",
+        last_error=f"cannot load model from {model}: missing {models}/other/config.json",
+    )
+    hider = PathHider(State(runners={runner.runner_id: runner}), storage_directories(models, tmp_path / "home"))
+    hidden = hider.state(State(runners={runner.runner_id: runner}))
+    assert hidden.runners[runner.runner_id].last_error == (
+        "cannot load model from <qwen>: missing <models dir>/other/config.json"
+    )
+    assert hider.text(f"{Path.home()}/notes.txt") == "~/notes.txt"
