@@ -11,8 +11,8 @@ import anyio
 import httpx
 
 from exo.cluster.settings import ClusterSettings
-from exo.master.api import ApiSettings, create_app
-from exo.node import Node, NodeConfig
+from exo.master.api import create_app
+from exo.node import Node, NodeConfig, api_settings
 
 
 @asynccontextmanager
@@ -21,7 +21,7 @@ async def in_process_node(config: NodeConfig, tmp_path: Path) -> AsyncGenerator[
     private = ClusterSettings(name=f"test-{uuid4().hex[:12]}", listen=(), discovery=False)
     node = Node(replace(config, cluster=private, home=tmp_path / "home"))
     await node.join()
-    settings = ApiSettings(config.api_key, config.max_request_bytes, models_dir=config.models_dir)
+    settings = api_settings(config)
     transport = httpx.ASGITransport(app=create_app(node.master_client, settings, node.publish_preparation))
     try:
         async with (

@@ -1,8 +1,40 @@
-"""`exo`'s throughput flags reach the node's configuration, and a batch size below one is refused by argparse."""
+"""`exo` stops cleanly on Ctrl-C: the terminal sends SIGINT to the whole process group (the runners too), and a
+clean stop must not read like a failure in the log. Its throughput flags reach the node's configuration, and a
+batch size below one is refused by argparse."""
 
+import os
+import signal
+from pathlib import Path
+
+import httpx
 import pytest
 
 from exo.main import build_parser, config_from_args
+from tests.exo_server import fixture_model, running_exo
+from tests.fixtures.fixture_specs import GREETING_REPLY
+
+MODEL = "tiny-qwen-tools"
+
+
+def test_ctrl_c_stops_the_node_and_its_runner_without_an_error_in_the_log(tmp_path: Path) -> None:
+    with running_exo([fixture_model(MODEL)], tmp_path, ready_timeout=300) as server:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello!"}]}
+        answer = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
+        assert answer.json()["choices"][0]["message"]["content"] == GREETING_REPLY
+        runner_pid = server.runner()["pid"]
+        assert isinstance(runner_pid, int)
+
+        os.killpg(server.process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        assert server.process.wait(timeout=60) == 130
+        log = server.log()
+    assert " ERROR " not in log, log
+    assert "Traceback" not in log, log
+    assert not Path(f"/proc/{runner_pid}").exists() or _zombie(runner_pid), log
+
+
+def _zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def test_batching_and_speculation_are_on_by_default() -> None:

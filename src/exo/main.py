@@ -186,8 +186,8 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
 
 
 async def serve(config: "NodeConfig") -> None:
-    from exo.master.api import ApiSettings, create_app
-    from exo.node import Node
+    from exo.master.api import create_app
+    from exo.node import Node, api_settings
     from exo.worker.engines.mlx.blas import blas_advice, blas_environment
 
     # The runner subprocesses inherit this environment: the optimized BLAS must be preloaded before mlx loads.
@@ -204,14 +204,7 @@ async def serve(config: "NodeConfig") -> None:
         )
     node = Node(config)
     await node.join()
-    settings = ApiSettings(
-        config.api_key,
-        config.max_request_bytes,
-        config.host,
-        config.api_port,
-        config.models_dir,
-        show_model_paths=config.show_model_paths,
-    )
+    settings = api_settings(config)
     try:
         async with anyio.create_task_group() as task_group:
             node.start(task_group)

@@ -23,6 +23,7 @@ from exo.cluster.node_facts import NodeDescriber
 from exo.cluster.peers import PeerConnector
 from exo.cluster.settings import ClusterSettings, zenoh_config
 from exo.cluster.topics import Member, Topics
+from exo.master.api import ApiSettings
 from exo.master.client import BusMasterClient
 from exo.master.main import Master
 from exo.master.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS, DEFAULT_HEADER_TIMEOUT_SECONDS
@@ -68,6 +69,18 @@ class NodeConfig:
     node_name: str | None = None
     # Where the node keeps its identity; `$EXO_HOME` (default ~/.cache/exo) when None.
     home: Path | None = None
+
+
+def api_settings(config: NodeConfig) -> ApiSettings:
+    """What the node's HTTP API takes from its configuration."""
+    return ApiSettings(
+        config.api_key,
+        config.max_request_bytes,
+        config.host,
+        config.api_port,
+        config.models_dir,
+        show_model_paths=config.show_model_paths,
+    )
 
 
 @dataclass(frozen=True)

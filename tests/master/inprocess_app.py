@@ -10,9 +10,9 @@ from typing import Any, Protocol
 
 from fastapi import FastAPI
 
-from exo.master.api import ApiSettings, create_app
+from exo.master.api import create_app
 from exo.master.client import TaskHandle
-from exo.node import NodeConfig
+from exo.node import NodeConfig, api_settings
 from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk, Usage
 from exo.shared.types.cluster_api import DiscoveryReport, PeerConnection
 from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
@@ -132,12 +132,5 @@ def scripted_app(
     """The production app in front of a ScriptedMaster (or `master`) serving SCRIPTED_MODEL."""
     config = config or NodeConfig()
     master = master or ScriptedMaster()
-    settings = ApiSettings(
-        config.api_key,
-        config.max_request_bytes,
-        config.host,
-        config.api_port,
-        config.models_dir,
-        show_model_paths=config.show_model_paths,
-    )
+    settings = api_settings(config)
     return create_app(master, settings, master.preparations.append), master

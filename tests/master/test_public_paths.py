@@ -16,7 +16,7 @@ from exo.shared.types.chunks import ErrorChunk, TokenChunk
 from exo.shared.types.commands import ChatCompletionCommand
 from exo.shared.types.common import InstanceId, ModelId, RunnerId
 from exo.shared.types.preparation import ModelPreparation
-from exo.shared.types.state import RunnerInfo, State
+from exo.shared.types.state import NodeHealth, RunnerInfo, State
 from exo.shared.types.worker.shards import ShardAssignment
 from tests.master.inprocess_app import SCRIPTED_MODEL, SCRIPTED_NODE, ScriptedMaster, scripted_app
 
@@ -44,7 +44,9 @@ def test_state_and_cluster_views_show_the_model_not_where_it_lives(hidden: tuple
         assert MODEL_PATH not in response.text, path
 
 
-def test_a_failed_preparation_does_not_show_the_models_directory(hidden: tuple[TestClient, ScriptedMaster]) -> None:
+def test_a_failed_preparation_and_node_health_do_not_show_paths(
+    hidden: tuple[TestClient, ScriptedMaster],
+) -> None:
     client, master = hidden
     failed = ModelPreparation(
         model_id=ModelId("other"),
@@ -56,12 +58,14 @@ def test_a_failed_preparation_does_not_show_the_models_directory(hidden: tuple[T
         error=f"cannot read {MODEL_PATH}/weights.gguf",
     )
     node = master.state.nodes[SCRIPTED_NODE]
-    nodes = {SCRIPTED_NODE: node.model_copy(update={"preparations": {failed.model_id: failed}})}
+    degraded = NodeHealth(status="degraded", reason=f"runner for other failed: {failed.error}")
+    nodes = {SCRIPTED_NODE: node.model_copy(update={"preparations": {failed.model_id: failed}, "health": degraded})}
     master.state = master.state.model_copy(update={"nodes": nodes})
     state = client.get("/state")
     assert MODEL_PATH not in state.text
-    error = state.json()["nodes"][SCRIPTED_NODE]["preparations"]["other"]["error"]
-    assert error == f"cannot read <{SCRIPTED_MODEL}>/weights.gguf"
+    shown = state.json()["nodes"][SCRIPTED_NODE]
+    assert shown["preparations"]["other"]["error"] == f"cannot read <{SCRIPTED_MODEL}>/weights.gguf"
+    assert shown["health"]["reason"] == f"runner for other failed: cannot read <{SCRIPTED_MODEL}>/weights.gguf"
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -212,7 +212,8 @@ def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExoProces
     tmp_path = tmp_path_factory.mktemp("exo-keyed")
     arguments = ["--model", str(fixture_model("tiny-qwen-tools"))]
     with exo_process(arguments, tmp_path, env={"EXO_API_KEY": API_KEY}) as running:
-        running.wait_until(lambda: _runner_ready(running.base_url, {"Authorization": f"Bearer {API_KEY}"}))
+        # Starting the node and loading the model takes ~40 s on a loaded 2-core machine: a generous bound.
+        running.wait_until(lambda: _runner_ready(running.base_url, {"Authorization": f"Bearer {API_KEY}"}), 300)
         yield running
 
 

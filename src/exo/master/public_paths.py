@@ -52,7 +52,8 @@ class PathHider:
         return text
 
     def state(self, state: State) -> State:
-        """`state` with every model path and error message hidden."""
+        """`state` with every model path hidden, in messages too (runners' errors, a node's health and
+        preparations)."""
         runners = {
             runner_id: runner.model_copy(
                 update={
@@ -65,12 +66,16 @@ class PathHider:
         nodes = {
             node_id: node.model_copy(
                 update={
+                    "preparing": tuple(self.text(spec) for spec in node.preparing),
+                    "health": node.health.model_copy(update={"reason": self.text(node.health.reason)})
+                    if node.health.reason
+                    else node.health,
                     "preparations": {
                         model_id: preparation.model_copy(update={"error": self.text(preparation.error)})
                         if preparation.error
                         else preparation
                         for model_id, preparation in node.preparations.items()
-                    }
+                    },
                 }
             )
             for node_id, node in state.nodes.items()

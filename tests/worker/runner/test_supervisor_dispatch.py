@@ -22,22 +22,23 @@ def reply_text(chunks: Sequence[Chunk]) -> str:
     return "".join(chunk.text for chunk in chunks if isinstance(chunk, TokenChunk))
 
 
-def wait_until_exited(pid: int, timeout: float = 10.0) -> None:
-    """Block (without yielding to the event loop) until `pid` has exited and released its files, so its end of the
-    pipe is closed, while the supervisor, whose loop is blocked here, has not yet noticed."""
+def wait_until_exited(pid: int, timeout: float = 30.0) -> None:
+    """Block (without yielding to the event loop) until every thread of child `pid` has exited, so its end of the
+    pipe is closed, while the supervisor, whose loop is blocked here, has not yet noticed.
+
+    The kernel reports a child as exited only once its last thread has gone, and a thread lets go of its files
+    before that; the thread group leader alone (its /proc fd list, or its zombie state) can look dead while another
+    thread still holds the socket, and a write then succeeds. WNOWAIT leaves the child for the supervisor to reap.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        # The open files go with the last thread: until then the leader can already be a zombie with an empty fd
-        # list while another thread still holds the socket.
-        if os.listdir(f"/proc/{pid}/task") == [str(pid)] and _state(pid) == "Z":
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return
+        except ChildProcessError:  # already reaped: gone all the more
             return
         time.sleep(0.01)
     raise TimeoutError(f"process {pid} did not exit")
-
-
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0]
 
 
 def wait_until_hung_up(fileno: int, timeout: float = 10.0) -> None:

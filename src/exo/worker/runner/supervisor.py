@@ -348,8 +348,8 @@ class RunnerSupervisor:
             pending = self._queue.popleft()
             try:
                 payload = RunnerRequestAdapter.dump_json(RunTask(task=pending.task))
-            except PydanticSerializationError as error:
-                logger.error("task %s cannot be sent to runner %s: %s", pending.task.task_id, self.runner_id, error)
+            except Exception as error:  # text that is not Unicode, or anything else: this task alone cannot go
+                logger.exception("task %s cannot be sent to runner %s", pending.task.task_id, self.runner_id)
                 failure = f"the request could not be handed to the model runner: {error}"
                 self._fail(pending, ErrorChunk(error="dispatch_failed", message=failure))
                 continue
