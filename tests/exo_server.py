@@ -1,10 +1,7 @@
 """Run a real `exo` node in a subprocess for end-to-end tests (real HTTP, real runner subprocess, real MLX)."""
 
-import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,12 +16,9 @@ from anthropic import Anthropic
 from openai import OpenAI
 
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
+from tests.ports import free_port
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+__all__ = ["ExoServer", "fixture_model", "free_port", "running_exo"]
 
 
 @dataclass
@@ -100,29 +94,8 @@ class ExoServer:
         raise TimeoutError(f"runners never all became ready (last: {statuses}):\n{self.log()}")
 
 
-ENDLESS_MODEL = "endless-qwen"
-
-
 def fixture_model(name: str) -> Path:
     return FIXTURE_MODELS_DIR / name
-
-
-def endless_copy(directory: Path) -> Path:
-    """Copy tiny-qwen-tools to `directory/endless-qwen` with no end-of-sequence token configured: it generates until
-    max_tokens, for tests that need a generation still running when they act."""
-    target = directory / ENDLESS_MODEL
-    shutil.copytree(fixture_model("tiny-qwen-tools"), target)
-    for name in ("config.json", "generation_config.json"):
-        config = json.loads((target / name).read_text())
-        config["eos_token_id"] = []
-        (target / name).write_text(json.dumps(config))
-    tokenizer_config = json.loads((target / "tokenizer_config.json").read_text())
-    tokenizer_config["eos_token"] = None
-    (target / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
-    special = json.loads((target / "special_tokens_map.json").read_text())
-    special.pop("eos_token", None)
-    (target / "special_tokens_map.json").write_text(json.dumps(special))
-    return target
 
 
 def isolation(home: Path) -> tuple[list[str], dict[str, str]]:

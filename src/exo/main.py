@@ -76,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="load no model here: the node lends its API and memory and serves the cluster's models",
     )
     parser.add_argument(
+        "--min-nodes",
+        type=_positive_int,
+        default=1,
+        help="split each model over at least this many nodes of the cluster (placed by free memory, as soon as "
+        "that many are up; pipeline parallel); default 1: load it on this node",
+    )
+    parser.add_argument(
         "--models-dir", type=Path, help="where downloaded/imported models live (default $EXO_HOME/models)"
     )
     parser.add_argument("--api-key", default=os.environ.get("EXO_API_KEY"), help="require 'Authorization: Bearer KEY'")
@@ -182,6 +189,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         body_timeout_seconds=arguments.body_timeout,
         cluster=cluster_settings_from_args(arguments),
         node_name=arguments.node_name,
+        min_nodes=arguments.min_nodes,
     )
 
 

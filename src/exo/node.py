@@ -18,6 +18,7 @@ from anyio.abc import TaskGroup
 from exo.cluster.bus import Bus
 from exo.cluster.event_log import EventLog
 from exo.cluster.identity import NodeIdentity, claim_node_identity
+from exo.cluster.instance_keeper import InstanceKeeper
 from exo.cluster.membership import Membership
 from exo.cluster.node_facts import NodeDescriber
 from exo.cluster.peers import PeerConnector
@@ -27,10 +28,13 @@ from exo.master.api import ApiSettings
 from exo.master.client import BusMasterClient
 from exo.master.main import Master
 from exo.master.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS, DEFAULT_HEADER_TIMEOUT_SECONDS
-from exo.models.paths import exo_home
+from exo.models.paths import default_models_dir, exo_home
+from exo.models.peer_files import ModelFileServer
 from exo.models.progress_display import ConsoleProgress
 from exo.shared.types.common import ModelId
+from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
+from exo.worker.instance_ranks import InstanceRanks, RankHost
 from exo.worker.main import Worker
 from exo.worker.runner.supervisor import RunnerConfig
 
@@ -69,6 +73,8 @@ class NodeConfig:
     node_name: str | None = None
     # Where the node keeps its identity; `$EXO_HOME` (default ~/.cache/exo) when None.
     home: Path | None = None
+    # Above 1, each model is placed (by memory) over at least this many nodes of the cluster instead of loaded here.
+    min_nodes: int = 1
 
 
 def api_settings(config: NodeConfig) -> ApiSettings:
@@ -92,6 +98,8 @@ class _JoinedParts:
     master: Master
     peers: PeerConnector
     master_client: BusMasterClient
+    keeper: InstanceKeeper
+    file_server: ModelFileServer
 
 
 class Node:
@@ -130,6 +138,7 @@ class Node:
         membership = Membership(bus, topics, Member(node_id=node_id, started_at_ms=int(self._started_at * 1000)))
         event_log = EventLog(bus, topics, membership)
         peers = PeerConnector(bus, config.cluster, membership)
+        keeper = InstanceKeeper(bus, topics, event_log, node_id)
         self._parts = _JoinedParts(
             bus=bus,
             topics=topics,
@@ -137,7 +146,9 @@ class Node:
             event_log=event_log,
             master=Master(bus, topics, membership, event_log),
             peers=peers,
-            master_client=BusMasterClient(bus, topics, membership, event_log, peers),
+            master_client=BusMasterClient(bus, topics, membership, event_log, peers, placer=self),
+            keeper=keeper,
+            file_server=ModelFileServer(bus.session, topics.root, node_id),
         )
         logger.info(
             "node %s joined cluster %r (listening on %s)", node_id, topics.cluster, ", ".join(config.cluster.listen)
@@ -164,13 +175,54 @@ class Node:
             describe_node=describe,
             show_progress=self._console_progress,
         )
-        components = (parts.membership, parts.event_log, parts.master, parts.master_client, worker, parts.peers)
+        ranks = InstanceRanks(
+            RankHost(
+                node_id=self._identity.node_id,
+                session=parts.bus.session,
+                topics_root=parts.topics.root,
+                models_dir=config.models_dir or default_models_dir(),
+                local_model_path=parts.keeper.local_model_path,
+                runner_config_for=self._runner_config,
+                start_runner=worker.start_runner,
+                remove_runner=worker.remove_runner,
+                progress_sinks=(self._console_progress, worker.publish_preparation),
+            ),
+            parts.event_log,
+            task_group,
+        )
+        components = (
+            parts.membership,
+            parts.event_log,
+            parts.master,
+            parts.master_client,
+            worker,
+            parts.peers,
+            parts.keeper,
+            ranks,
+        )
         for component in components:
             task_group.start_soon(component.run, name=type(component).__name__)
+        place = self._keep_placed if config.min_nodes > 1 else None
         for spec in config.models:
-            task_group.start_soon(worker.prepare_and_load, spec, self._runner_config, config.models_dir)
+            task_group.start_soon(worker.prepare_and_load, spec, self._runner_config, config.models_dir, place)
         for runner_config in config.extra_runner_configs:
             worker.start_runner(runner_config)
+
+    async def place_instance(self, spec: str, min_nodes: int) -> PlacedInstance:
+        """Place model `spec` (prepared on this node first) over at least `min_nodes` nodes, and keep it placed.
+
+        Raises InstancePlacementError (it fits nowhere), NoMasterError, or the preparation's own error.
+        """
+        assert self._worker is not None, "the node is started first"
+        assert self._parts is not None
+        resolved = await self._worker.prepare(spec, self.config.models_dir)
+        self._parts.file_server.serve(resolved.model_id, resolved.path)
+        return await self._parts.keeper.place(resolved.model_id, resolved.path, min_nodes)
+
+    def _keep_placed(self, model_id: ModelId, model_path: Path) -> None:
+        assert self._parts is not None
+        self._parts.file_server.serve(model_id, model_path)
+        self._parts.keeper.want(model_id, model_path, self.config.min_nodes)
 
     def publish_preparation(self, preparation: ModelPreparation) -> None:
         """Record progress of model work this node does outside its start-up (a catalog download); from a thread."""
@@ -185,6 +237,7 @@ class Node:
                 await self._worker.stop()
         finally:
             if self._parts is not None:
+                self._parts.file_server.close()
                 await self._parts.bus.close()
             if self._identity is not None:
                 self._identity.release()

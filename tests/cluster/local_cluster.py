@@ -113,8 +113,10 @@ class LocalCluster:
         cluster_port: int | None = None,
         cluster_name: str | None = None,
         discovery: bool = False,
+        extra_arguments: Sequence[str] = (),
     ) -> ClusterNode:
-        """Start a node without waiting for it (no model when `models` is empty; `home` reuses an identity)."""
+        """Start a node without waiting for it (no model when `models` is empty; `home` reuses an identity;
+        `extra_arguments` go on its command line)."""
         api_port = free_port()
         cluster_port = cluster_port or free_port()
         home = home or self.work_dir / f"home-{name}"
@@ -125,6 +127,7 @@ class LocalCluster:
         arguments += [argument for model in models for argument in ("--model", str(model))] or ["--no-model"]
         arguments += [argument for peer in peers for argument in ("--peer", peer.endpoint)]
         arguments += [] if discovery else ["--no-discovery"]
+        arguments += extra_arguments
         environment = {**os.environ, "EXO_HOME": str(home)}
         environment.pop("EXO_PEERS", None)
         with log_path.open("ab") as log:

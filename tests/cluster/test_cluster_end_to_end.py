@@ -18,7 +18,9 @@ import zenoh
 
 from exo.shared.types.cluster_api import ClusterMetrics, ClusterNodeList, ClusterSummary
 from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
-from tests.exo_server import ENDLESS_MODEL, endless_copy, fixture_model
+from tests.exo_server import fixture_model
+from tests.fixtures.endless_model import MODEL as ENDLESS_MODEL
+from tests.fixtures.endless_model import endless_copy
 from tests.fixtures.fixture_specs import GET_TIME_TOOL, GET_WEATHER_TOOL, GREETING_REPLY, user
 
 QWEN = "tiny-qwen-tools"

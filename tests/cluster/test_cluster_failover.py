@@ -15,7 +15,9 @@ import httpx
 import pytest
 
 from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
-from tests.exo_server import ENDLESS_MODEL, endless_copy, fixture_model
+from tests.exo_server import fixture_model
+from tests.fixtures.endless_model import MODEL as ENDLESS_MODEL
+from tests.fixtures.endless_model import endless_copy
 from tests.fixtures.fixture_specs import GREETING_REPLY, user
 
 QWEN = "tiny-qwen-tools"

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from fastapi import FastAPI
 
+from exo.cluster.instance_keeper import InstancePlacementError
 from exo.master.api import create_app
 from exo.master.client import TaskHandle
 from exo.node import NodeConfig, api_settings
@@ -17,6 +18,7 @@ from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk, Usage
 from exo.shared.types.cluster_api import DiscoveryReport, PeerConnection
 from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
 from exo.shared.types.common import InstanceId, ModelId, NodeId, RunnerId, TaskId
+from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.state import (
     NodeFacts,
@@ -124,6 +126,9 @@ class ScriptedMaster:
 
     async def discover(self) -> DiscoveryReport:
         return DiscoveryReport(found=[])
+
+    async def place_instance(self, spec: str, min_nodes: int) -> PlacedInstance:
+        raise InstancePlacementError(f"scripted: {spec} does not fit over {min_nodes} nodes")
 
 
 def scripted_app(

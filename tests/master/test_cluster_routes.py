@@ -16,6 +16,8 @@ CLUSTER_RESPONSES = {
     ("get", "/v1/cluster/metrics"): "ClusterMetrics",
     ("post", "/v1/cluster/peers"): "PeerConnection",
     ("post", "/v1/cluster/discover"): "DiscoveryReport",
+    ("get", "/v1/cluster/instances"): "InstanceList",
+    ("post", "/v1/cluster/instances"): "PlacedInstanceView",
 }
 
 
@@ -83,3 +85,18 @@ def test_a_bare_host_and_port_is_read_as_tcp() -> None:
     assert response.status_code == 200
     assert PeerConnection.model_validate(response.json()).endpoint == "tcp/10.0.0.7:52414"
     assert master.peers_added == ["tcp/10.0.0.7:52414"]
+
+
+def test_a_placement_that_fits_nowhere_is_an_openai_shaped_400_and_bad_bodies_are_refused(client: TestClient) -> None:
+    refused = client.post("/v1/cluster/instances", json={"model": "big", "min_nodes": 2})
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "insufficient_memory",
+        "min_nodes",
+    )
+    assert error["message"] == "scripted: big does not fit over 2 nodes"
+    for body in ({"model": "big", "min_nodes": 0}, {"min_nodes": 2}, {"model": "big", "min_nodes": "2"}):
+        assert client.post("/v1/cluster/instances", json=body).status_code == 400, body
+    assert client.get("/v1/cluster/instances").json() == {"object": "list", "data": []}

@@ -14,7 +14,7 @@ from exo.shared.types.state import (
     TaskStatus,
 )
 from exo.shared.types.worker.runner_status import RunnerStatus
-from exo.shared.types.worker.shards import ShardAssignment
+from exo.shared.types.worker.shards import PipelinePeers, ShardAssignment, pipeline_shards
 
 NODE_A = NodeId("a0000000000000000000000000000001")
 NODE_B = NodeId("b0000000000000000000000000000002")
@@ -55,11 +55,23 @@ def runner(
         instance_id=InstanceId(f"instance-{runner_id}"),
         model_id=ModelId(model_id),
         model_path=f"/models/{model_id}",
-        shard=ShardAssignment(rank=rank, world_size=world_size),
+        shard=_shard(rank, world_size),
         status=status,
         last_error=last_error,
         metrics=metrics or RunnerMetrics(),
     )
+
+
+def _shard(rank: int, world_size: int) -> ShardAssignment:
+    """Rank `rank` of a pipeline of `world_size` ranks, one layer each (a whole model for world size 1)."""
+    if world_size == 1:
+        return ShardAssignment()
+    peers = PipelinePeers(
+        ring_addresses=tuple(f"127.0.0.1:{21000 + index}" for index in range(world_size)),
+        task_address="127.0.0.1:21999",
+        layer_counts=(1,) * world_size,
+    )
+    return pipeline_shards(peers)[rank]
 
 
 def task(

@@ -18,10 +18,10 @@ import httpx
 import pytest
 
 from exo.worker.runner.supervisor import restart_delay
-from tests.exo_server import ExoServer, endless_copy, running_exo
+from tests.exo_server import ExoServer, running_exo
+from tests.fixtures.endless_model import MODEL, endless_copy
 from tests.fixtures.fixture_specs import GREETING_REPLY
 
-MODEL = "endless-qwen"
 LONG = 4000
 
 

@@ -70,3 +70,7 @@ class Topics:
 
     def task_replies(self, node_id: NodeId) -> str:
         return f"{self.root}/replies/{node_id}"
+
+    def instance_replies(self, node_id: NodeId) -> str:
+        """Master → the node that asked for a placement: the instance placed, or why it fits nowhere."""
+        return f"{self.root}/instances/{node_id}"

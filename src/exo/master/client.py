@@ -24,6 +24,7 @@ from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk
 from exo.shared.types.cluster_api import DiscoveryReport, PeerConnection
 from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand, PlaceTask, StopTask
 from exo.shared.types.common import CommandId, ModelId, NodeId, RunnerId, TaskId
+from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.state import State
 from exo.shared.types.task_replies import (
     TaskAccepted,
@@ -63,7 +64,15 @@ class TaskHandle:
     chunks: AsyncGenerator[Chunk, None]
 
 
-class MasterClient(Protocol):
+class InstancePlacer(Protocol):
+    async def place_instance(self, spec: str, min_nodes: int) -> PlacedInstance:
+        """Place model `spec` over at least `min_nodes` nodes by memory. Raises InstancePlacementError (it fits
+        nowhere: the message names the memory needed and available), NoMasterError, or why `spec` cannot be
+        prepared."""
+        ...
+
+
+class MasterClient(InstancePlacer, Protocol):
     """What the API may ask of the cluster (a scripted stand-in serves the API tests)."""
 
     @property
@@ -111,7 +120,10 @@ class BusMasterClient:
         membership: Membership,
         event_log: EventLog,
         peers: PeerConnector,
+        *,
+        placer: InstancePlacer,
     ) -> None:
+        self._placer = placer
         self._bus = bus
         self._topics = topics
         self._membership = membership
@@ -177,6 +189,9 @@ class BusMasterClient:
 
     async def discover(self) -> DiscoveryReport:
         return await self._peers.discover()
+
+    async def place_instance(self, spec: str, min_nodes: int) -> PlacedInstance:
+        return await self._placer.place_instance(spec, min_nodes)
 
     # ---- replies ----------------------------------------------------------------------------
 

@@ -5,12 +5,21 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 
+from exo.cluster.instance_keeper import InstancePlacementError
 from exo.cluster.peers import PeerUnreachableError
 from exo.cluster.settings import ClusterSettingsError, normalise_endpoint
 from exo.master.client import MasterClient
-from exo.master.cluster_views import cluster_metrics, cluster_node, cluster_nodes, cluster_summary
+from exo.master.cluster_views import (
+    cluster_metrics,
+    cluster_node,
+    cluster_nodes,
+    cluster_summary,
+    placed_instance_view,
+)
 from exo.master.errors import ApiError
 from exo.master.prometheus import PROMETHEUS_CONTENT_TYPE, prometheus_text
+from exo.models.errors import ExoModelError
+from exo.shared.errors import NoMasterError
 from exo.shared.types.api import ErrorResponse
 from exo.shared.types.cluster_api import (
     ClusterMetrics,
@@ -18,8 +27,11 @@ from exo.shared.types.cluster_api import (
     ClusterNodeList,
     ClusterSummary,
     DiscoveryReport,
+    InstanceList,
+    InstanceRequest,
     PeerConnection,
     PeerRequest,
+    PlacedInstanceView,
 )
 from exo.shared.types.common import NodeId
 
@@ -31,6 +43,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         404: "No such node",
         500: "Server error",
         502: "The peer did not answer",
+        503: "No cluster master answered",
     }
     return {status: {"model": ErrorResponse, "description": descriptions[status]} for status in statuses}
 
@@ -82,6 +95,27 @@ def cluster_router(master: MasterClient) -> APIRouter:
             return await master.add_peer(endpoint)
         except PeerUnreachableError as error:
             raise ApiError(502, str(error), error_type="server_error", code="peer_unreachable") from error
+
+    @router.get("/v1/cluster/instances", responses=_errors(401, 500))
+    async def instances() -> InstanceList:
+        """Models placed over nodes by memory: each rank's node, layers and runner."""
+        state = master.state
+        views = [placed_instance_view(state, instance) for instance in state.instances.values()]
+        return InstanceList(data=sorted(views, key=lambda view: (view.model_id, view.instance_id)))
+
+    @router.post("/v1/cluster/instances", responses=_errors(400, 401, 500, 503))
+    async def place(request: InstanceRequest) -> PlacedInstanceView:
+        """Place a model over at least `min_nodes` nodes (the smallest set whose free memory holds it, layers in
+        proportion to free memory) and keep it placed as nodes come and go."""
+        try:
+            instance = await master.place_instance(request.model, request.min_nodes)
+        except InstancePlacementError as error:
+            raise ApiError(400, str(error), param="min_nodes", code="insufficient_memory") from error
+        except NoMasterError as error:
+            raise ApiError(503, str(error), error_type="server_error", code="no_master") from error
+        except (ExoModelError, OSError, ValueError) as error:
+            raise ApiError(400, f"cannot prepare model {request.model!r}: {error}", param="model") from error
+        return placed_instance_view(master.state, instance)
 
     @router.post("/v1/cluster/discover", responses=_errors(401, 500))
     async def discover() -> DiscoveryReport:

@@ -7,12 +7,15 @@ from exo.shared.types.cluster_api import (
     ClusterModel,
     ClusterNode,
     ClusterSummary,
+    InstanceRank,
     ModelInstance,
     ModelMetrics,
     NodeMetrics,
+    PlacedInstanceView,
     RequestMetrics,
 )
 from exo.shared.types.common import NodeId
+from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.state import NodeInfo, RunnerInfo, State
 
 
@@ -141,3 +144,40 @@ def cluster_metrics(state: State) -> ClusterMetrics:
             )
         )
     return ClusterMetrics(nodes=nodes, models=models)
+
+
+def placed_instance_view(state: State, instance: PlacedInstance) -> PlacedInstanceView:
+    """An instance with each rank's node name and runner (as its node last reported it)."""
+    ranks: list[InstanceRank] = []
+    for placement in instance.ranks:
+        runner = next(
+            (
+                runner
+                for runner in state.runners.values()
+                if runner.instance_id == instance.instance_id and runner.shard.rank == placement.rank
+            ),
+            None,
+        )
+        node = state.nodes.get(placement.node_id)
+        ranks.append(
+            InstanceRank(
+                rank=placement.rank,
+                node_id=placement.node_id,
+                node_name=node.facts.name if node is not None else "unknown",
+                start_layer=placement.start_layer,
+                end_layer=placement.end_layer,
+                planned_bytes=placement.planned_bytes,
+                runner_id=runner.runner_id if runner is not None else None,
+                status=runner.status if runner is not None else None,
+            )
+        )
+    return PlacedInstanceView(
+        instance_id=instance.instance_id,
+        model_id=instance.model_id,
+        min_nodes=instance.min_nodes,
+        world_size=len(instance.ranks),
+        files_from=instance.files_from,
+        ready=all(rank.status == "ready" for rank in ranks),
+        placed_at=instance.placed_at,
+        ranks=ranks,
+    )

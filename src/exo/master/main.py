@@ -7,6 +7,7 @@ runner anywhere in the cluster. Its decisions are the pure functions of `exo.sha
 """
 
 import logging
+import random
 import time
 from collections.abc import Callable
 
@@ -16,10 +17,12 @@ from exo.cluster.bus import Bus
 from exo.cluster.event_log import EventLog
 from exo.cluster.membership import Membership, MembershipView
 from exo.cluster.topics import Topics
+from exo.master.instance_placement import PORT_RANGE, place_instance
+from exo.master.pipeline_placement import PlacementError
 from exo.master.placement import place_task
 from exo.shared.apply import apply, is_up
 from exo.shared.types.commands import AssignTask, MasterCommandAdapter, PlaceTask
-from exo.shared.types.common import NodeId, new_task_id
+from exo.shared.types.common import NodeId, new_instance_id, new_task_id
 from exo.shared.types.event_log import (
     IndexedEvent,
     LocalEventMessage,
@@ -29,6 +32,8 @@ from exo.shared.types.event_log import (
 )
 from exo.shared.types.events import (
     Event,
+    InstancePlaced,
+    InstanceRemoved,
     LocalEvent,
     MasterElected,
     NodeDown,
@@ -39,6 +44,7 @@ from exo.shared.types.events import (
     TaskFinished,
     TaskUpdated,
 )
+from exo.shared.types.instances import InstancePlacementReply, PlaceInstance
 from exo.shared.types.state import State
 from exo.shared.types.task_replies import TaskRefused
 from exo.shared.types.tasks import ChatCompletionTask
@@ -142,6 +148,11 @@ class Master:
     def _mark_down(self, node_id: NodeId) -> None:
         if is_up(self._state, node_id):
             self._order(NodeDown(node_id=node_id, reason="left the cluster (its liveliness token is gone)"))
+        for instance in list(self._state.instances.values()):
+            if instance.ranks_on(node_id):
+                # The survivors stop their ranks; the node that asked for the instance places it anew.
+                reason = f"node {node_id}, which ran a rank of it, left the cluster"
+                self._order(InstanceRemoved(instance_id=instance.instance_id, reason=reason))
 
     # ---- the event log ----------------------------------------------------------------------
 
@@ -200,8 +211,42 @@ class Master:
     async def _place_tasks(self) -> None:
         async with self._commands as commands:
             async for command in commands:
-                if self._active:
-                    self._place(command)
+                if not self._active:
+                    continue
+                match command:
+                    case PlaceTask():
+                        self._place(command)
+                    case PlaceInstance():
+                        self._place_instance(command)
+
+    def _place_instance(self, request: PlaceInstance) -> None:
+        """Place a model over nodes by memory. A repeated request gets the instance already placed; one with another
+        `min_nodes` replaces it only once the new placement is found (a refusal leaves it serving)."""
+        reply_to = self._topics.instance_replies(request.files_from)
+        current = next(
+            (
+                instance
+                for instance in self._state.instances.values()
+                if instance.model_id == request.model_id and instance.files_from == request.files_from
+            ),
+            None,
+        )
+        if current is not None and current.min_nodes == request.min_nodes:
+            self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, instance=current))
+            return
+        try:
+            placed = place_instance(self._state, request, new_instance_id(), now=self._clock(), draw_ports=_draw_ports)
+        except PlacementError as error:
+            logger.warning("cannot place %s: %s", request.model_id, error)
+            self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, error=str(error)))
+            return
+        if current is not None:
+            reason = f"placed anew over at least {request.min_nodes} nodes"
+            self._order(InstanceRemoved(instance_id=current.instance_id, reason=reason))
+        layers = ", ".join(f"{rank.node_id} {rank.start_layer}-{rank.end_layer - 1}" for rank in placed.ranks)
+        logger.info("placed %s as instance %s: %s", placed.model_id, placed.instance_id, layers)
+        self._order(InstancePlaced(instance=placed))
+        self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, instance=placed))
 
     def _place(self, place: PlaceTask) -> None:
         command = place.command
@@ -221,3 +266,7 @@ class Master:
             command_id=command.command_id, task=task, runner_id=runner.runner_id, reply_to=place.requested_by
         )
         self._bus.publish(self._topics.worker_commands(runner.node_id), assignment)
+
+
+def _draw_ports(count: int) -> list[int]:
+    return random.sample(range(*PORT_RANGE), count)

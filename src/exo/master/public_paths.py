@@ -19,6 +19,7 @@ from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.cluster_api import DiscoveryReport, PeerConnection
 from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
 from exo.shared.types.common import NodeId
+from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.state import State
 
 TextFilter = Callable[[str], str]
@@ -141,3 +142,6 @@ class PublicMasterClient:
 
     async def discover(self) -> DiscoveryReport:
         return await self._master.discover()
+
+    async def place_instance(self, spec: str, min_nodes: int) -> PlacedInstance:
+        return await self._master.place_instance(spec, min_nodes)

@@ -6,6 +6,8 @@ from collections.abc import Iterable
 from exo.shared.types.common import NodeId
 from exo.shared.types.event_log import IndexedEvent
 from exo.shared.types.events import (
+    InstancePlaced,
+    InstanceRemoved,
     MasterElected,
     NodeDown,
     NodeReported,
@@ -82,6 +84,12 @@ def _apply_event(state: State, indexed: IndexedEvent) -> State:
                     "runners": {k: v for k, v in state.runners.items() if v.node_id != node_id},
                     "tasks": {k: v for k, v in state.tasks.items() if v.node_id != node_id},
                 }
+            )
+        case InstancePlaced(instance=instance):
+            return state.model_copy(update={"instances": {**state.instances, instance.instance_id: instance}})
+        case InstanceRemoved(instance_id=instance_id):
+            return state.model_copy(
+                update={"instances": {k: v for k, v in state.instances.items() if k != instance_id}}
             )
         case NodeStale(node_id=node_id, silent_seconds=silent):
             node = state.nodes.get(node_id)

@@ -88,9 +88,14 @@ class Worker:
     # ---- runners ----------------------------------------------------------------------------
 
     async def prepare_and_load(
-        self, spec: str | None, runner_config_for: RunnerConfigFor, models_dir: Path | None
+        self,
+        spec: str | None,
+        runner_config_for: RunnerConfigFor,
+        models_dir: Path | None,
+        place: Callable[[ModelId, Path], None] | None = None,
     ) -> None:
-        """Resolve `spec` (download/convert as needed), then start its runner; a failure leaves a failed runner."""
+        """Resolve `spec` (download/convert as needed), then start its runner (or hand it to `place`, which places it
+        over the cluster); a failure leaves a failed runner."""
         label = spec or "default"
         self._preparing.append(label)
         self.report_in_full()
@@ -105,7 +110,19 @@ class Worker:
             self.add_unavailable_runner(runner_config_for(model_id_for(spec), Path(spec or label)), reason)
             return
         self._end_preparing(label)
-        self.start_runner(runner_config_for(resolved.model_id, resolved.path))
+        if place is not None:
+            place(resolved.model_id, resolved.path)
+        else:
+            self.start_runner(runner_config_for(resolved.model_id, resolved.path))
+
+    async def prepare(self, spec: str, models_dir: Path | None) -> ResolvedModel:
+        """Resolve `spec` to a local model (download/convert as needed, with progress in /state)."""
+        self._preparing.append(spec)
+        self.report_in_full()
+        try:
+            return await anyio.to_thread.run_sync(self._resolve_with_progress, spec, models_dir)
+        finally:
+            self._end_preparing(spec)
 
     def _end_preparing(self, label: str) -> None:
         # Reported before the runner appears, so the state never shows the model both preparing and served.
@@ -134,11 +151,24 @@ class Worker:
         self._preparations[preparation.model_id] = preparation
         self._publish(PreparationUpdated(preparation=preparation))
 
-    def start_runner(self, config: RunnerConfig) -> RunnerSupervisor:
-        supervisor = self._register(config)
+    def start_runner(self, config: RunnerConfig, instance_id: InstanceId | None = None) -> RunnerSupervisor:
+        """Start a runner: a whole model (its own instance) or one rank of the placed instance `instance_id`."""
+        supervisor = self._register(config, instance_id)
         self._report(supervisor.runner_id)
         self._task_group.start_soon(supervisor.run, name=f"runner-{supervisor.runner_id}")
         return supervisor
+
+    async def remove_runner(self, runner_id: RunnerId) -> None:
+        """Stop a runner for good (its instance is gone) and drop it from what this node reports."""
+        supervisor = self._supervisors.get(runner_id)
+        if supervisor is None:
+            return
+        await supervisor.stop()
+        del self._supervisors[runner_id]
+        self._instances.pop(runner_id, None)
+        self._metrics.pop(runner_id, None)
+        self._reported_tasks.pop(runner_id, None)
+        self.report_in_full()
 
     def add_unavailable_runner(self, config: RunnerConfig, reason: str) -> RunnerSupervisor:
         """Register a runner for a model that could not be prepared: /state shows it failed with `reason` and its
@@ -151,11 +181,11 @@ class Worker:
         for supervisor in self._supervisors.values():
             await supervisor.stop()
 
-    def _register(self, config: RunnerConfig) -> RunnerSupervisor:
+    def _register(self, config: RunnerConfig, instance_id: InstanceId | None = None) -> RunnerSupervisor:
         runner_id = new_runner_id()
         supervisor = RunnerSupervisor(runner_id, config, on_change=lambda: self._report(runner_id))
         self._supervisors[runner_id] = supervisor
-        self._instances[runner_id] = new_instance_id()
+        self._instances[runner_id] = instance_id or new_instance_id()
         self._metrics[runner_id] = RunnerMetricsRecorder()
         return supervisor
 
@@ -171,6 +201,8 @@ class Worker:
                         self.streams.stop(task_id)
 
     def _on_task_ended(self, runner_id: RunnerId, outcome: TaskOutcome, timings: StreamTimings) -> None:
+        if runner_id not in self._metrics:
+            return  # its runner was removed meanwhile
         self._metrics[runner_id].record(
             outcome,
             first_token_seconds=timings.first_token_seconds,
@@ -244,7 +276,9 @@ class Worker:
         )
 
     def _report(self, runner_id: RunnerId) -> None:
-        supervisor = self._supervisors[runner_id]
+        supervisor = self._supervisors.get(runner_id)
+        if supervisor is None:
+            return  # removed while a change of its was on the way
         self._publish(RunnerUpdated(runner=self._runner_info(runner_id)))
         held: dict[TaskId, TaskStatus] = dict.fromkeys(supervisor.queued_task_ids, "queued")
         for running in supervisor.running_task_ids:

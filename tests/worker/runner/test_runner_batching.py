@@ -24,7 +24,7 @@ from exo.shared.types.worker.runner_response import (
 )
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.runner.runner import runner_main
-from tests.exo_server import endless_copy
+from tests.fixtures.endless_model import endless_copy
 from tests.worker.runner.tasks import chat_task
 from tests.worker.runner.test_runner import RunnerUnderTest
 

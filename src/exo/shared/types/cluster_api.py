@@ -3,7 +3,7 @@ raw replicated state; these are views of it)."""
 
 from typing import Literal
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 
 from exo.shared.types.common import FrozenModel
 from exo.shared.types.state import MlxBackend, NodeStatus
@@ -134,3 +134,45 @@ class DiscoveryReport(FrozenModel):
     """POST /v1/cluster/discover: the peers one multicast scan found (connected to, when they were not yet)."""
 
     found: list[DiscoveredPeer]
+
+
+class InstanceRequest(FrozenModel):
+    """POST /v1/cluster/instances body: place `model` (prepared on the node asked) over at least `min_nodes` nodes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    model: str
+    min_nodes: int = Field(default=1, ge=1)
+
+
+class InstanceRank(FrozenModel):
+    rank: int
+    node_id: str
+    node_name: str
+    # Layers [start_layer, end_layer); rank 0 runs the last ones and streams the answers.
+    start_layer: int
+    end_layer: int
+    planned_bytes: int
+    # This rank's runner, once its node started it (None while it copies its files).
+    runner_id: str | None
+    status: RunnerStatus | None
+
+
+class PlacedInstanceView(FrozenModel):
+    """One model placed over nodes by memory: its ranks, their layers and runners."""
+
+    instance_id: str
+    model_id: str
+    min_nodes: int
+    world_size: int
+    # The node holding the whole checkpoint (the others copy their layers' files from it).
+    files_from: str
+    # Every rank's runner is ready: the instance serves requests.
+    ready: bool
+    placed_at: float
+    ranks: list[InstanceRank]
+
+
+class InstanceList(FrozenModel):
+    object: Literal["list"] = "list"
+    data: list[PlacedInstanceView]

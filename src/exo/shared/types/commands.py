@@ -5,6 +5,7 @@ from typing import Annotated, Literal
 from pydantic import Field, TypeAdapter
 
 from exo.shared.types.common import CommandId, FrozenModel, ModelId, NodeId, RunnerId, TaskId
+from exo.shared.types.instances import PlaceInstance
 from exo.shared.types.tasks import ChatCompletionTask, ChatCompletionTaskParams
 
 
@@ -35,7 +36,7 @@ class PlaceTask(FrozenModel):
     requested_by: NodeId
 
 
-MasterCommand = PlaceTask
+MasterCommand = Annotated[PlaceTask | PlaceInstance, Field(discriminator="kind")]
 MasterCommandAdapter: TypeAdapter[MasterCommand] = TypeAdapter(MasterCommand)
 
 

@@ -8,7 +8,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
-from exo.shared.types.common import FrozenModel, ModelId, NodeId, TaskId
+from exo.shared.types.common import FrozenModel, InstanceId, ModelId, NodeId, TaskId
+from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.state import NodeFacts, RunnerInfo, TaskInfo
 
@@ -72,10 +73,25 @@ class NodeStale(FrozenModel):
     silent_seconds: float
 
 
+class InstancePlaced(FrozenModel):
+    """The master placed a model over nodes: each of them starts its ranks."""
+
+    kind: Literal["instance_placed"] = "instance_placed"
+    instance: PlacedInstance
+
+
+class InstanceRemoved(FrozenModel):
+    """The instance is gone (one of its nodes left, or it was placed anew): its nodes stop their ranks."""
+
+    kind: Literal["instance_removed"] = "instance_removed"
+    instance_id: InstanceId
+    reason: str
+
+
 LocalEvent = Annotated[
     NodeReported | RunnerUpdated | TaskUpdated | TaskFinished | PreparationUpdated, Field(discriminator="kind")
 ]
-MasterEvent = MasterElected | NodeDown | NodeStale
+MasterEvent = MasterElected | NodeDown | NodeStale | InstancePlaced | InstanceRemoved
 Event = Annotated[
     NodeReported
     | RunnerUpdated
@@ -84,7 +100,9 @@ Event = Annotated[
     | PreparationUpdated
     | MasterElected
     | NodeDown
-    | NodeStale,
+    | NodeStale
+    | InstancePlaced
+    | InstanceRemoved,
     Field(discriminator="kind"),
 ]
 EventAdapter: TypeAdapter[Event] = TypeAdapter(Event)

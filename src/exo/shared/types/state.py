@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from exo.shared.types.common import FrozenModel, InstanceId, ModelId, NodeId, RunnerId, TaskId
+from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.worker.runner_response import ModelMetadata
 from exo.shared.types.worker.runner_status import RunnerStatus
@@ -92,7 +93,7 @@ class RunnerMetrics(FrozenModel):
 class RunnerInfo(FrozenModel):
     runner_id: RunnerId
     node_id: NodeId
-    # The instance this runner is a shard of; every runner is a whole instance today (world size 1).
+    # The instance this runner is a shard of: its own for a whole model, a placed instance's for a pipeline rank.
     instance_id: InstanceId
     model_id: ModelId
     model_path: str
@@ -126,3 +127,5 @@ class State(FrozenModel):
     nodes: dict[NodeId, NodeInfo] = Field(default_factory=dict)
     runners: dict[RunnerId, RunnerInfo] = Field(default_factory=dict)
     tasks: dict[TaskId, TaskInfo] = Field(default_factory=dict)
+    # Models the master placed over several nodes (by memory); each node runs the ranks placed on it.
+    instances: dict[InstanceId, PlacedInstance] = Field(default_factory=dict)

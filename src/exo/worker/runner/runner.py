@@ -8,9 +8,12 @@ import json
 import logging
 import os
 import signal
+import threading
+import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from pydantic import ValidationError
 
@@ -32,12 +35,16 @@ from exo.shared.types.worker.runner_response import (
     TaskChunk,
     TaskDone,
 )
+from exo.worker.runner.pipeline_link import PipelineLink
+from exo.worker.runner.pipeline_serving import serve_pipeline
 
 if TYPE_CHECKING:
     from exo.worker.engines.mlx.generator.chat_completion import EngineContext
     from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 
 logger = logging.getLogger(__name__)
+
+ORPHAN_CHECK_SECONDS = 1.0
 
 
 class UnreadableRequestError(Exception):
@@ -79,6 +86,10 @@ class RunnerChannel:
     def poll(self) -> bool:
         return self._connection.poll()
 
+    def fileno(self) -> int:
+        """The pipe's descriptor: a pipeline rank waits on it together with its task connections."""
+        return self._connection.fileno()
+
 
 def _read_tool_parser_type(model_path: Path) -> str | None:
     config_path = model_path / "tokenizer_config.json"
@@ -94,13 +105,14 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
     # so the interrupt itself must not kill it mid-task with a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format=f"%(asctime)s runner[{os.getpid()}] %(levelname)s %(message)s")
+    _exit_when_orphaned()
     channel = RunnerChannel(connection)
     bootstrap = channel.receive()
     if not isinstance(bootstrap, RunnerBootstrap):
         channel.send(RunnerLoadFailed(message=f"expected a bootstrap message, got {bootstrap.kind}"))
         return
     try:
-        context, metadata = _load(bootstrap)
+        context, metadata, link = _load(bootstrap, _load_failed_exit(channel))
     except Exception as error:
         # Whatever breaks while loading (unreadable weights, a template the detector rejects, a bad override) is a
         # load failure with a reason, not a crash: a crash would be retried and fail the same way again.
@@ -121,7 +133,38 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
         metadata.batch_size,
         "on" if bootstrap.speculation else "off",
     )
-    _serve(channel, context)
+    if link is None:
+        _serve(channel, context)
+        return
+    reason = serve_pipeline(channel, context, link, lambda wait: _incoming(channel, wait=wait))
+    link.close()
+    if reason is not None:
+        # Exiting is the way out of a broken ring (mlx forms one per process); the supervisor starts this rank anew.
+        raise SystemExit(f"rank {bootstrap.shard.rank} leaves its pipeline: {reason}")
+
+
+def _exit_when_orphaned() -> None:
+    """End this process if the node that started it dies: a runner left behind would hold its memory (and a
+    pipeline rank would keep its peers waiting)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(ORPHAN_CHECK_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
+def _load_failed_exit(channel: RunnerChannel) -> Callable[[str], NoReturn]:
+    """Report a load failure from any thread, then end the process (a ring that never forms blocks the loader)."""
+
+    def give_up(reason: str) -> NoReturn:
+        logger.error("%s", reason)
+        channel.send(RunnerLoadFailed(message=reason))
+        os._exit(1)
+
+    return give_up
 
 
 def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
@@ -214,7 +257,11 @@ class _LoadFailedError(Exception):
     """Loading failed; the message names the model path and the cause."""
 
 
-def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
+def _load(
+    bootstrap: RunnerBootstrap, on_ring_timeout: Callable[[str], NoReturn]
+) -> tuple["EngineContext", ModelMetadata, PipelineLink | None]:
+    """Load the model (a pipeline rank first joins its ring, then loads only its layers, then meets the other ranks'
+    task connections)."""
     # Heavy imports happen here, in the child, so the API process never loads MLX.
     from exo.models.errors import ModelLoadError
     from exo.tool_calls import detect_tool_format
@@ -227,8 +274,14 @@ def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
 
     model_path = Path(bootstrap.model_path)
     blas = blas_report()  # before the model takes the memory bandwidth; a fraction of a second
+    link = PipelineLink.join(bootstrap.shard, on_ring_timeout) if bootstrap.shard.peers is not None else None
     try:
-        loaded = load_model(model_path, bootstrap.shard, trust_remote_code=bootstrap.trust_remote_code)
+        loaded = load_model(
+            model_path,
+            bootstrap.shard,
+            trust_remote_code=bootstrap.trust_remote_code,
+            group=link.group if link is not None else None,
+        )
         template = chat_template_text(loaded.tokenizer)
         tool_format = detect_tool_format(
             template,
@@ -243,7 +296,7 @@ def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
     prefix_cache = PrefixCache(loaded.model, bootstrap.prefix_cache_bytes) if bootstrap.prefix_cache_bytes else None
     # A model whose KV cache mlx-lm cannot merge across sequences (some recurrent or sliding-window layers) serves its
     # requests one at a time.
-    batch_size = bootstrap.batch_size if can_batch(loaded.model) else 1
+    batch_size = bootstrap.batch_size if can_batch(loaded.model) and link is None else 1
     decode = DecodeSettings(batch_size=batch_size, speculation=LookupSettings() if bootstrap.speculation else None)
     metadata = ModelMetadata(
         context_length=loaded.context_length,
@@ -253,6 +306,9 @@ def _load(bootstrap: RunnerBootstrap) -> tuple["EngineContext", ModelMetadata]:
         batch_size=batch_size,
         vocab_size=loaded.vocabulary_size,
         blas=blas,
+        pipeline=loaded.strategy,
     )
     context = EngineContext(loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache, decode=decode)
-    return context, metadata
+    if link is not None:
+        link.connect_tasks()
+    return context, metadata, link

@@ -8,7 +8,7 @@ from exo.shared.types.blas import BlasReport
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import FinishReason, FrozenModel, TaskId
 from exo.shared.types.tasks import ChatCompletionTask
-from exo.shared.types.worker.shards import ShardAssignment
+from exo.shared.types.worker.shards import PipelineStrategy, ShardAssignment
 
 
 class GenerationResponse(FrozenModel):
@@ -32,6 +32,8 @@ class ModelMetadata(FrozenModel):
     vocab_size: int | None = None
     # The BLAS the runner's float32 matmuls use and its measured speed (None from runners that did not check).
     blas: BlasReport | None = None
+    # How a pipeline rank's model was split (None for a whole model).
+    pipeline: PipelineStrategy | None = None
 
 
 # ---- worker → runner -------------------------------------------------------------------------

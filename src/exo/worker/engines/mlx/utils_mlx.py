@@ -12,15 +12,18 @@ import mlx.core as mx
 from mlx import nn
 from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
-from mlx_lm.utils import dequantize_model
+from mlx_lm.utils import dequantize_model, load_tokenizer
 from mlx_lm.utils import load as mlx_lm_load
+from mlx_lm.utils import load_model as mlx_lm_load_model
 
 from exo.models.errors import ModelLoadError
+from exo.models.shard_files import missing_weight_files
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, ToolPolicy
-from exo.shared.types.worker.shards import ShardAssignment
+from exo.shared.types.worker.shards import PipelineStrategy, ShardAssignment
 from exo.tool_calls.format import HistoryNeeds
 from exo.worker.engines.mlx.chat_messages import to_template_messages, tool_description
+from exo.worker.engines.mlx.distributed.layer_split import split_layers
 from exo.worker.engines.mlx.prompt_budget import encode_within
 
 logger = logging.getLogger(__name__)
@@ -39,6 +42,9 @@ class LoadedModel:
     shard: ShardAssignment
     # The width of the logits: how many tokens sampling chooses from (top_k must stay below it).
     vocabulary_size: int
+    # The ring this rank's pipeline runs over, and how the model was split (None for a whole model).
+    group: mx.distributed.Group | None = None
+    strategy: PipelineStrategy | None = None
 
 
 @dataclass(frozen=True)
@@ -88,16 +94,25 @@ def _flat_parameters(model: nn.Module) -> list[tuple[str, mx.array]]:
     return cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
 
 
-def load_model(path: Path, shard: ShardAssignment, *, trust_remote_code: bool = False) -> LoadedModel:
+def load_model(
+    path: Path,
+    shard: ShardAssignment,
+    *,
+    trust_remote_code: bool = False,
+    group: mx.distributed.Group | None = None,
+) -> LoadedModel:
     """Load `path` (an mlx-lm directory) for `shard`; raises ModelLoadError naming the path and the cause.
 
+    A pipeline shard (world size > 1) needs the ring `group` it runs over; only its layers' weights are read.
     `trust_remote_code` lets the model directory's own Python run: a custom architecture (`model_file` in
     config.json) and a custom tokenizer class. Off, such a model fails to load with a message saying so.
     """
     if not path.is_dir():
         raise ModelLoadError(f"model directory {path} does not exist")
     if shard.world_size != 1:
-        raise ModelLoadError("multi-rank shards are not supported yet (world size must be 1)")
+        if group is None:
+            raise ModelLoadError("a pipeline shard needs the ring group it runs over")
+        return _load_pipeline_stage(path, shard, group, trust_remote_code)
     try:
         model, tokenizer = mlx_lm_load(
             str(path), tokenizer_config={"trust_remote_code": trust_remote_code}, trust_remote_code=trust_remote_code
@@ -106,7 +121,7 @@ def load_model(path: Path, shard: ShardAssignment, *, trust_remote_code: bool = 
         raise ModelLoadError(f"cannot load model from {path}: {type(error).__name__}: {error}") from error
     dtype = _use_fast_cpu_dtype(model)
     mx.eval(model.parameters())
-    config = cast(dict[str, Any], json.loads((path / "config.json").read_text()))
+    config = _read_config(path)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -115,6 +130,41 @@ def load_model(path: Path, shard: ShardAssignment, *, trust_remote_code: bool = 
         shard=shard,
         vocabulary_size=_vocabulary_size(config, tokenizer),
     )
+
+
+def _load_pipeline_stage(
+    path: Path, shard: ShardAssignment, group: mx.distributed.Group, trust_remote_code: bool
+) -> LoadedModel:
+    """Build the model lazily, cut it down to this rank's layers, then read only the weights those need."""
+    missing = missing_weight_files(path, shard.start_layer, shard.end_layer)
+    if missing:
+        raise ModelLoadError(
+            f"cannot load layers {shard.start_layer}..{shard.end_layer} of {path}: missing {', '.join(missing)}"
+        )
+    try:
+        model, config = mlx_lm_load_model(path, lazy=True, strict=False, trust_remote_code=trust_remote_code)
+        tokenizer = load_tokenizer(
+            path, {"trust_remote_code": trust_remote_code}, eos_token_ids=config.get("eos_token_id", None)
+        )
+        strategy = split_layers(model, group, shard)
+    except Exception as error:
+        raise ModelLoadError(f"cannot load model from {path}: {type(error).__name__}: {error}") from error
+    dtype = _use_fast_cpu_dtype(model)
+    mx.eval(model.parameters())
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        context_length=_context_length(config),
+        dtype=dtype,
+        shard=shard,
+        vocabulary_size=_vocabulary_size(config, tokenizer),
+        group=group,
+        strategy=strategy,
+    )
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    return cast(dict[str, Any], json.loads((path / "config.json").read_text()))
 
 
 def chat_template_text(tokenizer: TokenizerWrapper) -> str | None:

@@ -23,7 +23,7 @@ from exo.worker.engines.mlx.generator.sampling import GREEDY
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 from exo.worker.engines.mlx.generator.solo import SoloDecoder, SpeculationStats
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template
-from tests.exo_server import endless_copy
+from tests.fixtures.endless_model import endless_copy
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, GET_WEATHER_TOOL, user
 from tests.worker.engines.mlx.generator.scheduling import JsonBody, engine_context, run, task, with_settings
 

@@ -7,6 +7,7 @@ it, always leaves at least one prompt token to prefill (generation needs the las
 caches whose contents are verified to match the tokens they are filed under.
 """
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -111,6 +112,22 @@ class PrefixCache:
     def discard(self, lease: CacheLease) -> None:
         """End a lease whose generation failed or was cancelled: its cache is dropped, the store is untouched."""
         self._end(lease)
+
+    def shorten(self, lease: CacheLease, cached_tokens: int) -> CacheLease:
+        """The same lease holding only its first `cached_tokens` tokens (the ranks of a pipeline reuse only the
+        prefix every rank holds). Raises ValueError for a cache that cannot drop tokens."""
+        excess = lease.cached_tokens - cached_tokens
+        if excess < 0:
+            raise ValueError(f"a lease holding {lease.cached_tokens} tokens cannot grow to {cached_tokens}")
+        if excess == 0:
+            return lease
+        if cached_tokens == 0:
+            cache = new_prompt_cache(self._model)
+        elif not can_trim(lease.cache) or trim_tokens(lease.cache, excess) != excess:
+            raise ValueError(f"the leased cache cannot drop its last {excess} tokens")
+        else:
+            cache = lease.cache
+        return dataclasses.replace(lease, cache=cache, cached_tokens=cached_tokens)
 
     def _fetch(self, prompt: list[int]) -> tuple[PromptCache, int]:
         cache, rest = self._store.fetch_nearest_cache(_MODEL_KEY, prompt)

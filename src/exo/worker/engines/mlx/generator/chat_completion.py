@@ -189,6 +189,26 @@ class ChatRequest:
     # ---- what a decoder feeds -------------------------------------------------------------------
 
     @property
+    def task(self) -> ChatCompletionTask:
+        return self._task
+
+    @property
+    def prompt_tokens(self) -> list[int]:
+        """The whole rendered prompt."""
+        return list(self._prompt.tokens)
+
+    @property
+    def cached_tokens(self) -> int:
+        """How many leading prompt tokens the leased cache holds (their prefill is skipped)."""
+        return self._lease.cached_tokens if self._lease else 0
+
+    def limit_cached_tokens(self, cached_tokens: int) -> None:
+        """Reuse only the first `cached_tokens` of the leased prefix (the ranks of a pipeline reuse what every rank
+        holds); the rest is prefilled. The grammar processors anchor on the prompt they are first shown."""
+        if self._lease is not None and self._context.prefix_cache is not None:
+            self._lease = self._context.prefix_cache.shorten(self._lease, cached_tokens)
+
+    @property
     def prefill_tokens(self) -> list[int]:
         """The prompt tokens the cache does not hold yet: what to feed before the first token is sampled."""
         return self._lease.remaining_tokens if self._lease else list(self._prompt.tokens)

@@ -1,0 +1,72 @@
+"""Turning a placement request into an instance: the nodes that are up, their free memory, the plan, and the
+addresses the ranks meet at. Pure but for the ports, which the caller draws (so tests fix them)."""
+
+from collections.abc import Callable
+
+from exo.master.pipeline_placement import NodeCapacity, PlacementError, plan_pipeline
+from exo.shared.apply import is_up
+from exo.shared.types.common import InstanceId, NodeId
+from exo.shared.types.instances import PlacedInstance, PlaceInstance, RankPlacement
+from exo.shared.types.state import State
+from exo.shared.types.worker.shards import PipelinePeers
+
+# Ring and task ports are drawn below Linux's ephemeral range (32768+), where outgoing connections take theirs.
+PORT_RANGE = (20000, 32000)
+
+
+def node_host(state: State, node_id: NodeId) -> str:
+    """The IPv4 address other nodes reach `node_id` at (from its cluster endpoints)."""
+    for endpoint in state.nodes[node_id].facts.cluster_endpoints:
+        host = endpoint.removeprefix("tcp/").rsplit(":", 1)[0]
+        if not host.startswith("["):
+            return host
+    raise PlacementError(f"node {node_id} has no IPv4 cluster address for the ring backend")
+
+
+def place_instance(
+    state: State,
+    request: PlaceInstance,
+    instance_id: InstanceId,
+    *,
+    now: float,
+    draw_ports: Callable[[int], list[int]],
+    excluded: frozenset[NodeId] = frozenset(),
+) -> PlacedInstance:
+    """The instance `request` asks for over the nodes up in `state` (but `excluded`); raises PlacementError naming
+    the memory needed and available when it fits nowhere."""
+    capacities = [
+        NodeCapacity(
+            node_id=node_id,
+            available_bytes=node.facts.memory.available_bytes,
+            float32=node.facts.mlx_backend == "cpu",
+        )
+        for node_id, node in sorted(state.nodes.items())
+        if is_up(state, node_id) and node_id not in excluded
+    ]
+    plan = plan_pipeline(request.model_id, request.footprint, capacities, min_nodes=request.min_nodes)
+    ranks: list[RankPlacement] = []
+    planned_ranks = zip(plan.node_ids, plan.layer_counts, plan.planned_bytes, strict=True)
+    for rank, (node_id, count, planned) in enumerate(planned_ranks):
+        start = sum(plan.layer_counts[rank + 1 :])
+        ranks.append(
+            RankPlacement(rank=rank, node_id=node_id, start_layer=start, end_layer=start + count, planned_bytes=planned)
+        )
+    peers = None
+    if len(ranks) > 1:
+        ports = draw_ports(len(ranks) + 1)
+        hosts = [node_host(state, placement.node_id) for placement in ranks]
+        peers = PipelinePeers(
+            ring_addresses=tuple(f"{host}:{port}" for host, port in zip(hosts, ports, strict=False)),
+            task_address=f"{hosts[0]}:{ports[-1]}",
+            layer_counts=plan.layer_counts,
+        )
+    return PlacedInstance(
+        instance_id=instance_id,
+        model_id=request.model_id,
+        min_nodes=request.min_nodes,
+        files_from=request.files_from,
+        footprint=request.footprint,
+        ranks=tuple(ranks),
+        peers=peers,
+        placed_at=now,
+    )

@@ -1,0 +1,65 @@
+"""Instances the master placed over several nodes: which node runs each rank of a model, with which layers.
+
+An instance is recorded in the state when the master places it and removed when one of its nodes leaves; every node
+starts (and stops) its own ranks from what the state says, so placement needs no second channel.
+"""
+
+from typing import Literal
+
+from pydantic import Field, TypeAdapter
+
+from exo.shared.types.common import CommandId, FrozenModel, InstanceId, ModelId, NodeId
+from exo.shared.types.footprint import ModelFootprint
+from exo.shared.types.worker.shards import PipelinePeers, ShardAssignment, pipeline_shards
+
+
+class RankPlacement(FrozenModel):
+    rank: int
+    node_id: NodeId
+    start_layer: int
+    end_layer: int
+    # Memory placement planned for this rank (its weights plus room to serve).
+    planned_bytes: int
+
+
+class PlacedInstance(FrozenModel):
+    """One copy of a model placed by memory; rank 0 runs the last layers, chooses tokens and streams the answers."""
+
+    instance_id: InstanceId
+    model_id: ModelId
+    min_nodes: int
+    # The node holding the whole checkpoint: the others copy their layers' files from it.
+    files_from: NodeId
+    footprint: ModelFootprint
+    ranks: tuple[RankPlacement, ...]
+    # The ranks' ring and task addresses; None when the model fits on one node (no pipeline).
+    peers: PipelinePeers | None
+    placed_at: float
+
+    def shard(self, rank: int) -> ShardAssignment:
+        return ShardAssignment() if self.peers is None else pipeline_shards(self.peers)[rank]
+
+    def ranks_on(self, node_id: NodeId) -> tuple[RankPlacement, ...]:
+        return tuple(placement for placement in self.ranks if placement.node_id == node_id)
+
+
+class PlaceInstance(FrozenModel):
+    """API node → master: place `model_id` (whose files `files_from` holds) over at least `min_nodes` nodes."""
+
+    kind: Literal["place_instance"] = "place_instance"
+    request_id: CommandId
+    model_id: ModelId
+    min_nodes: int = Field(ge=1)
+    footprint: ModelFootprint
+    files_from: NodeId
+
+
+class InstancePlacementReply(FrozenModel):
+    """Master → the requesting node: the instance placed, or why it fits nowhere."""
+
+    request_id: CommandId
+    instance: PlacedInstance | None = None
+    error: str | None = None
+
+
+InstancePlacementReplyAdapter: TypeAdapter[InstancePlacementReply] = TypeAdapter(InstancePlacementReply)

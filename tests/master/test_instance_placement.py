@@ -1,0 +1,88 @@
+"""Placing an instance from the cluster state: the nodes up and their free memory, the ranks' layers and addresses,
+the refusal naming the memory, and the instance's life in the state (placed, viewed, removed)."""
+
+import pytest
+
+from exo.master.cluster_views import placed_instance_view
+from exo.master.instance_placement import place_instance
+from exo.master.pipeline_placement import PlacementError
+from exo.shared.types.common import CommandId, InstanceId, ModelId
+from exo.shared.types.events import InstancePlaced, InstanceRemoved, NodeDown
+from exo.shared.types.footprint import ModelFootprint
+from exo.shared.types.instances import PlaceInstance
+from tests.shared.state_builders import NODE_A, NODE_B, NODE_C, fold, reported
+
+# 8 layers of 100 M parameters and 100 M shared: 0.37 GiB a layer in float32.
+FOOTPRINT = ModelFootprint(
+    layer_parameters=(100_000_000,) * 8,
+    shared_parameters=100_000_000,
+    layer_file_bytes=(200_000_000,) * 8,
+    shared_file_bytes=200_000_000,
+)
+
+
+def _request(min_nodes: int) -> PlaceInstance:
+    return PlaceInstance(
+        request_id=CommandId("r1"),
+        model_id=ModelId("model-x"),
+        min_nodes=min_nodes,
+        footprint=FOOTPRINT,
+        files_from=NODE_A,
+    )
+
+
+def _ports(count: int) -> list[int]:
+    return list(range(21000, 21000 + count))
+
+
+def test_an_instance_over_two_nodes_gets_layers_by_memory_and_ring_addresses_by_rank() -> None:
+    state = fold(
+        (reported(NODE_A, available_gib=2), NODE_A),
+        (reported(NODE_B, available_gib=6), NODE_B),
+        (reported(NODE_C, available_gib=1), NODE_C),
+    )
+    instance = place_instance(state, _request(2), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    # The two nodes with most memory; rank 0 (the last layers) on the one with most.
+    assert [rank.node_id for rank in instance.ranks] == [NODE_B, NODE_A]
+    assert [(rank.start_layer, rank.end_layer) for rank in instance.ranks] == [(2, 8), (0, 2)]
+    assert instance.peers is not None
+    host_b = state.nodes[NODE_B].facts.cluster_endpoints[0].removeprefix("tcp/").split(":")[0]
+    host_a = state.nodes[NODE_A].facts.cluster_endpoints[0].removeprefix("tcp/").split(":")[0]
+    assert instance.peers.ring_addresses == (f"{host_b}:21000", f"{host_a}:21001")
+    assert instance.peers.task_address == f"{host_b}:21002"
+    shard = instance.shard(1)
+    assert (shard.rank, shard.world_size, shard.start_layer, shard.end_layer) == (1, 2, 0, 2)
+
+
+def test_a_model_that_fits_nowhere_is_refused_with_the_memory_needed_and_available() -> None:
+    state = fold((reported(NODE_A, available_gib=0.5), NODE_A), (reported(NODE_B, available_gib=0.5), NODE_B))
+    with pytest.raises(PlacementError) as refused:
+        place_instance(state, _request(2), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    message = str(refused.value)
+    assert "needs 3." in message
+    assert f"{NODE_A} 0.50 GiB" in message
+    assert f"{NODE_B} 0.50 GiB" in message
+
+
+def test_a_node_that_is_down_is_not_placed_on() -> None:
+    state = fold(
+        (reported(NODE_A, available_gib=8), NODE_A),
+        (reported(NODE_B, available_gib=8), NODE_B),
+        (NodeDown(node_id=NODE_B, reason="left"), NODE_A),
+    )
+    with pytest.raises(PlacementError, match="only 1 are up"):
+        place_instance(state, _request(2), InstanceId("i1"), now=5.0, draw_ports=_ports)
+
+
+def test_an_instance_is_in_the_state_until_removed_and_its_view_names_each_rank() -> None:
+    state = fold((reported(NODE_A, available_gib=4), NODE_A), (reported(NODE_B, available_gib=4), NODE_B))
+    instance = place_instance(state, _request(2), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    placed = fold((InstancePlaced(instance=instance), NODE_A), start=state)
+    view = placed_instance_view(placed, placed.instances[InstanceId("i1")])
+    assert (view.world_size, view.ready, view.files_from) == (2, False, NODE_A)
+    assert [(rank.rank, rank.start_layer, rank.end_layer, rank.runner_id) for rank in view.ranks] == [
+        (0, 4, 8, None),
+        (1, 0, 4, None),
+    ]
+    removed = fold((InstanceRemoved(instance_id=InstanceId("i1"), reason="node left"), NODE_A), start=placed)
+    assert removed.instances == {}

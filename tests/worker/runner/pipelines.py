@@ -1,0 +1,94 @@
+"""Pipelines of real runner processes on 127.0.0.1 (one supervisor per rank), and tasks to compare them with."""
+
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+
+from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.chunks import Chunk, ToolCallChunk
+from exo.shared.types.common import ModelId, new_command_id, new_runner_id, new_task_id
+from exo.shared.types.tasks import (
+    ChatCompletionTask,
+    ChatCompletionTaskParams,
+    PromptMessage,
+    SamplingParams,
+    StructuredOutput,
+    ToolPolicy,
+)
+from exo.shared.types.worker.shards import ShardAssignment, pipeline_shards
+from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor
+from tests.fixtures.fixture_specs import GET_WEATHER_TOOL
+from tests.worker.engines.mlx.distributed.ranks import local_peers
+from tests.worker.runner.tasks import collect
+
+DEEP_MODEL = ModelId("tiny-qwen-tools-deep")
+WEATHER = FunctionDefinition.model_validate(GET_WEATHER_TOOL["function"])
+PREFIX_CACHE_BYTES = 64 * 1024 * 1024
+
+
+def task(
+    content: str,
+    *,
+    tool_policy: ToolPolicy | None = None,
+    sampling: SamplingParams | None = None,
+    structured_output: StructuredOutput | None = None,
+) -> ChatCompletionTask:
+    return ChatCompletionTask(
+        task_id=new_task_id(),
+        command_id=new_command_id(),
+        model_id=DEEP_MODEL,
+        params=ChatCompletionTaskParams(
+            messages=(PromptMessage(role="user", content=content),),
+            tool_policy=tool_policy or ToolPolicy(),
+            sampling=sampling or SamplingParams(max_tokens=64),
+            structured_output=structured_output,
+        ),
+    )
+
+
+def comparable(chunks: Sequence[Chunk]) -> list[Chunk]:
+    """Chunks with the random tool-call ids made equal, so two runs of the same task compare."""
+    return [
+        chunk.model_copy(update={"call_id": f"call_{position}"}) if isinstance(chunk, ToolCallChunk) else chunk
+        for position, chunk in enumerate(chunks)
+    ]
+
+
+async def run_task(supervisor: RunnerSupervisor, chat: ChatCompletionTask) -> list[Chunk]:
+    return await collect(supervisor.submit(chat))
+
+
+@asynccontextmanager
+async def running_ranks(
+    model_path: Path, shards: Sequence[ShardAssignment], *, ready_within: float = 300
+) -> AsyncGenerator[list[RunnerSupervisor]]:
+    """One supervisor (and runner process) per shard, all ready; stopped on exit."""
+    supervisors = [
+        RunnerSupervisor(
+            new_runner_id(),
+            RunnerConfig(
+                model_id=DEEP_MODEL, model_path=model_path, shard=shard, prefix_cache_bytes=PREFIX_CACHE_BYTES
+            ),
+        )
+        for shard in shards
+    ]
+    async with anyio.create_task_group() as group:
+        for supervisor in supervisors:
+            group.start_soon(supervisor.run)
+        with anyio.fail_after(ready_within):
+            for supervisor in supervisors:
+                await supervisor.wait_ready()
+        try:
+            yield supervisors
+        finally:
+            # All at once: a rank stopped alone would see the others leave and be restarted meanwhile.
+            async with anyio.create_task_group() as stopping:
+                for supervisor in supervisors:
+                    stopping.start_soon(supervisor.stop)
+            group.cancel_scope.cancel()
+
+
+def pipeline_of(layer_counts: Sequence[int]) -> list[ShardAssignment]:
+    return list(pipeline_shards(local_peers(layer_counts)))

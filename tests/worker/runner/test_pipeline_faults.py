@@ -1,0 +1,132 @@
+"""A pipeline of real runner processes under cancellation and faults.
+
+A cancel stops every rank within a token and the next request runs. A rank killed mid-stream ends that request with
+one error within 10 s; the surviving rank's process exits rather than spin, the supervisors start both anew, the ranks
+find each other again and the next request succeeds. The model is tiny-qwen-tools-deep without end-of-sequence ids,
+so a request lasts as long as the test needs.
+"""
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, TokenChunk
+from exo.shared.types.tasks import SamplingParams
+from exo.worker.runner.supervisor import RunnerSupervisor
+from tests.fixtures.endless_model import endless_copy
+from tests.worker.runner.pipelines import pipeline_of, run_task, running_ranks, task
+
+ENDLESS = SamplingParams(max_tokens=4000)
+SHORT = SamplingParams(max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def endless_deep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return endless_copy(tmp_path_factory.mktemp("models"), source="tiny-qwen-tools-deep")
+
+
+async def _first_tokens(stream: MemoryObjectReceiveStream[Chunk], count: int) -> None:
+    with anyio.fail_after(60):
+        seen = 0
+        while seen < count:
+            if isinstance(await stream.receive(), TokenChunk):
+                seen += 1
+
+
+async def _rest(stream: MemoryObjectReceiveStream[Chunk]) -> list[Chunk]:
+    async with stream:
+        return [chunk async for chunk in stream]
+
+
+async def _assert_serves(leader: RunnerSupervisor) -> None:
+    chunks = await run_task(leader, task("Hello!", sampling=SHORT))
+    finish = chunks[-1]
+    assert isinstance(finish, FinishChunk), chunks
+    assert finish.usage.completion_tokens == 8
+
+
+async def test_a_cancel_stops_every_rank_and_the_next_request_runs(endless_deep: Path) -> None:
+    async with running_ranks(endless_deep, pipeline_of((2, 2))) as (leader, _):
+        long = task("Hello!", sampling=ENDLESS)
+        stream = leader.submit(long)
+        await _first_tokens(stream, 5)
+        leader.cancel(long.task_id)
+        with anyio.fail_after(30):
+            rest = await _rest(stream)
+        assert not any(isinstance(chunk, (FinishChunk, ErrorChunk)) for chunk in rest)
+        await _assert_serves(leader)
+        outcomes = [summary.outcome for summary in leader.recent_tasks]
+        assert outcomes == ["cancelled", "finished"]
+
+
+async def _replaced(supervisor: RunnerSupervisor, old_pid: int | None) -> None:
+    """Wait until `supervisor` runs a new process that is ready."""
+    with anyio.fail_after(240):
+        while supervisor.pid == old_pid or supervisor.status != "ready":
+            await anyio.sleep(0.2)
+
+
+async def _idle(pid: int | None) -> bool:
+    """The process used less than a fifth of a core over two seconds."""
+    assert pid is not None
+    process = psutil.Process(pid)
+    before = process.cpu_times()
+    await anyio.sleep(2)
+    after = process.cpu_times()
+    return (after.user + after.system) - (before.user + before.system) < 0.4
+
+
+@pytest.mark.parametrize("killed_rank", [1, 0], ids=["rank 1 killed", "rank 0 killed"])
+async def test_a_killed_rank_fails_the_request_within_10_s_and_the_pipeline_comes_back(
+    endless_deep: Path, killed_rank: int
+) -> None:
+    async with running_ranks(endless_deep, pipeline_of((2, 2))) as supervisors:
+        leader = supervisors[0]
+        pids = [supervisor.pid for supervisor in supervisors]
+        assert all(pid is not None for pid in pids)
+        stream = leader.submit(task("Hello!", sampling=ENDLESS))
+        await _first_tokens(stream, 5)
+        killed = pids[killed_rank]
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
+        started = time.monotonic()
+        with anyio.fail_after(10):
+            rest = await _rest(stream)
+        errors = [chunk for chunk in rest if isinstance(chunk, ErrorChunk)]
+        assert len(errors) == 1
+        assert rest[-1] == errors[0]
+        assert errors[0].error == "runner_crashed"
+        assert time.monotonic() - started < 10
+        # The survivor does not stay behind spinning: its process exits and is replaced.
+        survivor = pids[1 - killed_rank]
+        assert survivor is not None
+        with anyio.fail_after(10):
+            while psutil.pid_exists(survivor) and psutil.Process(survivor).status() != psutil.STATUS_ZOMBIE:
+                await anyio.sleep(0.2)
+        for supervisor, pid in zip(supervisors, pids, strict=True):
+            await _replaced(supervisor, pid)
+        await _assert_serves(leader)
+        assert [await _idle(supervisor.pid) for supervisor in supervisors] == [True, True]
+
+
+async def test_a_rank_killed_while_idle_makes_the_other_leave_at_once_and_the_pipeline_comes_back(
+    endless_deep: Path,
+) -> None:
+    async with running_ranks(endless_deep, pipeline_of((3, 1))) as supervisors:
+        leader, follower = supervisors
+        pids = [leader.pid, follower.pid]
+        assert follower.pid is not None
+        os.kill(follower.pid, signal.SIGKILL)
+        # Rank 0 sees its task connection close (nothing runs, so the ring cannot tell it) and leaves.
+        with anyio.fail_after(10):
+            while leader.pid == pids[0]:
+                await anyio.sleep(0.2)
+        for supervisor, pid in zip(supervisors, pids, strict=True):
+            await _replaced(supervisor, pid)
+        await _assert_serves(leader)
