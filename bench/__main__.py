@@ -1,11 +1,11 @@
 """`uv run python -m bench [--model SPEC] [--quick] [--output PATH] [--note TEXT] [--results-json PATH]`.
 
-Measures and writes the report; `--render JSON` re-renders a saved run without measuring; `--only constrained
---base JSON` measures that section alone and renders it together with the other sections' saved numbers. Section 6
+Measures and writes the report; `--render JSON` re-renders a saved run without measuring; `--only SECTION --base
+JSON` measures that section alone (constrained, speculation, or the server sections together) and renders it
+together with the other sections' saved numbers. Section 6
 (BLAS candidates on Linux x86_64) is measured only that way: `--only blas --base JSON [--blas-library PATH]`."""
 
 import argparse
-import asyncio
 import signal
 import sys
 import tempfile
@@ -14,43 +14,32 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-import httpx
-
 from bench.blas_section import measure_blas
 from bench.charts import write_charts
 from bench.constrained import measure_constrained
 from bench.machine import machine_info
 from bench.parser_cost import measure_parser_cost
-from bench.raw_baseline import RawBaseline, running_raw_baseline
 from bench.report import render_markdown
-from bench.results import (
-    AgentSeries,
-    BenchReport,
-    BenchSettings,
-    ConcurrencyRow,
-    ConstrainedSettings,
-    DecodeRow,
+from bench.results import BenchReport, BenchSettings, ConstrainedSettings, SpeculationSettings
+from bench.server_sections import measure_with_servers
+from bench.settings import (
+    CONSTRAINED_FULL,
+    CONSTRAINED_QUICK,
+    FULL,
+    QUICK,
+    SPECULATION_FULL,
+    SPECULATION_QUICK,
 )
-from bench.sections import (
-    measure_agent,
-    measure_concurrency,
-    measure_decode,
-    raw_contender,
-    server_contender,
-    warm_up,
-)
-from bench.servers import RunningServer, running_exo, running_mlx_lm_server
-from bench.settings import CONSTRAINED_FULL, CONSTRAINED_QUICK, FULL, QUICK
-from bench.targets import RAW
-from bench.workloads import agent_tools
+from bench.speculation import measure_speculation
 from exo.models.paths import default_models_dir
 from exo.models.resolve import ResolvedModel, resolve_model
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 QUICK_MODEL = REPOSITORY_ROOT / "tests" / "fixtures" / "models" / "tiny-qwen-tools"
 DEFAULT_OUTPUT = REPOSITORY_ROOT / "docs" / "PERFORMANCE.md"
-SECTIONS = ("constrained", "blas")
-"""Sections `--only` can measure alone (the others share servers that one run starts)."""
+SECTIONS = ("constrained", "blas", "speculation", "servers")
+"""Sections `--only` can measure alone; `servers` is decode, agent turns, concurrency and arrivals together (they
+share the servers one run starts)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,57 +79,35 @@ def _progress(message: str) -> None:
     sys.stderr.flush()
 
 
-async def _measure_servers(
-    raw: RawBaseline, exo: RunningServer, peer: RunningServer, settings: BenchSettings
-) -> tuple[list[DecodeRow], list[AgentSeries], list[ConcurrencyRow]]:
-    async with httpx.AsyncClient() as client:
-        for server in (exo, peer):
-            await warm_up(client, server)
-        tokens = settings.decode_max_tokens
-        tools = agent_tools(settings.agent_tool_count)
-        _progress("decode without tools: raw, exo, mlx_lm.server in turn")
-        plain = [raw_contender(RAW, raw, tokens), *(server_contender(client, s, [], tokens) for s in (exo, peer))]
-        decode = await measure_decode(plain, settings.decode_repeats)
-        _progress("decode with tools: exo, mlx_lm.server in turn")
-        with_tools = [server_contender(client, server, tools, tokens) for server in (exo, peer)]
-        decode += await measure_decode(with_tools, settings.decode_repeats)
-        _progress("agent turns: exo, mlx_lm.server in turn")
-        agent = await measure_agent(client, (exo, peer), settings)
-        _progress("concurrent exo streams")
-        concurrency = await measure_concurrency(client, exo, settings)
-    return decode, agent, concurrency
-
-
 def run_bench(
-    model: ResolvedModel, settings: BenchSettings, constrained: ConstrainedSettings, work_dir: Path
+    model: ResolvedModel,
+    settings: BenchSettings,
+    constrained: ConstrainedSettings,
+    speculation: SpeculationSettings,
+    work_dir: Path,
 ) -> BenchReport:
     """Measure every section on `model`; every subprocess is stopped before returning, also on errors."""
     started = time.monotonic()
     _progress("tool-stream parser cost")
     parser = measure_parser_cost(settings.parser_sizes, settings.parser_segment_chars, settings.parser_repeats)
-    float32_copy = work_dir / "float32-model"
-    # All three stay loaded for the whole run so their runs can alternate (the machine has memory for three copies
-    # of a small model; none of them uses CPU while idle).
-    _progress("starting the raw mlx-lm baseline, exo and mlx_lm.server")
-    with (
-        running_raw_baseline(model.path, float32_copy) as raw,
-        running_exo(model.path, work_dir) as exo,
-        running_mlx_lm_server(float32_copy, work_dir) as peer,
-    ):
-        decode, agent, concurrency = asyncio.run(_measure_servers(raw, exo, peer, settings))
+    servers = measure_with_servers(model.path, settings, work_dir, _progress)
     _progress("grammar-constrained decoding: compile times, then decode per tool_choice in turn")
     constrained_report = measure_constrained(model.path, constrained)
+    _progress("prompt-lookup speculation: edit and free text, speculation off and on in turn")
+    speculation_report = measure_speculation(model.path, speculation)
     return BenchReport(
         model_id=model.model_id,
         model_path=str(model.path),
         settings=settings,
-        machine=machine_info(raw.ready.matmul_gflops),
-        decode=decode,
-        agent=agent,
+        machine=machine_info(servers.matmul_gflops),
+        decode=servers.decode,
+        agent=servers.agent,
         parser=parser,
-        concurrency=concurrency,
+        concurrency=servers.concurrency,
+        arrival=servers.arrival,
         wall_s=time.monotonic() - started,
         constrained=constrained_report,
+        speculation=speculation_report,
     )
 
 
@@ -161,8 +128,9 @@ def _resolve(model_spec: str | None, *, quick: bool) -> ResolvedModel:
 def _measure(model_spec: str | None, *, quick: bool) -> BenchReport:
     model = _resolve(model_spec, quick=quick)
     settings, constrained = (QUICK, CONSTRAINED_QUICK) if quick else (FULL, CONSTRAINED_FULL)
+    speculation = SPECULATION_QUICK if quick else SPECULATION_FULL
     with tempfile.TemporaryDirectory(prefix="exo-bench-") as scratch:
-        return run_bench(model, settings, constrained, Path(scratch))
+        return run_bench(model, settings, constrained, speculation, Path(scratch))
 
 
 def _measure_blas_into(base_path: Path, model_spec: str | None, arguments: argparse.Namespace) -> BenchReport:
@@ -182,17 +150,35 @@ def _measure_blas_into(base_path: Path, model_spec: str | None, arguments: argpa
     return base.model_copy(update={"blas": section})
 
 
-def _measure_constrained_into(base_path: Path, model_spec: str | None, *, quick: bool) -> BenchReport:
-    """The saved report at `base_path` with section 5 measured afresh on its model (or on `model_spec`)."""
+def _measure_section_into(section: str, base_path: Path, model_spec: str | None, *, quick: bool) -> BenchReport:
+    """The saved report at `base_path` with `section` measured afresh on its model (or on `model_spec`)."""
     base = BenchReport.model_validate_json(base_path.read_text())
     model = _resolve(model_spec or base.model_path, quick=quick)
     if model.model_id != base.model_id:
         raise SystemExit(f"--base holds numbers for {base.model_id}, not {model.model_id}: one report, one model")
     started = time.monotonic()
-    _progress("grammar-constrained decoding: compile times, then decode per tool_choice in turn")
-    section = measure_constrained(model.path, CONSTRAINED_QUICK if quick else CONSTRAINED_FULL)
+    update: dict[str, object]
+    match section:
+        case "constrained":
+            _progress("grammar-constrained decoding: compile times, then decode per tool_choice in turn")
+            update = {"constrained": measure_constrained(model.path, CONSTRAINED_QUICK if quick else CONSTRAINED_FULL)}
+        case "speculation":
+            _progress("prompt-lookup speculation: edit and free text, speculation off and on in turn")
+            update = {"speculation": measure_speculation(model.path, SPECULATION_QUICK if quick else SPECULATION_FULL)}
+        case _:
+            settings = QUICK if quick else FULL
+            with tempfile.TemporaryDirectory(prefix="exo-bench-") as scratch:
+                servers = measure_with_servers(model.path, settings, Path(scratch), _progress)
+            update = {
+                "settings": settings,
+                "machine": machine_info(servers.matmul_gflops),
+                "decode": servers.decode,
+                "agent": servers.agent,
+                "concurrency": servers.concurrency,
+                "arrival": servers.arrival,
+            }
     _progress(f"section measured in {time.monotonic() - started:.0f} s")
-    return base.model_copy(update={"constrained": section})
+    return base.model_copy(update=update)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -207,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if arguments.only == "blas":
             report = _measure_blas_into(arguments.base, arguments.model, arguments)
         elif arguments.only is not None:
-            report = _measure_constrained_into(arguments.base, arguments.model, quick=arguments.quick)
+            report = _measure_section_into(arguments.only, arguments.base, arguments.model, quick=arguments.quick)
         else:
             report = _measure(arguments.model, quick=arguments.quick)
         if arguments.results_json is not None:

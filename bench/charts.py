@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 
 from bench.results import BenchReport
 
-CHART_NAMES = ("decode.png", "agent_turns.png", "parser_cost.png", "concurrency.png")
+CHART_NAMES = ("decode.png", "agent_turns.png", "parser_cost.png", "concurrency.png", "speculation.png")
 
 
 def _decode_chart(report: BenchReport, path: Path) -> None:
@@ -60,15 +60,38 @@ def _parser_chart(report: BenchReport, path: Path) -> None:
 
 def _concurrency_chart(report: BenchReport, path: Path) -> None:
     figure, axis = plt.subplots(figsize=(7, 4.2))
-    streams = [row.streams for row in report.concurrency]
-    axis.plot(streams, [row.aggregate_tokens_per_s for row in report.concurrency], marker="o", label="aggregate")
-    axis.plot(streams, [row.per_stream_tokens_per_s for row in report.concurrency], marker="s", label="per stream")
-    axis.set_xticks(streams)
+    systems = list(dict.fromkeys(row.system for row in report.concurrency))
+    for system in systems:
+        rows = sorted((row for row in report.concurrency if row.system == system), key=lambda row: row.streams)
+        streams = [row.streams for row in rows]
+        axis.plot(streams, [row.aggregate_tokens_per_s for row in rows], marker="o", label=f"{system}: aggregate")
+    levels = sorted({row.streams for row in report.concurrency})
+    axis.set_xticks(levels)
     axis.set_ylim(bottom=0)
-    axis.set_xlabel("concurrent exo streams")
-    axis.set_ylabel("tokens/s")
-    axis.set_title("exo throughput under concurrent streams")
+    axis.set_xlabel("streams started at once")
+    axis.set_ylabel("aggregate tokens/s (higher is better)")
+    axis.set_title("Throughput under concurrent streams")
     axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _speculation_chart(report: BenchReport, path: Path) -> None:
+    figure, axis = plt.subplots(figsize=(7, 4.2))
+    section = report.speculation
+    if section is not None:
+        workloads = list(dict.fromkeys(row.workload for row in section.rows))
+        modes = list(dict.fromkeys(row.mode for row in section.rows))
+        width = 0.8 / max(len(modes), 1)
+        for offset, mode in enumerate(modes):
+            speeds = {row.workload: row.median_tokens_per_s for row in section.rows if row.mode == mode}
+            positions = [index + (offset - (len(modes) - 1) / 2) * width for index in range(len(workloads))]
+            axis.bar(positions, [speeds.get(workload, 0.0) for workload in workloads], width=width, label=mode)
+        axis.set_xticks(range(len(workloads)), workloads)
+        axis.legend(title="speculation")
+    axis.set_ylabel("decode tokens/s, median (higher is better)")
+    axis.set_title("Prompt-lookup speculation, a lone greedy request")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -82,4 +105,5 @@ def write_charts(report: BenchReport, directory: Path) -> list[Path]:
     _agent_chart(report, paths[1])
     _parser_chart(report, paths[2])
     _concurrency_chart(report, paths[3])
+    _speculation_chart(report, paths[4])
     return paths

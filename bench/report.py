@@ -5,6 +5,7 @@ from datetime import UTC, datetime
 from bench.markdown import markdown_table
 from bench.report_blas import render_blas
 from bench.report_constrained import CONSTRAINED_TITLE, render_constrained
+from bench.report_throughput import CONCURRENCY_TITLE, SPECULATION_TITLE, render_concurrency, render_speculation
 from bench.results import AgentSeries, BenchReport
 from bench.targets import (
     EXO_NO_TOOLS,
@@ -17,6 +18,7 @@ from bench.targets import (
     find_row,
     format_ratio,
     format_speed,
+    paired_decode_ratio,
     ratio,
 )
 
@@ -24,8 +26,9 @@ SECTION_TITLES = (
     "## 1. Decode speed and time to first token",
     "## 2. Agent turns",
     "## 3. Tool-stream parser cost",
-    "## 4. Concurrent streams",
+    CONCURRENCY_TITLE,
     CONSTRAINED_TITLE,
+    SPECULATION_TITLE,
 )
 BUSY_LOAD_PER_CPU = 0.5
 """A 1-minute load average above this share of the CPUs means other work was running during the benchmark."""
@@ -89,19 +92,31 @@ def _decode(report: BenchReport) -> list[str]:
         SECTION_TITLES[0],
         "",
         f"Greedy (temperature 0), max_tokens {settings.decode_max_tokens}, a long free-text answer; best decode "
-        f"speed of {settings.decode_repeats} run(s) per system, TTFT of the first run (a prompt no cache had seen). "
-        "Decode tokens/s = (completion tokens − 1) / (last token time − first token time).",
+        f"speed of {settings.decode_repeats} run(s) per system (rounds of every system in turn), TTFT of the first "
+        "run (a prompt no cache had seen). Decode tokens/s = (completion tokens − 1) / (last token time − first "
+        "token time). exo runs as shipped: continuous batching and prompt-lookup speculation on.",
         "",
         *markdown_table(["System", "Decode tok/s", "× raw", "TTFT s", "Prompt tokens", "Completion tokens"], rows),
         f"- exo / raw: **{format_ratio(ratio(exo_plain.decode_tokens_per_s, raw.decode_tokens_per_s))}** without "
         f"tools, {format_ratio(ratio(exo_tools.decode_tokens_per_s, raw.decode_tokens_per_s))} with tools (a longer "
-        "prompt).",
+        "prompt), best runs.",
+        *_paired_line(report),
         f"- exo / mlx_lm.server: **{format_ratio(ratio(exo_plain.decode_tokens_per_s, peer_plain.decode_tokens_per_s))}"
         f"** without tools, **{format_ratio(ratio(exo_tools.decode_tokens_per_s, peer_tools.decode_tokens_per_s))}** "
         "with tools.",
         "",
         "![decode speed and TTFT](perf/decode.png)",
         "",
+    ]
+
+
+def _paired_line(report: BenchReport) -> list[str]:
+    interval = paired_decode_ratio(report.decode, EXO_NO_TOOLS, RAW)
+    if interval is None:
+        return []
+    return [
+        f"- exo / raw without tools, round by round (each round ran both back to back): {interval.describe()}; the "
+        "interval is Student's t over the per-round ratios.",
     ]
 
 
@@ -170,44 +185,6 @@ def _parser(report: BenchReport) -> list[str]:
     ]
 
 
-def _concurrency(report: BenchReport) -> list[str]:
-    rows = [
-        [
-            str(row.streams),
-            f"{row.aggregate_tokens_per_s:.2f}",
-            f"{row.per_stream_tokens_per_s:.2f}",
-            f"{row.mean_ttft_s:.2f}",
-        ]
-        for row in report.concurrency
-    ]
-    return [
-        SECTION_TITLES[3],
-        "",
-        f"N exo streams started at once, max_tokens {report.settings.concurrency_max_tokens} each. Aggregate = all "
-        "tokens / time from the first request to the last token; per stream = each stream's tokens / its own wall "
-        "time (waiting and prefill included), averaged.",
-        "",
-        *markdown_table(["Streams", "Aggregate tok/s", "Per-stream tok/s", "Mean TTFT s"], rows),
-        *_concurrency_summary(report),
-        "![concurrency](perf/concurrency.png)",
-        "",
-    ]
-
-
-def _concurrency_summary(report: BenchReport) -> list[str]:
-    single = next((row for row in report.concurrency if row.streams == 1), None)
-    most = max(report.concurrency, key=lambda row: row.streams)
-    if single is None or most.streams == 1:
-        return []
-    scaling = most.aggregate_tokens_per_s / single.aggregate_tokens_per_s
-    reading = (
-        "about 1× means the streams were served one after another (queued), not batched: each client waits longer"
-        if scaling < 1.2
-        else "above 1× means concurrent streams share the decode work"
-    )
-    return [f"Aggregate throughput at {most.streams} streams is {scaling:.2f}× one stream; {reading}.", ""]
-
-
 _METHOD = [
     "## Method",
     "",
@@ -232,8 +209,8 @@ def _sizes(report: BenchReport) -> list[str]:
         return ["- This is a `--quick` smoke run on a tiny fixture model: the numbers only prove the suite works."]
     return [
         f"- Token counts are kept small (decode max_tokens {settings.decode_max_tokens}, agent turns "
-        f"{settings.agent_max_tokens}, concurrent streams {settings.concurrency_max_tokens}) so a full run takes "
-        "10–15 minutes on 2 shared CPU cores; longer generations would give steadier decode figures.",
+        f"{settings.agent_max_tokens}, concurrent streams {settings.concurrency_max_tokens}) so a full run stays "
+        "within an hour or two on 2 shared CPU cores; longer generations would give steadier decode figures.",
     ]
 
 
@@ -250,9 +227,10 @@ def render_markdown(report: BenchReport, notes: list[str]) -> str:
         *_decode(report),
         *_agent(report),
         *_parser(report),
-        *_concurrency(report),
+        *render_concurrency(report),
         *(render_constrained(report.constrained) if report.constrained is not None else []),
         *(render_blas(report.blas) if report.blas is not None else []),
+        *(render_speculation(report.speculation) if report.speculation is not None else []),
         *_METHOD,
         *_sizes(report),
     ]

@@ -39,6 +39,8 @@ class DecodeRow(BenchModel):
     decode_tokens_per_s: float | None
     completion_tokens: int
     prompt_tokens: int
+    runs: list[float | None] = []
+    """Decode tokens/s of every run in run order (rounds of all systems), for paired comparisons."""
 
 
 class AgentTurn(BenchModel):
@@ -62,10 +64,15 @@ class ParserCost(BenchModel):
 
 
 class ConcurrencyRow(BenchModel):
+    """N streams started at once on one server; the figures are means over the repeats."""
+
     streams: int
     aggregate_tokens_per_s: float
     per_stream_tokens_per_s: float
     mean_ttft_s: float
+    system: str = "exo"
+    runs: list[float] = []
+    """Aggregate tokens/s of each repeat."""
 
 
 class MachineInfo(BenchModel):
@@ -95,6 +102,10 @@ class BenchSettings(BenchModel):
     parser_repeats: int
     concurrency_levels: tuple[int, ...]
     concurrency_max_tokens: int
+    concurrency_repeats: int = 1
+    arrival_running_streams: int = 0
+    """Streams already decoding when the timed request arrives (0: not measured)."""
+    arrival_max_tokens: int = 0
 
 
 class ConstrainedSettings(BenchModel):
@@ -187,6 +198,53 @@ class BlasSection(BenchModel):
     exo_commit: str
 
 
+class ArrivalRow(BenchModel):
+    """A request arriving while other streams decode on the same server: how long until its first token."""
+
+    system: str
+    running_streams: int
+    ttft_s: float
+    alone_ttft_s: float
+    """The same request shape's time to first token with nothing else running."""
+
+
+class SpeculationSettings(BenchModel):
+    max_tokens: int
+    repeats: int
+    """Runs per mode and workload; the modes take turns within each repeat."""
+    edit_tools: tuple[str, ...] | None = None
+    """The opencode tools the edit workload offers (None: all of them)."""
+
+
+class SpeculationRow(BenchModel):
+    """One workload decoded in one speculation mode, timed around the runner's own scheduler."""
+
+    workload: str
+    mode: str
+    tokens_per_s: list[float]
+    """Per run: (tokens − 1) / (last token time − first token time), so prefill is excluded."""
+    median_tokens_per_s: float
+    completion_tokens: int
+    drafted: int
+    """Draft tokens verified, over all runs."""
+    accepted: int
+    forward_passes: int
+    """Decode forward passes over all runs (a pass verifying a draft counts once)."""
+    same_tokens_as_off: bool
+    """Whether every run's greedy output was token for token the output without speculation."""
+    text: str
+
+
+class SpeculationReport(BenchModel):
+    settings: SpeculationSettings
+    prompt_tokens: dict[str, int]
+    rows: list[SpeculationRow]
+    pass_cost_ratios: dict[int, float] = {}
+    """Seconds of a solo forward pass feeding N tokens over a one-token pass, as the default mode measured them."""
+    load_average: tuple[float, float, float]
+    exo_commit: str
+
+
 class BenchReport(BenchModel):
     model_id: str
     model_path: str
@@ -201,3 +259,7 @@ class BenchReport(BenchModel):
     """Absent from reports saved before the section existed."""
     blas: BlasSection | None = None
     """Absent from reports saved before the section existed (and off Linux x86_64)."""
+    arrival: list[ArrivalRow] = []
+    """Time to first token of a request that arrives while others decode (empty in reports saved before)."""
+    speculation: SpeculationReport | None = None
+    """Absent from reports saved before the section existed."""

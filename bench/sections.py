@@ -8,7 +8,15 @@ from dataclasses import dataclass
 import httpx
 
 from bench.raw_baseline import RawBaseline
-from bench.results import AgentSeries, AgentTurn, BenchSettings, ConcurrencyRow, DecodeRow, StreamMeasurement
+from bench.results import (
+    AgentSeries,
+    AgentTurn,
+    ArrivalRow,
+    BenchSettings,
+    ConcurrencyRow,
+    DecodeRow,
+    StreamMeasurement,
+)
 from bench.servers import RunningServer
 from bench.stream_client import StreamOutcome, request_body, stream_chat
 from bench.workloads import agent_follow_up, agent_opening, agent_tools, decode_messages
@@ -35,6 +43,7 @@ def decode_row(system: str, runs: list[StreamMeasurement]) -> DecodeRow:
         decode_tokens_per_s=best.decode_tokens_per_s,
         completion_tokens=best.completion_tokens,
         prompt_tokens=runs[0].prompt_tokens,
+        runs=[run.decode_tokens_per_s for run in runs],
     )
 
 
@@ -108,28 +117,81 @@ async def measure_agent(
     return [AgentSeries(system=session.server.name, turns=session.turns) for session in sessions]
 
 
+async def _concurrent_streams(
+    client: httpx.AsyncClient, server: RunningServer, streams: int, max_tokens: int, tag: str
+) -> tuple[float, list[StreamMeasurement]]:
+    """Start `streams` distinct requests at once; (aggregate tokens/s from first request to last token, each one)."""
+    bodies = [
+        request_body(decode_messages(f"{tag}, stream {index} of {streams}"), [], max_tokens)
+        for index in range(1, streams + 1)
+    ]
+    started = time.perf_counter()
+    outcomes = await asyncio.gather(*(stream_chat(client, server.base_url, body) for body in bodies))
+    wall = time.perf_counter() - started
+    measurements = [outcome.measurement for outcome in outcomes]
+    return sum(measurement.completion_tokens for measurement in measurements) / wall, measurements
+
+
 async def measure_concurrency(
-    client: httpx.AsyncClient, server: RunningServer, settings: BenchSettings
+    client: httpx.AsyncClient, servers: Sequence[RunningServer], settings: BenchSettings
 ) -> list[ConcurrencyRow]:
-    """For each level N, start N streams at once and time the batch from first request to last token."""
-    rows: list[ConcurrencyRow] = []
+    """For each level N and repeat, each server in turn (the order alternating) starts N streams at once."""
+    runs: dict[tuple[int, str], list[tuple[float, list[StreamMeasurement]]]] = {}
+    turn = 0
     for streams in settings.concurrency_levels:
-        bodies = [
-            request_body(decode_messages(f"stream {index} of {streams}"), [], settings.concurrency_max_tokens)
-            for index in range(1, streams + 1)
-        ]
-        started = time.perf_counter()
-        outcomes = await asyncio.gather(*(stream_chat(client, server.base_url, body) for body in bodies))
-        wall = time.perf_counter() - started
-        measurements = [outcome.measurement for outcome in outcomes]
-        total_tokens = sum(measurement.completion_tokens for measurement in measurements)
+        for repeat in range(1, settings.concurrency_repeats + 1):
+            ordered = servers if turn % 2 == 0 else list(reversed(servers))
+            turn += 1
+            for server in ordered:
+                tag = f"{server.name} repeat {repeat}"
+                measured = await _concurrent_streams(client, server, streams, settings.concurrency_max_tokens, tag)
+                runs.setdefault((streams, server.name), []).append(measured)
+    rows: list[ConcurrencyRow] = []
+    for (streams, system), repeats in runs.items():
+        every = [measurement for _, measurements in repeats for measurement in measurements]
         rows.append(
             ConcurrencyRow(
                 streams=streams,
-                aggregate_tokens_per_s=total_tokens / wall,
+                system=system,
+                aggregate_tokens_per_s=sum(aggregate for aggregate, _ in repeats) / len(repeats),
                 # What one client sees: its tokens over its own wall time, waiting and prefill included.
-                per_stream_tokens_per_s=sum(m.completion_tokens / m.total_s for m in measurements) / streams,
-                mean_ttft_s=sum(m.ttft_s for m in measurements) / streams,
+                per_stream_tokens_per_s=sum(m.completion_tokens / m.total_s for m in every) / len(every),
+                mean_ttft_s=sum(m.ttft_s for m in every) / len(every),
+                runs=[aggregate for aggregate, _ in repeats],
             )
         )
     return rows
+
+
+async def measure_arrival(
+    client: httpx.AsyncClient, servers: Sequence[RunningServer], settings: BenchSettings
+) -> list[ArrivalRow]:
+    """A request sent while `arrival_running_streams` others decode: its time to first token, and the same request's
+    with nothing else running, each server in turn."""
+    rows: list[ArrivalRow] = []
+    running = settings.arrival_running_streams
+    for server in servers:
+        alone = await stream_chat(client, server.base_url, _arrival_body(server, "alone", settings))
+        started = [asyncio.Event() for _ in range(running)]
+        busy = [
+            asyncio.create_task(
+                stream_chat(client, server.base_url, _arrival_body(server, f"busy {index}", settings), started[index])
+            )
+            for index in range(running)
+        ]
+        await asyncio.gather(*(event.wait() for event in started))
+        arriving = await stream_chat(client, server.base_url, _arrival_body(server, "arriving", settings))
+        await asyncio.gather(*busy)
+        rows.append(
+            ArrivalRow(
+                system=server.name,
+                running_streams=running,
+                ttft_s=arriving.measurement.ttft_s,
+                alone_ttft_s=alone.measurement.ttft_s,
+            )
+        )
+    return rows
+
+
+def _arrival_body(server: RunningServer, tag: str, settings: BenchSettings) -> dict[str, object]:
+    return request_body(decode_messages(f"{server.name} arrival {tag}"), [], settings.arrival_max_tokens)

@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +81,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 def _serving(
     *, name: str, arguments: list[str], env: dict[str, str], log_dir: Path, port: int, ready: Callable[[str], bool]
 ) -> Generator[RunningServer]:
-    log_path = log_dir / f"{name}-{port}.log"
+    log_path = log_dir / f"{'-'.join(name.split())}-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(arguments, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base_url = f"http://127.0.0.1:{port}"
@@ -93,17 +93,19 @@ def _serving(
 
 
 @contextmanager
-def running_exo(model_path: Path, work_dir: Path) -> Generator[RunningServer]:
-    """`python -m exo` serving `model_path` on a free port, with a scratch models dir; stopped on exit."""
+def running_exo(
+    model_path: Path, work_dir: Path, flags: Sequence[str] = (), name: str = "exo"
+) -> Generator[RunningServer]:
+    """`python -m exo [flags]` serving `model_path` on a free port, with a scratch models dir; stopped on exit."""
     port = free_port()
-    arguments = [sys.executable, "-m", "exo", "--api-port", str(port), "--model", str(model_path)]
+    arguments = [sys.executable, "-m", "exo", "--api-port", str(port), "--model", str(model_path), *flags]
     arguments += ["--models-dir", str(work_dir / "exo-models")]
     # A node of its own (identity, cluster port and name, no scouting), so a node the user runs never joins in.
     arguments += ["--listen", f"tcp/127.0.0.1:{free_port()}", "--cluster", f"bench-{port}", "--no-discovery"]
     # exo sets up its BLAS preload itself; it gets the caller's environment otherwise unchanged, as a user would.
     environment = {**os.environ, "EXO_HOME": str(work_dir / f"exo-home-{port}")}
     with _serving(
-        name="exo", arguments=arguments, env=environment, log_dir=work_dir, port=port, ready=_exo_ready
+        name=name, arguments=arguments, env=environment, log_dir=work_dir, port=port, ready=_exo_ready
     ) as server:
         yield server
 

@@ -1,5 +1,6 @@
 """Stream one OpenAI chat completion over HTTP and time it: time to first token, tokens, cached prompt tokens."""
 
+import asyncio
 import json
 import time
 from collections.abc import Sequence
@@ -81,8 +82,9 @@ def request_body(
 class _Accumulator:
     """Folds SSE chunks into text, the first tool call, the time the first generated piece arrived, and usage."""
 
-    def __init__(self, started: float) -> None:
+    def __init__(self, started: float, first_token: asyncio.Event | None) -> None:
         self.started = started
+        self.first_token = first_token
         self.first_at: float | None = None
         self.pieces = 0
         self.text: list[str] = []
@@ -99,6 +101,8 @@ class _Accumulator:
             produced = any(generated) or bool(delta.tool_calls)
             if produced and self.first_at is None:
                 self.first_at = time.perf_counter()
+                if self.first_token is not None:
+                    self.first_token.set()
             self.pieces += int(produced)
             self.text.append(delta.content or "")
             for call in delta.tool_calls or []:
@@ -126,10 +130,15 @@ class _Accumulator:
         return StreamOutcome(measurement=measurement, tool_call=call)
 
 
-async def stream_chat(client: httpx.AsyncClient, base_url: str, body: dict[str, object]) -> StreamOutcome:
-    """POST `body` to `base_url`/v1/chat/completions and read the SSE stream to the end; raises on HTTP errors."""
+async def stream_chat(
+    client: httpx.AsyncClient, base_url: str, body: dict[str, object], first_token: asyncio.Event | None = None
+) -> StreamOutcome:
+    """POST `body` to `base_url`/v1/chat/completions and read the SSE stream to the end; raises on HTTP errors.
+
+    `first_token` is set as soon as the first generated piece arrives.
+    """
     started = time.perf_counter()
-    accumulator = _Accumulator(started)
+    accumulator = _Accumulator(started, first_token)
     url = f"{base_url}/v1/chat/completions"
     async with client.stream("POST", url, json=body, timeout=REQUEST_TIMEOUT_S) as response:
         if response.status_code != 200:

@@ -109,3 +109,84 @@ def agent_follow_up(turn: int, reply_text: str, tool_call: tuple[str, str] | Non
         ChatMessage(role="assistant", content=reply_text),
         ChatMessage(role="user", content=_USER_TURNS[turn % len(_USER_TURNS)]),
     ]
+
+
+# ---- prompt-lookup speculation: an opencode edit, and free text --------------------------------------------------
+
+_EDIT_FILE_PATH = "src/app/cli.py"
+_EDIT_FILE = '''"""Command-line interface of the app: parse arguments, configure logging, run the server."""
+
+import argparse
+import logging
+import sys
+
+from app.server import Server, ServerConfig
+
+logger = logging.getLogger(__name__)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parse the command line into a namespace."""
+    parser = argparse.ArgumentParser(prog="app", description="Run the app server.")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
+    parser.add_argument("--port", type=int, default=8080, help="port to listen on")
+    parser.add_argument("--workers", type=int, default=4, help="worker threads")
+    parser.add_argument("--log-level", default="info", help="logging level")
+    return parser.parse_args(argv)
+
+
+def configure_logging(level: str) -> None:
+    """Send log records to stderr at the given level."""
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def build_config(arguments: argparse.Namespace) -> ServerConfig:
+    """The server configuration the arguments describe."""
+    return ServerConfig(host=arguments.host, port=arguments.port, workers=arguments.workers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: parse, configure, serve until interrupted."""
+    arguments = parse_args(sys.argv[1:] if argv is None else argv)
+    configure_logging(arguments.log_level)
+    server = Server(build_config(arguments))
+    logger.info("serving on %s:%d", arguments.host, arguments.port)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        logger.info("interrupted")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+EDIT_FILE_LINES = len(_EDIT_FILE.splitlines())
+_EDIT_REQUEST = (
+    "In src/app/cli.py, add a --verbose flag to parse_args (store_true, help 'log more') right after the --log-level "
+    "argument. Use the edit tool: oldString must be the whole parse_args function exactly as it is in the file."
+)
+EDIT_SYSTEM = (
+    "You are opencode, an interactive CLI coding agent. Use the tools to read and change the user's files. When you "
+    "edit, copy oldString exactly from the file as the read tool showed it, without the line-number prefixes."
+)
+
+
+def _numbered(text: str) -> str:
+    """A file as opencode's read tool shows it: each line after its number and ': '."""
+    return "\n".join(f"{number}: {line}" for number, line in enumerate(text.splitlines(), start=1))
+
+
+def edit_messages() -> list[ChatMessage]:
+    """An opencode-shaped edit: the agent read a file, the user asks for a change only `edit` with the file's own text
+    can make. The reply's oldString (and most of newString) copies lines that are in the prompt."""
+    read = ToolCall(
+        id="call_read_1", function=FunctionCall(name="read", arguments=f'{{"filePath": "{_EDIT_FILE_PATH}"}}')
+    )
+    return [
+        ChatMessage(role="system", content=EDIT_SYSTEM),
+        ChatMessage(role="user", content=f"Show me {_EDIT_FILE_PATH}."),
+        ChatMessage(role="assistant", content=None, tool_calls=[read]),
+        ChatMessage(role="tool", tool_call_id="call_read_1", content=f"<file>\n{_numbered(_EDIT_FILE)}\n</file>"),
+        ChatMessage(role="user", content=_EDIT_REQUEST),
+    ]

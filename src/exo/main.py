@@ -36,6 +36,7 @@ logger = logging.getLogger("exo")
 
 
 def _positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")

@@ -7,11 +7,15 @@ from bench.charts import CHART_NAMES
 from bench.results import (
     AgentSeries,
     AgentTurn,
+    ArrivalRow,
     BenchReport,
     ConcurrencyRow,
     DecodeRow,
     MachineInfo,
     ParserCost,
+    SpeculationReport,
+    SpeculationRow,
+    SpeculationSettings,
 )
 from bench.settings import FULL
 from bench.targets import EXO_NO_TOOLS, EXO_TOOLS, MLX_LM_TOOLS, RAW
@@ -93,3 +97,54 @@ def test_rendered_report_states_ratios_verdicts_and_unmeasurable_speeds(tmp_path
 
 def test_a_busy_machine_is_called_out_in_the_report(tmp_path: Path) -> None:
     assert "Taken with other work on the machine" in _render(tmp_path, sample_report(load_1=5.0))
+
+
+def test_throughput_sections_render_every_system_the_arrivals_and_speculation(tmp_path: Path) -> None:
+    rows = [
+        ConcurrencyRow(
+            system=system, streams=streams, aggregate_tokens_per_s=speed, per_stream_tokens_per_s=1.0, mean_ttft_s=0.5
+        )
+        for system, speeds in (("exo", (5.0, 12.5)), ("exo --batch-size 1", (5.0, 5.1)), ("mlx_lm.server", (4.8, 12.0)))
+        for streams, speed in zip((1, 4), speeds, strict=True)
+    ]
+    arrival = [ArrivalRow(system="exo", running_streams=3, ttft_s=0.9, alone_ttft_s=0.4)]
+    speculation = SpeculationReport(
+        settings=SpeculationSettings(max_tokens=128, repeats=2),
+        prompt_tokens={"opencode edit": 900, "free text": 60},
+        rows=[
+            _speculation_row("opencode edit", "off", [4.0, 4.2], drafted=0, accepted=0, passes=256),
+            _speculation_row("opencode edit", "on (default)", [7.0, 7.4], drafted=110, accepted=100, passes=40),
+        ],
+        pass_cost_ratios={1: 1.0, 8: 1.9},
+        load_average=(3.0, 2.0, 1.0),
+        exo_commit="abc1234",
+    )
+    report = sample_report(load_1=0.2).model_copy(
+        update={"concurrency": rows, "arrival": arrival, "speculation": speculation}
+    )
+    document = _render(tmp_path, report)
+    assert "| 4 | exo --batch-size 1 | 5.10 |" in document
+    assert "| 4 | exo | 12.50 |" in document
+    assert "| exo | 3 | 0.90 | 0.40 |" in document
+    assert "| opencode edit | on (default) | 7.20 | 7.00, 7.40 | 1.756× | 100/110 | 6.40 | yes |" in document
+    assert "8: 1.90×" in document
+    assert "exo aggregate tok/s at 4 streams ≥ 2.5× one stream" in document
+    for name in CHART_NAMES:
+        assert (tmp_path / "out" / "perf" / name).stat().st_size > 1000
+
+
+def _speculation_row(
+    workload: str, mode: str, speeds: list[float], *, drafted: int, accepted: int, passes: int
+) -> SpeculationRow:
+    return SpeculationRow(
+        workload=workload,
+        mode=mode,
+        tokens_per_s=speeds,
+        median_tokens_per_s=sum(speeds) / len(speeds),
+        completion_tokens=128,
+        drafted=drafted,
+        accepted=accepted,
+        forward_passes=passes,
+        same_tokens_as_off=True,
+        text="edit(",
+    )

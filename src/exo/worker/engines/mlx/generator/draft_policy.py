@@ -32,6 +32,10 @@ class StepCosts:
             seconds if previous is None else _COST_DECAY * previous + (1 - _COST_DECAY) * seconds
         )
 
+    def measured(self) -> dict[int, float]:
+        """Every measured pass length and its cost in seconds."""
+        return dict(self._seconds)
+
     def seconds(self, tokens_fed: int) -> float | None:
         """The cost of a pass feeding `tokens_fed` tokens: measured, or interpolated between a plain pass and the
         nearest longer measured one (a pass costs more the more it feeds), or as the nearest shorter one when no
