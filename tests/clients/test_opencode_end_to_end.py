@@ -18,7 +18,7 @@ from typing import cast
 import httpx
 import pytest
 
-from tests.clients.opencode_client import OpencodeRun, find_opencode, provider_config, run_opencode
+from tests.clients.opencode_client import OpencodeRun, provider_config, run_opencode
 from tests.exo_server import ExoServer, fixture_model, running_exo
 from tests.fixtures.fixture_specs import (
     AGENT_DONE_REPLY,
@@ -35,14 +35,6 @@ OUTPUT_TOKENS = 256
 OPENCODE_TIMEOUT_SECONDS = 200.0
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def opencode() -> Path:
-    binary = find_opencode()
-    if binary is None:
-        pytest.skip("opencode 1.x not installed (`npm install --prefix build/opencode opencode-ai@1`, as .ci/run does)")
-    return binary
 
 
 @pytest.fixture(scope="module")

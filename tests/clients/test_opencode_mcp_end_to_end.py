@@ -17,7 +17,7 @@ from typing import cast
 
 import pytest
 
-from tests.clients.opencode_client import PROVIDER_ID, find_opencode, provider_config, run_opencode
+from tests.clients.opencode_client import PROVIDER_ID, provider_config, run_opencode
 from tests.clients.test_opencode_end_to_end import served_context_length
 from tests.exo_server import ExoServer, fixture_model, running_exo
 from tests.fixtures.client_requests import (
@@ -34,14 +34,6 @@ OUTPUT_TOKENS = 256
 OPENCODE_TIMEOUT_SECONDS = 240.0
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def opencode() -> Path:
-    binary = find_opencode()
-    if binary is None:
-        pytest.skip("opencode 1.x not installed (`npm install --prefix build/opencode opencode-ai@1`, as .ci/run does)")
-    return binary
 
 
 @pytest.fixture(scope="module")

@@ -119,17 +119,7 @@ def load_model(
         )[:2]
     except Exception as error:
         raise ModelLoadError(f"cannot load model from {path}: {type(error).__name__}: {error}") from error
-    dtype = _use_fast_cpu_dtype(model)
-    mx.eval(model.parameters())
-    config = _read_config(path)
-    return LoadedModel(
-        model=model,
-        tokenizer=tokenizer,
-        context_length=_context_length(config),
-        dtype=dtype,
-        shard=shard,
-        vocabulary_size=_vocabulary_size(config, tokenizer),
-    )
+    return _loaded(model, tokenizer, _read_config(path), shard)
 
 
 def _load_pipeline_stage(
@@ -149,6 +139,19 @@ def _load_pipeline_stage(
         strategy = split_layers(model, group, shard)
     except Exception as error:
         raise ModelLoadError(f"cannot load model from {path}: {type(error).__name__}: {error}") from error
+    return _loaded(model, tokenizer, config, shard, group=group, strategy=strategy)
+
+
+def _loaded(
+    model: nn.Module,
+    tokenizer: TokenizerWrapper,
+    config: dict[str, Any],
+    shard: ShardAssignment,
+    *,
+    group: mx.distributed.Group | None = None,
+    strategy: PipelineStrategy | None = None,
+) -> LoadedModel:
+    """Finish loading: the fast CPU dtype, weights materialised, and what the runner reports about the model."""
     dtype = _use_fast_cpu_dtype(model)
     mx.eval(model.parameters())
     return LoadedModel(
