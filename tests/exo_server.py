@@ -63,13 +63,16 @@ class ExoServer:
         assert len(runners) == 1, runners
         return runners[0]
 
-    def wait_for_status(self, wanted: str, timeout: float = 60.0, model_id: str | None = None) -> dict[str, object]:
+    def wait_for_status(
+        self, wanted: str, timeout: float = 60.0, model_id: str | None = None, not_pid: int | None = None
+    ) -> dict[str, object]:
+        """The runner once its status is `wanted` (and, with `not_pid`, once it is no longer that process)."""
         deadline = time.monotonic() + timeout
         runner: dict[str, object] = {}
         while time.monotonic() < deadline:
             try:
                 runner = self.runner(model_id)
-                if runner.get("status") == wanted:
+                if runner.get("status") == wanted and (not_pid is None or runner.get("pid") != not_pid):
                     return runner
             except (httpx.HTTPError, AssertionError):
                 pass
