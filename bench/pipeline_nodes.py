@@ -17,6 +17,7 @@ import httpx
 
 from bench.servers import free_port
 from exo.shared.types.cluster_api import InstanceList
+from exo.shared.types.state import State
 
 PLACED_TIMEOUT_S = 900.0
 STOP_TIMEOUT_S = 20.0
@@ -53,6 +54,12 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def _placed(base_url: str, nodes: int) -> bool:
+    """A split model is ready when its placed instance is; a whole one (one node) when its runner is."""
+    if nodes == 1:
+        response = httpx.get(f"{base_url}/state", timeout=10)
+        response.raise_for_status()
+        runners = State.model_validate(response.json()).runners.values()
+        return len(runners) == 1 and all(runner.status == "ready" for runner in runners)
     response = httpx.get(f"{base_url}/v1/cluster/instances", timeout=10)
     response.raise_for_status()
     instances = InstanceList.model_validate(response.json()).data
