@@ -3,7 +3,8 @@
 Measures and writes the report; `--render JSON` re-renders a saved run without measuring; `--only SECTION --base
 JSON` measures that section alone (constrained, speculation, or the server sections together) and renders it
 together with the other sections' saved numbers. Section 6
-(BLAS candidates on Linux x86_64) is measured only that way: `--only blas --base JSON [--blas-library PATH]`."""
+(BLAS candidates on Linux x86_64) is measured only that way: `--only blas --base JSON [--blas-library PATH]`, and so is
+section 8 (one model over 1, 2 and 3 local nodes): `--only pipeline --base JSON`."""
 
 import argparse
 import signal
@@ -19,6 +20,7 @@ from bench.charts import write_charts
 from bench.constrained import measure_constrained
 from bench.machine import machine_info
 from bench.parser_cost import measure_parser_cost
+from bench.pipeline_section import measure_pipeline
 from bench.report import render_markdown
 from bench.results import BenchReport, BenchSettings, ConstrainedSettings, SpeculationSettings
 from bench.server_sections import measure_with_servers
@@ -37,7 +39,7 @@ from exo.models.resolve import ResolvedModel, resolve_model
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 QUICK_MODEL = REPOSITORY_ROOT / "tests" / "fixtures" / "models" / "tiny-qwen-tools"
 DEFAULT_OUTPUT = REPOSITORY_ROOT / "docs" / "PERFORMANCE.md"
-SECTIONS = ("constrained", "blas", "speculation", "servers")
+SECTIONS = ("constrained", "blas", "speculation", "servers", "pipeline")
 """Sections `--only` can measure alone; `servers` is decode, agent turns, concurrency and arrivals together (they
 share the servers one run starts)."""
 
@@ -165,6 +167,13 @@ def _measure_section_into(section: str, base_path: Path, model_spec: str | None,
         case "speculation":
             _progress("prompt-lookup speculation: edit and free text, speculation off and on in turn")
             update = {"speculation": measure_speculation(model.path, SPECULATION_QUICK if quick else SPECULATION_FULL)}
+        case "pipeline":
+            nodes, max_tokens, requests = ((1, 2), 8, 1) if quick else ((1, 2, 3), 48, 3)
+            update = {
+                "pipeline": measure_pipeline(
+                    model.model_id, model.path, nodes, max_tokens, requests, progress=_progress
+                )
+            }
         case _:
             settings = QUICK if quick else FULL
             with tempfile.TemporaryDirectory(prefix="exo-bench-") as scratch:

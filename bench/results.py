@@ -245,6 +245,30 @@ class SpeculationReport(BenchModel):
     exo_commit: str
 
 
+class PipelineRow(BenchModel):
+    """Greedy streamed requests to one model split over `nodes` local nodes (pipeline parallel)."""
+
+    nodes: int
+    ttft_s: list[float]
+    """Per request: request sent → first generated text."""
+    ms_per_token: list[float]
+    """Per request: (stream end − first text) / (tokens − 1), so prefill is excluded."""
+    completion_tokens: int
+
+
+class PipelineSection(BenchModel):
+    """Section 8: one model over 1, 2 and 3 exo nodes on 127.0.0.1; every hop costs a loopback send per token."""
+
+    rows: list[PipelineRow]
+    model_id: str
+    max_tokens: int
+    requests: int
+    """Timed requests per node count, after one untimed warm-up request."""
+    load_average: tuple[float, float, float]
+    """Load average when the section finished."""
+    exo_commit: str
+
+
 class BenchReport(BenchModel):
     model_id: str
     model_path: str
@@ -262,4 +286,6 @@ class BenchReport(BenchModel):
     arrival: list[ArrivalRow] = []
     """Time to first token of a request that arrives while others decode (empty in reports saved before)."""
     speculation: SpeculationReport | None = None
+    """Absent from reports saved before the section existed."""
+    pipeline: PipelineSection | None = None
     """Absent from reports saved before the section existed."""

@@ -1,0 +1,73 @@
+"""Section 8: ms per token and time to first token of one model over 1, 2 and 3 local nodes (pipeline parallel).
+
+Each node count gets fresh nodes (`bench.pipeline_nodes`), one untimed warm-up request, then a few greedy streamed
+requests of the same prompt, timed on the client side over HTTP as a user would see them.
+"""
+
+import asyncio
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import httpx
+
+from bench.machine import exo_commit
+from bench.pipeline_nodes import model_over_nodes
+from bench.results import PipelineRow, PipelineSection, StreamMeasurement
+from bench.stream_client import request_body, stream_chat
+from exo.shared.types.api import ChatMessage
+
+PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and a short example."
+
+
+def ms_per_token(measurement: StreamMeasurement) -> float:
+    """Decode time per token after the first, in milliseconds (prefill excluded)."""
+    if measurement.completion_tokens < 2:
+        raise RuntimeError(f"a pipeline request produced {measurement.completion_tokens} token(s): nothing to time")
+    return (measurement.total_s - measurement.ttft_s) * 1000 / (measurement.completion_tokens - 1)
+
+
+async def _requests(base_url: str, max_tokens: int, requests: int) -> list[StreamMeasurement]:
+    body = request_body([ChatMessage(role="user", content=PROMPT)], (), max_tokens)
+    async with httpx.AsyncClient() as client:
+        await stream_chat(client, base_url, body)  # warm-up: first-request compilation and allocation
+        return [(await stream_chat(client, base_url, body)).measurement for _ in range(requests)]
+
+
+def measure_pipeline(
+    model_id: str,
+    model_path: Path,
+    node_counts: Sequence[int],
+    max_tokens: int,
+    requests: int,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> PipelineSection:
+    """Serve `model_path` over each node count in turn and time `requests` streamed requests on each."""
+    rows: list[PipelineRow] = []
+    for nodes in node_counts:
+        with tempfile.TemporaryDirectory(prefix=f"exo-bench-pipeline-{nodes}-") as scratch:
+            if progress is not None:
+                progress(f"pipeline: {model_id} over {nodes} node(s), waiting for the instance")
+            with model_over_nodes(model_path, nodes, Path(scratch)) as base_url:
+                if progress is not None:
+                    progress(f"pipeline: {nodes} node(s) ready; {requests} timed request(s)")
+                runs = asyncio.run(_requests(base_url, max_tokens, requests))
+        rows.append(
+            PipelineRow(
+                nodes=nodes,
+                ttft_s=[run.ttft_s for run in runs],
+                ms_per_token=[ms_per_token(run) for run in runs],
+                completion_tokens=max(run.completion_tokens for run in runs),
+            )
+        )
+    load_1, load_5, load_15 = os.getloadavg()
+    return PipelineSection(
+        rows=rows,
+        model_id=model_id,
+        max_tokens=max_tokens,
+        requests=requests,
+        load_average=(load_1, load_5, load_15),
+        exo_commit=exo_commit(),
+    )
