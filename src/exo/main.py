@@ -193,7 +193,8 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
     )
 
 
-async def serve(config: "NodeConfig") -> None:
+async def serve(config: "NodeConfig") -> bool:
+    """Run the node until its API server stops; True when a signal (Ctrl-C, SIGTERM) stopped it."""
     from exo.master.api import create_app
     from exo.node import Node, api_settings
     from exo.worker.engines.mlx.blas import blas_advice, blas_environment
@@ -213,6 +214,7 @@ async def serve(config: "NodeConfig") -> None:
     node = Node(config)
     await node.join()
     settings = api_settings(config)
+    interrupted = False
     try:
         async with anyio.create_task_group() as task_group:
             node.start(task_group)
@@ -228,12 +230,15 @@ async def serve(config: "NodeConfig") -> None:
             )
             logger.info("exo API on http://%s:%d/v1", config.host, config.api_port)
             await server.serve()
+            # uvicorn turns the signal into should_exit; whether it re-raises it afterwards depends on timing.
+            interrupted = server.should_exit
             task_group.cancel_scope.cancel()
     finally:
         # Also when Ctrl-C cancels everything: the runners stop and the node leaves the cluster (an open zenoh
         # session would keep the process from exiting).
         with anyio.CancelScope(shield=True):
             await node.stop()
+    return interrupted
 
 
 def quiet_http_client_logs(level: int) -> None:
@@ -268,12 +273,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     from exo.node import NodeStartError
 
     try:
-        anyio.run(serve, config)
+        interrupted = anyio.run(serve, config)
     except KeyboardInterrupt:
         sys.exit(130)
     except (NodeStartError, NodeIdentityError) as error:
         logger.error("%s", error)
         sys.exit(1)
+    if interrupted:
+        sys.exit(130)
 
 
 if __name__ == "__main__":
