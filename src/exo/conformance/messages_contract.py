@@ -11,7 +11,7 @@ reason ("tool_use" exactly when tool_use blocks were sent) and usage; then `mess
 from exo.conformance.contract import StreamedCall, Violation
 from exo.conformance.json_view import JsonMapping, as_int, as_object, parses_as_json_object
 from exo.conformance.optional_sdk import ProtocolReader, optional_reader
-from exo.conformance.protocol_check import ProtocolCheck, ProtocolSummary, decoded_events
+from exo.conformance.protocol_check import ProtocolCheck, ProtocolSummary, check_protocol_stream
 
 _DELTA_FOR_BLOCK = {"text": "text_delta", "thinking": "thinking_delta", "tool_use": "input_json_delta"}
 _DELTA_FIELD = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
@@ -153,13 +153,4 @@ def anthropic_reader() -> ProtocolReader | None:
 def check_messages_stream(body: str) -> ProtocolCheck:
     """Every grammar violation of one Messages API SSE body, plus any disagreement of the SDK's accumulator (where
     `anthropic` is installed)."""
-    walker = _MessagesWalker()
-    events = decoded_events(body)
-    for position, (name, data) in enumerate(events):
-        walker.read(position, name, data)
-    checked = walker.finish()
-    reader = anthropic_reader()
-    if reader is None or checked.violations or checked.summary.errored:
-        return checked
-    decoded = [data for _, data in events]
-    return ProtocolCheck(summary=checked.summary, violations=tuple(reader(decoded, checked.summary)))
+    return check_protocol_stream(body, _MessagesWalker(), anthropic_reader(), lambda summary: not summary.errored)

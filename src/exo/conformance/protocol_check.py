@@ -1,6 +1,8 @@
 """What the Messages and Responses stream checkers share: named SSE events in, a summary and violations out."""
 
 import json
+from collections.abc import Callable
+from typing import Protocol
 
 from exo.conformance.contract import StreamedCall, StreamSummary, Violation
 from exo.conformance.json_view import JsonMapping, as_object
@@ -49,3 +51,29 @@ class ProtocolCheck(FrozenModel):
 
     summary: ProtocolSummary
     violations: tuple[Violation, ...]
+
+
+class StreamWalker(Protocol):
+    """Reads one protocol's events in order and reports what they amount to, with every grammar violation."""
+
+    def read(self, position: int, name: str | None, data: JsonMapping) -> None: ...
+
+    def finish(self) -> ProtocolCheck: ...
+
+
+def check_protocol_stream(
+    body: str,
+    walker: StreamWalker,
+    reader: Callable[[list[JsonMapping], ProtocolSummary], list[Violation]] | None,
+    completed: Callable[[ProtocolSummary], bool],
+) -> ProtocolCheck:
+    """Walk an SSE body through the protocol's grammar; a stream that keeps it and `completed` is also handed to the
+    SDK's `reader` (None where the SDK is not installed), whose disagreements are the violations then."""
+    events = decoded_events(body)
+    for position, (name, data) in enumerate(events):
+        walker.read(position, name, data)
+    checked = walker.finish()
+    if reader is None or checked.violations or not completed(checked.summary):
+        return checked
+    decoded = [data for _, data in events]
+    return ProtocolCheck(summary=checked.summary, violations=tuple(reader(decoded, checked.summary)))

@@ -12,7 +12,7 @@ The final response lists every item as it was closed.
 from exo.conformance.contract import StreamedCall, Violation
 from exo.conformance.json_view import JsonMapping, as_int, as_list, as_object, parses_as_json_object
 from exo.conformance.optional_sdk import ProtocolReader, optional_reader
-from exo.conformance.protocol_check import ProtocolCheck, ProtocolSummary, decoded_events
+from exo.conformance.protocol_check import ProtocolCheck, ProtocolSummary, check_protocol_stream
 
 _FINAL = ("response.completed", "response.incomplete", "response.failed")
 _TEXT_DELTAS = {"response.output_text.delta": "message", "response.reasoning_text.delta": "reasoning"}
@@ -159,13 +159,6 @@ def responses_reader() -> ProtocolReader | None:
 def check_responses_stream(body: str) -> ProtocolCheck:
     """Every grammar violation of one Responses API SSE body, plus any disagreement of the SDK's stream state (where
     `openai` is installed)."""
-    walker = _ResponsesWalker()
-    events = decoded_events(body)
-    for position, (name, data) in enumerate(events):
-        walker.read(position, name, data)
-    checked = walker.finish()
-    reader = responses_reader()
-    if reader is None or checked.violations or checked.summary.stop != "response.completed":
-        return checked
-    decoded = [data for _, data in events]
-    return ProtocolCheck(summary=checked.summary, violations=tuple(reader(decoded, checked.summary)))
+    return check_protocol_stream(
+        body, _ResponsesWalker(), responses_reader(), lambda summary: summary.stop == "response.completed"
+    )
