@@ -284,10 +284,12 @@ class Worker:
         for running in supervisor.running_task_ids:
             held[running] = "running"
         reported = self._reported_tasks.get(runner_id, {})
-        for task_id, status in held.items():
-            if reported.get(task_id) != status:
-                self._publish(TaskUpdated(task=self._task_info(runner_id, task_id, status)))
+        # Finished tasks go first: a reader folding these events one by one never sees more tasks running than the
+        # runner's batch holds (the task that took a finished one's place would otherwise show beside it).
         for task_id in reported.keys() - held.keys():
             self._task_created.pop(task_id, None)
             self._publish(TaskFinished(task_id=task_id))
+        for task_id, status in held.items():
+            if reported.get(task_id) != status:
+                self._publish(TaskUpdated(task=self._task_info(runner_id, task_id, status)))
         self._reported_tasks[runner_id] = held
