@@ -2,17 +2,23 @@
 
 Real forward passes of tiny-qwen-tools with its end-of-sequence ids removed (so every run decodes the full length:
 its greedy text soon repeats earlier phrases, which is what lookup drafts catch). Hypothesis draws the prompts, and
-for the verification itself, drafts that are right, partly right or wrong at a drawn position.
+for the verification itself, drafts that are right, partly right or wrong at a drawn position. Random-weight models
+of every tool-call format check that grammar rollbacks over rejected drafts leave strict calls as plain decoding
+writes them.
 """
 
+import json
 from collections.abc import Callable, Sequence
 
+import jsonschema
 import mlx.core as mx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from exo.shared.types.chunks import ErrorChunk, ToolCallArgumentsChunk, ToolCallChunk
 from exo.shared.types.tasks import PromptMessage, SamplingParams, ToolPolicy
+from exo.tool_calls.names import ToolFormatName
 from exo.worker.engines.mlx.cache.layer_cache import new_prompt_cache
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings, EngineContext
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
@@ -25,6 +31,7 @@ from exo.worker.engines.mlx.generator.solo import SoloDecoder, SpeculationStats
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template
 from tests.fixtures.endless_model import endless_copy
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, GET_WEATHER_TOOL, user
+from tests.fixtures.format_models import FORMAT_MODELS, build_format_model
 from tests.worker.engines.mlx.generator.scheduling import JsonBody, engine_context, run, task, with_settings
 
 LENGTH = 40
@@ -176,3 +183,90 @@ def test_speculation_composes_with_the_grammar_and_tool_call_streaming(with_eos:
     (speculated_outcome,), (plain_outcome,) = speculated.values(), plain.values()
     assert speculated_outcome.normalised() == plain_outcome.normalised()
     assert scheduler.speculation.accepted > 0
+
+
+def test_a_draft_running_past_the_end_of_the_call_is_rolled_back_exactly(with_eos: EngineContext) -> None:
+    # Once the grammar has ended, llguidance takes the end-of-sequence token without recording it: a rollback that
+    # counted it would take back one real token too many and leave the grammar behind the text.
+    named: JsonBody = {
+        "messages": [user("Hello!")],
+        "tools": [GET_WEATHER_TOOL],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    }
+    request = ChatRequest.open(with_eos, task({**named, "max_tokens": 8}))
+    tokenizer = with_eos.loaded.tokenizer
+    context = [*request.prefill_tokens]
+    logits = mx.zeros((1, len(tokenizer.vocab)))
+    request.processors(mx.array(context), logits)
+    call_text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    draft = [*tokenizer.encode(call_text, add_special_tokens=False), tokenizer.eos_token_id]
+    assert request.processors.allowed_draft_length(mx.array(context), draft) == len(draft)
+    for position in range(len(draft)):  # what the decoder does when it verifies the draft in one pass
+        request.processors(mx.array([*context, *draft[: position + 1]]), logits)
+    request.processors.rollback(len(draft) - 1)  # the model kept the draft's first token only
+    kept = [*context, draft[0]]
+    assert request.processors.allowed_draft_length(mx.array(kept), draft[1:]) == len(draft) - 1
+    assert request.processors.error is None
+
+
+STRICT_WEATHER: JsonBody = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Rome"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 9},  # bounded, so a sampled call always ends
+    },
+    "required": ["city"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def drafts_in_formats() -> SpeculationStats:
+    """Drafts the format test below verified, summed over its cases (checked by the test after it)."""
+    return SpeculationStats()
+
+
+@pytest.fixture(scope="module", params=list(FORMAT_MODELS), ids=lambda name: str(name.value))
+def format_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> EngineContext:
+    """A random-weight model with one family's tokenizer and template (every format the grammar covers)."""
+    tool_format: ToolFormatName = request.param
+    return engine_context(build_format_model(tmp_path_factory.mktemp("format") / "model", tool_format), SPECULATING)
+
+
+@pytest.mark.parametrize(
+    "question",
+    ["What is the weather in Paris?", "Weather in Rome, please.", "Paris or Rome?", "How many days of rain?"],
+)
+def test_strict_calls_in_every_format_are_the_plain_ones_despite_rejected_drafts(
+    format_model: EngineContext, drafts_in_formats: SpeculationStats, question: str
+) -> None:
+    # Random weights reject many drafts, so the grammar is rolled back again and again, including past the call's
+    # end (the rollback that once failed a Qwen3-Coder call).
+    tool: JsonBody = {
+        "type": "function",
+        "function": {"name": "get_weather", "parameters": STRICT_WEATHER, "strict": True},
+    }
+    body: JsonBody = {
+        "messages": [user(question)],
+        "tools": [tool],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_tokens": 200,
+    }
+    scheduler = GenerationScheduler(format_model.loaded.model, format_model.decode)
+    (speculated,) = run(format_model, {0: [task(body)]}, scheduler=scheduler).values()
+    (plain,) = run(with_settings(format_model, PLAIN), {0: [task(body)]}).values()
+    assert not [chunk for chunk in speculated.chunks if isinstance(chunk, ErrorChunk)]
+    assert speculated.normalised() == plain.normalised()
+    names = [chunk.name for chunk in speculated.chunks if isinstance(chunk, ToolCallChunk)]
+    arguments = "".join(chunk.fragment for chunk in speculated.chunks if isinstance(chunk, ToolCallArgumentsChunk))
+    if names or format_model.tool_format is not ToolFormatName.HARMONY:  # GPT-OSS may not leave its analysis
+        assert names == ["get_weather"]
+        jsonschema.validate(json.loads(arguments), STRICT_WEATHER)
+    drafts_in_formats.drafted += scheduler.speculation.drafted
+    drafts_in_formats.accepted += scheduler.speculation.accepted
+
+
+def test_the_format_test_verified_drafts_and_rejected_some(drafts_in_formats: SpeculationStats) -> None:
+    assert drafts_in_formats.accepted > 0
+    assert drafts_in_formats.drafted > drafts_in_formats.accepted

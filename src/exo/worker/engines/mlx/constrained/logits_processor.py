@@ -39,6 +39,9 @@ class ToolCallLogitsProcessor:
         self._prompt_length: int | None = None
         self._expected_prompt_length: Final = prompt_length
         self._consumed = 0
+        self._in_history: list[bool] = []
+        """Per consumed token: whether the matcher recorded it. Once the grammar has ended, llguidance accepts the
+        end-of-sequence token without recording it, so rolling back must not count such tokens."""
         words = (vocabulary_size + _BITS_PER_WORD - 1) // _BITS_PER_WORD
         self._bitmask: Final[NDArray[np.int32]] = np.zeros(words, dtype=np.int32)
         self._previous_bitmask: Final[NDArray[np.int32]] = np.zeros(words, dtype=np.int32)
@@ -67,8 +70,12 @@ class ToolCallLogitsProcessor:
         position, then takes back the drafts the model rejected."""
         if num_tokens <= 0:
             return
-        if num_tokens > self._consumed or not self._matcher.rollback(num_tokens):
+        if num_tokens > self._consumed:
             raise ToolCallConstraintError(f"cannot roll the grammar back by {num_tokens} tokens")
+        recorded = sum(self._in_history[-num_tokens:])
+        if recorded and not self._matcher.rollback(recorded):
+            raise ToolCallConstraintError(f"cannot roll the grammar back by {num_tokens} tokens")
+        del self._in_history[-num_tokens:]
         self._consumed -= num_tokens
 
     def allowed_draft_length(self, tokens: mx.array, draft: list[int]) -> int:
@@ -86,10 +93,12 @@ class ToolCallLogitsProcessor:
             return
         new_tokens: list[int] = tokens[start:].tolist()  # pyright: ignore[reportAssignmentType] -- 1-D int array
         for token in new_tokens:
+            recorded = not self._matcher.is_stopped()
             if not self._matcher.consume_token(token):
                 error = self._matcher.get_error()
                 raise ToolCallConstraintError(f"token {token} violates the tool-call grammar: {error}")
-        self._consumed += len(new_tokens)
+            self._in_history.append(recorded)
+            self._consumed += 1
 
     def _logit_bias(self, logits_size: int, dtype: mx.Dtype) -> mx.array:
         """0 for allowed tokens, -inf for the rest (ids past the tokenizer's vocabulary are padding: banned).
