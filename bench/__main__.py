@@ -95,7 +95,7 @@ def run_bench(
     servers = measure_with_servers(model.path, settings, work_dir, _progress)
     _progress("grammar-constrained decoding: compile times, then decode per tool_choice in turn")
     constrained_report = measure_constrained(model.path, constrained)
-    _progress("prompt-lookup speculation: edit and free text, speculation off and on in turn")
+    _progress("prompt-lookup speculation: edit, file rewrite and free text, speculation off and on in turn")
     speculation_report = measure_speculation(model.path, speculation)
     return BenchReport(
         model_id=model.model_id,
@@ -165,7 +165,7 @@ def _measure_section_into(section: str, base_path: Path, model_spec: str | None,
             _progress("grammar-constrained decoding: compile times, then decode per tool_choice in turn")
             update = {"constrained": measure_constrained(model.path, CONSTRAINED_QUICK if quick else CONSTRAINED_FULL)}
         case "speculation":
-            _progress("prompt-lookup speculation: edit and free text, speculation off and on in turn")
+            _progress("prompt-lookup speculation: edit, file rewrite and free text, speculation off and on in turn")
             update = {"speculation": measure_speculation(model.path, SPECULATION_QUICK if quick else SPECULATION_FULL)}
         case "pipeline":
             nodes, max_tokens, requests = ((1, 2), 8, 1) if quick else ((1, 2, 3), 48, 3)

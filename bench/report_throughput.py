@@ -78,6 +78,11 @@ def _speculation_rows(section: SpeculationReport) -> list[list[str]]:
     return rows
 
 
+def _workload_count(section: SpeculationReport) -> str:
+    count = len({row.workload for row in section.rows})
+    return {2: "Two", 3: "Three"}.get(count, str(count))
+
+
 def render_speculation(section: SpeculationReport) -> list[str]:
     settings = section.settings
     load = ", ".join(f"{value:.2f}" for value in section.load_average)
@@ -89,10 +94,11 @@ def render_speculation(section: SpeculationReport) -> list[str]:
         "",
         f"Measured at commit {section.exo_commit}; load average (1, 5, 15 min) at the end {load}.",
         "",
-        "Two workloads, greedy, max_tokens "
+        f"{_workload_count(section)} workloads, greedy, max_tokens "
         f"{settings.max_tokens}, {settings.repeats} run(s) per mode with the modes taking turns: an opencode-shaped "
         f"edit (the agent read a {EDIT_FILE_LINES}-line Python file; the user asks for a change that `edit` must make "
-        f"with the function's text as oldString; opencode's tool definitions offered: {tools}) and free text (the "
+        f"with the function's text as oldString; opencode's tool definitions offered: {tools}), a file rewrite (the "
+        "same file read; the user asks for the whole updated file as text, no tools offered) and free text (the "
         f"decode section's essay prompt); {prompts}. Timed in-process around the runner's own scheduler and "
         "`ChatRequest` (a lone request, as the runner decodes it), sharing one prefix cache, so the prompt is "
         "prefilled once; tok/s = (tokens − 1) / (last token time − first token time). Modes: off; on as shipped (a "

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from bench.machine import exo_commit
 from bench.results import SpeculationReport, SpeculationRow, SpeculationSettings
 from bench.stream_client import request_body
-from bench.workloads import decode_messages, edit_messages
+from bench.workloads import decode_messages, edit_messages, rewrite_messages
 from exo.master.adapters.chat_request import to_command
 from exo.shared.types.api import ChatCompletionRequest, ToolDefinition
 from exo.shared.types.chunks import FinishChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk
@@ -43,6 +43,7 @@ MODES: dict[str, LookupSettings | None] = {
     "every draft verified": LookupSettings(adaptive=False),
 }
 EDIT = "opencode edit"
+REWRITE = "file rewrite"
 FREE_TEXT = "free text"
 PREFIX_CACHE_BYTES = 2 * 1024**3
 
@@ -71,6 +72,7 @@ def _tasks(tools_path: Path, settings: SpeculationSettings) -> dict[str, ChatCom
     offered = tools if wanted is None else [tool for tool in tools if tool.function.name in wanted]
     bodies = {
         EDIT: request_body(edit_messages(), offered, settings.max_tokens),
+        REWRITE: request_body(rewrite_messages(), [], settings.max_tokens),
         FREE_TEXT: request_body(decode_messages("speculation"), [], settings.max_tokens),
     }
     tasks: dict[str, ChatCompletionTask] = {}

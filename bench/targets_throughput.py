@@ -14,6 +14,7 @@ SPECULATION_OFF = "off"
 SPECULATION_DEFAULT = "on (default)"
 EDIT_WORKLOAD = "opencode edit"
 FREE_TEXT_WORKLOAD = "free text"
+REWRITE_WORKLOAD = "file rewrite"
 
 
 def concurrency_row(rows: list[ConcurrencyRow], system: str, streams: int) -> ConcurrencyRow | None:
@@ -120,6 +121,12 @@ def check_speculation_edit(section: SpeculationReport) -> TargetCheck | None:
             f". Verifying every draft gave {every.median_tokens_per_s / off.median_tokens_per_s:.2f}× "
             f"({_acceptance(every)}). {_pass_costs(section)}; the default verifies a draft only where those measured "
             "costs say it pays"
+        )
+    rewrite = _speedup(section, REWRITE_WORKLOAD)
+    if rewrite is not None:
+        why += (
+            f". On the file rewrite, where the reply copies the file, speculation gave {format_ratio(rewrite[0])} "
+            f"({_acceptance(rewrite[1])})"
         )
     return TargetCheck(
         target=f"speculation on the edit workload ≥ {EDIT_SPEEDUP_TARGET}× without",

@@ -111,7 +111,7 @@ def agent_follow_up(turn: int, reply_text: str, tool_call: tuple[str, str] | Non
     ]
 
 
-# ---- prompt-lookup speculation: an opencode edit, and free text --------------------------------------------------
+# ---- prompt-lookup speculation: an opencode edit, a whole-file rewrite, and free text --------------------------------
 
 _EDIT_FILE_PATH = "src/app/cli.py"
 _EDIT_FILE = '''"""Command-line interface of the app: parse arguments, configure logging, run the server."""
@@ -177,9 +177,14 @@ def _numbered(text: str) -> str:
     return "\n".join(f"{number}: {line}" for number, line in enumerate(text.splitlines(), start=1))
 
 
-def edit_messages() -> list[ChatMessage]:
-    """An opencode-shaped edit: the agent read a file, the user asks for a change only `edit` with the file's own text
-    can make. The reply's oldString (and most of newString) copies lines that are in the prompt."""
+_REWRITE_REQUEST = (
+    "Add a --verbose flag (store_true, help 'log more') to parse_args right after --log-level. Reply with the whole "
+    f"updated {_EDIT_FILE_PATH} in one python code block and nothing else."
+)
+
+
+def _read_file_history() -> list[ChatMessage]:
+    """The agent was asked to show the file and read it with opencode's `read` tool."""
     read = ToolCall(
         id="call_read_1", function=FunctionCall(name="read", arguments=f'{{"filePath": "{_EDIT_FILE_PATH}"}}')
     )
@@ -188,5 +193,16 @@ def edit_messages() -> list[ChatMessage]:
         ChatMessage(role="user", content=f"Show me {_EDIT_FILE_PATH}."),
         ChatMessage(role="assistant", content=None, tool_calls=[read]),
         ChatMessage(role="tool", tool_call_id="call_read_1", content=f"<file>\n{_numbered(_EDIT_FILE)}\n</file>"),
-        ChatMessage(role="user", content=_EDIT_REQUEST),
     ]
+
+
+def rewrite_messages() -> list[ChatMessage]:
+    """A whole-file rewrite (the reply format of editors that resend the file): after the same read, the user asks
+    for the updated file as text. Almost all of the reply copies lines that are in the prompt."""
+    return [*_read_file_history(), ChatMessage(role="user", content=_REWRITE_REQUEST)]
+
+
+def edit_messages() -> list[ChatMessage]:
+    """An opencode-shaped edit: the agent read a file, the user asks for a change only `edit` with the file's own text
+    can make. The reply's oldString (and most of newString) would copy lines that are in the prompt."""
+    return [*_read_file_history(), ChatMessage(role="user", content=_EDIT_REQUEST)]

@@ -101,6 +101,20 @@ def test_a_speculation_miss_shows_the_every_draft_mode_and_the_measured_pass_cos
     assert not free_text.met
 
 
+def test_the_edit_verdict_adds_the_file_rewrite_where_it_was_measured() -> None:
+    section = _section(edit_on=5.2, free_on=3.9)
+    without = check_speculation_edit(section)
+    assert without is not None
+    assert "file rewrite" not in without.why
+    rewrite = [_row("file rewrite", "off", 4.0), _row("file rewrite", "on (default)", 9.0, 200, 180)]
+    edit = check_speculation_edit(section.model_copy(update={"rows": [*section.rows, *rewrite]}))
+    assert edit is not None
+    assert (
+        "On the file rewrite, where the reply copies the file, speculation gave 2.250× (180/200 draft tokens"
+        in edit.why
+    )
+
+
 def _decode(system: str, runs: list[float | None]) -> DecodeRow:
     best = max(run for run in runs if run is not None)
     return DecodeRow(

@@ -70,3 +70,16 @@ def test_unmeasured_pass_lengths_are_interpolated_from_measured_ones() -> None:
     assert measured.seconds(12) == 3.0
     # At the prior acceptance (1/2) one draft token yields 1.5 tokens for 1.25 passes; two yield 1.75 for 1.5.
     assert DraftPolicy(measured, maximum=8).draft_length(8) == 1
+
+
+def test_declined_drafts_that_would_have_held_bring_verification_back() -> None:
+    # A miss early on makes drafts look unprofitable; what the model then writes shows the declined drafts hold.
+    policy = DraftPolicy(costs(per_token=0.45), maximum=8)
+    policy.record(drafted=1, accepted=0)
+    assert policy.draft_length(8) == 0
+    for _ in range(4):
+        policy.observe(drafted=8, accepted=8)
+    assert policy.draft_length(8) > 0
+    for _ in range(6):
+        policy.observe(drafted=8, accepted=0)
+    assert policy.draft_length(8) == 0

@@ -270,3 +270,37 @@ def test_strict_calls_in_every_format_are_the_plain_ones_despite_rejected_drafts
 def test_the_format_test_verified_drafts_and_rejected_some(drafts_in_formats: SpeculationStats) -> None:
     assert drafts_in_formats.accepted > 0
     assert drafts_in_formats.drafted > drafts_in_formats.accepted
+
+
+def test_declined_drafts_are_compared_with_what_the_model_writes_and_verification_comes_back(
+    endless: EngineContext,
+) -> None:
+    loaded = endless.loaded
+    prompt = prompt_tokens(loaded, "Hello weather Paris")
+    expected = plain_greedy(loaded, prompt)
+    costs = StepCosts()
+    for fed in range(1, 10):
+        costs.record(fed, 1.0 + 0.45 * (fed - 1))  # a draft token costs 0.45 of a pass: pays only where most hold
+    policy = DraftPolicy(costs, maximum=8)
+    policy.record(drafted=1, accepted=0)  # an early miss: from here every draft is declined...
+    assert policy.draft_length(8) == 0
+    produced: list[int] = []
+    decoder = SoloDecoder(
+        loaded.model,
+        new_prompt_cache(loaded.model),
+        fed=(),
+        pending=prompt,
+        sampler=GREEDY,
+        processors=RequestProcessors((), ()),
+        drafts=lambda limit: expected[len(produced) : len(produced) + limit] if produced else [],
+        policy=policy,
+    )
+    while decoder.prefilling:
+        decoder.prefill()
+    while len(produced) < LENGTH:
+        decoder.launch(LENGTH - len(produced) - 1)
+        produced += decoder.collect()
+    # ...until the declined drafts, checked against the tokens that followed, show that they hold.
+    assert produced[:LENGTH] == expected
+    assert decoder.stats.accepted > 0
+    assert policy.acceptance > 0.5

@@ -4,7 +4,8 @@ Verifying k drafts feeds k + 1 tokens in one forward pass. Whether that pays dep
 on Apple silicon, or an idle CPU with an optimized BLAS, a pass over a few tokens costs about what a pass over one
 does; on a CPU shared with other work, a multi-token pass can cost several single ones. So the decoder times its
 own passes by the number of tokens fed (`StepCosts`, shared by the runner's requests) and each request keeps a
-running estimate of how often its drafts hold (`DraftPolicy`). A draft is verified only when its expected yield
+running estimate of how often its drafts hold (`DraftPolicy`), learned from verified drafts and from declined
+ones compared with what the model then wrote. A draft is verified only when its expected yield
 (1 + p + p² + … + p^k tokens, for per-token acceptance p) per measured second beats a plain step's one token; so
 speculation stays on where it measures faster and steps aside where it does not, without a setting to tune.
 """
@@ -61,6 +62,11 @@ class DraftPolicy:
         self._declined = 0
 
     @property
+    def maximum(self) -> int:
+        """The longest draft this policy verifies."""
+        return self._maximum
+
+    @property
     def acceptance(self) -> float:
         """Estimated probability that the next draft token holds, given the ones before it did."""
         return min(self._acceptance, _MOST_ACCEPTANCE)
@@ -90,6 +96,11 @@ class DraftPolicy:
     def record(self, drafted: int, accepted: int) -> None:
         """Learn from a verification: `accepted` of `drafted` draft tokens held."""
         self._declined = 0
+        self.observe(drafted, accepted)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """Learn how often drafts hold: `accepted` of `drafted` draft tokens matched what the model wrote (verified,
+        or a declined draft compared with the tokens that followed)."""
         # Each verification estimates the per-token rate as held / tried (the first miss ends the tries); a moving
         # average over verifications follows a request into and out of copying quickly.
         tried = accepted + (1 if accepted < drafted else 0)

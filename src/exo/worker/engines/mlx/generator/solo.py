@@ -80,6 +80,10 @@ class SoloDecoder:
         self._costs = costs
         self._prefill_step_size = prefill_step_size
         self._launched: _LaunchedStep | None = None
+        self._unverified: list[int] = []
+        """A draft the policy declined, checked against the tokens the model goes on to write: whether it would have
+        held is learned for free, so a request that starts copying is noticed without verifying anything."""
+        self._unverified_held = 0
         self.stats = SpeculationStats()
 
     @property
@@ -128,7 +132,24 @@ class SoloDecoder:
         length = self._policy.draft_length(len(draft))
         if length == 0:
             self._policy.declined()
+            if not self._unverified:
+                self._unverified, self._unverified_held = draft[: self._policy.maximum], 0
         return draft[:length]
+
+    def _check_unverified(self, produced: list[int]) -> None:
+        """Compare the declined draft with the tokens written since; once it is decided, the policy learns from it."""
+        if not self._unverified or self._policy is None:
+            return
+        for token in produced:
+            if token != self._unverified[self._unverified_held]:
+                break
+            self._unverified_held += 1
+            if self._unverified_held == len(self._unverified):
+                break
+        else:
+            return  # every token so far matched and the draft goes on: undecided
+        self._policy.observe(len(self._unverified), self._unverified_held)
+        self._unverified, self._unverified_held = [], 0
 
     def collect(self) -> list[int]:
         """The launched step's tokens: the drafts the model agreed with, then its own next token."""
@@ -154,7 +175,9 @@ class SoloDecoder:
         self.stats.accepted += accepted
         self.fed += step.inputs[: accepted + 1]
         self.pending = [samples[accepted]]
-        return [*draft[:accepted], samples[accepted]]
+        produced = [*draft[:accepted], samples[accepted]]
+        self._check_unverified(produced)
+        return produced
 
     def _sample(self, inputs: list[int], logits: mx.array) -> mx.array:
         """The token after each position of `inputs`, each position processed as if decoded one at a time."""
