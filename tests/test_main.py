@@ -37,11 +37,11 @@ def _zombie(pid: int) -> bool:
         return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
-def test_batching_is_on_and_speculation_off_by_default() -> None:
+def test_batching_and_speculation_are_on_by_default() -> None:
     config = config_from_args(build_parser().parse_args([]))
     assert config.batch_size == 8
-    assert not config.speculation
-    assert config_from_args(build_parser().parse_args(["--speculation"])).speculation
+    assert config.speculation
+    assert not config_from_args(build_parser().parse_args(["--no-speculation"])).speculation
 
 
 def test_the_flags_set_the_batch_size_and_turn_speculation_off() -> None:

@@ -97,12 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     speculation = parser.add_mutually_exclusive_group()
     speculation.add_argument(
-        "--speculation",
+        "--no-speculation",
         action="store_true",
-        help="turn on prompt-lookup speculative decoding (drafts copied from the conversation, checked by the model); "
-        "off by default: it measured slower on CPU",
+        help="turn off prompt-lookup speculative decoding (drafts copied from the conversation, checked by the model "
+        "in one pass; a draft is verified only where the measured pass costs say it pays)",
     )
-    speculation.add_argument("--no-speculation", action="store_true", help="keep speculation off (the default)")
+    speculation.add_argument("--speculation", action="store_true", help="keep speculation on (the default)")
     parser.add_argument("--prefix-cache-gb", type=float, default=2.0, help="memory budget of the prompt prefix cache")
     parser.add_argument("--max-request-mb", type=float, default=32.0, help="largest accepted request body")
     parser.add_argument(
@@ -181,7 +181,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         api_key=arguments.api_key or None,
         queue_limit=arguments.queue_limit,
         batch_size=arguments.batch_size,
-        speculation=arguments.speculation,
+        speculation=not arguments.no_speculation,
         prefix_cache_bytes=int(arguments.prefix_cache_gb * 1024**3),
         tool_format_override=arguments.tool_format,
         max_request_bytes=int(arguments.max_request_mb * 1024 * 1024),

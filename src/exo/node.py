@@ -55,7 +55,7 @@ class NodeConfig:
     api_key: str | None = None
     queue_limit: int = 64
     batch_size: int = 8
-    speculation: bool = False
+    speculation: bool = True
     prefix_cache_bytes: int = 2 * 1024**3
     tool_format_override: str | None = None
     max_request_bytes: int = 32 * 1024 * 1024

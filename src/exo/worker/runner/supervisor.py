@@ -80,7 +80,7 @@ class RunnerConfig:
     trust_remote_code: bool = False
     batch_size: int = 8
     """Most tasks the runner decodes together (it may allow fewer for a model that cannot batch)."""
-    speculation: bool = False
+    speculation: bool = True
     """Prompt-lookup speculative decoding in the runner."""
 
 

@@ -48,7 +48,7 @@ class RunnerBootstrap(FrozenModel):
     trust_remote_code: bool = False
     batch_size: int = 8
     """Most tasks decoded together; 1 serves them one at a time."""
-    speculation: bool = False
+    speculation: bool = True
     """Prompt-lookup speculative decoding for a greedy request that runs alone."""
 
 
