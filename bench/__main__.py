@@ -205,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             report = _measure_section_into(arguments.only, arguments.base, arguments.model, quick=arguments.quick)
         else:
             report = _measure(arguments.model, quick=arguments.quick)
-        if arguments.results_json is not None:
+        if arguments.results_json is not None:  # first, so the measurements survive whatever rendering does
+            arguments.results_json.parent.mkdir(parents=True, exist_ok=True)
             arguments.results_json.write_text(report.model_dump_json(indent=2))
     output: Path = arguments.output
     output.parent.mkdir(parents=True, exist_ok=True)
