@@ -31,8 +31,9 @@ SECTION_TITLES = (
     CONSTRAINED_TITLE,
     SPECULATION_TITLE,
 )
-BUSY_LOAD_PER_CPU = 0.5
-"""A 1-minute load average above this share of the CPUs means other work was running during the benchmark."""
+BUSY_LOAD_PER_CPU = 1.0
+"""A 1-minute load average above this many runnable processes per CPU means other work competed with the benchmark
+(the bench's own runs keep every CPU busy, so up to one per CPU is the bench itself)."""
 
 
 def _machine(report: BenchReport) -> list[str]:
