@@ -72,9 +72,14 @@ def plain_greedy(loaded: LoadedModel, prompt: Sequence[int]) -> list[int]:
 
 
 def speculative_greedy(
-    loaded: LoadedModel, prompt: Sequence[int], propose: Proposer, stats: SpeculationStats
+    loaded: LoadedModel,
+    prompt: Sequence[int],
+    propose: Proposer,
+    stats: SpeculationStats,
+    policy: DraftPolicy | None = None,
 ) -> list[int]:
-    """Greedy decoding on the solo decoder with drafts from `propose`; at least LENGTH tokens."""
+    """Greedy decoding on the solo decoder with drafts from `propose`; at least LENGTH tokens. Without a `policy`
+    given, one without measured costs verifies every draft."""
     produced: list[int] = []
     decoder = SoloDecoder(
         loaded.model,
@@ -84,7 +89,7 @@ def speculative_greedy(
         sampler=GREEDY,
         processors=RequestProcessors((), ()),
         drafts=lambda limit: propose(produced, limit) if produced else [],
-        policy=DraftPolicy(StepCosts(), maximum=8),  # no measured costs: every draft is verified
+        policy=policy or DraftPolicy(StepCosts(), maximum=8),
     )
     while decoder.prefilling:
         decoder.prefill()
@@ -284,23 +289,11 @@ def test_declined_drafts_are_compared_with_what_the_model_writes_and_verificatio
     policy = DraftPolicy(costs, maximum=8)
     policy.record(drafted=1, accepted=0)  # an early miss: from here every draft is declined...
     assert policy.draft_length(8) == 0
-    produced: list[int] = []
-    decoder = SoloDecoder(
-        loaded.model,
-        new_prompt_cache(loaded.model),
-        fed=(),
-        pending=prompt,
-        sampler=GREEDY,
-        processors=RequestProcessors((), ()),
-        drafts=lambda limit: expected[len(produced) : len(produced) + limit] if produced else [],
-        policy=policy,
+    stats = SpeculationStats()
+    produced = speculative_greedy(
+        loaded, prompt, lambda produced, limit: expected[len(produced) : len(produced) + limit], stats, policy
     )
-    while decoder.prefilling:
-        decoder.prefill()
-    while len(produced) < LENGTH:
-        decoder.launch(LENGTH - len(produced) - 1)
-        produced += decoder.collect()
     # ...until the declined drafts, checked against the tokens that followed, show that they hold.
     assert produced[:LENGTH] == expected
-    assert decoder.stats.accepted > 0
+    assert stats.accepted > 0
     assert policy.acceptance > 0.5
