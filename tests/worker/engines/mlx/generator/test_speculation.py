@@ -218,7 +218,7 @@ STRICT_WEATHER: JsonBody = {
     "type": "object",
     "properties": {
         "city": {"type": "string", "enum": ["Paris", "Rome"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 9},  # bounded, so a sampled call always ends
+        "days": {"type": "integer", "minimum": 1, "maximum": 9},  # bounded: random weights cannot write digits forever
     },
     "required": ["city"],
     "additionalProperties": False,

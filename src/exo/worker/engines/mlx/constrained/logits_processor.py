@@ -38,10 +38,10 @@ class ToolCallLogitsProcessor:
         self._vocabulary_size: Final = vocabulary_size
         self._prompt_length: int | None = None
         self._expected_prompt_length: Final = prompt_length
-        self._consumed = 0
         self._in_history: list[bool] = []
-        """Per consumed token: whether the matcher recorded it. Once the grammar has ended, llguidance accepts the
-        end-of-sequence token without recording it, so rolling back must not count such tokens."""
+        """Per token consumed after the prompt: whether the matcher recorded it. Once the grammar has ended,
+        llguidance accepts the end-of-sequence token without recording it, so rolling back must not count such
+        tokens."""
         words = (vocabulary_size + _BITS_PER_WORD - 1) // _BITS_PER_WORD
         self._bitmask: Final[NDArray[np.int32]] = np.zeros(words, dtype=np.int32)
         self._previous_bitmask: Final[NDArray[np.int32]] = np.zeros(words, dtype=np.int32)
@@ -70,13 +70,10 @@ class ToolCallLogitsProcessor:
         position, then takes back the drafts the model rejected."""
         if num_tokens <= 0:
             return
-        if num_tokens > self._consumed:
-            raise ToolCallConstraintError(f"cannot roll the grammar back by {num_tokens} tokens")
         recorded = sum(self._in_history[-num_tokens:])
-        if recorded and not self._matcher.rollback(recorded):
+        if num_tokens > len(self._in_history) or (recorded and not self._matcher.rollback(recorded)):
             raise ToolCallConstraintError(f"cannot roll the grammar back by {num_tokens} tokens")
         del self._in_history[-num_tokens:]
-        self._consumed -= num_tokens
 
     def allowed_draft_length(self, tokens: mx.array, draft: list[int]) -> int:
         """How many leading tokens of `draft`, proposed to follow `tokens`, the grammar allows (the rest is cut)."""
@@ -88,7 +85,7 @@ class ToolCallLogitsProcessor:
             # The first call comes before anything is sampled, so whatever it shows is the prompt. Trusting it over
             # the caller's count keeps the grammar right when a prompt cache hands mlx-lm only the uncached suffix.
             self._prompt_length = tokens.shape[0]
-        start = self._prompt_length + self._consumed
+        start = self._prompt_length + len(self._in_history)
         if tokens.shape[0] <= start:
             return
         new_tokens: list[int] = tokens[start:].tolist()  # pyright: ignore[reportAssignmentType] -- 1-D int array
@@ -98,7 +95,6 @@ class ToolCallLogitsProcessor:
                 error = self._matcher.get_error()
                 raise ToolCallConstraintError(f"token {token} violates the tool-call grammar: {error}")
             self._in_history.append(recorded)
-            self._consumed += 1
 
     def _logit_bias(self, logits_size: int, dtype: mx.Dtype) -> mx.array:
         """0 for allowed tokens, -inf for the rest (ids past the tokenizer's vocabulary are padding: banned).
