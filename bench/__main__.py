@@ -107,6 +107,7 @@ def run_bench(
         parser=parser,
         concurrency=servers.concurrency,
         arrival=servers.arrival,
+        batch_pass_seconds=servers.batch_pass_seconds,
         wall_s=time.monotonic() - started,
         constrained=constrained_report,
         speculation=speculation_report,
@@ -185,6 +186,7 @@ def _measure_section_into(section: str, base_path: Path, model_spec: str | None,
                 "agent": servers.agent,
                 "concurrency": servers.concurrency,
                 "arrival": servers.arrival,
+                "batch_pass_seconds": servers.batch_pass_seconds,
             }
     _progress(f"section measured in {time.monotonic() - started:.0f} s")
     return base.model_copy(update=update)

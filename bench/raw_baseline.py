@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from bench.raw_worker import RawReady, RawRequest, RawSetup
+from bench.raw_worker import PassCostRequest, PassCosts, RawReady, RawRequest, RawSetup
 from bench.results import StreamMeasurement
 from exo.worker.engines.mlx.blas import blas_environment
 
@@ -26,6 +26,11 @@ class RawBaseline:
         """Generate up to `max_tokens` for the decode prompt tagged `tag`; blocks until done."""
         _write_line(self._process.stdin, RawRequest(tag=tag, max_tokens=max_tokens).model_dump_json())
         return StreamMeasurement.model_validate_json(_read_line(self._process))
+
+    def pass_costs(self, rows: list[int], repeats: int) -> dict[int, float]:
+        """Best seconds of one decode step over each number of sequences in `rows` (bare mlx-lm, no server)."""
+        _write_line(self._process.stdin, PassCostRequest(rows=rows, repeats=repeats).model_dump_json())
+        return PassCosts.model_validate_json(_read_line(self._process)).seconds
 
 
 def _write_line(stream: IO[str] | None, line: str) -> None:

@@ -7,8 +7,9 @@ weights are saved to a directory so mlx_lm.server can serve the very same number
 float16 checkpoint, which skips BLAS on x86 and is many times slower: not a fair peer).
 
 Protocol: after setup one `RawReady` JSON line on stdout; then for each `RawRequest` line on stdin one
-`StreamMeasurement` line; stdin closing ends the process. Staying alive lets the parent interleave raw runs with
-exo and mlx_lm.server runs, so load from other processes hits every system alike.
+`StreamMeasurement` line, and for each `PassCostRequest` line one `PassCosts` line; stdin closing ends the process.
+Staying alive lets the parent interleave raw runs with exo and mlx_lm.server runs, so load from other processes hits
+every system alike.
 """
 
 import json
@@ -16,18 +17,20 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import cast
+from typing import Annotated, Literal, cast
 
 import mlx.core as mx
 from mlx_lm.generate import stream_generate
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import save_model
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, TypeAdapter
 
 from bench.results import StreamMeasurement
 from bench.workloads import decode_messages
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.blas_check import measure_matmul_gflops
+from exo.worker.engines.mlx.cache.layer_cache import PromptCache, trim_tokens
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, load_model
 
 _WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
@@ -46,8 +49,27 @@ class RawReady(BaseModel):
 
 
 class RawRequest(BaseModel):
+    kind: Literal["generate"] = "generate"
     tag: str
     max_tokens: int
+
+
+class PassCostRequest(BaseModel):
+    """Time one decode step (a forward pass and the greedy pick) over each number of sequences in `rows`."""
+
+    kind: Literal["pass_costs"] = "pass_costs"
+    rows: list[int]
+    repeats: int
+
+
+class PassCosts(BaseModel):
+    seconds: dict[int, float]
+    """Best time of a decode step over that many sequences, each one token past the decode prompt."""
+
+
+_REQUESTS: TypeAdapter[RawRequest | PassCostRequest] = TypeAdapter(
+    Annotated[RawRequest | PassCostRequest, Field(discriminator="kind")]
+)
 
 
 def _prompt_tokens(loaded: LoadedModel, tag: str) -> list[int]:
@@ -79,6 +101,31 @@ def measure_once(loaded: LoadedModel, prompt: list[int], max_tokens: int) -> Str
     )
 
 
+def measure_pass_costs(loaded: LoadedModel, prompt: list[int], request: PassCostRequest) -> PassCosts:
+    """What batching can gain here: a decode step over N sequences against one over a single sequence.
+
+    Each batch size gets its own cache holding the prompt N times; every step feeds one token per sequence and is
+    then taken back out of the cache, so all steps see the same context. The sizes take turns, repeat by repeat,
+    so load from elsewhere falls on all of them; the first round only warms up.
+    """
+    caches: dict[int, PromptCache] = {}
+    for rows in request.rows:
+        cache: PromptCache = make_prompt_cache(loaded.model)
+        mx.eval(loaded.model(mx.array([prompt] * rows), cache=cache))
+        caches[rows] = cache
+    best: dict[int, float] = {}
+    for repeat in range(request.repeats + 1):
+        for rows, cache in caches.items():
+            started = time.perf_counter()
+            logits = loaded.model(mx.array([prompt[-1:]] * rows), cache=cache)
+            mx.eval(mx.argmax(logits[:, -1, :], axis=-1))
+            elapsed = time.perf_counter() - started
+            trim_tokens(cache, 1)
+            if repeat > 0:
+                best[rows] = min(best.get(rows, elapsed), elapsed)
+    return PassCosts(seconds=best)
+
+
 def save_float32_copy(loaded: LoadedModel, source: Path, destination: Path) -> None:
     """Write the loaded (float32) weights next to the source's config and tokenizer files."""
     destination.mkdir(parents=True, exist_ok=True)
@@ -108,8 +155,12 @@ def main() -> None:
     measure_once(loaded, _prompt_tokens(loaded, "warm-up"), WARM_UP_MAX_TOKENS)
     _answer(RawReady(dtype=loaded.dtype, matmul_gflops=measure_matmul_gflops()).model_dump_json())
     for line in sys.stdin:
-        request = RawRequest.model_validate_json(line)
-        _answer(measure_once(loaded, _prompt_tokens(loaded, request.tag), request.max_tokens).model_dump_json())
+        match _REQUESTS.validate_json(line):
+            case RawRequest(tag=tag, max_tokens=max_tokens):
+                answer = measure_once(loaded, _prompt_tokens(loaded, tag), max_tokens).model_dump_json()
+            case PassCostRequest() as request:
+                answer = measure_pass_costs(loaded, _prompt_tokens(loaded, "pass costs"), request).model_dump_json()
+        _answer(answer)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,25 @@ def _concurrency_rows(rows: list[ConcurrencyRow]) -> list[list[str]]:
     ]
 
 
+def _batching_ceiling(seconds: dict[int, float]) -> list[str]:
+    """What a decode step over N sequences costs on this machine, and so the most batching N streams can give."""
+    one = seconds.get(1)
+    if not one:
+        return []
+    rows = [
+        [str(rows), f"{step * 1000:.1f}", f"{step / one:.2f}×", f"{rows * one / step:.2f}×"]
+        for rows, step in sorted(seconds.items())
+    ]
+    return [
+        "What batching can give here: one decode step (forward pass and greedy pick) over N sequences in bare "
+        "mlx-lm, each sequence one token past the decode prompt, the same float32 weights and BLAS; best of the "
+        "repeats, the sizes taking turns. N tokens per step over the step's cost is the most N batched streams can "
+        "multiply one stream's decode throughput by, before prefill and serving work.",
+        "",
+        *markdown_table(["Sequences", "Step ms", "× one sequence", "Most N streams can give"], rows),
+    ]
+
+
 def render_concurrency(report: BenchReport) -> list[str]:
     settings = report.settings
     header = ["Streams", "System", "Aggregate tok/s", "Per repeat", "× one stream", "Per-stream tok/s", "Mean TTFT s"]
@@ -40,6 +59,7 @@ def render_concurrency(report: BenchReport) -> list[str]:
         *markdown_table(header, _concurrency_rows(report.concurrency)),
         "![concurrency](perf/concurrency.png)",
         "",
+        *_batching_ceiling(report.batch_pass_seconds),
     ]
     if report.arrival:
         rows = [

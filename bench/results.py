@@ -106,6 +106,8 @@ class BenchSettings(BenchModel):
     arrival_running_streams: int = 0
     """Streams already decoding when the timed request arrives (0: not measured)."""
     arrival_max_tokens: int = 0
+    pass_cost_repeats: int = 5
+    """Timed decode steps per batch size when measuring what a step over several sequences costs."""
 
 
 class ConstrainedSettings(BenchModel):
@@ -289,3 +291,5 @@ class BenchReport(BenchModel):
     """Absent from reports saved before the section existed."""
     pipeline: PipelineSection | None = None
     """Absent from reports saved before the section existed."""
+    batch_pass_seconds: dict[int, float] = {}
+    """Bare mlx-lm: best seconds of one decode step over N sequences (empty in reports saved before)."""

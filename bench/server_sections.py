@@ -36,6 +36,8 @@ class ServerSections:
     arrival: list[ArrivalRow]
     matmul_gflops: float
     """Float32 matmul speed in the raw baseline's process (where the BLAS preload applies)."""
+    batch_pass_seconds: dict[int, float]
+    """Bare mlx-lm: best seconds of one decode step over N sequences, for the stream counts measured (and 3)."""
 
 
 QUEUED_EXO = "exo --batch-size 1"
@@ -90,7 +92,10 @@ def measure_with_servers(
             peer = servers.enter_context(running_mlx_lm_server(float32_copy, work_dir))
             decode, agent = asyncio.run(_measure_single_streams(raw, exo, peer, settings, progress))
             matmul_gflops = raw.ready.matmul_gflops
+            progress("bare mlx-lm: a decode step over several sequences against one over a single sequence")
+            rows = sorted({1, 3, *settings.concurrency_levels})
+            batch_pass_seconds = raw.pass_costs(rows, settings.pass_cost_repeats)
         progress(f"starting {QUEUED_EXO} in the raw baseline's place")
         queued = servers.enter_context(running_exo(model_path, work_dir, ["--batch-size", "1"], QUEUED_EXO))
         concurrency, arrival = asyncio.run(_measure_concurrent((exo, queued, peer), settings, progress))
-    return ServerSections(decode, agent, concurrency, arrival, matmul_gflops)
+    return ServerSections(decode, agent, concurrency, arrival, matmul_gflops, batch_pass_seconds)

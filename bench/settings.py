@@ -40,6 +40,7 @@ QUICK = BenchSettings(
     concurrency_repeats=1,
     arrival_running_streams=2,
     arrival_max_tokens=16,
+    pass_cost_repeats=2,
 )
 
 # The decode prompt offers the whole opencode tool set (about 21,000 characters of schemas), as opencode does; it is

@@ -41,6 +41,9 @@ def test_quick_run_writes_every_section_with_numbers_and_the_charts(tmp_path: Pa
     for title in SECTION_TITLES:
         assert NUMERIC_ROW.search(_section(document, title)), f"no numeric table row under {title!r}"
     assert re.search(r"\d+ of 9 targets met", document)
+    # The concurrency section states what a batched decode step costs here, measured in the same run.
+    ceiling = _section(document, "## 4. Concurrent streams").split("Most N streams can give", 1)[1]
+    assert NUMERIC_ROW.search(ceiling)
     for name in CHART_NAMES:
         chart = tmp_path / "docs" / "perf" / name
         assert chart.read_bytes().startswith(PNG_SIGNATURE), f"{chart} is not a PNG"

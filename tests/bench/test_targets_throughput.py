@@ -35,6 +35,21 @@ def test_a_scaling_miss_is_set_beside_how_the_peer_scaled_on_the_same_machine() 
     assert not check.met
     assert "mlx_lm.server" in check.why
     assert "1.50×" in check.why
+    assert "at most" not in check.why  # no batched-step costs measured: no ceiling claimed
+
+
+def test_a_scaling_miss_states_the_ceiling_the_measured_batched_step_costs_allow() -> None:
+    rows = [_level("exo", 1, 4.0), _level("exo", 4, 7.0)]
+    check = check_concurrency_scaling(rows, {1: 0.1, 2: 0.12, 4: 0.2})
+    assert check is not None
+    assert not check.met
+    assert "cost 2.00× one" in check.why
+    assert "at most 2.00×" in check.why
+    assert "below the target" in check.why
+    check = check_concurrency_scaling(rows, {1: 0.1, 4: 0.12})
+    assert check is not None
+    assert "at most 3.33×" in check.why
+    assert "exo's own scheduling" in check.why
 
 
 def test_parity_with_the_peer_is_judged_at_the_worst_stream_count() -> None:
@@ -44,6 +59,7 @@ def test_parity_with_the_peer_is_judged_at_the_worst_stream_count() -> None:
     assert check is not None
     assert not check.met
     assert check.measured.endswith("(2 streams)")
+    assert "do not overlap (exo 9.00–9.00, mlx_lm.server 9.50–9.50" in check.why
     assert check_concurrency_vs_peer(rows[:3]) is None  # no peer rows: nothing to judge
 
 
