@@ -32,7 +32,7 @@ from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template
 from tests.fixtures.endless_model import endless_copy
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, GET_WEATHER_TOOL, user
 from tests.fixtures.format_models import FORMAT_MODELS, build_format_model
-from tests.worker.engines.mlx.generator.scheduling import JsonBody, engine_context, run, task, with_settings
+from tests.worker.engines.mlx.generator.scheduling import JsonBody, engine_context, run, run_alone, task, with_settings
 
 LENGTH = 40
 WORDS = ("Hello", "weather", "Paris", "Tokyo", "the", "cat", "sat", "on", "mat", "tool", "call", "!", "?", "\n")
@@ -297,3 +297,29 @@ def test_declined_drafts_are_compared_with_what_the_model_writes_and_verificatio
     assert produced[:LENGTH] == expected
     assert stats.accepted > 0
     assert policy.acceptance > 0.5
+
+
+def test_drafts_from_the_escaped_copy_of_a_read_file_leave_the_output_as_plain_decoding_writes_it(
+    endless: EngineContext,
+) -> None:
+    # A read tool's numbered file with quotes and newlines: the lookup also drafts from its JSON-escaped form
+    # without the numbers (what an edit's oldString copies), and greedy output must not change.
+    source = 'def greet(name):\n    """Say hello."""\n    print(f"hello {name}")\n    return "done"\n'
+    numbered = "\n".join(f"{number}: {line}" for number, line in enumerate(source.splitlines(), start=1))
+    read = {"id": "call_1", "type": "function", "function": {"name": "read", "arguments": '{"filePath": "a.py"}'}}
+    body: JsonBody = {
+        "messages": [
+            {"role": "user", "content": "Show me a.py."},
+            {"role": "assistant", "content": None, "tool_calls": [read]},
+            {"role": "tool", "tool_call_id": "call_1", "content": numbered},
+            {"role": "user", "content": 'Hello weather Paris "greet" \\n the cat sat on the mat'},
+        ],
+        "max_tokens": LENGTH,
+        "temperature": 0,
+    }
+    scheduler = GenerationScheduler(endless.loaded.model, endless.decode)
+    one = task(body)
+    speculated = run(endless, {0: [one]}, scheduler=scheduler)[one.task_id]
+    plain = run_alone(with_settings(endless, PLAIN), task(body))
+    assert scheduler.speculation.drafted > 0
+    assert speculated.normalised() == plain.normalised()

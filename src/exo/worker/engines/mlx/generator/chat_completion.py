@@ -10,6 +10,7 @@ the request is finished. So a request answers the same whichever decoder ran it.
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
@@ -22,6 +23,7 @@ from exo.tool_calls.registry import format_for
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
 from exo.worker.engines.mlx.cache.prefix_cache import CacheLease, PrefixCache
 from exo.worker.engines.mlx.constrained import callable_functions, constraint_spec, make_logits_processor
+from exo.worker.engines.mlx.generator.copy_views import copy_views
 from exo.worker.engines.mlx.generator.generate import clamp_max_tokens
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings, PromptLookup
@@ -229,8 +231,15 @@ class ChatRequest:
         if settings is None or not self.generated or not self.speculative:
             return []
         if self._lookup is None:
-            self._lookup = PromptLookup([*self._prompt.tokens, *self.generated], settings)
+            self._lookup = PromptLookup([*self._prompt.tokens, *self.generated], settings, self._copy_references())
         return self._lookup.propose(limit)
+
+    def _copy_references(self) -> list[list[int]]:
+        """The conversation's texts as a tool call would copy them (JSON-escaped, without read-tool line numbers),
+        tokenized: drafts for an edit's oldString or a rewritten file that the prompt as rendered cannot give."""
+        tokenizer = self._context.loaded.tokenizer
+        views = copy_views(message.content for message in self._task.params.messages)
+        return [cast(list[int], tokenizer.encode(view, add_special_tokens=False)) for view in views]
 
     @property
     def remaining_tokens(self) -> int:

@@ -1,0 +1,48 @@
+"""The forms in which a model copies conversation text into a tool call, for prompt-lookup drafting.
+
+An agent's edit or write call copies a file the conversation holds, but not verbatim: its arguments are a JSON
+string, so every newline becomes ``\\n`` and every quote ``\\"``, and a file shown by a read tool carries line-number
+prefixes the copy leaves out. Looked up in the prompt as it is, such a copy stops matching at every line break. These
+views give the lookup the text as the call will spell it.
+"""
+
+import json
+import re
+from collections.abc import Iterable
+
+MIN_VIEW_CHARS = 64
+"""Shorter texts are not worth a view: a draft from them is a few tokens at most."""
+
+_NUMBERED_LINE = re.compile(r"^ *\d+(?:: |\| |\t|→)", re.MULTILINE)
+"""A read tool's line prefix: opencode's ``12: `` or ``00012| ``, ``cat -n``'s tab, Claude Code's arrow."""
+
+
+def without_line_numbers(text: str) -> str | None:
+    """`text` with the line-number prefixes a read tool adds taken off, or None when most lines have none."""
+    lines = text.splitlines()
+    numbered = sum(1 for line in lines if _NUMBERED_LINE.match(line))
+    if not lines or numbered * 2 < len(lines):
+        return None
+    return _NUMBERED_LINE.sub("", text)
+
+
+def json_string_body(text: str) -> str:
+    """`text` as it appears between the quotes of a JSON string (non-ASCII kept, as models write it)."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def copy_views(texts: Iterable[str]) -> list[str]:
+    """Every form a copy of one of `texts` may take in a tool call that is not already in the prompt as it stands:
+    the text without line numbers, and the JSON-escaped text with and without them. Order kept, duplicates dropped.
+    """
+    views: dict[str, None] = {}
+    for text in texts:
+        if len(text) < MIN_VIEW_CHARS:
+            continue
+        plain = without_line_numbers(text)
+        candidates = [plain] if plain is not None else []
+        candidates += [json_string_body(text)] + ([json_string_body(plain)] if plain is not None else [])
+        for view in candidates:
+            if view != text:
+                views.setdefault(view)
+    return list(views)
