@@ -306,7 +306,11 @@ def test_drafts_from_the_escaped_copy_of_a_read_file_leave_the_output_as_plain_d
     # without the numbers (what an edit's oldString copies), and greedy output must not change.
     source = 'def greet(name):\n    """Say hello."""\n    print(f"hello {name}")\n    return "done"\n'
     numbered = "\n".join(f"{number}: {line}" for number, line in enumerate(source.splitlines(), start=1))
-    read = {"id": "call_1", "type": "function", "function": {"name": "read", "arguments": '{"filePath": "a.py"}'}}
+    read: JsonBody = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "read", "arguments": '{"filePath": "a.py"}'},
+    }
     body: JsonBody = {
         "messages": [
             {"role": "user", "content": "Show me a.py."},
