@@ -153,12 +153,26 @@ def _measure_blas_into(base_path: Path, model_spec: str | None, arguments: argpa
     return base.model_copy(update={"blas": section})
 
 
+def _measure_speculation_on_other_model(base: BenchReport, model: ResolvedModel, *, quick: bool) -> BenchReport:
+    """The saved report with section 7 measured on `model` too (replacing an earlier measurement on it)."""
+    _progress(f"prompt-lookup speculation on {model.model_id}: edit, file rewrite and free text")
+    measured = measure_speculation(model.path, SPECULATION_QUICK if quick else SPECULATION_FULL)
+    measured = measured.model_copy(update={"model_id": model.model_id})
+    others = [other for other in base.speculation_other_models if other.model_id != model.model_id]
+    return base.model_copy(update={"speculation_other_models": [*others, measured]})
+
+
 def _measure_section_into(section: str, base_path: Path, model_spec: str | None, *, quick: bool) -> BenchReport:
     """The saved report at `base_path` with `section` measured afresh on its model (or on `model_spec`)."""
     base = BenchReport.model_validate_json(base_path.read_text())
     model = _resolve(model_spec or base.model_path, quick=quick)
+    if model.model_id != base.model_id and section == "speculation":
+        return _measure_speculation_on_other_model(base, model, quick=quick)
     if model.model_id != base.model_id:
-        raise SystemExit(f"--base holds numbers for {base.model_id}, not {model.model_id}: one report, one model")
+        raise SystemExit(
+            f"--base holds numbers for {base.model_id}, not {model.model_id}: only the speculation section can be "
+            "measured on another model"
+        )
     started = time.monotonic()
     update: dict[str, object]
     match section:

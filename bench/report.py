@@ -6,7 +6,13 @@ from bench.markdown import markdown_table
 from bench.report_blas import render_blas
 from bench.report_constrained import CONSTRAINED_TITLE, render_constrained
 from bench.report_pipeline import render_pipeline
-from bench.report_throughput import CONCURRENCY_TITLE, SPECULATION_TITLE, render_concurrency, render_speculation
+from bench.report_throughput import (
+    CONCURRENCY_TITLE,
+    SPECULATION_TITLE,
+    render_concurrency,
+    render_speculation,
+    render_speculation_on_other_model,
+)
 from bench.results import AgentSeries, BenchReport
 from bench.targets import (
     EXO_NO_TOOLS,
@@ -233,6 +239,7 @@ def render_markdown(report: BenchReport, notes: list[str]) -> str:
         *(render_constrained(report.constrained) if report.constrained is not None else []),
         *(render_blas(report.blas) if report.blas is not None else []),
         *(render_speculation(report.speculation) if report.speculation is not None else []),
+        *(line for other in report.speculation_other_models for line in render_speculation_on_other_model(other)),
         *(render_pipeline(report.pipeline) if report.pipeline is not None else []),
         *_METHOD,
         *_sizes(report),

@@ -103,6 +103,26 @@ def _workload_count(section: SpeculationReport) -> str:
     return {2: "Two", 3: "Three"}.get(count, str(count))
 
 
+def render_speculation_on_other_model(section: SpeculationReport) -> list[str]:
+    """Section 7's table for another model, after the default model's."""
+    load = ", ".join(f"{value:.2f}" for value in section.load_average)
+    header = ["Workload", "Mode", "Median tok/s", "Per run", "× off", "Drafts accepted", "Tokens per pass", "Same"]
+    lines = [
+        f"### The same workloads on {section.model_id}",
+        "",
+        f"Measured at commit {section.exo_commit} (`--only speculation --model {section.model_id}`); load average "
+        f"(1, 5, 15 min) at the end {load}; {section.settings.repeats} run(s) per mode, as above.",
+        "",
+        *markdown_table(header, _speculation_rows(section)),
+    ]
+    if section.pass_cost_ratios:
+        costs = ", ".join(f"{fed}: {ratio:.2f}×" for fed, ratio in sorted(section.pass_cost_ratios.items()))
+        lines.append(f"- Cost of a forward pass by tokens fed, relative to one token: {costs}.")
+    replies = {row.workload: row.text for row in section.rows if row.mode == "off"}
+    lines += [f"- {workload} reply begins: `{text[:160]!r}`" for workload, text in replies.items()]
+    return [*lines, ""]
+
+
 def render_speculation(section: SpeculationReport) -> list[str]:
     settings = section.settings
     load = ", ".join(f"{value:.2f}" for value in section.load_average)

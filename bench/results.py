@@ -245,6 +245,8 @@ class SpeculationReport(BenchModel):
     """Seconds of a solo forward pass feeding N tokens over a one-token pass, as the default mode measured them."""
     load_average: tuple[float, float, float]
     exo_commit: str
+    model_id: str | None = None
+    """The model measured, where it is not the report's own (`speculation_other_models`)."""
 
 
 class PipelineRow(BenchModel):
@@ -291,5 +293,8 @@ class BenchReport(BenchModel):
     """Absent from reports saved before the section existed."""
     pipeline: PipelineSection | None = None
     """Absent from reports saved before the section existed."""
+    speculation_other_models: list[SpeculationReport] = []
+    """Section 7 measured again on other models (`--only speculation --model`): a model that copies what the
+    default one paraphrases shows what speculation does for an agent's edit."""
     batch_pass_seconds: dict[int, float] = {}
     """Bare mlx-lm: best seconds of one decode step over N sequences (empty in reports saved before)."""

@@ -1,6 +1,8 @@
 """Issue #13's targets: concurrent streams batch (4 streams ≥ 2.5× one, never behind mlx_lm.server) and prompt-lookup
 speculation pays on an agent's edit (≥ 1.5×) without costing free text more than 3%."""
 
+from collections.abc import Sequence
+
 from bench.results import BenchReport, ConcurrencyRow, SpeculationReport, SpeculationRow
 from bench.target_check import TargetCheck, format_ratio
 
@@ -135,7 +137,9 @@ def _pass_costs(section: SpeculationReport) -> str:
     return f"A forward pass cost, relative to a one-token pass: {listed}"
 
 
-def check_speculation_edit(section: SpeculationReport) -> TargetCheck | None:
+def check_speculation_edit(
+    section: SpeculationReport, other_models: Sequence[SpeculationReport] = ()
+) -> TargetCheck | None:
     measured = _speedup(section, EDIT_WORKLOAD)
     if measured is None:
         return None
@@ -158,6 +162,13 @@ def check_speculation_edit(section: SpeculationReport) -> TargetCheck | None:
             f". On the file rewrite, where the reply copies the file, speculation gave {format_ratio(rewrite[0])} "
             f"({_acceptance(rewrite[1])})"
         )
+    for other in other_models:
+        edit = _speedup(other, EDIT_WORKLOAD)
+        if edit is not None:
+            why += (
+                f". On {other.model_id} the same edit gave {format_ratio(edit[0])} ({_acceptance(edit[1])}; "
+                f"greedy output identical: {'yes' if edit[1].same_tokens_as_off else 'no'})"
+            )
     return TargetCheck(
         target=f"speculation on the edit workload ≥ {EDIT_SPEEDUP_TARGET}× without",
         measured=format_ratio(speedup),
@@ -191,5 +202,8 @@ def throughput_checks(report: BenchReport) -> list[TargetCheck]:
         check_concurrency_vs_peer(report.concurrency),
     ]
     if report.speculation is not None:
-        checks += [check_speculation_edit(report.speculation), check_speculation_free_text(report.speculation)]
+        checks += [
+            check_speculation_edit(report.speculation, report.speculation_other_models),
+            check_speculation_free_text(report.speculation),
+        ]
     return [check for check in checks if check is not None]

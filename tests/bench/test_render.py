@@ -119,10 +119,20 @@ def test_throughput_sections_render_every_system_the_arrivals_and_speculation(tm
         load_average=(3.0, 2.0, 1.0),
         exo_commit="abc1234",
     )
+    bigger = speculation.model_copy(update={"model_id": "bigger-coder", "exo_commit": "def5678"})
     report = sample_report(load_1=0.2).model_copy(
-        update={"concurrency": rows, "arrival": arrival, "speculation": speculation}
+        update={
+            "concurrency": rows,
+            "arrival": arrival,
+            "speculation": speculation,
+            "speculation_other_models": [bigger],
+            "batch_pass_seconds": {1: 0.1, 4: 0.21},
+        }
     )
     document = _render(tmp_path, report)
+    assert "### The same workloads on bigger-coder" in document
+    assert "Measured at commit def5678" in document
+    assert "| 4 | 210.0 | 2.10× | 1.90× |" in document  # the batching ceiling the batched step costs allow
     assert "| 4 | exo --batch-size 1 | 5.10 |" in document
     assert "| 4 | exo | 12.50 |" in document
     assert "| exo | 3 | 0.90 | 0.40 |" in document

@@ -131,6 +131,16 @@ def test_the_edit_verdict_adds_the_file_rewrite_where_it_was_measured() -> None:
     )
 
 
+def test_the_edit_verdict_adds_what_other_models_measured_but_judges_the_report_model() -> None:
+    section = _section(edit_on=5.2, free_on=3.9)
+    other = _section(edit_on=7.0, free_on=4.0).model_copy(update={"model_id": "bigger-coder"})
+    edit = check_speculation_edit(section, [other])
+    assert edit is not None
+    assert not edit.met
+    assert edit.measured == "1.300×"
+    assert "On bigger-coder the same edit gave 1.750× (90/120 draft tokens accepted" in edit.why
+
+
 def _decode(system: str, runs: list[float | None]) -> DecodeRow:
     best = max(run for run in runs if run is not None)
     return DecodeRow(
