@@ -26,6 +26,12 @@ def test_views_are_the_json_escaped_text_and_the_text_without_line_numbers() -> 
     assert copy_views(["x" * 100]) == []  # nothing to escape, no numbers: the prompt already holds that form
 
 
+def test_the_newest_texts_get_views_while_the_budget_lasts() -> None:
+    old, new = FILE + "# old\n", FILE + "# new\n"
+    assert copy_views([old, new]) == [json_string_body(old), json_string_body(new)]
+    assert copy_views([old, new], budget_chars=len(json_string_body(new)) + 10) == [json_string_body(new)]
+
+
 def test_a_copy_in_progress_follows_the_reference_it_matches_longest() -> None:
     settings = LookupSettings(max_draft_tokens=4, longest_ngram=2, shortest_ngram=2)
     # The text holds 1 2 3 then 7 8 (raw form); the reference holds 5 6 1 2 4 4 (escaped form).

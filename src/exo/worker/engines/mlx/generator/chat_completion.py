@@ -238,7 +238,7 @@ class ChatRequest:
         """The conversation's texts as a tool call would copy them (JSON-escaped, without read-tool line numbers),
         tokenized: drafts for an edit's oldString or a rewritten file that the prompt as rendered cannot give."""
         tokenizer = self._context.loaded.tokenizer
-        views = copy_views(message.content for message in self._task.params.messages)
+        views = copy_views([message.content for message in self._task.params.messages])
         return [cast(list[int], tokenizer.encode(view, add_special_tokens=False)) for view in views]
 
     @property

@@ -8,10 +8,14 @@ views give the lookup the text as the call will spell it.
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 MIN_VIEW_CHARS = 64
 """Shorter texts are not worth a view: a draft from them is a few tokens at most."""
+
+MAX_VIEWS_CHARS = 400_000
+"""All views together stay under this (newest texts first): tokenizing and indexing them happens between two decode
+steps, and an agent copies from the files it read last."""
 
 _NUMBERED_LINE = re.compile(r"^ *\d+(?:: |\| |\t|→)", re.MULTILINE)
 """A read tool's line prefix: opencode's ``12: `` or ``00012| ``, ``cat -n``'s tab, Claude Code's arrow."""
@@ -31,18 +35,22 @@ def json_string_body(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)[1:-1]
 
 
-def copy_views(texts: Iterable[str]) -> list[str]:
+def copy_views(texts: Sequence[str], budget_chars: int = MAX_VIEWS_CHARS) -> list[str]:
     """Every form a copy of one of `texts` may take in a tool call that is not already in the prompt as it stands:
-    the text without line numbers, and the JSON-escaped text with and without them. Order kept, duplicates dropped.
+    the text without line numbers, and the JSON-escaped text with and without them. The newest texts (last in
+    `texts`) get views first while `budget_chars` lasts; the views keep the texts' order, duplicates dropped.
     """
-    views: dict[str, None] = {}
-    for text in texts:
+    chosen: list[list[str]] = []
+    spent = 0
+    for text in reversed(texts):
         if len(text) < MIN_VIEW_CHARS:
             continue
         plain = without_line_numbers(text)
         candidates = [plain] if plain is not None else []
         candidates += [json_string_body(text)] + ([json_string_body(plain)] if plain is not None else [])
-        for view in candidates:
-            if view != text:
-                views.setdefault(view)
-    return list(views)
+        views = [view for view in candidates if view != text]
+        spent += sum(len(view) for view in views)
+        if spent > budget_chars:
+            break
+        chosen.append(views)
+    return list(dict.fromkeys(view for views in reversed(chosen) for view in views))
