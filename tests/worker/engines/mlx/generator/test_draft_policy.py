@@ -1,6 +1,6 @@
 """Drafting decisions without a model: what the lookup proposes and how long a draft the measured costs justify."""
 
-from exo.worker.engines.mlx.generator.draft_policy import EXPLORE_AFTER_STEPS, DraftPolicy, StepCosts
+from exo.worker.engines.mlx.generator.draft_policy import EXPLORE_AFTER_STEPS, DraftPolicy, PassTimes, StepCosts
 from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings, PromptLookup
 
 SETTINGS = LookupSettings(max_draft_tokens=4, longest_ngram=3, shortest_ngram=2)
@@ -103,3 +103,18 @@ def test_declined_drafts_that_would_have_held_bring_verification_back() -> None:
     for _ in range(6):
         policy.observe(drafted=8, accepted=0)
     assert policy.draft_length(8) == 0
+
+
+def test_pass_costs_are_shared_relative_to_each_requests_own_one_token_passes() -> None:
+    # Over a short context a one-token pass takes 80 ms, over a long one 100 ms; both take 1.25x that for 3 tokens.
+    # Absolute times from the two would say a 3-token pass costs 125 / 80 = 1.56x.
+    shared = StepCosts()
+    short, long = PassTimes(shared), PassTimes(shared)
+    long.record(3, 0.5)  # before its first one-token pass: nothing to compare with, not shared
+    assert shared.measured() == {}
+    short.record(1, 0.080)
+    long.record(1, 0.100)
+    long.record(3, 0.125)
+    short.record(3, 0.100)
+    assert shared.measured()[1] == 1.0
+    assert abs(shared.measured()[3] - 1.25) < 1e-9

@@ -3,7 +3,8 @@
 Verifying k drafts feeds k + 1 tokens in one forward pass. Whether that pays depends on the hardware and its load:
 on Apple silicon, or an idle CPU with an optimized BLAS, a pass over a few tokens costs about what a pass over one
 does; on a CPU shared with other work, a multi-token pass can cost several single ones. So the decoder times its
-own passes by the number of tokens fed (`StepCosts`, shared by the runner's requests) and each request keeps a
+own passes by the number of tokens fed, relative to its own one-token passes (`StepCosts`, shared by the runner's
+requests: relative, so a request over a long context and one over a short context agree) and each request keeps a
 running estimate of how often its drafts hold (`DraftPolicy`), learned from verified drafts and from declined
 ones compared with what the model then wrote. A draft is verified only when its expected yield
 (1 + p + p² + … + p^k tokens, for per-token acceptance p) per measured second beats a plain step's one token; so
@@ -22,24 +23,25 @@ EXPLORE_AFTER_STEPS: Final = 200
 
 
 class StepCosts:
-    """Seconds per solo forward pass by the number of tokens it fed, as an exponential moving average."""
+    """What a solo forward pass costs by the number of tokens it fed, relative to a one-token pass over the same
+    context, as an exponential moving average (a one-token pass is 1 by definition, once one was recorded)."""
 
     def __init__(self) -> None:
         self._seconds: dict[int, float] = {}
 
-    def record(self, tokens_fed: int, seconds: float) -> None:
+    def record(self, tokens_fed: int, relative_cost: float) -> None:
         previous = self._seconds.get(tokens_fed)
         self._seconds[tokens_fed] = (
-            seconds if previous is None else _COST_DECAY * previous + (1 - _COST_DECAY) * seconds
+            relative_cost if previous is None else _COST_DECAY * previous + (1 - _COST_DECAY) * relative_cost
         )
 
     def measured(self) -> dict[int, float]:
-        """Every measured pass length and its cost in seconds."""
+        """Every measured pass length and its relative cost."""
         return dict(self._seconds)
 
     def seconds(self, tokens_fed: int) -> float | None:
-        """The cost of a pass feeding `tokens_fed` tokens: measured, or else the cost of the nearest shorter measured
-        pass (of the shortest measured one when none is shorter). None before any pass was measured.
+        """The relative cost of a pass feeding `tokens_fed` tokens: measured, or else the cost of the nearest shorter
+        measured pass (of the shortest measured one when none is shorter). None before any pass was measured.
 
         An unmeasured length is estimated at a lower bound (a pass never costs less than a shorter one), so the
         policy tries it once and then knows. Interpolating instead hides where the cost jumps: with MKL on x86 a
@@ -51,6 +53,25 @@ class StepCosts:
             return measured
         shorter = max((fed for fed in self._seconds if fed < tokens_fed), default=None)
         return self._seconds[shorter] if shorter is not None else self._seconds[min(self._seconds)]
+
+
+class PassTimes:
+    """One decoder's pass times, shared as costs relative to its own one-token passes: those ran over the same
+    context, so the ratio leaves out what the context length adds to every pass."""
+
+    def __init__(self, shared: StepCosts) -> None:
+        self._shared = shared
+        self._plain_seconds: float | None = None
+
+    def record(self, tokens_fed: int, seconds: float) -> None:
+        """A pass fed `tokens_fed` tokens in `seconds` (a longer pass before this decoder's first one-token pass
+        has nothing to be measured against and is not shared)."""
+        if tokens_fed == 1:
+            previous = self._plain_seconds
+            self._plain_seconds = seconds if previous is None else _COST_DECAY * previous + (1 - _COST_DECAY) * seconds
+            self._shared.record(1, 1.0)
+        elif self._plain_seconds is not None:
+            self._shared.record(tokens_fed, seconds / self._plain_seconds)
 
 
 class DraftPolicy:

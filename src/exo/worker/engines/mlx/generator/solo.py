@@ -19,7 +19,7 @@ from mlx import nn
 from mlx_lm.generate import generation_stream
 
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, materialize, trim_tokens
-from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
+from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, PassTimes, StepCosts
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import Sampler
 
@@ -77,7 +77,7 @@ class SoloDecoder:
         self._processors = processors
         self._drafts = drafts
         self._policy = policy
-        self._costs = costs
+        self._times = PassTimes(costs) if costs is not None else None
         self._prefill_step_size = prefill_step_size
         self._launched: _LaunchedStep | None = None
         self._unverified: list[int] = []
@@ -158,8 +158,8 @@ class SoloDecoder:
             raise RuntimeError("no step in flight")
         self._launched = None
         samples: list[int] = step.samples.tolist()  # pyright: ignore[reportAssignmentType] -- 1-D token ids
-        if self._costs is not None:
-            self._costs.record(len(step.inputs), time.perf_counter() - step.started)
+        if self._times is not None:
+            self._times.record(len(step.inputs), time.perf_counter() - step.started)
         draft = step.draft
         accepted = 0
         while accepted < len(draft) and samples[accepted] == draft[accepted]:
