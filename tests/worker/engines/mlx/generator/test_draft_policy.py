@@ -118,3 +118,19 @@ def test_pass_costs_are_shared_relative_to_each_requests_own_one_token_passes() 
     short.record(3, 0.100)
     assert shared.measured()[1] == 1.0
     assert abs(shared.measured()[3] - 1.25) < 1e-9
+
+
+def test_a_draft_after_one_that_held_in_full_is_judged_by_how_such_drafts_fared() -> None:
+    # Drafts away from any copy miss; once one holds in full, a copy is under way and the next ones hold too. One
+    # rate for both would average the misses into the copy and keep its drafts short.
+    policy = DraftPolicy(costs(per_token=0.2), maximum=8)
+    for _ in range(4):
+        policy.record(drafted=8, accepted=0)
+    policy.record(drafted=8, accepted=8)
+    for _ in range(5):
+        policy.record(drafted=8, accepted=8)
+    assert policy.acceptance > 0.9  # the last draft held in full: mid-copy
+    assert policy.draft_length(8) >= 6
+    policy.record(drafted=8, accepted=3)
+    assert policy.acceptance < 0.5  # after a miss: how drafts away from a copy fared
+    assert policy.draft_length(8) <= 1

@@ -6,9 +6,11 @@ does; on a CPU shared with other work, a multi-token pass can cost several singl
 own passes by the number of tokens fed, relative to its own one-token passes (`StepCosts`, shared by the runner's
 requests: relative, so a request over a long context and one over a short context agree) and each request keeps a
 running estimate of how often its drafts hold (`DraftPolicy`), learned from verified drafts and from declined
-ones compared with what the model then wrote. A draft is verified only when its expected yield
-(1 + p + p² + … + p^k tokens, for per-token acceptance p) per measured second beats a plain step's one token; so
-speculation stays on where it measures faster and steps aside where it does not, without a setting to tune.
+ones compared with what the model then wrote. Copying comes in runs: a draft right after one that held in full is
+mostly in the middle of a copy and holds far more often than one after a miss, so the two are estimated apart. A
+draft is verified only when its expected yield (1 + p + p² + … + p^k tokens, for per-token acceptance p) per
+measured second beats a plain step's one token; so speculation stays on where it measures faster and steps aside
+where it does not, without a setting to tune.
 """
 
 from typing import Final
@@ -81,6 +83,11 @@ class DraftPolicy:
         self._costs = costs
         self._maximum = maximum
         self._acceptance = _PRIOR_ACCEPTANCE
+        """Per-token acceptance of drafts made after a miss (or before any draft)."""
+        self._acceptance_in_copy = _PRIOR_ACCEPTANCE
+        """Per-token acceptance of drafts made right after a draft that held in full."""
+        self._in_copy = False
+        """The last decided draft held in full."""
         self._declined = 0
 
     @property
@@ -90,8 +97,9 @@ class DraftPolicy:
 
     @property
     def acceptance(self) -> float:
-        """Estimated probability that the next draft token holds, given the ones before it did."""
-        return min(self._acceptance, _MOST_ACCEPTANCE)
+        """Estimated probability that the next draft token holds, given the ones before it did (and whether the
+        last draft held in full)."""
+        return min(self._acceptance_in_copy if self._in_copy else self._acceptance, _MOST_ACCEPTANCE)
 
     def draft_length(self, available: int) -> int:
         """How many of `available` draft tokens to verify (0: a plain step is expected to be faster)."""
@@ -126,4 +134,9 @@ class DraftPolicy:
         # Each verification estimates the per-token rate as held / tried (the first miss ends the tries); a moving
         # average over verifications follows a request into and out of copying quickly.
         tried = accepted + (1 if accepted < drafted else 0)
-        self._acceptance = _ACCEPTANCE_DECAY * self._acceptance + (1 - _ACCEPTANCE_DECAY) * accepted / tried
+        rate = accepted / tried
+        if self._in_copy:
+            self._acceptance_in_copy = _ACCEPTANCE_DECAY * self._acceptance_in_copy + (1 - _ACCEPTANCE_DECAY) * rate
+        else:
+            self._acceptance = _ACCEPTANCE_DECAY * self._acceptance + (1 - _ACCEPTANCE_DECAY) * rate
+        self._in_copy = accepted == drafted
