@@ -64,13 +64,13 @@ def test_declined_drafts_are_tried_again_now_and_then_to_remeasure() -> None:
 def test_an_unmeasured_pass_length_costs_what_the_nearest_shorter_measured_one_does() -> None:
     measured = StepCosts()
     measured.record(1, 1.0)
-    assert measured.seconds(5) == 1.0
+    assert measured.relative_cost(5) == 1.0
     measured.record(9, 3.0)
-    assert measured.seconds(5) == 1.0  # a lower bound: never less than a shorter pass, so it gets tried
-    assert measured.seconds(12) == 3.0
+    assert measured.relative_cost(5) == 1.0  # a lower bound: never less than a shorter pass, so it gets tried
+    assert measured.relative_cost(12) == 3.0
     measured.record(4, 2.0)
-    assert measured.seconds(3) == 1.0
-    assert measured.seconds(5) == 2.0
+    assert measured.relative_cost(3) == 1.0
+    assert measured.relative_cost(5) == 2.0
 
 
 def test_a_cheap_pass_length_between_expensive_ones_is_found_and_kept() -> None:

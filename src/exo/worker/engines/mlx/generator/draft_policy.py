@@ -8,8 +8,8 @@ requests: relative, so a request over a long context and one over a short contex
 running estimate of how often its drafts hold (`DraftPolicy`), learned from verified drafts and from declined
 ones compared with what the model then wrote. Copying comes in runs: a draft right after one that held in full is
 mostly in the middle of a copy and holds far more often than one after a miss, so the two are estimated apart. A
-draft is verified only when its expected yield (1 + p + p² + … + p^k tokens, for per-token acceptance p) per
-measured second beats a plain step's one token; so speculation stays on where it measures faster and steps aside
+draft is verified only when its expected yield (1 + p + p² + … + p^k tokens, for per-token acceptance p) over its
+measured pass cost beats a plain step's one token; so speculation stays on where it measures faster and steps aside
 where it does not, without a setting to tune.
 """
 
@@ -24,24 +24,25 @@ EXPLORE_AFTER_STEPS: Final = 200
 """Declined drafts after which one is verified anyway, to re-measure what multi-token passes cost now."""
 
 
+def _moving_average(previous: float | None, value: float, decay: float) -> float:
+    return value if previous is None else decay * previous + (1 - decay) * value
+
+
 class StepCosts:
     """What a solo forward pass costs by the number of tokens it fed, relative to a one-token pass over the same
     context, as an exponential moving average (a one-token pass is 1 by definition, once one was recorded)."""
 
     def __init__(self) -> None:
-        self._seconds: dict[int, float] = {}
+        self._relative: dict[int, float] = {}
 
     def record(self, tokens_fed: int, relative_cost: float) -> None:
-        previous = self._seconds.get(tokens_fed)
-        self._seconds[tokens_fed] = (
-            relative_cost if previous is None else _COST_DECAY * previous + (1 - _COST_DECAY) * relative_cost
-        )
+        self._relative[tokens_fed] = _moving_average(self._relative.get(tokens_fed), relative_cost, _COST_DECAY)
 
     def measured(self) -> dict[int, float]:
         """Every measured pass length and its relative cost."""
-        return dict(self._seconds)
+        return dict(self._relative)
 
-    def seconds(self, tokens_fed: int) -> float | None:
+    def relative_cost(self, tokens_fed: int) -> float | None:
         """The relative cost of a pass feeding `tokens_fed` tokens: measured, or else the cost of the nearest shorter
         measured pass (of the shortest measured one when none is shorter). None before any pass was measured.
 
@@ -50,11 +51,11 @@ class StepCosts:
         3-token pass costs 1.27x a 1-token pass and a 4-token pass 2.10x (the BLAS switches from its matrix-vector
         kernels to a packing GEMM), and a line from 1 to 4 tokens made the cheap 3-token pass look not worth trying.
         """
-        measured = self._seconds.get(tokens_fed)
-        if measured is not None or not self._seconds:
+        measured = self._relative.get(tokens_fed)
+        if measured is not None or not self._relative:
             return measured
-        shorter = max((fed for fed in self._seconds if fed < tokens_fed), default=None)
-        return self._seconds[shorter] if shorter is not None else self._seconds[min(self._seconds)]
+        shorter = max((fed for fed in self._relative if fed < tokens_fed), default=None)
+        return self._relative[shorter] if shorter is not None else self._relative[min(self._relative)]
 
 
 class PassTimes:
@@ -69,8 +70,7 @@ class PassTimes:
         """A pass fed `tokens_fed` tokens in `seconds` (a longer pass before this decoder's first one-token pass
         has nothing to be measured against and is not shared)."""
         if tokens_fed == 1:
-            previous = self._plain_seconds
-            self._plain_seconds = seconds if previous is None else _COST_DECAY * previous + (1 - _COST_DECAY) * seconds
+            self._plain_seconds = _moving_average(self._plain_seconds, seconds, _COST_DECAY)
             self._shared.record(1, 1.0)
         elif self._plain_seconds is not None:
             self._shared.record(tokens_fed, seconds / self._plain_seconds)
@@ -106,7 +106,7 @@ class DraftPolicy:
         limit = min(available, self._maximum)
         if limit <= 0:
             return 0
-        plain = self._costs.seconds(1)
+        plain = self._costs.relative_cost(1)
         if plain is None or self._declined >= EXPLORE_AFTER_STEPS:
             return limit
         best_length, best_rate = 0, 1.0 / plain
@@ -114,7 +114,7 @@ class DraftPolicy:
         for length in range(1, limit + 1):
             term *= self.acceptance
             expected += term
-            cost = self._costs.seconds(length + 1) or plain
+            cost = self._costs.relative_cost(length + 1) or plain
             if expected / cost > best_rate:
                 best_length, best_rate = length, expected / cost
         return best_length
@@ -136,7 +136,7 @@ class DraftPolicy:
         tried = accepted + (1 if accepted < drafted else 0)
         rate = accepted / tried
         if self._in_copy:
-            self._acceptance_in_copy = _ACCEPTANCE_DECAY * self._acceptance_in_copy + (1 - _ACCEPTANCE_DECAY) * rate
+            self._acceptance_in_copy = _moving_average(self._acceptance_in_copy, rate, _ACCEPTANCE_DECAY)
         else:
-            self._acceptance = _ACCEPTANCE_DECAY * self._acceptance + (1 - _ACCEPTANCE_DECAY) * rate
+            self._acceptance = _moving_average(self._acceptance, rate, _ACCEPTANCE_DECAY)
         self._in_copy = accepted == drafted
