@@ -45,7 +45,7 @@ class PromptLookup:
         self._in_references: dict[tuple[int, ...], tuple[int, int]] = {}
         for index, reference in enumerate(self._references):
             for end in range(1, len(reference)):
-                for size in range(settings.shortest_ngram, min(settings.longest_ngram, end) + 1):
+                for size in self._ngram_sizes(end):
                     self._in_references[tuple(reference[end - size : end])] = (index, end)
         self.extend(tokens)
 
@@ -56,9 +56,13 @@ class PromptLookup:
         """Append `tokens` to the text and index the n-grams they complete."""
         for token in tokens:
             end = len(self._tokens)
-            for size in range(self._settings.shortest_ngram, min(self._settings.longest_ngram, end) + 1):
+            for size in self._ngram_sizes(end):
                 self._latest[tuple(self._tokens[end - size : end])] = end
             self._tokens.append(token)
+
+    def _ngram_sizes(self, end: int) -> range:
+        """The sizes of the indexed n-grams that fit before position `end`."""
+        return range(self._settings.shortest_ngram, min(self._settings.longest_ngram, end) + 1)
 
     def propose(self, limit: int) -> list[int]:
         """Up to `limit` tokens that followed the latest earlier occurrence of the longest matching suffix."""
