@@ -2,6 +2,7 @@
 
 from bench.markdown import markdown_table
 from bench.results import BenchReport, ConcurrencyRow, SpeculationReport
+from bench.targets_throughput import batching_ceiling
 from bench.workloads import EDIT_FILE_LINES
 
 CONCURRENCY_TITLE = "## 4. Concurrent streams"
@@ -31,7 +32,7 @@ def _batching_ceiling(seconds: dict[int, float]) -> list[str]:
     if not one:
         return []
     rows = [
-        [str(rows), f"{step * 1000:.1f}", f"{step / one:.2f}×", f"{rows * one / step:.2f}×"]
+        [str(rows), f"{step * 1000:.1f}", f"{step / one:.2f}×", f"{batching_ceiling(seconds, rows) or 0:.2f}×"]
         for rows, step in sorted(seconds.items())
     ]
     return [
@@ -103,24 +104,42 @@ def _workload_count(section: SpeculationReport) -> str:
     return {2: "Two", 3: "Three"}.get(count, str(count))
 
 
+_SPECULATION_HEADER = [
+    "Workload",
+    "Mode",
+    "Median tok/s",
+    "Per run",
+    "× off",
+    "Drafts accepted",
+    "Tokens per pass",
+    "Same",
+]
+
+
+def _speculation_results(section: SpeculationReport) -> list[str]:
+    """The table, the pass costs the default mode measured and how each workload's reply begins."""
+    lines = markdown_table(_SPECULATION_HEADER, _speculation_rows(section))
+    if section.pass_cost_ratios:
+        costs = ", ".join(f"{fed}: {ratio:.2f}×" for fed, ratio in sorted(section.pass_cost_ratios.items()))
+        lines.append(
+            f"- Cost of a forward pass by tokens fed, relative to one token, as the default mode measured it: {costs}."
+        )
+    replies = {row.workload: row.text for row in section.rows if row.mode == "off"}
+    return lines + [f"- {workload} reply begins: `{text[:160]!r}`" for workload, text in replies.items()]
+
+
 def render_speculation_on_other_model(section: SpeculationReport) -> list[str]:
     """Section 7's table for another model, after the default model's."""
     load = ", ".join(f"{value:.2f}" for value in section.load_average)
-    header = ["Workload", "Mode", "Median tok/s", "Per run", "× off", "Drafts accepted", "Tokens per pass", "Same"]
-    lines = [
+    return [
         f"### The same workloads on {section.model_id}",
         "",
         f"Measured at commit {section.exo_commit} (`--only speculation --model {section.model_id}`); load average "
         f"(1, 5, 15 min) at the end {load}; {section.settings.repeats} run(s) per mode, as above.",
         "",
-        *markdown_table(header, _speculation_rows(section)),
+        *_speculation_results(section),
+        "",
     ]
-    if section.pass_cost_ratios:
-        costs = ", ".join(f"{fed}: {ratio:.2f}×" for fed, ratio in sorted(section.pass_cost_ratios.items()))
-        lines.append(f"- Cost of a forward pass by tokens fed, relative to one token: {costs}.")
-    replies = {row.workload: row.text for row in section.rows if row.mode == "off"}
-    lines += [f"- {workload} reply begins: `{text[:160]!r}`" for workload, text in replies.items()]
-    return [*lines, ""]
 
 
 def render_speculation(section: SpeculationReport) -> list[str]:
@@ -128,8 +147,7 @@ def render_speculation(section: SpeculationReport) -> list[str]:
     load = ", ".join(f"{value:.2f}" for value in section.load_average)
     prompts = ", ".join(f"{workload} {tokens} prompt tokens" for workload, tokens in section.prompt_tokens.items())
     tools = "all" if settings.edit_tools is None else ", ".join(f"`{name}`" for name in settings.edit_tools)
-    header = ["Workload", "Mode", "Median tok/s", "Per run", "× off", "Drafts accepted", "Tokens per pass", "Same"]
-    lines = [
+    return [
         SPECULATION_TITLE,
         "",
         f"Measured at commit {section.exo_commit}; load average (1, 5, 15 min) at the end {load}.",
@@ -146,13 +164,8 @@ def render_speculation(section: SpeculationReport) -> list[str]:
         "Tokens per pass = tokens / forward passes; Same = greedy output token for token the output with speculation "
         "off.",
         "",
-        *markdown_table(header, _speculation_rows(section)),
+        *_speculation_results(section),
+        "",
+        "![speculation](perf/speculation.png)",
+        "",
     ]
-    if section.pass_cost_ratios:
-        costs = ", ".join(f"{fed}: {ratio:.2f}×" for fed, ratio in sorted(section.pass_cost_ratios.items()))
-        lines += [
-            f"- Cost of a forward pass by tokens fed, relative to one token, as the default mode measured it: {costs}.",
-        ]
-    replies = {row.workload: row.text for row in section.rows if row.mode == "off"}
-    lines += [f"- {workload} reply begins: `{text[:160]!r}`" for workload, text in replies.items()]
-    return [*lines, "", "![speculation](perf/speculation.png)", ""]

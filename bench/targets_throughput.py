@@ -52,8 +52,7 @@ def check_concurrency_scaling(
             )
         ceiling = batching_ceiling(batch_pass_seconds or {}, SCALING_STREAMS)
         if ceiling is not None:
-            assert batch_pass_seconds is not None
-            cost = batch_pass_seconds[SCALING_STREAMS] / batch_pass_seconds[1]
+            cost = SCALING_STREAMS / ceiling
             why += (
                 f"; a bare mlx-lm decode step over {SCALING_STREAMS} sequences cost {cost:.2f}× one over a single "
                 f"sequence in this run, so batching {SCALING_STREAMS} streams can give at most {ceiling:.2f}× here, "
