@@ -108,6 +108,7 @@ def run_bench(
         concurrency=servers.concurrency,
         arrival=servers.arrival,
         batch_pass_seconds=servers.batch_pass_seconds,
+        planned_batch_pass_seconds=servers.planned_batch_pass_seconds,
         wall_s=time.monotonic() - started,
         constrained=constrained_report,
         speculation=speculation_report,
@@ -201,6 +202,7 @@ def _measure_section_into(section: str, base_path: Path, model_spec: str | None,
                 "concurrency": servers.concurrency,
                 "arrival": servers.arrival,
                 "batch_pass_seconds": servers.batch_pass_seconds,
+                "planned_batch_pass_seconds": servers.planned_batch_pass_seconds,
             }
     _progress(f"section measured in {time.monotonic() - started:.0f} s")
     return base.model_copy(update=update)

@@ -8,7 +8,6 @@ is also measured while one busy-looping process competes for a core.
 """
 
 import os
-import platform
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.blas_worker import BlasWorkerSetup
-from bench.machine import exo_commit
+from bench.machine import cpu_model, exo_commit
 from bench.results import BlasMeasurement, BlasRow, BlasSection
 from bench.worker_process import run_worker
 from exo.worker.engines.mlx.blas import (
@@ -88,13 +87,6 @@ def _contended(candidate: BlasCandidate, setup: BlasWorkerSetup) -> BlasMeasurem
         busy.wait()
 
 
-def _cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} CPUs)"
-    return platform.processor() or "unknown"
-
-
 def measure_blas(
     model_id: str | None,
     model_path: Path | None,
@@ -130,7 +122,7 @@ def measure_blas(
         model_id=model_id,
         prefill_tokens=setup.prefill_tokens,
         decode_tokens=setup.decode_tokens,
-        cpu=_cpu_name(),
+        cpu=f"{cpu_model()} ({os.cpu_count()} CPUs)",
         load_average=(load_1, load_5, load_15),
         exo_commit=exo_commit(),
     )

@@ -31,6 +31,7 @@ from exo.worker.engines.mlx.constrained import constraint_spec, make_logits_proc
 from exo.worker.engines.mlx.constrained.compiled import clear_caches, guidance_tokenizer
 from exo.worker.engines.mlx.generator.chat_completion import reasoning_markers
 from exo.worker.engines.mlx.generator.generate import LogitsProcessor, generate_tokens
+from exo.worker.engines.mlx.matmul_planner import MatmulPlanner
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template, chat_template_text, load_model
 
 NAMED_TOOL = "write"
@@ -206,6 +207,7 @@ def measure(setup: ConstrainedSetup) -> ConstrainedReport:
     """Load the model and measure compile times, then decode speed per mode."""
     settings = setup.settings
     loaded = load_model(setup.model_path, ShardAssignment())
+    MatmulPlanner.for_loaded(loaded)  # as exo's runner does
     tool_format = detect_tool_format(chat_template_text(loaded.tokenizer))
     all_tools = load_tools(setup.tools_path)
     wanted = settings.decode_tools

@@ -4,6 +4,7 @@ import os
 import platform
 import subprocess
 from importlib import metadata
+from pathlib import Path
 
 from bench.results import MachineInfo
 from exo.worker.engines.mlx.blas import NO_PRELOAD_VARIABLE, choose_blas
@@ -20,6 +21,16 @@ def blas_description() -> str:
     return f"{choice.kind} from {choice.source}: {choice.library} (LD_PRELOAD{threading})"
 
 
+def cpu_model() -> str:
+    """The processor's name (`/proc/cpuinfo` on Linux): the same BLAS behaves differently on different CPUs."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
 def exo_commit() -> str:
     """The checkout's short commit id, or "unknown" outside a git checkout."""
     completed = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
@@ -33,6 +44,7 @@ def machine_info(matmul_gflops: float) -> MachineInfo:
         platform=platform.platform(),
         python=platform.python_version(),
         cpu_count=os.cpu_count() or 0,
+        cpu_model=cpu_model(),
         load_average=(load_1, load_5, load_15),
         mlx_version=metadata.version("mlx"),
         mlx_lm_version=metadata.version("mlx-lm"),

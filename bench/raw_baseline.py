@@ -27,9 +27,11 @@ class RawBaseline:
         _write_line(self._process.stdin, RawRequest(tag=tag, max_tokens=max_tokens).model_dump_json())
         return StreamMeasurement.model_validate_json(_read_line(self._process))
 
-    def pass_costs(self, rows: list[int], repeats: int) -> dict[int, float]:
-        """Best seconds of one decode step over each number of sequences in `rows` (bare mlx-lm, no server)."""
-        _write_line(self._process.stdin, PassCostRequest(rows=rows, repeats=repeats).model_dump_json())
+    def pass_costs(self, rows: list[int], repeats: int, *, planned: bool = False) -> dict[int, float]:
+        """Best seconds of one decode step over each number of sequences in `rows` (bare mlx-lm, no server); with
+        `planned`, through exo's matmul plan."""
+        request = PassCostRequest(rows=rows, repeats=repeats, planned=planned)
+        _write_line(self._process.stdin, request.model_dump_json())
         return PassCosts.model_validate_json(_read_line(self._process)).seconds
 
 

@@ -7,7 +7,8 @@ weights are saved to a directory so mlx_lm.server can serve the very same number
 float16 checkpoint, which skips BLAS on x86 and is many times slower: not a fair peer).
 
 Protocol: after setup one `RawReady` JSON line on stdout; then for each `RawRequest` line on stdin one
-`StreamMeasurement` line, and for each `PassCostRequest` line one `PassCosts` line; stdin closing ends the process.
+`StreamMeasurement` line, and for each `PassCostRequest` line one `PassCosts` line (timed on a second, planned copy
+of the model when the request says so); stdin closing ends the process.
 Staying alive lets the parent interleave raw runs with exo and mlx_lm.server runs, so load from other processes hits
 every system alike.
 """
@@ -31,6 +32,7 @@ from bench.workloads import decode_messages
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.blas_check import measure_matmul_gflops
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, trim_tokens
+from exo.worker.engines.mlx.matmul_planner import MatmulPlanner
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, load_model
 
 _WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
@@ -60,6 +62,8 @@ class PassCostRequest(BaseModel):
     kind: Literal["pass_costs"] = "pass_costs"
     rows: list[int]
     repeats: int
+    planned: bool = False
+    """Time the steps on a second copy of the model with exo's matmul plan installed, as exo's runner has it."""
 
 
 class PassCosts(BaseModel):
@@ -147,9 +151,17 @@ def _answer(line: str) -> None:
     sys.stdout.flush()
 
 
+def _planned_copy(model_path: Path) -> LoadedModel:
+    """The model loaded again with exo's matmul plan: the raw copy keeps mlx-lm's own products for its generations."""
+    loaded = load_model(model_path, ShardAssignment())
+    MatmulPlanner.for_loaded(loaded)
+    return loaded
+
+
 def main() -> None:
     setup = RawSetup.model_validate_json(sys.argv[1])
     loaded = load_model(setup.model_path, ShardAssignment())
+    planned: LoadedModel | None = None
     save_float32_copy(loaded, setup.model_path, setup.float32_copy)
     # Warm-up: first-call allocation and kernel setup are not throughput.
     measure_once(loaded, _prompt_tokens(loaded, "warm-up"), WARM_UP_MAX_TOKENS)
@@ -159,7 +171,10 @@ def main() -> None:
             case RawRequest(tag=tag, max_tokens=max_tokens):
                 answer = measure_once(loaded, _prompt_tokens(loaded, tag), max_tokens).model_dump_json()
             case PassCostRequest() as request:
-                answer = measure_pass_costs(loaded, _prompt_tokens(loaded, "pass costs"), request).model_dump_json()
+                if request.planned and planned is None:
+                    planned = _planned_copy(setup.model_path)
+                timed = planned if request.planned and planned is not None else loaded
+                answer = measure_pass_costs(timed, _prompt_tokens(timed, "pass costs"), request).model_dump_json()
         _answer(answer)
 
 

@@ -48,7 +48,7 @@ def _machine(report: BenchReport) -> list[str]:
     rows = [
         ["Platform", machine.platform],
         ["Python", machine.python],
-        ["CPUs", str(machine.cpu_count)],
+        ["CPUs", f"{machine.cpu_count} × {machine.cpu_model}"],
         ["Load average (1, 5, 15 min) at the end", load],
         ["mlx / mlx-lm", f"{machine.mlx_version} / {machine.mlx_lm_version}"],
         ["BLAS", machine.blas],
@@ -102,7 +102,7 @@ def _decode(report: BenchReport) -> list[str]:
         f"Greedy (temperature 0), max_tokens {settings.decode_max_tokens}, a long free-text answer; best decode "
         f"speed of {settings.decode_repeats} run(s) per system (rounds of every system in turn), TTFT of the first "
         "run (a prompt no cache had seen). Decode tokens/s = (completion tokens − 1) / (last token time − first "
-        "token time). exo runs as shipped: continuous batching and prompt-lookup speculation on.",
+        "token time). exo runs as shipped: continuous batching, prompt-lookup speculation and the matmul plan on.",
         "",
         *markdown_table(["System", "Decode tok/s", "× raw", "TTFT s", "Prompt tokens", "Completion tokens"], rows),
         f"- exo / raw: **{format_ratio(ratio(exo_plain.decode_tokens_per_s, raw.decode_tokens_per_s))}** without "

@@ -26,22 +26,31 @@ def _concurrency_rows(rows: list[ConcurrencyRow]) -> list[list[str]]:
     ]
 
 
-def _batching_ceiling(seconds: dict[int, float]) -> list[str]:
+def _step_columns(seconds: dict[int, float], sequences: int) -> list[str]:
+    one, step = seconds.get(1), seconds.get(sequences)
+    if not one or not step:
+        return ["–", "–", "–"]
+    return [f"{step * 1000:.1f}", f"{step / one:.2f}×", f"{batching_ceiling(seconds, sequences) or 0:.2f}×"]
+
+
+def _batching_ceiling(seconds: dict[int, float], planned: dict[int, float]) -> list[str]:
     """What a decode step over N sequences costs on this machine, and so the most batching N streams can give."""
-    one = seconds.get(1)
-    if not one:
+    if not seconds.get(1):
         return []
     rows = [
-        [str(rows), f"{step * 1000:.1f}", f"{step / one:.2f}×", f"{batching_ceiling(seconds, rows) or 0:.2f}×"]
-        for rows, step in sorted(seconds.items())
+        [str(sequences), *_step_columns(seconds, sequences), *_step_columns(planned, sequences)]
+        for sequences in sorted(seconds.keys() | planned.keys())
     ]
+    header = ["Sequences", "Step ms", "× one sequence", "Most N streams can give"]
     return [
         "What batching can give here: one decode step (forward pass and greedy pick) over N sequences in bare "
         "mlx-lm, each sequence one token past the decode prompt, the same float32 weights and BLAS; best of the "
         "repeats, the sizes taking turns. N tokens per step over the step's cost is the most N batched streams can "
-        "multiply one stream's decode throughput by, before prefill and serving work.",
+        "multiply one stream's decode throughput by, before prefill and serving work. The plan columns time the "
+        "same steps through exo's matmul plan, which exo's runner uses: mlx-lm's own product `x @ Wᵀ` against the "
+        "layout and padding measured fastest per weight shape (docs/OPERATIONS.md).",
         "",
-        *markdown_table(["Sequences", "Step ms", "× one sequence", "Most N streams can give"], rows),
+        *markdown_table([*header, *(f"{column}, plan" for column in header[1:])], rows),
     ]
 
 
@@ -60,7 +69,7 @@ def render_concurrency(report: BenchReport) -> list[str]:
         *markdown_table(header, _concurrency_rows(report.concurrency)),
         "![concurrency](perf/concurrency.png)",
         "",
-        *_batching_ceiling(report.batch_pass_seconds),
+        *_batching_ceiling(report.batch_pass_seconds, report.planned_batch_pass_seconds),
     ]
     if report.arrival:
         rows = [

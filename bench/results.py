@@ -79,6 +79,8 @@ class MachineInfo(BenchModel):
     platform: str
     python: str
     cpu_count: int
+    cpu_model: str = "unknown"
+    """The processor's name ("unknown" in reports saved before it was recorded)."""
     load_average: tuple[float, float, float]
     mlx_version: str
     mlx_lm_version: str
@@ -298,3 +300,5 @@ class BenchReport(BenchModel):
     default one paraphrases shows what speculation does for an agent's edit."""
     batch_pass_seconds: dict[int, float] = {}
     """Bare mlx-lm: best seconds of one decode step over N sequences (empty in reports saved before)."""
+    planned_batch_pass_seconds: dict[int, float] = {}
+    """The same steps through exo's matmul plan, as exo's runner computes them (empty in reports saved before)."""

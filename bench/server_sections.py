@@ -38,6 +38,8 @@ class ServerSections:
     """Float32 matmul speed in the raw baseline's process (where the BLAS preload applies)."""
     batch_pass_seconds: dict[int, float]
     """Bare mlx-lm: best seconds of one decode step over N sequences, for the stream counts measured (and 3)."""
+    planned_batch_pass_seconds: dict[int, float]
+    """The same steps with exo's matmul plan installed."""
 
 
 QUEUED_EXO = "exo --batch-size 1"
@@ -95,7 +97,11 @@ def measure_with_servers(
             progress("bare mlx-lm: a decode step over several sequences against one over a single sequence")
             rows = sorted({1, 3, *settings.concurrency_levels})
             batch_pass_seconds = raw.pass_costs(rows, settings.pass_cost_repeats)
+            progress("the same steps with exo's matmul plan")
+            planned_batch_pass_seconds = raw.pass_costs(rows, settings.pass_cost_repeats, planned=True)
         progress(f"starting {QUEUED_EXO} in the raw baseline's place")
         queued = servers.enter_context(running_exo(model_path, work_dir, ["--batch-size", "1"], QUEUED_EXO))
         concurrency, arrival = asyncio.run(_measure_concurrent((exo, queued, peer), settings, progress))
-    return ServerSections(decode, agent, concurrency, arrival, matmul_gflops, batch_pass_seconds)
+    return ServerSections(
+        decode, agent, concurrency, arrival, matmul_gflops, batch_pass_seconds, planned_batch_pass_seconds
+    )

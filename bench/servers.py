@@ -34,16 +34,25 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _exo_ready(base_url: str) -> bool:
+PLAN_REFINED = "matmul plan refined while idle"
+"""What an exo runner logs once it has refined its matmul plan (`exo.worker.runner.runner`)."""
+
+
+def _exo_ready(base_url: str, log_path: Path) -> bool:
+    """Every runner loaded, and done refining its matmul plan: a runner refines it while idle, which in the bench is
+    while another system is being measured, so measuring starts once that is over (a minute or so)."""
     response = httpx.get(f"{base_url}/state", timeout=10)
     response.raise_for_status()
     runners = State.model_validate(response.json()).runners.values()
     if any(runner.status == "failed" for runner in runners):
         raise RuntimeError("the exo runner failed to load the model")
-    return bool(runners) and all(runner.status == "ready" for runner in runners)
+    if not runners or any(runner.status != "ready" for runner in runners):
+        return False
+    planned = sum(runner.metadata is not None and runner.metadata.matmul_plan is not None for runner in runners)
+    return log_path.read_text(errors="replace").count(PLAN_REFINED) >= planned
 
 
-def _mlx_lm_ready(base_url: str) -> bool:
+def _mlx_lm_ready(base_url: str, _: Path) -> bool:
     return httpx.get(f"{base_url}/health", timeout=10).status_code == 200
 
 
@@ -79,14 +88,20 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 @contextmanager
 def _serving(
-    *, name: str, arguments: list[str], env: dict[str, str], log_dir: Path, port: int, ready: Callable[[str], bool]
+    *,
+    name: str,
+    arguments: list[str],
+    env: dict[str, str],
+    log_dir: Path,
+    port: int,
+    ready: Callable[[str, Path], bool],
 ) -> Generator[RunningServer]:
     log_path = log_dir / f"{'-'.join(name.split())}-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(arguments, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base_url = f"http://127.0.0.1:{port}"
     try:
-        _wait(process, log_path, lambda: ready(base_url))
+        _wait(process, log_path, lambda: ready(base_url, log_path))
         yield RunningServer(name=name, base_url=base_url, log_path=log_path)
     finally:
         _stop(process)

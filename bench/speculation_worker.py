@@ -34,6 +34,7 @@ from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings, EngineContext
 from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
+from exo.worker.engines.mlx.matmul_planner import MatmulPlanner
 from exo.worker.engines.mlx.utils_mlx import chat_template_text, load_model
 
 OFF = "off"
@@ -121,6 +122,7 @@ def _decode(context: EngineContext, scheduler: GenerationScheduler, task: ChatCo
 
 def measure(setup: SpeculationSetup) -> SpeculationReport:
     loaded = load_model(setup.model_path, ShardAssignment())
+    MatmulPlanner.for_loaded(loaded)  # as exo's runner does
     tool_format = detect_tool_format(chat_template_text(loaded.tokenizer))
     prefix_cache = PrefixCache(loaded.model, PREFIX_CACHE_BYTES)
     contexts = {

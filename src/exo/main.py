@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
         "in one pass; a draft is verified only where the measured pass costs say it pays)",
     )
     speculation.add_argument("--speculation", action="store_true", help="keep speculation on (the default)")
+    parser.add_argument(
+        "--no-matmul-plan",
+        action="store_true",
+        help="compute every float32 product in mlx's own layout; by default the runner times the few-row products of "
+        "decoding in two layouts after loading (a second or two) and uses the faster one per weight shape",
+    )
     parser.add_argument("--prefix-cache-gb", type=float, default=2.0, help="memory budget of the prompt prefix cache")
     parser.add_argument("--max-request-mb", type=float, default=32.0, help="largest accepted request body")
     parser.add_argument(
@@ -182,6 +188,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         queue_limit=arguments.queue_limit,
         batch_size=arguments.batch_size,
         speculation=not arguments.no_speculation,
+        matmul_plan=not arguments.no_matmul_plan,
         prefix_cache_bytes=int(arguments.prefix_cache_gb * 1024**3),
         tool_format_override=arguments.tool_format,
         max_request_bytes=int(arguments.max_request_mb * 1024 * 1024),

@@ -56,6 +56,7 @@ class NodeConfig:
     queue_limit: int = 64
     batch_size: int = 8
     speculation: bool = True
+    matmul_plan: bool = True
     prefix_cache_bytes: int = 2 * 1024**3
     tool_format_override: str | None = None
     max_request_bytes: int = 32 * 1024 * 1024
@@ -249,6 +250,7 @@ class Node:
             queue_limit=self.config.queue_limit,
             batch_size=self.config.batch_size,
             speculation=self.config.speculation,
+            matmul_plan=self.config.matmul_plan,
             prefix_cache_bytes=self.config.prefix_cache_bytes,
             tool_format_override=self.config.tool_format_override,
             log_level=self.config.log_level,

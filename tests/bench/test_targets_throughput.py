@@ -43,12 +43,23 @@ def test_a_scaling_miss_states_the_ceiling_the_measured_batched_step_costs_allow
     check = check_concurrency_scaling(rows, {1: 0.1, 2: 0.12, 4: 0.2})
     assert check is not None
     assert not check.met
-    assert "cost 2.00× one" in check.why
+    assert "in bare mlx-lm 2.00×" in check.why
     assert "at most 2.00×" in check.why
     assert "below the target" in check.why
     check = check_concurrency_scaling(rows, {1: 0.1, 4: 0.12})
     assert check is not None
     assert "at most 3.33×" in check.why
+    assert "exo's own scheduling" in check.why
+
+
+def test_a_scaling_miss_takes_exo_s_ceiling_from_the_steps_through_its_matmul_plan() -> None:
+    rows = [_level("exo", 1, 4.0), _level("exo", 4, 7.0)]
+
+    check = check_concurrency_scaling(rows, {1: 0.1, 4: 0.2}, {1: 0.08, 4: 0.12})
+
+    assert check is not None
+    assert "in bare mlx-lm 2.00× and through exo's matmul plan 1.50×" in check.why
+    assert "can give exo at most 2.67×" in check.why
     assert "exo's own scheduling" in check.why
 
 

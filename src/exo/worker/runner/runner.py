@@ -41,10 +41,14 @@ from exo.worker.runner.pipeline_serving import serve_pipeline
 if TYPE_CHECKING:
     from exo.worker.engines.mlx.generator.chat_completion import EngineContext
     from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
+    from exo.worker.engines.mlx.matmul_planner import MatmulPlanner
 
 logger = logging.getLogger(__name__)
 
 ORPHAN_CHECK_SECONDS = 1.0
+IDLE_SECONDS_PER_PLAN_REFINEMENT = 0.2
+"""While no task runs, the matmul plan is refined once per this many seconds without a message (milliseconds of work
+each time, so a request arriving then waits at most that long)."""
 
 
 class UnreadableRequestError(Exception):
@@ -83,8 +87,9 @@ class RunnerChannel:
         except ValidationError as error:
             raise UnreadableRequestError(error, payload) from error
 
-    def poll(self) -> bool:
-        return self._connection.poll()
+    def poll(self, timeout: float = 0.0) -> bool:
+        """Whether a message is waiting, after waiting up to `timeout` seconds for one."""
+        return self._connection.poll(timeout)
 
     def fileno(self) -> int:
         """The pipe's descriptor: a pipeline rank waits on it together with its task connections."""
@@ -177,6 +182,8 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
 
     scheduler = GenerationScheduler(context.loaded.model, context.decode)
     while True:
+        if scheduler.active == 0 and context.matmul_planner is not None:
+            _refine_while_idle(channel, context.matmul_planner)
         for request in _incoming(channel, wait=scheduler.active == 0):
             match request:
                 case RunTask(task=task):
@@ -202,6 +209,14 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
                 channel.send(TaskChunk(task_id=update.task_id, chunk=chunk))
             if update.done:
                 channel.send(TaskDone(task_id=update.task_id, generated_tokens=update.generated_tokens))
+
+
+def _refine_while_idle(channel: RunnerChannel, planner: "MatmulPlanner") -> None:
+    """Refine the matmul plan a step at a time until a message arrives or nothing is left to refine."""
+    while planner.refining and not channel.poll(IDLE_SECONDS_PER_PLAN_REFINEMENT):
+        planner.refine()
+        if not planner.refining:
+            logger.info("matmul plan refined while idle: %s", planner.report().describe())
 
 
 def _incoming(channel: RunnerChannel, *, wait: bool) -> list[RunnerRequest]:
@@ -270,6 +285,7 @@ def _load(
     from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
     from exo.worker.engines.mlx.generator.chat_completion import DecodeSettings, EngineContext
     from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
+    from exo.worker.engines.mlx.matmul_planner import MatmulPlanner
     from exo.worker.engines.mlx.utils_mlx import chat_template_text, load_model
 
     model_path = Path(bootstrap.model_path)
@@ -293,6 +309,7 @@ def _load(
         raise _LoadFailedError(str(error)) from error
     except Exception as error:
         raise _LoadFailedError(f"cannot load model from {model_path}: {type(error).__name__}: {error}") from error
+    planner = MatmulPlanner.for_loaded(loaded) if bootstrap.matmul_plan else None
     prefix_cache = PrefixCache(loaded.model, bootstrap.prefix_cache_bytes) if bootstrap.prefix_cache_bytes else None
     # A model whose KV cache mlx-lm cannot merge across sequences (some recurrent or sliding-window layers) serves its
     # requests one at a time.
@@ -306,9 +323,12 @@ def _load(
         batch_size=batch_size,
         vocab_size=loaded.vocabulary_size,
         blas=blas,
+        matmul_plan=planner.report() if planner is not None else None,
         pipeline=loaded.strategy,
     )
-    context = EngineContext(loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache, decode=decode)
+    context = EngineContext(
+        loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache, decode=decode, matmul_planner=planner
+    )
     if link is not None:
         link.connect_tasks()
     return context, metadata, link

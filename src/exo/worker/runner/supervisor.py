@@ -82,6 +82,8 @@ class RunnerConfig:
     """Most tasks the runner decodes together (it may allow fewer for a model that cannot batch)."""
     speculation: bool = True
     """Prompt-lookup speculative decoding in the runner."""
+    matmul_plan: bool = True
+    """Time the few-row products of decoding after loading and use the faster layout (float32 on a CPU)."""
 
 
 @dataclass
@@ -222,6 +224,7 @@ class RunnerSupervisor:
             trust_remote_code=self.config.trust_remote_code,
             batch_size=self.config.batch_size,
             speculation=self.config.speculation,
+            matmul_plan=self.config.matmul_plan,
         )
         payload = RunnerRequestAdapter.dump_json(bootstrap)
         context = multiprocessing.get_context("spawn")
@@ -302,6 +305,8 @@ class RunnerSupervisor:
                         self.config.model_id,
                         metadata.blas.describe(),
                     )
+                if metadata.matmul_plan is not None:
+                    logger.info("runner %s few-row matmuls: %s", self.runner_id, metadata.matmul_plan.describe())
                 self.status = "ready"
                 self._load_failures = 0
                 self._ready.set()

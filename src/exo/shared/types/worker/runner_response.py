@@ -4,7 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
-from exo.shared.types.blas import BlasReport
+from exo.shared.types.blas import BlasReport, MatmulPlanReport
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import FinishReason, FrozenModel, TaskId
 from exo.shared.types.tasks import ChatCompletionTask
@@ -32,6 +32,8 @@ class ModelMetadata(FrozenModel):
     vocab_size: int | None = None
     # The BLAS the runner's float32 matmuls use and its measured speed (None from runners that did not check).
     blas: BlasReport | None = None
+    # How the runner computes few-row float32 products (None where it planned none: off, or no float32 weights).
+    matmul_plan: MatmulPlanReport | None = None
     # How a pipeline rank's model was split (None for a whole model).
     pipeline: PipelineStrategy | None = None
 
@@ -50,6 +52,8 @@ class RunnerBootstrap(FrozenModel):
     """Most tasks decoded together; 1 serves them one at a time."""
     speculation: bool = True
     """Prompt-lookup speculative decoding for a greedy request that runs alone."""
+    matmul_plan: bool = True
+    """Plan the few-row float32 products of decoding (`engines/mlx/matmul_plan.py`) where the weights are float32."""
 
 
 class RunTask(FrozenModel):

@@ -8,6 +8,7 @@ speculation, so "alone" and "together" also run different decoders.
 
 import mlx.core as mx
 import pytest
+from mlx import nn
 from pydantic import JsonValue
 
 from exo.shared.types.chunks import ErrorChunk
@@ -16,6 +17,8 @@ from exo.worker.engines.mlx.generator.chat_completion import DecodeSettings, Eng
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
+from exo.worker.engines.mlx.matmul_plan import PlanSlot, RowChoice, ShapePlan
+from exo.worker.engines.mlx.matmul_planner import install_plans
 from tests.fixtures.fixture_specs import (
     FIXTURE_MODELS_DIR,
     GET_WEATHER_TOOL,
@@ -204,3 +207,28 @@ def test_batched_requests_reuse_and_fill_the_prefix_cache() -> None:
     )
     uncached = context_for(context.loaded, BATCHED)
     assert second[follow_up.task_id].normalised() == run_alone(uncached, task(SHAPES["max_tokens"])).normalised()
+
+
+def test_with_every_product_planned_batched_and_speculating_requests_keep_their_answers(
+    alone: dict[str, Outcome],
+) -> None:
+    # A plan that leaves mlx's own product for every row count (the other layout, padded by one row), so batches of
+    # every size and every verification pass take the planned path; the answers are those of the unplanned model.
+    planned = engine_context(FIXTURE_MODELS_DIR / "tiny-qwen-tools", BATCHED)
+    shapes = {
+        (module.weight.shape[0], module.weight.shape[1])
+        for _, module in planned.loaded.model.named_modules()
+        if type(module) in (nn.Linear, nn.Embedding)
+    }
+    rows = len(SHAPES) + 8
+    every_row = ShapePlan(
+        choices=tuple(RowChoice(layout="weights_first", computed_rows=count + 1) for count in range(1, rows + 1))
+    )
+    install_plans(planned.loaded.model, dict.fromkeys(shapes, PlanSlot(every_row)))
+    tasks = named_tasks()
+
+    together = run(planned, {0: list(tasks.values())})
+
+    for name, one in tasks.items():
+        assert together[one.task_id].normalised() == alone[name].normalised(), name
+        assert run_alone(planned, task(SHAPES[name])).normalised() == alone[name].normalised(), name

@@ -36,6 +36,7 @@ from exo.worker.engines.mlx.generator.sampling import (
     penalty_processors,
 )
 from exo.worker.engines.mlx.generator.stop_sequences import StopSequenceMatcher
+from exo.worker.engines.mlx.matmul_planner import MatmulPlanner
 from exo.worker.engines.mlx.prompt_budget import ContextLengthExceededError
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, RenderedPrompt, apply_chat_template
 
@@ -60,6 +61,8 @@ class EngineContext:
     tool_format: ToolFormatName
     prefix_cache: PrefixCache | None
     decode: DecodeSettings = field(default_factory=DecodeSettings)
+    # Refines the model's matmul plan while no task runs (None where nothing was planned).
+    matmul_planner: MatmulPlanner | None = None
 
 
 def reasoning_markers(tokenizer: TokenizerWrapper, starts_in_reasoning: bool) -> ReasoningMarkers | None:

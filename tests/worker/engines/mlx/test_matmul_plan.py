@@ -1,0 +1,194 @@
+"""The few-row matmul plan: which layout and padding it picks from measured times, that planned products equal mlx's
+own, and that a measured plan installs itself in every plain float32 Linear layer of a real model."""
+
+from collections.abc import Callable
+
+import mlx.core as mx
+import pytest
+from mlx import nn
+
+from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.engines.mlx.matmul_plan import (
+    DEVIATION_MARGIN,
+    Layout,
+    PlannedEmbedding,
+    PlannedLinear,
+    PlanSlot,
+    RowChoice,
+    ShapePlan,
+    choose_shape_plan,
+    planned_product,
+)
+from exo.worker.engines.mlx.matmul_planner import MatmulPlanner, MatmulPlanSettings
+from exo.worker.engines.mlx.utils_mlx import load_model
+from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
+
+ROWS_FIRST: Layout = "rows_first"
+WEIGHTS_FIRST: Layout = "weights_first"
+
+
+def _seconds(rows_first: list[float], weights_first: list[float]) -> dict[tuple[Layout, int], float]:
+    seconds: dict[tuple[Layout, int], float] = {}
+    for rows, (own, other) in enumerate(zip(rows_first, weights_first, strict=True), start=1):
+        seconds[(ROWS_FIRST, rows)] = own
+        seconds[(WEIGHTS_FIRST, rows)] = other
+    return seconds
+
+
+def test_the_plan_takes_the_layout_that_measured_faster_and_pads_where_more_rows_cost_less() -> None:
+    # Shaped like MKL on an AMD CPU: one row slower than two, x @ Wᵀ repacking from three rows on.
+    plan = choose_shape_plan(_seconds([10.0, 9.0, 20.0, 21.0], [10.0, 7.0, 9.5, 12.0]), max_rows=4)
+
+    assert plan.choices == (
+        RowChoice(layout=WEIGHTS_FIRST, computed_rows=2),
+        RowChoice(layout=WEIGHTS_FIRST, computed_rows=2),
+        RowChoice(layout=WEIGHTS_FIRST, computed_rows=3),
+        RowChoice(layout=WEIGHTS_FIRST, computed_rows=4),
+    )
+    assert plan.for_rows(1) == RowChoice(layout=WEIGHTS_FIRST, computed_rows=2)
+    assert plan.for_rows(5) is None  # beyond the plan: mlx's own product
+
+
+def test_mlx_s_own_product_stays_unless_another_is_faster_by_more_than_the_margin() -> None:
+    just_inside = 1 - DEVIATION_MARGIN / 2
+    plan = choose_shape_plan(_seconds([10.0, 10.0], [10.0 * just_inside, 10.0 * just_inside]), max_rows=2)
+
+    assert plan.choices == (
+        RowChoice(layout=ROWS_FIRST, computed_rows=1),
+        RowChoice(layout=ROWS_FIRST, computed_rows=2),
+    )
+    assert plan.for_rows(1) is None
+    assert plan.for_rows(2) is None
+
+
+def test_padding_and_a_layout_change_together_must_beat_both_margins() -> None:
+    # Two rows in the other layout are 8% cheaper than one row: less than the two deviations' 10%.
+    plan = choose_shape_plan(_seconds([10.0, 12.0], [10.0, 9.2]), max_rows=2)
+
+    assert plan.for_rows(1) is None
+    assert plan.for_rows(2) == RowChoice(layout=WEIGHTS_FIRST, computed_rows=2)
+
+
+@pytest.mark.parametrize("layout", [ROWS_FIRST, WEIGHTS_FIRST])
+@pytest.mark.parametrize(("leading", "computed_rows"), [((1, 1), 1), ((1, 1), 3), ((2, 3), 6), ((3, 1), 5)])
+def test_a_planned_product_equals_mlx_s_over_any_leading_shape(
+    layout: Layout, leading: tuple[int, int], computed_rows: int
+) -> None:
+    weight = mx.random.normal((48, 32), key=mx.random.key(0))
+    x = mx.random.normal((*leading, 32), key=mx.random.key(1))
+
+    planned = planned_product(x, weight, RowChoice(layout=layout, computed_rows=computed_rows))
+
+    assert planned.shape == (*leading, 48)
+    assert mx.allclose(planned, x @ weight.T, rtol=1e-5, atol=1e-5).item()
+
+
+def _everywhere(rows: int, layout: Layout, extra_rows: int) -> PlanSlot:
+    return PlanSlot(
+        ShapePlan(
+            choices=tuple(RowChoice(layout=layout, computed_rows=count + extra_rows) for count in range(1, rows + 1))
+        )
+    )
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_planned_linear_layer_gives_the_linear_layer_s_results(bias: bool) -> None:
+    linear = nn.Linear(32, 48, bias=bias)
+    planned = PlannedLinear(linear, _everywhere(4, WEIGHTS_FIRST, extra_rows=1))
+
+    for rows in (1, 3, 4, 9):  # 9: beyond the plan, mlx's own product
+        x = mx.random.normal((1, rows, 32), key=mx.random.key(rows))
+        assert mx.allclose(planned(x), linear(x), rtol=1e-5, atol=1e-5).item()
+    assert ("bias" in planned) == bias
+    assert planned.trainable_parameters().keys() == linear.trainable_parameters().keys()
+
+
+def test_a_planned_embedding_looks_up_as_before_and_projects_as_planned() -> None:
+    embedding = nn.Embedding(100, 32)
+    planned = PlannedEmbedding(embedding, _everywhere(4, WEIGHTS_FIRST, extra_rows=2))
+    tokens = mx.array([[3, 17, 99]])
+    hidden = mx.random.normal((1, 2, 32), key=mx.random.key(5))
+
+    assert mx.array_equal(planned(tokens), embedding(tokens)).item()
+    assert mx.allclose(planned.as_linear(hidden), embedding.as_linear(hidden), rtol=1e-5, atol=1e-5).item()
+
+
+# The fixture's matrices are tiny: plan every one of them, from small samples.
+EVERY_SHAPE = MatmulPlanSettings(max_rows=4, sample_bytes=1 << 16, smallest_planned_bytes=0, repeats=1, refinements=2)
+
+
+def test_a_measured_plan_installs_in_every_linear_layer_of_a_real_model_and_keeps_its_answer() -> None:
+    loaded = load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools", ShardAssignment())
+    prompt = mx.array([loaded.tokenizer.encode("What is the weather in Paris?")])
+    before = loaded.model(prompt)
+    linear_count = sum(type(module) is nn.Linear for _, module in loaded.model.named_modules())
+    shapes = {
+        tuple(module.weight.shape)
+        for _, module in loaded.model.named_modules()
+        if type(module) in (nn.Linear, nn.Embedding)
+    }
+
+    planner = MatmulPlanner.plan(loaded.model, EVERY_SHAPE)
+
+    assert planner is not None
+    report = planner.report()
+    assert report.planned_shapes == len(shapes)
+    assert list(report.speedup_by_rows) == [1, 2, 3, 4]
+    assert all(speedup > 0 for speedup in report.speedup_by_rows.values())
+    modules = [module for _, module in loaded.model.named_modules()]
+    assert sum(isinstance(module, PlannedLinear) for module in modules) == linear_count
+    assert not any(type(module) is nn.Linear for module in modules)
+    after = loaded.model(prompt)
+    assert mx.allclose(after, before, rtol=1e-4, atol=1e-4).item()
+    assert mx.array_equal(mx.argmax(after, axis=-1), mx.argmax(before, axis=-1)).item()
+
+
+class ScriptedTimer:
+    """Runs the timed work and reports scripted seconds: each (shape, rows) times rows_first, then weights_first."""
+
+    def __init__(self) -> None:
+        self.weights_first_seconds = 2.0
+        self.calls = 0
+
+    def __call__(self, work: Callable[[], None]) -> float:
+        work()
+        self.calls += 1
+        return 1.0 if self.calls % 2 == 1 else self.weights_first_seconds
+
+
+def _layer_plans(model: nn.Module) -> list[ShapePlan]:
+    return [module.slot.plan for _, module in model.named_modules() if isinstance(module, PlannedLinear)]
+
+
+def test_refinements_made_while_idle_keep_the_best_time_and_re_plan_every_layer_of_the_shape() -> None:
+    loaded = load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools", ShardAssignment())
+    timer = ScriptedTimer()
+    planner = MatmulPlanner.plan(loaded.model, EVERY_SHAPE, timer)
+    assert planner is not None
+    # Loading happened on a busy machine: the other layout measured twice as slow, so mlx's own stayed.
+    assert all(plan.for_rows(rows) is None for plan in _layer_plans(loaded.model) for rows in range(1, 5))
+    shapes = planner.report().planned_shapes
+
+    timer.weights_first_seconds = 0.5  # the machine is quiet now: the other layout is faster
+    refinements = 0
+    while planner.refining:
+        planner.refine()
+        refinements += 1
+
+    assert refinements == shapes * EVERY_SHAPE.max_rows * EVERY_SHAPE.refinements
+    assert timer.calls == 2 * shapes * EVERY_SHAPE.max_rows * (EVERY_SHAPE.repeats + EVERY_SHAPE.refinements)
+    for plan in _layer_plans(loaded.model):
+        assert [plan.for_rows(rows) for rows in range(1, 5)] == [
+            RowChoice(layout=WEIGHTS_FIRST, computed_rows=rows) for rows in range(1, 5)
+        ]
+    assert planner.report().speedup_by_rows == dict.fromkeys(range(1, 5), 2.0)
+    timer.weights_first_seconds = 3.0  # a disturbed timing later never undoes the best one
+    planner.refine()
+    assert planner.report().speedup_by_rows == dict.fromkeys(range(1, 5), 2.0)
+
+
+def test_no_plan_for_a_model_whose_weights_are_all_small() -> None:
+    loaded = load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools", ShardAssignment())
+
+    assert MatmulPlanner.plan(loaded.model) is None
+    assert any(type(module) is nn.Linear for _, module in loaded.model.named_modules())
