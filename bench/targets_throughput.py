@@ -30,6 +30,60 @@ def batching_ceiling(batch_pass_seconds: dict[int, float], streams: int) -> floa
     return streams * one / many if one and many else None
 
 
+def _decode_seconds_per_token(one: ConcurrencyRow, tokens: int) -> tuple[float, float] | None:
+    """(one stream's wall seconds, its seconds per token after the first), from its aggregate and first-token time."""
+    if tokens < 2 or one.aggregate_tokens_per_s <= 0:
+        return None
+    wall = tokens / one.aggregate_tokens_per_s
+    per_token = (wall - one.mean_ttft_s) / (tokens - 1)
+    return (wall, per_token) if per_token > 0 else None
+
+
+def workload_ceiling(
+    one: ConcurrencyRow, many: ConcurrencyRow, tokens: int, step_seconds: dict[int, float]
+) -> float | None:
+    """At most how many times one stream's aggregate `many.streams` streams of `tokens` tokens reach, prefill included.
+
+    The prompts prefill together (their time is what `many` measured to the first token); after that each step
+    costs what one stream's step cost, times the measured cost of a step over that many sequences against one.
+    """
+    single, batched = step_seconds.get(1), step_seconds.get(many.streams)
+    decode = _decode_seconds_per_token(one, tokens)
+    if not single or not batched or decode is None:
+        return None
+    wall, per_token = decode
+    best_wall = many.mean_ttft_s + (tokens - 1) * per_token * batched / single
+    return many.streams * wall / best_wall
+
+
+def _step_cost_needed(one: ConcurrencyRow, many: ConcurrencyRow, tokens: int) -> float | None:
+    """What a step over `many.streams` sequences may cost against one for the target, with the prefill as measured."""
+    decode = _decode_seconds_per_token(one, tokens)
+    if decode is None:
+        return None
+    wall, per_token = decode
+    return (many.streams * wall / CONCURRENCY_SCALING_TARGET - many.mean_ttft_s) / ((tokens - 1) * per_token)
+
+
+def _with_prefill(one: ConcurrencyRow, many: ConcurrencyRow, tokens: int, step_seconds: dict[int, float]) -> str:
+    """The ceiling once the prompts' prefill is counted, and the step cost the target would need."""
+    ceiling = workload_ceiling(one, many, tokens, step_seconds)
+    needed = _step_cost_needed(one, many, tokens)
+    if ceiling is None or needed is None:
+        return ""
+    need = (
+        f"a step over {many.streams} sequences costing at most {needed:.2f}× one"
+        if needed > 0
+        else "a faster prefill: the prompts' prefill alone takes longer than the target allows"
+    )
+    return (
+        f". Counting the prefill as measured ({many.streams} prompts took {many.mean_ttft_s:.2f} s to a first token, "
+        f"one took {one.mean_ttft_s:.2f} s) the ceiling for this workload is {ceiling:.2f}×, and exo reached "
+        f"{many.aggregate_tokens_per_s / one.aggregate_tokens_per_s / ceiling:.0%} of it; "
+        f"{CONCURRENCY_SCALING_TARGET}× would need {need}"
+    )
+
+
 def _step_costs(batch_pass_seconds: dict[int, float], planned_batch_pass_seconds: dict[int, float]) -> str:
     """Why batching can give no more here: what a step over `SCALING_STREAMS` sequences costs against one over a
     single sequence, in bare mlx-lm and through exo's matmul plan (exo's own ceiling, where measured)."""
@@ -59,6 +113,7 @@ def check_concurrency_scaling(
     rows: list[ConcurrencyRow],
     batch_pass_seconds: dict[int, float] | None = None,
     planned_batch_pass_seconds: dict[int, float] | None = None,
+    tokens_per_stream: int | None = None,
 ) -> TargetCheck | None:
     one, four = concurrency_row(rows, EXO, 1), concurrency_row(rows, EXO, SCALING_STREAMS)
     if one is None or four is None:
@@ -78,6 +133,8 @@ def check_concurrency_scaling(
                 f"{peer_scaling:.2f}×"
             )
         why += _step_costs(batch_pass_seconds or {}, planned_batch_pass_seconds or {})
+        if tokens_per_stream is not None:
+            why += _with_prefill(one, four, tokens_per_stream, planned_batch_pass_seconds or batch_pass_seconds or {})
     return TargetCheck(
         target=f"exo aggregate tok/s at {SCALING_STREAMS} streams ≥ {CONCURRENCY_SCALING_TARGET}× one stream",
         measured=format_ratio(measured),
@@ -211,7 +268,12 @@ def check_speculation_free_text(section: SpeculationReport) -> TargetCheck | Non
 def throughput_checks(report: BenchReport) -> list[TargetCheck]:
     """The #13 targets this report has numbers for."""
     checks = [
-        check_concurrency_scaling(report.concurrency, report.batch_pass_seconds, report.planned_batch_pass_seconds),
+        check_concurrency_scaling(
+            report.concurrency,
+            report.batch_pass_seconds,
+            report.planned_batch_pass_seconds,
+            report.settings.concurrency_max_tokens,
+        ),
         check_concurrency_vs_peer(report.concurrency),
     ]
     if report.speculation is not None:

@@ -7,6 +7,7 @@ from bench.targets_throughput import (
     check_concurrency_vs_peer,
     check_speculation_edit,
     check_speculation_free_text,
+    workload_ceiling,
 )
 
 
@@ -61,6 +62,24 @@ def test_a_scaling_miss_takes_exo_s_ceiling_from_the_steps_through_its_matmul_pl
     assert "in bare mlx-lm 2.00× and through exo's matmul plan 1.50×" in check.why
     assert "can give exo at most 2.67×" in check.why
     assert "exo's own scheduling" in check.why
+
+
+def test_the_workload_ceiling_counts_the_prefill_as_measured_then_the_batched_step_costs() -> None:
+    # One stream: 11 tokens at 10 tok/s is 1.1 s, 0.1 s of it to the first token, so 0.1 s per later token.
+    one = _level("exo", 1, 10.0).model_copy(update={"mean_ttft_s": 0.1})
+    # Four prompts prefilled together took 0.3 s; a step over 4 sequences costs 2x one.
+    four = _level("exo", 4, 20.0).model_copy(update={"mean_ttft_s": 0.3})
+
+    ceiling = workload_ceiling(one, four, 11, {1: 0.1, 4: 0.2})
+
+    assert ceiling is not None
+    assert abs(ceiling - 4 * 1.1 / (0.3 + 10 * 0.1 * 2)) < 1e-9
+    check = check_concurrency_scaling([one, four], planned_batch_pass_seconds={1: 0.1, 4: 0.2}, tokens_per_stream=11)
+    assert check is not None
+    assert f"the ceiling for this workload is {ceiling:.2f}×" in check.why
+    assert f"exo reached {2.0 / ceiling:.0%} of it" in check.why
+    # 2.5x means 4 x 1.1 / 2.5 = 1.76 s in all: 1.46 s after the prefill, for 10 steps of 0.1 s at 1.46x one.
+    assert "a step over 4 sequences costing at most 1.46× one" in check.why
 
 
 def test_parity_with_the_peer_is_judged_at_the_worst_stream_count() -> None:
