@@ -207,7 +207,8 @@ def measure(setup: ConstrainedSetup) -> ConstrainedReport:
     """Load the model and measure compile times, then decode speed per mode."""
     settings = setup.settings
     loaded = load_model(setup.model_path, ShardAssignment())
-    MatmulPlanner.for_loaded(loaded)  # as exo's runner does
+    if (planner := MatmulPlanner.for_loaded(loaded)) is not None:
+        planner.finish()  # as exo's runner does while idle, before the bench measures it
     tool_format = detect_tool_format(chat_template_text(loaded.tokenizer))
     all_tools = load_tools(setup.tools_path)
     wanted = settings.decode_tools

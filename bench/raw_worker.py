@@ -154,7 +154,8 @@ def _answer(line: str) -> None:
 def _planned_copy(model_path: Path) -> LoadedModel:
     """The model loaded again with exo's matmul plan: the raw copy keeps mlx-lm's own products for its generations."""
     loaded = load_model(model_path, ShardAssignment())
-    MatmulPlanner.for_loaded(loaded)
+    if (planner := MatmulPlanner.for_loaded(loaded)) is not None:
+        planner.finish()  # as exo's runner does while idle, before the bench measures it
     return loaded
 
 

@@ -122,7 +122,8 @@ def _decode(context: EngineContext, scheduler: GenerationScheduler, task: ChatCo
 
 def measure(setup: SpeculationSetup) -> SpeculationReport:
     loaded = load_model(setup.model_path, ShardAssignment())
-    MatmulPlanner.for_loaded(loaded)  # as exo's runner does
+    if (planner := MatmulPlanner.for_loaded(loaded)) is not None:
+        planner.finish()  # as exo's runner does while idle, before the bench measures it
     tool_format = detect_tool_format(chat_template_text(loaded.tokenizer))
     prefix_cache = PrefixCache(loaded.model, PREFIX_CACHE_BYTES)
     contexts = {

@@ -48,7 +48,8 @@ logger = logging.getLogger(__name__)
 ORPHAN_CHECK_SECONDS = 1.0
 IDLE_SECONDS_PER_PLAN_REFINEMENT = 0.2
 """While no task runs, the matmul plan is refined once per this many seconds without a message (milliseconds of work
-each time, so a request arriving then waits at most that long)."""
+each time, then one forward pass each while the plan is checked in whole passes: a request arriving then waits at
+most about one decode step)."""
 
 
 class UnreadableRequestError(Exception):

@@ -2,12 +2,15 @@
 own, and that a measured plan installs itself in every plain float32 Linear layer of a real model."""
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import mlx.core as mx
 import pytest
 from mlx import nn
 
 from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.engines.mlx.cache.layer_cache import held_token_count
+from exo.worker.engines.mlx.forward_pass_probe import ForwardPassProbe
 from exo.worker.engines.mlx.matmul_plan import (
     DEVIATION_MARGIN,
     Layout,
@@ -192,3 +195,122 @@ def test_no_plan_for_a_model_whose_weights_are_all_small() -> None:
 
     assert MatmulPlanner.plan(loaded.model) is None
     assert any(type(module) is nn.Linear for _, module in loaded.model.named_modules())
+
+
+class RecordingProbe(ForwardPassProbe):
+    """A real probe that also notes each pass: its rows, and whether the layers held the plan or mlx's own."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model, context_tokens=8)
+        self.model = model
+        self.passes: list[tuple[int, bool]] = []
+
+    def run(self, rows: int) -> None:
+        super().run(rows)
+        planned = any(plan.for_rows(rows) is not None for plan in _layer_plans(self.model))
+        self.passes.append((rows, planned))
+
+
+class PassTimer:
+    """Shape timings say the other layout is twice as fast at every row count; a whole pass takes what
+    `planned_pass_seconds` says for its rows with the plan, and 1 second with mlx's own products."""
+
+    def __init__(self, probe: RecordingProbe, planned_pass_seconds: dict[int, float]) -> None:
+        self.probe = probe
+        self.planned_pass_seconds = planned_pass_seconds
+        self.shape_timings = 0
+
+    def __call__(self, work: Callable[[], None]) -> float:
+        passes_before = len(self.probe.passes)
+        work()
+        if len(self.probe.passes) == passes_before:
+            self.shape_timings += 1
+            return 1.0 if self.shape_timings % 2 == 1 else 0.5
+        rows, planned = self.probe.passes[-1]
+        return self.planned_pass_seconds[rows] if planned else 1.0
+
+
+def test_after_the_refinements_whole_passes_decide_which_row_counts_keep_the_plan() -> None:
+    loaded = load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools", ShardAssignment())
+    probe = RecordingProbe(loaded.model)
+    # Products alone favour the plan at every row count; whole passes are slower with it over 2 and 4 rows.
+    planner = MatmulPlanner.plan(loaded.model, EVERY_SHAPE, PassTimer(probe, {1: 0.8, 2: 1.1, 3: 0.9, 4: 1.0}), probe)
+    assert planner is not None
+    assert probe.passes == []  # nothing is checked in whole passes at load time
+
+    planner.finish()
+
+    # The refinements came first, then each row count's passes, planned and mlx's own taking turns.
+    checks = EVERY_SHAPE.pass_checks
+    assert probe.passes == [(rows, planned) for _ in range(checks) for rows in range(1, 5) for planned in (True, False)]
+    assert not planner.refining
+    for plan in _layer_plans(loaded.model):
+        assert [plan.for_rows(rows) for rows in range(1, 5)] == [
+            RowChoice(layout=WEIGHTS_FIRST, computed_rows=1),
+            None,
+            RowChoice(layout=WEIGHTS_FIRST, computed_rows=3),
+            None,
+        ]
+    report = planner.report()
+    assert report.pass_speedup_by_rows == {1: 1.25, 2: round(1 / 1.1, 3), 3: round(1 / 0.9, 3), 4: 1.0}
+    assert report.speedup_by_rows == {1: 2.0, 2: 1.0, 3: 2.0, 4: 1.0}
+    assert "whole passes over 1/2/3/4 rows 1.25/0.91/1.11/1.00x faster with the plan" in report.describe()
+
+
+def test_a_row_count_the_passes_once_rejected_gets_the_plan_back_when_a_later_pass_measures_faster() -> None:
+    loaded = load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools", ShardAssignment())
+    probe = RecordingProbe(loaded.model)
+    timer = PassTimer(probe, dict.fromkeys(range(1, 5), 1.2))  # disturbed: the planned passes measure slower
+    planner = MatmulPlanner.plan(loaded.model, EVERY_SHAPE, timer, probe)
+    assert planner is not None
+    while not probe.passes or len(probe.passes) < 8:  # every row count checked once
+        planner.refine()
+    assert all(plan.for_rows(rows) is None for plan in _layer_plans(loaded.model) for rows in range(1, 5))
+
+    timer.planned_pass_seconds = dict.fromkeys(range(1, 5), 0.9)  # quiet again: best times win
+    planner.finish()
+
+    assert all(plan.for_rows(rows) is not None for plan in _layer_plans(loaded.model) for rows in range(1, 5))
+    assert planner.report().pass_speedup_by_rows == dict.fromkeys(range(1, 5), round(1 / 0.9, 3))
+
+
+def test_only_the_row_counts_the_plan_changes_are_checked_in_whole_passes() -> None:
+    loaded = load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools", ShardAssignment())
+    timer = ScriptedTimer()
+    timer.weights_first_seconds = 2.0  # mlx's own layout wins every shape timing: the plan changes nothing
+    planner = MatmulPlanner.plan(loaded.model, EVERY_SHAPE, timer, ForwardPassProbe(loaded.model))
+    assert planner is not None
+    calls_before = timer.calls
+
+    planner.finish()
+
+    shapes = planner.report().planned_shapes
+    assert timer.calls - calls_before == 2 * shapes * EVERY_SHAPE.max_rows * EVERY_SHAPE.refinements
+    assert planner.report().pass_speedup_by_rows == {}
+
+
+def test_a_probed_pass_leaves_the_cache_as_it_found_it() -> None:
+    loaded = load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools", ShardAssignment())
+    probe = ForwardPassProbe(loaded.model, context_tokens=8)
+
+    for rows in (1, 4, 9):
+        probe.run(rows)
+
+    assert held_token_count(probe._filled_cache()) == 8  # pyright: ignore[reportPrivateUsage]
+    assert ForwardPassProbe.for_model(loaded.model) is not None
+
+
+def test_the_runner_s_plan_is_checked_in_whole_passes_only_for_a_whole_model() -> None:
+    whole = load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools", ShardAssignment())
+    another = load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools", ShardAssignment())
+    stage = replace(another, group=mx.distributed.init())  # a pipeline stage: its passes would wait on its peers
+    checked: list[bool] = []
+    for loaded in (whole, stage):
+        timer = ScriptedTimer()
+        timer.weights_first_seconds = 0.5  # the plan changes every row count, so a whole model's is checked
+        planner = MatmulPlanner.for_loaded(loaded, EVERY_SHAPE, timer)
+        assert planner is not None
+        planner.finish()
+        checked.append(bool(planner.report().pass_speedup_by_rows))
+
+    assert checked == [True, False]

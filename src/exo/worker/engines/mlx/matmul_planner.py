@@ -8,18 +8,25 @@ size (the weights timed per shape are capped). A machine busy with other work at
 loading, say) makes those timings noisy and the plan worse; so the runner times each (shape, rows) pair a few more
 times while it has nothing to do, one pair at a time (milliseconds each), keeping the best time seen for every
 candidate. The plan converges on what the machine does when it is not disturbed.
+
+Products timed alone can mislead: inside a forward pass a layout that won alone can lose (see
+`forward_pass_probe.py`). Once the refinements are done, the idle runner therefore times whole forward passes over
+each planned row count, with the plan and with mlx's own products, taking turns; a row count keeps the plan only
+where its passes measured faster with it, and mlx's own products serve it otherwise.
 """
 
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import mlx.core as mx
 from mlx import nn
 from mlx.utils import tree_map_with_path
 
 from exo.shared.types.blas import MatmulPlanReport
+from exo.worker.engines.mlx.forward_pass_probe import ForwardPassProbe
 from exo.worker.engines.mlx.matmul_plan import (
     LAYOUTS,
     Layout,
@@ -57,6 +64,9 @@ class MatmulPlanSettings:
     """Timings of every (shape, layout, rows) right after loading."""
     refinements: int = 5
     """Further timings of every (shape, rows) in both layouts while the runner is idle, one pair at a time."""
+    pass_checks: int = 3
+    """Then timings of a whole forward pass over each row count the plan changes, with the plan and with mlx's own
+    products, while the runner is idle, one pass at a time."""
 
 
 @dataclass
@@ -72,61 +82,101 @@ class _ShapeTimings:
     best: dict[tuple[Layout, int], float] = field(default_factory=dict[tuple[Layout, int], float])
 
 
+PassVariant = Literal["planned", "mlx_own"]
+"""A forward pass with every shape's planned products, or with mlx's own products throughout."""
+
+
 class MatmulPlanner:
     """The measurements behind a model's matmul plan, and the refinements still to make."""
 
-    def __init__(self, shapes: dict[Shape, _ShapeTimings], settings: MatmulPlanSettings, timer: Timer) -> None:
+    def __init__(
+        self,
+        shapes: dict[Shape, _ShapeTimings],
+        settings: MatmulPlanSettings,
+        timer: Timer,
+        probe: ForwardPassProbe | None,
+    ) -> None:
         self._shapes = shapes
         self._settings = settings
         self._timer = timer
+        self._probe = probe
         self._pending: deque[tuple[Shape, int]] = deque(
             (shape, rows)
             for _ in range(settings.refinements)
             for rows in range(1, settings.max_rows + 1)
             for shape in shapes
         )
+        self._pending_passes: deque[tuple[int, PassVariant]] | None = None
+        """Made when the refinements are done (the plan they settle on is the one checked); None until then."""
+        self._pass_best: dict[tuple[int, PassVariant], float] = {}
+        self._own_rows: set[int] = set()
+        """Row counts whose passes measured no faster with the plan: mlx's own products serve them."""
         self.measured_seconds = 0.0
 
     @classmethod
     def plan(
-        cls, model: nn.Module, settings: MatmulPlanSettings | None = None, timer: Timer = wall_clock
+        cls,
+        model: nn.Module,
+        settings: MatmulPlanSettings | None = None,
+        timer: Timer = wall_clock,
+        probe: ForwardPassProbe | None = None,
     ) -> "MatmulPlanner | None":
-        """Measure and install a plan for every large float32 weight shape of `model`; None when none qualifies."""
+        """Measure and install a plan for every large float32 weight shape of `model`; None when none qualifies.
+
+        With a `probe`, the refinements end with whole forward passes that check the plan per row count."""
         settings = settings or MatmulPlanSettings()
         started = time.perf_counter()
         shapes = _shape_timings(model, settings)
         if not shapes:
             return None
-        planner = cls(shapes, settings, timer)
+        planner = cls(shapes, settings, timer, probe)
         for _ in range(settings.repeats):
             for rows in range(1, settings.max_rows + 1):
                 for timings in shapes.values():
                     planner._time(timings, rows)
         for timings in shapes.values():
-            timings.slot.plan = choose_shape_plan(timings.best, settings.max_rows)
+            timings.slot.plan = planner._plan_of(timings)
         install_plans(model, {shape: timings.slot for shape, timings in shapes.items()})
         planner.measured_seconds = time.perf_counter() - started
         return planner
 
     @classmethod
-    def for_loaded(cls, loaded: LoadedModel) -> "MatmulPlanner | None":
+    def for_loaded(
+        cls, loaded: LoadedModel, settings: MatmulPlanSettings | None = None, timer: Timer = wall_clock
+    ) -> "MatmulPlanner | None":
         """The plan exo's runner makes: only float32 weights (what a Linux CPU gets) reach a BLAS's few-row
-        kernels; other dtypes are left alone (None)."""
-        return cls.plan(loaded.model) if loaded.dtype == "float32" else None
+        kernels; other dtypes are left alone (None). A pipeline stage's forward pass waits on its peers, so only a
+        whole model's plan is checked in whole passes."""
+        if loaded.dtype != "float32":
+            return None
+        probe = ForwardPassProbe.for_model(loaded.model) if loaded.group is None else None
+        return cls.plan(loaded.model, settings, timer, probe)
 
     @property
     def refining(self) -> bool:
-        """Whether refinements remain to be made."""
-        return bool(self._pending)
+        """Whether refinements or pass checks remain to be made."""
+        return bool(self._pending) or (self._probe is not None and bool(self._passes_to_check()))
 
     def refine(self) -> None:
-        """Time the next (shape, rows) pair in both layouts once more and re-plan that shape (milliseconds)."""
-        if not self._pending:
+        """Time the next (shape, rows) pair in both layouts once more and re-plan that shape (milliseconds); once
+        those are done, time the next whole forward pass of the plan's check (a decode step's time)."""
+        if self._pending:
+            shape, rows = self._pending.popleft()
+            timings = self._shapes[shape]
+            self._time(timings, rows)
+            timings.slot.plan = self._plan_of(timings)
             return
-        shape, rows = self._pending.popleft()
-        timings = self._shapes[shape]
-        self._time(timings, rows)
-        timings.slot.plan = choose_shape_plan(timings.best, self._settings.max_rows)
+        if self._probe is None or not (passes := self._passes_to_check()):
+            return
+        rows, variant = passes.popleft()
+        self._time_pass(self._probe, rows, variant)
+        if not passes:
+            self._probe.release()
+
+    def finish(self) -> None:
+        """Make every refinement and pass check left now, as an idle runner would over its first minute or two."""
+        while self.refining:
+            self.refine()
 
     def report(self) -> MatmulPlanReport:
         """What the plan gains per row count, from the best times measured so far."""
@@ -134,7 +184,48 @@ class MatmulPlanner:
             measured_seconds=round(self.measured_seconds, 2),
             planned_shapes=len(self._shapes),
             speedup_by_rows={rows: round(self._speedup(rows), 3) for rows in range(1, self._settings.max_rows + 1)},
+            pass_speedup_by_rows={
+                rows: round(self._pass_best[(rows, "mlx_own")] / self._pass_best[(rows, "planned")], 3)
+                for rows in range(1, self._settings.max_rows + 1)
+                if (rows, "planned") in self._pass_best and (rows, "mlx_own") in self._pass_best
+            },
         )
+
+    def _plan_of(self, timings: _ShapeTimings) -> ShapePlan:
+        """The shape's plan: its measured choices, except mlx's own product where whole passes said so."""
+        return _with_own_rows(self._choices_of(timings), self._own_rows)
+
+    def _choices_of(self, timings: _ShapeTimings) -> ShapePlan:
+        return choose_shape_plan(timings.best, self._settings.max_rows)
+
+    def _passes_to_check(self) -> deque[tuple[int, PassVariant]]:
+        """The passes still to time: every row count some shape's choices change, both variants taking turns."""
+        if self._pending_passes is None:
+            changed = [
+                rows
+                for rows in range(1, self._settings.max_rows + 1)
+                if any(self._choices_of(timings).for_rows(rows) is not None for timings in self._shapes.values())
+            ]
+            variants: tuple[PassVariant, ...] = ("planned", "mlx_own")
+            self._pending_passes = deque(
+                (rows, variant) for _ in range(self._settings.pass_checks) for rows in changed for variant in variants
+            )
+        return self._pending_passes
+
+    def _time_pass(self, probe: ForwardPassProbe, rows: int, variant: PassVariant) -> None:
+        """Time one pass over `rows` tokens in `variant`, then install the plans its verdict so far gives."""
+        for timings in self._shapes.values():
+            timings.slot.plan = self._choices_of(timings) if variant == "planned" else ShapePlan(choices=())
+        elapsed = self._timer(lambda: probe.run(rows))
+        self._pass_best[(rows, variant)] = min(self._pass_best.get((rows, variant), elapsed), elapsed)
+        planned, own = self._pass_best.get((rows, "planned")), self._pass_best.get((rows, "mlx_own"))
+        if planned is not None and own is not None:
+            if planned < own:
+                self._own_rows.discard(rows)
+            else:
+                self._own_rows.add(rows)
+        for timings in self._shapes.values():
+            timings.slot.plan = self._plan_of(timings)
 
     def _time(self, timings: _ShapeTimings, rows: int) -> None:
         x = timings.inputs[rows]
@@ -154,7 +245,7 @@ class MatmulPlanner:
         own = planned = 0.0
         for timings in self._shapes.values():
             weight = (timings.linear_count or 1) / timings.matrices_per_pass
-            choice = timings.slot.plan.choices[rows - 1]
+            choice = timings.slot.plan.for_rows(rows) or RowChoice(layout="rows_first", computed_rows=rows)
             own += weight * timings.best[("rows_first", rows)]
             planned += weight * timings.best[(choice.layout, choice.computed_rows)]
         return own / planned
@@ -197,6 +288,17 @@ def _sample(weights: list[mx.array], budget: int) -> tuple[list[mx.array], float
         return [first[:rows]], rows / first.shape[0]
     count = min(len(weights), -(-budget // first.nbytes))
     return weights[:count], float(count)
+
+
+def _with_own_rows(plan: ShapePlan, own_rows: set[int]) -> ShapePlan:
+    """`plan` with mlx's own product for each of `own_rows`."""
+    if not own_rows:
+        return plan
+    choices = tuple(
+        RowChoice(layout="rows_first", computed_rows=rows) if rows in own_rows else choice
+        for rows, choice in enumerate(plan.choices, start=1)
+    )
+    return ShapePlan(choices=choices)
 
 
 def install_plans(model: nn.Module, slots: dict[Shape, PlanSlot]) -> None:
