@@ -22,6 +22,7 @@ from exo.shared.types.common import TaskId
 from exo.shared.types.tasks import ChatCompletionTask
 from exo.shared.types.worker.runner_response import (
     CancelTask,
+    MatmulPlanRefined,
     ModelMetadata,
     RunnerBootstrap,
     RunnerLoadFailed,
@@ -217,7 +218,9 @@ def _refine_while_idle(channel: RunnerChannel, planner: "MatmulPlanner") -> None
     while planner.refining and not channel.poll(IDLE_SECONDS_PER_PLAN_REFINEMENT):
         planner.refine()
         if not planner.refining:
-            logger.info("matmul plan refined while idle: %s", planner.report().describe())
+            report = planner.report()
+            logger.info("matmul plan refined while idle: %s", report.describe())
+            channel.send(MatmulPlanRefined(report=report))
 
 
 def _incoming(channel: RunnerChannel, *, wait: bool) -> list[RunnerRequest]:

@@ -39,6 +39,7 @@ from exo.shared.types.state import TaskOutcome, TaskSummary
 from exo.shared.types.tasks import ChatCompletionTask
 from exo.shared.types.worker.runner_response import (
     CancelTask,
+    MatmulPlanRefined,
     ModelMetadata,
     RunnerBootstrap,
     RunnerLoadFailed,
@@ -311,6 +312,9 @@ class RunnerSupervisor:
                 self._load_failures = 0
                 self._ready.set()
                 self._dispatch_next()
+            case MatmulPlanRefined(report=report):
+                if self.metadata is not None:  # /state shows the plan as refined from now on
+                    self.metadata = self.metadata.model_copy(update={"matmul_plan": report})
             case RunnerLoadFailed(message=reason):
                 # Loading is deterministic: retrying the same files would fail the same way.
                 self._load_failures = MAX_CONSECUTIVE_LOAD_FAILURES

@@ -102,5 +102,14 @@ class TaskDone(FrozenModel):
     cancelled: bool = False
 
 
-RunnerResponse = Annotated[RunnerReady | RunnerLoadFailed | TaskChunk | TaskDone, Field(discriminator="kind")]
+class MatmulPlanRefined(FrozenModel):
+    """The runner finished refining its matmul plan while idle (and checking it in whole forward passes)."""
+
+    kind: Literal["matmul_plan_refined"] = "matmul_plan_refined"
+    report: MatmulPlanReport
+
+
+RunnerResponse = Annotated[
+    RunnerReady | RunnerLoadFailed | TaskChunk | TaskDone | MatmulPlanRefined, Field(discriminator="kind")
+]
 RunnerResponseAdapter: TypeAdapter[RunnerResponse] = TypeAdapter(RunnerResponse)
