@@ -9,7 +9,6 @@ import pytest
 from mlx import nn
 
 from exo.shared.types.worker.shards import ShardAssignment
-from exo.worker.engines.mlx.cache.layer_cache import held_token_count
 from exo.worker.engines.mlx.forward_pass_probe import ForwardPassProbe
 from exo.worker.engines.mlx.matmul_plan import (
     DEVIATION_MARGIN,
@@ -293,10 +292,13 @@ def test_a_probed_pass_leaves_the_cache_as_it_found_it() -> None:
     loaded = load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools", ShardAssignment())
     probe = ForwardPassProbe(loaded.model, context_tokens=8)
 
+    assert probe.held_tokens() is None
+    probe.prepare()
+    assert probe.held_tokens() == 8
     for rows in (1, 4, 9):
         probe.run(rows)
 
-    assert held_token_count(probe._filled_cache()) == 8  # pyright: ignore[reportPrivateUsage]
+    assert probe.held_tokens() == 8
     assert ForwardPassProbe.for_model(loaded.model) is not None
 
 

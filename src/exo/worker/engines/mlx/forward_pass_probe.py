@@ -10,7 +10,13 @@ pass was 7% slower with them than without). So the planner also times whole pass
 import mlx.core as mx
 from mlx import nn
 
-from exo.worker.engines.mlx.cache.layer_cache import PromptCache, can_trim, new_prompt_cache, trim_tokens
+from exo.worker.engines.mlx.cache.layer_cache import (
+    PromptCache,
+    can_trim,
+    held_token_count,
+    new_prompt_cache,
+    trim_tokens,
+)
 
 CONTEXT_TOKENS = 64
 """Tokens already in the cache when a probed pass runs: attention has some context to read, as in a decode step."""
@@ -19,7 +25,8 @@ CONTEXT_TOKENS = 64
 class ForwardPassProbe:
     """Feeds the model a few tokens after a short cached context, then drops them again, leaving the cache as it was.
 
-    The cache is made and filled on the first pass (one short prefill), so making a probe costs nothing.
+    The cache is made and filled by `prepare` (one short prefill, kept apart from the timed passes), so making a
+    probe costs nothing.
     """
 
     def __init__(self, model: nn.Module, context_tokens: int = CONTEXT_TOKENS) -> None:
@@ -32,22 +39,32 @@ class ForwardPassProbe:
         """A probe for `model`, or None where its cache cannot drop the tokens a pass adds (recurrent layers, say)."""
         return cls(model) if can_trim(new_prompt_cache(model)) else None
 
+    @property
+    def prepared(self) -> bool:
+        """Whether the context is in the cache."""
+        return self._cache is not None
+
+    def prepare(self) -> None:
+        """Fill the cache with the context."""
+        cache = new_prompt_cache(self._model)
+        mx.eval(self._model(_token_ids(self._context_tokens, start=0), cache=cache))
+        self._cache = cache
+
     def run(self, rows: int) -> None:
         """One forward pass over `rows` tokens, evaluated."""
-        cache = self._filled_cache()
-        mx.eval(self._model(_token_ids(rows, start=self._context_tokens), cache=cache))
-        trim_tokens(cache, rows)
+        if self._cache is None:
+            self.prepare()
+        assert self._cache is not None
+        mx.eval(self._model(_token_ids(rows, start=self._context_tokens), cache=self._cache))
+        trim_tokens(self._cache, rows)
 
     def release(self) -> None:
-        """Drop the cache (the probe makes a new one if run again)."""
+        """Drop the cache (`prepare` makes a new one)."""
         self._cache = None
 
-    def _filled_cache(self) -> PromptCache:
-        if self._cache is None:
-            cache = new_prompt_cache(self._model)
-            mx.eval(self._model(_token_ids(self._context_tokens, start=0), cache=cache))
-            self._cache = cache
-        return self._cache
+    def held_tokens(self) -> int | None:
+        """How many tokens the cache holds (None before `prepare`)."""
+        return held_token_count(self._cache) if self._cache is not None else None
 
 
 def _token_ids(count: int, start: int) -> mx.array:

@@ -64,7 +64,7 @@ class MatmulPlanSettings:
     """Timings of every (shape, layout, rows) right after loading."""
     refinements: int = 5
     """Further timings of every (shape, rows) in both layouts while the runner is idle, one pair at a time."""
-    pass_checks: int = 3
+    pass_checks: int = 5
     """Then timings of a whole forward pass over each row count the plan changes, with the plan and with mlx's own
     products, while the runner is idle, one pass at a time."""
 
@@ -167,6 +167,9 @@ class MatmulPlanner:
             timings.slot.plan = self._plan_of(timings)
             return
         if self._probe is None or not (passes := self._passes_to_check()):
+            return
+        if not self._probe.prepared:  # a short prefill, in a step of its own so that no timed pass includes it
+            self._probe.prepare()
             return
         rows, variant = passes.popleft()
         self._time_pass(self._probe, rows, variant)
