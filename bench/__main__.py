@@ -203,6 +203,8 @@ def _measure_section_into(section: str, base_path: Path, model_spec: str | None,
                 "arrival": servers.arrival,
                 "batch_pass_seconds": servers.batch_pass_seconds,
                 "planned_batch_pass_seconds": servers.planned_batch_pass_seconds,
+                "wall_s": time.monotonic() - started,
+                "servers_measured_apart": True,
             }
     _progress(f"section measured in {time.monotonic() - started:.0f} s")
     return base.model_copy(update=update)

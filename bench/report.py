@@ -55,7 +55,7 @@ def _machine(report: BenchReport) -> list[str]:
         ["float32 512×512 matmul with that BLAS", f"{machine.matmul_gflops:.0f} GFLOP/s"],
         ["exo commit", machine.exo_commit],
         ["Model", f"{report.model_id} (`{report.model_path}`)"],
-        ["Run", f"{'quick smoke run' if report.settings.quick else 'full run'}, {report.wall_s:.0f} s in all"],
+        ["Run", _run_description(report)],
     ]
     lines = ["## Machine", "", *markdown_table(["", ""], rows)]
     if machine.load_average[0] > BUSY_LOAD_PER_CPU * machine.cpu_count:
@@ -65,6 +65,16 @@ def _machine(report: BenchReport) -> list[str]:
             "",
         ]
     return lines
+
+
+def _run_description(report: BenchReport) -> str:
+    kind = "quick smoke run" if report.settings.quick else "full run"
+    if report.servers_measured_apart:
+        return (
+            f"sections 1, 2 and 4 in one `--only servers` {kind} ({report.wall_s:.0f} s); "
+            "the other sections as their own lines say"
+        )
+    return f"{kind}, {report.wall_s:.0f} s in all"
 
 
 def _targets(checks: list[TargetCheck]) -> list[str]:

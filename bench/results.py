@@ -285,6 +285,8 @@ class BenchReport(BenchModel):
     parser: list[ParserCost]
     concurrency: list[ConcurrencyRow]
     wall_s: float
+    servers_measured_apart: bool = False
+    """Sections 1, 2 and 4 come from an `--only servers` run (`wall_s` is its time), not from a full run."""
     constrained: ConstrainedReport | None = None
     """Absent from reports saved before the section existed."""
     blas: BlasSection | None = None

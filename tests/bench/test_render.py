@@ -95,6 +95,14 @@ def test_rendered_report_states_ratios_verdicts_and_unmeasurable_speeds(tmp_path
         assert (tmp_path / "out" / "perf" / name).stat().st_size > 1000
 
 
+def test_the_run_row_says_whether_the_server_sections_came_from_a_run_of_their_own(tmp_path: Path) -> None:
+    full = sample_report(load_1=0.2)
+    apart = full.model_copy(update={"wall_s": 1234.0, "servers_measured_apart": True})
+
+    assert "| Run | full run, 700 s in all |" in _render(tmp_path, full)
+    assert "| Run | sections 1, 2 and 4 in one `--only servers` full run (1234 s);" in _render(tmp_path, apart)
+
+
 def test_a_busy_machine_is_called_out_in_the_report(tmp_path: Path) -> None:
     assert "Taken with other work on the machine" in _render(tmp_path, sample_report(load_1=5.0))
 
