@@ -109,8 +109,6 @@ class MatmulPlanner:
         self._pending_passes: deque[tuple[int, PassVariant]] | None = None
         """Made when the refinements are done (the plan they settle on is the one checked); None until then."""
         self._pass_best: dict[tuple[int, PassVariant], float] = {}
-        self._own_rows: set[int] = set()
-        """Row counts whose passes measured no faster with the plan: mlx's own products serve them."""
         self.measured_seconds = 0.0
 
     @classmethod
@@ -188,15 +186,26 @@ class MatmulPlanner:
             planned_shapes=len(self._shapes),
             speedup_by_rows={rows: round(self._speedup(rows), 3) for rows in range(1, self._settings.max_rows + 1)},
             pass_speedup_by_rows={
-                rows: round(self._pass_best[(rows, "mlx_own")] / self._pass_best[(rows, "planned")], 3)
-                for rows in range(1, self._settings.max_rows + 1)
-                if (rows, "planned") in self._pass_best and (rows, "mlx_own") in self._pass_best
+                rows: round(own / planned, 3) for rows, (planned, own) in self._checked_passes().items()
             },
         )
 
+    def _checked_passes(self) -> dict[int, tuple[float, float]]:
+        """The best planned and mlx-own pass times, by row count, where both were measured."""
+        checked: dict[int, tuple[float, float]] = {}
+        for rows in range(1, self._settings.max_rows + 1):
+            planned, own = self._pass_best.get((rows, "planned")), self._pass_best.get((rows, "mlx_own"))
+            if planned is not None and own is not None:
+                checked[rows] = (planned, own)
+        return checked
+
+    def _own_rows(self) -> set[int]:
+        """Row counts whose passes measured no faster with the plan: mlx's own products serve them."""
+        return {rows for rows, (planned, own) in self._checked_passes().items() if planned >= own}
+
     def _plan_of(self, timings: _ShapeTimings) -> ShapePlan:
         """The shape's plan: its measured choices, except mlx's own product where whole passes said so."""
-        return _with_own_rows(self._choices_of(timings), self._own_rows)
+        return _with_own_rows(self._choices_of(timings), self._own_rows())
 
     def _choices_of(self, timings: _ShapeTimings) -> ShapePlan:
         return choose_shape_plan(timings.best, self._settings.max_rows)
@@ -221,12 +230,6 @@ class MatmulPlanner:
             timings.slot.plan = self._choices_of(timings) if variant == "planned" else ShapePlan(choices=())
         elapsed = self._timer(lambda: probe.run(rows))
         self._pass_best[(rows, variant)] = min(self._pass_best.get((rows, variant), elapsed), elapsed)
-        planned, own = self._pass_best.get((rows, "planned")), self._pass_best.get((rows, "mlx_own"))
-        if planned is not None and own is not None:
-            if planned < own:
-                self._own_rows.discard(rows)
-            else:
-                self._own_rows.add(rows)
         for timings in self._shapes.values():
             timings.slot.plan = self._plan_of(timings)
 
