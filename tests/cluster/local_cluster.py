@@ -178,16 +178,30 @@ class LocalCluster:
 
     def settled_states(self, nodes: Sequence[ClusterNode], timeout: float = SETTLE_TIMEOUT_S) -> dict[str, Any]:
         """Poll until every node in `nodes` returns the same /state document, and return it."""
+        return self.agreed(nodes, lambda node: node.state(), "/state", timeout)
+
+    def agreed(
+        self,
+        nodes: Sequence[ClusterNode],
+        read: Callable[[ClusterNode], T],
+        what: str,
+        timeout: float = SETTLE_TIMEOUT_S,
+    ) -> T:
+        """Poll until `read` gives the same value on every node in `nodes`, and return it.
+
+        Nodes publish their resources periodically, so a document that agreed a moment ago may be one event apart
+        again when it is read node by node: agreement is judged on one round of reads, retried until it holds.
+        """
         deadline = time.monotonic() + timeout
-        states: list[dict[str, Any]] = []
+        values: list[T] = []
         while time.monotonic() < deadline:
             with suppress(httpx.HTTPError):
-                states = [node.state() for node in nodes]
-                if all(state == states[0] for state in states):
-                    return states[0]
+                values = [read(node) for node in nodes]
+                if all(value == values[0] for value in values):
+                    return values[0]
             time.sleep(0.1)
-        shown = "\n".join(json.dumps(state, sort_keys=True)[:3000] for state in states)
-        raise TimeoutError(f"/state never converged on {[node.name for node in nodes]}:\n{shown}\n{self.logs()}")
+        shown = "\n".join(json.dumps(value, sort_keys=True, default=str)[:3000] for value in values)
+        raise TimeoutError(f"{what} never converged on {[node.name for node in nodes]}:\n{shown}\n{self.logs()}")
 
     def logs(self) -> str:
         return "\n".join(f"--- {node.name} ---\n{node.log()[-4000:]}" for node in self.nodes)
