@@ -97,3 +97,62 @@ def test_stray_text_after_a_complete_call_is_content_not_lost() -> None:
     assert content_of(chunks) == "}"
     assert failures
     _every_split_matches(fixture)
+
+
+# Replies with no call marker that only began like a bare call: ordinary content, in full, and no failure (a coding
+# model starts many answers with a code fence; each one used to be logged as a tool call "not parsed as intended").
+NEVER_CALLS = [
+    (Format.HERMES, "```python\nprint('hi')\n```\nThat prints hi."),
+    (Format.HERMES, "```json\n```\nNothing to show."),
+    (Format.HERMES, '{"a": 1, "b": [2, 3]}'),
+    (Format.HERMES, '{"type": "object", "properties": {}}'),
+    (Format.HERMES, "[1, 2, 3] are the first numbers."),
+    (Format.HERMES, "``"),
+    (Format.LLAMA3_JSON, '```\n{"a": 1}\n```'),
+    (Format.LLAMA3_JSON, '{"result": 42}'),
+    (Format.PYTHONIC, "[the docs](https://example.com) say so."),
+    (Format.PYTHONIC, "[1, 2, 3]"),
+    (Format.PYTHONIC, "[unfinished"),
+]
+
+
+@pytest.mark.parametrize(("tool_format", "text"), NEVER_CALLS, ids=[f"{f}-{t[:12]}" for f, t in NEVER_CALLS])
+def test_a_reply_that_only_began_like_a_bare_call_is_content_and_no_failure(tool_format: Format, text: str) -> None:
+    fixture = Fixture("not a call", tool_format, text, [])
+    chunks = run_complete(fixture)
+    assert calls_of(chunks) == []
+    assert content_of(chunks) == text
+    _, failures = run_stream(fixture, list(text))
+    assert failures == []
+    _every_split_matches(fixture)
+
+
+def test_an_empty_fence_before_a_real_call_is_content_and_the_call_is_parsed_without_failure() -> None:
+    # What qwen2.5-coder-0.5b wrote under opencode: an empty ```json fence, then a proper <tool_call>.
+    call = '<tool_call>\n{"name": "write", "arguments": {"path": "hello.txt", "content": "hello"}}\n</tool_call>'
+    text = f"```json\n```\n{call}"
+    fixture = Fixture("fence then call", Format.HERMES, text, [])
+    chunks, failures = run_stream(fixture, list(text))
+    assert calls_of(chunks) == [("write", '{"path": "hello.txt", "content": "hello"}')]
+    assert content_of(chunks) == "```json\n```"
+    assert failures == []
+    _every_split_matches(fixture)
+
+
+BARE_FAILED_CALLS = [
+    (Format.HERMES, '{"name": "launch_rockets", "arguments": {}}', "unknown tool"),
+    (Format.HERMES, '```json\n{"arguments": {"city": "Paris"}}\n```', "no name"),
+    (Format.LLAMA3_JSON, '{"name": "get_wea', "generation ended"),
+    (Format.PYTHONIC, "[launch_rockets(count=3)]", "unknown tool"),
+]
+
+
+@pytest.mark.parametrize(("tool_format", "text", "reason"), BARE_FAILED_CALLS, ids=[r for _, _, r in BARE_FAILED_CALLS])
+def test_a_bare_reply_that_began_as_a_call_still_reports_why_it_failed(
+    tool_format: Format, text: str, reason: str
+) -> None:
+    fixture = Fixture("bare failed call", tool_format, text, [])
+    assert calls_of(run_complete(fixture)) == []
+    assert content_of(run_complete(fixture)) == text
+    _, failures = run_stream(fixture, [text])
+    assert any(reason in failure for failure in failures), failures

@@ -23,7 +23,10 @@ Emission
 Failure rule
 - BEFORE a call is committed (its name parsed and found in the request's tools) any failure (malformed
   syntax, an unknown tool name, a missing name, generation ending) gives the RAW text of that call, markers
-  included, back as content (TokenChunk), and adds the reason to `failures`.
+  included, back as content (TokenChunk), and adds the reason to `failures`. A reply with no call marker
+  that only began like a bare call (a code fence of another language, a JSON object whose keys are not
+  "name"/"arguments"/"parameters", a list or markdown link that is not `[f(...)]`) is ordinary content: it
+  comes back the same way, and is not a failure.
 - AFTER commit the call stands. Its arguments are never altered beyond the coercions above, never completed,
   never dropped: if the model's JSON breaks mid-way or generation ends inside the call (max_tokens), the
   arguments are the model's text as far as it went (a remainder that is not JSON is still sent verbatim as

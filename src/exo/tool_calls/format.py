@@ -43,6 +43,11 @@ class CallSink(Protocol):
         """Before commit: this is not a usable call; its raw text (markers included) becomes content."""
         ...
 
+    def decline(self) -> None:
+        """Before commit, in a reply with no call marker: the text only began like a call (a code fence, a JSON
+        object of other keys, a markdown link) and is ordinary content, as `reject` gives it, but no failure."""
+        ...
+
     def note_failure(self, reason: str) -> None:
         """After commit: something was wrong, but the call stands."""
         ...

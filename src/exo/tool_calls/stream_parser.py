@@ -62,7 +62,7 @@ class ToolStreamParser:
         self._raw: list[str] = []
         self._raw_active = False
         self._raw_reset = False
-        self._rejection: str | None = None
+        self._give_back = False
         self._paused = False
         self._content_started = False
         self._pending_whitespace = ""
@@ -158,7 +158,11 @@ class ToolStreamParser:
         self._stopped = not self._parallel
 
     def reject(self, reason: str) -> None:
-        self._rejection = reason
+        self._failures.append(reason)
+        self.decline()
+
+    def decline(self) -> None:
+        self._give_back = True
         self._paused = True
 
     def note_failure(self, reason: str) -> None:
@@ -247,9 +251,8 @@ class ToolStreamParser:
             self._raw.clear()
         elif self._raw_active:
             self._raw.append(consumed)
-        if self._rejection is not None:
-            self._failures.append(self._rejection)
-            self._rejection = None
+        if self._give_back:
+            self._give_back = False
             raw = "".join(self._raw)
             self._raw.clear()
             self._raw_active = False

@@ -3,6 +3,8 @@
 `ast` when it closes; every call in it is emitted, or (an unknown name, bad syntax) none and the text is
 content."""
 
+import re
+
 from exo.shared.types.api import FunctionDefinition
 from exo.tool_calls.arguments.parsed_call import emit_parsed_calls
 from exo.tool_calls.arguments.python_literals import BracketTracker, parse_pythonic_calls
@@ -20,20 +22,31 @@ _WHITESPACE = " \t\n\r"
 _CALL_LIST_START = r"\[[ \t\r\n]*[A-Za-z_][A-Za-z0-9_.]*\("
 
 
-def _emit(sink: CallSink, text: str) -> None:
+def _emit(sink: CallSink, text: str, *, bare: bool = False) -> None:
     try:
         reason = emit_parsed_calls(sink, parse_pythonic_calls(text))
     except ValueError as error:
         reason = str(error)
     if reason is not None:
-        sink.reject(f"not a pythonic tool call: {reason}")
+        _refuse(sink, text, f"not a pythonic tool call: {reason}", bare=bare)
+
+
+def _refuse(sink: CallSink, text: str, reason: str, *, bare: bool) -> None:
+    """A bare list that never began like calls (`[1, 2]`, a markdown link) is content, not a failed call."""
+    if bare and re.match(_CALL_LIST_START, text) is None:
+        sink.decline()
+    else:
+        sink.reject(reason)
 
 
 class BracketedCallsRegion:
-    """A `[...]` list read from its opening bracket (leading whitespace skipped), parsed when it closes."""
+    """A `[...]` list read from its opening bracket (leading whitespace skipped), parsed when it closes.
 
-    def __init__(self, sink: CallSink) -> None:
+    `bare`: the list opened the reply with no marker before it, so it may be ordinary text."""
+
+    def __init__(self, sink: CallSink, *, bare: bool = False) -> None:
         self._sink = sink
+        self._bare = bare
         self._tracker = BracketTracker(sink.meter)
         self._parts: list[str] = []
         self._opened = False
@@ -60,12 +73,12 @@ class BracketedCallsRegion:
         self._parts.append(text[position:end])
         if self._tracker.closed:
             self._finished = True
-            _emit(self._sink, "".join(self._parts))
+            _emit(self._sink, "".join(self._parts), bare=self._bare)
         return end
 
     def finish(self) -> None:
         """Generation ended before the list closed: it was never a complete call."""
-        self._sink.reject("generation ended inside pythonic tool calls")
+        _refuse(self._sink, "".join(self._parts), "generation ended inside pythonic tool calls", bare=self._bare)
         self._finished = True
 
 
@@ -146,4 +159,4 @@ class PythonicFormat(MarkedFormat):
         return DelimitedCallsRegion(sink) if marker == _LIST_START else BracketedCallsRegion(sink)
 
     def open_bare(self, sink: CallSink) -> CallRegion:
-        return BracketedCallsRegion(sink)
+        return BracketedCallsRegion(sink, bare=True)

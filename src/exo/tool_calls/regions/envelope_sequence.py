@@ -40,7 +40,7 @@ class EnvelopeSequence:
                 position += 1
             elif envelope is None:
                 if character != "[":
-                    sink.reject(f"expected '[' to open a list of tool calls, got {character!r}")
+                    self._refuse(f"expected '[' to open a list of tool calls, got {character!r}")
                     return position
                 self._envelope = self._new_envelope()
                 position += 1
@@ -55,10 +55,17 @@ class EnvelopeSequence:
                 return position + 1 if character == "]" and self._shape == "list" else position
         return position
 
+    def _refuse(self, reason: str) -> None:
+        """No call object began: bare text (strict shape) was never a call; after a marker it is a failed one."""
+        if self._strict:
+            self._sink.decline()
+        else:
+            self._sink.reject(reason)
+
     def finish(self) -> None:
         """Generation ended inside the sequence."""
         if self._envelope is None:
-            self._sink.reject("generation ended inside a list of tool calls")
+            self._refuse("generation ended inside a list of tool calls")
         elif not self._between:
             self._envelope.finish()
         self.finished = True

@@ -2,7 +2,8 @@
 
 The arguments stream as soon as the name is known and valid; a call whose arguments come before its name is
 held until the name arrives. `parameters` is accepted for `arguments`, and arguments written as a JSON string
-are decoded. With `strict_shape` (raw JSON with no marker) any other key means "not a call".
+are decoded. With `strict_shape` (raw JSON with no marker) any other key means "not a call", and text refused before a
+"name"/"arguments"/"parameters" key is declined (ordinary content) rather than a failed call.
 """
 
 import json
@@ -43,6 +44,7 @@ class EnvelopeParser:
         self._committed = False
         self._arguments_written = False
         self._held_arguments: str | None = None
+        self._call_key_seen = False
 
     def feed(self, text: str, position: int) -> int:
         while position < len(text) and not (self.finished or self.broken or self._sink.paused):
@@ -60,7 +62,7 @@ class EnvelopeParser:
         state = self._state
         if state == _EXPECT_OPEN:
             if character != "{":
-                self._sink.reject(f"expected '{{' to open a tool call, got {character!r}")
+                self._refuse(f"expected '{{' to open a tool call, got {character!r}")
                 return position
             self._state = _EXPECT_FIRST_KEY
         elif state in (_EXPECT_FIRST_KEY, _EXPECT_KEY) and character == '"':
@@ -82,9 +84,16 @@ class EnvelopeParser:
             self._finish_committed()
             return position
         else:
-            self._sink.reject(f"malformed tool call: unexpected {character!r}")
+            self._refuse(f"malformed tool call: unexpected {character!r}")
             return position
         return position + 1
+
+    def _refuse(self, reason: str) -> None:
+        """Give the text back as content: a failed call, or (bare, before any call key) never a call at all."""
+        if self._strict and not self._call_key_seen:
+            self._sink.decline()
+        else:
+            self._sink.reject(reason)
 
     def _feed_streamer(self, text: str, position: int) -> int:
         streamer = self._streamer
@@ -107,7 +116,7 @@ class EnvelopeParser:
             self._sink.note_failure(f"malformed tool call after its arguments: {error}")
             self._finish_committed()
         else:
-            self._sink.reject(f"malformed tool call: {error}")
+            self._refuse(f"malformed tool call: {error}")
 
     def _on_streamer_done(self, streamer: JsonValueStreamer) -> None:
         raw = streamer.take()
@@ -129,8 +138,9 @@ class EnvelopeParser:
     def _begin_value(self) -> None:
         key = self._key
         if self._strict and key not in _STRICT_KEYS:
-            self._sink.reject(f"not a tool call: key {key!r}")
+            self._refuse(f"not a tool call: key {key!r}")
             return
+        self._call_key_seen = self._call_key_seen or key in ("name", *_ARGUMENT_KEYS)
         if key == "name" and self._tool is None:
             self._value_kind = "name"
         elif key in _ARGUMENT_KEYS and self._tool is not None and not self._arguments_written:
@@ -161,11 +171,11 @@ class EnvelopeParser:
 
     def _on_name(self, name: object) -> None:
         if not isinstance(name, str):
-            self._sink.reject("tool call name is not a string")
+            self._refuse("tool call name is not a string")
             return
         tool = self._sink.find_tool(name)
         if tool is None:
-            self._sink.reject(f"unknown tool {name!r}")
+            self._refuse(f"unknown tool {name!r}")
             return
         self._tool = tool
         if self._held_arguments is not None:
@@ -194,7 +204,7 @@ class EnvelopeParser:
 
     def _close_envelope(self) -> None:
         if self._tool is None:
-            self._sink.reject("tool call has no name")
+            self._refuse("tool call has no name")
             return
         self._commit()
         self._finish_committed()
@@ -211,7 +221,7 @@ class EnvelopeParser:
         if self.finished or self.broken:
             return
         if not self._committed:
-            self._sink.reject("generation ended inside a tool call, before its name and arguments")
+            self._refuse("generation ended inside a tool call, before its name and arguments")
             return
         if self._state == _IN_VALUE and self._value_kind in ("arguments", "string_arguments") and self._streamer:
             self._streamer.finish_scalar_at_end()

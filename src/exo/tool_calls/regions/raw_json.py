@@ -63,7 +63,7 @@ class RawJsonRegion:
         self._opening = self._opening or LiteralMatcher(_FENCE_OPENINGS)
         status, position = self._opening.step(text, position)
         if status == LiteralMatcher.MISMATCH:
-            self._sink.reject("a code fence that does not hold a JSON tool call")
+            self._sink.decline()  # a code fence of another kind: an ordinary reply
         elif status == LiteralMatcher.MATCHED:
             self._fenced = True
             self._opening = None
@@ -84,7 +84,7 @@ class RawJsonRegion:
     def finish(self) -> None:
         """Generation ended inside the bare reply."""
         if self._sequence is None:
-            self._sink.reject("generation ended inside a code fence")
+            self._sink.decline()  # the reply ended while its fence was still opening
         elif not (self._sequence.finished or self._sequence.broken):
             self._sequence.finish()
         elif self._sequence.broken:
