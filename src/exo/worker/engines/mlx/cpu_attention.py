@@ -1,0 +1,86 @@
+"""Attention for long prefills on a CPU: the softmax over the scores runs in numpy, in place.
+
+mlx's CPU backend runs element-wise kernels one element at a time. A prefill chunk's attention scores hold
+heads × chunk × context values (25 M for a 512-token chunk at 3.5k tokens of context on a 14-head model), and
+there mlx's softmax costs several times the two matmuls around it: it is most of a long prompt's prefill (an
+agent's first request, with its 7k-token system prompt). numpy's vectorised loops do the same softmax, on the
+same float32 values, several times faster. The matmuls stay in mlx; the softmax is written into the scores'
+own buffer, so nothing is copied. Decode steps, small chunks and what this path does not cover (array masks,
+attention sinks, quantized caches, other dtypes) keep mlx's kernel.
+"""
+
+import sys
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models import base
+
+# Below this many scores mlx's own kernel is as fast (and a decode step never comes here: one query row).
+MIN_SCORES = 1 << 20
+_MLX_ATTENTION = base.scaled_dot_product_attention
+_LOWEST = float(np.finfo(np.float32).min)
+
+
+def numpy_softmax_attention(
+    queries: mx.array, keys: mx.array, values: mx.array, scale: float, *, causal: bool
+) -> mx.array:
+    """softmax(q·kᵀ·scale [+ causal mask]) · v for float32 (batch, heads, length, dim) arrays, grouped-query too.
+
+    The causal mask is mlx's: query i of L sees the keys up to position S − L + i of S.
+    """
+    batch, query_heads, length, dim = queries.shape
+    kv_heads, context = keys.shape[1], keys.shape[2]
+    groups = query_heads // kv_heads
+    grouped = (queries * scale).reshape(batch, kv_heads, groups * length, dim)
+    scores = grouped @ keys.swapaxes(-1, -2)
+    mx.eval(scores)
+    # A view of the freshly evaluated scores, which nothing else holds: the softmax replaces them in place.
+    view = np.asarray(scores).reshape(batch, kv_heads, groups, length, context)
+    if causal and length > 1:
+        rows, columns = np.triu_indices(length, 1)
+        view[..., rows, context - length + columns] = _LOWEST
+    np.subtract(view, view.max(axis=-1, keepdims=True), out=view)
+    np.exp(view, out=view)
+    np.divide(view, view.sum(axis=-1, keepdims=True), out=view)
+    return (scores @ values).reshape(batch, query_heads, length, dim)
+
+
+def _covers(queries: mx.array, keys: mx.array, cache: Any, mask: Any, sinks: Any) -> bool:
+    if sinks is not None or hasattr(cache, "bits") or not (mask is None or (isinstance(mask, str) and mask == "causal")):
+        return False
+    if queries.dtype != mx.float32 or keys.dtype != mx.float32 or queries.shape[1] % keys.shape[1]:
+        return False
+    batch, heads, length, _ = queries.shape
+    return length > 1 and batch * heads * length * keys.shape[2] >= MIN_SCORES
+
+
+def scaled_dot_product_attention(
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    cache: Any,
+    scale: float,
+    mask: Any,
+    sinks: Any = None,
+) -> mx.array:
+    """mlx-lm's `scaled_dot_product_attention`, with the numpy softmax where it covers the call."""
+    if _covers(queries, keys, cache, mask, sinks):
+        return numpy_softmax_attention(queries, keys, values, scale, causal=mask is not None)
+    return _MLX_ATTENTION(queries, keys, values, cache, scale, mask, sinks)
+
+
+def use_numpy_softmax() -> int:
+    """Route mlx-lm's attention through this module in this process; returns how many model modules now do.
+
+    Every mlx-lm model module imports the function by name, so each loaded one is re-pointed (a runner process
+    holds one model, so process-wide is the model's scope).
+    """
+    patched = 0
+    for name, module in list(sys.modules.items()):
+        if name.startswith("mlx_lm.models.") and getattr(module, "scaled_dot_product_attention", None) is (
+            _MLX_ATTENTION
+        ):
+            setattr(module, "scaled_dot_product_attention", scaled_dot_product_attention)
+            patched += 1
+    return patched

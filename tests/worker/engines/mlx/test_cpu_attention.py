@@ -1,0 +1,66 @@
+"""The numpy softmax attention gives mlx's attention, and a model routed through it gives the same logits."""
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models import base
+from mlx_lm.models.cache import make_prompt_cache
+
+from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.engines.mlx import cpu_attention
+from exo.worker.engines.mlx.cpu_attention import numpy_softmax_attention, scaled_dot_product_attention
+from exo.worker.engines.mlx.utils_mlx import load_model
+from tests.exo_server import fixture_model
+
+
+@pytest.mark.parametrize(
+    ("batch", "query_heads", "kv_heads", "length", "context", "causal"),
+    [
+        (1, 14, 2, 64, 64, True),  # a first chunk: the whole context is the chunk
+        (1, 14, 2, 48, 300, True),  # a later chunk after cached context
+        (2, 4, 4, 16, 40, True),  # a batch, no grouping
+        (1, 8, 2, 1, 90, True),  # one query row: nothing to mask
+        (1, 6, 3, 20, 20, False),
+    ],
+)
+def test_it_matches_mlx_attention(
+    batch: int, query_heads: int, kv_heads: int, length: int, context: int, causal: bool
+) -> None:
+    mx.random.seed(7)
+    queries = mx.random.normal((batch, query_heads, length, 32)) * 3
+    keys = mx.random.normal((batch, kv_heads, context, 32)) * 3
+    values = mx.random.normal((batch, kv_heads, context, 32))
+    mask = "causal" if causal else None
+    expected = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=0.17, mask=mask)
+    got = numpy_softmax_attention(queries, keys, values, 0.17, causal=causal)
+    assert got.shape == expected.shape
+    assert mx.allclose(got, expected, atol=1e-5, rtol=1e-4).item()
+
+
+def test_calls_it_does_not_cover_go_to_mlx_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_attention, "MIN_SCORES", 1)
+    queries, keys, values = mx.ones((1, 2, 4, 8)), mx.ones((1, 2, 4, 8)), mx.ones((1, 2, 4, 8))
+    routed: list[str] = []
+    monkeypatch.setattr(cpu_attention, "numpy_softmax_attention", lambda *_, **__: routed.append("numpy") or queries)
+    scaled_dot_product_attention(queries, keys, values, None, 1.0, "causal")
+    assert routed == ["numpy"]
+    array_mask = mx.ones((4, 4), dtype=mx.bool_)
+    scaled_dot_product_attention(queries, keys, values, None, 1.0, array_mask)  # an array mask
+    scaled_dot_product_attention(queries[:, :, :1], keys, values, None, 1.0, None)  # a decode step
+    scaled_dot_product_attention(queries.astype(mx.float16), keys, values, None, 1.0, "causal")  # not float32
+    assert routed == ["numpy"]
+    monkeypatch.setattr(cpu_attention, "MIN_SCORES", 1 << 30)
+    scaled_dot_product_attention(queries, keys, values, None, 1.0, "causal")  # too few scores to pay
+    assert routed == ["numpy"]
+
+
+def test_a_loaded_model_is_routed_through_it_and_its_logits_do_not_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded = load_model(fixture_model("tiny-qwen-tools"), ShardAssignment(rank=0, world_size=1))
+    module = __import__(type(loaded.model).__module__, fromlist=["scaled_dot_product_attention"])
+    assert module.scaled_dot_product_attention is scaled_dot_product_attention
+    tokens = mx.array([[(index * 37) % 200 + 5 for index in range(96)]])
+    monkeypatch.setattr(cpu_attention, "MIN_SCORES", 1)
+    with_numpy = loaded.model(tokens, cache=make_prompt_cache(loaded.model))
+    monkeypatch.setattr(module, "scaled_dot_product_attention", base.scaled_dot_product_attention)
+    with_mlx = loaded.model(tokens, cache=make_prompt_cache(loaded.model))
+    assert mx.allclose(with_numpy, with_mlx, atol=1e-4, rtol=1e-4).item()
+    assert (mx.argmax(with_numpy, axis=-1) == mx.argmax(with_mlx, axis=-1)).all().item()
