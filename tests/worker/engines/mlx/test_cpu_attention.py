@@ -13,18 +13,17 @@ from tests.exo_server import fixture_model
 
 
 @pytest.mark.parametrize(
-    ("batch", "query_heads", "kv_heads", "length", "context", "causal"),
+    ("shape", "causal"),
     [
-        (1, 14, 2, 64, 64, True),  # a first chunk: the whole context is the chunk
-        (1, 14, 2, 48, 300, True),  # a later chunk after cached context
-        (2, 4, 4, 16, 40, True),  # a batch, no grouping
-        (1, 8, 2, 1, 90, True),  # one query row: nothing to mask
-        (1, 6, 3, 20, 20, False),
+        ((1, 14, 2, 64, 64), True),  # a first chunk: the whole context is the chunk
+        ((1, 14, 2, 48, 300), True),  # a later chunk after cached context
+        ((2, 4, 4, 16, 40), True),  # a batch, no grouping
+        ((1, 8, 2, 1, 90), True),  # one query row: nothing to mask
+        ((1, 6, 3, 20, 20), False),
     ],
 )
-def test_it_matches_mlx_attention(
-    batch: int, query_heads: int, kv_heads: int, length: int, context: int, causal: bool
-) -> None:
+def test_it_matches_mlx_attention(shape: tuple[int, int, int, int, int], causal: bool) -> None:
+    batch, query_heads, kv_heads, length, context = shape
     mx.random.seed(7)
     queries = mx.random.normal((batch, query_heads, length, 32)) * 3
     keys = mx.random.normal((batch, kv_heads, context, 32)) * 3

@@ -47,7 +47,8 @@ def numpy_softmax_attention(
 
 
 def _covers(queries: mx.array, keys: mx.array, cache: Any, mask: Any, sinks: Any) -> bool:
-    if sinks is not None or hasattr(cache, "bits") or not (mask is None or (isinstance(mask, str) and mask == "causal")):
+    causal_or_none = mask is None or (isinstance(mask, str) and mask == "causal")
+    if sinks is not None or hasattr(cache, "bits") or not causal_or_none:
         return False
     if queries.dtype != mx.float32 or keys.dtype != mx.float32 or queries.shape[1] % keys.shape[1]:
         return False
@@ -55,7 +56,7 @@ def _covers(queries: mx.array, keys: mx.array, cache: Any, mask: Any, sinks: Any
     return length > 1 and batch * heads * length * keys.shape[2] >= MIN_SCORES
 
 
-def scaled_dot_product_attention(
+def scaled_dot_product_attention(  # noqa: PLR0917 - mlx-lm's models call it with these positional arguments
     queries: mx.array,
     keys: mx.array,
     values: mx.array,
@@ -81,6 +82,6 @@ def use_numpy_softmax() -> int:
         if name.startswith("mlx_lm.models.") and getattr(module, "scaled_dot_product_attention", None) is (
             _MLX_ATTENTION
         ):
-            setattr(module, "scaled_dot_product_attention", scaled_dot_product_attention)
+            vars(module)["scaled_dot_product_attention"] = scaled_dot_product_attention
             patched += 1
     return patched
