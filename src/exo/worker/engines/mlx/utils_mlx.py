@@ -23,7 +23,7 @@ from exo.shared.types.tasks import PromptMessage, ToolPolicy
 from exo.shared.types.worker.shards import PipelineStrategy, ShardAssignment
 from exo.tool_calls.format import HistoryNeeds
 from exo.worker.engines.mlx.chat_messages import to_template_messages, tool_description
-from exo.worker.engines.mlx.cpu_attention import use_numpy_softmax
+from exo.worker.engines.mlx.cpu_kernels import use_numpy_kernels
 from exo.worker.engines.mlx.distributed.layer_split import split_layers
 from exo.worker.engines.mlx.prompt_budget import encode_within
 
@@ -155,7 +155,7 @@ def _loaded(
     """Finish loading: the fast CPU dtype, weights materialised, and what the runner reports about the model."""
     dtype = _use_fast_cpu_dtype(model)
     if dtype == "float32":
-        use_numpy_softmax()  # a long prefill's attention softmax is several times faster in numpy on a CPU
+        use_numpy_kernels()  # a prefill's softmax and SwiGLU are several times faster in numpy on a CPU
     mx.eval(model.parameters())
     return LoadedModel(
         model=model,

@@ -1,12 +1,13 @@
-"""Attention for long prefills on a CPU: the softmax over the scores runs in numpy, in place.
+"""A prefill's two large element-wise steps on a CPU, in numpy: the attention softmax and the SwiGLU gate.
 
 mlx's CPU backend runs element-wise kernels one element at a time. A prefill chunk's attention scores hold
 heads × chunk × context values (25 M for a 512-token chunk at 3.5k tokens of context on a 14-head model), and
 there mlx's softmax costs several times the two matmuls around it: it is most of a long prompt's prefill (an
-agent's first request, with its 7k-token system prompt). numpy's vectorised loops do the same softmax, on the
-same float32 values, several times faster. The matmuls stay in mlx; the softmax is written into the scores'
-own buffer, so nothing is copied. Decode steps, small chunks and what this path does not cover (array masks,
-attention sinks, quantized caches, other dtypes) keep mlx's kernel.
+agent's first request, with its 7k-token system prompt). The MLP's `silu(gate) * up` over chunk × intermediate
+values is the next largest. numpy's vectorised loops do both, on the same float32 values, several times faster.
+The matmuls stay in mlx; the softmax is written into the scores' own buffer, so nothing is copied. Decode steps,
+small chunks and what these paths do not cover (array masks, attention sinks, quantized caches, other dtypes)
+keep mlx's kernels.
 """
 
 import sys
@@ -14,11 +15,14 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models import base
+from mlx_lm.models import activations, base
 
-# Below this many scores mlx's own kernel is as fast (and a decode step never comes here: one query row).
+# Below this many values mlx's own kernels are as fast (and a decode step never comes here: one row).
 MIN_SCORES = 1 << 20
-_MLX_ATTENTION = base.scaled_dot_product_attention
+MIN_GATE_VALUES = 1 << 20
+# mlx-lm's own functions, kept before any module is re-pointed (also `activations`, whose SwiGLU layer uses it).
+MLX_ATTENTION = base.scaled_dot_product_attention
+MLX_SWIGLU = activations.swiglu
 _LOWEST = float(np.finfo(np.float32).min)
 
 
@@ -68,20 +72,45 @@ def scaled_dot_product_attention(  # noqa: PLR0917 - mlx-lm's models call it wit
     """mlx-lm's `scaled_dot_product_attention`, with the numpy softmax where it covers the call."""
     if _covers(queries, keys, cache, mask, sinks):
         return numpy_softmax_attention(queries, keys, values, scale, causal=mask is not None)
-    return _MLX_ATTENTION(queries, keys, values, cache, scale, mask, sinks)
+    return MLX_ATTENTION(queries, keys, values, cache, scale, mask, sinks)
 
 
-def use_numpy_softmax() -> int:
-    """Route mlx-lm's attention through this module in this process; returns how many model modules now do.
+def swiglu(gate: mx.array, up: mx.array) -> mx.array:
+    """mlx-lm's `swiglu` (silu(gate) · up), in numpy for a float32 prefill chunk."""
+    if gate.dtype != mx.float32 or up.dtype != mx.float32 or gate.shape != up.shape or gate.size < MIN_GATE_VALUES:
+        return MLX_SWIGLU(gate, up)
+    mx.eval(gate, up)
+    result = np.array(gate)  # a copy: silu(g) = g / (1 + e^-g), computed into it
+    denominator = np.negative(result)
+    with np.errstate(over="ignore"):  # e^-g overflows to inf for g < -88: silu is then -0, as it should be
+        np.exp(denominator, out=denominator)
+    denominator += 1
+    np.divide(result, denominator, out=result)
+    result *= np.asarray(up)
+    return mx.array(result)
 
-    Every mlx-lm model module imports the function by name, so each loaded one is re-pointed (a runner process
+
+_REPLACEMENTS = {
+    "scaled_dot_product_attention": (MLX_ATTENTION, scaled_dot_product_attention),
+    "swiglu": (
+        MLX_SWIGLU,
+        swiglu,
+    ),
+}
+
+
+def use_numpy_kernels() -> int:
+    """Route mlx-lm's attention and SwiGLU through this module in this process; returns how many names now are.
+
+    Every mlx-lm model module imports these functions by name, so each loaded one is re-pointed (a runner process
     holds one model, so process-wide is the model's scope).
     """
     patched = 0
     for name, module in list(sys.modules.items()):
-        if name.startswith("mlx_lm.models.") and getattr(module, "scaled_dot_product_attention", None) is (
-            _MLX_ATTENTION
-        ):
-            vars(module)["scaled_dot_product_attention"] = scaled_dot_product_attention
-            patched += 1
+        if not name.startswith("mlx_lm.models."):
+            continue
+        for attribute, (original, replacement) in _REPLACEMENTS.items():
+            if getattr(module, attribute, None) is original:
+                vars(module)[attribute] = replacement
+                patched += 1
     return patched
