@@ -90,12 +90,10 @@ def swiglu(gate: mx.array, up: mx.array) -> mx.array:
     return mx.array(result)
 
 
+# The name each mlx-lm model module imports -> (mlx-lm's function, this module's).
 _REPLACEMENTS = {
     "scaled_dot_product_attention": (MLX_ATTENTION, scaled_dot_product_attention),
-    "swiglu": (
-        MLX_SWIGLU,
-        swiglu,
-    ),
+    "swiglu": (MLX_SWIGLU, swiglu),
 }
 
 
