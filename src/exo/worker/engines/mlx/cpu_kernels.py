@@ -97,18 +97,15 @@ _REPLACEMENTS = {
 }
 
 
-def use_numpy_kernels() -> int:
-    """Route mlx-lm's attention and SwiGLU through this module in this process; returns how many names now are.
+def use_numpy_kernels() -> None:
+    """Route mlx-lm's attention and SwiGLU through this module in this process.
 
     Every mlx-lm model module imports these functions by name, so each loaded one is re-pointed (a runner process
     holds one model, so process-wide is the model's scope).
     """
-    patched = 0
     for name, module in list(sys.modules.items()):
         if not name.startswith("mlx_lm.models."):
             continue
         for attribute, (original, replacement) in _REPLACEMENTS.items():
             if getattr(module, attribute, None) is original:
                 vars(module)[attribute] = replacement
-                patched += 1
-    return patched
