@@ -18,7 +18,7 @@ from exo.cluster.bus import Bus
 from exo.cluster.membership import MembershipView
 from exo.cluster.topics import Topics
 from exo.shared.errors import QueueFullError, RunnerUnavailableError
-from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, Usage
+from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, PrefillProgressChunk, Usage
 from exo.shared.types.commands import AssignTask
 from exo.shared.types.common import CommandId, NodeId, RunnerId, TaskId
 from exo.shared.types.state import TaskOutcome
@@ -122,8 +122,9 @@ class TaskStreams:
         try:
             async with chunks:
                 async for chunk in chunks:
-                    first_at = first_at or time.monotonic()
-                    last = chunk
+                    if not isinstance(chunk, PrefillProgressChunk):
+                        first_at = first_at or time.monotonic()
+                        last = chunk
                     self._bus.publish(replies, TaskChunkMessage(task_id=task_id, sequence=sequence, chunk=chunk))
                     sequence += 1
         finally:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from exo.shared.types.chunks import Chunk, FinishChunk, ToolCallChunk
+from exo.shared.types.chunks import Chunk, FinishChunk, PrefillProgressChunk, ToolCallChunk
 from exo.shared.types.tasks import ChatCompletionTask, SamplingParams, StructuredOutput, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.runner.supervisor import RunnerSupervisor
@@ -84,9 +84,18 @@ async def test_a_split_model_answers_every_request_as_one_runner_does(layer_coun
             # Usage included: the ranks' prefix caches hit exactly where the whole runner's cache does.
             assert split[name] == expected[name], name
         # Turn 2: the same conversation again reuses every rank's cached prompt (all but the token that
-        # produces the first logits), and answers the same.
+        # produces the first logits), says so as it starts and ends its prefill, and answers the same.
         again = comparable(await run_task(leader, cases()["streamed tool call"]))
-        assert again[:-1] == expected["streamed tool call"][:-1]
+        content = [chunk for chunk in again if not isinstance(chunk, PrefillProgressChunk)]
+        expected_content = [
+            chunk for chunk in expected["streamed tool call"] if not isinstance(chunk, PrefillProgressChunk)
+        ]
+        assert content[:-1] == expected_content[:-1]
         usage = _finish(again).usage
         assert usage.cached_tokens == usage.prompt_tokens - 1
+        progress = [
+            (chunk.done_tokens, chunk.cached_tokens) for chunk in again if isinstance(chunk, PrefillProgressChunk)
+        ]
+        assert progress == [(usage.cached_tokens, usage.cached_tokens), (usage.prompt_tokens, usage.cached_tokens)]
+        assert isinstance(again[0], PrefillProgressChunk)
         assert all(supervisor.status == "ready" for supervisor in supervisors)

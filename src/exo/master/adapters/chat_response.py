@@ -17,6 +17,7 @@ from exo.shared.types.chunks import (
     Chunk,
     ErrorChunk,
     FinishChunk,
+    PrefillProgressChunk,
     ReasoningChunk,
     TokenChunk,
     ToolCallArgumentsChunk,
@@ -46,6 +47,8 @@ async def collect_response(
                 finish = chunk
             case ErrorChunk():
                 raise task_error(chunk)
+            case PrefillProgressChunk():
+                pass  # not content
     if finish is None:
         raise ApiError(500, "generation ended without a result", error_type="server_error")
     tool_calls = [

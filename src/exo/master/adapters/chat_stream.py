@@ -14,6 +14,7 @@ from exo.shared.types.chunks import (
     Chunk,
     ErrorChunk,
     FinishChunk,
+    PrefillProgressChunk,
     ReasoningChunk,
     TokenChunk,
     ToolCallArgumentsChunk,
@@ -81,6 +82,8 @@ class ChunkEncoder:
                 return events
             case ErrorChunk():
                 return [_event(error_payload(chunk))]
+            case PrefillProgressChunk():
+                return []  # not content: the keep-alive comments carry it (completion_flow.py)
 
 
 async def sse_events(encoder: ChunkEncoder, first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[str]:

@@ -39,6 +39,7 @@ from exo.shared.types.chunks import (
     Chunk,
     ErrorChunk,
     FinishChunk,
+    PrefillProgressChunk,
     ReasoningChunk,
     TokenChunk,
     ToolCallArgumentsChunk,
@@ -149,6 +150,8 @@ class MessageStreamEncoder:
                 return [*self._close(), *self._finish(chunk)]
             case ErrorChunk():
                 return [ErrorEvent(error=anthropic_error(task_error(chunk)).error)]
+            case PrefillProgressChunk():
+                return []  # not content: the keep-alive comments carry it (completion_flow.py)
             case _:
                 return []  # an empty text or argument fragment
 

@@ -15,6 +15,7 @@ from exo.shared.types.chunks import (
     Chunk,
     ErrorChunk,
     FinishChunk,
+    PrefillProgressChunk,
     ReasoningChunk,
     TokenChunk,
     ToolCallArgumentsChunk,
@@ -153,6 +154,8 @@ class ResponseStreamEncoder:
                 error = ResponseError(message=message)
                 self._response = self._response.model_copy(update={"status": "failed", "error": error})
                 return [*events, self._lifecycle("response.failed")]
+            case PrefillProgressChunk():
+                return []  # not content: the keep-alive comments carry it (completion_flow.py)
             case _:
                 return []  # an empty text or argument fragment
 

@@ -25,5 +25,5 @@ async def collect_prompt_tokens(chunks: AsyncIterator[Chunk]) -> int:
             case ErrorChunk():
                 raise task_error(chunk)
             case _:
-                pass
+                pass  # a count-only task sends no content; a progress chunk is not the count
     raise ApiError(500, "token counting ended without a result", error_type="server_error")

@@ -82,8 +82,27 @@ class ErrorChunk(FrozenModel):
     param: str | None = None
 
 
+class PrefillProgressChunk(FrozenModel):
+    """How far the runner has read the prompt: never content, it feeds /state, keep-alives and the request log.
+
+    Sent when prefill starts (done = cached) and when it ends (done = the whole prompt), and between its pieces.
+    """
+
+    kind: Literal["prefill_progress"] = "prefill_progress"
+    prompt_tokens: int  # the whole prompt
+    done_tokens: int  # computed or taken from cache so far
+    cached_tokens: int  # of which reused from the prefix cache (memory+disk)
+    disk_cached_tokens: int = 0  # of those, loaded from the disk tier
+
+
 Chunk = Annotated[
-    TokenChunk | ReasoningChunk | ToolCallChunk | ToolCallArgumentsChunk | FinishChunk | ErrorChunk,
+    TokenChunk
+    | ReasoningChunk
+    | ToolCallChunk
+    | ToolCallArgumentsChunk
+    | FinishChunk
+    | ErrorChunk
+    | PrefillProgressChunk,
     Field(discriminator="kind"),
 ]
 

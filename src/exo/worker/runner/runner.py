@@ -249,7 +249,9 @@ def _admit(
 
     reply: Chunk
     try:
-        scheduler.admit(ChatRequest.open(context, task))
+        request = ChatRequest.open(context, task)
+        scheduler.admit(request)
+        channel.send(TaskChunk(task_id=task.task_id, chunk=request.prefill_progress(request.cached_tokens)))
         return
     except ImmediateReplyError as immediate:
         reply = immediate.chunk

@@ -10,7 +10,7 @@ from pydantic import JsonValue
 
 from exo.master.adapters.chat_request import to_command
 from exo.shared.types.api import ChatCompletionRequest
-from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, ToolCallChunk
+from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, PrefillProgressChunk, ToolCallChunk
 from exo.shared.types.common import ModelId, TaskId, new_task_id
 from exo.shared.types.tasks import ChatCompletionTask
 from exo.shared.types.worker.shards import ShardAssignment
@@ -59,7 +59,7 @@ class Outcome:
         return self.chunks[-1]
 
     def normalised(self) -> list[str]:
-        """The chunks as JSON, with the random tool-call ids and the cache-dependent usage field blanked."""
+        """The chunks as JSON, with random tool-call ids and cache-dependent fields (usage, progress) blanked."""
         lines: list[str] = []
         for chunk in self.chunks:
             shown = chunk
@@ -67,6 +67,8 @@ class Outcome:
                 shown = chunk.model_copy(update={"call_id": "call"})
             if isinstance(chunk, FinishChunk):
                 shown = chunk.model_copy(update={"usage": chunk.usage.model_copy(update={"cached_tokens": 0})})
+            if isinstance(chunk, PrefillProgressChunk):
+                shown = chunk.model_copy(update={"cached_tokens": 0})
             lines.append(shown.model_dump_json())
         return lines
 

@@ -73,6 +73,7 @@ class PipelineLeader:
         for connection in self._followers.values():
             send_message(connection, announcement)
         request.limit_cached_tokens(agree_on_cached_tokens(self._group, request.cached_tokens))
+        yield request.prefill_progress(request.cached_tokens)
         model = self._loaded.model
         cache = request.take_cache()
         prompt_rest = request.prefill_tokens

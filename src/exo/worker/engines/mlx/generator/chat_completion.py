@@ -14,7 +14,15 @@ from typing import cast
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, ParsedChunk, ReasoningChunk, Usage
+from exo.shared.types.chunks import (
+    Chunk,
+    ErrorChunk,
+    FinishChunk,
+    ParsedChunk,
+    PrefillProgressChunk,
+    ReasoningChunk,
+    Usage,
+)
 from exo.shared.types.common import FinishReason, TaskId
 from exo.shared.types.tasks import ChatCompletionTask, ToolPolicy
 from exo.tool_calls import ToolFormatName, ToolStreamParser
@@ -147,6 +155,7 @@ class ChatRequest:
         self._reasoning_tokens = 0
         self.finish_reason: FinishReason | None = None
         self._closed = False
+        self._prefill_ended = False
 
     @classmethod
     def open(cls, context: EngineContext, task: ChatCompletionTask) -> "ChatRequest":
@@ -218,6 +227,12 @@ class ChatRequest:
         """The prompt tokens the cache does not hold yet: what to feed before the first token is sampled."""
         return self._lease.remaining_tokens if self._lease else list(self._prompt.tokens)
 
+    def prefill_progress(self, done_tokens: int) -> PrefillProgressChunk:
+        """Where this request's prefill stands once `done_tokens` of its prompt are computed or cached."""
+        return PrefillProgressChunk(
+            prompt_tokens=len(self._prompt.tokens), done_tokens=done_tokens, cached_tokens=self.cached_tokens
+        )
+
     def take_cache(self) -> PromptCache:
         """The KV cache to start from (holding the cached prefix); the decoder owns it until it hands it back."""
         return self._lease.cache if self._lease else new_prompt_cache(self._context.loaded.model)
@@ -256,8 +271,14 @@ class ChatRequest:
         return self.finish_reason is not None
 
     def accept(self, tokens: Sequence[int]) -> list[Chunk]:
-        """Take generated `tokens` in order and return the chunks they produce; tokens after the finish are ignored."""
+        """Take generated `tokens` in order and return the chunks they produce; tokens after the finish are ignored.
+
+        The first tokens are preceded by the progress chunk saying the whole prompt is read.
+        """
         chunks: list[Chunk] = []
+        if tokens and not self._prefill_ended:
+            self._prefill_ended = True
+            chunks.append(self.prefill_progress(len(self._prompt.tokens)))
         for token in tokens:
             if self.finish_reason is not None:
                 break
