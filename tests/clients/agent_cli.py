@@ -1,15 +1,13 @@
 """Run the real Claude Code and Codex CLIs headless against an exo node, isolated from the machine they run on.
 
-Both are npm packages that `.ci/run` installs, at the versions the captured requests in tests/fixtures/clients
-come from, into the git-ignored build/ folder. Each run gets its own HOME (and CODEX_HOME), a fixed time zone and
-shell (they appear in the prompt), no credentials but a dummy key, and every update check or telemetry switch off,
-so it talks to nothing but exo. Both print one JSON event per line, parsed into `CliRun`.
+Both are npm packages that `.ci/install-clients` installs (see installed.py), at the versions the captured requests
+in tests/fixtures/clients come from. Each run gets its own HOME (and CODEX_HOME), a fixed time zone and shell (they
+appear in the prompt), no credentials but a dummy key, and every update check or telemetry switch off, so it talks
+to nothing but exo. Both print one JSON event per line, parsed into `CliRun`.
 """
 
 import json
 import os
-import shutil
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
@@ -18,11 +16,8 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 
 from exo.conformance.json_view import JsonMapping, as_list, as_object
 from tests.clients.headless import run_headless
-from tests.fixtures.client_requests import CLAUDE_CODE_VERSION, CLIENT_AGENT_PROMPT, CODEX_CONFIG, CODEX_VERSION
+from tests.fixtures.client_requests import CLIENT_AGENT_PROMPT, CODEX_CONFIG
 
-REPO_ROOT: Final = Path(__file__).resolve().parents[2]
-CLAUDE_CODE_INSTALL: Final = REPO_ROOT / "build" / "claude-code" / "node_modules" / ".bin" / "claude"
-CODEX_INSTALL: Final = REPO_ROOT / "build" / "codex" / "node_modules" / ".bin" / "codex"
 # Values the prompts contain; fixed so that a run on any machine sends what the fixture model was trained on.
 _STABLE_ENVIRONMENT: Final = {"TZ": "Etc/UTC", "SHELL": "/bin/bash", "NO_COLOR": "1"}
 # Variables of the machine that would point the clients elsewhere or change their prompt.
@@ -60,34 +55,6 @@ class CliRun(BaseModel):
     def describe(self) -> str:
         """Everything a failing assertion should show."""
         return f"exited {self.returncode}\n--- stdout\n{self.stdout[-8000:]}\n--- stderr (tail)\n{self.stderr[-4000:]}"
-
-
-def find_cli(install: Path, command: str, version: str) -> Path | None:
-    """The CLI at `version`: the repository-local install `.ci/run` makes, else `command` on PATH.
-
-    Another version sends other prompts than the fixture model was trained on, so it does not count.
-    """
-    on_path = shutil.which(command)
-    for candidate in (install, *([Path(on_path)] if on_path else [])):
-        if candidate.is_file() and os.access(candidate, os.X_OK) and version in _version_line(candidate):
-            return candidate
-    return None
-
-
-def _version_line(binary: Path) -> str:
-    try:
-        result = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return result.stdout.strip() if result.returncode == 0 else ""
-
-
-def find_claude_code() -> Path | None:
-    return find_cli(CLAUDE_CODE_INSTALL, "claude", CLAUDE_CODE_VERSION)
-
-
-def find_codex() -> Path | None:
-    return find_cli(CODEX_INSTALL, "codex", CODEX_VERSION)
 
 
 def isolated_environment(home: Path, extra: dict[str, str]) -> dict[str, str]:

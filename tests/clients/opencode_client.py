@@ -1,4 +1,4 @@
-"""Run the real opencode CLI (npm package `opencode-ai`, v1) headless against an exo node.
+"""Run the real opencode CLI (npm package `opencode-ai`, pinned in .ci/npm-clients) headless against an exo node.
 
 opencode is isolated from the machine it runs on: HOME and the XDG folders point into a temporary folder, and the
 update check, models.dev fetch, session sharing, LSP downloads and Claude Code prompt import are switched off, so a
@@ -8,8 +8,6 @@ still try the npm registry; offline it fails without holding the run up).
 
 import json
 import os
-import shutil
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
@@ -19,12 +17,6 @@ from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 from tests.clients.headless import run_headless
 from tests.fixtures.fixture_specs import JsonObject
 
-REPO_ROOT: Final = Path(__file__).resolve().parents[2]
-# Where `.ci/run` installs opencode (`npm install --prefix build/opencode opencode-ai@1`); /build/ is git-ignored.
-LOCAL_INSTALLS: Final = (
-    REPO_ROOT / "build" / "opencode" / "node_modules" / ".bin" / "opencode",
-    REPO_ROOT / "node_modules" / ".bin" / "opencode",
-)
 PROVIDER_ID: Final = "exo"
 # Switches that keep opencode from reaching the network for anything but the model (names from opencode 1.18).
 OFFLINE_SWITCHES: Final = (
@@ -68,28 +60,6 @@ class OpencodeRun(BaseModel):
     def describe(self) -> str:
         """Everything a failing assertion should show."""
         return f"opencode exited {self.returncode}\n--- stdout\n{self.stdout}\n--- stderr (tail)\n{self.stderr[-6000:]}"
-
-
-def find_opencode() -> Path | None:
-    """The opencode 1.x binary: the repository-local install `.ci/run` makes, else `opencode` on PATH."""
-    candidates = [*LOCAL_INSTALLS]
-    on_path = shutil.which("opencode")
-    if on_path is not None:
-        candidates.append(Path(on_path))
-    for candidate in candidates:
-        if candidate.is_file() and os.access(candidate, os.X_OK) and _major_version(candidate) == 1:
-            return candidate
-    return None
-
-
-def _major_version(binary: Path) -> int | None:
-    # An unrelated `opencode` (the archived Go project of the same name) must not be mistaken for this one.
-    try:
-        result = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    head = result.stdout.strip().split(".")[0]
-    return int(head) if result.returncode == 0 and head.isdigit() else None
 
 
 def provider_config(

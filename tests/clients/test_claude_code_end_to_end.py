@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.clients.agent_cli import find_claude_code, run_claude_code
+from tests.clients.agent_cli import run_claude_code
+from tests.clients.installed import require_client
 from tests.exo_server import ExoServer, fixture_model, running_exo
-from tests.fixtures.client_requests import CLAUDE_CODE_MODEL, CLAUDE_CODE_VERSION, CLIENT_TASK
+from tests.fixtures.client_requests import CLAUDE_CODE_MODEL, CLIENT_TASK
 from tests.fixtures.fixture_specs import AGENT_DONE_REPLY
 
 CLI_TIMEOUT_SECONDS = 300.0
@@ -27,10 +28,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def claude_code() -> Path:
-    binary = find_claude_code()
-    if binary is None:
-        pytest.skip(f"Claude Code {CLAUDE_CODE_VERSION} not installed (.ci/run installs it into build/claude-code)")
-    return binary
+    return require_client("claude-code")
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,10 @@ import uvicorn
 from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk, Usage
 from exo.shared.types.commands import ChatCompletionCommand
 from exo.shared.types.common import ToolCallId
-from tests.clients.agent_cli import find_codex, run_codex
+from tests.clients.agent_cli import run_codex
+from tests.clients.installed import require_client
 from tests.exo_server import free_port
-from tests.fixtures.client_requests import CLIENT_TASK, CODEX_VERSION
+from tests.fixtures.client_requests import CLIENT_TASK
 from tests.fixtures.fixture_specs import AGENT_DONE_REPLY
 from tests.master.inprocess_app import SCRIPTED_MODEL, ScriptedMaster, scripted_app
 
@@ -67,9 +68,7 @@ def api() -> Iterator[tuple[str, ToolLoopMaster]]:
 def test_codex_runs_the_command_through_exo_and_prints_the_final_answer(
     api: tuple[str, ToolLoopMaster], tmp_path: Path
 ) -> None:
-    binary = find_codex()
-    if binary is None:
-        pytest.skip(f"Codex CLI {CODEX_VERSION} not installed (.ci/run installs it into build/codex)")
+    binary = require_client("codex")
     base_url, master = api
     project, home = tmp_path / "project", tmp_path / "home"
     project.mkdir()
