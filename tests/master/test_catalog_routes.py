@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from exo.models.catalog import CATALOG, DEFAULT_MODEL_ID
+from exo.models.catalog_api import DownloadDone, NodeCatalog
 from exo.node import NodeConfig
-from exo.shared.types.catalog_api import DownloadDone, NodeCatalog
 from tests.master.inprocess_app import scripted_app
 
 

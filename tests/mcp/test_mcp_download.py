@@ -11,7 +11,7 @@ import pytest
 
 from exo.mcp.models import DOWNLOAD_PROGRESS_TOTAL, ModelsResult
 from exo.models.catalog import DEFAULT_MODEL_ID
-from exo.shared.types.catalog_api import DownloadDone
+from exo.models.catalog_api import DownloadDone
 from exo.shared.types.state import State
 from tests.exo_server import ExoServer, fixture_model, running_exo
 from tests.mcp.mcp_clients import exo_mcp_client, text_of

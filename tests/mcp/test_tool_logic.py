@@ -8,8 +8,8 @@ import httpx
 from exo.mcp.memory import MemoryFit
 from exo.mcp.models import DOWNLOAD_PROGRESS_TOTAL
 from exo.models.catalog import QWEN25_CODER_15B, CatalogListing
+from exo.models.catalog_api import DownloadDone, DownloadFailed, DownloadProgress, NodeCatalog, NodeCatalogModel
 from exo.shared.types.api import ErrorBody
-from exo.shared.types.catalog_api import DownloadDone, DownloadFailed, DownloadProgress, NodeCatalog, NodeCatalogModel
 from exo.shared.types.cluster_api import ClusterSummary
 from exo.shared.types.common import ModelId
 from exo.shared.types.preparation import ModelPreparation, PreparationPhase

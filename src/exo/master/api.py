@@ -35,6 +35,7 @@ from exo.master.errors import (
     handle_http_error,
     handle_unexpected_error,
 )
+from exo.master.mcp_mount import mount_mcp
 from exo.master.placement import served_model_ids
 from exo.master.public_paths import PublicMasterClient, storage_directories
 from exo.master.request_guard import RequestGuard
@@ -42,7 +43,6 @@ from exo.master.routes.catalog import catalog_router
 from exo.master.routes.messages import MESSAGES_PATH_PREFIX, messages_router
 from exo.master.routes.responses import responses_router
 from exo.master.validation_errors import handle_validation_error
-from exo.mcp.http_mount import mount_mcp
 from exo.models.paths import default_models_dir, exo_home
 from exo.models.progress import PreparationSink
 from exo.shared.types.api import (

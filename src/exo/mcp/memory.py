@@ -3,7 +3,7 @@
 from rich.filesize import decimal
 
 from exo.mcp.failures import ToolFailedError
-from exo.shared.types.catalog_api import NodeCatalogModel
+from exo.models.catalog_api import NodeCatalogModel
 from exo.shared.types.cluster_api import ClusterSummary
 from exo.shared.types.common import FrozenModel
 

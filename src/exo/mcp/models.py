@@ -8,8 +8,8 @@ from rich.filesize import decimal
 from exo.mcp.failures import ToolFailedError
 from exo.mcp.memory import MemoryFit, memory_fit, require_fit
 from exo.mcp.node_client import NodeApiError, NodeClient
+from exo.models.catalog_api import DownloadDone, NodeCatalog
 from exo.models.progress_display import describe_preparation
-from exo.shared.types.catalog_api import DownloadDone, NodeCatalog
 from exo.shared.types.common import FrozenModel, ModelId
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.worker.runner_status import RunnerStatus

@@ -14,8 +14,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from exo.shared.types.api import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse, ModelList
-from exo.shared.types.catalog_api import (
+from exo.models.catalog_api import (
     DownloadDone,
     DownloadEvent,
     DownloadFailed,
@@ -23,6 +22,7 @@ from exo.shared.types.catalog_api import (
     DownloadRequest,
     NodeCatalog,
 )
+from exo.shared.types.api import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse, ModelList
 from exo.shared.types.cluster_api import (
     ClusterMetrics,
     ClusterNode,

@@ -34,7 +34,7 @@ from exo.mcp.models import ModelsResult, describe_download, download_model, list
 from exo.mcp.node_client import NodeApiError, NodeClient, NodeUnreachableError
 from exo.mcp.peers import Discovery, add_peer, describe_discovery, describe_peer, discover
 from exo.mcp.status import StatusResult, status
-from exo.shared.types.catalog_api import DownloadDone
+from exo.models.catalog_api import DownloadDone
 from exo.shared.types.cluster_api import ClusterNode, ClusterNodeList, PeerConnection
 
 INSTRUCTIONS = (

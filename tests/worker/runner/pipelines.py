@@ -21,7 +21,7 @@ from exo.shared.types.worker.shards import ShardAssignment, pipeline_shards
 from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor
 from tests.fixtures.fixture_specs import GET_WEATHER_TOOL
 from tests.worker.engines.mlx.distributed.ranks import local_peers
-from tests.worker.runner.tasks import collect
+from tests.worker.runner.tasks import collect, until_ready
 
 DEEP_MODEL = ModelId("tiny-qwen-tools-deep")
 WEATHER = FunctionDefinition.model_validate(GET_WEATHER_TOOL["function"])
@@ -79,7 +79,7 @@ async def running_ranks(
             group.start_soon(supervisor.run)
         with anyio.fail_after(ready_within):
             for supervisor in supervisors:
-                await supervisor.wait_ready()
+                await until_ready(supervisor)
         try:
             yield supervisors
         finally:

@@ -33,6 +33,12 @@ async def collect(stream: MemoryObjectReceiveStream[Chunk]) -> list[Chunk]:
         return [chunk async for chunk in stream]
 
 
+async def until_ready(supervisor: RunnerSupervisor) -> None:
+    """Wait until the runner reports its model loaded, as /state would show it."""
+    while supervisor.status != "ready":
+        await anyio.sleep(0.05)
+
+
 @asynccontextmanager
 async def running_supervisor(batch_size: int = 8) -> AsyncGenerator[RunnerSupervisor]:
     """A RunnerSupervisor with a real runner subprocess serving tiny-qwen-tools, ready to take tasks."""
@@ -41,7 +47,7 @@ async def running_supervisor(batch_size: int = 8) -> AsyncGenerator[RunnerSuperv
     async with anyio.create_task_group() as group:
         group.start_soon(supervisor.run)
         with anyio.fail_after(120):
-            await supervisor.wait_ready()
+            await until_ready(supervisor)
         try:
             yield supervisor
         finally:

@@ -19,7 +19,7 @@ from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.matmul_planner import MatmulPlanner, MatmulPlanSettings
 from exo.worker.engines.mlx.utils_mlx import load_model
 from exo.worker.runner import runner
-from exo.worker.runner.runner import RunnerChannel
+from exo.worker.runner.channel import RunnerChannel
 from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
 

@@ -20,11 +20,7 @@ from fastapi.responses import StreamingResponse
 
 from exo.master.errors import ApiError
 from exo.models.catalog import CATALOG, catalog_listing, find_entry
-from exo.models.catalog_fetch import ensure_catalog_model
-from exo.models.errors import ExoModelError
-from exo.models.progress import PreparationSink, PreparationTracker
-from exo.shared.types.api import ErrorBody, ErrorResponse
-from exo.shared.types.catalog_api import (
+from exo.models.catalog_api import (
     DownloadDone,
     DownloadEvent,
     DownloadFailed,
@@ -33,6 +29,10 @@ from exo.shared.types.catalog_api import (
     NodeCatalog,
     NodeCatalogModel,
 )
+from exo.models.catalog_fetch import ensure_catalog_model
+from exo.models.errors import ExoModelError
+from exo.models.progress import PreparationSink, PreparationTracker
+from exo.shared.types.api import ErrorBody, ErrorResponse
 from exo.shared.types.common import ModelId
 from exo.shared.types.preparation import ModelPreparation
 

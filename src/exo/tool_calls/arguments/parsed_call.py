@@ -1,8 +1,7 @@
 """Calls parsed whole (by mlx-lm's parsers, `ast`, or a held JSON list) and how they are emitted."""
 
 import json
-from collections.abc import Mapping, Sequence
-from typing import cast
+from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 from pydantic import JsonValue as WireJsonValue
@@ -19,23 +18,6 @@ class ParsedCall(BaseModel):
 
     name: str
     arguments: dict[str, WireJsonValue]
-
-
-def parsed_calls_from_untyped(result: object) -> list[ParsedCall]:
-    """Type-check what an mlx-lm parser returned (a dict or a list of dicts with name/arguments)."""
-    items = cast(list[object], result) if isinstance(result, list) else [result]
-    calls: list[ParsedCall] = []
-    for item in items:
-        if not isinstance(item, Mapping):
-            raise ValueError(f"not a call: {item!r:.80}")
-        entry = cast(Mapping[str, object], item)
-        name, arguments = entry.get("name"), entry.get("arguments", {})
-        if isinstance(arguments, str):
-            arguments = cast(object, json.loads(arguments))
-        if not isinstance(name, str) or not isinstance(arguments, dict):
-            raise ValueError(f"not a call: {item!r:.80}")
-        calls.append(ParsedCall(name=name, arguments=cast(dict[str, WireJsonValue], arguments)))
-    return calls
 
 
 def emit_parsed_calls(sink: CallSink, calls: Sequence[ParsedCall]) -> str | None:

@@ -25,12 +25,12 @@ from exo.shared.types.worker.runner_response import (
     TaskChunk,
     TaskDone,
 )
+from exo.worker.runner.channel import RunnerChannel
 from exo.worker.runner.pipeline_link import PipelineLink
 
 if TYPE_CHECKING:
     from exo.worker.engines.mlx.distributed.leader import PipelineLeader
     from exo.worker.engines.mlx.generator.chat_completion import EngineContext
-    from exo.worker.runner.runner import RunnerChannel
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ Shutdown."""
 
 
 def serve_pipeline(
-    channel: "RunnerChannel", context: "EngineContext", link: PipelineLink, incoming: Incoming
+    channel: RunnerChannel, context: "EngineContext", link: PipelineLink, incoming: Incoming
 ) -> str | None:
     """Serve until shut down (returns None) or until the pipeline breaks (returns why)."""
     if link.is_leader:
@@ -52,7 +52,7 @@ class _TaskControl:
     """Read between tokens: a cancel of the running task, a shutdown, or tasks to run after it."""
 
     def __init__(
-        self, channel: "RunnerChannel", task_id: TaskId, incoming: Incoming, queued: deque[ChatCompletionTask]
+        self, channel: RunnerChannel, task_id: TaskId, incoming: Incoming, queued: deque[ChatCompletionTask]
     ) -> None:
         self._channel = channel
         self._task_id = task_id
@@ -80,7 +80,7 @@ class _TaskControl:
 
 
 def _serve_leader(
-    channel: "RunnerChannel", context: "EngineContext", link: PipelineLink, incoming: Incoming
+    channel: RunnerChannel, context: "EngineContext", link: PipelineLink, incoming: Incoming
 ) -> str | None:
     from exo.worker.engines.mlx.distributed.leader import PipelineLeader
     from exo.worker.engines.mlx.distributed.task_channel import EndPipeline, PeerLostError, send_message
@@ -115,7 +115,7 @@ def _serve_leader(
 
 
 def _run_leader_task(
-    channel: "RunnerChannel",
+    channel: RunnerChannel,
     context: "EngineContext",
     leader: "PipelineLeader",
     task: ChatCompletionTask,
@@ -149,7 +149,7 @@ def _run_leader_task(
 
 
 def _serve_follower(
-    channel: "RunnerChannel", context: "EngineContext", link: PipelineLink, incoming: Incoming
+    channel: RunnerChannel, context: "EngineContext", link: PipelineLink, incoming: Incoming
 ) -> str | None:
     from exo.worker.engines.mlx.distributed.follower import follow_task
     from exo.worker.engines.mlx.distributed.task_channel import (

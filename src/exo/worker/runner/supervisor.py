@@ -121,7 +121,6 @@ class RunnerSupervisor:
         self._running: dict[TaskId, _PendingTask] = {}
         self._connection: Connection | None = None
         self._process: BaseProcess | None = None
-        self._ready = anyio.Event()
         self._stopping = False
         self._load_failures = 0
         self._consecutive_crashes = 0
@@ -207,10 +206,6 @@ class RunnerSupervisor:
         self.status = "shutdown"
         self._fail_all("the node is shutting down")
         self._on_change()
-
-    async def wait_ready(self) -> None:
-        """Wait until the runner has loaded its model (again, after a crash)."""
-        await self._ready.wait()
 
     # ---- process management -----------------------------------------------------------------
 
@@ -310,7 +305,6 @@ class RunnerSupervisor:
                     logger.info("runner %s few-row matmuls: %s", self.runner_id, metadata.matmul_plan.describe())
                 self.status = "ready"
                 self._load_failures = 0
-                self._ready.set()
                 self._dispatch_next()
             case MatmulPlanRefined(report=report):
                 if self.metadata is not None:  # /state shows the plan as refined from now on
@@ -382,8 +376,6 @@ class RunnerSupervisor:
         # After reporting a load failure the runner exits on purpose; last_error already holds the reason.
         expected_exit = self.gave_up
         self.status = "failed"
-        if self._ready.is_set():
-            self._ready = anyio.Event()  # a waiter that arrives now waits for the replacement
         if not expected_exit:
             self._consecutive_crashes += 1
             when = "while loading" if crashed_while_loading else "while serving"

@@ -9,6 +9,8 @@ import pytest
 from mlx import nn
 
 from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.engines.mlx import forward_pass_probe
+from exo.worker.engines.mlx.cache.layer_cache import PromptCache, held_token_count, new_prompt_cache
 from exo.worker.engines.mlx.forward_pass_probe import ForwardPassProbe
 from exo.worker.engines.mlx.matmul_plan import (
     DEVIATION_MARGIN,
@@ -288,17 +290,23 @@ def test_only_the_row_counts_the_plan_changes_are_checked_in_whole_passes() -> N
     assert planner.report().pass_speedup_by_rows == {}
 
 
-def test_a_probed_pass_leaves_the_cache_as_it_found_it() -> None:
+def test_a_probed_pass_leaves_the_cache_as_it_found_it(monkeypatch: pytest.MonkeyPatch) -> None:
     loaded = load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools", ShardAssignment())
-    probe = ForwardPassProbe(loaded.model, context_tokens=8)
+    made: list[PromptCache] = []  # the probe's cache, seen as it is made
 
-    assert probe.held_tokens() is None
+    def recorded(model: nn.Module) -> PromptCache:
+        made.append(new_prompt_cache(model))
+        return made[-1]
+
+    monkeypatch.setattr(forward_pass_probe, "new_prompt_cache", recorded)
+    probe = ForwardPassProbe(loaded.model, context_tokens=8)
     probe.prepare()
-    assert probe.held_tokens() == 8
+    assert held_token_count(made[0]) == 8
     for rows in (1, 4, 9):
         probe.run(rows)
 
-    assert probe.held_tokens() == 8
+    assert held_token_count(made[0]) == 8
+    monkeypatch.undo()  # for_model below makes a cache of its own
     assert ForwardPassProbe.for_model(loaded.model) is not None
 
 

@@ -13,7 +13,6 @@ from mlx import nn
 from exo.worker.engines.mlx.cache.layer_cache import (
     PromptCache,
     can_trim,
-    held_token_count,
     new_prompt_cache,
     trim_tokens,
 )
@@ -61,10 +60,6 @@ class ForwardPassProbe:
     def release(self) -> None:
         """Drop the cache (`prepare` makes a new one)."""
         self._cache = None
-
-    def held_tokens(self) -> int | None:
-        """How many tokens the cache holds (None before `prepare`)."""
-        return held_token_count(self._cache) if self._cache is not None else None
 
 
 def _token_ids(count: int, start: int) -> mx.array:

@@ -13,7 +13,7 @@ from exo.shared.types.api import (
 from exo.tool_calls.grammar.spec import ConstraintMode, ReasoningMarkers, ToolConstraintSpec
 from exo.tool_calls.names import ToolFormatName
 from exo.worker.engines.mlx.constrained import make_logits_processor
-from exo.worker.engines.mlx.constrained.compiled import clear_caches
+from exo.worker.engines.mlx.constrained.compiled import compiled_template, guidance_tokenizer
 from tests.worker.engines.mlx.constrained.conftest import LoadedModel
 from tests.worker.engines.mlx.constrained.generation import (
     PROMPT,
@@ -245,7 +245,8 @@ def test_compile_and_mask_cost_are_reported(tool_model: LoadedModel) -> None:
     spec = ToolConstraintSpec(
         tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
     )
-    clear_caches()
+    guidance_tokenizer.cache_clear()  # cold: no cached tokenizer or grammar
+    compiled_template.cache_clear()
     started = time.perf_counter()
     make_logits_processor(tokenizer, spec, prompt_length=0)
     cold = time.perf_counter() - started

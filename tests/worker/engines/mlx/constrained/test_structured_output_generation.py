@@ -11,7 +11,7 @@ from pydantic import JsonValue
 from exo.tool_calls.grammar.spec import JsonAnswerSpec, ReasoningMarkers
 from exo.tool_calls.names import ToolFormatName
 from exo.worker.engines.mlx.constrained import make_logits_processor
-from exo.worker.engines.mlx.constrained.compiled import clear_caches
+from exo.worker.engines.mlx.constrained.compiled import compiled_template, guidance_tokenizer
 from tests.worker.engines.mlx.constrained.conftest import LoadedModel
 from tests.worker.engines.mlx.constrained.generation import (
     PROMPT,
@@ -230,7 +230,8 @@ def test_reasoning_stays_free_and_the_answer_follows_it(tool_model: LoadedModel)
 
 
 def test_a_cached_grammar_starts_fresh_for_each_request(tool_model: LoadedModel) -> None:
-    clear_caches()
+    guidance_tokenizer.cache_clear()  # cold: no cached tokenizer or grammar
+    compiled_template.cache_clear()
     spec = JsonAnswerSpec(json_schema=SCHEMAS["nested_objects"])
     first = _answer(tool_model, spec, seed=3)
     second = _answer(tool_model, spec, seed=3)

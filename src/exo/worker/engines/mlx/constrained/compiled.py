@@ -52,7 +52,7 @@ def guidance_tokenizer(tokenizer: TokenizerWrapper) -> GuidanceTokenizer:
 
 
 @lru_cache(maxsize=_GRAMMAR_CACHE_SIZE)
-def _compiled_template(lltokenizer: LLTokenizer, grammar: str) -> LLMatcher:
+def compiled_template(lltokenizer: LLTokenizer, grammar: str) -> LLMatcher:
     template = LLMatcher(lltokenizer, LLMatcher.grammar_from_lark(grammar), log_level=0)
     if template.is_error():
         # Raising keeps the failure out of the cache, so a fixed grammar is not shadowed by an old error.
@@ -62,10 +62,4 @@ def _compiled_template(lltokenizer: LLTokenizer, grammar: str) -> LLMatcher:
 
 def new_matcher(lltokenizer: LLTokenizer, grammar: str) -> LLMatcher:
     """A fresh matcher for one request, copied from the cached compiled grammar."""
-    return _compiled_template(lltokenizer, grammar).deep_copy()
-
-
-def clear_caches() -> None:
-    """Drop every cached tokenizer and grammar (tests measure cold compiles with it)."""
-    guidance_tokenizer.cache_clear()
-    _compiled_template.cache_clear()
+    return compiled_template(lltokenizer, grammar).deep_copy()

@@ -84,10 +84,6 @@ class SeededSampler:
         self.draws += 1
         return mx.random.categorical(logprobs * self._inverse_temperature, key=key)
 
-    def rewind(self, draws: int) -> None:
-        """Forget the last `draws` draws: a step whose sample was thrown away is drawn again with the same key."""
-        self.draws = max(self.draws - draws, 0)
-
 
 def make_request_sampler(sampling: SamplingParams) -> Sampler:
     """`GREEDY` at temperature 0 (or one too small to sample with); otherwise a SeededSampler on the request's seed (a
