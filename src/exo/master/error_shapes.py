@@ -13,8 +13,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from exo.master.errors import ApiError
+from exo.master.errors import ApiError, http_error
 from exo.master.validation_errors import validation_error
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ def shaped_route(shape: ErrorShape) -> type[APIRoute]:
                     return shaped_response(shape, error)
                 except RequestValidationError as error:
                     return shaped_response(shape, validation_error(error.errors(), error.body))
+                except StarletteHTTPException as error:
+                    # FastAPI's own refusals (a body that does not parse) keep their 4xx status in this shape.
+                    return shaped_response(shape, http_error(error))
                 except Exception:
                     logger.exception("unexpected failure on %s", request.url.path)
                     failure = ApiError(500, "internal server error", error_type="server_error", code="internal_error")

@@ -77,10 +77,21 @@ async def handle_api_error(_request: Request, error: Exception) -> JSONResponse:
     return error_response(error)
 
 
+def http_error(error: StarletteHTTPException) -> ApiError:
+    """Starlette's and FastAPI's own HTTP errors (an unknown path, a body that does not parse) as an ApiError, so every
+    protocol answers them with their status in its own shape."""
+    if isinstance(error.__cause__, RecursionError):
+        # FastAPI's body parser gives up on deep nesting with a generic message; say what the client can fix.
+        message = "the request body nests JSON arrays or objects deeper than this server parses"
+        return ApiError(error.status_code, message, code="invalid_json")
+    error_type = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+    headers = dict(error.headers) if error.headers else None
+    return ApiError(error.status_code, str(error.detail), error_type=error_type, headers=headers)
+
+
 async def handle_http_error(_request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, StarletteHTTPException)
-    error_type = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-    return error_response(ApiError(error.status_code, str(error.detail), error_type=error_type))
+    return error_response(http_error(error))
 
 
 async def handle_unexpected_error(_request: Request, _error: Exception) -> JSONResponse:
