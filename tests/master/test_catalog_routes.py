@@ -21,6 +21,15 @@ def models_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def client(models_dir: Path) -> Iterator[TestClient]:
+    """A node started with --show-model-paths: its answers name the directories (tested apart below without it)."""
+    application, _ = scripted_app(NodeConfig(models_dir=models_dir, show_model_paths=True))
+    with TestClient(application) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def private_client(models_dir: Path) -> Iterator[TestClient]:
+    """A node as started by default: no path on its disk in any answer."""
     application, _ = scripted_app(NodeConfig(models_dir=models_dir))
     with TestClient(application) as test_client:
         yield test_client
@@ -44,6 +53,25 @@ def test_the_catalog_lists_every_entry_with_its_memory_and_whether_it_is_downloa
     assert [model.memory_bytes for model in catalog.models] == [entry.memory_bytes() for entry in CATALOG]
     downloaded = {model.listing.entry.model_id: model.listing.path for model in catalog.models}
     assert downloaded == {DEFAULT_MODEL_ID: path, "qwen2.5-coder-1.5b-instruct": None}
+
+
+def test_without_show_model_paths_the_catalog_names_no_directory(private_client: TestClient, models_dir: Path) -> None:
+    imported(models_dir, DEFAULT_MODEL_ID)
+    listing = private_client.get("/v1/catalog")
+    download = private_client.post("/v1/catalog/download", json={"model": DEFAULT_MODEL_ID})
+
+    for answer in (listing, download):
+        assert answer.status_code == 200
+        assert str(models_dir) not in answer.text
+        assert str(Path.home()) not in answer.text
+    catalog = NodeCatalog.model_validate(listing.json())
+    assert catalog.models_dir == "<models dir>"
+    downloaded = {model.listing.entry.model_id: model.listing.path for model in catalog.models}
+    assert downloaded[DEFAULT_MODEL_ID] == Path("<models dir>") / DEFAULT_MODEL_ID
+    events = [json.loads(line.removeprefix("data: ")) for line in download.text.splitlines() if line]
+    assert [DownloadDone.model_validate(event) for event in events] == [
+        DownloadDone(model_id=DEFAULT_MODEL_ID, path=f"<models dir>/{DEFAULT_MODEL_ID}")
+    ]
 
 
 def test_downloading_a_model_that_is_there_answers_done_at_once(client: TestClient, models_dir: Path) -> None:

@@ -10,11 +10,13 @@ from fastapi.testclient import TestClient
 
 from exo.master.client import TaskHandle
 from exo.master.public_paths import PathHider, storage_directories
+from exo.models.resolve import resolve_model
 from exo.node import NodeConfig
 from exo.shared.errors import RunnerUnavailableError
 from exo.shared.types.chunks import ErrorChunk, TokenChunk
 from exo.shared.types.commands import ChatCompletionCommand
 from exo.shared.types.common import InstanceId, ModelId, RunnerId
+from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.state import NodeHealth, RunnerInfo, State
 from exo.shared.types.worker.shards import ShardAssignment
@@ -137,3 +139,56 @@ def test_paths_are_hidden_as_given_and_resolved_longest_first(tmp_path: Path) ->
         "cannot load model from <qwen>: missing <models dir>/other/config.json"
     )
     assert hider.text(f"{Path.home()}/notes.txt") == "~/notes.txt"
+
+
+class ResolvingMaster(ScriptedMaster):
+    """Prepares a placed model the way the cluster's master does (resolve_model in its models directory)."""
+
+    def __init__(self, models_dir: Path) -> None:
+        super().__init__()
+        self.models_dir = models_dir
+
+    async def place_instance(self, spec: str, min_nodes: int) -> PlacedInstance:
+        resolve_model(spec, self.models_dir)
+        return await super().place_instance(spec, min_nodes)
+
+
+def test_placing_a_path_tells_a_client_nothing_about_what_is_on_disk(tmp_path: Path) -> None:
+    models_dir = tmp_path / "models"
+    not_a_model = tmp_path / "plain-directory"
+    not_a_model.mkdir()
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("private")
+    application, _ = scripted_app(NodeConfig(models_dir=models_dir), ResolvingMaster(models_dir))
+    with TestClient(application) as client:
+        specs = (str(not_a_model), str(a_file), str(tmp_path / "missing"), "~/missing", "./missing")
+        answers = [client.post("/v1/cluster/instances", json={"model": spec, "min_nodes": 1}) for spec in specs]
+        unknown_id = client.post("/v1/cluster/instances", json={"model": "gpt-5", "min_nodes": 1})
+
+    assert {answer.status_code for answer in answers} == {400}
+    # One message for a directory that is not a model, a file and a path that does not exist (apart from the spec the
+    # client sent, which the message quotes back).
+    messages = {
+        answer.json()["error"]["message"].replace(repr(spec), "SPEC")
+        for answer, spec in zip(answers, specs, strict=True)
+    }
+    assert len(messages) == 1, messages
+    assert all(str(tmp_path) not in message for message in messages)
+    # An id keeps its reason, with the models directory shown by its label.
+    assert unknown_id.status_code == 400
+    message = unknown_id.json()["error"]["message"]
+    assert "gpt-5" in message
+    assert "<models dir>" in message
+    assert str(models_dir) not in message
+
+
+def test_with_show_model_paths_a_path_keeps_its_reason(tmp_path: Path) -> None:
+    models_dir = tmp_path / "models"
+    not_a_model = tmp_path / "plain-directory"
+    not_a_model.mkdir()
+    config = NodeConfig(models_dir=models_dir, show_model_paths=True)
+    application, _ = scripted_app(config, ResolvingMaster(models_dir))
+    with TestClient(application) as client:
+        answer = client.post("/v1/cluster/instances", json={"model": str(not_a_model), "min_nodes": 1})
+    assert answer.status_code == 400
+    assert "no config.json" in answer.json()["error"]["message"]

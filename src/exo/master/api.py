@@ -5,6 +5,7 @@ and streamed back unchanged. The cluster's own endpoints (/v1/cluster…, /metri
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from exo.master.errors import (
 )
 from exo.master.mcp_mount import mount_mcp
 from exo.master.placement import served_model_ids
-from exo.master.public_paths import PublicMasterClient, storage_directories
+from exo.master.public_paths import PublicMasterClient, directory_hider, storage_directories
 from exo.master.request_guard import RequestGuard
 from exo.master.routes.catalog import catalog_router
 from exo.master.routes.messages import MESSAGES_PATH_PREFIX, messages_router
@@ -83,8 +84,11 @@ def create_app(
     download's thread); without it, downloads show their progress only to the client that asked.
     """
     models_dir = settings.models_dir or default_models_dir()
+    hide_paths: Callable[[str], str] = str
     if not settings.show_model_paths:
-        master = PublicMasterClient(master, storage_directories(models_dir, exo_home()))
+        directories = storage_directories(models_dir, exo_home())
+        master = PublicMasterClient(master, directories)
+        hide_paths = directory_hider(directories)
     app = FastAPI(title="exo", version="0.1.0")
     app.add_exception_handler(ApiError, handle_api_error)
     app.add_exception_handler(RequestValidationError, handle_validation_error)
@@ -135,7 +139,7 @@ def create_app(
 
     app.include_router(messages_router(master))
     app.include_router(responses_router(master))
-    app.include_router(catalog_router(models_dir, record_preparation))
+    app.include_router(catalog_router(models_dir, record_preparation, hide_paths))
     app.include_router(cluster_router(master))
     return app
 

@@ -13,7 +13,9 @@ import functools
 from collections.abc import AsyncGenerator, Callable, Iterable
 from pathlib import Path
 
+from exo.cluster.instance_keeper import InstancePlacementError
 from exo.master.client import MasterClient, TaskHandle
+from exo.models.errors import ExoModelError
 from exo.shared.errors import RunnerUnavailableError
 from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.cluster_api import DiscoveryReport, PeerConnection
@@ -89,6 +91,26 @@ def storage_directories(models_dir: Path, exo_home: Path) -> list[tuple[Path, st
     return [(models_dir, "<models dir>"), (exo_home, "<exo home>"), (Path.home(), "~")]
 
 
+def directory_hider(directories: Iterable[tuple[Path, str]]) -> TextFilter:
+    """Replaces this node's storage directories in text with their labels (for answers that name no runner)."""
+    return PathHider(State(), directories).text
+
+
+def names_a_local_path(spec: str) -> bool:
+    """Whether a model spec is written as a path on the node (`/…`, `~…`, `./…`, `../…`) rather than an id."""
+    return spec.startswith(("/", "~", "."))
+
+
+class LocalModelRefusedError(ValueError):
+    """A model spec written as a path could not be prepared; the message is the same whatever the path holds."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "no model this node can load at that path (the node's log says why; a catalog id or a model the cluster "
+            "serves needs no path)"
+        )
+
+
 async def hide_in_errors(chunks: AsyncGenerator[Chunk, None], hide: TextFilter) -> AsyncGenerator[Chunk, None]:
     """`chunks`, with the message of an ErrorChunk passed through `hide`."""
     try:
@@ -144,4 +166,13 @@ class PublicMasterClient:
         return await self._master.discover()
 
     async def place_instance(self, spec: str, min_nodes: int) -> PlacedInstance:
-        return await self._master.place_instance(spec, min_nodes)
+        try:
+            return await self._master.place_instance(spec, min_nodes)
+        except InstancePlacementError:
+            raise  # the model was found; the memory it needs is no secret
+        except (ExoModelError, OSError, ValueError) as error:
+            # Why a path could not be prepared (missing, not a directory, no weights, unreadable) would tell a client
+            # what exists on the node's disk: one answer for them all. Other specs' reasons keep their words.
+            if names_a_local_path(spec):
+                raise LocalModelRefusedError from error
+            raise type(error)(self._hidden()[1].text(str(error))) from error

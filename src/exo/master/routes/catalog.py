@@ -7,7 +7,7 @@ same model waits for the first, then finds the model there.
 """
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
 from exo.master.errors import ApiError
-from exo.models.catalog import CATALOG, catalog_listing, find_entry
+from exo.models.catalog import CATALOG, CatalogListing, catalog_listing, find_entry
 from exo.models.catalog_api import (
     DownloadDone,
     DownloadEvent,
@@ -42,16 +42,22 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def catalog_router(models_dir: Path, record_preparation: PreparationSink | None) -> APIRouter:
-    """This node's catalog routes, downloading into `models_dir` (progress also to `record_preparation`)."""
+def catalog_router(
+    models_dir: Path, record_preparation: PreparationSink | None, hide_paths: Callable[[str], str] = str
+) -> APIRouter:
+    """This node's catalog routes, downloading into `models_dir` (progress also to `record_preparation`); paths in
+    answers go through `hide_paths` (labels instead of this node's directories, unless --show-model-paths)."""
     router = APIRouter(tags=["Model catalog"])
     locks: dict[ModelId, anyio.Lock] = {}
 
     @router.get("/v1/catalog", responses=_ERRORS)
     async def catalog() -> NodeCatalog:
         listings = catalog_listing(models_dir)
-        models = [NodeCatalogModel(listing=listing, memory_bytes=listing.entry.memory_bytes()) for listing in listings]
-        return NodeCatalog(models_dir=str(models_dir), models=models)
+        models = [
+            NodeCatalogModel(listing=_hidden_listing(listing, hide_paths), memory_bytes=listing.entry.memory_bytes())
+            for listing in listings
+        ]
+        return NodeCatalog(models_dir=hide_paths(str(models_dir)), models=models)
 
     @router.post("/v1/catalog/download", response_class=StreamingResponse, responses=_ERRORS)
     async def download(request: DownloadRequest) -> StreamingResponse:
@@ -66,21 +72,31 @@ def catalog_router(models_dir: Path, record_preparation: PreparationSink | None)
                 code="model_not_found",
             )
         lock = locks.setdefault(entry.model_id, anyio.Lock())
-        events = _download_events(record_preparation, entry.model_id, models_dir, lock)
+        events = _download_events(record_preparation, entry.model_id, models_dir, lock, hide_paths)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     return router
 
 
+def _hidden_listing(listing: CatalogListing, hide_paths: Callable[[str], str]) -> CatalogListing:
+    if listing.path is None:
+        return listing
+    return listing.model_copy(update={"path": Path(hide_paths(str(listing.path)))})
+
+
 async def _download_events(
-    record_preparation: PreparationSink | None, model_id: ModelId, models_dir: Path, lock: anyio.Lock
+    record_preparation: PreparationSink | None,
+    model_id: ModelId,
+    models_dir: Path,
+    lock: anyio.Lock,
+    hide_paths: Callable[[str], str],
 ) -> AsyncIterator[str]:
     sender, receiver = anyio.create_memory_object_stream[DownloadEvent](math.inf)
     async with anyio.create_task_group() as group:
         group.start_soon(_download, record_preparation, model_id, models_dir, lock, sender)
         async with receiver:
             async for event in receiver:
-                yield f"data: {event.model_dump_json()}\n\n"
+                yield f"data: {hide_paths(event.model_dump_json())}\n\n"
 
 
 async def _download(
