@@ -99,4 +99,4 @@ def test_a_placement_that_fits_nowhere_is_an_openai_shaped_400_and_bad_bodies_ar
     assert error["message"] == "scripted: big does not fit over 2 nodes"
     for body in ({"model": "big", "min_nodes": 0}, {"min_nodes": 2}, {"model": "big", "min_nodes": "2"}):
         assert client.post("/v1/cluster/instances", json=body).status_code == 400, body
-    assert client.get("/v1/cluster/instances").json() == {"object": "list", "data": []}
+    assert client.get("/v1/cluster/instances").json() == {"object": "list", "data": [], "unplaced": []}

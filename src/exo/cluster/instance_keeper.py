@@ -1,9 +1,10 @@
 """The instances this node asked for: `exo --model M --min-nodes N` and `POST /v1/cluster/instances`.
 
 The node holding a model's files asks the master to place it over at least N nodes, as soon as N are up, and asks
-again whenever its instance leaves the state (a node of it left): the model is re-placed on the nodes that remain
-when they can hold it, and over the returning node once it is back. Refusals (it fits nowhere) are kept, so the API
-and the log can say why.
+again whenever its instance leaves the state (a node of it left). Availability first: once it was placed over N
+nodes, losing one does not take it away: with fewer than N nodes up it is placed over the nodes that are (a degraded
+instance) when they can hold it, and placed again over N nodes once that many are up; the degraded instance serves
+until the new one does. Refusals (it fits nowhere) are recorded in the state, so the API's 503 and the log say why.
 """
 
 import logging
@@ -42,6 +43,8 @@ class _Wanted:
     request: PlaceInstance
     model_path: Path
     last_error: str | None = None
+    # It was placed over the nodes asked for once: from then on losing a node leaves it serving on fewer (degraded).
+    spread_once: bool = False
 
 
 class InstanceKeeper:
@@ -112,27 +115,39 @@ class InstanceKeeper:
 
     async def _keep_placed(self) -> None:
         while True:
-            await anyio.sleep(RECHECK_SECONDS)
             state = self._event_log.state
             for model_id, wanted in list(self._wanted.items()):
-                up = sum(is_up(state, node_id) for node_id in state.nodes)
-                if self._current(state, model_id) is not None or up < wanted.request.min_nodes:
+                request = self._request_now(state, model_id, wanted)
+                if request is None:
                     continue
                 try:
-                    reply = await self._ask(wanted.request)
+                    reply = await self._ask(request)
                 except NoMasterError as error:
                     logger.warning("%s", error)
                     continue
                 if reply.error is not None and reply.error != wanted.last_error:
                     logger.error("cannot place %s yet: %s", model_id, reply.error)
                 wanted.last_error = reply.error
+            await anyio.sleep(RECHECK_SECONDS)
+
+    def _request_now(self, state: State, model_id: ModelId, wanted: _Wanted) -> PlaceInstance | None:
+        """What to ask the master now: a placement over the nodes up (none placed yet), the spread asked for (a
+        degraded instance serves and enough nodes are back), or nothing."""
+        current = self._current(state, model_id)
+        if current is None:
+            return wanted.request.model_copy(update={"allow_fewer": wanted.spread_once, "kept": True})
+        if current.degraded_reason is None:
+            wanted.spread_once = True
+        up = sum(is_up(state, node_id) for node_id in state.nodes)
+        if current.degraded_reason is not None and up >= wanted.request.min_nodes:
+            return wanted.request
+        return None
 
     def _current(self, state: State, model_id: ModelId) -> PlacedInstance | None:
-        return next(
-            (
-                instance
-                for instance in state.instances.values()
-                if instance.model_id == model_id and instance.files_from == self._node_id
-            ),
-            None,
-        )
+        """The newest instance of `model_id` placed for this node (a replacement is newer than what it replaces)."""
+        mine = [
+            instance
+            for instance in state.instances.values()
+            if instance.model_id == model_id and instance.files_from == self._node_id
+        ]
+        return max(mine, key=lambda instance: instance.placed_at, default=None)

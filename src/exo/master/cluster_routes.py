@@ -101,7 +101,8 @@ def cluster_router(master: MasterClient) -> APIRouter:
         """Models placed over nodes by memory: each rank's node, layers and runner."""
         state = master.state
         views = [placed_instance_view(state, instance) for instance in state.instances.values()]
-        return InstanceList(data=sorted(views, key=lambda view: (view.model_id, view.instance_id)))
+        unplaced = sorted(state.pending_placements.values(), key=lambda pending: pending.model_id)
+        return InstanceList(data=sorted(views, key=lambda view: (view.model_id, view.instance_id)), unplaced=unplaced)
 
     @router.post("/v1/cluster/instances", responses=_errors(400, 401, 500, 503))
     async def place(request: InstanceRequest) -> PlacedInstanceView:

@@ -180,4 +180,7 @@ def placed_instance_view(state: State, instance: PlacedInstance) -> PlacedInstan
         ready=all(rank.status == "ready" for rank in ranks),
         placed_at=instance.placed_at,
         ranks=ranks,
+        degraded=instance.degraded_reason is not None,
+        degraded_reason=instance.degraded_reason,
+        replaces=instance.replaces,
     )

@@ -17,6 +17,7 @@ from fastapi.responses import StreamingResponse
 
 from exo.master.client import MasterClient, TaskHandle
 from exo.master.errors import ApiError, placement_error, task_error
+from exo.master.model_availability import unavailable_error
 from exo.master.placement import served_model_ids
 from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
@@ -35,7 +36,8 @@ _ENDED: frozenset[PreparationPhase] = frozenset({"ready", "failed"})
 
 
 def served_model(state: State, requested: str | None) -> ModelId:
-    """The model a request names (or the only one served in the cluster), else a 400/404/503 saying why not."""
+    """The model a request names (or the only one served in the cluster), else a 400/404/503 saying why not (503:
+    it is being prepared, or the cluster keeps it placed but cannot serve it now)."""
     served = served_model_ids(state)
     if not requested and len(served) == 1:
         return served[0]
@@ -53,6 +55,10 @@ def served_model(state: State, requested: str | None) -> ModelId:
     }
     if label in preparing or (not requested and preparing):
         raise ApiError(503, f"model '{label}' is still being prepared; retry shortly", error_type="server_error")
+    only_pending = list(state.pending_placements) if not served and len(state.pending_placements) == 1 else [None]
+    unavailable = unavailable_error(state, requested or only_pending[0] or "")
+    if unavailable is not None:
+        raise unavailable
     served_text = ", ".join(served) or "none"
     if not requested:
         raise ApiError(400, f"the request names no model and several are served ({served_text})", param="model")

@@ -12,6 +12,8 @@ from exo.shared.types.chunks import ErrorChunk, TaskErrorKind
 
 # A full queue drains one completion at a time; clients (the OpenAI SDKs honour it) should come back this soon.
 QUEUE_FULL_RETRY_AFTER_SECONDS: Final = 2
+# A model without a runner now (a node left, a master is being elected): placement is retried every few seconds.
+UNAVAILABLE_RETRY_AFTER_SECONDS: Final = 5
 
 
 class ApiError(Exception):
@@ -60,9 +62,11 @@ def placement_error(error: Exception) -> ApiError | None:
             retry_after = {"Retry-After": str(QUEUE_FULL_RETRY_AFTER_SECONDS)}
             return ApiError(429, str(error), error_type="rate_limit_error", code="queue_full", headers=retry_after)
         case RunnerUnavailableError():
-            return ApiError(503, str(error), error_type="server_error", code="model_unavailable")
+            retry_after = {"Retry-After": str(UNAVAILABLE_RETRY_AFTER_SECONDS)}
+            return ApiError(503, str(error), error_type="server_error", code="model_unavailable", headers=retry_after)
         case NoMasterError():
-            return ApiError(503, str(error), error_type="server_error", code="no_master")
+            retry_after = {"Retry-After": str(UNAVAILABLE_RETRY_AFTER_SECONDS)}
+            return ApiError(503, str(error), error_type="server_error", code="no_master", headers=retry_after)
         case _:
             return None
 

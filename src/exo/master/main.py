@@ -19,10 +19,10 @@ from exo.cluster.membership import Membership, MembershipView
 from exo.cluster.topics import Topics
 from exo.master.instance_placement import PORT_RANGE, place_instance
 from exo.master.pipeline_placement import PlacementError
-from exo.master.placement import place_task
+from exo.master.placement import instance_busy, instance_serving, place_task
 from exo.shared.apply import apply, is_up
 from exo.shared.types.commands import AssignTask, MasterCommandAdapter, PlaceTask
-from exo.shared.types.common import NodeId, new_instance_id, new_task_id
+from exo.shared.types.common import InstanceId, ModelId, NodeId, new_instance_id, new_task_id
 from exo.shared.types.event_log import (
     IndexedEvent,
     LocalEventMessage,
@@ -39,12 +39,13 @@ from exo.shared.types.events import (
     NodeDown,
     NodeReported,
     NodeStale,
+    PlacementPending,
     PreparationUpdated,
     RunnerUpdated,
     TaskFinished,
     TaskUpdated,
 )
-from exo.shared.types.instances import InstancePlacementReply, PlaceInstance
+from exo.shared.types.instances import InstancePlacementReply, PendingPlacement, PlacedInstance, PlaceInstance
 from exo.shared.types.state import State
 from exo.shared.types.task_replies import TaskRefused
 from exo.shared.types.tasks import ChatCompletionTask
@@ -54,6 +55,10 @@ logger = logging.getLogger(__name__)
 # Nodes report every REPORT_INTERVAL_SECONDS (worker/main.py); three missed reports in a row make a node degraded.
 STALE_AFTER_SECONDS = 15.0
 SILENCE_CHECK_SECONDS = 2.0
+# A degraded instance is retired this long after its replacement serves and once it has no task: a task assigned to
+# it just before the replacement was ready reaches the state within this time, and is then waited for.
+RETIRE_AFTER_SECONDS = 3.0
+RETIRE_CHECK_SECONDS = 0.5
 
 
 def owned_by(event: LocalEvent, origin: NodeId, state: State) -> bool:
@@ -97,6 +102,10 @@ class Master:
         self._last_sequence: dict[NodeId, int] = {}
         # Nodes already reported stale, with the last_seen they had then (reported again only after a new report).
         self._flagged_stale: dict[NodeId, float] = {}
+        # Instances this master removed: their runners take no task while their nodes stop them.
+        self._removed: set[InstanceId] = set()
+        # When each replacement instance was first seen serving (its degraded predecessor is retired after that).
+        self._serving_since: dict[InstanceId, float] = {}
         # Subscribed now, before anything runs, so no report sent during start-up is missed.
         self._reports = bus.subscribe(topics.local_events, LocalEventMessageAdapter)
         self._commands = bus.subscribe(topics.master_commands, MasterCommandAdapter)
@@ -114,6 +123,7 @@ class Master:
             group.start_soon(self._order_local_events)
             group.start_soon(self._place_tasks)
             group.start_soon(self._watch_for_silence)
+            group.start_soon(self._retire_replaced)
 
     # ---- election ---------------------------------------------------------------------------
 
@@ -153,6 +163,13 @@ class Master:
                 # The survivors stop their ranks; the node that asked for the instance places it anew.
                 reason = f"node {node_id}, which ran a rank of it, left the cluster"
                 self._order(InstanceRemoved(instance_id=instance.instance_id, reason=reason))
+                if self._instance_of(instance.model_id, instance.files_from) is None:
+                    again = f"{reason}; it is being placed again over the nodes that are up"
+                    self._pending(instance.model_id, instance.files_from, instance.min_nodes, again)
+        for pending in list(self._state.pending_placements.values()):
+            if pending.files_from == node_id:
+                reason = f"node {node_id}, which holds the files of {pending.model_id}, left the cluster"
+                self._pending(pending.model_id, node_id, pending.min_nodes, reason)
 
     # ---- the event log ----------------------------------------------------------------------
 
@@ -165,6 +182,8 @@ class Master:
             event=event,
         )
         self._state = apply(self._state, indexed)
+        if isinstance(event, InstanceRemoved):
+            self._removed.add(event.instance_id)
         self._bus.publish(self._topics.ordered_events, indexed)
 
     async def _order_local_events(self) -> None:
@@ -221,36 +240,105 @@ class Master:
 
     def _place_instance(self, request: PlaceInstance) -> None:
         """Place a model over nodes by memory. A repeated request gets the instance already placed; one with another
-        `min_nodes` replaces it only once the new placement is found (a refusal leaves it serving)."""
+        `min_nodes` replaces it only once the new placement is found (a refusal leaves it serving).
+
+        Availability first: a request that `allow_fewer` is placed over the nodes that are up when fewer than
+        `min_nodes` are (the instance is marked degraded), and a degraded instance is placed again over `min_nodes`
+        as soon as that many are up. The degraded one keeps serving until its replacement does (make before break).
+        """
         reply_to = self._topics.instance_replies(request.files_from)
-        current = next(
-            (
-                instance
-                for instance in self._state.instances.values()
-                if instance.model_id == request.model_id and instance.files_from == request.files_from
-            ),
-            None,
-        )
-        if current is not None and current.min_nodes == request.min_nodes:
+        current = self._instance_of(request.model_id, request.files_from)
+        up = sum(is_up(self._state, node_id) for node_id in self._state.nodes)
+        can_spread = current is not None and current.degraded_reason is not None and up >= request.min_nodes
+        if current is not None and current.min_nodes == request.min_nodes and not can_spread:
             self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, instance=current))
             return
         try:
-            placed = place_instance(self._state, request, new_instance_id(), now=self._clock(), draw_ports=_draw_ports)
+            placed = self._plan(request, up)
         except PlacementError as error:
             logger.warning("cannot place %s: %s", request.model_id, error)
+            if request.kept and current is None:
+                self._pending(request.model_id, request.files_from, request.min_nodes, str(error))
             self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, error=str(error)))
             return
-        if current is not None:
+        if current is not None and can_spread and current.min_nodes == request.min_nodes:
+            placed = placed.model_copy(update={"replaces": current.instance_id})
+        elif current is not None:
             reason = f"placed anew over at least {request.min_nodes} nodes"
             self._order(InstanceRemoved(instance_id=current.instance_id, reason=reason))
         layers = ", ".join(f"{rank.node_id} {rank.start_layer}-{rank.end_layer - 1}" for rank in placed.ranks)
-        logger.info("placed %s as instance %s: %s", placed.model_id, placed.instance_id, layers)
+        degraded = f" (degraded: {placed.degraded_reason})" if placed.degraded_reason else ""
+        logger.info("placed %s as instance %s: %s%s", placed.model_id, placed.instance_id, layers, degraded)
         self._order(InstancePlaced(instance=placed))
         self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, instance=placed))
 
+    def _plan(self, request: PlaceInstance, up: int) -> PlacedInstance:
+        """The instance for `request` over the nodes up now (fewer than `min_nodes` if it allows, marked degraded)."""
+        if not is_up(self._state, request.files_from):
+            raise PlacementError(f"node {request.files_from}, which holds the files of {request.model_id}, is down")
+        spread = min(request.min_nodes, up) if request.allow_fewer else request.min_nodes
+        planned = place_instance(
+            self._state,
+            request.model_copy(update={"min_nodes": max(spread, 1)}),
+            new_instance_id(),
+            now=self._clock(),
+            draw_ports=_draw_ports,
+        )
+        placed = planned.model_copy(update={"min_nodes": request.min_nodes})
+        if len(placed.ranks) < request.min_nodes:
+            reason = f"on {len(placed.ranks)} of the {request.min_nodes} nodes asked for: only {up} node(s) are up"
+            placed = placed.model_copy(update={"degraded_reason": reason})
+        return placed
+
+    def _instance_of(self, model_id: ModelId, files_from: NodeId) -> PlacedInstance | None:
+        """The newest instance of `model_id` placed for `files_from` (a replacement is newer than what it replaces)."""
+        mine = [
+            instance
+            for instance in self._state.instances.values()
+            if instance.model_id == model_id and instance.files_from == files_from
+        ]
+        return max(mine, key=lambda instance: instance.placed_at, default=None)
+
+    def _pending(self, model_id: ModelId, files_from: NodeId, min_nodes: int, reason: str) -> None:
+        """Record why `model_id` has no instance (once per reason: a retry with the same outcome orders nothing)."""
+        known = self._state.pending_placements.get(model_id)
+        if known is not None and known.reason == reason and known.files_from == files_from:
+            return
+        pending = PendingPlacement(
+            model_id=model_id, files_from=files_from, min_nodes=min_nodes, reason=reason, since=self._clock()
+        )
+        self._order(PlacementPending(pending=pending))
+
+    async def _retire_replaced(self) -> None:
+        """Remove each degraded instance once its replacement has served a while and it has no task left."""
+        while True:
+            await anyio.sleep(RETIRE_CHECK_SECONDS)
+            if not self._active:
+                continue
+            now = time.monotonic()
+            for instance in list(self._state.instances.values()):
+                old = instance.replaces
+                if old is None or old not in self._state.instances:
+                    self._serving_since.pop(instance.instance_id, None)
+                    continue
+                if not instance_serving(self._state, instance):
+                    continue
+                since = self._serving_since.setdefault(instance.instance_id, now)
+                if now - since < RETIRE_AFTER_SECONDS or instance_busy(self._state, old):
+                    continue
+                reason = f"replaced by instance {instance.instance_id} over the {instance.min_nodes} nodes asked for"
+                logger.info("instance %s of %s: %s", old, instance.model_id, reason)
+                self._order(InstanceRemoved(instance_id=old, reason=reason))
+                self._serving_since.pop(instance.instance_id, None)
+
     def _place(self, place: PlaceTask) -> None:
         command = place.command
-        runner = place_task(self._state, command.model_id)
+        runner = place_task(self._state, command.model_id, self._removed)
+        pending = self._state.pending_placements.get(command.model_id)
+        if runner is None and pending is not None:
+            refusal = TaskRefused(command_id=command.command_id, reason="model_unavailable", message=pending.reason)
+            self._bus.publish(self._topics.task_replies(place.requested_by), refusal)
+            return
         if runner is None:
             refusal = TaskRefused(
                 command_id=command.command_id,

@@ -1,8 +1,13 @@
 """Placement decisions: pure functions of the state, so they are tested without processes or a network."""
 
+from collections.abc import Collection
+
 from exo.shared.apply import is_up
-from exo.shared.types.common import ModelId
+from exo.shared.types.common import InstanceId, ModelId
+from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.state import RunnerInfo, State
+
+SERVING: frozenset[str] = frozenset({"ready", "running"})
 
 
 def served_model_ids(state: State) -> list[ModelId]:
@@ -10,10 +15,13 @@ def served_model_ids(state: State) -> list[ModelId]:
     return sorted({runner.model_id for runner in state.runners.values() if is_up(state, runner.node_id)})
 
 
-def place_task(state: State, model_id: ModelId) -> RunnerInfo | None:
+def place_task(state: State, model_id: ModelId, removed: Collection[InstanceId] = frozenset()) -> RunnerInfo | None:
     """Choose the runner for a task on `model_id`: a live emitting runner of that model with the fewest tasks.
 
-    A failed runner is chosen only when nothing else serves the model, so the client hears why it cannot run.
+    A failed runner is chosen only when nothing else serves the model, so the client hears why it cannot run. A
+    runner that is serving beats one still loading, and a degraded instance whose replacement (over the nodes
+    asked for) serves gets no new task, so it drains and can be retired without dropping anything. Runners of
+    `removed` instances (still listed until their nodes report them stopped) get none.
     """
     candidates = [
         runner
@@ -22,6 +30,7 @@ def place_task(state: State, model_id: ModelId) -> RunnerInfo | None:
         and runner.status != "shutdown"
         and runner.shard.is_emitter
         and is_up(state, runner.node_id)
+        and runner.instance_id not in removed
     ]
     if not candidates:
         return None
@@ -29,4 +38,35 @@ def place_task(state: State, model_id: ModelId) -> RunnerInfo | None:
     for task in state.tasks.values():
         if task.runner_id in load:
             load[task.runner_id] += 1
-    return min(candidates, key=lambda runner: (runner.status == "failed", load[runner.runner_id], runner.runner_id))
+    retiring = replaced_instances(state)
+    return min(
+        candidates,
+        key=lambda runner: (
+            runner.status == "failed",
+            runner.instance_id in retiring,
+            runner.status not in SERVING,
+            load[runner.runner_id],
+            runner.runner_id,
+        ),
+    )
+
+
+def instance_serving(state: State, instance: PlacedInstance) -> bool:
+    """Every rank of `instance` has a runner that is ready or running."""
+    runners = [runner for runner in state.runners.values() if runner.instance_id == instance.instance_id]
+    return len(runners) == len(instance.ranks) and all(runner.status in SERVING for runner in runners)
+
+
+def replaced_instances(state: State) -> set[InstanceId]:
+    """Degraded instances whose replacement over the nodes asked for is serving: they take no new tasks."""
+    return {
+        instance.replaces
+        for instance in state.instances.values()
+        if instance.replaces is not None and instance.replaces in state.instances and instance_serving(state, instance)
+    }
+
+
+def instance_busy(state: State, instance_id: InstanceId) -> bool:
+    """A task is queued or running on a runner of the instance."""
+    runners = {runner.runner_id for runner in state.runners.values() if runner.instance_id == instance_id}
+    return any(task.runner_id in runners for task in state.tasks.values())

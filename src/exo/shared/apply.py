@@ -12,6 +12,7 @@ from exo.shared.types.events import (
     NodeDown,
     NodeReported,
     NodeStale,
+    PlacementPending,
     PreparationUpdated,
     RunnerUpdated,
     TaskFinished,
@@ -86,7 +87,13 @@ def _apply_event(state: State, indexed: IndexedEvent) -> State:
                 }
             )
         case InstancePlaced(instance=instance):
-            return state.model_copy(update={"instances": {**state.instances, instance.instance_id: instance}})
+            pending = {k: v for k, v in state.pending_placements.items() if k != instance.model_id}
+            instances = {**state.instances, instance.instance_id: instance}
+            return state.model_copy(update={"instances": instances, "pending_placements": pending})
+        case PlacementPending(pending=pending):
+            return state.model_copy(
+                update={"pending_placements": {**state.pending_placements, pending.model_id: pending}}
+            )
         case InstanceRemoved(instance_id=instance_id):
             return state.model_copy(
                 update={"instances": {k: v for k, v in state.instances.items() if k != instance_id}}

@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from exo.shared.types.common import FrozenModel
+from exo.shared.types.instances import PendingPlacement
 from exo.shared.types.state import MlxBackend, NodeStatus
 from exo.shared.types.worker.runner_status import RunnerStatus
 
@@ -171,8 +172,15 @@ class PlacedInstanceView(FrozenModel):
     ready: bool
     placed_at: float
     ranks: list[InstanceRank]
+    # Serving on fewer nodes than `min_nodes` (too few were up), and why; placed again over `min_nodes` when they are.
+    degraded: bool = False
+    degraded_reason: str | None = None
+    # The degraded instance this one takes over from (retired once this one serves and it has finished its tasks).
+    replaces: str | None = None
 
 
 class InstanceList(FrozenModel):
     object: Literal["list"] = "list"
     data: list[PlacedInstanceView]
+    # Models the cluster keeps placed that have no instance now, with why (their requests get a 503).
+    unplaced: list[PendingPlacement] = Field(default_factory=list[PendingPlacement])

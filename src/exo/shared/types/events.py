@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, TypeAdapter
 
 from exo.shared.types.common import FrozenModel, InstanceId, ModelId, NodeId, TaskId
-from exo.shared.types.instances import PlacedInstance
+from exo.shared.types.instances import PendingPlacement, PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.state import NodeFacts, RunnerInfo, TaskInfo
 
@@ -88,10 +88,18 @@ class InstanceRemoved(FrozenModel):
     reason: str
 
 
+class PlacementPending(FrozenModel):
+    """A model the cluster keeps placed has no instance now: its requests get a 503 with `pending.reason` until the
+    master places it again (InstancePlaced clears it)."""
+
+    kind: Literal["placement_pending"] = "placement_pending"
+    pending: PendingPlacement
+
+
 LocalEvent = Annotated[
     NodeReported | RunnerUpdated | TaskUpdated | TaskFinished | PreparationUpdated, Field(discriminator="kind")
 ]
-MasterEvent = MasterElected | NodeDown | NodeStale | InstancePlaced | InstanceRemoved
+MasterEvent = MasterElected | NodeDown | NodeStale | InstancePlaced | InstanceRemoved | PlacementPending
 Event = Annotated[
     NodeReported
     | RunnerUpdated
@@ -102,7 +110,8 @@ Event = Annotated[
     | NodeDown
     | NodeStale
     | InstancePlaced
-    | InstanceRemoved,
+    | InstanceRemoved
+    | PlacementPending,
     Field(discriminator="kind"),
 ]
 EventAdapter: TypeAdapter[Event] = TypeAdapter(Event)

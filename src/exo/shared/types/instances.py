@@ -35,6 +35,10 @@ class PlacedInstance(FrozenModel):
     # The ranks' ring and task addresses; None when the model fits on one node (no pipeline).
     peers: PipelinePeers | None
     placed_at: float
+    # Why it runs on fewer nodes than `min_nodes` asks (too few were up); None when it has the spread asked for.
+    degraded_reason: str | None = None
+    # The degraded instance this one takes over from once it is ready and the old one has finished its tasks.
+    replaces: InstanceId | None = None
 
     def shard(self, rank: int) -> ShardAssignment:
         return ShardAssignment() if self.peers is None else pipeline_shards(self.peers)[rank]
@@ -52,6 +56,21 @@ class PlaceInstance(FrozenModel):
     min_nodes: int = Field(ge=1)
     footprint: ModelFootprint
     files_from: NodeId
+    # Availability first: with fewer than `min_nodes` nodes up, place it over the nodes that are (degraded).
+    allow_fewer: bool = False
+    # The asking node keeps asking until it is placed: a refusal is recorded in the state, so requests for the model
+    # get a 503 saying why instead of a 404 (a one-off request from the API is refused to its caller only).
+    kept: bool = False
+
+
+class PendingPlacement(FrozenModel):
+    """A model the cluster keeps placed but cannot serve right now, and why: requests for it get a 503, not a 404."""
+
+    model_id: ModelId
+    files_from: NodeId
+    min_nodes: int
+    reason: str
+    since: float
 
 
 class InstancePlacementReply(FrozenModel):

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from exo.shared.types.common import FrozenModel, InstanceId, ModelId, NodeId, RunnerId, TaskId
-from exo.shared.types.instances import PlacedInstance
+from exo.shared.types.instances import PendingPlacement, PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.worker.runner_response import ModelMetadata
 from exo.shared.types.worker.runner_status import RunnerStatus
@@ -129,3 +129,5 @@ class State(FrozenModel):
     tasks: dict[TaskId, TaskInfo] = Field(default_factory=dict)
     # Models the master placed over several nodes (by memory); each node runs the ranks placed on it.
     instances: dict[InstanceId, PlacedInstance] = Field(default_factory=dict)
+    # Models the cluster keeps placed that have no instance now (a node left, or they fit nowhere yet), with why.
+    pending_placements: dict[ModelId, PendingPlacement] = Field(default_factory=dict)
