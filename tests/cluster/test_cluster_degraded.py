@@ -72,7 +72,8 @@ def test_unplaceable_then_split_then_degraded_then_split_again(cluster: LocalClu
     beta = cluster.launch("beta", peers=[alpha])
     cluster.wait_until(alpha, lambda: _serving(alpha, 2) is not None, "the model split over both", PLACED_WITHIN_S)
     split = _serving(alpha, 2)
-    assert split is not None and not split.degraded
+    assert split is not None
+    assert not split.degraded
     assert _instances(alpha).unplaced == []
 
     # beta dies: alpha holds every file and has the memory, so it serves the model alone.
@@ -81,7 +82,9 @@ def test_unplaceable_then_split_then_degraded_then_split_again(cluster: LocalClu
     cluster.wait_until(alpha, lambda: _serving(alpha, 1) is not None, "the model served alone", PLACED_WITHIN_S)
     print(f"served alone {time.monotonic() - crashed_at:.1f} s after its peer was killed")  # for docs/CLUSTER.md
     alone = _serving(alpha, 1)
-    assert alone is not None and alone.degraded and alone.min_nodes == 2
+    assert alone is not None
+    assert alone.degraded
+    assert alone.min_nodes == 2
     assert alone.degraded_reason == "on 1 of the 2 nodes asked for: only 1 node(s) are up"
     assert [rank.node_id for rank in alone.ranks] == [alpha.node_id]
     assert alpha.state()["instances"][alone.instance_id]["degraded_reason"] == alone.degraded_reason
@@ -113,7 +116,8 @@ def test_unplaceable_then_split_then_degraded_then_split_again(cluster: LocalClu
         stop.set()
         asker.join()
     again = _serving(alpha, 2)
-    assert again is not None and not again.degraded
+    assert again is not None
+    assert not again.degraded
     assert again.replaces == alone.instance_id
     assert {rank.node_id for rank in again.ranks} == {alpha.node_id, beta.node_id}
     assert len(statuses) > 3

@@ -81,10 +81,12 @@ def test_a_degraded_instance_takes_no_task_once_its_replacement_serves_and_is_dr
     # The replacement still loads: the degraded instance serves.
     assert replaced_instances(state) == set()
     chosen = place_task(state, MODEL)
-    assert chosen is not None and chosen.runner_id == "old"
+    assert chosen is not None
+    assert chosen.runner_id == "old"
     state = fold((reported(NODE_A, old, new.model_copy(update={"status": "ready"})), NODE_A), start=state)
     assert replaced_instances(state) == {"instance-old"}
     chosen = place_task(state, MODEL)
-    assert chosen is not None and chosen.runner_id == "new"
+    assert chosen is not None
+    assert chosen.runner_id == "new"
     # A removed instance's runner (still listed until its node reports it stopped) never gets a task.
     assert place_task(state, MODEL, removed={InstanceId("instance-new"), InstanceId("instance-old")}) is None

@@ -46,7 +46,7 @@ def test_placement_errors_map_to_http(raised: Exception, status: int, code: str)
     error = placement_error(raised)
     assert error is not None
     assert (error.status_code, error.body.error.code) == (status, code)
-    assert error.headers == ({"Retry-After": "2"} if status == 429 else {})
+    assert error.headers == ({} if status == 404 else {"Retry-After": "2" if status == 429 else "5"})
 
 
 def test_other_exceptions_are_not_placement_errors() -> None:
