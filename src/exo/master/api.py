@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from exo.dashboard.routes import is_dashboard_asset, mount_dashboard
 from exo.master.adapters.chat_request import to_command
 from exo.master.adapters.chat_response import collect_response
 from exo.master.adapters.chat_stream import ChunkEncoder, sse_events
@@ -78,7 +79,7 @@ def create_app(
     master: MasterClient, settings: ApiSettings, record_preparation: PreparationSink | None = None
 ) -> FastAPI:
     """The FastAPI app in front of `master`: /health, /state, /v1/models, chat completions, Messages, Responses,
-    the cluster's endpoints, this node's model catalog and the MCP tools at /mcp.
+    the cluster's endpoints, this node's model catalog, the MCP tools at /mcp and the web dashboard at /.
 
     `record_preparation` puts the progress of a catalog download into this node's state (it is called from the
     download's thread); without it, downloads show their progress only to the client that asked.
@@ -99,6 +100,7 @@ def create_app(
         api_key=settings.api_key,
         max_body_bytes=settings.max_request_bytes,
         error_shapes={MESSAGES_PATH_PREFIX: anthropic_error},
+        open_paths=is_dashboard_asset,
     )
     mount_mcp(app, host=settings.host, port=settings.port, api_key=settings.api_key)
 
@@ -141,6 +143,7 @@ def create_app(
     app.include_router(responses_router(master))
     app.include_router(catalog_router(models_dir, record_preparation, hide_paths))
     app.include_router(cluster_router(master))
+    mount_dashboard(app)
     return app
 
 

@@ -7,7 +7,7 @@ endpoint, present and future: text that cannot be passed on (see body_text.py) i
 """
 
 import hmac
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -60,12 +60,15 @@ class RequestGuard:
         api_key: str | None,
         max_body_bytes: int,
         error_shapes: Mapping[str, ErrorShape] | None = None,
+        open_paths: Callable[[str], bool] = lambda _path: False,
     ) -> None:
         self._app = app
         self._api_key = api_key
         self._max_body_bytes = max_body_bytes
         # Path prefix → the error shape of the protocol served there (OpenAI's everywhere else).
         self._error_shapes = dict(error_shapes or {})
+        # Paths served without the key besides /health (the dashboard's page and assets, which hold no data).
+        self._open_paths = open_paths
 
     def _refusal(self, scope: Scope, error: ApiError) -> Response:
         path: str = scope["path"]
@@ -76,7 +79,9 @@ class RequestGuard:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-        if self._api_key and scope["path"] not in UNAUTHENTICATED_PATHS and not _authorized(scope, self._api_key):
+        path: str = scope["path"]
+        is_open = path in UNAUTHENTICATED_PATHS or self._open_paths(path)
+        if self._api_key and not is_open and not _authorized(scope, self._api_key):
             unauthorized = ApiError(
                 401,
                 "missing or invalid API key",

@@ -1,0 +1,104 @@
+// Activity view: requests in flight and recently ended, queue depth, per-model figures, and the cluster's
+// generated tokens per second over the last two minutes (from the runners' token counts between two polls).
+import { badge, fill, h, section, table } from "../dom.js";
+import { ago, number, seconds, shortId } from "../format.js";
+
+const CHART_SAMPLES = 120;
+// Fields every task has; any other field a node reports about a task (its phase, prefill progress, cached
+// tokens…) is shown as it comes, so newer nodes' details appear without a page change.
+const TASK_FIELDS = new Set(["task_id", "model_id", "runner_id", "node_id", "requested_by", "status", "created_at"]);
+const SUMMARY_FIELDS = new Set(["task_id", "outcome", "finished_at"]);
+
+export function createActivityView() {
+  const totals = h("div", { class: "totals", "aria-live": "off" });
+  const chart = h("figure", { class: "chart" });
+  const inFlight = h("div");
+  const recent = h("div");
+  const perModel = h("div");
+  const element = section("activity", "Activity", totals,
+    h("h3", {}, "Generated tokens per second"), chart,
+    h("h3", {}, "Requests in flight"), inFlight,
+    h("h3", {}, "Recent requests"), recent,
+    h("h3", {}, "Per model"), perModel);
+  const samples = [];
+  let previous = null;
+  return {
+    element,
+    update(snapshot) {
+      const { state, metrics } = snapshot;
+      const names = Object.fromEntries(Object.values(state.nodes).map((node) => [node.facts.node_id, node.facts.name]));
+      const generated = Object.values(state.runners).reduce((sum, runner) => sum + runner.metrics.generated_tokens, 0);
+      if (previous !== null) {
+        const elapsed = (snapshot.at - previous.at) / 1000;
+        samples.push(Math.max(0, generated - previous.generated) / elapsed);
+        if (samples.length > CHART_SAMPLES) samples.shift();
+      }
+      previous = { at: snapshot.at, generated };
+      const sum = (field) => metrics.nodes.reduce((total, node) => total + node[field], 0);
+      fill(totals, [
+        ["running", sum("tasks_running")], ["queued", sum("queue_depth")], ["finished", sum("requests_finished")],
+        ["failed", sum("requests_failed")], ["cancelled", sum("requests_cancelled")],
+        ["tok/s now", number(samples.at(-1) ?? 0)],
+      ].map(([label, value]) => h("div", { class: "total" }, h("span", { class: "value" }, String(value)),
+        h("span", { class: "label" }, label))));
+      fill(chart, lineChart(samples));
+      const tasks = Object.values(state.tasks).sort((a, b) => a.created_at - b.created_at);
+      fill(inFlight, table("Requests in flight", ["Task", "Model", "Node", "Asked at", "Status", "Age", "Details"],
+        tasks.map((task) => [shortId(task.task_id), task.model_id, names[task.node_id] ?? shortId(task.node_id),
+          names[task.requested_by] ?? shortId(task.requested_by), badge(task.phase ?? task.status, task.status),
+          seconds(Date.now() / 1000 - task.created_at), details(task, TASK_FIELDS)]), "none right now"));
+      const ended = Object.values(state.runners).flatMap((runner) => runner.recent_tasks.map((task) => ({
+        ...task, model_id: runner.model_id, node: names[runner.node_id] ?? shortId(runner.node_id) })))
+        .sort((a, b) => b.finished_at - a.finished_at).slice(0, 20);
+      fill(recent, table("Recent requests", ["Task", "Model", "Node", "Outcome", "Ended", "Details"],
+        ended.map((task) => [shortId(task.task_id), task.model_id, task.node,
+          badge(task.outcome), ago(task.finished_at), details(task, new Set([...SUMMARY_FIELDS, "model_id", "node"]))]),
+        "none yet"));
+      fill(perModel, table("Per model",
+        ["Model", "Finished", "Failed", "Cancelled", "Prompt tokens", "Generated", "TTFT", "Decode tok/s", "Running",
+          "Queued"],
+        metrics.models.map((model) => [model.model_id, model.requests_finished, model.requests_failed,
+          model.requests_cancelled, model.prompt_tokens, model.generated_tokens,
+          seconds(model.time_to_first_token_seconds), number(model.decode_tokens_per_second), model.tasks_running,
+          model.queue_depth].map(String))));
+    },
+  };
+}
+
+// A task's extra fields as "name value" pairs; a done/total pair (such as prefill progress) as a progress bar.
+function details(task, known) {
+  const parts = [];
+  for (const [name, value] of Object.entries(task)) {
+    if (known.has(name) || value === null || value === undefined || name === "phase") continue;
+    const label = name.replaceAll("_", " ");
+    if (value && typeof value === "object" && "done" in value && "total" in value) {
+      parts.push(h("span", { class: "detail" }, `${label} `,
+        h("progress", { max: value.total || 1, value: value.done, "aria-label": label }), ` ${value.done}/${value.total}`));
+    } else {
+      const shown = typeof value === "number" ? number(value, 2) : typeof value === "object" ? JSON.stringify(value)
+        : String(value);
+      parts.push(h("span", { class: "detail" }, `${label} ${shown}`));
+    }
+  }
+  return parts.length ? parts : "–";
+}
+
+function lineChart(values) {
+  const width = 600;
+  const height = 120;
+  const top = Math.max(1, ...values);
+  const step = width / (CHART_SAMPLES - 1);
+  const offset = width - (values.length - 1) * step;
+  const points = values.map((value, index) =>
+    `${(offset + index * step).toFixed(1)},${(height - (value / top) * (height - 10)).toFixed(1)}`).join(" ");
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.setAttribute("role", "img");
+  svg.setAttribute("aria-label", `generated tokens per second, last ${values.length} seconds, peak ${number(top)}`);
+  svg.setAttribute("preserveAspectRatio", "none");
+  const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+  line.setAttribute("points", points);
+  svg.append(line);
+  return [svg, h("figcaption", { class: "muted" },
+    `peak ${number(top)} tok/s over the last ${values.length} s (all runners of the cluster)`)];
+}

@@ -1,0 +1,324 @@
+"""The dashboard in a real headless Chromium against a real two-node cluster on 127.0.0.1.
+
+alpha serves tiny-qwen-tools; beta serves nothing (`--no-model`). The page is opened on alpha; everything it shows
+comes from the public API, polled every second. The tests run in file order: the kill of beta comes last.
+Screenshots land in build/screenshots (git-ignored), at laptop and phone widths.
+"""
+
+import json
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
+from tests.dashboard.browser import (
+    FOCUSED_JS,
+    LAPTOP,
+    OVERFLOWS_JS,
+    PHONE,
+    UNLABELLED_CONTROLS_JS,
+    ConsoleWatch,
+    chromium,
+    chromium_path,
+    screenshot,
+)
+from tests.exo_server import fixture_model
+from tests.fixtures.fixture_specs import GET_WEATHER_TOOL
+
+if chromium_path() is None:
+    pytest.skip(
+        "the dashboard's browser tests need Debian's chromium (apt-get install chromium; .ci/run installs it)",
+        allow_module_level=True,
+    )
+
+from playwright.sync_api import Browser, Locator, Page, expect  # after the skip: only these tests need it
+
+pytestmark = pytest.mark.slow
+
+CHAT_MODEL = "tiny-qwen-tools"
+DEEP = "tiny-qwen-tools-deep"
+PLACED_WITHIN_MS = 240_000
+LIVE_WITHIN_MS = 30_000
+VIEWS = ("cluster", "models", "activity", "chat")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, ClusterNode, ClusterNode]]:
+    with local_cluster(tmp_path_factory.mktemp("dashboard"), "dashboard") as running:
+        alpha = running.start("alpha", [fixture_model(CHAT_MODEL)])
+        beta = running.start("beta", peers=[alpha])
+        running.wait_until(alpha, lambda: alpha.get("/v1/cluster")["nodes_healthy"] == 2, "both nodes", 60)
+        yield running, alpha, beta
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with chromium() as launched:
+        yield launched
+
+
+@pytest.fixture
+def watch() -> ConsoleWatch:
+    return ConsoleWatch()
+
+
+def open_page(browser: Browser, watch: ConsoleWatch, url: str, viewport: dict[str, int] = LAPTOP) -> Page:
+    page = browser.new_context(viewport={"width": viewport["width"], "height": viewport["height"]}).new_page()
+    watch.attach(page)
+    page.goto(url)
+    return page
+
+
+def node_card(page: Page, name: str) -> Locator:
+    return page.get_by_role("listitem", name=f"node {name}")
+
+
+def test_the_cluster_view_lists_both_nodes_with_their_facts(
+    cluster: tuple[LocalCluster, ClusterNode, ClusterNode], browser: Browser, watch: ConsoleWatch
+) -> None:
+    _, alpha, beta = cluster
+    page = open_page(browser, watch, alpha.base_url)
+    alpha_card, beta_card = node_card(page, "alpha"), node_card(page, "beta")
+    expect(alpha_card).to_have_attribute("data-status", "healthy")
+    expect(beta_card).to_have_attribute("data-status", "healthy")
+    expect(alpha_card).to_have_attribute("data-node-id", alpha.node_id)
+    expect(beta_card).to_have_attribute("data-node-id", beta.node_id)
+    # alpha started first, so it is the master; its runner measured its BLAS when it loaded.
+    expect(alpha_card.get_by_role("heading", level=3)).to_contain_text("master")
+    expect(beta_card.get_by_role("heading", level=3)).not_to_contain_text("master")
+    expect(alpha_card).to_contain_text("GFLOP/s")
+    expect(alpha_card).to_contain_text(CHAT_MODEL)
+    expect(beta_card).to_contain_text("none (--no-model)")
+    expect(page.locator("#links-list")).to_contain_text("beta → alpha (master)")
+    expect(page.locator("#cluster-line")).to_contain_text("2 healthy, 0 degraded, 0 down · master alpha")
+    screenshot(page, "cluster")
+    assert (watch.errors, watch.refused) == ([], [])
+
+
+def test_every_control_has_a_label_and_the_keyboard_reaches_the_views_in_order(
+    cluster: tuple[LocalCluster, ClusterNode, ClusterNode], browser: Browser, watch: ConsoleWatch
+) -> None:
+    _, alpha, _ = cluster
+    page = open_page(browser, watch, alpha.base_url)
+    expect(node_card(page, "alpha")).to_be_visible()
+    for view in VIEWS:
+        page.goto(f"{alpha.base_url}/#{view}")
+        expect(page.locator(f"#view-{view}")).to_be_visible()
+        page.wait_for_timeout(1500)  # a poll has filled the view
+        assert page.evaluate(UNLABELLED_CONTROLS_JS) == [], view
+    # From the top: the skip link, then the four views in reading order.
+    page.goto(f"{alpha.base_url}/#cluster")
+    page.locator("body").focus()
+    order = []
+    for _ in range(5):
+        page.keyboard.press("Tab")
+        order.append(page.evaluate(FOCUSED_JS))
+    assert order == ["a:Skip to content", "a:Cluster", "a:Models", "a:Activity", "a:Chat"]
+    page.keyboard.press("Enter")  # on "Chat": the keyboard opens a view
+    expect(page.locator("#view-chat")).to_be_visible()
+    expect(page.get_by_role("link", name="Chat")).to_have_attribute("aria-current", "page")
+    order = []
+    for _ in range(9):
+        page.keyboard.press("Tab")
+        order.append(page.evaluate(FOCUSED_JS))
+    assert order == [
+        "select:Model",
+        "select:tool_choice",
+        "input:max_tokens",
+        "textarea:Tools (JSON list)",
+        "textarea:System prompt (optional)",
+        "textarea:Message",
+        "button:Send",
+        "button:New conversation",  # Stop is disabled until a reply streams
+        "summary:Raw SSE of the last reply",
+    ]
+    assert (watch.errors, watch.refused) == ([], [])
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_each_view_fits_a_phone_screen(
+    cluster: tuple[LocalCluster, ClusterNode, ClusterNode], browser: Browser, watch: ConsoleWatch, view: str
+) -> None:
+    _, alpha, _ = cluster
+    page = open_page(browser, watch, f"{alpha.base_url}/#{view}", PHONE)
+    expect(page.locator("#cluster-line")).to_contain_text("healthy")
+    page.wait_for_timeout(1500)
+    assert not page.evaluate(OVERFLOWS_JS), f"the {view} view is wider than a phone's screen"
+    screenshot(page, f"phone-{view}")
+    assert (watch.errors, watch.refused) == ([], [])
+
+
+def test_placing_a_model_over_two_nodes_from_the_page_shows_its_ranks(
+    cluster: tuple[LocalCluster, ClusterNode, ClusterNode], browser: Browser, watch: ConsoleWatch
+) -> None:
+    _, alpha, _ = cluster
+    page = open_page(browser, watch, f"{alpha.base_url}/#models")
+    expect(page.get_by_role("table", name="Model catalog")).to_contain_text("qwen2.5-coder-0.5b-instruct")
+    form = page.get_by_role("form", name="Place a model")
+    model = form.get_by_label("Model", exact=True)
+    nodes = form.get_by_label("Over at least N nodes")
+    # More nodes than are up: the refusal is shown in words, and nothing is placed.
+    model.fill(str(fixture_model(DEEP)))
+    nodes.fill("3")
+    form.get_by_role("button", name="Place").click()
+    expect(page.get_by_role("alert")).to_contain_text("to be split over 3 nodes but only 2 are up")
+    nodes.fill("2")
+    form.get_by_role("button", name="Place").click()
+    expect(page.locator("#place-result")).to_contain_text(f"Placed {DEEP}", timeout=60_000)
+    ranks = page.get_by_role("table", name=f"Ranks of {DEEP}")
+    expect(ranks.locator("tbody tr")).to_have_count(2)
+    rows = sorted(ranks.locator("tbody tr").all_inner_texts())
+    assert rows[0].startswith("rank 0")
+    assert rows[1].startswith("rank 1")
+    # Rank 0 runs the last layers; the two ranks cover the four layers once, on the two nodes.
+    assert {row.split("\t")[1] for row in rows} == {"alpha", "beta"}
+    assert "2–3" in rows[0]
+    assert "0–1" in rows[1]
+    expect(ranks.locator(".badge-ready")).to_have_count(2, timeout=PLACED_WITHIN_MS)
+    expect(page.get_by_role("article", name="instance")).to_contain_text("ready")
+    # The cluster view shows each node's rank and its link in the pipeline ring.
+    page.get_by_role("link", name="Cluster").click()
+    expect(node_card(page, "beta")).to_contain_text(f"{DEEP} ready rank 0 of 2 · layers 2–3")
+    expect(page.locator("#links-list")).to_contain_text(f"{DEEP} pipeline ring")
+    screenshot(page, "cluster-pipeline")
+    page.get_by_role("link", name="Models").click()
+    screenshot(page, "models")
+    assert (watch.errors, watch.refused) == ([], [400])  # the refused placement
+
+
+def test_the_chat_streams_a_tool_call_as_it_arrives_and_takes_its_result(
+    cluster: tuple[LocalCluster, ClusterNode, ClusterNode], browser: Browser, watch: ConsoleWatch
+) -> None:
+    _, alpha, _ = cluster
+    page = open_page(browser, watch, f"{alpha.base_url}/#chat")
+    chosen = page.get_by_role("form", name="Chat request").get_by_label("Model", exact=True)
+    expect(chosen.locator(f"option[value='{CHAT_MODEL}']")).to_have_count(1)
+    chosen.select_option(CHAT_MODEL)
+    # Every text the arguments view shows, in order, as the deltas are rendered.
+    page.evaluate("""() => {
+      window.shownArguments = [];
+      new MutationObserver((records) => {
+        for (const record of records) for (const node of record.addedNodes) {
+          if (node.nodeType === Node.TEXT_NODE && node.parentElement.matches('.tool-arguments')) {
+            window.shownArguments.push(node.data);
+          }
+        }
+      }).observe(document.querySelector('.transcript'), {childList: true, subtree: true});
+    }""")
+    # The tool list is edited as JSON: the one the fixture model was trained with.
+    page.get_by_label("Tools (JSON list)").fill(json.dumps([GET_WEATHER_TOOL], indent=2))
+    page.get_by_label("Message").fill("What is the weather in Paris?")
+    page.get_by_label("Message").press("Control+Enter")
+    reply = page.locator(".message-assistant").first
+    expect(reply.locator(".footer")).to_contain_text("finish: tool_calls", timeout=60_000)
+    expect(reply.locator(".tool-name")).to_have_count(1)
+    expect(reply.locator(".tool-name")).to_have_text("get_weather")
+    arguments = reply.locator(".tool-arguments").inner_text()
+    assert json.loads(arguments) == {"city": "Paris"}
+    shown: list[str] = page.evaluate("window.shownArguments")
+    assert len(shown) > 2
+    assert shown[-1] == arguments
+    assert all(arguments.startswith(partial) for partial in shown)  # each a longer prefix: filled in as it came
+    # The keyboard is taken to the call's result, which, typed in, continues the turn.
+    result = page.get_by_label("Result of get_weather")
+    expect(result).to_be_focused()
+    page.get_by_text("Raw SSE of the last reply").click()
+    raw = page.get_by_label("Raw server-sent events").inner_text()
+    assert '"tool_calls"' in raw
+    assert raw.rstrip().endswith("data: [DONE]")
+    result.fill('{"temperature": 21, "sky": "clear"}')
+    page.get_by_role("button", name="Send tool results").click()
+    second = page.locator(".message-assistant").nth(1)
+    expect(second.locator(".footer")).to_contain_text("finish: ", timeout=60_000)
+    expect(page.locator(".message-tool")).to_contain_text("clear")
+    expect(page.locator(".transcript .error")).to_have_count(0)
+    screenshot(page, "chat")
+    assert (watch.errors, watch.refused) == ([], [])
+
+
+def test_the_activity_view_shows_the_requests_served(
+    cluster: tuple[LocalCluster, ClusterNode, ClusterNode], browser: Browser, watch: ConsoleWatch
+) -> None:
+    _, alpha, _ = cluster
+    httpx.post(
+        f"{alpha.base_url}/v1/chat/completions",
+        json={"model": CHAT_MODEL, "messages": [{"role": "user", "content": "Hello!"}]},
+        timeout=60,
+    ).raise_for_status()
+    page = open_page(browser, watch, f"{alpha.base_url}/#activity")
+    served = page.get_by_role("table", name="Per model").locator("tr", has_text=CHAT_MODEL)
+    expect(served.locator("td").nth(1)).not_to_have_text("0")
+    expect(page.get_by_role("table", name="Recent requests")).to_contain_text("finished")
+    expect(page.get_by_role("img", name="generated tokens per second")).to_be_visible()
+    page.wait_for_timeout(3000)  # a few samples for the chart
+    screenshot(page, "activity")
+    assert (watch.errors, watch.refused) == ([], [])
+
+
+def test_a_node_that_is_killed_is_shown_down_without_reloading(
+    cluster: tuple[LocalCluster, ClusterNode, ClusterNode], browser: Browser, watch: ConsoleWatch
+) -> None:
+    running, alpha, beta = cluster
+    page = open_page(browser, watch, alpha.base_url)
+    expect(node_card(page, "beta")).to_have_attribute("data-status", "healthy")
+    page.evaluate("window.notReloaded = true")
+    killed_at = time.monotonic()
+    running.crash(beta)
+    expect(node_card(page, "beta")).to_have_attribute("data-status", "down", timeout=LIVE_WITHIN_MS)
+    shown_after = time.monotonic() - killed_at
+    assert page.evaluate("window.notReloaded") is True
+    expect(node_card(page, "beta")).to_contain_text("left the cluster")
+    expect(node_card(page, "alpha")).to_have_attribute("data-status", "healthy")
+    expect(page.locator("#cluster-line")).to_contain_text("1 healthy, 0 degraded, 1 down")
+    screenshot(page, "cluster-node-down")
+    assert shown_after < LIVE_WITHIN_MS / 1000
+    assert (watch.errors, watch.refused) == ([], [])
+
+
+API_KEY = "sk-dashboard-browser-test"
+
+
+@pytest.fixture(scope="module")
+def keyed_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterNode]:
+    with local_cluster(tmp_path_factory.mktemp("keyed"), "dashboard-keyed") as running:
+        node = running.launch("keyed", extra_arguments=["--api-key", API_KEY])
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        running.wait_until(
+            node,
+            lambda: httpx.get(f"{node.base_url}/v1/cluster", headers=headers, timeout=5).json()["nodes_healthy"] == 1,
+            "the keyed node to answer",
+            120,
+        )
+        yield node
+
+
+def test_with_an_api_key_the_page_asks_for_it_keeps_it_for_the_tab_and_works(
+    keyed_node: ClusterNode, browser: Browser, watch: ConsoleWatch
+) -> None:
+    page = open_page(browser, watch, keyed_node.base_url)
+    dialog = page.get_by_role("dialog", name="API key")
+    expect(dialog).to_be_visible()
+    key = dialog.get_by_label("API key")
+    expect(key).to_be_focused()
+    screenshot(page, "api-key")
+    key.fill("not-the-key")
+    key.press("Enter")
+    expect(dialog.get_by_role("alert")).to_contain_text("That key was refused")
+    key.fill(API_KEY)
+    dialog.get_by_role("button", name="Use this key").click()
+    expect(dialog).to_be_hidden()
+    expect(node_card(page, "keyed")).to_have_attribute("data-status", "healthy")
+    assert page.evaluate("sessionStorage.getItem('exo.apiKey')") == API_KEY
+    assert page.evaluate("localStorage.length") == 0
+    # A reload of the tab keeps the key; another tab (a new browsing context) asks again.
+    page.reload()
+    expect(node_card(page, "keyed")).to_be_visible()
+    expect(dialog).to_be_hidden()
+    other = open_page(browser, watch, keyed_node.base_url)
+    expect(other.get_by_role("dialog", name="API key")).to_be_visible()
+    # No script error; the only refusals are the calls made before the key was given and with the wrong one.
+    assert watch.errors == []
+    assert watch.refused
+    assert set(watch.refused) == {401}
