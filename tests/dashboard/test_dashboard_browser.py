@@ -1,11 +1,13 @@
 """The dashboard in a real headless Chromium against a real two-node cluster on 127.0.0.1.
 
-alpha serves tiny-qwen-tools; beta serves nothing (`--no-model`). The page is opened on alpha; everything it shows
-comes from the public API, polled every second. The tests run in file order: the kill of beta comes last.
-Screenshots land in build/screenshots (git-ignored), at laptop and phone widths.
+alpha serves tiny-qwen-tools and endless-qwen (the same model, which never ends before max_tokens); beta serves
+nothing (`--no-model`). The page is opened on alpha; everything it shows comes from the public API, polled every
+second. The tests run in file order: the kill of beta comes last. Screenshots land in build/screenshots
+(git-ignored), at laptop and phone widths.
 """
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 
@@ -25,6 +27,8 @@ from tests.dashboard.browser import (
     screenshot,
 )
 from tests.exo_server import fixture_model
+from tests.fixtures.endless_model import MODEL as ENDLESS
+from tests.fixtures.endless_model import endless_copy
 from tests.fixtures.fixture_specs import GET_WEATHER_TOOL
 
 if chromium_path() is None:
@@ -47,7 +51,8 @@ VIEWS = ("cluster", "models", "activity", "chat")
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, ClusterNode, ClusterNode]]:
     with local_cluster(tmp_path_factory.mktemp("dashboard"), "dashboard") as running:
-        alpha = running.start("alpha", [fixture_model(CHAT_MODEL)])
+        endless = endless_copy(tmp_path_factory.mktemp("models"))
+        alpha = running.start("alpha", [fixture_model(CHAT_MODEL), endless])
         beta = running.start("beta", peers=[alpha])
         running.wait_until(alpha, lambda: alpha.get("/v1/cluster")["nodes_healthy"] == 2, "both nodes", 60)
         yield running, alpha, beta
@@ -169,18 +174,16 @@ def test_placing_a_model_over_two_nodes_from_the_page_shows_its_ranks(
     expect(page.locator("#place-result")).to_contain_text(f"Placed {DEEP}", timeout=60_000)
     ranks = page.get_by_role("table", name=f"Ranks of {DEEP}")
     expect(ranks.locator("tbody tr")).to_have_count(2)
-    rows = sorted(ranks.locator("tbody tr").all_inner_texts())
-    assert rows[0].startswith("rank 0")
-    assert rows[1].startswith("rank 1")
+    rows = sorted(row.split("\t")[:3] for row in ranks.locator("tbody tr").all_inner_texts())
     # Rank 0 runs the last layers; the two ranks cover the four layers once, on the two nodes.
-    assert {row.split("\t")[1] for row in rows} == {"alpha", "beta"}
-    assert "2–3" in rows[0]
-    assert "0–1" in rows[1]
+    assert [(rank, layers) for rank, _node, layers in rows] == [("rank 0", "2–3"), ("rank 1", "0–1")]
+    assert {node for _rank, node, _layers in rows} == {"alpha", "beta"}
     expect(ranks.locator(".badge-ready")).to_have_count(2, timeout=PLACED_WITHIN_MS)
     expect(page.get_by_role("article", name="instance")).to_contain_text("ready")
     # The cluster view shows each node's rank and its link in the pipeline ring.
     page.get_by_role("link", name="Cluster").click()
-    expect(node_card(page, "beta")).to_contain_text(f"{DEEP} ready rank 0 of 2 · layers 2–3")
+    for rank, node, layers in rows:
+        expect(node_card(page, node)).to_contain_text(f"{DEEP} ready {rank} of 2 · layers {layers}")
     expect(page.locator("#links-list")).to_contain_text(f"{DEEP} pipeline ring")
     screenshot(page, "cluster-pipeline")
     page.get_by_role("link", name="Models").click()
@@ -238,22 +241,38 @@ def test_the_chat_streams_a_tool_call_as_it_arrives_and_takes_its_result(
     assert (watch.errors, watch.refused) == ([], [])
 
 
-def test_the_activity_view_shows_the_requests_served(
+def _generate_until(alpha: ClusterNode, stop: threading.Event) -> None:
+    """Keep one request for the endless model running until `stop` (each ends at max_tokens)."""
+    body = {"model": ENDLESS, "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 400}
+    while not stop.is_set():
+        httpx.post(f"{alpha.base_url}/v1/chat/completions", json=body, timeout=120).raise_for_status()
+
+
+def test_the_activity_view_shows_requests_in_flight_and_the_tokens_per_second(
     cluster: tuple[LocalCluster, ClusterNode, ClusterNode], browser: Browser, watch: ConsoleWatch
 ) -> None:
     _, alpha, _ = cluster
-    httpx.post(
-        f"{alpha.base_url}/v1/chat/completions",
-        json={"model": CHAT_MODEL, "messages": [{"role": "user", "content": "Hello!"}]},
-        timeout=60,
-    ).raise_for_status()
     page = open_page(browser, watch, f"{alpha.base_url}/#activity")
-    served = page.get_by_role("table", name="Per model").locator("tr", has_text=CHAT_MODEL)
+    in_flight = page.get_by_role("table", name="Requests in flight")
+    stop = threading.Event()
+    clients = [threading.Thread(target=_generate_until, args=(alpha, stop)) for _ in range(2)]
+    for client in clients:
+        client.start()
+    try:
+        expect(in_flight).to_contain_text(ENDLESS, timeout=LIVE_WITHIN_MS)
+        expect(in_flight).to_contain_text("running")
+        page.wait_for_timeout(8000)  # several requests end: the chart has something to draw
+        screenshot(page, "activity")
+    finally:
+        stop.set()
+        for client in clients:
+            client.join(timeout=120)
+    expect(page.get_by_text("none right now")).to_be_visible(timeout=LIVE_WITHIN_MS)
+    expect(page.get_by_role("table", name="Recent requests")).to_contain_text(ENDLESS)
+    served = page.get_by_role("table", name="Per model").locator("tr", has_text=ENDLESS)
     expect(served.locator("td").nth(1)).not_to_have_text("0")
-    expect(page.get_by_role("table", name="Recent requests")).to_contain_text("finished")
-    expect(page.get_by_role("img", name="generated tokens per second")).to_be_visible()
-    page.wait_for_timeout(3000)  # a few samples for the chart
-    screenshot(page, "activity")
+    caption = page.locator(".chart figcaption").inner_text()
+    assert float(caption.split()[1]) > 0, caption
     assert (watch.errors, watch.refused) == ([], [])
 
 

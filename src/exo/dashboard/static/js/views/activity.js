@@ -1,5 +1,6 @@
 // Activity view: requests in flight and recently ended, queue depth, per-model figures, and the cluster's
-// generated tokens per second over the last two minutes (from the runners' token counts between two polls).
+// generated tokens per second over the last two minutes: the runners' token counts (which grow as each request
+// ends) plus, where nodes report it, the tokens of the requests still running, compared between two polls.
 import { badge, fill, h, section, table } from "../dom.js";
 import { ago, number, seconds, shortId } from "../format.js";
 
@@ -27,7 +28,8 @@ export function createActivityView() {
     update(snapshot) {
       const { state, metrics } = snapshot;
       const names = Object.fromEntries(Object.values(state.nodes).map((node) => [node.facts.node_id, node.facts.name]));
-      const generated = Object.values(state.runners).reduce((sum, runner) => sum + runner.metrics.generated_tokens, 0);
+      const generated = Object.values(state.runners).reduce((sum, runner) => sum + runner.metrics.generated_tokens, 0)
+        + Object.values(state.tasks).reduce((sum, task) => sum + (task.generated_tokens ?? 0), 0);
       if (previous !== null) {
         const elapsed = (snapshot.at - previous.at) / 1000;
         samples.push(Math.max(0, generated - previous.generated) / elapsed);
@@ -86,7 +88,8 @@ function details(task, known) {
 function lineChart(values) {
   const width = 600;
   const height = 120;
-  const top = Math.max(1, ...values);
+  const peak = Math.max(0, ...values);
+  const top = Math.max(1, peak);
   const step = width / (CHART_SAMPLES - 1);
   const offset = width - (values.length - 1) * step;
   const points = values.map((value, index) =>
@@ -94,11 +97,11 @@ function lineChart(values) {
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
   svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
   svg.setAttribute("role", "img");
-  svg.setAttribute("aria-label", `generated tokens per second, last ${values.length} seconds, peak ${number(top)}`);
+  svg.setAttribute("aria-label", `generated tokens per second, last ${values.length} seconds, peak ${number(peak)}`);
   svg.setAttribute("preserveAspectRatio", "none");
   const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
   line.setAttribute("points", points);
   svg.append(line);
   return [svg, h("figcaption", { class: "muted" },
-    `peak ${number(top)} tok/s over the last ${values.length} s (all runners of the cluster)`)];
+    `peak ${number(peak)} tok/s over the last ${values.length} s (all runners of the cluster)`)];
 }
