@@ -281,7 +281,10 @@ def test_a_node_that_is_killed_is_shown_down_without_reloading(
 ) -> None:
     running, alpha, beta = cluster
     page = open_page(browser, watch, alpha.base_url)
+    on_beta_watch = ConsoleWatch()
+    on_beta = open_page(browser, on_beta_watch, beta.base_url)
     expect(node_card(page, "beta")).to_have_attribute("data-status", "healthy")
+    expect(node_card(on_beta, "beta")).to_have_attribute("data-status", "healthy")
     page.evaluate("window.notReloaded = true")
     killed_at = time.monotonic()
     running.crash(beta)
@@ -291,9 +294,20 @@ def test_a_node_that_is_killed_is_shown_down_without_reloading(
     expect(node_card(page, "beta")).to_contain_text("left the cluster")
     expect(node_card(page, "alpha")).to_have_attribute("data-status", "healthy")
     expect(page.locator("#cluster-line")).to_contain_text("1 healthy, 0 degraded, 1 down")
+    expect(page.locator("#links-list")).not_to_contain_text("pipeline ring")
     screenshot(page, "cluster-node-down")
     assert shown_after < LIVE_WITHIN_MS / 1000
+    # The split model lost a node: it waits to be placed again, and the page says why.
+    page.get_by_role("link", name="Models").click()
+    waiting = page.get_by_role("table", name="Waiting to be placed")
+    expect(waiting).to_contain_text(DEEP, timeout=LIVE_WITHIN_MS)
+    expect(page.get_by_role("table", name=f"Ranks of {DEEP}")).to_have_count(0)
+    screenshot(page, "models-after-node-down")
     assert (watch.errors, watch.refused) == ([], [])
+    # A page served by the killed node says that its node stopped answering.
+    expect(on_beta.get_by_role("status").filter(has_text="This node is not answering")).to_be_visible()
+    assert on_beta_watch.errors
+    assert all("net::ERR_" in error for error in on_beta_watch.errors), on_beta_watch.errors
 
 
 API_KEY = "sk-dashboard-browser-test"

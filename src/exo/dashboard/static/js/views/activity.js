@@ -67,11 +67,18 @@ export function createActivityView() {
   };
 }
 
-// A task's extra fields as "name value" pairs; a done/total pair (such as prefill progress) as a progress bar.
+// How far a running task has read its prompt (where its node reports it), then its other fields as "name value".
 function details(task, known) {
   const parts = [];
+  const prompt = task.prompt_tokens;
+  if (typeof prompt === "number" && typeof task.done_tokens === "number") {
+    parts.push(h("span", { class: "detail" }, "prompt ",
+      h("progress", { max: prompt || 1, value: task.done_tokens, "aria-label": `prompt read of task ${task.task_id}` }),
+      ` ${task.done_tokens}/${prompt} tokens`, task.cached_tokens ? `, ${task.cached_tokens} cached` : ""));
+  }
+  const shown = new Set(parts.length ? ["prompt_tokens", "done_tokens", "cached_tokens"] : []);
   for (const [name, value] of Object.entries(task)) {
-    if (known.has(name) || value === null || value === undefined || name === "phase") continue;
+    if (known.has(name) || shown.has(name) || value === null || value === undefined || name === "phase") continue;
     const label = name.replaceAll("_", " ");
     if (value && typeof value === "object" && "done" in value && "total" in value) {
       parts.push(h("span", { class: "detail" }, `${label} `,

@@ -2,7 +2,7 @@
 // N nodes (the refusal shown in words), and where each model runs: placed instances with their ranks and layers.
 import { getJson, request, serverSentEvents } from "../api.js";
 import { badge, fill, h, section, table } from "../dom.js";
-import { bytes, layers, shortId } from "../format.js";
+import { ago, bytes, layers, shortId } from "../format.js";
 import { preparationItem } from "./cluster.js";
 
 export function createModelsView() {
@@ -20,6 +20,7 @@ export function createModelsView() {
     h("label", { for: "place-model" }, "Model"), modelInput, suggestions,
     h("label", { for: "place-min-nodes" }, "Over at least N nodes"), minNodes, placeButton);
   const instances = h("div");
+  const unplaced = h("div");
   const served = h("div");
   const element = section("models", "Models",
     h("h3", {}, "Catalog of this node"), catalogStatus, catalog,
@@ -28,6 +29,7 @@ export function createModelsView() {
     h("p", { class: "muted" }, "Splits the model by layers over the fewest nodes whose free memory holds it."),
     form, placeResult,
     h("h3", {}, "Placed instances"), instances,
+    h("h3", {}, "Waiting to be placed"), unplaced,
     h("h3", {}, "Served models"), served);
   let catalogIds = [];
   let servedIds = [];
@@ -117,6 +119,10 @@ export function createModelsView() {
       fill(instances, snapshot.instances.data.length
         ? snapshot.instances.data.map(instanceCard)
         : h("p", { class: "muted" }, "none: models started with --model run whole on their node (below)"));
+      fill(unplaced, table("Waiting to be placed", ["Model", "Over at least", "Why", "Since"],
+        (snapshot.instances.unplaced ?? []).map((pending) => [pending.model_id, `${pending.min_nodes} nodes`,
+          h("span", { class: "reason" }, pending.reason), ago(pending.since)]),
+        "none: every model the cluster keeps placed has an instance"));
       servedIds = snapshot.summary.models.map((model) => model.model_id);
       updateSuggestions();
       fill(served, table("Served models", ["Model", "Instance", "Node", "Rank", "Layers", "Status"],
