@@ -18,7 +18,7 @@ from bench.blas_worker import BlasWorkerSetup
 from bench.machine import cpu_model, exo_commit
 from bench.results import BlasMeasurement, BlasRow, BlasSection
 from bench.worker_process import run_worker
-from exo.worker.engines.mlx.blas import (
+from exo.worker.engines.mlx.cpu.blas import (
     LIBRARY_DIRS,
     NO_PRELOAD_VARIABLE,
     SYSTEM_LIBRARIES,

@@ -6,7 +6,7 @@ from pathlib import Path
 from bench.constrained_worker import ConstrainedSetup
 from bench.results import ConstrainedReport, ConstrainedSettings
 from bench.worker_process import run_worker
-from exo.worker.engines.mlx.blas import blas_environment
+from exo.worker.engines.mlx.cpu.blas import blas_environment
 
 OPENCODE_TOOLS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "opencode" / "tools.json"
 """The ten tools opencode offers, as captured from its requests."""

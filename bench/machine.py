@@ -7,7 +7,7 @@ from importlib import metadata
 from pathlib import Path
 
 from bench.results import MachineInfo
-from exo.worker.engines.mlx.blas import NO_PRELOAD_VARIABLE, choose_blas
+from exo.worker.engines.mlx.cpu.blas import NO_PRELOAD_VARIABLE, choose_blas
 
 
 def blas_description() -> str:

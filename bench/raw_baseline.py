@@ -10,7 +10,7 @@ from typing import IO
 
 from bench.raw_worker import PassCostRequest, PassCosts, RawReady, RawRequest, RawSetup
 from bench.results import StreamMeasurement
-from exo.worker.engines.mlx.blas import blas_environment
+from exo.worker.engines.mlx.cpu.blas import blas_environment
 
 STOP_TIMEOUT_S = 20.0
 

@@ -30,9 +30,9 @@ from pydantic import BaseModel, Field, TypeAdapter
 from bench.results import StreamMeasurement
 from bench.workloads import decode_messages
 from exo.shared.types.worker.shards import ShardAssignment
-from exo.worker.engines.mlx.blas_check import measure_matmul_gflops
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, trim_tokens
-from exo.worker.engines.mlx.matmul_planner import MatmulPlanner
+from exo.worker.engines.mlx.cpu.blas_check import measure_matmul_gflops
+from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, load_model
 
 _WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from exo.shared.types.state import State
-from exo.worker.engines.mlx.blas import blas_environment
+from exo.worker.engines.mlx.cpu.blas import blas_environment
 
 STARTUP_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 20.0

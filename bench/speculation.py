@@ -7,7 +7,7 @@ from bench.constrained import OPENCODE_TOOLS
 from bench.results import SpeculationReport, SpeculationSettings
 from bench.speculation_worker import SpeculationSetup
 from bench.worker_process import run_worker
-from exo.worker.engines.mlx.blas import blas_environment
+from exo.worker.engines.mlx.cpu.blas import blas_environment
 
 WORKER_TIMEOUT_S = 3600.0
 

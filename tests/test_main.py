@@ -4,12 +4,14 @@ batch size below one is refused by argparse."""
 
 import os
 import signal
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 from exo.main import build_parser, config_from_args
+from exo.shared.types.cpu_kernels import CpuKernelsReport
 from tests.exo_server import fixture_model, running_exo
 from tests.fixtures.fixture_specs import GREETING_REPLY
 
@@ -48,6 +50,32 @@ def test_the_flags_set_the_batch_size_and_turn_speculation_off() -> None:
     config = config_from_args(build_parser().parse_args(["--batch-size", "1", "--no-speculation"]))
     assert config.batch_size == 1
     assert not config.speculation
+
+
+def test_the_cpu_kernels_are_auto_by_default_and_off_on_request() -> None:
+    assert config_from_args(build_parser().parse_args([])).cpu_kernels == "auto"
+    assert config_from_args(build_parser().parse_args(["--cpu-kernels", "off"])).cpu_kernels == "off"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--cpu-kernels", "on"])
+
+
+def test_cpu_kernels_off_serves_and_says_so_in_the_ready_line_and_state(tmp_path: Path) -> None:
+    with running_exo([fixture_model(MODEL)], tmp_path, ["--cpu-kernels", "off"], ready_timeout=300) as server:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello!"}]}
+        answer = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
+        assert answer.json()["choices"][0]["message"]["content"] == GREETING_REPLY
+        metadata = server.runner()["metadata"]
+        log = server.log()
+    assert isinstance(metadata, dict)
+    assert metadata["dtype"] == "native"
+    assert metadata["matmul_plan"] is None
+    report = CpuKernelsReport.model_validate(metadata["cpu_kernels"])
+    assert report.setting == "off"
+    assert {(state.on, state.why_off) for state in report.replacements} == {(False, "--cpu-kernels off")}
+    assert "is ready; CPU kernels: off: all off (--cpu-kernels off): stock mlx-lm" in log
+    blas = metadata["blas"]
+    assert isinstance(blas, dict)
+    assert blas["kind"] == ("reference" if sys.platform.startswith("linux") else "accelerate")  # nothing preloaded
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two"])

@@ -109,6 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="compute every float32 product in mlx's own layout; by default the runner times the few-row products of "
         "decoding in two layouts after loading (a second or two) and uses the faster one per weight shape",
     )
+    parser.add_argument(
+        "--cpu-kernels",
+        choices=("auto", "off"),
+        default="auto",
+        help="the CPU engine's replacements of mlx/mlx-lm internals (float32 weights, numpy attention softmax and "
+        "SwiGLU, the few-row matmul plan, an optimized BLAS preload): auto (default) uses them on a Linux CPU "
+        "machine only; off serves with stock mlx-lm everywhere. The runner's ready line and /state say which are on",
+    )
     parser.add_argument("--prefix-cache-gb", type=float, default=2.0, help="memory budget of the prompt prefix cache")
     parser.add_argument("--max-request-mb", type=float, default=32.0, help="largest accepted request body")
     parser.add_argument(
@@ -189,6 +197,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         batch_size=arguments.batch_size,
         speculation=not arguments.no_speculation,
         matmul_plan=not arguments.no_matmul_plan,
+        cpu_kernels=arguments.cpu_kernels,
         prefix_cache_bytes=int(arguments.prefix_cache_gb * 1024**3),
         tool_format_override=arguments.tool_format,
         max_request_bytes=int(arguments.max_request_mb * 1024 * 1024),
@@ -207,13 +216,15 @@ async def serve(config: "NodeConfig") -> bool:
     """Run the node until its API server stops; True when a signal (Ctrl-C, SIGTERM) stopped it."""
     from exo.master.api import create_app
     from exo.node import Node, api_settings
-    from exo.worker.engines.mlx.blas import blas_advice, blas_environment
+    from exo.worker.engines.mlx.cpu.blas import blas_advice, blas_environment
+    from exo.worker.engines.mlx.cpu.switch import why_off
 
-    # The runner subprocesses inherit this environment: the optimized BLAS must be preloaded before mlx loads.
-    os.environ.update(blas_environment(os.environ))
-    advice = blas_advice(os.environ)
-    if advice:
-        logger.warning(advice)
+    if why_off(config.cpu_kernels) is None:
+        # The runner subprocesses inherit this environment: the optimized BLAS must be preloaded before mlx loads.
+        os.environ.update(blas_environment(os.environ))
+        advice = blas_advice(os.environ)
+        if advice:
+            logger.warning(advice)
     if config.host not in LOOPBACK_HOSTS and not config.api_key:
         logger.warning("listening on %s without an API key: anyone on the network can use this node", config.host)
     if config.cluster.reachable_from_network:

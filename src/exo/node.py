@@ -32,6 +32,7 @@ from exo.models.paths import default_models_dir, exo_home
 from exo.models.peer_files import ModelFileServer
 from exo.models.progress_display import ConsoleProgress
 from exo.shared.types.common import ModelId
+from exo.shared.types.cpu_kernels import CpuKernelsSetting
 from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
 from exo.worker.instance_ranks import InstanceRanks, RankHost
@@ -57,6 +58,7 @@ class NodeConfig:
     batch_size: int = 8
     speculation: bool = True
     matmul_plan: bool = True
+    cpu_kernels: CpuKernelsSetting = "auto"
     prefix_cache_bytes: int = 2 * 1024**3
     tool_format_override: str | None = None
     max_request_bytes: int = 32 * 1024 * 1024
@@ -251,6 +253,7 @@ class Node:
             batch_size=self.config.batch_size,
             speculation=self.config.speculation,
             matmul_plan=self.config.matmul_plan,
+            cpu_kernels=self.config.cpu_kernels,
             prefix_cache_bytes=self.config.prefix_cache_bytes,
             tool_format_override=self.config.tool_format_override,
             log_level=self.config.log_level,

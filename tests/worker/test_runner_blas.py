@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exo.worker.engines.mlx.blas import NO_PRELOAD_VARIABLE, SEARCH_PATH_VARIABLE
+from exo.worker.engines.mlx.cpu.blas import NO_PRELOAD_VARIABLE, SEARCH_PATH_VARIABLE
 from tests.exo_server import fixture_model, running_exo
 
 pytestmark = pytest.mark.skipif(

@@ -16,7 +16,7 @@ from exo.shared.types.worker.runner_response import (
     Shutdown,
 )
 from exo.shared.types.worker.shards import ShardAssignment
-from exo.worker.engines.mlx.matmul_planner import MatmulPlanner, MatmulPlanSettings
+from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner, MatmulPlanSettings
 from exo.worker.engines.mlx.utils_mlx import load_model
 from exo.worker.runner import runner
 from exo.worker.runner.channel import RunnerChannel

@@ -40,7 +40,7 @@ class BlasReport(FrozenModel):
 
 
 class MatmulPlanReport(FrozenModel):
-    """How the runner computes the few-row float32 products of decoding (see `engines/mlx/matmul_plan.py`)."""
+    """How the runner computes the few-row float32 products of decoding (see `engines/mlx/cpu/matmul_plan.py`)."""
 
     # Seconds spent timing the candidate layouts after the model loaded.
     measured_seconds: float

@@ -35,9 +35,9 @@ from exo.worker.runner.pipeline_link import PipelineLink
 from exo.worker.runner.pipeline_serving import serve_pipeline
 
 if TYPE_CHECKING:
+    from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
     from exo.worker.engines.mlx.generator.chat_completion import EngineContext
     from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
-    from exo.worker.engines.mlx.matmul_planner import MatmulPlanner
 
 logger = logging.getLogger(__name__)
 
@@ -236,15 +236,17 @@ def _load(
     # Heavy imports happen here, in the child, so the API process never loads MLX.
     from exo.models.errors import ModelLoadError
     from exo.tool_calls import detect_tool_format
-    from exo.worker.engines.mlx.blas_check import blas_report
     from exo.worker.engines.mlx.cache.layer_cache import can_batch
     from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
+    from exo.worker.engines.mlx.cpu.blas_check import blas_report
+    from exo.worker.engines.mlx.cpu.engine import CpuKernels
+    from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
     from exo.worker.engines.mlx.generator.chat_completion import DecodeSettings, EngineContext
     from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
-    from exo.worker.engines.mlx.matmul_planner import MatmulPlanner
     from exo.worker.engines.mlx.utils_mlx import chat_template_text, load_model
 
     model_path = Path(bootstrap.model_path)
+    kernels = CpuKernels(bootstrap.cpu_kernels)
     blas = blas_report()  # before the model takes the memory bandwidth; a fraction of a second
     link = PipelineLink.join(bootstrap.shard, on_ring_timeout) if bootstrap.shard.peers is not None else None
     try:
@@ -253,6 +255,7 @@ def _load(
             bootstrap.shard,
             trust_remote_code=bootstrap.trust_remote_code,
             group=link.group if link is not None else None,
+            cpu_kernels=kernels,
         )
         template = chat_template_text(loaded.tokenizer)
         tool_format = detect_tool_format(
@@ -265,7 +268,9 @@ def _load(
         raise _LoadFailedError(str(error)) from error
     except Exception as error:
         raise _LoadFailedError(f"cannot load model from {model_path}: {type(error).__name__}: {error}") from error
-    planner = MatmulPlanner.for_loaded(loaded) if bootstrap.matmul_plan else None
+    planner = (
+        MatmulPlanner.for_loaded(loaded) if kernels.allow_matmul_plan(bootstrap.matmul_plan, loaded.dtype) else None
+    )
     prefix_cache = PrefixCache(loaded.model, bootstrap.prefix_cache_bytes) if bootstrap.prefix_cache_bytes else None
     # A model whose KV cache mlx-lm cannot merge across sequences (some recurrent or sliding-window layers) serves its
     # requests one at a time.
@@ -280,6 +285,7 @@ def _load(
         vocab_size=loaded.vocabulary_size,
         blas=blas,
         matmul_plan=planner.report() if planner is not None else None,
+        cpu_kernels=kernels.report(),
         pipeline=loaded.strategy,
     )
     context = EngineContext(

@@ -35,6 +35,7 @@ from pydantic_core import PydanticSerializationError
 from exo.shared.errors import QueueFullError, RunnerUnavailableError
 from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.common import ModelId, RunnerId, TaskId
+from exo.shared.types.cpu_kernels import CpuKernelsSetting
 from exo.shared.types.state import TaskOutcome, TaskSummary
 from exo.shared.types.tasks import ChatCompletionTask
 from exo.shared.types.worker.runner_response import (
@@ -85,6 +86,8 @@ class RunnerConfig:
     """Prompt-lookup speculative decoding in the runner."""
     matmul_plan: bool = True
     """Time the few-row products of decoding after loading and use the faster layout (float32 on a CPU)."""
+    cpu_kernels: CpuKernelsSetting = "auto"
+    """The CPU engine's replacements (engines/mlx/cpu): `auto` on a Linux CPU machine, `off` nowhere."""
 
 
 @dataclass
@@ -221,6 +224,7 @@ class RunnerSupervisor:
             batch_size=self.config.batch_size,
             speculation=self.config.speculation,
             matmul_plan=self.config.matmul_plan,
+            cpu_kernels=self.config.cpu_kernels,
         )
         payload = RunnerRequestAdapter.dump_json(bootstrap)
         context = multiprocessing.get_context("spawn")
@@ -294,13 +298,13 @@ class RunnerSupervisor:
         match message:
             case RunnerReady(metadata=metadata):
                 self.metadata = metadata
-                if metadata.blas is not None:
-                    logger.info(
-                        "runner %s for %s is ready; BLAS: %s",
-                        self.runner_id,
-                        self.config.model_id,
-                        metadata.blas.describe(),
-                    )
+                logger.info(
+                    "runner %s for %s is ready; CPU kernels: %s; BLAS: %s",
+                    self.runner_id,
+                    self.config.model_id,
+                    metadata.cpu_kernels.describe() if metadata.cpu_kernels is not None else "not reported",
+                    metadata.blas.describe() if metadata.blas is not None else "not reported",
+                )
                 if metadata.matmul_plan is not None:
                     logger.info("runner %s few-row matmuls: %s", self.runner_id, metadata.matmul_plan.describe())
                 self.status = "ready"

@@ -7,6 +7,7 @@ from pydantic import Field, TypeAdapter
 from exo.shared.types.blas import BlasReport, MatmulPlanReport
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import FinishReason, FrozenModel, TaskId
+from exo.shared.types.cpu_kernels import CpuKernelsReport, CpuKernelsSetting
 from exo.shared.types.tasks import ChatCompletionTask
 from exo.shared.types.worker.shards import PipelineStrategy, ShardAssignment
 
@@ -34,6 +35,8 @@ class ModelMetadata(FrozenModel):
     blas: BlasReport | None = None
     # How the runner computes few-row float32 products (None where it planned none: off, or no float32 weights).
     matmul_plan: MatmulPlanReport | None = None
+    # Which of the CPU engine's replacements the runner uses (None from runners that do not say).
+    cpu_kernels: CpuKernelsReport | None = None
     # How a pipeline rank's model was split (None for a whole model).
     pipeline: PipelineStrategy | None = None
 
@@ -53,7 +56,10 @@ class RunnerBootstrap(FrozenModel):
     speculation: bool = True
     """Prompt-lookup speculative decoding for a greedy request that runs alone."""
     matmul_plan: bool = True
-    """Plan the few-row float32 products of decoding (`engines/mlx/matmul_plan.py`) where the weights are float32."""
+    """Plan the few-row float32 products of decoding (`engines/mlx/cpu/matmul_plan.py`) where the weights are
+    float32."""
+    cpu_kernels: CpuKernelsSetting = "auto"
+    """The CPU engine's replacements: `auto` on a Linux CPU machine, `off` nowhere (engines/mlx/cpu)."""
 
 
 class RunTask(FrozenModel):

@@ -2,7 +2,6 @@
 
 import json
 import logging
-import platform
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,11 +9,10 @@ from typing import Any, cast
 
 import mlx.core as mx
 from mlx import nn
-from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
-from mlx_lm.utils import dequantize_model, load_tokenizer
 from mlx_lm.utils import load as mlx_lm_load
 from mlx_lm.utils import load_model as mlx_lm_load_model
+from mlx_lm.utils import load_tokenizer
 
 from exo.models.errors import ModelLoadError
 from exo.models.shard_files import missing_weight_files
@@ -23,7 +21,7 @@ from exo.shared.types.tasks import PromptMessage, ToolPolicy
 from exo.shared.types.worker.shards import PipelineStrategy, ShardAssignment
 from exo.tool_calls.format import HistoryNeeds
 from exo.worker.engines.mlx.chat_messages import to_template_messages, tool_description
-from exo.worker.engines.mlx.cpu_kernels import use_numpy_kernels
+from exo.worker.engines.mlx.cpu.engine import CpuKernels
 from exo.worker.engines.mlx.distributed.layer_split import split_layers
 from exo.worker.engines.mlx.prompt_budget import encode_within
 
@@ -77,32 +75,17 @@ def _vocabulary_size(config: dict[str, Any], tokenizer: TokenizerWrapper) -> int
     return len(tokenizer.vocab)
 
 
-def _linux_cpu() -> bool:
-    return platform.system() == "Linux" and not mx.cuda.is_available()
-
-
-def _use_fast_cpu_dtype(model: nn.Module) -> str:
-    """On Linux CPU only float32 matmuls reach the optimized BLAS; quantized and half types run ~50x slower."""
-    if not _linux_cpu():
-        return "native"
-    if any("scales" in name for name, _ in _flat_parameters(model)):
-        model = dequantize_model(model)
-    model.set_dtype(mx.float32)
-    return "float32"
-
-
-def _flat_parameters(model: nn.Module) -> list[tuple[str, mx.array]]:
-    return cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
-
-
 def load_model(
     path: Path,
     shard: ShardAssignment,
     *,
     trust_remote_code: bool = False,
     group: mx.distributed.Group | None = None,
+    cpu_kernels: CpuKernels | None = None,
 ) -> LoadedModel:
     """Load `path` (an mlx-lm directory) for `shard`; raises ModelLoadError naming the path and the cause.
+
+    `cpu_kernels` applies the CPU engine's replacements it has on (default: those `--cpu-kernels auto` has here).
 
     A pipeline shard (world size > 1) needs the ring `group` it runs over; only its layers' weights are read.
     `trust_remote_code` lets the model directory's own Python run: a custom architecture (`model_file` in
@@ -110,21 +93,22 @@ def load_model(
     """
     if not path.is_dir():
         raise ModelLoadError(f"model directory {path} does not exist")
+    kernels = cpu_kernels or CpuKernels()
     if shard.world_size != 1:
         if group is None:
             raise ModelLoadError("a pipeline shard needs the ring group it runs over")
-        return _load_pipeline_stage(path, shard, group, trust_remote_code)
+        return _load_pipeline_stage(path, shard, group, trust_remote_code, kernels)
     try:
         model, tokenizer = mlx_lm_load(
             str(path), tokenizer_config={"trust_remote_code": trust_remote_code}, trust_remote_code=trust_remote_code
         )[:2]
     except Exception as error:
         raise ModelLoadError(f"cannot load model from {path}: {type(error).__name__}: {error}") from error
-    return _loaded(model, tokenizer, _read_config(path), shard)
+    return _loaded(model, tokenizer, _read_config(path), shard, kernels)
 
 
 def _load_pipeline_stage(
-    path: Path, shard: ShardAssignment, group: mx.distributed.Group, trust_remote_code: bool
+    path: Path, shard: ShardAssignment, group: mx.distributed.Group, trust_remote_code: bool, kernels: CpuKernels
 ) -> LoadedModel:
     """Build the model lazily, cut it down to this rank's layers, then read only the weights those need."""
     missing = missing_weight_files(path, shard.start_layer, shard.end_layer)
@@ -140,7 +124,7 @@ def _load_pipeline_stage(
         strategy = split_layers(model, group, shard)
     except Exception as error:
         raise ModelLoadError(f"cannot load model from {path}: {type(error).__name__}: {error}") from error
-    return _loaded(model, tokenizer, config, shard, group=group, strategy=strategy)
+    return _loaded(model, tokenizer, config, shard, kernels, group=group, strategy=strategy)
 
 
 def _loaded(
@@ -148,14 +132,13 @@ def _loaded(
     tokenizer: TokenizerWrapper,
     config: dict[str, Any],
     shard: ShardAssignment,
+    kernels: CpuKernels,
     *,
     group: mx.distributed.Group | None = None,
     strategy: PipelineStrategy | None = None,
 ) -> LoadedModel:
-    """Finish loading: the fast CPU dtype, weights materialised, and what the runner reports about the model."""
-    dtype = _use_fast_cpu_dtype(model)
-    if dtype == "float32":
-        use_numpy_kernels()  # a prefill's softmax and SwiGLU are several times faster in numpy on a CPU
+    """Finish loading: the CPU engine's replacements, weights materialised, and what the runner reports."""
+    dtype = kernels.prepare_model(model)
     mx.eval(model.parameters())
     return LoadedModel(
         model=model,

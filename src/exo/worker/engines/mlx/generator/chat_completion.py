@@ -31,6 +31,7 @@ from exo.tool_calls.registry import format_for
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
 from exo.worker.engines.mlx.cache.prefix_cache import CacheLease, PrefixCache
 from exo.worker.engines.mlx.constrained import callable_functions, constraint_spec, make_logits_processor
+from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
 from exo.worker.engines.mlx.generator.copy_views import copy_views
 from exo.worker.engines.mlx.generator.generate import clamp_max_tokens
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
@@ -44,7 +45,6 @@ from exo.worker.engines.mlx.generator.sampling import (
     penalty_processors,
 )
 from exo.worker.engines.mlx.generator.stop_sequences import StopSequenceMatcher
-from exo.worker.engines.mlx.matmul_planner import MatmulPlanner
 from exo.worker.engines.mlx.prompt_budget import ContextLengthExceededError
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, RenderedPrompt, apply_chat_template
 

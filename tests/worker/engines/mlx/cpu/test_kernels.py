@@ -1,12 +1,13 @@
-"""The numpy softmax attention and SwiGLU give mlx's results, and a model routed through them the same logits."""
+"""The numpy softmax attention and SwiGLU give mlx's results, and a model routed through them (on a Linux CPU, where
+`--cpu-kernels auto` routes it) the same logits."""
 
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from exo.shared.types.worker.shards import ShardAssignment
-from exo.worker.engines.mlx import cpu_kernels
-from exo.worker.engines.mlx.cpu_kernels import numpy_softmax_attention, scaled_dot_product_attention, swiglu
+from exo.worker.engines.mlx.cpu import kernels as cpu_kernels
+from exo.worker.engines.mlx.cpu.kernels import numpy_softmax_attention, scaled_dot_product_attention, swiglu
 from exo.worker.engines.mlx.utils_mlx import load_model
 from tests.exo_server import fixture_model
 
@@ -62,6 +63,7 @@ def test_swiglu_matches_mlx_including_very_negative_gates(monkeypatch: pytest.Mo
     assert swiglu(gate[0, 0], up[0, 0]).shape == (64,)
 
 
+@pytest.mark.usefixtures("linux_cpu_machine")
 def test_a_loaded_model_is_routed_through_them_and_its_logits_do_not_change(monkeypatch: pytest.MonkeyPatch) -> None:
     loaded = load_model(fixture_model("tiny-qwen-tools"), ShardAssignment(rank=0, world_size=1))
     module = __import__(type(loaded.model).__module__, fromlist=["scaled_dot_product_attention"])

@@ -26,8 +26,8 @@ from mlx import nn
 from mlx.utils import tree_map_with_path
 
 from exo.shared.types.blas import MatmulPlanReport
-from exo.worker.engines.mlx.forward_pass_probe import ForwardPassProbe
-from exo.worker.engines.mlx.matmul_plan import (
+from exo.worker.engines.mlx.cpu.forward_pass_probe import ForwardPassProbe
+from exo.worker.engines.mlx.cpu.matmul_plan import (
     LAYOUTS,
     Layout,
     PlannedEmbedding,

@@ -9,10 +9,10 @@ import pytest
 from mlx import nn
 
 from exo.shared.types.worker.shards import ShardAssignment
-from exo.worker.engines.mlx import forward_pass_probe
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, held_token_count, new_prompt_cache
-from exo.worker.engines.mlx.forward_pass_probe import ForwardPassProbe
-from exo.worker.engines.mlx.matmul_plan import (
+from exo.worker.engines.mlx.cpu import forward_pass_probe
+from exo.worker.engines.mlx.cpu.forward_pass_probe import ForwardPassProbe
+from exo.worker.engines.mlx.cpu.matmul_plan import (
     DEVIATION_MARGIN,
     Layout,
     PlannedEmbedding,
@@ -23,7 +23,7 @@ from exo.worker.engines.mlx.matmul_plan import (
     choose_shape_plan,
     planned_product,
 )
-from exo.worker.engines.mlx.matmul_planner import MatmulPlanner, MatmulPlanSettings
+from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner, MatmulPlanSettings
 from exo.worker.engines.mlx.utils_mlx import load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
 

@@ -11,7 +11,8 @@ process rather than a call inside it. The choice, fastest first by the measureme
 3. a system BLIS.
 
 On macOS mlx uses Accelerate and nothing here applies; on Linux aarch64 without OpenBLAS the reference BLAS stays
-and ``blas_advice`` says how to do better.
+and ``blas_advice`` says how to do better. It is one of the CPU engine's replacements: `--cpu-kernels off` (see
+``switch.py``) starts runners without it.
 
 This module never imports MLX: the node process uses it, and the node process must not load mlx. The runner
 reports what it really got, measured (``blas_check``).
@@ -20,13 +21,13 @@ reports what it really got, measured (``blas_check``).
 import os
 import platform
 import re
-import sys
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 
 from exo.shared.types.blas import BlasKind, BlasSource, MklThreading
 from exo.shared.types.common import FrozenModel
+from exo.worker.engines.mlx.cpu.machine import linux_cpu
 
 NO_PRELOAD_VARIABLE = "EXO_NO_BLAS_PRELOAD"
 """Set to ``1`` to start the runner without an optimized BLAS preloaded."""
@@ -83,10 +84,6 @@ class BlasChoice(FrozenModel):
     threading: MklThreading | None = None
 
 
-def _on_linux() -> bool:
-    return sys.platform.startswith("linux")
-
-
 def search_dirs(environment: Mapping[str, str]) -> tuple[Path, ...]:
     """The folders searched for a system BLAS: ``EXO_BLAS_SEARCH_PATH`` when set, else ``LIBRARY_DIRS``."""
     configured = environment.get(SEARCH_PATH_VARIABLE)
@@ -107,7 +104,7 @@ def find_system_blas(kind: BlasKind, environment: Mapping[str, str]) -> Path | N
 
 def find_pypi_mkl() -> Path | None:
     """``libmkl_rt.so.N`` from the installed ``mkl`` wheel (Linux x86_64 only), or None when it is not installed."""
-    if not _on_linux() or platform.machine() != "x86_64":
+    if not linux_cpu() or platform.machine() != "x86_64":
         return None
     try:
         distribution = metadata.distribution(_PYPI_MKL_DISTRIBUTION)
@@ -139,7 +136,7 @@ def mkl_threading(environment: Mapping[str, str]) -> MklThreading:
 
 def choose_blas(environment: Mapping[str, str]) -> BlasChoice | None:
     """The optimized BLAS the runner should use on this machine; None on macOS, when opted out or when none exists."""
-    if not _on_linux() or environment.get(NO_PRELOAD_VARIABLE) == "1":
+    if not linux_cpu() or environment.get(NO_PRELOAD_VARIABLE) == "1":
         return None
     openblas = find_system_blas("openblas", environment)
     if openblas is not None:
@@ -167,8 +164,7 @@ def blas_environment(base_env: Mapping[str, str]) -> dict[str, str]:
     choice = choose_blas(environment)
     if choice is None:
         return environment
-    preloaded = environment.get("LD_PRELOAD", "").replace(" ", ":").split(":")
-    entries = [entry for entry in preloaded if entry]
+    entries = preloaded(environment)
     if str(choice.library) not in entries:
         entries.append(str(choice.library))
     environment["LD_PRELOAD"] = ":".join(entries)
@@ -176,6 +172,11 @@ def blas_environment(base_env: Mapping[str, str]) -> dict[str, str]:
         environment["MKL_THREADING_LAYER"] = choice.threading
         environment["MKL_INTERFACE_LAYER"] = "LP64"
     return environment
+
+
+def preloaded(environment: Mapping[str, str]) -> list[str]:
+    """The libraries `LD_PRELOAD` names in `environment`, in order."""
+    return [entry for entry in environment.get("LD_PRELOAD", "").replace(" ", ":").split(":") if entry]
 
 
 def classify_library(library: Path | None) -> tuple[BlasKind, BlasSource]:
@@ -192,7 +193,7 @@ def classify_library(library: Path | None) -> tuple[BlasKind, BlasSource]:
 
 def blas_advice(environment: Mapping[str, str]) -> str | None:
     """A one-line hint for the log when this is Linux and no optimized BLAS will be used; otherwise None."""
-    if not _on_linux() or environment.get(NO_PRELOAD_VARIABLE) == "1" or choose_blas(environment) is not None:
+    if not linux_cpu() or environment.get(NO_PRELOAD_VARIABLE) == "1" or choose_blas(environment) is not None:
         return None
     wheel_hint = (
         "the `mkl` dependency is missing (run `uv sync`), or install OpenBLAS"

@@ -9,7 +9,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from exo.worker.engines.mlx import blas, blas_check
+from exo.worker.engines.mlx.cpu import blas, blas_check
 
 LINUX_X86_64 = sys.platform.startswith("linux") and platform.machine() == "x86_64"
 
@@ -150,7 +150,7 @@ def test_libraries_are_classified_by_family_and_origin(tmp_path: Path, monkeypat
 
 
 def test_the_node_side_module_does_not_import_mlx() -> None:
-    script = "import sys, exo.worker.engines.mlx.blas; print('mlx.core' in sys.modules)"
+    script = "import sys, exo.worker.engines.mlx.cpu.blas; print('mlx.core' in sys.modules)"
     completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
     assert completed.stdout.strip() == "False"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from exo.shared.types.blas import BlasReport, MklThreading
-from exo.worker.engines.mlx.blas import classify_library, configured_mkl_threading
+from exo.worker.engines.mlx.cpu.blas import classify_library, configured_mkl_threading
 
 SELF_CHECK_SIZE = 512
 SELF_CHECK_SECONDS = 0.15

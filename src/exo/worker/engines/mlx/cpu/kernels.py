@@ -4,18 +4,22 @@ mlx's CPU backend runs element-wise kernels one element at a time. A prefill chu
 heads × chunk × context values (25 M for a 512-token chunk at 3.5k tokens of context on a 14-head model), and
 there mlx's softmax costs several times the two matmuls around it: it is most of a long prompt's prefill (an
 agent's first request, with its 7k-token system prompt). The MLP's `silu(gate) * up` over chunk × intermediate
-values is the next largest. numpy's vectorised loops do both, on the same float32 values, several times faster.
+values is the next largest. numpy's vectorised loops do both, on the same float32 values, faster (measured figures,
+per step and machine, are in docs/PERFORMANCE.md and docs/OPERATIONS.md).
 The matmuls stay in mlx; the softmax is written into the scores' own buffer, so nothing is copied. Decode steps,
 small chunks and what these paths do not cover (array masks, attention sinks, quantized caches, other dtypes)
 keep mlx's kernels.
 """
 
 import sys
+from collections.abc import Callable, Collection
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models import activations, base
+
+from exo.shared.types.cpu_kernels import Replacement
 
 # Below this many values mlx's own kernels are as fast (and a decode step never comes here: one row).
 MIN_SCORES = 1 << 20
@@ -75,37 +79,38 @@ def scaled_dot_product_attention(  # noqa: PLR0917 - mlx-lm's models call it wit
     return MLX_ATTENTION(queries, keys, values, cache, scale, mask, sinks)
 
 
-def swiglu(gate: mx.array, up: mx.array) -> mx.array:
-    """mlx-lm's `swiglu` (silu(gate) · up), in numpy for a float32 prefill chunk."""
-    if gate.dtype != mx.float32 or up.dtype != mx.float32 or gate.shape != up.shape or gate.size < MIN_GATE_VALUES:
-        return MLX_SWIGLU(gate, up)
-    mx.eval(gate, up)
+def swiglu(gate: mx.array, x: mx.array) -> mx.array:
+    """mlx-lm's `swiglu` (silu(gate) · x, x being the MLP's up projection), in numpy for a float32 prefill chunk."""
+    if gate.dtype != mx.float32 or x.dtype != mx.float32 or gate.shape != x.shape or gate.size < MIN_GATE_VALUES:
+        return MLX_SWIGLU(gate, x)
+    mx.eval(gate, x)
     result = np.array(gate)  # a copy: silu(g) = g / (1 + e^-g), computed into it
     denominator = np.negative(result)
     with np.errstate(over="ignore"):  # e^-g overflows to inf for g < -88: silu is then -0, as it should be
         np.exp(denominator, out=denominator)
     denominator += 1
     np.divide(result, denominator, out=result)
-    result *= np.asarray(up)
+    result *= np.asarray(x)
     return mx.array(result)
 
 
-# The name each mlx-lm model module imports -> (mlx-lm's function, this module's).
-_REPLACEMENTS = {
-    "scaled_dot_product_attention": (MLX_ATTENTION, scaled_dot_product_attention),
-    "swiglu": (MLX_SWIGLU, swiglu),
+# Each replacement: the name mlx-lm's model modules import, mlx-lm's function and this module's.
+_REPLACEMENTS: dict[Replacement, tuple[str, Callable[..., mx.array], Callable[..., mx.array]]] = {
+    "numpy_attention": ("scaled_dot_product_attention", MLX_ATTENTION, scaled_dot_product_attention),
+    "numpy_swiglu": ("swiglu", MLX_SWIGLU, swiglu),
 }
 
 
-def use_numpy_kernels() -> None:
-    """Route mlx-lm's attention and SwiGLU through this module in this process.
+def use_numpy_kernels(replacements: Collection[Replacement]) -> None:
+    """Route mlx-lm's attention and/or SwiGLU (those of `replacements` this module has) through this module.
 
     Every mlx-lm model module imports these functions by name, so each loaded one is re-pointed (a runner process
     holds one model, so process-wide is the model's scope).
     """
+    chosen = [_REPLACEMENTS[name] for name in replacements if name in _REPLACEMENTS]
     for name, module in list(sys.modules.items()):
         if not name.startswith("mlx_lm.models."):
             continue
-        for attribute, (original, replacement) in _REPLACEMENTS.items():
+        for attribute, original, replacement in chosen:
             if getattr(module, attribute, None) is original:
                 vars(module)[attribute] = replacement

@@ -1,0 +1,51 @@
+"""The CPU engine's replacements of mlx and mlx-lm internals, the one setting that governs them, and what a runner
+reports about them (its ready line and /state). See worker/engines/mlx/cpu/."""
+
+from typing import Literal
+
+from exo.shared.types.common import FrozenModel
+
+CpuKernelsSetting = Literal["auto", "off"]
+"""`auto`: every replacement on a Linux CPU machine, none elsewhere; `off`: none anywhere (stock mlx-lm)."""
+
+Replacement = Literal["float32", "numpy_attention", "numpy_swiglu", "matmul_plan", "blas_preload"]
+
+REPLACEMENTS: tuple[Replacement, ...] = ("float32", "numpy_attention", "numpy_swiglu", "matmul_plan", "blas_preload")
+
+DESCRIPTIONS: dict[Replacement, str] = {
+    "float32": "float32 weights",
+    "numpy_attention": "numpy attention softmax",
+    "numpy_swiglu": "numpy SwiGLU",
+    "matmul_plan": "few-row matmul plan",
+    "blas_preload": "optimized BLAS preload",
+}
+
+
+class ReplacementState(FrozenModel):
+    """One replacement: whether this runner uses it, and why not where it does not."""
+
+    name: Replacement
+    on: bool
+    why_off: str | None = None
+
+
+class CpuKernelsReport(FrozenModel):
+    """The setting a runner was started with and the state of each replacement in it."""
+
+    setting: CpuKernelsSetting
+    replacements: tuple[ReplacementState, ...]
+
+    def is_on(self, name: Replacement) -> bool:
+        return any(state.name == name and state.on for state in self.replacements)
+
+    def describe(self) -> str:
+        """One line for the log: `auto: on: float32 weights, …; off: numpy SwiGLU (mlx-lm's swiglu is (x), …)`."""
+        on = [DESCRIPTIONS[state.name] for state in self.replacements if state.on]
+        off = [state for state in self.replacements if not state.on]
+        reasons = {state.why_off for state in off}
+        if not on and len(reasons) == 1:
+            return f"{self.setting}: all off ({reasons.pop()}): stock mlx-lm"
+        parts = [f"on: {', '.join(on)}"] if on else []
+        if off:
+            parts.append("off: " + ", ".join(f"{DESCRIPTIONS[state.name]} ({state.why_off})" for state in off))
+        return f"{self.setting}: " + "; ".join(parts)
