@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from playwright.sync_api import Browser, ConsoleMessage, Error, Page, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Error, Page, Request, sync_playwright
 
 CHROMIUM_ARGUMENTS = [
     "--headless",
@@ -53,14 +53,20 @@ _REFUSED_CALL = re.compile(r"Failed to load resource: the server responded with 
 
 @dataclass
 class ConsoleWatch:
-    """Script errors and uncaught exceptions of one page, and the HTTP statuses of the calls the API refused."""
+    """Script errors and uncaught exceptions of one page, the HTTP statuses of the calls the API refused, and the
+    address of every request the page made."""
 
     errors: list[str] = field(default_factory=list[str])
     refused: list[int] = field(default_factory=list[int])
+    requested: list[str] = field(default_factory=list[str])
 
     def attach(self, page: Page) -> None:
         page.on("console", self._console)
         page.on("pageerror", self._page_error)
+        page.on("request", self._request)
+
+    def _request(self, request: Request) -> None:
+        self.requested.append(request.url)
 
     def _console(self, message: ConsoleMessage) -> None:
         if message.type != "error":

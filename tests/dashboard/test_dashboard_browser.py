@@ -100,6 +100,9 @@ def test_the_cluster_view_lists_both_nodes_with_their_facts(
     expect(page.locator("#cluster-line")).to_contain_text("2 healthy, 0 degraded, 0 down · master alpha")
     screenshot(page, "cluster")
     assert (watch.errors, watch.refused) == ([], [])
+    # Every asset and call comes from the node itself: nothing is fetched from elsewhere.
+    assert watch.requested
+    assert [url for url in watch.requested if not url.startswith(f"{alpha.base_url}/")] == []
 
 
 def test_every_control_has_a_label_and_the_keyboard_reaches_the_views_in_order(
@@ -239,6 +242,7 @@ def test_the_chat_streams_a_tool_call_as_it_arrives_and_takes_its_result(
     expect(page.locator(".transcript .error")).to_have_count(0)
     screenshot(page, "chat")
     assert (watch.errors, watch.refused) == ([], [])
+    assert [url for url in watch.requested if not url.startswith(f"{alpha.base_url}/")] == []
 
 
 def _generate_until(alpha: ClusterNode, stop: threading.Event) -> None:
