@@ -18,29 +18,25 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from exo.dashboard.routes import is_dashboard_asset, mount_dashboard
 from exo.master.adapters.chat_request import to_command
 from exo.master.adapters.chat_response import collect_response
-from exo.master.adapters.chat_stream import ChunkEncoder, sse_events
+from exo.master.adapters.chat_stream import ChatEventWriter, ChunkEncoder
 from exo.master.adapters.messages_errors import anthropic_error
+from exo.master.answer_stream import AnswerStream
 from exo.master.client import MasterClient
 from exo.master.cluster_routes import cluster_router
-from exo.master.completion_flow import (
-    CLIENT_CLOSED_REQUEST,
-    collect,
-    event_stream,
-    first_chunk,
-    served_model,
-    submit,
-)
+from exo.master.completion_flow import CLIENT_CLOSED_REQUEST, collect, served_model, submit
 from exo.master.error_shapes import documented_errors
 from exo.master.errors import (
     ApiError,
     handle_api_error,
     handle_http_error,
     handle_unexpected_error,
+    openai_error,
 )
 from exo.master.mcp_mount import mount_mcp
 from exo.master.placement import served_model_ids
 from exo.master.public_paths import PublicMasterClient, directory_hider, storage_directories
 from exo.master.request_guard import RequestGuard
+from exo.master.request_log import RequestTimeline
 from exo.master.routes.catalog import catalog_router
 from exo.master.routes.messages import MESSAGES_PATH_PREFIX, messages_router
 from exo.master.routes.responses import responses_router
@@ -120,8 +116,10 @@ def create_app(
     async def chat_completions(
         request: ChatCompletionRequest, http_request: Request
     ) -> ChatCompletionResponse | Response:
+        received_at = time.monotonic()
         model_id = served_model(master.state, request.model)
         handle = await submit(master, to_command(request, model_id), http_request)
+        timeline = RequestTimeline("chat.completions", model_id, handle.node_id, received_at)
         completion_id = f"chatcmpl-{uuid4().hex}"
         created = int(time.time())
         if not request.stream:
@@ -130,14 +128,12 @@ def create_app(
                 handle,
                 http_request,
                 lambda chunks: collect_response(chunks, completion_id=completion_id, created=created, model=model_id),
+                timeline,
             )
             return response if response is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
-        first = await first_chunk(master, handle, http_request)
-        if first is None:
-            return Response(status_code=CLIENT_CLOSED_REQUEST)
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        encoder = ChunkEncoder(completion_id, created, model_id, include_usage)
-        return event_stream(master, handle, sse_events(encoder, first, handle.chunks))
+        writer = ChatEventWriter(ChunkEncoder(completion_id, created, model_id, include_usage))
+        return AnswerStream(master, handle, writer, timeline, openai_error)
 
     app.include_router(messages_router(master))
     app.include_router(responses_router(master))

@@ -2,9 +2,9 @@
 
 Chat Completions, the Messages API and the Responses API differ only in how they read the request and write the
 answer. In between they all: pick the served model (anywhere in the cluster), submit the command through the
-master's one entry point (which places it on the node whose runner serves the model), wait for the first chunk (so
-request-level failures such as a prompt too long become HTTP errors), then stream or collect the chunks, cancelling
-the task when the client goes away.
+master's one entry point (which places it on the node whose runner serves the model), then stream the chunks
+(answer_stream.py: headers at admission, keep-alives while the prompt is read) or collect them, cancelling the task
+when the client goes away, and log one line for the request (request_log.py).
 """
 
 import logging
@@ -13,13 +13,13 @@ from typing import TypeVar
 
 import anyio
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
 from exo.master.client import MasterClient, TaskHandle
-from exo.master.errors import ApiError, placement_error, task_error
+from exo.master.errors import ApiError, placement_error
 from exo.master.model_availability import unavailable_error
 from exo.master.placement import served_model_ids
-from exo.shared.types.chunks import Chunk, ErrorChunk
+from exo.master.request_log import RequestTimeline
+from exo.shared.types.chunks import Chunk
 from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.preparation import PreparationPhase
@@ -136,69 +136,31 @@ async def unless_client_leaves(http_request: Request, work: Callable[[], Awaitab
     return result[0] if result else None
 
 
-async def _next_chunk(master: MasterClient, handle: TaskHandle) -> Chunk:
-    try:
-        return await anext(handle.chunks)
-    except StopAsyncIteration:
-        return ErrorChunk(error="generation_failed", message="generation was cancelled before it started")
-    except BaseException:
-        master.cancel(CancelTaskCommand(task_id=handle.task_id))
-        raise
-
-
-async def first_chunk(master: MasterClient, handle: TaskHandle, http_request: Request) -> Chunk | None:
-    """The task's first chunk, before any byte of the answer is sent; None if the client left meanwhile.
-
-    A request-level failure (an ErrorChunk with a 4xx status: context too long, a schema the grammar cannot
-    enforce…) is raised as an ApiError, so the client gets a proper HTTP error instead of a stream.
-    """
-    first = await unless_client_leaves(http_request, lambda: _next_chunk(master, handle))
-    refusal = task_error(first) if isinstance(first, ErrorChunk) else None
-    if first is None or (refusal is not None and refusal.status_code < 500):
-        await handle.chunks.aclose()
-    if refusal is not None and refusal.status_code < 500:
-        raise refusal
-    return first
-
-
 async def collect(
     master: MasterClient,
     handle: TaskHandle,
     http_request: Request,
     collector: Callable[[AsyncIterator[Chunk]], Awaitable[T]],
+    timeline: RequestTimeline | None = None,
 ) -> T | None:
-    """The non-streaming answer `collector` builds from every chunk; None if the client left first."""
+    """The non-streaming answer `collector` builds from every chunk; None if the client left first.
+
+    Nothing is sent before the answer is complete, so a failure keeps its HTTP status (a body sent early, even
+    whitespace, would commit the response to 200 and an error could then only arrive as a 200).
+    """
+    chunks = timeline.tap(handle.chunks) if timeline is not None else handle.chunks
 
     async def work() -> T:
         try:
-            return await collector(handle.chunks)
+            return await collector(chunks)
         except BaseException:
             master.cancel(CancelTaskCommand(task_id=handle.task_id))
             raise
 
-    return await unless_client_leaves(http_request, work)
-
-
-async def _cancelling_on_exit(
-    master: MasterClient, handle: TaskHandle, events: AsyncIterator[str]
-) -> AsyncIterator[str]:
-    """If the client goes away mid-stream, tell the runner to stop generating."""
-    finished = False
+    answer: T | None = None
     try:
-        async for event in events:
-            yield event
-        finished = True
+        answer = await unless_client_leaves(http_request, work)
     finally:
-        if not finished:
-            logger.info("client left during task %s; cancelling it", handle.task_id)
-            master.cancel(CancelTaskCommand(task_id=handle.task_id))
-        await handle.chunks.aclose()
-
-
-def event_stream(master: MasterClient, handle: TaskHandle, events: AsyncIterator[str]) -> StreamingResponse:
-    """The SSE response carrying `events`; the task is cancelled if the client leaves before the end."""
-    return StreamingResponse(
-        _cancelling_on_exit(master, handle, events),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+        if timeline is not None:
+            timeline.log(cancelled=answer is None)
+    return answer

@@ -71,9 +71,14 @@ def placement_error(error: Exception) -> ApiError | None:
             return None
 
 
+def openai_error(error: ApiError) -> ErrorResponse:
+    """`error` as OpenAI's error response body."""
+    return error.body
+
+
 def error_response(error: ApiError) -> JSONResponse:
     """The JSON response for `error`, with its headers (Retry-After, WWW-Authenticate)."""
-    return JSONResponse(status_code=error.status_code, content=error.body.model_dump(), headers=error.headers)
+    return JSONResponse(status_code=error.status_code, content=openai_error(error).model_dump(), headers=error.headers)
 
 
 async def handle_api_error(_request: Request, error: Exception) -> JSONResponse:

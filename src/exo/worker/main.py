@@ -34,7 +34,7 @@ from exo.shared.types.events import (
     TaskUpdated,
 )
 from exo.shared.types.preparation import ModelPreparation
-from exo.shared.types.state import NodeFacts, RunnerInfo, TaskInfo, TaskOutcome, TaskStatus
+from exo.shared.types.state import NodeFacts, RunnerInfo, TaskInfo, TaskOutcome
 from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor
 from exo.worker.runner_metrics import RunnerMetricsRecorder
 from exo.worker.task_streams import StreamTimings, TaskStreams
@@ -69,7 +69,7 @@ class Worker:
         self._preparing: list[str] = []
         self._preparations: dict[ModelId, ModelPreparation] = {}
         self._task_created: dict[TaskId, float] = {}
-        self._reported_tasks: dict[RunnerId, dict[TaskId, TaskStatus]] = {}
+        self._reported_tasks: dict[RunnerId, dict[TaskId, TaskInfo]] = {}
         self._sequence = 0
         self.streams = TaskStreams(bus, topics, self._node_id, task_group, self._on_task_ended)
         # Subscribed now, before anything runs, so no assignment sent during start-up is missed.
@@ -220,11 +220,7 @@ class Worker:
 
     def report_in_full(self) -> None:
         """Publish everything this node owns: its facts, preparations, runners and held tasks."""
-        tasks = [
-            self._task_info(runner_id, task_id, status)
-            for runner_id, held in self._reported_tasks.items()
-            for task_id, status in held.items()
-        ]
+        tasks = [task for held in self._reported_tasks.values() for task in held.values()]
         self._publish(
             NodeReported(
                 facts=self._describe_node(),
@@ -264,15 +260,21 @@ class Worker:
             metrics=self._metrics[runner_id].metrics,
         )
 
-    def _task_info(self, runner_id: RunnerId, task_id: TaskId, status: TaskStatus) -> TaskInfo:
+    def _task_info(self, runner_id: RunnerId, task_id: TaskId, *, running: bool) -> TaskInfo:
+        supervisor = self._supervisors[runner_id]
+        phase, progress = supervisor.progress(task_id)
         return TaskInfo(
             task_id=task_id,
-            model_id=self._supervisors[runner_id].config.model_id,
+            model_id=supervisor.config.model_id,
             runner_id=runner_id,
             node_id=self._node_id,
             requested_by=self.streams.requested_by(task_id),
-            status=status,
+            status="running" if running else "queued",
             created_at=self._task_created.setdefault(task_id, time.time()),
+            phase=phase,
+            prompt_tokens=progress.prompt_tokens if progress else None,
+            done_tokens=progress.done_tokens if progress else None,
+            cached_tokens=progress.cached_tokens if progress else None,
         )
 
     def _report(self, runner_id: RunnerId) -> None:
@@ -280,16 +282,16 @@ class Worker:
         if supervisor is None:
             return  # removed while a change of its was on the way
         self._publish(RunnerUpdated(runner=self._runner_info(runner_id)))
-        held: dict[TaskId, TaskStatus] = dict.fromkeys(supervisor.queued_task_ids, "queued")
-        for running in supervisor.running_task_ids:
-            held[running] = "running"
+        held = {task_id: self._task_info(runner_id, task_id, running=False) for task_id in supervisor.queued_task_ids}
+        for task_id in supervisor.running_task_ids:
+            held[task_id] = self._task_info(runner_id, task_id, running=True)
         reported = self._reported_tasks.get(runner_id, {})
         # Finished tasks go first: a reader folding these events one by one never sees more tasks running than the
         # runner's batch holds (the task that took a finished one's place would otherwise show beside it).
         for task_id in reported.keys() - held.keys():
             self._task_created.pop(task_id, None)
             self._publish(TaskFinished(task_id=task_id))
-        for task_id, status in held.items():
-            if reported.get(task_id) != status:
-                self._publish(TaskUpdated(task=self._task_info(runner_id, task_id, status)))
+        for task_id, task in held.items():
+            if reported.get(task_id) != task:
+                self._publish(TaskUpdated(task=task))
         self._reported_tasks[runner_id] = held

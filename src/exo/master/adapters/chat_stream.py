@@ -9,6 +9,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from exo.master.adapters.protocol_events import write_events
 from exo.master.errors import task_error
 from exo.shared.types.chunks import (
     Chunk,
@@ -86,18 +87,22 @@ class ChunkEncoder:
                 return []  # not content: the keep-alive comments carry it (completion_flow.py)
 
 
-async def sse_events(encoder: ChunkEncoder, first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[str]:
+class ChatEventWriter:
+    """Chat completions as an SseWriter: the role chunk first, `[DONE]` last (also after an error)."""
+
+    def __init__(self, encoder: ChunkEncoder) -> None:
+        self._encoder = encoder
+
+    def opening(self) -> list[str]:
+        return [self._encoder.opening()]
+
+    def encode(self, chunk: Chunk) -> list[str]:
+        return self._encoder.encode(chunk)
+
+    def closing(self) -> list[str]:
+        return [DONE_EVENT]
+
+
+def sse_events(encoder: ChunkEncoder, first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[str]:
     """The whole SSE body: opening role chunk, every chunk, then `[DONE]` (also after an error)."""
-    yield encoder.opening()
-    for event in encoder.encode(first):
-        yield event
-    if not isinstance(first, FinishChunk | ErrorChunk):
-        async for chunk in rest:
-            for event in encoder.encode(chunk):
-                yield event
-            if isinstance(chunk, FinishChunk | ErrorChunk):
-                break
-        else:
-            # The runner ended the stream without a final chunk (it was cancelled): still close properly.
-            yield _event(error_payload(ErrorChunk(error="generation_failed", message="generation ended unexpectedly")))
-    yield DONE_EVENT
+    return write_events(ChatEventWriter(encoder), first, rest)

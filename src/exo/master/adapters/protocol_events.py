@@ -8,6 +8,46 @@ from typing import Protocol
 from exo.master.errors import ApiError, task_error
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk
 
+# What the stream says when the runner ended it without a final chunk (it was cancelled under the client).
+UNEXPECTED_END = ErrorChunk(error="generation_failed", message="generation ended unexpectedly")
+
+
+class SseWriter(Protocol):
+    """One answer's SSE text in a protocol's dialect, written a chunk at a time (so keep-alives fit between)."""
+
+    def opening(self) -> list[str]:
+        """What goes out first, as soon as the request is admitted."""
+        ...
+
+    def encode(self, chunk: Chunk) -> list[str]:
+        """The events of one chunk (an ErrorChunk becomes the dialect's error event)."""
+        ...
+
+    def closing(self) -> list[str]:
+        """What follows the final chunk's events."""
+        ...
+
+
+def is_final(chunk: Chunk) -> bool:
+    return isinstance(chunk, FinishChunk | ErrorChunk)
+
+
+async def write_events(writer: SseWriter, first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[str]:
+    """The whole SSE body for `first` and `rest`, ended the dialect's way even if the chunks stop early."""
+    for text in [*writer.opening(), *writer.encode(first)]:
+        yield text
+    if not is_final(first):
+        async for chunk in rest:
+            for text in writer.encode(chunk):
+                yield text
+            if is_final(chunk):
+                break
+        else:
+            for text in writer.encode(UNEXPECTED_END):
+                yield text
+    for text in writer.closing():
+        yield text
+
 
 class NamedEvent(Protocol):
     """A protocol event: its `type` is the SSE event name."""
@@ -31,20 +71,25 @@ def sse_event(event: NamedEvent) -> str:
     return f"event: {event.type}\ndata: {event.model_dump_json()}\n\n"
 
 
-async def sse_body(encoder: EventEncoder, first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[str]:
+class NamedEventWriter:
+    """A protocol whose events are named (Messages, Responses) as an SseWriter: the event's type names it."""
+
+    def __init__(self, encoder: EventEncoder) -> None:
+        self._encoder = encoder
+
+    def opening(self) -> list[str]:
+        return [sse_event(event) for event in self._encoder.start()]
+
+    def encode(self, chunk: Chunk) -> list[str]:
+        return [sse_event(event) for event in self._encoder.encode(chunk)]
+
+    def closing(self) -> list[str]:
+        return []
+
+
+def sse_body(encoder: EventEncoder, first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[str]:
     """The whole SSE body: the opening events, every chunk's events, up to the final chunk's."""
-    for event in [*encoder.start(), *encoder.encode(first)]:
-        yield sse_event(event)
-    if isinstance(first, FinishChunk | ErrorChunk):
-        return
-    async for chunk in rest:
-        for event in encoder.encode(chunk):
-            yield sse_event(event)
-        if isinstance(chunk, FinishChunk | ErrorChunk):
-            return
-    # The runner ended the stream without a final chunk (it was cancelled): still end it the protocol's way.
-    for event in encoder.encode(ErrorChunk(error="generation_failed", message="generation ended unexpectedly")):
-        yield sse_event(event)
+    return write_events(NamedEventWriter(encoder), first, rest)
 
 
 async def fold_chunks(chunks: AsyncIterator[Chunk], encoder: EventEncoder) -> None:

@@ -1,5 +1,6 @@
 """The Anthropic Messages API: POST /v1/messages and /v1/messages/count_tokens, errors in Anthropic's shape."""
 
+import time
 from uuid import uuid4
 
 from fastapi import APIRouter, Request, Response
@@ -8,18 +9,13 @@ from exo.master.adapters.messages_errors import anthropic_error
 from exo.master.adapters.messages_request import count_command, to_command
 from exo.master.adapters.messages_response import collect_message
 from exo.master.adapters.messages_stream import MessageStreamEncoder
-from exo.master.adapters.protocol_events import sse_body
+from exo.master.adapters.protocol_events import NamedEventWriter
 from exo.master.adapters.token_count import collect_prompt_tokens
+from exo.master.answer_stream import AnswerStream
 from exo.master.client import MasterClient
-from exo.master.completion_flow import (
-    CLIENT_CLOSED_REQUEST,
-    collect,
-    event_stream,
-    first_chunk,
-    served_model,
-    submit,
-)
+from exo.master.completion_flow import CLIENT_CLOSED_REQUEST, collect, served_model, submit
 from exo.master.error_shapes import documented_errors, shaped_route
+from exo.master.request_log import RequestTimeline
 from exo.shared.types.anthropic_messages import (
     AnthropicErrorResponse,
     AnthropicMessage,
@@ -39,8 +35,10 @@ def messages_router(master: MasterClient) -> APIRouter:
 
     @router.post(MESSAGES_PATH_PREFIX, response_model=None, responses=_ERRORS)
     async def create_message(request: MessagesRequest, http_request: Request) -> AnthropicMessage | Response:
+        received_at = time.monotonic()
         model_id = served_model(master.state, request.model)
         handle = await submit(master, to_command(request, model_id), http_request)
+        timeline = RequestTimeline("messages", model_id, handle.node_id, received_at)
         message_id = f"msg_{uuid4().hex}"
         if not request.stream:
             message = await collect(
@@ -48,13 +46,11 @@ def messages_router(master: MasterClient) -> APIRouter:
                 handle,
                 http_request,
                 lambda chunks: collect_message(chunks, message_id=message_id, model=model_id),
+                timeline,
             )
             return message if message is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
-        first = await first_chunk(master, handle, http_request)
-        if first is None:
-            return Response(status_code=CLIENT_CLOSED_REQUEST)
-        encoder = MessageStreamEncoder(message_id, model_id)
-        return event_stream(master, handle, sse_body(encoder, first, handle.chunks))
+        writer = NamedEventWriter(MessageStreamEncoder(message_id, model_id))
+        return AnswerStream(master, handle, writer, timeline, anthropic_error)
 
     @router.post(f"{MESSAGES_PATH_PREFIX}/count_tokens", response_model=None, responses=_ERRORS)
     async def count_tokens(request: CountTokensRequest, http_request: Request) -> TokenCount | Response:

@@ -1,24 +1,21 @@
 """The OpenAI Responses API: POST /v1/responses and /v1/responses/input_tokens (errors in OpenAI's shape)."""
 
+import time
 from uuid import uuid4
 
 from fastapi import APIRouter, Request, Response
 
-from exo.master.adapters.protocol_events import sse_body
+from exo.master.adapters.protocol_events import NamedEventWriter
 from exo.master.adapters.responses_request import count_command, to_command
 from exo.master.adapters.responses_response import collect_response, initial_response
 from exo.master.adapters.responses_stream import ResponseStreamEncoder
 from exo.master.adapters.token_count import collect_prompt_tokens
+from exo.master.answer_stream import AnswerStream
 from exo.master.client import MasterClient
-from exo.master.completion_flow import (
-    CLIENT_CLOSED_REQUEST,
-    collect,
-    event_stream,
-    first_chunk,
-    served_model,
-    submit,
-)
+from exo.master.completion_flow import CLIENT_CLOSED_REQUEST, collect, served_model, submit
 from exo.master.error_shapes import documented_errors
+from exo.master.errors import openai_error
+from exo.master.request_log import RequestTimeline
 from exo.shared.types.api import ErrorResponse
 from exo.shared.types.openai_responses import InputTokensRequest, ResponsesRequest
 from exo.shared.types.openai_responses_output import InputTokenCount, ResponseObject
@@ -32,16 +29,18 @@ def responses_router(master: MasterClient) -> APIRouter:
 
     @router.post("/v1/responses", response_model=None, responses=_ERRORS)
     async def create_response(request: ResponsesRequest, http_request: Request) -> ResponseObject | Response:
+        received_at = time.monotonic()
         model_id = served_model(master.state, request.model)
         handle = await submit(master, to_command(request, model_id), http_request)
+        timeline = RequestTimeline("responses", model_id, handle.node_id, received_at)
         initial = initial_response(request, f"resp_{uuid4().hex}", model_id)
         if not request.stream:
-            response = await collect(master, handle, http_request, lambda chunks: collect_response(chunks, initial))
+            response = await collect(
+                master, handle, http_request, lambda chunks: collect_response(chunks, initial), timeline
+            )
             return response if response is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
-        first = await first_chunk(master, handle, http_request)
-        if first is None:
-            return Response(status_code=CLIENT_CLOSED_REQUEST)
-        return event_stream(master, handle, sse_body(ResponseStreamEncoder(initial), first, handle.chunks))
+        writer = NamedEventWriter(ResponseStreamEncoder(initial))
+        return AnswerStream(master, handle, writer, timeline, openai_error)
 
     @router.post("/v1/responses/input_tokens", response_model=None, responses=_ERRORS)
     async def count_input_tokens(request: InputTokensRequest, http_request: Request) -> InputTokenCount | Response:

@@ -17,6 +17,8 @@ from exo.shared.types.worker.runner_status import RunnerStatus
 from exo.shared.types.worker.shards import ShardAssignment
 
 TaskStatus = Literal["queued", "running"]
+# Where a task stands: waiting for its runner, reading its prompt, or generating.
+TaskPhase = Literal["queued", "prefill", "decode"]
 TaskOutcome = Literal["finished", "cancelled", "failed"]
 NodeStatus = Literal["healthy", "degraded", "down"]
 MlxBackend = Literal["cpu", "metal", "cuda"]
@@ -118,6 +120,12 @@ class TaskInfo(FrozenModel):
     requested_by: NodeId
     status: TaskStatus
     created_at: float
+    phase: TaskPhase = "queued"
+    # How far the runner has read the prompt (None until it starts): tokens computed or taken from the prefix cache
+    # so far, of the whole prompt, and how many of them the cache gave.
+    prompt_tokens: int | None = None
+    done_tokens: int | None = None
+    cached_tokens: int | None = None
 
 
 class State(FrozenModel):

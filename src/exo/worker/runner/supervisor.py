@@ -33,10 +33,10 @@ from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from exo.shared.errors import QueueFullError, RunnerUnavailableError
-from exo.shared.types.chunks import Chunk, ErrorChunk
+from exo.shared.types.chunks import Chunk, ErrorChunk, PrefillProgressChunk
 from exo.shared.types.common import ModelId, RunnerId, TaskId
 from exo.shared.types.cpu_kernels import CpuKernelsSetting
-from exo.shared.types.state import TaskOutcome, TaskSummary
+from exo.shared.types.state import TaskOutcome, TaskPhase, TaskSummary
 from exo.shared.types.tasks import ChatCompletionTask
 from exo.shared.types.worker.runner_response import (
     CancelTask,
@@ -95,6 +95,12 @@ class _PendingTask:
     task: ChatCompletionTask
     sender: MemoryObjectSendStream[Chunk]
     failed: bool = False
+    progress: PrefillProgressChunk | None = None
+    decoding: bool = False
+
+    @property
+    def phase(self) -> TaskPhase:
+        return "decode" if self.decoding else "prefill" if self.progress is not None else "queued"
 
     def deliver(self, chunk: Chunk) -> None:
         """Pass `chunk` on; a consumer that already went away (the client disconnected) just misses it."""
@@ -139,6 +145,11 @@ class RunnerSupervisor:
     def running_task_ids(self) -> list[TaskId]:
         """Tasks handed to the runner, in the order they were handed over."""
         return list(self._running)
+
+    def progress(self, task_id: TaskId) -> tuple[TaskPhase, PrefillProgressChunk | None]:
+        """Where a held task stands, and how far its prompt is read (None before the runner starts it)."""
+        running = self._running.get(task_id)
+        return (running.phase, running.progress) if running is not None else ("queued", None)
 
     @property
     def recent_tasks(self) -> tuple[TaskSummary, ...]:
@@ -322,9 +333,17 @@ class RunnerSupervisor:
                 self._fail_all(f"model {self.config.model_id} failed to load: {reason}")
             case TaskChunk(task_id=task_id, chunk=chunk):
                 running = self._running.get(task_id)
-                if running is not None:
-                    running.deliver(chunk)
-                return  # routing a chunk changes nothing /state shows; reporting per token would only cost time
+                if running is None:
+                    return
+                running.deliver(chunk)
+                phase = running.phase
+                if isinstance(chunk, PrefillProgressChunk):
+                    running.progress = chunk
+                else:
+                    running.decoding = True
+                if isinstance(chunk, PrefillProgressChunk) or running.phase != phase:
+                    self._on_change()  # /state shows the progress; any other chunk only matters when it starts decode
+                return
             case TaskDone(task_id=task_id, generated_tokens=tokens, cancelled=cancelled):
                 finished = self._running.pop(task_id, None)
                 if finished is not None:
