@@ -102,6 +102,7 @@ def runner_memory_kib(pid: int) -> tuple[int, int]:
     return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
 
 
+@pytest.mark.slow  # starts a real node
 def test_a_real_node_refuses_an_8_mb_prompt_without_holding_its_tokens_and_keeps_serving(tmp_path: Path) -> None:
     hello = {"model": "tiny-qwen-tools", "messages": [{"role": "user", "content": "Hello!"}]}
     huge = {"model": "tiny-qwen-tools", "messages": [{"role": "user", "content": prose(1_600_000)}]}

@@ -1,0 +1,46 @@
+"""Marks the end-to-end tests `slow`, so that `uv run pytest -m "not slow"` runs a fast subset while developing.
+
+A module is end-to-end when its tests start real processes that take seconds each to come up: exo nodes (through
+`tests/exo_server.py`), clusters of them, runner subprocesses, or the real coding-agent clients. They are listed
+here in one place (glob patterns relative to tests/) rather than marked file by file; a module may also mark
+itself with `pytestmark = pytest.mark.slow`. `uv run pytest` still runs everything, as CI does.
+"""
+
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+END_TO_END: tuple[str, ...] = (
+    "clients/test_*.py",
+    "cluster/test_cluster_*.py",
+    "dashboard/test_dashboard_browser.py",
+    "examples/test_*_end_to_end.py",
+    "master/test_*_end_to_end.py",
+    "master/test_api_process.py",
+    "master/test_bad_requests.py",
+    "master/test_concurrency.py",
+    "master/test_hostile_requests.py",
+    "master/test_read_timeouts.py",
+    "master/test_security.py",
+    "mcp/test_mcp_*.py",
+    "test_main.py",
+    "worker/test_runner_*.py",
+    "worker/runner/test_pipeline_*.py",
+    "worker/runner/test_runner*.py",
+    "worker/runner/test_supervisor_dispatch.py",
+    "worker/runner/test_idle_refinement.py",
+)
+
+
+def end_to_end(path: Path) -> bool:
+    relative = path.resolve().relative_to(TESTS).as_posix()
+    return any(fnmatch(relative, pattern) for pattern in END_TO_END)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if end_to_end(item.path):
+            item.add_marker(pytest.mark.slow)
