@@ -23,6 +23,7 @@ END_TO_END: tuple[str, ...] = (
     "master/test_bad_requests.py",
     "master/test_concurrency.py",
     "master/test_hostile_requests.py",
+    "master/test_long_prefill_streams.py",
     "master/test_read_timeouts.py",
     "master/test_security.py",
     "mcp/test_mcp_*.py",
