@@ -301,11 +301,15 @@ def test_a_node_that_is_killed_is_shown_down_without_reloading(
     expect(page.locator("#links-list")).not_to_contain_text("pipeline ring")
     screenshot(page, "cluster-node-down")
     assert shown_after < LIVE_WITHIN_MS / 1000
-    # The split model lost a node: it waits to be placed again, and the page says why.
+    # The split model lost a node: the cluster places it again over the node left, and the page says it is degraded
+    # and why (between the two, it is listed as waiting to be placed).
     page.get_by_role("link", name="Models").click()
-    waiting = page.get_by_role("table", name="Waiting to be placed")
-    expect(waiting).to_contain_text(DEEP, timeout=LIVE_WITHIN_MS)
-    expect(page.get_by_role("table", name=f"Ranks of {DEEP}")).to_have_count(0)
+    instance = page.get_by_role("article", name=f"of {DEEP}")
+    expect(instance.locator(".badge-degraded")).to_be_visible(timeout=PLACED_WITHIN_MS)
+    expect(instance.locator(".reason")).not_to_be_empty()
+    expect(instance.get_by_role("table").locator("tbody tr")).to_have_count(1)
+    expect(instance.get_by_role("table")).to_contain_text("alpha")
+    expect(page.get_by_role("table", name="Served models")).not_to_contain_text("beta")
     screenshot(page, "models-after-node-down")
     assert (watch.errors, watch.refused) == ([], [])
     # A page served by the killed node says that its node stopped answering.

@@ -138,7 +138,11 @@ function instanceCard(instance) {
   return h("article", { class: "card instance", "data-instance-id": instance.instance_id,
     "aria-label": `instance ${instance.instance_id} of ${instance.model_id}` },
   h("h4", {}, instance.model_id, " ", badge(instance.ready ? "ready" : "starting", instance.ready ? "ready" : "loading"),
-    h("span", { class: "muted" }, ` instance ${instance.instance_id} · ${instance.world_size} ranks`)),
+    instance.degraded ? [" ", badge("degraded")] : null,
+    h("span", { class: "muted" }, ` instance ${instance.instance_id} · ${instance.world_size} of at least `
+      + `${instance.min_nodes} nodes`)),
+  instance.degraded_reason ? h("p", { class: "reason" }, instance.degraded_reason) : null,
+  instance.replaces ? h("p", { class: "muted" }, `takes over from instance ${instance.replaces} once it serves`) : null,
   table(`Ranks of ${instance.model_id}`, ["Rank", "Node", "Layers", "Planned memory", "Runner", "Status"],
     instance.ranks.map((rank) => [
       `rank ${rank.rank}`, rank.node_name, layers(rank.start_layer, rank.end_layer), bytes(rank.planned_bytes),
