@@ -99,16 +99,21 @@ class Bus:
 
     async def query(self, key: str, adapter: TypeAdapter[T], timeout: float) -> list[T]:
         """Every valid reply to a query on `key` that arrives within `timeout` seconds."""
+        return [message for _, message in await self.query_repliers(key, adapter, timeout)]
 
-        def collect() -> list[T]:
-            replies: list[T] = []
+    async def query_repliers(self, key: str, adapter: TypeAdapter[T], timeout: float) -> list[tuple[str, T]]:
+        """(zenoh id of the session that replied, reply) for every valid reply to a query on `key`."""
+
+        def collect() -> list[tuple[str, T]]:
+            replies: list[tuple[str, T]] = []
             for reply in self.session.get(key, timeout=timeout):
                 sample = reply.ok
                 if sample is None:
                     continue
                 message = self._validate(str(sample.key_expr), sample.payload.to_bytes(), adapter)
-                if message is not None:
-                    replies.append(message)
+                replier = reply.replier_id
+                if message is not None and replier is not None:
+                    replies.append((str(replier.zid), message))
             return replies
 
         return await anyio.to_thread.run_sync(collect)

@@ -6,6 +6,7 @@ the master's state. The state is never reset while that happens: the node keeps 
 """
 
 import logging
+import time
 from collections.abc import Callable
 
 import anyio
@@ -22,6 +23,10 @@ logger = logging.getLogger(__name__)
 
 SNAPSHOT_TIMEOUT_SECONDS = 2.0
 SNAPSHOT_RETRY_SECONDS = 0.5
+# A master orders every node's report (each node reports every 5 s), so a master silent this long is not working:
+# it is passed over in the election (see Membership.distrust), and a request waits on it no longer than this.
+LEADER_SILENCE_SECONDS = 8.0
+LEADER_CHECK_SECONDS = 0.5
 
 
 class EventLog:
@@ -29,7 +34,10 @@ class EventLog:
         self._bus = bus
         self._topics = topics
         self._me = membership.node_id
+        self._membership = membership
         self.state = State()
+        # When this node last heard from its master (or started following it), on the monotonic clock.
+        self._leader_heard_at = time.monotonic()
         self._leader: NodeId | None = membership.view.master
         self._buffer: dict[int, IndexedEvent] = {}
         # This node's own master continues from this node's state; any other master's snapshot is needed first.
@@ -50,6 +58,7 @@ class EventLog:
         async with anyio.create_task_group() as group:
             group.start_soon(self._receive)
             group.start_soon(self._sync_when_wanted)
+            group.start_soon(self._watch_leader)
 
     async def wait_for(self, condition: Callable[[State], bool], timeout: float) -> bool:
         """Wait until `condition(state)` holds; False if it still does not after `timeout` seconds."""
@@ -63,6 +72,7 @@ class EventLog:
         if new.master == old.master:
             return
         self._leader = new.master
+        self._leader_heard_at = time.monotonic()
         self._buffer.clear()
         if self._leader != self._me:
             self._request_sync()
@@ -70,12 +80,25 @@ class EventLog:
     async def _receive(self) -> None:
         async with self._events as events:
             async for event in events:
+                if event.leader == self._leader:
+                    self._leader_heard_at = time.monotonic()
+                elif event.leader in self._membership.view.distrusted:
+                    self._membership.trust(event.leader)
                 if event.leader != self._leader:
                     logger.debug("ignoring event %d from %s, which is not the master", event.index, event.leader)
                 elif self._syncing:
                     self._buffer[event.index] = event
                 else:
                     self._accept(event)
+
+    async def _watch_leader(self) -> None:
+        """Pass over a master that orders nothing (a phantom, or a node that hangs while its link stays up)."""
+        while True:
+            await anyio.sleep(LEADER_CHECK_SECONDS)
+            leader = self._leader
+            silent = time.monotonic() - self._leader_heard_at
+            if leader is not None and leader != self._me and silent > LEADER_SILENCE_SECONDS:
+                self._membership.distrust(leader, f"it has ordered no event for {silent:.0f} s")
 
     def _accept(self, event: IndexedEvent) -> None:
         expected = self.state.last_event_index + 1

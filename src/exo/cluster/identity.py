@@ -16,6 +16,11 @@ class NodeIdentityError(RuntimeError):
     """The identity file is unreadable, or another running node holds it."""
 
 
+def is_node_id(text: str) -> bool:
+    """32 lowercase hex digits without a leading zero, as `new_node_id` draws them."""
+    return _NODE_ID.match(text) is not None
+
+
 def new_node_id() -> NodeId:
     """32 lowercase hex digits without a leading zero: also a valid zenoh session id."""
     return NodeId(secrets.choice("123456789abcdef") + secrets.token_hex(16)[1:])

@@ -3,6 +3,7 @@ versions) on one network never see each other's messages."""
 
 from dataclasses import dataclass
 
+from exo.cluster.identity import is_node_id
 from exo.shared.types.common import NodeId
 
 PROTOCOL_VERSION = "v1"
@@ -38,9 +39,14 @@ class Topics:
         if not key.startswith(prefix):
             return None
         parts = key.removeprefix(prefix).split("/")
-        if len(parts) != 2 or not parts[0] or not parts[1].isdigit():
+        # A node id as exo draws them, and a start time in milliseconds that fits in 15 digits (year 33658).
+        if len(parts) != 2 or not is_node_id(parts[0]) or not (parts[1].isdigit() and len(parts[1]) <= 15):
             return None
         return Member(node_id=NodeId(parts[0]), started_at_ms=int(parts[1]))
+
+    def member_claim(self, node_id: NodeId) -> str:
+        """The node answers queries here with the start time of its session (how its token is checked)."""
+        return f"{self.root}/claims/{node_id}"
 
     @property
     def local_events(self) -> str:
