@@ -43,6 +43,10 @@ def test_member_keys_round_trip_and_foreign_keys_are_rejected() -> None:
         f"exo/lab/v1/members/{A}/soon",
         f"exo/lab/v1/members/{A}/1/extra",
         "exo/lab/v1/members//1",
+        f"exo/lab/v1/members/{'c' * 200}/1",  # not a node id exo draws
+        f"exo/lab/v1/members/{'0' + A[1:]}/1",
+        f"exo/lab/v1/members/{A.upper()}/1",
+        f"exo/lab/v1/members/{A}/{'9' * 16}",
     ):
         assert topics.parse_member(foreign) is None, foreign
 
@@ -53,3 +57,9 @@ def test_two_cluster_names_share_no_key() -> None:
     for name in keys:
         assert getattr(first, name) != getattr(second, name)
         assert not getattr(first, name).startswith(second.root)
+
+
+def test_a_distrusted_master_is_passed_over_but_stays_a_member() -> None:
+    view = MembershipView(frozenset({Member(A, 100), Member(B, 200)}), distrusted=frozenset({A}))
+    assert view.master == B
+    assert view.live_nodes == {A, B}
