@@ -16,6 +16,7 @@ from exo.cluster.settings import (
     LOOPBACK_HOSTS,
     ClusterSettings,
     ClusterSettingsError,
+    check_cluster_key,
     check_cluster_name,
     default_listen_endpoint,
     normalise_endpoint,
@@ -163,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-discovery", action="store_true", help="do not look for nodes with multicast (use --peer instead)"
     )
     cluster.add_argument("--node-name", help="this node's name in /v1/cluster (default: the host name)")
+    cluster.add_argument(
+        "--cluster-key",
+        help="a secret every node of the cluster is given (also EXO_CLUSTER_KEY; at least 16 characters): nodes "
+        "without it can neither join, publish nor read (default: none, the cluster port is open)",
+    )
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     verbosity.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
@@ -174,11 +180,13 @@ def cluster_settings_from_args(arguments: argparse.Namespace) -> ClusterSettings
     listen: str | None = arguments.listen
     peers = [normalise_endpoint(peer) for peer in arguments.peer]
     peers += parse_peer_list(os.environ.get("EXO_PEERS", ""))
+    key: str | None = arguments.cluster_key or os.environ.get("EXO_CLUSTER_KEY") or None
     return ClusterSettings(
         name=check_cluster_name(arguments.cluster),
         listen=(normalise_endpoint(listen) if listen else default_listen_endpoint(arguments.host),),
         peers=tuple(dict.fromkeys(peers)),
         discovery=not arguments.no_discovery,
+        key=check_cluster_key(key) if key else None,
     )
 
 
@@ -227,7 +235,7 @@ async def serve(config: "NodeConfig") -> bool:
             logger.warning(advice)
     if config.host not in LOOPBACK_HOSTS and not config.api_key:
         logger.warning("listening on %s without an API key: anyone on the network can use this node", config.host)
-    if config.cluster.reachable_from_network:
+    if config.cluster.reachable_from_network and config.cluster.key is None:
         logger.warning(
             "cluster port %s is open to the network and unauthenticated: run clusters on trusted networks only",
             ", ".join(config.cluster.listen),

@@ -9,6 +9,7 @@ from exo.cluster.settings import (
     MULTICAST_ADDRESS,
     ClusterSettings,
     ClusterSettingsError,
+    authentication,
     check_cluster_name,
     default_listen_endpoint,
     normalise_endpoint,
@@ -77,6 +78,7 @@ def test_the_zenoh_config_carries_identity_endpoints_scouting_and_lease() -> Non
 
 def test_cli_defaults_join_the_default_cluster_on_loopback_with_discovery(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EXO_PEERS", raising=False)
+    monkeypatch.delenv("EXO_CLUSTER_KEY", raising=False)
     config = config_from_args(build_parser().parse_args([]))
     assert config.cluster == ClusterSettings()
     assert config.models == (None,)
@@ -84,6 +86,7 @@ def test_cli_defaults_join_the_default_cluster_on_loopback_with_discovery(monkey
 
 def test_cli_cluster_flags_and_exo_peers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EXO_PEERS", "10.0.0.9:52414")
+    monkeypatch.delenv("EXO_CLUSTER_KEY", raising=False)
     arguments = ["--host", "0.0.0.0", "--peer", "10.0.0.2:52414", "--cluster", "lab", "--no-discovery", "--no-model"]
     config = config_from_args(build_parser().parse_args(arguments))
     assert config.cluster == ClusterSettings(
@@ -105,3 +108,38 @@ def test_only_a_listener_beyond_loopback_is_reachable_from_the_network() -> None
     assert ClusterSettings(listen=("tcp/127.0.0.1:1", "tcp/10.0.0.2:52414")).reachable_from_network
     assert not ClusterSettings(listen=("tcp/127.0.0.1:52414", "tcp/[::1]:52414")).reachable_from_network
     assert not ClusterSettings(listen=()).reachable_from_network
+
+
+KEY = "correct horse battery staple"
+
+
+def test_a_cluster_key_comes_from_the_flag_or_the_environment_and_is_never_shown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("EXO_CLUSTER_KEY", KEY)
+    from_environment = config_from_args(build_parser().parse_args([])).cluster
+    assert from_environment.key == KEY
+    assert KEY not in repr(from_environment)
+    flagged = config_from_args(build_parser().parse_args(["--cluster-key", "another key of 16+ chars"])).cluster
+    assert flagged.key == "another key of 16+ chars"
+    with pytest.raises(ClusterSettingsError, match="at least 16"):
+        config_from_args(build_parser().parse_args(["--cluster-key", "short"]))
+    monkeypatch.delenv("EXO_CLUSTER_KEY")
+    assert config_from_args(build_parser().parse_args([])).cluster.key is None
+
+
+def test_a_keyed_cluster_authenticates_every_link_with_credentials_derived_from_key_and_name() -> None:
+    assert authentication(ClusterSettings()) is None
+    assert json.loads(zenoh_config(ClusterSettings(), NODE_A).get_json("transport/auth/usrpwd"))["user"] is None
+    keyed = ClusterSettings(name="lab", key=KEY)
+    credentials = authentication(keyed)
+    assert credentials is not None
+    assert json.loads(zenoh_config(keyed, NODE_A).get_json("transport/auth/usrpwd")) == credentials
+    assert KEY not in json.dumps(credentials)
+    with open(credentials["dictionary_file"]) as dictionary:
+        assert dictionary.read() == f"{credentials['user']}:{credentials['password']}\n"
+    other_key = authentication(ClusterSettings(name="lab", key=KEY + "!"))
+    other_name = authentication(ClusterSettings(name="lab2", key=KEY))
+    assert other_key is not None
+    assert other_name is not None
+    assert len({credentials["password"], other_key["password"], other_name["password"]}) == 3

@@ -16,7 +16,7 @@ import zenoh
 
 from exo.cluster.bus import Bus
 from exo.cluster.membership import Membership
-from exo.cluster.settings import ClusterSettings, normalise_endpoint, zenoh_config
+from exo.cluster.settings import ClusterSettings, apply_authentication, normalise_endpoint, zenoh_config
 from exo.shared.types.cluster_api import DiscoveredPeer, DiscoveryReport, PeerConnection
 from exo.shared.types.common import NodeId
 
@@ -111,6 +111,7 @@ class PeerConnector:
         helper_config.insert_json5("scouting/multicast/enabled", "false")
         # The helper links only the two sides; what it learns from gossip is for them to act on, not for it.
         helper_config.insert_json5("scouting/gossip/autoconnect", json.dumps({"router": [], "peer": []}))
+        apply_authentication(helper_config, self._settings)
         try:
             helper = await anyio.to_thread.run_sync(zenoh.open, helper_config)
         except zenoh.ZError as error:

@@ -1,8 +1,14 @@
 """How a node joins its cluster: namespace, where it listens, whom it dials, whether it scouts, as a zenoh config."""
 
+import functools
+import hashlib
+import hmac
 import json
+import os
 import re
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 import zenoh
@@ -74,6 +80,8 @@ class ClusterSettings:
     peers: tuple[str, ...] = ()
     # Multicast scouting: nodes on one LAN (or, for a loopback node, one machine) find each other unasked.
     discovery: bool = True
+    # The cluster key (--cluster-key / EXO_CLUSTER_KEY): only sessions that prove they hold it may link. Never shown.
+    key: str | None = field(default=None, repr=False)
 
     @property
     def reachable_from_network(self) -> bool:
@@ -85,6 +93,42 @@ class ClusterSettings:
         if self.listen and not self.reachable_from_network:
             return loopback_interface() or "auto"
         return "auto"
+
+
+MIN_KEY_LENGTH = 16
+
+
+def check_cluster_key(key: str) -> str:
+    if len(key) < MIN_KEY_LENGTH:
+        raise ClusterSettingsError(f"the cluster key must be at least {MIN_KEY_LENGTH} characters long")
+    return key
+
+
+@functools.cache
+def _dictionary_file(user: str, password: str) -> Path:
+    """zenoh reads the credentials it accepts from a file: one, private to this process's user."""
+    directory = Path(tempfile.mkdtemp(prefix="exo-cluster-auth-"))
+    path = directory / "credentials"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(f"{user}:{password}\n")
+    return path
+
+
+def authentication(settings: ClusterSettings) -> dict[str, str] | None:
+    """zenoh's user-password authentication for a keyed cluster: every link's two ends prove they hold the same
+    credentials (derived from the key and the cluster's name, so the key itself is never written anywhere)."""
+    if settings.key is None:
+        return None
+    user = f"exo-{settings.name}"
+    password = hmac.new(settings.key.encode(), f"exo cluster {settings.name}".encode(), hashlib.sha256).hexdigest()
+    return {"user": user, "password": password, "dictionary_file": str(_dictionary_file(user, password))}
+
+
+def apply_authentication(config: zenoh.Config, settings: ClusterSettings) -> None:
+    credentials = authentication(settings)
+    if credentials is not None:
+        config.insert_json5("transport/auth/usrpwd", json.dumps(credentials))
 
 
 def zenoh_config(settings: ClusterSettings, node_id: NodeId, *, discovery: bool | None = None) -> zenoh.Config:
@@ -99,4 +143,5 @@ def zenoh_config(settings: ClusterSettings, node_id: NodeId, *, discovery: bool 
     config.insert_json5("scouting/multicast/address", json.dumps(MULTICAST_ADDRESS))
     config.insert_json5("scouting/multicast/interface", json.dumps(settings.multicast_interface()))
     config.insert_json5("transport/link/tx/lease", json.dumps(LEASE_MILLISECONDS))
+    apply_authentication(config, settings)
     return config

@@ -1,0 +1,110 @@
+"""A keyed cluster (`--cluster-key`): real nodes on 127.0.0.1 with the key link and serve; a node with a wrong key
+or none cannot join, and a zenoh session without the key linked to its port neither joins nor reads its traffic.
+
+A session with the right credentials, linked the same way, does read that traffic: the check could fail.
+"""
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import zenoh
+
+from exo.cluster.settings import ClusterSettings, authentication
+from exo.cluster.topics import Topics
+from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
+from tests.exo_server import fixture_model
+from tests.fixtures.fixture_specs import user
+
+MODEL = "tiny-qwen-tools"
+CLUSTER = "keyed"
+KEY = "a key for the keyed-cluster test"
+CHAT: dict[str, Any] = {"model": MODEL, "messages": [user("Hello!")], "max_tokens": 4}
+
+
+def _keyed(key: str) -> list[str]:
+    return ["--cluster-key", key]
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, ClusterNode, ClusterNode]]:
+    with local_cluster(tmp_path_factory.mktemp("keyed"), CLUSTER) as running:
+        alpha = running.launch("alpha", [fixture_model(MODEL)], extra_arguments=_keyed(KEY))
+        running.wait_ready(alpha)
+        beta = running.launch("beta", peers=[alpha], extra_arguments=_keyed(KEY))
+        for node in (alpha, beta):
+            running.wait_until(node, lambda node=node: _healthy(node) == 2, "both keyed nodes joined", 60)
+        yield running, alpha, beta
+
+
+def _healthy(node: ClusterNode) -> int:
+    healthy: int = node.get("/v1/cluster")["nodes_healthy"]
+    return healthy
+
+
+def _session(alpha: ClusterNode, credentials: dict[str, str] | None) -> zenoh.Session:
+    config = zenoh.Config()
+    config.insert_json5("mode", '"peer"')
+    config.insert_json5("listen/endpoints", "[]")
+    config.insert_json5("connect/endpoints", json.dumps([alpha.endpoint]))
+    config.insert_json5("scouting/multicast/enabled", "false")
+    if credentials is not None:
+        config.insert_json5("transport/auth/usrpwd", json.dumps(credentials))
+    return zenoh.open(config)
+
+
+def _heard_while_serving(alpha: ClusterNode, beta: ClusterNode, credentials: dict[str, str] | None) -> list[str]:
+    """The keys a session with `credentials` receives under the cluster's root while beta forwards a request."""
+    heard: list[str] = []
+    session = _session(alpha, credentials)
+    try:
+        subscriber = session.declare_subscriber(
+            f"{Topics(CLUSTER).root}/**", lambda sample: heard.append(str(sample.key_expr))
+        )
+        time.sleep(1.0)
+        answer = httpx.post(f"{beta.base_url}/v1/chat/completions", json=CHAT, timeout=60)
+        assert answer.status_code == 200, answer.text
+        time.sleep(1.0)
+        del subscriber
+    finally:
+        session.close()
+    return heard
+
+
+def test_nodes_with_the_key_form_the_cluster_and_serve(keyed: tuple[LocalCluster, ClusterNode, ClusterNode]) -> None:
+    _, alpha, beta = keyed
+    answer = httpx.post(f"{beta.base_url}/v1/chat/completions", json=CHAT, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert "unauthenticated" not in alpha.log()  # the open-port warning is for clusters without a key
+
+
+@pytest.mark.parametrize("key", ["a different key, 16+ chars", None])
+def test_a_node_with_a_wrong_key_or_none_cannot_join(
+    keyed: tuple[LocalCluster, ClusterNode, ClusterNode], key: str | None
+) -> None:
+    cluster, alpha, beta = keyed
+    name = "wrong-key" if key else "no-key"
+    intruder = cluster.launch(name, peers=[alpha], extra_arguments=_keyed(key) if key else ())
+    cluster.wait_until(intruder, lambda: _healthy(intruder) == 1, "the intruder's own API", 60)
+    time.sleep(3.0)  # time enough to join, were it let in
+    assert _healthy(intruder) == 1
+    assert intruder.get("/v1/models")["data"] == []
+    for node in (alpha, beta):
+        assert _healthy(node) == 2
+        assert intruder.node_id not in {member["node_id"] for member in node.get("/v1/cluster/nodes")["data"]}
+    cluster.stop(intruder)
+
+
+def test_a_session_without_the_key_reads_nothing_and_one_with_it_reads_the_traffic(
+    keyed: tuple[LocalCluster, ClusterNode, ClusterNode],
+) -> None:
+    _, alpha, beta = keyed
+    wrong = authentication(ClusterSettings(name=CLUSTER, key="a different key, 16+ chars"))
+    assert _heard_while_serving(alpha, beta, None) == []
+    assert _heard_while_serving(alpha, beta, wrong) == []
+    right = authentication(ClusterSettings(name=CLUSTER, key=KEY))
+    heard = _heard_while_serving(alpha, beta, right)
+    assert f"{Topics(CLUSTER).root}/events/ordered" in heard
