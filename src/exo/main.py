@@ -118,7 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
         "SwiGLU, the few-row matmul plan, an optimized BLAS preload): auto (default) uses them on a Linux CPU "
         "machine only; off serves with stock mlx-lm everywhere. The runner's ready line and /state say which are on",
     )
-    parser.add_argument("--prefix-cache-gb", type=float, default=2.0, help="memory budget of the prompt prefix cache")
+    parser.add_argument(
+        "--prefix-cache-gb",
+        type=float,
+        default=2.0,
+        help="memory budget of the prompt prefix cache",
+    )
+    parser.add_argument(
+        "--prefix-cache-disk-gb",
+        type=float,
+        default=8.0,
+        help="disk budget per model of KV snapshots of prompt prefixes under $EXO_HOME/prefix-cache (0: none)",
+    )
     parser.add_argument("--max-request-mb", type=float, default=32.0, help="largest accepted request body")
     parser.add_argument(
         "--trust-remote-code",
@@ -207,6 +218,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         matmul_plan=not arguments.no_matmul_plan,
         cpu_kernels=arguments.cpu_kernels,
         prefix_cache_bytes=int(arguments.prefix_cache_gb * 1024**3),
+        prefix_cache_disk_bytes=int(arguments.prefix_cache_disk_gb * 1024**3),
         tool_format_override=arguments.tool_format,
         max_request_bytes=int(arguments.max_request_mb * 1024 * 1024),
         log_level=level,

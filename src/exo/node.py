@@ -60,6 +60,8 @@ class NodeConfig:
     matmul_plan: bool = True
     cpu_kernels: CpuKernelsSetting = "auto"
     prefix_cache_bytes: int = 2 * 1024**3
+    # KV snapshots of prompt prefixes under `$EXO_HOME/prefix-cache`, per model; 0 keeps none.
+    prefix_cache_disk_bytes: int = 8 * 1024**3
     tool_format_override: str | None = None
     max_request_bytes: int = 32 * 1024 * 1024
     log_level: int = logging.INFO
@@ -255,6 +257,8 @@ class Node:
             matmul_plan=self.config.matmul_plan,
             cpu_kernels=self.config.cpu_kernels,
             prefix_cache_bytes=self.config.prefix_cache_bytes,
+            prefix_cache_dir=(self.config.home or exo_home()) / "prefix-cache",
+            prefix_cache_disk_bytes=self.config.prefix_cache_disk_bytes,
             tool_format_override=self.config.tool_format_override,
             log_level=self.config.log_level,
             trust_remote_code=self.config.trust_remote_code,

@@ -26,6 +26,7 @@ from exo.shared.types.worker.runner_response import (
     TaskDone,
 )
 from exo.worker.runner.channel import RunnerChannel
+from exo.worker.runner.idle_snapshots import write_snapshots_while_idle
 from exo.worker.runner.pipeline_link import PipelineLink
 
 if TYPE_CHECKING:
@@ -90,6 +91,8 @@ def _serve_leader(
     queued: deque[ChatCompletionTask] = deque()
     while True:
         if not queued:
+            if context.prefix_cache is not None:
+                write_snapshots_while_idle(context.prefix_cache, channel.poll)
             ready = wait([channel.fileno(), *followers])
             lost = [rank for rank, connection in link.connections.items() if connection in ready]
             if lost:
@@ -161,6 +164,8 @@ def _serve_follower(
 
     leader = link.connections[0]
     while True:
+        if context.prefix_cache is not None:
+            write_snapshots_while_idle(context.prefix_cache, lambda: channel.poll() or leader.poll())
         ready = wait([channel.fileno(), leader])
         if channel.fileno() in ready and any(isinstance(request, Shutdown) for request in incoming(False)):
             return None

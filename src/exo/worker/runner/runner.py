@@ -31,10 +31,14 @@ from exo.shared.types.worker.runner_response import (
     TaskDone,
 )
 from exo.worker.runner.channel import RunnerChannel, UnreadableRequestError
+from exo.worker.runner.idle_snapshots import write_snapshots_while_idle
 from exo.worker.runner.pipeline_link import PipelineLink
 from exo.worker.runner.pipeline_serving import serve_pipeline
 
 if TYPE_CHECKING:
+    from mlx import nn
+
+    from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
     from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
     from exo.worker.engines.mlx.generator.chat_completion import EngineContext
     from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
@@ -134,6 +138,8 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
 
     scheduler = GenerationScheduler(context.loaded.model, context.decode)
     while True:
+        if scheduler.active == 0 and context.prefix_cache is not None:
+            write_snapshots_while_idle(context.prefix_cache, channel.poll)
         if scheduler.active == 0 and context.matmul_planner is not None:
             _refine_while_idle(channel, context.matmul_planner)
         for request in _incoming(channel, wait=scheduler.active == 0):
@@ -237,7 +243,6 @@ def _load(
     from exo.models.errors import ModelLoadError
     from exo.tool_calls import detect_tool_format
     from exo.worker.engines.mlx.cache.layer_cache import can_batch
-    from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
     from exo.worker.engines.mlx.cpu.blas_check import blas_report
     from exo.worker.engines.mlx.cpu.engine import CpuKernels
     from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
@@ -271,7 +276,7 @@ def _load(
     planner = (
         MatmulPlanner.for_loaded(loaded) if kernels.allow_matmul_plan(bootstrap.matmul_plan, loaded.dtype) else None
     )
-    prefix_cache = PrefixCache(loaded.model, bootstrap.prefix_cache_bytes) if bootstrap.prefix_cache_bytes else None
+    prefix_cache = _prefix_cache(bootstrap, loaded.model) if bootstrap.prefix_cache_bytes else None
     # A model whose KV cache mlx-lm cannot merge across sequences (some recurrent or sliding-window layers) serves its
     # requests one at a time.
     batch_size = bootstrap.batch_size if can_batch(loaded.model) and link is None else 1
@@ -294,3 +299,25 @@ def _load(
     if link is not None:
         link.connect_tasks()
     return context, metadata, link
+
+
+def _prefix_cache(bootstrap: RunnerBootstrap, model: "nn.Module") -> "PrefixCache":
+    """The prefix cache, with its disk tier in a folder of its own for this model's identity (and this rank's
+    layers) when the bootstrap names a folder and a budget."""
+    from exo.worker.engines.mlx.cache.disk_tier import DiskTier
+    from exo.worker.engines.mlx.cache.model_identity import model_identity
+    from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
+
+    disk: DiskTier | None = None
+    if bootstrap.prefix_cache_dir is not None and bootstrap.prefix_cache_disk_bytes > 0:
+        identity = model_identity(Path(bootstrap.model_path), bootstrap.shard)
+        directory = Path(bootstrap.prefix_cache_dir) / identity[:16]
+        try:
+            disk = DiskTier(directory, bootstrap.prefix_cache_disk_bytes, identity, model)
+        except OSError as error:
+            logger.warning("prefix cache: no disk tier (cannot use %s: %s)", directory, error)
+        else:
+            logger.info(
+                "prefix cache: %d disk snapshots (%.2f GB) in %s", disk.entries, disk.nbytes / 1024**3, directory
+            )
+    return PrefixCache(model, bootstrap.prefix_cache_bytes, disk)

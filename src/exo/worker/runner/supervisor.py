@@ -77,6 +77,9 @@ class RunnerConfig:
     shard: ShardAssignment = field(default_factory=ShardAssignment)
     queue_limit: int = 64
     prefix_cache_bytes: int = 0
+    prefix_cache_dir: Path | None = None
+    """Where the runner keeps KV snapshots on disk (None: it keeps none)."""
+    prefix_cache_disk_bytes: int = 0
     tool_format_override: str | None = None
     log_level: int = logging.INFO
     trust_remote_code: bool = False
@@ -231,6 +234,8 @@ class RunnerSupervisor:
             shard=self.config.shard,
             tool_format_override=self.config.tool_format_override,
             prefix_cache_bytes=self.config.prefix_cache_bytes,
+            prefix_cache_dir=str(self.config.prefix_cache_dir) if self.config.prefix_cache_dir else None,
+            prefix_cache_disk_bytes=self.config.prefix_cache_disk_bytes,
             trust_remote_code=self.config.trust_remote_code,
             batch_size=self.config.batch_size,
             speculation=self.config.speculation,

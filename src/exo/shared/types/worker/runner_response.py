@@ -50,6 +50,10 @@ class RunnerBootstrap(FrozenModel):
     shard: ShardAssignment
     tool_format_override: str | None = None
     prefix_cache_bytes: int = 0
+    prefix_cache_dir: str | None = None
+    """Where KV snapshots of prompt prefixes are kept on disk (a folder per model inside); None: no disk tier."""
+    prefix_cache_disk_bytes: int = 0
+    """The byte budget of those snapshots, per model; 0: no disk tier."""
     trust_remote_code: bool = False
     batch_size: int = 8
     """Most tasks decoded together; 1 serves them one at a time."""

@@ -197,13 +197,3 @@ def test_entry_larger_than_the_whole_budget_is_not_kept(tiny_model: nn.Module) -
 
     assert prefix_cache.entries == 0
     assert prefix_cache.nbytes == 0
-
-
-def test_entry_count_is_capped(tiny_model: nn.Module) -> None:
-    prefix_cache = PrefixCache(tiny_model, UNLIMITED, max_entries=2)
-
-    for first_token in (1, 2, 3):
-        run_turn(prefix_cache, tiny_model, _distinct_prompt(first_token, seed=40), NEW_TOKENS)
-
-    assert prefix_cache.entries == 2
-    assert prefix_cache.acquire(_distinct_prompt(1, seed=40)).cached_tokens == 0

@@ -5,6 +5,11 @@ prompt was already prefilled last turn. The storage, longest-prefix search, trim
 are mlx-lm's own ``LRUPromptCache`` (the one ``mlx_lm.server`` uses); this module adds a typed lease protocol around
 it, always leaves at least one prompt token to prefill (generation needs the last token's logits), and only stores
 caches whose contents are verified to match the tokens they are filed under.
+
+Memory is bounded by bytes alone (no count of entries): a new session of an agent shares its system prompt and tool
+list with every earlier one, and finds it in whichever entry holds it. With a `DiskTier`, what is stored is also
+queued as a snapshot on disk, and a prompt whose longest known prefix is on disk only (after a restart, or evicted
+from memory) is served from there.
 """
 
 import dataclasses
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 from mlx import nn
 from mlx_lm.models.cache import LRUPromptCache
 
+from exo.worker.engines.mlx.cache.disk_tier import DiskTier
 from exo.worker.engines.mlx.cache.layer_cache import (
     PromptCache,
     can_trim,
@@ -26,6 +32,8 @@ from exo.worker.engines.mlx.cache.layer_cache import (
 
 # LRUPromptCache can hold several models' caches keyed by a model handle; a PrefixCache serves exactly one model.
 _MODEL_KEY = "model"
+# The store is bounded by bytes alone; mlx-lm's entry count cannot be switched off, so it is set out of reach.
+_UNBOUNDED_ENTRIES = 1 << 62
 
 
 # A dataclass, not a pydantic model: the lease carries live, mutable MLX cache objects and never leaves the process.
@@ -39,6 +47,8 @@ class CacheLease:
     prompt_tokens: tuple[int, ...]
     cached_tokens: int
     """How many leading prompt tokens the cache already holds (their prefill is skipped)."""
+    disk_cached_tokens: int = 0
+    """How many of them were read from a snapshot on disk (0, or all of them)."""
 
     @property
     def remaining_tokens(self) -> list[int]:
@@ -53,11 +63,12 @@ class PrefixCache:
     one per request in a batch).
     """
 
-    def __init__(self, model: nn.Module, memory_budget_bytes: int, max_entries: int = 8) -> None:
-        if memory_budget_bytes < 0 or max_entries < 1:
-            raise ValueError("memory_budget_bytes must be >= 0 and max_entries >= 1")
+    def __init__(self, model: nn.Module, memory_budget_bytes: int, disk: DiskTier | None = None) -> None:
+        if memory_budget_bytes < 0:
+            raise ValueError("memory_budget_bytes must be >= 0")
         self._model = model
-        self._store = LRUPromptCache(max_size=max_entries, max_bytes=memory_budget_bytes)
+        self._store = LRUPromptCache(max_size=_UNBOUNDED_ENTRIES, max_bytes=memory_budget_bytes)
+        self._disk = disk
         self._lease_ids = itertools.count()
         self._outstanding: set[int] = set()
 
@@ -71,6 +82,21 @@ class PrefixCache:
         """Number of stored caches."""
         return len(self._store)
 
+    @property
+    def disk(self) -> DiskTier | None:
+        """The snapshots on disk (None without a disk tier)."""
+        return self._disk
+
+    @property
+    def snapshots_pending(self) -> bool:
+        """Disk snapshots are queued: write them with `write_pending_snapshot` while idle."""
+        return self._disk is not None and self._disk.pending
+
+    def write_pending_snapshot(self) -> None:
+        """Write the oldest queued disk snapshot (seconds for a long prompt): off the path of any request."""
+        if self._disk is not None:
+            self._disk.write_pending()
+
     def acquire(self, prompt_tokens: Sequence[int]) -> CacheLease:
         """Lease a cache holding the longest stored prefix of ``prompt_tokens``, leaving at least one to prefill.
 
@@ -80,11 +106,16 @@ class PrefixCache:
         if not prompt:
             raise ValueError("prompt_tokens must not be empty")
         cache, cached_tokens = self._fetch(prompt)
+        disk_cached_tokens = 0
+        if (from_disk := self._fetch_from_disk(prompt, better_than=cached_tokens)) is not None:
+            cache, cached_tokens = from_disk
+            disk_cached_tokens = cached_tokens
         lease = CacheLease(
             lease_id=next(self._lease_ids),
             cache=cache,
             prompt_tokens=tuple(prompt),
             cached_tokens=cached_tokens,
+            disk_cached_tokens=disk_cached_tokens,
         )
         self._outstanding.add(lease.lease_id)
         return lease
@@ -108,6 +139,8 @@ class PrefixCache:
             return
         materialize(filled)
         self._store.insert_cache(_MODEL_KEY, key, filled)
+        if self._disk is not None:
+            self._disk.queue(key, filled)
 
     def discard(self, lease: CacheLease) -> None:
         """End a lease whose generation failed or was cancelled: its cache is dropped, the store is untouched."""
@@ -127,7 +160,10 @@ class PrefixCache:
             raise ValueError(f"the leased cache cannot drop its last {excess} tokens")
         else:
             cache = lease.cache
-        return dataclasses.replace(lease, cache=cache, cached_tokens=cached_tokens)
+        disk_cached_tokens = min(lease.disk_cached_tokens, cached_tokens)
+        return dataclasses.replace(
+            lease, cache=cache, cached_tokens=cached_tokens, disk_cached_tokens=disk_cached_tokens
+        )
 
     def _fetch(self, prompt: list[int]) -> tuple[PromptCache, int]:
         cache, rest = self._store.fetch_nearest_cache(_MODEL_KEY, prompt)
@@ -141,6 +177,22 @@ class PrefixCache:
         if can_trim(leased) and trim_tokens(leased, 1) == 1:
             return leased, cached_tokens - 1
         return new_prompt_cache(self._model), 0
+
+    def _fetch_from_disk(self, prompt: list[int], better_than: int) -> tuple[PromptCache, int] | None:
+        """A snapshot's cache cut to the prefix it shares with `prompt`, when that beats memory's `better_than`."""
+        if self._disk is None or (match := self._disk.best_match(prompt)) is None:
+            return None
+        usable = min(match.common_tokens, len(prompt) - 1)
+        if usable <= better_than:
+            return None
+        loaded = self._disk.load(match.key)
+        if loaded is None:
+            return None
+        cache, held = loaded
+        excess = len(held) - usable
+        if excess and (not can_trim(cache) or trim_tokens(cache, excess) != excess):
+            return None
+        return cache, usable
 
     def _reconcile(self, lease: CacheLease, cache: PromptCache, tokens: list[int]) -> list[int] | None:
         """The tokens ``cache`` verifiably holds, after trimming any excess; None if it cannot be trusted."""

@@ -1,0 +1,250 @@
+"""KV snapshots of prompt prefixes on disk, so a restarted node still skips the prefill of a known system prompt.
+
+Each snapshot is two files in the model's own directory: `<key>.safetensors` (mlx-lm's `save_prompt_cache` format)
+and `<key>.json` (a `SnapshotRecord`: the model identity, the tokens it holds, its size and sha256). A file whose
+checksum, size, model identity or layer layout does not match is deleted with a warning and never loaded, so a
+corrupt, truncated or foreign snapshot costs a prefill, not wrong output. The directory is bounded by bytes, least
+recently used snapshots evicted first.
+
+Writes are queued by the generation and done by `write_pending` while the runner is idle, after the response went out.
+"""
+
+import hashlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlx import nn
+from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+from pydantic import ValidationError
+
+from exo.shared.types.common import FrozenModel
+from exo.worker.engines.mlx.cache.layer_cache import PromptCache, held_token_count, new_prompt_cache
+
+logger = logging.getLogger(__name__)
+
+MIN_SNAPSHOT_TOKENS = 256
+"""Shorter prompts prefill in well under a second anywhere: not worth a file."""
+_HASH_BLOCK = 1 << 20
+
+
+class SnapshotRecord(FrozenModel):
+    """What a snapshot's sidecar file says about it."""
+
+    model_identity: str
+    tokens: tuple[int, ...]
+    nbytes: int
+    """The size of the safetensors file."""
+    sha256: str
+    """Of the safetensors file's bytes."""
+    layer_types: tuple[str, ...]
+    """The class of each layer's cache, as mlx-lm names it."""
+
+
+@dataclass
+class _Entry:
+    key: str
+    record: SnapshotRecord
+    last_used: float
+
+
+@dataclass(frozen=True)
+class DiskMatch:
+    """The snapshot sharing the longest prefix with a prompt."""
+
+    key: str
+    common_tokens: int
+
+
+@dataclass(frozen=True)
+class _Pending:
+    tokens: tuple[int, ...]
+    cache: PromptCache
+
+
+class DiskTier:
+    """The snapshots of one model (one rank's layers of it, on a split model) in `directory`, within `budget_bytes`."""
+
+    def __init__(self, directory: Path, budget_bytes: int, model_identity: str, model: nn.Module) -> None:
+        if budget_bytes <= 0:
+            raise ValueError("a disk tier needs a positive byte budget")
+        self._directory = directory
+        self._budget = budget_bytes
+        self._identity = model_identity
+        self._layer_types = tuple(type(layer).__name__ for layer in new_prompt_cache(model))
+        self._entries: dict[str, _Entry] = {}
+        self._pending: list[_Pending] = []
+        directory.mkdir(parents=True, exist_ok=True)
+        self._scan()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the snapshots on disk."""
+        return sum(entry.record.nbytes for entry in self._entries.values())
+
+    @property
+    def entries(self) -> int:
+        return len(self._entries)
+
+    @property
+    def pending(self) -> bool:
+        """Snapshots are queued for writing."""
+        return bool(self._pending)
+
+    def best_match(self, prompt: Sequence[int]) -> DiskMatch | None:
+        """The snapshot sharing the longest prefix with `prompt` (None when none shares a token)."""
+        best: DiskMatch | None = None
+        for entry in self._entries.values():
+            common = _common_prefix(entry.record.tokens, prompt)
+            if common > 0 and (best is None or common > best.common_tokens):
+                best = DiskMatch(entry.key, common)
+        return best
+
+    def load(self, key: str) -> tuple[PromptCache, tuple[int, ...]] | None:
+        """The snapshot's cache and the tokens it holds, after checking it; None (and the files deleted) when it
+        fails a check."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        path = self._data_path(key)
+        problem = self._check_file(path, entry.record)
+        cache: PromptCache = []
+        if problem is None:
+            try:
+                loaded, metadata = load_prompt_cache(str(path), return_metadata=True)
+                cache = list(loaded)
+            except Exception as error:  # a file that passed its checksum yet does not parse: still only a miss
+                problem = f"unreadable ({type(error).__name__}: {error})"
+            else:
+                problem = self._check_contents(cache, metadata, entry.record)
+        if problem is not None:
+            logger.warning("prefix cache: dropping disk snapshot %s: %s", path.name, problem)
+            self._delete(key)
+            return None
+        entry.last_used = time.time()
+        path.touch()
+        return cache, entry.record.tokens
+
+    def queue(self, tokens: Sequence[int], cache: PromptCache) -> None:
+        """Queue a snapshot of `cache`, which holds `tokens`; a queued one it extends is replaced."""
+        held = tuple(tokens)
+        if len(held) < MIN_SNAPSHOT_TOKENS or any(entry.record.tokens == held for entry in self._entries.values()):
+            return
+        self._pending = [pending for pending in self._pending if pending.tokens != held[: len(pending.tokens)]]
+        self._pending.append(_Pending(held, cache))
+
+    def write_pending(self) -> None:
+        """Write the oldest queued snapshot (seconds for a long prompt's cache): call while nothing else runs."""
+        if not self._pending:
+            return
+        pending = self._pending.pop(0)
+        key = hashlib.sha256(f"{self._identity}:{pending.tokens}".encode()).hexdigest()[:32]
+        data_path = self._data_path(key)
+        partial = self._directory / f"{key}.partial.safetensors"  # mlx adds the suffix when a name lacks it
+        try:
+            save_prompt_cache(str(partial), pending.cache, {"model_identity": self._identity})
+            partial.replace(data_path)
+            record = SnapshotRecord(
+                model_identity=self._identity,
+                tokens=pending.tokens,
+                nbytes=data_path.stat().st_size,
+                sha256=_file_sha256(data_path),
+                layer_types=self._layer_types,
+            )
+            if record.nbytes > self._budget:
+                data_path.unlink()
+                return
+            self._record_path(key).write_text(record.model_dump_json())
+        except OSError as error:
+            logger.warning("prefix cache: cannot write a disk snapshot to %s: %s", self._directory, error)
+            partial.unlink(missing_ok=True)
+            self._delete(key)
+            return
+        # A snapshot this one extends holds nothing this one does not.
+        for entry in list(self._entries.values()):
+            if entry.record.tokens == pending.tokens[: len(entry.record.tokens)]:
+                self._delete(entry.key)
+        self._entries[key] = _Entry(key, record, time.time())
+        self._evict()
+
+    def _evict(self) -> None:
+        while self.nbytes > self._budget:
+            oldest = min(self._entries.values(), key=lambda entry: entry.last_used)
+            self._delete(oldest.key)
+
+    def _scan(self) -> None:
+        """Read the sidecars left by earlier runs; drop what belongs to nothing or to another model."""
+        for record_path in sorted(self._directory.glob("*.json")):
+            key = record_path.stem
+            try:
+                record = SnapshotRecord.model_validate_json(record_path.read_bytes())
+            except (OSError, ValidationError) as error:
+                logger.warning("prefix cache: dropping unreadable snapshot record %s: %s", record_path.name, error)
+                self._delete(key)
+                continue
+            if record.model_identity != self._identity:
+                logger.warning("prefix cache: dropping disk snapshot %s: it belongs to another model", key)
+                self._delete(key)
+                continue
+            data_path = self._data_path(key)
+            if not data_path.exists():
+                self._delete(key)
+                continue
+            self._entries[key] = _Entry(key, record, data_path.stat().st_mtime)
+        for data_path in self._directory.glob("*.safetensors"):  # half-written ones included
+            if data_path.stem not in self._entries:
+                data_path.unlink(missing_ok=True)
+        self._evict()
+
+    def _check_file(self, path: Path, record: SnapshotRecord) -> str | None:
+        if record.model_identity != self._identity:
+            return "it belongs to another model"
+        if record.layer_types != self._layer_types:
+            return "its layers do not match this model's"
+        try:
+            size = path.stat().st_size
+            if size != record.nbytes:
+                return f"{size} bytes where {record.nbytes} were written (truncated or overwritten)"
+            if _file_sha256(path) != record.sha256:
+                return "checksum mismatch (corrupt)"
+        except OSError as error:
+            return f"unreadable ({error})"
+        return None
+
+    def _check_contents(self, cache: PromptCache, metadata: dict[str, str], record: SnapshotRecord) -> str | None:
+        if metadata.get("model_identity") != self._identity:
+            return "its contents belong to another model"
+        if tuple(type(layer).__name__ for layer in cache) != self._layer_types:
+            return "its layers do not match this model's"
+        if held_token_count(cache) != len(record.tokens):
+            return f"it holds {held_token_count(cache)} tokens, its record says {len(record.tokens)}"
+        return None
+
+    def _delete(self, key: str) -> None:
+        self._entries.pop(key, None)
+        self._data_path(key).unlink(missing_ok=True)
+        self._record_path(key).unlink(missing_ok=True)
+
+    def _data_path(self, key: str) -> Path:
+        return self._directory / f"{key}.safetensors"
+
+    def _record_path(self, key: str) -> Path:
+        return self._directory / f"{key}.json"
+
+
+def _common_prefix(first: Sequence[int], second: Sequence[int]) -> int:
+    limit = min(len(first), len(second))
+    for index in range(limit):
+        if first[index] != second[index]:
+            return index
+    return limit
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while block := file.read(_HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()

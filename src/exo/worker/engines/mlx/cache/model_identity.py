@@ -1,0 +1,22 @@
+"""What a KV snapshot on disk is valid for: the exact weights, and the layers this runner holds of them."""
+
+import hashlib
+from pathlib import Path
+
+from exo.shared.types.worker.shards import ShardAssignment
+
+
+def model_identity(model_path: Path, shard: ShardAssignment) -> str:
+    """A digest of the model's config, its weight files (names and sizes) and the shard's layers.
+
+    Reading every weight byte would take as long as loading the model again; a converted or re-downloaded model
+    changes its files' sizes or its config, and a different split changes the layer range.
+    """
+    digest = hashlib.sha256()
+    config = model_path / "config.json"
+    digest.update(config.read_bytes() if config.exists() else b"")
+    for weights in sorted(model_path.glob("*.safetensors")):
+        digest.update(f"{weights.name}:{weights.stat().st_size};".encode())
+    split = shard.peers.layer_counts if shard.peers is not None else ()
+    digest.update(f"rank {shard.rank}/{shard.world_size} layers {shard.start_layer}-{shard.end_layer} {split}".encode())
+    return digest.hexdigest()

@@ -1,0 +1,179 @@
+"""The prefix cache across sessions and restarts: memory bounded by bytes alone, snapshots on disk that a new
+process reuses, and snapshots that fail a check rejected without changing any output."""
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+from mlx import nn
+
+from exo.worker.engines.mlx.cache import PrefixCache
+from exo.worker.engines.mlx.cache.disk_tier import MIN_SNAPSHOT_TOKENS, DiskTier
+from tests.worker.engines.mlx.cache.conftest import greedy_uncached, random_tokens, run_turn
+
+UNLIMITED = 1 << 40
+NEW_TOKENS = 8
+IDENTITY = "tiny-qwen2-hidden64-layers2"
+SYSTEM_PROMPT = random_tokens(MIN_SNAPSHOT_TOKENS + 40, seed=500)
+
+
+def _session_prompt(session: int) -> list[int]:
+    """A new session of one agent: the shared system prompt, then its own first message."""
+    return [*SYSTEM_PROMPT, *random_tokens(30, seed=600 + session)]
+
+
+def _disk(directory: Path, model: nn.Module, budget: int = UNLIMITED, identity: str = IDENTITY) -> DiskTier:
+    return DiskTier(directory, budget, identity, model)
+
+
+def _write_all(prefix_cache: PrefixCache) -> None:
+    while prefix_cache.snapshots_pending:
+        prefix_cache.write_pending_snapshot()
+
+
+def test_memory_holds_more_than_eight_sessions_when_bytes_allow(tiny_model: nn.Module) -> None:
+    prefix_cache = PrefixCache(tiny_model, UNLIMITED)
+    sessions = [[session, *random_tokens(60, seed=700 + session)] for session in range(12)]  # no shared prefix
+    answers = [run_turn(prefix_cache, tiny_model, prompt, NEW_TOKENS)[0] for prompt in sessions]
+
+    assert prefix_cache.entries == 12
+    # Every session's next turn still finds its whole history, the first one included.
+    for prompt, answer in zip(sessions, answers, strict=True):
+        follow_up = [*prompt, *answer, *random_tokens(5, seed=800)]
+        generated, lease = run_turn(prefix_cache, tiny_model, follow_up, NEW_TOKENS)
+        assert lease.cached_tokens == len(prompt) + len(answer)
+        assert generated == greedy_uncached(tiny_model, follow_up, NEW_TOKENS)
+
+
+def test_a_new_session_reuses_the_system_prompt_of_an_earlier_one(tiny_model: nn.Module) -> None:
+    prefix_cache = PrefixCache(tiny_model, UNLIMITED)
+    run_turn(prefix_cache, tiny_model, _session_prompt(1), NEW_TOKENS)
+
+    generated, lease = run_turn(prefix_cache, tiny_model, _session_prompt(2), NEW_TOKENS)
+
+    assert lease.cached_tokens == len(SYSTEM_PROMPT)
+    assert lease.disk_cached_tokens == 0
+    assert generated == greedy_uncached(tiny_model, _session_prompt(2), NEW_TOKENS)
+
+
+def test_after_a_restart_a_new_session_is_served_from_disk_with_the_cold_output(
+    tiny_model: nn.Module, tmp_path: Path
+) -> None:
+    before = PrefixCache(tiny_model, UNLIMITED, _disk(tmp_path, tiny_model))
+    run_turn(before, tiny_model, _session_prompt(1), NEW_TOKENS)
+    assert before.snapshots_pending
+    _write_all(before)
+    assert len(list(tmp_path.glob("*.safetensors"))) == 1
+
+    restarted = PrefixCache(tiny_model, UNLIMITED, _disk(tmp_path, tiny_model))
+    generated, lease = run_turn(restarted, tiny_model, _session_prompt(2), NEW_TOKENS)
+
+    assert lease.cached_tokens == len(SYSTEM_PROMPT)
+    assert lease.disk_cached_tokens == len(SYSTEM_PROMPT)
+    assert generated == greedy_uncached(tiny_model, _session_prompt(2), NEW_TOKENS)
+
+
+def test_memory_is_preferred_when_it_holds_as_much_as_disk(tiny_model: nn.Module, tmp_path: Path) -> None:
+    prefix_cache = PrefixCache(tiny_model, UNLIMITED, _disk(tmp_path, tiny_model))
+    run_turn(prefix_cache, tiny_model, _session_prompt(1), NEW_TOKENS)
+    _write_all(prefix_cache)
+
+    _, lease = run_turn(prefix_cache, tiny_model, _session_prompt(2), NEW_TOKENS)
+
+    assert lease.cached_tokens == len(SYSTEM_PROMPT)
+    assert lease.disk_cached_tokens == 0
+
+
+def _snapshot_then_restart(model: nn.Module, directory: Path) -> Path:
+    """Leave one snapshot of session 1 in `directory`; returns its data file."""
+    before = PrefixCache(model, UNLIMITED, _disk(directory, model))
+    run_turn(before, model, _session_prompt(1), NEW_TOKENS)
+    _write_all(before)
+    (data_file,) = directory.glob("*.safetensors")
+    return data_file
+
+
+def _assert_rejected_and_cold(model: nn.Module, directory: Path, caplog: pytest.LogCaptureFixture, reason: str) -> None:
+    caplog.set_level(logging.WARNING)
+    restarted = PrefixCache(model, UNLIMITED, _disk(directory, model))
+    generated, lease = run_turn(restarted, model, _session_prompt(2), NEW_TOKENS)
+
+    assert lease.cached_tokens == 0
+    assert generated == greedy_uncached(model, _session_prompt(2), NEW_TOKENS)
+    assert not list(directory.glob("*.safetensors")), "the rejected snapshot is deleted"
+    assert any("dropping" in record.message and reason in record.message for record in caplog.records)
+
+
+def test_a_corrupted_snapshot_is_rejected_and_the_request_still_succeeds(
+    tiny_model: nn.Module, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data_file = _snapshot_then_restart(tiny_model, tmp_path)
+    contents = bytearray(data_file.read_bytes())
+    contents[-100] ^= 0xFF  # inside the last layer's values: parses fine, would give wrong attention
+    data_file.write_bytes(bytes(contents))
+
+    _assert_rejected_and_cold(tiny_model, tmp_path, caplog, "checksum mismatch")
+
+
+def test_a_truncated_snapshot_is_rejected_and_the_request_still_succeeds(
+    tiny_model: nn.Module, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data_file = _snapshot_then_restart(tiny_model, tmp_path)
+    data_file.write_bytes(data_file.read_bytes()[: data_file.stat().st_size // 2])
+
+    _assert_rejected_and_cold(tiny_model, tmp_path, caplog, "truncated")
+
+
+def test_another_models_snapshot_is_rejected_and_the_request_still_succeeds(
+    tiny_model: nn.Module, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    other = tmp_path / "other-model"
+    foreign = PrefixCache(tiny_model, UNLIMITED, _disk(other, tiny_model, identity="another-model"))
+    run_turn(foreign, tiny_model, _session_prompt(1), NEW_TOKENS)
+    _write_all(foreign)
+    ours = tmp_path / "ours"
+    shutil.copytree(other, ours)  # its files, checksums intact, in this model's folder
+
+    _assert_rejected_and_cold(tiny_model, ours, caplog, "another model")
+    assert not list(ours.glob("*.json"))
+
+
+def test_a_snapshot_whose_record_was_rewritten_for_this_model_is_still_rejected(
+    tiny_model: nn.Module, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    other = tmp_path / "other-model"
+    foreign = PrefixCache(tiny_model, UNLIMITED, _disk(other, tiny_model, identity="another-model"))
+    run_turn(foreign, tiny_model, _session_prompt(1), NEW_TOKENS)
+    _write_all(foreign)
+    ours = tmp_path / "ours"
+    shutil.copytree(other, ours)
+    (record,) = ours.glob("*.json")
+    record.write_text(record.read_text().replace("another-model", IDENTITY))  # the data file still says otherwise
+
+    _assert_rejected_and_cold(tiny_model, ours, caplog, "another model")
+
+
+def test_the_disk_tier_keeps_within_its_byte_budget_evicting_the_least_recently_used(
+    tiny_model: nn.Module, tmp_path: Path
+) -> None:
+    probe_directory = tmp_path / "probe"
+    _snapshot_then_restart(tiny_model, probe_directory)
+    (probe_file,) = probe_directory.glob("*.safetensors")
+    budget = probe_file.stat().st_size * 5 // 2  # two snapshots of this size fit, three do not
+    directory = tmp_path / "bounded"
+    prefix_cache = PrefixCache(tiny_model, UNLIMITED, _disk(directory, tiny_model, budget=budget))
+    sessions = [[session, *random_tokens(len(_session_prompt(0)) - 1, seed=900 + session)] for session in range(4)]
+
+    disk = prefix_cache.disk
+    assert disk is not None
+    for prompt in sessions:
+        run_turn(prefix_cache, tiny_model, prompt, 0)
+        _write_all(prefix_cache)
+        assert disk.nbytes <= budget
+        assert sum(path.stat().st_size for path in directory.glob("*.safetensors")) <= budget
+
+    assert disk.entries == 2
+    restarted = PrefixCache(tiny_model, UNLIMITED, _disk(directory, tiny_model, budget=budget))
+    assert restarted.acquire(sessions[0]).cached_tokens == 0
+    assert restarted.acquire(sessions[3]).disk_cached_tokens == len(sessions[3]) - 1
