@@ -23,6 +23,7 @@ from exo.worker.engines.mlx.cache.layer_cache import new_prompt_cache
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings, EngineContext
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
 from exo.worker.engines.mlx.generator.generate import generate_tokens
+from exo.worker.engines.mlx.generator.prefill import PiecePacer, PromptPrefill
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings, PromptLookup
 from exo.worker.engines.mlx.generator.sampling import GREEDY
@@ -81,18 +82,19 @@ def speculative_greedy(
     """Greedy decoding on the solo decoder with drafts from `propose`; at least LENGTH tokens. Without a `policy`
     given, one without measured costs verifies every draft."""
     produced: list[int] = []
+    prefill = PromptPrefill(loaded.model, new_prompt_cache(loaded.model), prompt, PiecePacer())
+    while not prefill.finished:
+        prefill.step()
     decoder = SoloDecoder(
         loaded.model,
-        new_prompt_cache(loaded.model),
-        fed=(),
-        pending=prompt,
+        prefill.cache,
+        fed=prefill.fed,
+        pending=prefill.pending,
         sampler=GREEDY,
         processors=RequestProcessors((), ()),
         drafts=lambda limit: propose(produced, limit) if produced else [],
         policy=policy or DraftPolicy(StepCosts(), maximum=8),
     )
-    while decoder.prefilling:
-        decoder.prefill()
     while len(produced) < LENGTH:
         decoder.launch(LENGTH - len(produced) - 1)
         produced += decoder.collect()

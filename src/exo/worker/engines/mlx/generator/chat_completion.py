@@ -34,6 +34,7 @@ from exo.worker.engines.mlx.constrained import callable_functions, constraint_sp
 from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
 from exo.worker.engines.mlx.generator.copy_views import copy_views
 from exo.worker.engines.mlx.generator.generate import clamp_max_tokens
+from exo.worker.engines.mlx.generator.prefill import PIECE_SECONDS
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings, PromptLookup
 from exo.worker.engines.mlx.generator.sampling import (
@@ -58,7 +59,9 @@ class DecodeSettings:
     batch_size: int = 8
     speculation: LookupSettings | None = field(default_factory=LookupSettings)
     prefill_step_size: int = 512
-    """Prompt tokens per forward pass while prefilling: a batch's other members wait this long between tokens."""
+    """Prompt tokens per forward pass while a pipeline prefills (its ranks prefill in lockstep)."""
+    prefill_piece_seconds: float = PIECE_SECONDS
+    """Target wall time of one prefill piece: how long a cancel or a batch's other members wait at most, about."""
 
 
 @dataclass

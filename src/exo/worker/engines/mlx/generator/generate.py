@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from exo.shared.types.tasks import SamplingParams
 from exo.shared.types.worker.runner_response import GenerationResponse
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
+from exo.worker.engines.mlx.generator.prefill import PiecePacer, PromptPrefill
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import LogitsProcessor, make_request_sampler, penalty_processors
 from exo.worker.engines.mlx.generator.solo import SoloDecoder
@@ -46,17 +47,23 @@ def generate_tokens(
     eos_token_ids = set(tokenizer.eos_token_ids)
     detokenizer = tokenizer.detokenizer
     processors = RequestProcessors([*penalty_processors(sampling), *logits_processors], ())
-    decoder = SoloDecoder(
+    prefill = PromptPrefill(
         loaded.model,
         prompt_cache if prompt_cache is not None else new_prompt_cache(loaded.model),
-        fed=(),
-        pending=prompt_tokens,
+        prompt_tokens,
+        PiecePacer(),
+    )
+    while not prefill.finished:
+        prefill.step()
+    decoder = SoloDecoder(
+        loaded.model,
+        prefill.cache,
+        fed=prefill.fed,
+        pending=prefill.pending,
         sampler=make_request_sampler(sampling),
         processors=processors,
         drafts=None,
     )
-    while decoder.prefilling:
-        decoder.prefill()
     decoder.launch(0)
     generated = 0
     while True:

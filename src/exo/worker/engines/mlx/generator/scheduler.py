@@ -1,5 +1,9 @@
 """Which decoder runs the active requests of one model, between tokens.
 
+A request first prefills the part of its prompt the prefix cache does not hold, one piece per step (pieces sized by
+time, `prefill.py`), one request at a time in order of arrival, while the others keep decoding; a cancel between
+pieces stops it and what was computed still fills the prefix cache. Then it decodes.
+
 One request alone decodes on the `SoloDecoder`, where it can use prompt-lookup speculation (drafts verified in one
 forward pass). Two or more share one mlx-lm batch: a request arriving while another decodes alone moves that one
 into the batch with its KV cache (no token is recomputed), and when a batch is down to one speculative (greedy)
@@ -20,6 +24,7 @@ from exo.worker.engines.mlx.cache.layer_cache import PromptCache, trim_tokens
 from exo.worker.engines.mlx.generator.batch import BatchDecoder, BatchMember
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
+from exo.worker.engines.mlx.generator.prefill import PiecePacer, PromptPrefill
 from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
 from exo.worker.engines.mlx.generator.solo import SoloDecoder, SpeculationStats
 
@@ -37,13 +42,26 @@ class RequestUpdate:
     generated_tokens: int
 
 
+@dataclass(frozen=True)
+class _Prefilled:
+    """A request whose prompt is in its cache, about to decode."""
+
+    request: ChatRequest
+    cache: PromptCache
+    fed: list[int]
+    pending: list[int]
+
+
 class GenerationScheduler:
     """The active requests of one loaded model and the decoder each one is on."""
 
     def __init__(self, model: nn.Module, settings: DecodeSettings) -> None:
         self._model = model
         self._settings = settings
-        self._waiting: dict[TaskId, ChatRequest] = {}
+        self._pacer = PiecePacer(settings.prefill_piece_seconds)
+        self._prefilling: dict[TaskId, tuple[ChatRequest, PromptPrefill]] = {}
+        """In order of arrival; the first one is fed a piece per step."""
+        self._waiting: dict[TaskId, _Prefilled] = {}
         self._solo: tuple[ChatRequest, SoloDecoder] | None = None
         self._batch: BatchDecoder | None = None
         self._batched: dict[TaskId, ChatRequest] = {}
@@ -55,16 +73,25 @@ class GenerationScheduler:
     @property
     def active(self) -> int:
         """Requests admitted and not finished, cancelled or failed."""
+        return len(self._prefilling) + self._decoding
+
+    @property
+    def _decoding(self) -> int:
         return len(self._waiting) + len(self._batched) + (1 if self._solo else 0)
 
     def admit(self, request: ChatRequest) -> None:
-        """Take a request; it starts decoding at the next step."""
-        self._waiting[request.task_id] = request
+        """Take a request; its prefill starts once the requests admitted before it have prefilled."""
+        prefill = PromptPrefill(self._model, request.take_cache(), request.prefill_tokens, self._pacer)
+        self._prefilling[request.task_id] = (request, prefill)
 
     def cancel(self, task_id: TaskId) -> int | None:
         """Drop a request (no more chunks); returns how many tokens it had generated, None if it is not here."""
-        if (request := self._waiting.pop(task_id, None)) is not None:
-            request.cancel(None)
+        if (prefilling := self._prefilling.pop(task_id, None)) is not None:
+            request, prefill = prefilling
+            request.cancel(prefill.cache)
+        elif (prefilled := self._waiting.pop(task_id, None)) is not None:
+            request = prefilled.request
+            request.cancel(prefilled.cache)
         elif self._solo is not None and self._solo[0].task_id == task_id:
             request, decoder = self._solo
             self._solo = None
@@ -77,35 +104,57 @@ class GenerationScheduler:
         return len(request.generated)
 
     def step(self) -> list[RequestUpdate]:
-        """Advance every active request by one decode step (or one prefill chunk)."""
-        updates: list[RequestUpdate] = []
-        if self.active > 1 and self._solo is not None:
+        """Feed one prefill piece of the first request still prefilling, and advance every decoding request by one
+        decode step."""
+        updates = self._prefill_step()
+        if self._decoding > 1 and self._solo is not None:
             updates += self._end_solo()
-        if self.active == 0:
+        if self._decoding == 0:
             return updates
-        if self.active == 1:
+        if self._decoding == 1:
             self._leave_batch_if_alone()
             if self._solo is None and self._waiting:
-                request = self._waiting.popitem()[1]
-                self._start_solo(request, request.take_cache(), fed=[], pending=request.prefill_tokens)
+                prefilled = self._waiting.popitem()[1]
+                self._start_solo(prefilled.request, prefilled.cache, fed=prefilled.fed, pending=prefilled.pending)
             if self._solo is not None:
                 return updates + self._solo_step()
             return updates + self._batch_step()
-        for request in self._waiting.values():
-            self._join_batch(request, request.take_cache(), fed=[], pending=request.prefill_tokens)
+        for prefilled in self._waiting.values():
+            self._join_batch(prefilled.request, prefilled.cache, fed=prefilled.fed, pending=prefilled.pending)
         self._waiting.clear()
         return updates + self._batch_step()
 
     def fail_all(self, error: Exception) -> list[RequestUpdate]:
         """Fail every active request (something outside any one request broke) and start afresh."""
-        requests = [*self._waiting.values(), *self._batched.values()]
+        requests = [request for request, _ in self._prefilling.values()]
+        requests += [prefilled.request for prefilled in self._waiting.values()]
+        requests += self._batched.values()
         if self._solo is not None:
             requests.append(self._solo[0])
+        self._prefilling.clear()
         self._waiting.clear()
         self._batched.clear()
         self._solo = None
         self._reset_batch()
         return [self._failed(request, error) for request in requests]
+
+    # ---- prefill --------------------------------------------------------------------------------
+
+    def _prefill_step(self) -> list[RequestUpdate]:
+        """One piece of the oldest prefilling request's prompt; a request whose prompt is in moves on to decode."""
+        if not self._prefilling:
+            return []
+        task_id, (request, prefill) = next(iter(self._prefilling.items()))
+        try:
+            prefill.step()
+        except Exception as error:
+            logger.exception("prefill failed for task %s", task_id)
+            del self._prefilling[task_id]
+            return [self._failed(request, error)]
+        if prefill.finished:
+            del self._prefilling[task_id]
+            self._waiting[task_id] = _Prefilled(request, prefill.cache, fed=prefill.fed, pending=prefill.pending)
+        return []
 
     # ---- alone ----------------------------------------------------------------------------------
 
@@ -121,7 +170,6 @@ class GenerationScheduler:
             drafts=request.propose_draft if speculation else None,
             policy=self._draft_policy(speculation) if speculation else None,
             costs=self.step_costs,
-            prefill_step_size=self._settings.prefill_step_size,
         )
         self._solo = (request, decoder)
 
@@ -133,14 +181,6 @@ class GenerationScheduler:
     def _solo_step(self) -> list[RequestUpdate]:
         assert self._solo is not None
         request, decoder = self._solo
-        if decoder.prefilling:
-            try:
-                decoder.prefill()
-            except Exception as error:
-                logger.exception("prefill failed for task %s", request.task_id)
-                self._solo = None
-                return [self._failed(request, error)]
-            return []
         if not decoder.launched:
             decoder.launch(request.remaining_tokens - 1)
         update = self._collect_solo()

@@ -1,5 +1,5 @@
-"""Decoding one sequence with the model to itself: chunked prefill, then one forward pass per step that also checks
-prompt-lookup drafts.
+"""Decoding one sequence with the model to itself (its prompt already prefilled): one forward pass per step that also
+checks prompt-lookup drafts.
 
 A step feeds the pending token plus any draft tokens, samples at every position and keeps the drafts up to the first
 one that differs from the model's own choice, plus that choice: one to `len(draft) + 1` tokens per forward pass.
@@ -18,7 +18,7 @@ import mlx.core as mx
 from mlx import nn
 from mlx_lm.generate import generation_stream
 
-from exo.worker.engines.mlx.cache.layer_cache import PromptCache, materialize, trim_tokens
+from exo.worker.engines.mlx.cache.layer_cache import PromptCache, trim_tokens
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, PassTimes, StepCosts
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import Sampler
@@ -49,7 +49,8 @@ class SpeculationStats:
 
 
 class SoloDecoder:
-    """Decodes one sequence: feeds `pending` on top of `cache` (which already holds the cached prefix and `fed`)."""
+    """Decodes one sequence: feeds `pending` (one token) on top of `cache`, which holds the prompt but its last token
+    (the cached prefix, then `fed`)."""
 
     def __init__(
         self,
@@ -63,22 +64,20 @@ class SoloDecoder:
         drafts: DraftSource | None,
         policy: DraftPolicy | None = None,
         costs: StepCosts | None = None,
-        prefill_step_size: int = 512,
     ) -> None:
-        if not pending:
-            raise ValueError("a decoder needs at least one token to feed")
+        if len(pending) != 1:
+            raise ValueError(f"a decoder starts from one token to feed, not {len(pending)} (prefill the rest first)")
         self._model = model
         self.cache = cache
         self.fed: list[int] = list(fed)
         """Tokens the cache holds after the cached prefix, in order: what processors are shown before new ones."""
         self.pending: list[int] = list(pending)
-        """Tokens not fed yet: the rest of the prompt while prefilling, then the last sampled token."""
+        """The token to feed next: the prompt's last, then the last sampled one."""
         self._sampler = sampler
         self._processors = processors
         self._drafts = drafts
         self._policy = policy
         self._times = PassTimes(costs) if costs is not None else None
-        self._prefill_step_size = prefill_step_size
         self._launched: _LaunchedStep | None = None
         self._unverified: list[int] = []
         """A draft the policy declined, checked against the tokens the model goes on to write: whether it would have
@@ -87,29 +86,14 @@ class SoloDecoder:
         self.stats = SpeculationStats()
 
     @property
-    def prefilling(self) -> bool:
-        """Prompt tokens are left to prefill before the first decode step."""
-        return len(self.pending) > 1
-
-    @property
     def launched(self) -> bool:
         """A step is being computed; `collect` returns its tokens."""
         return self._launched is not None
 
-    def prefill(self) -> None:
-        """Feed one chunk of the prompt (all but its last token, which the first decode step feeds)."""
-        chunk = self.pending[: min(self._prefill_step_size, len(self.pending) - 1)]
-        with mx.stream(generation_stream):
-            self._model(mx.array(chunk)[None], cache=self.cache)
-            materialize(self.cache)
-        mx.clear_cache()
-        self.fed += chunk
-        self.pending = self.pending[len(chunk) :]
-
     def launch(self, draft_limit: int) -> None:
         """Start the step that feeds the pending token, with up to `draft_limit` draft tokens when there are any."""
-        if self.prefilling or self._launched is not None:
-            raise RuntimeError("launch needs a prefilled sequence and no step in flight")
+        if self._launched is not None:
+            raise RuntimeError("launch needs no step in flight")
         inputs = [*self.pending, *self._draft(draft_limit)]
         started = time.perf_counter()
         with mx.stream(generation_stream):

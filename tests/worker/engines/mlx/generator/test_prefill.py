@@ -1,0 +1,70 @@
+"""Prefill in pieces sized by time: the pacer's sizing, answers that do not depend on the piece sizes, and a cancel
+between pieces that keeps what was computed."""
+
+import pytest
+
+from exo.shared.types.chunks import FinishChunk
+from exo.worker.engines.mlx.cache.layer_cache import held_token_count
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings
+from exo.worker.engines.mlx.generator.prefill import FIRST_PIECE_TOKENS, MAX_GROWTH, MAX_PIECE_TOKENS, PiecePacer
+from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
+from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, user
+from tests.worker.engines.mlx.generator.scheduling import engine_context, run_alone, task
+
+TARGET = 0.3
+LONG_CONVERSATION = {"messages": [user("tell me about the weather " * 120)], "max_tokens": 6}
+
+
+def test_the_first_piece_is_small_and_each_next_one_fits_the_target_time() -> None:
+    pacer = PiecePacer(TARGET)
+    assert pacer.size == FIRST_PIECE_TOKENS
+
+    pacer.record(100, 0.6)  # twice the target: half as many tokens
+    assert pacer.size == 50
+    pacer.record(50, 0.3)  # on target: the same again
+    assert pacer.size == 50
+    pacer.record(50, 0.001)  # far under the target: grows, but only by MAX_GROWTH at a time
+    assert pacer.size == int(50 * MAX_GROWTH)
+
+
+def test_pieces_stay_within_bounds() -> None:
+    pacer = PiecePacer(TARGET)
+    pacer.record(4000, 0.0)
+    assert pacer.size == MAX_PIECE_TOKENS
+    pacer.record(10, 60.0)
+    assert pacer.size == 1
+    with pytest.raises(ValueError, match="positive"):
+        PiecePacer(0)
+
+
+def test_the_answer_does_not_depend_on_the_piece_sizes() -> None:
+    slow = DecodeSettings(batch_size=1, speculation=None, prefill_piece_seconds=1e-6)  # pieces of one token
+    fast = DecodeSettings(batch_size=1, speculation=None, prefill_piece_seconds=60)
+    model = FIXTURE_MODELS_DIR / "tiny-qwen-tools"
+
+    by_token = run_alone(engine_context(model, slow), task(LONG_CONVERSATION))
+    by_large_pieces = run_alone(engine_context(model, fast), task(LONG_CONVERSATION))
+
+    assert by_token.normalised() == by_large_pieces.normalised()
+    assert isinstance(by_token.last, FinishChunk)
+
+
+def test_a_cancel_between_pieces_leaves_what_was_prefilled_in_the_prefix_cache() -> None:
+    settings = DecodeSettings(batch_size=1, speculation=None, prefill_piece_seconds=1e-6)
+    context = engine_context(FIXTURE_MODELS_DIR / "tiny-qwen-tools", settings, prefix_cache_bytes=1 << 26)
+    scheduler = GenerationScheduler(context.loaded.model, settings)
+    first = task(LONG_CONVERSATION)
+    request = ChatRequest.open(context, first)
+    cache = request.take_cache()
+    scheduler.admit(request)
+
+    for _ in range(5):
+        assert scheduler.step() == []  # prefilling: nothing to send yet
+    prefilled = held_token_count(cache)
+    assert prefilled is not None
+    assert 0 < prefilled < len(request.prompt_tokens) - 1
+    assert scheduler.cancel(first.task_id) == 0
+    assert scheduler.active == 0
+
+    again = ChatRequest.open(context, task(LONG_CONVERSATION))
+    assert again.cached_tokens == prefilled
