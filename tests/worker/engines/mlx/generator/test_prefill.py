@@ -9,10 +9,10 @@ from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, Decode
 from exo.worker.engines.mlx.generator.prefill import FIRST_PIECE_TOKENS, MAX_GROWTH, MAX_PIECE_TOKENS, PiecePacer
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, user
-from tests.worker.engines.mlx.generator.scheduling import engine_context, run_alone, task
+from tests.worker.engines.mlx.generator.scheduling import JsonBody, engine_context, run_alone, task
 
 TARGET = 0.3
-LONG_CONVERSATION = {"messages": [user("tell me about the weather " * 120)], "max_tokens": 6}
+LONG_CONVERSATION: JsonBody = {"messages": [user("tell me about the weather " * 120)], "max_tokens": 6}
 
 
 def test_the_first_piece_is_small_and_each_next_one_fits_the_target_time() -> None:
