@@ -8,7 +8,7 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from exo.shared.types.chunks import FinishChunk
+from exo.shared.types.chunks import FinishChunk, PrefillProgressChunk
 from exo.shared.types.worker.runner_response import (
     CancelTask,
     RunnerBootstrap,
@@ -82,7 +82,14 @@ def test_a_cancel_during_a_long_prefill_frees_the_runner_within_a_second(runner:
     long_task = chat_task(LONG_PROMPT, max_tokens=4)
     runner.send(RunTask(task=long_task))
     time.sleep(CANCEL_AFTER_SECONDS)
-    assert runner.receive(0) is None, "the prefill ended before the cancel: the prompt is too short to test it"
+    progress: list[PrefillProgressChunk] = []
+    while (message := runner.receive(0)) is not None:
+        assert isinstance(message, TaskChunk)
+        assert isinstance(message.chunk, PrefillProgressChunk), "the prefill ended before the cancel"
+        progress.append(message.chunk)
+    # Progress came piece by piece while the prefill went on.
+    assert len(progress) > 2
+    assert 0 < progress[-1].done_tokens < progress[-1].prompt_tokens
 
     cancelled_at = time.monotonic()
     runner.send(CancelTask(task_id=long_task.task_id))

@@ -11,6 +11,8 @@ class Usage(FrozenModel):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    # Of the cached tokens, those read from the prefix cache's disk tier (the rest were in memory).
+    disk_cached_tokens: int = 0
     reasoning_tokens: int = 0
 
     @property

@@ -59,16 +59,17 @@ class Outcome:
         return self.chunks[-1]
 
     def normalised(self) -> list[str]:
-        """The chunks as JSON, with random tool-call ids and cache-dependent fields (usage, progress) blanked."""
+        """The chunks as JSON, with random tool-call ids and cache-dependent usage blanked, without the prefill
+        progress (its pieces are sized by the time they take)."""
         lines: list[str] = []
         for chunk in self.chunks:
             shown = chunk
             if isinstance(chunk, ToolCallChunk):
                 shown = chunk.model_copy(update={"call_id": "call"})
             if isinstance(chunk, FinishChunk):
-                shown = chunk.model_copy(update={"usage": chunk.usage.model_copy(update={"cached_tokens": 0})})
+                shown = chunk.model_copy(update={"usage": chunk.usage.model_copy(update={"cached_tokens": 0, "disk_cached_tokens": 0})})
             if isinstance(chunk, PrefillProgressChunk):
-                shown = chunk.model_copy(update={"cached_tokens": 0})
+                continue
             lines.append(shown.model_dump_json())
         return lines
 

@@ -3,7 +3,7 @@ between pieces that keeps what was computed."""
 
 import pytest
 
-from exo.shared.types.chunks import FinishChunk
+from exo.shared.types.chunks import FinishChunk, PrefillProgressChunk
 from exo.worker.engines.mlx.cache.layer_cache import held_token_count
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings
 from exo.worker.engines.mlx.generator.prefill import FIRST_PIECE_TOKENS, MAX_GROWTH, MAX_PIECE_TOKENS, PiecePacer
@@ -58,11 +58,22 @@ def test_a_cancel_between_pieces_leaves_what_was_prefilled_in_the_prefix_cache()
     cache = request.take_cache()
     scheduler.admit(request)
 
+    progress: list[int] = []
     for _ in range(5):
-        assert scheduler.step() == []  # prefilling: nothing to send yet
+        for update in scheduler.step():
+            assert update.task_id == first.task_id
+            assert not update.done
+            (chunk,) = update.chunks
+            assert isinstance(chunk, PrefillProgressChunk)
+            assert chunk.prompt_tokens == len(request.prompt_tokens)
+            progress.append(chunk.done_tokens)
     prefilled = held_token_count(cache)
     assert prefilled is not None
     assert 0 < prefilled < len(request.prompt_tokens) - 1
+    # One report per piece, each further on, the last one saying what the cache holds.
+    assert len(progress) == 5
+    assert progress == sorted(set(progress))
+    assert progress[-1] == prefilled
     assert scheduler.cancel(first.task_id) == 0
     assert scheduler.active == 0
 

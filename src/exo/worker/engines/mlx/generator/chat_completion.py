@@ -233,7 +233,10 @@ class ChatRequest:
     def prefill_progress(self, done_tokens: int) -> PrefillProgressChunk:
         """Where this request's prefill stands once `done_tokens` of its prompt are computed or cached."""
         return PrefillProgressChunk(
-            prompt_tokens=len(self._prompt.tokens), done_tokens=done_tokens, cached_tokens=self.cached_tokens
+            prompt_tokens=len(self._prompt.tokens),
+            done_tokens=done_tokens,
+            cached_tokens=self.cached_tokens,
+            disk_cached_tokens=self._lease.disk_cached_tokens if self._lease else 0,
         )
 
     def take_cache(self) -> PromptCache:
@@ -317,6 +320,7 @@ class ChatRequest:
             prompt_tokens=len(self._prompt.tokens),
             completion_tokens=len(self.generated),
             cached_tokens=self._lease.cached_tokens if self._lease else 0,
+            disk_cached_tokens=self._lease.disk_cached_tokens if self._lease else 0,
             reasoning_tokens=self._reasoning_tokens,
         )
         finish = _finish_reason(self.finish_reason, self._parser, self._task.params.tool_policy)

@@ -141,7 +141,8 @@ class GenerationScheduler:
     # ---- prefill --------------------------------------------------------------------------------
 
     def _prefill_step(self) -> list[RequestUpdate]:
-        """One piece of the oldest prefilling request's prompt; a request whose prompt is in moves on to decode."""
+        """One piece of the oldest prefilling request's prompt, reported as progress; a request whose prompt is in
+        moves on to decode."""
         if not self._prefilling:
             return []
         task_id, (request, prefill) = next(iter(self._prefilling.items()))
@@ -154,7 +155,10 @@ class GenerationScheduler:
         if prefill.finished:
             del self._prefilling[task_id]
             self._waiting[task_id] = _Prefilled(request, prefill.cache, fed=prefill.fed, pending=prefill.pending)
-        return []
+        if not prefill.fed:
+            return []  # nothing to prefill: the start was reported at admission, the end comes with the first token
+        progress = request.prefill_progress(request.cached_tokens + len(prefill.fed))
+        return [RequestUpdate(task_id, [progress], done=False, generated_tokens=0)]
 
     # ---- alone ----------------------------------------------------------------------------------
 
