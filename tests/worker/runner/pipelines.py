@@ -7,7 +7,7 @@ from pathlib import Path
 import anyio
 
 from exo.shared.types.api import FunctionDefinition
-from exo.shared.types.chunks import Chunk, ToolCallChunk
+from exo.shared.types.chunks import Chunk, PrefillProgressChunk, ToolCallChunk
 from exo.shared.types.common import ModelId, new_command_id, new_runner_id, new_task_id
 from exo.shared.types.tasks import (
     ChatCompletionTask,
@@ -49,10 +49,17 @@ def task(
 
 
 def comparable(chunks: Sequence[Chunk]) -> list[Chunk]:
-    """Chunks with the random tool-call ids made equal, so two runs of the same task compare."""
+    """Chunks with the random tool-call ids made equal, so two runs of the same task compare, and only the start and
+    end of the prefill progress (a whole-model runner also reports between its pieces, which are sized by time)."""
+    kept = [
+        chunk
+        for chunk in chunks
+        if not isinstance(chunk, PrefillProgressChunk)
+        or chunk.done_tokens in (chunk.cached_tokens, chunk.prompt_tokens)
+    ]
     return [
         chunk.model_copy(update={"call_id": f"call_{position}"}) if isinstance(chunk, ToolCallChunk) else chunk
-        for position, chunk in enumerate(chunks)
+        for position, chunk in enumerate(kept)
     ]
 
 
