@@ -67,7 +67,8 @@ class Outcome:
             if isinstance(chunk, ToolCallChunk):
                 shown = chunk.model_copy(update={"call_id": "call"})
             if isinstance(chunk, FinishChunk):
-                shown = chunk.model_copy(update={"usage": chunk.usage.model_copy(update={"cached_tokens": 0, "disk_cached_tokens": 0})})
+                blanked = chunk.usage.model_copy(update={"cached_tokens": 0, "disk_cached_tokens": 0})
+                shown = chunk.model_copy(update={"usage": blanked})
             if isinstance(chunk, PrefillProgressChunk):
                 continue
             lines.append(shown.model_dump_json())
