@@ -8,7 +8,7 @@ to nothing but exo. Both print one JSON event per line, parsed into `CliRun`.
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -77,12 +77,20 @@ def _run(arguments: Sequence[str], project: Path, environment: dict[str, str], t
 
 
 def run_claude_code(
-    binary: Path, project: Path, home: Path, *, base_url: str, model: str, prompt: str, timeout: float
+    binary: Path,
+    project: Path,
+    home: Path,
+    *,
+    base_url: str,
+    model: str,
+    prompt: str,
+    timeout: float,
+    environment: Mapping[str, str] | None = None,
 ) -> CliRun:
     """`claude -p <prompt>` with a one-line system prompt and only the Write tool, edits allowed, against exo.
 
     ANTHROPIC_BASE_URL is exo's root (Claude Code appends /v1/messages); the attribution header is switched off as
-    docs/AGENTS.md recommends (exo drops it anyway).
+    docs/AGENTS.md recommends (exo drops it anyway). `environment` adds settings (such as API_TIMEOUT_MS).
     """
     environment = isolated_environment(
         home,
@@ -93,6 +101,7 @@ def run_claude_code(
             "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
             "DISABLE_AUTOUPDATER": "1",
             "DISABLE_TELEMETRY": "1",
+            **(environment or {}),
         },
     )
     arguments = [

@@ -70,13 +70,15 @@ def provider_config(
     *,
     agent_prompt: str | None = None,
     disabled_tools: Sequence[str] = (),
+    provider_options: JsonObject | None = None,
 ) -> JsonObject:
     """An opencode.json that routes `exo/<model_id>` to exo's OpenAI-compatible API at `base_url` (ending in /v1).
 
     File edits are allowed up front because a headless run cannot answer a permission prompt; the title agent is
     disabled so a run makes only the requests of the conversation itself. `agent_prompt` replaces the build agent's
     system prompt and `disabled_tools` switches tools off (opencode still sends its environment block and the tools
-    left on, each with its full description and schema).
+    left on, each with its full description and schema). `provider_options` adds to the provider's options (such as
+    its `headerTimeout`).
     """
     build_agent: JsonObject = {} if agent_prompt is None else {"build": {"prompt": agent_prompt}}
     return {
@@ -90,7 +92,7 @@ def provider_config(
             PROVIDER_ID: {
                 "npm": "@ai-sdk/openai-compatible",
                 "name": "exo",
-                "options": {"baseURL": base_url},
+                "options": {"baseURL": base_url, **(provider_options or {})},
                 "models": {
                     model_id: {
                         "name": model_id,
