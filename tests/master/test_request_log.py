@@ -1,0 +1,81 @@
+"""The per-request log line: what it says for a request that finished, failed before its prefill or was left by its
+client (a scripted clock), and that `-q` hides it on a real node."""
+
+from pathlib import Path
+
+import pytest
+
+from exo.master.request_log import RequestTimeline
+from exo.shared.types.chunks import ErrorChunk, FinishChunk, PrefillProgressChunk, TokenChunk, Usage
+from exo.shared.types.common import ModelId, NodeId
+from tests.exo_server import fixture_model, running_exo
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def timeline(clock: Clock) -> RequestTimeline:
+    return RequestTimeline("messages", ModelId("m"), NodeId("n1"), received_at=clock.now, clock=clock)
+
+
+def test_a_finished_request_logs_its_tokens_times_and_finish_reason() -> None:
+    clock = Clock()
+    request = timeline(clock)
+    clock.now = 100.5  # queued half a second
+    request.observe(
+        PrefillProgressChunk(prompt_tokens=1000, done_tokens=600, cached_tokens=600, disk_cached_tokens=200)
+    )
+    clock.now = 104.5
+    request.observe(
+        PrefillProgressChunk(prompt_tokens=1000, done_tokens=1000, cached_tokens=600, disk_cached_tokens=200)
+    )
+    clock.now = 104.75
+    request.observe(TokenChunk(text="Hi"))
+    assert request.where() == "decode"
+    clock.now = 106.75  # 10 more tokens in 2 s
+    usage = Usage(prompt_tokens=1000, completion_tokens=11, cached_tokens=600)
+    request.observe(FinishChunk(finish_reason="stop", usage=usage))
+    assert request.line(cancelled=False) == (
+        "request messages model=m node=n1 prompt=1000 cached=600 (disk 200) queue=0.50s prefill=4.00s ttft=4.75s "
+        "output=11 decode=5.0 tok/s finish=stop"
+    )
+
+
+def test_a_request_refused_before_its_prefill_logs_dashes_and_the_error_kind() -> None:
+    clock = Clock()
+    request = timeline(clock)
+    assert request.where() == "queued"
+    request.observe(ErrorChunk(error="context_length_exceeded", message="too long"))
+    assert request.line(cancelled=True) == (
+        "request messages model=m node=n1 prompt=- cached=- (disk -) queue=- prefill=- ttft=- output=- decode=- "
+        "finish=error:context_length_exceeded"
+    )
+
+
+def test_a_request_its_client_left_during_prefill_logs_cancelled_with_its_progress() -> None:
+    clock = Clock()
+    request = timeline(clock)
+    clock.now = 101.0
+    request.observe(PrefillProgressChunk(prompt_tokens=5000, done_tokens=0, cached_tokens=0))
+    assert request.where() == "prefill 0/5000 tokens (0 cached)"
+    assert request.line(cancelled=True) == (
+        "request messages model=m node=n1 prompt=5000 cached=0 (disk 0) queue=1.00s prefill=- ttft=- output=- "
+        "decode=- finish=cancelled"
+    )
+
+
+@pytest.mark.slow  # a real node
+def test_quiet_hides_the_request_lines(tmp_path: Path) -> None:
+    with running_exo([fixture_model("tiny-qwen-tools")], tmp_path, ["-q"]) as server:
+        reply = server.openai_client().chat.completions.create(
+            model="tiny-qwen-tools", messages=[{"role": "user", "content": "Hello!"}], max_tokens=5
+        )
+        assert reply.choices[0].message.content
+        log = server.log()
+    assert "request chat.completions" not in log
+    assert "exo.master" not in log  # nothing else at INFO either: the flag took effect
