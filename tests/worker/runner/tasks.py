@@ -40,9 +40,12 @@ async def until_ready(supervisor: RunnerSupervisor) -> None:
 
 
 @asynccontextmanager
-async def running_supervisor(batch_size: int = 8) -> AsyncGenerator[RunnerSupervisor]:
-    """A RunnerSupervisor with a real runner subprocess serving tiny-qwen-tools, ready to take tasks."""
-    config = RunnerConfig(model_id=MODEL, model_path=fixture_model(MODEL), batch_size=batch_size)
+async def running_supervisor(
+    batch_size: int = 8, config: RunnerConfig | None = None
+) -> AsyncGenerator[RunnerSupervisor]:
+    """A RunnerSupervisor with a real runner subprocess serving tiny-qwen-tools (or as `config` says), ready to take
+    tasks."""
+    config = config or RunnerConfig(model_id=MODEL, model_path=fixture_model(MODEL), batch_size=batch_size)
     supervisor = RunnerSupervisor(new_runner_id(), config)
     async with anyio.create_task_group() as group:
         group.start_soon(supervisor.run)
