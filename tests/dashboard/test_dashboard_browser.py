@@ -7,6 +7,7 @@ second. The tests run in file order: the kill of beta comes last. Screenshots la
 """
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -259,13 +260,17 @@ def test_the_activity_view_shows_requests_in_flight_and_the_tokens_per_second(
     page = open_page(browser, watch, f"{alpha.base_url}/#activity")
     in_flight = page.get_by_role("table", name="Requests in flight")
     stop = threading.Event()
-    clients = [threading.Thread(target=_generate_until, args=(alpha, stop)) for _ in range(2)]
+    clients = [threading.Thread(target=_generate_until, args=(alpha, stop)) for _ in range(3)]
     for client in clients:
         client.start()
     try:
         expect(in_flight).to_contain_text(ENDLESS, timeout=LIVE_WITHIN_MS)
-        expect(in_flight).to_contain_text("running")
+        # Each running task's phase, and how far its prompt was read (all of it, once it generates).
+        expect(in_flight.locator(".badge-running").first).to_have_text("decode")
+        expect(in_flight.get_by_role("progressbar").first).to_be_visible()
+        expect(in_flight).to_contain_text(re.compile(r"prompt\s+(\d+)/\1 tokens"))
         page.wait_for_timeout(8000)  # several requests end: the chart has something to draw
+        expect(in_flight).to_contain_text(ENDLESS)  # the picture shows requests in flight too
         screenshot(page, "activity")
     finally:
         stop.set()

@@ -45,7 +45,7 @@ export function createActivityView() {
         h("span", { class: "label" }, label))));
       fill(chart, lineChart(samples));
       const tasks = Object.values(state.tasks).sort((a, b) => a.created_at - b.created_at);
-      fill(inFlight, table("Requests in flight", ["Task", "Model", "Node", "Asked at", "Status", "Age", "Details"],
+      fill(inFlight, table("Requests in flight", ["Task", "Model", "Node", "Asked at", "Phase", "Age", "Details"],
         tasks.map((task) => [shortId(task.task_id), task.model_id, names[task.node_id] ?? shortId(task.node_id),
           names[task.requested_by] ?? shortId(task.requested_by), badge(task.phase ?? task.status, task.status),
           seconds(Date.now() / 1000 - task.created_at), details(task, TASK_FIELDS)]), "none right now"));
