@@ -1,0 +1,180 @@
+"""Scenarios on real (virtual) networks (tests/cluster/netns_rig.py): three exo processes, each in its own network
+namespace behind one bridge, that find each other by multicast alone (no --peer).
+
+alpha serves tiny-qwen-tools; beta and gamma serve nothing and forward to it. Each scenario breaks the network,
+checks that every request sent meanwhile completes or fails with a clear error within REQUEST_BOUND_S, then heals
+it and checks that the cluster is whole again: one master, the same state on every node, no ghost nodes, no
+duplicate instance. The time each took is printed (`-s`) for docs/CLUSTER.md.
+"""
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.cluster.netns_rig import NetnsRig, RigNode
+from tests.exo_server import fixture_model
+from tests.fixtures.fixture_specs import user
+
+MODEL = "tiny-qwen-tools"
+CHAT: dict[str, Any] = {"model": MODEL, "messages": [user("Hello!")], "max_tokens": 4}
+REQUEST_BOUND_S = 10.0
+START_TIMEOUT_S = 180.0
+CONVERGE_TIMEOUT_S = 90.0
+PARTITION_S = 30.0
+
+_WHY_NOT = NetnsRig.unavailable()
+pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsRig]:
+    running = NetnsRig(tmp_path_factory.mktemp("rig"), "rig")
+    try:
+        running.create()
+        alpha = running.add_node("alpha", [fixture_model(MODEL)])
+        for name in ("beta", "gamma"):
+            running.add_node(name)
+        for node in running.nodes:
+            running.start(node)
+        took = running.wait_until(lambda: _whole(running), "three nodes to find each other", START_TIMEOUT_S)
+        print(f"discovery by multicast: whole after {took:.1f} s")
+        running.wait_until(lambda: _answers(running, alpha), "the model served", START_TIMEOUT_S)
+        yield running
+    finally:
+        running.close()
+
+
+def _summary(rig: NetnsRig, node: RigNode) -> dict[str, Any]:
+    summary: dict[str, Any] = rig.get(node, "/v1/cluster", timeout=5)
+    return summary
+
+
+def _whole(rig: NetnsRig) -> bool:
+    """Every node sees three healthy nodes and the same master, and their states are equal."""
+    summaries = [_summary(rig, node) for node in rig.nodes]
+    if any(summary["nodes_healthy"] != 3 or summary["nodes_down"] for summary in summaries):
+        return False
+    if len({summary["master_node_id"] for summary in summaries}) != 1:
+        return False
+    states = [rig.get(node, "/state") for node in rig.nodes]
+    return all(state == states[0] for state in states)
+
+
+def _answers(rig: NetnsRig, node: RigNode) -> bool:
+    return rig.post(node, "/v1/chat/completions", CHAT).status_code == 200
+
+
+def _ask_within_bound(rig: NetnsRig, node: RigNode) -> int:
+    """Send one request; it must end (answer or clear error) within the bound. Returns its status."""
+    started = time.monotonic()
+    try:
+        response = rig.post(node, "/v1/chat/completions", CHAT, timeout=REQUEST_BOUND_S + 5)
+    except Exception as error:  # a timeout is a hang
+        raise AssertionError(f"{node.name}: no answer within {REQUEST_BOUND_S + 5} s: {error!r}") from error
+    took = time.monotonic() - started
+    assert took <= REQUEST_BOUND_S, (node.name, response.status_code, took)
+    if response.status_code != 200:
+        assert response.json()["error"]["message"], response.text
+    return response.status_code
+
+
+def _keep_asking(rig: NetnsRig, nodes: list[RigNode], seconds: float) -> list[tuple[str, int]]:
+    outcomes: list[tuple[str, int]] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for node in nodes:
+            outcomes.append((node.name, _ask_within_bound(rig, node)))
+        time.sleep(0.5)
+    return outcomes
+
+
+def _converged(rig: NetnsRig, what: str) -> float:
+    took = rig.wait_until(lambda: _whole(rig), what, CONVERGE_TIMEOUT_S)
+    state = rig.get(rig.nodes[0], "/state")
+    assert {node["facts"]["name"] for node in state["nodes"].values()} == {"alpha", "beta", "gamma"}  # no ghosts
+    assert len(state["nodes"]) == 3
+    models = [runner["model_id"] for runner in state["runners"].values()]
+    assert models == [MODEL]  # no duplicate
+    return took
+
+
+def test_multicast_discovery_across_the_bridge_makes_one_cluster(rig: NetnsRig) -> None:
+    assert _whole(rig)
+    for node in rig.nodes:
+        assert "--peer" not in node.arguments
+        assert _answers(rig, node)
+
+
+def test_a_two_way_partition_healed_after_30_s(rig: NetnsRig) -> None:
+    alpha, beta, gamma = rig.nodes
+    rig.cut(gamma)
+    try:
+        seen_down = rig.wait_until(lambda: _summary(rig, alpha)["nodes_down"] == 1, "gamma marked down", 15)
+        outcomes = _keep_asking(rig, [alpha, beta], PARTITION_S - seen_down)
+        assert {status for _, status in outcomes} == {200}, outcomes
+        assert _ask_within_bound(rig, gamma) != 200  # alone, it cannot reach the model: a clear error, not a hang
+    finally:
+        rig.heal(gamma)
+    took = _converged(rig, "the cluster whole after the partition")
+    print(f"2-way partition: gamma marked down after {seen_down:.1f} s; whole {took:.1f} s after healing")
+    assert _answers(rig, gamma)
+
+
+def test_a_three_way_partition_healed_after_30_s(rig: NetnsRig) -> None:
+    alpha, beta, gamma = rig.nodes
+    rig.cut(alpha, beta, gamma)
+    try:
+        time.sleep(2.0)
+        for node in rig.nodes:
+            _ask_within_bound(rig, node)
+        statuses = _keep_asking(rig, [alpha], PARTITION_S - 4)
+        assert {status for _, status in statuses} == {200}  # alpha serves its own model alone
+    finally:
+        rig.heal(alpha, beta, gamma)
+    took = _converged(rig, "the cluster whole after the 3-way partition")
+    print(f"3-way partition: whole {took:.1f} s after healing")
+    for node in rig.nodes:
+        assert _answers(rig, node)
+
+
+@pytest.mark.slow
+def test_a_node_asleep_for_60_s_is_left_out_and_rejoins(rig: NetnsRig) -> None:
+    alpha, beta, _ = rig.nodes
+    rig.sleep(beta)
+    try:
+        took_down = rig.wait_until(lambda: _summary(rig, alpha)["nodes_down"] == 1, "beta marked down", 15)
+        outcomes = _keep_asking(rig, [alpha], 60.0 - took_down)
+        assert {status for _, status in outcomes} == {200}
+    finally:
+        rig.wake(beta)
+    took = _converged(rig, "the cluster whole after beta woke")
+    print(f"sleeping node: down after {took_down:.1f} s; whole {took:.1f} s after waking")
+    assert _answers(rig, beta)
+
+
+def test_a_flapping_link_never_hangs_a_request(rig: NetnsRig) -> None:
+    alpha, beta, gamma = rig.nodes
+    try:
+        for _ in range(6):
+            rig.cut(gamma)
+            _ask_within_bound(rig, alpha)
+            _ask_within_bound(rig, gamma)
+            time.sleep(1.0)
+            rig.heal(gamma)
+            _ask_within_bound(rig, beta)
+            time.sleep(2.0)
+    finally:
+        rig.heal(gamma)
+    took = _converged(rig, "the cluster whole after the flapping link")
+    print(f"flapping link: whole {took:.1f} s after the last flap")
+    for node in rig.nodes:
+        assert _answers(rig, node)
+
+
+def test_a_bandwidth_limited_link_still_serves(rig: NetnsRig) -> None:
+    _, beta, _ = rig.nodes
+    rig.limit_bandwidth(beta, "1mbit")
+    for _ in range(3):
+        assert _ask_within_bound(rig, beta) == 200
