@@ -358,6 +358,15 @@ def test_with_an_api_key_the_page_asks_for_it_keeps_it_for_the_tab_and_works(
     expect(node_card(page, "keyed")).to_have_attribute("data-status", "healthy")
     assert page.evaluate("sessionStorage.getItem('exo.apiKey')") == API_KEY
     assert page.evaluate("localStorage.length") == 0
+    # The key can be changed from the header; a wrong one is refused by the next call and asked for again.
+    page.get_by_role("button", name="API key").click()
+    expect(dialog).to_be_visible()
+    key.fill("another-wrong-key")
+    key.press("Enter")
+    expect(dialog.get_by_role("alert")).to_contain_text("That key was refused")
+    key.fill(API_KEY)
+    key.press("Enter")
+    expect(dialog).to_be_hidden()
     # A reload of the tab keeps the key; another tab (a new browsing context) asks again.
     page.reload()
     expect(node_card(page, "keyed")).to_be_visible()

@@ -1,5 +1,5 @@
 // The page: navigation between the four views, the API key dialog, and the poll that feeds the views.
-import { currentKey, onKeyNeeded } from "./api.js";
+import { currentKey, onKeyNeeded, setKey } from "./api.js";
 import { startPolling } from "./poller.js";
 import { fill } from "./dom.js";
 import { bytes } from "./format.js";
@@ -50,21 +50,19 @@ dialog.addEventListener("close", () => {
   }
   for (const resolve of keyWaiters) resolve(key);
   keyWaiters = [];
-  updateKeyButton();
 });
 onKeyNeeded(askForKey);
+// Shown once a key is in use, to change it.
 const keyButton = document.getElementById("key-button");
-function updateKeyButton() {
-  keyButton.hidden = currentKey() === null;
-}
-keyButton.addEventListener("click", () => askForKey(false).then(updateKeyButton));
-updateKeyButton();
+keyButton.hidden = currentKey() === null;
+keyButton.addEventListener("click", () => askForKey(false).then(setKey));
 
 const clusterLine = document.getElementById("cluster-line");
 const connection = document.getElementById("connection");
 startPolling(
   (snapshot) => {
     connection.hidden = true;
+    keyButton.hidden = currentKey() === null;
     const { summary } = snapshot;
     const master = snapshot.nodes.data.find((node) => node.is_master);
     fill(clusterLine,
