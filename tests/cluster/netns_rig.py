@@ -55,10 +55,12 @@ class RigNode:
     models: tuple[Path, ...]
     process: subprocess.Popen[bytes] | None = None
     arguments: list[str] = field(default_factory=list[str])
+    # A node with no link to the bridge (reached only through a proxy) listens on its loopback.
+    isolated: bool = False
 
     @property
     def address(self) -> str:
-        return f"{SUBNET}.{self.index}"
+        return "127.0.0.1" if self.isolated else f"{SUBNET}.{self.index}"
 
     @property
     def base_url(self) -> str:
@@ -116,10 +118,24 @@ class NetnsRig:
         _ip(*bridge, "addr", "add", f"{BRIDGE_ADDRESS}/24", "dev", "br0")
         _ip(*bridge, "link", "set", "br0", "up")
 
-    def add_node(self, name: str, models: Sequence[Path] = ()) -> RigNode:
+    def add_node(self, name: str, models: Sequence[Path] = (), *, isolated: bool = False) -> RigNode:
+        """A node's namespace, linked to the bridge (or, `isolated`, with loopback only: a proxy is its way out)."""
         index = len(self.nodes) + 1
         namespace = f"{self.prefix}-{name}"
         self._add_namespace(namespace)
+        if isolated:
+            return self._register(
+                RigNode(
+                    name=name,
+                    index=index,
+                    namespace=namespace,
+                    bridge_port="",
+                    home=self.work_dir / f"home-{name}",
+                    log_path=self.work_dir / f"{name}.log",
+                    models=tuple(models),
+                    isolated=True,
+                )
+            )
         port = f"{self.prefix[-6:]}p{index}"
         _ip(
             "-n", namespace, "link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", self.bridge_namespace
@@ -138,8 +154,13 @@ class NetnsRig:
             log_path=self.work_dir / f"{name}.log",
             models=tuple(models),
         )
+        return self._register(node)
+
+    def _register(self, node: RigNode) -> RigNode:
         self.nodes.append(node)
-        self._clients[name] = ThreadPoolExecutor(max_workers=1, initializer=_enter_namespace, initargs=(namespace,))
+        self._clients[node.name] = ThreadPoolExecutor(
+            max_workers=1, initializer=enter_namespace, initargs=(node.namespace,)
+        )
         return node
 
     def cut(self, *nodes: RigNode) -> None:
@@ -248,7 +269,7 @@ class NetnsRig:
         _ip("-n", namespace, "link", "set", "lo", "up")
 
 
-def _enter_namespace(namespace: str) -> None:
+def enter_namespace(namespace: str) -> None:
     """Move the calling thread (only it: network namespaces are per thread) into `namespace`."""
     libc = ctypes.CDLL(None, use_errno=True)
     with open(f"/var/run/netns/{namespace}") as handle:
