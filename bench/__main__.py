@@ -1,7 +1,7 @@
 """`uv run python -m bench [--model SPEC] [--quick] [--output PATH] [--note TEXT] [--results-json PATH]`.
 
 Measures and writes the report; `--render JSON` re-renders a saved run without measuring; `--only SECTION --base
-JSON` measures that section alone (constrained, speculation, or the server sections together) and renders it
+JSON` measures that section alone (constrained, speculation, parser, or the server sections together) and renders it
 together with the other sections' saved numbers. Section 6
 (BLAS candidates on Linux x86_64) is measured only that way: `--only blas --base JSON [--blas-library PATH]`, and so is
 section 8 (one model over 1, 2 and 3 local nodes): `--only pipeline --base JSON`."""
@@ -18,11 +18,18 @@ from types import FrameType
 from bench.blas_section import measure_blas
 from bench.charts import write_charts
 from bench.constrained import measure_constrained
-from bench.machine import machine_info
+from bench.machine import machine_info, section_run
 from bench.parser_cost import measure_parser_cost
 from bench.pipeline_section import measure_pipeline
 from bench.report import render_markdown
-from bench.results import BenchReport, BenchSettings, ConstrainedSettings, SpeculationSettings
+from bench.results import (
+    BenchReport,
+    BenchSettings,
+    ConstrainedSettings,
+    SectionKey,
+    SectionRun,
+    SpeculationSettings,
+)
 from bench.server_sections import measure_with_servers
 from bench.settings import (
     CONSTRAINED_FULL,
@@ -39,9 +46,19 @@ from exo.models.resolve import ResolvedModel, resolve_model
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 QUICK_MODEL = REPOSITORY_ROOT / "tests" / "fixtures" / "models" / "tiny-qwen-tools"
 DEFAULT_OUTPUT = REPOSITORY_ROOT / "docs" / "PERFORMANCE.md"
-SECTIONS = ("constrained", "blas", "speculation", "servers", "pipeline")
+SECTIONS = ("constrained", "blas", "speculation", "servers", "pipeline", "parser")
 """Sections `--only` can measure alone; `servers` is decode, agent turns, concurrency and arrivals together (they
 share the servers one run starts)."""
+
+
+_SECTION_KEYS: dict[str, SectionKey] = {
+    "constrained": "constrained",
+    "speculation": "speculation",
+    "pipeline": "pipeline",
+    "servers": "servers",
+    "parser": "parser",
+}
+"""Where an `--only` run of each section records its run in the report."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,17 +104,26 @@ def run_bench(
     constrained: ConstrainedSettings,
     speculation: SpeculationSettings,
     work_dir: Path,
+    *,
+    arguments: Sequence[str] = (),
 ) -> BenchReport:
-    """Measure every section on `model`; every subprocess is stopped before returning, also on errors."""
+    """Measure every section on `model`; every subprocess is stopped before returning, also on errors. `arguments`
+    (the bench's command line) is recorded with each section."""
     started = time.monotonic()
+    runs: dict[SectionKey, SectionRun] = {}
     _progress("tool-stream parser cost")
     parser = measure_parser_cost(settings.parser_sizes, settings.parser_segment_chars, settings.parser_repeats)
+    runs["parser"] = section_run(arguments)
     servers = measure_with_servers(model.path, settings, work_dir, _progress)
+    runs["servers"] = section_run(arguments)
     _progress("grammar-constrained decoding: compile times, then decode per tool_choice in turn")
     constrained_report = measure_constrained(model.path, constrained)
+    runs["constrained"] = section_run(arguments)
     _progress("prompt-lookup speculation: edit, file rewrite and free text, speculation off and on in turn")
     speculation_report = measure_speculation(model.path, speculation)
+    runs["speculation"] = section_run(arguments)
     return BenchReport(
+        runs=runs,
         model_id=model.model_id,
         model_path=str(model.path),
         settings=settings,
@@ -129,12 +155,12 @@ def _resolve(model_spec: str | None, *, quick: bool) -> ResolvedModel:
     return model
 
 
-def _measure(model_spec: str | None, *, quick: bool) -> BenchReport:
+def _measure(model_spec: str | None, arguments: Sequence[str], *, quick: bool) -> BenchReport:
     model = _resolve(model_spec, quick=quick)
     settings, constrained = (QUICK, CONSTRAINED_QUICK) if quick else (FULL, CONSTRAINED_FULL)
     speculation = SPECULATION_QUICK if quick else SPECULATION_FULL
     with tempfile.TemporaryDirectory(prefix="exo-bench-") as scratch:
-        return run_bench(model, settings, constrained, speculation, Path(scratch))
+        return run_bench(model, settings, constrained, speculation, Path(scratch), arguments=arguments)
 
 
 def _measure_blas_into(base_path: Path, model_spec: str | None, arguments: argparse.Namespace) -> BenchReport:
@@ -151,7 +177,7 @@ def _measure_blas_into(base_path: Path, model_spec: str | None, arguments: argpa
         progress=_progress,
     )
     _progress(f"section measured in {time.monotonic() - started:.0f} s")
-    return base.model_copy(update={"blas": section})
+    return base.model_copy(update={"blas": section, "runs": {**base.runs, "blas": section_run(arguments.command)}})
 
 
 def _measure_speculation_on_other_model(base: BenchReport, model: ResolvedModel, *, quick: bool) -> BenchReport:
@@ -163,7 +189,9 @@ def _measure_speculation_on_other_model(base: BenchReport, model: ResolvedModel,
     return base.model_copy(update={"speculation_other_models": [*others, measured]})
 
 
-def _measure_section_into(section: str, base_path: Path, model_spec: str | None, *, quick: bool) -> BenchReport:
+def _measure_section_into(
+    section: str, base_path: Path, model_spec: str | None, command: Sequence[str], *, quick: bool
+) -> BenchReport:
     """The saved report at `base_path` with `section` measured afresh on its model (or on `model_spec`)."""
     base = BenchReport.model_validate_json(base_path.read_text())
     model = _resolve(model_spec or base.model_path, quick=quick)
@@ -183,6 +211,14 @@ def _measure_section_into(section: str, base_path: Path, model_spec: str | None,
         case "speculation":
             _progress("prompt-lookup speculation: edit, file rewrite and free text, speculation off and on in turn")
             update = {"speculation": measure_speculation(model.path, SPECULATION_QUICK if quick else SPECULATION_FULL)}
+        case "parser":
+            settings = QUICK if quick else FULL
+            _progress("tool-stream parser cost")
+            update = {
+                "parser": measure_parser_cost(
+                    settings.parser_sizes, settings.parser_segment_chars, settings.parser_repeats
+                )
+            }
         case "pipeline":
             nodes, max_tokens, requests = ((1, 2), 8, 1) if quick else ((1, 2, 3), 48, 3)
             update = {
@@ -207,13 +243,16 @@ def _measure_section_into(section: str, base_path: Path, model_spec: str | None,
                 "servers_measured_apart": True,
             }
     _progress(f"section measured in {time.monotonic() - started:.0f} s")
-    return base.model_copy(update=update)
+    runs = {**base.runs, _SECTION_KEYS[section]: section_run(command)}
+    return base.model_copy(update={**update, "runs": runs})
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the suite and write the Markdown report and its charts."""
     parser = build_parser()
-    arguments = parser.parse_args(argv)
+    command = list(sys.argv[1:] if argv is None else argv)
+    arguments = parser.parse_args(command)
+    arguments.command = command
     if (arguments.only is None) != (arguments.base is None):
         parser.error("--only and --base go together")
     if arguments.render is not None:
@@ -222,9 +261,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         if arguments.only == "blas":
             report = _measure_blas_into(arguments.base, arguments.model, arguments)
         elif arguments.only is not None:
-            report = _measure_section_into(arguments.only, arguments.base, arguments.model, quick=arguments.quick)
+            report = _measure_section_into(
+                arguments.only, arguments.base, arguments.model, command, quick=arguments.quick
+            )
         else:
-            report = _measure(arguments.model, quick=arguments.quick)
+            report = _measure(arguments.model, command, quick=arguments.quick)
         if arguments.results_json is not None:  # first, so the measurements survive whatever rendering does
             arguments.results_json.parent.mkdir(parents=True, exist_ok=True)
             arguments.results_json.write_text(report.model_dump_json(indent=2))

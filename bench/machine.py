@@ -3,10 +3,12 @@
 import os
 import platform
 import subprocess
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
-from bench.results import MachineInfo
+from bench.results import MachineInfo, SectionRun
 from exo.worker.engines.mlx.cpu.blas import NO_PRELOAD_VARIABLE, choose_blas
 
 
@@ -51,4 +53,15 @@ def machine_info(matmul_gflops: float) -> MachineInfo:
         blas=blas_description(),
         matmul_gflops=matmul_gflops,
         exo_commit=exo_commit(),
+    )
+
+
+def section_run(arguments: Sequence[str], program: str = "uv run python -m bench") -> SectionRun:
+    """The run that just measured a section: this checkout's commit, the CPU, the load now and the command."""
+    return SectionRun(
+        exo_commit=exo_commit(),
+        cpu=f"{os.cpu_count() or 0} × {cpu_model()}",
+        load_average=os.getloadavg(),
+        command=" ".join([program, *arguments]),
+        finished_utc=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
     )

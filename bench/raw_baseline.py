@@ -1,4 +1,5 @@
-"""Parent side of the raw mlx-lm baseline: start `bench.raw_worker` with exo's runner environment and talk to it."""
+"""Parent side of the raw mlx-lm baselines: start `bench.raw_worker` (mlx-lm with exo's replacements) or
+`bench.stock_worker` (stock mlx-lm, no exo engine module) with exo's runner BLAS environment and talk to them."""
 
 import os
 import subprocess
@@ -8,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from bench.raw_worker import PassCostRequest, PassCosts, RawReady, RawRequest, RawSetup
+from bench.raw_protocol import PassCostRequest, PassCosts, RawReady, RawRequest, RawSetup
 from bench.results import StreamMeasurement
 from exo.worker.engines.mlx.cpu.blas import blas_environment
 
@@ -54,10 +55,24 @@ def _read_line(process: subprocess.Popen[str]) -> str:
 
 @contextmanager
 def running_raw_baseline(model_path: Path, float32_copy: Path) -> Generator[RawBaseline]:
-    """Start the worker (it loads the model and writes `float32_copy` first); it is stopped on exit."""
-    setup = RawSetup(model_path=model_path, float32_copy=float32_copy)
+    """mlx-lm with exo's replacements (it loads the model and writes `float32_copy` first); stopped on exit."""
+    with _running("bench.raw_worker", RawSetup(model_path=model_path, float32_copy=float32_copy)) as baseline:
+        yield baseline
+
+
+@contextmanager
+def running_stock_baseline(float32_copy: Path) -> Generator[RawBaseline]:
+    """Stock mlx-lm on the float32 copy, in a process that never imports exo's engine (refused if it did)."""
+    with _running("bench.stock_worker", RawSetup(model_path=float32_copy, float32_copy=float32_copy)) as baseline:
+        if baseline.ready.exo_engine_imported:
+            raise RuntimeError("the stock mlx-lm worker imported exo's engine: it would not be stock")
+        yield baseline
+
+
+@contextmanager
+def _running(module: str, setup: RawSetup) -> Generator[RawBaseline]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "bench.raw_worker", setup.model_dump_json()],
+        [sys.executable, "-m", module, setup.model_dump_json()],
         env=blas_environment(os.environ),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

@@ -13,7 +13,7 @@ from bench.report_throughput import (
     render_speculation,
     render_speculation_on_other_model,
 )
-from bench.results import AgentSeries, BenchReport
+from bench.results import RAW_REPLACED, AgentSeries, BenchReport, SectionKey
 from bench.targets import (
     EXO_NO_TOOLS,
     EXO_TOOLS,
@@ -21,6 +21,7 @@ from bench.targets import (
     MLX_LM_TOOLS,
     RAW,
     TargetCheck,
+    baseline_row,
     check_targets,
     find_row,
     format_ratio,
@@ -90,7 +91,7 @@ def _targets(checks: list[TargetCheck]) -> list[str]:
 
 
 def _decode(report: BenchReport) -> list[str]:
-    raw = find_row(report.decode, RAW)
+    raw = baseline_row(report.decode)
     rows = [
         [
             row.system,
@@ -112,7 +113,14 @@ def _decode(report: BenchReport) -> list[str]:
         f"Greedy (temperature 0), max_tokens {settings.decode_max_tokens}, a long free-text answer; best decode "
         f"speed of {settings.decode_repeats} run(s) per system (rounds of every system in turn), TTFT of the first "
         "run (a prompt no cache had seen). Decode tokens/s = (completion tokens − 1) / (last token time − first "
-        "token time). exo runs as shipped: continuous batching, prompt-lookup speculation and the matmul plan on.",
+        "token time). exo runs as shipped: continuous batching, prompt-lookup speculation and the matmul plan on. "
+        f"× raw is against {raw.system}"
+        + (
+            "; this run had no stock mlx-lm baseline (it was measured before the bench had one)."
+            if raw.system != RAW
+            else " (the float32 weights exo serves, loaded with `mlx_lm.load` in a process that never imported "
+            "exo's engine)."
+        ),
         "",
         *markdown_table(["System", "Decode tok/s", "× raw", "TTFT s", "Prompt tokens", "Completion tokens"], rows),
         f"- exo / raw: **{format_ratio(ratio(exo_plain.decode_tokens_per_s, raw.decode_tokens_per_s))}** without "
@@ -129,7 +137,7 @@ def _decode(report: BenchReport) -> list[str]:
 
 
 def _paired_line(report: BenchReport) -> list[str]:
-    interval = paired_decode_ratio(report.decode, EXO_NO_TOOLS, RAW)
+    interval = paired_decode_ratio(report.decode, EXO_NO_TOOLS, baseline_row(report.decode).system)
     if interval is None:
         return []
     return [
@@ -203,22 +211,69 @@ def _parser(report: BenchReport) -> list[str]:
     ]
 
 
-_METHOD = [
-    "## Method",
-    "",
-    "- One invocation (`uv run python -m bench`), one model, one machine. The raw baseline, exo and mlx_lm.server "
-    "stay loaded side by side and take turns run by run (raw, exo, mlx_lm.server, then again), never running at "
-    "the same time, so changing load from other processes falls on all of them alike.",
-    "- exo runs as a real subprocess (`python -m exo --api-port P --model DIR --models-dir TMP`); its runner loads "
-    "the weights as float32 on a Linux CPU with the optimized BLAS preloaded.",
-    "- The raw baseline is `mlx_lm.stream_generate` in a long-lived subprocess started with exo's runner environment "
-    "(`blas_environment`), with the model loaded by exo's own `load_model` (so the same float32 weights).",
-    "- mlx_lm.server (`python -m mlx_lm server --model DIR --port P`) runs with the same BLAS preload and is given "
-    "a float32 copy of the same weights: on the float16 checkpoint it would skip BLAS on x86 and be many times "
-    "slower, which would measure dtype rather than the server.",
-    "- Every server gets a short warm-up request first. Each decode run uses a distinct prompt so no prompt cache "
-    "answers it. Token counts come from `usage` (`stream_options.include_usage`).",
-]
+def _method(report: BenchReport) -> list[str]:
+    """How the numbers were taken, from what this report holds: one run or several, which baselines ran."""
+    commands = {run.command for run in report.runs.values()}
+    if len(commands) == 1 and len(report.runs) >= 4:
+        invocation = f"One invocation (`{commands.pop()}`) measured every section"
+    else:
+        invocation = "The sections come from separate runs, each named at its section"
+    systems = {row.system for row in report.decode}
+    raw_lines = (
+        [
+            f"- {RAW}: `mlx_lm.stream_generate` in a long-lived subprocess that loads the float32 weights exo serves "
+            "with `mlx_lm.load` and never imports exo's engine (the bench refuses it otherwise), with the BLAS preload "
+            "exo's runner gets.",
+        ]
+        if RAW in systems
+        else []
+    )
+    raw_lines += (
+        [
+            f"- {RAW_REPLACED}: the same loop on the model as exo's own `load_model` leaves it (float32, exo's numpy "
+            "kernels re-pointed into mlx-lm), in a subprocess started with exo's runner environment "
+            "(`blas_environment`). It also writes the float32 copy the others load.",
+        ]
+        if RAW_REPLACED in systems
+        else []
+    )
+    return [
+        "## Method",
+        "",
+        f"- {invocation}. Within a run the compared systems stay loaded side by side and take turns run by run, "
+        "never running at the same time, so changing load from other processes falls on all of them alike.",
+        "- exo runs as a real subprocess (`python -m exo --api-port P --model DIR --models-dir TMP`) with "
+        "`--cpu-kernels auto`: on a Linux CPU its runner loads the weights as float32 with the optimized BLAS "
+        "preloaded and its CPU replacements on.",
+        *raw_lines,
+        "- mlx_lm.server (`python -m mlx_lm server --model DIR --port P`) runs with the same BLAS preload and is given "
+        "the float32 copy of the same weights: on the float16 checkpoint it would skip BLAS on x86 and be many times "
+        "slower, which would measure dtype rather than the server.",
+        "- Every server gets a short warm-up request first. Each decode run uses a distinct prompt so no prompt cache "
+        "answers it. Token counts come from `usage` (`stream_options.include_usage`).",
+    ]
+
+
+def _run_line(report: BenchReport, key: SectionKey) -> list[str]:
+    """Where and how a section was measured, as recorded, or that it was not."""
+    run = report.runs.get(key)
+    if run is None:
+        return [
+            "Commit, machine, load and command of this section's run were not recorded (it was measured before the "
+            "bench recorded them per section).",
+            "",
+        ]
+    load = ", ".join(f"{value:.2f}" for value in run.load_average)
+    return [
+        f"Run: commit {run.exo_commit}, {run.cpu}, load average (1, 5, 15 min) {load} at its end "
+        f"({run.finished_utc}), command `{run.command}`.",
+        "",
+    ]
+
+
+def _placed(section: list[str], run: list[str]) -> list[str]:
+    """`run` under the section's title (the first two lines: the title and a blank line)."""
+    return [*section[:2], *run, *section[2:]] if section else []
 
 
 def _sizes(report: BenchReport) -> list[str]:
@@ -242,16 +297,23 @@ def render_markdown(report: BenchReport, notes: list[str]) -> str:
         "",
         *_machine(report),
         *_targets(check_targets(report)),
-        *_decode(report),
-        *_agent(report),
-        *_parser(report),
-        *render_concurrency(report),
-        *(render_constrained(report.constrained) if report.constrained is not None else []),
-        *(render_blas(report.blas) if report.blas is not None else []),
-        *(render_speculation(report.speculation) if report.speculation is not None else []),
+        *_placed(_decode(report), _run_line(report, "servers")),
+        *_placed(_agent(report), _run_line(report, "servers")),
+        *_placed(_parser(report), _run_line(report, "parser")),
+        *_placed(render_concurrency(report), _run_line(report, "servers")),
+        *_placed(
+            render_constrained(report.constrained) if report.constrained else [], _run_line(report, "constrained")
+        ),
+        *_placed(render_blas(report.blas) if report.blas is not None else [], _run_line(report, "blas")),
+        *_placed(
+            render_speculation(report.speculation) if report.speculation is not None else [],
+            _run_line(report, "speculation"),
+        ),
         *(line for other in report.speculation_other_models for line in render_speculation_on_other_model(other)),
-        *(render_pipeline(report.pipeline) if report.pipeline is not None else []),
-        *_METHOD,
+        *_placed(
+            render_pipeline(report.pipeline) if report.pipeline is not None else [], _run_line(report, "pipeline")
+        ),
+        *_method(report),
         *_sizes(report),
     ]
     if notes:

@@ -1,6 +1,8 @@
 """Typed results of every benchmark section: what the report and the charts are rendered from."""
 
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 
 class BenchModel(BaseModel):
@@ -31,10 +33,19 @@ class StreamMeasurement(BenchModel):
         return (self.completion_tokens - 1) / decode_time
 
 
+RAW = "stock mlx-lm: mlx_lm.stream_generate"
+"""The raw baseline: stock mlx-lm on the float32 weights, in a process that never imported exo's engine."""
+RAW_REPLACED = "mlx-lm with exo's replacements: mlx_lm.stream_generate"
+"""The same loop on the model as exo's `load_model` leaves it (its CPU replacements re-pointed into mlx-lm)."""
+LEGACY_RAW = "raw mlx_lm.stream_generate"
+"""What reports saved before the stock baseline called their raw row: it was loaded through exo's `load_model`, so
+it is read as RAW_REPLACED."""
+
+
 class DecodeRow(BenchModel):
     """Best-of-N decode measurement of one system."""
 
-    system: str
+    system: Annotated[str, AfterValidator(lambda system: RAW_REPLACED if system == LEGACY_RAW else system)]
     ttft_s: float
     decode_tokens_per_s: float | None
     completion_tokens: int
@@ -87,6 +98,21 @@ class MachineInfo(BenchModel):
     blas: str
     matmul_gflops: float
     exo_commit: str
+
+
+class SectionRun(BenchModel):
+    """Where and how one section's numbers were measured: a report may be stitched from several runs."""
+
+    exo_commit: str
+    cpu: str
+    load_average: tuple[float, float, float]
+    """At the end of the section's run."""
+    command: str
+    finished_utc: str
+
+
+SectionKey = Literal["servers", "parser", "constrained", "blas", "speculation", "pipeline"]
+"""`servers` covers sections 1, 2 and 4, which one run measures together."""
 
 
 class BenchSettings(BenchModel):
@@ -304,3 +330,5 @@ class BenchReport(BenchModel):
     """Bare mlx-lm: best seconds of one decode step over N sequences (empty in reports saved before)."""
     planned_batch_pass_seconds: dict[int, float] = {}
     """The same steps through exo's matmul plan, as exo's runner computes them (empty in reports saved before)."""
+    runs: dict[SectionKey, SectionRun] = {}
+    """The run each section's numbers come from (sections measured before this was recorded are absent)."""

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.raw_baseline import RawBaseline, running_raw_baseline
-from bench.results import AgentSeries, ArrivalRow, BenchSettings, ConcurrencyRow, DecodeRow
+from bench.raw_baseline import RawBaseline, running_raw_baseline, running_stock_baseline
+from bench.results import RAW, RAW_REPLACED, AgentSeries, ArrivalRow, BenchSettings, ConcurrencyRow, DecodeRow
 from bench.sections import (
     measure_agent,
     measure_arrival,
@@ -24,7 +24,6 @@ from bench.sections import (
     warm_up,
 )
 from bench.servers import RunningServer, running_exo, running_mlx_lm_server
-from bench.targets import RAW
 from bench.workloads import agent_tools
 
 
@@ -47,15 +46,21 @@ QUEUED_EXO = "exo --batch-size 1"
 
 
 async def _measure_single_streams(
-    raw: RawBaseline, exo: RunningServer, peer: RunningServer, settings: BenchSettings, progress: Callable[[str], None]
+    baselines: tuple[RawBaseline, RawBaseline],
+    exo: RunningServer,
+    peer: RunningServer,
+    settings: BenchSettings,
+    progress: Callable[[str], None],
 ) -> tuple[list[DecodeRow], list[AgentSeries]]:
+    stock, replaced = baselines
     async with httpx.AsyncClient() as client:
         for server in (exo, peer):
             await warm_up(client, server)
         tokens = settings.decode_max_tokens
         tools = agent_tools(settings.agent_tool_count)
-        progress("decode without tools: raw, exo, mlx_lm.server in turn")
-        plain = [raw_contender(RAW, raw, tokens), *(server_contender(client, s, [], tokens) for s in (exo, peer))]
+        progress("decode without tools: stock mlx-lm, mlx-lm with exo's replacements, exo, mlx_lm.server in turn")
+        raws = [raw_contender(RAW, stock, tokens), raw_contender(RAW_REPLACED, replaced, tokens)]
+        plain = [*raws, *(server_contender(client, s, [], tokens) for s in (exo, peer))]
         decode = await measure_decode(plain, settings.decode_repeats)
         progress("decode with tools: exo, mlx_lm.server in turn")
         with_tools = [server_contender(client, server, tools, tokens) for server in (exo, peer)]
@@ -83,22 +88,22 @@ def measure_with_servers(
 ) -> ServerSections:
     """Start the systems on `model_path` (mlx_lm.server on the same float32 weights), measure, stop them.
 
-    At most three models are loaded at once: the raw baseline gives its memory to exo with batching off once the
-    single-stream sections are done."""
+    Both raw baselines give their memory to exo with batching off once the single-stream sections are done."""
     float32_copy = work_dir / "float32-model"
-    progress("starting the raw mlx-lm baseline (it writes the float32 copy), exo and mlx_lm.server")
+    progress("starting mlx-lm with exo's replacements (it writes the float32 copy), stock mlx-lm, exo, mlx_lm.server")
     with ExitStack() as servers:
         with ExitStack() as baseline:
-            raw = baseline.enter_context(running_raw_baseline(model_path, float32_copy))
+            replaced = baseline.enter_context(running_raw_baseline(model_path, float32_copy))
+            stock = baseline.enter_context(running_stock_baseline(float32_copy))
             exo = servers.enter_context(running_exo(model_path, work_dir))
             peer = servers.enter_context(running_mlx_lm_server(float32_copy, work_dir))
-            decode, agent = asyncio.run(_measure_single_streams(raw, exo, peer, settings, progress))
-            matmul_gflops = raw.ready.matmul_gflops
-            progress("bare mlx-lm: a decode step over several sequences against one over a single sequence")
+            decode, agent = asyncio.run(_measure_single_streams((stock, replaced), exo, peer, settings, progress))
+            matmul_gflops = replaced.ready.matmul_gflops or 0.0
+            progress("stock mlx-lm: a decode step over several sequences against one over a single sequence")
             rows = sorted({1, 3, *settings.concurrency_levels})
-            batch_pass_seconds = raw.pass_costs(rows, settings.pass_cost_repeats)
+            batch_pass_seconds = stock.pass_costs(rows, settings.pass_cost_repeats)
             progress("the same steps with exo's matmul plan")
-            planned_batch_pass_seconds = raw.pass_costs(rows, settings.pass_cost_repeats, planned=True)
+            planned_batch_pass_seconds = replaced.pass_costs(rows, settings.pass_cost_repeats, planned=True)
         progress(f"starting {QUEUED_EXO} in the raw baseline's place")
         queued = servers.enter_context(running_exo(model_path, work_dir, ["--batch-size", "1"], QUEUED_EXO))
         concurrency, arrival = asyncio.run(_measure_concurrent((exo, queued, peer), settings, progress))

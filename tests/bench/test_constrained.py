@@ -101,10 +101,12 @@ def test_only_constrained_measures_the_fixture_model_and_keeps_the_base_numbers(
     base_path.write_text(base.model_dump_json())
     output = tmp_path / "out" / "PERFORMANCE.md"
     # --output always: the default is the repository's own docs/PERFORMANCE.md.
-    only = ["--only", "constrained", "--quick", "--base", str(base_path)]
-    main([*only, "--results-json", str(merged_path), "--output", str(output)])
+    command = ["--only", "constrained", "--quick", "--base", str(base_path), "--results-json", str(merged_path)]
+    main([*command, "--output", str(output)])
     merged = BenchReport.model_validate_json(merged_path.read_text())
-    assert merged.model_copy(update={"constrained": None}) == base
+    assert merged.model_copy(update={"constrained": None, "runs": {}}) == base
+    run = merged.runs["constrained"]
+    assert run.command == " ".join(["uv run python -m bench", *command, "--output", str(output)])
     section = merged.constrained
     assert section is not None
     assert section.tool_format == "hermes"
