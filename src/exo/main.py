@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     speculation.add_argument("--speculation", action="store_true", help="keep speculation on (the default)")
     parser.add_argument(
+        "--no-auto-tool-grammar",
+        action="store_true",
+        help='under tool_choice "auto", only parse and validate calls instead of holding a call the model opens to '
+        "the tools' names and schemas with a grammar (a request's auto_tool_grammar field overrides this)",
+    )
+    parser.add_argument(
         "--no-matmul-plan",
         action="store_true",
         help="compute every float32 product in mlx's own layout; by default the runner times the few-row products of "
@@ -215,6 +221,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         queue_limit=arguments.queue_limit,
         batch_size=arguments.batch_size,
         speculation=not arguments.no_speculation,
+        auto_tool_grammar=not arguments.no_auto_tool_grammar,
         matmul_plan=not arguments.no_matmul_plan,
         cpu_kernels=arguments.cpu_kernels,
         prefix_cache_bytes=int(arguments.prefix_cache_gb * 1024**3),

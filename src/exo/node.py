@@ -57,6 +57,7 @@ class NodeConfig:
     queue_limit: int = 64
     batch_size: int = 8
     speculation: bool = True
+    auto_tool_grammar: bool = True
     matmul_plan: bool = True
     cpu_kernels: CpuKernelsSetting = "auto"
     prefix_cache_bytes: int = 2 * 1024**3
@@ -254,6 +255,7 @@ class Node:
             queue_limit=self.config.queue_limit,
             batch_size=self.config.batch_size,
             speculation=self.config.speculation,
+            auto_tool_grammar=self.config.auto_tool_grammar,
             matmul_plan=self.config.matmul_plan,
             cpu_kernels=self.config.cpu_kernels,
             prefix_cache_bytes=self.config.prefix_cache_bytes,

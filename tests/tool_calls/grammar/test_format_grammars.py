@@ -10,7 +10,7 @@ import pytest
 from exo.conformance.renderers import RENDERERS, SampleCall
 from exo.shared.types.api import FunctionDefinition
 from exo.tool_calls.grammar.build import build_tool_grammar, tool_marker_texts
-from exo.tool_calls.grammar.spec import ConstraintMode, ToolConstraintSpec
+from exo.tool_calls.grammar.spec import ConstraintMode, ToolConstraintSpec, UnsupportedConstraintError
 from exo.tool_calls.names import ToolFormatName
 from tests.tool_calls.grammar.tokenizers import format_tokenizer
 
@@ -107,8 +107,95 @@ def test_none_refuses_the_call_and_accepts_prose(tool_format: ToolFormatName, ma
 @pytest.mark.parametrize("tool_format", FORMATS)
 def test_strict_auto_takes_prose_or_checked_calls(tool_format: ToolFormatName, markers_are_tokens: bool) -> None:
     tokenizer = format_tokenizer(tool_format, markers_are_tokens)
-    auto = grammar(tool_format, ConstraintMode.STRICT_AUTO, markers_are_tokens)
+    auto = grammar(tool_format, ConstraintMode.AUTO, markers_are_tokens)
     answer = f"<|channel|>final<|message|>{PROSE}" if tool_format is ToolFormatName.HARMONY else PROSE
     assert tokenizer.accepts(auto, answer)
     assert tokenizer.accepts(auto, render(tool_format, [PARIS], markers_are_tokens))
-    assert not tokenizer.accepts(auto, render(tool_format, [UNKNOWN], markers_are_tokens))
+    unknown = render(tool_format, [UNKNOWN], markers_are_tokens)
+    # A bare opening is a call only once it names an offered tool: before that it is text (which the parser then
+    # hands back as content), so prose is never forced into a call. A marked call is a call from its marker.
+    bare = not markers_are_tokens and tool_format in (ToolFormatName.LLAMA3_JSON, ToolFormatName.PYTHONIC)
+    assert tokenizer.accepts(auto, unknown) is bare
+
+
+# Text that begins like JSON or a list but is no call to an offered tool: a user may ask for exactly this.
+PROSE_LIKE_CALLS = [
+    '{"a": 1}',
+    '{"name": "Bob", "age": 3}',
+    "[1, 2] are the numbers.",
+    "[the docs](https://example.com) say so.",
+    "[get_stock_price(city=1)] is not a tool.",
+]
+
+
+@pytest.mark.parametrize("markers_are_tokens", TOKENIZATIONS)
+@pytest.mark.parametrize("tool_format", FORMATS)
+def test_auto_keeps_prose_that_starts_with_a_brace_or_a_bracket(
+    tool_format: ToolFormatName, markers_are_tokens: bool
+) -> None:
+    tokenizer = format_tokenizer(tool_format, markers_are_tokens)
+    auto = grammar(tool_format, ConstraintMode.AUTO, markers_are_tokens)
+    for text in PROSE_LIKE_CALLS:
+        answer = f"<|channel|>final<|message|>{text}" if tool_format is ToolFormatName.HARMONY else text
+        assert tokenizer.accepts(auto, answer), text
+
+
+# (format, bare reply that is a valid call, the same call with arguments that break the schema)
+BARE_CALLS = [
+    (
+        ToolFormatName.HERMES,
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+        '{"name": "get_weather", "arguments": {"city": 5}}',
+    ),
+    (
+        ToolFormatName.HERMES,
+        '```json\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n```',
+        '```json\n{"name": "get_weather", "arguments": {"city": "Paris", "days": "two"}}\n```',
+    ),
+    (
+        ToolFormatName.HERMES,
+        '[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+        '{"name": "get_weather", "arguments": {"city": "Rome"}}]',
+        '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {}}]',
+    ),
+    (
+        ToolFormatName.LLAMA3_JSON,
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+        '{"name": "get_weather", "parameters": {"town": "Paris"}}',
+    ),
+    (ToolFormatName.PYTHONIC, '[get_weather(city="Paris", days=3)]', "[get_weather(city=3)]"),
+    (
+        ToolFormatName.PYTHONIC,
+        '[get_weather(city="Paris"), get_weather(city="Rome")]',
+        '[get_weather(city="Paris"), get_weather(days=1)]',
+    ),
+]
+
+
+@pytest.mark.parametrize(("tool_format", "valid", "invalid"), BARE_CALLS)
+def test_auto_holds_a_bare_call_to_its_schema_once_it_names_a_tool(
+    tool_format: ToolFormatName, valid: str, invalid: str
+) -> None:
+    for markers_are_tokens in TOKENIZATIONS:
+        tokenizer = format_tokenizer(tool_format, markers_are_tokens)
+        auto = grammar(tool_format, ConstraintMode.AUTO, markers_are_tokens)
+        assert tokenizer.accepts(auto, valid)
+        assert not tokenizer.accepts(auto, invalid)
+        # In the JSON formats text may not open with an object keyed "arguments": the parser reads that as a call.
+        keyed_arguments = '{"arguments": {"city": "Paris"}, "name": "get_weather"}'
+        assert tokenizer.accepts(auto, keyed_arguments) is (tool_format is ToolFormatName.PYTHONIC)
+
+
+def test_auto_leaves_a_schema_the_grammar_cannot_hold_to_validation_but_strict_refuses_it() -> None:
+    broken = FunctionDefinition(name="broken", parameters={"type": "object", "properties": {"x": {"$ref": "#/nope"}}})
+    tokenizer = format_tokenizer(ToolFormatName.HERMES, True)
+    spec = ToolConstraintSpec(
+        tool_format=ToolFormatName.HERMES, tools=(WEATHER, broken), mode=ConstraintMode.AUTO, parallel_tool_calls=True
+    )
+    auto = build_tool_grammar(spec, special_tokens=tokenizer.special_tokens)
+    # The other tool stays held to its schema; the broken one takes any arguments object.
+    assert tokenizer.accepts(auto, '<tool_call>\n{"name": "broken", "arguments": {"x": [1]}}\n</tool_call>')
+    assert not tokenizer.accepts(auto, '<tool_call>\n{"name": "get_weather", "arguments": {"city": 5}}\n</tool_call>')
+    strict = spec.model_copy(update={"tools": (WEATHER, broken.model_copy(update={"strict": True}))})
+    with pytest.raises(UnsupportedConstraintError):
+        build_tool_grammar(strict, special_tokens=tokenizer.special_tokens)

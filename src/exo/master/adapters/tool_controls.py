@@ -122,4 +122,16 @@ def build_policy(
         callable_tools=callable_tools,
         mode=mode,
         parallel_tool_calls=parallel_tool_calls and mode != "named",
+        unenforceable_tools=_unfinishable_under_auto(tools) if mode == "auto" else (),
+    )
+
+
+def _unfinishable_under_auto(tools: tuple[FunctionDefinition, ...]) -> tuple[str, ...]:
+    """Non-strict tools whose schemas no finite value satisfies: the lazy "auto" grammar leaves their arguments to
+    validation (a strict one is refused by `check_enforced_schemas` instead)."""
+    budget = CheckBudget()
+    return tuple(
+        tool.name
+        for tool in tools
+        if not tool.strict and unfinishable_reason(as_tool_parameters(tool.parameters), budget) is not None
     )

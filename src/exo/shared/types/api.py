@@ -192,6 +192,8 @@ class ChatCompletionRequest(WireModel):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     chat_template_kwargs: JsonObject | None = None
+    # exo's own: under tool_choice "auto", hold an opened call to the tools' schemas (None: the node's setting).
+    auto_tool_grammar: bool | None = None
     reasoning_effort: str | None = None
     verbosity: str | None = None
     user: str | None = None

@@ -39,6 +39,11 @@ class ToolPolicy(FrozenModel):
     callable_tools: tuple[str, ...] = ()
     mode: ToolChoiceMode = "auto"
     parallel_tool_calls: bool = True
+    # Whether "auto" holds an opened call to the tools' schemas with a grammar; None: the node's setting decides.
+    auto_grammar: bool | None = None
+    # Non-strict tools whose schemas no finite value satisfies: under "auto" their calls are validated, never held
+    # to the schema (a grammar could not let such a call end).
+    unenforceable_tools: tuple[str, ...] = ()
 
 
 class SamplingParams(FrozenModel):

@@ -5,9 +5,10 @@ as a fallback (see raw_json)."""
 from typing import Final
 
 from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
+from exo.tool_calls.grammar.bare import bare_json_calls, bare_json_starts
 from exo.tool_calls.grammar.json_calls import json_call_object
 from exo.tool_calls.grammar.lark import LarkWriter, literal
-from exo.tool_calls.grammar.reply import OpenedCallsGrammar, ReplyRequest, repeated
+from exo.tool_calls.grammar.reply import BareCalls, OpenedCallsGrammar, ReplyRequest, repeated
 from exo.tool_calls.regions.json_call_region import JsonCallRegion
 from exo.tool_calls.regions.raw_json import BARE_JSON_CALL_START, BARE_JSON_OPENERS, RawJsonRegion
 
@@ -27,6 +28,10 @@ class HermesGrammar(OpenedCallsGrammar):
         newline = literal("\n")
         rest = lark.rule("call_rest", f"{newline} {json_call_object(lark, request.tools)} {newline} {lark.marker(END)}")
         return repeated(lark, rest, f"{newline} {lark.marker(START)}", parallel=request.parallel)
+
+    def bare_calls(self, lark: LarkWriter, request: ReplyRequest, /) -> BareCalls:
+        calls = bare_json_calls(lark, request.tools, arguments_key="arguments", parallel=request.parallel)
+        return BareCalls(expression=calls, never_starting=bare_json_starts(request.tools))
 
 
 class HermesFormat(MarkedFormat):

@@ -11,7 +11,7 @@ from exo.tool_calls.arguments.python_literals import BracketTracker, parse_pytho
 from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
 from exo.tool_calls.grammar.lark import LarkWriter, literal
 from exo.tool_calls.grammar.parameters import any_parameters, json_value, parameter_sequence, tool_parameters
-from exo.tool_calls.grammar.reply import OpenedCallsGrammar, ReplyRequest, repeated
+from exo.tool_calls.grammar.reply import BareCalls, OpenedCallsGrammar, ReplyRequest, repeated
 from exo.tool_calls.markers import MarkerScanner
 
 _LIST_START = "<|tool_call_start|>"
@@ -136,7 +136,28 @@ class PythonicGrammar(OpenedCallsGrammar):
         closing = f" {lark.marker(_LIST_END)}" if _LIST_START in lark.special_tokens else ""
         return f"{listed} {literal(']')}{closing}"
 
+    def marked_opening_is_token(self, lark: LarkWriter) -> bool:
+        return _LIST_START in lark.special_tokens
+
+    def bare_calls(self, lark: LarkWriter, request: ReplyRequest, /) -> BareCalls:
+        """`[` and an offered tool's name and `(` make a call list (one lexeme, see grammar/bare.py); `[1, 2]`,
+        a markdown link or `[other(` stay text."""
+        names = "(" + "|".join(re.escape(tool.name) for tool in request.tools) + ")"
+        firsts: list[str] = []
+        for tool in request.tools:
+            opening = rf"[ \t\r\n]*\[[ \t\r\n]*{re.escape(tool.name)}\("
+            firsts.append(lark.rule(f"bare_{tool.name}", f"/{opening}/ {self._arguments(lark, tool)}"))
+        first = " | ".join(firsts)
+        if request.parallel:
+            calls = " | ".join(lark.rule(f"call_{tool.name}", self._call(lark, tool)) for tool in request.tools)
+            first = f"({first}) ({literal(', ')} ({calls}))*"
+        return BareCalls(expression=f"{first} {literal(']')}", never_starting=(rf"\[[ \t\r\n]*{names}\(",))
+
     def _call(self, lark: LarkWriter, tool: FunctionDefinition) -> str:
+        return f"{literal(tool.name + '(')} {self._arguments(lark, tool)}"
+
+    def _arguments(self, lark: LarkWriter, tool: FunctionDefinition) -> str:
+        """A call's arguments and its closing `)`, after `name(`."""
         parameters = tool_parameters(tool, "pythonic")
         if parameters is None:
             arguments = any_parameters(lark, lambda name: f"{name} {literal('=')} %json {{}}", separator=literal(", "))
@@ -147,7 +168,7 @@ class PythonicGrammar(OpenedCallsGrammar):
                 lambda parameter: f"{literal(parameter.name + '=')} {json_value(lark, parameter)}",
                 separator=literal(", "),
             )
-        return f"{literal(tool.name + '(')} {arguments} {literal(')')}"
+        return f"{arguments} {literal(')')}"
 
 
 class PythonicFormat(MarkedFormat):

@@ -8,6 +8,7 @@ from exo.shared.types.api import FunctionDefinition
 from exo.tool_calls.grammar.lark import LarkWriter, json_options, raise_if_rejected
 from exo.tool_calls.grammar.reply import FormatGrammar, ReplyRequest, ReplyShape
 from exo.tool_calls.grammar.spec import (
+    ANY_ARGUMENTS,
     ConstraintMode,
     JsonAnswerSpec,
     ReasoningMarkers,
@@ -17,11 +18,10 @@ from exo.tool_calls.grammar.spec import (
 from exo.tool_calls.names import ToolFormatName
 from exo.tool_calls.registry import format_for
 
-_ANY_ARGUMENTS: Final = {"type": "object"}
 _SHAPES: Final = {
     ConstraintMode.REQUIRED: ReplyShape.CALLS,
     ConstraintMode.NAMED: ReplyShape.CALLS,
-    ConstraintMode.STRICT_AUTO: ReplyShape.TEXT_OR_CALLS,
+    ConstraintMode.AUTO: ReplyShape.TEXT_OR_CALLS,
     ConstraintMode.NO_CALLS: ReplyShape.TEXT_ONLY,
 }
 
@@ -47,19 +47,40 @@ def build_tool_grammar(spec: ToolConstraintSpec, *, special_tokens: Mapping[str,
     `special_tokens` maps a marker text (such as `<tool_call>`) to its token id when the tokenizer has it as one
     added token, so the grammar accepts both the token and the marker spelled out in ordinary pieces. Raises
     UnsupportedConstraintError for schemas llguidance cannot compile (such as a `$ref` to nowhere) and for
-    keywords a format cannot express under `strict`.
+    keywords a format cannot express under `strict`. Under "auto" only a strict tool can fail so: another tool
+    whose schema the grammar cannot hold takes any arguments object (its calls are validated afterwards).
     """
     if not spec.tools and spec.mode is not ConstraintMode.NO_CALLS:
         raise UnsupportedConstraintError("a tool-call constraint needs at least one tool")
     if spec.mode is ConstraintMode.NAMED and len(spec.tools) != 1:
         raise UnsupportedConstraintError("a named tool_choice constrains to exactly one tool")
-    lark = LarkWriter(special_tokens or {})
+    try:
+        return _tool_grammar(spec, special_tokens or {})
+    except UnsupportedConstraintError:
+        if spec.mode is not ConstraintMode.AUTO:
+            raise
+    # Under "auto" a non-strict tool whose schema cannot be enforced is only validated, never a refusal.
+    tools = tuple(tool if tool.strict or _enforceable(spec, tool) else _loose(tool) for tool in spec.tools)
+    return _tool_grammar(spec.model_copy(update={"tools": tools}), special_tokens or {})
+
+
+def _tool_grammar(spec: ToolConstraintSpec, special_tokens: Mapping[str, int]) -> str:
+    lark = LarkWriter(special_tokens)
     parallel = spec.parallel_tool_calls and spec.mode is not ConstraintMode.NAMED
     request = ReplyRequest(shape=_SHAPES[spec.mode], tools=spec.tools, parallel=parallel)
     reply = lark.rule("reply", format_grammar(spec.tool_format).reply(lark, request))
     grammar = lark.grammar(_start(lark, spec.reasoning, reply))
     raise_if_rejected(grammar)
     return grammar
+
+
+def _enforceable(spec: ToolConstraintSpec, tool: FunctionDefinition) -> bool:
+    """Whether the grammar can hold `tool`'s calls to its schema on its own."""
+    try:
+        _tool_grammar(spec.model_copy(update={"tools": (tool,), "reasoning": None}), {})
+    except UnsupportedConstraintError:
+        return False
+    return True
 
 
 def build_answer_grammar(spec: JsonAnswerSpec, *, special_tokens: Mapping[str, int] | None = None) -> str:
@@ -99,4 +120,8 @@ def _reasoning_texts(reasoning: ReasoningMarkers | None) -> tuple[str, ...]:
 
 def _any_arguments(tools: tuple[FunctionDefinition, ...]) -> tuple[FunctionDefinition, ...]:
     """Non-strict tools keep their names but not their schemas: arguments are any object, as without a grammar."""
-    return tuple(tool.model_copy(update={"parameters": _ANY_ARGUMENTS}) for tool in tools)
+    return tuple(_loose(tool) for tool in tools)
+
+
+def _loose(tool: FunctionDefinition) -> FunctionDefinition:
+    return tool.model_copy(update={"parameters": ANY_ARGUMENTS})

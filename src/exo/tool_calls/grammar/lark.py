@@ -88,19 +88,25 @@ class LarkWriter:
             return f"(<[{self.special_tokens[text]}]> | {literal(text)})"
         return literal(text)
 
-    def text_until(self, end: str, hint: str = "text") -> str:
-        """Free text ended by the first `end` (included): a lazy lexeme, or the added token when `end` is one."""
-        text = self.rule(f"{hint}_then_text", f"/{_ANY_TEXT}/ {literal(end)}", lazy=True)
+    def text_until(self, end: str, hint: str = "text", *, never_starting: Sequence[str] = ()) -> str:
+        """Free text ended by the first `end` (included): a lazy lexeme, or the added token when `end` is one.
+
+        `never_starting` (regex pieces, leading whitespace allowed) keeps the text from beginning like another
+        alternative's opening lexeme, which this still-growing lexeme would otherwise swallow."""
+        free_text = f"/{_ANY_TEXT}/" + "".join(f" & ~/{pattern}/" for pattern in _starting(never_starting))
+        if never_starting:
+            free_text = self._terminal(f"{hint}_start", free_text)
+        text = self.rule(f"{hint}_then_text", f"{free_text} {literal(end)}", lazy=True)
         if end not in self.special_tokens:
             return text
-        free = self._terminal(f"{hint}_free", f"/{_ANY_TEXT}/")
+        free = self._terminal(f"{hint}_free", free_text)
         return f"({text} | {free} <[{self.special_tokens[end]}]>)"
 
     def prose(self, *, never_containing: Sequence[str] = (), never_starting: Sequence[str] = ()) -> str:
         """A terminal for free text that contains none of `never_containing` (texts) and starts with none of
         `never_starting` (regex pieces, leading whitespace allowed). Added tokens never match free text anyway."""
         excluded = [f"{_ANY_TEXT}{_regex_literal(text)}{_ANY_TEXT}" for text in never_containing]
-        excluded += [rf"[ \t\r\n]*{start}{_ANY_TEXT}" for start in never_starting]
+        excluded += _starting(never_starting)
         body = f"/{_ANY_TEXT}/" + "".join(f" & ~/{pattern}/" for pattern in excluded)
         return self._terminal("prose", body)
 
@@ -117,6 +123,11 @@ class LarkWriter:
     def grammar(self, start: str) -> str:
         """The whole grammar: `start` (an expression) and every rule written so far."""
         return "\n".join(["%llguidance {}", f"start: {start}", *self._rules])
+
+
+def _starting(pieces: Sequence[str]) -> list[str]:
+    """Regexes of the texts that begin (after whitespace) with one of `pieces`."""
+    return [rf"[ \t\r\n]*{start}{_ANY_TEXT}" for start in pieces]
 
 
 @lru_cache(maxsize=64)

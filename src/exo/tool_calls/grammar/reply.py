@@ -1,6 +1,5 @@
 """The one interface between a format and the grammar builder: how a reply in the format may look, per mode."""
 
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -27,6 +26,16 @@ class ReplyRequest:
     shape: ReplyShape
     tools: tuple[FunctionDefinition, ...]
     parallel: bool
+
+
+@dataclass(frozen=True)
+class BareCalls:
+    """Calls a format also writes with no marker at the start of a reply (see grammar/bare.py)."""
+
+    expression: str
+    """The calls, opening with one lexeme that spans the parser's whole bare-call test."""
+    never_starting: tuple[str, ...]
+    """Regex pieces free text may not start with: exactly the bare openings that are calls."""
 
 
 class FormatGrammar(Protocol):
@@ -68,6 +77,14 @@ class OpenedCallsGrammar:
         """Everything a call section holds after its opening marker (every call, one when not parallel)."""
         raise NotImplementedError
 
+    def bare_calls(self, lark: LarkWriter, request: ReplyRequest, /) -> BareCalls | None:
+        """Calls written bare at the start of a free-text reply, where the format's parser reads them."""
+        del lark, request
+        return None
+
+    def marked_opening_is_token(self, lark: LarkWriter) -> bool:
+        return self._opening_pieces()[0] in lark.special_tokens
+
     def _opening_pieces(self) -> tuple[str, ...]:
         return self.opening_pieces or (self.opening,)
 
@@ -87,14 +104,19 @@ class OpenedCallsGrammar:
             case ReplyShape.TEXT_ONLY:
                 return lark.prose(never_containing=(*openings, *self.never_in_text), never_starting=self.never_starting)
             case ReplyShape.TEXT_OR_CALLS:
-                if self.bare:
-                    # Text may not even begin like a call: a greedy text lexeme cannot give way to one later.
-                    prose = lark.prose(never_containing=openings, never_starting=(re.escape(self.opening),))
-                    return f"{prose} | {self._calls(lark, request)}"
-                prose = lark.prose(never_containing=openings, never_starting=self.never_starting)
-                first, *rest = self._opening_pieces()
-                text_then_opening = " ".join([lark.text_until(first, "prose"), *map(lark.marker, rest)])
-                return f"{prose} | {text_then_opening} {self.after_opening(lark, request)}"
+                bare = self.bare_calls(lark, request)
+                never_starting = bare.never_starting if bare else self.never_starting
+                prose = lark.prose(never_containing=openings, never_starting=never_starting)
+                alternatives = [prose, *([bare.expression] if bare else [])]
+                if not self.bare:
+                    first, *rest = self._opening_pieces()
+                    text = lark.text_until(first, "prose", never_starting=never_starting)
+                    text_then_opening = " ".join([text, *map(lark.marker, rest)])
+                    alternatives.append(f"{text_then_opening} {self.after_opening(lark, request)}")
+                elif self.marked_opening_is_token(lark):
+                    # A marked call list (LFM2's `<|tool_call_start|>[…]`) opens with an added token: no ambiguity.
+                    alternatives.append(self._calls(lark, request))
+                return " | ".join(alternatives)
 
 
 def repeated(lark: LarkWriter, one: str, separator: str, *, parallel: bool, hint: str = "more_calls") -> str:

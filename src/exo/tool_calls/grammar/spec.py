@@ -1,10 +1,14 @@
 """What a grammar enforces: built by the engine from the task's tool policy and the model's tool format."""
 
 from enum import StrEnum
+from typing import Final
 
 from exo.shared.types.api import FunctionDefinition, JsonObject
 from exo.shared.types.common import FrozenModel
 from exo.tool_calls.names import ToolFormatName
+
+ANY_ARGUMENTS: Final[JsonObject] = {"type": "object"}
+"""The parameters of a tool whose schema the grammar leaves to validation: any arguments object."""
 
 
 class UnsupportedConstraintError(ValueError):
@@ -19,8 +23,9 @@ class ConstraintMode(StrEnum):
     """One or more calls (exactly one without parallel calls) to the given tools, nothing else."""
     NAMED = "named"
     """Exactly one call to the single given tool."""
-    STRICT_AUTO = "strict_auto"
-    """Free text, but a call once opened must name a given tool and match its schema."""
+    AUTO = "auto"
+    """Free text, but a call once opened must name a given tool and match its schema (the lazy grammar of
+    `tool_choice: "auto"`)."""
     NO_CALLS = "no_calls"
     """`tool_choice: "none"`: free text that never opens a call in the model's format."""
 

@@ -280,7 +280,11 @@ def _load(
     # A model whose KV cache mlx-lm cannot merge across sequences (some recurrent or sliding-window layers) serves its
     # requests one at a time.
     batch_size = bootstrap.batch_size if can_batch(loaded.model) and link is None else 1
-    decode = DecodeSettings(batch_size=batch_size, speculation=LookupSettings() if bootstrap.speculation else None)
+    decode = DecodeSettings(
+        batch_size=batch_size,
+        speculation=LookupSettings() if bootstrap.speculation else None,
+        auto_tool_grammar=bootstrap.auto_tool_grammar,
+    )
     metadata = ModelMetadata(
         context_length=loaded.context_length,
         tool_format=str(tool_format),

@@ -87,6 +87,8 @@ class RunnerConfig:
     """Most tasks the runner decodes together (it may allow fewer for a model that cannot batch)."""
     speculation: bool = True
     """Prompt-lookup speculative decoding in the runner."""
+    auto_tool_grammar: bool = True
+    """The lazy tool-call grammar under `tool_choice: "auto"` (a request may override)."""
     matmul_plan: bool = True
     """Time the few-row products of decoding after loading and use the faster layout (float32 on a CPU)."""
     cpu_kernels: CpuKernelsSetting = "auto"
@@ -239,6 +241,7 @@ class RunnerSupervisor:
             trust_remote_code=self.config.trust_remote_code,
             batch_size=self.config.batch_size,
             speculation=self.config.speculation,
+            auto_tool_grammar=self.config.auto_tool_grammar,
             matmul_plan=self.config.matmul_plan,
             cpu_kernels=self.config.cpu_kernels,
         )

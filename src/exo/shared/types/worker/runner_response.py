@@ -59,6 +59,8 @@ class RunnerBootstrap(FrozenModel):
     """Most tasks decoded together; 1 serves them one at a time."""
     speculation: bool = True
     """Prompt-lookup speculative decoding for a greedy request that runs alone."""
+    auto_tool_grammar: bool = True
+    """Hold a call opened under `tool_choice: "auto"` to the tools' schemas with a grammar (a request may override)."""
     matmul_plan: bool = True
     """Plan the few-row float32 products of decoding (`engines/mlx/cpu/matmul_plan.py`) where the weights are
     float32."""

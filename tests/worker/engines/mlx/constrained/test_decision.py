@@ -76,7 +76,7 @@ def test_auto_is_constrained_only_when_a_callable_tool_is_strict() -> None:
     assert tool_spec(ToolPolicy(tools=(LOOSE, STRICT), callable_tools=("loose",)), HERMES, None) is None
     spec = tool_spec(ToolPolicy(tools=(LOOSE, STRICT)), HERMES, THINKING)
     assert spec is not None
-    assert (spec.mode, spec.tools, spec.reasoning) == (ConstraintMode.STRICT_AUTO, (LOOSE, STRICT), THINKING)
+    assert (spec.mode, spec.tools, spec.reasoning) == (ConstraintMode.AUTO, (LOOSE, STRICT), THINKING)
 
 
 def test_a_named_choice_is_one_call_whatever_parallel_tool_calls_says() -> None:
@@ -91,3 +91,40 @@ def test_structured_output_wins_unless_calls_are_forced() -> None:
     forced = ToolPolicy(tools=(LOOSE,), mode="required")
     assert isinstance(constraint_spec(forced, OUTPUT, HERMES, None), ToolConstraintSpec)
     assert constraint_spec(ToolPolicy(tools=(LOOSE,)), None, HERMES, None) is None
+
+
+UNFINISHABLE = FunctionDefinition(
+    name="chain", parameters={"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}
+)
+
+
+def test_the_lazy_auto_grammar_follows_the_node_unless_the_request_says() -> None:
+    plain = ToolPolicy(tools=(LOOSE,))
+    on = tool_spec(plain, HERMES, None, auto_grammar=True)
+    assert on is not None
+    assert (on.mode, on.tools) == (ConstraintMode.AUTO, (LOOSE,))
+    assert tool_spec(plain.model_copy(update={"auto_grammar": False}), HERMES, None, auto_grammar=True) is None
+    assert tool_spec(plain.model_copy(update={"auto_grammar": True}), HERMES, None, auto_grammar=False) is not None
+    # A strict tool keeps its grammar whatever the switch says: its client was promised valid arguments.
+    strict = ToolPolicy(tools=(STRICT,), auto_grammar=False)
+    assert tool_spec(strict, HERMES, None, auto_grammar=False) is not None
+
+
+def test_an_unfinishable_non_strict_schema_is_left_to_validation_under_auto() -> None:
+    policy = ToolPolicy(tools=(LOOSE, UNFINISHABLE), unenforceable_tools=("chain",))
+    spec = tool_spec(policy, HERMES, None, auto_grammar=True)
+    assert spec is not None
+    held = {tool.name: tool.parameters for tool in spec.tools}
+    assert held == {"loose": LOOSE.parameters, "chain": {"type": "object"}}
+
+
+def test_structured_output_holds_auto_calls_to_their_schemas_with_the_lazy_grammar() -> None:
+    policy = ToolPolicy(tools=(LOOSE,))
+    assert not _answer(policy, auto_grammar=False).tool_schemas_enforced
+    assert _answer(policy, auto_grammar=True).tool_schemas_enforced
+
+
+def _answer(policy: ToolPolicy, *, auto_grammar: bool) -> JsonAnswerSpec:
+    spec = answer_spec(OUTPUT, HERMES, policy, None, auto_grammar=auto_grammar)
+    assert spec is not None
+    return spec

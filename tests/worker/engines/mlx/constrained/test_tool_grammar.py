@@ -66,7 +66,7 @@ def test_named_allows_only_that_tool_once(tool_model: LoadedModel) -> None:
 
 
 def test_strict_auto_allows_text_or_text_then_valid_calls(tool_model: LoadedModel) -> None:
-    spec = _spec(ConstraintMode.STRICT_AUTO)
+    spec = _spec(ConstraintMode.AUTO)
     assert _accepts(tool_model, spec, "Paris is sunny today.")
     assert _accepts(tool_model, spec, "")
     assert _accepts(tool_model, spec, f"Let me check.\n{CALL_WEATHER}\n{CALL_SEARCH}")
@@ -81,7 +81,7 @@ def test_llama3_json_is_one_bare_object_with_parameters(tool_model: LoadedModel)
     assert _accepts(tool_model, required, call)
     assert not _accepts(tool_model, required, call.replace("parameters", "arguments"))
     assert not _accepts(tool_model, required, f"{call}{call}")
-    strict = _spec(ConstraintMode.STRICT_AUTO, tool_format=ToolFormatName.LLAMA3_JSON)
+    strict = _spec(ConstraintMode.AUTO, tool_format=ToolFormatName.LLAMA3_JSON)
     assert _accepts(tool_model, strict, "No call needed.")
     assert not _accepts(tool_model, strict, '{"name": "search", "parameters": {}}')
 
@@ -142,7 +142,7 @@ def test_reasoning_opened_by_the_prompt_must_close_before_calls(tool_model: Load
 
 
 def test_strict_auto_leaves_reasoning_and_text_free(tool_model: LoadedModel) -> None:
-    spec = _spec(ConstraintMode.STRICT_AUTO).model_copy(update={"reasoning": THINKING})
+    spec = _spec(ConstraintMode.AUTO).model_copy(update={"reasoning": THINKING})
     assert _accepts(tool_model, spec, "<think>\nsimple\n</think>\n\nIt is sunny.")
     assert _accepts(tool_model, spec, f"<think>\nsimple\n</think>\n\n{CALL_SEARCH}")
 
@@ -170,7 +170,7 @@ def test_keywords_llguidance_cannot_enforce_are_relaxed_and_reported(tool_model:
     )
 
 
-@pytest.mark.parametrize("mode", [ConstraintMode.STRICT_AUTO, ConstraintMode.REQUIRED, ConstraintMode.NAMED])
+@pytest.mark.parametrize("mode", [ConstraintMode.AUTO, ConstraintMode.REQUIRED, ConstraintMode.NAMED])
 def test_a_strict_tool_with_a_keyword_llguidance_cannot_enforce_is_refused_not_relaxed(mode: ConstraintMode) -> None:
     unique = WEATHER.model_copy(
         update={

@@ -2,7 +2,13 @@
 
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import StructuredOutput, ToolPolicy
-from exo.tool_calls.grammar.spec import ConstraintMode, JsonAnswerSpec, ReasoningMarkers, ToolConstraintSpec
+from exo.tool_calls.grammar.spec import (
+    ANY_ARGUMENTS,
+    ConstraintMode,
+    JsonAnswerSpec,
+    ReasoningMarkers,
+    ToolConstraintSpec,
+)
 from exo.tool_calls.names import ToolFormatName
 
 ConstraintSpec = ToolConstraintSpec | JsonAnswerSpec
@@ -18,7 +24,7 @@ def callable_functions(policy: ToolPolicy) -> tuple[FunctionDefinition, ...]:
     return tuple(tool for tool in policy.tools if tool.name in allowed)
 
 
-def _tool_mode(policy: ToolPolicy) -> ConstraintMode | None:
+def _tool_mode(policy: ToolPolicy, auto_grammar: bool) -> ConstraintMode | None:
     match policy.mode:
         case "none":
             # Only where tools were offered: their calls are what the model must not write.
@@ -28,20 +34,39 @@ def _tool_mode(policy: ToolPolicy) -> ConstraintMode | None:
         case "named":
             return ConstraintMode.NAMED
         case "auto":
-            return ConstraintMode.STRICT_AUTO if any(tool.strict for tool in callable_functions(policy)) else None
+            strict = any(tool.strict for tool in callable_functions(policy))
+            return ConstraintMode.AUTO if strict or auto_grammar_on(policy, auto_grammar) else None
+
+
+def auto_grammar_on(policy: ToolPolicy, node_default: bool) -> bool:
+    """Whether plain "auto" runs the lazy grammar: the request's own choice, else the node's."""
+    return node_default if policy.auto_grammar is None else policy.auto_grammar
+
+
+def _held_tools(policy: ToolPolicy, mode: ConstraintMode) -> tuple[FunctionDefinition, ...]:
+    """The callable tools as the grammar holds them: under "auto", a non-strict tool whose schema cannot be
+    finished takes any arguments object (validated afterwards, as without a grammar)."""
+    tools = callable_functions(policy)
+    if mode is not ConstraintMode.AUTO or not policy.unenforceable_tools:
+        return tools
+    loose = set(policy.unenforceable_tools)
+    return tuple(
+        tool.model_copy(update={"parameters": ANY_ARGUMENTS}) if tool.name in loose and not tool.strict else tool
+        for tool in tools
+    )
 
 
 def tool_spec(
-    policy: ToolPolicy, tool_format: ToolFormatName, reasoning: ReasoningMarkers | None
+    policy: ToolPolicy, tool_format: ToolFormatName, reasoning: ReasoningMarkers | None, *, auto_grammar: bool = False
 ) -> ToolConstraintSpec | None:
-    """The tool-call constraint for the policy, or None for plain "auto" (constraining every auto request would
-    cost every token; a second call under parallel_tool_calls=false is the parser's to drop)."""
-    mode = _tool_mode(policy)
+    """The tool-call constraint for the policy, or None for "auto" with the lazy grammar off and no strict tool
+    (`auto_grammar` is the node's setting; the request's `policy.auto_grammar` overrides it)."""
+    mode = _tool_mode(policy, auto_grammar)
     if mode is None:
         return None
     return ToolConstraintSpec(
         tool_format=tool_format,
-        tools=callable_functions(policy),
+        tools=_held_tools(policy, mode),
         mode=mode,
         parallel_tool_calls=policy.parallel_tool_calls and mode is not ConstraintMode.NAMED,
         reasoning=reasoning,
@@ -49,7 +74,12 @@ def tool_spec(
 
 
 def answer_spec(
-    output: StructuredOutput, tool_format: ToolFormatName, policy: ToolPolicy, reasoning: ReasoningMarkers | None
+    output: StructuredOutput,
+    tool_format: ToolFormatName,
+    policy: ToolPolicy,
+    reasoning: ReasoningMarkers | None,
+    *,
+    auto_grammar: bool = False,
 ) -> JsonAnswerSpec | None:
     """The JSON-answer constraint for the task, or None when the tool policy forces calls (and the answer format
     then has nothing to shape: OpenAI accepts the field and the reply is the calls).
@@ -58,14 +88,14 @@ def answer_spec(
     """
     if policy.mode in ("required", "named"):
         return None
-    tools = callable_functions(policy)
+    tools = _held_tools(policy, ConstraintMode.AUTO)
     return JsonAnswerSpec(
         json_schema=output.json_schema,
         every_keyword_enforced=output.strict,
         reasoning=reasoning,
         tool_format=tool_format,
         tools=tools,
-        tool_schemas_enforced=any(tool.strict for tool in tools),
+        tool_schemas_enforced=any(tool.strict for tool in tools) or auto_grammar_on(policy, auto_grammar),
         parallel_tool_calls=policy.parallel_tool_calls,
     )
 
@@ -75,7 +105,9 @@ def constraint_spec(
     output: StructuredOutput | None,
     tool_format: ToolFormatName,
     reasoning: ReasoningMarkers | None,
+    *,
+    auto_grammar: bool = False,
 ) -> ConstraintSpec | None:
     """The one grammar the task needs (structured output when asked and not overridden by forced calls), if any."""
-    answer = answer_spec(output, tool_format, policy, reasoning) if output is not None else None
-    return answer if answer is not None else tool_spec(policy, tool_format, reasoning)
+    answer = answer_spec(output, tool_format, policy, reasoning, auto_grammar=auto_grammar) if output else None
+    return answer if answer is not None else tool_spec(policy, tool_format, reasoning, auto_grammar=auto_grammar)

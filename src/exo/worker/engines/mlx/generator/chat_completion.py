@@ -26,11 +26,17 @@ from exo.shared.types.chunks import (
 from exo.shared.types.common import FinishReason, TaskId
 from exo.shared.types.tasks import ChatCompletionTask, ToolPolicy
 from exo.tool_calls import ToolFormatName, ToolStreamParser
-from exo.tool_calls.grammar.spec import ReasoningMarkers, UnsupportedConstraintError
+from exo.tool_calls.grammar.spec import (
+    ConstraintMode,
+    ReasoningMarkers,
+    ToolConstraintSpec,
+    UnsupportedConstraintError,
+)
 from exo.tool_calls.registry import format_for
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
 from exo.worker.engines.mlx.cache.prefix_cache import CacheLease, PrefixCache
 from exo.worker.engines.mlx.constrained import callable_functions, constraint_spec, make_logits_processor
+from exo.worker.engines.mlx.constrained.decision import ConstraintSpec
 from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
 from exo.worker.engines.mlx.generator.copy_views import copy_views
 from exo.worker.engines.mlx.generator.generate import clamp_max_tokens
@@ -62,6 +68,9 @@ class DecodeSettings:
     """Prompt tokens per forward pass while a pipeline prefills (its ranks prefill in lockstep)."""
     prefill_piece_seconds: float = PIECE_SECONDS
     """Target wall time of one prefill piece: how long a cancel or a batch's other members wait at most, about."""
+    auto_tool_grammar: bool = True
+    """Under `tool_choice: "auto"`, hold a call the model opens to the tools' names and schemas (the lazy grammar);
+    a request's `ToolPolicy.auto_grammar` overrides it."""
 
 
 @dataclass
@@ -111,11 +120,27 @@ def _build_processors(
 ) -> RequestProcessors:
     """Penalties plus the grammar the task's tool policy / response_format needs; raises UnsupportedConstraintError."""
     params = task.params
-    spec = constraint_spec(params.tool_policy, params.structured_output, context.tool_format, reasoning)
+    policy = params.tool_policy
+    auto_grammar = context.decode.auto_tool_grammar
+    spec = constraint_spec(policy, params.structured_output, context.tool_format, reasoning, auto_grammar=auto_grammar)
     # Processors are shown the tokens fed after the cached prefix (the uncached rest of the prompt) plus the sampled
     # ones, whichever decoder runs the request.
-    grammars = (make_logits_processor(context.loaded.tokenizer, spec, prompt_length=prefill_length),) if spec else ()
+    tokenizer = context.loaded.tokenizer
+    try:
+        grammars = (make_logits_processor(tokenizer, spec, prompt_length=prefill_length),) if spec else ()
+    except UnsupportedConstraintError as error:
+        if not _lazy_auto_only(spec, policy):
+            raise
+        # The lazy "auto" grammar is a help, never a condition: without it calls are parsed and validated as before.
+        logger.warning("tool calls of task %s are validated, not held to the schemas: %s", task.task_id, error)
+        grammars = ()
     return RequestProcessors(penalty_processors(params.sampling), grammars)
+
+
+def _lazy_auto_only(spec: ConstraintSpec | None, policy: ToolPolicy) -> bool:
+    """The spec is the lazy "auto" tool grammar and no strict tool asked for it (so a failure is no refusal)."""
+    lazy = isinstance(spec, ToolConstraintSpec) and spec.mode is ConstraintMode.AUTO
+    return lazy and not any(tool.strict for tool in callable_functions(policy))
 
 
 class ImmediateReplyError(Exception):
