@@ -35,6 +35,18 @@ QWEN = "tiny-qwen-tools"
 LLAMA = "tiny-llama31-tools"
 CALL_ID_PATTERN = r"^call_[A-Za-z0-9]{24}$"
 WEATHER_SCHEMA = cast(dict[str, Any], GET_WEATHER_TOOL["function"])["parameters"]
+ENUM_WEATHER_TOOL: JsonObject = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Rome", "Oslo"]}, "days": {"type": "integer"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -205,12 +217,17 @@ def test_plain_answers_and_requested_json_stay_content(client: OpenAI) -> None:
     assert asked_json.choices[0].finish_reason == "stop"
 
 
+# The failure rule is what a reply gets where no grammar held the call: the lazy "auto" grammar turned off.
+UNHELD = {"extra_body": {"auto_tool_grammar": False}}
+
+
 def test_a_call_to_an_unknown_tool_comes_back_as_content(client: OpenAI, server: ExoServer) -> None:
     # The model calls get_time, which this request does not offer: the documented rule returns the raw text.
     request: dict[str, Any] = {
         "model": QWEN,
         "messages": messages(user("What time is it in Tokyo?")),
         "tools": tools(GET_WEATHER_TOOL),
+        **UNHELD,
     }
     for completion in (client.chat.completions.create(**request), streamed(client, **request)):
         choice = completion.choices[0]
@@ -229,12 +246,35 @@ def test_malformed_arguments_keep_the_committed_call_and_its_raw_text(client: Op
         "model": QWEN,
         "messages": messages(user("Break the tool.")),
         "tools": tools(GET_WEATHER_TOOL),
+        **UNHELD,
     }
     for completion in (client.chat.completions.create(**request), streamed(client, **request)):
         tool_calls = function_calls(completion)
         assert [call.function.name for call in tool_calls] == ["get_weather"]
         assert tool_calls[0].function.arguments.startswith('{"city": }')
     assert "arguments are not valid JSON" in server.log()
+
+
+@pytest.mark.parametrize(
+    ("question", "tool"),
+    [
+        ("What time is it in Tokyo?", GET_WEATHER_TOOL),  # trained to call get_time, which is not offered
+        ("Break the tool.", GET_WEATHER_TOOL),  # trained to write `{"city": }`
+        ("What is the weather in Paris?", ENUM_WEATHER_TOOL),  # trained to write "Paris", which the enum lacks
+    ],
+)
+def test_under_auto_every_call_the_misbehaving_model_makes_validates(
+    client: OpenAI, question: str, tool: JsonObject
+) -> None:
+    # The same trained answers as above, with the lazy grammar on (the default): once the model opens a call, the
+    # call is held to the offered tools and their schemas, so whatever comes back as a call validates.
+    request: dict[str, Any] = {"model": QWEN, "messages": messages(user(question)), "tools": tools(tool)}
+    schema = cast(dict[str, Any], tool["function"])["parameters"]
+    for completion in (client.chat.completions.create(**request), streamed(client, **request)):
+        for call in function_calls(completion):
+            assert call.function.name == "get_weather"
+            jsonschema.validate(json.loads(call.function.arguments), schema)
+        assert "<tool_call>" not in (completion.choices[0].message.content or "")
 
 
 def test_max_tokens_inside_a_call_finishes_with_length_and_keeps_the_partial_arguments(
