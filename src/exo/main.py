@@ -111,6 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the tools' names and schemas with a grammar (a request's auto_tool_grammar field overrides this)",
     )
     parser.add_argument(
+        "--loop-guard",
+        choices=("off", "warn", "block"),
+        default="block",
+        help="agent-loop guard for calls repeated although their results are in the conversation: block (default: "
+        "the grammar forbids re-issuing the last turn's answered calls and continuing an A-B-A-B ping-pong), warn "
+        "(reported in the response and /metrics only) or off; a request's loop_guard field overrides it",
+    )
+    parser.add_argument(
         "--no-matmul-plan",
         action="store_true",
         help="compute every float32 product in mlx's own layout; by default the runner times the few-row products of "
@@ -222,6 +230,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         batch_size=arguments.batch_size,
         speculation=not arguments.no_speculation,
         auto_tool_grammar=not arguments.no_auto_tool_grammar,
+        loop_guard=arguments.loop_guard,
         matmul_plan=not arguments.no_matmul_plan,
         cpu_kernels=arguments.cpu_kernels,
         prefix_cache_bytes=int(arguments.prefix_cache_gb * 1024**3),

@@ -35,6 +35,7 @@ from exo.shared.types.common import ModelId
 from exo.shared.types.cpu_kernels import CpuKernelsSetting
 from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
+from exo.shared.types.tasks import LoopGuardPolicy
 from exo.worker.instance_ranks import InstanceRanks, RankHost
 from exo.worker.main import Worker
 from exo.worker.runner.supervisor import RunnerConfig
@@ -58,6 +59,7 @@ class NodeConfig:
     batch_size: int = 8
     speculation: bool = True
     auto_tool_grammar: bool = True
+    loop_guard: LoopGuardPolicy = "block"
     matmul_plan: bool = True
     cpu_kernels: CpuKernelsSetting = "auto"
     prefix_cache_bytes: int = 2 * 1024**3
@@ -256,6 +258,7 @@ class Node:
             batch_size=self.config.batch_size,
             speculation=self.config.speculation,
             auto_tool_grammar=self.config.auto_tool_grammar,
+            loop_guard=self.config.loop_guard,
             matmul_plan=self.config.matmul_plan,
             cpu_kernels=self.config.cpu_kernels,
             prefix_cache_bytes=self.config.prefix_cache_bytes,

@@ -90,3 +90,13 @@ async def test_chunks_ending_without_finish_are_a_server_error() -> None:
     with pytest.raises(ApiError) as raised:
         await collect([TokenChunk(text="cut")])
     assert raised.value.status_code == 500
+
+
+async def test_loop_guard_warnings_appear_only_when_there_are_some() -> None:
+    quiet = await collect([TokenChunk(text="Done."), FinishChunk(finish_reason="stop", usage=USAGE)])
+    assert quiet.exo_loop_warnings is None
+    assert "exo_loop_warnings" not in quiet.model_dump(exclude_none=True)
+    warned = await collect(
+        [TokenChunk(text="Done."), FinishChunk(finish_reason="stop", usage=USAGE, loop_warnings=("ping-pong",))]
+    )
+    assert warned.exo_loop_warnings == ["ping-pong"]

@@ -172,3 +172,19 @@ async def test_a_stream_that_ends_without_finish_closes_with_an_error_event() ->
     checked = assert_keeps_contract(payloads, include_usage=True)
     assert checked.summary.errored
     assert [("error" in decoded(payload)) for payload in payloads[:-1]] == [False, False, False, True]
+
+
+async def test_loop_guard_warnings_ride_on_the_finishing_chunk_within_the_contract() -> None:
+    warning = "repeated call write(...): its result is already in the conversation"
+    payloads = await stream(
+        [
+            ToolCallChunk(index=0, call_id=ToolCallId("call_" + "A1" * 12), name="write"),
+            ToolCallArgumentsChunk(index=0, fragment='{"path": "a"}'),
+            FinishChunk(finish_reason="tool_calls", usage=USAGE, loop_warnings=(warning,)),
+        ],
+        include_usage=True,
+    )
+    assert_keeps_contract(payloads, include_usage=True)
+    carrying = [decoded(payload) for payload in payloads[:-1] if "exo_loop_warnings" in decoded(payload)]
+    assert len(carrying) == 1
+    assert carrying[0]["exo_loop_warnings"] == [warning]

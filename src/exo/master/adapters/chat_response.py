@@ -74,4 +74,5 @@ async def collect_response(
             prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
             completion_tokens_details=CompletionTokensDetails(reasoning_tokens=usage.reasoning_tokens),
         ),
+        exo_loop_warnings=list(finish.loop_warnings) or None,
     )

@@ -56,9 +56,11 @@ class ChunkEncoder:
         }
         self._include_usage = include_usage
 
-    def _choice(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:
+    def _choice(self, delta: dict[str, Any], finish_reason: str | None = None, warnings: tuple[str, ...] = ()) -> str:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return _event({**self._base, "choices": [choice]})
+        # exo's own field on the finishing chunk: what the agent-loop guard found (see docs/TOOL_CALLING.md).
+        extra = {"exo_loop_warnings": list(warnings)} if warnings else {}
+        return _event({**self._base, "choices": [choice], **extra})
 
     def opening(self) -> str:
         return self._choice({"role": "assistant", "content": ""})
@@ -76,8 +78,8 @@ class ChunkEncoder:
                 if not fragment:
                     return []
                 return [self._choice({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]})]
-            case FinishChunk(finish_reason=reason, usage=usage):
-                events = [self._choice({}, reason)]
+            case FinishChunk(finish_reason=reason, usage=usage, loop_warnings=warnings):
+                events = [self._choice({}, reason, warnings)]
                 if self._include_usage:
                     events.append(_event({**self._base, "choices": [], "usage": usage_payload(usage)}))
                 return events

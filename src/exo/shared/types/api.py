@@ -194,6 +194,8 @@ class ChatCompletionRequest(WireModel):
     chat_template_kwargs: JsonObject | None = None
     # exo's own: under tool_choice "auto", hold an opened call to the tools' schemas (None: the node's setting).
     auto_tool_grammar: bool | None = None
+    # exo's own: the agent-loop guard for this request, "off" | "warn" | "block" (None: the node's setting).
+    loop_guard: Literal["off", "warn", "block"] | None = None
     reasoning_effort: str | None = None
     verbosity: str | None = None
     user: str | None = None
@@ -255,6 +257,8 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[Choice]
     usage: ResponseUsage
+    # exo's own: what the agent-loop guard found (repeated calls, ping-pong); absent when it found nothing.
+    exo_loop_warnings: list[str] | None = None
 
 
 class ErrorBody(BaseModel):

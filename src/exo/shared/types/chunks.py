@@ -14,6 +14,8 @@ class Usage(FrozenModel):
     # Of the cached tokens, those read from the prefix cache's disk tier (the rest were in memory).
     disk_cached_tokens: int = 0
     reasoning_tokens: int = 0
+    repeated_tool_calls: int = 0
+    """Calls of the reply identical to a call whose result the conversation already held (the loop guard's count)."""
 
     @property
     def total_tokens(self) -> int:
@@ -59,6 +61,8 @@ class FinishChunk(FrozenModel):
     usage: Usage
     # The client's stop sequence that ended generation, if one did (the Messages API reports which).
     stop_sequence: str | None = None
+    # What the agent-loop guard found in the reply (repeated calls, ping-pong); empty when it found nothing or is off.
+    loop_warnings: tuple[str, ...] = ()
 
 
 TaskErrorKind = Literal[

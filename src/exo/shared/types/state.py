@@ -90,6 +90,8 @@ class RunnerMetrics(FrozenModel):
     generated_tokens: int = 0
     time_to_first_token_seconds: float | None = None
     decode_tokens_per_second: float | None = None
+    repeated_tool_calls: int = 0
+    """Calls identical to one whose result the conversation already held (the agent-loop guard's count)."""
 
 
 class RunnerInfo(FrozenModel):

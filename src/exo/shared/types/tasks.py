@@ -10,6 +10,8 @@ from exo.shared.types.common import CommandId, FrozenModel, ModelId, TaskId
 Role = Literal["system", "user", "assistant", "tool"]
 # How the model may use the offered tools; every wire protocol's tool-choice names map onto these.
 ToolChoiceMode = Literal["none", "auto", "required", "named"]
+# The agent-loop guard (exo.tool_calls.loop_guard): off; warn (report repeated calls); block (the grammar forbids them).
+LoopGuardPolicy = Literal["off", "warn", "block"]
 
 
 class PromptToolCall(FrozenModel):
@@ -44,6 +46,8 @@ class ToolPolicy(FrozenModel):
     # Non-strict tools whose schemas no finite value satisfies: under "auto" their calls are validated, never held
     # to the schema (a grammar could not let such a call end).
     unenforceable_tools: tuple[str, ...] = ()
+    # The agent-loop guard for this request; None: the node's setting decides.
+    loop_guard: LoopGuardPolicy | None = None
 
 
 class SamplingParams(FrozenModel):

@@ -284,6 +284,7 @@ def _load(
         batch_size=batch_size,
         speculation=LookupSettings() if bootstrap.speculation else None,
         auto_tool_grammar=bootstrap.auto_tool_grammar,
+        loop_guard=bootstrap.loop_guard,
     )
     metadata = ModelMetadata(
         context_length=loaded.context_length,

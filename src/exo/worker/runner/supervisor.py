@@ -37,7 +37,7 @@ from exo.shared.types.chunks import Chunk, ErrorChunk, PrefillProgressChunk
 from exo.shared.types.common import ModelId, RunnerId, TaskId
 from exo.shared.types.cpu_kernels import CpuKernelsSetting
 from exo.shared.types.state import TaskOutcome, TaskPhase, TaskSummary
-from exo.shared.types.tasks import ChatCompletionTask
+from exo.shared.types.tasks import ChatCompletionTask, LoopGuardPolicy
 from exo.shared.types.worker.runner_response import (
     CancelTask,
     MatmulPlanRefined,
@@ -88,6 +88,8 @@ class RunnerConfig:
     speculation: bool = True
     """Prompt-lookup speculative decoding in the runner."""
     auto_tool_grammar: bool = True
+    loop_guard: LoopGuardPolicy = "block"
+    """The agent-loop guard for requests that do not choose one."""
     """The lazy tool-call grammar under `tool_choice: "auto"` (a request may override)."""
     matmul_plan: bool = True
     """Time the few-row products of decoding after loading and use the faster layout (float32 on a CPU)."""
@@ -242,6 +244,7 @@ class RunnerSupervisor:
             batch_size=self.config.batch_size,
             speculation=self.config.speculation,
             auto_tool_grammar=self.config.auto_tool_grammar,
+            loop_guard=self.config.loop_guard,
             matmul_plan=self.config.matmul_plan,
             cpu_kernels=self.config.cpu_kernels,
         )

@@ -8,7 +8,7 @@ from exo.shared.types.blas import BlasReport, MatmulPlanReport
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import FinishReason, FrozenModel, TaskId
 from exo.shared.types.cpu_kernels import CpuKernelsReport, CpuKernelsSetting
-from exo.shared.types.tasks import ChatCompletionTask
+from exo.shared.types.tasks import ChatCompletionTask, LoopGuardPolicy
 from exo.shared.types.worker.shards import PipelineStrategy, ShardAssignment
 
 
@@ -60,6 +60,8 @@ class RunnerBootstrap(FrozenModel):
     speculation: bool = True
     """Prompt-lookup speculative decoding for a greedy request that runs alone."""
     auto_tool_grammar: bool = True
+    loop_guard: LoopGuardPolicy = "block"
+    """The agent-loop guard for requests that do not choose one."""
     """Hold a call opened under `tool_choice: "auto"` to the tools' schemas with a grammar (a request may override)."""
     matmul_plan: bool = True
     """Plan the few-row float32 products of decoding (`engines/mlx/cpu/matmul_plan.py`) where the weights are

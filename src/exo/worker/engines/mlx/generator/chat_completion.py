@@ -24,7 +24,7 @@ from exo.shared.types.chunks import (
     Usage,
 )
 from exo.shared.types.common import FinishReason, TaskId
-from exo.shared.types.tasks import ChatCompletionTask, ToolPolicy
+from exo.shared.types.tasks import ChatCompletionTask, LoopGuardPolicy, ToolPolicy
 from exo.tool_calls import ToolFormatName, ToolStreamParser
 from exo.tool_calls.grammar.spec import (
     ConstraintMode,
@@ -32,6 +32,7 @@ from exo.tool_calls.grammar.spec import (
     ToolConstraintSpec,
     UnsupportedConstraintError,
 )
+from exo.tool_calls.loop_guard import CallHistory, ReplyCalls, repeated
 from exo.tool_calls.registry import format_for
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
 from exo.worker.engines.mlx.cache.prefix_cache import CacheLease, PrefixCache
@@ -71,6 +72,8 @@ class DecodeSettings:
     auto_tool_grammar: bool = True
     """Under `tool_choice: "auto"`, hold a call the model opens to the tools' names and schemas (the lazy grammar);
     a request's `ToolPolicy.auto_grammar` overrides it."""
+    loop_guard: LoopGuardPolicy = "block"
+    """The agent-loop guard for requests that do not choose one (`ToolPolicy.loop_guard`)."""
 
 
 @dataclass
@@ -115,14 +118,30 @@ def _finish_reason(
     return "stop"
 
 
+def loop_guard_policy(context: EngineContext, policy: ToolPolicy) -> LoopGuardPolicy:
+    """The request's own loop-guard policy, else the node's."""
+    return policy.loop_guard or context.decode.loop_guard
+
+
 def _build_processors(
-    context: EngineContext, task: ChatCompletionTask, prefill_length: int, reasoning: ReasoningMarkers | None
+    context: EngineContext,
+    task: ChatCompletionTask,
+    prefill_length: int,
+    reasoning: ReasoningMarkers | None,
+    history: CallHistory,
 ) -> RequestProcessors:
     """Penalties plus the grammar the task's tool policy / response_format needs; raises UnsupportedConstraintError."""
     params = task.params
     policy = params.tool_policy
-    auto_grammar = context.decode.auto_tool_grammar
-    spec = constraint_spec(policy, params.structured_output, context.tool_format, reasoning, auto_grammar=auto_grammar)
+    blocked = history.blocked_calls() if loop_guard_policy(context, policy) == "block" else ()
+    spec = constraint_spec(
+        policy,
+        params.structured_output,
+        context.tool_format,
+        reasoning,
+        auto_grammar=context.decode.auto_tool_grammar,
+        blocked=blocked,
+    )
     # Processors are shown the tokens fed after the cached prefix (the uncached rest of the prompt) plus the sampled
     # ones, whichever decoder runs the request.
     tokenizer = context.loaded.tokenizer
@@ -165,6 +184,7 @@ class ChatRequest:
         lease: CacheLease | None,
         processors: RequestProcessors,
         reasoning: ReasoningMarkers | None,
+        history: CallHistory,
     ) -> None:
         self.task_id: TaskId = task.task_id
         self._task = task
@@ -178,6 +198,8 @@ class ChatRequest:
         self._detokenizer = context.loaded.tokenizer.detokenizer
         self._stops = StopSequenceMatcher(task.params.sampling.stop)
         self._parser = _make_parser(context, task.params.tool_policy, reasoning)
+        self._history = history
+        self._reply_calls = ReplyCalls()
         self._lookup: PromptLookup | None = None
         self.generated: list[int] = []
         self._reasoning_tokens = 0
@@ -212,8 +234,9 @@ class ChatRequest:
         lease = context.prefix_cache.acquire(prompt.tokens) if context.prefix_cache else None
         prefill = lease.remaining_tokens if lease else prompt.tokens
         reasoning = reasoning_markers(loaded.tokenizer, prompt.starts_in_reasoning)
+        history = CallHistory.of(params.messages)
         try:
-            processors = _build_processors(context, task, len(prefill), reasoning)
+            processors = _build_processors(context, task, len(prefill), reasoning, history)
         except UnsupportedConstraintError as error:
             if lease and context.prefix_cache:
                 context.prefix_cache.discard(lease)
@@ -226,6 +249,7 @@ class ChatRequest:
             lease=lease,
             processors=processors,
             reasoning=reasoning,
+            history=history,
         )
 
     # ---- what a decoder feeds -------------------------------------------------------------------
@@ -329,6 +353,7 @@ class ChatRequest:
                 self._detokenizer.finalize()
                 self.finish_reason = "length"
         chunks = self._parser.feed(self._stops.feed(self._detokenizer.last_segment))
+        self._reply_calls.add(chunks)
         if chunks and all(isinstance(chunk, ReasoningChunk) for chunk in chunks):
             self._reasoning_tokens += 1
         if self.finish_reason is None and (self._stops.stopped or self._parser.should_stop):
@@ -338,18 +363,30 @@ class ChatRequest:
     def finish(self, cache: PromptCache | None) -> list[Chunk]:
         """The last chunks (the parser's held-back text, then the FinishChunk); stores `cache` for later prompts."""
         self._release(cache)
-        tail: list[Chunk] = [*self._parser.feed(self._stops.flush()), *self._parser.finish()]
+        tail = [*self._parser.feed(self._stops.flush()), *self._parser.finish()]
+        self._reply_calls.add(tail)
         for reason in self._parser.failures:
             logger.warning("task %s: tool call not parsed as intended: %s", self.task_id, reason)
+        calls = self._reply_calls.keys()
+        guarded = loop_guard_policy(self._context, self._task.params.tool_policy) != "off"
+        warnings = self._history.findings(calls) if guarded else ()
+        for warning in warnings:
+            logger.warning("task %s: agent loop: %s", self.task_id, warning)
         usage = Usage(
             prompt_tokens=len(self._prompt.tokens),
             completion_tokens=len(self.generated),
             cached_tokens=self._lease.cached_tokens if self._lease else 0,
             disk_cached_tokens=self._lease.disk_cached_tokens if self._lease else 0,
             reasoning_tokens=self._reasoning_tokens,
+            repeated_tool_calls=repeated(self._history, calls) if guarded else 0,
         )
-        finish = _finish_reason(self.finish_reason, self._parser, self._task.params.tool_policy)
-        return [*tail, FinishChunk(finish_reason=finish, stop_sequence=self._stops.matched, usage=usage)]
+        finish = FinishChunk(
+            finish_reason=_finish_reason(self.finish_reason, self._parser, self._task.params.tool_policy),
+            stop_sequence=self._stops.matched,
+            usage=usage,
+            loop_warnings=warnings,
+        )
+        return [*tail, finish]
 
     def cancel(self, cache: PromptCache | None) -> None:
         """The client went away: no more chunks; what was computed still fills the prefix cache."""

@@ -1,0 +1,219 @@
+"""The agent-loop guard: calls the model repeats although their results are already in the conversation.
+
+The server sees the whole conversation on every request, so it can tell when a model is about to issue a call it
+has already made and been answered (small models re-issue one write dozens of times), or swings between two calls
+(A, B, A, B). Two findings, both from the history of the request and the calls of the reply:
+
+- a *repeat*: a reply's call with the same name and arguments as a call whose result is in the history;
+- a *ping-pong*: the reply's calls are those of two call turns back, after that turn and the last one alternated.
+
+`block` does not wait for the reply: `blocked_calls` names the calls the grammar forbids outright, which are the
+answered calls of the latest call turn (an immediate repeat can only be given the same answer) and, after an
+A-B-A alternation, B's calls. An identical call after other calls in between (reading a file again after editing
+it) is reported under `warn` but never blocked: something may have changed since. `excluding` writes the schema
+that forbids a blocked call's exact arguments while leaving every other value of the tool's schema allowed.
+"""
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Final, cast
+
+from pydantic import JsonValue
+
+from exo.shared.types.chunks import ParsedChunk, ToolCallArgumentsChunk, ToolCallChunk
+from exo.shared.types.common import FrozenModel
+from exo.shared.types.tasks import PromptMessage
+
+_NON_STRING: Final = ["number", "integer", "boolean", "null", "object", "array"]
+_NON_NUMBER: Final = ["string", "boolean", "null", "object", "array"]
+_NON_BOOLEAN: Final = ["number", "integer", "string", "null", "object", "array"]
+_NON_NULL: Final = ["number", "integer", "boolean", "string", "object", "array"]
+_EXACT_STRING_LIMIT: Final = 128
+"""The longest string value a block excludes; a call with a longer one is only reported."""
+_CLASS_SPECIALS: Final = frozenset("]^-[")
+_REGEX_SPECIALS: Final = frozenset(".+*?()|[]{}^$#&~-")
+
+
+class CallKey(FrozenModel):
+    """A call as the guard compares it: its name and its arguments as canonical JSON (keys sorted)."""
+
+    name: str
+    arguments: str
+
+    @classmethod
+    def of(cls, name: str, arguments: Mapping[str, object] | str) -> "CallKey":
+        return cls(name=name, arguments=canonical_arguments(arguments))
+
+    def describe(self) -> str:
+        return f"{self.name}({self.arguments})"
+
+
+def canonical_arguments(arguments: Mapping[str, object] | str) -> str:
+    """Arguments as sorted compact JSON; text that is not a JSON object is kept as written."""
+    value: object = arguments
+    if isinstance(arguments, str):
+        try:
+            value = json.loads(arguments)
+        except ValueError:
+            return arguments
+    if not isinstance(value, dict):
+        return arguments if isinstance(arguments, str) else json.dumps(value, sort_keys=True)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class CallHistory(FrozenModel):
+    """What the guard reads from a conversation."""
+
+    answered: frozenset[CallKey] = frozenset()
+    """Every call whose result (a `tool` message with its id) is in the history."""
+    turns: tuple[frozenset[CallKey], ...] = ()
+    """The calls of each assistant turn that made calls, oldest first."""
+
+    @classmethod
+    def of(cls, messages: Iterable[PromptMessage]) -> "CallHistory":
+        listed = list(messages)
+        answered_ids = {message.tool_call_id for message in listed if message.role == "tool" and message.tool_call_id}
+        answered: set[CallKey] = set()
+        turns: list[frozenset[CallKey]] = []
+        for message in listed:
+            if message.role != "assistant" or not message.tool_calls:
+                continue
+            keys = {call.call_id: CallKey.of(call.name, call.arguments) for call in message.tool_calls}
+            turns.append(frozenset(keys.values()))
+            answered.update(key for call_id, key in keys.items() if call_id in answered_ids)
+        return cls(answered=frozenset(answered), turns=tuple(turns))
+
+    def _alternating(self) -> bool:
+        """The last three call turns went A, B, A (A ≠ B): B next would make it A-B-A-B."""
+        return len(self.turns) >= 3 and self.turns[-3] == self.turns[-1] != self.turns[-2]
+
+    def blocked_calls(self) -> tuple[CallKey, ...]:
+        """The calls `block` forbids: the latest call turn's answered calls, and B's after A-B-A."""
+        if not self.turns:
+            return ()
+        candidates = set(self.turns[-1])
+        if self._alternating():
+            candidates |= self.turns[-2]
+        return tuple(sorted(candidates & self.answered, key=lambda key: (key.name, key.arguments)))
+
+    def findings(self, calls: Sequence[CallKey]) -> tuple[str, ...]:
+        """What `warn` reports about a reply that made `calls`."""
+        found = [f"repeated call {call.describe()}: its result is already in the conversation" for call in calls]
+        found = [text for call, text in zip(calls, found, strict=True) if call in self.answered]
+        if calls and self._alternating() and frozenset(calls) == self.turns[-2]:
+            found.append("ping-pong: the reply repeats the calls of two turns back after A-B-A")
+        return tuple(found)
+
+
+class ReplyCalls:
+    """The calls of a reply, assembled from its parsed chunks as they go by."""
+
+    def __init__(self) -> None:
+        self._names: dict[int, str] = {}
+        self._arguments: dict[int, list[str]] = {}
+
+    def add(self, chunks: Iterable[ParsedChunk]) -> None:
+        for chunk in chunks:
+            if isinstance(chunk, ToolCallChunk):
+                self._names[chunk.index] = chunk.name
+                self._arguments[chunk.index] = []
+            elif isinstance(chunk, ToolCallArgumentsChunk) and chunk.index in self._arguments:
+                self._arguments[chunk.index].append(chunk.fragment)
+
+    def keys(self) -> list[CallKey]:
+        return [CallKey.of(self._names[index], "".join(self._arguments[index])) for index in sorted(self._names)]
+
+
+def excluding(parameters: Mapping[str, JsonValue], blocked: Sequence[CallKey]) -> dict[str, JsonValue] | None:
+    """`parameters` narrowed so that none of the `blocked` argument objects validates (every other value that did
+    still does, but see `_string_differs`), or None when some blocked call cannot be excluded this way (arguments
+    that are not an object, or hold an object or array: the guard then only reports those)."""
+    differences: list[JsonValue] = []
+    for call in blocked:
+        difference = _differs(parameters, call.arguments)
+        if difference is None:
+            return None
+        differences.append(difference)
+    if not differences:
+        return dict(parameters)
+    return {"allOf": [dict(parameters), *differences]}
+
+
+def _differs(parameters: Mapping[str, JsonValue], arguments: str) -> JsonValue | None:
+    """A schema matching exactly the argument objects that differ from `arguments` in a key it names: a value
+    changed, a key left out, or another of the schema's properties added."""
+    try:
+        value: object = json.loads(arguments)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    given = cast(dict[str, object], value)
+    alternatives: list[JsonValue] = []
+    for key, item in given.items():
+        changed = _value_differs(item)
+        if changed is None:
+            return None
+        alternatives.append({"properties": {key: changed}, "required": [key]})
+        alternatives.append({"properties": {key: False}})
+    declared = parameters.get("properties")
+    if isinstance(declared, dict):
+        for key in declared:
+            if key not in given:
+                alternatives.append({"required": [key]})
+    return {"anyOf": alternatives or [{"minProperties": 1}]}
+
+
+def _value_differs(value: object) -> JsonValue | None:
+    if value is None:
+        return {"type": list(_NON_NULL)}
+    if isinstance(value, bool):
+        return {"anyOf": [{"type": list(_NON_BOOLEAN)}, {"const": not value}]}
+    if isinstance(value, int | float):
+        return {
+            "anyOf": [
+                {"type": list(_NON_NUMBER)},
+                {"type": "number", "exclusiveMaximum": value},
+                {"type": "number", "exclusiveMinimum": value},
+            ]
+        }
+    if isinstance(value, str) and "\\" not in value:
+        # (A backslash in the value: llguidance's string patterns do not exclude it reliably, so no block.)
+        differs = _string_differs(value)
+        return {"anyOf": [{"type": list(_NON_STRING)}, differs]} if differs is not None else None
+    return None
+
+
+def _string_differs(text: str) -> JsonValue | None:
+    """The schema of the strings other than `text`, or None past `_EXACT_STRING_LIMIT` characters (the regex of
+    an exact difference grows with the square of the string's length)."""
+    if len(text) > _EXACT_STRING_LIMIT:
+        return None
+    return {"type": "string", "pattern": f"^{_other_than(text)}$"}
+
+
+def _other_than(text: str) -> str:
+    """A regex for the strings that differ from `text`: a proper prefix of it, a string that leaves it at some
+    position, or `text` followed by more. Flat alternatives, not nested groups: the regex parser behind llguidance
+    limits nesting (and a pattern it rejects goes unenforced)."""
+    prefixes = ["".join(map(_literal, text[:end])) for end in range(len(text) + 1)]
+    options = [*prefixes[:-1], *(rf"{prefixes[at]}[^{_in_class(c)}][\s\S]*" for at, c in enumerate(text))]
+    return "(" + "|".join([*options, rf"{prefixes[-1]}[\s\S]+"]) + ")"
+
+
+def _literal(character: str) -> str:
+    return f"\\{character}" if character in _REGEX_SPECIALS else _printable(character)
+
+
+def _in_class(character: str) -> str:
+    return f"\\{character}" if character in _CLASS_SPECIALS else _printable(character)
+
+
+def _printable(character: str) -> str:
+    """Control characters as hex escapes, so the pattern stays readable."""
+    return f"\\x{{{ord(character):x}}}" if ord(character) < 0x20 else character
+
+
+def repeated(history: CallHistory, calls: Sequence[CallKey]) -> int:
+    """How many of `calls` repeat an answered call (what /metrics counts)."""
+    return sum(call in history.answered for call in calls)

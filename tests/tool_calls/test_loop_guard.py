@@ -1,0 +1,118 @@
+"""The agent-loop guard: what it reads from a conversation, what it reports, and the schema that blocks a call (run
+through llguidance with a real tokenizer, so "blocked" means the grammar cannot write it)."""
+
+import json
+from collections.abc import Mapping
+
+import pytest
+
+from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tasks import PromptMessage, PromptToolCall
+from exo.tool_calls.grammar.build import build_tool_grammar
+from exo.tool_calls.grammar.spec import ConstraintMode, ToolConstraintSpec
+from exo.tool_calls.loop_guard import CallHistory, CallKey, excluding, repeated
+from exo.tool_calls.names import ToolFormatName
+from tests.tool_calls.grammar.tokenizers import format_tokenizer
+
+WRITE = FunctionDefinition(
+    name="write",
+    parameters={
+        "type": "object",
+        "properties": {
+            "path": {"type": "string"},
+            "content": {"type": "string"},
+            "mode": {"type": "integer"},
+            "append": {"type": "boolean"},
+        },
+        "required": ["path", "content"],
+    },
+)
+HELLO: dict[str, object] = {"path": "hello.txt", "content": "hello"}
+READ: dict[str, object] = {"path": "hello.txt"}
+
+
+def _turn(call_id: str, name: str, arguments: dict[str, object]) -> list[PromptMessage]:
+    call = PromptToolCall(call_id=call_id, name=name, arguments=arguments)
+    return [
+        PromptMessage(role="assistant", content="", tool_calls=(call,)),
+        PromptMessage(role="tool", content="ok", tool_call_id=call_id),
+    ]
+
+
+def _history(*turns: tuple[str, dict[str, object]]) -> CallHistory:
+    messages = [PromptMessage(role="user", content="Create the file hello.txt containing hello")]
+    for position, (name, arguments) in enumerate(turns):
+        messages += _turn(f"call_{position}", name, arguments)
+    return CallHistory.of(messages)
+
+
+def test_the_latest_answered_call_is_blocked_and_an_older_one_only_reported() -> None:
+    history = _history(("read", READ), ("write", HELLO))
+    assert history.blocked_calls() == (CallKey.of("write", HELLO),)
+    # Reading again after writing is no loop to block (the file changed), but it is a repeat to report.
+    assert len(history.findings([CallKey.of("read", READ)])) == 1
+    assert history.findings([CallKey.of("write", {"path": "other.txt", "content": "hello"})]) == ()
+    # Argument order and spacing do not make a call new.
+    assert repeated(history, [CallKey.of("write", '{"content":"hello",  "path":"hello.txt"}')]) == 1
+
+
+def test_a_call_without_its_result_is_not_blocked() -> None:
+    call = PromptToolCall(call_id="c1", name="write", arguments=HELLO)
+    history = CallHistory.of([PromptMessage(role="assistant", content="", tool_calls=(call,))])
+    assert history.blocked_calls() == ()
+    assert history.findings([CallKey.of("write", HELLO)]) == ()
+
+
+def test_ping_pong_blocks_the_next_swing_and_is_reported() -> None:
+    history = _history(("read", READ), ("write", HELLO), ("read", READ))
+    assert history.blocked_calls() == (CallKey.of("read", READ), CallKey.of("write", HELLO))
+    findings = history.findings([CallKey.of("write", HELLO)])
+    assert any("ping-pong" in finding for finding in findings)
+
+
+def _accepts_call(parameters: Mapping[str, object], arguments: dict[str, object]) -> bool:
+    tool = WRITE.model_copy(update={"parameters": parameters})
+    # llguidance writes properties in schema order: keep the call's keys in that order.
+    order = list(WRITE.parameters["properties"])  # pyright: ignore[reportArgumentType] -- a dict of properties
+    arguments = dict(sorted(arguments.items(), key=lambda item: order.index(item[0])))
+    tokenizer = format_tokenizer(ToolFormatName.HERMES, True)
+    spec = ToolConstraintSpec(
+        tool_format=ToolFormatName.HERMES, tools=(tool,), mode=ConstraintMode.AUTO, parallel_tool_calls=True
+    )
+    grammar = build_tool_grammar(spec, special_tokens=tokenizer.special_tokens)
+    call = {"name": "write", "arguments": arguments}
+    return tokenizer.accepts(grammar, f"<tool_call>\n{json.dumps(call)}\n</tool_call>")
+
+
+@pytest.mark.parametrize(
+    "blocked",
+    [
+        HELLO,
+        {"path": "hello.txt", "content": "hello", "mode": 420},
+        {"path": "a]b^c-d[e/f.g*(h)", "content": "line\nbreak", "append": False},
+        {"path": "hello.txt", "content": "x" * 120},
+    ],
+)
+def test_the_excluding_schema_forbids_exactly_the_blocked_arguments(blocked: dict[str, object]) -> None:
+    narrowed = excluding(WRITE.parameters, (CallKey.of("write", blocked),))
+    assert narrowed is not None
+    assert not _accepts_call(narrowed, blocked)
+    # The same tool with new arguments: each value changed, a key left out, another key added.
+    variants: list[dict[str, object]] = []
+    for key, value in blocked.items():
+        changed = (value + "!") if isinstance(value, str) else (not value) if isinstance(value, bool) else 7
+        variants.append({**blocked, key: changed})
+        if key not in ("path", "content"):
+            variants.append({name: item for name, item in blocked.items() if name != key})
+    variants.append({**blocked, "append": True} if "append" not in blocked else {**blocked, "mode": 1})
+    for variant in variants:
+        assert _accepts_call(narrowed, variant), variant
+
+
+def test_arguments_holding_an_object_or_a_long_string_are_reported_but_not_blocked() -> None:
+    assert excluding(WRITE.parameters, (CallKey.of("write", {"path": "a", "content": "b", "meta": {}}),)) is None
+    assert excluding(WRITE.parameters, (CallKey.of("write", {"path": "a", "content": "b" * 200}),)) is None
+
+
+def test_a_backslash_in_the_arguments_leaves_the_call_to_the_report() -> None:
+    assert excluding(WRITE.parameters, (CallKey.of("write", {"path": "C:\\x", "content": "b"}),)) is None
