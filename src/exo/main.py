@@ -119,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(reported in the response and /metrics only) or off; a request's loop_guard field overrides it",
     )
     parser.add_argument(
+        "--no-grammar-fast-forward",
+        action="store_true",
+        help="decode the tokens a grammar forces (keys, punctuation, a tool's name) one forward pass each instead of "
+        "feeding them as a draft verified in one pass (the output is the same either way; speculation must be on)",
+    )
+    parser.add_argument(
         "--no-matmul-plan",
         action="store_true",
         help="compute every float32 product in mlx's own layout; by default the runner times the few-row products of "
@@ -231,6 +237,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         speculation=not arguments.no_speculation,
         auto_tool_grammar=not arguments.no_auto_tool_grammar,
         loop_guard=arguments.loop_guard,
+        grammar_fast_forward=not arguments.no_grammar_fast_forward,
         matmul_plan=not arguments.no_matmul_plan,
         cpu_kernels=arguments.cpu_kernels,
         prefix_cache_bytes=int(arguments.prefix_cache_gb * 1024**3),

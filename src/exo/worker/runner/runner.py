@@ -285,6 +285,7 @@ def _load(
         speculation=LookupSettings() if bootstrap.speculation else None,
         auto_tool_grammar=bootstrap.auto_tool_grammar,
         loop_guard=bootstrap.loop_guard,
+        grammar_fast_forward=bootstrap.grammar_fast_forward,
     )
     metadata = ModelMetadata(
         context_length=loaded.context_length,

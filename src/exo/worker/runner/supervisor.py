@@ -90,6 +90,8 @@ class RunnerConfig:
     auto_tool_grammar: bool = True
     loop_guard: LoopGuardPolicy = "block"
     """The agent-loop guard for requests that do not choose one."""
+    grammar_fast_forward: bool = True
+    """Feed the tokens a grammar forces as a verified draft."""
     """The lazy tool-call grammar under `tool_choice: "auto"` (a request may override)."""
     matmul_plan: bool = True
     """Time the few-row products of decoding after loading and use the faster layout (float32 on a CPU)."""
@@ -245,6 +247,7 @@ class RunnerSupervisor:
             speculation=self.config.speculation,
             auto_tool_grammar=self.config.auto_tool_grammar,
             loop_guard=self.config.loop_guard,
+            grammar_fast_forward=self.config.grammar_fast_forward,
             matmul_plan=self.config.matmul_plan,
             cpu_kernels=self.config.cpu_kernels,
         )

@@ -62,6 +62,8 @@ class RunnerBootstrap(FrozenModel):
     auto_tool_grammar: bool = True
     loop_guard: LoopGuardPolicy = "block"
     """The agent-loop guard for requests that do not choose one."""
+    grammar_fast_forward: bool = True
+    """Feed the tokens a grammar forces as a verified draft (with speculation, greedy requests decoded alone)."""
     """Hold a call opened under `tool_choice: "auto"` to the tools' schemas with a grammar (a request may override)."""
     matmul_plan: bool = True
     """Plan the few-row float32 products of decoding (`engines/mlx/cpu/matmul_plan.py`) where the weights are

@@ -75,6 +75,14 @@ class ToolCallLogitsProcessor:
             raise ToolCallConstraintError(f"cannot roll the grammar back by {num_tokens} tokens")
         del self._in_history[-num_tokens:]
 
+    def forced_tokens(self, tokens: mx.array) -> list[int]:
+        """The tokens the grammar forces next, after `tokens` (its only continuation, in the tokenizer's canonical
+        split): a fixed key, punctuation, a tool's name, a closing marker. Empty where the model has a choice."""
+        self._consume_new_tokens(tokens)
+        if self._matcher.is_stopped():
+            return []
+        return self._matcher.compute_ff_tokens()
+
     def allowed_draft_length(self, tokens: mx.array, draft: list[int]) -> int:
         """How many leading tokens of `draft`, proposed to follow `tokens`, the grammar allows (the rest is cut)."""
         self._consume_new_tokens(tokens)

@@ -74,6 +74,9 @@ class DecodeSettings:
     a request's `ToolPolicy.auto_grammar` overrides it."""
     loop_guard: LoopGuardPolicy = "block"
     """The agent-loop guard for requests that do not choose one (`ToolPolicy.loop_guard`)."""
+    grammar_fast_forward: bool = True
+    """Feed the tokens a grammar forces as a draft verified in one pass (greedy requests decoded alone, with
+    speculation on); the output is the same token for token."""
 
 
 @dataclass

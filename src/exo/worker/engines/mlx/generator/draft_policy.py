@@ -103,16 +103,26 @@ class DraftPolicy:
 
     def draft_length(self, available: int) -> int:
         """How many of `available` draft tokens to verify (0: a plain step is expected to be faster)."""
+        if self._declined >= EXPLORE_AFTER_STEPS:
+            return min(available, self._maximum)
+        return self._best_length(available, self.acceptance)
+
+    def forced_length(self, available: int) -> int:
+        """How many of `available` tokens a grammar forces to verify at once: each one holds unless the model would
+        split the same text into other tokens, so only the measured pass costs decide."""
+        return self._best_length(available, _MOST_ACCEPTANCE)
+
+    def _best_length(self, available: int, acceptance: float) -> int:
         limit = min(available, self._maximum)
         if limit <= 0:
             return 0
         plain = self._costs.relative_cost(1)
-        if plain is None or self._declined >= EXPLORE_AFTER_STEPS:
+        if plain is None:
             return limit
         best_length, best_rate = 0, 1.0 / plain
         expected, term = 1.0, 1.0
         for length in range(1, limit + 1):
-            term *= self.acceptance
+            term *= acceptance
             expected += term
             cost = self._costs.relative_cost(length + 1) or plain
             if expected / cost > best_rate:

@@ -59,6 +59,17 @@ class RequestProcessors:
             return 0
         return allowed
 
+    def forced_tokens(self, tokens: mx.array) -> list[int]:
+        """The tokens the grammar constraints force after `tokens` (empty without a constraint or a failed one)."""
+        if not self._constraints or self.error is not None:
+            return []
+        try:
+            forced = self._constraints[0].forced_tokens(tokens)
+            return forced[: self.allowed_draft_length(tokens, forced)] if forced else []
+        except Exception as error:
+            self.error = error
+            return []
+
     def rollback(self, num_tokens: int) -> None:
         """Take back the last `num_tokens` tokens the constraints consumed (drafts the model rejected)."""
         try:

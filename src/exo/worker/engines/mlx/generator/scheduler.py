@@ -174,6 +174,7 @@ class GenerationScheduler:
             drafts=request.propose_draft if speculation else None,
             policy=self._draft_policy(speculation) if speculation else None,
             costs=self.step_costs,
+            fast_forward=self._settings.grammar_fast_forward and speculation is not None,
         )
         self._solo = (request, decoder)
 

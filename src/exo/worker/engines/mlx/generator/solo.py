@@ -35,6 +35,8 @@ class _LaunchedStep:
     """The model's token after each input (one per position), still being computed."""
     started: float
     """`time.perf_counter()` when it was launched."""
+    forced: bool = False
+    """The draft is what the grammar forces (not a prompt-lookup guess the policy should learn from)."""
 
     @property
     def draft(self) -> list[int]:
@@ -64,6 +66,7 @@ class SoloDecoder:
         drafts: DraftSource | None,
         policy: DraftPolicy | None = None,
         costs: StepCosts | None = None,
+        fast_forward: bool = False,
     ) -> None:
         if len(pending) != 1:
             raise ValueError(f"a decoder starts from one token to feed, not {len(pending)} (prefill the rest first)")
@@ -78,6 +81,7 @@ class SoloDecoder:
         self._drafts = drafts
         self._policy = policy
         self._times = PassTimes(costs) if costs is not None else None
+        self._fast_forward = fast_forward
         self._launched: _LaunchedStep | None = None
         self._unverified: list[int] = []
         """A draft the policy declined, checked against the tokens the model goes on to write: whether it would have
@@ -94,13 +98,25 @@ class SoloDecoder:
         """Start the step that feeds the pending token, with up to `draft_limit` draft tokens when there are any."""
         if self._launched is not None:
             raise RuntimeError("launch needs no step in flight")
-        inputs = [*self.pending, *self._draft(draft_limit)]
+        forced = self._forced(draft_limit)
+        inputs = [*self.pending, *(forced or self._draft(draft_limit))]
         started = time.perf_counter()
         with mx.stream(generation_stream):
             logits = self._model(mx.array(inputs)[None], cache=self.cache)[0]
             samples = self._sample(inputs, logits)
         mx.async_eval(samples)
-        self._launched = _LaunchedStep(inputs=inputs, samples=samples, started=started)
+        self._launched = _LaunchedStep(inputs=inputs, samples=samples, started=started, forced=bool(forced))
+
+    def _forced(self, limit: int) -> list[int]:
+        """Grammar fast-forward: the tokens the grammar forces after the pending one, fed as the draft. Verified like
+        any draft (kept while the model's own masked choice agrees), so the output is the step-by-step output; a
+        forced token is the only one its step allows, so it holds unless the model would split the same text into
+        other tokens."""
+        if not self._fast_forward or self._policy is None or limit <= 0 or not self._processors.constrained:
+            return []
+        forced = self._processors.forced_tokens(mx.array([*self.fed, *self.pending]))
+        # Only where the measured pass costs say a longer pass pays (on some hardware it costs many short ones).
+        return forced[: self._policy.forced_length(min(len(forced), limit))]
 
     def _draft(self, limit: int) -> list[int]:
         """The draft tokens to verify with the pending token: the lookup's proposal, cut where the grammar forbids
@@ -152,7 +168,7 @@ class SoloDecoder:
         if rejected:
             trim_tokens(self.cache, rejected)
             self._processors.rollback(rejected)
-        if draft and self._policy is not None:
+        if draft and self._policy is not None and not step.forced:
             self._policy.record(len(draft), accepted)
         self.stats.steps += 1
         self.stats.drafted += len(draft)
