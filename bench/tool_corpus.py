@@ -14,6 +14,7 @@ JsonObject = dict[str, JsonValue]
 
 
 def _tool(name: str, description: str, properties: JsonObject, required: list[str]) -> JsonObject:
+    required_names: list[JsonValue] = list(required)
     return {
         "type": "function",
         "function": {
@@ -22,7 +23,7 @@ def _tool(name: str, description: str, properties: JsonObject, required: list[st
             "parameters": {
                 "type": "object",
                 "properties": properties,
-                "required": required,
+                "required": required_names,
                 "additionalProperties": False,
             },
         },
@@ -179,7 +180,7 @@ CORPUS: Final = [
     ),
     *_prompts(
         "create_event",
-        "Schedule a meeting called Sprint review on 2025-03-14 at 3pm with alice@example.com, remind me 15 minutes before.",
+        "Schedule 'Sprint review' on 2025-03-14 at 3pm with alice@example.com, remind me 15 minutes before.",
         "Create an event 'Dentist' tomorrow at 9 in the morning, just me, reminder one hour before.",
         "Put a lunch with Bob and Carol on 2025-06-01 at noon on my calendar, 10 minute reminder.",
         "Add 'Team offsite' on July 4th 2025 at 8am with the whole team, remind me half an hour before.",
@@ -208,14 +209,14 @@ CORPUS: Final = [
         "Append the line 'done' to log.txt.",
         "Write a README.md that says 'My project', make it executable.",
         "Save notes.txt with the text 'buy milk', overwrite it.",
-        "Write config.json containing {\"debug\": true}.",
+        'Write config.json containing {"debug": true}.',
     ),
     *_prompts(
         "transfer_money",
         "Send 25 euros from ACC-1234 to ACC-5678 for the concert tickets.",
         "Transfer $1,200.50 from account ACC-0001 to ACC-0002.",
         "Move 5000 yen from my account 1234 to 9876.",
-        "Pay my landlord 800 EUR from ACC-4321, his account is ACC-8765, memo rent for March and also the deposit refund.",
+        "Pay my landlord 800 EUR from ACC-4321 to ACC-8765, memo: rent for March and also the deposit refund.",
         "Transfer 10 bitcoin from ACC-1111 to ACC-2222.",
     ),
     *_prompts(

@@ -5,6 +5,7 @@ import pytest
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import StructuredOutput, ToolPolicy
 from exo.tool_calls.grammar.spec import ConstraintMode, JsonAnswerSpec, ReasoningMarkers, ToolConstraintSpec
+from exo.tool_calls.loop_guard import CallKey
 from exo.tool_calls.names import ToolFormatName
 from exo.worker.engines.mlx.constrained.decision import answer_spec, constraint_spec, tool_spec
 
@@ -128,3 +129,13 @@ def _answer(policy: ToolPolicy, *, auto_grammar: bool) -> JsonAnswerSpec:
     spec = answer_spec(OUTPUT, HERMES, policy, None, auto_grammar=auto_grammar)
     assert spec is not None
     return spec
+
+
+def test_a_block_the_grammar_cannot_hold_switches_no_grammar_on() -> None:
+    policy = ToolPolicy(tools=(LOOSE,))
+    exact = CallKey.of("loose", {"a": 1})
+    assert tool_spec(policy, HERMES, None, blocked=(exact,)) is not None
+    # Arguments that are not JSON, a tool not offered, a format that writes arguments one by one: only reported.
+    for call in (CallKey.of("loose", '{"a": }'), CallKey.of("other", {"a": 1})):
+        assert tool_spec(policy, HERMES, None, blocked=(call,)) is None
+    assert tool_spec(policy, ToolFormatName.QWEN3_CODER, None, blocked=(exact,)) is None

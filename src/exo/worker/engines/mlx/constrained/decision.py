@@ -35,6 +35,19 @@ def blockable(tool_format: ToolFormatName) -> bool:
     return tool_format in _WHOLE_JSON_ARGUMENTS
 
 
+def _enforceable_blocks(
+    policy: ToolPolicy, tool_format: ToolFormatName, blocked: tuple[CallKey, ...]
+) -> tuple[CallKey, ...]:
+    """The blocked calls the grammar can actually forbid: in a blockable format, to a callable tool, with arguments
+    `excluding` can rule out (the others are only reported, and must not switch a grammar on for nothing)."""
+    if not blockable(tool_format):
+        return ()
+    tools = {tool.name: tool for tool in callable_functions(policy)}
+    return tuple(
+        call for call in blocked if call.name in tools and excluding(tools[call.name].parameters, (call,)) is not None
+    )
+
+
 def callable_functions(policy: ToolPolicy) -> tuple[FunctionDefinition, ...]:
     """The tools the model may call: all offered ones, or the subset a named choice / allowed_tools picked."""
     if policy.mode == "none":
@@ -93,7 +106,7 @@ def tool_spec(
     """The tool-call constraint for the policy, or None for "auto" with the lazy grammar off, no strict tool and
     nothing to block (`auto_grammar` is the node's setting; the request's `policy.auto_grammar` overrides it;
     `blocked` are the calls the loop guard forbids, honoured where the format allows, see `blockable`)."""
-    blocked = blocked if blockable(tool_format) else ()
+    blocked = _enforceable_blocks(policy, tool_format, blocked)
     mode = _tool_mode(policy, auto_grammar, bool(blocked))
     if mode is None:
         return None
@@ -122,7 +135,7 @@ def answer_spec(
     """
     if policy.mode in ("required", "named"):
         return None
-    blocked = blocked if blockable(tool_format) else ()
+    blocked = _enforceable_blocks(policy, tool_format, blocked)
     tools = _held_tools(policy, ConstraintMode.AUTO, blocked)
     held = any(tool.strict for tool in tools) or bool(blocked) or auto_grammar_on(policy, auto_grammar)
     return JsonAnswerSpec(
