@@ -6,7 +6,7 @@ import pytest
 from exo.master.completion_flow import served_model
 from exo.master.errors import ApiError
 from exo.master.model_availability import unavailable_error
-from exo.master.placement import place_task, replaced_instances
+from exo.master.placement import failed_replacements, place_task, replaced_instances
 from exo.shared.types.common import InstanceId, ModelId
 from exo.shared.types.events import InstancePlaced, NodeDown, PlacementPending
 from exo.shared.types.footprint import ModelFootprint
@@ -90,3 +90,19 @@ def test_a_degraded_instance_takes_no_task_once_its_replacement_serves_and_is_dr
     assert chosen.runner_id == "new"
     # A removed instance's runner (still listed until its node reports it stopped) never gets a task.
     assert place_task(state, MODEL, removed={InstanceId("instance-new"), InstanceId("instance-old")}) is None
+
+
+def test_a_replacement_whose_rank_failed_is_given_up_while_the_degraded_instance_serves() -> None:
+    old, new = runner("old", NODE_A), runner("new", NODE_A, status="failed", last_error="[ring] Couldn't connect")
+    state = fold(
+        (InstancePlaced(instance=_instance("instance-old", degraded=True)), NODE_A),
+        (InstancePlaced(instance=_instance("instance-new", replaces="instance-old")), NODE_A),
+        (reported(NODE_A, old, new), NODE_A),
+    )
+    assert failed_replacements(state) == {"instance-new": "[ring] Couldn't connect"}
+    chosen = place_task(state, MODEL)
+    assert chosen is not None
+    assert chosen.runner_id == "old"
+    # The degraded instance itself failing is not a replacement's failure.
+    state = fold((reported(NODE_A, old.model_copy(update={"status": "failed"})), NODE_A), start=state)
+    assert failed_replacements(state) == {}

@@ -19,7 +19,7 @@ from exo.cluster.membership import Membership, MembershipView
 from exo.cluster.topics import Topics
 from exo.master.instance_placement import PORT_RANGE, place_instance
 from exo.master.pipeline_placement import PlacementError
-from exo.master.placement import instance_busy, instance_serving, place_task
+from exo.master.placement import failed_replacements, instance_busy, instance_serving, place_task
 from exo.shared.apply import apply, is_up
 from exo.shared.types.commands import AssignTask, MasterCommandAdapter, PlaceTask
 from exo.shared.types.common import InstanceId, ModelId, NodeId, new_instance_id, new_task_id
@@ -310,12 +310,17 @@ class Master:
         self._order(PlacementPending(pending=pending))
 
     async def _retire_replaced(self) -> None:
-        """Remove each degraded instance once its replacement has served a while and it has no task left."""
+        """Remove each degraded instance once its replacement has served a while and it has no task left (and a
+        replacement whose rank failed, so that it is placed again)."""
         while True:
             await anyio.sleep(RETIRE_CHECK_SECONDS)
             if not self._active:
                 continue
             now = time.monotonic()
+            for instance_id, error in failed_replacements(self._state).items():
+                reason = f"a rank of it failed ({error}); it is placed again while the degraded instance serves"
+                logger.warning("instance %s: %s", instance_id, reason)
+                self._order(InstanceRemoved(instance_id=instance_id, reason=reason))
             for instance in list(self._state.instances.values()):
                 old = instance.replaces
                 if old is None or old not in self._state.instances:

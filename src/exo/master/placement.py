@@ -70,3 +70,16 @@ def instance_busy(state: State, instance_id: InstanceId) -> bool:
     """A task is queued or running on a runner of the instance."""
     runners = {runner.runner_id for runner in state.runners.values() if runner.instance_id == instance_id}
     return any(task.runner_id in runners for task in state.tasks.values())
+
+
+def failed_replacements(state: State) -> dict[InstanceId, str]:
+    """Replacements of a degraded instance with a rank that failed (to load, to join the ring), and the error: they
+    are removed so the model is placed again, while the degraded instance goes on serving."""
+    failed: dict[InstanceId, str] = {}
+    for instance in state.instances.values():
+        if instance.replaces is None:
+            continue
+        for runner in state.runners.values():
+            if runner.instance_id == instance.instance_id and runner.status == "failed":
+                failed[instance.instance_id] = runner.last_error or "a rank failed"
+    return failed
