@@ -50,9 +50,7 @@ def served_context_length(server: ExoServer, model_id: str) -> int:
     return int(card["context_length"])
 
 
-def opencode_session(
-    opencode: Path, server: ExoServer, tmp_path: Path, prompt: str, provider_options: JsonObject | None = None
-) -> tuple[Path, OpencodeRun]:
+def opencode_session(opencode: Path, server: ExoServer, tmp_path: Path, prompt: str) -> tuple[Path, OpencodeRun]:
     """Run opencode once in a fresh project folder configured for exo; return the folder and what happened."""
     project = tmp_path / "project"
     home = tmp_path / "home"
@@ -66,7 +64,6 @@ def opencode_session(
         OUTPUT_TOKENS,
         agent_prompt=OPENCODE_TEST_AGENT_PROMPT,
         disabled_tools=[name for name in all_tools if name not in OPENCODE_TEST_TOOL_NAMES],
-        provider_options=provider_options,
     )
     (project / "opencode.json").write_text(json.dumps(config, indent=2))
     run = run_opencode(opencode, project, home, AGENT_MODEL, prompt.split(), timeout=OPENCODE_TIMEOUT_SECONDS)

@@ -15,8 +15,10 @@ import itertools
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -48,7 +50,13 @@ class Calibrated:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Calibrated]:
-    directory = tmp_path_factory.mktemp("long-prefill")
+    with calibrated_node(tmp_path_factory.mktemp("long-prefill")) as calibrated:
+        yield calibrated
+
+
+@contextmanager
+def calibrated_node(directory: Path) -> Generator[Calibrated]:
+    """A node serving the long-context fixture model one request at a time, with the prompt size it needs."""
     model = endless_copy(directory, context_length=CONTEXT_LENGTH)
     with running_exo([model], directory, ["--batch-size", "1"]) as server:
         client = server.openai_client()
