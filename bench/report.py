@@ -254,9 +254,19 @@ def _method(report: BenchReport) -> list[str]:
     ]
 
 
+_OWN_COMMIT_LINE: frozenset[SectionKey] = frozenset({"constrained", "blas", "speculation", "pipeline"})
+"""Sections whose own results carry the commit and load of their run (printed by their renderers)."""
+
+
 def _run_line(report: BenchReport, key: SectionKey) -> list[str]:
     """Where and how a section was measured, as recorded, or that it was not."""
     run = report.runs.get(key)
+    if run is None and key in _OWN_COMMIT_LINE:
+        return [
+            "The machine and command of this section's run were not recorded (it was measured before the bench "
+            "recorded them per section); its commit and load follow.",
+            "",
+        ]
     if run is None:
         return [
             "Commit, machine, load and command of this section's run were not recorded (it was measured before the "

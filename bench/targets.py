@@ -157,8 +157,13 @@ def check_parser_cost(report: BenchReport) -> TargetCheck:
     elif flat_work:
         why = (
             f"the parser's work meter is flat ({work_range}), so the extra time is not parser work growing with the "
-            "call: it is load from other processes during the timed runs (or cache effects of the larger strings)"
+            "call"
         )
+        run = report.runs.get("parser")
+        if run is not None:
+            load = run.load_average[0]
+            why += f"; the run ended with a 1-minute load average of {load:.1f} on {run.cpu}"
+        why += "; this run measured nothing else that would explain it"
     else:
         why = f"the parser's work per character grows with the call ({work_range}): some step re-reads what was fed"
     return TargetCheck(
