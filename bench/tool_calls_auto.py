@@ -152,7 +152,7 @@ def _calls(reply: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def run(model_path: Path, corpus: Sequence[ToolPrompt], max_tokens: int) -> Report:
+def run(model_path: Path, corpus: Sequence[ToolPrompt], max_tokens: int, latency_prompts: int) -> Report:
     model = model_path.name
     with tempfile.TemporaryDirectory(prefix="bench-tool-calls-") as scratch:
         work = Path(scratch)
@@ -180,7 +180,7 @@ def run(model_path: Path, corpus: Sequence[ToolPrompt], max_tokens: int) -> Repo
             running_exo(model_path, work, ["--no-grammar-fast-forward"], name="exo-no-ff") as stepped,
         ):
             latency: list[LatencyRow] = []
-            for item in [prompt for prompt in corpus if prompt in FORCED]:
+            for item in [prompt for prompt in corpus if prompt in FORCED][:latency_prompts]:
                 body = _body(model, item.prompt, max_tokens, tool_choice="required")
                 for server in (forwarded, stepped):  # warm both prefix caches alike
                     _chat(server, body)
@@ -244,9 +244,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--limit", type=int, help="only the first N corpus prompts (a quick look)")
     parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--latency-prompts", type=int, default=len(FORCED), help="required calls timed per system")
     arguments = parser.parse_args(argv)
     corpus = CORPUS[: arguments.limit] if arguments.limit else CORPUS
-    report = run(arguments.model.expanduser(), corpus, arguments.max_tokens)
+    report = run(arguments.model.expanduser(), corpus, arguments.max_tokens, arguments.latency_prompts)
     if arguments.out:
         arguments.out.write_text(report.model_dump_json(indent=2))
     print(markdown(report, len(corpus)))
