@@ -257,7 +257,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[Choice]
     usage: ResponseUsage
-    # exo's own: what the agent-loop guard found (repeated calls, ping-pong); absent when it found nothing.
+    # exo's own: what the agent-loop guard found (repeated calls, ping-pong); null when it found nothing.
     exo_loop_warnings: list[str] | None = None
 
 
