@@ -6,7 +6,13 @@ import pytest
 from exo.shared.types.chunks import FinishChunk, PrefillProgressChunk
 from exo.worker.engines.mlx.cache.layer_cache import held_token_count
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings
-from exo.worker.engines.mlx.generator.prefill import FIRST_PIECE_TOKENS, MAX_GROWTH, MAX_PIECE_TOKENS, PiecePacer
+from exo.worker.engines.mlx.generator.prefill import (
+    FIRST_PIECE_TOKENS,
+    MAX_GROWTH,
+    MAX_PIECE_TOKENS,
+    MIN_PIECE_TOKENS,
+    PiecePacer,
+)
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, user
 from tests.worker.engines.mlx.generator.scheduling import JsonBody, engine_context, run_alone, task
@@ -19,26 +25,26 @@ def test_the_first_piece_is_small_and_each_next_one_fits_the_target_time() -> No
     pacer = PiecePacer(TARGET)
     assert pacer.size == FIRST_PIECE_TOKENS
 
-    pacer.record(100, 0.6)  # twice the target: half as many tokens
-    assert pacer.size == 50
-    pacer.record(50, 0.3)  # on target: the same again
-    assert pacer.size == 50
-    pacer.record(50, 0.001)  # far under the target: grows, but only by MAX_GROWTH at a time
-    assert pacer.size == int(50 * MAX_GROWTH)
+    pacer.record(200, 2 * TARGET)  # twice the target: half as many tokens
+    assert pacer.size == 100
+    pacer.record(100, TARGET)  # on target: the same again
+    assert pacer.size == 100
+    pacer.record(100, 0.001)  # far under the target: grows, but only by MAX_GROWTH at a time
+    assert pacer.size == int(100 * MAX_GROWTH)
 
 
 def test_pieces_stay_within_bounds() -> None:
     pacer = PiecePacer(TARGET)
     pacer.record(4000, 0.0)
     assert pacer.size == MAX_PIECE_TOKENS
-    pacer.record(10, 60.0)
-    assert pacer.size == 1
+    pacer.record(100, 60.0)  # never below the size where a pass is worth its cost
+    assert pacer.size == MIN_PIECE_TOKENS
     with pytest.raises(ValueError, match="positive"):
         PiecePacer(0)
 
 
 def test_the_answer_does_not_depend_on_the_piece_sizes() -> None:
-    slow = DecodeSettings(batch_size=1, speculation=None, prefill_piece_seconds=1e-6)  # pieces of one token
+    slow = DecodeSettings(batch_size=1, speculation=None, prefill_piece_seconds=1e-6)  # the smallest pieces
     fast = DecodeSettings(batch_size=1, speculation=None, prefill_piece_seconds=60)
     model = FIXTURE_MODELS_DIR / "tiny-qwen-tools"
 
