@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from bench.agent_sessions import measure_agent_sessions
 from bench.blas_section import measure_blas
 from bench.charts import write_charts
 from bench.constrained import measure_constrained
@@ -46,7 +47,10 @@ from exo.models.resolve import ResolvedModel, resolve_model
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 QUICK_MODEL = REPOSITORY_ROOT / "tests" / "fixtures" / "models" / "tiny-qwen-tools"
 DEFAULT_OUTPUT = REPOSITORY_ROOT / "docs" / "PERFORMANCE.md"
-SECTIONS = ("constrained", "blas", "speculation", "servers", "pipeline", "parser")
+AGENT_SESSIONS_MAX_TOKENS = 32
+"""Answer length per request of section 9 (which `--quick` leaves out: the tiny model's context cannot hold an
+agent's prompt)."""
+SECTIONS = ("constrained", "blas", "speculation", "servers", "pipeline", "parser", "agent-sessions")
 """Sections `--only` can measure alone; `servers` is decode, agent turns, concurrency and arrivals together (they
 share the servers one run starts)."""
 
@@ -57,6 +61,7 @@ _SECTION_KEYS: dict[str, SectionKey] = {
     "pipeline": "pipeline",
     "servers": "servers",
     "parser": "parser",
+    "agent-sessions": "agent-sessions",
 }
 """Where an `--only` run of each section records its run in the report."""
 
@@ -122,6 +127,13 @@ def run_bench(
     _progress("prompt-lookup speculation: edit, file rewrite and free text, speculation off and on in turn")
     speculation_report = measure_speculation(model.path, speculation)
     runs["speculation"] = section_run(arguments)
+    agent_sessions = None
+    if settings is not QUICK:  # the tiny model's context cannot hold an agent's prompt
+        _progress("agent sessions: cold, warm and after a restart, exo then mlx_lm.server")
+        agent_sessions = measure_agent_sessions(
+            model.model_id, model.path, work_dir, AGENT_SESSIONS_MAX_TOKENS, _progress
+        )
+        runs["agent-sessions"] = section_run(arguments)
     return BenchReport(
         runs=runs,
         model_id=model.model_id,
@@ -138,6 +150,7 @@ def run_bench(
         wall_s=time.monotonic() - started,
         constrained=constrained_report,
         speculation=speculation_report,
+        agent_sessions=agent_sessions,
     )
 
 
@@ -219,6 +232,12 @@ def _measure_section_into(
                     settings.parser_sizes, settings.parser_segment_chars, settings.parser_repeats
                 )
             }
+        case "agent-sessions":
+            with tempfile.TemporaryDirectory(prefix="exo-bench-") as scratch:
+                sessions = measure_agent_sessions(
+                    model.model_id, model.path, Path(scratch), AGENT_SESSIONS_MAX_TOKENS, _progress
+                )
+            update = {"agent_sessions": sessions}
         case "pipeline":
             nodes, max_tokens, requests = ((1, 2), 8, 1) if quick else ((1, 2, 3), 48, 3)
             update = {

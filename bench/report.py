@@ -3,6 +3,7 @@
 from datetime import UTC, datetime
 
 from bench.markdown import markdown_table
+from bench.report_agent_sessions import render_agent_sessions
 from bench.report_blas import render_blas
 from bench.report_constrained import CONSTRAINED_TITLE, render_constrained
 from bench.report_pipeline import render_pipeline
@@ -254,7 +255,9 @@ def _method(report: BenchReport) -> list[str]:
     ]
 
 
-_OWN_COMMIT_LINE: frozenset[SectionKey] = frozenset({"constrained", "blas", "speculation", "pipeline"})
+_OWN_COMMIT_LINE: frozenset[SectionKey] = frozenset(
+    {"constrained", "blas", "speculation", "pipeline", "agent-sessions"}
+)
 """Sections whose own results carry the commit and load of their run (printed by their renderers)."""
 
 
@@ -322,6 +325,10 @@ def render_markdown(report: BenchReport, notes: list[str]) -> str:
         *(line for other in report.speculation_other_models for line in render_speculation_on_other_model(other)),
         *_placed(
             render_pipeline(report.pipeline) if report.pipeline is not None else [], _run_line(report, "pipeline")
+        ),
+        *_placed(
+            render_agent_sessions(report.agent_sessions) if report.agent_sessions is not None else [],
+            _run_line(report, "agent-sessions"),
         ),
         *_method(report),
         *_sizes(report),

@@ -111,7 +111,7 @@ class SectionRun(BenchModel):
     finished_utc: str
 
 
-SectionKey = Literal["servers", "parser", "constrained", "blas", "speculation", "pipeline"]
+SectionKey = Literal["servers", "parser", "constrained", "blas", "speculation", "pipeline", "agent-sessions"]
 """`servers` covers sections 1, 2 and 4, which one run measures together."""
 
 
@@ -301,6 +301,38 @@ class PipelineSection(BenchModel):
     exo_commit: str
 
 
+SessionPhase = Literal["cold", "warm", "restarted"]
+
+
+class SessionStep(BenchModel):
+    """One request of an agent-sessions replay, timed over HTTP."""
+
+    system: str
+    workload: str
+    """What was replayed: `opencode` (a session's turns) or `claude-code` (its first request)."""
+    session: int
+    turn: int
+    phase: SessionPhase
+    """What the server could have cached: nothing (`cold`), earlier requests of this process (`warm`), or only what
+    a previous process left on disk (`restarted`: the server was stopped and started again)."""
+    interleaved: bool
+    """One of the sessions whose turns alternate with 3 others'."""
+    ttft_s: float
+    prompt_tokens: int
+    cached_tokens: int
+
+
+class AgentSessionsSection(BenchModel):
+    """Section 9: agent sessions replayed cold, from memory and, after a restart, from disk."""
+
+    steps: list[SessionStep]
+    model_id: str
+    max_tokens: int
+    load_average: tuple[float, float, float]
+    """Load average when the section finished."""
+    exo_commit: str
+
+
 class BenchReport(BenchModel):
     model_id: str
     model_path: str
@@ -322,6 +354,8 @@ class BenchReport(BenchModel):
     speculation: SpeculationReport | None = None
     """Absent from reports saved before the section existed."""
     pipeline: PipelineSection | None = None
+    """Absent from reports saved before the section existed."""
+    agent_sessions: AgentSessionsSection | None = None
     """Absent from reports saved before the section existed."""
     speculation_other_models: list[SpeculationReport] = []
     """Section 7 measured again on other models (`--only speculation --model`): a model that copies what the

@@ -109,16 +109,18 @@ def _serving(
 
 @contextmanager
 def running_exo(
-    model_path: Path, work_dir: Path, flags: Sequence[str] = (), name: str = "exo"
+    model_path: Path, work_dir: Path, flags: Sequence[str] = (), name: str = "exo", home: Path | None = None
 ) -> Generator[RunningServer]:
-    """`python -m exo [flags]` serving `model_path` on a free port, with a scratch models dir; stopped on exit."""
+    """`python -m exo [flags]` serving `model_path` on a free port, with a scratch models dir; stopped on exit.
+
+    `home` is its `EXO_HOME` (a fresh one in `work_dir` when None): the same one again is a restart."""
     port = free_port()
     arguments = [sys.executable, "-m", "exo", "--api-port", str(port), "--model", str(model_path), *flags]
     arguments += ["--models-dir", str(work_dir / "exo-models")]
     # A node of its own (identity, cluster port and name, no scouting), so a node the user runs never joins in.
     arguments += ["--listen", f"tcp/127.0.0.1:{free_port()}", "--cluster", f"bench-{port}", "--no-discovery"]
     # exo sets up its BLAS preload itself; it gets the caller's environment otherwise unchanged, as a user would.
-    environment = {**os.environ, "EXO_HOME": str(work_dir / f"exo-home-{port}")}
+    environment = {**os.environ, "EXO_HOME": str(home or work_dir / f"exo-home-{port}")}
     with _serving(
         name=name, arguments=arguments, env=environment, log_dir=work_dir, port=port, ready=_exo_ready
     ) as server:
