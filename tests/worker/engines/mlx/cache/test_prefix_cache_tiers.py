@@ -177,3 +177,23 @@ def test_the_disk_tier_keeps_within_its_byte_budget_evicting_the_least_recently_
     restarted = PrefixCache(tiny_model, UNLIMITED, _disk(directory, tiny_model, budget=budget))
     assert restarted.acquire(sessions[0]).cached_tokens == 0
     assert restarted.acquire(sessions[3]).disk_cached_tokens == len(sessions[3]) - 1
+
+
+def test_a_cache_cut_from_a_longer_one_is_stored_at_its_own_size(tiny_model: nn.Module, tmp_path: Path) -> None:
+    prefix_cache = PrefixCache(tiny_model, UNLIMITED, _disk(tmp_path, tiny_model))
+    long_prompt = random_tokens(1500, seed=1000)
+    run_turn(prefix_cache, tiny_model, long_prompt, NEW_TOKENS)
+    long_bytes = prefix_cache.nbytes
+    # Shares 10 tokens with the long prompt: its cache starts as a trimmed copy of the long one's buffers.
+    short_prompt = [*long_prompt[:10], *random_tokens(MIN_SNAPSHOT_TOKENS, seed=1001)]
+
+    generated, lease = run_turn(prefix_cache, tiny_model, short_prompt, NEW_TOKENS)
+
+    assert lease.cached_tokens == 10
+    assert generated == greedy_uncached(tiny_model, short_prompt, NEW_TOKENS)
+    short_bytes = prefix_cache.nbytes - long_bytes
+    assert 0 < short_bytes < long_bytes / 3
+    _write_all(prefix_cache)
+    sizes = sorted(path.stat().st_size for path in tmp_path.glob("*.safetensors"))
+    assert len(sizes) == 2
+    assert sizes[0] < sizes[1] / 3

@@ -8,7 +8,7 @@ from typing import Protocol, TypeAlias
 
 import mlx.core as mx
 from mlx import nn
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
 
 class LayerCache(Protocol):
@@ -66,3 +66,22 @@ def held_token_count(cache: PromptCache) -> int | None:
 def materialize(cache: PromptCache) -> None:
     """Evaluate the cache's pending computation so a stored cache holds plain buffers, not a graph of the last step."""
     mx.eval([getattr(layer, "state", None) for layer in cache])
+
+
+def compact(cache: PromptCache) -> None:
+    """Cut plain KV layers' buffers to the tokens they hold, in place.
+
+    mlx-lm grows a KVCache in steps and trimming only moves its offset, so a cache trimmed from a long one keeps the
+    long one's buffers: stored as is, a 370-token prompt's cache took (in memory and on disk) what a 5,600-token one
+    does. The copy is evaluated later with the rest of the cache (`materialize`).
+    """
+    for layer in cache:
+        if type(layer) is not KVCache:
+            continue
+        keys: mx.array | None = layer.keys
+        values: mx.array | None = layer.values
+        offset: int = layer.offset
+        if keys is None or values is None or keys.shape[2] <= offset:
+            continue
+        layer.keys = mx.contiguous(keys[..., :offset, :])
+        layer.values = mx.contiguous(values[..., :offset, :])

@@ -24,6 +24,7 @@ from exo.worker.engines.mlx.cache.disk_tier import DiskTier
 from exo.worker.engines.mlx.cache.layer_cache import (
     PromptCache,
     can_trim,
+    compact,
     held_token_count,
     materialize,
     new_prompt_cache,
@@ -137,6 +138,7 @@ class PrefixCache:
         key = self._reconcile(lease, filled, list(tokens))
         if key is None:
             return
+        compact(filled)
         materialize(filled)
         self._store.insert_cache(_MODEL_KEY, key, filled)
         if self._disk is not None:
