@@ -13,12 +13,10 @@ a Metal kernel that cannot run on Linux, so the mask becomes an additive 0/-inf 
 `mx.where` over 152k logits measured several times slower than the add), reused while the mask is unchanged
 (inside strings and free text). xgrammar or outlines-core would only add a dependency for the same job.
 
-Measured on the 2-core x86 CPU with the default model's 151,936-token vocabulary and ten opencode-sized tools
-(about 11,000 schema characters): the llguidance tokenizer builds in about 1.1 s, once per loaded model; a grammar
-compiles in 5–7 ms cold and 0.25 ms from the cache; the llguidance mask takes about 2 µs median (up to about 1 ms
-on the step that enters a schema); the whole processor step is about 45 µs median, 100 µs mean and 330–420 µs p99.
-That model decodes at about 150 ms a token on this CPU. The processor needs each sampled token before the next
-mask, so it gives up mlx-lm's overlap of one step's Python work with the previous step's compute.
+What it costs (building the llguidance tokenizer once per model, a grammar's cold and cached compile, the mask per
+step, and decoding under each `tool_choice` against unconstrained) is measured by the benchmark: docs/PERFORMANCE.md,
+section 5. The processor needs each sampled token before the next mask, so it gives up mlx-lm's overlap of one
+step's Python work with the previous step's compute.
 """
 
 from exo.worker.engines.mlx.constrained.decision import callable_functions, constraint_spec

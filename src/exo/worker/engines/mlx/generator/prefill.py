@@ -19,8 +19,8 @@ PIECE_SECONDS = 0.5
 """Target wall time of one piece: a cancel is seen within about this (the issue asks for one second)."""
 MIN_PIECE_TOKENS = 32
 """Every forward pass reads all the weights: on a CPU under load a pass of a few tokens costs nearly what one of 32
-does, so smaller pieces turn prefill into decoding speed (measured: a 370-token prompt of the 0.5B model took 58 s in
-pieces of about 4 tokens at load 10 on 2 cores). Below this a piece may take longer than the target."""
+does, so smaller pieces turn prefill into decoding speed (figures in docs/OPERATIONS.md, "Prefill in pieces"). Below
+this a piece may take longer than the target."""
 FIRST_PIECE_TOKENS = MIN_PIECE_TOKENS
 """Before anything was measured."""
 MAX_PIECE_TOKENS = 4096
