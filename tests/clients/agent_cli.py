@@ -22,6 +22,8 @@ from tests.fixtures.client_requests import CLIENT_AGENT_PROMPT, CODEX_CONFIG
 _STABLE_ENVIRONMENT: Final = {"TZ": "Etc/UTC", "SHELL": "/bin/bash", "NO_COLOR": "1"}
 # Variables of the machine that would point the clients elsewhere or change their prompt.
 _FOREIGN_PREFIXES: Final = ("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_", "XDG_")
+# Linux's limit on one argument's length (MAX_ARG_STRLEN, 32 pages), less room for the terminating NUL.
+LONGEST_ARGUMENT_BYTES: Final = 128 * 1024 - 1
 
 
 class CliRun(BaseModel):
@@ -63,8 +65,10 @@ def isolated_environment(home: Path, extra: dict[str, str]) -> dict[str, str]:
     return environment | _STABLE_ENVIRONMENT | {"HOME": str(home)} | extra
 
 
-def _run(arguments: Sequence[str], project: Path, environment: dict[str, str], timeout: float) -> CliRun:
-    output = run_headless(arguments, project, environment, timeout)
+def _run(
+    arguments: Sequence[str], project: Path, environment: dict[str, str], timeout: float, stdin_text: str | None = None
+) -> CliRun:
+    output = run_headless(arguments, project, environment, timeout, stdin_text)
     events: list[dict[str, JsonValue]] = []
     for line in output.stdout.splitlines():
         try:
@@ -104,10 +108,12 @@ def run_claude_code(
             **(environment or {}),
         },
     )
+    # Linux refuses a single argument over 128 KiB (E2BIG); `claude -p` reads a longer prompt from stdin instead.
+    in_argument = len(prompt.encode()) < LONGEST_ARGUMENT_BYTES
     arguments = [
         str(binary),
         "-p",
-        prompt,
+        *([prompt] if in_argument else []),
         "--system-prompt",
         CLIENT_AGENT_PROMPT,
         "--tools",
@@ -120,7 +126,7 @@ def run_claude_code(
         "stream-json",
         "--verbose",
     ]
-    return _run(arguments, project, environment, timeout)
+    return _run(arguments, project, environment, timeout, None if in_argument else prompt)
 
 
 def codex_config(base_url: str, model: str, instructions: Path) -> str:

@@ -1,4 +1,4 @@
-"""Run a coding-agent CLI headless: its own session (so a timeout kills it and every child), no stdin."""
+"""Run a coding-agent CLI headless: its own session (so a timeout kills it and every child), stdin closed or given."""
 
 import os
 import signal
@@ -20,9 +20,10 @@ class HeadlessOutput(BaseModel):
 
 
 def run_headless(
-    arguments: Sequence[str], project: Path, environment: dict[str, str], timeout: float
+    arguments: Sequence[str], project: Path, environment: dict[str, str], timeout: float, stdin_text: str | None = None
 ) -> HeadlessOutput:
-    """Run `arguments` in `project` (also as $PWD, which some CLIs prefer to the real cwd), killed after `timeout` s.
+    """Run `arguments` in `project` (also as $PWD, which some CLIs prefer to the real cwd), killed after `timeout` s;
+    `stdin_text`, when given, is written to its stdin (otherwise stdin is closed).
 
     Agents retry and compact on errors, so a misbehaving model can keep one busy forever.
     """
@@ -30,14 +31,14 @@ def run_headless(
         arguments,
         cwd=project,
         env=environment | {"PWD": str(project)},
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
     try:
-        stdout, stderr = process.communicate(timeout=timeout)
+        stdout, stderr = process.communicate(input=stdin_text, timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
