@@ -4,7 +4,6 @@ starts at once."""
 import multiprocessing
 import time
 from collections.abc import Iterator
-from multiprocessing.connection import Connection
 
 import pytest
 
@@ -13,10 +12,7 @@ from exo.shared.types.worker.runner_response import (
     CancelTask,
     RunnerBootstrap,
     RunnerReady,
-    RunnerRequest,
-    RunnerRequestAdapter,
     RunnerResponse,
-    RunnerResponseAdapter,
     RunTask,
     Shutdown,
     TaskChunk,
@@ -26,6 +22,7 @@ from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.runner.runner import runner_main
 from tests.fixtures.endless_model import endless_copy
 from tests.worker.runner.tasks import chat_task
+from tests.worker.runner.test_runner import RunnerUnderTest
 
 # The deep fixture (4 layers) with a context long enough for a prompt whose prefill takes many seconds here.
 CONTEXT_LENGTH = 32768
@@ -34,37 +31,15 @@ CANCEL_AFTER_SECONDS = 2.0
 CANCEL_WITHIN_SECONDS = 1.0
 
 
-class Runner:
-    def __init__(self, connection: Connection) -> None:
-        self.connection = connection
-
-    def send(self, message: RunnerRequest) -> None:
-        self.connection.send_bytes(RunnerRequestAdapter.dump_json(message))
-
-    def receive(self, timeout: float) -> RunnerResponse | None:
-        if not self.connection.poll(timeout):
-            return None
-        return RunnerResponseAdapter.validate_json(self.connection.recv_bytes())
-
-    def until_done(self, timeout: float = 120) -> list[RunnerResponse]:
-        deadline = time.monotonic() + timeout
-        messages: list[RunnerResponse] = []
-        while not messages or not isinstance(messages[-1], TaskDone):
-            message = self.receive(deadline - time.monotonic())
-            assert message is not None, "the runner did not finish the task in time"
-            messages.append(message)
-        return messages
-
-
 @pytest.fixture(scope="module")
-def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
+def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunnerUnderTest]:
     model = endless_copy(tmp_path_factory.mktemp("slow"), source="tiny-qwen-tools-deep", context_length=CONTEXT_LENGTH)
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe(duplex=True)
     process = context.Process(target=runner_main, args=(child,), daemon=True)
     process.start()
     child.close()
-    under_test = Runner(parent)
+    under_test = RunnerUnderTest(parent)
     under_test.send(RunnerBootstrap(model_path=str(model), shard=ShardAssignment(), prefix_cache_bytes=1 << 28))
     assert isinstance(under_test.receive(timeout=120), RunnerReady)
     yield under_test
@@ -78,12 +53,12 @@ def _finish(messages: list[RunnerResponse]) -> FinishChunk:
     return chunks[-1]
 
 
-def test_a_cancel_during_a_long_prefill_frees_the_runner_within_a_second(runner: Runner) -> None:
+def test_a_cancel_during_a_long_prefill_frees_the_runner_within_a_second(runner: RunnerUnderTest) -> None:
     long_task = chat_task(LONG_PROMPT, max_tokens=4)
     runner.send(RunTask(task=long_task))
     time.sleep(CANCEL_AFTER_SECONDS)
     progress: list[PrefillProgressChunk] = []
-    while (message := runner.receive(0)) is not None:
+    while (message := runner.poll(0)) is not None:
         assert isinstance(message, TaskChunk)
         assert isinstance(message.chunk, PrefillProgressChunk), "the prefill ended before the cancel"
         progress.append(message.chunk)

@@ -2,6 +2,7 @@
 
 import json
 import multiprocessing
+import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
@@ -34,14 +35,25 @@ class RunnerUnderTest:
     def send(self, message: RunnerRequest) -> None:
         self.connection.send_bytes(RunnerRequestAdapter.dump_json(message))
 
-    def receive(self, timeout: float = 60) -> RunnerResponse:
-        assert self.connection.poll(timeout), "the runner did not answer"
+    def poll(self, timeout: float) -> RunnerResponse | None:
+        """The runner's next message, or None when none came within `timeout` seconds."""
+        if not self.connection.poll(timeout):
+            return None
         return RunnerResponseAdapter.validate_json(self.connection.recv_bytes())
 
-    def until_done(self) -> list[RunnerResponse]:
-        messages = [self.receive()]
-        while not isinstance(messages[-1], TaskDone):
-            messages.append(self.receive())
+    def receive(self, timeout: float = 60) -> RunnerResponse:
+        message = self.poll(timeout)
+        assert message is not None, "the runner did not answer"
+        return message
+
+    def until_done(self, timeout: float = 120) -> list[RunnerResponse]:
+        """Every message up to the next TaskDone, which must come within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        messages: list[RunnerResponse] = []
+        while not messages or not isinstance(messages[-1], TaskDone):
+            message = self.poll(deadline - time.monotonic())
+            assert message is not None, "the runner did not finish the task in time"
+            messages.append(message)
         return messages
 
 
