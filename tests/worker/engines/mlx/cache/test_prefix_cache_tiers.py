@@ -125,15 +125,22 @@ def test_a_truncated_snapshot_is_rejected_and_the_request_still_succeeds(
     _assert_rejected_and_cold(tiny_model, tmp_path, caplog, "truncated")
 
 
-def test_another_models_snapshot_is_rejected_and_the_request_still_succeeds(
-    tiny_model: nn.Module, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def _another_models_snapshot_in_our_folder(tiny_model: nn.Module, tmp_path: Path) -> Path:
+    """A snapshot written under another model's identity, copied (its files, checksums intact) into this model's
+    folder; returns that folder."""
     other = tmp_path / "other-model"
     foreign = PrefixCache(tiny_model, UNLIMITED, _disk(other, tiny_model, identity="another-model"))
     run_turn(foreign, tiny_model, _session_prompt(1), NEW_TOKENS)
     _write_all(foreign)
     ours = tmp_path / "ours"
-    shutil.copytree(other, ours)  # its files, checksums intact, in this model's folder
+    shutil.copytree(other, ours)
+    return ours
+
+
+def test_another_models_snapshot_is_rejected_and_the_request_still_succeeds(
+    tiny_model: nn.Module, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ours = _another_models_snapshot_in_our_folder(tiny_model, tmp_path)
 
     _assert_rejected_and_cold(tiny_model, ours, caplog, "another model")
     assert not list(ours.glob("*.json"))
@@ -142,12 +149,7 @@ def test_another_models_snapshot_is_rejected_and_the_request_still_succeeds(
 def test_a_snapshot_whose_record_was_rewritten_for_this_model_is_still_rejected(
     tiny_model: nn.Module, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    other = tmp_path / "other-model"
-    foreign = PrefixCache(tiny_model, UNLIMITED, _disk(other, tiny_model, identity="another-model"))
-    run_turn(foreign, tiny_model, _session_prompt(1), NEW_TOKENS)
-    _write_all(foreign)
-    ours = tmp_path / "ours"
-    shutil.copytree(other, ours)
+    ours = _another_models_snapshot_in_our_folder(tiny_model, tmp_path)
     (record,) = ours.glob("*.json")
     record.write_text(record.read_text().replace("another-model", IDENTITY))  # the data file still says otherwise
 
