@@ -95,17 +95,19 @@ def test_client_disconnect_stops_generation_frees_the_runner_and_keeps_the_cache
                 received.append(line)
             if len(received) >= 4:
                 break  # leaving the block closes the connection mid-stream
-    disconnected = time.monotonic()
+    disconnected_at = time.time()
 
     cancelled = wait_for_task_count(server, ended_before + 1)[-1]
     assert cancelled["outcome"] == "cancelled"
     generated = cancelled["generated_tokens"]
+    finished_at = cancelled["finished_at"]
     assert isinstance(generated, int)
-    # The runner checks for a cancel after every token, so it stops within one token of the cancel reaching it; how
-    # many it generates before then depends on how fast the API notices the disconnect (~10 tokens when idle, a few
-    # hundred on a loaded machine). 4000 would mean the disconnect went unnoticed.
-    assert generated < LONG // 4, cancelled
-    assert time.monotonic() - disconnected < 5
+    assert isinstance(finished_at, float)
+    # The runner is not paced by the client: on a loaded machine it may be thousands of tokens ahead of what the
+    # client has read when the client leaves. What the disconnect must do is stop it at once: the runner checks for a
+    # cancel after every token, so it ends within moments of the API noticing; all 4000 would mean it went unnoticed.
+    assert generated < LONG, cancelled
+    assert finished_at - disconnected_at < 3, cancelled
 
     started = time.monotonic()
     again = post(server, chat(prompt, 64)).json()
