@@ -88,11 +88,11 @@ class RunnerConfig:
     speculation: bool = True
     """Prompt-lookup speculative decoding in the runner."""
     auto_tool_grammar: bool = True
+    """The lazy tool-call grammar under `tool_choice: "auto"` (a request may override)."""
     loop_guard: LoopGuardPolicy = "block"
     """The agent-loop guard for requests that do not choose one."""
     grammar_fast_forward: bool = True
     """Feed the tokens a grammar forces as a verified draft."""
-    """The lazy tool-call grammar under `tool_choice: "auto"` (a request may override)."""
     matmul_plan: bool = True
     """Time the few-row products of decoding after loading and use the faster layout (float32 on a CPU)."""
     cpu_kernels: CpuKernelsSetting = "auto"
