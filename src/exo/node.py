@@ -35,6 +35,7 @@ from exo.shared.types.common import ModelId
 from exo.shared.types.cpu_kernels import CpuKernelsSetting
 from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
+from exo.shared.types.request_record import RequestRecord
 from exo.shared.types.tasks import LoopGuardPolicy
 from exo.worker.instance_ranks import InstanceRanks, RankHost
 from exo.worker.main import Worker
@@ -155,7 +156,9 @@ class Node:
             event_log=event_log,
             master=Master(bus, topics, membership, event_log),
             peers=peers,
-            master_client=BusMasterClient(bus, topics, membership, event_log, peers, placer=self),
+            master_client=BusMasterClient(
+                bus, topics, membership, event_log, peers, placer=self, record_request=self.publish_request
+            ),
             keeper=keeper,
             file_server=ModelFileServer(bus.session, topics.root, node_id),
         )
@@ -237,6 +240,11 @@ class Node:
         """Record progress of model work this node does outside its start-up (a catalog download); from a thread."""
         assert self._worker is not None, "the node is started first"
         self._worker.publish_preparation(preparation)
+
+    def publish_request(self, record: RequestRecord) -> None:
+        """Record how a request this node's API took ended (the worker reports it with everything the node owns)."""
+        assert self._worker is not None, "the node is started first"
+        self._worker.record_request(record)
 
     async def stop(self) -> None:
         """Stop the runners, then leave the cluster (peers see this node go at once)."""

@@ -6,6 +6,7 @@ and gamma dials beta, so alpha and gamma reach each other only through zenoh's g
 membership as it is; the ones that crash, freeze or restart nodes are in test_cluster_failover.py.
 """
 
+import functools
 import json
 import threading
 import time
@@ -138,6 +139,45 @@ def test_a_request_error_from_the_owning_node_reaches_the_client_unchanged(clust
         assert direct.status_code == forwarded.status_code == 400
         assert forwarded.json() == direct.json()
         assert forwarded.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_every_node_lists_how_the_requests_a_node_took_ended_without_their_text(cluster: LocalCluster) -> None:
+    alpha, gamma = node(cluster, "alpha"), node(cluster, "gamma")
+    secret = "Say hello to the lighthouse keeper 7f3a."
+    # gamma's API takes a Messages request for alpha's model, and a streamed chat completion that alpha refuses.
+    answered = httpx.post(
+        f"{gamma.base_url}/v1/messages",
+        json={"model": QWEN, "max_tokens": 8, "messages": [{"role": "user", "content": secret}]},
+        timeout=120,
+    )
+    assert answered.status_code == 200, answered.text
+    refused = post(gamma, {"model": QWEN, "messages": [user("word " * 6000)], "stream": True})
+    assert refused.status_code == 400
+
+    def newest(member: ClusterNode, dialect: str) -> dict[str, Any] | None:
+        taken = member.state()["nodes"][gamma.node_id]["recent_requests"]
+        return next((record for record in reversed(taken) if record["dialect"] == dialect), None)
+
+    def refusal_listed(member: ClusterNode) -> bool:
+        return (newest(member, "chat.completions") or {}).get("outcome") == "failed"
+
+    for member in cluster.nodes:
+        cluster.wait_until(member, functools.partial(refusal_listed, member), "both requests", 10)
+        finished, failed = newest(member, "messages"), newest(member, "chat.completions")
+        assert finished is not None
+        assert failed is not None
+        usage = answered.json()["usage"]
+        assert (finished["model_id"], finished["served_by"], finished["outcome"]) == (QWEN, alpha.node_id, "finished")
+        assert finished["finish_reason"] in ("stop", "length")
+        assert finished["prompt_tokens"] == usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)
+        assert finished["completion_tokens"] == usage["output_tokens"]
+        assert 0 < finished["time_to_first_token_seconds"] < 120
+        assert finished["error"] is None
+        assert (failed["served_by"], failed["error_kind"]) == (alpha.node_id, "context_length_exceeded")
+        assert failed["error"]
+        assert failed["time_to_first_token_seconds"] is None
+        # The cluster keeps counts and times, never the prompt.
+        assert secret not in json.dumps(member.state())
 
 
 def test_an_unknown_model_is_a_404_naming_the_cluster_models(cluster: LocalCluster) -> None:

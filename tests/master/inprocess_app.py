@@ -20,6 +20,7 @@ from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
 from exo.shared.types.common import InstanceId, ModelId, NodeId, RunnerId, TaskId
 from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
+from exo.shared.types.request_record import RequestRecord
 from exo.shared.types.state import (
     NodeFacts,
     NodeHealth,
@@ -100,6 +101,7 @@ class ScriptedMaster:
         self.cancelled: list[TaskId] = []
         self.peers_added: list[str] = []
         self.preparations: list[ModelPreparation] = []
+        self.requests: list[RequestRecord] = []
         self.state = scripted_state()
         self.node_id = SCRIPTED_NODE
         self.cluster_name = "scripted"
@@ -119,6 +121,9 @@ class ScriptedMaster:
 
     def cancel(self, command: CancelTaskCommand) -> None:
         self.cancelled.append(command.task_id)
+
+    def record_request(self, record: RequestRecord) -> None:
+        self.requests.append(record)
 
     async def add_peer(self, endpoint: str) -> PeerConnection:
         self.peers_added.append(endpoint)

@@ -18,6 +18,7 @@ from exo.shared.types.commands import ChatCompletionCommand
 from exo.shared.types.common import InstanceId, ModelId, RunnerId
 from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
+from exo.shared.types.request_record import RequestRecord
 from exo.shared.types.state import NodeHealth, RunnerInfo, State
 from exo.shared.types.worker.shards import ShardAssignment
 from tests.master.inprocess_app import SCRIPTED_MODEL, SCRIPTED_NODE, ScriptedMaster, scripted_app
@@ -61,13 +62,27 @@ def test_a_failed_preparation_and_node_health_do_not_show_paths(
     )
     node = master.state.nodes[SCRIPTED_NODE]
     degraded = NodeHealth(status="degraded", reason=f"runner for other failed: {failed.error}")
-    nodes = {SCRIPTED_NODE: node.model_copy(update={"preparations": {failed.model_id: failed}, "health": degraded})}
-    master.state = master.state.model_copy(update={"nodes": nodes})
+    # A request another node's API took, recorded there with --show-model-paths: its error keeps the path.
+    request = RequestRecord(
+        dialect="responses",
+        model_id=SCRIPTED_MODEL,
+        served_by=SCRIPTED_NODE,
+        outcome="failed",
+        error_kind="generation_failed",
+        error=LOAD_FAILURE,
+        ended_at=3.0,
+    )
+    update = {"preparations": {failed.model_id: failed}, "health": degraded, "recent_requests": (request,)}
+    master.state = master.state.model_copy(update={"nodes": {SCRIPTED_NODE: node.model_copy(update=update)}})
     state = client.get("/state")
     assert MODEL_PATH not in state.text
     shown = state.json()["nodes"][SCRIPTED_NODE]
     assert shown["preparations"]["other"]["error"] == f"cannot read <{SCRIPTED_MODEL}>/weights.gguf"
     assert shown["health"]["reason"] == f"runner for other failed: cannot read <{SCRIPTED_MODEL}>/weights.gguf"
+    assert (
+        shown["recent_requests"][0]["error"]
+        == f"generation failed: OSError: cannot read <{SCRIPTED_MODEL}>/model.safetensors"
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -77,6 +92,9 @@ def test_a_failed_task_does_not_show_the_model_path(hidden: tuple[TestClient, Sc
     response = client.post("/v1/chat/completions", json={**HELLO, "stream": stream})
     assert MODEL_PATH not in response.text
     assert f"cannot read <{SCRIPTED_MODEL}>/model.safetensors" in response.text
+    # What the cluster keeps about the request says it without the path too.
+    (record,) = master.requests
+    assert record.error == f"generation failed: OSError: cannot read <{SCRIPTED_MODEL}>/model.safetensors"
 
 
 def test_an_error_mid_stream_does_not_show_the_model_path(hidden: tuple[TestClient, ScriptedMaster]) -> None:

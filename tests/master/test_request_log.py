@@ -1,6 +1,7 @@
-"""The per-request log line: what it says for a request that finished, failed before its prefill or was left by its
-client (a scripted clock), and that `-q` hides it on a real node."""
+"""The per-request log line and record: what they say for a request that finished, failed before its prefill or was
+left by its client (a scripted clock), and that `-q` hides the line on a real node."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from exo.master.request_log import RequestTimeline
 from exo.shared.types.chunks import ErrorChunk, FinishChunk, PrefillProgressChunk, TokenChunk, Usage
 from exo.shared.types.common import ModelId, NodeId
+from exo.shared.types.request_record import ERROR_MESSAGE_CHARS
 from tests.exo_server import fixture_model, running_exo
 
 
@@ -44,6 +46,26 @@ def test_a_finished_request_logs_its_tokens_times_and_finish_reason() -> None:
         "request messages model=m node=n1 prompt=1000 cached=600 (disk 200) queue=0.50s prefill=4.00s ttft=4.75s "
         "output=11 decode=5.0 tok/s finish=stop"
     )
+    before = time.time()
+    record = request.record(cancelled=False)
+    assert before <= record.ended_at <= time.time()
+    assert record.model_dump(exclude={"ended_at"}) == {
+        "dialect": "messages",
+        "model_id": "m",
+        "served_by": "n1",
+        "outcome": "finished",
+        "finish_reason": "stop",
+        "error_kind": None,
+        "error": None,
+        "prompt_tokens": 1000,
+        "cached_tokens": 600,
+        "disk_cached_tokens": 200,
+        "completion_tokens": 11,
+        "queue_seconds": 0.5,
+        "prefill_seconds": 4.0,
+        "time_to_first_token_seconds": 4.75,
+        "decode_tokens_per_second": 5.0,
+    }
 
 
 def test_a_request_refused_before_its_prefill_logs_dashes_and_the_error_kind() -> None:
@@ -55,6 +77,23 @@ def test_a_request_refused_before_its_prefill_logs_dashes_and_the_error_kind() -
         "request messages model=m node=n1 prompt=- cached=- (disk -) queue=- prefill=- ttft=- output=- decode=- "
         "finish=error:context_length_exceeded"
     )
+    record = request.record(cancelled=True)
+    assert (record.outcome, record.error_kind, record.error) == ("failed", "context_length_exceeded", "too long")
+    assert (record.prompt_tokens, record.time_to_first_token_seconds, record.decode_tokens_per_second) == (
+        None,
+        None,
+        None,
+    )
+
+
+def test_a_long_error_message_is_cut_in_the_record_and_a_stream_that_just_stopped_is_a_failure() -> None:
+    clock = Clock()
+    request = timeline(clock)
+    assert request.record(cancelled=False).outcome == "failed"
+    assert request.record(cancelled=False).error == "ended without a result"
+    assert request.line(cancelled=False).endswith("finish=ended without a result")
+    request.observe(ErrorChunk(error="generation_failed", message="x" * 5000))
+    assert request.record(cancelled=False).error == "x" * ERROR_MESSAGE_CHARS
 
 
 def test_a_request_its_client_left_during_prefill_logs_cancelled_with_its_progress() -> None:
@@ -67,6 +106,9 @@ def test_a_request_its_client_left_during_prefill_logs_cancelled_with_its_progre
         "request messages model=m node=n1 prompt=5000 cached=0 (disk 0) queue=1.00s prefill=- ttft=- output=- "
         "decode=- finish=cancelled"
     )
+    record = request.record(cancelled=True)
+    assert (record.outcome, record.error, record.prompt_tokens, record.cached_tokens) == ("cancelled", None, 5000, 0)
+    assert record.queue_seconds == 1.0
 
 
 @pytest.mark.slow  # a real node

@@ -1,15 +1,17 @@
 """The fold every node runs: each event's effect on the state, with no processes or network."""
 
 from exo.shared.apply import apply, node_health
-from exo.shared.types.common import TaskId
+from exo.shared.types.common import ModelId, NodeId, TaskId
 from exo.shared.types.events import (
     MasterElected,
     NodeDown,
     NodeStale,
+    RequestEnded,
     RunnerUpdated,
     TaskFinished,
     TaskUpdated,
 )
+from exo.shared.types.request_record import RECENT_REQUESTS_PER_NODE, RequestRecord
 from exo.shared.types.state import NodeHealth
 from tests.shared.state_builders import NODE_A, NODE_B, facts, fold, indexed, reported, runner, task
 
@@ -135,3 +137,38 @@ def test_applying_the_same_events_in_the_same_order_gives_the_same_state() -> No
     )
     assert fold(*steps) == fold(*steps)
     assert fold(*steps).model_dump_json() == fold(*steps).model_dump_json()
+
+
+def _request(ended_at: float, served_by: NodeId = NODE_A) -> RequestRecord:
+    return RequestRecord(
+        dialect="messages",
+        model_id=ModelId("m"),
+        served_by=served_by,
+        outcome="finished",
+        finish_reason="stop",
+        prompt_tokens=12,
+        completion_tokens=3,
+        ended_at=ended_at,
+    )
+
+
+def test_ended_requests_are_listed_under_the_node_that_took_them_newest_last_and_bounded() -> None:
+    state = fold((reported(NODE_A), NODE_A), (reported(NODE_B), NODE_B))
+    extra = 3
+    for number in range(RECENT_REQUESTS_PER_NODE + extra):
+        state = fold((RequestEnded(record=_request(float(number), served_by=NODE_A)), NODE_B), start=state)
+    kept = state.nodes[NODE_B].recent_requests
+    assert [request.ended_at for request in kept] == [float(n) for n in range(extra, RECENT_REQUESTS_PER_NODE + extra)]
+    assert {request.served_by for request in kept} == {NODE_A}
+    assert state.nodes[NODE_A].recent_requests == ()
+
+
+def test_a_full_report_replaces_the_nodes_recent_requests_and_a_node_that_left_adds_none() -> None:
+    state = fold((reported(NODE_A), NODE_A), (RequestEnded(record=_request(1.0)), NODE_A))
+    report = reported(NODE_A).model_copy(update={"recent_requests": (_request(5.0), _request(6.0))})
+    state = fold((report, NODE_A), start=state)
+    assert [request.ended_at for request in state.nodes[NODE_A].recent_requests] == [5.0, 6.0]
+    state = fold(
+        (NodeDown(node_id=NODE_A, reason="gone"), NODE_B), (RequestEnded(record=_request(7.0)), NODE_A), start=state
+    )
+    assert [request.ended_at for request in state.nodes[NODE_A].recent_requests] == [5.0, 6.0]

@@ -80,6 +80,7 @@ class AnswerStream(Response):
                 logger.info("client left during task %s; cancelling it", self._handle.task_id)
                 self._master.cancel(CancelTaskCommand(task_id=self._handle.task_id))
             self._timeline.log(cancelled=not finished)
+            self._master.record_request(self._timeline.record(cancelled=not finished))
             await self._handle.chunks.aclose()
 
     async def _pump(self, sender: MemoryObjectSendStream[Chunk]) -> None:

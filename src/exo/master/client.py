@@ -7,7 +7,7 @@ is on this node or another, the path is the same, so a forwarded request streams
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,6 +25,7 @@ from exo.shared.types.cluster_api import DiscoveryReport, PeerConnection
 from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand, PlaceTask, StopTask
 from exo.shared.types.common import CommandId, ModelId, NodeId, RunnerId, TaskId
 from exo.shared.types.instances import PlacedInstance
+from exo.shared.types.request_record import RequestRecord
 from exo.shared.types.state import State
 from exo.shared.types.task_replies import (
     TaskAccepted,
@@ -97,6 +98,10 @@ class MasterClient(InstancePlacer, Protocol):
         """Stop a queued or running task (its client went away)."""
         ...
 
+    def record_request(self, record: RequestRecord) -> None:
+        """Put how a request this API took ended into the cluster state (this node's `recent_requests`)."""
+        ...
+
     async def add_peer(self, endpoint: str) -> PeerConnection: ...
 
     async def discover(self) -> DiscoveryReport: ...
@@ -124,8 +129,10 @@ class BusMasterClient:
         peers: PeerConnector,
         *,
         placer: InstancePlacer,
+        record_request: Callable[[RequestRecord], None],
     ) -> None:
         self._placer = placer
+        self._record_request = record_request
         self._bus = bus
         self._topics = topics
         self._membership = membership
@@ -185,6 +192,9 @@ class BusMasterClient:
         pending = self._by_task.get(command.task_id)
         if pending is not None and pending.accepted is not None:
             self._stop(pending.accepted)
+
+    def record_request(self, record: RequestRecord) -> None:
+        self._record_request(record)
 
     async def add_peer(self, endpoint: str) -> PeerConnection:
         return await self._peers.add_peer(endpoint)

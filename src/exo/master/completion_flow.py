@@ -163,4 +163,5 @@ async def collect(
     finally:
         if timeline is not None:
             timeline.log(cancelled=answer is None)
+            master.record_request(timeline.record(cancelled=answer is None))
     return answer

@@ -41,6 +41,7 @@ from exo.shared.types.events import (
     NodeStale,
     PlacementPending,
     PreparationUpdated,
+    RequestEnded,
     RunnerUpdated,
     TaskFinished,
     TaskUpdated,
@@ -77,7 +78,7 @@ def owned_by(event: LocalEvent, origin: NodeId, state: State) -> bool:
         case TaskFinished(task_id=task_id):
             task = state.tasks.get(task_id)
             return task is None or task.node_id == origin
-        case PreparationUpdated():
+        case PreparationUpdated() | RequestEnded():
             return True  # it carries no node id: it is about the node that sent it
 
 

@@ -1,10 +1,11 @@
 """Where models live on disk stays in the logs, not in what the API answers (unless the operator asks for it).
 
 Paths reach the API in the workers' words: a runner's `model_path` in the cluster state, and messages that name it
-(a model that failed to load, a runner that is unavailable, a preparation that failed, a failed task). Each is
-replaced by a label: a model's directory by `<model ID>`, this node's models directory by `<models dir>`, exo's
-home by `<exo home>` and the user's home by `~`. `PublicMasterClient` applies that to everything the API reads from
-the master, so every route (present and future) answers without paths; `--show-model-paths` leaves them as they are.
+(a model that failed to load, a runner that is unavailable, a preparation that failed, a failed task or request).
+Each is replaced by a label: a model's directory by `<model ID>`, this node's models directory by `<models dir>`,
+exo's home by `<exo home>` and the user's home by `~`. `PublicMasterClient` applies that to everything the API reads
+from the master, so every route (present and future) answers without paths; `--show-model-paths` leaves them as they
+are.
 """
 
 import contextlib
@@ -22,6 +23,7 @@ from exo.shared.types.cluster_api import DiscoveryReport, PeerConnection
 from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
 from exo.shared.types.common import NodeId
 from exo.shared.types.instances import PlacedInstance
+from exo.shared.types.request_record import RequestRecord
 from exo.shared.types.state import State
 
 TextFilter = Callable[[str], str]
@@ -55,8 +57,8 @@ class PathHider:
         return text
 
     def state(self, state: State) -> State:
-        """`state` with every model path hidden, in messages too (runners' errors, a node's health and
-        preparations)."""
+        """`state` with every model path hidden, in messages too (runners' errors, a node's health, preparations
+        and recent requests)."""
         runners = {
             runner_id: runner.model_copy(
                 update={
@@ -79,6 +81,10 @@ class PathHider:
                         else preparation
                         for model_id, preparation in node.preparations.items()
                     },
+                    "recent_requests": tuple(
+                        request.model_copy(update={"error": self.text(request.error)}) if request.error else request
+                        for request in node.recent_requests
+                    ),
                 }
             )
             for node_id, node in state.nodes.items()
@@ -158,6 +164,9 @@ class PublicMasterClient:
 
     def cancel(self, command: CancelTaskCommand) -> None:
         self._master.cancel(command)
+
+    def record_request(self, record: RequestRecord) -> None:
+        self._master.record_request(record)
 
     async def add_peer(self, endpoint: str) -> PeerConnection:
         return await self._master.add_peer(endpoint)

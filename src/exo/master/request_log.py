@@ -11,14 +11,12 @@ request's arrival to the start of its prefill, `ttft` to its first output.
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Literal
 
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, PrefillProgressChunk
 from exo.shared.types.common import ModelId, NodeId
+from exo.shared.types.request_record import ERROR_MESSAGE_CHARS, Dialect, RequestOutcome, RequestRecord
 
 logger = logging.getLogger(__name__)
-
-Dialect = Literal["chat.completions", "messages", "responses"]
 
 
 class RequestTimeline:
@@ -32,7 +30,7 @@ class RequestTimeline:
         received_at: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._dialect = dialect
+        self._dialect: Dialect = dialect
         self._model_id = model_id
         self._node_id = node_id
         self._clock = clock
@@ -73,54 +71,94 @@ class RequestTimeline:
             return "queued"
         return f"prefill {progress.done_tokens}/{progress.prompt_tokens} tokens ({progress.cached_tokens} cached)"
 
+    def record(self, *, cancelled: bool) -> RequestRecord:
+        """What /state keeps about the request once it ended; `cancelled`: the client left before the end."""
+        progress = self._progress
+        final = self._final
+        usage = final.usage if isinstance(final, FinishChunk) else None
+        prefill_end = self._prefill_ended_at or self._first_output_at
+        outcome: RequestOutcome = "finished" if usage else "cancelled" if cancelled and final is None else "failed"
+        return RequestRecord(
+            dialect=self._dialect,
+            model_id=self._model_id,
+            served_by=self._node_id,
+            outcome=outcome,
+            finish_reason=final.finish_reason if isinstance(final, FinishChunk) else None,
+            error_kind=final.error if isinstance(final, ErrorChunk) else None,
+            error=_error_message(final, cancelled),
+            prompt_tokens=usage.prompt_tokens if usage else progress.prompt_tokens if progress else None,
+            cached_tokens=usage.cached_tokens if usage else progress.cached_tokens if progress else None,
+            disk_cached_tokens=progress.disk_cached_tokens if progress else None,
+            completion_tokens=usage.completion_tokens if usage else None,
+            queue_seconds=_span(self._received_at, self._prefill_started_at),
+            prefill_seconds=_span(self._prefill_started_at, prefill_end),
+            time_to_first_token_seconds=_span(self._received_at, self._first_output_at),
+            decode_tokens_per_second=self._decode_speed(),
+            ended_at=time.time(),
+        )
+
     def line(self, *, cancelled: bool) -> str:
         """The request's log line; `cancelled`: the client left before the end."""
-        progress = self._progress
-        usage = self._final.usage if isinstance(self._final, FinishChunk) else None
-        prompt = usage.prompt_tokens if usage else progress.prompt_tokens if progress else None
-        cached = usage.cached_tokens if usage else progress.cached_tokens if progress else None
-        disk = progress.disk_cached_tokens if progress else None
-        prefill_end = self._prefill_ended_at or self._first_output_at
-        parts = [
-            f"request {self._dialect}",
-            f"model={self._model_id}",
-            f"node={self._node_id}",
-            f"prompt={_count(prompt)}",
-            f"cached={_count(cached)} (disk {_count(disk)})",
-            f"queue={_span(self._received_at, self._prefill_started_at)}",
-            f"prefill={_span(self._prefill_started_at, prefill_end)}",
-            f"ttft={_span(self._received_at, self._first_output_at)}",
-            f"output={_count(usage.completion_tokens if usage else None)}",
-            f"decode={self._decode_speed()}",
-            f"finish={self._ending(cancelled)}",
-        ]
-        return " ".join(parts)
+        return _line(self.record(cancelled=cancelled))
 
     def log(self, *, cancelled: bool) -> None:
         logger.info("%s", self.line(cancelled=cancelled))
 
-    def _decode_speed(self) -> str:
+    def _decode_speed(self) -> float | None:
         final = self._final
         if not isinstance(final, FinishChunk) or self._first_output_at is None or self._ended_at is None:
-            return "-"
+            return None
         seconds = self._ended_at - self._first_output_at
         # The first token ends the prefill; the speed is of the tokens after it.
         tokens = final.usage.completion_tokens - 1
-        return f"{tokens / seconds:.1f} tok/s" if seconds > 0 and tokens > 0 else "-"
+        return tokens / seconds if seconds > 0 and tokens > 0 else None
 
-    def _ending(self, cancelled: bool) -> str:
-        match self._final:
-            case FinishChunk(finish_reason=reason):
-                return reason
-            case ErrorChunk(error=error):
-                return f"error:{error}"
-            case None:
-                return "cancelled" if cancelled else "ended without a result"
+
+def _error_message(final: FinishChunk | ErrorChunk | None, cancelled: bool) -> str | None:
+    match final:
+        case ErrorChunk(message=message):
+            return message[:ERROR_MESSAGE_CHARS]
+        case None if not cancelled:
+            return "ended without a result"
+        case _:
+            return None
+
+
+def _line(record: RequestRecord) -> str:
+    decode = record.decode_tokens_per_second
+    parts = [
+        f"request {record.dialect}",
+        f"model={record.model_id}",
+        f"node={record.served_by}",
+        f"prompt={_count(record.prompt_tokens)}",
+        f"cached={_count(record.cached_tokens)} (disk {_count(record.disk_cached_tokens)})",
+        f"queue={_seconds(record.queue_seconds)}",
+        f"prefill={_seconds(record.prefill_seconds)}",
+        f"ttft={_seconds(record.time_to_first_token_seconds)}",
+        f"output={_count(record.completion_tokens)}",
+        f"decode={'-' if decode is None else f'{decode:.1f} tok/s'}",
+        f"finish={_ending(record)}",
+    ]
+    return " ".join(parts)
+
+
+def _ending(record: RequestRecord) -> str:
+    match record.outcome:
+        case "finished":
+            return str(record.finish_reason)
+        case "failed":
+            return f"error:{record.error_kind}" if record.error_kind else str(record.error)
+        case "cancelled":
+            return "cancelled"
 
 
 def _count(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-def _span(start: float | None, end: float | None) -> str:
-    return "-" if start is None or end is None else f"{end - start:.2f}s"
+def _span(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else end - start
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"

@@ -14,10 +14,12 @@ from exo.shared.types.events import (
     NodeStale,
     PlacementPending,
     PreparationUpdated,
+    RequestEnded,
     RunnerUpdated,
     TaskFinished,
     TaskUpdated,
 )
+from exo.shared.types.request_record import RECENT_REQUESTS_PER_NODE
 from exo.shared.types.state import NodeFacts, NodeHealth, NodeInfo, RunnerInfo, State
 
 # Below this share of memory available a node is degraded: loading or growing a KV cache there may fail.
@@ -36,7 +38,7 @@ def apply(state: State, indexed: IndexedEvent) -> State:
 
 def _apply_event(state: State, indexed: IndexedEvent) -> State:
     match indexed.event:
-        case NodeReported(facts=facts, preparing=preparing, preparations=preparations, runners=runners, tasks=tasks):
+        case NodeReported(facts=facts, runners=runners, tasks=tasks) as report:
             node_id = facts.node_id
             kept_runners = {key: runner for key, runner in state.runners.items() if runner.node_id != node_id}
             kept_tasks = {key: task for key, task in state.tasks.items() if task.node_id != node_id}
@@ -44,10 +46,11 @@ def _apply_event(state: State, indexed: IndexedEvent) -> State:
             owned_tasks = {task.task_id: task for task in tasks if task.node_id == node_id}
             node = NodeInfo(
                 facts=facts,
-                preparing=preparing,
-                preparations=preparations,
+                preparing=report.preparing,
+                preparations=report.preparations,
                 last_seen=indexed.ordered_at,
                 health=node_health(facts, owned_runners.values()),
+                recent_requests=report.recent_requests[-RECENT_REQUESTS_PER_NODE:],
             )
             return state.model_copy(
                 update={
@@ -73,6 +76,12 @@ def _apply_event(state: State, indexed: IndexedEvent) -> State:
                 return state
             preparations = {**node.preparations, preparation.model_id: preparation}
             return _with_node(state, node.model_copy(update={"preparations": preparations}))
+        case RequestEnded(record=record):
+            node = state.nodes.get(indexed.origin)
+            if node is None or node.health.status == "down":
+                return state
+            recent = (*node.recent_requests, record)[-RECENT_REQUESTS_PER_NODE:]
+            return _with_node(state, node.model_copy(update={"recent_requests": recent}))
         case MasterElected(node_id=node_id):
             return state.model_copy(update={"master_node_id": node_id})
         case NodeDown(node_id=node_id, reason=reason):

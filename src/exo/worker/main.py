@@ -1,7 +1,8 @@
 """The worker: owns this node's runners and reports what it owns to the master as events.
 
 It prepares each configured model, starts one supervised runner subprocess per model, runs the tasks the master
-assigns it (worker/task_streams.py), and publishes every change of its runners and tasks. It is the only source of
+assigns it (worker/task_streams.py), and publishes every change of its runners and tasks (and, for the node's API,
+how each request it took ended). It is the only source of
 task events: a task is reported while its supervisor holds it (queued or running) and finished once the supervisor
 lets go of it, however it ended (done, cancelled, failed, crashed). Every REPORT_INTERVAL_SECONDS, and whenever a
 new master asks, it reports everything it owns in full, which also repairs anything a lost message left behind.
@@ -9,6 +10,7 @@ new master asks, it reports everything it owns in full, which also repairs anyth
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,11 +31,13 @@ from exo.shared.types.events import (
     LocalEvent,
     NodeReported,
     PreparationUpdated,
+    RequestEnded,
     RunnerUpdated,
     TaskFinished,
     TaskUpdated,
 )
 from exo.shared.types.preparation import ModelPreparation
+from exo.shared.types.request_record import RECENT_REQUESTS_PER_NODE, RequestRecord
 from exo.shared.types.state import NodeFacts, RunnerInfo, TaskInfo, TaskOutcome
 from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor
 from exo.worker.runner_metrics import RunnerMetricsRecorder
@@ -70,6 +74,7 @@ class Worker:
         self._preparations: dict[ModelId, ModelPreparation] = {}
         self._task_created: dict[TaskId, float] = {}
         self._reported_tasks: dict[RunnerId, dict[TaskId, TaskInfo]] = {}
+        self._recent_requests: deque[RequestRecord] = deque(maxlen=RECENT_REQUESTS_PER_NODE)
         self._sequence = 0
         self.streams = TaskStreams(bus, topics, self._node_id, task_group, self._on_task_ended)
         # Subscribed now, before anything runs, so no assignment sent during start-up is missed.
@@ -151,6 +156,11 @@ class Worker:
         self._preparations[preparation.model_id] = preparation
         self._publish(PreparationUpdated(preparation=preparation))
 
+    def record_request(self, record: RequestRecord) -> None:
+        """Report how a request this node's API took ended (from the event loop, like every event)."""
+        self._recent_requests.append(record)
+        self._publish(RequestEnded(record=record))
+
     def start_runner(self, config: RunnerConfig, instance_id: InstanceId | None = None) -> RunnerSupervisor:
         """Start a runner: a whole model (its own instance) or one rank of the placed instance `instance_id`."""
         supervisor = self._register(config, instance_id)
@@ -219,7 +229,7 @@ class Worker:
         self._bus.publish(self._topics.local_events, message)
 
     def report_in_full(self) -> None:
-        """Publish everything this node owns: its facts, preparations, runners and held tasks."""
+        """Publish everything this node owns: its facts, preparations, runners, held tasks and recent requests."""
         tasks = [task for held in self._reported_tasks.values() for task in held.values()]
         self._publish(
             NodeReported(
@@ -228,6 +238,7 @@ class Worker:
                 preparations=dict(self._preparations),
                 runners=tuple(self._runner_info(runner_id) for runner_id in self._supervisors),
                 tasks=tuple(tasks),
+                recent_requests=tuple(self._recent_requests),
             )
         )
 

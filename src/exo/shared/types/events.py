@@ -1,7 +1,8 @@
 """Events: facts that happened in the cluster. The state is the fold of these, in the master's order.
 
-A node reports what it owns (`LocalEvent`: its facts, runners and tasks); the elected master numbers those reports
-and adds the events only it can see (`MasterEvent`: who is master, which nodes left or went quiet).
+A node reports what it owns (`LocalEvent`: its facts, runners and tasks, and how the requests its API took ended);
+the elected master numbers those reports and adds the events only it can see (`MasterEvent`: who is master, which
+nodes left or went quiet).
 """
 
 from typing import Annotated, Literal
@@ -11,6 +12,7 @@ from pydantic import Field, TypeAdapter
 from exo.shared.types.common import FrozenModel, InstanceId, ModelId, NodeId, TaskId
 from exo.shared.types.instances import PendingPlacement, PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
+from exo.shared.types.request_record import RequestRecord
 from exo.shared.types.state import NodeFacts, RunnerInfo, TaskInfo
 
 
@@ -26,6 +28,7 @@ class NodeReported(FrozenModel):
     preparations: dict[ModelId, ModelPreparation] = Field(default_factory=dict)
     runners: tuple[RunnerInfo, ...] = ()
     tasks: tuple[TaskInfo, ...] = ()
+    recent_requests: tuple[RequestRecord, ...] = ()
 
 
 class RunnerUpdated(FrozenModel):
@@ -48,6 +51,13 @@ class PreparationUpdated(FrozenModel):
 
     kind: Literal["preparation_updated"] = "preparation_updated"
     preparation: ModelPreparation
+
+
+class RequestEnded(FrozenModel):
+    """A request the reporting node's API took has ended (however it ended)."""
+
+    kind: Literal["request_ended"] = "request_ended"
+    record: RequestRecord
 
 
 class MasterElected(FrozenModel):
@@ -97,7 +107,8 @@ class PlacementPending(FrozenModel):
 
 
 LocalEvent = Annotated[
-    NodeReported | RunnerUpdated | TaskUpdated | TaskFinished | PreparationUpdated, Field(discriminator="kind")
+    NodeReported | RunnerUpdated | TaskUpdated | TaskFinished | PreparationUpdated | RequestEnded,
+    Field(discriminator="kind"),
 ]
 MasterEvent = MasterElected | NodeDown | NodeStale | InstancePlaced | InstanceRemoved | PlacementPending
 Event = Annotated[
@@ -106,6 +117,7 @@ Event = Annotated[
     | TaskUpdated
     | TaskFinished
     | PreparationUpdated
+    | RequestEnded
     | MasterElected
     | NodeDown
     | NodeStale

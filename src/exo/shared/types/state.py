@@ -12,6 +12,7 @@ from pydantic import Field
 from exo.shared.types.common import FrozenModel, InstanceId, ModelId, NodeId, RunnerId, TaskId
 from exo.shared.types.instances import PendingPlacement, PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
+from exo.shared.types.request_record import RequestRecord
 from exo.shared.types.worker.runner_response import ModelMetadata
 from exo.shared.types.worker.runner_status import RunnerStatus
 from exo.shared.types.worker.shards import ShardAssignment
@@ -64,6 +65,8 @@ class NodeInfo(FrozenModel):
     # When the master last ordered an event from this node (the master's clock).
     last_seen: float
     health: NodeHealth
+    # The requests this node's API took that ended most recently, oldest first (RECENT_REQUESTS_PER_NODE at most).
+    recent_requests: tuple[RequestRecord, ...] = ()
 
 
 class TaskSummary(FrozenModel):
