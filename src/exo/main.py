@@ -275,6 +275,8 @@ async def serve(config: "NodeConfig") -> bool:
             "cluster port %s is open to the network and unauthenticated: run clusters on trusted networks only",
             ", ".join(config.cluster.listen),
         )
+    if config.cluster.key is not None:
+        logger.info("cluster links are mutual TLS with certificates from the cluster key (encrypted, members only)")
     node = Node(config)
     await node.join()
     settings = api_settings(config)

@@ -3,7 +3,8 @@
 It accepts connections in one network namespace and dials its target from another, so a node whose namespace has
 no other way out reaches the cluster only through it. Each chunk read from either side is delivered `delay_s` later;
 with probability `loss`, later still by `retransmit_s` — what a lost TCP segment costs the stream (the kernel
-retransmits it after a timeout): the bytes arrive, late and in order, as they do over a lossy link.
+retransmits it after a timeout): the bytes arrive, late and in order, as they do over a lossy link. With `record`,
+it keeps every byte it carried, one recording per connection and direction: what a wiretap on the link would see.
 """
 
 import contextlib
@@ -30,6 +31,8 @@ class LossyProxy:
     delay_s: float
     loss: float
     retransmit_s: float = RETRANSMIT_S
+    record: bool = False
+    recordings: list[bytearray] = field(default_factory=list[bytearray])
     chunks: int = 0
     lost: int = 0
     _closing: threading.Event = field(default_factory=threading.Event)
@@ -75,6 +78,9 @@ class LossyProxy:
 
     def _read(self, source: socket.socket, pending: "queue.Queue[tuple[float, bytes] | None]") -> None:
         last = 0.0
+        recording = bytearray()
+        if self.record:
+            self.recordings.append(recording)
         while True:
             try:
                 data = source.recv(CHUNK_BYTES)
@@ -84,6 +90,8 @@ class LossyProxy:
                 pending.put(None)
                 return
             self.chunks += 1
+            if self.record:
+                recording += data
             due = time.monotonic() + self.delay_s
             if random.random() < self.loss:
                 self.lost += 1

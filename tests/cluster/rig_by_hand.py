@@ -1,4 +1,5 @@
-"""Run the network-namespace rig by hand (as root): `uv run python -m tests.cluster.rig_by_hand [--nodes 3]`.
+"""Run the network-namespace rig by hand (as root): `uv run python -m tests.cluster.rig_by_hand [--nodes 3]
+[--cluster-key KEY]`.
 
 Starts the nodes (the first serves tiny-qwen-tools; the others nothing), each in its own namespace behind one bridge,
 finding each other by multicast, then reads commands until `quit` (or Ctrl-D), and removes every namespace on exit:
@@ -51,6 +52,7 @@ def _ask(rig: NetnsRig, node: RigNode) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=3, choices=range(1, len(NAMES) + 1))
+    parser.add_argument("--cluster-key", help="start every node with this cluster key (mutual TLS links)")
     arguments = parser.parse_args()
     why_not = NetnsRig.unavailable()
     if why_not is not None:
@@ -59,7 +61,8 @@ def main() -> None:
     try:
         rig.create()
         for position, name in enumerate(NAMES[: arguments.nodes]):
-            rig.start(rig.add_node(name, [fixture_model("tiny-qwen-tools")] if position == 0 else []))
+            node = rig.add_node(name, [fixture_model("tiny-qwen-tools")] if position == 0 else [])
+            rig.start(node, ["--cluster-key", arguments.cluster_key] if arguments.cluster_key else [])
         print(f"logs in {rig.work_dir}; type a command (see --help), `quit` to stop")
         by_name = {node.name: node for node in rig.nodes}
         while True:

@@ -1,7 +1,10 @@
-"""A keyed cluster (`--cluster-key`): real nodes on 127.0.0.1 with the key link and serve; a node with a wrong key
-or none cannot join, and a zenoh session without the key linked to its port neither joins nor reads its traffic.
+"""A keyed cluster (`--cluster-key`): real nodes on 127.0.0.1 with the key link (mutual TLS) and serve; a node with
+a wrong key or none cannot join, and a zenoh session dialling its port neither joins nor reads its traffic without
+the key: in plain TCP, in TLS with another key's certificates, or in TLS trusting the cluster's authority but with
+no certificate of its own.
 
-A session with the right credentials, linked the same way, does read that traffic: the check could fail.
+A session with the key's certificates, linked the same way, does read that traffic: the check could fail.
+That the links are encrypted on the wire is checked on the rig (test_cluster_rig_tls.py).
 """
 
 import json
@@ -13,7 +16,8 @@ import httpx
 import pytest
 import zenoh
 
-from exo.cluster.settings import ClusterSettings, authentication
+from exo.cluster.cluster_tls import tls_link_config
+from exo.cluster.settings import ClusterSettings, apply_cluster_key, link_endpoint
 from exo.cluster.topics import Topics
 from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
 from tests.exo_server import fixture_model
@@ -45,21 +49,32 @@ def _healthy(node: ClusterNode) -> int:
     return healthy
 
 
-def _session(alpha: ClusterNode, credentials: dict[str, str] | None) -> zenoh.Session:
+def _session(alpha: ClusterNode, tls: str) -> zenoh.Session:
+    """A bare zenoh session linked to alpha: `plain` TCP, `wrong-key` TLS, `authority-only` TLS (it trusts the
+    cluster's authority but presents no certificate), or with the `right-key`."""
     config = zenoh.Config()
     config.insert_json5("mode", '"peer"')
     config.insert_json5("listen/endpoints", "[]")
-    config.insert_json5("connect/endpoints", json.dumps([alpha.endpoint]))
     config.insert_json5("scouting/multicast/enabled", "false")
-    if credentials is not None:
-        config.insert_json5("transport/auth/usrpwd", json.dumps(credentials))
+    keyed = ClusterSettings(name=CLUSTER, key=KEY)
+    endpoint = link_endpoint(alpha.endpoint, keyed)
+    if tls == "plain":
+        endpoint = alpha.endpoint
+    elif tls == "wrong-key":
+        apply_cluster_key(config, ClusterSettings(name=CLUSTER, key="a different key, 16+ chars"))
+    elif tls == "authority-only":
+        authority = tls_link_config(KEY, CLUSTER).root_ca_certificate_base64
+        config.insert_json5("transport/link/tls", json.dumps({"root_ca_certificate_base64": authority}))
+    else:
+        apply_cluster_key(config, keyed)
+    config.insert_json5("connect/endpoints", json.dumps([endpoint]))
     return zenoh.open(config)
 
 
-def _heard_while_serving(alpha: ClusterNode, beta: ClusterNode, credentials: dict[str, str] | None) -> list[str]:
-    """The keys a session with `credentials` receives under the cluster's root while beta forwards a request."""
+def _heard_while_serving(alpha: ClusterNode, beta: ClusterNode, tls: str) -> list[str]:
+    """The keys a session (see `_session`) receives under the cluster's root while beta forwards a request."""
     heard: list[str] = []
-    session = _session(alpha, credentials)
+    session = _session(alpha, tls)
     try:
         subscriber = session.declare_subscriber(
             f"{Topics(CLUSTER).root}/**", lambda sample: heard.append(str(sample.key_expr))
@@ -102,9 +117,7 @@ def test_a_session_without_the_key_reads_nothing_and_one_with_it_reads_the_traff
     keyed: tuple[LocalCluster, ClusterNode, ClusterNode],
 ) -> None:
     _, alpha, beta = keyed
-    wrong = authentication(ClusterSettings(name=CLUSTER, key="a different key, 16+ chars"))
-    assert _heard_while_serving(alpha, beta, None) == []
-    assert _heard_while_serving(alpha, beta, wrong) == []
-    right = authentication(ClusterSettings(name=CLUSTER, key=KEY))
-    heard = _heard_while_serving(alpha, beta, right)
+    for outsider in ("plain", "wrong-key", "authority-only"):
+        assert _heard_while_serving(alpha, beta, outsider) == [], outsider
+    heard = _heard_while_serving(alpha, beta, "right-key")
     assert f"{Topics(CLUSTER).root}/events/ordered" in heard

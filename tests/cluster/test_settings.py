@@ -1,15 +1,17 @@
 """Cluster flags: endpoints, peer lists, names, and the zenoh config they become."""
 
+import base64
 import json
 
 import pytest
+from cryptography import x509
 
+from exo.cluster.cluster_tls import tls_link_config
 from exo.cluster.settings import (
     LEASE_MILLISECONDS,
     MULTICAST_ADDRESS,
     ClusterSettings,
     ClusterSettingsError,
-    authentication,
     check_cluster_name,
     default_listen_endpoint,
     normalise_endpoint,
@@ -128,18 +130,27 @@ def test_a_cluster_key_comes_from_the_flag_or_the_environment_and_is_never_shown
     assert config_from_args(build_parser().parse_args([])).cluster.key is None
 
 
-def test_a_keyed_cluster_authenticates_every_link_with_credentials_derived_from_key_and_name() -> None:
-    assert authentication(ClusterSettings()) is None
-    assert json.loads(zenoh_config(ClusterSettings(), NODE_A).get_json("transport/auth/usrpwd"))["user"] is None
-    keyed = ClusterSettings(name="lab", key=KEY)
-    credentials = authentication(keyed)
-    assert credentials is not None
-    assert json.loads(zenoh_config(keyed, NODE_A).get_json("transport/auth/usrpwd")) == credentials
-    assert KEY not in json.dumps(credentials)
-    with open(credentials["dictionary_file"]) as dictionary:
-        assert dictionary.read() == f"{credentials['user']}:{credentials['password']}\n"
-    other_key = authentication(ClusterSettings(name="lab", key=KEY + "!"))
-    other_name = authentication(ClusterSettings(name="lab2", key=KEY))
-    assert other_key is not None
-    assert other_name is not None
-    assert len({credentials["password"], other_key["password"], other_name["password"]}) == 3
+def test_a_keyed_cluster_links_over_mutual_tls_rooted_in_key_and_name() -> None:
+    plain = zenoh_config(ClusterSettings(), NODE_A)
+    assert json.loads(plain.get_json("listen/endpoints")) == ["tcp/127.0.0.1:52414"]
+    assert json.loads(plain.get_json("transport/link/tls"))["enable_mtls"] is None
+    keyed = ClusterSettings(name="lab", key=KEY, peers=("tcp/10.0.0.2:52414",))
+    config = zenoh_config(keyed, NODE_A)
+    assert json.loads(config.get_json("listen/endpoints")) == ["tls/127.0.0.1:52414"]
+    assert json.loads(config.get_json("connect/endpoints")) == ["tls/10.0.0.2:52414"]
+    assert json.loads(config.get_json("transport/link/protocols")) == ["tls"]
+    assert json.loads(config.get_json("transport/link/tls"))["enable_mtls"] is True
+    tls = tls_link_config(KEY, "lab")  # what was inserted (zenoh does not show the certificates back)
+    assert KEY not in tls.model_dump_json()
+
+    def authority(settings: ClusterSettings) -> x509.Certificate:
+        assert settings.key is not None
+        pem = base64.b64decode(tls_link_config(settings.key, settings.name).root_ca_certificate_base64)
+        return x509.load_pem_x509_certificate(pem)
+
+    own = x509.load_pem_x509_certificate(base64.b64decode(tls.listen_certificate_base64))
+    own.verify_directly_issued_by(authority(keyed))  # raises if another authority signed it
+    # Another process with the same key and name derives the very same authority; another key or name does not.
+    assert authority(ClusterSettings(name="lab", key=KEY)) == authority(keyed)
+    assert authority(ClusterSettings(name="lab", key=KEY + "!")) != authority(keyed)
+    assert authority(ClusterSettings(name="lab2", key=KEY)) != authority(keyed)

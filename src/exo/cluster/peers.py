@@ -16,7 +16,7 @@ import zenoh
 
 from exo.cluster.bus import Bus
 from exo.cluster.membership import Membership
-from exo.cluster.settings import ClusterSettings, apply_authentication, normalise_endpoint, zenoh_config
+from exo.cluster.settings import ClusterSettings, apply_cluster_key, link_endpoint, normalise_endpoint, zenoh_config
 from exo.shared.types.cluster_api import DiscoveredPeer, DiscoveryReport, PeerConnection
 from exo.shared.types.common import NodeId
 
@@ -105,13 +105,14 @@ class PeerConnector:
         helper_config = zenoh.Config()
         helper_config.insert_json5("mode", json.dumps("peer"))
         helper_config.insert_json5("listen/endpoints", "[]")
-        helper_config.insert_json5("connect/endpoints", json.dumps(endpoints + own))
+        dialled = [link_endpoint(endpoint, self._settings) for endpoint in endpoints + own]
+        helper_config.insert_json5("connect/endpoints", json.dumps(dialled))
         helper_config.insert_json5("connect/timeout_ms", json.dumps(CONNECT_TIMEOUT_MILLISECONDS))
         helper_config.insert_json5("connect/exit_on_failure", "true")
         helper_config.insert_json5("scouting/multicast/enabled", "false")
         # The helper links only the two sides; what it learns from gossip is for them to act on, not for it.
         helper_config.insert_json5("scouting/gossip/autoconnect", json.dumps({"router": [], "peer": []}))
-        apply_authentication(helper_config, self._settings)
+        apply_cluster_key(helper_config, self._settings)
         try:
             helper = await anyio.to_thread.run_sync(zenoh.open, helper_config)
         except zenoh.ZError as error:

@@ -1,18 +1,13 @@
 """How a node joins its cluster: namespace, where it listens, whom it dials, whether it scouts, as a zenoh config."""
 
-import functools
-import hashlib
-import hmac
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import psutil
 import zenoh
 
+from exo.cluster.cluster_tls import tls_link_config
 from exo.shared.types.common import NodeId
 
 DEFAULT_CLUSTER_NAME = "default"
@@ -80,7 +75,7 @@ class ClusterSettings:
     peers: tuple[str, ...] = ()
     # Multicast scouting: nodes on one LAN (or, for a loopback node, one machine) find each other unasked.
     discovery: bool = True
-    # The cluster key (--cluster-key / EXO_CLUSTER_KEY): only sessions that prove they hold it may link. Never shown.
+    # The cluster key (--cluster-key / EXO_CLUSTER_KEY): links are mutual TLS rooted in it. Never shown.
     key: str | None = field(default=None, repr=False)
 
     @property
@@ -104,31 +99,19 @@ def check_cluster_key(key: str) -> str:
     return key
 
 
-@functools.cache
-def _dictionary_file(user: str, password: str) -> Path:
-    """zenoh reads the credentials it accepts from a file: one, private to this process's user."""
-    directory = Path(tempfile.mkdtemp(prefix="exo-cluster-auth-"))
-    path = directory / "credentials"
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(f"{user}:{password}\n")
-    return path
+def link_endpoint(endpoint: str, settings: ClusterSettings) -> str:
+    """The endpoint as zenoh dials or binds it: a keyed cluster's links are TLS on the same host and port."""
+    if settings.key is not None and endpoint.startswith("tcp/"):
+        return "tls/" + endpoint.removeprefix("tcp/")
+    return endpoint
 
 
-def authentication(settings: ClusterSettings) -> dict[str, str] | None:
-    """zenoh's user-password authentication for a keyed cluster: every link's two ends prove they hold the same
-    credentials (derived from the key and the cluster's name, so the key itself is never written anywhere)."""
+def apply_cluster_key(config: zenoh.Config, settings: ClusterSettings) -> None:
+    """A keyed cluster links over mutual TLS only (see cluster_tls): no plain TCP link, in or out."""
     if settings.key is None:
-        return None
-    user = f"exo-{settings.name}"
-    password = hmac.new(settings.key.encode(), f"exo cluster {settings.name}".encode(), hashlib.sha256).hexdigest()
-    return {"user": user, "password": password, "dictionary_file": str(_dictionary_file(user, password))}
-
-
-def apply_authentication(config: zenoh.Config, settings: ClusterSettings) -> None:
-    credentials = authentication(settings)
-    if credentials is not None:
-        config.insert_json5("transport/auth/usrpwd", json.dumps(credentials))
+        return
+    config.insert_json5("transport/link/protocols", json.dumps(["tls"]))
+    config.insert_json5("transport/link/tls", tls_link_config(settings.key, settings.name).model_dump_json())
 
 
 def zenoh_config(settings: ClusterSettings, node_id: NodeId, *, discovery: bool | None = None) -> zenoh.Config:
@@ -137,11 +120,11 @@ def zenoh_config(settings: ClusterSettings, node_id: NodeId, *, discovery: bool 
     config = zenoh.Config()
     config.insert_json5("mode", json.dumps("peer"))
     config.insert_json5("id", json.dumps(node_id))
-    config.insert_json5("listen/endpoints", json.dumps(list(settings.listen)))
-    config.insert_json5("connect/endpoints", json.dumps(list(settings.peers)))
+    config.insert_json5("listen/endpoints", json.dumps([link_endpoint(item, settings) for item in settings.listen]))
+    config.insert_json5("connect/endpoints", json.dumps([link_endpoint(item, settings) for item in settings.peers]))
     config.insert_json5("scouting/multicast/enabled", json.dumps(scouting))
     config.insert_json5("scouting/multicast/address", json.dumps(MULTICAST_ADDRESS))
     config.insert_json5("scouting/multicast/interface", json.dumps(settings.multicast_interface()))
     config.insert_json5("transport/link/tx/lease", json.dumps(LEASE_MILLISECONDS))
-    apply_authentication(config, settings)
+    apply_cluster_key(config, settings)
     return config
