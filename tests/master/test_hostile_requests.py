@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from exo.master.ollama.wire import OllamaChatRequest, OllamaGenerateRequest
 from exo.shared.types.anthropic_messages import CountTokensRequest, MessagesRequest
 from exo.shared.types.api import ChatCompletionRequest
 from exo.shared.types.openai_responses import InputTokensRequest, ResponsesRequest
@@ -56,6 +57,8 @@ def send(client: httpx.Client, path: str, body: dict[str, object]) -> httpx.Resp
         ("/v1/responses", ResponsesRequest),
         ("/v1/messages/count_tokens", CountTokensRequest),
         ("/v1/responses/input_tokens", InputTokensRequest),
+        ("/api/chat", OllamaChatRequest),
+        ("/api/generate", OllamaGenerateRequest),
     ],
 )
 def test_hostile_bodies_never_get_a_5xx_and_the_node_keeps_serving(

@@ -12,6 +12,7 @@ from tests.master.inprocess_app import SCRIPTED_MODEL, scripted_app
 
 ANTHROPIC_ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
 OPENAI_ROUTES = ("/v1/chat/completions", "/v1/responses", "/v1/responses/input_tokens")
+OLLAMA_ROUTES = ("/api/chat", "/api/generate", "/api/show")
 
 
 def nested(depth: int) -> bytes:
@@ -33,7 +34,7 @@ def client() -> TestClient:
     return TestClient(app, raise_server_exceptions=False)
 
 
-@pytest.mark.parametrize("route", ANTHROPIC_ROUTES + OPENAI_ROUTES)
+@pytest.mark.parametrize("route", ANTHROPIC_ROUTES + OPENAI_ROUTES + OLLAMA_ROUTES)
 @pytest.mark.parametrize("case", list(MALFORMED))
 def test_a_malformed_body_is_a_4xx_in_the_dialects_shape(client: TestClient, route: str, case: str) -> None:
     response = client.post(route, content=MALFORMED[case], headers={"content-type": "application/json"})
@@ -44,6 +45,9 @@ def test_a_malformed_body_is_a_4xx_in_the_dialects_shape(client: TestClient, rou
         assert body["type"] == "error"
         assert body["error"]["type"] == "invalid_request_error"
         message = body["error"]["message"]
+    elif route in OLLAMA_ROUTES:
+        assert set(body) == {"error"}
+        message = body["error"]
     else:
         assert body["error"]["type"] == "invalid_request_error"
         message = body["error"]["message"]

@@ -33,6 +33,7 @@ from exo.master.errors import (
     openai_error,
 )
 from exo.master.mcp_mount import mount_mcp
+from exo.master.ollama.routes import OLLAMA_PATH_PREFIX, ollama_error, ollama_router
 from exo.master.placement import served_model_ids
 from exo.master.public_paths import PublicMasterClient, directory_hider, storage_directories
 from exo.master.request_guard import RequestGuard
@@ -75,7 +76,8 @@ def create_app(
     master: MasterClient, settings: ApiSettings, record_preparation: PreparationSink | None = None
 ) -> FastAPI:
     """The FastAPI app in front of `master`: /health, /state, /v1/models, chat completions, Messages, Responses,
-    the cluster's endpoints, this node's model catalog, the MCP tools at /mcp and the web dashboard at /.
+    Ollama's API (/api/…), the cluster's endpoints, this node's model catalog, the MCP tools at /mcp and the web
+    dashboard at /.
 
     `record_preparation` puts the progress of a catalog download into this node's state (it is called from the
     download's thread); without it, downloads show their progress only to the client that asked.
@@ -95,7 +97,7 @@ def create_app(
         RequestGuard,
         api_key=settings.api_key,
         max_body_bytes=settings.max_request_bytes,
-        error_shapes={MESSAGES_PATH_PREFIX: anthropic_error},
+        error_shapes={MESSAGES_PATH_PREFIX: anthropic_error, OLLAMA_PATH_PREFIX: ollama_error},
         open_paths=is_dashboard_asset,
     )
     mount_mcp(app, host=settings.host, port=settings.port, api_key=settings.api_key)
@@ -137,6 +139,7 @@ def create_app(
 
     app.include_router(messages_router(master))
     app.include_router(responses_router(master))
+    app.include_router(ollama_router(master))
     app.include_router(catalog_router(models_dir, record_preparation, hide_paths))
     app.include_router(cluster_router(master))
     mount_dashboard(app)

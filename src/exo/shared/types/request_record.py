@@ -10,7 +10,7 @@ from typing import Literal
 from exo.shared.types.chunks import TaskErrorKind
 from exo.shared.types.common import FinishReason, FrozenModel, ModelId, NodeId
 
-Dialect = Literal["chat.completions", "messages", "responses"]
+Dialect = Literal["chat.completions", "messages", "responses", "ollama.chat", "ollama.generate"]
 # finished: the model's answer reached its end (`finish_reason`); failed: the task ended with an error (`error`);
 # cancelled: the client left before the end.
 RequestOutcome = Literal["finished", "failed", "cancelled"]
