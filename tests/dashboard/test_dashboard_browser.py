@@ -2,12 +2,13 @@
 
 alpha serves tiny-qwen-tools and endless-qwen (the same model, which never ends before max_tokens); beta serves
 nothing (`--no-model`). The page is opened on alpha; everything it shows comes from the public API, polled every
-second. The tests run in file order: the kill of beta comes last. Screenshots land in build/screenshots
-(git-ignored), at laptop and phone widths.
+second. The tests run in file order: beta is frozen and thawed, then killed last. Screenshots land in
+build/screenshots (git-ignored), at laptop and phone widths.
 """
 
 import json
 import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -46,7 +47,11 @@ CHAT_MODEL = "tiny-qwen-tools"
 DEEP = "tiny-qwen-tools-deep"
 PLACED_WITHIN_MS = 240_000
 LIVE_WITHIN_MS = 30_000
+# A node that thaws rejoins (zenoh reconnects, the node reports in full) well within this.
+REJOINED_WITHIN_MS = 60_000
 VIEWS = ("cluster", "models", "activity", "chat")
+# The finish reason the node records for each stop reason its Messages answer gives.
+FINISH_OF_STOP_REASON = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
 
 
 @pytest.fixture(scope="module")
@@ -253,10 +258,10 @@ def _generate_until(alpha: ClusterNode, stop: threading.Event) -> None:
         httpx.post(f"{alpha.base_url}/v1/chat/completions", json=body, timeout=120).raise_for_status()
 
 
-def test_the_activity_view_shows_requests_in_flight_and_the_tokens_per_second(
+def test_the_activity_view_shows_requests_in_flight_the_tokens_per_second_and_how_requests_ended(
     cluster: tuple[LocalCluster, ClusterNode, ClusterNode], browser: Browser, watch: ConsoleWatch
 ) -> None:
-    _, alpha, _ = cluster
+    _, alpha, beta = cluster
     page = open_page(browser, watch, f"{alpha.base_url}/#activity")
     in_flight = page.get_by_role("table", name="Requests in flight")
     stop = threading.Event()
@@ -277,11 +282,89 @@ def test_the_activity_view_shows_requests_in_flight_and_the_tokens_per_second(
         for client in clients:
             client.join(timeout=120)
     expect(page.get_by_text("none right now")).to_be_visible(timeout=LIVE_WITHIN_MS)
-    expect(page.get_by_role("table", name="Recent requests")).to_contain_text(ENDLESS)
     served = page.get_by_role("table", name="Per model").locator("tr", has_text=ENDLESS)
     expect(served.locator("td").nth(1)).not_to_have_text("0")
     caption = page.locator(".chart figcaption").inner_text()
     assert float(caption.split()[1]) > 0, caption
+    # Each ended request: its dialect, the node that took it (and the one that served it, when another), how it
+    # ended, its prompt and cached tokens, time to first token, output tokens, decode speed and error.
+    recent = page.get_by_role("table", name="Recent requests")
+    endless_row = recent_row(recent, ENDLESS)
+    assert endless_row["Dialect"] == "chat.completions"
+    assert endless_row["Node"] == "alpha"
+    assert (endless_row["Outcome"], endless_row["Output"], endless_row["Error"]) == ("length", "400", "–")
+    assert re.fullmatch(r"\d+ tokens, \d+ cached", endless_row["Prompt"]), endless_row
+    assert re.fullmatch(r"\d+ ms|\d+\.\d s", endless_row["TTFT"]), endless_row
+    assert float(endless_row["Decode tok/s"]) > 0, endless_row
+    # beta's API takes a Messages request for alpha's model, and a chat completion alpha refuses as too long.
+    messages = {"model": CHAT_MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "Hello!"}]}
+    answered = httpx.post(f"{beta.base_url}/v1/messages", json=messages, timeout=120)
+    assert answered.status_code == 200, answered.text
+    too_long = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "word " * 6000}]}
+    assert httpx.post(f"{beta.base_url}/v1/chat/completions", json=too_long, timeout=120).status_code == 400
+    expect(recent).to_contain_text("context_length_exceeded", timeout=LIVE_WITHIN_MS)
+    usage = answered.json()["usage"]
+    answered_row = recent_row(recent, "messages")
+    assert (answered_row["Model"], answered_row["Node"]) == (CHAT_MODEL, "beta → alpha")
+    assert answered_row["Outcome"] == FINISH_OF_STOP_REASON[answered.json()["stop_reason"]]
+    prompt = usage["input_tokens"] + usage["cache_read_input_tokens"]
+    assert answered_row["Prompt"] == f"{prompt} tokens, {usage['cache_read_input_tokens']} cached"
+    assert answered_row["Output"] == str(usage["output_tokens"])
+    refused_row = recent_row(recent, "context_length_exceeded")
+    assert (refused_row["Dialect"], refused_row["Node"], refused_row["Outcome"]) == (
+        "chat.completions",
+        "beta → alpha",
+        "failed",
+    )
+    assert refused_row["Error"].startswith("context_length_exceeded: ")
+    assert (refused_row["TTFT"], refused_row["Output"], refused_row["Decode tok/s"]) == ("–", "–", "–")
+    screenshot(page, "activity-recent")
+    assert (watch.errors, watch.refused) == ([], [])
+
+
+def recent_row(recent: Locator, text: str) -> dict[str, str]:
+    """The newest row of the recent requests table that contains `text`, by column heading."""
+    headings = recent.locator("thead th").all_inner_texts()
+    cells = recent.locator("tbody tr", has_text=text).first.locator("td").all_inner_texts()
+    return dict(zip(headings, (cell.strip() for cell in cells), strict=True))
+
+
+def test_a_frozen_node_is_shown_down_in_bounded_time_then_healthy_again_when_it_thaws(
+    cluster: tuple[LocalCluster, ClusterNode, ClusterNode], browser: Browser, watch: ConsoleWatch
+) -> None:
+    _, alpha, beta = cluster
+    page = open_page(browser, watch, alpha.base_url)
+    beta_card = node_card(page, "beta")
+    expect(beta_card).to_have_attribute("data-status", "healthy")
+    page.evaluate("window.notReloaded = true")
+    frozen_at = time.monotonic()
+    beta.signal_group(signal.SIGSTOP)  # a sleeping machine: no socket closes, only the missed keep-alives tell
+    try:
+        expect(beta_card).to_have_attribute("data-status", "down", timeout=LIVE_WITHIN_MS)
+        shown_down_after = time.monotonic() - frozen_at
+        expect(beta_card).to_contain_text("left the cluster")
+        expect(page.locator("#cluster-line")).to_contain_text("1 healthy, 0 degraded, 1 down")
+        screenshot(page, "cluster-node-frozen")
+        # Meanwhile alpha serves the split model alone, which the Models view marks degraded.
+        page.get_by_role("link", name="Models").click()
+        instances = page.get_by_role("article", name=f"of {DEEP}")
+        expect(instances.locator(".badge-degraded")).to_be_visible(timeout=PLACED_WITHIN_MS)
+    finally:
+        beta.signal_group(signal.SIGCONT)
+    thawed_at = time.monotonic()
+    page.get_by_role("link", name="Cluster").click()
+    expect(beta_card).to_have_attribute("data-status", "healthy", timeout=REJOINED_WITHIN_MS)
+    shown_healthy_after = time.monotonic() - thawed_at
+    expect(page.locator("#cluster-line")).to_contain_text("2 healthy, 0 degraded, 0 down")
+    # The cluster places the model over both nodes again; the page shows its two ranks ready, none degraded.
+    page.get_by_role("link", name="Models").click()
+    expect(instances).to_have_count(1, timeout=PLACED_WITHIN_MS)
+    expect(instances.locator(".badge-degraded")).to_have_count(0, timeout=PLACED_WITHIN_MS)
+    expect(instances.locator("tbody tr")).to_have_count(2, timeout=PLACED_WITHIN_MS)
+    expect(instances.locator("tbody .badge-ready")).to_have_count(2, timeout=PLACED_WITHIN_MS)
+    assert page.evaluate("window.notReloaded") is True
+    assert shown_down_after < LIVE_WITHIN_MS / 1000
+    assert shown_healthy_after < REJOINED_WITHIN_MS / 1000
     assert (watch.errors, watch.refused) == ([], [])
 
 

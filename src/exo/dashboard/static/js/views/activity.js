@@ -1,6 +1,8 @@
-// Activity view: requests in flight and recently ended, queue depth, per-model figures, and the cluster's
-// generated tokens per second over the last two minutes: the runners' token counts (which grow as each request
-// ends) plus, where nodes report it, the tokens of the requests still running, compared between two polls.
+// Activity view: requests in flight, recently ended ones (dialect, node, outcome, prompt and cached tokens, time
+// to first token, decode speed, error: as the node whose API took each recorded it), queue depth, per-model
+// figures, and the cluster's generated tokens per second over the last two minutes: the runners' token counts
+// (which grow as each request ends) plus, where nodes report it, the tokens of the requests still running,
+// compared between two polls.
 import { badge, fill, h, section, table } from "../dom.js";
 import { ago, number, seconds, shortId } from "../format.js";
 
@@ -8,7 +10,7 @@ const CHART_SAMPLES = 120;
 // Fields every task has; any other field a node reports about a task (its phase, prefill progress, cached
 // tokens…) is shown as it comes, so newer nodes' details appear without a page change.
 const TASK_FIELDS = new Set(["task_id", "model_id", "runner_id", "node_id", "requested_by", "status", "created_at"]);
-const SUMMARY_FIELDS = new Set(["task_id", "outcome", "finished_at"]);
+const RECENT_SHOWN = 20;
 
 export function createActivityView() {
   const totals = h("div", { class: "totals", "aria-live": "off" });
@@ -49,12 +51,19 @@ export function createActivityView() {
         tasks.map((task) => [shortId(task.task_id), task.model_id, names[task.node_id] ?? shortId(task.node_id),
           names[task.requested_by] ?? shortId(task.requested_by), badge(task.phase ?? task.status, task.status),
           seconds(Date.now() / 1000 - task.created_at), details(task, TASK_FIELDS)]), "none right now"));
-      const ended = Object.values(state.runners).flatMap((runner) => runner.recent_tasks.map((task) => ({
-        ...task, model_id: runner.model_id, node: names[runner.node_id] ?? shortId(runner.node_id) })))
-        .sort((a, b) => b.finished_at - a.finished_at).slice(0, 20);
-      fill(recent, table("Recent requests", ["Task", "Model", "Node", "Outcome", "Ended", "Details"],
-        ended.map((task) => [shortId(task.task_id), task.model_id, task.node,
-          badge(task.outcome), ago(task.finished_at), details(task, new Set([...SUMMARY_FIELDS, "model_id", "node"]))]),
+      // Each node lists the requests its API took; here they are merged, newest first.
+      const ended = Object.values(state.nodes).flatMap((node) => node.recent_requests.map((request) => ({
+        ...request, took: node.facts.name, served: names[request.served_by] ?? shortId(request.served_by) })))
+        .sort((a, b) => b.ended_at - a.ended_at).slice(0, RECENT_SHOWN);
+      fill(recent, table("Recent requests",
+        ["Ended", "Dialect", "Model", "Node", "Outcome", "Prompt", "TTFT", "Output", "Decode tok/s", "Error"],
+        ended.map((request) => [ago(request.ended_at), request.dialect, request.model_id,
+          request.took === request.served ? request.took : `${request.took} → ${request.served}`,
+          badge(request.finish_reason ?? request.outcome, request.outcome), promptCell(request),
+          seconds(request.time_to_first_token_seconds), number(request.completion_tokens),
+          number(request.decode_tokens_per_second),
+          request.error ? h("span", { class: "error" }, request.error_kind ? `${request.error_kind}: ` : "", request.error)
+            : "–"]),
         "none yet"));
       fill(perModel, table("Per model",
         ["Model", "Finished", "Failed", "Cancelled", "Prompt tokens", "Generated", "TTFT", "Decode tok/s", "Running",
@@ -65,6 +74,13 @@ export function createActivityView() {
           model.queue_depth].map(String))));
     },
   };
+}
+
+// A recent request's prompt: its tokens, and how many the prefix cache gave (and of those, its disk tier).
+function promptCell(request) {
+  if (request.prompt_tokens === null) return "–";
+  const disk = request.disk_cached_tokens ? ` (${request.disk_cached_tokens} from disk)` : "";
+  return `${request.prompt_tokens} tokens, ${request.cached_tokens ?? 0} cached${disk}`;
 }
 
 // How far a running task has read its prompt (where its node reports it), then its other fields as "name value".
