@@ -55,11 +55,15 @@ class RigNode:
     models: tuple[Path, ...]
     process: subprocess.Popen[bytes] | None = None
     arguments: list[str] = field(default_factory=list[str])
-    # A node with no link to the bridge (reached only through a proxy) listens on its loopback.
+    # A node with no link to the bridge (reached only through a proxy) listens on its loopback...
     isolated: bool = False
+    # ...or on the address it holds on a link of its own (tun_link.py), when it has one.
+    link_address: str | None = None
 
     @property
     def address(self) -> str:
+        if self.link_address is not None:
+            return self.link_address
         return "127.0.0.1" if self.isolated else f"{SUBNET}.{self.index}"
 
     @property

@@ -1,0 +1,158 @@
+"""What a pipeline hop costs per token on a slow link: run as root, `uv run python -m tests.cluster.rig_hop_cost`.
+
+Two exo nodes, each in its own network namespace, whose only link is the rig's userspace netem (tun_link.py): every
+packet between them — the cluster's links, the model's files and the ranks' own sockets alike — crosses this
+process, which holds it for the one-way delay asked. alpha holds the model and is started with `--min-nodes 2`;
+beta holds nothing and copies its layers from alpha. Once the split instance is ready, each link setting in turn
+(added round trip, then a `tc tbf` rate on both ends) gets one untimed warm-up request and `--requests` timed greedy
+streamed ones, sent to the node of rank 0 (so only the hop between ranks is on the link, not the answer's way
+back). Then beta is stopped, the cluster places the model on alpha alone (degraded), and the same requests time one
+node. Prints a Markdown table and the JSON of every measurement. A benchmark, not a test: it asserts nothing.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.machine import exo_commit
+from bench.pipeline_section import ms_per_token
+from bench.results import StreamMeasurement
+from bench.stream_client import request_body, stream_chat
+from exo.shared.types.api import ChatMessage
+from exo.shared.types.cluster_api import InstanceList
+from tests.cluster.netns_rig import NetnsRig, RigNode
+from tests.cluster.tun_link import DEVICE, TunLink
+from tests.exo_server import fixture_model
+
+PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and a short example."
+ADDRESSES = ("10.78.0.1", "10.78.0.2")
+READY_TIMEOUT_S = 900.0
+
+
+def _instances(rig: NetnsRig, node: RigNode) -> InstanceList:
+    return InstanceList.model_validate(rig.get(node, "/v1/cluster/instances", timeout=10))
+
+
+def _ready(rig: NetnsRig, node: RigNode, world_size: int) -> bool:
+    ready = [item for item in _instances(rig, node).data if item.ready and item.world_size == world_size]
+    return len(ready) == 1
+
+
+def _rank_zero(rig: NetnsRig, alpha: RigNode) -> str:
+    instance = next(item for item in _instances(rig, alpha).data if item.ready)
+    return next(rank.node_name for rank in instance.ranks if rank.rank == 0)
+
+
+def _time_requests(rig: NetnsRig, node: RigNode, model: str, max_tokens: int, requests: int) -> list[StreamMeasurement]:
+    body = request_body([ChatMessage(role="user", content=PROMPT)], (), max_tokens)
+    body["model"] = model
+
+    async def run() -> list[StreamMeasurement]:
+        async with httpx.AsyncClient() as client:
+            await stream_chat(client, node.base_url, body)  # warm-up: the link's new setting, first-request work
+            return [(await stream_chat(client, node.base_url, body)).measurement for _ in range(requests)]
+
+    return rig.call(node, lambda: asyncio.run(run()))
+
+
+def _tbf(rig: NetnsRig, rate: str | None) -> None:
+    for node in rig.nodes:
+        command = ["ip", "netns", "exec", node.namespace, "tc", "qdisc"]
+        if rate is None:
+            subprocess.run([*command, "del", "dev", DEVICE, "root"], capture_output=True, check=False)
+        else:
+            limit = ["rate", rate, "burst", "32kbit", "latency", "400ms"]
+            subprocess.run([*command, "replace", "dev", DEVICE, "root", "tbf", *limit], check=True, capture_output=True)
+
+
+def _row(label: str, runs: list[StreamMeasurement]) -> dict[str, Any]:
+    per_token = [ms_per_token(run) for run in runs]
+    return {
+        "link": label,
+        "ms_per_token": per_token,
+        "median_ms_per_token": statistics.median(per_token),
+        "ttft_ms": [run.ttft_s * 1000 for run in runs],
+        "completion_tokens": [run.completion_tokens for run in runs],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=str(fixture_model("tiny-qwen-tools-deep")), help="a model path")
+    parser.add_argument("--models-dir", help="alpha's models directory (default: a fresh one)")
+    parser.add_argument("--round-trips-ms", default="0,1,5,20", help="added round trips to time, comma-separated")
+    parser.add_argument("--rates", default="10mbit,1mbit", help="tc tbf rates to time (at no added delay)")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--requests", type=int, default=3)
+    arguments = parser.parse_args()
+    why_not = NetnsRig.unavailable()
+    if why_not is not None:
+        raise SystemExit(why_not)
+    model_path = Path(arguments.model).expanduser()
+    rig = NetnsRig(Path(tempfile.mkdtemp(prefix="exo-hop-")), "hop")
+    link: TunLink | None = None
+    rows: list[dict[str, Any]] = []
+    try:
+        rig.create()
+        alpha = rig.add_node("alpha", [model_path], isolated=True)
+        beta = rig.add_node("beta", isolated=True)
+        alpha.link_address, beta.link_address = ADDRESSES
+        link = TunLink(alpha.namespace, alpha.address, beta.namespace, beta.address)
+        link.start()
+        alpha_arguments = ["--min-nodes", "2", "--no-discovery"]
+        if arguments.models_dir:
+            alpha_arguments += ["--models-dir", arguments.models_dir]
+        started = time.monotonic()
+        rig.start(alpha, alpha_arguments)
+        rig.start(beta, ["--no-discovery", "--peer", alpha.endpoint])
+        rig.wait_until(lambda: _ready(rig, alpha, 2), "the split instance", READY_TIMEOUT_S)
+        load = os.getloadavg()
+        print(f"split instance ready {time.monotonic() - started:.1f} s after start; load average {load[0]:.1f}")
+        model = _instances(rig, alpha).data[0].model_id
+        rank_zero = alpha if _rank_zero(rig, alpha) == alpha.name else beta
+        for round_trip_ms in (float(text) for text in arguments.round_trips_ms.split(",")):
+            link.delay_s = round_trip_ms / 2000
+            runs = _time_requests(rig, rank_zero, model, arguments.max_tokens, arguments.requests)
+            rows.append(_row(f"2 nodes, +{round_trip_ms:g} ms round trip", runs))
+            print(json.dumps(rows[-1]))
+        link.delay_s = 0.0
+        for rate in (text for text in arguments.rates.split(",") if text):
+            _tbf(rig, rate)
+            runs = _time_requests(rig, rank_zero, model, arguments.max_tokens, arguments.requests)
+            rows.append(_row(f"2 nodes, tbf {rate}", runs))
+            print(json.dumps(rows[-1]))
+        _tbf(rig, None)
+        rig.stop(beta)
+        rig.wait_until(lambda: _ready(rig, alpha, 1), "the model on alpha alone", READY_TIMEOUT_S)
+        rows.append(_row("1 node (the same model placed on alpha alone)", _time_requests(
+            rig, alpha, model, arguments.max_tokens, arguments.requests
+        )))  # fmt: skip
+        print(json.dumps(rows[-1]))
+    finally:
+        if link is not None:
+            link.close()
+        rig.close()
+    load = os.getloadavg()
+    single = rows[-1]["median_ms_per_token"] if rows and rows[-1]["link"].startswith("1 node") else None
+    print(f"\nexo {exo_commit()}, model {model_path.name}, rank 0 on {rank_zero.name}")
+    print(f"load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n")
+    print("| link between the ranks | ms/token (median) | per request | vs one node | time to first token (ms) |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        extra = f"{row['median_ms_per_token'] - single:+.1f}" if single is not None else "n/a"
+        per_request = ", ".join(f"{value:.1f}" for value in row["ms_per_token"])
+        ttft = ", ".join(f"{value:.0f}" for value in row["ttft_ms"])
+        print(f"| {row['link']} | {row['median_ms_per_token']:.1f} | {per_request} | {extra} | {ttft} |")
+
+
+if __name__ == "__main__":
+    main()
