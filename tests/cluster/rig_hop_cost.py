@@ -30,7 +30,7 @@ from bench.stream_client import request_body, stream_chat
 from exo.shared.types.api import ChatMessage
 from exo.shared.types.cluster_api import InstanceList
 from tests.cluster.netns_rig import NetnsRig, RigNode
-from tests.cluster.tun_link import DEVICE, TunLink
+from tests.cluster.tun_link import DEVICE, MTU, TunLink
 from tests.exo_server import fixture_model
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and a short example."
@@ -70,7 +70,8 @@ def _tbf(rig: NetnsRig, rate: str | None) -> None:
         if rate is None:
             subprocess.run([*command, "del", "dev", DEVICE, "root"], capture_output=True, check=False)
         else:
-            limit = ["rate", rate, "burst", "32kbit", "latency", "400ms"]
+            # The bucket must hold the link's largest packet (tun_link.MTU), or tbf drops such packets for ever.
+            limit = ["rate", rate, "burst", f"{2 * MTU}b", "latency", "400ms"]
             subprocess.run([*command, "replace", "dev", DEVICE, "root", "tbf", *limit], check=True, capture_output=True)
 
 
