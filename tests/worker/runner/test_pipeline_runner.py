@@ -78,7 +78,7 @@ async def test_a_split_model_answers_every_request_as_one_runner_does(layer_coun
     async with running_ranks(model_path, pipeline_of(layer_counts)) as supervisors:
         leader = supervisors[0]
         assert leader.metadata is not None
-        assert (leader.metadata.pipeline, leader.metadata.batch_size) == ("mlx-lm", 1)
+        assert (leader.metadata.pipeline, leader.metadata.batch_size) == ("mlx-lm", 8)
         split = await _answers(leader, cases())
         for name in expected:
             # Usage included: the ranks' prefix caches hit exactly where the whole runner's cache does.

@@ -279,7 +279,7 @@ def _load(
     prefix_cache = _prefix_cache(bootstrap, loaded.model) if bootstrap.prefix_cache_bytes else None
     # A model whose KV cache mlx-lm cannot merge across sequences (some recurrent or sliding-window layers) serves its
     # requests one at a time.
-    batch_size = bootstrap.batch_size if can_batch(loaded.model) and link is None else 1
+    batch_size = bootstrap.batch_size if can_batch(loaded.model) else 1
     decode = DecodeSettings(
         batch_size=batch_size,
         speculation=LookupSettings() if bootstrap.speculation else None,

@@ -9,6 +9,7 @@ import pytest
 from exo.shared.types.common import ModelId, new_command_id, new_task_id
 from exo.shared.types.tasks import ChatCompletionTask, ChatCompletionTaskParams, PromptMessage
 from exo.worker.engines.mlx.distributed.task_channel import (
+    BatchStep,
     FollowTask,
     PeerLostError,
     accept_followers,
@@ -44,7 +45,7 @@ def test_followers_connect_in_any_order_and_receive_the_whole_task() -> None:
     for thread in threads:
         thread.join()
     assert sorted(followers) == [1, 2]
-    message = FollowTask(task=_task(), prompt_tokens=(1, 2, 3))
+    message = BatchStep(joins=(FollowTask(task=_task(), prompt_tokens=(1, 2, 3)),))
     for connection in followers.values():
         send_message(connection, message)
     assert [receive_message(connected[rank]) for rank in (1, 2)] == [message, message]

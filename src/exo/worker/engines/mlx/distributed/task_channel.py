@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from exo.shared.types.common import FrozenModel
+from exo.shared.types.common import FrozenModel, TaskId
 from exo.shared.types.tasks import ChatCompletionTask
 
 logger = logging.getLogger(__name__)
@@ -22,11 +22,52 @@ CONNECT_RETRY_SECONDS = 0.2
 
 
 class FollowTask(FrozenModel):
-    """Run `task` with rank 0: its prompt, as rank 0 rendered it, is `prompt_tokens`."""
+    """`task` joins the pipeline's batch: its prompt, as rank 0 rendered it, is `prompt_tokens`."""
 
-    kind: Literal["follow_task"] = "follow_task"
     task: ChatCompletionTask
     prompt_tokens: tuple[int, ...]
+
+
+class Leave(FrozenModel):
+    """A member left the batch (finished, cancelled or failed): `keep` says whether its cache fills the prefix cache
+    (a failed member's cache may be half-written and is dropped)."""
+
+    task_id: TaskId
+    keep: bool
+
+
+class StepMember(FrozenModel):
+    """One row of a decode step: the member, how many tokens its cache holds before the step, and the token fed."""
+
+    task_id: TaskId
+    held: int
+    token: int
+
+
+class PrefillPiece(FrozenModel):
+    """Feed the prompt tokens `start:start + length` of a member still reading its prompt."""
+
+    task_id: TaskId
+    start: int
+    length: int
+
+
+class BatchStep(FrozenModel):
+    """One step of the pipeline's batch, applied by every rank in this order: members leave, tasks join (the ranks
+    agree on each one's cached prefix), members that read their prompt enter the decode rows, every rank checks its
+    own view of the rows and the piece against this message, then the piece and the decode step run."""
+
+    kind: Literal["batch_step"] = "batch_step"
+    leaves: tuple[Leave, ...] = ()
+    joins: tuple[FollowTask, ...] = ()
+    enters: tuple[TaskId, ...] = ()
+    prefill: PrefillPiece | None = None
+    members: tuple[StepMember, ...] = ()
+
+    @property
+    def checks(self) -> bool:
+        """Whether the step runs anything (and so starts with the ranks' check of their views)."""
+        return self.prefill is not None or bool(self.members)
 
 
 class FollowerHello(FrozenModel):
@@ -40,7 +81,7 @@ class EndPipeline(FrozenModel):
     kind: Literal["end_pipeline"] = "end_pipeline"
 
 
-PipelineMessage = Annotated[FollowTask | FollowerHello | EndPipeline, Field(discriminator="kind")]
+PipelineMessage = Annotated[BatchStep | FollowerHello | EndPipeline, Field(discriminator="kind")]
 PipelineMessageAdapter: TypeAdapter[PipelineMessage] = TypeAdapter(PipelineMessage)
 
 
