@@ -1,9 +1,9 @@
 """A pipeline of real runner processes under cancellation and faults.
 
-A cancel stops every rank within a token and the next request runs. A rank killed mid-stream ends that request with
-one error within 10 s; the surviving rank's process exits rather than spin, the supervisors start both anew, the ranks
-find each other again and the next request succeeds. The model is tiny-qwen-tools-deep without end-of-sequence ids,
-so a request lasts as long as the test needs.
+A cancel stops every rank within a token and the next request runs. A rank killed while two requests decode together
+ends each of them with one error within 10 s; the surviving rank's process exits rather than spin, the supervisors
+start both anew, the ranks find each other again and the next request succeeds. The model is tiny-qwen-tools-deep
+without end-of-sequence ids, so a request lasts as long as the test needs.
 """
 
 import os
@@ -90,19 +90,24 @@ async def test_a_killed_rank_fails_the_request_within_10_s_and_the_pipeline_come
         leader = supervisors[0]
         pids = [supervisor.pid for supervisor in supervisors]
         assert all(pid is not None for pid in pids)
-        stream = leader.submit(task("Hello!", sampling=ENDLESS))
-        await _first_tokens(stream, 5)
+        # Two requests decode together in the pipeline's batch when the rank dies.
+        streams = [leader.submit(task(content, sampling=ENDLESS)) for content in ("Hello!", "Tell me a story.")]
+        for stream in streams:
+            await _first_tokens(stream, 5)
         killed = pids[killed_rank]
         assert killed is not None
         os.kill(killed, signal.SIGKILL)
         started = time.monotonic()
+        rests: list[list[Chunk]] = []
         with anyio.fail_after(10):
-            rest = await _rest(stream)
-        errors = [chunk for chunk in rest if isinstance(chunk, ErrorChunk)]
-        assert len(errors) == 1
-        assert rest[-1] == errors[0]
-        assert errors[0].error == "runner_crashed"
+            for stream in streams:
+                rests.append(await _rest(stream))
         assert time.monotonic() - started < 10
+        for rest in rests:
+            errors = [chunk for chunk in rest if isinstance(chunk, ErrorChunk)]
+            assert len(errors) == 1
+            assert rest[-1] == errors[0]
+            assert errors[0].error == "runner_crashed"
         # The survivor does not stay behind spinning: its process exits and is replaced.
         survivor = pids[1 - killed_rank]
         assert survivor is not None
