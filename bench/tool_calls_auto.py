@@ -16,6 +16,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -158,10 +159,12 @@ def run(model_path: Path, corpus: Sequence[ToolPrompt], max_tokens: int, latency
         work = Path(scratch)
         with running_exo(model_path, work) as exo, running_mlx_lm_server(model_path, work) as mlx_lm:
             held, unheld, baseline = [], [], []
-            for item in corpus:  # systems take turns per prompt, so load falls on all alike
+            for number, item in enumerate(corpus, 1):  # systems take turns per prompt, so load falls on all alike
                 held.append(_chat(exo, _body(model, item.prompt, max_tokens, auto_tool_grammar=True)))
                 unheld.append(_chat(exo, _body(model, item.prompt, max_tokens, auto_tool_grammar=False)))
                 baseline.append(_chat(mlx_lm, _body(str(model_path), item.prompt, max_tokens)))
+                verdicts = " / ".join(verdict(reply)[0] for reply in (held[-1], unheld[-1], baseline[-1]))
+                print(f"[{number}/{len(corpus)}] held / off / mlx_lm: {verdicts}", file=sys.stderr, flush=True)
             validity = [
                 _validity("exo, lazy grammar", held),
                 _validity("exo, grammar off", unheld),
@@ -243,7 +246,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--limit", type=int, help="only the first N corpus prompts (a quick look)")
-    parser.add_argument("--max-tokens", type=int, default=160)
+    # Room for the corpus's longest call (nested objects and arrays); at 64 such calls were cut mid-arguments.
+    parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--latency-prompts", type=int, default=len(FORCED), help="required calls timed per system")
     arguments = parser.parse_args(argv)
     corpus = CORPUS[: arguments.limit] if arguments.limit else CORPUS

@@ -2,7 +2,7 @@
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Final
 
@@ -63,13 +63,23 @@ class LarkWriter:
 
     def rule(self, hint: str, body: str, *, lazy: bool = False) -> str:
         """Add `name: body` under a fresh name derived from `hint`; returns the name."""
+        name = self._fresh_rule_name(hint)
+        self._rules.append(f"{name}{'[lazy]' if lazy else ''}: {body}")
+        return name
+
+    def recursive_rule(self, hint: str, body: Callable[[str], str]) -> str:
+        """As `rule`, for a body that refers to the rule itself: `body` is given the rule's name."""
+        name = self._fresh_rule_name(hint)
+        self._rules.append(f"{name}: {body(name)}")
+        return name
+
+    def _fresh_rule_name(self, hint: str) -> str:
         base = re.sub(r"[^a-z0-9_]", "_", hint.lower()).strip("_") or "rule"
         name, counter = base, 0
         while name in self._used:
             counter += 1
             name = f"{base}_{counter}"
         self._used.add(name)
-        self._rules.append(f"{name}{'[lazy]' if lazy else ''}: {body}")
         return name
 
     def _terminal(self, hint: str, body: str) -> str:

@@ -1,5 +1,6 @@
 """The one interface between a format and the grammar builder: how a reply in the format may look, per mode."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -112,11 +113,24 @@ class OpenedCallsGrammar:
                     first, *rest = self._opening_pieces()
                     text = lark.text_until(first, "prose", never_starting=never_starting)
                     text_then_opening = " ".join([text, *map(lark.marker, rest)])
-                    alternatives.append(f"{text_then_opening} {self.after_opening(lark, request)}")
+                    calls = lark.rule("calls", self.after_opening(lark, request))
+                    released = self._released(lark, request, openings, calls)
+                    alternatives.append(f"{text_then_opening} {calls} {released}")
                 elif self.marked_opening_is_token(lark):
                     # A marked call list (LFM2's `<|tool_call_start|>[…]`) opens with an added token: no ambiguity.
                     alternatives.append(self._calls(lark, request))
                 return " | ".join(alternatives)
+
+    def _released(self, lark: LarkWriter, request: ReplyRequest, openings: Sequence[str], calls: str) -> str:
+        """What may follow the calls under "auto": the grammar lets go, so the model may end or write text (a
+        model that wanted a sentence after its call was otherwise pushed into a second call); where parallel calls
+        are allowed, that text may open more `calls`, held again."""
+        after = lark.prose(never_containing=openings)
+        if not request.parallel:
+            return after
+        first, *rest = self._opening_pieces()
+        text_then_opening = " ".join([lark.text_until(first, "text_after_call"), *map(lark.marker, rest)])
+        return lark.recursive_rule("released", lambda name: f"{after} | {text_then_opening} {calls} {name}")
 
 
 def repeated(lark: LarkWriter, one: str, separator: str, *, parallel: bool, hint: str = "more_calls") -> str:

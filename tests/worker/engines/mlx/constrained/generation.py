@@ -126,12 +126,20 @@ def parse_hermes_calls(text: str) -> list[ParsedCall]:
     return [_parse_call(block, "arguments") for block in blocks]
 
 
-def split_strict_auto(text: str) -> tuple[str, list[ParsedCall]]:
-    """Free text, then (if the model opened one) calls; raises if a call is malformed."""
+def split_strict_auto(text: str, *, ended: bool = True) -> tuple[str, list[ParsedCall]]:
+    """Free text, then (if the model opened one) calls, each of which text may follow ("auto" lets go after a
+    call); raises if a call is malformed or a marker stands outside a whole call. A reply that did not end (cut by
+    the token limit) may stop inside its last call, which is left out."""
+    if not ended and (last := text.rfind("<tool_call>")) > text.rfind("</tool_call>"):
+        text = text[:last]
     marker = text.find("<tool_call>")
     if marker < 0:
         return text, []
-    return text[:marker], parse_hermes_calls(text[marker:])
+    blocks = _HERMES_CALL.findall(text[marker:])
+    between = _HERMES_CALL.sub("", text[marker:])
+    if not blocks or "<tool_call>" in between or "</tool_call>" in between:
+        raise AssertionError(f"not free text then hermes calls: {text!r}")
+    return text[:marker], [_parse_call(block, "arguments") for block in blocks]
 
 
 def parse_llama3_call(text: str) -> ParsedCall:

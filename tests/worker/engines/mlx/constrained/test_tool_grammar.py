@@ -195,3 +195,15 @@ def test_tokenizers_llguidance_cannot_read_are_refused(marker_text_model: Loaded
     spec = _spec(ConstraintMode.REQUIRED)
     with pytest.raises(UnsupportedConstraintError, match="tokenizer"):
         make_logits_processor(slow, spec, prompt_length=0)
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_auto_releases_the_reply_after_a_call(tool_model: LoadedModel, parallel: bool) -> None:
+    # After its call a model may end, or write text (it was pushed into a second call instead); only a call opened
+    # in that text is held again, and only where parallel calls are allowed.
+    spec = _spec(ConstraintMode.AUTO, parallel=parallel)
+    assert _accepts(tool_model, spec, CALL_WEATHER)
+    assert _accepts(tool_model, spec, f"{CALL_WEATHER}\n\nI asked for the weather in Paris.")
+    assert _accepts(tool_model, spec, f"{CALL_WEATHER}\n{CALL_SEARCH}") is parallel
+    assert _accepts(tool_model, spec, f"{CALL_WEATHER}\nAnd now: {CALL_SEARCH}\nDone.") is parallel
+    assert not _accepts(tool_model, spec, f"{CALL_WEATHER}\n{CALL_SEARCH.replace('search', 'rm')}")
