@@ -111,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the tools' names and schemas with a grammar (a request's auto_tool_grammar field overrides this)",
     )
     parser.add_argument(
+        "--no-tool-call-repair",
+        action="store_true",
+        help='under tool_choice "auto", return a call that no grammar held and that failed to parse or validate as '
+        "the failure rule makes it instead of re-decoding it once under the grammar (a request's tool_call_repair "
+        "field overrides this)",
+    )
+    parser.add_argument(
         "--loop-guard",
         choices=("off", "warn", "block"),
         default="block",
@@ -238,6 +245,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         auto_tool_grammar=not arguments.no_auto_tool_grammar,
         loop_guard=arguments.loop_guard,
         grammar_fast_forward=not arguments.no_grammar_fast_forward,
+        tool_call_repair=not arguments.no_tool_call_repair,
         matmul_plan=not arguments.no_matmul_plan,
         cpu_kernels=arguments.cpu_kernels,
         prefix_cache_bytes=int(arguments.prefix_cache_gb * 1024**3),

@@ -62,6 +62,7 @@ class NodeConfig:
     auto_tool_grammar: bool = True
     loop_guard: LoopGuardPolicy = "block"
     grammar_fast_forward: bool = True
+    tool_call_repair: bool = True
     matmul_plan: bool = True
     cpu_kernels: CpuKernelsSetting = "auto"
     prefix_cache_bytes: int = 2 * 1024**3
@@ -269,6 +270,7 @@ class Node:
             auto_tool_grammar=self.config.auto_tool_grammar,
             loop_guard=self.config.loop_guard,
             grammar_fast_forward=self.config.grammar_fast_forward,
+            tool_call_repair=self.config.tool_call_repair,
             matmul_plan=self.config.matmul_plan,
             cpu_kernels=self.config.cpu_kernels,
             prefix_cache_bytes=self.config.prefix_cache_bytes,

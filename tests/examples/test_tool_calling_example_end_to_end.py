@@ -25,11 +25,13 @@ MODEL = "tiny-qwen-tools"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExoServer]:
-    # The example's own guards are what these tests exercise: its error path needs a call that no grammar held (the
-    # fixture's broken `{"city": }`), so this node runs with the lazy "auto" grammar and the server's loop guard off
-    # (blocking the answered `{}` call would switch a grammar on); the trained calls are valid either way.
+    # The example's own guards are what these tests exercise: its error path needs a call that no grammar held and
+    # no repair re-decoded (the fixture's broken `{"city": }`), so this node runs with the lazy "auto" grammar, the
+    # repair and the server's loop guard off (blocking the answered `{}` call would switch a grammar on); the trained
+    # calls are valid either way.
     models, directory = [fixture_model(MODEL)], tmp_path_factory.mktemp("exo-example")
-    with running_exo(models, directory, ["--no-auto-tool-grammar", "--loop-guard", "off"]) as running:
+    flags = ["--no-auto-tool-grammar", "--no-tool-call-repair", "--loop-guard", "off"]
+    with running_exo(models, directory, flags) as running:
         yield running
 
 

@@ -217,8 +217,9 @@ def test_plain_answers_and_requested_json_stay_content(client: OpenAI) -> None:
     assert asked_json.choices[0].finish_reason == "stop"
 
 
-# The failure rule is what a reply gets where no grammar held the call: the lazy "auto" grammar turned off.
-UNHELD = {"extra_body": {"auto_tool_grammar": False}}
+# The failure rule is what a reply gets where no grammar held the call and no repair re-decoded it: the lazy "auto"
+# grammar and the repair turned off (tests/master/test_tool_call_repair_end_to_end.py repairs these same calls).
+UNHELD = {"extra_body": {"auto_tool_grammar": False, "tool_call_repair": False}}
 
 
 def test_a_call_to_an_unknown_tool_comes_back_as_content(client: OpenAI, server: ExoServer) -> None:

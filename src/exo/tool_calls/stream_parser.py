@@ -4,6 +4,7 @@ It is fed each decoded text segment and emits typed chunks. Formats plug in thro
 this module owns the decisions common to all of them (see the package docstring for the failure rule).
 """
 
+import copy
 from collections.abc import Callable, Sequence
 
 from exo.shared.types.api import FunctionDefinition
@@ -71,6 +72,10 @@ class ToolStreamParser:
         self._failures: list[str] = []
         self._emitted = 0
         self._call: _OpenCall | None = None
+        self._call_failures = 0
+        self.failed_call: tuple[str, str] | None = None
+        """The name and raw arguments of the latest call when it failed after its name was read (None when the
+        latest failure came before that)."""
 
     # ---- public ------------------------------------------------------------------------------------
 
@@ -83,6 +88,27 @@ class ToolStreamParser:
     def should_stop(self) -> bool:
         """True once parallel_tool_calls=False and the first call is complete: generation can stop."""
         return self._stopped
+
+    @property
+    def call_failures(self) -> int:
+        """How many calls failed so far: rejected before commit, or committed with arguments that do not parse or
+        validate (what a repair re-decodes)."""
+        return self._call_failures
+
+    @property
+    def in_call(self) -> bool:
+        """Whether a call region is open: its text is being read as a (possible) call."""
+        return self._region is not None
+
+    @property
+    def open_call_name(self) -> str | None:
+        """The tool of the call being written, once its name is read (committed)."""
+        return self._call.tool.name if self._call is not None else None
+
+    def snapshot(self) -> "ToolStreamParser":
+        """An independent copy of the parser as it is now (to go back to), sharing the immutable tools and format."""
+        shared: list[object] = [self._format, self._new_call_id, *self._tools.values()]
+        return copy.deepcopy(self, memo={id(item): item for item in shared})
 
     @property
     def failures(self) -> list[str]:
@@ -136,6 +162,7 @@ class ToolStreamParser:
         if self._stopped:
             return
         self._call = _OpenCall(tool, self._emitted)
+        self.failed_call = None
         self._emitted += 1
         self._out.append(ToolCallChunk(index=self._call.index, call_id=self._new_call_id(), name=tool.name))
         self._raw_active = False
@@ -151,14 +178,20 @@ class ToolStreamParser:
         call, self._call = self._call, None
         if call is None or self._stopped:
             return
-        for error in validation_errors("".join(call.parts), call.tool.parameters):
+        errors = validation_errors("".join(call.parts), call.tool.parameters)
+        for error in errors:
             self._failures.append(f"tool call {call.index} ({call.tool.name}): {error}")
+        if errors:
+            self._call_failures += 1
+            self.failed_call = (call.tool.name, "".join(call.parts))
         self._paused = True
         self._raw_reset = True
         self._stopped = not self._parallel
 
     def reject(self, reason: str) -> None:
         self._failures.append(reason)
+        self._call_failures += 1
+        self.failed_call = None
         self.decline()
 
     def decline(self) -> None:

@@ -204,7 +204,11 @@ def to_command(request: ChatCompletionRequest, model_id: ModelId) -> ChatComplet
     """Validate `request` (400 ApiError for anything we cannot honour) and turn it into a command for `model_id`."""
     reject_unsupported_features(request)
     log_ignored(request, IGNORED_REQUEST_FIELDS)
-    extensions = {"auto_grammar": request.auto_tool_grammar, "loop_guard": request.loop_guard}
+    extensions = {
+        "auto_grammar": request.auto_tool_grammar,
+        "loop_guard": request.loop_guard,
+        "repair": request.tool_call_repair,
+    }
     policy = tool_policy(request).model_copy(update=extensions)
     check_enforced_schemas(policy, field_prefix="function.")
     params = ChatCompletionTaskParams(

@@ -48,6 +48,9 @@ class ToolPolicy(FrozenModel):
     unenforceable_tools: tuple[str, ...] = ()
     # The agent-loop guard for this request; None: the node's setting decides.
     loop_guard: LoopGuardPolicy | None = None
+    # Under "auto", re-decode once under the lazy grammar a call that failed to parse or validate where no grammar
+    # held it; None: the node's setting decides.
+    repair: bool | None = None
 
 
 class SamplingParams(FrozenModel):

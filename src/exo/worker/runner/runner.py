@@ -205,7 +205,7 @@ def _admit(
 
     reply: Chunk
     try:
-        request = ChatRequest.open(context, task)
+        request = ChatRequest.open(context, task, rewinds=True)
         scheduler.admit(request)
         channel.send(TaskChunk(task_id=task.task_id, chunk=request.prefill_progress(request.cached_tokens)))
         return
@@ -286,6 +286,7 @@ def _load(
         auto_tool_grammar=bootstrap.auto_tool_grammar,
         loop_guard=bootstrap.loop_guard,
         grammar_fast_forward=bootstrap.grammar_fast_forward,
+        tool_call_repair=bootstrap.tool_call_repair,
     )
     metadata = ModelMetadata(
         context_length=loaded.context_length,

@@ -93,6 +93,8 @@ class RunnerConfig:
     """The agent-loop guard for requests that do not choose one."""
     grammar_fast_forward: bool = True
     """Feed the tokens a grammar forces as a verified draft."""
+    tool_call_repair: bool = True
+    """Re-decode a failed call under "auto" once under the grammar (a request may override)."""
     matmul_plan: bool = True
     """Time the few-row products of decoding after loading and use the faster layout (float32 on a CPU)."""
     cpu_kernels: CpuKernelsSetting = "auto"
@@ -248,6 +250,7 @@ class RunnerSupervisor:
             auto_tool_grammar=self.config.auto_tool_grammar,
             loop_guard=self.config.loop_guard,
             grammar_fast_forward=self.config.grammar_fast_forward,
+            tool_call_repair=self.config.tool_call_repair,
             matmul_plan=self.config.matmul_plan,
             cpu_kernels=self.config.cpu_kernels,
         )

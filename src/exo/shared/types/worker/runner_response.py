@@ -64,6 +64,8 @@ class RunnerBootstrap(FrozenModel):
     """The agent-loop guard for requests that do not choose one."""
     grammar_fast_forward: bool = True
     """Feed the tokens a grammar forces as a verified draft (with speculation, greedy requests decoded alone)."""
+    tool_call_repair: bool = True
+    """Re-decode a failed call under "auto" once under the grammar (a request may override)."""
     """Hold a call opened under `tool_choice: "auto"` to the tools' schemas with a grammar (a request may override)."""
     matmul_plan: bool = True
     """Plan the few-row float32 products of decoding (`engines/mlx/cpu/matmul_plan.py`) where the weights are

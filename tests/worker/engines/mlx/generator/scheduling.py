@@ -86,10 +86,12 @@ def run(
     cancel_at: Mapping[int, Sequence[TaskId]] | None = None,
     scheduler: GenerationScheduler | None = None,
     processors: Mapping[TaskId, RequestProcessors] | None = None,
+    rewinds: bool = False,
 ) -> dict[TaskId, Outcome]:
     """Step a scheduler until every task ended; `arrivals[n]` are admitted before step n, `cancel_at[n]` cancelled.
 
     A cancelled task's outcome holds the chunks it got before the cancel. `processors` replace a task's own.
+    `rewinds`: requests are opened as the runner opens them, able to repair a failed call.
     """
     scheduler = scheduler or GenerationScheduler(context.loaded.model, context.decode)
     outcomes: dict[TaskId, Outcome] = {}
@@ -98,7 +100,7 @@ def run(
     for step in range(MAX_STEPS):
         for arriving in pending.pop(step, ()):
             outcomes[arriving.task_id] = Outcome([])
-            request = ChatRequest.open(context, arriving)
+            request = ChatRequest.open(context, arriving, rewinds=rewinds)
             if processors and arriving.task_id in processors:
                 request.processors = processors[arriving.task_id]
             scheduler.admit(request)
@@ -111,8 +113,8 @@ def run(
     raise AssertionError(f"still running after {MAX_STEPS} steps")
 
 
-def run_alone(context: EngineContext, one: ChatCompletionTask) -> Outcome:
-    return run(context, {0: [one]})[one.task_id]
+def run_alone(context: EngineContext, one: ChatCompletionTask, *, rewinds: bool = False) -> Outcome:
+    return run(context, {0: [one]}, rewinds=rewinds)[one.task_id]
 
 
 def assert_ended(outcome: Outcome) -> FinishChunk:

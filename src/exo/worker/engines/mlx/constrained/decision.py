@@ -35,7 +35,7 @@ def blockable(tool_format: ToolFormatName) -> bool:
     return tool_format in _WHOLE_JSON_ARGUMENTS
 
 
-def _enforceable_blocks(
+def enforceable_blocks(
     policy: ToolPolicy, tool_format: ToolFormatName, blocked: tuple[CallKey, ...]
 ) -> tuple[CallKey, ...]:
     """The blocked calls the grammar can actually forbid: in a blockable format, to a callable tool, with arguments
@@ -106,7 +106,7 @@ def tool_spec(
     """The tool-call constraint for the policy, or None for "auto" with the lazy grammar off, no strict tool and
     nothing to block (`auto_grammar` is the node's setting; the request's `policy.auto_grammar` overrides it;
     `blocked` are the calls the loop guard forbids, honoured where the format allows, see `blockable`)."""
-    blocked = _enforceable_blocks(policy, tool_format, blocked)
+    blocked = enforceable_blocks(policy, tool_format, blocked)
     mode = _tool_mode(policy, auto_grammar, bool(blocked))
     if mode is None:
         return None
@@ -135,7 +135,7 @@ def answer_spec(
     """
     if policy.mode in ("required", "named"):
         return None
-    blocked = _enforceable_blocks(policy, tool_format, blocked)
+    blocked = enforceable_blocks(policy, tool_format, blocked)
     tools = _held_tools(policy, ConstraintMode.AUTO, blocked)
     held = any(tool.strict for tool in tools) or bool(blocked) or auto_grammar_on(policy, auto_grammar)
     return JsonAnswerSpec(

@@ -46,6 +46,7 @@ class ToolCallLogitsProcessor:
         self._bitmask: Final[NDArray[np.int32]] = np.zeros(words, dtype=np.int32)
         self._previous_bitmask: Final[NDArray[np.int32]] = np.zeros(words, dtype=np.int32)
         self._bias: mx.array | None = None
+        self._resumed = 0
 
     @property
     def prompt_length_mismatch(self) -> tuple[int, int] | None:
@@ -59,6 +60,20 @@ class ToolCallLogitsProcessor:
     def unenforced_schema_keywords(self) -> list[str]:
         """llguidance's warnings about schema keywords it cannot enforce (worth a log line per request)."""
         return self._matcher.get_grammar_warnings()
+
+    def resume_after(self, generated: list[int]) -> bool:
+        """Start part-way into a reply (a repair re-decodes from there): consume the reply's `generated` tokens now,
+        so the first call, which shows them after the prompt, goes on from them. False where the grammar does not
+        allow them (the processor is then unusable)."""
+        if self._prompt_length is not None or self._in_history:
+            raise ToolCallConstraintError("a processor resumes only before its first call")
+        for token in generated:
+            recorded = not self._matcher.is_stopped()
+            if not self._matcher.consume_token(token):
+                return False
+            self._in_history.append(recorded)
+        self._resumed = len(generated)
+        return True
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         """Advance the grammar by the newly sampled tokens and mask `logits` (shape (1, V) or (V,))."""
@@ -92,7 +107,7 @@ class ToolCallLogitsProcessor:
         if self._prompt_length is None:
             # The first call comes before anything is sampled, so whatever it shows is the prompt. Trusting it over
             # the caller's count keeps the grammar right when a prompt cache hands mlx-lm only the uncached suffix.
-            self._prompt_length = tokens.shape[0]
+            self._prompt_length = tokens.shape[0] - self._resumed
         start = self._prompt_length + len(self._in_history)
         if tokens.shape[0] <= start:
             return

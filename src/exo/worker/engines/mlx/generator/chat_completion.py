@@ -7,6 +7,7 @@ token back through `accept`, which detokenizes it, applies stop sequences and th
 the request is finished. So a request answers the same whichever decoder ran it.
 """
 
+import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,13 +33,15 @@ from exo.tool_calls.grammar.spec import (
     ToolConstraintSpec,
     UnsupportedConstraintError,
 )
-from exo.tool_calls.loop_guard import CallHistory, ReplyCalls, repeated
+from exo.tool_calls.loop_guard import CallHistory, CallKey, ReplyCalls, repeated
 from exo.tool_calls.registry import format_for
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
 from exo.worker.engines.mlx.cache.prefix_cache import CacheLease, PrefixCache
 from exo.worker.engines.mlx.constrained import callable_functions, constraint_spec, make_logits_processor
 from exo.worker.engines.mlx.constrained.decision import ConstraintSpec
+from exo.worker.engines.mlx.constrained.repair import repair_spec, repairable, tools_at_risk
 from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
+from exo.worker.engines.mlx.generator.call_repair import CallRepair, ReplyState
 from exo.worker.engines.mlx.generator.copy_views import copy_views
 from exo.worker.engines.mlx.generator.generate import clamp_max_tokens
 from exo.worker.engines.mlx.generator.prefill import PIECE_SECONDS
@@ -77,6 +80,9 @@ class DecodeSettings:
     grammar_fast_forward: bool = True
     """Feed the tokens a grammar forces as a draft verified in one pass (greedy requests decoded alone, with
     speculation on); the output is the same token for token."""
+    tool_call_repair: bool = True
+    """Under "auto", re-decode once under the lazy grammar a call that no grammar held and that failed to parse or
+    validate (constrained/repair.py); a request's `ToolPolicy.repair` overrides it."""
 
 
 @dataclass
@@ -165,6 +171,46 @@ def _lazy_auto_only(spec: ConstraintSpec | None, policy: ToolPolicy) -> bool:
     return lazy and not any(tool.strict for tool in callable_functions(policy))
 
 
+def _call_repair(
+    context: EngineContext,
+    task: ChatCompletionTask,
+    *,
+    processors: RequestProcessors,
+    reasoning: ReasoningMarkers | None,
+    history: CallHistory,
+    prefill_length: int,
+) -> CallRepair | None:
+    """The request's repair, where a failed call of it could be repaired (see constrained/repair.py)."""
+    params = task.params
+    policy = params.tool_policy
+    enabled = context.decode.tool_call_repair if policy.repair is None else policy.repair
+    if not repairable(policy, params.structured_output is not None, enabled):
+        return None
+    held = processors.constrained
+    at_risk = tools_at_risk(policy, context.tool_format, grammar_held=held)
+    if not at_risk:
+        return None
+    blocked = history.blocked_calls() if loop_guard_policy(context, policy) == "block" else ()
+
+    def repair_processors(kept: list[int], failed: CallKey | None) -> RequestProcessors | None:
+        spec = repair_spec(policy, context.tool_format, reasoning, grammar_held=held, blocked=blocked, failed=failed)
+        if spec is None:
+            return None
+        try:
+            grammar = make_logits_processor(context.loaded.tokenizer, spec, prompt_length=prefill_length)
+        except UnsupportedConstraintError as error:
+            logger.warning("task %s: a failed tool call cannot be repaired: %s", task.task_id, error)
+            return None
+        if not grammar.resume_after(kept):
+            logger.warning(
+                "task %s: a failed tool call cannot be repaired: the grammar refuses the text before it", task.task_id
+            )
+            return None
+        return RequestProcessors(penalty_processors(params.sampling), (grammar,))
+
+    return CallRepair(at_risk, repair_processors)
+
+
 class ImmediateReplyError(Exception):
     """The request is answered without decoding: `chunk` is its whole answer (a refusal the API turns into an HTTP
     error, or the prompt-token count a counting request asked for)."""
@@ -209,10 +255,14 @@ class ChatRequest:
         self.finish_reason: FinishReason | None = None
         self._closed = False
         self._prefill_ended = False
+        self._repair: CallRepair | None = None
+        self._rewound_to: int | None = None
 
     @classmethod
-    def open(cls, context: EngineContext, task: ChatCompletionTask) -> "ChatRequest":
-        """Render the prompt, lease the prefix cache and build the processors; raises ImmediateReplyError."""
+    def open(cls, context: EngineContext, task: ChatCompletionTask, *, rewinds: bool = False) -> "ChatRequest":
+        """Render the prompt, lease the prefix cache and build the processors; raises ImmediateReplyError.
+
+        `rewinds`: the decoder can take a rewind (`take_rewind`), so a failed call may be repaired."""
         loaded = context.loaded
         params = task.params
         try:
@@ -244,7 +294,7 @@ class ChatRequest:
             if lease and context.prefix_cache:
                 context.prefix_cache.discard(lease)
             raise ImmediateReplyError(ErrorChunk(error="unsupported", message=str(error))) from error
-        return cls(
+        request = cls(
             context,
             task,
             prompt=prompt,
@@ -254,6 +304,11 @@ class ChatRequest:
             reasoning=reasoning,
             history=history,
         )
+        if rewinds:
+            request._repair = _call_repair(
+                context, task, processors=processors, reasoning=reasoning, history=history, prefill_length=len(prefill)
+            )
+        return request
 
     # ---- what a decoder feeds -------------------------------------------------------------------
 
@@ -338,12 +393,28 @@ class ChatRequest:
             self._prefill_ended = True
             chunks.append(self.prefill_progress(len(self._prompt.tokens)))
         for token in tokens:
-            if self.finish_reason is not None:
+            if self.finish_reason is not None or self._rewound_to is not None:
                 break
             chunks += self._accept_one(token)
         return chunks
 
+    def take_rewind(self) -> int | None:
+        """How many generated tokens the reply keeps after a repair went back to where a failed call started (the
+        decoder drops the rest from its cache and decodes on with the new `processors`); None without a repair."""
+        kept, self._rewound_to = self._rewound_to, None
+        return kept
+
+    def _reply_state(self) -> ReplyState:
+        return ReplyState(
+            parser=self._parser.snapshot(),
+            stops=copy.deepcopy(self._stops),
+            generated=len(self.generated),
+            reasoning_tokens=self._reasoning_tokens,
+        )
+
     def _accept_one(self, token: int) -> list[ParsedChunk]:
+        if self._repair is not None:
+            self._repair.remember(self._reply_state, self._parser)
         if token in self._eos_token_ids:
             self._detokenizer.finalize()
             self.finish_reason = "stop"
@@ -355,7 +426,13 @@ class ChatRequest:
             if len(self.generated) >= self.max_tokens:
                 self._detokenizer.finalize()
                 self.finish_reason = "length"
+        failures = self._parser.call_failures
         chunks = self._parser.feed(self._stops.feed(self._detokenizer.last_segment))
+        if self._repair is not None:
+            failed = self._failed_call(failures)
+            if failed is not None and self._rewind(failed):
+                return []
+            chunks = self._repair.route(chunks, self._parser) if failed is None else self._repair.give_up(chunks)
         self._reply_calls.add(chunks)
         if chunks and all(isinstance(chunk, ReasoningChunk) for chunk in chunks):
             self._reasoning_tokens += 1
@@ -363,10 +440,52 @@ class ChatRequest:
             self.finish_reason = "stop"
         return chunks
 
+    def _failed_call(self, failures_before: int) -> tuple[CallKey | None] | None:
+        """After a token: `(the failed call,)` when a call failed with it (None inside: failed before its name was
+        read), including a call the end of the turn leaves broken; None when no call failed."""
+        parser = self._parser
+        ended_by_model = self.finish_reason == "stop" and not self._stops.stopped and not parser.should_stop
+        if parser.call_failures == failures_before and ended_by_model and parser.in_call:
+            parser = parser.snapshot()  # what finishing the reply here would make of the open call
+            parser.feed(copy.deepcopy(self._stops).flush())
+            parser.finish()
+        if parser.call_failures == failures_before:
+            return None
+        failed = parser.failed_call
+        return (CallKey.of(*failed) if failed else None,)
+
+    def _rewind(self, failed: tuple[CallKey | None]) -> bool:
+        """Go back to where the failed call started, to re-decode it under the repair grammar (False where the call
+        stays as the failure rule makes it)."""
+        assert self._repair is not None
+        if self.finish_reason == "length" or self._stops.stopped:
+            return False
+        rewind = self._repair.rewind(self.generated, failed[0])
+        if rewind is None:
+            return False
+        state, processors = rewind
+        logger.info("task %s: a failed tool call is re-decoded under the grammar", self.task_id)
+        self._parser = state.parser.snapshot()
+        self._stops = copy.deepcopy(state.stops)
+        self._reasoning_tokens = state.reasoning_tokens
+        del self.generated[state.generated :]
+        self._detokenizer.reset()
+        for token in self.generated:
+            self._detokenizer.add_token(token)
+        _ = self._detokenizer.last_segment  # the parser has read this text already
+        self._lookup = None
+        self.finish_reason = None
+        self.processors = processors
+        policy = self._task.params.tool_policy
+        self._repair.grammar_now_holds_every_call(tools_at_risk(policy, self._context.tool_format, grammar_held=True))
+        self._rewound_to = state.generated
+        return True
+
     def finish(self, cache: PromptCache | None) -> list[Chunk]:
         """The last chunks (the parser's held-back text, then the FinishChunk); stores `cache` for later prompts."""
         self._release(cache)
-        tail = [*self._parser.feed(self._stops.flush()), *self._parser.finish()]
+        held = self._repair.release() if self._repair is not None else []
+        tail = [*held, *self._parser.feed(self._stops.flush()), *self._parser.finish()]
         self._reply_calls.add(tail)
         for reason in self._parser.failures:
             logger.warning("task %s: tool call not parsed as intended: %s", self.task_id, reason)

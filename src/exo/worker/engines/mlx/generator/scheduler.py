@@ -189,7 +189,7 @@ class GenerationScheduler:
         if not decoder.launched:
             decoder.launch(request.remaining_tokens - 1)
         update = self._collect_solo()
-        if not update.done:
+        if not update.done and self._decodes_alone(decoder):
             # Launch the next step now: it computes while this step's chunks are sent.
             decoder.launch(request.remaining_tokens - 1)
         return [update]
@@ -212,14 +212,21 @@ class GenerationScheduler:
         if request.processors.error is not None or request.finished:
             self._solo = None
             return self._ended(request, chunks, decoder.cache)
+        if (kept := request.take_rewind()) is not None:
+            self._solo = None
+            self._rewind(request, decoder.cache, [*decoder.fed, *decoder.pending], kept, cached=len(decoder.fed))
         return RequestUpdate(request.task_id, chunks, done=False, generated_tokens=len(request.generated))
+
+    def _decodes_alone(self, decoder: SoloDecoder) -> bool:
+        """Whether `decoder` still runs the solo request (a repair's rewind takes the request off it)."""
+        return self._solo is not None and self._solo[1] is decoder
 
     def _end_solo(self) -> list[RequestUpdate]:
         """Move the request decoding alone into the batch (others arrived), after the step it has in flight."""
         assert self._solo is not None
         request, decoder = self._solo
         updates = [self._collect_solo()] if decoder.launched else []
-        if not any(update.done for update in updates):
+        if not any(update.done for update in updates) and self._decodes_alone(decoder):
             self._solo = None
             self._join_batch(request, decoder.cache, fed=decoder.fed, pending=decoder.pending)
         return updates
@@ -273,11 +280,24 @@ class GenerationScheduler:
             if request.processors.error is not None or request.finished:
                 del self._batched[task_id]
                 updates.append(self._ended(request, chunks, self._batch.remove(task_id).cache))
-            elif chunks or new_tokens:
+                continue
+            if (kept := request.take_rewind()) is not None:
+                del self._batched[task_id]
+                removed = self._batch.remove(task_id)
+                self._rewind(request, removed.cache, removed.fed, kept, cached=len(removed.fed))
+            if chunks or new_tokens:
                 updates.append(
                     RequestUpdate(request.task_id, chunks, done=False, generated_tokens=len(request.generated))
                 )
         return updates
+
+    def _rewind(self, request: ChatRequest, cache: PromptCache, sequence: list[int], kept: int, *, cached: int) -> None:
+        """A repair takes the request back to its first `kept` generated tokens: `sequence` is what it fed or will
+        feed after the cached prefix (its prompt's uncached rest, then its tokens), of which the cache holds the
+        first `cached`. The cache is cut back and the request waits to decode again, on its new processors."""
+        sequence = sequence[: len(request.prefill_tokens) + kept]
+        trim_tokens(cache, cached - (len(sequence) - 1))
+        self._waiting[request.task_id] = _Prefilled(request, cache, fed=sequence[:-1], pending=sequence[-1:])
 
     def _reset_batch(self) -> None:
         if self._batch is not None:
