@@ -1,7 +1,9 @@
 """The `tool-calls-auto` section, side by side in one run on one model:
 
 1. share of schema-valid calls under `tool_choice: "auto"` over the corpus (bench/tool_corpus.py): exo with its
-   lazy grammar, exo with it off (`auto_tool_grammar: false`), and mlx_lm.server on the same weights;
+   lazy grammar, exo with it off (`auto_tool_grammar: false`) with and without the repair of failed calls
+   (`tool_call_repair`), and mlx_lm.server on the same weights (`--no-mlx-lm` leaves it out: on a loaded CPU its
+   cold prefill of the corpus's tools takes many minutes);
 2. end-to-end latency of `required` calls to tools with at least four fields, exo with grammar fast-forward against
    a second exo node started with `--no-grammar-fast-forward` (requests alternate between the two);
 3. decode speed of replies without calls (tools offered), lazy grammar on against off.
@@ -20,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -31,6 +34,11 @@ from bench.servers import RunningServer, running_exo, running_mlx_lm_server
 from bench.tool_corpus import CORPUS, FORCED, PROSE, TOOLS, ToolPrompt
 
 REQUEST_TIMEOUT_S = 900.0
+_SYSTEMS: dict[str, dict[str, Any]] = {
+    "exo, lazy grammar": {"auto_tool_grammar": True},
+    "exo, grammar off, repair on": {"auto_tool_grammar": False, "tool_call_repair": True},
+    "exo, grammar off, no repair": {"auto_tool_grammar": False, "tool_call_repair": False},
+}
 Verdict = Literal["valid", "invalid", "no_call"]
 
 
@@ -153,23 +161,25 @@ def _calls(reply: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def run(model_path: Path, corpus: Sequence[ToolPrompt], max_tokens: int, latency_prompts: int) -> Report:
+def run(
+    model_path: Path, corpus: Sequence[ToolPrompt], max_tokens: int, latency_prompts: int, *, mlx_lm_server: bool
+) -> Report:
     model = model_path.name
     with tempfile.TemporaryDirectory(prefix="bench-tool-calls-") as scratch:
         work = Path(scratch)
-        with running_exo(model_path, work) as exo, running_mlx_lm_server(model_path, work) as mlx_lm:
-            held, unheld, baseline = [], [], []
+        with running_exo(model_path, work) as exo, ExitStack() as stack:
+            mlx_lm = stack.enter_context(running_mlx_lm_server(model_path, work)) if mlx_lm_server else None
+            systems: dict[str, list[dict[str, Any]]] = {name: [] for name in _SYSTEMS}
+            if mlx_lm is not None:
+                systems["mlx_lm.server"] = []
             for number, item in enumerate(corpus, 1):  # systems take turns per prompt, so load falls on all alike
-                held.append(_chat(exo, _body(model, item.prompt, max_tokens, auto_tool_grammar=True)))
-                unheld.append(_chat(exo, _body(model, item.prompt, max_tokens, auto_tool_grammar=False)))
-                baseline.append(_chat(mlx_lm, _body(str(model_path), item.prompt, max_tokens)))
-                verdicts = " / ".join(verdict(reply)[0] for reply in (held[-1], unheld[-1], baseline[-1]))
-                print(f"[{number}/{len(corpus)}] held / off / mlx_lm: {verdicts}", file=sys.stderr, flush=True)
-            validity = [
-                _validity("exo, lazy grammar", held),
-                _validity("exo, grammar off", unheld),
-                _validity("mlx_lm.server", baseline),
-            ]
+                for name, extra in _SYSTEMS.items():
+                    systems[name].append(_chat(exo, _body(model, item.prompt, max_tokens, **extra)))
+                if mlx_lm is not None:
+                    systems["mlx_lm.server"].append(_chat(mlx_lm, _body(str(model_path), item.prompt, max_tokens)))
+                verdicts = ", ".join(f"{name}: {verdict(replies[-1])[0]}" for name, replies in systems.items())
+                print(f"[{number}/{len(corpus)}] {verdicts}", file=sys.stderr, flush=True)
+            validity = [_validity(name, replies) for name, replies in systems.items()]
             overhead = [
                 OverheadRow(
                     prompt=prompt,
@@ -249,9 +259,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Room for the corpus's longest call (nested objects and arrays); at 64 such calls were cut mid-arguments.
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--latency-prompts", type=int, default=len(FORCED), help="required calls timed per system")
+    parser.add_argument("--no-mlx-lm", action="store_true", help="leave mlx_lm.server out of the validity table")
     arguments = parser.parse_args(argv)
     corpus = CORPUS[: arguments.limit] if arguments.limit else CORPUS
-    report = run(arguments.model.expanduser(), corpus, arguments.max_tokens, arguments.latency_prompts)
+    report = run(
+        arguments.model.expanduser(),
+        corpus,
+        arguments.max_tokens,
+        arguments.latency_prompts,
+        mlx_lm_server=not arguments.no_mlx_lm,
+    )
     if arguments.out:
         arguments.out.write_text(report.model_dump_json(indent=2))
     print(markdown(report, len(corpus)))
