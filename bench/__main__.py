@@ -159,9 +159,6 @@ def _exit_on_signal(signal_number: int, _frame: FrameType | None) -> None:
 
 
 def _resolve(model_spec: str | None, *, quick: bool) -> ResolvedModel:
-    # Turn SIGTERM into SystemExit so the `finally` blocks stop exo and mlx_lm.server (they run in their own sessions
-    # and would otherwise outlive us).
-    signal.signal(signal.SIGTERM, _exit_on_signal)
     spec = str(QUICK_MODEL) if quick and model_spec is None else model_spec
     model = resolve_model(spec, default_models_dir())
     _progress(f"model {model.model_id} at {model.path}; {'quick' if quick else 'full'} run")
@@ -296,4 +293,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    # Turn SIGTERM into SystemExit so the `finally` blocks stop exo and mlx_lm.server (they run in their own sessions
+    # and would otherwise outlive us). Only here: a test calling main() keeps its own process's handlers.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     main()
