@@ -173,7 +173,8 @@ class Worker:
         supervisor = self._supervisors.get(runner_id)
         if supervisor is None:
             return
-        await supervisor.stop()
+        model_id = supervisor.config.model_id
+        await supervisor.stop(f"the instance serving {model_id} was removed (a node of it left, or it was replaced)")
         del self._supervisors[runner_id]
         self._instances.pop(runner_id, None)
         self._metrics.pop(runner_id, None)

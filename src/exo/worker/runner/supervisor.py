@@ -220,8 +220,11 @@ class RunnerSupervisor:
             await anyio.sleep(restart_delay(self._consecutive_crashes))
             self.restarts += 1
 
-    async def stop(self) -> None:
+    async def stop(self, reason: str = "the node is shutting down") -> None:
         self._stopping = True
+        # Its requests end now, not after the process is gone: a pipeline rank whose peer vanished is stuck on the
+        # ring and only exits when killed, 5 s on.
+        self._fail_all(reason)
         self._send(Shutdown())
         process = self._process
         if process is not None:
@@ -229,7 +232,6 @@ class RunnerSupervisor:
             if process.is_alive():
                 process.kill()
         self.status = "shutdown"
-        self._fail_all("the node is shutting down")
         self._on_change()
 
     # ---- process management -----------------------------------------------------------------
