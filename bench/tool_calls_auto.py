@@ -161,6 +161,33 @@ def _calls(reply: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def _latency(
+    model_path: Path, work: Path, corpus: Sequence[ToolPrompt], max_tokens: int, prompts: int
+) -> list[LatencyRow]:
+    """Required calls timed on two exo nodes, with and without grammar fast-forward, taking turns per prompt."""
+    model = model_path.name
+    with (
+        running_exo(model_path, work, name="exo-ff") as forwarded,
+        running_exo(model_path, work, ["--no-grammar-fast-forward"], name="exo-no-ff") as stepped,
+    ):
+        latency: list[LatencyRow] = []
+        for item in [prompt for prompt in corpus if prompt in FORCED][:prompts]:
+            body = _body(model, item.prompt, max_tokens, tool_choice="required")
+            for server in (forwarded, stepped):  # warm both prefix caches alike
+                _chat(server, body)
+            fast_s, fast = _timed(forwarded, body)
+            slow_s, slow = _timed(stepped, body)
+            latency.append(
+                LatencyRow(
+                    prompt=item.prompt,
+                    fast_forward_s=fast_s,
+                    step_by_step_s=slow_s,
+                    same_calls=_calls(fast) == _calls(slow),
+                )
+            )
+    return latency
+
+
 def run(
     model_path: Path, corpus: Sequence[ToolPrompt], max_tokens: int, latency_prompts: int, *, mlx_lm_server: bool
 ) -> Report:
@@ -184,29 +211,13 @@ def run(
                 OverheadRow(
                     prompt=prompt,
                     grammar_tokens_per_s=_decode_rate(exo, _body(model, prompt, 64, auto_tool_grammar=True)),
-                    plain_tokens_per_s=_decode_rate(exo, _body(model, prompt, 64, auto_tool_grammar=False)),
+                    plain_tokens_per_s=_decode_rate(
+                        exo, _body(model, prompt, 64, auto_tool_grammar=False, tool_call_repair=False)
+                    ),
                 )
                 for prompt in PROSE
             ]
-        with (
-            running_exo(model_path, work, name="exo-ff") as forwarded,
-            running_exo(model_path, work, ["--no-grammar-fast-forward"], name="exo-no-ff") as stepped,
-        ):
-            latency: list[LatencyRow] = []
-            for item in [prompt for prompt in corpus if prompt in FORCED][:latency_prompts]:
-                body = _body(model, item.prompt, max_tokens, tool_choice="required")
-                for server in (forwarded, stepped):  # warm both prefix caches alike
-                    _chat(server, body)
-                fast_s, fast = _timed(forwarded, body)
-                slow_s, slow = _timed(stepped, body)
-                latency.append(
-                    LatencyRow(
-                        prompt=item.prompt,
-                        fast_forward_s=fast_s,
-                        step_by_step_s=slow_s,
-                        same_calls=_calls(fast) == _calls(slow),
-                    )
-                )
+        latency = _latency(model_path, work, corpus, max_tokens, latency_prompts) if latency_prompts else []
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
     return Report(
         commit=commit.stdout.strip(),
