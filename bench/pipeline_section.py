@@ -1,12 +1,15 @@
-"""Section 8: ms per token and time to first token of one model over 1, 2 and 3 local nodes (pipeline parallel).
+"""Section 8: ms per token and time to first token of one model over 1, 2 and 3 local nodes (pipeline parallel), and
+the aggregate throughput of 1, 2, 4 and 8 streams at once on each.
 
 Each node count gets fresh nodes (`bench.pipeline_nodes`), one untimed warm-up request, then a few greedy streamed
-requests of the same prompt, timed on the client side over HTTP as a user would see them.
+requests of the same prompt one after another, then the same prompt as N streams sent at once for each N, all timed
+on the client side over HTTP as a user would see them.
 """
 
 import asyncio
 import os
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -14,7 +17,7 @@ import httpx
 
 from bench.machine import exo_commit
 from bench.pipeline_nodes import model_over_nodes
-from bench.results import PipelineRow, PipelineSection, StreamMeasurement
+from bench.results import ConcurrentStreams, PipelineRow, PipelineSection, StreamMeasurement
 from bench.stream_client import request_body, stream_chat
 from exo.shared.types.api import ChatMessage
 
@@ -28,11 +31,28 @@ def ms_per_token(measurement: StreamMeasurement) -> float:
     return (measurement.total_s - measurement.ttft_s) * 1000 / (measurement.completion_tokens - 1)
 
 
-async def _requests(base_url: str, max_tokens: int, requests: int) -> list[StreamMeasurement]:
+STREAM_COUNTS = (1, 2, 4, 8)
+
+
+async def _requests(
+    base_url: str, max_tokens: int, requests: int, stream_counts: Sequence[int]
+) -> tuple[list[StreamMeasurement], list[ConcurrentStreams]]:
     body = request_body([ChatMessage(role="user", content=PROMPT)], (), max_tokens)
     async with httpx.AsyncClient() as client:
         await stream_chat(client, base_url, body)  # warm-up: first-request compilation and allocation
-        return [(await stream_chat(client, base_url, body)).measurement for _ in range(requests)]
+        runs = [(await stream_chat(client, base_url, body)).measurement for _ in range(requests)]
+        concurrent: list[ConcurrentStreams] = []
+        for streams in stream_counts:
+            started = time.perf_counter()
+            outcomes = await asyncio.gather(*(stream_chat(client, base_url, body) for _ in range(streams)))
+            concurrent.append(
+                ConcurrentStreams(
+                    streams=streams,
+                    completion_tokens=sum(outcome.measurement.completion_tokens for outcome in outcomes),
+                    wall_s=time.perf_counter() - started,
+                )
+            )
+        return runs, concurrent
 
 
 def measure_pipeline(
@@ -42,9 +62,11 @@ def measure_pipeline(
     max_tokens: int,
     requests: int,
     *,
+    stream_counts: Sequence[int] = STREAM_COUNTS,
     progress: Callable[[str], None] | None = None,
 ) -> PipelineSection:
-    """Serve `model_path` over each node count in turn and time `requests` streamed requests on each."""
+    """Serve `model_path` over each node count in turn and time `requests` streamed requests on each, then each of
+    `stream_counts` streams at once."""
     rows: list[PipelineRow] = []
     for nodes in node_counts:
         with tempfile.TemporaryDirectory(prefix=f"exo-bench-pipeline-{nodes}-") as scratch:
@@ -53,13 +75,14 @@ def measure_pipeline(
             with model_over_nodes(model_path, nodes, Path(scratch)) as base_url:
                 if progress is not None:
                     progress(f"pipeline: {nodes} node(s) ready; {requests} timed request(s)")
-                runs = asyncio.run(_requests(base_url, max_tokens, requests))
+                runs, concurrent = asyncio.run(_requests(base_url, max_tokens, requests, stream_counts))
         rows.append(
             PipelineRow(
                 nodes=nodes,
                 ttft_s=[run.ttft_s for run in runs],
                 ms_per_token=[ms_per_token(run) for run in runs],
                 completion_tokens=max(run.completion_tokens for run in runs),
+                concurrent=concurrent,
             )
         )
     load_1, load_5, load_15 = os.getloadavg()

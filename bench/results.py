@@ -277,6 +277,20 @@ class SpeculationReport(BenchModel):
     """The model measured, where it is not the report's own (`speculation_other_models`)."""
 
 
+class ConcurrentStreams(BenchModel):
+    """`streams` greedy streamed requests sent at once to one model (decoded together in its batch)."""
+
+    streams: int
+    completion_tokens: int
+    """All streams' tokens together."""
+    wall_s: float
+    """First request sent → last stream finished."""
+
+    @property
+    def aggregate_tokens_per_s(self) -> float:
+        return self.completion_tokens / self.wall_s
+
+
 class PipelineRow(BenchModel):
     """Greedy streamed requests to one model split over `nodes` local nodes (pipeline parallel)."""
 
@@ -286,6 +300,8 @@ class PipelineRow(BenchModel):
     ms_per_token: list[float]
     """Per request: (stream end − first text) / (tokens − 1), so prefill is excluded."""
     completion_tokens: int
+    concurrent: list[ConcurrentStreams] = []
+    """Aggregate throughput by number of streams at once (absent from runs before pipelines batched)."""
 
 
 class PipelineSection(BenchModel):
