@@ -135,9 +135,10 @@ class PipelineBatchLeader:
     # ---- one step -------------------------------------------------------------------------------
 
     def _step(self, updates: list[RequestUpdate]) -> None:
-        joining = self._joining.popleft() if self._prefilling is None and self._joining else None
         entering = self._enter_if_read()
-        piece = self._next_piece() if entering is None else None
+        piece = self._next_piece()
+        # The next request joins once none is reading its prompt (the one entering now has read its own).
+        joining = self._joining.popleft() if self._prefilling is None and self._joining else None
         message = BatchStep(
             leaves=tuple(self._leaves),
             joins=(FollowTask(task=joining.task, prompt_tokens=tuple(joining.prompt_tokens)),) if joining else (),
