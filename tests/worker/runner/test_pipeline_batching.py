@@ -3,9 +3,9 @@ the answer it gets alone on one whole-model runner.
 
 Rank 0 batches every kind of request at once (plain text, streamed and parallel tool calls, `tool_choice` required
 and named, a `json_schema` answer, seeded sampling with and without penalties and a grammar) and each answer is
-compared with that request's answer alone. On the endless model (no end-of-sequence ids, so a request lasts exactly
-its max_tokens), requests join a batch that is already decoding and one of them is cancelled: the others' answers do
-not change.
+compared with that request's answer alone; every rank's prefix cache then holds what the batch computed. On the
+endless model (no end-of-sequence ids, so a request lasts exactly its max_tokens), requests join a batch that is
+already decoding and one of them is cancelled: the others' answers do not change.
 """
 
 import time
@@ -93,6 +93,13 @@ async def test_requests_batched_over_a_split_model_each_get_their_answer_alone(l
             assert _answer(together[name][0]) == expected, name
         # They were decoded side by side, not one after another.
         assert _most_at_once([(first, last) for _, first, last in together.values()]) >= 4
+        # Every rank filed each member's cache as it left the batch: asked again, a request reuses all of its
+        # prompt but the token that produces the first logits, on every rank.
+        again = await run_task(leader, _batch_cases()["streamed tool call"])
+        assert _answer(again) == alone["streamed tool call"]
+        finish = again[-1]
+        assert isinstance(finish, FinishChunk)
+        assert finish.usage.cached_tokens == finish.usage.prompt_tokens - 1
         assert all(supervisor.status == "ready" for supervisor in supervisors)
 
 
