@@ -154,6 +154,30 @@ def test_a_node_asleep_for_60_s_is_left_out_and_rejoins(rig: NetnsRig) -> None:
     assert _answers(rig, beta)
 
 
+def test_a_frozen_master_is_passed_over(rig: NetnsRig) -> None:
+    """SIGSTOP of the master's whole process group: its TCP links stay open (nothing closes them) but nothing
+    answers on them. The others elect a new master within the bound, and every request meanwhile ends in time."""
+    master_id = _summary(rig, rig.nodes[0])["master_node_id"]
+    master = next(node for node in rig.nodes if node.node_id == master_id)
+    others = [node for node in rig.nodes if node is not master]
+    rig.sleep(master)
+    try:
+        took = rig.wait_until(
+            lambda: all(_summary(rig, node)["master_node_id"] not in (None, master_id) for node in others),
+            "a new master on the other nodes",
+            REQUEST_BOUND_S + 5,
+        )
+        assert took <= REQUEST_BOUND_S
+        for node in others:
+            _ask_within_bound(rig, node)  # answered, or (if the frozen master served the model) a clear error
+    finally:
+        rig.wake(master)
+    converged = _converged(rig, "the cluster whole after the master thawed")
+    print(f"frozen master ({master.name}): passed over after {took:.1f} s; whole {converged:.1f} s after it thawed")
+    for node in rig.nodes:
+        assert _answers(rig, node)
+
+
 def test_a_flapping_link_never_hangs_a_request(rig: NetnsRig) -> None:
     alpha, beta, gamma = rig.nodes
     try:
