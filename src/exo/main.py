@@ -204,8 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--node-name", help="this node's name in /v1/cluster (default: the host name)")
     cluster.add_argument(
         "--cluster-key",
-        help="a secret every node of the cluster is given (also EXO_CLUSTER_KEY; at least 16 characters): nodes "
-        "without it can neither join, publish nor read (default: none, the cluster port is open)",
+        help="a secret every node of the cluster is given (also EXO_CLUSTER_KEY; at least 16 characters): links are "
+        "mutual TLS rooted in it, so nodes without it can neither join, publish nor read, and traffic is encrypted "
+        "(default: none, the cluster port is open and plain TCP)",
     )
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument("-v", "--verbose", action="store_true", help="debug logging")
