@@ -21,23 +21,26 @@ TARGET = 0.3
 LONG_CONVERSATION: JsonBody = {"messages": [user("tell me about the weather " * 120)], "max_tokens": 6}
 
 
-def test_the_first_piece_is_small_and_each_next_one_fits_the_target_time() -> None:
+def test_each_next_piece_is_sized_so_one_layer_takes_the_target_time() -> None:
     pacer = PiecePacer(TARGET)
     assert pacer.size == FIRST_PIECE_TOKENS
 
-    pacer.record(200, 2 * TARGET)  # twice the target: half as many tokens
+    pacer.record(200, 2 * TARGET * 4, layers=4)  # each of 4 layers took twice the target: half as many tokens
     assert pacer.size == 100
-    pacer.record(100, TARGET)  # on target: the same again
+    pacer.record(100, TARGET * 4, layers=4)  # on target: the same again
     assert pacer.size == 100
-    pacer.record(100, 0.001)  # far under the target: grows, but only by MAX_GROWTH at a time
+    pacer.record(100, 0.001, layers=4)  # far under the target: grows, but only by MAX_GROWTH at a time
     assert pacer.size == int(100 * MAX_GROWTH)
+    pacer.record(100, 2 * TARGET, layers=0)  # a model that cannot pause between layers: the pass is the unit
+    assert pacer.size == 50
 
 
 def test_pieces_stay_within_bounds() -> None:
     pacer = PiecePacer(TARGET)
-    pacer.record(4000, 0.0)
+    for _ in range(8):
+        pacer.record(pacer.size, 0.0, layers=4)
     assert pacer.size == MAX_PIECE_TOKENS
-    pacer.record(100, 60.0)  # never below the size where a pass is worth its cost
+    pacer.record(100, 60.0, layers=4)  # never below the size where a pass is worth its cost
     assert pacer.size == MIN_PIECE_TOKENS
     with pytest.raises(ValueError, match="positive"):
         PiecePacer(0)
@@ -65,7 +68,7 @@ def test_a_cancel_between_pieces_leaves_what_was_prefilled_in_the_prefix_cache()
     scheduler.admit(request)
 
     progress: list[int] = []
-    for _ in range(5):
+    while len(progress) < 5:
         for update in scheduler.step():
             assert update.task_id == first.task_id
             assert not update.done

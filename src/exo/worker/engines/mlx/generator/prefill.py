@@ -1,52 +1,60 @@
-"""Prefilling a prompt in pieces sized by time, so the runner looks at its messages (a cancel, a new request) and
-reports progress between pieces.
+"""Prefilling a prompt in large pieces that pause between decoder layers, so the runner looks at its messages (a
+cancel, a new request), lets the other requests decode and reports progress every fraction of a second.
 
-A fixed token count is the wrong unit: the same 512 tokens take milliseconds on a GPU at the start of a prompt and
-many seconds on a CPU 15k tokens into one (attention grows with the context). The pacer measures how long each piece
-took and sizes the next one to take about `target_seconds`.
+Two sizes matter. A piece (the tokens of one forward pass) should be large: every pass reads all the weights, and on
+a CPU a pass over few tokens costs several times more per token than one over hundreds (docs/OPERATIONS.md,
+"Prefill in pieces"). A step (what the runner waits for before it reads its messages again) should be short: a
+cancel must land within a second. A piece therefore runs as a `SteppedPass`, a time slice of layers per step, and
+its size is bounded by time per layer, not per piece: one layer of the next piece should take about
+`target_seconds` at most, since a step can only stop between layers.
+
+The sizes are measured, not fixed: the same 512 tokens take milliseconds on a GPU at the start of a prompt and
+seconds per layer on a CPU deep into a long one (attention grows with the context).
 """
 
-import time
 from collections.abc import Sequence
 
 import mlx.core as mx
 from mlx import nn
 from mlx_lm.generate import generation_stream
 
-from exo.worker.engines.mlx.cache.layer_cache import PromptCache, materialize
+from exo.worker.engines.mlx.cache.layer_cache import PromptCache, can_trim, materialize
+from exo.worker.engines.mlx.generator.layer_steps import SteppedPass, install_layer_steps
 
 PIECE_SECONDS = 0.5
-"""Target wall time of one piece: a cancel is seen within about this (the issue asks for one second)."""
+"""Target wall time of one step, and the most one layer of a piece should take: a cancel is seen within about
+twice this (the issue asks for one second)."""
 MIN_PIECE_TOKENS = 32
-"""Every forward pass reads all the weights: on a CPU under load a pass of a few tokens costs nearly what one of 32
-does, so smaller pieces turn prefill into decoding speed (figures in docs/OPERATIONS.md, "Prefill in pieces"). Below
-this a piece may take longer than the target."""
-FIRST_PIECE_TOKENS = MIN_PIECE_TOKENS
+"""Below this a pass costs nearly what a 32-token one does: prefill would run at decoding speed."""
+FIRST_PIECE_TOKENS = 128
 """Before anything was measured."""
-MAX_PIECE_TOKENS = 4096
-MAX_GROWTH = 1.5
+MAX_PIECE_TOKENS = 512
+"""The fastest piece measured on a CPU (docs/OPERATIONS.md); mlx-lm's own prefill uses pieces of 2,048."""
+MAX_GROWTH = 2.0
 """A piece is at most this many times the last one: the speed measured on a short piece overstates a longer one
 (each token attends to more context)."""
 
 
 class PiecePacer:
-    """How many tokens the next prefill piece gets, from the measured speed of the last one."""
+    """How many tokens the next prefill piece gets, from the measured cost per layer of the last one."""
 
     def __init__(self, target_seconds: float = PIECE_SECONDS) -> None:
         if target_seconds <= 0:
             raise ValueError("a piece needs a positive target time")
-        self._target = target_seconds
+        self.target_seconds = target_seconds
         self._size = FIRST_PIECE_TOKENS
 
     @property
     def size(self) -> int:
         return self._size
 
-    def record(self, tokens: int, seconds: float) -> None:
-        """A piece of `tokens` took `seconds`: size the next one to take the target time."""
+    def record(self, tokens: int, seconds: float, layers: int) -> None:
+        """A piece of `tokens` took `seconds` (not counting its pauses) over `layers` layers (0: the model could not
+        pause between layers, the pass is one unit): size the next one so a layer takes about the target time."""
         if tokens <= 0:
             return
-        fitting = tokens * self._target / max(seconds, 1e-6)
+        per_unit = seconds / max(layers, 1)
+        fitting = tokens * self.target_seconds / max(per_unit, 1e-6)
         grown = min(fitting, tokens * MAX_GROWTH, MAX_PIECE_TOKENS)
         self._size = max(MIN_PIECE_TOKENS, int(grown))
 
@@ -59,27 +67,66 @@ class PromptPrefill:
         if not tokens:
             raise ValueError("a prompt needs at least one token to prefill")
         self._model = model
+        install_layer_steps(model)
         self.cache = cache
         self._pacer = pacer
         self.fed: list[int] = []
         """Prompt tokens the cache holds now (after what it held when given)."""
         self.pending: list[int] = list(tokens)
         """Prompt tokens not fed yet; the last one stays here for the decoder."""
+        self._piece: list[int] = []
+        self._pass: SteppedPass | None = None
+        self._offsets: list[int | None] = []
+        """Each layer's offset before the running piece: what an abandoned piece is rolled back to."""
 
     @property
     def finished(self) -> bool:
         return len(self.pending) <= 1
 
-    def step(self) -> None:
-        """Feed one piece (nothing when finished)."""
-        piece = self.pending[: min(self._pacer.size, len(self.pending) - 1)]
-        if not piece:
-            return
-        started = time.perf_counter()
-        with mx.stream(generation_stream):
-            self._model(mx.array(piece)[None], cache=self.cache)
-            materialize(self.cache)
+    def step(self) -> int:
+        """Run the current piece for about the pacer's target time, starting a piece if none runs; returns how many
+        tokens this step finished feeding (0 while a piece is still running or when finished)."""
+        if self._pass is None:
+            self._piece = self.pending[: min(self._pacer.size, len(self.pending) - 1)]
+            if not self._piece:
+                return 0
+            self._offsets = [_offset(layer) for layer in self.cache]
+            tokens = mx.array(self._piece)[None]
+            self._pass = SteppedPass(lambda: self._forward(tokens))
+        running = self._pass
+        if not running.advance(self._pacer.target_seconds):
+            return 0
+        self._pass = None
         mx.clear_cache()
-        self._pacer.record(len(piece), time.perf_counter() - started)
-        self.fed += piece
-        self.pending = self.pending[len(piece) :]
+        fed = len(self._piece)
+        self._pacer.record(fed, running.busy_seconds, running.layers_entered)
+        self.fed += self._piece
+        self.pending = self.pending[fed:]
+        return fed
+
+    def abandon(self) -> PromptCache | None:
+        """Stop where the prefill stands: the cache holding what the finished pieces fed, or None when a piece was
+        cut between layers and its layers cannot drop what it added (the cache is then of no use)."""
+        running, self._pass = self._pass, None
+        if running is None or not running.started:
+            return self.cache
+        running.abandon()
+        if not can_trim(self.cache):
+            return None
+        for layer, before in zip(self.cache, self._offsets, strict=True):
+            after = _offset(layer)
+            if before is None or after is None:
+                return None
+            if after > before:
+                layer.trim(after - before)
+        return self.cache
+
+    def _forward(self, tokens: mx.array) -> None:
+        with mx.stream(generation_stream):
+            self._model(tokens, cache=self.cache)
+            materialize(self.cache)
+
+
+def _offset(layer: object) -> int | None:
+    offset: object = getattr(layer, "offset", None)
+    return offset if isinstance(offset, int) else None

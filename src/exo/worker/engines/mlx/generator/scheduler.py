@@ -1,8 +1,8 @@
 """Which decoder runs the active requests of one model, between tokens.
 
-A request first prefills the part of its prompt the prefix cache does not hold, one piece per step (pieces sized by
-time, `prefill.py`), one request at a time in order of arrival, while the others keep decoding; a cancel between
-pieces stops it and what was computed still fills the prefix cache. Then it decodes.
+A request first prefills the part of its prompt the prefix cache does not hold, a time slice of a piece's layers per
+step (`prefill.py`), one request at a time in order of arrival, while the others keep decoding; a cancel between
+steps stops it and what the finished pieces computed still fills the prefix cache. Then it decodes.
 
 One request alone decodes on the `SoloDecoder`, where it can use prompt-lookup speculation (drafts verified in one
 forward pass). Two or more share one mlx-lm batch: a request arriving while another decodes alone moves that one
@@ -88,7 +88,7 @@ class GenerationScheduler:
         """Drop a request (no more chunks); returns how many tokens it had generated, None if it is not here."""
         if (prefilling := self._prefilling.pop(task_id, None)) is not None:
             request, prefill = prefilling
-            request.cancel(prefill.cache)
+            request.cancel(prefill.abandon())
         elif (prefilled := self._waiting.pop(task_id, None)) is not None:
             request = prefilled.request
             request.cancel(prefilled.cache)
@@ -126,6 +126,8 @@ class GenerationScheduler:
 
     def fail_all(self, error: Exception) -> list[RequestUpdate]:
         """Fail every active request (something outside any one request broke) and start afresh."""
+        for _, prefill in self._prefilling.values():
+            prefill.abandon()  # ends a piece paused between layers now, not whenever it is collected
         requests = [request for request, _ in self._prefilling.values()]
         requests += [prefilled.request for prefilled in self._waiting.values()]
         requests += self._batched.values()
@@ -147,7 +149,7 @@ class GenerationScheduler:
             return []
         task_id, (request, prefill) = next(iter(self._prefilling.items()))
         try:
-            prefill.step()
+            fed = prefill.step()
         except Exception as error:
             logger.exception("prefill failed for task %s", task_id)
             del self._prefilling[task_id]
@@ -155,8 +157,8 @@ class GenerationScheduler:
         if prefill.finished:
             del self._prefilling[task_id]
             self._waiting[task_id] = _Prefilled(request, prefill.cache, fed=prefill.fed, pending=prefill.pending)
-        if not prefill.fed:
-            return []  # nothing to prefill: the start was reported at admission, the end comes with the first token
+        if not fed:
+            return []  # mid-piece, or nothing to prefill (the start was reported at admission)
         progress = request.prefill_progress(request.cached_tokens + len(prefill.fed))
         return [RequestUpdate(task_id, [progress], done=False, generated_tokens=0)]
 

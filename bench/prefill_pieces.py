@@ -1,0 +1,128 @@
+"""`uv run python -m bench.prefill_pieces [--model SPEC] [--tokens N,...] [--rounds R]`: what a cold prefill costs
+through the runner's own `PromptPrefill` (pieces paced as shipped), against whole passes over fixed 512-token pieces
+(how the runner prefilled before pieces were paced), on the model as exo's runner loads it (on a Linux CPU: float32,
+the optimized BLAS preloaded, the matmul plan and CPU kernels on).
+
+The variants take turns, round by round, so changing load falls on both alike. For each it reports the wall time,
+the process's CPU time (steadier than wall time on a shared machine) and the longest step: the longest the runner
+would go without reading its messages, so the longest a cancel waits. Prints a Markdown table with the commit, CPU,
+load and command, for docs/OPERATIONS.md ("Prefill in pieces").
+"""
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from exo.worker.engines.mlx.cpu.blas import blas_environment
+
+_CHILD_MARKER = "EXO_BENCH_PREFILL_PIECES_CHILD"
+FIXED_PIECE_TOKENS = 512
+
+
+@dataclass
+class _Timings:
+    wall: list[float] = field(default_factory=list[float])
+    cpu: list[float] = field(default_factory=list[float])
+    longest_step: list[float] = field(default_factory=list[float])
+
+
+def _timed(run: Callable[[], float], timings: _Timings) -> None:
+    wall, cpu = time.perf_counter(), time.process_time()
+    longest = run()
+    timings.wall.append(time.perf_counter() - wall)
+    timings.cpu.append(time.process_time() - cpu)
+    timings.longest_step.append(longest)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    command = list(sys.argv[1:] if argv is None else argv)
+    if os.environ.get(_CHILD_MARKER) != "1":
+        # The BLAS must be preloaded before mlx is imported, as exo's runner has it.
+        environment = {**blas_environment(os.environ), _CHILD_MARKER: "1"}
+        os.execve(sys.executable, [sys.executable, "-m", "bench.prefill_pieces", *command], environment)
+    _measure(command)
+
+
+def _measure(command: list[str]) -> None:
+    import mlx.core as mx
+
+    from bench.machine import section_run
+    from exo.models.paths import default_models_dir
+    from exo.models.resolve import resolve_model
+    from exo.shared.types.worker.shards import ShardAssignment
+    from exo.worker.engines.mlx.cache.layer_cache import materialize, new_prompt_cache
+    from exo.worker.engines.mlx.cpu.engine import CpuKernels
+    from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
+    from exo.worker.engines.mlx.generator.prefill import PiecePacer, PromptPrefill
+    from exo.worker.engines.mlx.utils_mlx import load_model
+
+    parser = argparse.ArgumentParser(prog="python -m bench.prefill_pieces")
+    parser.add_argument("--model", help="model spec as `exo --model` takes it (default: exo's default model)")
+    parser.add_argument("--tokens", default="2048", help="prompt lengths, comma-separated")
+    parser.add_argument("--rounds", type=int, default=2)
+    arguments = parser.parse_args(command)
+    kernels = CpuKernels()
+    loaded = load_model(
+        resolve_model(arguments.model, default_models_dir()).path, ShardAssignment(), cpu_kernels=kernels
+    )
+    if kernels.allow_matmul_plan(True, loaded.dtype):
+        MatmulPlanner.for_loaded(loaded)
+    model = loaded.model
+    load_before = os.getloadavg()
+
+    def paced(prompt: list[int]) -> float:
+        prefill = PromptPrefill(model, new_prompt_cache(model), prompt, PiecePacer())
+        longest = 0.0
+        while not prefill.finished:
+            started = time.perf_counter()
+            prefill.step()
+            longest = max(longest, time.perf_counter() - started)
+        return longest
+
+    def fixed(prompt: list[int]) -> float:
+        cache = new_prompt_cache(model)
+        longest = 0.0
+        for start in range(0, len(prompt) - 1, FIXED_PIECE_TOKENS):
+            started = time.perf_counter()
+            model(mx.array(prompt[start : min(start + FIXED_PIECE_TOKENS, len(prompt) - 1)])[None], cache=cache)
+            materialize(cache)
+            mx.clear_cache()
+            longest = max(longest, time.perf_counter() - started)
+        return longest
+
+    variants: dict[str, Callable[[list[int]], float]] = {
+        "PromptPrefill, pieces paced as shipped": paced,
+        f"whole passes over {FIXED_PIECE_TOKENS}-token pieces": fixed,
+    }
+    lengths = [int(value) for value in arguments.tokens.split(",")]
+    results: dict[tuple[int, str], _Timings] = {(n, name): _Timings() for n in lengths for name in variants}
+    for length in lengths:
+        prompt = [(index * 37) % 20_000 + 100 for index in range(length)]
+        for _ in range(arguments.rounds):
+            for name, variant in variants.items():
+                _timed(lambda variant=variant, prompt=prompt: variant(prompt), results[(length, name)])
+                print(f"{length} tokens, {name}: {results[(length, name)].wall[-1]:.1f} s", file=sys.stderr)
+    run = section_run(command, program="uv run python -m bench.prefill_pieces")
+    load_after = os.getloadavg()
+    print(f"Cold prefill, {loaded.dtype} weights, {arguments.rounds} round(s) with the variants taking turns")
+    print(f"commit {run.exo_commit}, {run.cpu}, {run.finished_utc}")
+    print(
+        "load average (1, 5, 15 min) "
+        f"{', '.join(f'{value:.2f}' for value in load_before)} at the start, "
+        f"{', '.join(f'{value:.2f}' for value in load_after)} at the end"
+    )
+    print(f"command `{run.command}`\n")
+    print("| Prompt tokens | Variant | Wall s, each round | CPU s, each round | Longest step s |")
+    print("| --- | --- | --- | --- | --- |")
+    for (length, name), timings in results.items():
+        print(
+            f"| {length} | {name} | {', '.join(f'{value:.1f}' for value in timings.wall)} "
+            f"| {', '.join(f'{value:.1f}' for value in timings.cpu)} | {max(timings.longest_step):.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
