@@ -7,10 +7,11 @@ says its prefill starts), so the response waits for it up to ADMISSION_WAIT_SECO
 queues behind others) the status, the headers and the dialect's opening events go out anyway, and from then on an
 error reaches the client as the dialect's error event, followed by the dialect's end of stream.
 
-While nothing else goes out (queued, or a prefill of minutes on a slow machine) an SSE comment line is sent every
-KEEP_ALIVE_SECONDS, saying where the request stands (`: queued`, `: prefill 2048/18752 tokens (1024 cached)`):
-every SSE parser skips comment lines, and clients that give up on a silent connection (opencode's header timeout,
-Claude Code's idle timeout) see bytes arrive.
+While nothing else goes out (queued, or a prefill of minutes on a slow machine) a keep-alive is sent every
+KEEP_ALIVE_SECONDS, so clients that give up on a silent connection (opencode's header timeout, Claude Code's idle
+timeout, Codex CLI's stream idle timeout) see something arrive. By default it is an SSE comment line saying where the
+request stands (`: queued`, `: prefill 2048/18752 tokens (1024 cached)`), which every SSE parser skips; Responses
+sends a `response.in_progress` event instead, because Codex CLI's idle timer counts only events.
 """
 
 import contextlib
@@ -34,7 +35,7 @@ from exo.shared.types.commands import CancelTaskCommand
 logger = logging.getLogger(__name__)
 
 KEEP_ALIVE_SECONDS = 10.0
-"""Longest silence on an admitted stream: a comment line goes out after this long without any other byte."""
+"""Longest silence on an admitted stream: a keep-alive goes out after this long without any other byte."""
 ADMISSION_WAIT_SECONDS = 1.0
 """How long an admitted request waits for its runner to take it up (and refuse it with a 4xx) before its headers go
 out regardless."""

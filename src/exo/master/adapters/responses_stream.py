@@ -119,6 +119,10 @@ class ResponseStreamEncoder:
         """response.created and response.in_progress, carrying the response as created."""
         return [self._lifecycle("response.created"), self._lifecycle("response.in_progress")]
 
+    def in_progress(self) -> ResponseLifecycleEvent:
+        """response.in_progress again, the response as it stands: the keep-alive of a stream still waiting."""
+        return self._lifecycle("response.in_progress")
+
     def encode(self, chunk: Chunk) -> list[ResponseStreamEvent]:
         match chunk:
             case TokenChunk(text=text) if text:

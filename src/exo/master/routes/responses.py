@@ -5,7 +5,7 @@ from uuid import uuid4
 
 from fastapi import APIRouter, Request, Response
 
-from exo.master.adapters.protocol_events import NamedEventWriter
+from exo.master.adapters.protocol_events import NamedEventWriter, sse_event
 from exo.master.adapters.responses_request import count_command, to_command
 from exo.master.adapters.responses_response import collect_response, initial_response
 from exo.master.adapters.responses_stream import ResponseStreamEncoder
@@ -39,8 +39,16 @@ def responses_router(master: MasterClient) -> APIRouter:
                 master, handle, http_request, lambda chunks: collect_response(chunks, initial), timeline
             )
             return response if response is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
-        writer = NamedEventWriter(ResponseStreamEncoder(initial))
-        return AnswerStream(master, handle, writer, timeline, openai_error)
+        encoder = ResponseStreamEncoder(initial)
+        # Codex CLI's idle timer counts only events, not comment lines: the keep-alive is a real event.
+        return AnswerStream(
+            master,
+            handle,
+            NamedEventWriter(encoder),
+            timeline,
+            openai_error,
+            keep_alive=lambda _where: [sse_event(encoder.in_progress())],
+        )
 
     @router.post("/v1/responses/input_tokens", response_model=None, responses=_ERRORS)
     async def count_input_tokens(request: InputTokensRequest, http_request: Request) -> InputTokenCount | Response:
