@@ -294,7 +294,15 @@ def test_an_anthropic_stream_parses_keep_alives_and_requests_refused_after_admis
     chat_error = outcomes["chat"]
     assert isinstance(chat_error, openai.APIError)
     assert "context" in str(chat_error.message).lower()
-    assert outcomes["responses"] == ["response.created", "response.in_progress", "response.failed"]
+    # Queued for the whole long prefill, the Responses stream was kept alive with real response.in_progress events
+    # (Codex CLI's idle timer does not count comment lines), which the SDK parsed.
+    responses_events = outcomes["responses"]
+    assert isinstance(responses_events, list)
+    assert responses_events[:2] == ["response.created", "response.in_progress"]
+    assert responses_events[-1] == "response.failed"
+    keep_alives = responses_events[2:-1]
+    assert keep_alives, "no keep-alive event while queued behind a long prefill"
+    assert set(keep_alives) == {"response.in_progress"}
     prompt = message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
     assert_logged(node.server, "messages", prompt=prompt, finish="length")
     assert_logged(node.server, "chat.completions", finish="error:context_length_exceeded")
@@ -326,3 +334,15 @@ def assert_logged(server: ExoServer, dialect: str, *, finish: str, prompt: int |
     while not re.search(pattern, server.log(), re.MULTILINE):
         assert time.monotonic() < deadline, f"no log line matching {pattern!r} in:\n{server.log()[-4000:]}"
         time.sleep(0.2)
+
+
+def test_a_stream_its_client_abandons_during_prefill_is_logged_as_cancelled(node: Calibrated) -> None:
+    body = {"model": MODEL, "input": prompt_text("abandoned", node.sentences), "max_output_tokens": 5, "stream": True}
+    with (
+        httpx2.Client(base_url=node.server.base_url, timeout=60) as client,
+        client.stream("POST", "/v1/responses", json=body) as response,
+    ):
+        assert response.status_code == 200
+        opening = next(response.iter_text())  # the opening events come at admission; then the client leaves
+        assert "response.created" in opening
+    assert_logged(node.server, "responses", finish="cancelled")
