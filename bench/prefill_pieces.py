@@ -1,7 +1,7 @@
-"""`uv run python -m bench.prefill_pieces [--model SPEC] [--tokens N,...] [--rounds R]`: what a cold prefill costs
-through the runner's own `PromptPrefill` (pieces paced as shipped), against whole passes over fixed 512-token pieces
-(how the runner prefilled before pieces were paced), on the model as exo's runner loads it (on a Linux CPU: float32,
-the optimized BLAS preloaded, the matmul plan and CPU kernels on).
+"""`uv run python -m bench.prefill_pieces [--model SPEC] [--tokens N,...] [--rounds R] [--only-paced]`: what a cold
+prefill costs through the runner's own `PromptPrefill` (pieces paced as shipped), against whole passes over fixed
+512-token pieces (how the runner prefilled before pieces were paced), on the model as exo's runner loads it (on a
+Linux CPU: float32, the optimized BLAS preloaded, the matmul plan and CPU kernels on).
 
 The variants take turns, round by round, so changing load falls on both alike. For each it reports the wall time,
 the process's CPU time (steadier than wall time on a shared machine) and the longest step: the longest the runner
@@ -63,6 +63,7 @@ def _measure(command: list[str]) -> None:
     parser.add_argument("--model", help="model spec as `exo --model` takes it (default: exo's default model)")
     parser.add_argument("--tokens", default="2048", help="prompt lengths, comma-separated")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--only-paced", action="store_true", help="skip the fixed-piece variant")
     arguments = parser.parse_args(command)
     kernels = CpuKernels()
     loaded = load_model(
@@ -97,6 +98,8 @@ def _measure(command: list[str]) -> None:
         "PromptPrefill, pieces paced as shipped": paced,
         f"whole passes over {FIXED_PIECE_TOKENS}-token pieces": fixed,
     }
+    if arguments.only_paced:
+        variants = dict(list(variants.items())[:1])
     lengths = [int(value) for value in arguments.tokens.split(",")]
     results: dict[tuple[int, str], _Timings] = {(n, name): _Timings() for n in lengths for name in variants}
     for length in lengths:

@@ -1,5 +1,5 @@
-"""A cancel reaches a real runner between prefill pieces: a long prefill stops within a second and the next request
-starts at once."""
+"""A cancel reaches a real runner between prefill steps (a piece pauses between its layers): a long prefill stops
+within a second and the next request starts at once."""
 
 import multiprocessing
 import time
@@ -29,6 +29,9 @@ CONTEXT_LENGTH = 32768
 LONG_PROMPT = "word " * 4000
 CANCEL_AFTER_SECONDS = 2.0
 CANCEL_WITHIN_SECONDS = 1.0
+"""The issue's bound. The runner reads its messages after every step: a quarter-second slice of a piece's layers
+plus the one layer running when it ends (the fixture's take milliseconds), so the rest is margin for a loaded
+machine's scheduling."""
 
 
 @pytest.fixture(scope="module")
