@@ -15,11 +15,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from exo.worker.engines.mlx.cpu.blas import blas_environment
 
 _CHILD_MARKER = "EXO_BENCH_PREFILL_PIECES_CHILD"
 FIXED_PIECE_TOKENS = 512
+GREEDY_TOKENS = 16
 
 
 @dataclass
@@ -74,6 +76,9 @@ def _measure(command: list[str]) -> None:
     model = loaded.model
     load_before = os.getloadavg()
 
+    finished: dict[int, tuple[list[Any], list[int]]] = {}
+    continuations: dict[int, list[int]] = {}
+
     def paced(prompt: list[int]) -> float:
         prefill = PromptPrefill(model, new_prompt_cache(model), prompt, PiecePacer())
         longest = 0.0
@@ -81,7 +86,18 @@ def _measure(command: list[str]) -> None:
             started = time.perf_counter()
             prefill.step()
             longest = max(longest, time.perf_counter() - started)
+        finished[len(prompt)] = (prefill.cache, prefill.pending)
         return longest
+
+    def greedy_continuation(cache: list[Any], pending: list[int]) -> list[int]:
+        """The greedy tokens after the prompt (outside the timing): the same in every version of the prefill."""
+        tokens: list[int] = []
+        last = pending
+        for _ in range(GREEDY_TOKENS):
+            logits = model(mx.array(last)[None], cache=cache)
+            last = cast(list[int], mx.argmax(logits[0, -1:], axis=-1).tolist())
+            tokens.append(last[0])
+        return tokens
 
     def fixed(prompt: list[int]) -> float:
         cache = new_prompt_cache(model)
@@ -107,6 +123,8 @@ def _measure(command: list[str]) -> None:
         for _ in range(arguments.rounds):
             for name, variant in variants.items():
                 _timed(lambda variant=variant, prompt=prompt: variant(prompt), results[(length, name)])
+                if length in finished:  # outside the timing
+                    continuations[length] = greedy_continuation(*finished.pop(length))
                 print(f"{length} tokens, {name}: {results[(length, name)].wall[-1]:.1f} s", file=sys.stderr)
     run = section_run(command, program="uv run python -m bench.prefill_pieces")
     load_after = os.getloadavg()
@@ -125,6 +143,9 @@ def _measure(command: list[str]) -> None:
             f"| {length} | {name} | {', '.join(f'{value:.1f}' for value in timings.wall)} "
             f"| {', '.join(f'{value:.1f}' for value in timings.cpu)} | {max(timings.longest_step):.2f} |"
         )
+    print(f"\nGreedy continuation ({GREEDY_TOKENS} tokens) after each paced prefill, last round:")
+    for length, tokens in continuations.items():
+        print(f"- {length} tokens: {tokens}")
 
 
 if __name__ == "__main__":
