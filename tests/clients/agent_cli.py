@@ -129,31 +129,43 @@ def run_claude_code(
     return _run(arguments, project, environment, timeout, None if in_argument else prompt)
 
 
-def codex_config(base_url: str, model: str, instructions: Path) -> str:
-    """Codex CLI's config.toml: exo as a Responses API provider (`base_url` ends in /v1), trimmed as in the test."""
+def codex_config(base_url: str, model: str, instructions: Path, stream_idle_timeout_ms: int | None = None) -> str:
+    """Codex CLI's config.toml: exo as a Responses API provider (`base_url` ends in /v1), trimmed as in the test;
+    `stream_idle_timeout_ms` replaces Codex's 5-minute wait for the next SSE event."""
+    idle = f"stream_idle_timeout_ms = {stream_idle_timeout_ms}\n" if stream_idle_timeout_ms is not None else ""
     return (
         f'model = "{model}"\nmodel_provider = "exo"\n'
         + CODEX_CONFIG.replace('"instructions.md"', json.dumps(str(instructions)))
-        + f'\n[model_providers.exo]\nname = "exo"\nbase_url = "{base_url}"\nwire_api = "responses"\n'
+        + f'\n[model_providers.exo]\nname = "exo"\nbase_url = "{base_url}"\nwire_api = "responses"\n{idle}'
     )
 
 
 def run_codex(
-    binary: Path, project: Path, home: Path, *, base_url: str, model: str, prompt: str, timeout: float
+    binary: Path,
+    project: Path,
+    home: Path,
+    *,
+    base_url: str,
+    model: str,
+    prompt: str,
+    timeout: float,
+    stream_idle_timeout_ms: int | None = None,
 ) -> CliRun:
     """`codex exec --json <prompt>` against exo, its sandbox off (the project is a throwaway test folder)."""
     codex_home = home / ".codex"
     codex_home.mkdir(parents=True, exist_ok=True)
     instructions = codex_home / "instructions.md"
     instructions.write_text(CLIENT_AGENT_PROMPT)
-    (codex_home / "config.toml").write_text(codex_config(base_url, model, instructions))
+    (codex_home / "config.toml").write_text(codex_config(base_url, model, instructions, stream_idle_timeout_ms))
     environment = isolated_environment(home, {"CODEX_HOME": str(codex_home)})
+    # Linux refuses a single argument over 128 KiB (E2BIG); `codex exec -` reads a longer prompt from stdin.
+    in_argument = len(prompt.encode()) < LONGEST_ARGUMENT_BYTES
     arguments = [
         str(binary),
         "exec",
         "--json",
         "--skip-git-repo-check",
         "--dangerously-bypass-approvals-and-sandbox",
-        prompt,
+        prompt if in_argument else "-",
     ]
-    return _run(arguments, project, environment, timeout)
+    return _run(arguments, project, environment, timeout, None if in_argument else prompt)

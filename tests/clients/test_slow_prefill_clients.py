@@ -1,13 +1,15 @@
 """Real clients whose prompt takes longer to read than they wait for headers or for the next chunk: no timeout,
-no retry, and the keep-alive comments parse.
+no retry, and the keep-alives parse.
 
 The long-context fixture model of tests/master/test_long_prefill_streams.py reads a prompt sized there to take
 well over KEEP_ALIVE_SECONDS (about 30 s on a busy 2-core machine). Each client's header timeout is cut to
 HEADER_TIMEOUT_MS: opencode's provider option `headerTimeout` (its `chunkTimeout` too, to a few seconds over the
-keep-alive interval), and Claude Code's API_TIMEOUT_MS, which its SDK applies until the response headers arrive.
-exo sends the headers when it admits a request and a comment line every KEEP_ALIVE_SECONDS while the prompt is
-read, so the client's first request is read to its end, none is cancelled or sent again, and the client ends
-normally. The model writes free text up to the clients' output limit; what matters is the stream, not the words.
+keep-alive interval), Claude Code's API_TIMEOUT_MS, which its SDK applies until the response headers arrive, and
+Codex CLI's stream idle timeout (cut to CODEX_IDLE_TIMEOUT_MS), which only SSE events reset. exo sends the headers
+when it admits a request and a keep-alive every KEEP_ALIVE_SECONDS while the prompt is read (a comment line; on
+Responses a `response.in_progress` event), so the client's first request is read past its prefill, none is
+cancelled or sent again, and opencode and Claude Code end normally. The model writes free text up to the clients'
+output limit; what matters is the stream, not the words.
 """
 
 import json
@@ -19,7 +21,7 @@ from typing import cast
 import pytest
 
 from exo.master.answer_stream import KEEP_ALIVE_SECONDS
-from tests.clients.agent_cli import run_claude_code
+from tests.clients.agent_cli import run_claude_code, run_codex
 from tests.clients.installed import require_client
 from tests.clients.opencode_client import provider_config, run_opencode
 from tests.exo_server import ExoServer
@@ -30,6 +32,9 @@ from tests.master.test_long_prefill_streams import CONTEXT_LENGTH, Calibrated, c
 # The clients' header timeouts, cut from minutes; exo sends headers within a second of admission.
 HEADER_TIMEOUT_MS = 5000
 OUTPUT_TOKENS = 16
+# Codex CLI gives up on a stream when no SSE event (comments do not count) arrives for this long; cut from 5 minutes.
+CODEX_IDLE_TIMEOUT_MS = int(KEEP_ALIVE_SECONDS * 1000) + 5000
+CODEX_RUN_SECONDS = 150.0
 CLI_TIMEOUT_SECONDS = 280.0
 
 
@@ -100,6 +105,35 @@ def test_claude_code_reads_keep_alives_through_a_prefill_longer_than_their_inter
     )
     assert_kept_alive_once([first_long])
     assert not [line for line in lines if line.endswith("finish=cancelled")], "\n".join(lines)
+
+
+def test_codex_reads_keep_alive_events_through_a_prefill_longer_than_its_idle_timeout(
+    node: Calibrated, tmp_path: Path
+) -> None:
+    codex = require_client("codex")
+    project, home = tmp_path / "project", tmp_path / "home"
+    project.mkdir()
+    home.mkdir()
+    before = len(request_lines(node.server, "responses", LONG_MODEL))
+    # Codex asks for no output limit, so the fixture would write until its context is full: Codex is stopped after
+    # CODEX_RUN_SECONDS, well past the prefill, and the node logs its request as cancelled then.
+    run = run_codex(
+        codex,
+        project,
+        home,
+        base_url=f"{node.server.base_url}/v1",
+        model=LONG_MODEL,
+        prompt=prompt_text("codex", node.sentences),
+        timeout=CODEX_RUN_SECONDS,
+        stream_idle_timeout_ms=CODEX_IDLE_TIMEOUT_MS,
+    )
+    lines = request_lines(node.server, "responses", LONG_MODEL)[before:]
+    # One request: Codex did not give up during the prefill and send it again, although the prefill took longer
+    # than Codex waits for an event; it was still reading the answer when it was stopped.
+    assert len(lines) == 1, f"{lines}\n{run.describe()}"
+    prefill = float(re.findall(r"prefill=([\d.]+)s", lines[0])[0])
+    assert prefill > CODEX_IDLE_TIMEOUT_MS / 1000, f"the prompt took only {prefill:.1f} s: shorter than the timeout"
+    assert re.search(r"ttft=[\d.]+s", lines[0]), lines[0]  # the answer had begun
 
 
 def assert_kept_alive_once(lines: list[str]) -> None:
