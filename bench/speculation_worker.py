@@ -23,7 +23,7 @@ from bench.machine import exo_commit
 from bench.results import SpeculationReport, SpeculationRow, SpeculationSettings
 from bench.stream_client import request_body
 from bench.workloads import decode_messages, edit_messages, rewrite_messages
-from exo.master.adapters.chat_request import to_command
+from exo.api.adapters.chat_request import to_command
 from exo.shared.types.api import ChatCompletionRequest, ToolDefinition
 from exo.shared.types.chunks import FinishChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk
 from exo.shared.types.common import ModelId, new_task_id

@@ -10,8 +10,8 @@ from uuid import uuid4
 import anyio
 import httpx
 
+from exo.api.app import create_app
 from exo.cluster.settings import ClusterSettings
-from exo.master.api import create_app
 from exo.node import Node, NodeConfig, api_settings
 
 

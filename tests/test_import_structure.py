@@ -99,3 +99,50 @@ def test_no_top_level_package_imports_itself_through_others() -> None:
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# The layers under the HTTP API: none of them may import it (the API is a front end over them, one of possibly
+# several); only the node's entry points (exo.node, exo.main) and the conformance tool, which replays the API's
+# encoders, sit above it.
+_BELOW_THE_API = ("exo.shared", "exo.models", "exo.tool_calls", "exo.cluster", "exo.worker", "exo.master", "exo.mcp")
+
+
+def _importers_of(prefix: str, graph: Mapping[str, set[str]]) -> dict[str, list[str]]:
+    return {
+        module: sorted(target for target in targets if target == prefix or target.startswith(f"{prefix}."))
+        for module, targets in graph.items()
+        if any(target == prefix or target.startswith(f"{prefix}.") for target in targets)
+    }
+
+
+def test_no_layer_under_the_api_imports_it() -> None:
+    importers = _importers_of("exo.api", import_graph())
+    assert {module: targets for module, targets in importers.items() if module.startswith(_BELOW_THE_API)} == {}
+
+
+def test_the_api_imports_nothing_from_the_worker() -> None:
+    importers = _importers_of("exo.worker", import_graph())
+    assert {module: targets for module, targets in importers.items() if module.startswith("exo.api")} == {}
+
+
+def test_shared_imports_only_shared() -> None:
+    graph = import_graph()
+    outside = {
+        module: sorted(target for target in targets if not target.startswith("exo.shared"))
+        for module, targets in graph.items()
+        if module.startswith("exo.shared")
+    }
+    assert {module: targets for module, targets in outside.items() if targets} == {}
+
+
+def test_the_api_takes_error_classes_from_shared_errors_only() -> None:
+    """shared/errors.py's rule: the API maps the errors the layers below raise, importing them from exo.shared.errors
+    and never from the cluster, model or worker modules that raise them."""
+    found: list[str] = []
+    for path in sorted((SOURCE / "exo" / "api").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(("exo.cluster", "exo.models")):
+                found += [
+                    f"{path.name}: {node.module}.{alias.name}" for alias in node.names if alias.name.endswith("Error")
+                ]
+    assert found == []

@@ -11,6 +11,11 @@ from typing import TYPE_CHECKING
 import anyio
 import uvicorn
 
+from exo.api.read_timeouts import (
+    DEFAULT_BODY_TIMEOUT_SECONDS,
+    DEFAULT_HEADER_TIMEOUT_SECONDS,
+    read_timeout_protocol,
+)
 from exo.cluster.settings import (
     DEFAULT_CLUSTER_NAME,
     LOOPBACK_HOSTS,
@@ -21,11 +26,6 @@ from exo.cluster.settings import (
     default_listen_endpoint,
     normalise_endpoint,
     parse_peer_list,
-)
-from exo.master.read_timeouts import (
-    DEFAULT_BODY_TIMEOUT_SECONDS,
-    DEFAULT_HEADER_TIMEOUT_SECONDS,
-    read_timeout_protocol,
 )
 
 # exo.node (and with it the model converter, transformers…) is imported only when a node starts: the subcommands
@@ -266,7 +266,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
 
 async def serve(config: "NodeConfig") -> bool:
     """Run the node until its API server stops; True when a signal (Ctrl-C, SIGTERM) stopped it."""
-    from exo.master.api import create_app
+    from exo.api.app import create_app
     from exo.node import Node, api_settings
     from exo.worker.engines.mlx.cpu.blas import blas_advice, blas_environment
     from exo.worker.engines.mlx.cpu.switch import why_off

@@ -15,6 +15,8 @@ from pathlib import Path
 import zenoh
 from anyio.abc import TaskGroup
 
+from exo.api.app import ApiSettings
+from exo.api.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS, DEFAULT_HEADER_TIMEOUT_SECONDS
 from exo.cluster.bus import Bus
 from exo.cluster.event_log import EventLog
 from exo.cluster.identity import NodeIdentity, claim_node_identity
@@ -24,10 +26,8 @@ from exo.cluster.node_facts import NodeDescriber
 from exo.cluster.peers import PeerConnector
 from exo.cluster.settings import ClusterSettings, zenoh_config
 from exo.cluster.topics import Member, Topics
-from exo.master.api import ApiSettings
 from exo.master.client import BusMasterClient
 from exo.master.main import Master
-from exo.master.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS, DEFAULT_HEADER_TIMEOUT_SECONDS
 from exo.models.paths import default_models_dir, exo_home
 from exo.models.peer_files import ModelFileServer
 from exo.models.progress_display import ConsoleProgress

@@ -20,7 +20,7 @@ from typing import cast
 
 import pytest
 
-from exo.master.answer_stream import KEEP_ALIVE_SECONDS
+from exo.api.answer_stream import KEEP_ALIVE_SECONDS
 from tests.clients.agent_cli import run_claude_code, run_codex
 from tests.clients.installed import require_client
 from tests.clients.opencode_client import provider_config, run_opencode

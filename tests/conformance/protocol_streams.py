@@ -6,10 +6,10 @@ from typing import Any
 
 import anyio
 
+from exo.api.adapters.messages_stream import MessageStreamEncoder
+from exo.api.adapters.protocol_events import sse_body
+from exo.api.adapters.responses_stream import ResponseStreamEncoder
 from exo.conformance.protocol_check import named_events
-from exo.master.adapters.messages_stream import MessageStreamEncoder
-from exo.master.adapters.protocol_events import sse_body
-from exo.master.adapters.responses_stream import ResponseStreamEncoder
 from exo.shared.types.chunks import (
     Chunk,
     FinishChunk,

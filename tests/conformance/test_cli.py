@@ -7,10 +7,10 @@ from collections.abc import Callable
 import pytest
 from pydantic import BaseModel, TypeAdapter
 
+from exo.api.adapters.chat_stream import ChunkEncoder
 from exo.conformance import cli
 from exo.conformance.replay import replay_case
 from exo.conformance.samples import PARIS, ConformanceCase, cases_for
-from exo.master.adapters.chat_stream import ChunkEncoder
 from exo.shared.types.chunks import Chunk, ToolCallArgumentsChunk, ToolCallChunk
 from exo.tool_calls import ToolFormatName
 

@@ -5,11 +5,11 @@ from collections.abc import Callable
 
 import pytest
 
+from exo.api.adapters.messages_stream import MessageStreamEncoder
+from exo.api.adapters.responses_stream import ResponseStreamEncoder
 from exo.conformance import cli
 from exo.conformance.messages_contract import check_messages_stream
 from exo.conformance.responses_contract import check_responses_stream
-from exo.master.adapters.messages_stream import MessageStreamEncoder
-from exo.master.adapters.responses_stream import ResponseStreamEncoder
 from exo.shared.types.anthropic_stream_events import ContentBlockStopEvent
 from exo.shared.types.openai_responses_events import ArgumentsDeltaEvent
 from tests.conformance.protocol_streams import CALL_ID, Event, body, messages_events, position_of, responses_events

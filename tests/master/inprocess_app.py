@@ -10,10 +10,10 @@ from typing import Any, Protocol
 
 from fastapi import FastAPI
 
-from exo.cluster.instance_keeper import InstancePlacementError
-from exo.master.api import create_app
+from exo.api.app import create_app
 from exo.master.client import TaskHandle
 from exo.node import NodeConfig, api_settings
+from exo.shared.errors import InstancePlacementError
 from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk, Usage
 from exo.shared.types.cluster_api import DiscoveryReport, PeerConnection
 from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand

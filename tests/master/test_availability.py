@@ -3,9 +3,9 @@ the reason (never a 404), and a degraded instance drains to its replacement over
 
 import pytest
 
-from exo.master.completion_flow import served_model
-from exo.master.errors import ApiError
-from exo.master.model_availability import unavailable_error
+from exo.api.completion_flow import served_model
+from exo.api.errors import ApiError
+from exo.api.model_availability import unavailable_error
 from exo.master.placement import failed_replacements, place_task, replaced_instances
 from exo.shared.types.common import InstanceId, ModelId
 from exo.shared.types.events import InstancePlaced, NodeDown, PlacementPending

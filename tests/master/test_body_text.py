@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from exo.master.body_text import find_body_problem
+from exo.api.body_text import find_body_problem
 
 
 def body(document: object) -> bytes:

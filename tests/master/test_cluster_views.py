@@ -2,8 +2,8 @@
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exo.master.cluster_views import cluster_metrics, cluster_nodes, cluster_summary
-from exo.master.prometheus import prometheus_text
+from exo.api.cluster_views import cluster_metrics, cluster_nodes, cluster_summary
+from exo.api.prometheus import prometheus_text
 from exo.shared.types.events import MasterElected, NodeDown, TaskUpdated
 from exo.shared.types.state import RunnerMetrics, State
 from tests.shared.state_builders import GIB, NODE_A, NODE_B, NODE_C, fold, reported, runner, task

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from exo.master.ollama.wire import OllamaChatRequest, OllamaGenerateRequest
+from exo.api.ollama.wire import OllamaChatRequest, OllamaGenerateRequest
 from exo.shared.types.anthropic_messages import CountTokensRequest, MessagesRequest
 from exo.shared.types.api import ChatCompletionRequest
 from exo.shared.types.openai_responses import InputTokensRequest, ResponsesRequest

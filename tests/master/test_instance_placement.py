@@ -3,7 +3,7 @@ the refusal naming the memory, and the instance's life in the state (placed, vie
 
 import pytest
 
-from exo.master.cluster_views import placed_instance_view
+from exo.api.cluster_views import placed_instance_view
 from exo.master.instance_placement import place_instance
 from exo.master.pipeline_placement import PlacementError
 from exo.shared.types.common import CommandId, InstanceId, ModelId

@@ -28,7 +28,7 @@ import pytest
 from anthropic.types import MessageParam
 from openai.types.chat import ChatCompletionUserMessageParam
 
-from exo.master.answer_stream import ADMISSION_WAIT_SECONDS, KEEP_ALIVE_SECONDS
+from exo.api.answer_stream import ADMISSION_WAIT_SECONDS, KEEP_ALIVE_SECONDS
 from tests.exo_server import ExoServer, running_exo
 from tests.fixtures.endless_model import MODEL, endless_copy
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from exo.api.public_paths import PathHider, storage_directories
 from exo.master.client import TaskHandle
-from exo.master.public_paths import PathHider, storage_directories
 from exo.models.resolve import resolve_model
 from exo.node import NodeConfig
 from exo.shared.errors import RunnerUnavailableError

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from exo.master.request_log import RequestTimeline
+from exo.api.request_log import RequestTimeline
 from exo.shared.types.chunks import ErrorChunk, FinishChunk, PrefillProgressChunk, TokenChunk, Usage
 from exo.shared.types.common import ModelId, NodeId
 from exo.shared.types.request_record import ERROR_MESSAGE_CHARS
@@ -121,3 +121,4 @@ def test_quiet_hides_the_request_lines(tmp_path: Path) -> None:
         log = server.log()
     assert "request chat.completions" not in log
     assert "exo.master" not in log  # nothing else at INFO either: the flag took effect
+    assert "exo.api" not in log

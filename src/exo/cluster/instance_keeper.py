@@ -18,7 +18,7 @@ from exo.cluster.event_log import EventLog
 from exo.cluster.topics import Topics
 from exo.models.footprint import read_footprint
 from exo.shared.apply import is_up
-from exo.shared.errors import NoMasterError
+from exo.shared.errors import InstancePlacementError, NoMasterError
 from exo.shared.types.common import ModelId, NodeId, new_command_id
 from exo.shared.types.instances import (
     InstancePlacementReply,
@@ -32,10 +32,6 @@ logger = logging.getLogger(__name__)
 
 REPLY_TIMEOUT_SECONDS = 30.0
 RECHECK_SECONDS = 2.0
-
-
-class InstancePlacementError(ValueError):
-    """The master cannot place the model; the message names the memory needed and available."""
 
 
 @dataclass

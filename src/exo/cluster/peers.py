@@ -17,6 +17,7 @@ import zenoh
 from exo.cluster.bus import Bus
 from exo.cluster.membership import Membership
 from exo.cluster.settings import ClusterSettings, apply_cluster_key, link_endpoint, normalise_endpoint, zenoh_config
+from exo.shared.errors import PeerUnreachableError
 from exo.shared.types.cluster_api import DiscoveredPeer, DiscoveryReport, PeerConnection
 from exo.shared.types.common import NodeId
 
@@ -27,10 +28,6 @@ LINK_WAIT_SECONDS = 5.0
 MEMBER_WAIT_SECONDS = 5.0
 SCOUT_SECONDS = 2.0
 RECONNECT_INTERVAL_SECONDS = 10.0
-
-
-class PeerUnreachableError(Exception):
-    """Nothing answered at the endpoint."""
 
 
 class PeerConnector:

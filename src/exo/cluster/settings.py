@@ -8,6 +8,7 @@ import psutil
 import zenoh
 
 from exo.cluster.cluster_tls import tls_link_config
+from exo.shared.errors import ClusterSettingsError
 from exo.shared.types.common import NodeId
 
 DEFAULT_CLUSTER_NAME = "default"
@@ -20,10 +21,6 @@ LEASE_MILLISECONDS = 6000
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 _ENDPOINT = re.compile(r"^tcp/(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(?P<port>[0-9]{1,5})$")
-
-
-class ClusterSettingsError(ValueError):
-    """A cluster flag or EXO_PEERS entry is malformed."""
 
 
 def check_cluster_name(name: str) -> str:

@@ -10,15 +10,15 @@ from collections.abc import AsyncIterator, Sequence
 
 import anyio
 
+from exo.api.adapters.messages_response import collect_message
+from exo.api.adapters.messages_stream import MessageStreamEncoder
+from exo.api.adapters.protocol_events import sse_body
+from exo.api.adapters.responses_response import collect_response
+from exo.api.adapters.responses_stream import ResponseStreamEncoder
 from exo.conformance.contract import Violation
 from exo.conformance.messages_contract import check_messages_stream
 from exo.conformance.protocol_check import ProtocolCheck
 from exo.conformance.responses_contract import check_responses_stream
-from exo.master.adapters.messages_response import collect_message
-from exo.master.adapters.messages_stream import MessageStreamEncoder
-from exo.master.adapters.protocol_events import sse_body
-from exo.master.adapters.responses_response import collect_response
-from exo.master.adapters.responses_stream import ResponseStreamEncoder
 from exo.shared.types.anthropic_messages import ToolUseContent
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.openai_responses_output import FunctionCallOutput, ResponseObject

@@ -15,10 +15,10 @@ from pydantic import TypeAdapter
 from rich.filesize import decimal
 
 from exo.models.catalog import CATALOG, CatalogListing, catalog_listing, describe_size
-from exo.models.errors import ExoModelError
 from exo.models.paths import default_models_dir
 from exo.models.progress import PreparationTracker
 from exo.models.progress_display import ConsoleProgress
+from exo.shared.errors import ExoModelError
 from exo.shared.types.common import ModelId
 
 _LISTINGS_ADAPTER = TypeAdapter(list[CatalogListing])

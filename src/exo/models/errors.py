@@ -1,8 +1,7 @@
-"""Errors raised while finding, downloading or converting a model."""
+"""Errors raised while finding, downloading or converting a model (their base lives in exo.shared.errors, so the
+API catches it without importing this layer)."""
 
-
-class ExoModelError(Exception):
-    """Base for every model-acquisition failure; the message names the model and the reason."""
+from exo.shared.errors import ExoModelError
 
 
 class ModelNotFoundError(ExoModelError):

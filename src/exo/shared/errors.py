@@ -19,3 +19,20 @@ class RunnerUnavailableError(Exception):
 
 class NoMasterError(Exception):
     """No cluster master answered: the task could not be placed (the cluster is electing one, or split)."""
+
+
+class ExoModelError(Exception):
+    """Base for every model-acquisition failure; the message names the model and the reason (the kinds are in
+    exo.models.errors)."""
+
+
+class InstancePlacementError(ValueError):
+    """The master cannot place the model; the message names the memory needed and available."""
+
+
+class PeerUnreachableError(Exception):
+    """Nothing answered at the endpoint."""
+
+
+class ClusterSettingsError(ValueError):
+    """A cluster flag or EXO_PEERS entry is malformed."""

@@ -2,8 +2,8 @@
 
 import pytest
 
-from exo.master.adapters.chat_request import to_command
-from exo.master.errors import ApiError
+from exo.api.adapters.chat_request import to_command
+from exo.api.errors import ApiError
 from exo.shared.types.api import ChatCompletionRequest
 from exo.shared.types.common import ModelId
 from exo.shared.types.tasks import SamplingParams

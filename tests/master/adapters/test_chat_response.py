@@ -4,8 +4,8 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from exo.master.adapters.chat_response import collect_response
-from exo.master.errors import ApiError
+from exo.api.adapters.chat_response import collect_response
+from exo.api.errors import ApiError
 from exo.shared.types.api import ChatCompletionResponse
 from exo.shared.types.chunks import (
     Chunk,

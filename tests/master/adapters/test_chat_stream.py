@@ -3,9 +3,9 @@
 import json
 from collections.abc import AsyncIterator, Sequence
 
+from exo.api.adapters.chat_stream import ChunkEncoder, sse_events
 from exo.conformance.checker import check_stream, sse_payloads
 from exo.conformance.contract import DONE_PAYLOAD, StreamCheck
-from exo.master.adapters.chat_stream import ChunkEncoder, sse_events
 from exo.shared.types.chunks import (
     Chunk,
     ErrorChunk,

@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from exo.master.adapters import chat_request, messages_request
-from exo.master.errors import ApiError
+from exo.api.adapters import chat_request, messages_request
+from exo.api.errors import ApiError
 from exo.shared.types.anthropic_messages import CountTokensRequest, MessagesRequest
 from exo.shared.types.api import ChatCompletionRequest
 from exo.shared.types.common import ModelId

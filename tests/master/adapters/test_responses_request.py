@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from exo.master.adapters import chat_request, responses_request
-from exo.master.errors import ApiError
+from exo.api.adapters import chat_request, responses_request
+from exo.api.errors import ApiError
 from exo.shared.types.api import ChatCompletionRequest
 from exo.shared.types.common import ModelId
 from exo.shared.types.openai_responses import InputTokensRequest, ResponsesRequest

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from exo.master.adapters.schema_termination import (
+from exo.api.adapters.schema_termination import (
     CheckBudget,
     as_tool_parameters,
     self_application_cycle,

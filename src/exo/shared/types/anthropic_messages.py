@@ -1,6 +1,6 @@
 """Anthropic Messages API wire types (`POST /v1/messages`, `/v1/messages/count_tokens`): requests and answers.
 
-Requests are validated here and nowhere else; `exo.master.adapters.messages_request` turns them into the same
+Requests are validated here and nowhere else; `exo.api.adapters.messages_request` turns them into the same
 command a chat completion becomes. Content blocks the server cannot use (images, documents, server-tool blocks)
 are still recognised by their `type`, so the adapter can refuse them with a 400 that names them.
 """
@@ -159,7 +159,7 @@ class MessagesPrompt(WireModel):
     """What determines the prompt: shared by `/v1/messages` and `/v1/messages/count_tokens`.
 
     Top-level fields are a closed set, as for chat completions: an undeclared field is a 400 naming it. Scalars
-    are strict. Fields declared but not acted on are listed in `exo.master.adapters.messages_request`.
+    are strict. Fields declared but not acted on are listed in `exo.api.adapters.messages_request`.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True)

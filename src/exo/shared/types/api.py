@@ -160,7 +160,7 @@ class ChatCompletionRequest(WireModel):
     argument supplied" 400, so typos (`max_token`) fail loudly instead of being silently dropped. Besides OpenAI's
     own fields, a deliberate allow-list of extensions that common clients send (vLLM / llama.cpp / mlx-lm sampling
     knobs, opencode's and the AI SDK's extras) is declared and typed; `IGNORED_REQUEST_FIELDS` in
-    `exo.master.adapters.chat_request` names those accepted but not acted on. Scalars are strict (`"5"` is not an
+    `exo.api.adapters.chat_request` names those accepted but not acted on. Scalars are strict (`"5"` is not an
     integer, `"yes"` is not a boolean). Nested objects stay open: clients attach metadata such as `cache_control`.
     """
 

@@ -1,6 +1,6 @@
 """OpenAI Responses API request types (`POST /v1/responses`, `/v1/responses/input_tokens`).
 
-Validated here and nowhere else; `exo.master.adapters.responses_request` turns a request into the same command a
+Validated here and nowhere else; `exo.api.adapters.responses_request` turns a request into the same command a
 chat completion becomes. Input items, content parts, tools and tool choices the server cannot use (images, files,
 hosted tools, item references…) are still recognised by their `type`, so the adapter can refuse them by name.
 """

@@ -1,7 +1,7 @@
 """What the cluster keeps about a request that ended: the dialect it came in, the model and node that served it,
 where its time went and how it ended. Never its prompt or its output, only their token counts.
 
-The node whose API took the request records it (master/request_log.py); /state lists each node's most recent
+The node whose API took the request records it (api/request_log.py); /state lists each node's most recent
 ones under that node (`NodeInfo.recent_requests`), so every node's dashboard shows the whole cluster's.
 """
 

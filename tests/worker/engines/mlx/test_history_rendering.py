@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from exo.master.adapters.chat_request import normalise_messages
+from exo.api.adapters.chat_request import normalise_messages
 from exo.shared.types.api import ChatCompletionRequest, FunctionDefinition
 from exo.shared.types.tasks import ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment

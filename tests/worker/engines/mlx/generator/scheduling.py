@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import JsonValue
 
-from exo.master.adapters.chat_request import to_command
+from exo.api.adapters.chat_request import to_command
 from exo.shared.types.api import ChatCompletionRequest
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, PrefillProgressChunk, ToolCallChunk
 from exo.shared.types.common import ModelId, TaskId, new_task_id

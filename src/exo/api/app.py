@@ -1,0 +1,175 @@
+"""The OpenAI-compatible HTTP API. Thin: validate the request, hand a command to the master, shape the answer.
+
+Every node serves it; a request for a model whose runner lives on another node is forwarded there by the master
+and streamed back unchanged. The cluster's own endpoints (/v1/cluster…, /metrics) are in cluster_routes.py.
+"""
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from exo.api.adapters.chat_request import to_command
+from exo.api.adapters.chat_response import collect_response
+from exo.api.adapters.chat_stream import ChatEventWriter, ChunkEncoder
+from exo.api.adapters.messages_errors import anthropic_error
+from exo.api.answer_stream import AnswerStream
+from exo.api.cluster_routes import cluster_router
+from exo.api.completion_flow import CLIENT_CLOSED_REQUEST, collect, served_model, submit
+from exo.api.error_shapes import documented_errors
+from exo.api.errors import (
+    ApiError,
+    handle_api_error,
+    handle_http_error,
+    handle_unexpected_error,
+    openai_error,
+)
+from exo.api.mcp_mount import mount_mcp
+from exo.api.ollama.routes import OLLAMA_PATH_PREFIX, ollama_error, ollama_router
+from exo.api.public_paths import PublicMasterClient, directory_hider, storage_directories
+from exo.api.request_guard import RequestGuard
+from exo.api.request_log import RequestTimeline
+from exo.api.routes.catalog import catalog_router
+from exo.api.routes.messages import MESSAGES_PATH_PREFIX, messages_router
+from exo.api.routes.responses import responses_router
+from exo.api.validation_errors import handle_validation_error
+from exo.dashboard.routes import is_dashboard_asset, mount_dashboard
+from exo.master.client import MasterClient
+from exo.master.placement import served_model_ids
+from exo.models.paths import default_models_dir, exo_home
+from exo.models.progress import PreparationSink
+from exo.shared.types.api import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
+from exo.shared.types.common import ModelId
+from exo.shared.types.state import RunnerInfo, State
+
+# Documented in the OpenAPI schema so clients and fuzzers know every failure has OpenAI's error shape.
+_ERRORS = documented_errors(ErrorResponse)
+_AUTH_ERRORS: dict[int | str, dict[str, Any]] = {status: _ERRORS[status] for status in (401, 500)}
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    api_key: str | None = None
+    max_request_bytes: int = 32 * 1024 * 1024
+    # Where the API listens: the /mcp tools call the node's own API there.
+    host: str = "127.0.0.1"
+    port: int = 52415
+    # This node's models directory, which the catalog routes download into (None: $EXO_HOME/models).
+    models_dir: Path | None = None
+    # Show where models live on disk in answers (/state, errors); otherwise only the logs do (public_paths.py).
+    show_model_paths: bool = False
+
+
+def create_app(
+    master: MasterClient, settings: ApiSettings, record_preparation: PreparationSink | None = None
+) -> FastAPI:
+    """The FastAPI app in front of `master`: /health, /state, /v1/models, chat completions, Messages, Responses,
+    Ollama's API (/api/…), the cluster's endpoints, this node's model catalog, the MCP tools at /mcp and the web
+    dashboard at /.
+
+    `record_preparation` puts the progress of a catalog download into this node's state (it is called from the
+    download's thread); without it, downloads show their progress only to the client that asked.
+    """
+    models_dir = settings.models_dir or default_models_dir()
+    hide_paths: Callable[[str], str] = str
+    if not settings.show_model_paths:
+        directories = storage_directories(models_dir, exo_home())
+        master = PublicMasterClient(master, directories)
+        hide_paths = directory_hider(directories)
+    app = FastAPI(title="exo", version="0.1.0")
+    app.add_exception_handler(ApiError, handle_api_error)
+    app.add_exception_handler(RequestValidationError, handle_validation_error)
+    app.add_exception_handler(StarletteHTTPException, handle_http_error)
+    app.add_exception_handler(Exception, handle_unexpected_error)
+    app.add_middleware(
+        RequestGuard,
+        api_key=settings.api_key,
+        max_body_bytes=settings.max_request_bytes,
+        error_shapes={MESSAGES_PATH_PREFIX: anthropic_error, OLLAMA_PATH_PREFIX: ollama_error},
+        open_paths=is_dashboard_asset,
+    )
+    mount_mcp(app, host=settings.host, port=settings.port, api_key=settings.api_key)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/state", responses=_AUTH_ERRORS)
+    async def state() -> State:
+        return master.state
+
+    @app.get("/v1/models", responses=_AUTH_ERRORS)
+    async def models() -> ModelList:
+        return ModelList(data=_model_cards(master.state))
+
+    @app.post("/v1/chat/completions", response_model=None, responses=_ERRORS)
+    async def chat_completions(
+        request: ChatCompletionRequest, http_request: Request
+    ) -> ChatCompletionResponse | Response:
+        received_at = time.monotonic()
+        model_id = served_model(master.state, request.model)
+        handle = await submit(master, to_command(request, model_id), http_request)
+        timeline = RequestTimeline("chat.completions", model_id, handle.node_id, received_at)
+        completion_id = f"chatcmpl-{uuid4().hex}"
+        created = int(time.time())
+        if not request.stream:
+            response = await collect(
+                master,
+                handle,
+                http_request,
+                lambda chunks: collect_response(chunks, completion_id=completion_id, created=created, model=model_id),
+                timeline,
+            )
+            return response if response is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        writer = ChatEventWriter(ChunkEncoder(completion_id, created, model_id, include_usage))
+        return AnswerStream(master, handle, writer, timeline, openai_error)
+
+    app.include_router(messages_router(master))
+    app.include_router(responses_router(master))
+    app.include_router(ollama_router(master))
+    app.include_router(catalog_router(models_dir, record_preparation, hide_paths))
+    app.include_router(cluster_router(master))
+    mount_dashboard(app)
+    return app
+
+
+def _model_cards(state: State) -> list[ModelCard]:
+    """One card per model served anywhere in the cluster (described by a loaded runner when there is one)."""
+    served = served_model_ids(state)
+    described: dict[ModelId, RunnerInfo] = {}
+    for runner in state.runners.values():
+        if runner.model_id in served:
+            known = described.get(runner.model_id)
+            if known is None or (known.metadata is None and runner.metadata is not None):
+                described[runner.model_id] = runner
+    cards: list[ModelCard] = []
+    for model_id, runner in sorted(described.items()):
+        metadata = runner.metadata
+        capabilities = ["chat"]
+        if metadata is not None and metadata.tool_format is not None:
+            capabilities.append("tool_use")
+        if metadata is not None and metadata.supports_reasoning:
+            capabilities.append("reasoning")
+        cards.append(
+            ModelCard(
+                id=model_id,
+                created=int(time.time()),
+                capabilities=capabilities,
+                context_length=metadata.context_length if metadata else None,
+                vocab_size=metadata.vocab_size if metadata else None,
+            )
+        )
+    return cards

@@ -1,0 +1,167 @@
+"""What every generating route does with its command, whatever the wire protocol.
+
+Chat Completions, the Messages API and the Responses API differ only in how they read the request and write the
+answer. In between they all: pick the served model (anywhere in the cluster), submit the command through the
+master's one entry point (which places it on the node whose runner serves the model), then stream the chunks
+(answer_stream.py: headers at admission, keep-alives while the prompt is read) or collect them, cancelling the task
+when the client goes away, and log one line for the request (request_log.py).
+"""
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+from fastapi import Request
+
+from exo.api.errors import ApiError, placement_error
+from exo.api.model_availability import unavailable_error
+from exo.api.request_log import RequestTimeline
+from exo.master.client import MasterClient, TaskHandle
+from exo.master.placement import served_model_ids
+from exo.shared.types.chunks import Chunk
+from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
+from exo.shared.types.common import ModelId
+from exo.shared.types.preparation import PreparationPhase
+from exo.shared.types.state import State
+from exo.shared.types.worker.runner_response import ModelMetadata
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# nginx's "client closed request": nobody reads it, but logs and tests see why the request ended.
+CLIENT_CLOSED_REQUEST = 499
+_ENDED: frozenset[PreparationPhase] = frozenset({"ready", "failed"})
+
+
+def served_model(state: State, requested: str | None) -> ModelId:
+    """The model a request names (or the only one served in the cluster), else a 400/404/503 saying why not (503:
+    it is being prepared, or the cluster keeps it placed but cannot serve it now)."""
+    served = served_model_ids(state)
+    if not requested and len(served) == 1:
+        return served[0]
+    if requested and requested in served:
+        return ModelId(requested)
+    label = requested or "default"
+    preparing = {
+        name
+        for node in state.nodes.values()
+        if node.health.status != "down"
+        for name in (
+            *node.preparing,
+            *(model_id for model_id, preparation in node.preparations.items() if preparation.phase not in _ENDED),
+        )
+    }
+    if label in preparing or (not requested and preparing):
+        raise ApiError(503, f"model '{label}' is still being prepared; retry shortly", error_type="server_error")
+    only_pending = list(state.pending_placements) if not served and len(state.pending_placements) == 1 else [None]
+    unavailable = unavailable_error(state, requested or only_pending[0] or "")
+    if unavailable is not None:
+        raise unavailable
+    served_text = ", ".join(served) or "none"
+    if not requested:
+        raise ApiError(400, f"the request names no model and several are served ({served_text})", param="model")
+    raise ApiError(
+        404,
+        f"model '{requested}' is not served here (served: {served_text})",
+        error_type="not_found_error",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def model_metadata(state: State, model_id: ModelId) -> ModelMetadata | None:
+    """What a runner serving `model_id` reported when it loaded (None while it loads)."""
+    runners = state.runners.values()
+    return next((runner.metadata for runner in runners if runner.model_id == model_id and runner.metadata), None)
+
+
+def _check_for_model(command: ChatCompletionCommand, metadata: ModelMetadata | None) -> None:
+    """400 for what the model itself cannot do with the command, whatever the protocol named it in."""
+    top_k = command.params.sampling.top_k
+    if metadata is not None and metadata.vocab_size is not None and top_k >= metadata.vocab_size:
+        raise ApiError(
+            400,
+            f"top_k must be below the model's vocabulary size of {metadata.vocab_size} (0: no limit), got {top_k}",
+            param="top_k",
+        )
+
+
+async def submit(master: MasterClient, command: ChatCompletionCommand, http_request: Request) -> TaskHandle:
+    """Hand `command` to the master (the single entry point for generation, wherever its runner lives).
+
+    A task that cannot start becomes its ApiError; a client that leaves while the task is placed gets 499.
+    """
+    _check_for_model(command, model_metadata(master.state, command.model_id))
+
+    async def place() -> TaskHandle:
+        try:
+            return await master.submit_chat_completion(command)
+        except Exception as error:
+            refusal = placement_error(error)
+            if refusal is None:
+                raise
+            raise refusal from error
+
+    handle = await unless_client_leaves(http_request, place)
+    if handle is None:
+        raise ApiError(CLIENT_CLOSED_REQUEST, "the client closed the request", code="client_closed_request")
+    return handle
+
+
+async def unless_client_leaves(http_request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
+    """Await `work()`, or cancel it and return None if the client disconnects first.
+
+    Until the response starts streaming, nothing else notices a client that gave up: without this a request
+    abandoned while it waits in the queue would still run (its cancellation in `work` drops it from the queue).
+    """
+    result: list[T] = []
+    failure: list[Exception] = []
+    async with anyio.create_task_group() as group:
+
+        async def watch() -> None:
+            while not await http_request.is_disconnected():
+                await anyio.sleep(0.1)
+            group.cancel_scope.cancel()
+
+        group.start_soon(watch)
+        try:
+            result.append(await work())
+        except Exception as error:  # re-raised below, outside the group, so it is not wrapped in an ExceptionGroup
+            failure.append(error)
+        group.cancel_scope.cancel()
+    if failure:
+        raise failure[0]
+    return result[0] if result else None
+
+
+async def collect(
+    master: MasterClient,
+    handle: TaskHandle,
+    http_request: Request,
+    collector: Callable[[AsyncIterator[Chunk]], Awaitable[T]],
+    timeline: RequestTimeline | None = None,
+) -> T | None:
+    """The non-streaming answer `collector` builds from every chunk; None if the client left first.
+
+    Nothing is sent before the answer is complete, so a failure keeps its HTTP status (a body sent early, even
+    whitespace, would commit the response to 200 and an error could then only arrive as a 200).
+    """
+    chunks = timeline.tap(handle.chunks) if timeline is not None else handle.chunks
+
+    async def work() -> T:
+        try:
+            return await collector(chunks)
+        except BaseException:
+            master.cancel(CancelTaskCommand(task_id=handle.task_id))
+            raise
+
+    answer: T | None = None
+    try:
+        answer = await unless_client_leaves(http_request, work)
+    finally:
+        if timeline is not None:
+            timeline.log(cancelled=answer is None)
+            master.record_request(timeline.record(cancelled=answer is None))
+    return answer

@@ -1,0 +1,85 @@
+"""The models as Ollama's clients list them: /api/tags (served in the cluster), /api/ps (loaded), /api/show.
+
+exo has no Ollama blobs: `digest` is a hash of the model's name (stable, so clients that key on it work), `size`
+is 0 (the weights may live on another node), and names carry no tag; a request naming `model:latest` finds `model`.
+"""
+
+import hashlib
+
+from exo.api.completion_flow import model_metadata, served_model
+from exo.api.ollama.answer import created_at
+from exo.api.ollama.wire import OllamaModelDetails, OllamaModelEntry, OllamaModelList, OllamaShowAnswer
+from exo.master.placement import served_model_ids
+from exo.shared.types.common import ModelId
+from exo.shared.types.state import State
+from exo.shared.types.worker.runner_response import ModelMetadata
+
+# The Ollama version exo's API corresponds to: clients (VS Code Copilot) refuse servers older than they need.
+OLLAMA_API_VERSION = "0.12.6"
+# How long /api/ps says a loaded model stays: exo keeps its models until the node stops.
+_FOREVER = "2318-01-01T00:00:00Z"
+_LATEST = ":latest"
+
+
+def served_ollama_model(state: State, requested: str) -> ModelId:
+    """The served model a request names, where Ollama's default tag (`name:latest`) names the untagged model."""
+    served = served_model_ids(state)
+    if requested.endswith(_LATEST) and requested not in served:
+        requested = requested.removesuffix(_LATEST)
+    return served_model(state, requested)
+
+
+def _digest(model_id: str) -> str:
+    return hashlib.sha256(model_id.encode()).hexdigest()
+
+
+def _details(metadata: ModelMetadata | None) -> OllamaModelDetails:
+    family = (metadata.tool_format if metadata else None) or "unknown"
+    return OllamaModelDetails(
+        format="mlx", family=family, families=[family], quantization_level=metadata.dtype if metadata else ""
+    )
+
+
+def _entry(state: State, model_id: ModelId, now: str, *, loaded: bool) -> OllamaModelEntry:
+    metadata = model_metadata(state, model_id)
+    return OllamaModelEntry(
+        name=model_id,
+        model=model_id,
+        modified_at=now,
+        size=0,
+        digest=_digest(model_id),
+        details=_details(metadata),
+        expires_at=_FOREVER if loaded else None,
+        size_vram=0 if loaded else None,
+        context_length=metadata.context_length if loaded and metadata else None,
+    )
+
+
+def tags(state: State) -> OllamaModelList:
+    """Every model served anywhere in the cluster."""
+    now = created_at()
+    return OllamaModelList(models=[_entry(state, model_id, now, loaded=False) for model_id in served_model_ids(state)])
+
+
+def loaded(state: State) -> OllamaModelList:
+    """The served models a runner has loaded and can generate with now."""
+    ready = {runner.model_id for runner in state.runners.values() if runner.status in ("ready", "running")}
+    now = created_at()
+    models = [model_id for model_id in served_model_ids(state) if model_id in ready]
+    return OllamaModelList(models=[_entry(state, model_id, now, loaded=True) for model_id in models])
+
+
+def show(state: State, model_id: ModelId) -> OllamaShowAnswer:
+    """What clients read before chatting: the context length (`<family>.context_length`) and the capabilities
+    (`tools` makes VS Code Copilot offer the model in agent mode)."""
+    metadata = model_metadata(state, model_id)
+    details = _details(metadata)
+    info: dict[str, str | int] = {"general.architecture": details.family, "general.basename": model_id}
+    capabilities = ["completion"]
+    if metadata is not None:
+        info[f"{details.family}.context_length"] = metadata.context_length
+        if metadata.tool_format is not None:
+            capabilities.append("tools")
+        if metadata.supports_reasoning:
+            capabilities.append("thinking")
+    return OllamaShowAnswer(modified_at=created_at(), details=details, model_info=info, capabilities=capabilities)

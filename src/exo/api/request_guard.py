@@ -1,0 +1,138 @@
+"""ASGI middleware in front of every route: the API key, the request-body size limit, then the body's text.
+
+It is plain ASGI rather than a Starlette `BaseHTTPMiddleware` because the size limit must hold while the body is
+read: a chunked upload has no Content-Length to check up front, so the guard reads the body itself, stops at the
+limit, and hands the app a replay of what it read. Reading the whole body here also lets one check cover every JSON
+endpoint, present and future: text that cannot be passed on (see body_text.py) is refused before any route runs.
+"""
+
+import hmac
+from collections.abc import Callable, Mapping
+
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from exo.api.body_text import find_body_problem
+from exo.api.error_shapes import ErrorShape, shaped_response
+from exo.api.errors import ApiError, error_response
+
+UNAUTHENTICATED_PATHS = frozenset({"/health"})
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    headers: list[tuple[bytes, bytes]] = scope["headers"]
+    return next((value for key, value in headers if key.lower() == name), None)
+
+
+def _bearer_token(authorization: bytes) -> bytes:
+    """The credentials of `Authorization: Bearer TOKEN`; the scheme is case-insensitive (RFC 7235), the one space
+    after it is not optional, and anything else yields no token."""
+    scheme, separator, token = authorization.partition(b" ")
+    return token if separator and scheme.lower() == b"bearer" else b""
+
+
+def _authorized(scope: Scope, api_key: str) -> bool:
+    # OpenAI clients send `Authorization: Bearer KEY`, Anthropic clients `x-api-key: KEY`.
+    bearer = _bearer_token(_header(scope, b"authorization") or b"")
+    key = _header(scope, b"x-api-key") or b""
+    expected = api_key.encode()
+    # Compare in constant time so response timing does not leak how much of a guessed key was right.
+    return hmac.compare_digest(bearer, expected) | hmac.compare_digest(key, expected)
+
+
+def _is_json(scope: Scope) -> bool:
+    """Whether the body is meant as JSON: a JSON media type, or none at all (FastAPI reads that as JSON too)."""
+    content_type = (_header(scope, b"content-type") or b"").split(b";")[0].strip().lower()
+    return not content_type or content_type == b"application/json" or content_type.endswith(b"+json")
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body is larger than {limit} bytes", code="body_too_large")
+
+
+class RequestGuard:
+    """Reject unauthenticated requests (401) and bodies over `max_body_bytes` (413) before the app sees them."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        api_key: str | None,
+        max_body_bytes: int,
+        error_shapes: Mapping[str, ErrorShape] | None = None,
+        open_paths: Callable[[str], bool] = lambda _path: False,
+    ) -> None:
+        self._app = app
+        self._api_key = api_key
+        self._max_body_bytes = max_body_bytes
+        # Path prefix → the error shape of the protocol served there (OpenAI's everywhere else).
+        self._error_shapes = dict(error_shapes or {})
+        # Paths served without the key besides /health (the dashboard's page and assets, which hold no data).
+        self._open_paths = open_paths
+
+    def _refusal(self, scope: Scope, error: ApiError) -> Response:
+        path: str = scope["path"]
+        shape = next((shape for prefix, shape in self._error_shapes.items() if path.startswith(prefix)), None)
+        return error_response(error) if shape is None else shaped_response(shape, error)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        is_open = path in UNAUTHENTICATED_PATHS or self._open_paths(path)
+        if self._api_key and not is_open and not _authorized(scope, self._api_key):
+            unauthorized = ApiError(
+                401,
+                "missing or invalid API key",
+                error_type="authentication_error",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+            await self._refusal(scope, unauthorized)(scope, receive, send)
+            return
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._max_body_bytes:
+            await self._refusal(scope, _too_large(self._max_body_bytes))(scope, receive, send)
+            return
+        body = await self._read_body(receive)
+        if body is None:
+            await self._refusal(scope, _too_large(self._max_body_bytes))(scope, receive, send)
+            return
+        problem = find_body_problem(body) if _is_json(scope) else None
+        if problem is not None:
+            refused = ApiError(400, problem.message, param=problem.param, code=problem.code)
+            await self._refusal(scope, refused)(scope, receive, send)
+            return
+        await self._app(scope, _replay(body, receive), send)
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        """The whole body, or None as soon as it exceeds the limit (the rest is never read)."""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                # The client left before finishing its body; the app sees an empty body and the disconnect.
+                return b"".join(parts)
+            chunk: bytes = message.get("body", b"")
+            size += len(chunk)
+            if size > self._max_body_bytes:
+                return None
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that yields the buffered body once, then defers to the server (for disconnect notices)."""
+    delivered = False
+
+    async def replayed() -> Message:
+        nonlocal delivered
+        if delivered:
+            return await receive()
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replayed

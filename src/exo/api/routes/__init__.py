@@ -1,0 +1,1 @@
+"""One router per extra wire protocol (Messages API, Responses API), registered by `exo.api.app`."""

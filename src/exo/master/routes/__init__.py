@@ -1,1 +1,0 @@
-"""One router per extra wire protocol (Messages API, Responses API), registered by `exo.master.api`."""
