@@ -11,13 +11,13 @@ While nothing else goes out (queued, or a prefill of minutes on a slow machine) 
 KEEP_ALIVE_SECONDS, so clients that give up on a silent connection (opencode's header timeout, Claude Code's idle
 timeout, Codex CLI's stream idle timeout) see something arrive. By default it is an SSE comment line saying where the
 request stands (`: queued`, `: prefill 2048/18752 tokens (1024 cached)`), which every SSE parser skips; Responses
-sends a `response.in_progress` event instead, because Codex CLI's idle timer counts only events.
+sends a `response.in_progress` event instead, because Codex CLI's idle timer counts only events, and Ollama's
+NDJSON (which has no comments) an empty line of the answer. The dialect's writer says which (`keep_alive`).
 """
 
 import contextlib
 import logging
 import math
-from collections.abc import Callable
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -55,23 +55,17 @@ class AnswerStream(Response):
         writer: SseWriter,
         timeline: RequestTimeline,
         error_shape: ErrorShape,
-        *,
-        media_type: str = "text/event-stream",
-        keep_alive: Callable[[str], list[str]] = lambda where: [f": {where}\n\n"],
     ) -> None:
-        """`keep_alive` writes what goes out during a silence, given where the request stands; by default an SSE
-        comment line (a dialect without comments, such as NDJSON, sends an empty event of its own instead)."""
         # No body and no content-length: the body is written as the task streams (see __call__).
         self.status_code = 200
         self.background = None
-        self.media_type = media_type
+        self.media_type = writer.media_type
         self.init_headers(SSE_HEADERS)
         self._master = master
         self._handle = handle
         self._writer = writer
         self._timeline = timeline
         self._error_shape = error_shape
-        self._keep_alive = keep_alive
         self._last_write = 0.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -129,7 +123,7 @@ class AnswerStream(Response):
         while True:
             with anyio.move_on_after(max(self._last_write + KEEP_ALIVE_SECONDS - anyio.current_time(), 0)):
                 return await _next_or_end(chunks)
-            await self._write(send, self._keep_alive(self._timeline.where()))
+            await self._write(send, self._writer.keep_alive(self._timeline.where()))
 
     async def _write(self, send: Send, texts: list[str]) -> None:
         for text in texts:

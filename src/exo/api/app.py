@@ -9,33 +9,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from uuid import uuid4
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from exo.api.adapters.chat_request import to_command
-from exo.api.adapters.chat_response import collect_response
-from exo.api.adapters.chat_stream import ChatEventWriter, ChunkEncoder
 from exo.api.adapters.messages_errors import anthropic_error
-from exo.api.answer_stream import AnswerStream
 from exo.api.cluster_routes import cluster_router
-from exo.api.completion_flow import CLIENT_CLOSED_REQUEST, collect, served_model, submit
 from exo.api.error_shapes import documented_errors
 from exo.api.errors import (
     ApiError,
     handle_api_error,
     handle_http_error,
     handle_unexpected_error,
-    openai_error,
 )
 from exo.api.mcp_mount import mount_mcp
 from exo.api.ollama.routes import OLLAMA_PATH_PREFIX, ollama_error, ollama_router
 from exo.api.public_paths import PublicMasterClient, directory_hider, storage_directories
 from exo.api.request_guard import RequestGuard
-from exo.api.request_log import RequestTimeline
 from exo.api.routes.catalog import catalog_router
+from exo.api.routes.chat import chat_router
 from exo.api.routes.messages import MESSAGES_PATH_PREFIX, messages_router
 from exo.api.routes.responses import responses_router
 from exo.api.validation_errors import handle_validation_error
@@ -45,8 +38,6 @@ from exo.master.placement import served_model_ids
 from exo.models.paths import default_models_dir, exo_home
 from exo.models.progress import PreparationSink
 from exo.shared.types.api import (
-    ChatCompletionRequest,
-    ChatCompletionResponse,
     ErrorResponse,
     ModelCard,
     ModelList,
@@ -114,29 +105,7 @@ def create_app(
     async def models() -> ModelList:
         return ModelList(data=_model_cards(master.state))
 
-    @app.post("/v1/chat/completions", response_model=None, responses=_ERRORS)
-    async def chat_completions(
-        request: ChatCompletionRequest, http_request: Request
-    ) -> ChatCompletionResponse | Response:
-        received_at = time.monotonic()
-        model_id = served_model(master.state, request.model)
-        handle = await submit(master, to_command(request, model_id), http_request)
-        timeline = RequestTimeline("chat.completions", model_id, handle.node_id, received_at)
-        completion_id = f"chatcmpl-{uuid4().hex}"
-        created = int(time.time())
-        if not request.stream:
-            response = await collect(
-                master,
-                handle,
-                http_request,
-                lambda chunks: collect_response(chunks, completion_id=completion_id, created=created, model=model_id),
-                timeline,
-            )
-            return response if response is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
-        include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        writer = ChatEventWriter(ChunkEncoder(completion_id, created, model_id, include_usage))
-        return AnswerStream(master, handle, writer, timeline, openai_error)
-
+    app.include_router(chat_router(master))
     app.include_router(messages_router(master))
     app.include_router(responses_router(master))
     app.include_router(ollama_router(master))

@@ -1,6 +1,7 @@
 """OpenAI chat request → ChatCompletionCommand, rejecting what cannot be honoured with a clear 400."""
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from pydantic import JsonValue
 
@@ -25,6 +26,7 @@ from exo.shared.types.api import (
     TextContentPart,
     TextResponseFormat,
     ToolCall,
+    ToolChoice,
 )
 from exo.shared.types.commands import ChatCompletionCommand
 from exo.shared.types.common import ModelId, new_command_id
@@ -110,8 +112,17 @@ def normalise_messages(messages: Sequence[ChatMessage]) -> tuple[PromptMessage, 
     return tuple(result)
 
 
-def _check_tools(request: ChatCompletionRequest) -> tuple[FunctionDefinition, ...]:
-    tools = request.tools or []
+class FunctionTool(Protocol):
+    """A tool in OpenAI's chat shape, `{"type": "function", "function": {...}}` (Ollama's tools have it too)."""
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def function(self) -> FunctionDefinition: ...
+
+
+def _check_tools(tools: Sequence[FunctionTool]) -> tuple[FunctionDefinition, ...]:
     for position, tool in enumerate(tools):
         if tool.type != "function":
             where = f"tools[{position}].type"
@@ -121,9 +132,16 @@ def _check_tools(request: ChatCompletionRequest) -> tuple[FunctionDefinition, ..
 
 def tool_policy(request: ChatCompletionRequest) -> ToolPolicy:
     """Decide what the model may do with tools from `tools`, `tool_choice` and `parallel_tool_calls`."""
-    tools = _check_tools(request)
-    parallel = request.parallel_tool_calls is not False
-    match request.tool_choice:
+    return openai_tool_policy(
+        request.tools or [], request.tool_choice, parallel=request.parallel_tool_calls is not False
+    )
+
+
+def openai_tool_policy(tools_sent: Sequence[FunctionTool], choice: ToolChoice | None, *, parallel: bool) -> ToolPolicy:
+    """The policy for OpenAI's `tools` and `tool_choice` values (`auto`, `none`, `required`, a named function,
+    `allowed_tools`), whichever dialect carried them."""
+    tools = _check_tools(tools_sent)
+    match choice:
         case None | "auto":
             return build_policy(tools, "auto", parallel_tool_calls=parallel)
         case "none" | "required" as mode:

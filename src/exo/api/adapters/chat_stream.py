@@ -9,8 +9,10 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from exo.api.adapters.protocol_events import write_events
+from exo.api.adapters.chat_response import ChatAnswer
+from exo.api.adapters.protocol_events import SSE_MEDIA_TYPE, sse_comment, write_events
 from exo.api.errors import task_error
+from exo.shared.types.api import ChatCompletionResponse
 from exo.shared.types.chunks import (
     Chunk,
     ErrorChunk,
@@ -48,6 +50,9 @@ class ChunkEncoder:
     """Encodes one response's chunks; holds the values every chunk repeats (id, created, model)."""
 
     def __init__(self, completion_id: str, created: int, model: str, include_usage: bool) -> None:
+        self.completion_id = completion_id
+        self.created = created
+        self.model = model
         self._base: dict[str, Any] = {
             "id": completion_id,
             "object": "chat.completion.chunk",
@@ -90,19 +95,30 @@ class ChunkEncoder:
 
 
 class ChatEventWriter:
-    """Chat completions as an SseWriter: the role chunk first, `[DONE]` last (also after an error)."""
+    """Chat completions as an AnswerWriter: the role chunk first, `[DONE]` last (also after an error); the
+    `chat.completion` the same chunks add up to is the non-streaming answer."""
+
+    media_type = SSE_MEDIA_TYPE
 
     def __init__(self, encoder: ChunkEncoder) -> None:
         self._encoder = encoder
+        self._answer = ChatAnswer(completion_id=encoder.completion_id, created=encoder.created, model=encoder.model)
 
     def opening(self) -> list[str]:
         return [self._encoder.opening()]
 
     def encode(self, chunk: Chunk) -> list[str]:
+        self._answer.add(chunk)
         return self._encoder.encode(chunk)
 
     def closing(self) -> list[str]:
         return [DONE_EVENT]
+
+    def keep_alive(self, where: str) -> list[str]:
+        return sse_comment(where)
+
+    def whole(self) -> ChatCompletionResponse:
+        return self._answer.response()
 
 
 def sse_events(encoder: ChunkEncoder, first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[str]:

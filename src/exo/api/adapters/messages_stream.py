@@ -125,6 +125,9 @@ class MessageStreamEncoder:
             usage=self._usage,
         )
 
+    def whole(self) -> AnthropicMessage:
+        return self.message()
+
     def start(self) -> list[MessageStreamEvent]:
         """message_start: the empty message (its usage arrives in message_delta, once the prompt is counted)."""
         return [MessageStartEvent(message=self.message())]

@@ -1,19 +1,29 @@
-"""What the Messages and Responses adapters share: chunks folded through a protocol's event encoder, either onto
-the wire as named SSE events or into the non-streaming answer, so both answers are the same fold.
+"""What every dialect's answer is: chunks folded through the dialect's writer, either onto the wire a chunk at a
+time or into the non-streaming body, so both answers are the same fold. Messages and Responses write named SSE
+events through an event encoder; chat completions and Ollama have writers of their own.
 """
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
+
+from pydantic import BaseModel
 
 from exo.api.errors import ApiError, task_error
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk
+
+SSE_MEDIA_TYPE = "text/event-stream"
 
 # What the stream says when the runner ended it without a final chunk (it was cancelled under the client).
 UNEXPECTED_END = ErrorChunk(error="generation_failed", message="generation ended unexpectedly")
 
 
 class SseWriter(Protocol):
-    """One answer's SSE text in a protocol's dialect, written a chunk at a time (so keep-alives fit between)."""
+    """One answer's stream text in a protocol's dialect, written a chunk at a time (so keep-alives fit between)."""
+
+    @property
+    def media_type(self) -> str:
+        """The stream's content type."""
+        ...
 
     def opening(self) -> list[str]:
         """What goes out first, as soon as the request is admitted."""
@@ -26,6 +36,24 @@ class SseWriter(Protocol):
     def closing(self) -> list[str]:
         """What follows the final chunk's events."""
         ...
+
+    def keep_alive(self, where: str, /) -> list[str]:
+        """What goes out after a silence, given where the request stands (an SSE comment, or the dialect's own
+        empty event where its format has no comments)."""
+        ...
+
+
+class AnswerWriter(SseWriter, Protocol):
+    """One answer in a dialect: its stream text a chunk at a time, and the whole body the same chunks add up to."""
+
+    def whole(self) -> BaseModel:
+        """The non-streaming answer, once the final chunk was encoded."""
+        ...
+
+
+def sse_comment(where: str) -> list[str]:
+    """A comment line: every SSE parser skips it."""
+    return [f": {where}\n\n"]
 
 
 def is_final(chunk: Chunk) -> bool:
@@ -65,6 +93,10 @@ class EventEncoder(Protocol):
 
     def encode(self, chunk: Chunk) -> Sequence[NamedEvent]: ...
 
+    def whole(self) -> BaseModel:
+        """The answer the events so far describe (complete after the final chunk)."""
+        ...
+
 
 def sse_event(event: NamedEvent) -> str:
     """One event on the wire: its type as the SSE event name, then its JSON."""
@@ -72,10 +104,16 @@ def sse_event(event: NamedEvent) -> str:
 
 
 class NamedEventWriter:
-    """A protocol whose events are named (Messages, Responses) as an SseWriter: the event's type names it."""
+    """A protocol whose events are named (Messages, Responses) as an AnswerWriter: the event's type names it, and
+    `whole` reads the answer the encoder kept."""
 
-    def __init__(self, encoder: EventEncoder) -> None:
+    media_type = SSE_MEDIA_TYPE
+
+    def __init__(self, encoder: EventEncoder, keep_alive_event: Callable[[], NamedEvent] | None = None) -> None:
+        """`keep_alive_event`: a real event to send after a silence instead of a comment line (Codex CLI's idle
+        timer counts only events)."""
         self._encoder = encoder
+        self._keep_alive_event = keep_alive_event
 
     def opening(self) -> list[str]:
         return [sse_event(event) for event in self._encoder.start()]
@@ -86,19 +124,27 @@ class NamedEventWriter:
     def closing(self) -> list[str]:
         return []
 
+    def keep_alive(self, where: str) -> list[str]:
+        if self._keep_alive_event is None:
+            return sse_comment(where)
+        return [sse_event(self._keep_alive_event())]
+
+    def whole(self) -> BaseModel:
+        return self._encoder.whole()
+
 
 def sse_body(encoder: EventEncoder, first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[str]:
     """The whole SSE body: the opening events, every chunk's events, up to the final chunk's."""
     return write_events(NamedEventWriter(encoder), first, rest)
 
 
-async def fold_chunks(chunks: AsyncIterator[Chunk], encoder: EventEncoder) -> None:
-    """Encode every chunk up to the final one (the answer is then complete in `encoder`); an ErrorChunk becomes
-    an ApiError with its status."""
+async def fold(chunks: AsyncIterator[Chunk], answer: AnswerWriter) -> BaseModel:
+    """Encode every chunk up to the final one and return the whole answer; an ErrorChunk becomes an ApiError with
+    its status."""
     async for chunk in chunks:
         if isinstance(chunk, ErrorChunk):
             raise task_error(chunk)
-        encoder.encode(chunk)
+        answer.encode(chunk)
         if isinstance(chunk, FinishChunk):
-            return
+            return answer.whole()
     raise ApiError(500, "generation ended without a result", error_type="server_error")

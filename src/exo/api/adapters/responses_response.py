@@ -6,7 +6,7 @@ The non-streaming answer is the fold of the very events the stream would carry (
 import time
 from collections.abc import AsyncIterator
 
-from exo.api.adapters.protocol_events import fold_chunks
+from exo.api.adapters.protocol_events import NamedEventWriter, fold
 from exo.api.adapters.responses_stream import ResponseStreamEncoder
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.openai_responses import ResponsesRequest
@@ -40,5 +40,5 @@ def initial_response(request: ResponsesRequest, response_id: str, model: str) ->
 async def collect_response(chunks: AsyncIterator[Chunk], initial: ResponseObject) -> ResponseObject:
     """Encode every chunk and return the finished response; an ErrorChunk becomes an ApiError with its status."""
     encoder = ResponseStreamEncoder(initial)
-    await fold_chunks(chunks, encoder)
+    await fold(chunks, NamedEventWriter(encoder))
     return encoder.response()

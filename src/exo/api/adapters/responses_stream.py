@@ -111,6 +111,9 @@ class ResponseStreamEncoder:
         self._calls: dict[int, _Item] = {}
         self._sequence = 0
 
+    def whole(self) -> ResponseObject:
+        return self.response()
+
     def response(self) -> ResponseObject:
         """The response as the events so far describe it (final after the FinishChunk or ErrorChunk)."""
         return self._response.model_copy(update={"output": [item.output() for item in self._items]})

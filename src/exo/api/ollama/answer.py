@@ -9,13 +9,11 @@ is one `{"error": "…"}` line, which the `ollama` clients raise as a ResponseEr
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Literal
 
 from pydantic import BaseModel
 
-from exo.api.adapters.protocol_events import UNEXPECTED_END
 from exo.api.errors import task_error
 from exo.api.ollama.wire import (
     OllamaAnswerMessage,
@@ -170,7 +168,7 @@ def ndjson_line(line: BaseModel) -> str:
 
 
 class NdjsonWriter:
-    """An Ollama answer as the writer AnswerStream drives: no opening or closing, one JSON object a line."""
+    """An Ollama answer as an AnswerWriter: no opening or closing, one JSON object a line."""
 
     media_type = NDJSON_MEDIA_TYPE
 
@@ -190,13 +188,5 @@ class NdjsonWriter:
         # NDJSON has no comments: an empty line of the answer keeps the connection alive for every client.
         return [ndjson_line(self._answer.idle_line())]
 
-
-async def collect_answer(chunks: AsyncIterator[Chunk], answer: OllamaAnswer) -> BaseModel:
-    """Fold every chunk into `answer` and return it whole; an ErrorChunk becomes an ApiError with its status."""
-    async for chunk in chunks:
-        if isinstance(chunk, ErrorChunk):
-            raise task_error(chunk)
-        answer.encode(chunk)
-        if isinstance(chunk, FinishChunk):
-            return answer.whole()
-    raise task_error(UNEXPECTED_END)
+    def whole(self) -> BaseModel:
+        return self._answer.whole()

@@ -11,14 +11,10 @@ from collections.abc import Sequence
 
 from pydantic import JsonValue
 
+from exo.api.adapters.chat_request import openai_tool_policy
 from exo.api.adapters.field_policy import log_ignored, unsupported
 from exo.api.adapters.json_output import json_output
-from exo.api.adapters.tool_controls import (
-    allowed_tool_names,
-    build_policy,
-    check_enforced_schemas,
-    check_functions,
-)
+from exo.api.adapters.tool_controls import check_enforced_schemas
 from exo.api.errors import ApiError
 from exo.api.ollama.wire import (
     OllamaChatRequest,
@@ -29,7 +25,7 @@ from exo.api.ollama.wire import (
     OllamaTool,
     Think,
 )
-from exo.shared.types.api import AllowedToolsChoice, NamedToolChoice, ToolChoice
+from exo.shared.types.api import ToolChoice
 from exo.shared.types.commands import ChatCompletionCommand
 from exo.shared.types.common import ModelId, new_command_id
 from exo.shared.types.tasks import (
@@ -115,21 +111,7 @@ def _template_kwargs(think: Think | None) -> dict[str, JsonValue]:
 
 def tool_policy(tools: Sequence[OllamaTool] | None, choice: ToolChoice | None) -> ToolPolicy:
     """The policy for Ollama's `tools` (OpenAI's function shape) and exo's optional `tool_choice`."""
-    for position, tool in enumerate(tools or ()):
-        if tool.type != "function":
-            raise ApiError(400, f"tools[{position}].type must be 'function', got '{tool.type}'", param="tools")
-    checked = check_functions([tool.function for tool in tools or ()], field_prefix="function.")
-    match choice:
-        case None | "auto":
-            policy = build_policy(checked, "auto")
-        case "none" | "required" as mode:
-            policy = build_policy(checked, mode)
-        case NamedToolChoice(function=function):
-            policy = build_policy(checked, "named", callable_tools=(function.name,))
-        case AllowedToolsChoice(allowed_tools=allowed):
-            param = "tool_choice.allowed_tools"
-            names = allowed_tool_names(allowed.tools, {tool.name for tool in checked}, param) if checked else ()
-            policy = build_policy(checked, allowed.mode, callable_tools=names)
+    policy = openai_tool_policy(tools or (), choice, parallel=True)
     check_enforced_schemas(policy, field_prefix="function.")
     return policy
 

@@ -1,17 +1,16 @@
 """Ollama's API: /api/chat, /api/generate (NDJSON streams or one object), /api/tags, /api/show, /api/ps,
 /api/version; every failure as Ollama's `{"error": "…"}` with its status."""
 
-import time
-from collections.abc import Callable
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
-from exo.api.answer_stream import AnswerStream
-from exo.api.completion_flow import CLIENT_CLOSED_REQUEST, collect, model_metadata, submit
-from exo.api.error_shapes import documented_errors, shaped_route
+from exo.api.adapters.protocol_events import AnswerWriter
+from exo.api.dialect import serve
+from exo.api.error_shapes import ErrorShape, documented_errors, shaped_route
 from exo.api.errors import ApiError
-from exo.api.ollama.answer import AnswerKind, NdjsonWriter, OllamaAnswer, collect_answer, created_at
+from exo.api.ollama.answer import NdjsonWriter, OllamaAnswer, created_at
 from exo.api.ollama.models import OLLAMA_API_VERSION, loaded, served_ollama_model, show, tags
 from exo.api.ollama.request import chat_command, generate_command
 from exo.api.ollama.wire import (
@@ -24,10 +23,12 @@ from exo.api.ollama.wire import (
     OllamaShowRequest,
     OllamaVersion,
 )
-from exo.api.request_log import RequestTimeline
 from exo.master.client import MasterClient
 from exo.shared.types.commands import ChatCompletionCommand
 from exo.shared.types.common import ModelId
+from exo.shared.types.request_record import Dialect as DialectName
+from exo.shared.types.state import State
+from exo.shared.types.worker.runner_response import ModelMetadata
 
 # Every path of Ollama's API starts with this; the request guard answers its refusals in Ollama's shape too.
 OLLAMA_PATH_PREFIX = "/api/"
@@ -39,60 +40,69 @@ def ollama_error(error: ApiError) -> OllamaError:
     return OllamaError(error=error.body.error.message)
 
 
+def _context_length(metadata: ModelMetadata | None) -> int | None:
+    return metadata.context_length if metadata else None
+
+
+@dataclass(frozen=True)
+class OllamaChat:
+    """/api/chat as a dialect: Ollama's messages in, NDJSON chat lines or one chat object out."""
+
+    name: DialectName = "ollama.chat"
+    error_shape: ErrorShape = ollama_error
+
+    def served_model(self, state: State, request: OllamaChatRequest) -> ModelId:
+        return served_ollama_model(state, request.model)
+
+    def streams(self, request: OllamaChatRequest) -> bool:
+        return request.stream
+
+    def command(
+        self, request: OllamaChatRequest, model_id: ModelId, metadata: ModelMetadata | None
+    ) -> ChatCompletionCommand:
+        return chat_command(request, model_id, _context_length(metadata))
+
+    def answer(self, _request: OllamaChatRequest, model_id: ModelId) -> AnswerWriter:
+        return NdjsonWriter(OllamaAnswer(model_id, "chat"))
+
+
+@dataclass(frozen=True)
+class OllamaGenerate:
+    """/api/generate as a dialect: one prompt in, NDJSON `response` lines or one object out."""
+
+    name: DialectName = "ollama.generate"
+    error_shape: ErrorShape = ollama_error
+
+    def served_model(self, state: State, request: OllamaGenerateRequest) -> ModelId:
+        return served_ollama_model(state, request.model)
+
+    def streams(self, request: OllamaGenerateRequest) -> bool:
+        return request.stream
+
+    def command(
+        self, request: OllamaGenerateRequest, model_id: ModelId, metadata: ModelMetadata | None
+    ) -> ChatCompletionCommand:
+        return generate_command(request, model_id, _context_length(metadata))
+
+    def answer(self, _request: OllamaGenerateRequest, model_id: ModelId) -> AnswerWriter:
+        return NdjsonWriter(OllamaAnswer(model_id, "generate"))
+
+
 def ollama_router(master: MasterClient) -> APIRouter:
     """Ollama's API routes in front of `master`."""
     router = APIRouter(route_class=shaped_route(ollama_error), tags=["Ollama"])
-
-    async def answer(
-        kind: AnswerKind,
-        requested: str,
-        stream: bool,
-        command_for: Callable[[ModelId, int | None], ChatCompletionCommand],
-        http_request: Request,
-    ) -> BaseModel | Response:
-        received_at = time.monotonic()
-        model_id = served_ollama_model(master.state, requested)
-        metadata = model_metadata(master.state, model_id)
-        command = command_for(model_id, metadata.context_length if metadata else None)
-        handle = await submit(master, command, http_request)
-        timeline = RequestTimeline(
-            "ollama.chat" if kind == "chat" else "ollama.generate", model_id, handle.node_id, received_at
-        )
-        ollama_answer = OllamaAnswer(model_id, kind)
-        if not stream:
-            whole = await collect(
-                master, handle, http_request, lambda chunks: collect_answer(chunks, ollama_answer), timeline
-            )
-            return whole if whole is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
-        writer = NdjsonWriter(ollama_answer)
-        return AnswerStream(
-            master,
-            handle,
-            writer,
-            timeline,
-            ollama_error,
-            media_type=NdjsonWriter.media_type,
-            keep_alive=writer.keep_alive,
-        )
+    chat_dialect, generate_dialect = OllamaChat(), OllamaGenerate()
 
     @router.post("/api/chat", response_model=None, responses=_ERRORS)
     async def chat(request: OllamaChatRequest, http_request: Request) -> BaseModel | Response:
-        def command(model_id: ModelId, context_length: int | None) -> ChatCompletionCommand:
-            return chat_command(request, model_id, context_length)
-
-        return await answer("chat", request.model, request.stream, command, http_request)
+        return await serve(master, chat_dialect, request, http_request)
 
     @router.post("/api/generate", response_model=None, responses=_ERRORS)
     async def generate(request: OllamaGenerateRequest, http_request: Request) -> BaseModel | Response:
         if not request.prompt and not request.system:
             # Ollama answers an empty prompt by loading the model; exo's served models are loaded already.
-            model_id = served_ollama_model(master.state, request.model)
-            return OllamaLoaded(model=model_id, created_at=created_at())
-
-        def command(model_id: ModelId, context_length: int | None) -> ChatCompletionCommand:
-            return generate_command(request, model_id, context_length)
-
-        return await answer("generate", request.model, request.stream, command, http_request)
+            return OllamaLoaded(model=served_ollama_model(master.state, request.model), created_at=created_at())
+        return await serve(master, generate_dialect, request, http_request)
 
     @router.get("/api/tags", responses=_ERRORS)
     async def list_models() -> OllamaModelList:

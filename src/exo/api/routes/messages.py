@@ -1,56 +1,67 @@
 """The Anthropic Messages API: POST /v1/messages and /v1/messages/count_tokens, errors in Anthropic's shape."""
 
-import time
+from dataclasses import dataclass
 from uuid import uuid4
 
 from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel
 
 from exo.api.adapters.messages_errors import anthropic_error
 from exo.api.adapters.messages_request import count_command, to_command
-from exo.api.adapters.messages_response import collect_message
 from exo.api.adapters.messages_stream import MessageStreamEncoder
-from exo.api.adapters.protocol_events import NamedEventWriter
+from exo.api.adapters.protocol_events import AnswerWriter, NamedEventWriter
 from exo.api.adapters.token_count import collect_prompt_tokens
-from exo.api.answer_stream import AnswerStream
 from exo.api.completion_flow import CLIENT_CLOSED_REQUEST, collect, served_model, submit
-from exo.api.error_shapes import documented_errors, shaped_route
-from exo.api.request_log import RequestTimeline
+from exo.api.dialect import serve
+from exo.api.error_shapes import ErrorShape, documented_errors, shaped_route
 from exo.master.client import MasterClient
 from exo.shared.types.anthropic_messages import (
     AnthropicErrorResponse,
-    AnthropicMessage,
     CountTokensRequest,
     MessagesRequest,
     TokenCount,
 )
+from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.common import ModelId
+from exo.shared.types.request_record import Dialect as DialectName
+from exo.shared.types.state import State
+from exo.shared.types.worker.runner_response import ModelMetadata
 
 # Every path of this protocol starts with this; the request guard answers its refusals in Anthropic's shape too.
 MESSAGES_PATH_PREFIX = "/v1/messages"
 _ERRORS = documented_errors(AnthropicErrorResponse)
 
 
+@dataclass(frozen=True)
+class Messages:
+    """The Messages API as a dialect: content blocks in, Anthropic's stream events or one message out."""
+
+    name: DialectName = "messages"
+    error_shape: ErrorShape = anthropic_error
+
+    def served_model(self, state: State, request: MessagesRequest) -> ModelId:
+        return served_model(state, request.model)
+
+    def streams(self, request: MessagesRequest) -> bool:
+        return request.stream
+
+    def command(
+        self, request: MessagesRequest, model_id: ModelId, _metadata: ModelMetadata | None
+    ) -> ChatCompletionCommand:
+        return to_command(request, model_id)
+
+    def answer(self, _request: MessagesRequest, model_id: ModelId) -> AnswerWriter:
+        return NamedEventWriter(MessageStreamEncoder(f"msg_{uuid4().hex}", model_id))
+
+
 def messages_router(master: MasterClient) -> APIRouter:
     """The Messages API routes in front of `master`."""
     router = APIRouter(route_class=shaped_route(anthropic_error), tags=["Anthropic Messages"])
+    dialect = Messages()
 
     @router.post(MESSAGES_PATH_PREFIX, response_model=None, responses=_ERRORS)
-    async def create_message(request: MessagesRequest, http_request: Request) -> AnthropicMessage | Response:
-        received_at = time.monotonic()
-        model_id = served_model(master.state, request.model)
-        handle = await submit(master, to_command(request, model_id), http_request)
-        timeline = RequestTimeline("messages", model_id, handle.node_id, received_at)
-        message_id = f"msg_{uuid4().hex}"
-        if not request.stream:
-            message = await collect(
-                master,
-                handle,
-                http_request,
-                lambda chunks: collect_message(chunks, message_id=message_id, model=model_id),
-                timeline,
-            )
-            return message if message is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
-        writer = NamedEventWriter(MessageStreamEncoder(message_id, model_id))
-        return AnswerStream(master, handle, writer, timeline, anthropic_error)
+    async def create_message(request: MessagesRequest, http_request: Request) -> BaseModel | Response:
+        return await serve(master, dialect, request, http_request)
 
     @router.post(f"{MESSAGES_PATH_PREFIX}/count_tokens", response_model=None, responses=_ERRORS)
     async def count_tokens(request: CountTokensRequest, http_request: Request) -> TokenCount | Response:
