@@ -81,6 +81,14 @@ class ConsoleWatch:
         self.errors.append(f"uncaught: {error}")
 
 
+def open_page(browser: Browser, watch: ConsoleWatch, url: str, viewport: dict[str, int] = LAPTOP) -> Page:
+    """A new tab (its own browsing context) at `url`, watched by `watch`."""
+    page = browser.new_context(viewport={"width": viewport["width"], "height": viewport["height"]}).new_page()
+    watch.attach(page)
+    page.goto(url)
+    return page
+
+
 def screenshot(page: Page, name: str) -> Path:
     SCREENSHOTS_DIR.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS_DIR / f"{name}.png"

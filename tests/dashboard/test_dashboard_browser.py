@@ -19,13 +19,13 @@ import pytest
 from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
 from tests.dashboard.browser import (
     FOCUSED_JS,
-    LAPTOP,
     OVERFLOWS_JS,
     PHONE,
     UNLABELLED_CONTROLS_JS,
     ConsoleWatch,
     chromium,
     chromium_path,
+    open_page,
     screenshot,
 )
 from tests.exo_server import fixture_model
@@ -73,13 +73,6 @@ def browser() -> Iterator[Browser]:
 @pytest.fixture
 def watch() -> ConsoleWatch:
     return ConsoleWatch()
-
-
-def open_page(browser: Browser, watch: ConsoleWatch, url: str, viewport: dict[str, int] = LAPTOP) -> Page:
-    page = browser.new_context(viewport={"width": viewport["width"], "height": viewport["height"]}).new_page()
-    watch.attach(page)
-    page.goto(url)
-    return page
 
 
 def node_card(page: Page, name: str) -> Locator:
