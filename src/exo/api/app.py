@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exo.api.adapters.messages_errors import anthropic_error
+from exo.api.body_budget import map_large_allocations
 from exo.api.cluster_routes import cluster_router
 from exo.api.error_shapes import documented_errors
 from exo.api.errors import (
@@ -79,6 +80,7 @@ def create_app(
         directories = storage_directories(models_dir, exo_home())
         master = PublicMasterClient(master, directories)
         hide_paths = directory_hider(directories)
+    map_large_allocations()
     app = FastAPI(title="exo", version="0.1.0")
     app.add_exception_handler(ApiError, handle_api_error)
     app.add_exception_handler(RequestValidationError, handle_validation_error)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from exo.api.body_budget import LARGE_BODY_BYTES, BodyBudget
 from exo.api.body_text import find_body_problem
 from exo.api.error_shapes import ErrorShape, shaped_response
 from exo.api.errors import ApiError, error_response
@@ -65,6 +66,7 @@ class RequestGuard:
         self._app = app
         self._api_key = api_key
         self._max_body_bytes = max_body_bytes
+        self._budget = BodyBudget(max_body_bytes)
         # Path prefix → the error shape of the protocol served there (OpenAI's everywhere else).
         self._error_shapes = dict(error_shapes or {})
         # Paths served without the key besides /health (the dashboard's page and assets, which hold no data).
@@ -95,7 +97,18 @@ class RequestGuard:
         if declared is not None and declared.isdigit() and int(declared) > self._max_body_bytes:
             await self._refusal(scope, _too_large(self._max_body_bytes))(scope, receive, send)
             return
-        body = await self._read_body(receive)
+        claim = _BudgetClaim(self._budget)
+        try:
+            if declared is not None and declared.isdigit() and int(declared) > LARGE_BODY_BYTES:
+                await claim.take(int(declared))
+            await self._guarded(scope, receive, claim.releasing(send), claim)
+        finally:
+            await claim.release()
+            if claim.was_large:
+                await self._budget.settle()
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send, claim: "_BudgetClaim") -> None:
+        body = await self._read_body(receive, claim)
         if body is None:
             await self._refusal(scope, _too_large(self._max_body_bytes))(scope, receive, send)
             return
@@ -104,10 +117,13 @@ class RequestGuard:
             refused = ApiError(400, problem.message, param=problem.param, code=problem.code)
             await self._refusal(scope, refused)(scope, receive, send)
             return
-        await self._app(scope, _replay(body, receive), send)
+        replay = _replay(body, receive)
+        del body  # the replay holds the only reference, and drops it once the app has read it
+        await self._app(scope, replay, send)
 
-    async def _read_body(self, receive: Receive) -> bytes | None:
-        """The whole body, or None as soon as it exceeds the limit (the rest is never read)."""
+    async def _read_body(self, receive: Receive, claim: "_BudgetClaim") -> bytes | None:
+        """The whole body, or None as soon as it exceeds the limit (the rest is never read). A body without a
+        declared length that grows past LARGE_BODY_BYTES claims the whole limit of the budget: its size is unknown."""
         parts: list[bytes] = []
         size = 0
         while True:
@@ -119,20 +135,52 @@ class RequestGuard:
             size += len(chunk)
             if size > self._max_body_bytes:
                 return None
+            if size > LARGE_BODY_BYTES and not claim.taken:
+                await claim.take(self._max_body_bytes)
             parts.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(parts)
 
 
+class _BudgetClaim:
+    """One request's share of the budget: taken before its large body is read, given back once its answer starts
+    or the request ends, whichever comes first."""
+
+    def __init__(self, budget: BodyBudget) -> None:
+        self._budget = budget
+        self._size = 0
+        self.was_large = False
+
+    @property
+    def taken(self) -> bool:
+        return self._size > 0
+
+    async def take(self, size: int) -> None:
+        self._size = await self._budget.take(size)
+        self.was_large = True
+
+    async def release(self) -> None:
+        size, self._size = self._size, 0
+        if size:
+            await self._budget.give_back(size)
+
+    def releasing(self, send: Send) -> Send:
+        async def sending(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.start":
+                await self.release()
+
+        return sending
+
+
 def _replay(body: bytes, receive: Receive) -> Receive:
-    """A receive that yields the buffered body once, then defers to the server (for disconnect notices)."""
-    delivered = False
+    """A receive that yields the buffered body once, then defers to the server (for disconnect notices). It lets go
+    of the body once delivered, so a long stream does not keep a large body alive."""
+    held: list[bytes] = [body]
 
     async def replayed() -> Message:
-        nonlocal delivered
-        if delivered:
+        if not held:
             return await receive()
-        delivered = True
-        return {"type": "http.request", "body": body, "more_body": False}
+        return {"type": "http.request", "body": held.pop(), "more_body": False}
 
     return replayed
