@@ -1,5 +1,5 @@
-"""Prefill in pieces sized by time: the pacer's sizing, answers that do not depend on the piece sizes, and a cancel
-between pieces that keeps what was computed."""
+"""Prefill in pieces sized by time per layer: the pacer's sizing, answers that do not depend on the piece sizes, and
+a cancel between pieces that keeps what was computed."""
 
 import pytest
 

@@ -71,7 +71,8 @@ class DecodeSettings:
     prefill_step_size: int = 512
     """Prompt tokens per forward pass while a pipeline prefills (its ranks prefill in lockstep)."""
     prefill_piece_seconds: float = PIECE_SECONDS
-    """Target wall time of one prefill piece: how long a cancel or a batch's other members wait at most, about."""
+    """The most one layer of a prefill piece should take; a prefill step runs half of it (`prefill.py`), so a cancel
+    or the other requests' next decode step waits about 1.5x this at most."""
     auto_tool_grammar: bool = True
     """Under `tool_choice: "auto"`, hold a call the model opens to the tools' names and schemas (the lazy grammar);
     a request's `ToolPolicy.auto_grammar` overrides it."""
