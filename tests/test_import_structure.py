@@ -146,3 +146,9 @@ def test_the_api_takes_error_classes_from_shared_errors_only() -> None:
                     f"{path.name}: {node.module}.{alias.name}" for alias in node.names if alias.name.endswith("Error")
                 ]
     assert found == []
+
+
+def test_dialect_wire_types_live_in_the_api() -> None:
+    """Anthropic's, OpenAI Responses' and Ollama's wire types belong to the API that speaks them, not to shared."""
+    dialect_words = ("anthropic", "openai_responses", "ollama")
+    assert [m for m in import_graph() if m.startswith("exo.shared") and any(w in m for w in dialect_words)] == []

@@ -9,6 +9,7 @@ import anyio
 from exo.api.adapters.messages_stream import MessageStreamEncoder
 from exo.api.adapters.protocol_events import sse_body
 from exo.api.adapters.responses_stream import ResponseStreamEncoder
+from exo.api.types.openai_responses_output import ResponseObject
 from exo.conformance.protocol_check import named_events
 from exo.shared.types.chunks import (
     Chunk,
@@ -20,7 +21,6 @@ from exo.shared.types.chunks import (
     Usage,
 )
 from exo.shared.types.common import ToolCallId
-from exo.shared.types.openai_responses_output import ResponseObject
 
 Event = tuple[str, dict[str, Any]]
 CALL_ID = ToolCallId("call_" + "a" * 24)

@@ -7,11 +7,11 @@ import pytest
 
 from exo.api.adapters.messages_stream import MessageStreamEncoder
 from exo.api.adapters.responses_stream import ResponseStreamEncoder
+from exo.api.types.anthropic_stream_events import ContentBlockStopEvent
+from exo.api.types.openai_responses_events import ArgumentsDeltaEvent
 from exo.conformance import cli
 from exo.conformance.messages_contract import check_messages_stream
 from exo.conformance.responses_contract import check_responses_stream
-from exo.shared.types.anthropic_stream_events import ContentBlockStopEvent
-from exo.shared.types.openai_responses_events import ArgumentsDeltaEvent
 from tests.conformance.protocol_streams import CALL_ID, Event, body, messages_events, position_of, responses_events
 
 Edit = Callable[[list[Event]], None]

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from exo.api.ollama.wire import OllamaChatRequest, OllamaGenerateRequest
-from exo.shared.types.anthropic_messages import CountTokensRequest, MessagesRequest
+from exo.api.types.anthropic_messages import CountTokensRequest, MessagesRequest
+from exo.api.types.openai_responses import InputTokensRequest, ResponsesRequest
 from exo.shared.types.api import ChatCompletionRequest
-from exo.shared.types.openai_responses import InputTokensRequest, ResponsesRequest
 from tests.exo_server import ExoServer, fixture_model, running_exo
 from tests.fixtures.fixture_specs import GREETING_REPLY
 from tests.master.hostile_bodies import hostile_bodies

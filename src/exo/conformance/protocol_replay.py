@@ -15,13 +15,13 @@ from exo.api.adapters.messages_stream import MessageStreamEncoder
 from exo.api.adapters.protocol_events import sse_body
 from exo.api.adapters.responses_response import collect_response
 from exo.api.adapters.responses_stream import ResponseStreamEncoder
+from exo.api.types.anthropic_messages import ToolUseContent
+from exo.api.types.openai_responses_output import FunctionCallOutput, ResponseObject
 from exo.conformance.contract import Violation
 from exo.conformance.messages_contract import check_messages_stream
 from exo.conformance.protocol_check import ProtocolCheck
 from exo.conformance.responses_contract import check_responses_stream
-from exo.shared.types.anthropic_messages import ToolUseContent
 from exo.shared.types.chunks import Chunk
-from exo.shared.types.openai_responses_output import FunctionCallOutput, ResponseObject
 
 _MODEL = "conformance"
 

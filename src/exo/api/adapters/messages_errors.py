@@ -1,7 +1,7 @@
 """Errors in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`, typed by HTTP status."""
 
 from exo.api.errors import ApiError
-from exo.shared.types.anthropic_messages import AnthropicErrorBody, AnthropicErrorResponse, AnthropicErrorType
+from exo.api.types.anthropic_messages import AnthropicErrorBody, AnthropicErrorResponse, AnthropicErrorType
 
 _TYPE_BY_STATUS: dict[int, AnthropicErrorType] = {
     400: "invalid_request_error",

@@ -15,7 +15,7 @@ from exo.api.adapters.json_output import json_output
 from exo.api.adapters.token_count import count_command as count_only
 from exo.api.adapters.tool_controls import build_policy, check_enforced_schemas, check_functions
 from exo.api.errors import ApiError
-from exo.shared.types.anthropic_messages import (
+from exo.api.types.anthropic_messages import (
     ContentBlockParam,
     ContextManagementParam,
     MessagesPrompt,

@@ -4,7 +4,7 @@ from collections.abc import AsyncIterator
 
 from exo.api.adapters.messages_stream import MessageStreamEncoder
 from exo.api.adapters.protocol_events import NamedEventWriter, fold
-from exo.shared.types.anthropic_messages import AnthropicMessage
+from exo.api.types.anthropic_messages import AnthropicMessage
 from exo.shared.types.chunks import Chunk
 
 

@@ -11,7 +11,7 @@ from typing import Literal
 
 from exo.api.adapters.messages_errors import anthropic_error
 from exo.api.errors import task_error
-from exo.shared.types.anthropic_messages import (
+from exo.api.types.anthropic_messages import (
     AnthropicMessage,
     ContentBlock,
     MessageUsage,
@@ -20,7 +20,7 @@ from exo.shared.types.anthropic_messages import (
     ThinkingContent,
     ToolUseContent,
 )
-from exo.shared.types.anthropic_stream_events import (
+from exo.api.types.anthropic_stream_events import (
     ContentBlockDeltaEvent,
     ContentBlockStartEvent,
     ContentBlockStopEvent,

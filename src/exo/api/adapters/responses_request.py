@@ -21,10 +21,7 @@ from exo.api.adapters.tool_controls import (
     check_functions,
 )
 from exo.api.errors import ApiError
-from exo.shared.types.api import FunctionDefinition
-from exo.shared.types.commands import ChatCompletionCommand
-from exo.shared.types.common import ModelId, new_command_id
-from exo.shared.types.openai_responses import (
+from exo.api.types.openai_responses import (
     AllowedToolsChoice,
     ContentPart,
     FunctionCallItem,
@@ -40,6 +37,9 @@ from exo.shared.types.openai_responses import (
     ResponsesPrompt,
     ResponsesRequest,
 )
+from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.common import ModelId, new_command_id
 from exo.shared.types.tasks import (
     ChatCompletionTaskParams,
     PromptMessage,

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 
 from exo.api.adapters.protocol_events import NamedEventWriter, fold
 from exo.api.adapters.responses_stream import ResponseStreamEncoder
+from exo.api.types.openai_responses import ResponsesRequest
+from exo.api.types.openai_responses_output import ResponseObject
 from exo.shared.types.chunks import Chunk
-from exo.shared.types.openai_responses import ResponsesRequest
-from exo.shared.types.openai_responses_output import ResponseObject
 
 
 def initial_response(request: ResponsesRequest, response_id: str, model: str) -> ResponseObject:

@@ -11,18 +11,7 @@ whole response, which is also the non-streaming answer: both are the same fold o
 from typing import Literal
 from uuid import uuid4
 
-from exo.shared.types.chunks import (
-    Chunk,
-    ErrorChunk,
-    FinishChunk,
-    PrefillProgressChunk,
-    ReasoningChunk,
-    TokenChunk,
-    ToolCallArgumentsChunk,
-    ToolCallChunk,
-    Usage,
-)
-from exo.shared.types.openai_responses_events import (
+from exo.api.types.openai_responses_events import (
     ArgumentsDeltaEvent,
     ArgumentsDoneEvent,
     ContentPartEvent,
@@ -34,7 +23,7 @@ from exo.shared.types.openai_responses_events import (
     TextDeltaEvent,
     TextDoneEvent,
 )
-from exo.shared.types.openai_responses_output import (
+from exo.api.types.openai_responses_output import (
     FunctionCallOutput,
     IncompleteDetails,
     InputTokensDetails,
@@ -48,6 +37,17 @@ from exo.shared.types.openai_responses_output import (
     ResponseError,
     ResponseObject,
     ResponseUsage,
+)
+from exo.shared.types.chunks import (
+    Chunk,
+    ErrorChunk,
+    FinishChunk,
+    PrefillProgressChunk,
+    ReasoningChunk,
+    TokenChunk,
+    ToolCallArgumentsChunk,
+    ToolCallChunk,
+    Usage,
 )
 
 ItemKind = Literal["reasoning", "message", "function_call"]

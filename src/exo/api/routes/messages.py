@@ -14,13 +14,13 @@ from exo.api.adapters.token_count import collect_prompt_tokens
 from exo.api.completion_flow import CLIENT_CLOSED_REQUEST, collect, served_model, submit
 from exo.api.dialect import serve
 from exo.api.error_shapes import ErrorShape, documented_errors, shaped_route
-from exo.master.client import MasterClient
-from exo.shared.types.anthropic_messages import (
+from exo.api.types.anthropic_messages import (
     AnthropicErrorResponse,
     CountTokensRequest,
     MessagesRequest,
     TokenCount,
 )
+from exo.master.client import MasterClient
 from exo.shared.types.commands import ChatCompletionCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.request_record import Dialect as DialectName

@@ -15,12 +15,12 @@ from exo.api.completion_flow import CLIENT_CLOSED_REQUEST, collect, served_model
 from exo.api.dialect import serve
 from exo.api.error_shapes import ErrorShape, documented_errors
 from exo.api.errors import openai_error
+from exo.api.types.openai_responses import InputTokensRequest, ResponsesRequest
+from exo.api.types.openai_responses_output import InputTokenCount
 from exo.master.client import MasterClient
 from exo.shared.types.api import ErrorResponse
 from exo.shared.types.commands import ChatCompletionCommand
 from exo.shared.types.common import ModelId
-from exo.shared.types.openai_responses import InputTokensRequest, ResponsesRequest
-from exo.shared.types.openai_responses_output import InputTokenCount
 from exo.shared.types.request_record import Dialect as DialectName
 from exo.shared.types.state import State
 from exo.shared.types.worker.runner_response import ModelMetadata

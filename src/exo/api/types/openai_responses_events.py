@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from exo.shared.types.openai_responses_output import OutputItem, OutputText, ReasoningText, ResponseObject
+from exo.api.types.openai_responses_output import OutputItem, OutputText, ReasoningText, ResponseObject
 
 
 class ResponseLifecycleEvent(BaseModel):

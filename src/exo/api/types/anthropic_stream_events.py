@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from exo.shared.types.anthropic_messages import (
+from exo.api.types.anthropic_messages import (
     AnthropicErrorBody,
     AnthropicMessage,
     StopReason,
