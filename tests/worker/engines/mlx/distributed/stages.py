@@ -1,20 +1,64 @@
-"""What the pipeline tests run on each rank: load a shard, decode greedily in lockstep, report what happened."""
+"""What the pipeline tests run on each rank: load a shard, decode greedily in lockstep, report what happened.
+
+The lockstep here is the one-request protocol pipelines served with before they batched: one forward pass per step
+and rank 0's token shared by an all-sum (the other ranks add zeros). It still checks what the layer split computes
+and that every rank feeds rank 0's token.
+"""
 
 import random
 import re
+from collections.abc import Sequence
+from enum import IntEnum
 from pathlib import Path
 from typing import Any, cast
 
 import mlx.core as mx
 from mlx import nn
 from mlx.utils import tree_flatten
+from mlx_lm.generate import generation_stream
 
 from exo.shared.types.tasks import SamplingParams
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
-from exo.worker.engines.mlx.distributed.lockstep import StepOutcome, forward_last, prefill, share_step
+from exo.worker.engines.mlx.distributed.layer_split import stage_forward
+from exo.worker.engines.mlx.distributed.lockstep import prefill
 from exo.worker.engines.mlx.generator.sampling import make_request_sampler
 from exo.worker.engines.mlx.utils_mlx import load_model
+
+
+class StepOutcome(IntEnum):
+    """What rank 0 decided after choosing a step's token (0 is never sent: a sum of zeros means no leader)."""
+
+    CONTINUE = 1
+    FINISHED = 2
+    CANCELLED = 3
+    FAILED = 4
+
+
+class RingProtocolError(RuntimeError):
+    """A rank received something rank 0 can never send: the ranks are out of step."""
+
+
+def share_step(group: mx.distributed.Group, choice: tuple[int, StepOutcome] | None) -> tuple[int, StepOutcome]:
+    """Rank 0 passes its (token, outcome); every other rank passes None and receives rank 0's."""
+    token, outcome = choice if choice is not None else (0, 0)
+    summed = mx.distributed.all_sum(mx.array([token, int(outcome)], dtype=mx.int64), group=group, stream=mx.cpu)
+    shared_token, shared_outcome = cast(list[int], summed.tolist())
+    try:
+        return shared_token, StepOutcome(shared_outcome)
+    except ValueError as error:
+        raise RingProtocolError(f"rank 0 sent step outcome {shared_outcome}") from error
+
+
+def forward_last(model: nn.Module, cache: PromptCache, tokens: Sequence[int], *, leader: bool) -> mx.array | None:
+    """Feed `tokens` (the last prompt token, then each chosen token); rank 0 gets the last position's logits."""
+    with mx.stream(generation_stream):
+        output = stage_forward(model, mx.array(list(tokens))[None], cache, leader=leader)
+        if not leader:
+            mx.eval(output)
+            return None
+        return output[0, -1:, :]
+
 
 PROMPT = (5, 17, 42, 99, 7, 3, 250, 11, 64, 8)
 STEPS = 6
