@@ -43,6 +43,9 @@ RECORD_PROGRESS_JS = """(modelId) => {
   }).observe(catalog, {childList: true, subtree: true, characterData: true});
 }"""
 
+CONVERTED_A_THIRD_JS = """() => [...document.querySelectorAll('#view-models .download-progress li')]
+  .some((item) => item.textContent.includes('converting') && item.querySelector('progress')?.value >= 1 / 3)"""
+
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExoServer]:
@@ -73,6 +76,7 @@ def test_a_catalog_download_shows_each_phase_growing_then_the_model_downloaded(
     expect(row.get_by_role("progressbar", name=f"{DEFAULT_MODEL_ID} converting")).to_be_visible()
     preparations = page.locator("#view-models li", has_text=f"solo: {DEFAULT_MODEL_ID}")
     expect(preparations).to_contain_text("converting")
+    page.wait_for_function(CONVERTED_A_THIRD_JS, timeout=DOWNLOADED_WITHIN_MS)  # for a picture of it under way
     screenshot(page, "models-download")
     expect(page.get_by_text(f"{DEFAULT_MODEL_ID} is downloaded.")).to_be_visible(timeout=DOWNLOADED_WITHIN_MS)
     expect(row.locator(".badge-ready")).to_have_text("downloaded")
