@@ -27,7 +27,7 @@ from exo.api.adapters.chat_request import to_command
 from exo.shared.types.api import ChatCompletionRequest, ToolDefinition
 from exo.shared.types.chunks import FinishChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk
 from exo.shared.types.common import ModelId, new_task_id
-from exo.shared.types.tasks import ChatCompletionTask
+from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.tool_calls import detect_tool_format
 from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
@@ -66,7 +66,7 @@ class _Run(BaseModel):
     forward_passes: int
 
 
-def _tasks(tools_path: Path, settings: SpeculationSettings) -> dict[str, ChatCompletionTask]:
+def _tasks(tools_path: Path, settings: SpeculationSettings) -> dict[str, GenerationTask]:
     entries = cast(list[object], json.loads(tools_path.read_text()))
     tools = [ToolDefinition.model_validate(entry) for entry in entries]
     wanted = settings.edit_tools
@@ -76,16 +76,16 @@ def _tasks(tools_path: Path, settings: SpeculationSettings) -> dict[str, ChatCom
         REWRITE: request_body(rewrite_messages(), [], settings.max_tokens),
         FREE_TEXT: request_body(decode_messages("speculation"), [], settings.max_tokens),
     }
-    tasks: dict[str, ChatCompletionTask] = {}
+    tasks: dict[str, GenerationTask] = {}
     for workload, body in bodies.items():
         command = to_command(ChatCompletionRequest.model_validate({**body, "model": "bench"}), ModelId("bench"))
-        tasks[workload] = ChatCompletionTask(
+        tasks[workload] = GenerationTask(
             task_id=new_task_id(), command_id=command.command_id, model_id=command.model_id, params=command.params
         )
     return tasks
 
 
-def _decode(context: EngineContext, scheduler: GenerationScheduler, task: ChatCompletionTask) -> _Run:
+def _decode(context: EngineContext, scheduler: GenerationScheduler, task: GenerationTask) -> _Run:
     """One request through the scheduler alone; decode speed from the times its tokens came out."""
     request = ChatRequest.open(context, task.model_copy(update={"task_id": new_task_id()}))
     before = (scheduler.speculation.drafted, scheduler.speculation.accepted, scheduler.speculation.steps)

@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 
 from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk, Usage
-from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ToolCallId
 from tests.clients.agent_cli import run_codex
 from tests.clients.installed import require_client
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.slow
 class ToolLoopMaster(ScriptedMaster):
     """Answers like a model doing the task: the call first, the answer once a tool result is in the history."""
 
-    def chunks_for(self, command: ChatCompletionCommand) -> tuple[Chunk, ...]:
+    def chunks_for(self, command: GenerateCommand) -> tuple[Chunk, ...]:
         answered = any(message.role == "tool" for message in command.params.messages)
         return DONE if answered else EXEC_CALL
 

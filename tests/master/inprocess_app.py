@@ -16,7 +16,7 @@ from exo.node import NodeConfig, api_settings
 from exo.shared.errors import InstancePlacementError
 from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk, Usage
 from exo.shared.types.cluster_api import DiscoveryReport, PeerConnection
-from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
+from exo.shared.types.commands import CancelTaskCommand, GenerateCommand
 from exo.shared.types.common import InstanceId, ModelId, NodeId, RunnerId, TaskId
 from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
@@ -96,7 +96,7 @@ class ScriptedMaster:
     subclass answers per command in `chunks_for`) and records what it was given."""
 
     def __init__(self) -> None:
-        self.tasks: list[ChatCompletionCommand] = []
+        self.tasks: list[GenerateCommand] = []
         self.script: tuple[Chunk, ...] = SCRIPTED_CHUNKS
         self.cancelled: list[TaskId] = []
         self.peers_added: list[str] = []
@@ -106,10 +106,10 @@ class ScriptedMaster:
         self.node_id = SCRIPTED_NODE
         self.cluster_name = "scripted"
 
-    def chunks_for(self, command: ChatCompletionCommand) -> tuple[Chunk, ...]:  # noqa: ARG002 - one script for all
+    def chunks_for(self, command: GenerateCommand) -> tuple[Chunk, ...]:  # noqa: ARG002 - one script for all
         return self.script
 
-    async def submit_chat_completion(self, command: ChatCompletionCommand) -> TaskHandle:
+    async def submit_chat_completion(self, command: GenerateCommand) -> TaskHandle:
         self.tasks.append(command)
         script = self.chunks_for(command)
 

@@ -14,7 +14,7 @@ from exo.models.resolve import resolve_model
 from exo.node import NodeConfig
 from exo.shared.errors import RunnerUnavailableError
 from exo.shared.types.chunks import ErrorChunk, TokenChunk
-from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import InstanceId, ModelId, RunnerId
 from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
@@ -115,7 +115,7 @@ def test_an_error_mid_stream_does_not_show_the_model_path(hidden: tuple[TestClie
 class _UnavailableMaster(ScriptedMaster):
     """Refuses every task the way a worker whose model failed to load does: naming the model's file."""
 
-    async def submit_chat_completion(self, command: ChatCompletionCommand) -> TaskHandle:
+    async def submit_chat_completion(self, command: GenerateCommand) -> TaskHandle:
         raise RunnerUnavailableError(f"model '{command.model_id}' failed to load: {MODEL_PATH}/config.json is missing")
 
 

@@ -20,7 +20,7 @@ from exo.api.request_log import RequestTimeline
 from exo.master.client import MasterClient, TaskHandle
 from exo.master.placement import served_model_ids
 from exo.shared.types.chunks import Chunk
-from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
+from exo.shared.types.commands import CancelTaskCommand, GenerateCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.preparation import PreparationPhase
 from exo.shared.types.state import State
@@ -77,7 +77,7 @@ def model_metadata(state: State, model_id: ModelId) -> ModelMetadata | None:
     return next((runner.metadata for runner in runners if runner.model_id == model_id and runner.metadata), None)
 
 
-def _check_for_model(command: ChatCompletionCommand, metadata: ModelMetadata | None) -> None:
+def _check_for_model(command: GenerateCommand, metadata: ModelMetadata | None) -> None:
     """400 for what the model itself cannot do with the command, whatever the protocol named it in."""
     top_k = command.params.sampling.top_k
     if metadata is not None and metadata.vocab_size is not None and top_k >= metadata.vocab_size:
@@ -88,7 +88,7 @@ def _check_for_model(command: ChatCompletionCommand, metadata: ModelMetadata | N
         )
 
 
-async def submit(master: MasterClient, command: ChatCompletionCommand, http_request: Request) -> TaskHandle:
+async def submit(master: MasterClient, command: GenerateCommand, http_request: Request) -> TaskHandle:
     """Hand `command` to the master (the single entry point for generation, wherever its runner lives).
 
     A task that cannot start becomes its ApiError; a client that leaves while the task is placed gets 499.

@@ -20,7 +20,7 @@ from exo.api.completion_flow import CLIENT_CLOSED_REQUEST, collect, model_metada
 from exo.api.error_shapes import ErrorShape
 from exo.api.request_log import RequestTimeline
 from exo.master.client import MasterClient
-from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.request_record import Dialect as DialectName
 from exo.shared.types.state import State
@@ -50,7 +50,7 @@ class Dialect(Protocol[RequestT_contra]):
 
     def command(
         self, request: RequestT_contra, model_id: ModelId, metadata: ModelMetadata | None, /
-    ) -> ChatCompletionCommand:
+    ) -> GenerateCommand:
         """The neutral command for `request` on `model_id` (`metadata`: what its runner reported, once loaded)."""
         ...
 

@@ -18,7 +18,7 @@ from exo.master.client import MasterClient, TaskHandle
 from exo.shared.errors import ExoModelError, InstancePlacementError, RunnerUnavailableError
 from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.cluster_api import DiscoveryReport, PeerConnection
-from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand
+from exo.shared.types.commands import CancelTaskCommand, GenerateCommand
 from exo.shared.types.common import NodeId
 from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.request_record import RequestRecord
@@ -152,7 +152,7 @@ class PublicMasterClient:
     def state(self) -> State:
         return self._hidden()[0]
 
-    async def submit_chat_completion(self, command: ChatCompletionCommand) -> TaskHandle:
+    async def submit_chat_completion(self, command: GenerateCommand) -> TaskHandle:
         hider = self._hidden()[1]
         try:
             handle = await self._master.submit_chat_completion(command)

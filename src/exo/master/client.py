@@ -22,7 +22,7 @@ from exo.cluster.topics import Topics
 from exo.shared.errors import ModelNotLoadedError, NoMasterError, QueueFullError, RunnerUnavailableError
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk
 from exo.shared.types.cluster_api import DiscoveryReport, PeerConnection
-from exo.shared.types.commands import CancelTaskCommand, ChatCompletionCommand, PlaceTask, StopTask
+from exo.shared.types.commands import CancelTaskCommand, GenerateCommand, PlaceTask, StopTask
 from exo.shared.types.common import CommandId, ModelId, NodeId, RunnerId, TaskId
 from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.request_record import RequestRecord
@@ -89,7 +89,7 @@ class MasterClient(InstancePlacer, Protocol):
         """This node's copy of the cluster state (the same on every node once events settle)."""
         ...
 
-    async def submit_chat_completion(self, command: ChatCompletionCommand) -> TaskHandle:
+    async def submit_chat_completion(self, command: GenerateCommand) -> TaskHandle:
         """Run `command` somewhere in the cluster. When it cannot start this raises the reason from
         exo.shared.errors: ModelNotLoadedError, QueueFullError, RunnerUnavailableError or NoMasterError."""
         ...
@@ -109,7 +109,7 @@ class MasterClient(InstancePlacer, Protocol):
 
 @dataclass
 class _Pending:
-    command: ChatCompletionCommand
+    command: GenerateCommand
     sender: MemoryObjectSendStream[Chunk]
     receiver: MemoryObjectReceiveStream[Chunk]
     answered: anyio.Event = field(default_factory=anyio.Event)
@@ -161,7 +161,7 @@ class BusMasterClient:
             async for reply in replies:
                 self._on_reply(reply)
 
-    async def submit_chat_completion(self, command: ChatCompletionCommand) -> TaskHandle:
+    async def submit_chat_completion(self, command: GenerateCommand) -> TaskHandle:
         sender, receiver = anyio.create_memory_object_stream[Chunk](max_buffer_size=float("inf"))
         pending = _Pending(command, sender, receiver)
         self._by_command[command.command_id] = pending

@@ -49,7 +49,7 @@ from exo.shared.types.events import (
 from exo.shared.types.instances import InstancePlacementReply, PendingPlacement, PlacedInstance, PlaceInstance
 from exo.shared.types.state import State
 from exo.shared.types.task_replies import TaskRefused
-from exo.shared.types.tasks import ChatCompletionTask
+from exo.shared.types.tasks import GenerationTask
 
 logger = logging.getLogger(__name__)
 
@@ -353,7 +353,7 @@ class Master:
             )
             self._bus.publish(self._topics.task_replies(place.requested_by), refusal)
             return
-        task = ChatCompletionTask(
+        task = GenerationTask(
             task_id=new_task_id(), command_id=command.command_id, model_id=command.model_id, params=command.params
         )
         assignment = AssignTask(

@@ -10,7 +10,7 @@ from exo.api.errors import ApiError
 from exo.api.types.anthropic_messages import CountTokensRequest, MessagesRequest
 from exo.shared.types.api import ChatCompletionRequest
 from exo.shared.types.common import ModelId
-from exo.shared.types.tasks import ChatCompletionTaskParams, PromptMessage
+from exo.shared.types.tasks import GenerationParams, PromptMessage
 
 MODEL = ModelId("tiny")
 WEATHER_TOOL: dict[str, Any] = {
@@ -21,7 +21,7 @@ WEATHER_TOOL: dict[str, Any] = {
 TIME_TOOL: dict[str, Any] = {"name": "get_time", "input_schema": {"type": "object", "properties": {}}}
 
 
-def params(**body: Any) -> ChatCompletionTaskParams:
+def params(**body: Any) -> GenerationParams:
     request = MessagesRequest.model_validate({"model": MODEL, "max_tokens": 64, **body})
     return messages_request.to_command(request, MODEL).params
 

@@ -9,7 +9,7 @@ from exo.api.errors import ApiError
 from exo.api.types.openai_responses import InputTokensRequest, ResponsesRequest
 from exo.shared.types.api import ChatCompletionRequest
 from exo.shared.types.common import ModelId
-from exo.shared.types.tasks import ChatCompletionTaskParams, PromptMessage
+from exo.shared.types.tasks import GenerationParams, PromptMessage
 
 MODEL = ModelId("tiny")
 WEATHER_PARAMETERS: dict[str, Any] = {
@@ -27,7 +27,7 @@ WEATHER_TOOL: dict[str, Any] = {
 TIME_TOOL: dict[str, Any] = {"type": "function", "name": "get_time", "parameters": None, "strict": None}
 
 
-def params(**body: Any) -> ChatCompletionTaskParams:
+def params(**body: Any) -> GenerationParams:
     request = ResponsesRequest.model_validate({"model": MODEL, **body})
     return responses_request.to_command(request, MODEL).params
 

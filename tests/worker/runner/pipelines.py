@@ -10,8 +10,8 @@ from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.chunks import Chunk, PrefillProgressChunk, ToolCallChunk
 from exo.shared.types.common import ModelId, new_command_id, new_runner_id, new_task_id
 from exo.shared.types.tasks import (
-    ChatCompletionTask,
-    ChatCompletionTaskParams,
+    GenerationParams,
+    GenerationTask,
     PromptMessage,
     SamplingParams,
     StructuredOutput,
@@ -34,12 +34,12 @@ def task(
     tool_policy: ToolPolicy | None = None,
     sampling: SamplingParams | None = None,
     structured_output: StructuredOutput | None = None,
-) -> ChatCompletionTask:
-    return ChatCompletionTask(
+) -> GenerationTask:
+    return GenerationTask(
         task_id=new_task_id(),
         command_id=new_command_id(),
         model_id=DEEP_MODEL,
-        params=ChatCompletionTaskParams(
+        params=GenerationParams(
             messages=(PromptMessage(role="user", content=content),),
             tool_policy=tool_policy or ToolPolicy(),
             sampling=sampling or SamplingParams(max_tokens=64),
@@ -63,7 +63,7 @@ def comparable(chunks: Sequence[Chunk]) -> list[Chunk]:
     ]
 
 
-async def run_task(supervisor: RunnerSupervisor, chat: ChatCompletionTask) -> list[Chunk]:
+async def run_task(supervisor: RunnerSupervisor, chat: GenerationTask) -> list[Chunk]:
     return await collect(supervisor.submit(chat))
 
 

@@ -8,20 +8,20 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import ModelId, new_command_id, new_runner_id, new_task_id
-from exo.shared.types.tasks import ChatCompletionTask, ChatCompletionTaskParams, PromptMessage, SamplingParams
+from exo.shared.types.tasks import GenerationParams, GenerationTask, PromptMessage, SamplingParams
 from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor
 from tests.exo_server import fixture_model
 
 MODEL = ModelId("tiny-qwen-tools")
 
 
-def chat_task(content: str = "Hello!", max_tokens: int = 32) -> ChatCompletionTask:
+def chat_task(content: str = "Hello!", max_tokens: int = 32) -> GenerationTask:
     """A greedy completion of one user message on the tiny fixture model."""
-    return ChatCompletionTask(
+    return GenerationTask(
         task_id=new_task_id(),
         command_id=new_command_id(),
         model_id=MODEL,
-        params=ChatCompletionTaskParams(
+        params=GenerationParams(
             messages=(PromptMessage(role="user", content=content),), sampling=SamplingParams(max_tokens=max_tokens)
         ),
     )

@@ -17,7 +17,7 @@ import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, PrefillProgressChunk, TokenChunk
-from exo.shared.types.tasks import ChatCompletionTask, SamplingParams
+from exo.shared.types.tasks import GenerationTask, SamplingParams
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.runner.supervisor import RunnerSupervisor
 from tests.exo_server import fixture_model
@@ -41,7 +41,7 @@ def _answer(chunks: Sequence[Chunk]) -> list[Chunk]:
     return answer
 
 
-def _batch_cases() -> dict[str, ChatCompletionTask]:
+def _batch_cases() -> dict[str, GenerationTask]:
     return {
         **cases(),
         "seeded sampling": task("Tell me a story.", sampling=SamplingParams(temperature=0.9, seed=3, max_tokens=48)),
@@ -61,7 +61,7 @@ async def _timed(stream: MemoryObjectReceiveStream[Chunk]) -> tuple[list[Chunk],
 
 
 async def _all_at_once(
-    leader: RunnerSupervisor, tasks: dict[str, ChatCompletionTask]
+    leader: RunnerSupervisor, tasks: dict[str, GenerationTask]
 ) -> dict[str, tuple[list[Chunk], float, float]]:
     results: dict[str, tuple[list[Chunk], float, float]] = {}
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pytest
 
 from exo.shared.types.chunks import Chunk, FinishChunk, PrefillProgressChunk, ToolCallChunk
-from exo.shared.types.tasks import ChatCompletionTask, SamplingParams, StructuredOutput, ToolPolicy
+from exo.shared.types.tasks import GenerationTask, SamplingParams, StructuredOutput, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.runner.supervisor import RunnerSupervisor
 from tests.exo_server import fixture_model
@@ -32,7 +32,7 @@ ANSWER_SCHEMA: dict[str, object] = {
 }
 
 
-def cases() -> dict[str, ChatCompletionTask]:
+def cases() -> dict[str, GenerationTask]:
     tools = (WEATHER,)
     return {
         "plain text": task("Hello!"),
@@ -56,7 +56,7 @@ def cases() -> dict[str, ChatCompletionTask]:
     }
 
 
-async def _answers(supervisor: RunnerSupervisor, tasks: dict[str, ChatCompletionTask]) -> dict[str, list[Chunk]]:
+async def _answers(supervisor: RunnerSupervisor, tasks: dict[str, GenerationTask]) -> dict[str, list[Chunk]]:
     return {name: comparable(await run_task(supervisor, chat)) for name, chat in tasks.items()}
 
 

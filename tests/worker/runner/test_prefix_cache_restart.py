@@ -8,7 +8,7 @@ import anyio
 
 from exo.shared.types.chunks import Chunk, FinishChunk, PrefillProgressChunk, TokenChunk
 from exo.shared.types.common import new_command_id, new_task_id
-from exo.shared.types.tasks import ChatCompletionTask, ChatCompletionTaskParams, PromptMessage, SamplingParams
+from exo.shared.types.tasks import GenerationParams, GenerationTask, PromptMessage, SamplingParams
 from exo.worker.runner.supervisor import RunnerConfig
 from tests.exo_server import fixture_model
 from tests.worker.runner.tasks import MODEL, collect, running_supervisor
@@ -16,14 +16,14 @@ from tests.worker.runner.tasks import MODEL, collect, running_supervisor
 SYSTEM_PROMPT = "You are a careful coding agent. Follow the rules of the repository. " * 30
 
 
-def _session_task(question: str) -> ChatCompletionTask:
+def _session_task(question: str) -> GenerationTask:
     """A new session's first request: the agent's long system prompt, then the user's question."""
     messages = (PromptMessage(role="system", content=SYSTEM_PROMPT), PromptMessage(role="user", content=question))
-    return ChatCompletionTask(
+    return GenerationTask(
         task_id=new_task_id(),
         command_id=new_command_id(),
         model_id=MODEL,
-        params=ChatCompletionTaskParams(messages=messages, sampling=SamplingParams(max_tokens=24)),
+        params=GenerationParams(messages=messages, sampling=SamplingParams(max_tokens=24)),
     )
 
 

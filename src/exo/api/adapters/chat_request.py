@@ -1,4 +1,4 @@
-"""OpenAI chat request → ChatCompletionCommand, rejecting what cannot be honoured with a clear 400."""
+"""OpenAI chat request → GenerateCommand, rejecting what cannot be honoured with a clear 400."""
 
 from collections.abc import Sequence
 from typing import Protocol
@@ -28,10 +28,10 @@ from exo.shared.types.api import (
     ToolCall,
     ToolChoice,
 )
-from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId, new_command_id
 from exo.shared.types.tasks import (
-    ChatCompletionTaskParams,
+    GenerationParams,
     PromptMessage,
     PromptToolCall,
     SamplingParams,
@@ -218,7 +218,7 @@ def reject_unsupported_features(request: ChatCompletionRequest) -> None:
         raise ApiError(400, "logit_bias is not supported", param="logit_bias", code="unsupported_parameter")
 
 
-def to_command(request: ChatCompletionRequest, model_id: ModelId) -> ChatCompletionCommand:
+def to_command(request: ChatCompletionRequest, model_id: ModelId) -> GenerateCommand:
     """Validate `request` (400 ApiError for anything we cannot honour) and turn it into a command for `model_id`."""
     reject_unsupported_features(request)
     log_ignored(request, IGNORED_REQUEST_FIELDS)
@@ -229,11 +229,11 @@ def to_command(request: ChatCompletionRequest, model_id: ModelId) -> ChatComplet
     }
     policy = tool_policy(request).model_copy(update=extensions)
     check_enforced_schemas(policy, field_prefix="function.")
-    params = ChatCompletionTaskParams(
+    params = GenerationParams(
         messages=normalise_messages(request.messages),
         tool_policy=policy,
         sampling=sampling_params(request),
         chat_template_kwargs=chat_template_kwargs(request),
         structured_output=structured_output(request),
     )
-    return ChatCompletionCommand(command_id=new_command_id(), model_id=model_id, params=params)
+    return GenerateCommand(command_id=new_command_id(), model_id=model_id, params=params)

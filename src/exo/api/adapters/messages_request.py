@@ -1,4 +1,4 @@
-"""Anthropic Messages request → ChatCompletionCommand: the same command a chat completion becomes.
+"""Anthropic Messages request → GenerateCommand: the same command a chat completion becomes.
 
 History maps onto the normalised messages Chat Completions produces (tool_use blocks → tool calls, tool_result
 blocks → tool messages, thinking blocks → reasoning_content), so it is rendered by the model's chat template
@@ -31,10 +31,10 @@ from exo.api.types.anthropic_messages import (
     ToolUseBlockParam,
 )
 from exo.shared.types.api import FunctionDefinition
-from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId, new_command_id
 from exo.shared.types.tasks import (
-    ChatCompletionTaskParams,
+    GenerationParams,
     PromptMessage,
     PromptToolCall,
     SamplingParams,
@@ -264,12 +264,12 @@ def _reject_unsupported(request: MessagesPrompt) -> None:
         raise unsupported("mcp_servers", "the MCP connector", "connect MCP servers to the client instead")
 
 
-def prompt_params(request: MessagesPrompt, sampling: SamplingParams) -> ChatCompletionTaskParams:
+def prompt_params(request: MessagesPrompt, sampling: SamplingParams) -> GenerationParams:
     """Everything that determines the prompt, checked, plus `sampling`."""
     _reject_unsupported(request)
     policy = tool_policy(request)
     check_enforced_schemas(policy, schema_field="input_schema")
-    return ChatCompletionTaskParams(
+    return GenerationParams(
         messages=normalise_history(request),
         tool_policy=policy,
         sampling=sampling,
@@ -294,15 +294,15 @@ def sampling_params(request: MessagesRequest) -> SamplingParams:
     )
 
 
-def to_command(request: MessagesRequest, model_id: ModelId) -> ChatCompletionCommand:
+def to_command(request: MessagesRequest, model_id: ModelId) -> GenerateCommand:
     """Validate `request` (a 400 ApiError for anything we cannot honour) and turn it into a command."""
     if request.container is not None:
         raise unsupported("container", "code-execution containers")
     log_ignored(request, IGNORED_MESSAGES_FIELDS)
     params = prompt_params(request, sampling_params(request))
-    return ChatCompletionCommand(command_id=new_command_id(), model_id=model_id, params=params)
+    return GenerateCommand(command_id=new_command_id(), model_id=model_id, params=params)
 
 
-def count_command(request: MessagesPrompt, model_id: ModelId) -> ChatCompletionCommand:
+def count_command(request: MessagesPrompt, model_id: ModelId) -> GenerateCommand:
     """The command that renders `request`'s prompt on the model's runner and counts its tokens."""
     return count_only(prompt_params(request, SamplingParams()), model_id)

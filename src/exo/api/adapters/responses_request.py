@@ -1,4 +1,4 @@
-"""OpenAI Responses request → ChatCompletionCommand: the same command a chat completion becomes.
+"""OpenAI Responses request → GenerateCommand: the same command a chat completion becomes.
 
 `instructions` and input items map onto the normalised history Chat Completions produces (function_call items
 → assistant tool calls, function_call_output → tool messages, reasoning items → reasoning_content of the
@@ -38,10 +38,10 @@ from exo.api.types.openai_responses import (
     ResponsesRequest,
 )
 from exo.shared.types.api import FunctionDefinition
-from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId, new_command_id
 from exo.shared.types.tasks import (
-    ChatCompletionTaskParams,
+    GenerationParams,
     PromptMessage,
     PromptToolCall,
     SamplingParams,
@@ -214,13 +214,13 @@ def _template_kwargs(request: ResponsesPrompt) -> dict[str, JsonValue]:
     return {}
 
 
-def prompt_params(request: ResponsesPrompt, sampling: SamplingParams) -> ChatCompletionTaskParams:
+def prompt_params(request: ResponsesPrompt, sampling: SamplingParams) -> GenerationParams:
     """Everything that determines the prompt, checked, plus `sampling`."""
     if request.truncation == "auto":
         raise unsupported("truncation", "'auto' truncation", "a prompt that does not fit is refused, never cut")
     policy = tool_policy(request)
     check_enforced_schemas(policy)
-    return ChatCompletionTaskParams(
+    return GenerationParams(
         messages=normalise_input(request),
         tool_policy=policy,
         sampling=sampling,
@@ -256,14 +256,14 @@ def sampling_params(request: ResponsesRequest) -> SamplingParams:
     )
 
 
-def to_command(request: ResponsesRequest, model_id: ModelId) -> ChatCompletionCommand:
+def to_command(request: ResponsesRequest, model_id: ModelId) -> GenerateCommand:
     """Validate `request` (a 400 ApiError for anything we cannot honour) and turn it into a command."""
     _reject_unsupported(request)
     log_ignored(request, IGNORED_RESPONSES_FIELDS)
     params = prompt_params(request, sampling_params(request))
-    return ChatCompletionCommand(command_id=new_command_id(), model_id=model_id, params=params)
+    return GenerateCommand(command_id=new_command_id(), model_id=model_id, params=params)
 
 
-def count_command(request: ResponsesPrompt, model_id: ModelId) -> ChatCompletionCommand:
+def count_command(request: ResponsesPrompt, model_id: ModelId) -> GenerateCommand:
     """The command that renders `request`'s prompt on the model's runner and counts its tokens."""
     return count_only(prompt_params(request, SamplingParams()), model_id)

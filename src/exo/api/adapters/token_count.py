@@ -5,15 +5,15 @@ from collections.abc import AsyncIterator
 
 from exo.api.errors import ApiError, task_error
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk
-from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId, new_command_id
-from exo.shared.types.tasks import ChatCompletionTaskParams
+from exo.shared.types.tasks import GenerationParams
 
 
-def count_command(params: ChatCompletionTaskParams, model_id: ModelId) -> ChatCompletionCommand:
+def count_command(params: GenerationParams, model_id: ModelId) -> GenerateCommand:
     """The command whose task renders `params`' prompt and reports its length, generating nothing."""
     counting = params.model_copy(update={"count_prompt_only": True})
-    return ChatCompletionCommand(command_id=new_command_id(), model_id=model_id, params=counting)
+    return GenerateCommand(command_id=new_command_id(), model_id=model_id, params=counting)
 
 
 async def collect_prompt_tokens(chunks: AsyncIterator[Chunk]) -> int:

@@ -1,4 +1,4 @@
-"""Ollama chat and generate requests → the ChatCompletionCommand every dialect becomes.
+"""Ollama chat and generate requests → the GenerateCommand every dialect becomes.
 
 Ollama names tool results by tool (`tool_name`), not by call id: each result answers the earliest unanswered call
 of that tool in the history, which is the order agents send them in. Ollama has no `tool_choice`; exo's extension
@@ -26,10 +26,10 @@ from exo.api.ollama.wire import (
     Think,
 )
 from exo.shared.types.api import ToolChoice
-from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId, new_command_id
 from exo.shared.types.tasks import (
-    ChatCompletionTaskParams,
+    GenerationParams,
     PromptMessage,
     PromptToolCall,
     SamplingParams,
@@ -182,22 +182,20 @@ def _refuse_unsupported(request: OllamaChatRequest | OllamaGenerateRequest) -> N
         raise unsupported("logprobs", "logprobs")
 
 
-def chat_command(request: OllamaChatRequest, model_id: ModelId, context_length: int | None) -> ChatCompletionCommand:
+def chat_command(request: OllamaChatRequest, model_id: ModelId, context_length: int | None) -> GenerateCommand:
     """Validate /api/chat's `request` (400 ApiError for what cannot be honoured) as a command for `model_id`."""
     _refuse_unsupported(request)
-    params = ChatCompletionTaskParams(
+    params = GenerationParams(
         messages=normalise_messages(request.messages),
         tool_policy=tool_policy(request.tools, request.tool_choice),
         sampling=sampling_params(request.options, context_length),
         chat_template_kwargs=_template_kwargs(request.think),
         structured_output=structured_output(request.format),
     )
-    return ChatCompletionCommand(command_id=new_command_id(), model_id=model_id, params=params)
+    return GenerateCommand(command_id=new_command_id(), model_id=model_id, params=params)
 
 
-def generate_command(
-    request: OllamaGenerateRequest, model_id: ModelId, context_length: int | None
-) -> ChatCompletionCommand:
+def generate_command(request: OllamaGenerateRequest, model_id: ModelId, context_length: int | None) -> GenerateCommand:
     """/api/generate's prompt (and system prompt) as a one-turn chat, rendered with the model's own template."""
     _refuse_unsupported(request)
     if request.raw:
@@ -206,10 +204,10 @@ def generate_command(
         if getattr(request, field):
             raise unsupported(field, f"'{field}' in /api/generate")
     system = [PromptMessage(role="system", content=request.system)] if request.system else []
-    params = ChatCompletionTaskParams(
+    params = GenerationParams(
         messages=(*system, PromptMessage(role="user", content=request.prompt)),
         sampling=sampling_params(request.options, context_length),
         chat_template_kwargs=_template_kwargs(request.think),
         structured_output=structured_output(request.format),
     )
-    return ChatCompletionCommand(command_id=new_command_id(), model_id=model_id, params=params)
+    return GenerateCommand(command_id=new_command_id(), model_id=model_id, params=params)

@@ -24,7 +24,7 @@ from exo.api.ollama.wire import (
     OllamaVersion,
 )
 from exo.master.client import MasterClient
-from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.request_record import Dialect as DialectName
 from exo.shared.types.state import State
@@ -57,9 +57,7 @@ class OllamaChat:
     def streams(self, request: OllamaChatRequest) -> bool:
         return request.stream
 
-    def command(
-        self, request: OllamaChatRequest, model_id: ModelId, metadata: ModelMetadata | None
-    ) -> ChatCompletionCommand:
+    def command(self, request: OllamaChatRequest, model_id: ModelId, metadata: ModelMetadata | None) -> GenerateCommand:
         return chat_command(request, model_id, _context_length(metadata))
 
     def answer(self, _request: OllamaChatRequest, model_id: ModelId) -> AnswerWriter:
@@ -81,7 +79,7 @@ class OllamaGenerate:
 
     def command(
         self, request: OllamaGenerateRequest, model_id: ModelId, metadata: ModelMetadata | None
-    ) -> ChatCompletionCommand:
+    ) -> GenerateCommand:
         return generate_command(request, model_id, _context_length(metadata))
 
     def answer(self, _request: OllamaGenerateRequest, model_id: ModelId) -> AnswerWriter:

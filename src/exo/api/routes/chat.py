@@ -16,7 +16,7 @@ from exo.api.error_shapes import ErrorShape, documented_errors
 from exo.api.errors import openai_error
 from exo.master.client import MasterClient
 from exo.shared.types.api import ChatCompletionRequest, ErrorResponse
-from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.request_record import Dialect as DialectName
 from exo.shared.types.state import State
@@ -40,7 +40,7 @@ class ChatCompletions:
 
     def command(
         self, request: ChatCompletionRequest, model_id: ModelId, _metadata: ModelMetadata | None
-    ) -> ChatCompletionCommand:
+    ) -> GenerateCommand:
         return to_command(request, model_id)
 
     def answer(self, request: ChatCompletionRequest, model_id: ModelId) -> AnswerWriter:

@@ -21,7 +21,7 @@ from exo.api.types.anthropic_messages import (
     TokenCount,
 )
 from exo.master.client import MasterClient
-from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.request_record import Dialect as DialectName
 from exo.shared.types.state import State
@@ -45,9 +45,7 @@ class Messages:
     def streams(self, request: MessagesRequest) -> bool:
         return request.stream
 
-    def command(
-        self, request: MessagesRequest, model_id: ModelId, _metadata: ModelMetadata | None
-    ) -> ChatCompletionCommand:
+    def command(self, request: MessagesRequest, model_id: ModelId, _metadata: ModelMetadata | None) -> GenerateCommand:
         return to_command(request, model_id)
 
     def answer(self, _request: MessagesRequest, model_id: ModelId) -> AnswerWriter:

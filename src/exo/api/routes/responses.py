@@ -19,7 +19,7 @@ from exo.api.types.openai_responses import InputTokensRequest, ResponsesRequest
 from exo.api.types.openai_responses_output import InputTokenCount
 from exo.master.client import MasterClient
 from exo.shared.types.api import ErrorResponse
-from exo.shared.types.commands import ChatCompletionCommand
+from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.request_record import Dialect as DialectName
 from exo.shared.types.state import State
@@ -41,9 +41,7 @@ class Responses:
     def streams(self, request: ResponsesRequest) -> bool:
         return request.stream is True
 
-    def command(
-        self, request: ResponsesRequest, model_id: ModelId, _metadata: ModelMetadata | None
-    ) -> ChatCompletionCommand:
+    def command(self, request: ResponsesRequest, model_id: ModelId, _metadata: ModelMetadata | None) -> GenerateCommand:
         return to_command(request, model_id)
 
     def answer(self, request: ResponsesRequest, model_id: ModelId) -> AnswerWriter:

@@ -6,16 +6,16 @@ from pydantic import Field, TypeAdapter
 
 from exo.shared.types.common import CommandId, FrozenModel, ModelId, NodeId, RunnerId, TaskId
 from exo.shared.types.instances import PlaceInstance
-from exo.shared.types.tasks import ChatCompletionTask, ChatCompletionTaskParams
+from exo.shared.types.tasks import GenerationParams, GenerationTask
 
 
-class ChatCompletionCommand(FrozenModel):
+class GenerateCommand(FrozenModel):
     """A completion the API validated (every wire protocol's adapter produces one)."""
 
-    kind: Literal["chat_completion"] = "chat_completion"
+    kind: Literal["generate"] = "generate"
     command_id: CommandId
     model_id: ModelId
-    params: ChatCompletionTaskParams
+    params: GenerationParams
 
 
 class CancelTaskCommand(FrozenModel):
@@ -32,7 +32,7 @@ class PlaceTask(FrozenModel):
     """Run `command` on a runner of its model, anywhere in the cluster; answers go to `requested_by`."""
 
     kind: Literal["place_task"] = "place_task"
-    command: ChatCompletionCommand
+    command: GenerateCommand
     requested_by: NodeId
 
 
@@ -48,7 +48,7 @@ class AssignTask(FrozenModel):
 
     kind: Literal["assign_task"] = "assign_task"
     command_id: CommandId
-    task: ChatCompletionTask
+    task: GenerationTask
     runner_id: RunnerId
     reply_to: NodeId
 

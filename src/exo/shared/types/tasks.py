@@ -80,7 +80,7 @@ class StructuredOutput(FrozenModel):
     strict: bool = False
 
 
-class ChatCompletionTaskParams(FrozenModel):
+class GenerationParams(FrozenModel):
     messages: tuple[PromptMessage, ...]
     tool_policy: ToolPolicy = Field(default_factory=ToolPolicy)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
@@ -92,8 +92,8 @@ class ChatCompletionTaskParams(FrozenModel):
     count_prompt_only: bool = False
 
 
-class ChatCompletionTask(FrozenModel):
+class GenerationTask(FrozenModel):
     task_id: TaskId
     command_id: CommandId
     model_id: ModelId
-    params: ChatCompletionTaskParams
+    params: GenerationParams

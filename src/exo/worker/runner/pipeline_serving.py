@@ -14,7 +14,7 @@ from multiprocessing.connection import wait
 from typing import TYPE_CHECKING
 
 from exo.shared.types.chunks import Chunk, ErrorChunk
-from exo.shared.types.tasks import ChatCompletionTask
+from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.runner_response import (
     CancelTask,
     RunnerRequest,
@@ -96,7 +96,7 @@ def _serve_leader(
 
 
 def _admit(
-    channel: RunnerChannel, context: "EngineContext", leader: "PipelineBatchLeader", task: ChatCompletionTask
+    channel: RunnerChannel, context: "EngineContext", leader: "PipelineBatchLeader", task: GenerationTask
 ) -> None:
     """Hand a task to the batch, or answer it at once (the error that keeps it from starting, or a prompt count)."""
     from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, ImmediateReplyError

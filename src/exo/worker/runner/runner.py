@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, cast
 
 from exo.shared.types.chunks import Chunk, ErrorChunk
-from exo.shared.types.tasks import ChatCompletionTask
+from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.runner_response import (
     CancelTask,
     MatmulPlanRefined,
@@ -198,7 +198,7 @@ def _incoming(channel: RunnerChannel, *, wait: bool) -> list[RunnerRequest]:
 
 
 def _admit(
-    channel: RunnerChannel, context: "EngineContext", scheduler: "GenerationScheduler", task: ChatCompletionTask
+    channel: RunnerChannel, context: "EngineContext", scheduler: "GenerationScheduler", task: GenerationTask
 ) -> None:
     """Start a task, or answer it at once (the error that keeps it from starting, or a prompt-token count)."""
     from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, ImmediateReplyError

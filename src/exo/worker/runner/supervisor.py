@@ -37,7 +37,7 @@ from exo.shared.types.chunks import Chunk, ErrorChunk, PrefillProgressChunk
 from exo.shared.types.common import ModelId, RunnerId, TaskId
 from exo.shared.types.cpu_kernels import CpuKernelsSetting
 from exo.shared.types.state import TaskOutcome, TaskPhase, TaskSummary
-from exo.shared.types.tasks import ChatCompletionTask, LoopGuardPolicy
+from exo.shared.types.tasks import GenerationTask, LoopGuardPolicy
 from exo.shared.types.worker.runner_response import (
     CancelTask,
     MatmulPlanRefined,
@@ -103,7 +103,7 @@ class RunnerConfig:
 
 @dataclass
 class _PendingTask:
-    task: ChatCompletionTask
+    task: GenerationTask
     sender: MemoryObjectSendStream[Chunk]
     failed: bool = False
     progress: PrefillProgressChunk | None = None
@@ -179,7 +179,7 @@ class RunnerSupervisor:
         self.last_error = reason
         self._on_change()
 
-    def submit(self, task: ChatCompletionTask) -> MemoryObjectReceiveStream[Chunk]:
+    def submit(self, task: GenerationTask) -> MemoryObjectReceiveStream[Chunk]:
         """Queue `task`; its chunks arrive on the returned stream, which closes after the last one."""
         if self.gave_up:
             raise RunnerUnavailableError(f"model {self.config.model_id} is unavailable: {self.last_error}")

@@ -8,7 +8,7 @@ from exo.shared.types.blas import BlasReport, MatmulPlanReport
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import FinishReason, FrozenModel, TaskId
 from exo.shared.types.cpu_kernels import CpuKernelsReport, CpuKernelsSetting
-from exo.shared.types.tasks import ChatCompletionTask, LoopGuardPolicy
+from exo.shared.types.tasks import GenerationTask, LoopGuardPolicy
 from exo.shared.types.worker.shards import PipelineStrategy, ShardAssignment
 
 
@@ -76,7 +76,7 @@ class RunnerBootstrap(FrozenModel):
 
 class RunTask(FrozenModel):
     kind: Literal["run_task"] = "run_task"
-    task: ChatCompletionTask
+    task: GenerationTask
 
 
 class CancelTask(FrozenModel):

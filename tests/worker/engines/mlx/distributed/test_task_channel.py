@@ -7,7 +7,7 @@ from multiprocessing.connection import Connection
 import pytest
 
 from exo.shared.types.common import ModelId, new_command_id, new_task_id
-from exo.shared.types.tasks import ChatCompletionTask, ChatCompletionTaskParams, PromptMessage
+from exo.shared.types.tasks import GenerationParams, GenerationTask, PromptMessage
 from exo.worker.engines.mlx.distributed.task_channel import (
     BatchStep,
     FollowTask,
@@ -21,12 +21,12 @@ from exo.worker.engines.mlx.distributed.task_channel import (
 from tests.ports import free_port
 
 
-def _task() -> ChatCompletionTask:
-    return ChatCompletionTask(
+def _task() -> GenerationTask:
+    return GenerationTask(
         task_id=new_task_id(),
         command_id=new_command_id(),
         model_id=ModelId("m"),
-        params=ChatCompletionTaskParams(messages=(PromptMessage(role="user", content="hi"),)),
+        params=GenerationParams(messages=(PromptMessage(role="user", content="hi"),)),
     )
 
 

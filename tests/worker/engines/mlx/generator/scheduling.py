@@ -12,7 +12,7 @@ from exo.api.adapters.chat_request import to_command
 from exo.shared.types.api import ChatCompletionRequest
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, PrefillProgressChunk, ToolCallChunk
 from exo.shared.types.common import ModelId, TaskId, new_task_id
-from exo.shared.types.tasks import ChatCompletionTask
+from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.tool_calls import detect_tool_format
 from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
@@ -42,10 +42,10 @@ def with_settings(context: EngineContext, settings: DecodeSettings) -> EngineCon
     return replace(context, decode=settings)
 
 
-def task(body: Mapping[str, JsonValue]) -> ChatCompletionTask:
+def task(body: Mapping[str, JsonValue]) -> GenerationTask:
     """A runner task for an OpenAI chat request body, validated by the API's own adapter."""
     command = to_command(ChatCompletionRequest.model_validate({"model": "fixture", **body}), ModelId("fixture"))
-    return ChatCompletionTask(
+    return GenerationTask(
         task_id=new_task_id(), command_id=command.command_id, model_id=command.model_id, params=command.params
     )
 
@@ -81,7 +81,7 @@ class Outcome:
 
 def run(
     context: EngineContext,
-    arrivals: Mapping[int, Sequence[ChatCompletionTask]],
+    arrivals: Mapping[int, Sequence[GenerationTask]],
     *,
     cancel_at: Mapping[int, Sequence[TaskId]] | None = None,
     scheduler: GenerationScheduler | None = None,
@@ -113,7 +113,7 @@ def run(
     raise AssertionError(f"still running after {MAX_STEPS} steps")
 
 
-def run_alone(context: EngineContext, one: ChatCompletionTask, *, rewinds: bool = False) -> Outcome:
+def run_alone(context: EngineContext, one: GenerationTask, *, rewinds: bool = False) -> Outcome:
     return run(context, {0: [one]}, rewinds=rewinds)[one.task_id]
 
 

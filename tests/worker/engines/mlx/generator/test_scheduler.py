@@ -12,7 +12,7 @@ from mlx import nn
 from pydantic import JsonValue
 
 from exo.shared.types.chunks import ErrorChunk
-from exo.shared.types.tasks import ChatCompletionTask
+from exo.shared.types.tasks import GenerationTask
 from exo.worker.engines.mlx.cpu.matmul_plan import PlanSlot, RowChoice, ShapePlan
 from exo.worker.engines.mlx.cpu.matmul_planner import install_plans
 from exo.worker.engines.mlx.generator.chat_completion import DecodeSettings, EngineContext
@@ -100,7 +100,7 @@ def alone(context: EngineContext) -> dict[str, Outcome]:
     return {name: run_alone(context, task(body)) for name, body in SHAPES.items()}
 
 
-def named_tasks() -> dict[str, ChatCompletionTask]:
+def named_tasks() -> dict[str, GenerationTask]:
     return {name: task(body) for name, body in SHAPES.items()}
 
 
@@ -134,7 +134,7 @@ def test_requests_joining_and_leaving_a_running_batch_each_get_their_alone_answe
     # Staggered: the first request starts alone (speculating), the next ones arrive while it decodes and the batch
     # forms around it; later ones join a batch that others are leaving.
     tasks = named_tasks()
-    arrivals: dict[int, list[ChatCompletionTask]] = {}
+    arrivals: dict[int, list[GenerationTask]] = {}
     for index, one in enumerate(tasks.values()):
         arrivals.setdefault(index * 3, []).append(one)
     together = run(context, arrivals)

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field, TypeAdapter, ValidationError
 
 from exo.shared.types.common import FrozenModel, TaskId
-from exo.shared.types.tasks import ChatCompletionTask
+from exo.shared.types.tasks import GenerationTask
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ CONNECT_RETRY_SECONDS = 0.2
 class FollowTask(FrozenModel):
     """`task` joins the pipeline's batch: its prompt, as rank 0 rendered it, is `prompt_tokens`."""
 
-    task: ChatCompletionTask
+    task: GenerationTask
     prompt_tokens: tuple[int, ...]
 
 

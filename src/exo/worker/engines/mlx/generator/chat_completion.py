@@ -25,7 +25,7 @@ from exo.shared.types.chunks import (
     Usage,
 )
 from exo.shared.types.common import FinishReason, TaskId
-from exo.shared.types.tasks import ChatCompletionTask, LoopGuardPolicy, ToolPolicy
+from exo.shared.types.tasks import GenerationTask, LoopGuardPolicy, ToolPolicy
 from exo.tool_calls import ToolFormatName, ToolStreamParser
 from exo.tool_calls.grammar.spec import (
     ConstraintMode,
@@ -135,7 +135,7 @@ def loop_guard_policy(context: EngineContext, policy: ToolPolicy) -> LoopGuardPo
 
 def _build_processors(
     context: EngineContext,
-    task: ChatCompletionTask,
+    task: GenerationTask,
     prefill_length: int,
     reasoning: ReasoningMarkers | None,
     history: CallHistory,
@@ -174,7 +174,7 @@ def _lazy_auto_only(spec: ConstraintSpec | None, policy: ToolPolicy) -> bool:
 
 def _call_repair(
     context: EngineContext,
-    task: ChatCompletionTask,
+    task: GenerationTask,
     *,
     processors: RequestProcessors,
     reasoning: ReasoningMarkers | None,
@@ -227,7 +227,7 @@ class ChatRequest:
     def __init__(
         self,
         context: EngineContext,
-        task: ChatCompletionTask,
+        task: GenerationTask,
         *,
         prompt: RenderedPrompt,
         max_tokens: int,
@@ -260,7 +260,7 @@ class ChatRequest:
         self._rewound_to: int | None = None
 
     @classmethod
-    def open(cls, context: EngineContext, task: ChatCompletionTask, *, rewinds: bool = False) -> "ChatRequest":
+    def open(cls, context: EngineContext, task: GenerationTask, *, rewinds: bool = False) -> "ChatRequest":
         """Render the prompt, lease the prefix cache and build the processors; raises ImmediateReplyError.
 
         `rewinds`: the decoder can take a rewind (`take_rewind`), so a failed call may be repaired."""
@@ -314,7 +314,7 @@ class ChatRequest:
     # ---- what a decoder feeds -------------------------------------------------------------------
 
     @property
-    def task(self) -> ChatCompletionTask:
+    def task(self) -> GenerationTask:
         return self._task
 
     @property
