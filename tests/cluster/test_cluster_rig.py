@@ -113,7 +113,10 @@ def test_a_two_way_partition_healed_after_30_s(rig: NetnsRig) -> None:
     alpha, beta, gamma = rig.nodes
     rig.cut(gamma)
     try:
-        seen_down = rig.wait_until(lambda: _summary(rig, alpha)["nodes_down"] == 1, "gamma marked down", 15)
+        # The master marks a lost node down. When gamma was the master, the others first elect a new one (gamma's
+        # liveliness lease, 6 s); in one CI run the first successor's events did not reach alpha and alpha passed it
+        # over 8 s later before marking gamma down itself (docs/CLUSTER.md, "Known problem"): 30 s covers both.
+        seen_down = rig.wait_until(lambda: _summary(rig, alpha)["nodes_down"] == 1, "gamma marked down", 30)
         outcomes = _keep_asking(rig, [alpha, beta], PARTITION_S - seen_down)
         assert {status for _, status in outcomes} == {200}, outcomes
         assert _ask_within_bound(rig, gamma) != 200  # alone, it cannot reach the model: a clear error, not a hang
