@@ -193,3 +193,12 @@ def test_failures_are_ollama_errors_with_their_status(client: Client, server: Ex
     )
     assert refused.status_code == 400
     assert set(refused.json()) == {"error"}
+
+
+def test_a_body_labelled_as_a_form_as_curl_sends_it_is_read_as_json(server: ExoServer) -> None:
+    # `curl URL -d '{...}'`, as Ollama's own docs show it, labels the body application/x-www-form-urlencoded.
+    body = json.dumps({"model": QWEN, "messages": user("Hello!"), "stream": False})
+    headers = {"Content-Type": "application/x-www-form-urlencoded", **AUTH}
+    response = httpx.post(f"{server.base_url}/api/chat", content=body, headers=headers, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["message"]["content"] == GREETING_REPLY

@@ -47,6 +47,16 @@ def _is_json(scope: Scope) -> bool:
     return not content_type or content_type == b"application/json" or content_type.endswith(b"+json")
 
 
+OLLAMA_PATH_PREFIX = "/api/"
+"""Ollama reads every body as JSON whatever its Content-Type (its documented `curl -d '{...}'` sends a form type)."""
+
+
+def _as_json(scope: Scope) -> Scope:
+    """The scope with its Content-Type set to JSON, as Ollama treats every body."""
+    headers = [(name, value) for name, value in scope["headers"] if name != b"content-type"]
+    return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+
+
 def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"request body is larger than {limit} bytes", code="body_too_large")
 
@@ -82,6 +92,8 @@ class RequestGuard:
             await self._app(scope, receive, send)
             return
         path: str = scope["path"]
+        if path.startswith(OLLAMA_PATH_PREFIX):
+            scope = _as_json(scope)
         is_open = path in UNAUTHENTICATED_PATHS or self._open_paths(path)
         if self._api_key and not is_open and not _authorized(scope, self._api_key):
             unauthorized = ApiError(
