@@ -26,6 +26,7 @@ from exo.shared.types.worker.runner_response import (
 from exo.worker.runner.channel import RunnerChannel
 from exo.worker.runner.idle_snapshots import write_snapshots_while_idle
 from exo.worker.runner.pipeline_link import PipelineLink
+from exo.worker.runner.task_replies import report_cancel, send_updates
 
 if TYPE_CHECKING:
     from exo.worker.engines.mlx.distributed.batch_leader import PipelineBatchLeader
@@ -73,10 +74,7 @@ def _serve_leader(
                 case RunTask(task=task):
                     _admit(channel, context, leader, task)
                 case CancelTask(task_id=task_id):
-                    generated = leader.cancel(task_id)
-                    if generated is not None:  # else it already ended: nothing to do
-                        logger.info("task %s cancelled after %d generated tokens", task_id, generated)
-                        channel.send(TaskDone(task_id=task_id, generated_tokens=generated, cancelled=True))
+                    report_cancel(channel, task_id, leader.cancel(task_id))
                 case Shutdown():
                     for connection in followers:
                         with contextlib.suppress(PeerLostError):
@@ -86,11 +84,7 @@ def _serve_leader(
                     pass
         if not leader.busy:
             continue
-        for update in leader.step():
-            for chunk in update.chunks:
-                channel.send(TaskChunk(task_id=update.task_id, chunk=chunk))
-            if update.done:
-                channel.send(TaskDone(task_id=update.task_id, generated_tokens=update.generated_tokens))
+        send_updates(channel, leader.step())
         if leader.broken is not None:
             return leader.broken
 

@@ -34,6 +34,7 @@ from exo.worker.runner.channel import RunnerChannel, UnreadableRequestError
 from exo.worker.runner.idle_snapshots import write_snapshots_while_idle
 from exo.worker.runner.pipeline_link import PipelineLink
 from exo.worker.runner.pipeline_serving import serve_pipeline
+from exo.worker.runner.task_replies import report_cancel, send_updates
 
 if TYPE_CHECKING:
     from mlx import nn
@@ -147,10 +148,7 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
                 case RunTask(task=task):
                     _admit(channel, context, scheduler, task)
                 case CancelTask(task_id=task_id):
-                    generated = scheduler.cancel(task_id)
-                    if generated is not None:  # else it already ended: nothing to do
-                        logger.info("task %s cancelled after %d generated tokens", task_id, generated)
-                        channel.send(TaskDone(task_id=task_id, generated_tokens=generated, cancelled=True))
+                    report_cancel(channel, task_id, scheduler.cancel(task_id))
                 case Shutdown():
                     return
                 case RunnerBootstrap():
@@ -162,11 +160,7 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
             # loaded model) for everyone queued behind it.
             logger.exception("decode step failed")
             updates = scheduler.fail_all(error)
-        for update in updates:
-            for chunk in update.chunks:
-                channel.send(TaskChunk(task_id=update.task_id, chunk=chunk))
-            if update.done:
-                channel.send(TaskDone(task_id=update.task_id, generated_tokens=update.generated_tokens))
+        send_updates(channel, updates)
 
 
 def _refine_while_idle(channel: RunnerChannel, planner: "MatmulPlanner") -> None:

@@ -1,0 +1,30 @@
+"""What a serving loop (one node's scheduler or a pipeline's rank 0) sends its supervisor as its tasks move on."""
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from exo.shared.types.common import TaskId
+from exo.shared.types.worker.runner_response import TaskChunk, TaskDone
+from exo.worker.runner.channel import RunnerChannel
+
+if TYPE_CHECKING:
+    from exo.worker.engines.mlx.generator.scheduler import RequestUpdate
+
+logger = logging.getLogger(__name__)
+
+
+def send_updates(channel: RunnerChannel, updates: Iterable["RequestUpdate"]) -> None:
+    """Each update's chunks, then the end of each task that finished."""
+    for update in updates:
+        for chunk in update.chunks:
+            channel.send(TaskChunk(task_id=update.task_id, chunk=chunk))
+        if update.done:
+            channel.send(TaskDone(task_id=update.task_id, generated_tokens=update.generated_tokens))
+
+
+def report_cancel(channel: RunnerChannel, task_id: TaskId, generated: int | None) -> None:
+    """End a cancelled task; `generated` None means it had already ended, so there is nothing to say."""
+    if generated is not None:
+        logger.info("task %s cancelled after %d generated tokens", task_id, generated)
+        channel.send(TaskDone(task_id=task_id, generated_tokens=generated, cancelled=True))
