@@ -1,13 +1,20 @@
 """The checker accepts streams that keep the contract and flags each failure peers were seen to make."""
 
 import json
+from collections.abc import Sequence
 
-from exo.conformance.checker import check_stream, sse_payloads, stream_violations
-from exo.conformance.contract import DONE_PAYLOAD, walk_stream
+from exo.conformance.checker import check_stream, sse_payloads
+from exo.conformance.contract import DONE_PAYLOAD, Violation, walk_stream
 from exo.conformance.openai_crosscheck import openai_violations
 
 from . import streams
 from .streams import CALL_ID_0, CALL_ID_1
+
+
+def stream_violations(
+    payloads: Sequence[str], *, include_usage: bool, named_tool_choice: bool = False
+) -> list[Violation]:
+    return list(check_stream(payloads, include_usage=include_usage, named_tool_choice=named_tool_choice).violations)
 
 
 def broken_rules(payloads: list[str], *, include_usage: bool = True) -> set[str]:

@@ -41,10 +41,3 @@ def check_stream(payloads: Sequence[str], *, include_usage: bool, named_tool_cho
     reader = openai_reader()
     extra = reader(payloads, walked.summary) if reader is not None else []
     return StreamCheck(summary=walked.summary, violations=(*walked.violations, *extra))
-
-
-def stream_violations(
-    payloads: Sequence[str], *, include_usage: bool, named_tool_choice: bool = False
-) -> list[Violation]:
-    """The violations alone: empty when the stream is safe for openai-python and the AI SDK."""
-    return list(check_stream(payloads, include_usage=include_usage, named_tool_choice=named_tool_choice).violations)

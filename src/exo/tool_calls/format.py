@@ -1,6 +1,5 @@
 """The one interface between the stream parser and a tool-call format (see the package docstring)."""
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,10 +20,6 @@ class CallSink(Protocol):
 
     def find_tool(self, name: str) -> FunctionDefinition | None:
         """The tool called `name`, or None when the request has no such tool."""
-        ...
-
-    def all_tools(self) -> Sequence[FunctionDefinition]:
-        """Every tool of the request (parsers that read parameter types need them)."""
         ...
 
     def open_call(self, tool: FunctionDefinition) -> None:

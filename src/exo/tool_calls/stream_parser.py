@@ -155,9 +155,6 @@ class ToolStreamParser:
     def find_tool(self, name: str) -> FunctionDefinition | None:
         return self._tools.get(name)
 
-    def all_tools(self) -> Sequence[FunctionDefinition]:
-        return list(self._tools.values())
-
     def open_call(self, tool: FunctionDefinition) -> None:
         if self._stopped:
             return

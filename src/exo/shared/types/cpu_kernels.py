@@ -35,9 +35,6 @@ class CpuKernelsReport(FrozenModel):
     setting: CpuKernelsSetting
     replacements: tuple[ReplacementState, ...]
 
-    def is_on(self, name: Replacement) -> bool:
-        return any(state.name == name and state.on for state in self.replacements)
-
     def describe(self) -> str:
         """One line for the log: `auto: on: float32 weights, …; off: numpy SwiGLU (mlx-lm's swiglu is (x), …)`."""
         on = [DESCRIPTIONS[state.name] for state in self.replacements if state.on]

@@ -5,6 +5,7 @@ token) and the next-token logits. The processor feeds the tokens sampled since i
 matcher, asks it for the allowed-token bitmask and sets every other logit to -inf.
 """
 
+import logging
 from typing import Final
 
 import mlx.core as mx
@@ -21,6 +22,8 @@ from exo.tool_calls.grammar.build import (
 )
 from exo.tool_calls.grammar.spec import JsonAnswerSpec, ToolConstraintSpec
 from exo.worker.engines.mlx.constrained.compiled import guidance_tokenizer, new_matcher
+
+logger = logging.getLogger(__name__)
 
 _BITS_PER_WORD: Final = 32
 _BIAS_BY_BIT: Final = np.array([-np.inf, 0.0], dtype=np.float32)
@@ -47,19 +50,6 @@ class ToolCallLogitsProcessor:
         self._previous_bitmask: Final[NDArray[np.int32]] = np.zeros(words, dtype=np.int32)
         self._bias: mx.array | None = None
         self._resumed = 0
-
-    @property
-    def prompt_length_mismatch(self) -> tuple[int, int] | None:
-        """(expected, observed) when the first call's token count differed from the `prompt_length` given."""
-        observed = self._prompt_length
-        if observed is None or observed == self._expected_prompt_length:
-            return None
-        return self._expected_prompt_length, observed
-
-    @property
-    def unenforced_schema_keywords(self) -> list[str]:
-        """llguidance's warnings about schema keywords it cannot enforce (worth a log line per request)."""
-        return self._matcher.get_grammar_warnings()
 
     def resume_after(self, generated: list[int]) -> bool:
         """Start part-way into a reply (a repair re-decodes from there): consume the reply's `generated` tokens now,
@@ -108,6 +98,12 @@ class ToolCallLogitsProcessor:
             # The first call comes before anything is sampled, so whatever it shows is the prompt. Trusting it over
             # the caller's count keeps the grammar right when a prompt cache hands mlx-lm only the uncached suffix.
             self._prompt_length = tokens.shape[0] - self._resumed
+            if self._prompt_length != self._expected_prompt_length:
+                logger.debug(
+                    "grammar anchored on the %d prompt tokens mlx-lm showed (the caller counted %d)",
+                    self._prompt_length,
+                    self._expected_prompt_length,
+                )
         start = self._prompt_length + len(self._in_history)
         if tokens.shape[0] <= start:
             return
@@ -144,9 +140,10 @@ def make_logits_processor(
     """A processor enforcing `spec` (tool calls, or a structured-output answer) for one request.
 
     `prompt_length` is the number of tokens handed to mlx-lm's generate (what it passes back to processors ahead of
-    the sampled tokens); the processor anchors on what the first call actually shows, and reports a difference in
-    `prompt_length_mismatch`. Tokenizer and compiled grammar come from caches, so a repeated schema compiles once;
-    raises UnsupportedConstraintError when a schema cannot be enforced.
+    the sampled tokens); the processor anchors on what the first call actually shows, and logs a difference at debug
+    level. Schema keywords llguidance cannot enforce are logged once per request. Tokenizer and compiled grammar come
+    from caches, so a repeated schema compiles once; raises UnsupportedConstraintError when a schema cannot be
+    enforced.
     """
     guidance = guidance_tokenizer(tokenizer)
     if isinstance(spec, JsonAnswerSpec):
@@ -154,4 +151,7 @@ def make_logits_processor(
     else:
         grammar = build_tool_grammar(spec, special_tokens=guidance.special_tokens(tool_marker_texts(spec)))
     matcher = new_matcher(guidance.lltokenizer, grammar)
+    unenforced = matcher.get_grammar_warnings()
+    if unenforced:
+        logger.info("grammar: schema keywords not enforced (validated after decoding): %s", "; ".join(unenforced))
     return ToolCallLogitsProcessor(matcher, guidance.lltokenizer.vocab_size, prompt_length=prompt_length)
