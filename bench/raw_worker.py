@@ -14,14 +14,10 @@ stdin one `StreamMeasurement` line, and for each `PassCostRequest` line one `Pas
 planned copy of the model when the request says so); stdin closing ends the process.
 """
 
-import json
-import shutil
 import sys
 from pathlib import Path
-from typing import cast
 
-from mlx_lm.utils import save_model
-
+from bench.float32_weights import save_float32
 from bench.raw_loop import answer, exo_engine_imported, measure_once, measure_pass_costs, prompt_tokens
 from bench.raw_protocol import REQUESTS, PassCostRequest, RawReady, RawRequest, RawSetup
 from exo.shared.types.worker.shards import ShardAssignment
@@ -29,24 +25,7 @@ from exo.worker.engines.mlx.cpu.blas_check import measure_matmul_gflops
 from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
 from exo.worker.engines.mlx.utils_mlx import LoadedModel, load_model
 
-_WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
 WARM_UP_MAX_TOKENS = 4
-
-
-def save_float32_copy(loaded: LoadedModel, source: Path, destination: Path) -> None:
-    """Write the loaded (float32) weights next to the source's config and tokenizer files."""
-    destination.mkdir(parents=True, exist_ok=True)
-    for item in source.iterdir():
-        if item.is_file() and not item.name.endswith(_WEIGHT_SUFFIXES):
-            shutil.copy2(item, destination / item.name)
-    save_model(destination, loaded.model)
-    config_path = destination / "config.json"
-    config = cast(dict[str, object], json.loads(config_path.read_text()))
-    # The weights are now plain float32: a quantization entry would make mlx-lm rebuild quantized layers.
-    for key in ("quantization", "quantization_config"):
-        config.pop(key, None)
-    config["torch_dtype"] = "float32"
-    config_path.write_text(json.dumps(config, indent=2))
 
 
 def _planned_copy(model_path: Path) -> LoadedModel:
@@ -61,7 +40,7 @@ def main() -> None:
     setup = RawSetup.model_validate_json(sys.argv[1])
     loaded = load_model(setup.model_path, ShardAssignment())
     planned: LoadedModel | None = None
-    save_float32_copy(loaded, setup.model_path, setup.float32_copy)
+    save_float32(loaded.model, setup.model_path, setup.float32_copy)
     tokenizer = loaded.tokenizer
     # Warm-up: first-call allocation and kernel setup are not throughput.
     measure_once(loaded.model, tokenizer, prompt_tokens(tokenizer, "warm-up"), WARM_UP_MAX_TOKENS)

@@ -2,22 +2,22 @@
 
 1. share of schema-valid calls under `tool_choice: "auto"` over the corpus (bench/tool_corpus.py): exo with its
    lazy grammar, exo with it off (`auto_tool_grammar: false`) with and without the repair of failed calls
-   (`tool_call_repair`), and mlx_lm.server on the same weights (`--no-mlx-lm` leaves it out: on a loaded CPU its
-   cold prefill of the corpus's tools takes many minutes);
+   (`tool_call_repair`), and mlx_lm.server on the same weights (`--no-mlx-lm` leaves it out), given a float32
+   copy of them as exo's runner loads them on a CPU (bench/float32_weights.py);
 2. end-to-end latency of `required` calls to tools with at least four fields, exo with grammar fast-forward against
    a second exo node started with `--no-grammar-fast-forward` (requests alternate between the two);
 3. decode speed of replies without calls (tools offered), lazy grammar on against off.
 
     uv run python -m bench.tool_calls_auto --model ~/.cache/exo/models/qwen2.5-coder-0.5b-instruct --out r.json
 
-Everything greedy (temperature 0). Prints a markdown report; `--out` also writes the raw figures as JSON.
+`--only validity|latency|overhead` (repeatable) runs only those parts. Everything greedy (temperature 0). Prints a
+markdown report with the run's commit, CPU, load and command; `--out` also writes the raw figures as JSON.
 """
 
 import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +30,9 @@ import httpx
 import jsonschema
 from pydantic import BaseModel
 
+from bench.float32_weights import float32_copy
+from bench.machine import section_run
+from bench.results import SectionRun
 from bench.servers import RunningServer, running_exo, running_mlx_lm_server
 from bench.tool_corpus import CORPUS, FORCED, PROSE, TOOLS, ToolPrompt
 
@@ -40,6 +43,8 @@ _SYSTEMS: dict[str, dict[str, Any]] = {
     "exo, grammar off, no repair": {"auto_tool_grammar": False, "tool_call_repair": False},
 }
 Verdict = Literal["valid", "invalid", "no_call"]
+Part = Literal["validity", "latency", "overhead"]
+PARTS: tuple[Part, ...] = ("validity", "latency", "overhead")
 
 
 class ValidityRow(BaseModel):
@@ -55,6 +60,8 @@ class LatencyRow(BaseModel):
     fast_forward_s: float
     step_by_step_s: float
     same_calls: bool
+    tokens: int
+    """Completion tokens of the fast-forward reply."""
 
 
 class OverheadRow(BaseModel):
@@ -64,9 +71,9 @@ class OverheadRow(BaseModel):
 
 
 class Report(BaseModel):
-    commit: str
+    run: SectionRun
+    load_at_start: tuple[float, float, float]
     model: str
-    load_average: tuple[float, float, float]
     validity: list[ValidityRow]
     latency: list[LatencyRow]
     overhead: list[OverheadRow]
@@ -183,19 +190,27 @@ def _latency(
                     fast_forward_s=fast_s,
                     step_by_step_s=slow_s,
                     same_calls=_calls(fast) == _calls(slow),
+                    tokens=fast["usage"]["completion_tokens"],
                 )
             )
     return latency
 
 
-def run(
-    model_path: Path, corpus: Sequence[ToolPrompt], max_tokens: int, latency_prompts: int, *, mlx_lm_server: bool
-) -> Report:
+def _validity_and_overhead(
+    model_path: Path,
+    work: Path,
+    corpus: Sequence[ToolPrompt],
+    max_tokens: int,
+    parts: set[Part],
+    *,
+    mlx_lm_server: bool,
+) -> tuple[list[ValidityRow], list[OverheadRow]]:
     model = model_path.name
-    with tempfile.TemporaryDirectory(prefix="bench-tool-calls-") as scratch:
-        work = Path(scratch)
-        with running_exo(model_path, work) as exo, ExitStack() as stack:
-            mlx_lm = stack.enter_context(running_mlx_lm_server(model_path, work)) if mlx_lm_server else None
+    with running_exo(model_path, work) as exo, ExitStack() as stack:
+        validity: list[ValidityRow] = []
+        if "validity" in parts:
+            weights = float32_copy(model_path, work / "float32") if mlx_lm_server else None
+            mlx_lm = stack.enter_context(running_mlx_lm_server(weights, work)) if weights is not None else None
             systems: dict[str, list[dict[str, Any]]] = {name: [] for name in _SYSTEMS}
             if mlx_lm is not None:
                 systems["mlx_lm.server"] = []
@@ -203,26 +218,49 @@ def run(
                 for name, extra in _SYSTEMS.items():
                     systems[name].append(_chat(exo, _body(model, item.prompt, max_tokens, **extra)))
                 if mlx_lm is not None:
-                    systems["mlx_lm.server"].append(_chat(mlx_lm, _body(str(model_path), item.prompt, max_tokens)))
+                    systems["mlx_lm.server"].append(_chat(mlx_lm, _body(str(weights), item.prompt, max_tokens)))
                 verdicts = ", ".join(f"{name}: {verdict(replies[-1])[0]}" for name, replies in systems.items())
                 print(f"[{number}/{len(corpus)}] {verdicts}", file=sys.stderr, flush=True)
             validity = [_validity(name, replies) for name, replies in systems.items()]
-            overhead = [
-                OverheadRow(
-                    prompt=prompt,
-                    grammar_tokens_per_s=_decode_rate(exo, _body(model, prompt, 64, auto_tool_grammar=True)),
-                    plain_tokens_per_s=_decode_rate(
-                        exo, _body(model, prompt, 64, auto_tool_grammar=False, tool_call_repair=False)
-                    ),
-                )
-                for prompt in PROSE
-            ]
-        latency = _latency(model_path, work, corpus, max_tokens, latency_prompts) if latency_prompts else []
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+        overhead = [
+            OverheadRow(
+                prompt=prompt,
+                grammar_tokens_per_s=_decode_rate(exo, _body(model, prompt, 64, auto_tool_grammar=True)),
+                plain_tokens_per_s=_decode_rate(
+                    exo, _body(model, prompt, 64, auto_tool_grammar=False, tool_call_repair=False)
+                ),
+            )
+            for prompt in (PROSE if "overhead" in parts else [])
+        ]
+    return validity, overhead
+
+
+def run(
+    model_path: Path,
+    corpus: Sequence[ToolPrompt],
+    max_tokens: int,
+    latency_prompts: int,
+    parts: set[Part],
+    *,
+    command: Sequence[str],
+    mlx_lm_server: bool,
+) -> Report:
+    load_at_start = os.getloadavg()
+    validity: list[ValidityRow] = []
+    overhead: list[OverheadRow] = []
+    latency: list[LatencyRow] = []
+    with tempfile.TemporaryDirectory(prefix="bench-tool-calls-") as scratch:
+        work = Path(scratch)
+        if parts & {"validity", "overhead"}:
+            validity, overhead = _validity_and_overhead(
+                model_path, work, corpus, max_tokens, parts, mlx_lm_server=mlx_lm_server
+            )
+        if "latency" in parts and latency_prompts:
+            latency = _latency(model_path, work, corpus, max_tokens, latency_prompts)
     return Report(
-        commit=commit.stdout.strip(),
-        model=model,
-        load_average=os.getloadavg(),
+        run=section_run(command, program="uv run python -m bench.tool_calls_auto"),
+        load_at_start=load_at_start,
+        model=model_path.name,
         validity=validity,
         latency=latency,
         overhead=overhead,
@@ -230,16 +268,21 @@ def run(
 
 
 def markdown(report: Report, corpus_size: int) -> str:
+    run = report.run
     lines = [
-        f"Commit {report.commit}, model {report.model}, load average at the end "
-        f"{' / '.join(f'{value:.1f}' for value in report.load_average)}; greedy.",
-        "",
-        f'Schema-valid calls under `tool_choice: "auto"` over {corpus_size} corpus prompts:',
-        "",
-        "| System | valid calls | invalid calls | no call |",
-        "|---|---|---|---|",
+        f"Commit {run.exo_commit}, {run.cpu}, model {report.model}, finished {run.finished_utc}; load average "
+        f"{_load(report.load_at_start)} at the start, {_load(run.load_average)} at the end; greedy. Command: "
+        f"`{run.command}`.",
     ]
-    lines += [f"| {row.system} | {row.valid} | {row.invalid} | {row.no_call} |" for row in report.validity]
+    if report.validity:
+        lines += [
+            "",
+            f'Schema-valid calls under `tool_choice: "auto"` over {corpus_size} corpus prompts:',
+            "",
+            "| System | valid calls | invalid calls | no call |",
+            "|---|---|---|---|",
+        ]
+        lines += [f"| {row.system} | {row.valid} | {row.invalid} | {row.no_call} |" for row in report.validity]
     if report.latency:
         ratios = [row.step_by_step_s / row.fast_forward_s for row in report.latency]
         same = sum(row.same_calls for row in report.latency)
@@ -249,7 +292,8 @@ def markdown(report: Report, corpus_size: int) -> str:
             f"{statistics.median(row.fast_forward_s for row in report.latency):.2f} s with fast-forward, "
             f"{statistics.median(row.step_by_step_s for row in report.latency):.2f} s without; median speed-up "
             f"{statistics.median(ratios):.2f}× (range {min(ratios):.2f}–{max(ratios):.2f}); same calls {same}/"
-            f"{len(report.latency)}.",
+            f"{len(report.latency)}; median completion tokens "
+            f"{statistics.median(row.tokens for row in report.latency):.0f}.",
         ]
     rates = [row for row in report.overhead if row.plain_tokens_per_s and row.grammar_tokens_per_s]
     if rates:
@@ -262,6 +306,10 @@ def markdown(report: Report, corpus_size: int) -> str:
     return "\n".join(lines)
 
 
+def _load(average: tuple[float, float, float]) -> str:
+    return " / ".join(f"{value:.1f}" for value in average)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--model", type=Path, required=True)
@@ -271,13 +319,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--latency-prompts", type=int, default=len(FORCED), help="required calls timed per system")
     parser.add_argument("--no-mlx-lm", action="store_true", help="leave mlx_lm.server out of the validity table")
-    arguments = parser.parse_args(argv)
+    parser.add_argument("--only", action="append", choices=PARTS, help="run only this part (repeatable)")
+    command = list(sys.argv[1:] if argv is None else argv)
+    arguments = parser.parse_args(command)
     corpus = CORPUS[: arguments.limit] if arguments.limit else CORPUS
     report = run(
         arguments.model.expanduser(),
         corpus,
         arguments.max_tokens,
         arguments.latency_prompts,
+        set(cast(list[Part], arguments.only) or PARTS),
+        command=command,
         mlx_lm_server=not arguments.no_mlx_lm,
     )
     if arguments.out:
