@@ -5,6 +5,7 @@ import json
 from collections.abc import Mapping
 
 import pytest
+from pydantic import JsonValue
 
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, PromptToolCall
@@ -109,10 +110,94 @@ def test_the_excluding_schema_forbids_exactly_the_blocked_arguments(blocked: dic
         assert _accepts_call(narrowed, variant), variant
 
 
-def test_arguments_holding_an_object_or_a_long_string_are_reported_but_not_blocked() -> None:
+def test_arguments_holding_an_empty_undeclared_object_or_a_long_string_are_reported_but_not_blocked() -> None:
     assert excluding(WRITE.parameters, (CallKey.of("write", {"path": "a", "content": "b", "meta": {}}),)) is None
     assert excluding(WRITE.parameters, (CallKey.of("write", {"path": "a", "content": "b" * 200}),)) is None
 
 
 def test_a_backslash_in_the_arguments_leaves_the_call_to_the_report() -> None:
     assert excluding(WRITE.parameters, (CallKey.of("write", {"path": "C:\\x", "content": "b"}),)) is None
+
+
+EDIT = FunctionDefinition(
+    name="edit",
+    parameters={
+        "type": "object",
+        "properties": {
+            "path": {"type": "string"},
+            "edits": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"old": {"type": "string"}, "new": {"type": "string"}},
+                    "required": ["old", "new"],
+                },
+            },
+            "options": {
+                "type": "object",
+                "properties": {"dry_run": {"type": "boolean"}, "tags": {"type": "array", "items": {"type": "string"}}},
+            },
+        },
+        "required": ["path", "edits"],
+    },
+)
+EDIT_CALL: dict[str, object] = {
+    "path": "a.py",
+    "edits": [{"old": "x = 1", "new": "x = 2"}],
+    "options": {"dry_run": False, "tags": ["t1", "t2"]},
+}
+
+
+def _accepts_edit(parameters: Mapping[str, object], arguments: dict[str, object]) -> bool:
+    """Whether the grammar for `edit` with `parameters` can write the call (keys given in the schema's order)."""
+    tool = EDIT.model_copy(update={"parameters": parameters})
+    tokenizer = format_tokenizer(ToolFormatName.HERMES, True)
+    spec = ToolConstraintSpec(
+        tool_format=ToolFormatName.HERMES, tools=(tool,), mode=ConstraintMode.AUTO, parallel_tool_calls=True
+    )
+    grammar = build_tool_grammar(spec, special_tokens=tokenizer.special_tokens)
+    call = {"name": "edit", "arguments": arguments}
+    return tokenizer.accepts(grammar, f"<tool_call>\n{json.dumps(call)}\n</tool_call>")
+
+
+def test_a_call_with_nested_objects_and_arrays_is_blocked_and_every_change_inside_them_allowed() -> None:
+    narrowed = excluding(EDIT.parameters, (CallKey.of("edit", EDIT_CALL),))
+    assert narrowed is not None
+    assert _accepts_edit(EDIT.parameters, EDIT_CALL)
+    assert not _accepts_edit(narrowed, EDIT_CALL)
+    options = {"dry_run": False, "tags": ["t1", "t2"]}
+    variants: list[dict[str, object]] = [
+        {**EDIT_CALL, "path": "b.py"},
+        {**EDIT_CALL, "edits": [{"old": "x = 1", "new": "x = 3"}]},  # a value inside an array's object
+        {**EDIT_CALL, "edits": []},  # fewer items
+        {**EDIT_CALL, "edits": [{"old": "x = 1", "new": "x = 2"}, {"old": "y", "new": "z"}]},  # more items
+        {**EDIT_CALL, "options": {**options, "dry_run": True}},  # a value inside a nested object
+        {**EDIT_CALL, "options": {**options, "tags": ["t1", "t3"]}},  # an item of a nested array
+        {**EDIT_CALL, "options": {**options, "tags": ["t1"]}},
+        {**EDIT_CALL, "options": {**options, "tags": ["t1", "t2", "t3"]}},
+        {**EDIT_CALL, "options": {"tags": ["t1", "t2"]}},  # a nested key left out
+        {"path": "a.py", "edits": [{"old": "x = 1", "new": "x = 2"}]},  # a top-level key left out
+    ]
+    for variant in variants:
+        assert _accepts_edit(narrowed, variant), variant
+
+
+def test_a_nested_declared_key_added_is_a_new_call() -> None:
+    blocked: dict[str, object] = {"path": "a.py", "edits": [], "options": {"tags": []}}
+    narrowed = excluding(EDIT.parameters, (CallKey.of("edit", blocked),))
+    assert narrowed is not None
+    assert not _accepts_edit(narrowed, blocked)
+    assert _accepts_edit(narrowed, {"path": "a.py", "edits": [], "options": {"dry_run": True, "tags": []}})
+
+
+def test_nested_values_past_the_limits_are_reported_but_not_blocked() -> None:
+    many = {"path": "a.py", "edits": [{"old": str(number), "new": "x"} for number in range(40)]}
+    assert excluding(EDIT.parameters, (CallKey.of("edit", many),)) is None
+    long_inside = {"path": "a.py", "edits": [{"old": "b" * 200, "new": "x"}]}
+    assert excluding(EDIT.parameters, (CallKey.of("edit", long_inside),)) is None
+    referenced: dict[str, JsonValue] = {
+        "type": "object",
+        "properties": {"meta": {"$ref": "#/$defs/meta"}},
+        "$defs": {"meta": {}},
+    }
+    assert excluding(referenced, (CallKey.of("t", {"meta": {"a": 1}}),)) is None

@@ -55,8 +55,13 @@ def test_under_the_grammar_the_failed_arguments_are_excluded_or_there_is_no_repa
     assert spec is not None
     narrowed = next(tool for tool in spec.tools if tool.name == "not_paris")
     assert "allOf" in narrowed.parameters
-    # An array the exclusion cannot express, or a call rejected before its name: the same grammar would write the
-    # same call again, so no repair.
+    # A failed array (uniqueItems) is excluded item by item like any other value.
     tags = CallKey.of("tags", {"tags": ["a", "a"]})
-    assert repair_spec(POLICY, HERMES, None, grammar_held=True, blocked=(), failed=tags) is None
+    spec = repair_spec(POLICY, HERMES, None, grammar_held=True, blocked=(), failed=tags)
+    assert spec is not None
+    assert "allOf" in next(tool for tool in spec.tools if tool.name == "tags").parameters
+    # Arguments the exclusion cannot express (a string past its limit), or a call rejected before its name: the same
+    # grammar would write the same call again, so no repair.
+    long_tags = CallKey.of("tags", {"tags": ["a" * 200, "a" * 200]})
+    assert repair_spec(POLICY, HERMES, None, grammar_held=True, blocked=(), failed=long_tags) is None
     assert repair_spec(POLICY, HERMES, None, grammar_held=True, blocked=(), failed=None) is None
