@@ -2,6 +2,8 @@
 
 The first node holds the model and is started with `--min-nodes N`; the others load nothing and copy their layers'
 files from it. Each node runs in a session of its own (with its runner subprocesses), so stopping kills the group.
+`RunningNodes.cpu_seconds` is the CPU time the nodes and their runners have used so far, so a caller can tell how
+many cores a measurement kept busy.
 """
 
 import os
@@ -11,9 +13,11 @@ import sys
 import time
 from collections.abc import Generator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 
 from bench.servers import free_port
 from exo.shared.types.cluster_api import InstanceList
@@ -81,10 +85,37 @@ def _wait_placed(processes: list[subprocess.Popen[bytes]], base_url: str, nodes:
     )
 
 
+def _tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and its living descendants (the node and its runners)."""
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for process in processes:
+        with suppress(psutil.NoSuchProcess):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+@dataclass(frozen=True)
+class RunningNodes:
+    base_url: str
+    """The first node's API."""
+    pids: tuple[int, ...]
+
+    def cpu_seconds(self) -> float:
+        """CPU time every node and runner has used so far; the difference over a measurement, divided by its wall
+        time, is how many cores it kept busy (only processes alive at both readings count: runners stay up)."""
+        return sum(_tree_cpu_seconds(pid) for pid in self.pids)
+
+
 @contextmanager
-def model_over_nodes(model_path: Path, nodes: int, work_dir: Path) -> Generator[str]:
-    """Serve `model_path` split over `nodes` local nodes; yields the first node's API URL once the instance is
-    ready; every node is stopped on exit."""
+def model_over_nodes(model_path: Path, nodes: int, work_dir: Path) -> Generator[RunningNodes]:
+    """Serve `model_path` split over `nodes` local nodes; yields them once the instance is ready (its API is the
+    first node's); every node is stopped on exit."""
     cluster = f"bench-pipeline-{nodes}-{os.getpid()}"
     processes: list[subprocess.Popen[bytes]] = []
     try:
@@ -95,7 +126,7 @@ def model_over_nodes(model_path: Path, nodes: int, work_dir: Path) -> Generator[
         for index in range(2, nodes + 1):
             processes.append(_launch(work_dir, f"node-{index}", cluster, ["--no-model"], endpoint)[0])
         _wait_placed(processes, base_url, nodes, work_dir)
-        yield base_url
+        yield RunningNodes(base_url=base_url, pids=tuple(process.pid for process in processes))
     finally:
         for process in processes:
             _stop(process)

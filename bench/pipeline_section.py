@@ -3,7 +3,8 @@ the aggregate throughput of 1, 2, 4 and 8 streams at once on each.
 
 Each node count gets fresh nodes (`bench.pipeline_nodes`), one untimed warm-up request, then a few greedy streamed
 requests of the same prompt one after another, then the same prompt as N streams sent at once for each N, all timed
-on the client side over HTTP as a user would see them.
+on the client side over HTTP as a user would see them. Each N-streams run also records the CPU time the nodes used,
+which says whether the ranks kept the machine's cores busy or waited on each other.
 """
 
 import asyncio
@@ -16,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from bench.machine import exo_commit
-from bench.pipeline_nodes import model_over_nodes
+from bench.pipeline_nodes import RunningNodes, model_over_nodes
 from bench.results import ConcurrentStreams, PipelineRow, PipelineSection, StreamMeasurement
 from bench.stream_client import request_body, stream_chat
 from exo.shared.types.api import ChatMessage
@@ -35,21 +36,24 @@ STREAM_COUNTS = (1, 2, 4, 8)
 
 
 async def _requests(
-    base_url: str, max_tokens: int, requests: int, stream_counts: Sequence[int]
+    nodes: RunningNodes, max_tokens: int, requests: int, stream_counts: Sequence[int]
 ) -> tuple[list[StreamMeasurement], list[ConcurrentStreams]]:
     body = request_body([ChatMessage(role="user", content=PROMPT)], (), max_tokens)
+    base_url = nodes.base_url
     async with httpx.AsyncClient() as client:
         await stream_chat(client, base_url, body)  # warm-up: first-request compilation and allocation
         runs = [(await stream_chat(client, base_url, body)).measurement for _ in range(requests)]
         concurrent: list[ConcurrentStreams] = []
         for streams in stream_counts:
-            started = time.perf_counter()
+            cpu_before, started = nodes.cpu_seconds(), time.perf_counter()
             outcomes = await asyncio.gather(*(stream_chat(client, base_url, body) for _ in range(streams)))
+            wall_s, cpu_s = time.perf_counter() - started, nodes.cpu_seconds() - cpu_before
             concurrent.append(
                 ConcurrentStreams(
                     streams=streams,
                     completion_tokens=sum(outcome.measurement.completion_tokens for outcome in outcomes),
-                    wall_s=time.perf_counter() - started,
+                    wall_s=wall_s,
+                    cpu_s=cpu_s,
                 )
             )
         return runs, concurrent
@@ -72,10 +76,10 @@ def measure_pipeline(
         with tempfile.TemporaryDirectory(prefix=f"exo-bench-pipeline-{nodes}-") as scratch:
             if progress is not None:
                 progress(f"pipeline: {model_id} over {nodes} node(s), waiting for the instance")
-            with model_over_nodes(model_path, nodes, Path(scratch)) as base_url:
+            with model_over_nodes(model_path, nodes, Path(scratch)) as running:
                 if progress is not None:
                     progress(f"pipeline: {nodes} node(s) ready; {requests} timed request(s)")
-                runs, concurrent = asyncio.run(_requests(base_url, max_tokens, requests, stream_counts))
+                runs, concurrent = asyncio.run(_requests(running, max_tokens, requests, stream_counts))
         rows.append(
             PipelineRow(
                 nodes=nodes,
@@ -83,6 +87,7 @@ def measure_pipeline(
                 ms_per_token=[ms_per_token(run) for run in runs],
                 completion_tokens=max(run.completion_tokens for run in runs),
                 concurrent=concurrent,
+                load_average=os.getloadavg(),
             )
         )
     load_1, load_5, load_15 = os.getloadavg()
@@ -93,4 +98,5 @@ def measure_pipeline(
         requests=requests,
         load_average=(load_1, load_5, load_15),
         exo_commit=exo_commit(),
+        cpu_count=os.cpu_count(),
     )

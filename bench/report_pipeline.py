@@ -42,36 +42,106 @@ def _streams_cell(run: ConcurrentStreams | None) -> str:
     return "–" if run is None else f"{run.aggregate_tokens_per_s:.2f}"
 
 
+def _run_at(row: PipelineRow, streams: int) -> ConcurrentStreams | None:
+    return next((run for run in row.concurrent if run.streams == streams), None)
+
+
+def _cpu_cells(run: ConcurrentStreams | None) -> list[str]:
+    """Cores busy and CPU ms per token of a run (– where the run or its CPU time was not measured)."""
+    if run is None or run.cpu_s is None or run.cores_busy is None:
+        return ["–", "–"]
+    return [f"{run.cores_busy:.2f}", f"{run.cpu_s * 1000 / run.completion_tokens:.0f}"]
+
+
+def ms_per_step(run: ConcurrentStreams) -> float:
+    """Wall time per `streams` tokens: one batch step of every stream, when they decode together."""
+    return run.streams * 1000 / run.aggregate_tokens_per_s
+
+
+SATURATED_SHARE = 0.85
+"""Cores busy at or above this share of the machine's cores count as saturated."""
+
+
+def missed_reason(section: PipelineSection, split: PipelineRow, streams: int) -> str:
+    """Why the split's `streams` streams fell short, from what the run measured (or that it measured no reason)."""
+    single = next((row for row in section.rows if row.nodes == 1), None)
+    split_one, split_many = _run_at(split, 1), _run_at(split, streams)
+    single_one = _run_at(single, 1) if single is not None else None
+    single_many = _run_at(single, streams) if single is not None else None
+    if split_one is None or split_many is None or single_one is None or single_many is None:
+        return "no reason measured (the run has no one-node figures to compare with)."
+    extra_one = ms_per_step(split_one) - ms_per_step(single_one)
+    extra_many = ms_per_step(split_many) - ms_per_step(single_many)
+    text = (
+        f"at {streams} streams the split took {extra_many:.0f} ms more than one node per {streams} tokens (one step "
+        f"of the batch), at 1 stream {extra_one:.0f} ms more per token"
+    )
+    cores = section.cpu_count
+    if split_many.cores_busy is None or single_many.cores_busy is None or cores is None:
+        return text + "; the run measured no CPU time, so no reason beyond that."
+    text += (
+        f"; meanwhile its nodes kept {split_many.cores_busy:.2f} of the machine's {cores} cores busy (one node "
+        f"{single_many.cores_busy:.2f})"
+    )
+    if split_many.cores_busy >= SATURATED_SHARE * cores:
+        return text + (
+            ": the cores were saturated, so the split's extra time is CPU its ranks spent, not time they waited on "
+            "each other; overlapping micro-batches fills waiting time and has none to fill here."
+        )
+    return text + (
+        f": {cores - split_many.cores_busy:.2f} cores were left to other work (the load average counts it), time "
+        "in which the ranks waited on each other."
+    )
+
+
 def _concurrency_lines(section: PipelineSection) -> list[str]:
     rows = [row for row in section.rows if row.concurrent]
     if not rows:
         return []
+    single = next((row for row in section.rows if row.nodes == 1), None)
     counts = sorted({run.streams for row in rows for run in row.concurrent})
-    header = ["Nodes", *(f"{count} stream{'s' if count > 1 else ''}, tok/s" for count in counts), "4 streams ÷ 1"]
+    header = [
+        "Nodes",
+        *(f"{count} stream{'s' if count > 1 else ''}, tok/s" for count in counts),
+        "4 streams ÷ 1",
+        "Per hop, ms/token",
+        "Cores busy, 4 streams",
+        "CPU ms/token, 4 streams",
+        "Load (1 min) after",
+    ]
     table: list[list[str]] = []
     for row in rows:
         by_count = {run.streams: run for run in row.concurrent}
         speedup = streams_speedup(row, 4)
+        hop = hop_ms_per_token(row, single) if single is not None else None
         table.append(
             [
                 str(row.nodes),
                 *(_streams_cell(by_count.get(count)) for count in counts),
                 "–" if speedup is None else f"{speedup:.2f}×",
+                "–" if hop is None else f"{hop:+.1f}",
+                *_cpu_cells(by_count.get(4)),
+                "–" if row.load_average is None else f"{row.load_average[0]:.2f}",
             ]
         )
     lines = [
         "",
         "Aggregate throughput: the same prompt as N greedy streamed requests sent at once, decoded together in the "
         "model's batch; tok/s = all streams' tokens / (first request sent → last stream finished), prefill and "
-        "joining the batch included.",
+        "joining the batch included. Per hop is the table above's (one request at a time). Cores busy = CPU time of "
+        "every node and runner process during the 4-stream run / its wall time; CPU ms/token = that CPU time / the "
+        "tokens generated.",
         "",
         *markdown_table(header, table),
     ]
     split = next((row for row in rows if row.nodes == 2), None)
     speedup = streams_speedup(split, 4) if split is not None else None
-    if speedup is not None:
-        verdict = "met" if speedup >= BATCH_TARGET else "missed"
-        lines += ["", f"Target: 2-node split, 4 streams ≥ {BATCH_TARGET}× its own 1 stream: {speedup:.2f}×, {verdict}."]
+    if split is not None and speedup is not None:
+        target = f"Target: 2-node split, 4 streams ≥ {BATCH_TARGET}× its own 1 stream: {speedup:.2f}×"
+        if speedup >= BATCH_TARGET:
+            lines += ["", f"{target}, met."]
+        else:
+            lines += ["", f"{target}, missed: {missed_reason(section, split, 4)}"]
     return lines
 
 

@@ -285,10 +285,17 @@ class ConcurrentStreams(BenchModel):
     """All streams' tokens together."""
     wall_s: float
     """First request sent → last stream finished."""
+    cpu_s: float | None = None
+    """CPU time the nodes and their runners used meanwhile (absent from runs before the bench measured it)."""
 
     @property
     def aggregate_tokens_per_s(self) -> float:
         return self.completion_tokens / self.wall_s
+
+    @property
+    def cores_busy(self) -> float | None:
+        """How many cores the nodes kept busy on average during the run."""
+        return None if self.cpu_s is None else self.cpu_s / self.wall_s
 
 
 class PipelineRow(BenchModel):
@@ -302,6 +309,8 @@ class PipelineRow(BenchModel):
     completion_tokens: int
     concurrent: list[ConcurrentStreams] = []
     """Aggregate throughput by number of streams at once (absent from runs before pipelines batched)."""
+    load_average: tuple[float, float, float] | None = None
+    """Load average when this node count's runs finished (absent from earlier runs)."""
 
 
 class PipelineSection(BenchModel):
@@ -315,6 +324,8 @@ class PipelineSection(BenchModel):
     load_average: tuple[float, float, float]
     """Load average when the section finished."""
     exo_commit: str
+    cpu_count: int | None = None
+    """The machine's cores, which every node shares (absent from earlier runs)."""
 
 
 SessionPhase = Literal["cold", "warm", "restarted"]
