@@ -236,10 +236,16 @@ def _measure_section_into(
                 )
             update = {"agent_sessions": sessions}
         case "pipeline":
-            nodes, max_tokens, requests = ((1, 2), 8, 1) if quick else ((1, 2, 3), 48, 3)
+            nodes, max_tokens, requests, overlap_steps = ((1, 2), 8, 1, 8) if quick else ((1, 2, 3), 48, 3, 32)
             update = {
                 "pipeline": measure_pipeline(
-                    model.model_id, model.path, nodes, max_tokens, requests, progress=_progress
+                    model.model_id,
+                    model.path,
+                    nodes,
+                    max_tokens,
+                    requests,
+                    overlap_steps=overlap_steps,
+                    progress=_progress,
                 )
             }
         case _:

@@ -4,7 +4,8 @@ the aggregate throughput of 1, 2, 4 and 8 streams at once on each.
 Each node count gets fresh nodes (`bench.pipeline_nodes`), one untimed warm-up request, then a few greedy streamed
 requests of the same prompt one after another, then the same prompt as N streams sent at once for each N, all timed
 on the client side over HTTP as a user would see them. Each N-streams run also records the CPU time the nodes used,
-which says whether the ranks kept the machine's cores busy or waited on each other.
+which says whether the ranks kept the machine's cores busy or waited on each other. When 2 nodes are measured, the
+overlapped micro-batches lever is then measured on its own on a 2-rank split (`bench.pipeline_overlap`).
 """
 
 import asyncio
@@ -18,6 +19,7 @@ import httpx
 
 from bench.machine import exo_commit
 from bench.pipeline_nodes import RunningNodes, model_over_nodes
+from bench.pipeline_overlap import measure_overlap
 from bench.results import ConcurrentStreams, PipelineRow, PipelineSection, StreamMeasurement
 from bench.stream_client import request_body, stream_chat
 from exo.shared.types.api import ChatMessage
@@ -67,10 +69,12 @@ def measure_pipeline(
     requests: int,
     *,
     stream_counts: Sequence[int] = STREAM_COUNTS,
+    overlap_steps: int = 32,
     progress: Callable[[str], None] | None = None,
 ) -> PipelineSection:
     """Serve `model_path` over each node count in turn and time `requests` streamed requests on each, then each of
-    `stream_counts` streams at once."""
+    `stream_counts` streams at once; with 2 nodes among them, measure overlapped micro-batches over `overlap_steps`
+    decode steps."""
     rows: list[PipelineRow] = []
     for nodes in node_counts:
         with tempfile.TemporaryDirectory(prefix=f"exo-bench-pipeline-{nodes}-") as scratch:
@@ -90,6 +94,11 @@ def measure_pipeline(
                 load_average=os.getloadavg(),
             )
         )
+    overlap = None
+    if 2 in node_counts:
+        if progress is not None:
+            progress(f"pipeline: overlapped micro-batches on a 2-rank split, {overlap_steps} steps per configuration")
+        overlap = measure_overlap(model_path, overlap_steps)
     load_1, load_5, load_15 = os.getloadavg()
     return PipelineSection(
         rows=rows,
@@ -99,4 +108,5 @@ def measure_pipeline(
         load_average=(load_1, load_5, load_15),
         exo_commit=exo_commit(),
         cpu_count=os.cpu_count(),
+        overlap=overlap,
     )

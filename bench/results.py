@@ -313,6 +313,28 @@ class PipelineRow(BenchModel):
     """Load average when this node count's runs finished (absent from earlier runs)."""
 
 
+class OverlapRun(BenchModel):
+    """Greedy decode of `rows` rows on a 2-rank split, forward passes only, in `micro_batches` alternating groups."""
+
+    rows: int
+    micro_batches: int
+    tokens: int
+    wall_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+
+class OverlapMeasurement(BenchModel):
+    """Whether overlapping micro-batches keeps a 2-rank split busier (`bench.pipeline_overlap`)."""
+
+    runs: list[OverlapRun]
+    steps: int
+    """Timed decode steps per run (after a few untimed ones)."""
+    load_average: tuple[float, float, float]
+
+
 class PipelineSection(BenchModel):
     """Section 8: one model over 1, 2 and 3 exo nodes on 127.0.0.1; every hop costs a loopback send per token."""
 
@@ -326,6 +348,8 @@ class PipelineSection(BenchModel):
     exo_commit: str
     cpu_count: int | None = None
     """The machine's cores, which every node shares (absent from earlier runs)."""
+    overlap: OverlapMeasurement | None = None
+    """The overlapped micro-batches lever measured on its own (absent from earlier runs)."""
 
 
 SessionPhase = Literal["cold", "warm", "restarted"]

@@ -1,7 +1,7 @@
 """Section 8 renders one row per node count with medians and the per-hop cost against one node."""
 
 from bench.report_pipeline import PIPELINE_TITLE, render_pipeline
-from bench.results import ConcurrentStreams, PipelineRow, PipelineSection
+from bench.results import ConcurrentStreams, OverlapMeasurement, OverlapRun, PipelineRow, PipelineSection
 
 
 def test_rows_medians_and_hop_cost() -> None:
@@ -111,3 +111,26 @@ def test_a_met_target_gives_no_reason() -> None:
     text = "\n".join(render_pipeline(_section_with_cpu(1.1, split_rate_4=16.0)))
 
     assert "Target: 2-node split, 4 streams ≥ 1.8× its own 1 stream: 2.00×, met." in text
+
+
+def test_the_overlap_lever_is_judged_from_its_measurement() -> None:
+    def overlap_run(rows: int, micro_batches: int, rate: float) -> OverlapRun:
+        return OverlapRun(rows=rows, micro_batches=micro_batches, tokens=32 * rows, wall_s=32 * rows / rate)
+
+    overlap = OverlapMeasurement(
+        runs=[
+            overlap_run(rows, micro_batches, rate)
+            for rows, micro_batches, rate in ((1, 1, 5.0), (4, 1, 10.0), (4, 2, 10.2), (8, 1, 12.0), (8, 2, 15.0))
+        ],
+        steps=32,
+        load_average=(3.0, 2.0, 1.0),
+    )
+    section = _section_with_cpu(1.1, split_rate_4=12.0).model_copy(update={"overlap": overlap})
+
+    text = "\n".join(render_pipeline(section))
+
+    assert "| 4 | 2 | 10.20 | 2.04× |" in text
+    assert (
+        "Overlapping: at 4 rows two micro-batches decode 1.02× one (not faster); at 8 rows two micro-batches decode "
+        "1.25× one (faster)." in text
+    )

@@ -1,0 +1,83 @@
+"""Measure the "keep the ring busy" lever on its own: a 2-rank split decoding a batch of rows as one micro-batch (the
+ranks take turns, as exo's pipeline batch does) or as two alternating ones (each rank works on one while the other
+is in flight), forward passes only (`bench.overlap_worker`), in the runner's environment.
+
+Run alone with `uv run python -m bench.pipeline_overlap [MODEL_DIR]`; section 8 runs it after its node counts.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.overlap_worker import OverlapReport, OverlapSetup
+from bench.results import OverlapMeasurement
+from bench.servers import free_port
+from exo.models.paths import default_models_dir
+from exo.models.resolve import resolve_model
+from exo.shared.types.worker.shards import PipelinePeers
+from exo.worker.engines.mlx.cpu.blas import blas_environment
+
+CONFIGURATIONS = ((1, 1), (4, 1), (4, 2), (8, 1), (8, 2))
+"""(rows, micro-batches) measured in turn, in the same two processes."""
+TIMEOUT_S = 900.0
+
+
+def _layer_counts(model_path: Path) -> tuple[int, int]:
+    """An even split of the model's layers (rank 0 takes the odd one), as placement splits equal nodes."""
+    config: dict[str, object] = json.loads((model_path / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    if not isinstance(layers, int):
+        raise TypeError(f"{model_path}/config.json has no integer num_hidden_layers")
+    return (layers - layers // 2, layers // 2)
+
+
+def measure_overlap(model_path: Path, steps: int, warmup_steps: int = 4) -> OverlapMeasurement:
+    """Each configuration's greedy decode tok/s over `steps` steps on two fresh rank processes."""
+    peers = PipelinePeers(
+        ring_addresses=(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"),
+        task_address=f"127.0.0.1:{free_port()}",
+        layer_counts=_layer_counts(model_path),
+    )
+    environment = blas_environment(os.environ)
+    processes: list[subprocess.Popen[str]] = []
+    try:
+        for rank in (0, 1):
+            setup = OverlapSetup(
+                model_path=model_path,
+                rank=rank,
+                peers=peers,
+                configurations=list(CONFIGURATIONS),
+                steps=steps,
+                warmup_steps=warmup_steps,
+            )
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "bench.overlap_worker", setup.model_dump_json()],
+                    env=environment,
+                    stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+                    text=True,
+                )
+            )
+        output, _ = processes[0].communicate(timeout=TIMEOUT_S)
+        processes[1].wait(timeout=60)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    reports = [line for line in output.splitlines() if line.startswith("{")]
+    if processes[0].returncode != 0 or not reports:
+        raise RuntimeError(f"the overlap measurement's rank 0 exited with {processes[0].returncode} and no report")
+    return OverlapMeasurement(
+        runs=OverlapReport.model_validate_json(reports[-1]).runs, steps=steps, load_average=os.getloadavg()
+    )
+
+
+if __name__ == "__main__":
+    spec = sys.argv[1] if len(sys.argv) > 1 else None
+    measured = measure_overlap(resolve_model(spec, default_models_dir()).path, steps=24)
+    for run in measured.runs:
+        print(f"{run.rows} rows in {run.micro_batches} micro-batch(es): {run.tokens_per_s:.2f} tok/s")
+    print(f"load average {measured.load_average}")
