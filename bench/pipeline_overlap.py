@@ -18,6 +18,7 @@ from exo.models.paths import default_models_dir
 from exo.models.resolve import resolve_model
 from exo.shared.types.worker.shards import PipelinePeers
 from exo.worker.engines.mlx.cpu.blas import blas_environment
+from exo.worker.engines.mlx.cpu.rank_threads import idle_threads_sleep
 
 CONFIGURATIONS = ((1, 1), (4, 1), (4, 2), (8, 1), (8, 2))
 """(rows, micro-batches) measured in turn, in the same two processes."""
@@ -41,6 +42,7 @@ def measure_overlap(model_path: Path, steps: int, warmup_steps: int = 4) -> Over
         layer_counts=_layer_counts(model_path),
     )
     environment = blas_environment(os.environ)
+    idle_threads_sleep(environment)  # as a pipeline rank's runner does
     processes: list[subprocess.Popen[str]] = []
     try:
         for rank in (0, 1):

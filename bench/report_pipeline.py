@@ -175,7 +175,8 @@ def _overlap_lines(overlap: OverlapMeasurement) -> list[str]:
         "processes (half the layers each, the runner's float32 weights and BLAS), greedy decode of N rows, forward "
         "passes only: as one micro-batch (the ranks take turns, as exo's pipeline batch does) or as two alternating "
         "micro-batches (rank 1 runs one while rank 0 finishes and samples the other). No all-gather ends a pass in "
-        f"either. {overlap.steps} timed steps per configuration after 4 untimed; load average (1, 5, 15 min) at its end {load}.",
+        f"either. {overlap.steps} timed steps per configuration after 4 untimed; load average (1, 5, 15 min) at its "
+        f"end {load}.",
         "",
         *markdown_table(["Rows", "Micro-batches", "tok/s", "÷ 1 row"], table),
     ]

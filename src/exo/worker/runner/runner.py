@@ -30,6 +30,7 @@ from exo.shared.types.worker.runner_response import (
     TaskChunk,
     TaskDone,
 )
+from exo.worker.engines.mlx.cpu.rank_threads import idle_threads_sleep
 from exo.worker.runner.channel import RunnerChannel, UnreadableRequestError
 from exo.worker.runner.idle_snapshots import write_snapshots_while_idle
 from exo.worker.runner.pipeline_link import PipelineLink
@@ -73,6 +74,8 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
     if not isinstance(bootstrap, RunnerBootstrap):
         channel.send(RunnerLoadFailed(message=f"expected a bootstrap message, got {bootstrap.kind}"))
         return
+    if bootstrap.shard.peers is not None:
+        idle_threads_sleep(os.environ)  # before the first BLAS call (the load's self-check)
     try:
         context, metadata, link = _load(bootstrap, _load_failed_exit(channel))
     except Exception as error:
