@@ -1,6 +1,7 @@
 """Measure the "keep the ring busy" lever on its own: a 2-rank split decoding a batch of rows as one micro-batch (the
 ranks take turns, as exo's pipeline batch does) or as two alternating ones (each rank works on one while the other
-is in flight), forward passes only (`bench.overlap_worker`), in the runner's environment.
+is in flight), forward passes only (`bench.overlap_worker`), in a pipeline runner's environment and again with the
+BLAS's idle threads spinning (`exo.worker.engines.mlx.cpu.rank_threads`).
 
 Run alone with `uv run python -m bench.pipeline_overlap [MODEL_DIR]`; section 8 runs it after its node counts.
 """
@@ -12,13 +13,13 @@ import sys
 from pathlib import Path
 
 from bench.overlap_worker import OverlapReport, OverlapSetup
-from bench.results import OverlapMeasurement
+from bench.results import OverlapMeasurement, OverlapRun
 from bench.servers import free_port
 from exo.models.paths import default_models_dir
 from exo.models.resolve import resolve_model
 from exo.shared.types.worker.shards import PipelinePeers
 from exo.worker.engines.mlx.cpu.blas import blas_environment
-from exo.worker.engines.mlx.cpu.rank_threads import idle_threads_sleep
+from exo.worker.engines.mlx.cpu.rank_threads import BLOCKTIME_VARIABLE, idle_threads_sleep
 
 CONFIGURATIONS = ((1, 1), (4, 1), (4, 2), (8, 1), (8, 2))
 """(rows, micro-batches) measured in turn, in the same two processes."""
@@ -35,14 +36,25 @@ def _layer_counts(model_path: Path) -> tuple[int, int]:
 
 
 def measure_overlap(model_path: Path, steps: int, warmup_steps: int = 4) -> OverlapMeasurement:
-    """Each configuration's greedy decode tok/s over `steps` steps on two fresh rank processes."""
+    """Each configuration's greedy decode tok/s over `steps` steps on two fresh rank processes, first in a pipeline
+    runner's environment (idle BLAS threads sleep), then with the threads spinning as they do by default."""
+    runs = [
+        *_measure_pair(model_path, steps, warmup_steps, threads_sleep=True),
+        *_measure_pair(model_path, steps, warmup_steps, threads_sleep=False),
+    ]
+    return OverlapMeasurement(runs=runs, steps=steps, load_average=os.getloadavg())
+
+
+def _measure_pair(model_path: Path, steps: int, warmup_steps: int, *, threads_sleep: bool) -> list[OverlapRun]:
     peers = PipelinePeers(
         ring_addresses=(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"),
         task_address=f"127.0.0.1:{free_port()}",
         layer_counts=_layer_counts(model_path),
     )
     environment = blas_environment(os.environ)
-    idle_threads_sleep(environment)  # as a pipeline rank's runner does
+    environment.pop(BLOCKTIME_VARIABLE, None)
+    if threads_sleep:
+        idle_threads_sleep(environment)  # as a pipeline rank's runner does
     processes: list[subprocess.Popen[str]] = []
     try:
         for rank in (0, 1):
@@ -72,14 +84,14 @@ def measure_overlap(model_path: Path, steps: int, warmup_steps: int = 4) -> Over
     reports = [line for line in output.splitlines() if line.startswith("{")]
     if processes[0].returncode != 0 or not reports:
         raise RuntimeError(f"the overlap measurement's rank 0 exited with {processes[0].returncode} and no report")
-    return OverlapMeasurement(
-        runs=OverlapReport.model_validate_json(reports[-1]).runs, steps=steps, load_average=os.getloadavg()
-    )
+    runs = OverlapReport.model_validate_json(reports[-1]).runs
+    return [run.model_copy(update={"threads_sleep": threads_sleep}) for run in runs]
 
 
 if __name__ == "__main__":
     spec = sys.argv[1] if len(sys.argv) > 1 else None
     measured = measure_overlap(resolve_model(spec, default_models_dir()).path, steps=24)
     for run in measured.runs:
-        print(f"{run.rows} rows in {run.micro_batches} micro-batch(es): {run.tokens_per_s:.2f} tok/s")
+        threads = "sleep" if run.threads_sleep else "spin"
+        print(f"{run.rows} rows in {run.micro_batches} micro-batch(es), idle threads {threads}: {run.tokens_per_s:.2f}")
     print(f"load average {measured.load_average}")

@@ -3,7 +3,7 @@
 from statistics import median
 
 from bench.markdown import markdown_table
-from bench.results import ConcurrentStreams, OverlapMeasurement, PipelineRow, PipelineSection
+from bench.results import ConcurrentStreams, OverlapMeasurement, OverlapRun, PipelineRow, PipelineSection
 
 PIPELINE_TITLE = "## 8. Pipeline parallel over local nodes"
 BATCH_TARGET = 1.8
@@ -150,24 +150,42 @@ OVERLAP_GAIN = 1.05
 
 
 def overlap_gain(overlap: OverlapMeasurement, rows: int) -> float | None:
-    """Two alternating micro-batches' tok/s over one micro-batch's, at `rows` rows."""
-    by_split = {run.micro_batches: run for run in overlap.runs if run.rows == rows}
+    """Two alternating micro-batches' tok/s over one micro-batch's, at `rows` rows, in a runner's environment."""
+    by_split = {run.micro_batches: run for run in overlap.runs if run.rows == rows and run.threads_sleep}
     if 1 not in by_split or 2 not in by_split:
         return None
     return by_split[2].tokens_per_s / by_split[1].tokens_per_s
 
 
+def sleep_gain(overlap: OverlapMeasurement, rows: int, micro_batches: int) -> float | None:
+    """Idle threads sleeping over spinning: tok/s of the same configuration."""
+    runs = [run for run in overlap.runs if (run.rows, run.micro_batches) == (rows, micro_batches)]
+    sleeping = next((run for run in runs if run.threads_sleep), None)
+    spinning = next((run for run in runs if not run.threads_sleep), None)
+    if sleeping is None or spinning is None:
+        return None
+    return sleeping.tokens_per_s / spinning.tokens_per_s
+
+
 def _overlap_lines(overlap: OverlapMeasurement) -> list[str]:
-    one_row = next((run for run in overlap.runs if (run.rows, run.micro_batches) == (1, 1)), None)
-    table = [
-        [
-            str(run.rows),
-            str(run.micro_batches),
-            f"{run.tokens_per_s:.2f}",
-            "–" if one_row is None else f"{run.tokens_per_s / one_row.tokens_per_s:.2f}×",
-        ]
-        for run in overlap.runs
-    ]
+    def one_row(threads_sleep: bool) -> OverlapRun | None:
+        return next(
+            (run for run in overlap.runs if (run.rows, run.micro_batches, run.threads_sleep) == (1, 1, threads_sleep)),
+            None,
+        )
+
+    table: list[list[str]] = []
+    for run in overlap.runs:
+        base = one_row(run.threads_sleep)
+        table.append(
+            [
+                "sleep" if run.threads_sleep else "spin (default)",
+                str(run.rows),
+                str(run.micro_batches),
+                f"{run.tokens_per_s:.2f}",
+                "–" if base is None else f"{run.tokens_per_s / base.tokens_per_s:.2f}×",
+            ]
+        )
     load = ", ".join(f"{value:.2f}" for value in overlap.load_average)
     lines = [
         "",
@@ -175,10 +193,12 @@ def _overlap_lines(overlap: OverlapMeasurement) -> list[str]:
         "processes (half the layers each, the runner's float32 weights and BLAS), greedy decode of N rows, forward "
         "passes only: as one micro-batch (the ranks take turns, as exo's pipeline batch does) or as two alternating "
         "micro-batches (rank 1 runs one while rank 0 finishes and samples the other). No all-gather ends a pass in "
-        f"either. {overlap.steps} timed steps per configuration after 4 untimed; load average (1, 5, 15 min) at its "
-        f"end {load}.",
+        "either. Each configuration runs with the BLAS's idle threads sleeping at once (`KMP_BLOCKTIME=0`, what a "
+        "pipeline rank's runner sets) and again spinning as they do by default. "
+        f"{overlap.steps} timed steps per configuration after 4 untimed; load average (1, 5, 15 min) at its end "
+        f"{load}.",
         "",
-        *markdown_table(["Rows", "Micro-batches", "tok/s", "÷ 1 row"], table),
+        *markdown_table(["Idle BLAS threads", "Rows", "Micro-batches", "tok/s", "÷ 1 row, same threads"], table),
     ]
     verdicts: list[str] = []
     for rows in sorted({run.rows for run in overlap.runs if run.micro_batches == 2}):
@@ -187,7 +207,14 @@ def _overlap_lines(overlap: OverlapMeasurement) -> list[str]:
             verdict = "faster" if gain >= OVERLAP_GAIN else "not faster"
             verdicts.append(f"at {rows} rows two micro-batches decode {gain:.2f}× one ({verdict})")
     if verdicts:
-        lines += ["", f"Overlapping: {'; '.join(verdicts)}."]
+        lines += ["", f"Overlapping, idle threads sleeping: {'; '.join(verdicts)}."]
+    sleeping = [
+        f"{gain:.2f}× at {rows} row{'s' if rows > 1 else ''}"
+        for rows in sorted({run.rows for run in overlap.runs})
+        if (gain := sleep_gain(overlap, rows, 1)) is not None
+    ]
+    if sleeping:
+        lines += ["", f"Idle threads sleeping over spinning, one micro-batch: {', '.join(sleeping)}."]
     return lines
 
 

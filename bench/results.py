@@ -320,6 +320,8 @@ class OverlapRun(BenchModel):
     micro_batches: int
     tokens: int
     wall_s: float
+    threads_sleep: bool = True
+    """Whether the BLAS's idle threads slept at once (a pipeline runner's setting) or spun (the default)."""
 
     @property
     def tokens_per_s(self) -> float:

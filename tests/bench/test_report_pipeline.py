@@ -114,13 +114,20 @@ def test_a_met_target_gives_no_reason() -> None:
 
 
 def test_the_overlap_lever_is_judged_from_its_measurement() -> None:
-    def overlap_run(rows: int, micro_batches: int, rate: float) -> OverlapRun:
-        return OverlapRun(rows=rows, micro_batches=micro_batches, tokens=32 * rows, wall_s=32 * rows / rate)
+    def overlap_run(rows: int, micro_batches: int, rate: float, *, sleep: bool = True) -> OverlapRun:
+        return OverlapRun(
+            rows=rows, micro_batches=micro_batches, tokens=32 * rows, wall_s=32 * rows / rate, threads_sleep=sleep
+        )
 
     overlap = OverlapMeasurement(
         runs=[
-            overlap_run(rows, micro_batches, rate)
-            for rows, micro_batches, rate in ((1, 1, 5.0), (4, 1, 10.0), (4, 2, 10.2), (8, 1, 12.0), (8, 2, 15.0))
+            *(
+                overlap_run(rows, micro_batches, rate)
+                for rows, micro_batches, rate in ((1, 1, 5.0), (4, 1, 10.0), (4, 2, 10.2), (8, 1, 12.0), (8, 2, 15.0))
+            ),
+            overlap_run(1, 1, 4.0, sleep=False),
+            overlap_run(4, 1, 5.0, sleep=False),
+            overlap_run(4, 2, 30.0, sleep=False),
         ],
         steps=32,
         load_average=(3.0, 2.0, 1.0),
@@ -129,8 +136,11 @@ def test_the_overlap_lever_is_judged_from_its_measurement() -> None:
 
     text = "\n".join(render_pipeline(section))
 
-    assert "| 4 | 2 | 10.20 | 2.04× |" in text
+    assert "| sleep | 4 | 2 | 10.20 | 2.04× |" in text
+    assert "| spin (default) | 4 | 1 | 5.00 | 1.25× |" in text
+    # The spinning runs do not decide whether overlapping pays: a runner's threads sleep.
     assert (
-        "Overlapping: at 4 rows two micro-batches decode 1.02× one (not faster); at 8 rows two micro-batches decode "
-        "1.25× one (faster)." in text
+        "Overlapping, idle threads sleeping: at 4 rows two micro-batches decode 1.02× one (not faster); at 8 rows "
+        "two micro-batches decode 1.25× one (faster)." in text
     )
+    assert "Idle threads sleeping over spinning, one micro-batch: 1.25× at 1 row, 2.00× at 4 rows." in text
