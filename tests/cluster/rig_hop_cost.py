@@ -1,13 +1,15 @@
 """What a pipeline hop costs per token on a slow link: run as root, `uv run python -m tests.cluster.rig_hop_cost`.
 
-Two exo nodes, each in its own network namespace, whose only link is the rig's userspace netem (tun_link.py): every
-packet between them — the cluster's links, the model's files and the ranks' own sockets alike — crosses this
-process, which holds it for the one-way delay asked. alpha holds the model and is started with `--min-nodes 2`;
-beta holds nothing and copies its layers from alpha. Once the split instance is ready, each link setting in turn
-(added round trip, then a `tc tbf` rate on both ends) gets one untimed warm-up request and `--requests` timed greedy
-streamed ones, sent to the node of rank 0 (so only the hop between ranks is on the link, not the answer's way
-back). Then beta is stopped, the cluster places the model on alpha alone (degraded), and the same requests time one
-node. Prints a Markdown table and the JSON of every measurement. A benchmark, not a test: it asserts nothing.
+For each `--nodes` count (2 and 3 by default), that many exo nodes, each in its own network namespace, whose only
+link is the rig's userspace netem (tun_link.py): every packet between them — the cluster's links, the model's files
+and the ranks' own sockets alike — crosses this process, which holds it for the one-way delay asked. alpha holds
+the model and is started with `--min-nodes N`; the others hold nothing and copy their layers from alpha. Once the
+split instance is ready, each link setting in turn (added round trip, then a `tc tbf` rate on every end) gets one
+untimed warm-up request and `--requests` timed greedy streamed ones, sent to the node of rank 0 (so only the hops
+between ranks are on the link, not the answer's way back). Then the others are stopped, the cluster places the
+model on alpha alone (degraded), and the same requests time one node. `--cluster-key` keys every node, so the
+ranks' sockets run through their TLS relays. Prints a Markdown table and the JSON of every measurement. A
+benchmark, not a test: it asserts nothing.
 """
 
 import argparse
@@ -34,7 +36,7 @@ from tests.cluster.tun_link import DEVICE, MTU, TunLink
 from tests.exo_server import fixture_model
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and a short example."
-ADDRESSES = ("10.78.0.1", "10.78.0.2")
+ADDRESSES = ("10.78.0.1", "10.78.0.2", "10.78.0.3", "10.78.0.4")
 READY_TIMEOUT_S = 900.0
 
 
@@ -86,53 +88,48 @@ def _row(label: str, runs: list[StreamMeasurement]) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=str(fixture_model("tiny-qwen-tools-deep")), help="a model path")
-    parser.add_argument("--models-dir", help="alpha's models directory (default: a fresh one)")
-    parser.add_argument("--round-trips-ms", default="0,1,5,20", help="added round trips to time, comma-separated")
-    parser.add_argument("--rates", default="10mbit,1mbit", help="tc tbf rates to time (at no added delay)")
-    parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--requests", type=int, default=3)
-    arguments = parser.parse_args()
-    why_not = NetnsRig.unavailable()
-    if why_not is not None:
-        raise SystemExit(why_not)
-    model_path = Path(arguments.model).expanduser()
+def _measure(arguments: argparse.Namespace, model_path: Path, node_count: int) -> list[dict[str, Any]]:
+    """Rows for a split over `node_count` nodes at each link setting, then for the model on alpha alone."""
     rig = NetnsRig(Path(tempfile.mkdtemp(prefix="exo-hop-")), "hop")
     link: TunLink | None = None
     rows: list[dict[str, Any]] = []
+    key = ["--cluster-key", arguments.cluster_key] if arguments.cluster_key else []
     try:
         rig.create()
-        alpha = rig.add_node("alpha", [model_path], isolated=True)
-        beta = rig.add_node("beta", isolated=True)
-        alpha.link_address, beta.link_address = ADDRESSES
-        link = TunLink(alpha.namespace, alpha.address, beta.namespace, beta.address)
+        nodes = [rig.add_node("alpha", [model_path], isolated=True)]
+        nodes += [rig.add_node(name, isolated=True) for name in ("beta", "gamma", "delta")[: node_count - 1]]
+        for node, address in zip(nodes, ADDRESSES, strict=False):
+            node.link_address = address
+        link = TunLink([(node.namespace, node.address) for node in nodes])
         link.start()
-        alpha_arguments = ["--min-nodes", "2", "--no-discovery"]
+        alpha = nodes[0]
+        alpha_arguments = ["--min-nodes", str(node_count), "--no-discovery", *key]
         if arguments.models_dir:
             alpha_arguments += ["--models-dir", arguments.models_dir]
         started = time.monotonic()
         rig.start(alpha, alpha_arguments)
-        rig.start(beta, ["--no-discovery", "--peer", alpha.endpoint])
-        rig.wait_until(lambda: _ready(rig, alpha, 2), "the split instance", READY_TIMEOUT_S)
+        for node in nodes[1:]:
+            rig.start(node, ["--no-discovery", "--peer", alpha.endpoint, *key])
+        rig.wait_until(lambda: _ready(rig, alpha, node_count), "the split instance", READY_TIMEOUT_S)
         load = os.getloadavg()
         print(f"split instance ready {time.monotonic() - started:.1f} s after start; load average {load[0]:.1f}")
         model = _instances(rig, alpha).data[0].model_id
-        rank_zero = alpha if _rank_zero(rig, alpha) == alpha.name else beta
+        rank_zero_name = _rank_zero(rig, alpha)
+        rank_zero = next(node for node in nodes if node.name == rank_zero_name)
         for round_trip_ms in (float(text) for text in arguments.round_trips_ms.split(",")):
             link.delay_s = round_trip_ms / 2000
             runs = _time_requests(rig, rank_zero, model, arguments.max_tokens, arguments.requests)
-            rows.append(_row(f"2 nodes, +{round_trip_ms:g} ms round trip", runs))
+            rows.append(_row(f"{node_count} nodes, +{round_trip_ms:g} ms round trip", runs))
             print(json.dumps(rows[-1]))
         link.delay_s = 0.0
         for rate in (text for text in arguments.rates.split(",") if text):
             _tbf(rig, rate)
             runs = _time_requests(rig, rank_zero, model, arguments.max_tokens, arguments.requests)
-            rows.append(_row(f"2 nodes, tbf {rate}", runs))
+            rows.append(_row(f"{node_count} nodes, tbf {rate}", runs))
             print(json.dumps(rows[-1]))
         _tbf(rig, None)
-        rig.stop(beta)
+        for node in nodes[1:]:
+            rig.stop(node)
         rig.wait_until(lambda: _ready(rig, alpha, 1), "the model on alpha alone", READY_TIMEOUT_S)
         rows.append(_row("1 node (the same model placed on alpha alone)", _time_requests(
             rig, alpha, model, arguments.max_tokens, arguments.requests
@@ -142,12 +139,37 @@ def main() -> None:
         if link is not None:
             link.close()
         rig.close()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=str(fixture_model("tiny-qwen-tools-deep")), help="a model path")
+    parser.add_argument("--models-dir", help="alpha's models directory (default: a fresh one)")
+    parser.add_argument("--nodes", default="2,3", help="how many nodes to split over, comma-separated (2 to 4)")
+    parser.add_argument("--round-trips-ms", default="0,0.1,1,5,20", help="added round trips to time, comma-separated")
+    parser.add_argument("--rates", default="10mbit,1mbit", help="tc tbf rates to time (at no added delay)")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--requests", type=int, default=3)
+    parser.add_argument("--cluster-key", help="key every node (the ranks' sockets then run through TLS relays)")
+    arguments = parser.parse_args()
+    why_not = NetnsRig.unavailable()
+    if why_not is not None:
+        raise SystemExit(why_not)
+    model_path = Path(arguments.model).expanduser()
+    rows: list[dict[str, Any]] = []
+    for node_count in (int(text) for text in arguments.nodes.split(",")):
+        rows += _measure(arguments, model_path, node_count)
     load = os.getloadavg()
-    single = rows[-1]["median_ms_per_token"] if rows and rows[-1]["link"].startswith("1 node") else None
-    print(f"\nexo {exo_commit()}, model {model_path.name}, rank 0 on {rank_zero.name}")
+    keyed = "keyed (TLS)" if arguments.cluster_key else "no key (plain TCP)"
+    print(f"\nexo {exo_commit()}, model {model_path.name}, {keyed}, rank 0 on the node asked")
     print(f"load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n")
     print("| link between the ranks | ms/token (median) | per request | vs one node | time to first token (ms) |")
     print("|---|---|---|---|---|")
+    single: float | None = None
+    for row in rows:
+        if row["link"].startswith("1 node"):
+            single = row["median_ms_per_token"]
     for row in rows:
         extra = f"{row['median_ms_per_token'] - single:+.1f}" if single is not None else "n/a"
         per_request = ", ".join(f"{value:.1f}" for value in row["ms_per_token"])
