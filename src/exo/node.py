@@ -18,6 +18,7 @@ from anyio.abc import TaskGroup
 from exo.api.app import ApiSettings
 from exo.api.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS, DEFAULT_HEADER_TIMEOUT_SECONDS
 from exo.cluster.bus import Bus
+from exo.cluster.cluster_tls import tls_link_config
 from exo.cluster.event_log import EventLog
 from exo.cluster.identity import NodeIdentity, claim_node_identity
 from exo.cluster.instance_keeper import InstanceKeeper
@@ -279,4 +280,7 @@ class Node:
             tool_format_override=self.config.tool_format_override,
             log_level=self.config.log_level,
             trust_remote_code=self.config.trust_remote_code,
+            pipeline_tls=(
+                tls_link_config(self.config.cluster.key, self.config.cluster.name) if self.config.cluster.key else None
+            ),
         )

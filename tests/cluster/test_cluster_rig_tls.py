@@ -77,7 +77,7 @@ def _chat(rig: NetnsRig, node: RigNode, text: str) -> Any:
     return rig.post(node, "/v1/chat/completions", body)
 
 
-def _tls_records(stream: bytes) -> list[int]:
+def tls_records(stream: bytes) -> list[int]:
     """The content type of each TLS record `stream` is made of; fails on anything that is not a TLS record (a
     last record the capture cut short is allowed)."""
     types: list[int] = []
@@ -107,11 +107,11 @@ def test_the_link_carries_only_tls_records_and_no_prompt_in_clear(
     recordings = [bytes(recording) for recording in proxy.recordings if recording]
     assert len(recordings) >= 2  # both directions of beta's link
     for stream in recordings:
-        records = _tls_records(stream)
+        records = tls_records(stream)
         assert records[0] == 22  # every stream opens with a TLS handshake
         assert MARKER.encode() not in stream
         assert MODEL.encode() not in stream
-    assert sum(_tls_records(stream).count(APPLICATION_DATA) for stream in recordings) > 10
+    assert sum(tls_records(stream).count(APPLICATION_DATA) for stream in recordings) > 10
 
 
 def test_nodes_without_the_key_stay_out(keyed_rig: tuple[NetnsRig, LossyProxy, float]) -> None:

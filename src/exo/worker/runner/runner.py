@@ -250,7 +250,11 @@ def _load(
     model_path = Path(bootstrap.model_path)
     kernels = CpuKernels(bootstrap.cpu_kernels)
     blas = blas_report()  # before the model takes the memory bandwidth; a fraction of a second
-    link = PipelineLink.join(bootstrap.shard, on_ring_timeout) if bootstrap.shard.peers is not None else None
+    link = (
+        PipelineLink.join(bootstrap.shard, on_ring_timeout, bootstrap.pipeline_tls)
+        if bootstrap.shard.peers is not None
+        else None
+    )
     try:
         loaded = load_model(
             model_path,

@@ -32,6 +32,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
+from exo.cluster.cluster_tls import TlsLinkConfig
 from exo.shared.errors import QueueFullError, RunnerUnavailableError
 from exo.shared.types.chunks import Chunk, ErrorChunk, PrefillProgressChunk
 from exo.shared.types.common import ModelId, RunnerId, TaskId
@@ -99,6 +100,8 @@ class RunnerConfig:
     """Time the few-row products of decoding after loading and use the faster layout (float32 on a CPU)."""
     cpu_kernels: CpuKernelsSetting = "auto"
     """The CPU engine's replacements (engines/mlx/cpu): `auto` on a Linux CPU machine, `off` nowhere."""
+    pipeline_tls: TlsLinkConfig | None = field(default=None, repr=False)
+    """A keyed cluster's certificates, for a pipeline rank's TLS relay (None: the ranks' sockets are plain TCP)."""
 
 
 @dataclass
@@ -255,6 +258,7 @@ class RunnerSupervisor:
             tool_call_repair=self.config.tool_call_repair,
             matmul_plan=self.config.matmul_plan,
             cpu_kernels=self.config.cpu_kernels,
+            pipeline_tls=self.config.pipeline_tls,
         )
         payload = RunnerRequestAdapter.dump_json(bootstrap)
         context = multiprocessing.get_context("spawn")

@@ -4,6 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
+from exo.cluster.cluster_tls import TlsLinkConfig
 from exo.shared.types.blas import BlasReport, MatmulPlanReport
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import FinishReason, FrozenModel, TaskId
@@ -72,6 +73,8 @@ class RunnerBootstrap(FrozenModel):
     float32."""
     cpu_kernels: CpuKernelsSetting = "auto"
     """The CPU engine's replacements: `auto` on a Linux CPU machine, `off` nowhere (engines/mlx/cpu)."""
+    pipeline_tls: TlsLinkConfig | None = None
+    """A keyed cluster's certificates: a pipeline rank's sockets to the other ranks then go through a TLS relay."""
 
 
 class RunTask(FrozenModel):
