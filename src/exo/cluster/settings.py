@@ -17,6 +17,7 @@ DEFAULT_CLUSTER_PORT = 52414
 MULTICAST_ADDRESS = "224.0.0.224:52413"
 # A node that stops answering is dropped after this long (zenoh's transport lease); well inside the 10 s promise.
 LEASE_MILLISECONDS = 6000
+ONE_DIALLER_PER_PAIR = {"to_router": "always", "to_peer": "greater-zid"}
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
@@ -123,5 +124,11 @@ def zenoh_config(settings: ClusterSettings, node_id: NodeId, *, discovery: bool 
     config.insert_json5("scouting/multicast/address", json.dumps(MULTICAST_ADDRESS))
     config.insert_json5("scouting/multicast/interface", json.dumps(settings.multicast_interface()))
     config.insert_json5("transport/link/tx/lease", json.dumps(LEASE_MILLISECONDS))
+    # Of two peers that find each other, only the one with the smaller id dials. When both dial at once, zenoh can
+    # keep both links in one transport, and when such a peer is cut off, the expiry of its first link held up
+    # everything a third node received from the new master for 10 s (it was passed over as silent): see
+    # docs/CLUSTER.md, "A master cut off".
+    for scouting in ("multicast", "gossip"):
+        config.insert_json5(f"scouting/{scouting}/autoconnect_strategy", json.dumps({"peer": ONE_DIALLER_PER_PAIR}))
     apply_cluster_key(config, settings)
     return config
