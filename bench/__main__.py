@@ -24,6 +24,7 @@ from bench.parser_cost import measure_parser_cost
 from bench.pipeline_section import measure_pipeline
 from bench.report import render_markdown
 from bench.results import (
+    AgentSessionsScope,
     BenchReport,
     BenchSettings,
     ConstrainedSettings,
@@ -95,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--blas-library-path", help="with --blas-library: LD_LIBRARY_PATH for those libraries' own dependencies"
     )
     parser.add_argument("--blas-rounds", type=int, default=3, help="with --only blas: rounds of all candidates")
+    parser.add_argument(
+        "--agent-sessions",
+        choices=("full", "claude-code"),
+        default="full",
+        help="with --only agent-sessions: replay every workload, or only the captured Claude Code first request "
+        "(cold, again, after a restart), which a slow machine can run on both systems in minutes",
+    )
     return parser
 
 
@@ -200,7 +208,13 @@ def _measure_speculation_on_other_model(base: BenchReport, model: ResolvedModel,
 
 
 def _measure_section_into(
-    section: str, base_path: Path, model_spec: str | None, command: Sequence[str], *, quick: bool
+    section: str,
+    base_path: Path,
+    model_spec: str | None,
+    command: Sequence[str],
+    *,
+    quick: bool,
+    sessions_scope: AgentSessionsScope = "full",
 ) -> BenchReport:
     """The saved report at `base_path` with `section` measured afresh on its model (or on `model_spec`)."""
     base = BenchReport.model_validate_json(base_path.read_text())
@@ -232,7 +246,12 @@ def _measure_section_into(
         case "agent-sessions":
             with tempfile.TemporaryDirectory(prefix="exo-bench-") as scratch:
                 sessions = measure_agent_sessions(
-                    model.model_id, model.path, Path(scratch), AGENT_SESSIONS_MAX_TOKENS, _progress
+                    model.model_id,
+                    model.path,
+                    Path(scratch),
+                    AGENT_SESSIONS_MAX_TOKENS,
+                    _progress,
+                    scope=sessions_scope,
                 )
             update = {"agent_sessions": sessions}
         case "pipeline":
@@ -277,6 +296,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     arguments.command = command
     if (arguments.only is None) != (arguments.base is None):
         parser.error("--only and --base go together")
+    if arguments.agent_sessions != "full" and arguments.only != "agent-sessions":
+        parser.error("--agent-sessions goes with --only agent-sessions")
     if arguments.render is not None:
         report = BenchReport.model_validate_json(arguments.render.read_text())
     else:
@@ -284,7 +305,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             report = _measure_blas_into(arguments.base, arguments.model, arguments)
         elif arguments.only is not None:
             report = _measure_section_into(
-                arguments.only, arguments.base, arguments.model, command, quick=arguments.quick
+                arguments.only,
+                arguments.base,
+                arguments.model,
+                command,
+                quick=arguments.quick,
+                sessions_scope=arguments.agent_sessions,
             )
         else:
             report = _measure(arguments.model, command, quick=arguments.quick)

@@ -2,8 +2,13 @@
 3 turns, a captured Claude Code first request, a new session sharing the system prompt, 4 sessions whose turns
 interleave, then a restart of the server and a new session again: cold, from memory, and (exo) from disk.
 
+The `claude-code` scope replays only the captured Claude Code first request: cold, again at once, and after the
+restart. It is the part a loaded 2-core machine can run on both systems in minutes (mlx_lm.server's cold
+prefill of the opencode prompt alone takes many minutes there).
+
 Each system is measured the same way over HTTP (chat completions, greedy, streamed); the Claude Code request is
 sent in its chat-completions form (system blocks joined, its tools as functions), which both servers accept.
+mlx_lm.server gets the float32 weights exo's runner serves on a Linux CPU (see `bench.raw_worker`).
 """
 
 import asyncio
@@ -17,7 +22,8 @@ from pathlib import Path
 import httpx
 
 from bench.machine import exo_commit
-from bench.results import AgentSessionsSection, SessionPhase, SessionStep, StreamMeasurement
+from bench.raw_baseline import running_raw_baseline
+from bench.results import AgentSessionsScope, AgentSessionsSection, SessionPhase, SessionStep, StreamMeasurement
 from bench.servers import RunningServer, running_exo, running_mlx_lm_server
 from bench.stream_client import request_body, stream_chat
 from exo.shared.types.api import ChatMessage, ToolDefinition
@@ -198,6 +204,26 @@ async def _after_restart(replay: _Replay, server: RunningServer, progress: Calla
     progress(f"  claude-code after restart: TTFT {step.ttft_s:.1f} s, {step.cached_tokens} cached")
 
 
+async def _claude_code_first_process(replay: _Replay, server: RunningServer, progress: Callable[[str], None]) -> None:
+    """The `claude-code` scope: the captured first request cold, then the same request again."""
+    for phase in ("cold", "warm"):
+        step = await replay.claude_code(server, phase)
+        progress(f"  claude-code {phase}: TTFT {step.ttft_s:.1f} s, {step.cached_tokens}/{step.prompt_tokens} cached")
+
+
+async def _claude_code_after_restart(replay: _Replay, server: RunningServer, progress: Callable[[str], None]) -> None:
+    step = await replay.claude_code(server, "restarted")
+    progress(f"  claude-code after restart: TTFT {step.ttft_s:.1f} s, {step.cached_tokens} cached")
+
+
+_Phase = Callable[[_Replay, RunningServer, Callable[[str], None]], Awaitable[None]]
+_PHASES: dict[AgentSessionsScope, tuple[_Phase, _Phase]] = {
+    "full": (_first_process, _after_restart),
+    "claude-code": (_claude_code_first_process, _claude_code_after_restart),
+}
+"""Per scope: what the first server process is sent, then what the restarted one is sent."""
+
+
 def _share(step: SessionStep) -> float:
     return step.cached_tokens / step.prompt_tokens if step.prompt_tokens else 0.0
 
@@ -218,41 +244,61 @@ def _wait_for_snapshots(folder: Path) -> None:
 
 def _replay_system(
     system: str,
+    *,
+    scope: AgentSessionsScope,
     start: Callable[[], AbstractContextManager[RunningServer]],
     max_tokens: int,
     progress: Callable[[str], None],
     between: Callable[[], None] = lambda: None,
 ) -> list[SessionStep]:
-    async def run(phase: Callable[[_Replay, RunningServer, Callable[[str], None]], Awaitable[None]]) -> None:
+    first, restarted = _PHASES[scope]
+
+    async def run(phase: _Phase) -> None:
         with start() as server:
             async with httpx.AsyncClient() as client:
                 replay.rebind(client)
                 await phase(replay, server, progress)
-            if phase is _first_process:
+            if phase is first:
                 between()
 
     replay = _Replay(system, max_tokens)
     progress(f"agent sessions on {system}: first process")
-    asyncio.run(run(_first_process))
+    asyncio.run(run(first))
     progress(f"agent sessions on {system}: restarted")
-    asyncio.run(run(_after_restart))
+    asyncio.run(run(restarted))
     return replay.steps
 
 
 def measure_agent_sessions(
-    model_id: str, model_path: Path, work_dir: Path, max_tokens: int, progress: Callable[[str], None]
+    model_id: str,
+    model_path: Path,
+    work_dir: Path,
+    max_tokens: int,
+    progress: Callable[[str], None],
+    *,
+    scope: AgentSessionsScope = "full",
 ) -> AgentSessionsSection:
-    """Replay the sessions on exo (one EXO_HOME kept over its restart), then on mlx_lm.server."""
+    """Replay the sessions on exo (one EXO_HOME kept over its restart), then on mlx_lm.server (given the float32
+    weights exo's runner serves, written by the raw worker as in the server sections)."""
     home = work_dir / "agent-sessions-home"
     exo_steps = _replay_system(
         "exo",
-        lambda: running_exo(model_path, work_dir, home=home),
-        max_tokens,
-        progress,
+        scope=scope,
+        start=lambda: running_exo(model_path, work_dir, home=home),
+        max_tokens=max_tokens,
+        progress=progress,
         between=lambda: _wait_for_snapshots(home / "prefix-cache"),
     )
+    float32_copy = work_dir / "float32-model"
+    progress("writing the float32 weights for mlx_lm.server")
+    with running_raw_baseline(model_path, float32_copy):
+        pass
     mlx_steps = _replay_system(
-        "mlx_lm.server", lambda: running_mlx_lm_server(model_path, work_dir), max_tokens, progress
+        "mlx_lm.server",
+        scope=scope,
+        start=lambda: running_mlx_lm_server(float32_copy, work_dir),
+        max_tokens=max_tokens,
+        progress=progress,
     )
     load_1, load_5, load_15 = os.getloadavg()
     return AgentSessionsSection(
@@ -261,4 +307,5 @@ def measure_agent_sessions(
         max_tokens=max_tokens,
         load_average=(load_1, load_5, load_15),
         exo_commit=exo_commit(),
+        scope=scope,
     )

@@ -62,29 +62,52 @@ def _targets(steps: list[SessionStep], system: str) -> list[str]:
     ]
 
 
+def _claude_code_ratios(steps: list[SessionStep], system: str) -> list[str]:
+    """The `claude-code` scope has no sessions to judge the targets on: the repeat and the restart against cold."""
+    mine = {step.phase: step for step in steps if step.system == system}
+    cold, warm, restarted = mine["cold"], mine["warm"], mine["restarted"]
+    return [
+        f"- {system}: the same request again took {warm.ttft_s / cold.ttft_s:.1%} of the cold TTFT, after a restart "
+        f"{restarted.ttft_s / cold.ttft_s:.1%} ({restarted.cached_tokens} of {restarted.prompt_tokens} tokens cached)."
+    ]
+
+
+WORKLOADS = (
+    "An opencode session (opencode 1.18's system prompt for a custom agent and its 10 real tools, "
+    "`tests/fixtures/opencode/tools.json`) is replayed for 3 turns, each resending the conversation with the "
+    "answer and a follow-up; then the captured Claude Code first request "
+    "(`tests/fixtures/clients/claude_code_first_turn.json`: `claude -p` with a one-line system prompt and its "
+    "Write tool, sent in chat-completions form); then a new opencode session; then 4 more sessions whose 3 turns "
+    "interleave. The server is then stopped and started again (exo with the same `EXO_HOME`, after its runner "
+    "wrote its prefix-cache snapshots) and a new session and the Claude Code request are sent again."
+)
+CLAUDE_CODE_ONLY = (
+    "Only the captured Claude Code first request (`tests/fixtures/clients/claude_code_first_turn.json`: `claude -p` "
+    "with a one-line system prompt and its Write tool, sent in chat-completions form; `--agent-sessions "
+    "claude-code`): cold, the same request again, and after the server was stopped and started again (exo with the "
+    "same `EXO_HOME`, after its runner wrote its prefix-cache snapshots). The opencode sessions were not replayed."
+)
+
+
 def render_agent_sessions(section: AgentSessionsSection) -> list[str]:
     """The section's Markdown lines."""
     load = ", ".join(f"{value:.2f}" for value in section.load_average)
     systems = list(dict.fromkeys(step.system for step in section.steps))
     shown = [step for step in section.steps if not step.interleaved]
+    judged = _targets if section.scope == "full" else _claude_code_ratios
     return [
         AGENT_SESSIONS_TITLE,
         "",
         f"Measured at commit {section.exo_commit}; load average (1, 5, 15 min) at the end {load}.",
         "",
         f"{section.model_id}, greedy, up to {section.max_tokens} tokens per answer, streamed chat completions timed "
-        "over HTTP (TTFT: request sent → first generated text). An opencode session (opencode 1.18's system prompt "
-        "for a custom agent and its 10 real tools, `tests/fixtures/opencode/tools.json`) is replayed for 3 turns, "
-        "each resending the conversation with the answer and a follow-up; then the captured Claude Code first "
-        "request (`tests/fixtures/clients/claude_code_first_turn.json`: `claude -p` with a one-line system prompt "
-        "and its Write tool, sent in chat-completions form); then a new opencode session; then 4 more sessions "
-        "whose 3 turns interleave. The server is then stopped and started again (exo with the same `EXO_HOME`, "
-        "after its runner wrote its prefix-cache snapshots) and a new session and the Claude Code request are sent "
-        "again. mlx_lm.server keeps prompt caches in memory only.",
+        "over HTTP (TTFT: request sent → first generated text). "
+        + (WORKLOADS if section.scope == "full" else CLAUDE_CODE_ONLY)
+        + " mlx_lm.server (given the float32 weights exo's runner serves) keeps prompt caches in memory only.",
         "",
         *markdown_table(
             ["System", "Request", "Phase", "TTFT s", "Prompt tokens", "Cached tokens"], [_row(step) for step in shown]
         ),
-        *(line for system in systems for line in _targets(section.steps, system)),
+        *(line for system in systems for line in judged(section.steps, system)),
         "",
     ]

@@ -375,6 +375,10 @@ class SessionStep(BenchModel):
     cached_tokens: int
 
 
+AgentSessionsScope = Literal["full", "claude-code"]
+"""What section 9 replays: every workload, or only the captured Claude Code first request (cold, again, restarted)."""
+
+
 class AgentSessionsSection(BenchModel):
     """Section 9: agent sessions replayed cold, from memory and, after a restart, from disk."""
 
@@ -384,6 +388,8 @@ class AgentSessionsSection(BenchModel):
     load_average: tuple[float, float, float]
     """Load average when the section finished."""
     exo_commit: str
+    scope: AgentSessionsScope = "full"
+    """Absent from reports saved before the `claude-code` scope existed (they replayed everything)."""
 
 
 class BenchReport(BenchModel):

@@ -66,3 +66,31 @@ def test_rows_and_targets_per_system() -> None:
     assert "(target ≥ 90%: met)" in exo
     assert "after a restart took 100.0% of the cold first turn's TTFT (target ≤ 10%: **not met**)" in mlx
     assert "at least 80% of their prompt cached (target ≥ 90%: **not met**)" in mlx
+
+
+def test_claude_code_scope_judges_the_repeat_and_the_restart_against_cold() -> None:
+    steps: list[SessionStep] = []
+    for system, restarted_ttft, restarted_cached in (("exo", 2.0, 999), ("mlx_lm.server", 40.0, 0)):
+        steps += [
+            _step(system, 0, 1, "cold", ttft_s=40.0, cached=0, workload="claude-code"),
+            _step(system, 0, 1, "warm", ttft_s=1.0, cached=999, workload="claude-code"),
+            _step(system, 0, 1, "restarted", ttft_s=restarted_ttft, cached=restarted_cached, workload="claude-code"),
+        ]
+    section = AgentSessionsSection(
+        steps=steps,
+        model_id="test-model",
+        max_tokens=32,
+        load_average=(2.0, 1.5, 1.0),
+        exo_commit="abc1234",
+        scope="claude-code",
+    )
+
+    text = "\n".join(render_agent_sessions(section))
+
+    assert "Only the captured Claude Code first request" in text
+    assert "| mlx_lm.server | Claude Code first request | restarted | 40.00 | 1000 | 0 (0%) |" in text
+    exo, mlx = (line for line in text.splitlines() if line.startswith("- "))
+    assert exo == (
+        "- exo: the same request again took 2.5% of the cold TTFT, after a restart 5.0% (999 of 1000 tokens cached)."
+    )
+    assert mlx.startswith("- mlx_lm.server: the same request again took 2.5% of the cold TTFT, after a restart 100.0%")
