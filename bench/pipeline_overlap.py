@@ -23,7 +23,7 @@ from exo.worker.engines.mlx.cpu.rank_threads import BLOCKTIME_VARIABLE, idle_thr
 
 CONFIGURATIONS = ((1, 1), (4, 1), (4, 2), (8, 1), (8, 2))
 """(rows, micro-batches) measured in turn, in the same two processes."""
-TIMEOUT_S = 900.0
+TIMEOUT_S = 300.0
 
 
 def _layer_counts(model_path: Path) -> tuple[int, int]:
