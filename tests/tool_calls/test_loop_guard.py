@@ -71,18 +71,23 @@ def test_ping_pong_blocks_the_next_swing_and_is_reported() -> None:
     assert any("ping-pong" in finding for finding in findings)
 
 
-def _accepts_call(parameters: Mapping[str, object], arguments: dict[str, object]) -> bool:
-    tool = WRITE.model_copy(update={"parameters": parameters})
+def _grammar_accepts(base: FunctionDefinition, parameters: Mapping[str, object], arguments: dict[str, object]) -> bool:
+    """Whether the grammar for `base` with `parameters` can write the call."""
+    tool = base.model_copy(update={"parameters": parameters})
     # llguidance writes properties in schema order: keep the call's keys in that order.
-    order = list(WRITE.parameters["properties"])  # pyright: ignore[reportArgumentType] -- a dict of properties
+    order = list(base.parameters["properties"])  # pyright: ignore[reportArgumentType] -- a dict of properties
     arguments = dict(sorted(arguments.items(), key=lambda item: order.index(item[0])))
     tokenizer = format_tokenizer(ToolFormatName.HERMES, True)
     spec = ToolConstraintSpec(
         tool_format=ToolFormatName.HERMES, tools=(tool,), mode=ConstraintMode.AUTO, parallel_tool_calls=True
     )
     grammar = build_tool_grammar(spec, special_tokens=tokenizer.special_tokens)
-    call = {"name": "write", "arguments": arguments}
+    call = {"name": base.name, "arguments": arguments}
     return tokenizer.accepts(grammar, f"<tool_call>\n{json.dumps(call)}\n</tool_call>")
+
+
+def _accepts_call(parameters: Mapping[str, object], arguments: dict[str, object]) -> bool:
+    return _grammar_accepts(WRITE, parameters, arguments)
 
 
 @pytest.mark.parametrize(
@@ -149,15 +154,7 @@ EDIT_CALL: dict[str, object] = {
 
 
 def _accepts_edit(parameters: Mapping[str, object], arguments: dict[str, object]) -> bool:
-    """Whether the grammar for `edit` with `parameters` can write the call (keys given in the schema's order)."""
-    tool = EDIT.model_copy(update={"parameters": parameters})
-    tokenizer = format_tokenizer(ToolFormatName.HERMES, True)
-    spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.HERMES, tools=(tool,), mode=ConstraintMode.AUTO, parallel_tool_calls=True
-    )
-    grammar = build_tool_grammar(spec, special_tokens=tokenizer.special_tokens)
-    call = {"name": "edit", "arguments": arguments}
-    return tokenizer.accepts(grammar, f"<tool_call>\n{json.dumps(call)}\n</tool_call>")
+    return _grammar_accepts(EDIT, parameters, arguments)
 
 
 def test_a_call_with_nested_objects_and_arrays_is_blocked_and_every_change_inside_them_allowed() -> None:
