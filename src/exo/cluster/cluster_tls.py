@@ -16,7 +16,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from pydantic import BaseModel, ConfigDict
+
+from exo.shared.types.tls_link import TlsLinkConfig
 
 # scrypt's cost: about 0.1 s and 32 MiB once per process; it only slows down guessing a key offline.
 _SCRYPT_N = 2**15
@@ -24,23 +25,6 @@ _SCRYPT_R = 8
 _VALID_FROM = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
 # Certificates never expire: the key is the credential, and changing it is how a cluster revokes a member.
 _VALID_UNTIL = datetime.datetime(9999, 12, 31, 23, 59, 59, tzinfo=datetime.UTC)
-
-
-class TlsLinkConfig(BaseModel):
-    """zenoh's `transport/link/tls` section (PEM files, base64-encoded)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    root_ca_certificate_base64: str
-    listen_private_key_base64: str
-    listen_certificate_base64: str
-    connect_private_key_base64: str
-    connect_certificate_base64: str
-    # Both ends present a certificate: the listener refuses a dialer without one from the authority.
-    enable_mtls: bool = True
-    # Nodes are dialled by whatever address they were found at (multicast, --peer, an IP): membership is what the
-    # authority's signature proves, not a host name.
-    verify_name_on_connect: bool = False
 
 
 def _pem_base64(data: bytes) -> str:

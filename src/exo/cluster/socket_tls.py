@@ -10,7 +10,7 @@ import ssl
 import tempfile
 from pathlib import Path
 
-from exo.cluster.cluster_tls import TlsLinkConfig
+from exo.shared.types.tls_link import TlsLinkConfig
 
 
 def _context(config: TlsLinkConfig, purpose: int) -> ssl.SSLContext:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, NoReturn
 
-from exo.cluster.cluster_tls import TlsLinkConfig
+from exo.shared.types.tls_link import TlsLinkConfig
 from exo.shared.types.worker.shards import PipelinePeers, ShardAssignment
 from exo.worker.runner.pipeline_relay import InboundTunnel, PipelineRelay, RelayPlan
 

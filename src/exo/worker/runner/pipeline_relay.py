@@ -22,9 +22,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from exo.cluster.cluster_tls import TlsLinkConfig
 from exo.cluster.socket_tls import client_context, server_context
 from exo.shared.types.common import FrozenModel
+from exo.shared.types.tls_link import TlsLinkConfig
 
 logger = logging.getLogger(__name__)
 

@@ -32,13 +32,13 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
-from exo.cluster.cluster_tls import TlsLinkConfig
 from exo.shared.errors import QueueFullError, RunnerUnavailableError
 from exo.shared.types.chunks import Chunk, ErrorChunk, PrefillProgressChunk
 from exo.shared.types.common import ModelId, RunnerId, TaskId
 from exo.shared.types.cpu_kernels import CpuKernelsSetting
 from exo.shared.types.state import TaskOutcome, TaskPhase, TaskSummary
 from exo.shared.types.tasks import GenerationTask, LoopGuardPolicy
+from exo.shared.types.tls_link import TlsLinkConfig
 from exo.shared.types.worker.runner_response import (
     CancelTask,
     MatmulPlanRefined,

@@ -4,12 +4,12 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
-from exo.cluster.cluster_tls import TlsLinkConfig
 from exo.shared.types.blas import BlasReport, MatmulPlanReport
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import FinishReason, FrozenModel, TaskId
 from exo.shared.types.cpu_kernels import CpuKernelsReport, CpuKernelsSetting
 from exo.shared.types.tasks import GenerationTask, LoopGuardPolicy
+from exo.shared.types.tls_link import TlsLinkConfig
 from exo.shared.types.worker.shards import PipelineStrategy, ShardAssignment
 
 
