@@ -208,10 +208,11 @@ class LocalCluster:
 
 
 def _runners_ready(node: ClusterNode) -> bool:
-    """The API answers and this node's own runners (one per model) are ready."""
+    """The API answers and every runner on this node is ready: at least one per model it holds, and any rank of a
+    split model placed on it (a `--no-model` node that rejoins a split may have one before its API first answers)."""
     state = node.state()
     own = [runner for runner in state["runners"].values() if runner["node_id"] == node.node_id]
-    return len(own) == len(node.models) and all(runner["status"] == "ready" for runner in own)
+    return len(own) >= len(node.models) and all(runner["status"] == "ready" for runner in own)
 
 
 @contextmanager
