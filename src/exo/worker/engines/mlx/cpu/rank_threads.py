@@ -3,11 +3,8 @@
 Intel's OpenMP runtime (the threading layer exo gives the MKL wheel) keeps its worker threads spinning for 200 ms
 after each parallel region (``KMP_BLOCKTIME``'s default), which suits one process running matmul after matmul. A
 pipeline's ranks take turns: a rank's pass ends and the next rank's begins, often on the same machine, and the first
-rank's spinning threads then take the cores the next rank computes on. Measured on this project's 2-core machine with
-the MKL wheel (two processes handing 24 float32 matmuls of 4 rows × 896 × 4864 each back and forth, 7 runs each way
-at load 3.8–5.0): 91–251 ms a round as they come (6 of 7 over 125 ms), 80–97 ms with ``KMP_BLOCKTIME=0``; one
-process doing both halves alone took 78–139 ms (docs/CLUSTER.md). One node's runner keeps the default: its own next
-matmul follows at once.
+rank's spinning threads then take the cores the next rank computes on (measured in docs/CLUSTER.md). One node's
+runner keeps the default: its own next matmul follows at once.
 
 The runtime reads the variable when it starts its threads, at the first BLAS call, so this runs before any.
 """
