@@ -164,7 +164,7 @@ def _object_differs(schema: Mapping[str, JsonValue], given: Mapping[str, object]
     declared = _declared(schema)
     alternatives: list[JsonValue] = []
     for key, item in given.items():
-        changed = _value_differs(_subschema(declared, key), item)
+        changed = _value_differs(declared.get(key, {}), item)
         if changed is None:
             return None
         alternatives.append({"properties": {key: changed}, "required": [key]})
@@ -233,10 +233,6 @@ def _values_in(value: object) -> int:
 def _declared(schema: Mapping[str, JsonValue]) -> dict[str, JsonValue]:
     properties = schema.get("properties")
     return dict(properties) if isinstance(properties, dict) else {}
-
-
-def _subschema(declared: Mapping[str, JsonValue], key: str) -> JsonValue:
-    return declared.get(key, {})
 
 
 def _string_differs(text: str) -> JsonValue | None:
