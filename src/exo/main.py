@@ -119,11 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--loop-guard",
-        choices=("off", "warn", "block"),
+        choices=("off", "warn", "block", "answer"),
         default="block",
         help="agent-loop guard for calls repeated although their results are in the conversation: block (default: "
-        "the grammar forbids re-issuing the last turn's answered calls and continuing an A-B-A-B ping-pong), warn "
-        "(reported in the response and /metrics only) or off; a request's loop_guard field overrides it",
+        "the grammar forbids re-issuing the last turn's answered calls and continuing an A-B-A-B ping-pong), answer "
+        "(such a call, made since the user last spoke, is taken back and the reply decoded again without calls, so "
+        "the model answers in text and an agent's loop ends), warn (reported in the response and /metrics only) or "
+        "off; a request's loop_guard field overrides it",
     )
     parser.add_argument(
         "--no-grammar-fast-forward",

@@ -15,6 +15,8 @@ A_METRICS = RunnerMetrics(
     generated_tokens=60,
     time_to_first_token_seconds=0.2,
     decode_tokens_per_second=40.0,
+    repeated_tool_calls=4,
+    withdrawn_tool_calls=3,
 )
 B_METRICS = RunnerMetrics(
     requests_finished=1, generated_tokens=10, time_to_first_token_seconds=0.6, decode_tokens_per_second=20.0
@@ -101,3 +103,6 @@ def test_prometheus_text_parses_and_carries_the_same_figures() -> None:
     assert queued[("ra", "queued")] == 1.0
     assert queued[("ra", "running")] == 1.0
     assert families["exo_event_log_index"].samples[0].value == 6.0
+    for family, value in (("exo_repeated_tool_calls", 4.0), ("exo_withdrawn_tool_calls", 3.0)):
+        by_runner = {sample.labels["runner_id"]: sample.value for sample in families[family].samples}
+        assert (by_runner["ra"], by_runner["rb"]) == (value, 0.0)

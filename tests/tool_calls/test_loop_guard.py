@@ -198,3 +198,38 @@ def test_nested_values_past_the_limits_are_reported_but_not_blocked() -> None:
         "$defs": {"meta": {}},
     }
     assert excluding(referenced, (CallKey.of("t", {"meta": {"a": 1}}),)) is None
+
+
+def test_answer_withdraws_the_blocked_calls_made_since_the_user_last_spoke() -> None:
+    history = _history(("read", READ), ("write", HELLO), ("read", READ))
+    assert history.withdrawn_calls() == history.blocked_calls()
+    # The user spoke after the calls: making one again is what was asked, not a loop.
+    asked = CallHistory.of(
+        [
+            PromptMessage(role="user", content="Create the file hello.txt containing hello"),
+            *_turn("call_0", "write", HELLO),
+            PromptMessage(role="assistant", content="Done."),
+            PromptMessage(role="user", content="Write it again"),
+        ]
+    )
+    assert asked.withdrawn_calls() == ()
+    assert asked.blocked_calls() == (CallKey.of("write", HELLO),)
+    # Text the client sends beside the tool results (Claude Code's reminders) is no new request.
+    reminded = CallHistory.of(
+        [
+            PromptMessage(role="user", content="Create the file hello.txt containing hello"),
+            *_turn("call_0", "write", HELLO),
+            PromptMessage(role="user", content="<system-reminder>keep going</system-reminder>"),
+        ]
+    )
+    assert reminded.withdrawn_calls() == (CallKey.of("write", HELLO),)
+
+
+def test_a_ping_pong_begun_before_the_user_spoke_is_not_withdrawn() -> None:
+    messages = [PromptMessage(role="user", content="Create the file hello.txt containing hello")]
+    messages += [*_turn("call_0", "read", READ), *_turn("call_1", "write", HELLO)]
+    messages += [PromptMessage(role="assistant", content="Done."), PromptMessage(role="user", content="Check it")]
+    messages += _turn("call_2", "read", READ)
+    history = CallHistory.of(messages)
+    assert history.blocked_calls() == (CallKey.of("read", READ), CallKey.of("write", HELLO))
+    assert history.withdrawn_calls() == (CallKey.of("read", READ),)

@@ -68,6 +68,11 @@ class _StateCollector:
             "Calls identical to one whose result the conversation already held (agent-loop guard)",
             labels=labels,
         )
+        withdrawn = CounterMetricFamily(
+            "exo_withdrawn_tool_calls",
+            "Repeated calls the agent-loop guard took back, the reply decoded again without calls (answer)",
+            labels=labels,
+        )
         for runner in sorted(self._state.runners.values(), key=lambda runner: runner.runner_id):
             values = [self._cluster, runner.node_id, runner.model_id, runner.runner_id]
             metrics = runner.metrics
@@ -77,13 +82,14 @@ class _StateCollector:
             prompt.add_metric(values, metrics.prompt_tokens)
             generated.add_metric(values, metrics.generated_tokens)
             repeated.add_metric(values, metrics.repeated_tool_calls)
+            withdrawn.add_metric(values, metrics.withdrawn_tool_calls)
             if metrics.time_to_first_token_seconds is not None:
                 first_token.add_metric(values, metrics.time_to_first_token_seconds)
             if metrics.decode_tokens_per_second is not None:
                 decode.add_metric(values, metrics.decode_tokens_per_second)
             for status in ("queued", "running"):
                 tasks.add_metric([*values, status], self._task_count(runner, status))
-        yield from (requests, prompt, generated, first_token, decode, tasks, repeated)
+        yield from (requests, prompt, generated, first_token, decode, tasks, repeated, withdrawn)
 
     def _task_count(self, runner: RunnerInfo, status: str) -> int:
         return sum(task.runner_id == runner.runner_id and task.status == status for task in self._state.tasks.values())

@@ -12,6 +12,9 @@ answered calls of the latest call turn (an immediate repeat can only be given th
 A-B-A alternation, B's calls. An identical call after other calls in between (reading a file again after editing
 it) is reported under `warn` but never blocked: something may have changed since. `excluding` writes the schema
 that forbids a blocked call's exact arguments while leaving every other value of the tool's schema allowed.
+
+`answer` takes back the same calls (`withdrawn_calls`), counted only since the user last spoke (a user asking for
+the same call again is no loop), and lets the model answer in text instead, which ends an agent's loop.
 """
 
 import json
@@ -74,6 +77,9 @@ class CallHistory(FrozenModel):
     """Every call whose result (a `tool` message with its id) is in the history."""
     turns: tuple[frozenset[CallKey], ...] = ()
     """The calls of each assistant turn that made calls, oldest first."""
+    turns_since_user: int = 0
+    """How many of `turns` came after the user last spoke. A user message right after tool results is read as part
+    of them (Claude Code sends reminders as text beside its tool results), not as the user speaking."""
 
     @classmethod
     def of(cls, messages: Iterable[PromptMessage]) -> "CallHistory":
@@ -81,34 +87,46 @@ class CallHistory(FrozenModel):
         answered_ids = {message.tool_call_id for message in listed if message.role == "tool" and message.tool_call_id}
         answered: set[CallKey] = set()
         turns: list[frozenset[CallKey]] = []
-        for message in listed:
+        since_user = 0
+        for previous, message in zip([None, *listed], listed, strict=False):
+            if message.role == "user" and (previous is None or previous.role != "tool"):
+                since_user = 0
             if message.role != "assistant" or not message.tool_calls:
                 continue
             keys = {call.call_id: CallKey.of(call.name, call.arguments) for call in message.tool_calls}
             turns.append(frozenset(keys.values()))
+            since_user += 1
             answered.update(key for call_id, key in keys.items() if call_id in answered_ids)
-        return cls(answered=frozenset(answered), turns=tuple(turns))
-
-    def _alternating(self) -> bool:
-        """The last three call turns went A, B, A (A ≠ B): B next would make it A-B-A-B."""
-        return len(self.turns) >= 3 and self.turns[-3] == self.turns[-1] != self.turns[-2]
+        return cls(answered=frozenset(answered), turns=tuple(turns), turns_since_user=since_user)
 
     def blocked_calls(self) -> tuple[CallKey, ...]:
         """The calls `block` forbids: the latest call turn's answered calls, and B's after A-B-A."""
-        if not self.turns:
+        return self._looping(self.turns)
+
+    def withdrawn_calls(self) -> tuple[CallKey, ...]:
+        """The calls `answer` takes back: those `block` forbids, among the turns since the user last spoke."""
+        return self._looping(self.turns[len(self.turns) - self.turns_since_user :])
+
+    def _looping(self, turns: Sequence[frozenset[CallKey]]) -> tuple[CallKey, ...]:
+        if not turns:
             return ()
-        candidates = set(self.turns[-1])
-        if self._alternating():
-            candidates |= self.turns[-2]
+        candidates = set(turns[-1])
+        if _alternating(turns):
+            candidates |= turns[-2]
         return tuple(sorted(candidates & self.answered, key=lambda key: (key.name, key.arguments)))
 
     def findings(self, calls: Sequence[CallKey]) -> tuple[str, ...]:
         """What `warn` reports about a reply that made `calls`."""
         found = [f"repeated call {call.describe()}: its result is already in the conversation" for call in calls]
         found = [text for call, text in zip(calls, found, strict=True) if call in self.answered]
-        if calls and self._alternating() and frozenset(calls) == self.turns[-2]:
+        if calls and _alternating(self.turns) and frozenset(calls) == self.turns[-2]:
             found.append("ping-pong: the reply repeats the calls of two turns back after A-B-A")
         return tuple(found)
+
+
+def _alternating(turns: Sequence[frozenset[CallKey]]) -> bool:
+    """The last three call turns went A, B, A (A ≠ B): B next would make it A-B-A-B."""
+    return len(turns) >= 3 and turns[-3] == turns[-1] != turns[-2]
 
 
 class ReplyCalls:
@@ -263,6 +281,14 @@ def _in_class(character: str) -> str:
 def _printable(character: str) -> str:
     """Control characters as hex escapes, so the pattern stays readable."""
     return f"\\x{{{ord(character):x}}}" if ord(character) < 0x20 else character
+
+
+def withdrawal_finding(call: CallKey) -> str:
+    """What `answer` reports about a call it took back."""
+    return (
+        f"repeated call {call.describe()} withdrawn: its result is already in the conversation, so the reply was "
+        "decoded again without calls"
+    )
 
 
 def repeated(history: CallHistory, calls: Sequence[CallKey]) -> int:

@@ -45,4 +45,5 @@ class RunnerMetricsRecorder:
             time_to_first_token_seconds=fmean(self._first_token_seconds) if self._first_token_seconds else None,
             decode_tokens_per_second=fmean(self._decode_rates) if self._decode_rates else None,
             repeated_tool_calls=metrics.repeated_tool_calls + (usage.repeated_tool_calls if usage else 0),
+            withdrawn_tool_calls=metrics.withdrawn_tool_calls + (usage.withdrawn_tool_calls if usage else 0),
         )

@@ -194,8 +194,8 @@ class ChatCompletionRequest(WireModel):
     chat_template_kwargs: JsonObject | None = None
     # exo's own: under tool_choice "auto", hold an opened call to the tools' schemas (None: the node's setting).
     auto_tool_grammar: bool | None = None
-    # exo's own: the agent-loop guard for this request, "off" | "warn" | "block" (None: the node's setting).
-    loop_guard: Literal["off", "warn", "block"] | None = None
+    # exo's own: the agent-loop guard for this request, "off" | "warn" | "block" | "answer" (None: the node's setting).
+    loop_guard: Literal["off", "warn", "block", "answer"] | None = None
     # exo's own: under tool_choice "auto", re-decode once under the grammar a call that no grammar held and that
     # failed to parse or validate (None: the node's setting).
     tool_call_repair: bool | None = None

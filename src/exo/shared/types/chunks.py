@@ -15,7 +15,10 @@ class Usage(FrozenModel):
     disk_cached_tokens: int = 0
     reasoning_tokens: int = 0
     repeated_tool_calls: int = 0
-    """Calls of the reply identical to a call whose result the conversation already held (the loop guard's count)."""
+    """Calls of the reply identical to a call whose result the conversation already held (the loop guard's count),
+    those it withdrew included."""
+    withdrawn_tool_calls: int = 0
+    """Of those, the calls the loop guard's `answer` took back (the reply was decoded again without calls)."""
 
     @property
     def total_tokens(self) -> int:

@@ -95,6 +95,8 @@ class RunnerMetrics(FrozenModel):
     decode_tokens_per_second: float | None = None
     repeated_tool_calls: int = 0
     """Calls identical to one whose result the conversation already held (the agent-loop guard's count)."""
+    withdrawn_tool_calls: int = 0
+    """Of those, the calls the loop guard's `answer` took back."""
 
 
 class RunnerInfo(FrozenModel):

@@ -9,7 +9,7 @@ the request is finished. So a request answers the same whichever decoder ran it.
 
 import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -33,15 +33,15 @@ from exo.tool_calls.grammar.spec import (
     ToolConstraintSpec,
     UnsupportedConstraintError,
 )
-from exo.tool_calls.loop_guard import CallHistory, CallKey, ReplyCalls, repeated
+from exo.tool_calls.loop_guard import CallHistory, CallKey, ReplyCalls, repeated, withdrawal_finding
 from exo.tool_calls.registry import format_for
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
 from exo.worker.engines.mlx.cache.prefix_cache import CacheLease, PrefixCache
 from exo.worker.engines.mlx.constrained import callable_functions, constraint_spec, make_logits_processor
-from exo.worker.engines.mlx.constrained.decision import ConstraintSpec
+from exo.worker.engines.mlx.constrained.decision import ConstraintSpec, tool_spec
 from exo.worker.engines.mlx.constrained.repair import repair_spec, repairable, tools_at_risk
 from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
-from exo.worker.engines.mlx.generator.call_repair import CallRepair, ReplyState
+from exo.worker.engines.mlx.generator.call_hold import CallHold, RepairProcessors, ReplyState
 from exo.worker.engines.mlx.generator.copy_views import copy_views
 from exo.worker.engines.mlx.generator.generate import clamp_max_tokens
 from exo.worker.engines.mlx.generator.prefill import PIECE_SECONDS
@@ -133,17 +133,44 @@ def loop_guard_policy(context: EngineContext, policy: ToolPolicy) -> LoopGuardPo
     return policy.loop_guard or context.decode.loop_guard
 
 
+@dataclass(frozen=True)
+class LoopGuardCalls:
+    """What the loop guard does with the calls a request's reply must not repeat."""
+
+    blocked: tuple[CallKey, ...] = ()
+    """Forbidden by the grammar (`block`, and `answer` where its reply cannot be taken back)."""
+    withdrawn: frozenset[CallKey] = frozenset()
+    """Taken back once written, the reply then decoded again without calls (`answer`)."""
+
+
+def _loop_guard_calls(
+    context: EngineContext, task: GenerationTask, history: CallHistory, *, rewinds: bool
+) -> LoopGuardCalls:
+    params = task.params
+    policy = params.tool_policy
+    match loop_guard_policy(context, policy):
+        case "block":
+            return LoopGuardCalls(blocked=history.blocked_calls())
+        case "answer":
+            withdrawn = history.withdrawn_calls()
+            # Answering in text needs plain "auto" (a forced call cannot become text, a response_format grammar
+            # has no such turn) and a decoder that can go back; elsewhere the calls are forbidden as `block` does.
+            answerable = rewinds and policy.mode == "auto" and params.structured_output is None
+            return LoopGuardCalls(withdrawn=frozenset(withdrawn)) if answerable else LoopGuardCalls(blocked=withdrawn)
+        case "off" | "warn":
+            return LoopGuardCalls()
+
+
 def _build_processors(
     context: EngineContext,
     task: GenerationTask,
     prefill_length: int,
     reasoning: ReasoningMarkers | None,
-    history: CallHistory,
+    blocked: tuple[CallKey, ...],
 ) -> RequestProcessors:
     """Penalties plus the grammar the task's tool policy / response_format needs; raises UnsupportedConstraintError."""
     params = task.params
     policy = params.tool_policy
-    blocked = history.blocked_calls() if loop_guard_policy(context, policy) == "block" else ()
     spec = constraint_spec(
         policy,
         params.structured_output,
@@ -172,26 +199,26 @@ def _lazy_auto_only(spec: ConstraintSpec | None, policy: ToolPolicy) -> bool:
     return lazy and not any(tool.strict for tool in callable_functions(policy))
 
 
+def _repair_enabled(context: EngineContext, task: GenerationTask) -> bool:
+    """Whether a failed call of this request may be repaired at all (see constrained/repair.py)."""
+    params = task.params
+    policy = params.tool_policy
+    enabled = context.decode.tool_call_repair if policy.repair is None else policy.repair
+    return repairable(policy, params.structured_output is not None, enabled)
+
+
 def _call_repair(
     context: EngineContext,
     task: GenerationTask,
     *,
-    processors: RequestProcessors,
+    held: bool,
     reasoning: ReasoningMarkers | None,
-    history: CallHistory,
+    blocked: tuple[CallKey, ...],
     prefill_length: int,
-) -> CallRepair | None:
-    """The request's repair, where a failed call of it could be repaired (see constrained/repair.py)."""
+) -> RepairProcessors:
+    """The processors a failed call of the request is re-decoded under (`held`: a grammar held the call)."""
     params = task.params
     policy = params.tool_policy
-    enabled = context.decode.tool_call_repair if policy.repair is None else policy.repair
-    if not repairable(policy, params.structured_output is not None, enabled):
-        return None
-    held = processors.constrained
-    at_risk = tools_at_risk(policy, context.tool_format, grammar_held=held)
-    if not at_risk:
-        return None
-    blocked = history.blocked_calls() if loop_guard_policy(context, policy) == "block" else ()
 
     def repair_processors(kept: list[int], failed: CallKey | None) -> RequestProcessors | None:
         spec = repair_spec(policy, context.tool_format, reasoning, grammar_held=held, blocked=blocked, failed=failed)
@@ -209,7 +236,35 @@ def _call_repair(
             return None
         return RequestProcessors(penalty_processors(params.sampling), (grammar,))
 
-    return CallRepair(at_risk, repair_processors)
+    return repair_processors
+
+
+AnswerProcessors = Callable[[list[int]], RequestProcessors | None]
+"""Given the reply's tokens before a withdrawn call, the processors to decode on without calls (None: the reply
+ends where the call began)."""
+
+
+def _answer_processors(
+    context: EngineContext, task: GenerationTask, *, reasoning: ReasoningMarkers | None, prefill_length: int
+) -> AnswerProcessors:
+    """The processors a reply is decoded on with after the loop guard withdrew a call: the grammar of `tool_choice:
+    "none"` (text that never opens a call), resumed after the reply's tokens before the call."""
+    params = task.params
+    spec = tool_spec(params.tool_policy.model_copy(update={"mode": "none"}), context.tool_format, reasoning)
+
+    def answer_processors(kept: list[int]) -> RequestProcessors | None:
+        if spec is None:
+            return None
+        try:
+            grammar = make_logits_processor(context.loaded.tokenizer, spec, prompt_length=prefill_length)
+        except UnsupportedConstraintError as error:
+            logger.warning("task %s: no reply without calls after a withdrawn call: %s", task.task_id, error)
+            return None
+        if not grammar.resume_after(kept):
+            return None
+        return RequestProcessors(penalty_processors(params.sampling), (grammar,))
+
+    return answer_processors
 
 
 class ImmediateReplyError(Exception):
@@ -256,7 +311,13 @@ class ChatRequest:
         self.finish_reason: FinishReason | None = None
         self._closed = False
         self._prefill_ended = False
-        self._repair: CallRepair | None = None
+        self._hold: CallHold | None = None
+        self._repair: RepairProcessors | None = None
+        self._at_risk_after_repair: frozenset[str] = frozenset()
+        self._withdrawn: frozenset[CallKey] = frozenset()
+        self._answer: AnswerProcessors | None = None
+        self._withdrawals: list[CallKey] = []
+        """The calls the loop guard took back from this reply."""
         self._rewound_to: int | None = None
 
     @classmethod
@@ -289,8 +350,9 @@ class ChatRequest:
         prefill = lease.remaining_tokens if lease else prompt.tokens
         reasoning = reasoning_markers(loaded.tokenizer, prompt.starts_in_reasoning)
         history = CallHistory.of(params.messages)
+        guard = _loop_guard_calls(context, task, history, rewinds=rewinds)
         try:
-            processors = _build_processors(context, task, len(prefill), reasoning, history)
+            processors = _build_processors(context, task, len(prefill), reasoning, guard.blocked)
         except UnsupportedConstraintError as error:
             if lease and context.prefix_cache:
                 context.prefix_cache.discard(lease)
@@ -306,10 +368,32 @@ class ChatRequest:
             history=history,
         )
         if rewinds:
-            request._repair = _call_repair(
-                context, task, processors=processors, reasoning=reasoning, history=history, prefill_length=len(prefill)
-            )
+            request._hold_calls(guard, reasoning=reasoning, prefill_length=len(prefill))
         return request
+
+    def _hold_calls(self, guard: LoopGuardCalls, *, reasoning: ReasoningMarkers | None, prefill_length: int) -> None:
+        """Hold back the calls that may be taken back: failed calls a repair re-decodes, and the calls the loop
+        guard withdraws (`answer`)."""
+        context, task = self._context, self._task
+        policy = task.params.tool_policy
+        withdrawn_tools = frozenset(call.name for call in guard.withdrawn)
+        at_risk = withdrawn_tools
+        if _repair_enabled(context, task):
+            held = self.processors.constrained
+            repaired = tools_at_risk(policy, context.tool_format, grammar_held=held)
+            if repaired:
+                at_risk |= repaired
+                self._repair = _call_repair(
+                    context, task, held=held, reasoning=reasoning, blocked=guard.blocked, prefill_length=prefill_length
+                )
+                self._at_risk_after_repair = (
+                    tools_at_risk(policy, context.tool_format, grammar_held=True) | withdrawn_tools
+                )
+        if guard.withdrawn:
+            self._withdrawn = guard.withdrawn
+            self._answer = _answer_processors(context, task, reasoning=reasoning, prefill_length=prefill_length)
+        if at_risk:
+            self._hold = CallHold(at_risk)
 
     # ---- what a decoder feeds -------------------------------------------------------------------
 
@@ -414,8 +498,9 @@ class ChatRequest:
         )
 
     def _accept_one(self, token: int) -> list[ParsedChunk]:
-        if self._repair is not None:
-            self._repair.remember(self._reply_state, self._parser)
+        hold = self._hold
+        if hold is not None:
+            hold.remember(self._reply_state, self._parser)
         if token in self._eos_token_ids:
             self._detokenizer.finalize()
             self.finish_reason = "stop"
@@ -429,11 +514,11 @@ class ChatRequest:
                 self.finish_reason = "length"
         failures = self._parser.call_failures
         chunks = self._parser.feed(self._stops.feed(self._detokenizer.last_segment))
-        if self._repair is not None:
-            failed = self._failed_call(failures)
-            if failed is not None and self._rewind(failed):
+        if hold is not None:
+            settled = self._settle(hold, chunks, failures)
+            if settled is None:
                 return []
-            chunks = self._repair.route(chunks, self._parser) if failed is None else self._repair.give_up(chunks)
+            chunks = settled
         self._reply_calls.add(chunks)
         if chunks and all(isinstance(chunk, ReasoningChunk) for chunk in chunks):
             self._reasoning_tokens += 1
@@ -441,12 +526,26 @@ class ChatRequest:
             self.finish_reason = "stop"
         return chunks
 
+    def _settle(self, hold: CallHold, chunks: list[ParsedChunk], failures_before: int) -> list[ParsedChunk] | None:
+        """The chunks of a token to send, or None where the call they belong to was taken back (the reply went back
+        to where the call started)."""
+        failed = self._failed_call(failures_before)
+        if failed is not None:
+            return None if self._rewind(hold, failed) else hold.give_up(chunks)
+        repeat = self._written_repeat(hold, chunks)
+        if repeat is not None:
+            self._withdraw(hold, repeat)
+            return None
+        return hold.route(chunks, self._parser)
+
+    def _ended_by_model(self) -> bool:
+        return self.finish_reason == "stop" and not self._stops.stopped and not self._parser.should_stop
+
     def _failed_call(self, failures_before: int) -> tuple[CallKey | None] | None:
         """After a token: `(the failed call,)` when a call failed with it (None inside: failed before its name was
         read), including a call the end of the turn leaves broken; None when no call failed."""
         parser = self._parser
-        ended_by_model = self.finish_reason == "stop" and not self._stops.stopped and not parser.should_stop
-        if parser.call_failures == failures_before and ended_by_model and parser.in_call:
+        if parser.call_failures == failures_before and self._ended_by_model() and parser.in_call:
             parser = parser.snapshot()  # what finishing the reply here would make of the open call
             parser.feed(copy.deepcopy(self._stops).flush())
             parser.finish()
@@ -455,17 +554,55 @@ class ChatRequest:
         failed = parser.failed_call
         return (CallKey.of(*failed) if failed else None,)
 
-    def _rewind(self, failed: tuple[CallKey | None]) -> bool:
+    def _written_repeat(self, hold: CallHold, chunks: list[ParsedChunk]) -> CallKey | None:
+        """The call the loop guard withdraws, when the held call ends with this token as one of them."""
+        if not self._withdrawn or self.finish_reason == "length" or self._stops.stopped:
+            return None
+        parser, tail = self._parser, list[ParsedChunk]()
+        if parser.in_call:
+            if not self._ended_by_model():
+                return None
+            parser = parser.snapshot()  # what finishing the reply here would make of the open call
+            tail = [*parser.feed(copy.deepcopy(self._stops).flush()), *parser.finish()]
+        call = hold.first_call([*chunks, *tail])
+        return call if call in self._withdrawn else None
+
+    def _withdraw(self, hold: CallHold, call: CallKey) -> None:
+        """Take the repeated call back: the reply goes on from where it began without calls, or, where it already
+        made other calls (or the text before the call does not fit that grammar), ends there."""
+        state = hold.withdraw()
+        assert state is not None
+        self._withdrawals.append(call)
+        answer = self._answer if not self._reply_calls.keys() else None
+        processors = answer(self.generated[: state.generated]) if answer is not None else None
+        self._go_back(state)
+        then = "the reply ends there" if processors is None else "the reply goes on without calls"
+        logger.info("task %s: agent loop: repeated call %s withdrawn, %s", self.task_id, call.describe(), then)
+        if processors is None:
+            self.finish_reason = "stop"
+            return
+        self.processors = processors
+        hold.hold(frozenset())
+        self._rewound_to = state.generated
+
+    def _rewind(self, hold: CallHold, failed: tuple[CallKey | None]) -> bool:
         """Go back to where the failed call started, to re-decode it under the repair grammar (False where the call
         stays as the failure rule makes it)."""
-        assert self._repair is not None
-        if self.finish_reason == "length" or self._stops.stopped:
+        if self._repair is None or self.finish_reason == "length" or self._stops.stopped:
             return False
-        rewind = self._repair.rewind(self.generated, failed[0])
+        rewind = hold.repair(self.generated, failed[0], self._repair)
         if rewind is None:
             return False
         state, processors = rewind
         logger.info("task %s: a failed tool call is re-decoded under the grammar", self.task_id)
+        self._go_back(state)
+        self.processors = processors
+        hold.hold(self._at_risk_after_repair)
+        self._rewound_to = state.generated
+        return True
+
+    def _go_back(self, state: ReplyState) -> None:
+        """The reply as it was in `state` (its tokens after that dropped)."""
         self._parser = state.parser.snapshot()
         self._stops = copy.deepcopy(state.stops)
         self._reasoning_tokens = state.reasoning_tokens
@@ -476,23 +613,19 @@ class ChatRequest:
         _ = self._detokenizer.last_segment  # the parser has read this text already
         self._lookup = None
         self.finish_reason = None
-        self.processors = processors
-        policy = self._task.params.tool_policy
-        self._repair.grammar_now_holds_every_call(tools_at_risk(policy, self._context.tool_format, grammar_held=True))
-        self._rewound_to = state.generated
-        return True
 
     def finish(self, cache: PromptCache | None) -> list[Chunk]:
         """The last chunks (the parser's held-back text, then the FinishChunk); stores `cache` for later prompts."""
         self._release(cache)
-        held = self._repair.release() if self._repair is not None else []
+        held = self._hold.release() if self._hold is not None else []
         tail = [*held, *self._parser.feed(self._stops.flush()), *self._parser.finish()]
         self._reply_calls.add(tail)
         for reason in self._parser.failures:
             logger.warning("task %s: tool call not parsed as intended: %s", self.task_id, reason)
         calls = self._reply_calls.keys()
         guarded = loop_guard_policy(self._context, self._task.params.tool_policy) != "off"
-        warnings = self._history.findings(calls) if guarded else ()
+        withdrawn = [withdrawal_finding(call) for call in self._withdrawals]
+        warnings = (*self._history.findings(calls), *withdrawn) if guarded else ()
         for warning in warnings:
             logger.warning("task %s: agent loop: %s", self.task_id, warning)
         usage = Usage(
@@ -501,7 +634,8 @@ class ChatRequest:
             cached_tokens=self._lease.cached_tokens if self._lease else 0,
             disk_cached_tokens=self._lease.disk_cached_tokens if self._lease else 0,
             reasoning_tokens=self._reasoning_tokens,
-            repeated_tool_calls=repeated(self._history, calls) if guarded else 0,
+            repeated_tool_calls=repeated(self._history, calls) + len(self._withdrawals) if guarded else 0,
+            withdrawn_tool_calls=len(self._withdrawals),
         )
         finish = FinishChunk(
             finish_reason=_finish_reason(self.finish_reason, self._parser, self._task.params.tool_policy),

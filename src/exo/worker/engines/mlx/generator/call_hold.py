@@ -1,11 +1,14 @@
-"""Repair of a failed call in one chat completion: hold an at-risk call's chunks back until it is settled, and when
-it fails, say where the reply goes back to and with which processors it is re-decoded (constrained/repair.py says
-which calls and which grammar).
+"""Calls of one chat completion that may still be taken back: their chunks are held until the call is settled, and
+when it is taken back this says where the reply goes back to.
 
-A call is *at risk* where no grammar fully holds it (see `tools_at_risk`). While such a call is written, its chunks
-are held here instead of being sent, so a failed call can still be taken back: the client receives the repaired
-call, or, where the repair is not possible or fails again, the call exactly as the failure rule makes it. A call
-to a tool the grammar does hold is released as soon as its name is read.
+Two reasons take a call back (the request decides which processors decode on): a call that failed to parse or
+validate is re-decoded under a grammar (a repair, constrained/repair.py says which calls and which grammar), and a
+call the loop guard's `answer` withdraws (a repeat of an answered call) is replaced by a reply without calls.
+
+A call is *at risk* when its tool is one of those (see `tools_at_risk` and `CallHistory.withdrawn_calls`). While
+such a call is written, its chunks are held here instead of being sent, so it can still be taken back: the client
+receives the call only once it is settled, or never. A call to a tool that is not at risk is released as soon as
+its name is read.
 """
 
 from collections.abc import Callable
@@ -13,7 +16,7 @@ from dataclasses import dataclass
 
 from exo.shared.types.chunks import ParsedChunk
 from exo.tool_calls import ToolStreamParser
-from exo.tool_calls.loop_guard import CallKey
+from exo.tool_calls.loop_guard import CallKey, ReplyCalls
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.stop_sequences import StopSequenceMatcher
 
@@ -24,7 +27,7 @@ was read), the processors to re-decode under, or None where a repair cannot do b
 
 @dataclass(frozen=True)
 class ReplyState:
-    """What a request's reply was just before the token that opened a call: where a repair goes back to."""
+    """What a request's reply was just before the token that opened a call: where a call is taken back to."""
 
     parser: ToolStreamParser
     stops: StopSequenceMatcher
@@ -32,12 +35,11 @@ class ReplyState:
     reasoning_tokens: int
 
 
-class CallRepair:
-    """The repair bookkeeping of one request."""
+class CallHold:
+    """The held calls of one request."""
 
-    def __init__(self, at_risk: frozenset[str], processors: RepairProcessors) -> None:
+    def __init__(self, at_risk: frozenset[str]) -> None:
         self._at_risk = at_risk
-        self._processors = processors
         self._before_call: ReplyState | None = None
         self._held: list[ParsedChunk] = []
         self._holding = False
@@ -64,6 +66,15 @@ class CallRepair:
             return self.release()
         return []
 
+    def first_call(self, chunks: list[ParsedChunk]) -> CallKey | None:
+        """The first call of the held region as it stands with `chunks` added (None when nothing is held)."""
+        if not self._holding:
+            return None
+        calls = ReplyCalls()
+        calls.add([*self._held, *chunks])
+        keys = calls.keys()
+        return keys[0] if keys else None
+
     def give_up(self, chunks: list[ParsedChunk]) -> list[ParsedChunk]:
         """A call failed and stays as the failure rule makes it: everything held, then `chunks`; the rest of its
         region is not held again."""
@@ -76,20 +87,29 @@ class CallRepair:
         self._holding = False
         return held
 
-    def rewind(self, generated: list[int], failed: CallKey | None) -> tuple[ReplyState, RequestProcessors] | None:
+    def repair(
+        self, generated: list[int], failed: CallKey | None, processors: RepairProcessors
+    ) -> tuple[ReplyState, RequestProcessors] | None:
         """For a held call that just failed: the state to go back to and the processors to re-decode under, or None
         where the call stays as the failure rule makes it (not held, already repaired once, or no better grammar)."""
         state = self._before_call
         if not self._holding or state is None or state.generated in self._repaired_at:
             return None
-        processors = self._processors(generated[: state.generated], failed)
-        if processors is None:
+        decoding = processors(generated[: state.generated], failed)
+        if decoding is None:
             return None
         self._repaired_at.add(state.generated)
+        self.withdraw()
+        return state, decoding
+
+    def withdraw(self) -> ReplyState | None:
+        """Drop the held call: the state before it (None when nothing is held)."""
+        state = self._before_call if self._holding else None
         self._held = []
         self._holding = False
-        return state, processors
+        return state
 
-    def grammar_now_holds_every_call(self, at_risk: frozenset[str]) -> None:
-        """After a repair the lazy grammar runs for the rest of the reply: only its own gaps stay at risk."""
+    def hold(self, at_risk: frozenset[str]) -> None:
+        """From now on, the tools whose calls are held (after a repair the lazy grammar runs for the rest of the
+        reply: only its own gaps, and the calls the loop guard may withdraw, stay at risk)."""
         self._at_risk = at_risk

@@ -1,0 +1,142 @@
+"""The loop guard's `answer` on every decoder of the scheduler (tiny-qwen-tools fixture, real forward passes): a
+model pushed to write again the call whose result the conversation already holds (standing in for a model stuck in
+an agent loop) gets that call taken back before any of it is streamed, and its reply goes on without calls; the
+same push towards the same tool with new arguments gets its call through untouched. Alone, speculating and in a
+batch beside another request, the reply is the same, and the request beside it keeps its own."""
+
+from collections.abc import Callable
+
+import mlx.core as mx
+import pytest
+from pydantic import JsonValue
+
+from exo.shared.types.chunks import ToolCallArgumentsChunk, ToolCallChunk
+from exo.shared.types.common import TaskId
+from exo.shared.types.tasks import GenerationTask
+from exo.worker.engines.mlx.constrained import constraint_spec, make_logits_processor
+from exo.worker.engines.mlx.generator.chat_completion import DecodeSettings, EngineContext
+from exo.worker.engines.mlx.generator.processors import RequestProcessors
+from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
+from tests.fixtures.fixture_specs import (
+    FIXTURE_MODELS_DIR,
+    GET_WEATHER_TOOL,
+    PARIS_WEATHER_ANSWER,
+    PARIS_WEATHER_RESULT,
+    assistant_tool_call,
+    qwen_tool_call_text,
+    tool_result,
+    user,
+)
+from tests.worker.engines.mlx.generator.scheduling import (
+    Outcome,
+    assert_ended,
+    engine_context,
+    run,
+    task,
+    with_settings,
+)
+
+PUSH = 100.0
+"""Far above the fixture's own logits: the pushed text is written wherever the grammar allows it."""
+PARIS = qwen_tool_call_text("get_weather", '{"city": "Paris"}')
+TOKYO = qwen_tool_call_text("get_weather", '{"city": "Tokyo"}')
+LOOP: list[JsonValue] = [
+    user("What is the weather in Paris?"),
+    assistant_tool_call("get_weather", {"city": "Paris"}),
+    tool_result(PARIS_WEATHER_RESULT),
+]
+
+
+@pytest.fixture(scope="module")
+def context() -> EngineContext:
+    return engine_context(FIXTURE_MODELS_DIR / "tiny-qwen-tools", DecodeSettings(speculation=None))
+
+
+def _push(context: EngineContext, text: str) -> Callable[[mx.array, mx.array], mx.array]:
+    """A model that writes `text` at the start of its reply: the next token of it is pushed while the reply so far
+    is a beginning of it."""
+    target: list[int] = context.loaded.tokenizer.encode(text, add_special_tokens=False)
+    prompt_length: list[int] = []
+
+    def push(tokens: mx.array, logits: mx.array) -> mx.array:
+        if not prompt_length:
+            prompt_length.append(tokens.shape[0])
+        written: list[int] = tokens[prompt_length[0] :].tolist()  # pyright: ignore[reportAssignmentType] -- 1-D ints
+        if len(written) >= len(target) or written != target[: len(written)]:
+            return logits
+        bias = mx.zeros((logits.shape[-1],), dtype=logits.dtype)
+        bias[target[len(written)]] = PUSH
+        return logits + bias
+
+    return push
+
+
+def _pushed(context: EngineContext, one: GenerationTask, text: str) -> RequestProcessors:
+    """The request's own lazy grammar, after a push towards `text`."""
+    spec = constraint_spec(one.params.tool_policy, None, context.tool_format, None, auto_grammar=True)
+    assert spec is not None
+    grammar = make_logits_processor(context.loaded.tokenizer, spec, prompt_length=0)
+    return RequestProcessors((_push(context, text),), (grammar,))
+
+
+def _task(policy: str) -> GenerationTask:
+    body: dict[str, JsonValue] = {
+        "messages": LOOP,
+        "tools": [GET_WEATHER_TOOL],
+        "loop_guard": policy,
+        "max_tokens": 24,
+    }
+    return task(body)
+
+
+def _run(context: EngineContext, pushed: str, policy: str, beside: GenerationTask | None = None) -> Outcome:
+    one = _task(policy)
+    arriving = [one] if beside is None else [one, beside]
+    processors: dict[TaskId, RequestProcessors] = {one.task_id: _pushed(context, one, pushed)}
+    return run(context, {0: arriving}, processors=processors, rewinds=True)[one.task_id]
+
+
+def _calls(outcome: Outcome) -> list[tuple[str, str]]:
+    calls: list[tuple[str, str]] = []
+    for chunk in outcome.chunks:
+        if isinstance(chunk, ToolCallChunk):
+            calls.append((chunk.name, ""))
+        elif isinstance(chunk, ToolCallArgumentsChunk):
+            calls[chunk.index] = (calls[chunk.index][0], calls[chunk.index][1] + chunk.fragment)
+    return calls
+
+
+def test_the_pushed_repeat_is_written_without_the_guard(context: EngineContext) -> None:
+    # The push reproduces the loop: with the guard off, the answered call comes back.
+    assert _calls(_run(context, PARIS, "off"))[:1] == [("get_weather", '{"city": "Paris"}')]
+
+
+def test_answer_takes_the_repeat_back_on_every_decoder(context: EngineContext) -> None:
+    alone = _run(context, PARIS, "answer")
+    finish = assert_ended(alone)
+    # No piece of the call reached the stream (no call header, no argument fragment): the model answered from the
+    # result it already had, as the fixture was trained to after a tool result.
+    assert _calls(alone) == []
+    assert alone.text == PARIS_WEATHER_ANSWER
+    assert finish.finish_reason == "stop"
+    assert finish.usage.withdrawn_tool_calls == 1
+    assert any("withdrawn" in warning for warning in finish.loop_warnings)
+
+    speculating = with_settings(context, DecodeSettings(speculation=LookupSettings()))
+    assert _run(speculating, PARIS, "answer").normalised() == alone.normalised()
+
+    beside = task({"messages": [user("What is the weather in Paris and Tokyo?")], "tools": [GET_WEATHER_TOOL]})
+    beside_alone = run(context, {0: [beside]})[beside.task_id]
+    one = _task("answer")
+    processors = {one.task_id: _pushed(context, one, PARIS)}
+    together = run(context, {0: [one, beside]}, processors=processors, rewinds=True)
+    assert together[one.task_id].normalised() == alone.normalised()
+    assert together[beside.task_id].normalised() == beside_alone.normalised()
+
+
+def test_answer_lets_the_same_tool_with_new_arguments_through(context: EngineContext) -> None:
+    outcome = _run(context, TOKYO, "answer")
+    finish = assert_ended(outcome)
+    assert _calls(outcome)[:1] == [("get_weather", '{"city": "Tokyo"}')]
+    assert finish.usage.withdrawn_tool_calls == 0
+    assert outcome.normalised()[:-1] == _run(context, TOKYO, "off").normalised()[:-1]
