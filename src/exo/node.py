@@ -179,6 +179,7 @@ class Node:
             listen=config.cluster.listen,
             api_port=config.api_port,
             serves_models=bool(config.models) or bool(config.extra_runner_configs),
+            dropped_messages=lambda: parts.bus.dropped_messages,
             started_at=self._started_at,
         )
         self._worker = worker = Worker(

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import zenoh
+from prometheus_client.parser import text_string_to_metric_families
 
 from exo.cluster.identity import new_node_id
 from exo.cluster.topics import Topics
@@ -50,6 +51,16 @@ def _forger(alpha: ClusterNode, zenoh_id: str | None = None) -> zenoh.Session:
     config.insert_json5("connect/endpoints", json.dumps([alpha.endpoint]))
     config.insert_json5("scouting/multicast/enabled", "false")
     return zenoh.open(config)
+
+
+def _dropped(scraped: ClusterNode, node: ClusterNode) -> float:
+    """`node`'s dropped-message count in `scraped`'s /metrics (-1 while it is not listed yet)."""
+    text = httpx.get(f"{scraped.base_url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "exo_node_dropped_messages_total" and sample.labels["node_id"] == node.node_id:
+                return sample.value
+    return -1
 
 
 def _ask(node: ClusterNode) -> tuple[int, float, str]:
@@ -97,6 +108,12 @@ def test_forged_tokens_and_messages_are_ignored_and_requests_keep_flowing(
         # Each forged token was asked about, and refused, by each node (logged once each, after a few tries).
         for node in (alpha, beta):
             cluster.wait_until(node, lambda node=node: node.log().count("ignoring the token of") >= 2, "refusals", 30)
+        # alpha, the node the forger linked to, dropped the invalid messages (the not-JSON one, the resync, local
+        # event, command and reply that break their schemas: 4 at least, some drop before reaching the bus), and
+        # every node's /metrics says so; beta's own count is listed too.
+        for scraped in (alpha, beta):
+            cluster.wait_until(scraped, lambda scraped=scraped: _dropped(scraped, alpha) >= 4, "alpha's drops", 30)
+            assert _dropped(scraped, beta) >= 0
         del tokens
     finally:
         forger.close()

@@ -39,6 +39,9 @@ class _StateCollector:
         total = GaugeMetricFamily("exo_node_memory_total_bytes", "Memory installed", labels=labels)
         available = GaugeMetricFamily("exo_node_memory_available_bytes", "Memory available", labels=labels)
         seen = GaugeMetricFamily("exo_node_last_seen_timestamp_seconds", "Last report from the node", labels=labels)
+        dropped = CounterMetricFamily(
+            "exo_node_dropped_messages", "Invalid or forged messages from the network the node dropped", labels=labels
+        )
         for node in self._state.nodes.values():
             values = [self._cluster, node.facts.node_id, node.facts.name]
             up.add_metric(values, node.health.status != "down")
@@ -47,7 +50,8 @@ class _StateCollector:
             total.add_metric(values, node.facts.memory.total_bytes)
             available.add_metric(values, node.facts.memory.available_bytes)
             seen.add_metric(values, node.last_seen)
-        yield from (up, degraded, master, total, available, seen)
+            dropped.add_metric(values, node.facts.dropped_messages)
+        yield from (up, degraded, master, total, available, seen, dropped)
 
     def _model_metrics(self) -> Iterator[Metric]:
         labels = ["cluster", "node_id", "model", "runner_id"]

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psutil
@@ -82,6 +83,8 @@ class NodeDescriber:
     listen: tuple[str, ...]
     api_port: int
     serves_models: bool
+    # How many messages the node's bus has dropped so far (Bus.dropped_messages).
+    dropped_messages: Callable[[], int] = lambda: 0
     started_at: float = field(default_factory=time.time)
     _platform: str = field(default_factory=platform.platform)
     _device: str = field(default_factory=device_name)
@@ -101,4 +104,5 @@ class NodeDescriber:
             exo_version=self._version,
             serves_models=self.serves_models,
             started_at=self.started_at,
+            dropped_messages=self.dropped_messages(),
         )

@@ -48,6 +48,9 @@ class NodeFacts(FrozenModel):
     # False for a `--no-model` node: it lends its memory and API but loads no model of its own.
     serves_models: bool
     started_at: float
+    # Messages from the network this node dropped since it started (invalid, oversized or forged): a rising count
+    # means a misbehaving peer or someone probing the cluster port.
+    dropped_messages: int = 0
 
 
 class NodeHealth(FrozenModel):
