@@ -92,7 +92,7 @@ def test_forged_tokens_and_messages_are_ignored_and_requests_keep_flowing(
             (topics.ordered_events, {"leader": new_node_id(), "index": 1, "ordered_at": 0, "origin": master}),
             (topics.ordered_events, b"\xff not json"),
             (topics.local_events, {"kind": "local_event", "origin": new_node_id(), "sequence": 0, "event": {}}),
-            (topics.master_commands, {"kind": "place_task", "command": None}),
+            (topics.master_commands(NodeId(master)), {"kind": "place_task", "command": None}),
             (topics.task_replies(NodeId(alpha.node_id)), {"kind": "task_accepted"}),
             (topics.resync, b"{}"),
         ]

@@ -53,10 +53,13 @@ def test_member_keys_round_trip_and_foreign_keys_are_rejected() -> None:
 
 def test_two_cluster_names_share_no_key() -> None:
     first, second = Topics("first"), Topics("second")
-    keys = ("local_events", "ordered_events", "state", "resync", "master_commands", "members")
+    keys = ("local_events", "ordered_events", "state", "resync", "members")
     for name in keys:
         assert getattr(first, name) != getattr(second, name)
         assert not getattr(first, name).startswith(second.root)
+    for method in ("master_commands", "worker_commands", "task_replies", "instance_replies"):
+        assert getattr(first, method)(A) != getattr(second, method)(A)
+        assert not getattr(first, method)(A).startswith(second.root)
 
 
 def test_a_distrusted_master_is_passed_over_but_stays_a_member() -> None:

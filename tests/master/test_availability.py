@@ -6,7 +6,7 @@ import pytest
 from exo.api.completion_flow import served_model
 from exo.api.errors import ApiError
 from exo.api.model_availability import unavailable_error
-from exo.master.placement import failed_replacements, place_task, replaced_instances
+from exo.master.placement import failed_replacements, no_runner_refusal, place_task, replaced_instances
 from exo.shared.types.common import InstanceId, ModelId
 from exo.shared.types.events import InstancePlaced, NodeDown, PlacementPending
 from exo.shared.types.footprint import ModelFootprint
@@ -106,3 +106,26 @@ def test_a_replacement_whose_rank_failed_is_given_up_while_the_degraded_instance
     # The degraded instance itself failing is not a replacement's failure.
     state = fold((reported(NODE_A, old.model_copy(update={"status": "failed"})), NODE_A), start=state)
     assert failed_replacements(state) == {}
+
+
+def test_a_model_the_cluster_knows_without_a_runner_now_is_refused_as_unavailable_never_as_not_found() -> None:
+    # No instance and no pending placement, every node heard from: nobody has the model.
+    heard = fold((reported(NODE_A), NODE_A), (reported(NODE_B), NODE_B))
+    assert no_runner_refusal(heard, MODEL, unreported=()) == (
+        "model_not_found",
+        "model 'model-x' is not served by any node of the cluster",
+    )
+    # A placement is pending: its reason.
+    assert no_runner_refusal(_unplaceable(), MODEL, unreported=()) == ("model_unavailable", REASON)
+    # Placed (a replacement, or an instance placed anew) while its runners have not reported yet.
+    placed = fold((InstancePlaced(instance=_instance("instance-new")), NODE_A), start=heard)
+    assert place_task(placed, MODEL) is None
+    assert no_runner_refusal(placed, MODEL, unreported=()) == (
+        "model_unavailable",
+        "model 'model-x' is placed (instance instance-new); its runners are not up yet",
+    )
+    # A master just elected (or a node just joined): a node that has not reported in full may serve it.
+    assert no_runner_refusal(State(), MODEL, unreported=(NODE_B, NODE_A)) == (
+        "model_unavailable",
+        f"model 'model-x' is not served by the nodes heard from; waiting for {NODE_A}, {NODE_B}",
+    )

@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 REPLY_TIMEOUT_SECONDS = 30.0
 RECHECK_SECONDS = 2.0
+# A request waiting for its answer is sent again when the master changes (only the master it is sent to answers).
+MASTER_CHECK_SECONDS = 0.5
 
 
 @dataclass
@@ -100,9 +102,15 @@ class InstanceKeeper:
     async def _ask(self, request: PlaceInstance) -> InstancePlacementReply:
         request = request.model_copy(update={"request_id": new_command_id()})
         answered = self._waiting[request.request_id] = anyio.Event()
-        self._bus.publish(self._topics.master_commands, request)
+        sent_to: NodeId | None = None
         with anyio.move_on_after(REPLY_TIMEOUT_SECONDS):
-            await answered.wait()
+            while not answered.is_set():
+                master = self._event_log.leader
+                if master is not None and master != sent_to:
+                    self._bus.publish(self._topics.master_commands(master), request)
+                    sent_to = master
+                with anyio.move_on_after(MASTER_CHECK_SECONDS):
+                    await answered.wait()
         self._waiting.pop(request.request_id, None)
         reply = self._replies.pop(request.request_id, None)
         if reply is None:

@@ -67,9 +67,10 @@ class Topics:
     def resync(self) -> str:
         return f"{self.root}/resync"
 
-    @property
-    def master_commands(self) -> str:
-        return f"{self.root}/master/commands"
+    def master_commands(self, master: NodeId) -> str:
+        """A node → the master it follows. Only that master hears it: a node that has just started is its own master
+        until it has confirmed the others, and must not answer for the cluster with the nothing it knows yet."""
+        return f"{self.root}/master/{master}/commands"
 
     def worker_commands(self, node_id: NodeId) -> str:
         return f"{self.root}/workers/{node_id}"

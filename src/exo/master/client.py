@@ -208,7 +208,10 @@ class BusMasterClient:
     # ---- replies ----------------------------------------------------------------------------
 
     def _send(self, pending: _Pending) -> None:
-        self._bus.publish(self._topics.master_commands, PlaceTask(command=pending.command, requested_by=self.node_id))
+        master = self._membership.view.master
+        if master is not None:
+            place = PlaceTask(command=pending.command, requested_by=self.node_id)
+            self._bus.publish(self._topics.master_commands(master), place)
 
     def _stop(self, accepted: TaskAccepted) -> None:
         self._bus.publish(self._topics.worker_commands(accepted.node_id), StopTask(task_id=accepted.task_id))

@@ -19,7 +19,7 @@ from exo.cluster.membership import Membership, MembershipView
 from exo.cluster.topics import Topics
 from exo.master.instance_placement import PORT_RANGE, place_instance
 from exo.master.pipeline_placement import PlacementError
-from exo.master.placement import failed_replacements, instance_busy, instance_serving, place_task
+from exo.master.placement import failed_replacements, instance_busy, instance_serving, no_runner_refusal, place_task
 from exo.shared.apply import apply, is_up
 from exo.shared.types.commands import AssignTask, MasterCommandAdapter, PlaceTask
 from exo.shared.types.common import InstanceId, ModelId, NodeId, new_instance_id, new_task_id
@@ -107,9 +107,12 @@ class Master:
         self._removed: set[InstanceId] = set()
         # When each replacement instance was first seen serving (its degraded predecessor is retired after that).
         self._serving_since: dict[InstanceId, float] = {}
+        # Nodes asked for a full report (this node was elected, or they joined) that have not sent one, and since when
+        # (monotonic): until they do, or go stale, a model without a runner here may be theirs (a 503, not a 404).
+        self._unreported: dict[NodeId, float] = {}
         # Subscribed now, before anything runs, so no report sent during start-up is missed.
         self._reports = bus.subscribe(topics.local_events, LocalEventMessageAdapter)
-        self._commands = bus.subscribe(topics.master_commands, MasterCommandAdapter)
+        self._commands = bus.subscribe(topics.master_commands(self._me), MasterCommandAdapter)
 
     @property
     def active(self) -> bool:
@@ -139,7 +142,9 @@ class Master:
         if self._active:
             for node_id in sorted(old.live_nodes - new.live_nodes):
                 self._mark_down(node_id)
-            if new.live_nodes - old.live_nodes:
+            joined = new.live_nodes - old.live_nodes
+            self._unreported.update(dict.fromkeys(joined, time.monotonic()))
+            if joined:
                 # A joining node may have reported before its token reached this node (and been ignored).
                 self._bus.publish(self._topics.resync, ResyncRequest(leader=self._me))
 
@@ -147,9 +152,10 @@ class Master:
         self._state = self._event_log.state
         self._active = True
         self._flagged_stale.clear()
+        live = self._membership.view.live_nodes
+        self._unreported = dict.fromkeys(live, time.monotonic())
         logger.info("this node is the cluster master")
         self._order(MasterElected(node_id=self._me))
-        live = self._membership.view.live_nodes
         for node_id in sorted(self._state.nodes):
             if node_id not in live:
                 self._mark_down(node_id)
@@ -157,6 +163,7 @@ class Master:
         self._bus.publish(self._topics.resync, ResyncRequest(leader=self._me))
 
     def _mark_down(self, node_id: NodeId) -> None:
+        self._unreported.pop(node_id, None)
         if is_up(self._state, node_id):
             self._order(NodeDown(node_id=node_id, reason="left the cluster (its liveliness token is gone)"))
         for instance in list(self._state.instances.values()):
@@ -185,6 +192,8 @@ class Master:
         self._state = apply(self._state, indexed)
         if isinstance(event, InstanceRemoved):
             self._removed.add(event.instance_id)
+        if isinstance(event, NodeReported):
+            self._unreported.pop(event.facts.node_id, None)
         self._bus.publish(self._topics.ordered_events, indexed)
 
     async def _order_local_events(self) -> None:
@@ -340,17 +349,11 @@ class Master:
     def _place(self, place: PlaceTask) -> None:
         command = place.command
         runner = place_task(self._state, command.model_id, self._removed)
-        pending = self._state.pending_placements.get(command.model_id)
-        if runner is None and pending is not None:
-            refusal = TaskRefused(command_id=command.command_id, reason="model_unavailable", message=pending.reason)
-            self._bus.publish(self._topics.task_replies(place.requested_by), refusal)
-            return
         if runner is None:
-            refusal = TaskRefused(
-                command_id=command.command_id,
-                reason="model_not_found",
-                message=f"model '{command.model_id}' is not served by any node of the cluster",
-            )
+            now = time.monotonic()
+            unreported = [node for node, since in self._unreported.items() if now - since < STALE_AFTER_SECONDS]
+            reason, message = no_runner_refusal(self._state, command.model_id, unreported)
+            refusal = TaskRefused(command_id=command.command_id, reason=reason, message=message)
             self._bus.publish(self._topics.task_replies(place.requested_by), refusal)
             return
         task = GenerationTask(

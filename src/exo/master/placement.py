@@ -3,9 +3,10 @@
 from collections.abc import Collection
 
 from exo.shared.apply import is_up
-from exo.shared.types.common import InstanceId, ModelId
+from exo.shared.types.common import InstanceId, ModelId, NodeId
 from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.state import RunnerInfo, State
+from exo.shared.types.task_replies import RefusalReason
 
 SERVING: frozenset[str] = frozenset({"ready", "running"})
 
@@ -49,6 +50,23 @@ def place_task(state: State, model_id: ModelId, removed: Collection[InstanceId] 
             runner.runner_id,
         ),
     )
+
+
+def no_runner_refusal(state: State, model_id: ModelId, unreported: Collection[NodeId]) -> tuple[RefusalReason, str]:
+    """Why `place_task` found no runner for `model_id`. A model the cluster knows is unavailable for a moment (503
+    with Retry-After), never not found: a placement of it is pending, an instance of it is placed and its runners
+    are not up yet, or nodes that may serve it have not reported in full to this master (it was just elected, or
+    they just joined). Only a model none of that covers is not found (404)."""
+    pending = state.pending_placements.get(model_id)
+    if pending is not None:
+        return "model_unavailable", pending.reason
+    placed = sorted(instance.instance_id for instance in state.instances.values() if instance.model_id == model_id)
+    if placed:
+        return "model_unavailable", f"model '{model_id}' is placed (instance {placed[0]}); its runners are not up yet"
+    if unreported:
+        waiting = ", ".join(sorted(unreported))
+        return "model_unavailable", f"model '{model_id}' is not served by the nodes heard from; waiting for {waiting}"
+    return "model_not_found", f"model '{model_id}' is not served by any node of the cluster"
 
 
 def instance_serving(state: State, instance: PlacedInstance) -> bool:
