@@ -101,6 +101,12 @@ class ToolStreamParser:
         return self._region is not None
 
     @property
+    def holding_marker_start(self) -> bool:
+        """Whether content text is held back because it may be the beginning of a marker (a call's opening spelled
+        in pieces, say): the text since the last release may still turn out to open a call."""
+        return self._region is None and self._content_scanner.holding
+
+    @property
     def open_call_name(self) -> str | None:
         """The tool of the call being written, once its name is read (committed)."""
         return self._call.tool.name if self._call is not None else None

@@ -169,3 +169,16 @@ def test_answer_ends_the_reply_before_a_repeat_that_follows_a_new_call(context: 
     assert _finish(chunks).finish_reason == "tool_calls"
     assert _finish(chunks).usage.withdrawn_tool_calls == 1
     assert request.generated == _encode(context, NEW + "\n")
+
+
+def test_answer_goes_back_to_before_an_opening_marker_spelled_in_pieces(context: EngineContext) -> None:
+    # `<tool_call>` written as ordinary pieces, not its added token: the call begins where its first piece does, so
+    # the reply goes back to before "<tool_call", which the grammar without calls would not let it keep.
+    request = _answer_request(context, LOOP)
+    lead = _encode(context, "Checking.\n")
+    pieces = _encode(context, "<tool_call")
+    assert len(pieces) > 1
+    rest = _encode(context, REPEAT.removeprefix("<tool_call"))
+    assert _calls_in(request.accept([*lead, *pieces, *rest])) == []
+    assert request.take_rewind() == len(lead)
+    assert not _allows_a_call(context, request, lead)

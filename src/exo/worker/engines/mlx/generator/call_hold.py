@@ -48,8 +48,10 @@ class CallHold:
         """The reply positions (tokens generated) whose call was already re-decoded once."""
 
     def remember(self, state: Callable[[], ReplyState], parser: ToolStreamParser) -> None:
-        """Before a token is taken: keep the reply's state while no call is open (a call may open with it)."""
-        if not self._holding and not parser.in_call:
+        """Before a token is taken: keep the reply's state while no call is open (a call may open with it), nor
+        begun (the pieces of its opening marker are part of the call: going back to before them leaves text that
+        any grammar accepts)."""
+        if not self._holding and not parser.in_call and not parser.holding_marker_start:
             self._trusted = False
             self._before_call = state()
 
