@@ -120,12 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--loop-guard",
         choices=("off", "warn", "block", "answer"),
-        default="block",
-        help="agent-loop guard for calls repeated although their results are in the conversation: block (default: "
-        "the grammar forbids re-issuing the last turn's answered calls and continuing an A-B-A-B ping-pong), answer "
-        "(such a call, made since the user last spoke, is taken back and the reply decoded again without calls, so "
-        "the model answers in text and an agent's loop ends), warn (reported in the response and /metrics only) or "
-        "off; a request's loop_guard field overrides it",
+        default="answer",
+        help="agent-loop guard for calls repeated although their results are in the conversation: answer (default: "
+        "re-issuing one of the last turn's answered calls, or continuing an A-B-A-B ping-pong, since the user last "
+        "spoke, is taken back and the reply decoded again without calls, so the model answers in text and an "
+        "agent's loop ends), block (the grammar forbids those calls, so the model answers or calls something else), "
+        "warn (reported in the response and /metrics only) or off; a request's loop_guard field overrides it",
     )
     parser.add_argument(
         "--no-grammar-fast-forward",

@@ -61,7 +61,7 @@ class NodeConfig:
     batch_size: int = 8
     speculation: bool = True
     auto_tool_grammar: bool = True
-    loop_guard: LoopGuardPolicy = "block"
+    loop_guard: LoopGuardPolicy = "answer"
     grammar_fast_forward: bool = True
     tool_call_repair: bool = True
     matmul_plan: bool = True

@@ -90,7 +90,7 @@ class RunnerConfig:
     """Prompt-lookup speculative decoding in the runner."""
     auto_tool_grammar: bool = True
     """The lazy tool-call grammar under `tool_choice: "auto"` (a request may override)."""
-    loop_guard: LoopGuardPolicy = "block"
+    loop_guard: LoopGuardPolicy = "answer"
     """The agent-loop guard for requests that do not choose one."""
     grammar_fast_forward: bool = True
     """Feed the tokens a grammar forces as a verified draft."""

@@ -61,7 +61,7 @@ class RunnerBootstrap(FrozenModel):
     speculation: bool = True
     """Prompt-lookup speculative decoding for a greedy request that runs alone."""
     auto_tool_grammar: bool = True
-    loop_guard: LoopGuardPolicy = "block"
+    loop_guard: LoopGuardPolicy = "answer"
     """The agent-loop guard for requests that do not choose one."""
     grammar_fast_forward: bool = True
     """Feed the tokens a grammar forces as a verified draft (with speculation, greedy requests decoded alone)."""

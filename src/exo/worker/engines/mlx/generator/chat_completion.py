@@ -76,7 +76,7 @@ class DecodeSettings:
     auto_tool_grammar: bool = True
     """Under `tool_choice: "auto"`, hold a call the model opens to the tools' names and schemas (the lazy grammar);
     a request's `ToolPolicy.auto_grammar` overrides it."""
-    loop_guard: LoopGuardPolicy = "block"
+    loop_guard: LoopGuardPolicy = "answer"
     """The agent-loop guard for requests that do not choose one (`ToolPolicy.loop_guard`)."""
     grammar_fast_forward: bool = True
     """Feed the tokens a grammar forces as a draft verified in one pass (greedy requests decoded alone, with
