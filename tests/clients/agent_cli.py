@@ -90,11 +90,13 @@ def run_claude_code(
     prompt: str,
     timeout: float,
     environment: Mapping[str, str] | None = None,
+    extra_arguments: Sequence[str] = (),
 ) -> CliRun:
     """`claude -p <prompt>` with a one-line system prompt and only the Write tool, edits allowed, against exo.
 
     ANTHROPIC_BASE_URL is exo's root (Claude Code appends /v1/messages); the attribution header is switched off as
-    docs/AGENTS.md recommends (exo drops it anyway). `environment` adds settings (such as API_TIMEOUT_MS).
+    docs/AGENTS.md recommends (exo drops it anyway). `environment` adds settings (such as API_TIMEOUT_MS),
+    `extra_arguments` options (such as --include-partial-messages).
     """
     environment = isolated_environment(
         home,
@@ -125,6 +127,7 @@ def run_claude_code(
         "--output-format",
         "stream-json",
         "--verbose",
+        *extra_arguments,
     ]
     return _run(arguments, project, environment, timeout, None if in_argument else prompt)
 

@@ -7,11 +7,14 @@ HEADER_TIMEOUT_MS: opencode's provider option `headerTimeout` (its `chunkTimeout
 keep-alive interval), Claude Code's API_TIMEOUT_MS, which its SDK applies until the response headers arrive, and
 Codex CLI's stream idle timeout (cut to CODEX_IDLE_TIMEOUT_MS), which only SSE events reset. exo sends the headers
 when it admits a request and a keep-alive every KEEP_ALIVE_SECONDS while the prompt is read (a comment line; on
-Responses a `response.in_progress` event), so the client's first request is read past its prefill, none is
-cancelled or sent again, and opencode and Claude Code end normally. The model writes free text up to the clients'
-output limit; what matters is the stream, not the words.
+Messages also an empty text block, then empty deltas of it; on Responses a `response.in_progress` event), so the
+client's first request is read past its prefill, none is cancelled or sent again, and opencode and Claude Code end
+normally. (Claude Code's stream watchdog, which counts Messages events, cannot be set below 5 minutes, so here its
+parse of the keep-alive events is checked; docs/AGENTS.md records a by-hand run past the watchdog.) The model
+writes free text up to the clients' output limit; what matters is the stream, not the words.
 """
 
+import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -21,7 +24,8 @@ from typing import cast
 import pytest
 
 from exo.api.answer_stream import KEEP_ALIVE_SECONDS
-from tests.clients.agent_cli import run_claude_code, run_codex
+from exo.conformance.json_view import JsonMapping, as_object
+from tests.clients.agent_cli import CliRun, run_claude_code, run_codex
 from tests.clients.installed import require_client
 from tests.clients.opencode_client import provider_config, run_opencode
 from tests.exo_server import ExoServer
@@ -94,8 +98,10 @@ def test_claude_code_reads_keep_alives_through_a_prefill_longer_than_their_inter
             "API_TIMEOUT_MS": str(HEADER_TIMEOUT_MS),
             "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(OUTPUT_TOKENS),
         },
+        extra_arguments=["--include-partial-messages"],  # Claude Code prints each stream event it parsed
     )
     assert len(run.of_type("result")) == 1, f"{run.describe()}\n--- exo log\n{node.server.log()}"
+    assert not [event for event in run.of_type("system") if event.get("subtype") == "api_retry"], run.describe()
     # Claude Code asks the model to go on after an answer cut at its output limit (a few times): each of those
     # requests extends the long prompt, which the prefix cache holds, so only the first one reads it.
     lines = request_lines(node.server, "messages", LONG_MODEL)
@@ -105,6 +111,33 @@ def test_claude_code_reads_keep_alives_through_a_prefill_longer_than_their_inter
     )
     assert_kept_alive_once([first_long])
     assert not [line for line in lines if line.endswith("finish=cancelled")], "\n".join(lines)
+    # Claude Code's stream watchdog counts events other than `ping`: during the prefill exo's keep-alives were an
+    # empty text block and empty deltas of it, which Claude Code parsed, and the model's text went on in that block.
+    events = first_stream(run)
+    assert events[0]["type"] == "message_start"
+    assert events[1] == {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "text", "text": "", "citations": None},
+    }
+    deltas = [event for event in events if event["type"] == "content_block_delta"]
+    keep_alives = list(itertools.takewhile(lambda event: event["delta"] == {"type": "text_delta", "text": ""}, deltas))
+    prefill = float(re.findall(r"prefill=([\d.]+)s", first_long)[0])
+    assert 1 + len(keep_alives) >= int(prefill // KEEP_ALIVE_SECONDS) - 1, (prefill, keep_alives)
+    written = deltas[len(keep_alives) :]
+    assert written, events
+    assert {event["index"] for event in deltas} == {0}
+    assert [event["type"] for event in events if event["type"] in ("content_block_start", "content_block_stop")] == [
+        "content_block_start",
+        "content_block_stop",
+    ]
+
+
+def first_stream(run: CliRun) -> list[JsonMapping]:
+    """The Messages events of Claude Code's first request, as it printed them (`stream_event` lines)."""
+    events = [as_object(event.get("event")) or {} for event in run.of_type("stream_event")]
+    end = next(position for position, event in enumerate(events) if event.get("type") == "message_stop")
+    return events[: end + 1]
 
 
 def test_codex_reads_keep_alive_events_through_a_prefill_longer_than_its_idle_timeout(

@@ -6,12 +6,14 @@ request, nothing in the node is slowed for the test. The node decodes one reques
 so a request sent during a long prefill really waits in the queue.
 
 What must hold: the status and headers come at admission (long before the first token), SSE comment lines keep the
-connection busy at least every KEEP_ALIVE_SECONDS and the official SDKs parse the stream around them, /state shows
-the running task's phase and prompt progress, a request refused after its headers went out gets its dialect's error
-event, and every request ends with one log line.
+connection busy at least every KEEP_ALIVE_SECONDS and the official SDKs parse the stream around them, a Messages
+stream also gets a content event at least every KEEP_ALIVE_SECONDS (Claude Code's watchdog counts only those) that
+the model's text continues or its tool call follows, /state shows the running task's phase and prompt progress, a
+request refused after its headers went out gets its dialect's error event, and every request ends with one log line.
 """
 
 import itertools
+import json
 import re
 import threading
 import time
@@ -25,12 +27,13 @@ import anthropic
 import httpx2
 import openai
 import pytest
-from anthropic.types import MessageParam
+from anthropic.types import MessageParam, ToolParam
 from openai.types.chat import ChatCompletionUserMessageParam
 
 from exo.api.answer_stream import ADMISSION_WAIT_SECONDS, KEEP_ALIVE_SECONDS
+from exo.conformance.messages_contract import check_messages_stream
 from tests.exo_server import ExoServer, running_exo
-from tests.fixtures.endless_model import MODEL, endless_copy
+from tests.fixtures.endless_model import MODEL, WIDE_MODEL, endless_copy, wide_copy
 
 CONTEXT_LENGTH = 65536
 SENTENCE = "The quick brown fox jumps over the lazy dog. "
@@ -50,15 +53,19 @@ class Calibrated:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Calibrated]:
-    with calibrated_node(tmp_path_factory.mktemp("long-prefill")) as calibrated:
+    with calibrated_node(tmp_path_factory.mktemp("long-prefill"), with_wide_model=True) as calibrated:
         yield calibrated
 
 
 @contextmanager
-def calibrated_node(directory: Path) -> Generator[Calibrated]:
-    """A node serving the long-context fixture model one request at a time, with the prompt size it needs."""
-    model = endless_copy(directory, context_length=CONTEXT_LENGTH)
-    with running_exo([model], directory, ["--batch-size", "1"]) as server:
+def calibrated_node(directory: Path, *, with_wide_model: bool = False) -> Generator[Calibrated]:
+    """A node serving the long-context fixture model one request at a time, with the prompt size it needs; with
+    `with_wide_model`, also the same weights with their end of sequence kept (WIDE_MODEL), whose prefill takes as
+    long."""
+    models = [endless_copy(directory, context_length=CONTEXT_LENGTH)]
+    if with_wide_model:
+        models.append(wide_copy(directory, CONTEXT_LENGTH))
+    with running_exo(models, directory, ["--batch-size", "1"]) as server:
         client = server.openai_client()
         client.chat.completions.create(model=MODEL, messages=[user("calibration", CALIBRATION_SENTENCES)], max_tokens=1)
         seconds = logged_prefill_seconds(server)
@@ -99,9 +106,23 @@ class Wire:
     headers_at: float | None = None
     reads: list[tuple[float, bytes]] = field(default_factory=list[tuple[float, bytes]])
 
+    def body(self) -> str:
+        return b"".join(part for _, part in self.reads).decode()
+
     def comments(self) -> list[str]:
-        body = b"".join(part for _, part in self.reads).decode()
-        return [line for line in body.split("\n") if line.startswith(":")]
+        return [line for line in self.body().split("\n") if line.startswith(":")]
+
+    def events(self) -> list[tuple[float, dict[str, Any]]]:
+        """The data of every SSE event, with the time of the read that completed it (comment lines skipped)."""
+        events: list[tuple[float, dict[str, Any]]] = []
+        pending = b""
+        for at, part in self.reads:
+            *complete, pending = (pending + part).split(b"\n\n")
+            for block in complete:
+                data = [line[len(b"data: ") :] for line in block.split(b"\n") if line.startswith(b"data: ")]
+                if data:
+                    events.append((at, json.loads(b"\n".join(data))))
+        return events
 
     def longest_silence(self, until: float) -> float:
         """The longest time without a byte from the headers until `until`."""
@@ -174,6 +195,28 @@ def assert_kept_alive(wire: Wire, first_output_at: float) -> None:
     assert prefill > KEEP_ALIVE_SECONDS + 1, f"the prompt took only {prefill:.1f} s: too short to test keep-alives"
     assert len(wire.comments()) >= int(prefill // KEEP_ALIVE_SECONDS) - 1, wire.comments()
     assert wire.longest_silence(first_output_at) < KEEP_ALIVE_SECONDS + READ_SLACK_SECONDS
+
+
+def assert_events_kept_alive(wire: Wire, first_output_at: float) -> None:
+    """From message_start to the model's first output, no silence between events other than `ping` longer than the
+    keep-alive interval (what Claude Code's stream watchdog counts), and the first keep-alive opened text block 0."""
+    events = [(at, event) for at, event in wire.events() if event["type"] != "ping" and at <= first_output_at]
+    assert events[0][1]["type"] == "message_start"
+    assert events[1][1] == {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "text", "text": "", "citations": None},
+    }
+    times = [at for at, _ in events] + [first_output_at]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert max(gaps) < KEEP_ALIVE_SECONDS + READ_SLACK_SECONDS, gaps
+    prefill = first_output_at - times[0]
+    assert len(events) >= int(prefill // KEEP_ALIVE_SECONDS), [event for _, event in events]
+
+
+def content_of(message: anthropic.types.Message) -> list[dict[str, Any]]:
+    """The message's content blocks as the wire has them (the SDK's parsed blocks carry extra empty fields)."""
+    return [block.model_dump(exclude_none=True, exclude={"parsed_output"}) for block in message.content]
 
 
 def running_tasks(server: ExoServer) -> list[dict[str, Any]]:
@@ -277,7 +320,7 @@ def test_an_anthropic_stream_parses_keep_alives_and_requests_refused_after_admis
             thread.start()
         first_output_at: float | None = None
         for event in stream:
-            if event.type == "content_block_delta":
+            if event.type == "content_block_delta" and event.delta.type == "text_delta" and event.delta.text:
                 first_output_at = first_output_at or time.monotonic()
         message = stream.get_final_message()
     for thread in others:
@@ -285,6 +328,14 @@ def test_an_anthropic_stream_parses_keep_alives_and_requests_refused_after_admis
     assert first_output_at is not None
     assert message.stop_reason == "max_tokens"
     assert_kept_alive(transport.wire, first_output_at)
+    assert_events_kept_alive(transport.wire, first_output_at)
+    # The model's text continued the block the keep-alives opened: one text block, every delta of it.
+    events = [event for _, event in transport.wire.events()]
+    texts = [event["delta"]["text"] for event in events if event["type"] == "content_block_delta"]
+    assert {event["index"] for event in events if event["type"].startswith("content_block")} == {0}
+    assert content_of(message) == [{"type": "text", "text": "".join(texts)}]
+    assert "".join(texts)
+    assert check_messages_stream(transport.wire.body()).violations == ()
     # Both queued requests had their headers long before the runner could look at them, and their refusal came as
     # their dialect's error event once it did.
     for dialect in ("chat", "responses"):
@@ -307,6 +358,54 @@ def test_an_anthropic_stream_parses_keep_alives_and_requests_refused_after_admis
     assert_logged(node.server, "messages", prompt=prompt, finish="length")
     assert_logged(node.server, "chat.completions", finish="error:context_length_exceeded")
     assert_logged(node.server, "responses", finish="error:context_length_exceeded")
+
+
+def test_a_tool_call_after_a_long_prefill_follows_the_kept_alive_text_block(node: Calibrated) -> None:
+    client, transport = recorded_anthropic(node.server)
+    # The grammar holds the model to one call of this tool: the first output is the call, not text.
+    tool: ToolParam = {
+        "name": "answer",
+        "description": "Answer yes or no.",
+        "input_schema": {
+            "type": "object",
+            "properties": {"ok": {"type": "boolean"}},
+            "required": ["ok"],
+            "additionalProperties": False,
+        },
+    }
+    with client.messages.stream(
+        model=WIDE_MODEL,
+        max_tokens=50,
+        tools=[tool],
+        tool_choice={"type": "tool", "name": "answer", "disable_parallel_tool_use": True},
+        messages=[anthropic_user("anthropic tool", node.sentences)],
+    ) as stream:
+        first_output_at: float | None = None
+        for event in stream:
+            if event.type == "content_block_start" and event.content_block.type == "tool_use":
+                first_output_at = first_output_at or time.monotonic()
+        message = stream.get_final_message()
+    assert first_output_at is not None
+    assert_kept_alive(transport.wire, first_output_at)
+    assert_events_kept_alive(transport.wire, first_output_at)
+    events = [event for _, event in transport.wire.events()]
+    blocks = [(event["index"], event["content_block"]) for event in events if event["type"] == "content_block_start"]
+    assert [(index, block["type"]) for index, block in blocks] == [(0, "text"), (1, "tool_use")]
+    # Block 0 got nothing but empty keep-alive deltas, and was closed before the call opened block 1.
+    assert {event["delta"]["text"] for event in events if event.get("index") == 0 and "delta" in event} == {""}
+    stops = [event["index"] for event in events if event["type"] == "content_block_stop"]
+    assert stops == [0, 1]
+    arguments = "".join(
+        event["delta"]["partial_json"] for event in events if event.get("index") == 1 and "delta" in event
+    )
+    call = blocks[1][1]
+    assert content_of(message) == [
+        {"type": "text", "text": ""},
+        {"type": "tool_use", "id": call["id"], "name": "answer", "input": json.loads(arguments)},
+    ]
+    assert isinstance(json.loads(arguments)["ok"], bool)
+    assert message.stop_reason == "tool_use"
+    assert check_messages_stream(transport.wire.body()).violations == ()
 
 
 def test_a_refusal_found_before_the_headers_keeps_its_http_status(node: Calibrated) -> None:

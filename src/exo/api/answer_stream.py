@@ -8,11 +8,12 @@ queues behind others) the status, the headers and the dialect's opening events g
 error reaches the client as the dialect's error event, followed by the dialect's end of stream.
 
 While nothing else goes out (queued, or a prefill of minutes on a slow machine) a keep-alive is sent every
-KEEP_ALIVE_SECONDS, so clients that give up on a silent connection (opencode's header timeout, Claude Code's idle
-timeout, Codex CLI's stream idle timeout) see something arrive. By default it is an SSE comment line saying where the
-request stands (`: queued`, `: prefill 2048/18752 tokens (1024 cached)`), which every SSE parser skips; Responses
-sends a `response.in_progress` event instead, because Codex CLI's idle timer counts only events, and Ollama's
-NDJSON (which has no comments) an empty line of the answer. The dialect's writer says which (`keep_alive`).
+KEEP_ALIVE_SECONDS, so clients that give up on a silent connection (opencode's header timeout, Claude Code's stream
+watchdog, Codex CLI's stream idle timeout) see something arrive. It is an SSE comment line saying where the request
+stands (`: queued`, `: prefill 2048/18752 tokens (1024 cached)`), which every SSE parser skips; where a client's
+timer counts only events, real events that add nothing to the answer follow it (Messages: an empty text block, then
+empty deltas; Responses: `response.in_progress`). Ollama's NDJSON (which has no comments) sends an empty line of the
+answer instead. The dialect's writer says which (`keep_alive`).
 """
 
 import contextlib
@@ -119,7 +120,7 @@ class AnswerStream(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _wait_writing_keep_alives(self, send: Send, chunks: MemoryObjectReceiveStream[Chunk]) -> Chunk:
-        """The next chunk, with a comment line written whenever KEEP_ALIVE_SECONDS pass without a byte sent."""
+        """The next chunk, with a keep-alive written whenever KEEP_ALIVE_SECONDS pass without a byte sent."""
         while True:
             with anyio.move_on_after(max(self._last_write + KEEP_ALIVE_SECONDS - anyio.current_time(), 0)):
                 return await _next_or_end(chunks)

@@ -4,6 +4,12 @@ One content block is open at a time, in the order the model wrote them: thinking
 per call (text after a call opens a new text block). Tool input streams as `input_json_delta` fragments exactly as
 the runner parsed them, so the fragments concatenate to the call's JSON arguments. The encoder keeps the message
 the events describe, so the non-streaming answer is the same fold of the same events.
+
+A stream kept waiting (a long prefill) is kept alive with content events, because Claude Code's stream watchdog
+counts every Messages event except `ping` and gives up after 5 minutes without one: the first keep-alive opens an
+empty text block at index 0, later ones send empty deltas of the open block. The model's text continues that block;
+a call or thinking closes it and takes the next index, so the message then starts with an empty text block, as the
+`anthropic` SDKs accumulate it from the events.
 """
 
 import json
@@ -82,6 +88,16 @@ def _tool_input(arguments: str) -> dict[str, object]:
     return {str(key): value for key, value in decoded.items()} if isinstance(decoded, dict) else {}  # pyright: ignore[reportUnknownVariableType]
 
 
+def _empty_delta(kind: BlockKind) -> TextDelta | ThinkingDelta | InputJsonDelta:
+    match kind:
+        case "text":
+            return TextDelta(text="")
+        case "thinking":
+            return ThinkingDelta(thinking="")
+        case "tool_use":
+            return InputJsonDelta(partial_json="")
+
+
 def message_usage(usage: Usage) -> MessageDeltaUsage:
     """Anthropic's three-part prompt count: `input_tokens` excludes the tokens read from exo's prefix cache."""
     return MessageDeltaUsage(
@@ -131,6 +147,15 @@ class MessageStreamEncoder:
     def start(self) -> list[MessageStreamEvent]:
         """message_start: the empty message (its usage arrives in message_delta, once the prompt is counted)."""
         return [MessageStartEvent(message=self.message())]
+
+    def keep_alive(self) -> list[MessageStreamEvent]:
+        """Events that add nothing to the message, for a stream that has been silent a while: before any output the
+        start of an empty text block (the model's text continues it), then an empty delta of the open block."""
+        if self._open is not None:
+            return [ContentBlockDeltaEvent(index=self._open.position, delta=_empty_delta(self._open.kind))]
+        if self._blocks:
+            return []  # the message is finished: nothing is waiting
+        return self._open_block(_Block("text"))
 
     def encode(self, chunk: Chunk) -> list[MessageStreamEvent]:
         match chunk:

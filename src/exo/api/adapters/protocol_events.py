@@ -38,8 +38,9 @@ class SseWriter(Protocol):
         ...
 
     def keep_alive(self, where: str, /) -> list[str]:
-        """What goes out after a silence, given where the request stands (an SSE comment, or the dialect's own
-        empty event where its format has no comments)."""
+        """What goes out after a silence, given where the request stands: an SSE comment saying so, followed by
+        events that add nothing to the answer where clients count only events (Messages, Responses), or the
+        dialect's own empty line where its format has no comments (Ollama)."""
         ...
 
 
@@ -109,11 +110,13 @@ class NamedEventWriter:
 
     media_type = SSE_MEDIA_TYPE
 
-    def __init__(self, encoder: EventEncoder, keep_alive_event: Callable[[], NamedEvent] | None = None) -> None:
-        """`keep_alive_event`: a real event to send after a silence instead of a comment line (Codex CLI's idle
-        timer counts only events)."""
+    def __init__(
+        self, encoder: EventEncoder, keep_alive_events: Callable[[], Sequence[NamedEvent]] | None = None
+    ) -> None:
+        """`keep_alive_events`: real events to send after a silence, after the comment line (Claude Code's and Codex
+        CLI's idle timers count only events)."""
         self._encoder = encoder
-        self._keep_alive_event = keep_alive_event
+        self._keep_alive_events = keep_alive_events
 
     def opening(self) -> list[str]:
         return [sse_event(event) for event in self._encoder.start()]
@@ -125,9 +128,8 @@ class NamedEventWriter:
         return []
 
     def keep_alive(self, where: str) -> list[str]:
-        if self._keep_alive_event is None:
-            return sse_comment(where)
-        return [sse_event(self._keep_alive_event())]
+        events = self._keep_alive_events() if self._keep_alive_events is not None else []
+        return [*sse_comment(where), *(sse_event(event) for event in events)]
 
     def whole(self) -> BaseModel:
         return self._encoder.whole()

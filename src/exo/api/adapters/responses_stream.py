@@ -122,9 +122,9 @@ class ResponseStreamEncoder:
         """response.created and response.in_progress, carrying the response as created."""
         return [self._lifecycle("response.created"), self._lifecycle("response.in_progress")]
 
-    def in_progress(self) -> ResponseLifecycleEvent:
+    def keep_alive(self) -> list[ResponseStreamEvent]:
         """response.in_progress again, the response as it stands: the keep-alive of a stream still waiting."""
-        return self._lifecycle("response.in_progress")
+        return [self._lifecycle("response.in_progress")]
 
     def encode(self, chunk: Chunk) -> list[ResponseStreamEvent]:
         match chunk:

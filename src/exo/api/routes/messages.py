@@ -49,7 +49,9 @@ class Messages:
         return to_command(request, model_id)
 
     def answer(self, _request: MessagesRequest, model_id: ModelId) -> AnswerWriter:
-        return NamedEventWriter(MessageStreamEncoder(f"msg_{uuid4().hex}", model_id))
+        encoder = MessageStreamEncoder(f"msg_{uuid4().hex}", model_id)
+        # Claude Code's stream watchdog counts only events other than `ping`: the keep-alive is content events.
+        return NamedEventWriter(encoder, keep_alive_events=encoder.keep_alive)
 
 
 def messages_router(master: MasterClient) -> APIRouter:

@@ -47,7 +47,7 @@ class Responses:
     def answer(self, request: ResponsesRequest, model_id: ModelId) -> AnswerWriter:
         encoder = ResponseStreamEncoder(initial_response(request, f"resp_{uuid4().hex}", model_id))
         # Codex CLI's idle timer counts only events, not comment lines: the keep-alive is a real event.
-        return NamedEventWriter(encoder, keep_alive_event=encoder.in_progress)
+        return NamedEventWriter(encoder, keep_alive_events=encoder.keep_alive)
 
 
 def responses_router(master: MasterClient) -> APIRouter:
