@@ -391,8 +391,9 @@ def test_a_tool_call_after_a_long_prefill_follows_the_kept_alive_text_block(node
     events = [event for _, event in transport.wire.events()]
     blocks = [(event["index"], event["content_block"]) for event in events if event["type"] == "content_block_start"]
     assert [(index, block["type"]) for index, block in blocks] == [(0, "text"), (1, "tool_use")]
-    # Block 0 got nothing but empty keep-alive deltas, and was closed before the call opened block 1.
-    assert {event["delta"]["text"] for event in events if event.get("index") == 0 and "delta" in event} == {""}
+    # Block 0 got nothing but empty keep-alive deltas (none when the prefill ended before a second keep-alive), and
+    # was closed before the call opened block 1.
+    assert {event["delta"]["text"] for event in events if event.get("index") == 0 and "delta" in event} <= {""}
     stops = [event["index"] for event in events if event["type"] == "content_block_stop"]
     assert stops == [0, 1]
     arguments = "".join(
