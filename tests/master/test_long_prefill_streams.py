@@ -40,6 +40,8 @@ SENTENCE = "The quick brown fox jumps over the lazy dog. "
 # What the longest prefill of a test should take; comfortably above KEEP_ALIVE_SECONDS on any machine load.
 TARGET_PREFILL_SECONDS = 3 * KEEP_ALIVE_SECONDS
 CALIBRATION_SENTENCES = 800
+# The most sentences a prompt may hold within CONTEXT_LENGTH, room left for the answer (a sentence is 11 tokens).
+LONGEST_PROMPT_SENTENCES = (CONTEXT_LENGTH - 2048) // 11
 # Slack for a busy machine between the node writing a keep-alive and this process reading it.
 READ_SLACK_SECONDS = 3.0
 
@@ -72,8 +74,8 @@ def calibrated_node(directory: Path, *, with_wide_model: bool = False) -> Genera
         # At these lengths attention makes prefill time grow about as the square of the prompt (measured: 3,341
         # tokens in 0.56 s, 22,580 in 32.5 s on a busy 2-core machine).
         scale = (TARGET_PREFILL_SECONDS / max(seconds, 0.05)) ** 0.5
-        longest = (CONTEXT_LENGTH - 2048) // 11  # a sentence is 11 tokens
-        yield Calibrated(server, min(max(int(CALIBRATION_SENTENCES * scale), CALIBRATION_SENTENCES), longest))
+        sentences = max(int(CALIBRATION_SENTENCES * scale), CALIBRATION_SENTENCES)
+        yield Calibrated(server, min(sentences, LONGEST_PROMPT_SENTENCES))
 
 
 def logged_prefill_seconds(server: ExoServer) -> float:
