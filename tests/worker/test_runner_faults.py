@@ -23,6 +23,7 @@ from tests.fixtures.endless_model import MODEL, endless_copy
 from tests.fixtures.fixture_specs import GREETING_REPLY
 
 LONG = 4000
+SHORT = 64
 
 
 @pytest.fixture(scope="module")
@@ -56,14 +57,20 @@ def recent_tasks(server: ExoServer) -> list[dict[str, object]]:
     return [task for task in tasks if isinstance(task, dict)]  # pyright: ignore[reportUnknownVariableType]
 
 
-def wait_for_task_count(server: ExoServer, count: int, timeout: float = 30) -> list[dict[str, object]]:
+def wait_for_long_task(server: ExoServer, known: set[object], timeout: float = 30) -> dict[str, object]:
+    """The summary of the LONG request's task once the runner reports it ended: a task not in `known` that was
+    cancelled or made more tokens than any short request asks for. Matched by id and kind, not by count: the short
+    request before it may be reported after its answer (its summary can trail the response on a loaded machine), and
+    the runner keeps only its last few summaries."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        tasks = recent_tasks(server)
-        if len(tasks) >= count:
-            return tasks
+        for task in recent_tasks(server):
+            generated = task["generated_tokens"]
+            long = isinstance(generated, int) and generated > SHORT
+            if task["task_id"] not in known and (task["outcome"] == "cancelled" or long):
+                return task
         time.sleep(0.02)
-    raise TimeoutError(f"the runner never reported {count} ended tasks: {recent_tasks(server)}")
+    raise TimeoutError(f"the runner never reported the long task ended: {recent_tasks(server)}")
 
 
 def running_pid(server: ExoServer, timeout: float = 30) -> int:
@@ -79,11 +86,11 @@ def test_client_disconnect_stops_generation_frees_the_runner_and_keeps_the_cache
 ) -> None:
     prompt = "Disconnect probe: tell me a very long story."
     with running_exo([endless_model], tmp_path, ["--prefix-cache-gb", "0"]) as uncached:
-        reference = post(uncached, chat(prompt, 64)).json()
-    assert reference["usage"]["completion_tokens"] == 64
+        reference = post(uncached, chat(prompt, SHORT)).json()
+    assert reference["usage"]["completion_tokens"] == SHORT
     assert reference["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    post(server, chat(prompt, 64))  # the prompt is now in the prefix cache, as in an agent's next turn
-    ended_before = len(recent_tasks(server))
+    post(server, chat(prompt, SHORT))  # the prompt is now in the prefix cache, as in an agent's next turn
+    known = {task["task_id"] for task in recent_tasks(server)}
 
     received: list[str] = []
     with httpx.stream(
@@ -97,7 +104,7 @@ def test_client_disconnect_stops_generation_frees_the_runner_and_keeps_the_cache
                 break  # leaving the block closes the connection mid-stream
     disconnected_at = time.time()
 
-    cancelled = wait_for_task_count(server, ended_before + 1)[-1]
+    cancelled = wait_for_long_task(server, known)
     assert cancelled["outcome"] == "cancelled"
     generated = cancelled["generated_tokens"]
     finished_at = cancelled["finished_at"]
@@ -110,7 +117,7 @@ def test_client_disconnect_stops_generation_frees_the_runner_and_keeps_the_cache
     assert finished_at - disconnected_at < 3, cancelled
 
     started = time.monotonic()
-    again = post(server, chat(prompt, 64)).json()
+    again = post(server, chat(prompt, SHORT)).json()
     assert time.monotonic() - started < 10
     # The cancelled generation's cache was filed under the tokens it really holds: the greedy answer of a server with
     # no cache at all comes back, with all of the prompt but the last token served from the cache.
