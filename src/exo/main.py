@@ -206,8 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--node-name", help="this node's name in /v1/cluster (default: the host name)")
     cluster.add_argument(
         "--cluster-key",
-        help="a secret every node of the cluster is given (also EXO_CLUSTER_KEY; at least 16 characters): links are "
-        "mutual TLS rooted in it, so nodes without it can neither join, publish nor read, and traffic is encrypted "
+        help="a secret every node of the cluster is given (also EXO_CLUSTER_KEY; at least 16 characters, not blank: "
+        "an empty one is refused): links are mutual TLS rooted in it, so nodes without it can neither join, publish "
+        "nor read, and traffic is encrypted "
         "(default: none, the cluster port is open and plain TCP)",
     )
     verbosity = parser.add_mutually_exclusive_group()
@@ -217,17 +218,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cluster_settings_from_args(arguments: argparse.Namespace) -> ClusterSettings:
-    """Raises ClusterSettingsError for a malformed endpoint or cluster name."""
+    """Raises ClusterSettingsError for a malformed endpoint, cluster name or cluster key."""
     listen: str | None = arguments.listen
     peers = [normalise_endpoint(peer) for peer in arguments.peer]
     peers += parse_peer_list(os.environ.get("EXO_PEERS", ""))
-    key: str | None = arguments.cluster_key or os.environ.get("EXO_CLUSTER_KEY") or None
+    # A key given at all is checked, an empty one included: an empty `--cluster-key "$KEY"` or EXO_CLUSTER_KEY= is
+    # a key that went missing, and must not start an open cluster.
+    flagged: str | None = arguments.cluster_key
+    key = flagged if flagged is not None else os.environ.get("EXO_CLUSTER_KEY")
     return ClusterSettings(
         name=check_cluster_name(arguments.cluster),
         listen=(normalise_endpoint(listen) if listen else default_listen_endpoint(arguments.host),),
         peers=tuple(dict.fromkeys(peers)),
         discovery=not arguments.no_discovery,
-        key=check_cluster_key(key) if key else None,
+        key=None if key is None else check_cluster_key(key),
     )
 
 

@@ -2,6 +2,10 @@
 
 import base64
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from cryptography import x509
@@ -19,6 +23,7 @@ from exo.cluster.settings import (
     zenoh_config,
 )
 from exo.main import build_parser, config_from_args
+from tests.ports import free_port
 from tests.shared.state_builders import NODE_A
 
 
@@ -128,6 +133,50 @@ def test_a_cluster_key_comes_from_the_flag_or_the_environment_and_is_never_shown
         config_from_args(build_parser().parse_args(["--cluster-key", "short"]))
     monkeypatch.delenv("EXO_CLUSTER_KEY")
     assert config_from_args(build_parser().parse_args([])).cluster.key is None
+
+
+# Every shape of key that cannot guard a cluster, with what the refusal says. An empty or blank key started an
+# open, plain-TCP cluster without a word (main 0b66627).
+WRONG_KEYS = {
+    "empty": ("", "it is empty"),
+    "blank": ("   ", "it is blank"),
+    "tab and newline": ("\t\n", "it is blank"),
+    "short": ("short", "it is 5 characters"),
+    "15 characters": ("x" * 15, "it is 15 characters"),
+    "short padded to 16 with blanks": ("  fifteen chars  ", "it is 13 characters"),
+    "blanks around a long key": (f" {KEY} ", "starts or ends with blanks"),
+    "a control character": (KEY + "\x1b", "control characters"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_KEYS))
+def test_a_cluster_key_of_any_wrong_shape_is_refused_from_the_flag_and_the_environment(
+    monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    key, reason = WRONG_KEYS[case]
+    with pytest.raises(ClusterSettingsError, match=reason):
+        config_from_args(build_parser().parse_args(["--cluster-key", key]))
+    monkeypatch.setenv("EXO_CLUSTER_KEY", key)
+    with pytest.raises(ClusterSettingsError, match=reason):
+        config_from_args(build_parser().parse_args([]))
+
+
+def test_a_node_given_an_empty_cluster_key_refuses_to_start(tmp_path: Path) -> None:
+    environment = {**os.environ, "EXO_HOME": str(tmp_path)}
+    environment.pop("EXO_CLUSTER_KEY", None)
+    # Ports of its own: on code that let the key through, the node would start (and be stopped by the timeout).
+    ports = ["--api-port", str(free_port()), "--listen", f"tcp/127.0.0.1:{free_port()}", "--no-discovery"]
+    started = subprocess.run(
+        [sys.executable, "-m", "exo", "--no-model", *ports, "--cluster-key", ""],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment,
+        check=False,
+    )
+    assert started.returncode == 2, started.stderr
+    assert "the cluster key must be at least 16 characters long" in started.stderr
+    assert "it is empty" in started.stderr
 
 
 def test_a_keyed_cluster_links_over_mutual_tls_rooted_in_key_and_name() -> None:

@@ -92,8 +92,18 @@ MIN_KEY_LENGTH = 16
 
 
 def check_cluster_key(key: str) -> str:
-    if len(key) < MIN_KEY_LENGTH:
-        raise ClusterSettingsError(f"the cluster key must be at least {MIN_KEY_LENGTH} characters long")
+    """The key as given, or ClusterSettingsError when it cannot guard a cluster: shorter than MIN_KEY_LENGTH once
+    blanks are left out (an empty or blank key is the most likely slip: an unset variable in a script), or with
+    blanks around it (nodes given it quoted and unquoted would hold different keys and never link)."""
+    if len(key.strip()) < MIN_KEY_LENGTH:
+        given = "empty" if not key else "blank" if not key.strip() else f"{len(key.strip())} characters"
+        raise ClusterSettingsError(
+            f"the cluster key must be at least {MIN_KEY_LENGTH} characters long, not counting blanks (it is {given})"
+        )
+    if key != key.strip():
+        raise ClusterSettingsError("the cluster key starts or ends with blanks: give it without them on every node")
+    if any(not character.isprintable() for character in key):
+        raise ClusterSettingsError("the cluster key holds control characters: use printable characters only")
     return key
 
 
