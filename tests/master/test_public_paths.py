@@ -2,9 +2,12 @@
 the operator asks."""
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -13,6 +16,7 @@ from exo.master.client import TaskHandle
 from exo.models.resolve import resolve_model
 from exo.node import NodeConfig
 from exo.shared.errors import RunnerUnavailableError
+from exo.shared.types.blas import BlasReport
 from exo.shared.types.chunks import ErrorChunk, TokenChunk
 from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import InstanceId, ModelId, RunnerId
@@ -21,6 +25,7 @@ from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.request_record import RequestRecord
 from exo.shared.types.state import NodeHealth, RunnerInfo, State
 from exo.shared.types.worker.shards import ShardAssignment
+from tests.exo_server import fixture_model, running_exo
 from tests.master.inprocess_app import SCRIPTED_MODEL, SCRIPTED_NODE, ScriptedMaster, scripted_app
 
 MODEL_PATH = "/nonexistent/scripted-model"  # where inprocess_app says the scripted model lives
@@ -127,6 +132,56 @@ def test_a_refusal_does_not_show_the_model_path() -> None:
     error = response.json()["error"]
     assert error["code"] == "model_unavailable"
     assert error["message"] == f"model '{SCRIPTED_MODEL}' failed to load: <{SCRIPTED_MODEL}>/config.json is missing"
+
+
+BLAS_LIBRARY = "/opt/exo-install/.venv/lib/libmkl_rt.so.3"
+
+
+def _with_blas_library(master: ScriptedMaster) -> None:
+    runner = master.state.runners[RunnerId("runner-scripted")]
+    assert runner.metadata is not None
+    blas = BlasReport(kind="mkl", source="pypi", library=BLAS_LIBRARY, matmul_gflops=100.0, matmul_size=512)
+    metadata = runner.metadata.model_copy(update={"blas": blas})
+    runners = {runner.runner_id: runner.model_copy(update={"metadata": metadata})}
+    master.state = master.state.model_copy(update={"runners": runners})
+
+
+def test_the_blas_library_is_named_by_its_file_not_where_the_install_put_it() -> None:
+    application, master = scripted_app()
+    _with_blas_library(master)
+    with TestClient(application) as client:
+        state = client.get("/state")
+    assert BLAS_LIBRARY not in state.text
+    assert state.json()["runners"]["runner-scripted"]["metadata"]["blas"]["library"] == "libmkl_rt.so.3"
+    application, master = scripted_app(NodeConfig(show_model_paths=True))
+    _with_blas_library(master)
+    with TestClient(application) as client:
+        assert client.get("/state").json()["runners"]["runner-scripted"]["metadata"]["blas"]["library"] == BLAS_LIBRARY
+
+
+# An absolute path of two parts or more, not inside a URL, a label (`<models dir>/x`) or a route's own path.
+ABSOLUTE_PATH = re.compile(r"(?<![\w:/.<>])/(?:[\w.+-]+/)+[\w.+-]+")
+READ_ROUTES = ("/state", "/metrics", "/v1/models", "/v1/cluster", "/v1/cluster/nodes", "/v1/cluster/metrics")
+OLLAMA_READ_ROUTES = ("/api/tags", "/api/ps", "/api/version")
+
+
+def test_no_answer_of_a_real_node_holds_an_absolute_path(tmp_path: Path) -> None:
+    with (
+        running_exo([fixture_model("tiny-qwen-tools")], tmp_path) as node,
+        httpx.Client(base_url=node.base_url, timeout=60) as client,
+    ):
+        answered = client.post("/v1/chat/completions", json={**HELLO, "model": "tiny-qwen-tools", "max_tokens": 4})
+        assert answered.status_code == 200, answered.text
+        answers = {route: client.get(route) for route in READ_ROUTES + OLLAMA_READ_ROUTES}
+        answers["/api/show"] = client.post("/api/show", json={"model": "tiny-qwen-tools"})
+        runner = node.runner("tiny-qwen-tools")
+    for route, answer in answers.items():
+        assert answer.status_code == 200, (route, answer.text)
+        assert ABSOLUTE_PATH.findall(answer.text) == [], route
+    metadata = cast(dict[str, Any], runner["metadata"])
+    # The check above could fail: a real runner reports a BLAS library when it found one to preload.
+    if metadata["blas"]["library"] is not None:
+        assert "/" not in metadata["blas"]["library"]
 
 
 def test_the_operator_can_ask_to_see_paths() -> None:

@@ -1,7 +1,8 @@
 """Where models live on disk stays in the logs, not in what the API answers (unless the operator asks for it).
 
-Paths reach the API in the workers' words: a runner's `model_path` in the cluster state, and messages that name it
-(a model that failed to load, a runner that is unavailable, a preparation that failed, a failed task or request).
+Paths reach the API in the workers' words: a runner's `model_path` and BLAS library (then named by its file alone)
+in the cluster state, and messages that name it (a model that failed to load, a runner that is unavailable, a
+preparation that failed, a failed task or request).
 Each is replaced by a label: a model's directory by `<model ID>`, this node's models directory by `<models dir>`,
 exo's home by `<exo home>` and the user's home by `~`. `PublicMasterClient` applies that to everything the API reads
 from the master, so every route (present and future) answers without paths; `--show-model-paths` leaves them as they
@@ -12,7 +13,7 @@ import contextlib
 import dataclasses
 import functools
 from collections.abc import AsyncGenerator, Callable, Iterable
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from exo.master.client import MasterClient, TaskHandle
 from exo.shared.errors import ExoModelError, InstancePlacementError, RunnerUnavailableError
@@ -23,6 +24,7 @@ from exo.shared.types.common import NodeId
 from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.request_record import RequestRecord
 from exo.shared.types.state import State
+from exo.shared.types.worker.runner_response import ModelMetadata
 
 TextFilter = Callable[[str], str]
 
@@ -62,6 +64,7 @@ class PathHider:
                 update={
                     "model_path": f"<{runner.model_id}>",
                     "last_error": self.text(runner.last_error) if runner.last_error else None,
+                    "metadata": _public_metadata(runner.metadata),
                 }
             )
             for runner_id, runner in state.runners.items()
@@ -88,6 +91,14 @@ class PathHider:
             for node_id, node in state.nodes.items()
         }
         return state.model_copy(update={"runners": runners, "nodes": nodes})
+
+
+def _public_metadata(metadata: ModelMetadata | None) -> ModelMetadata | None:
+    """The runner's metadata with its BLAS library named by file, not by where the install put it."""
+    if metadata is None or metadata.blas is None or metadata.blas.library is None:
+        return metadata
+    blas = metadata.blas.model_copy(update={"library": PurePath(metadata.blas.library).name})
+    return metadata.model_copy(update={"blas": blas})
 
 
 def storage_directories(models_dir: Path, exo_home: Path) -> list[tuple[Path, str]]:
