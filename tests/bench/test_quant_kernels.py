@@ -1,0 +1,77 @@
+"""The kernel bench's command line and its Markdown, on made-up results (the measuring itself is not a test)."""
+
+import argparse
+
+import pytest
+
+from bench.quant_kernels import KernelReport, KernelResult, build_parser, parse_rows, parse_shape
+from bench.report_quant_kernels import render_kernels
+
+
+def test_shapes_and_rows_parse() -> None:
+    assert parse_shape("151936x896") == (151936, 896)
+    assert parse_rows("1,4,8,512") == [1, 4, 8, 512]
+    arguments = build_parser().parse_args(["--rows", "2", "--shapes", "128x896", "896X896", "--threads", "1"])
+    assert arguments.rows == [2]
+    assert arguments.shapes == [(128, 896), (896, 896)]
+    assert arguments.threads == 1
+
+
+@pytest.mark.parametrize("text", ["896", "0x896", "ax896", "896x896x2", ""])
+def test_bad_shapes_are_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="OUTxIN"):
+        parse_shape(text)
+
+
+@pytest.mark.parametrize("text", ["", "1,,2", "0", "-1", "one"])
+def test_bad_rows_are_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="positive integers"):
+        parse_rows(text)
+
+
+def _result(candidate: str, shape: tuple[int, int], rows: int, seconds: float, error: float) -> KernelResult:
+    weight_bytes = shape[0] * shape[1]
+    return KernelResult(
+        candidate=candidate,
+        out_features=shape[0],
+        in_features=shape[1],
+        rows=rows,
+        seconds=seconds,
+        repeats=3,
+        weight_bytes=weight_bytes,
+        stored_bytes=weight_bytes * 5 if "packed" in candidate else weight_bytes,
+        max_relative_error=error,
+    )
+
+
+def test_render_gives_time_bandwidth_error_and_bytes() -> None:
+    report = KernelReport(
+        results=[
+            _result("int8", (1000, 1000), 1, 0.0001, 0.01),
+            _result("int8", (1000, 1000), 8, 0.0002, 0.02),
+            _result("int8, packed", (1000, 1000), 1, 0.00005, 0.01),
+            _result("int8", (2000, 1000), 1, 2.5, 0.03),
+        ],
+        unavailable={"ggml": "not built"},
+        commit="abc1234",
+        cpu="2 × Test CPU",
+        load_before=(1.0, 2.0, 3.0),
+        load_after=(1.5, 2.0, 3.0),
+        command="uv run python -m bench.quant_kernels --rows 1,8",
+        finished_utc="2026-11-28 12:00 UTC",
+        blas="mkl",
+        threads=1,
+    )
+    text = "\n".join(render_kernels(report))
+    assert "commit abc1234" in text
+    assert "1.00, 2.00, 3.00 at the start" in text
+    assert "1 thread(s)" in text
+    # 1 MB in 0.1 ms is 10 GB/s; a missing combination is a dash; seconds past 0.1 s are written in seconds.
+    assert "| 1000×1000 | 0.100 ms · 10.0 GB/s | 0.050 ms · 20.0 GB/s |" in text
+    assert "| 2000×1000 | 2.50 s · 0.0 GB/s | – |" in text
+    assert "**8 rows**" in text
+    assert "| 1000×1000 | 0.200 ms · 5.0 GB/s | – |" in text
+    # The largest error over the row counts, and bytes read / held of the largest matrix it ran.
+    assert "| int8 | 2.00e-02 | 3.00e-02 | 2.00 MB / 2.00 MB |" in text
+    assert "| int8, packed | 1.00e-02 | – | 1.00 MB / 5.00 MB |" in text
+    assert "- Not measured: ggml: not built" in text
