@@ -6,10 +6,12 @@
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.clients import installed
 from tests.clients.installed import MANIFEST, REPO_ROOT, pinned_clients
 from tests.fixtures.client_requests import CLAUDE_CODE_VERSION, CODEX_VERSION, OPENCODE_VERSION
 
@@ -100,17 +102,56 @@ def test_without_npm_nothing_is_installed_and_the_script_passes_saying_why(tmp_p
 
 
 def test_a_client_test_skips_only_where_npm_is_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from tests.clients import installed
-
     monkeypatch.setattr(installed, "find_client", lambda _client: None)
+    monkeypatch.setattr(installed, "INSTALLER", _installer_in_a_copy(tmp_path))
     monkeypatch.setenv("PATH", _system_path_without_npm(tmp_path))
     with pytest.raises(pytest.skip.Exception, match="npm is not installed"):
         installed.require_client("opencode")
+    assert not (tmp_path / "checkout" / "build").exists()  # nothing was tried
+
+
+def _installer_in_a_copy(tmp_path: Path) -> installed.ClientInstaller:
+    """An installer running the script from a copy of .ci (so its build/ lands in tmp_path)."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO_ROOT / ".ci", checkout / ".ci")
+    return installed.ClientInstaller(checkout / ".ci" / "install-clients")
+
+
+def _found_in_copy(tmp_path: Path) -> Callable[[installed.NpmClient], Path | None]:
+    """`find_client` looking in the copy's build/ instead of the repository's."""
+
+    def find(client: installed.NpmClient) -> Path | None:
+        binary = tmp_path / "checkout" / "build" / client.folder / "node_modules" / ".bin" / client.binary
+        return binary if binary.is_file() and client.version in installed.version_line(binary) else None
+
+    return find
+
+
+def test_a_missing_client_is_installed_by_the_first_test_that_needs_it_once_per_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     fake = tmp_path / "fake"
     _fake_npm(fake, "right")
     monkeypatch.setenv("PATH", f"{fake}:{_system_path_without_npm(tmp_path)}")
-    with pytest.raises(pytest.fail.Exception, match=r"opencode-ai@1\.18\.33 is not installed"):
+    monkeypatch.setattr(installed, "find_client", _found_in_copy(tmp_path))
+    monkeypatch.setattr(installed, "INSTALLER", _installer_in_a_copy(tmp_path))
+    opencode = installed.require_client("opencode")
+    assert opencode == tmp_path / "checkout" / "build" / "opencode" / "node_modules" / ".bin" / "opencode"
+    assert installed.require_client("codex").is_file()
+    assert installed.require_client("claude-code").is_file()
+    calls = (fake / "calls").read_text().splitlines()
+    assert len(calls) == len(installed.pinned_clients())  # one npm install per client, in one run of the script
+
+
+def test_a_client_npm_cannot_install_fails_the_test_naming_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = tmp_path / "fake"
+    _fake_npm(fake, "fail")
+    monkeypatch.setenv("PATH", f"{fake}:{_system_path_without_npm(tmp_path)}")
+    monkeypatch.setattr(installed, "find_client", _found_in_copy(tmp_path))
+    monkeypatch.setattr(installed, "INSTALLER", _installer_in_a_copy(tmp_path))
+    with pytest.raises(pytest.fail.Exception, match=r"npm could not install opencode-ai@1\.18\.33") as failure:
         installed.require_client("opencode")
+    assert "npm error 404 Not Found: opencode-ai@1.18.33" in str(failure.value)
 
 
 def _run_ci(tmp_path: Path, failing: str = "", pytest_status: int = 0) -> tuple[int, list[str]]:

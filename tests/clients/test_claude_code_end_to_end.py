@@ -23,7 +23,7 @@ from tests.fixtures.fixture_specs import AGENT_DONE_REPLY
 
 CLI_TIMEOUT_SECONDS = 300.0
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.npm_clients]
 
 
 @pytest.fixture(scope="module")

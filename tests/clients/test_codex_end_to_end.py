@@ -36,7 +36,7 @@ EXEC_CALL: tuple[Chunk, ...] = (
 )
 DONE: tuple[Chunk, ...] = (TokenChunk(text=AGENT_DONE_REPLY), FinishChunk(finish_reason="stop", usage=USAGE))
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.npm_clients]
 
 
 class ToolLoopMaster(ScriptedMaster):

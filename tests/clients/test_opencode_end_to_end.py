@@ -34,7 +34,7 @@ AGENT_MODEL = "tiny-qwen-agent"
 OUTPUT_TOKENS = 256
 OPENCODE_TIMEOUT_SECONDS = 200.0
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.npm_clients]
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from tests.fixtures.fixture_specs import JsonObject
 OUTPUT_TOKENS = 256
 OPENCODE_TIMEOUT_SECONDS = 240.0
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.npm_clients]
 
 
 @pytest.fixture(scope="module")
