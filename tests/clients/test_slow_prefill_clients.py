@@ -1,8 +1,12 @@
 """Real clients whose prompt takes longer to read than they wait for headers or for the next chunk: no timeout,
 no retry, and the keep-alives parse.
 
-The long-context fixture model of tests/master/test_long_prefill_streams.py reads a prompt sized there to take
-well over KEEP_ALIVE_SECONDS (about 30 s on a busy 2-core machine). Each client's header timeout is cut to
+The long-context fixture model of tests/master/test_long_prefill_streams.py serves a node whose runner is told to
+take at least SECONDS_PER_TOKEN per prompt token (the debugging setting SLOW_PREFILL_VARIABLE, which holds each
+prefill piece back in short steps): the words alone then take 2 x KEEP_ALIVE_SECONDS to read, each client's own
+instructions longer, on a fast machine or a busy one alike, while the model's real work stays a few seconds. (The
+prompt was once sized from a timed first request; its prefill then followed the machine's load, and Codex's test
+failed twice.) Each client's header timeout is cut to
 HEADER_TIMEOUT_MS: opencode's provider option `headerTimeout` (its `chunkTimeout` too, to a few seconds over the
 keep-alive interval), Claude Code's API_TIMEOUT_MS, which its SDK applies until the response headers arrive, and
 Codex CLI's stream idle timeout (cut to CODEX_IDLE_TIMEOUT_MS), which only SSE events reset. exo sends the headers
@@ -25,33 +29,30 @@ import pytest
 
 from exo.api.answer_stream import KEEP_ALIVE_SECONDS
 from exo.conformance.json_view import JsonMapping, as_object
+from exo.worker.engines.mlx.generator.prefill import SLOW_PREFILL_VARIABLE
 from tests.clients.agent_cli import CliRun, run_claude_code, run_codex
 from tests.clients.installed import require_client
 from tests.clients.opencode_client import provider_config, run_opencode
-from tests.exo_server import ExoServer
+from tests.exo_server import ExoServer, running_exo
 from tests.fixtures.endless_model import MODEL as LONG_MODEL
+from tests.fixtures.endless_model import endless_copy
 from tests.fixtures.fixture_specs import OPENCODE_REAL_TOOLS, OPENCODE_TEST_AGENT_PROMPT, JsonObject
-from tests.master.test_long_prefill_streams import (
-    CONTEXT_LENGTH,
-    LONGEST_PROMPT_SENTENCES,
-    Calibrated,
-    calibrated_node,
-    prompt_text,
-)
+from tests.master.test_long_prefill_streams import CONTEXT_LENGTH, prompt_text
+
+pytestmark = pytest.mark.npm_clients
 
 # The clients' header timeouts, cut from minutes; exo sends headers within a second of admission.
 HEADER_TIMEOUT_MS = 5000
 OUTPUT_TOKENS = 16
 # Codex CLI gives up on a stream when no SSE event (comments do not count) arrives for this long; cut from 5 minutes.
 CODEX_IDLE_TIMEOUT_MS = int(KEEP_ALIVE_SECONDS * 1000) + 5000
-CODEX_RUN_SECONDS = 180.0
-# Codex's prompt is sized for about twice the calibrated prefill (prefill grows about as the square of the prompt),
-# so it still outlasts CODEX_IDLE_TIMEOUT_MS when the machine is less busy than at calibration (a calibrated prompt
-# once took 14 s in the full suite, under the 15 s timeout), and still ends well within CODEX_RUN_SECONDS when busier.
-CODEX_PROMPT_SCALE = 1.4
-# Codex adds its own instructions and tools (about 2,800 tokens) to the words it is given: the words leave room for
-# them and some output within the fixture's context (a sentence is 11 tokens).
-CODEX_PROMPT_ROOM_SENTENCES = 8192 // 11
+# The words given to each client (a sentence is 11 tokens), and the least each prompt token takes to prefill: the
+# words alone take twice the keep-alive interval, and every client adds its own instructions (Codex about 2,800
+# tokens, so about 37 s in all, past CODEX_IDLE_TIMEOUT_MS).
+PROMPT_SENTENCES = 300
+SECONDS_PER_TOKEN = 2 * KEEP_ALIVE_SECONDS / (PROMPT_SENTENCES * 11)
+# Codex asks for no output limit, so it is stopped after this long: well past its prefill, the answer begun.
+CODEX_RUN_SECONDS = 120.0
 CLI_TIMEOUT_SECONDS = 280.0
 
 
@@ -60,13 +61,17 @@ def request_lines(server: ExoServer, dialect: str, model: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Calibrated]:
-    with calibrated_node(tmp_path_factory.mktemp("keep-alive-clients")) as calibrated:
-        yield calibrated
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExoServer]:
+    """The long-context model on a node that reads prompts slowly on purpose, one request at a time."""
+    directory = tmp_path_factory.mktemp("keep-alive-clients")
+    models = [endless_copy(directory, context_length=CONTEXT_LENGTH)]
+    slow_prefill = {SLOW_PREFILL_VARIABLE: str(SECONDS_PER_TOKEN)}
+    with running_exo(models, directory, ["--batch-size", "1"], slow_prefill) as server:
+        yield server
 
 
 def test_opencode_reads_keep_alives_through_a_prefill_longer_than_their_interval(
-    node: Calibrated, tmp_path: Path
+    node: ExoServer, tmp_path: Path
 ) -> None:
     opencode = require_client("opencode")
     project, home = tmp_path / "project", tmp_path / "home"
@@ -74,7 +79,7 @@ def test_opencode_reads_keep_alives_through_a_prefill_longer_than_their_interval
     home.mkdir()
     all_tools = [str(cast(JsonObject, tool["function"])["name"]) for tool in OPENCODE_REAL_TOOLS]
     config = provider_config(
-        f"{node.server.base_url}/v1",
+        f"{node.base_url}/v1",
         LONG_MODEL,
         CONTEXT_LENGTH,
         OUTPUT_TOKENS,
@@ -83,17 +88,17 @@ def test_opencode_reads_keep_alives_through_a_prefill_longer_than_their_interval
         provider_options={"headerTimeout": HEADER_TIMEOUT_MS, "chunkTimeout": int(KEEP_ALIVE_SECONDS * 1000) + 5000},
     )
     (project / "opencode.json").write_text(json.dumps(config))
-    words = prompt_text("opencode", node.sentences).split()
-    before = len(request_lines(node.server, "chat.completions", LONG_MODEL))  # the node's calibration request
+    words = prompt_text("opencode", PROMPT_SENTENCES).split()
+    before = len(request_lines(node, "chat.completions", LONG_MODEL))
     run = run_opencode(opencode, project, home, LONG_MODEL, words, timeout=CLI_TIMEOUT_SECONDS)
-    assert run.returncode == 0, f"{run.describe()}\n--- exo log\n{node.server.log()}"
+    assert run.returncode == 0, f"{run.describe()}\n--- exo log\n{node.log()}"
     assert [event for event in run.events if event.type == "error"] == [], run.describe()
     assert run.texts(), run.describe()
-    assert_kept_alive_once(request_lines(node.server, "chat.completions", LONG_MODEL)[before:])
+    assert_kept_alive_once(request_lines(node, "chat.completions", LONG_MODEL)[before:])
 
 
 def test_claude_code_reads_keep_alives_through_a_prefill_longer_than_their_interval(
-    node: Calibrated, tmp_path: Path
+    node: ExoServer, tmp_path: Path
 ) -> None:
     claude_code = require_client("claude-code")
     project, home = tmp_path / "project", tmp_path / "home"
@@ -103,9 +108,9 @@ def test_claude_code_reads_keep_alives_through_a_prefill_longer_than_their_inter
         claude_code,
         project,
         home,
-        base_url=node.server.base_url,
+        base_url=node.base_url,
         model=LONG_MODEL,
-        prompt=prompt_text("claude code", node.sentences),
+        prompt=prompt_text("claude code", PROMPT_SENTENCES),
         timeout=CLI_TIMEOUT_SECONDS,
         environment={
             "API_TIMEOUT_MS": str(HEADER_TIMEOUT_MS),
@@ -113,12 +118,12 @@ def test_claude_code_reads_keep_alives_through_a_prefill_longer_than_their_inter
         },
         extra_arguments=["--include-partial-messages"],  # Claude Code prints each stream event it parsed
     )
-    assert len(run.of_type("result")) == 1, f"{run.describe()}\n--- exo log\n{node.server.log()}"
+    assert len(run.of_type("result")) == 1, f"{run.describe()}\n--- exo log\n{node.log()}"
     assert not [event for event in run.of_type("system") if event.get("subtype") == "api_retry"], run.describe()
     # Claude Code asks the model to go on after an answer cut at its output limit (a few times): each of those
     # requests extends the long prompt, which the prefix cache holds, so only the first one reads it.
-    lines = request_lines(node.server, "messages", LONG_MODEL)
-    long_prompt = node.sentences * 11
+    lines = request_lines(node, "messages", LONG_MODEL)
+    long_prompt = PROMPT_SENTENCES * 11
     first_long = next(
         line for line in lines if (tokens := re.search(r"prompt=(\d+)", line)) and int(tokens[1]) > long_prompt
     )
@@ -154,37 +159,32 @@ def first_stream(run: CliRun) -> list[JsonMapping]:
 
 
 def test_codex_reads_keep_alive_events_through_a_prefill_longer_than_its_idle_timeout(
-    node: Calibrated, tmp_path: Path
+    node: ExoServer, tmp_path: Path
 ) -> None:
     codex = require_client("codex")
     project, home = tmp_path / "project", tmp_path / "home"
     project.mkdir()
     home.mkdir()
-    before = len(request_lines(node.server, "responses", LONG_MODEL))
+    before = len(request_lines(node, "responses", LONG_MODEL))
     # Codex asks for no output limit, so the fixture would write until its context is full: Codex is stopped after
     # CODEX_RUN_SECONDS, well past the prefill, and the node logs its request as cancelled then.
     run = run_codex(
         codex,
         project,
         home,
-        base_url=f"{node.server.base_url}/v1",
+        base_url=f"{node.base_url}/v1",
         model=LONG_MODEL,
-        prompt=prompt_text("codex", codex_sentences(node.sentences)),
+        prompt=prompt_text("codex", PROMPT_SENTENCES),
         timeout=CODEX_RUN_SECONDS,
         stream_idle_timeout_ms=CODEX_IDLE_TIMEOUT_MS,
     )
-    lines = request_lines(node.server, "responses", LONG_MODEL)[before:]
+    lines = request_lines(node, "responses", LONG_MODEL)[before:]
     # One request: Codex did not give up during the prefill and send it again, although the prefill took longer
     # than Codex waits for an event; it was still reading the answer when it was stopped.
     assert len(lines) == 1, f"{lines}\n{run.describe()}"
     prefill = float(re.findall(r"prefill=([\d.]+)s", lines[0])[0])
     assert prefill > CODEX_IDLE_TIMEOUT_MS / 1000, f"the prompt took only {prefill:.1f} s: shorter than the timeout"
     assert re.search(r"ttft=[\d.]+s", lines[0]), lines[0]  # the answer had begun
-
-
-def codex_sentences(calibrated: int) -> int:
-    """The sentences of Codex's prompt: about twice the calibrated prefill, within the context with Codex's own."""
-    return min(int(calibrated * CODEX_PROMPT_SCALE), LONGEST_PROMPT_SENTENCES - CODEX_PROMPT_ROOM_SENTENCES)
 
 
 def assert_kept_alive_once(lines: list[str]) -> None:

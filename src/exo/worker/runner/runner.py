@@ -244,6 +244,7 @@ def _load(
     from exo.worker.engines.mlx.cpu.engine import CpuKernels
     from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
     from exo.worker.engines.mlx.generator.chat_completion import DecodeSettings, EngineContext
+    from exo.worker.engines.mlx.generator.prefill import slow_prefill_seconds_per_token
     from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
     from exo.worker.engines.mlx.utils_mlx import chat_template_text, load_model
 
@@ -288,6 +289,7 @@ def _load(
         loop_guard=bootstrap.loop_guard,
         grammar_fast_forward=bootstrap.grammar_fast_forward,
         tool_call_repair=bootstrap.tool_call_repair,
+        slow_prefill_seconds_per_token=slow_prefill_seconds_per_token(os.environ),
     )
     metadata = ModelMetadata(
         context_length=loaded.context_length,

@@ -1,17 +1,22 @@
-"""Prefill in pieces sized by time per layer: the pacer's sizing, answers that do not depend on the piece sizes, and
-a cancel between pieces that keeps what was computed."""
+"""Prefill in pieces sized by time per layer: the pacer's sizing, answers that do not depend on the piece sizes, a
+cancel between pieces that keeps what was computed, and the debugging floor that slows a prefill on purpose."""
+
+import time
 
 import pytest
 
 from exo.shared.types.chunks import FinishChunk, PrefillProgressChunk
-from exo.worker.engines.mlx.cache.layer_cache import held_token_count
+from exo.worker.engines.mlx.cache.layer_cache import held_token_count, new_prompt_cache
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings
 from exo.worker.engines.mlx.generator.prefill import (
     FIRST_PIECE_TOKENS,
     MAX_GROWTH,
     MAX_PIECE_TOKENS,
     MIN_PIECE_TOKENS,
+    SLOW_PREFILL_VARIABLE,
     PiecePacer,
+    PromptPrefill,
+    slow_prefill_seconds_per_token,
 )
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, user
@@ -88,3 +93,30 @@ def test_a_cancel_between_pieces_leaves_what_was_prefilled_in_the_prefix_cache()
 
     again = ChatRequest.open(context, task(LONG_CONVERSATION))
     assert again.cached_tokens == prefilled
+
+
+def test_a_floor_per_token_makes_the_prefill_last_at_least_that_long_in_short_steps() -> None:
+    context = engine_context(FIXTURE_MODELS_DIR / "tiny-qwen-tools", DecodeSettings(batch_size=1, speculation=None))
+    prompt = list(range(10, 310))
+    floor = 0.01  # 3 s for 299 tokens: far longer than the tiny model takes to read them
+    pacer = PiecePacer(TARGET, floor_seconds_per_token=floor)
+    prefill = PromptPrefill(context.loaded.model, new_prompt_cache(context.loaded.model), prompt, pacer)
+    started = time.monotonic()
+    longest_step = 0.0
+    while not prefill.finished:
+        before = time.monotonic()
+        prefill.step()
+        longest_step = max(longest_step, time.monotonic() - before)
+    assert time.monotonic() - started >= floor * (len(prompt) - 1)
+    assert prefill.fed == prompt[:-1]
+    # Held back in steps of the pacer's step time, so the runner still reads its messages (a cancel) between them;
+    # the slack is for a piece's own layers on a loaded machine.
+    assert longest_step < pacer.step_seconds + 1.0
+
+
+def test_without_the_variable_nothing_is_slowed_and_a_bad_value_is_refused() -> None:
+    assert slow_prefill_seconds_per_token({}) == 0.0
+    assert slow_prefill_seconds_per_token({SLOW_PREFILL_VARIABLE: " 0.005 "}) == 0.005
+    for bad in ("fast", "-1", "nan"):
+        with pytest.raises(ValueError, match=SLOW_PREFILL_VARIABLE):
+            slow_prefill_seconds_per_token({SLOW_PREFILL_VARIABLE: bad})

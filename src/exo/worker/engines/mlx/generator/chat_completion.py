@@ -73,6 +73,8 @@ class DecodeSettings:
     prefill_piece_seconds: float = PIECE_SECONDS
     """The most one layer of a prefill piece should take; a prefill step runs half of it (`prefill.py`), so a cancel
     or the other requests' next decode step waits about 1.5x this at most."""
+    slow_prefill_seconds_per_token: float = 0.0
+    """For tests only: the least each prompt token takes to prefill (`prefill.SLOW_PREFILL_VARIABLE`; 0: no delay)."""
     auto_tool_grammar: bool = True
     """Under `tool_choice: "auto"`, hold a call the model opens to the tools' names and schemas (the lazy grammar);
     a request's `ToolPolicy.auto_grammar` overrides it."""

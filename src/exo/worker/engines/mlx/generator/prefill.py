@@ -12,7 +12,8 @@ The sizes are measured, not fixed: the same 512 tokens take milliseconds on a GP
 seconds per layer on a CPU deep into a long one (attention grows with the context).
 """
 
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 
 import mlx.core as mx
 from mlx import nn
@@ -34,15 +35,35 @@ MAX_PIECE_TOKENS = 512
 MAX_GROWTH = 2.0
 """A piece is at most this many times the last one: the speed measured on a short piece overstates a longer one
 (each token attends to more context)."""
+SLOW_PREFILL_VARIABLE = "EXO_DEBUG_PREFILL_SECONDS_PER_TOKEN"
+"""A debugging setting read by the runner: every prompt token takes at least this long to prefill (0, the default:
+no delay), so that tests of slow prefills (keep-alives, client timeouts) see one whatever the machine's speed."""
+
+
+def slow_prefill_seconds_per_token(environment: Mapping[str, str]) -> float:
+    """The floor `SLOW_PREFILL_VARIABLE` sets (0 when unset); a value that is not a number >= 0 is refused."""
+    text = environment.get(SLOW_PREFILL_VARIABLE, "").strip()
+    if not text:
+        return 0.0
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # also refuses nan
+        raise ValueError(f"{SLOW_PREFILL_VARIABLE} must be a number of seconds >= 0, not {text!r}")
+    return seconds
 
 
 class PiecePacer:
     """How many tokens the next prefill piece gets, from the measured cost per layer of the last one."""
 
-    def __init__(self, target_seconds: float = PIECE_SECONDS) -> None:
+    def __init__(self, target_seconds: float = PIECE_SECONDS, *, floor_seconds_per_token: float = 0.0) -> None:
         if target_seconds <= 0:
             raise ValueError("a piece needs a positive target time")
         self.target_seconds = target_seconds
+        self.floor_seconds_per_token = floor_seconds_per_token
+        """The least a piece may take per token (`SLOW_PREFILL_VARIABLE`): a piece done sooner is held back, in
+        steps no longer than `step_seconds`, before the next one starts or the prompt counts as read."""
         self.step_seconds = target_seconds / 2
         """How long a step runs before it pauses at the next layer boundary."""
         self._size = FIRST_PIECE_TOKENS
@@ -81,14 +102,20 @@ class PromptPrefill:
         self._pass: SteppedPass | None = None
         self._offsets: list[int | None] = []
         """Each layer's offset before the running piece: what an abandoned piece is rolled back to."""
+        self._piece_started = 0.0
+        self._held_until = 0.0
+        """When the last piece may count as done under the pacer's floor (in the past when there is none)."""
 
     @property
     def finished(self) -> bool:
-        return len(self.pending) <= 1
+        return len(self.pending) <= 1 and time.monotonic() >= self._held_until
 
     def step(self) -> int:
         """Run the current piece for about the pacer's step time, starting a piece if none runs; returns how many
-        tokens this step finished feeding (0 while a piece is still running or when finished)."""
+        tokens this step finished feeding (0 while a piece is still running or held back, or when finished)."""
+        if (held := self._held_until - time.monotonic()) > 0:
+            time.sleep(min(held, self._pacer.step_seconds))
+            return 0
         if self._pass is None:
             self._piece = self.pending[: min(self._pacer.size, len(self.pending) - 1)]
             if not self._piece:
@@ -96,12 +123,14 @@ class PromptPrefill:
             self._offsets = [_offset(layer) for layer in self.cache]
             tokens = mx.array(self._piece)[None]
             self._pass = SteppedPass(lambda: self._forward(tokens))
+            self._piece_started = time.monotonic()
         running = self._pass
         if not running.advance(self._pacer.step_seconds):
             return 0
         self._pass = None
         mx.clear_cache()
         fed = len(self._piece)
+        self._held_until = self._piece_started + fed * self._pacer.floor_seconds_per_token
         self._pacer.record(fed, running.busy_seconds, running.layers_entered)
         self.fed += self._piece
         self.pending = self.pending[fed:]

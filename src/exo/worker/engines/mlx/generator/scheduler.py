@@ -58,7 +58,9 @@ class GenerationScheduler:
     def __init__(self, model: nn.Module, settings: DecodeSettings) -> None:
         self._model = model
         self._settings = settings
-        self._pacer = PiecePacer(settings.prefill_piece_seconds)
+        self._pacer = PiecePacer(
+            settings.prefill_piece_seconds, floor_seconds_per_token=settings.slow_prefill_seconds_per_token
+        )
         self._prefilling: dict[TaskId, tuple[ChatRequest, PromptPrefill]] = {}
         """In order of arrival; the first one is fed a piece per step."""
         self._waiting: dict[TaskId, _Prefilled] = {}
