@@ -80,12 +80,14 @@ def _run_description(report: BenchReport) -> str:
 
 
 def _targets(checks: list[TargetCheck]) -> list[str]:
-    rows = [[check.target, check.measured, "met" if check.met else "**missed**", check.why] for check in checks]
-    met = sum(check.met for check in checks)
+    rows = [[check.target, check.measured, check.verdict, check.why] for check in checks]
+    met = sum(check.met and check.settled for check in checks)
+    unsettled = sum(not check.settled for check in checks)
     return [
         "## Targets",
         "",
-        f"{met} of {len(checks)} targets met.",
+        f"{met} of {len(checks)} targets met"
+        + (f", {unsettled} not settled by this run's paired rounds." if unsettled else "."),
         "",
         *markdown_table(["Target", "Measured", "", "Why"], rows),
     ]

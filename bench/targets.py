@@ -2,7 +2,7 @@
 
 from bench.results import RAW, RAW_REPLACED, AgentSeries, BenchReport, ConstrainedReport, DecodeRow
 from bench.stats import Interval, mean_interval
-from bench.target_check import TargetCheck, format_ratio, format_speed, ratio
+from bench.target_check import TargetCheck, format_ratio, format_speed, paired_verdict, ratio
 from bench.targets_throughput import throughput_checks
 
 __all__ = [
@@ -56,53 +56,68 @@ def paired_decode_ratio(rows: list[DecodeRow], system: str, baseline: str) -> In
     return mean_interval([ours / theirs for ours, theirs in pairs if ours is not None and theirs])
 
 
+def _rounds_won(rows: list[DecodeRow], system: str, baseline: str) -> str:
+    pairs = [
+        (ours, theirs)
+        for ours, theirs in zip(find_row(rows, system).runs, find_row(rows, baseline).runs, strict=False)
+        if ours is not None and theirs
+    ]
+    return f"faster in {sum(ours > theirs for ours, theirs in pairs)} of {len(pairs)} rounds"
+
+
+def _paired_check(
+    rows: list[DecodeRow], system: str, baseline: str, target: float, why: str
+) -> tuple[str, bool, bool, str]:
+    """(measured, met, settled, why) of `system`'s decode speed over `baseline`'s ≥ `target`, judged on the mean of
+    the per-round ratios and its 95% interval; without paired rounds (reports saved before runs were kept) the best
+    runs are shown but settle nothing."""
+    interval = paired_decode_ratio(rows, system, baseline)
+    if interval is None:
+        best = ratio(find_row(rows, system).decode_tokens_per_s, find_row(rows, baseline).decode_tokens_per_s)
+        why += "; no paired rounds were recorded, so the best runs alone settle nothing"
+        return format_ratio(best), False, False, why
+    met, settled, verdict = paired_verdict(interval, target)
+    why += f"; per-round ratio {interval.describe()}, {_rounds_won(rows, system, baseline)}: {verdict}"
+    return format_ratio(interval.mean), met, settled, why
+
+
 def check_decode_vs_raw(rows: list[DecodeRow]) -> TargetCheck:
-    """Judged on the mean of the per-round ratios with its 95% interval when the rows hold every run, else on the
-    best runs (reports saved before runs were kept)."""
+    """Judged on the mean of the per-round ratios with its 95% interval (`paired_verdict`)."""
     exo, raw = find_row(rows, EXO_NO_TOOLS), baseline_row(rows)
-    interval = paired_decode_ratio(rows, EXO_NO_TOOLS, raw.system)
-    measured = interval.mean if interval else ratio(exo.decode_tokens_per_s, raw.decode_tokens_per_s)
-    met = measured is not None and measured >= DECODE_RATIO_TARGET
     why = (
         f"best runs: exo {_ms_per_token(exo.decode_tokens_per_s)} ms per token, {raw.system} "
         f"{_ms_per_token(raw.decode_tokens_per_s)} ms"
     )
-    if interval is not None:
-        why += f"; mean of the per-round ratios {interval.describe()}: {_interval_verdict(interval, met)}"
-    elif measured is not None and measured > 1 + (1 - DECODE_RATIO_TARGET):
+    measured, met, settled, why = _paired_check(rows, EXO_NO_TOOLS, raw.system, DECODE_RATIO_TARGET, why)
+    interval = paired_decode_ratio(rows, EXO_NO_TOOLS, raw.system)
+    if interval is not None and interval.low > 1 + (1 - DECODE_RATIO_TARGET):
         why += (
             ". exo runs this same loop plus its hops, so a ratio this far above 1 comes from uneven load from other "
             "processes between runs: the verdict needs a quiet machine to be trusted"
         )
     return TargetCheck(
         target=f"exo decode ≥ {DECODE_RATIO_TARGET}× {raw.system.split(':')[0]}",
-        measured=format_ratio(measured),
+        measured=measured,
         met=met,
         why=why,
+        settled=settled,
     )
-
-
-def _interval_verdict(interval: Interval, met: bool) -> str:
-    if interval.low >= DECODE_RATIO_TARGET:
-        return "the whole interval is above the target"
-    if met:
-        return "the interval reaches below the target: more rounds (or a quieter machine) would settle it"
-    if interval.high >= DECODE_RATIO_TARGET:
-        return "the interval reaches the target: exo cannot be told apart from it with this many rounds"
-    return "the whole interval is below the target: exo's path loses time between the model and the client"
 
 
 def check_decode_vs_mlx_lm_server(rows: list[DecodeRow]) -> TargetCheck:
+    """Judged like `check_decode_vs_raw`, on the rounds in which both served the same tools."""
     exo, peer = find_row(rows, EXO_TOOLS), find_row(rows, MLX_LM_TOOLS)
-    measured = ratio(exo.decode_tokens_per_s, peer.decode_tokens_per_s)
-    met = measured is not None and measured >= 1.0
     why = (
-        f"with the same tools offered, exo streams {format_speed(exo.decode_tokens_per_s)} tok/s and mlx_lm.server "
-        f"{format_speed(peer.decode_tokens_per_s)} tok/s (same float32 weights and BLAS)"
+        f"with the same tools offered, best runs: exo streams {format_speed(exo.decode_tokens_per_s)} tok/s and "
+        f"mlx_lm.server {format_speed(peer.decode_tokens_per_s)} tok/s (same float32 weights and BLAS)"
     )
-    if measured is None:
+    if peer.decode_tokens_per_s is None:
         why += "; mlx_lm.server sent its whole answer at once, so its streaming decode speed is not measurable"
-    elif not met:
+        return TargetCheck(
+            target="exo decode with tools ≥ mlx_lm.server streaming with tools", measured="n/a", met=False, why=why
+        )
+    measured, met, settled, why = _paired_check(rows, EXO_TOOLS, MLX_LM_TOOLS, 1.0, why)
+    if settled and not met:
         plain = ratio(
             find_row(rows, EXO_NO_TOOLS).decode_tokens_per_s, find_row(rows, MLX_LM_NO_TOOLS).decode_tokens_per_s
         )
@@ -115,9 +130,10 @@ def check_decode_vs_mlx_lm_server(rows: list[DecodeRow]) -> TargetCheck:
             why += f". exo was also behind without tools ({format_ratio(plain)}): the gap is in exo's streaming path"
     return TargetCheck(
         target="exo decode with tools ≥ mlx_lm.server streaming with tools",
-        measured=format_ratio(measured),
+        measured=measured,
         met=met,
         why=why,
+        settled=settled,
     )
 
 

@@ -164,6 +164,7 @@ def _run_ci(tmp_path: Path, failing: str = "", pytest_status: int = 0) -> tuple[
     uv.write_text(
         "#!/usr/bin/env bash\n"
         f'echo "$*" >> {calls}\n'
+        f'[[ "$*" == "run pytest"* ]] && echo "EXO_STRICT_SKIPS=${{EXO_STRICT_SKIPS:-}}" >> {calls}.environment\n'
         f'[[ -n "{failing}" && "$*" == "{failing}"* ]] && exit 1\n'
         f'[[ "$*" == "run pytest"* ]] && exit {pytest_status}\n'
         "exit 0\n"
@@ -172,6 +173,7 @@ def _run_ci(tmp_path: Path, failing: str = "", pytest_status: int = 0) -> tuple[
     checkout = tmp_path / "checkout"
     shutil.copytree(REPO_ROOT / ".ci", checkout / ".ci")
     environment = {**os.environ, "PATH": f"{fake}:{_system_path_without_npm(tmp_path)}"}
+    environment.pop("EXO_STRICT_SKIPS", None)
     result = subprocess.run(
         [checkout / ".ci" / "run"], env=environment, capture_output=True, text=True, timeout=120, check=False
     )
@@ -182,6 +184,8 @@ def test_ci_runs_ruff_basedpyright_then_the_readme_test_command_last(tmp_path: P
     status, calls = _run_ci(tmp_path)
     assert status == 0
     assert calls == ["run ruff check", "run ruff format --check", "run basedpyright", "run pytest"]
+    # In strict mode: a test skipped for a reason of the machine (no npm, no chromium, no root) fails CI.
+    assert (tmp_path / "uv-calls.environment").read_text() == "EXO_STRICT_SKIPS=1\n"
 
 
 @pytest.mark.parametrize("failing", ["run ruff check", "run ruff format --check", "run basedpyright"])

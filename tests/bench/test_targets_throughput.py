@@ -180,11 +180,11 @@ def _decode(system: str, runs: list[float | None]) -> DecodeRow:
 
 def test_the_decode_verdict_rests_on_the_paired_interval_when_every_run_was_kept() -> None:
     clear = check_decode_vs_raw([_decode(RAW, [10.0, 10.0, 10.0]), _decode(EXO_NO_TOOLS, [9.95, 9.9, 10.0])])
-    assert clear.met
-    assert "whole interval is above" in clear.why
+    assert clear.verdict == "met"
+    assert "whole interval is at or above" in clear.why
     unsettled = check_decode_vs_raw([_decode(RAW, [10.0, 10.0, 10.0]), _decode(EXO_NO_TOOLS, [9.0, 10.3, 9.8])])
-    assert not unsettled.met
-    assert "cannot be told apart" in unsettled.why
+    assert unsettled.verdict == "not settled"
+    assert "reaches both sides" in unsettled.why
     # A run the client could not time (None) drops out of the pairs instead of counting as zero.
     partial = check_decode_vs_raw([_decode(RAW, [10.0, 10.0, 10.0]), _decode(EXO_NO_TOOLS, [9.9, None, 9.9])])
     assert "2 pairs" in partial.why

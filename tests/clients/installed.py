@@ -19,6 +19,7 @@ from typing import Final
 import pytest
 
 from exo.shared.types.common import FrozenModel
+from tests.machine_skips import skip_for_machine
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 MANIFEST: Final = REPO_ROOT / ".ci" / "npm-clients"
@@ -120,7 +121,7 @@ def require_client(folder: str) -> Path:
         return binary
     wanted = f"{client.package}@{client.version}"
     if shutil.which("npm") is None:
-        pytest.skip(f"npm is not installed, so {wanted} cannot be: this real-client test needs it")
+        skip_for_machine(f"npm is not installed, so {wanted} cannot be: this real-client test needs it")
     outcome = INSTALLER.outcome
     binary = find_client(client)
     if binary is not None:

@@ -17,6 +17,7 @@ from tests.cluster.lossy_proxy import LossyProxy
 from tests.cluster.netns_rig import CLUSTER_PORT, NetnsRig, RigNode
 from tests.exo_server import fixture_model
 from tests.fixtures.fixture_specs import user
+from tests.machine_skips import machine_skipif
 
 MODEL = "tiny-qwen-tools"
 CHAT: dict[str, Any] = {"model": MODEL, "messages": [user("Hello!")], "max_tokens": 4}
@@ -24,7 +25,7 @@ REQUEST_BOUND_S = 10.0
 PROXY_PORT = 52500
 
 _WHY_NOT = NetnsRig.unavailable()
-pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
+pytestmark = machine_skipif(_WHY_NOT)
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from tests.cluster.netns_rig import NetnsRig, RigNode, enter_namespace
 from tests.fixtures.endless_model import MODEL as ENDLESS
 from tests.fixtures.endless_model import endless_copy
 from tests.fixtures.fixture_specs import user
+from tests.machine_skips import machine_skipif
 
 # tiny-qwen-tools-deep (4 layers, so it can be split) with no end-of-sequence token: its answers last.
 MODEL = ENDLESS
@@ -41,7 +42,7 @@ PARTITION_S = 30.0
 HEAL_TIMEOUT_S = 120.0
 
 _WHY_NOT = NetnsRig.unavailable()
-pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
+pytestmark = machine_skipif(_WHY_NOT)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from tests.cluster.test_cluster_rig_tls import APPLICATION_DATA, tls_records
 from tests.cluster.tun_link import TunLink
 from tests.exo_server import fixture_model
 from tests.fixtures.fixture_specs import user
+from tests.machine_skips import machine_skipif
 
 MODEL = "tiny-qwen-tools-deep"
 KEY = "the rig's cluster key for a split model"
@@ -28,7 +29,7 @@ PLACED_WITHIN_S = 240.0
 TCP = 6
 
 _WHY_NOT = NetnsRig.unavailable()
-pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
+pytestmark = machine_skipif(_WHY_NOT)
 
 
 def _ready_split(rig: NetnsRig, node: RigNode) -> bool:

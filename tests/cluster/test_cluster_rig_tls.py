@@ -16,6 +16,7 @@ from tests.cluster.lossy_proxy import LossyProxy
 from tests.cluster.netns_rig import CLUSTER_PORT, NetnsRig, RigNode
 from tests.exo_server import fixture_model
 from tests.fixtures.fixture_specs import user
+from tests.machine_skips import machine_skipif
 
 MODEL = "tiny-qwen-tools"
 KEY = "the rig's cluster key, long enough"
@@ -29,7 +30,7 @@ MAX_RECORD_BYTES = 2**14 + 256
 JOIN_WINDOW_S = 25.0
 
 _WHY_NOT = NetnsRig.unavailable()
-pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
+pytestmark = machine_skipif(_WHY_NOT)
 
 
 @pytest.fixture(scope="module")

@@ -34,6 +34,13 @@ def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def why_no_chromium() -> str | None:
+    """Why the browser tests cannot run here (None: a chromium was found)."""
+    if chromium_path() is not None:
+        return None
+    return "the dashboard's browser tests need Debian's chromium (apt-get install chromium; .ci/run installs it)"
+
+
 @contextmanager
 def chromium() -> Generator[Browser]:
     path = chromium_path()

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from playwright.sync_api import Browser, Locator, Page, expect
 
 from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
 from tests.dashboard.browser import (
@@ -24,24 +25,17 @@ from tests.dashboard.browser import (
     UNLABELLED_CONTROLS_JS,
     ConsoleWatch,
     chromium,
-    chromium_path,
     open_page,
     screenshot,
+    why_no_chromium,
 )
 from tests.exo_server import fixture_model
 from tests.fixtures.endless_model import MODEL as ENDLESS
 from tests.fixtures.endless_model import endless_copy
 from tests.fixtures.fixture_specs import GET_WEATHER_TOOL
+from tests.machine_skips import machine_skipif
 
-if chromium_path() is None:
-    pytest.skip(
-        "the dashboard's browser tests need Debian's chromium (apt-get install chromium; .ci/run installs it)",
-        allow_module_level=True,
-    )
-
-from playwright.sync_api import Browser, Locator, Page, expect  # after the skip: only these tests need it
-
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, machine_skipif(why_no_chromium())]
 
 CHAT_MODEL = "tiny-qwen-tools"
 DEEP = "tiny-qwen-tools-deep"

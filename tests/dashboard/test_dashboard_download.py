@@ -8,20 +8,14 @@ from itertools import pairwise
 from typing import Any
 
 import pytest
+from playwright.sync_api import Browser, expect
 
 from exo.models.catalog import DEFAULT_MODEL_ID
-from tests.dashboard.browser import ConsoleWatch, chromium, chromium_path, open_page, screenshot
+from tests.dashboard.browser import ConsoleWatch, chromium, open_page, screenshot, why_no_chromium
 from tests.exo_server import ExoServer, running_exo
+from tests.machine_skips import machine_skipif
 
-if chromium_path() is None:
-    pytest.skip(
-        "the dashboard's browser tests need Debian's chromium (apt-get install chromium; .ci/run installs it)",
-        allow_module_level=True,
-    )
-
-from playwright.sync_api import Browser, expect  # after the skip: only these tests need it
-
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, machine_skipif(why_no_chromium())]
 
 DOWNLOADED_WITHIN_MS = 600_000
 # The phases of a catalog model whose pieces come with exo, in order.
