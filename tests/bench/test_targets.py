@@ -1,5 +1,7 @@
 """Target verdicts follow the measured numbers, and unmeasurable speeds never count as met."""
 
+from collections.abc import Sequence
+
 from bench.results import AgentSeries, AgentTurn, DecodeRow, ParserCost
 from bench.targets import (
     EXO_NO_TOOLS,
@@ -15,7 +17,7 @@ from bench.targets import (
 from tests.bench.test_render import sample_report
 
 
-def _row(system: str, tokens_per_s: float | None, runs: list[float | None] | None = None) -> DecodeRow:
+def _row(system: str, tokens_per_s: float | None, runs: Sequence[float | None] | None = None) -> DecodeRow:
     """A decode row; `runs` (one per round) default to five rounds of exactly `tokens_per_s`, plus and minus 1%."""
     if runs is None:
         runs = [] if tokens_per_s is None else [tokens_per_s * factor for factor in (0.99, 1.01, 1.0, 0.99, 1.01)]
@@ -25,7 +27,7 @@ def _row(system: str, tokens_per_s: float | None, runs: list[float | None] | Non
         decode_tokens_per_s=tokens_per_s,
         completion_tokens=96,
         prompt_tokens=50,
-        runs=runs,
+        runs=list(runs),
     )
 
 
