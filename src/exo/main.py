@@ -29,7 +29,7 @@ from exo.cluster.settings import (
 )
 
 # exo.node (and with it the model converter, transformers…) is imported only when a node starts: the subcommands
-# (`exo models`, `exo conformance`, `exo mcp`) start quickly without it.
+# (`exo models`, `exo conformance`, `exo mcp`, `exo launch`) start quickly without it.
 if TYPE_CHECKING:
     from exo.node import NodeConfig
 
@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="exo",
         description="Run an exo node with an OpenAI-compatible API.",
-        epilog="Other commands: `exo mcp` serves exo's tools to agents over MCP (exo mcp --help); "
+        epilog="Other commands: `exo launch opencode|claude|codex` runs a coding agent against the node (exo launch "
+        "--help); `exo mcp` serves exo's tools to agents over MCP (exo mcp --help); "
         "`exo conformance` checks the tool-call formats.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 exposes it)")
@@ -338,6 +339,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from exo.models.cli import main as models_main
 
         sys.exit(models_main(command_line[1:]))
+    if command_line[:1] == ["launch"]:
+        from exo.launch.cli import main as launch_main
+
+        sys.exit(launch_main(command_line[1:]))
     if command_line[:1] == ["mcp"]:
         from exo.mcp.cli import main as mcp_main
 

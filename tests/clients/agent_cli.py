@@ -65,7 +65,7 @@ def isolated_environment(home: Path, extra: dict[str, str]) -> dict[str, str]:
     return environment | _STABLE_ENVIRONMENT | {"HOME": str(home)} | extra
 
 
-def _run(
+def run_cli(
     arguments: Sequence[str], project: Path, environment: dict[str, str], timeout: float, stdin_text: str | None = None
 ) -> CliRun:
     output = run_headless(arguments, project, environment, timeout, stdin_text)
@@ -129,7 +129,7 @@ def run_claude_code(
         "--verbose",
         *extra_arguments,
     ]
-    return _run(arguments, project, environment, timeout, None if in_argument else prompt)
+    return run_cli(arguments, project, environment, timeout, None if in_argument else prompt)
 
 
 def codex_config(base_url: str, model: str, instructions: Path, stream_idle_timeout_ms: int | None = None) -> str:
@@ -171,4 +171,4 @@ def run_codex(
         "--dangerously-bypass-approvals-and-sandbox",
         prompt if in_argument else "-",
     ]
-    return _run(arguments, project, environment, timeout, None if in_argument else prompt)
+    return run_cli(arguments, project, environment, timeout, None if in_argument else prompt)

@@ -14,7 +14,7 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
-from tests.clients.headless import run_headless
+from tests.clients.headless import HeadlessOutput, run_headless
 from tests.fixtures.fixture_specs import JsonObject
 
 PROVIDER_ID: Final = "exo"
@@ -134,7 +134,11 @@ def run_opencode(
     """
     arguments = [str(binary), "run", "--format", "json", "--print-logs", "--model", f"{PROVIDER_ID}/{model_id}"]
     # opencode takes its session folder from $PWD, which an inherited environment points at pytest's folder.
-    output = run_headless([*arguments, *prompt_words], project, isolated_environment(home), timeout)
+    return parsed_run(run_headless([*arguments, *prompt_words], project, isolated_environment(home), timeout))
+
+
+def parsed_run(output: HeadlessOutput) -> OpencodeRun:
+    """What `opencode run --format json` printed, as events."""
     return OpencodeRun(
         returncode=output.returncode, events=_events(output.stdout), stdout=output.stdout, stderr=output.stderr
     )

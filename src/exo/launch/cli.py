@@ -1,0 +1,110 @@
+"""`exo launch opencode|claude|codex [options] [-- CLIENT ARGS]`: run a coding agent against an exo node.
+
+The launch finds the client, asks the node which models it serves, writes the client's configuration under
+$EXO_HOME/launch/<client>/ (never the user's own files), then replaces itself with the client (`exec`), so the
+client owns the terminal and its exit status is the command's.
+"""
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Final
+
+from exo.launch import claude_code, codex, opencode
+from exo.launch.binary import CLIENTS_DIR_VARIABLE, find_client
+from exo.launch.node import choose_model, node_root, served_models
+from exo.launch.plan import ClientInfo, ClientPlan, LaunchError, LaunchTarget, McpServer, write_files
+from exo.mcp.node_client import DEFAULT_NODE_URL
+from exo.models.paths import exo_home
+
+Planner = Callable[[LaunchTarget, Path], ClientPlan]
+CLIENTS: Final[dict[str, tuple[ClientInfo, Planner]]] = {
+    opencode.CLIENT.name: (opencode.CLIENT, opencode.plan),
+    claude_code.CLIENT.name: (claude_code.CLIENT, claude_code.plan),
+    codex.CLIENT.name: (codex.CLIENT, lambda target, _folder: codex.plan(target)),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="exo launch",
+        description="Point a coding agent at an exo node and run it: its configuration is written under "
+        "$EXO_HOME/launch/, never into your own files. Words after `--` go to the client.",
+        epilog="Examples: exo launch opencode; exo launch claude -- -p 'Fix the failing test'; "
+        "exo launch codex --model qwen2.5-coder-1.5b-instruct -- exec 'Add a README'",
+    )
+    parser.add_argument("client", choices=sorted(CLIENTS), help="the coding agent to run")
+    parser.add_argument("--model", help="the served model to use (default: the one the node serves)")
+    parser.add_argument("--url", default=DEFAULT_NODE_URL, help=f"the node's API address (default {DEFAULT_NODE_URL})")
+    parser.add_argument(
+        "--api-key", default=os.environ.get("EXO_API_KEY"), help="the node's API key (default $EXO_API_KEY)"
+    )
+    parser.add_argument("--mcp", action="store_true", help="also give the agent exo's own tools (`exo mcp`)")
+    parser.add_argument(
+        "--client-bin",
+        type=Path,
+        help="the client's executable (default: found on PATH, then in $"
+        f"{CLIENTS_DIR_VARIABLE}/<client>/node_modules/.bin, by default the build/ folder of exo's checkout)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="write the configuration and print the command instead of running it"
+    )
+    return parser
+
+
+def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The launch's own words and the client's (those after the first `--`)."""
+    words = list(argv)
+    if "--" in words:
+        cut = words.index("--")
+        return words[:cut], words[cut + 1 :]
+    return words, []
+
+
+def _shown(plan: ClientPlan, command: list[str]) -> str:
+    """The command as a shell line with the variables it sets (a key shown as `***`)."""
+    secret = {"EXO_API_KEY", "ANTHROPIC_AUTH_TOKEN"}
+    variables = [
+        f"{key}={'***' if key in secret and value else shlex.quote(value)}" for key, value in plan.environment.items()
+    ]
+    unset = [f"-u {key}" for key in plan.removed_variables]
+    return " ".join(["env", *unset, *variables, shlex.join(command)])
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run `exo launch` with `argv` (the words after `launch`); returns only on an error or with --dry-run."""
+    own, client_arguments = _split(argv)
+    arguments = build_parser().parse_args(own)
+    client, planner = CLIENTS[arguments.client]
+    environment = dict(os.environ)
+    try:
+        binary = find_client(client, arguments.client_bin, environment)
+        url = node_root(arguments.url)
+        api_key: str | None = arguments.api_key or None
+        card = choose_model(served_models(url, api_key), arguments.model, url)
+        target = LaunchTarget(
+            url=url,
+            api_key=api_key,
+            model=card.id,
+            context_length=card.context_length,
+            mcp=McpServer.for_node(url) if arguments.mcp else None,
+        )
+        plan = planner(target, exo_home() / "launch" / client.name)
+        write_files(plan.files)
+    except LaunchError as error:
+        print(f"exo launch: {error}", file=sys.stderr)
+        return 1
+    command = plan.command(binary, client_arguments)
+    if arguments.dry_run:
+        print(_shown(plan, command))
+        return 0
+    print(f"exo launch: {client.display_name} with {card.id} at {url}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    try:
+        os.execve(command[0], command, plan.environment_for(environment))
+    except OSError as error:
+        print(f"exo launch: could not run {command[0]}: {error}", file=sys.stderr)
+    return 1
