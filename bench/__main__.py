@@ -19,7 +19,7 @@ from bench.agent_sessions import measure_agent_sessions
 from bench.blas_section import measure_blas
 from bench.charts import write_charts
 from bench.constrained import measure_constrained
-from bench.machine import machine_info, section_run
+from bench.machine import machine_info, record_start_commit, section_run
 from bench.parser_cost import measure_parser_cost
 from bench.pipeline_section import measure_pipeline
 from bench.report import render_markdown
@@ -328,4 +328,5 @@ if __name__ == "__main__":
     # Turn SIGTERM into SystemExit so the `finally` blocks stop exo and mlx_lm.server (they run in their own sessions
     # and would otherwise outlive us). Only here: a test calling main() keeps its own process's handlers.
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    record_start_commit()  # here, not in main(): a test calling main() must not leave it in its own environment
     main()

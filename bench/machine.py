@@ -33,10 +33,40 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+START_COMMIT_VARIABLE = "EXO_BENCH_START_COMMIT"
+"""Where `record_start_commit` keeps the run's commit, for this process and the workers it starts."""
+UNCOMMITTED = " (with uncommitted changes)"
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def checkout_commit() -> str:
+    """The checkout's short commit id, with UNCOMMITTED appended when tracked files differ from it; "unknown"
+    outside a git checkout."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPOSITORY, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    if not head:
+        return "unknown"
+    changes = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return head + (UNCOMMITTED if changes else "")
+
+
+def record_start_commit() -> str:
+    """Fix the run's commit as the checkout stands now, when the run starts: a checkout rebased or edited while a
+    run measures (hours, some of them) must not lend its commit to numbers measured on another's code. Every later
+    `exo_commit` here, and in the workers this process starts (they inherit the environment), reports it."""
+    return os.environ.setdefault(START_COMMIT_VARIABLE, checkout_commit())
+
+
 def exo_commit() -> str:
-    """The checkout's short commit id, or "unknown" outside a git checkout."""
-    completed = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
-    return completed.stdout.strip() or "unknown"
+    """The commit the run started from (`record_start_commit`), else the checkout's now."""
+    return os.environ.get(START_COMMIT_VARIABLE) or checkout_commit()
 
 
 def machine_info(matmul_gflops: float) -> MachineInfo:
@@ -57,7 +87,7 @@ def machine_info(matmul_gflops: float) -> MachineInfo:
 
 
 def section_run(arguments: Sequence[str], program: str = "uv run python -m bench") -> SectionRun:
-    """The run that just measured a section: this checkout's commit, the CPU, the load now and the command."""
+    """The run that just measured a section: the commit it started from, the CPU, the load now and the command."""
     return SectionRun(
         exo_commit=exo_commit(),
         cpu=f"{os.cpu_count() or 0} × {cpu_model()}",

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from bench.machine import section_run
+from bench.machine import record_start_commit, section_run
 from exo.models.paths import default_models_dir
 from exo.models.resolve import resolve_model
 from exo.shared.types.worker.shards import ShardAssignment
@@ -70,4 +70,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    record_start_commit()  # the commit as the run starts (bench/machine.py)
     main()

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from bench.machine import record_start_commit
 from exo.worker.engines.mlx.cpu.blas import blas_environment
 
 _CHILD_MARKER = "EXO_BENCH_PREFILL_PIECES_CHILD"
@@ -149,4 +150,5 @@ def _measure(command: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    record_start_commit()  # the commit as the run starts (bench/machine.py); the re-exec in main() inherits it
     main()

@@ -2,7 +2,7 @@
 
 from datetime import UTC, datetime
 
-from bench.markdown import markdown_table
+from bench.markdown import markdown_table, without_directories
 from bench.report_agent_sessions import render_agent_sessions
 from bench.report_blas import render_blas
 from bench.report_constrained import CONSTRAINED_TITLE, render_constrained
@@ -53,10 +53,10 @@ def _machine(report: BenchReport) -> list[str]:
         ["CPUs", f"{machine.cpu_count} × {machine.cpu_model}"],
         ["Load average (1, 5, 15 min) at the end", load],
         ["mlx / mlx-lm", f"{machine.mlx_version} / {machine.mlx_lm_version}"],
-        ["BLAS", machine.blas],
+        ["BLAS", without_directories(machine.blas)],
         ["float32 512×512 matmul with that BLAS", f"{machine.matmul_gflops:.0f} GFLOP/s"],
-        ["exo commit", machine.exo_commit],
-        ["Model", f"{report.model_id} (`{report.model_path}`)"],
+        ["exo commit (as the run started)", machine.exo_commit],
+        ["Model", _model(report)],
         ["Run", _run_description(report)],
     ]
     lines = ["## Machine", "", *markdown_table(["", ""], rows)]
@@ -67,6 +67,12 @@ def _machine(report: BenchReport) -> list[str]:
             "",
         ]
     return lines
+
+
+def _model(report: BenchReport) -> str:
+    """The model's id, and the folder's name where it differs (never the machine's path to it)."""
+    folder = without_directories(report.model_path)
+    return report.model_id if folder == report.model_id else f"{report.model_id} (folder `{folder}`)"
 
 
 def _run_description(report: BenchReport) -> str:
@@ -132,7 +138,8 @@ def _decode(report: BenchReport) -> list[str]:
         *_paired_line(report),
         f"- exo / mlx_lm.server: **{format_ratio(ratio(exo_plain.decode_tokens_per_s, peer_plain.decode_tokens_per_s))}"
         f"** without tools, **{format_ratio(ratio(exo_tools.decode_tokens_per_s, peer_tools.decode_tokens_per_s))}** "
-        "with tools.",
+        "with tools, best runs.",
+        *_paired_peer_lines(report),
         "",
         "![decode speed and TTFT](perf/decode.png)",
         "",
@@ -147,6 +154,19 @@ def _paired_line(report: BenchReport) -> list[str]:
         f"- exo / raw without tools, round by round (each round ran both back to back): {interval.describe()}; the "
         "interval is Student's t over the per-round ratios.",
     ]
+
+
+def _paired_peer_lines(report: BenchReport) -> list[str]:
+    """exo over mlx_lm.server round by round, with and without tools (the best runs can come from different rounds)."""
+    lines: list[str] = []
+    for exo, peer, label in ((EXO_NO_TOOLS, MLX_LM_NO_TOOLS, "without tools"), (EXO_TOOLS, MLX_LM_TOOLS, "with tools")):
+        try:
+            interval = paired_decode_ratio(report.decode, exo, peer)
+        except KeyError:
+            continue
+        if interval is not None:
+            lines.append(f"- exo / mlx_lm.server {label}, round by round: {interval.describe()}.")
+    return lines
 
 
 def _agent(report: BenchReport) -> list[str]:
@@ -281,7 +301,7 @@ def _run_line(report: BenchReport, key: SectionKey) -> list[str]:
     load = ", ".join(f"{value:.2f}" for value in run.load_average)
     return [
         f"Run: commit {run.exo_commit}, {run.cpu}, load average (1, 5, 15 min) {load} at its end "
-        f"({run.finished_utc}), command `{run.command}`.",
+        f"({run.finished_utc}), command `{without_directories(run.command)}`.",
         "",
     ]
 

@@ -31,7 +31,7 @@ import jsonschema
 from pydantic import BaseModel
 
 from bench.float32_weights import float32_copy
-from bench.machine import section_run
+from bench.machine import record_start_commit, section_run
 from bench.results import SectionRun
 from bench.servers import RunningServer, running_exo, running_mlx_lm_server
 from bench.tool_corpus import CORPUS, FORCED, PROSE, TOOLS, ToolPrompt
@@ -338,4 +338,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    record_start_commit()  # the commit as the run starts (bench/machine.py)
     main()
