@@ -122,11 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--loop-guard",
         choices=("off", "warn", "block", "answer"),
         default="answer",
-        help="agent-loop guard for calls repeated although their results are in the conversation: answer (default: "
-        "re-issuing one of the last turn's answered calls, or continuing an A-B-A-B ping-pong, since the user last "
-        "spoke, is taken back and the reply decoded again without calls, so the model answers in text and an "
-        "agent's loop ends), block (the grammar forbids those calls, so the model answers or calls something else), "
-        "warn (reported in the response and /metrics only) or off; a request's loop_guard field overrides it",
+        help="agent-loop guard for a call the model repeats although nothing changed: answer (default: the third "
+        "identical call in a row since the user last spoke, after two identical results that were no error, is "
+        "taken back and the reply decoded again without calls, so the model answers in text and an agent's loop "
+        "ends), block (that call is taken back and the reply decoded again without its tool, so the model calls "
+        "another or answers), warn (repeats reported from the second, in the response and /metrics only) or off; "
+        "a request's loop_guard field or X-Exo-Loop-Guard header overrides it",
     )
     parser.add_argument(
         "--no-grammar-fast-forward",

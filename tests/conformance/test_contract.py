@@ -11,10 +11,8 @@ from . import streams
 from .streams import CALL_ID_0, CALL_ID_1
 
 
-def stream_violations(
-    payloads: Sequence[str], *, include_usage: bool, named_tool_choice: bool = False
-) -> list[Violation]:
-    return list(check_stream(payloads, include_usage=include_usage, named_tool_choice=named_tool_choice).violations)
+def stream_violations(payloads: Sequence[str], *, include_usage: bool) -> list[Violation]:
+    return list(check_stream(payloads, include_usage=include_usage).violations)
 
 
 def broken_rules(payloads: list[str], *, include_usage: bool = True) -> set[str]:
@@ -164,15 +162,6 @@ def test_finish_stop_after_tool_calls_is_flagged() -> None:
     payloads = streams.tool_call_stream()
     payloads[7] = streams.finish("stop")
     assert "8-finish" in broken_rules(payloads)
-
-
-def test_named_tool_choice_expects_stop_after_its_call_as_openai_sends() -> None:
-    stopped = streams.tool_call_stream()
-    stopped[7] = streams.finish("stop")
-    assert stream_violations(stopped, include_usage=True, named_tool_choice=True) == []
-    # ...and "tool_calls" is then the deviation from OpenAI.
-    rules = {v.rule for v in stream_violations(streams.tool_call_stream(), include_usage=True, named_tool_choice=True)}
-    assert "8-finish" in rules
 
 
 def test_finish_tool_calls_without_a_call_is_flagged() -> None:

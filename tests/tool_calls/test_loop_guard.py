@@ -1,5 +1,6 @@
-"""The agent-loop guard: what it reads from a conversation, what it reports, and the schema that blocks a call (run
-through llguidance with a real tokenizer, so "blocked" means the grammar cannot write it)."""
+"""The schema that excludes a call's exact arguments (the repair of a failed call re-decodes under it), run through
+llguidance with a real tokenizer, so "excluded" means the grammar cannot write it. What the loop guard reads from a
+conversation is tested in test_call_history.py."""
 
 import json
 from collections.abc import Mapping
@@ -8,10 +9,9 @@ import pytest
 from pydantic import JsonValue
 
 from exo.shared.types.api import FunctionDefinition
-from exo.shared.types.tasks import PromptMessage, PromptToolCall
 from exo.tool_calls.grammar.build import build_tool_grammar
 from exo.tool_calls.grammar.spec import ConstraintMode, ToolConstraintSpec
-from exo.tool_calls.loop_guard import CallHistory, CallKey, excluding, repeated
+from exo.tool_calls.loop_guard import CallKey, excluding
 from exo.tool_calls.names import ToolFormatName
 from tests.tool_calls.grammar.tokenizers import format_tokenizer
 
@@ -29,46 +29,6 @@ WRITE = FunctionDefinition(
     },
 )
 HELLO: dict[str, object] = {"path": "hello.txt", "content": "hello"}
-READ: dict[str, object] = {"path": "hello.txt"}
-
-
-def _turn(call_id: str, name: str, arguments: dict[str, object]) -> list[PromptMessage]:
-    call = PromptToolCall(call_id=call_id, name=name, arguments=arguments)
-    return [
-        PromptMessage(role="assistant", content="", tool_calls=(call,)),
-        PromptMessage(role="tool", content="ok", tool_call_id=call_id),
-    ]
-
-
-def _history(*turns: tuple[str, dict[str, object]]) -> CallHistory:
-    messages = [PromptMessage(role="user", content="Create the file hello.txt containing hello")]
-    for position, (name, arguments) in enumerate(turns):
-        messages += _turn(f"call_{position}", name, arguments)
-    return CallHistory.of(messages)
-
-
-def test_the_latest_answered_call_is_blocked_and_an_older_one_only_reported() -> None:
-    history = _history(("read", READ), ("write", HELLO))
-    assert history.blocked_calls() == (CallKey.of("write", HELLO),)
-    # Reading again after writing is no loop to block (the file changed), but it is a repeat to report.
-    assert len(history.findings([CallKey.of("read", READ)])) == 1
-    assert history.findings([CallKey.of("write", {"path": "other.txt", "content": "hello"})]) == ()
-    # Argument order and spacing do not make a call new.
-    assert repeated(history, [CallKey.of("write", '{"content":"hello",  "path":"hello.txt"}')]) == 1
-
-
-def test_a_call_without_its_result_is_not_blocked() -> None:
-    call = PromptToolCall(call_id="c1", name="write", arguments=HELLO)
-    history = CallHistory.of([PromptMessage(role="assistant", content="", tool_calls=(call,))])
-    assert history.blocked_calls() == ()
-    assert history.findings([CallKey.of("write", HELLO)]) == ()
-
-
-def test_ping_pong_blocks_the_next_swing_and_is_reported() -> None:
-    history = _history(("read", READ), ("write", HELLO), ("read", READ))
-    assert history.blocked_calls() == (CallKey.of("read", READ), CallKey.of("write", HELLO))
-    findings = history.findings([CallKey.of("write", HELLO)])
-    assert any("ping-pong" in finding for finding in findings)
 
 
 def _grammar_accepts(base: FunctionDefinition, parameters: Mapping[str, object], arguments: dict[str, object]) -> bool:
@@ -198,38 +158,3 @@ def test_nested_values_past_the_limits_are_reported_but_not_blocked() -> None:
         "$defs": {"meta": {}},
     }
     assert excluding(referenced, (CallKey.of("t", {"meta": {"a": 1}}),)) is None
-
-
-def test_answer_withdraws_the_blocked_calls_made_since_the_user_last_spoke() -> None:
-    history = _history(("read", READ), ("write", HELLO), ("read", READ))
-    assert history.withdrawn_calls() == history.blocked_calls()
-    # The user spoke after the calls: making one again is what was asked, not a loop.
-    asked = CallHistory.of(
-        [
-            PromptMessage(role="user", content="Create the file hello.txt containing hello"),
-            *_turn("call_0", "write", HELLO),
-            PromptMessage(role="assistant", content="Done."),
-            PromptMessage(role="user", content="Write it again"),
-        ]
-    )
-    assert asked.withdrawn_calls() == ()
-    assert asked.blocked_calls() == (CallKey.of("write", HELLO),)
-    # Text the client sends beside the tool results (Claude Code's reminders) is no new request.
-    reminded = CallHistory.of(
-        [
-            PromptMessage(role="user", content="Create the file hello.txt containing hello"),
-            *_turn("call_0", "write", HELLO),
-            PromptMessage(role="user", content="<system-reminder>keep going</system-reminder>"),
-        ]
-    )
-    assert reminded.withdrawn_calls() == (CallKey.of("write", HELLO),)
-
-
-def test_a_ping_pong_begun_before_the_user_spoke_is_not_withdrawn() -> None:
-    messages = [PromptMessage(role="user", content="Create the file hello.txt containing hello")]
-    messages += [*_turn("call_0", "read", READ), *_turn("call_1", "write", HELLO)]
-    messages += [PromptMessage(role="assistant", content="Done."), PromptMessage(role="user", content="Check it")]
-    messages += _turn("call_2", "read", READ)
-    history = CallHistory.of(messages)
-    assert history.blocked_calls() == (CallKey.of("read", READ), CallKey.of("write", HELLO))
-    assert history.withdrawn_calls() == (CallKey.of("read", READ),)

@@ -4,8 +4,8 @@ A dialect (chat completions, Messages, Responses, Ollama) says how its request b
 (`command`, an ApiError for what it cannot honour), how the runner's chunks become its answer (`answer`: wire text
 a chunk at a time, and the whole body the same chunks add up to) and how an error looks on its wire
 (`error_shape`). `serve` does the rest the same way for all of them: pick the served model, submit the command
-through the master, then stream the answer (answer_stream.py) or fold the chunks into the whole body, and log one
-line for the request (request_log.py).
+through the master (with the policy of an `X-Exo-Loop-Guard` header, loop_guard_header.py), then stream the answer
+(answer_stream.py) or fold the chunks into the whole body, and log one line for the request (request_log.py).
 """
 
 import time
@@ -18,6 +18,7 @@ from exo.api.adapters.protocol_events import AnswerWriter, fold
 from exo.api.answer_stream import AnswerStream
 from exo.api.completion_flow import CLIENT_CLOSED_REQUEST, collect, model_metadata, submit
 from exo.api.error_shapes import ErrorShape
+from exo.api.loop_guard_header import header_policy, with_header_policy
 from exo.api.request_log import RequestTimeline
 from exo.master.client import MasterClient
 from exo.shared.types.commands import GenerateCommand
@@ -64,8 +65,10 @@ async def serve(
 ) -> BaseModel | Response:
     """Generate the answer to `request` in `dialect`: streamed, or whole when the request does not stream."""
     received_at = time.monotonic()
+    guard = header_policy(http_request)
     model_id = dialect.served_model(master.state, request)
     command = dialect.command(request, model_id, model_metadata(master.state, model_id))
+    command = with_header_policy(command, guard)
     handle = await submit(master, command, http_request)
     timeline = RequestTimeline(dialect.name, model_id, handle.node_id, received_at)
     answer = dialect.answer(request, model_id)

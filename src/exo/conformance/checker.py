@@ -35,9 +35,9 @@ def openai_reader() -> SecondReader | None:
     return optional_reader("openai", load)
 
 
-def check_stream(payloads: Sequence[str], *, include_usage: bool, named_tool_choice: bool = False) -> StreamCheck:
+def check_stream(payloads: Sequence[str], *, include_usage: bool) -> StreamCheck:
     """Every contract violation of one streamed response, plus any disagreement of openai-python's accumulator."""
-    walked = walk_stream(payloads, include_usage=include_usage, named_tool_choice=named_tool_choice)
+    walked = walk_stream(payloads, include_usage=include_usage)
     reader = openai_reader()
     extra = reader(payloads, walked.summary) if reader is not None else []
     return StreamCheck(summary=walked.summary, violations=(*walked.violations, *extra))

@@ -69,9 +69,8 @@ class _Call:
 class _StreamWalker:
     """Reads payloads one at a time; every decision needs only what came before."""
 
-    def __init__(self, include_usage: bool, named_tool_choice: bool) -> None:
+    def __init__(self, include_usage: bool) -> None:
         self._include_usage = include_usage
-        self._named_tool_choice = named_tool_choice
         self._violations: list[Violation] = []
         self._identity: tuple[object, object, object] | None = None
         self._choice_chunks = 0
@@ -305,10 +304,9 @@ class _StreamWalker:
         if len(self._finish_reasons) != 1:
             self.violate("8-finish", f"{len(self._finish_reasons)} finish chunks (exactly one is required)")
         reason = self._finish_reasons[0] if self._finish_reasons else None
-        # After calls "tool_calls" (what agent loops run calls on), except for a named tool_choice, where OpenAI
-        # answers "stop"; "length" is the failure rule's report of a call cut off by max_tokens.
-        after_calls = ("stop", "length") if self._named_tool_choice else ("tool_calls", "length")
-        if self._calls and reason not in after_calls:
+        # After calls "tool_calls" (what agent loops run calls on), a named tool_choice too: the finish reason
+        # matches the message. "length" is the failure rule's report of a call cut off by max_tokens.
+        if self._calls and reason not in ("tool_calls", "length"):
             self.violate("8-finish", f"{len(self._calls)} tool call(s) but finish_reason {reason!r}")
         if not self._calls and reason == "tool_calls":
             self.violate("8-finish", "finish_reason 'tool_calls' without any tool call")
@@ -321,12 +319,9 @@ class _StreamWalker:
                 self.violate("3-arguments-json", f"call {index}: arguments {shown!r} are not a JSON object")
 
 
-def walk_stream(payloads: Sequence[str], *, include_usage: bool, named_tool_choice: bool = False) -> StreamCheck:
-    """Check one streamed response's `data:` payloads (in order, `[DONE]` included) against the contract.
-
-    `named_tool_choice`: the request forced one function, so the calls must end with "stop" as OpenAI's do.
-    """
-    walker = _StreamWalker(include_usage, named_tool_choice)
+def walk_stream(payloads: Sequence[str], *, include_usage: bool) -> StreamCheck:
+    """Check one streamed response's `data:` payloads (in order, `[DONE]` included) against the contract."""
+    walker = _StreamWalker(include_usage)
     for position, payload in enumerate(payloads):
         walker.read(position, payload)
     return walker.finish()

@@ -1,23 +1,25 @@
-"""The agent-loop guard: calls the model repeats although their results are already in the conversation.
+"""The agent-loop guard: a call the model repeats although nothing it could learn from it has changed.
 
-The server sees the whole conversation on every request, so it can tell when a model is about to issue a call it
-has already made and been answered (small models re-issue one write dozens of times), or swings between two calls
-(A, B, A, B). Two findings, both from the history of the request and the calls of the reply:
+The server sees the whole conversation on every request, so it can tell when a model is caught in a loop (small
+models re-issue one write dozens of times) from when it repeats a call for a reason. `CallHistory` reads the
+conversation since the user last spoke and says, for a call the reply makes, how many identical calls in a row came
+before it and whether it is a *real loop*: the third identical call in a row, after two results that were the same
+and neither an error. Everything else goes through under every policy:
 
-- a *repeat*: a reply's call with the same name and arguments as a call whose result is in the history;
-- a *ping-pong*: the reply's calls are those of two call turns back, after that turn and the last one alternated.
+- a second identical call (polling a status twice; retrying once);
+- a repeat after other calls in between (poll, sleep, poll; run the tests, edit, run them again);
+- a repeat whose last result differed from the one before (a poll that progresses);
+- a repeat after an error result (`error_result`: a retry);
+- a repeat the user asked for (any user message after the calls, except one holding only Claude Code's
+  `<system-reminder>` blocks, which it sends beside tool results).
 
-`block` does not wait for the reply: `blocked_calls` names the calls the grammar forbids outright, which are the
-answered calls of the latest call turn (an immediate repeat can only be given the same answer) and, after an
-A-B-A alternation, B's calls. An identical call after other calls in between (reading a file again after editing
-it) is reported under `warn` but never blocked: something may have changed since. `excluding` writes the schema
-that forbids a blocked call's exact arguments while leaving every other value of the tool's schema allowed.
-
-`answer` takes back the same calls (`withdrawn_calls`), counted only since the user last spoke (a user asking for
-the same call again is no loop), and lets the model answer in text instead, which ends an agent's loop.
+`warn` reports a call from the second identical one in a row; `block` and `answer` withdraw a real loop (the
+generator holds the call while it is written and takes it back). `excluding` writes the schema that forbids a
+call's exact arguments: the repair of a failed call (constrained/repair.py) re-decodes under it.
 """
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, cast
 
@@ -70,63 +72,133 @@ def canonical_arguments(arguments: Mapping[str, object] | str) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-class CallHistory(FrozenModel):
-    """What the guard reads from a conversation."""
+class TurnCall(FrozenModel):
+    """A call of one assistant turn and what it got back."""
 
-    answered: frozenset[CallKey] = frozenset()
-    """Every call whose result (a `tool` message with its id) is in the history."""
-    turns: tuple[frozenset[CallKey], ...] = ()
-    """The calls of each assistant turn that made calls, oldest first."""
-    turns_since_user: int = 0
-    """How many of `turns` came after the user last spoke. A user message right after tool results is read as part
-    of them (Claude Code sends reminders as text beside its tool results), not as the user speaking."""
+    key: CallKey
+    result: str | None = None
+    """The text of its result (the `tool` messages with its id, joined); None when the history has none."""
+    error: bool = False
+    """Whether that result reads as an error (`error_result`)."""
+
+
+class CallHistory(FrozenModel):
+    """What the guard reads from a conversation: the call turns since the user last spoke."""
+
+    turns: tuple[tuple[TurnCall, ...], ...] = ()
+    """The calls of each assistant turn since the user last spoke, oldest first (an assistant turn without calls
+    is an empty turn: it breaks a row)."""
 
     @classmethod
     def of(cls, messages: Iterable[PromptMessage]) -> "CallHistory":
         listed = list(messages)
-        answered_ids = {message.tool_call_id for message in listed if message.role == "tool" and message.tool_call_id}
-        answered: set[CallKey] = set()
-        turns: list[frozenset[CallKey]] = []
-        since_user = 0
-        for previous, message in zip([None, *listed], listed, strict=False):
-            if message.role == "user" and (previous is None or previous.role != "tool"):
-                since_user = 0
-            if message.role != "assistant" or not message.tool_calls:
+        results: dict[str, list[str]] = {}
+        for message in listed:
+            if message.role == "tool" and message.tool_call_id:
+                results.setdefault(message.tool_call_id, []).append(message.content)
+        turns: list[tuple[TurnCall, ...]] = []
+        for message in listed:
+            if message.role == "user" and _user_spoke(message.content):
+                turns = []
+            if message.role != "assistant":
                 continue
-            keys = {call.call_id: CallKey.of(call.name, call.arguments) for call in message.tool_calls}
-            turns.append(frozenset(keys.values()))
-            since_user += 1
-            answered.update(key for call_id, key in keys.items() if call_id in answered_ids)
-        return cls(answered=frozenset(answered), turns=tuple(turns), turns_since_user=since_user)
+            turn: list[TurnCall] = []
+            for call in message.tool_calls:
+                texts = results.get(call.call_id)
+                result = "".join(texts) if texts is not None else None
+                error = result is not None and error_result(result)
+                turn.append(TurnCall(key=CallKey.of(call.name, call.arguments), result=result, error=error))
+            turns.append(tuple(turn))
+        return cls(turns=tuple(turns))
 
-    def blocked_calls(self) -> tuple[CallKey, ...]:
-        """The calls `block` forbids: the latest call turn's answered calls, and B's after A-B-A."""
-        return self._looping(self.turns)
+    def in_a_row(self, call: CallKey) -> int:
+        """How many of the latest turns, in a row, made `call` (0: the latest turn did not)."""
+        count = 0
+        for turn in reversed(self.turns):
+            if not any(made.key == call for made in turn):
+                break
+            count += 1
+        return count
 
-    def withdrawn_calls(self) -> tuple[CallKey, ...]:
-        """The calls `answer` takes back: those `block` forbids, among the turns since the user last spoke."""
-        return self._looping(self.turns[len(self.turns) - self.turns_since_user :])
+    def real_loop(self, call: CallKey) -> bool:
+        """Whether `call` made now would be a real loop: the third identical call in a row, after two results that
+        are the same (whitespace around them aside) and neither an error."""
+        if self.in_a_row(call) < 2:
+            return False
+        last_two = [next(made for made in turn if made.key == call) for turn in self.turns[-2:]]
+        answers = [made.result.strip() for made in last_two if made.result is not None and not made.error]
+        return len(answers) == 2 and answers[0] == answers[1]
 
-    def _looping(self, turns: Sequence[frozenset[CallKey]]) -> tuple[CallKey, ...]:
-        if not turns:
-            return ()
-        candidates = set(turns[-1])
-        if _alternating(turns):
-            candidates |= turns[-2]
-        return tuple(sorted(candidates & self.answered, key=lambda key: (key.name, key.arguments)))
+    def looping_calls(self) -> tuple[CallKey, ...]:
+        """The calls that would be a real loop if the reply made them again (those of the latest turn)."""
+        looping: list[CallKey] = []
+        for made in self.turns[-1] if self.turns else ():
+            if made.key not in looping and self.real_loop(made.key):
+                looping.append(made.key)
+        return tuple(sorted(looping, key=lambda key: (key.name, key.arguments)))
 
     def findings(self, calls: Sequence[CallKey]) -> tuple[str, ...]:
-        """What `warn` reports about a reply that made `calls`."""
-        found = [f"repeated call {call.describe()}: its result is already in the conversation" for call in calls]
-        found = [text for call, text in zip(calls, found, strict=True) if call in self.answered]
-        if calls and _alternating(self.turns) and frozenset(calls) == self.turns[-2]:
-            found.append("ping-pong: the reply repeats the calls of two turns back after A-B-A")
+        """What `warn` reports about a reply that made `calls`: each call from the second identical one in a row."""
+        found: list[str] = []
+        for call in calls:
+            before = self.in_a_row(call)
+            if before:
+                after = ", after identical results" if self.real_loop(call) else ""
+                found.append(
+                    f"repeated call {call.describe()}: identical call {before + 1} in a row since the user last "
+                    f"spoke{after}"
+                )
         return tuple(found)
 
+    def repeated(self, calls: Sequence[CallKey]) -> int:
+        """How many of `calls` repeat a call of the latest turn (what `warn` reports and /metrics counts)."""
+        return sum(self.in_a_row(call) > 0 for call in calls)
 
-def _alternating(turns: Sequence[frozenset[CallKey]]) -> bool:
-    """The last three call turns went A, B, A (A ≠ B): B next would make it A-B-A-B."""
-    return len(turns) >= 3 and turns[-3] == turns[-1] != turns[-2]
+
+_REMINDERS_ONLY: Final = re.compile(r"\s*(?:<system-reminder>.*?</system-reminder>\s*)+", re.DOTALL)
+_ERROR_OPENING: Final = re.compile(
+    r"^[\s*_#>\[(!-]*(?:error|exception|traceback|fatal|failed|failure)\b", re.IGNORECASE
+)
+_EXIT_CODE_OPENING: Final = re.compile(r"^\s*(?:exit code|process exited with code)\W*(-?\d+)", re.IGNORECASE)
+_ERROR_FLAGS: Final = (("is_error", True), ("success", False), ("ok", False))
+_EXIT_CODE_KEYS: Final = ("exit_code", "exitCode", "returncode")
+
+
+def _user_spoke(content: str) -> bool:
+    """Whether a user message is the user speaking: some text, and not only `<system-reminder>` blocks."""
+    return bool(content.strip()) and _REMINDERS_ONLY.fullmatch(content) is None
+
+
+def error_result(text: str) -> bool:
+    """Whether a tool result reads as an error. The dialects have no common flag (only Messages has `is_error`,
+    which its adapter writes into the result as "Error: …"), so the text is read:
+
+    - it opens with error, exception, traceback, fatal, failed or failure (any case, after markup such as `**`,
+      `#` or `[`);
+    - it opens with a non-zero "Exit code: N" or "Process exited with code N" (Codex's shell output);
+    - it is a JSON object with a truthy `error`, `"is_error": true`, `"success": false`, `"ok": false`, or a non-zero
+      `exit_code` / `exitCode` / `returncode` at its top level or in its `metadata`.
+
+    Reading too much as an error only makes the guard withdraw less."""
+    if _ERROR_OPENING.match(text):
+        return True
+    exit_code = _EXIT_CODE_OPENING.match(text)
+    if exit_code is not None:
+        return int(exit_code.group(1)) != 0
+    try:
+        value: object = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and _error_object(cast(dict[str, object], value))
+
+
+def _error_object(value: Mapping[str, object]) -> bool:
+    if value.get("error") or any(key in value and value[key] is flag for key, flag in _ERROR_FLAGS):
+        return True
+    metadata = value.get("metadata")
+    places = [value, cast(dict[str, object], metadata)] if isinstance(metadata, dict) else [value]
+    codes = [place.get(key) for place in places for key in _EXIT_CODE_KEYS]
+    return any(isinstance(code, int) and not isinstance(code, bool) and code != 0 for code in codes)
 
 
 class ReplyCalls:
@@ -283,14 +355,14 @@ def _printable(character: str) -> str:
     return f"\\x{{{ord(character):x}}}" if ord(character) < 0x20 else character
 
 
-def withdrawal_finding(call: CallKey) -> str:
-    """What `answer` reports about a call it took back."""
+def withdrawal_finding(call: CallKey, then: str) -> str:
+    """What `block` and `answer` report about a call they took back (`then`: what the reply did instead)."""
     return (
-        f"repeated call {call.describe()} withdrawn: its result is already in the conversation, so the reply was "
-        "decoded again without calls"
+        f"repeated call {call.describe()} withdrawn: the third identical call in a row after two identical results, "
+        f"so {then}"
     )
 
 
-def repeated(history: CallHistory, calls: Sequence[CallKey]) -> int:
-    """How many of `calls` repeat an answered call (what /metrics counts)."""
-    return sum(call in history.answered for call in calls)
+def kept_loop_finding(call: CallKey, why: str) -> str:
+    """What `block` and `answer` report about a real loop they could not take back (`why`)."""
+    return f"repeated call {call.describe()} not withdrawn although it loops: {why}"

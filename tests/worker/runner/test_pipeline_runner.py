@@ -73,7 +73,7 @@ async def test_a_split_model_answers_every_request_as_one_runner_does(layer_coun
         expected = await _answers(whole, cases())
     # The cases are what they say: calls where calls are due, the named call, a JSON answer.
     assert sum(isinstance(chunk, ToolCallChunk) for chunk in expected["two parallel calls"]) == 2
-    assert _finish(expected["tool_choice named"]).finish_reason == "stop"
+    assert _finish(expected["tool_choice named"]).finish_reason == "tool_calls"
     assert _finish(expected["tool_choice required"]).finish_reason == "tool_calls"
     async with running_ranks(model_path, pipeline_of(layer_counts)) as supervisors:
         leader = supervisors[0]

@@ -80,6 +80,7 @@ class ChatAnswer:
                 total_tokens=usage.total_tokens,
                 prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
                 completion_tokens_details=CompletionTokensDetails(reasoning_tokens=usage.reasoning_tokens),
+                withdrawn_tool_calls=usage.withdrawn_tool_calls,
             ),
             exo_loop_warnings=list(finish.loop_warnings) or None,
         )

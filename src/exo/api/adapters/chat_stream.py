@@ -29,13 +29,17 @@ DONE_EVENT = "data: [DONE]\n\n"
 
 
 def usage_payload(usage: Usage) -> dict[str, Any]:
-    return {
+    payload: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
     }
+    # exo's own, only when the agent-loop guard withdrew a call (docs/TOOL_CALLING.md).
+    if usage.withdrawn_tool_calls:
+        payload["withdrawn_tool_calls"] = usage.withdrawn_tool_calls
+    return payload
 
 
 def error_payload(chunk: ErrorChunk) -> dict[str, Any]:

@@ -105,6 +105,7 @@ def message_usage(usage: Usage) -> MessageDeltaUsage:
         output_tokens=usage.completion_tokens,
         cache_creation_input_tokens=0,
         cache_read_input_tokens=usage.cached_tokens,
+        withdrawn_tool_calls=usage.withdrawn_tool_calls,
     )
 
 
@@ -129,6 +130,7 @@ class MessageStreamEncoder:
         self._stop_reason: StopReason | None = None
         self._stop_sequence: str | None = None
         self._usage = MessageUsage(input_tokens=0, output_tokens=0)
+        self._loop_warnings: list[str] | None = None
 
     def message(self) -> AnthropicMessage:
         """The message as the events so far describe it (complete after the FinishChunk)."""
@@ -139,6 +141,7 @@ class MessageStreamEncoder:
             stop_reason=self._stop_reason,
             stop_sequence=self._stop_sequence,
             usage=self._usage,
+            exo_loop_warnings=self._loop_warnings,
         )
 
     def whole(self) -> AnthropicMessage:
@@ -211,5 +214,7 @@ class MessageStreamEncoder:
         self._stop_sequence = finish.stop_sequence if self._stop_reason == "stop_sequence" else None
         usage = message_usage(finish.usage)
         self._usage = MessageUsage.model_validate(usage.model_dump())
+        self._loop_warnings = list(finish.loop_warnings) or None
         delta = MessageDeltaBody(stop_reason=self._stop_reason, stop_sequence=self._stop_sequence)
-        return [MessageDeltaEvent(delta=delta, usage=usage), MessageStopEvent()]
+        message_delta = MessageDeltaEvent(delta=delta, usage=usage, exo_loop_warnings=self._loop_warnings)
+        return [message_delta, MessageStopEvent()]

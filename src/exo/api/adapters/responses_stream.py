@@ -95,6 +95,7 @@ def response_usage(usage: Usage) -> ResponseUsage:
         output_tokens=usage.completion_tokens,
         output_tokens_details=OutputTokensDetails(reasoning_tokens=usage.reasoning_tokens),
         total_tokens=usage.total_tokens,
+        withdrawn_tool_calls=usage.withdrawn_tool_calls,
     )
 
 
@@ -145,7 +146,7 @@ class ResponseStreamEncoder:
                     sequence_number=self._next(), item_id=item.item_id, output_index=item.output_index, delta=fragment
                 )
                 return [delta]
-            case FinishChunk(finish_reason=reason, usage=usage):
+            case FinishChunk(finish_reason=reason, usage=usage, loop_warnings=warnings):
                 truncated = reason == "length"
                 events = self._close("incomplete" if truncated else "completed")
                 self._response = self._response.model_copy(
@@ -153,6 +154,7 @@ class ResponseStreamEncoder:
                         "status": "incomplete" if truncated else "completed",
                         "incomplete_details": IncompleteDetails(reason="max_output_tokens") if truncated else None,
                         "usage": response_usage(usage),
+                        "exo_loop_warnings": list(warnings) or None,
                     }
                 )
                 return [*events, self._lifecycle("response.incomplete" if truncated else "response.completed")]

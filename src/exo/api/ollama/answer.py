@@ -142,6 +142,7 @@ class OllamaAnswer:
             prompt_eval_duration=first - self._started,
             eval_count=usage.completion_tokens,
             eval_duration=now - first,
+            exo_loop_warnings=list(chunk.loop_warnings) or None,
         )
 
     def _final(self, *, whole: bool) -> BaseModel:

@@ -187,7 +187,9 @@ def chat_command(request: OllamaChatRequest, model_id: ModelId, context_length: 
     _refuse_unsupported(request)
     params = GenerationParams(
         messages=normalise_messages(request.messages),
-        tool_policy=tool_policy(request.tools, request.tool_choice),
+        tool_policy=tool_policy(request.tools, request.tool_choice).model_copy(
+            update={"loop_guard": request.loop_guard}
+        ),
         sampling=sampling_params(request.options, context_length),
         chat_template_kwargs=_template_kwargs(request.think),
         structured_output=structured_output(request.format),

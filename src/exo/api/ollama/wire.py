@@ -85,6 +85,8 @@ class OllamaChatRequest(WireModel):
     tools: list[OllamaTool] | None = None
     # exo's extension (Ollama has no tool_choice): the same values as chat completions, enforced by the grammar.
     tool_choice: ToolChoice | None = None
+    # exo's extension: the agent-loop guard for this request, as chat completions' `loop_guard` (None: the node's).
+    loop_guard: Literal["off", "warn", "block", "answer"] | None = None
     stream: bool = True
     format: OllamaFormat | None = None
     options: OllamaOptions | None = None
@@ -151,6 +153,8 @@ class OllamaTimings(BaseModel):
 
     done_reason: Literal["stop", "length"]
     total_duration: int
+    # exo's own: what the agent-loop guard found (docs/TOOL_CALLING.md); absent when it found nothing.
+    exo_loop_warnings: list[str] | None = None
     load_duration: int = 0
     prompt_eval_count: int
     prompt_eval_duration: int

@@ -234,6 +234,8 @@ class MessageUsage(BaseModel):
     output_tokens: int
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
+    # exo's own: how many calls the agent-loop guard withdrew from this answer (docs/TOOL_CALLING.md); absent at 0.
+    withdrawn_tool_calls: int = Field(default=0, exclude_if=lambda count: count == 0)
 
 
 class AnthropicMessage(BaseModel):
@@ -245,6 +247,8 @@ class AnthropicMessage(BaseModel):
     stop_reason: StopReason | None
     stop_sequence: str | None
     usage: MessageUsage
+    # exo's own: what the agent-loop guard found (docs/TOOL_CALLING.md); absent when it found nothing.
+    exo_loop_warnings: list[str] | None = Field(default=None, exclude_if=lambda warnings: not warnings)
 
 
 class TokenCount(BaseModel):

@@ -69,12 +69,16 @@ class MessageDeltaUsage(BaseModel):
     output_tokens: int
     cache_creation_input_tokens: int
     cache_read_input_tokens: int
+    # exo's own: how many calls the agent-loop guard withdrew from this answer (docs/TOOL_CALLING.md); absent at 0.
+    withdrawn_tool_calls: int = Field(default=0, exclude_if=lambda count: count == 0)
 
 
 class MessageDeltaEvent(BaseModel):
     type: Literal["message_delta"] = "message_delta"
     delta: MessageDeltaBody
     usage: MessageDeltaUsage
+    # exo's own: what the agent-loop guard found (docs/TOOL_CALLING.md); absent when it found nothing.
+    exo_loop_warnings: list[str] | None = Field(default=None, exclude_if=lambda warnings: not warnings)
 
 
 class MessageStopEvent(BaseModel):

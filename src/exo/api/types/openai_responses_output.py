@@ -74,6 +74,8 @@ class ResponseUsage(BaseModel):
     output_tokens: int
     output_tokens_details: OutputTokensDetails
     total_tokens: int
+    # exo's own: how many calls the agent-loop guard withdrew from this answer (docs/TOOL_CALLING.md); absent at 0.
+    withdrawn_tool_calls: int = Field(default=0, exclude_if=lambda count: count == 0)
 
 
 class IncompleteDetails(BaseModel):
@@ -112,6 +114,8 @@ class ResponseObject(BaseModel):
     store: bool = False
     metadata: dict[str, str] = Field(default_factory=dict)
     user: str | None = None
+    # exo's own: what the agent-loop guard found (docs/TOOL_CALLING.md); absent when it found nothing.
+    exo_loop_warnings: list[str] | None = Field(default=None, exclude_if=lambda warnings: not warnings)
 
 
 class InputTokenCount(BaseModel):

@@ -251,6 +251,8 @@ class ResponseUsage(BaseModel):
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
     completion_tokens_details: CompletionTokensDetails
+    # exo's own: how many calls the agent-loop guard withdrew from this answer (docs/TOOL_CALLING.md); absent at 0.
+    withdrawn_tool_calls: int = Field(default=0, exclude_if=lambda count: count == 0)
 
 
 class ChatCompletionResponse(BaseModel):

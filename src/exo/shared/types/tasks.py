@@ -10,8 +10,9 @@ from exo.shared.types.common import CommandId, FrozenModel, ModelId, TaskId
 Role = Literal["system", "user", "assistant", "tool"]
 # How the model may use the offered tools; every wire protocol's tool-choice names map onto these.
 ToolChoiceMode = Literal["none", "auto", "required", "named"]
-# The agent-loop guard (exo.tool_calls.loop_guard): off; warn (report repeated calls); block (the grammar forbids them);
-# answer (a repeated call is taken back and the reply decoded again without calls, so the model answers in text).
+# The agent-loop guard (exo.tool_calls.loop_guard): off; warn (report repeated calls); block and answer (a real loop,
+# the third identical call in a row after identical results, is taken back and the reply decoded again without that
+# tool, or without calls, so the model answers in text).
 LoopGuardPolicy = Literal["off", "warn", "block", "answer"]
 
 

@@ -1,8 +1,8 @@
 """The loop guard's `answer` on every decoder of the scheduler (tiny-qwen-tools fixture, real forward passes): a
-model pushed to write again the call whose result the conversation already holds (standing in for a model stuck in
-an agent loop) gets that call taken back before any of it is streamed, and its reply goes on without calls; the
-same push towards the same tool with new arguments gets its call through untouched. Alone, speculating and in a
-batch beside another request, the reply is the same, and the request beside it keeps its own."""
+model pushed to write a third time the call whose identical result the conversation holds twice (standing in for a
+model stuck in an agent loop) gets that call taken back before any of it is streamed, and its reply goes on without
+calls; the same push towards the same tool with new arguments gets its call through untouched. Alone, speculating
+and in a batch beside another request, the reply is the same, and the request beside it keeps its own."""
 
 from collections.abc import Callable
 
@@ -40,10 +40,13 @@ PUSH = 100.0
 """Far above the fixture's own logits: the pushed text is written wherever the grammar allows it."""
 PARIS = qwen_tool_call_text("get_weather", '{"city": "Paris"}')
 TOKYO = qwen_tool_call_text("get_weather", '{"city": "Tokyo"}')
+# A real loop: the same call twice in a row with the same result twice, so the guard withdraws a third.
 LOOP: list[JsonValue] = [
     user("What is the weather in Paris?"),
-    assistant_tool_call("get_weather", {"city": "Paris"}),
-    tool_result(PARIS_WEATHER_RESULT),
+    assistant_tool_call("get_weather", {"city": "Paris"}, "call_0"),
+    tool_result(PARIS_WEATHER_RESULT, "call_0"),
+    assistant_tool_call("get_weather", {"city": "Paris"}, "call_1"),
+    tool_result(PARIS_WEATHER_RESULT, "call_1"),
 ]
 
 

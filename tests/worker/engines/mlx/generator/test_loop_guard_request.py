@@ -1,15 +1,19 @@
 """The loop guard on one chat request of the tiny-qwen-tools fixture: the reply (the model's own tokens for a call
 it has already made and been answered) goes through the real request path — detokenizer, tool parser, grammar,
-finish. `warn` reports the repeat without changing one chunk of the reply, `off` reports nothing, and `answer`
-takes the repeat back before any of it is sent and goes on under a grammar that forbids calls."""
+finish. `warn` reports the repeat without changing one chunk of the reply, `off` reports nothing; `answer` and
+`block` take a real loop (the third identical call in a row after identical results) back before any of it is sent
+and go on under a grammar without calls (`answer`) or without that tool (`block`), and let every other repeat
+through. Where a reply cannot go without a call (a forced tool_choice), the loop is sent as the model wrote it and
+reported: the guard never writes a call the model did not."""
 
+import json
 import math
 
 import mlx.core as mx
 import pytest
 from pydantic import JsonValue
 
-from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk, ToolCallChunk
+from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings, EngineContext
 from tests.fixtures.fixture_specs import (
     FIXTURE_MODELS_DIR,
@@ -39,7 +43,6 @@ def _reply(context: EngineContext, policy: str, text: str) -> list[Chunk]:
             user("What is the weather in Paris?"),
             assistant_tool_call("get_weather", {"city": "Paris"}),
             tool_result(PARIS_WEATHER_RESULT),
-            user("And now?"),
         ],
         "tools": [GET_WEATHER_TOOL],
         "loop_guard": policy,
@@ -83,15 +86,32 @@ def _answered(city: str, call_id: str, result: str) -> list[JsonValue]:
     return [assistant_tool_call("get_weather", {"city": city}, call_id), tool_result(result, call_id)]
 
 
-LOOP: list[JsonValue] = [user(QUESTION), *_answered("Paris", "call_0", PARIS_WEATHER_RESULT)]
+# A real loop: the same call twice in a row, the same result twice; a third is withdrawn.
+LOOP: list[JsonValue] = [
+    user(QUESTION),
+    *_answered("Paris", "call_0", PARIS_WEATHER_RESULT),
+    *_answered("Paris", "call_1", PARIS_WEATHER_RESULT),
+]
+# What goes through: a second identical call, calls in between, a result that changed, an error, the user asking.
+SECOND: list[JsonValue] = [user(QUESTION), *_answered("Paris", "call_0", PARIS_WEATHER_RESULT)]
 PING_PONG: list[JsonValue] = [
     user(QUESTION),
-    *_answered("Tokyo", "call_0", TOKYO_RESULT),
-    *_answered("Paris", "call_1", PARIS_WEATHER_RESULT),
-    *_answered("Tokyo", "call_2", TOKYO_RESULT),
+    *_answered("Paris", "call_0", PARIS_WEATHER_RESULT),
+    *_answered("Tokyo", "call_1", TOKYO_RESULT),
+    *_answered("Paris", "call_2", PARIS_WEATHER_RESULT),
 ]
-# The user spoke after the answered call: asking for it again is no loop.
-ASKED_AGAIN: list[JsonValue] = [*LOOP, {"role": "assistant", "content": PARIS_WEATHER_ANSWER}, user(QUESTION)]
+CHANGED: list[JsonValue] = [
+    user(QUESTION),
+    *_answered("Paris", "call_0", PARIS_WEATHER_RESULT),
+    *_answered("Paris", "call_1", PARIS_WEATHER_RESULT.replace("18", "19")),
+]
+ERROR = "Error: the weather service timed out"
+AFTER_ERRORS: list[JsonValue] = [
+    user(QUESTION),
+    *_answered("Paris", "call_0", ERROR),
+    *_answered("Paris", "call_1", ERROR),
+]
+ASKED_AGAIN: list[JsonValue] = [*LOOP, user("Run it again")]
 
 
 def _answer_request(context: EngineContext, messages: list[JsonValue], policy: str = "answer") -> ChatRequest:
@@ -116,13 +136,10 @@ def _allows_a_call(context: EngineContext, request: ChatRequest, reply: list[int
     return allowed > -math.inf
 
 
-@pytest.mark.parametrize(("messages", "repeat"), [(LOOP, REPEAT), (PING_PONG, REPEAT)])
-def test_answer_withdraws_a_repeated_call_and_the_reply_goes_on_without_calls(
-    context: EngineContext, messages: list[JsonValue], repeat: str
-) -> None:
-    request = _answer_request(context, messages)
+def test_answer_withdraws_a_real_loop_and_the_reply_goes_on_without_calls(context: EngineContext) -> None:
+    request = _answer_request(context, LOOP)
     lead = _encode(context, "Checking.\n")
-    sent = request.accept([*lead, *_encode(context, repeat)])
+    sent = request.accept([*lead, *_encode(context, REPEAT)])
     # The call was held while it was written and never sent; the reply went back to where it began.
     assert _calls_in(sent) == []
     assert request.take_rewind() == len(lead)
@@ -139,16 +156,29 @@ def test_answer_withdraws_a_repeated_call_and_the_reply_goes_on_without_calls(
     assert finish.finish_reason == "stop"
     assert len(finish.loop_warnings) == 1
     assert "withdrawn" in finish.loop_warnings[0]
+    assert "without calls" in finish.loop_warnings[0]
     assert 'get_weather({"city":"Paris"})' in finish.loop_warnings[0]
     assert finish.usage.repeated_tool_calls == finish.usage.withdrawn_tool_calls == 1
     assert finish.usage.completion_tokens == len(request.generated)
 
 
-@pytest.mark.parametrize(("messages", "reply"), [(LOOP, NEW), (ASKED_AGAIN, REPEAT), (PING_PONG, OSLO)])
-def test_answer_leaves_a_new_call_and_a_call_the_user_asked_for_again_alone(
-    context: EngineContext, messages: list[JsonValue], reply: str
+LEGITIMATE = [
+    (LOOP, NEW),
+    (SECOND, REPEAT),
+    (PING_PONG, REPEAT),
+    (PING_PONG, OSLO),
+    (CHANGED, REPEAT),
+    (AFTER_ERRORS, REPEAT),
+    (ASKED_AGAIN, REPEAT),
+]
+
+
+@pytest.mark.parametrize("policy", ["answer", "block"])
+@pytest.mark.parametrize(("messages", "reply"), LEGITIMATE)
+def test_every_repeat_but_a_real_loop_goes_through(
+    context: EngineContext, messages: list[JsonValue], reply: str, policy: str
 ) -> None:
-    request = _answer_request(context, messages)
+    request = _answer_request(context, messages, policy)
     chunks = [*request.accept(_encode(context, reply)), *request.finish(None)]
     assert request.take_rewind() is None
     unguarded = _answer_request(context, messages, policy="off")
@@ -182,3 +212,65 @@ def test_answer_goes_back_to_before_an_opening_marker_spelled_in_pieces(context:
     assert _calls_in(request.accept([*lead, *pieces, *rest])) == []
     assert request.take_rewind() == len(lead)
     assert not _allows_a_call(context, request, lead)
+
+
+def test_block_withdraws_a_real_loop_and_the_reply_goes_on_without_that_tool(context: EngineContext) -> None:
+    request = _answer_request(context, LOOP, policy="block")
+    lead = _encode(context, "Checking.\n")
+    assert _calls_in(request.accept([*lead, *_encode(context, REPEAT)])) == []
+    assert request.take_rewind() == len(lead)
+    # The tool offered is the looping one, so no call is left: the grammar of tool_choice "none".
+    assert not _allows_a_call(context, request, lead)
+    chunks = [*request.accept([*_encode(context, "Done."), *context.loaded.tokenizer.eos_token_ids])]
+    finish = _finish([*chunks, *request.finish(None)])
+    assert finish.finish_reason == "stop"
+    assert finish.usage.withdrawn_tool_calls == 1
+    assert "withdrawn" in finish.loop_warnings[0]
+
+
+# ---- the guard never writes a call; the finish reason matches the message ------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["answer", "block"])
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_call_is_sent_as_the_model_wrote_it_and_reported(
+    context: EngineContext, policy: str, tool_choice: JsonValue
+) -> None:
+    """Issue 37: a forced tool_choice with a repeat got a call the model never wrote (the grammar kept it from closing
+    its string) and finish_reason "stop" beside it. Now the forced reply keeps the model's own call and says why."""
+    body: dict[str, JsonValue] = {
+        "messages": LOOP,
+        "tools": [GET_WEATHER_TOOL],
+        "tool_choice": tool_choice,
+        "loop_guard": policy,
+    }
+    request = ChatRequest.open(context, task(body), rewinds=True)
+    # Under a forced choice the grammar writes the opening marker; the model writes the rest.
+    reply = _encode(context, REPEAT)
+    chunks = [*request.accept([*reply, *context.loaded.tokenizer.eos_token_ids]), *request.finish(None)]
+    assert request.take_rewind() is None
+    arguments = "".join(chunk.fragment for chunk in chunks if isinstance(chunk, ToolCallArgumentsChunk))
+    assert _calls_in(chunks) == ["get_weather"]
+    assert json.loads(arguments) == {"city": "Paris"}
+    finish = _finish(chunks)
+    assert finish.finish_reason == "tool_calls"
+    assert finish.usage.withdrawn_tool_calls == 0
+    assert any("not withdrawn" in warning and "tool_choice" in warning for warning in finish.loop_warnings)
+
+
+@pytest.mark.parametrize("messages", [SECOND, LOOP])
+def test_a_forced_repeat_is_not_steered_by_the_grammar(context: EngineContext, messages: list[JsonValue]) -> None:
+    """The processors of a forced call under `block` are those without the guard: no exclusion of the exact
+    arguments reaches the grammar, so the tokens the model picks are the tokens it would pick anyway."""
+    forced: dict[str, JsonValue] = {
+        "messages": messages,
+        "tools": [GET_WEATHER_TOOL],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    }
+    guarded = ChatRequest.open(context, task({**forced, "loop_guard": "block"}), rewinds=True)
+    unguarded = ChatRequest.open(context, task({**forced, "loop_guard": "off"}), rewinds=True)
+    reply = _encode(context, REPEAT)
+    for end in range(len(reply) + 1):
+        tokens = mx.array([*guarded.prefill_tokens, *reply[:end]])
+        logits = mx.zeros((1, context.loaded.vocabulary_size))
+        assert mx.array_equal(guarded.processors(tokens, logits), unguarded.processors(tokens, logits)).item()

@@ -3,9 +3,9 @@ when it is taken back this says where the reply goes back to.
 
 Two reasons take a call back (the request decides which processors decode on): a call that failed to parse or
 validate is re-decoded under a grammar (a repair, constrained/repair.py says which calls and which grammar), and a
-call the loop guard's `answer` withdraws (a repeat of an answered call) is replaced by a reply without calls.
+call the loop guard withdraws (a real loop, see `CallHistory.looping_calls`) is replaced by a reply without it.
 
-A call is *at risk* when its tool is one of those (see `tools_at_risk` and `CallHistory.withdrawn_calls`). While
+A call is *at risk* when its tool is one of those (see `tools_at_risk` and `CallHistory.looping_calls`). While
 such a call is written, its chunks are held here instead of being sent, so it can still be taken back: the client
 receives the call only once it is settled, or never. A call to a tool that is not at risk is released as soon as
 its name is read.

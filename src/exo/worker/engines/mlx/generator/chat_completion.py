@@ -33,7 +33,7 @@ from exo.tool_calls.grammar.spec import (
     ToolConstraintSpec,
     UnsupportedConstraintError,
 )
-from exo.tool_calls.loop_guard import CallHistory, CallKey, ReplyCalls, repeated, withdrawal_finding
+from exo.tool_calls.loop_guard import CallHistory, CallKey, ReplyCalls, kept_loop_finding, withdrawal_finding
 from exo.tool_calls.registry import format_for
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
 from exo.worker.engines.mlx.cache.prefix_cache import CacheLease, PrefixCache
@@ -118,16 +118,12 @@ def _make_parser(context: EngineContext, policy: ToolPolicy, reasoning: Reasonin
     )
 
 
-def _finish_reason(
-    generation_finish: FinishReason | None, parser: ToolStreamParser, policy: ToolPolicy
-) -> FinishReason:
+def _finish_reason(generation_finish: FinishReason | None, sent_calls: bool) -> FinishReason:
+    """ "tool_calls" exactly when the reply sent calls (a named tool_choice too: agent loops run the calls on that
+    signal, and a message with calls and "stop" is one they stop on), unless `max_tokens` cut it."""
     if generation_finish == "length":
         return "length"
-    # OpenAI answers "stop" for a call forced by a named tool_choice (the caller asked for exactly that call and
-    # needs no loop signal); every other reply with calls is "tool_calls", which agent loops run the calls on.
-    if parser.tool_calls_emitted and policy.mode != "named":
-        return "tool_calls"
-    return "stop"
+    return "tool_calls" if sent_calls else "stop"
 
 
 def loop_guard_policy(context: EngineContext, policy: ToolPolicy) -> LoopGuardPolicy:
@@ -137,30 +133,36 @@ def loop_guard_policy(context: EngineContext, policy: ToolPolicy) -> LoopGuardPo
 
 @dataclass(frozen=True)
 class LoopGuardCalls:
-    """What the loop guard does with the calls a request's reply must not repeat."""
+    """What the loop guard does with the calls that would make a real loop (`CallHistory.looping_calls`)."""
 
-    blocked: tuple[CallKey, ...] = ()
-    """Forbidden by the grammar (`block`, and `answer` where its reply cannot be taken back)."""
     withdrawn: frozenset[CallKey] = frozenset()
-    """Taken back once written, the reply then decoded again without calls (`answer`)."""
+    """Taken back once written; the reply is then decoded again without them."""
+    policy: LoopGuardPolicy = "off"
+    kept: frozenset[CallKey] = frozenset()
+    """Real loops the request cannot take back (`kept_because` says why): sent as written, and reported."""
+    kept_because: str = ""
 
 
 def _loop_guard_calls(
     context: EngineContext, task: GenerationTask, history: CallHistory, *, rewinds: bool
 ) -> LoopGuardCalls:
+    """What `block` and `answer` do with this request's real loops. Never a grammar that forbids a call's exact
+    arguments: a model kept from closing the string it meant to write writes on, and the client would get a call
+    the model never made. A loop is taken back once written, or, where the reply cannot go back, reported."""
     params = task.params
-    policy = params.tool_policy
-    match loop_guard_policy(context, policy):
-        case "block":
-            return LoopGuardCalls(blocked=history.blocked_calls())
-        case "answer":
-            withdrawn = history.withdrawn_calls()
-            # Answering in text needs plain "auto" (a forced call cannot become text, a response_format grammar
-            # has no such turn) and a decoder that can go back; elsewhere the calls are forbidden as `block` does.
-            answerable = rewinds and policy.mode == "auto" and params.structured_output is None
-            return LoopGuardCalls(withdrawn=frozenset(withdrawn)) if answerable else LoopGuardCalls(blocked=withdrawn)
-        case "off" | "warn":
-            return LoopGuardCalls()
+    policy = loop_guard_policy(context, params.tool_policy)
+    looping = frozenset(history.looping_calls())
+    if policy in ("off", "warn") or not looping:
+        return LoopGuardCalls(policy=policy)
+    if params.tool_policy.mode != "auto":
+        why = f'tool_choice "{params.tool_policy.mode}" asks for a call, so the reply cannot go on without one'
+    elif params.structured_output is not None:
+        why = "a response_format holds the reply"
+    elif not rewinds:
+        why = "this instance's decoder cannot take a call back (pipeline-parallel)"
+    else:
+        return LoopGuardCalls(withdrawn=looping, policy=policy)
+    return LoopGuardCalls(policy=policy, kept=looping, kept_because=why)
 
 
 def _build_processors(
@@ -168,7 +170,6 @@ def _build_processors(
     task: GenerationTask,
     prefill_length: int,
     reasoning: ReasoningMarkers | None,
-    blocked: tuple[CallKey, ...],
 ) -> RequestProcessors:
     """Penalties plus the grammar the task's tool policy / response_format needs; raises UnsupportedConstraintError."""
     params = task.params
@@ -179,7 +180,6 @@ def _build_processors(
         context.tool_format,
         reasoning,
         auto_grammar=context.decode.auto_tool_grammar,
-        blocked=blocked,
     )
     # Processors are shown the tokens fed after the cached prefix (the uncached rest of the prompt) plus the sampled
     # ones, whichever decoder runs the request.
@@ -215,7 +215,6 @@ def _call_repair(
     *,
     held: bool,
     reasoning: ReasoningMarkers | None,
-    blocked: tuple[CallKey, ...],
     prefill_length: int,
 ) -> RepairProcessors:
     """The processors a failed call of the request is re-decoded under (`held`: a grammar held the call)."""
@@ -223,7 +222,7 @@ def _call_repair(
     policy = params.tool_policy
 
     def repair_processors(kept: list[int], failed: CallKey | None) -> RequestProcessors | None:
-        spec = repair_spec(policy, context.tool_format, reasoning, grammar_held=held, blocked=blocked, failed=failed)
+        spec = repair_spec(policy, context.tool_format, reasoning, grammar_held=held, blocked=(), failed=failed)
         if spec is None:
             return None
         try:
@@ -241,20 +240,27 @@ def _call_repair(
     return repair_processors
 
 
-AnswerProcessors = Callable[[list[int]], RequestProcessors | None]
-"""Given the reply's tokens before a withdrawn call, the processors to decode on without calls (None: the reply
-ends where the call began)."""
+AnswerProcessors = Callable[[list[int], frozenset[str]], RequestProcessors | None]
+"""Given the reply's tokens before a withdrawn call and the tools to take away (empty: every tool), the processors
+to decode on without them (None: the reply ends where the call began)."""
 
 
 def _answer_processors(
     context: EngineContext, task: GenerationTask, *, reasoning: ReasoningMarkers | None, prefill_length: int
 ) -> AnswerProcessors:
-    """The processors a reply is decoded on with after the loop guard withdrew a call: the grammar of `tool_choice:
-    "none"` (text that never opens a call), resumed after the reply's tokens before the call."""
+    """The processors a reply is decoded on with after the loop guard withdrew a call, resumed after the reply's
+    tokens before the call: the lazy grammar of the tools left (`block`: the model may call another tool or answer),
+    or that of `tool_choice: "none"` (text that never opens a call) where none is left or `answer` takes them all."""
     params = task.params
-    spec = tool_spec(params.tool_policy.model_copy(update={"mode": "none"}), context.tool_format, reasoning)
+    policy = params.tool_policy
 
-    def answer_processors(kept: list[int]) -> RequestProcessors | None:
+    def answer_processors(kept: list[int], taken_away: frozenset[str]) -> RequestProcessors | None:
+        left = tuple(tool.name for tool in callable_functions(policy) if tool.name not in taken_away)
+        if taken_away and left:
+            narrowed = policy.model_copy(update={"callable_tools": left})
+            spec = tool_spec(narrowed, context.tool_format, reasoning, auto_grammar=True)
+        else:
+            spec = tool_spec(policy.model_copy(update={"mode": "none"}), context.tool_format, reasoning)
         if spec is None:
             return None
         try:
@@ -316,10 +322,10 @@ class ChatRequest:
         self._hold: CallHold | None = None
         self._repair: RepairProcessors | None = None
         self._at_risk_after_repair: frozenset[str] = frozenset()
-        self._withdrawn: frozenset[CallKey] = frozenset()
+        self._guard = LoopGuardCalls()
         self._answer: AnswerProcessors | None = None
-        self._withdrawals: list[CallKey] = []
-        """The calls the loop guard took back from this reply."""
+        self._withdrawals: list[str] = []
+        """What the loop guard reported about each call it took back from this reply."""
         self._rewound_to: int | None = None
 
     @classmethod
@@ -354,7 +360,7 @@ class ChatRequest:
         history = CallHistory.of(params.messages)
         guard = _loop_guard_calls(context, task, history, rewinds=rewinds)
         try:
-            processors = _build_processors(context, task, len(prefill), reasoning, guard.blocked)
+            processors = _build_processors(context, task, len(prefill), reasoning)
         except UnsupportedConstraintError as error:
             if lease and context.prefix_cache:
                 context.prefix_cache.discard(lease)
@@ -369,6 +375,7 @@ class ChatRequest:
             reasoning=reasoning,
             history=history,
         )
+        request._guard = guard
         if rewinds:
             request._hold_calls(guard, reasoning=reasoning, prefill_length=len(prefill))
         return request
@@ -386,13 +393,12 @@ class ChatRequest:
             if repaired:
                 at_risk |= repaired
                 self._repair = _call_repair(
-                    context, task, held=held, reasoning=reasoning, blocked=guard.blocked, prefill_length=prefill_length
+                    context, task, held=held, reasoning=reasoning, prefill_length=prefill_length
                 )
                 self._at_risk_after_repair = (
                     tools_at_risk(policy, context.tool_format, grammar_held=True) | withdrawn_tools
                 )
         if guard.withdrawn:
-            self._withdrawn = guard.withdrawn
             self._answer = _answer_processors(context, task, reasoning=reasoning, prefill_length=prefill_length)
         if at_risk:
             self._hold = CallHold(at_risk)
@@ -558,7 +564,7 @@ class ChatRequest:
 
     def _written_repeat(self, hold: CallHold, chunks: list[ParsedChunk]) -> CallKey | None:
         """The call the loop guard withdraws, when the held call ends with this token as one of them."""
-        if not self._withdrawn or self.finish_reason == "length" or self._stops.stopped:
+        if not self._guard.withdrawn or self.finish_reason == "length" or self._stops.stopped:
             return None
         parser, tail = self._parser, list[ParsedChunk]()
         if parser.in_call:
@@ -567,24 +573,33 @@ class ChatRequest:
             parser = parser.snapshot()  # what finishing the reply here would make of the open call
             tail = [*parser.feed(copy.deepcopy(self._stops).flush()), *parser.finish()]
         call = hold.first_call([*chunks, *tail])
-        return call if call in self._withdrawn else None
+        return call if call in self._guard.withdrawn else None
 
     def _withdraw(self, hold: CallHold, call: CallKey) -> None:
-        """Take the repeated call back: the reply goes on from where it began without calls, or, where it already
-        made other calls (or the text before the call does not fit that grammar), ends there."""
+        """Take the looping call back: the reply goes on from where it began without calls (`answer`) or without
+        the looping tools (`block`, once), or, where it already made other calls (or the text before the call does
+        not fit that grammar), ends there."""
         state = hold.withdraw()
         assert state is not None
-        self._withdrawals.append(call)
+        block = self._guard.policy == "block" and not self._withdrawals
+        taken_away = frozenset(looping.name for looping in self._guard.withdrawn) if block else frozenset[str]()
         answer = self._answer if not self._reply_calls.keys() else None
-        processors = answer(self.generated[: state.generated]) if answer is not None else None
+        processors = answer(self.generated[: state.generated], taken_away) if answer is not None else None
         self._go_back(state)
-        then = "the reply ends there" if processors is None else "the reply goes on without calls"
+        if processors is None:
+            then = "the reply ended there"
+        elif taken_away:
+            then = f"the reply was decoded again without {', '.join(sorted(taken_away))}"
+        else:
+            then = "the reply was decoded again without calls"
+        self._withdrawals.append(withdrawal_finding(call, then))
         logger.info("task %s: agent loop: repeated call %s withdrawn, %s", self.task_id, call.describe(), then)
         if processors is None:
             self.finish_reason = "stop"
             return
         self.processors = processors
-        hold.hold(frozenset())
+        # Under `block` a looping tool is out of the grammar; should it come back anyway, it is withdrawn again.
+        hold.hold(frozenset(looping.name for looping in self._guard.withdrawn) if taken_away else frozenset())
         self._rewound_to = state.generated
 
     def _rewind(self, hold: CallHold, failed: tuple[CallKey | None]) -> bool:
@@ -625,9 +640,10 @@ class ChatRequest:
         for reason in self._parser.failures:
             logger.warning("task %s: tool call not parsed as intended: %s", self.task_id, reason)
         calls = self._reply_calls.keys()
-        guarded = loop_guard_policy(self._context, self._task.params.tool_policy) != "off"
-        withdrawn = [withdrawal_finding(call) for call in self._withdrawals]
-        warnings = (*self._history.findings(calls), *withdrawn) if guarded else ()
+        guard = self._guard
+        guarded = guard.policy != "off"
+        kept = [kept_loop_finding(call, guard.kept_because) for call in calls if call in guard.kept]
+        warnings = (*self._history.findings(calls), *kept, *self._withdrawals) if guarded else ()
         for warning in warnings:
             logger.warning("task %s: agent loop: %s", self.task_id, warning)
         usage = Usage(
@@ -636,11 +652,11 @@ class ChatRequest:
             cached_tokens=self._lease.cached_tokens if self._lease else 0,
             disk_cached_tokens=self._lease.disk_cached_tokens if self._lease else 0,
             reasoning_tokens=self._reasoning_tokens,
-            repeated_tool_calls=repeated(self._history, calls) + len(self._withdrawals) if guarded else 0,
+            repeated_tool_calls=self._history.repeated(calls) + len(self._withdrawals) if guarded else 0,
             withdrawn_tool_calls=len(self._withdrawals),
         )
         finish = FinishChunk(
-            finish_reason=_finish_reason(self.finish_reason, self._parser, self._task.params.tool_policy),
+            finish_reason=_finish_reason(self.finish_reason, bool(calls)),
             stop_sequence=self._stops.matched,
             usage=usage,
             loop_warnings=warnings,

@@ -1,14 +1,14 @@
-"""The loop guard's `block` under real sampling: random-weight models pushed to write, piece by piece, the very call
-whose result the conversation already holds (a model stuck in an agent loop). Without the guard they write it;
-with `block` the grammar cannot, yet the same push towards the same tool with new arguments still gets through."""
+"""A grammar that excludes one call's exact arguments (what the repair of a failed call re-decodes under) under real
+sampling: random-weight models pushed to write, piece by piece, that very call. Without the exclusion they write
+it; with it the grammar cannot, yet the same push towards the same tool with new arguments still gets through."""
 
 import json
 from typing import cast
 
 from pydantic import JsonValue
 
-from exo.shared.types.tasks import PromptMessage, PromptToolCall, ToolPolicy
-from exo.tool_calls.loop_guard import CallHistory
+from exo.shared.types.tasks import ToolPolicy
+from exo.tool_calls.loop_guard import CallKey
 from exo.tool_calls.names import ToolFormatName
 from exo.worker.engines.mlx.constrained import make_logits_processor
 from exo.worker.engines.mlx.constrained.decision import tool_spec
@@ -30,15 +30,8 @@ PARIS_IN_FAHRENHEIT: dict[str, JsonValue] = {"city": "Paris", "unit": "fahrenhei
 TOOLS = (WEATHER, SEARCH)
 
 
-def _history(arguments: dict[str, JsonValue]) -> CallHistory:
-    call = PromptToolCall(call_id="call_0", name="get_weather", arguments=cast(dict[str, object], arguments))
-    return CallHistory.of(
-        [
-            PromptMessage(role="user", content="What is the weather in Paris?"),
-            PromptMessage(role="assistant", content="", tool_calls=(call,)),
-            PromptMessage(role="tool", content='{"temperature": 18}', tool_call_id="call_0"),
-        ]
-    )
+def _excluded(arguments: dict[str, JsonValue]) -> CallKey:
+    return CallKey.of("get_weather", cast(dict[str, object], arguments))
 
 
 def _call_text(arguments: dict[str, JsonValue]) -> str:
@@ -46,18 +39,18 @@ def _call_text(arguments: dict[str, JsonValue]) -> str:
 
 
 def _calls(
-    tool_model: LoadedModel, history: CallHistory, block: bool, pushed: dict[str, JsonValue]
+    tool_model: LoadedModel, excluded: CallKey, block: bool, pushed: dict[str, JsonValue]
 ) -> list[ParsedCall]:
     """Every call written over the seeds when the model is pushed towards `pushed` (each one checked valid)."""
     model, tokenizer = tool_model
-    blocked = history.blocked_calls() if block else ()
+    blocked = (excluded,) if block else ()
     spec = tool_spec(ToolPolicy(tools=TOOLS), ToolFormatName.HERMES, None, auto_grammar=True, blocked=blocked)
     assert spec is not None
     written: list[ParsedCall] = []
     for seed in SEEDS:
         grammar = make_logits_processor(tokenizer, spec, prompt_length=prompt_length(tokenizer))
         steering = [steering_processor(tokenizer), marker_steering_processor(tokenizer, _call_text(pushed), once=True)]
-        # Under block the push towards the forbidden call never stops, so calls may follow calls to the limit.
+        # Under the exclusion the push towards the forbidden call never stops, so calls may follow calls to the limit.
         generation = generate(model, tokenizer, [*steering, grammar], seed=seed)
         _, calls = split_strict_auto(generation.text, ended=generation.ended_with_eos)
         for call in calls:
@@ -66,17 +59,17 @@ def _calls(
     return written
 
 
-def test_block_keeps_the_model_from_repeating_an_answered_call(tool_model: LoadedModel) -> None:
-    history = _history(PARIS)
+def test_the_exclusion_keeps_the_model_from_writing_the_excluded_call(tool_model: LoadedModel) -> None:
+    history = _excluded(PARIS)
     repeat = ParsedCall(name="get_weather", arguments=PARIS)
     # The push reproduces the loop when nothing blocks it...
     assert repeat in _calls(tool_model, history, block=False, pushed=PARIS)
-    # ...and under block the identical call is never written.
+    # ...and under the exclusion the identical call is never written.
     assert repeat not in _calls(tool_model, history, block=True, pushed=PARIS)
 
 
-def test_block_lets_the_same_tool_through_with_new_arguments(tool_model: LoadedModel) -> None:
-    blocked = _calls(tool_model, _history(PARIS), block=True, pushed=PARIS_IN_FAHRENHEIT)
+def test_the_exclusion_lets_the_same_tool_through_with_new_arguments(tool_model: LoadedModel) -> None:
+    blocked = _calls(tool_model, _excluded(PARIS), block=True, pushed=PARIS_IN_FAHRENHEIT)
     assert ParsedCall(name="get_weather", arguments=PARIS_IN_FAHRENHEIT) in blocked
-    # Away from the blocked call the guard changes nothing: the same seeds write the same calls without it.
-    assert blocked == _calls(tool_model, _history(PARIS), block=False, pushed=PARIS_IN_FAHRENHEIT)
+    # Away from the excluded call nothing changes: the same seeds write the same calls without the exclusion.
+    assert blocked == _calls(tool_model, _excluded(PARIS), block=False, pushed=PARIS_IN_FAHRENHEIT)
