@@ -38,9 +38,7 @@ def _call_text(arguments: dict[str, JsonValue]) -> str:
     return f"<tool_call>\n{json.dumps({'name': 'get_weather', 'arguments': arguments})}\n</tool_call>"
 
 
-def _calls(
-    tool_model: LoadedModel, excluded: CallKey, block: bool, pushed: dict[str, JsonValue]
-) -> list[ParsedCall]:
+def _calls(tool_model: LoadedModel, excluded: CallKey, block: bool, pushed: dict[str, JsonValue]) -> list[ParsedCall]:
     """Every call written over the seeds when the model is pushed towards `pushed` (each one checked valid)."""
     model, tokenizer = tool_model
     blocked = (excluded,) if block else ()
