@@ -59,21 +59,5 @@ export class ApiError extends Error {
   }
 }
 
-// Server-sent events of a streamed answer: {raw, data} per event (data lines joined), as they arrive.
-export async function* serverSentEvents(response) {
-  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-  let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buffer += value.replace(/\r\n?/g, "\n");
-    let end;
-    while ((end = buffer.indexOf("\n\n")) >= 0) {
-      const raw = buffer.slice(0, end);
-      buffer = buffer.slice(end + 2);
-      const data = raw.split("\n").filter((line) => line.startsWith("data:"))
-        .map((line) => line.slice(5).replace(/^ /, "")).join("\n");
-      yield { raw, data };
-    }
-  }
-}
+// Streamed answers are read by sse.js (comments and keep-alives skipped, events split on blank lines).
+export { serverSentEvents } from "./sse.js";
