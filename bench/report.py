@@ -319,6 +319,10 @@ def _sizes(report: BenchReport) -> list[str]:
         f"- Token counts are kept small (decode max_tokens {settings.decode_max_tokens}, agent turns "
         f"{settings.agent_max_tokens}, concurrent streams {settings.concurrency_max_tokens}) so a full run stays "
         "within an hour or two on 2 shared CPU cores; longer generations would give steadier decode figures.",
+        "- exo's runner refines and checks its matmul plan while idle in its first minutes (at most a quarter of "
+        "its idle time, stopping whenever a request comes, product timings capped at 20 s of measuring; before "
+        "these bounds about 4.5 minutes at up to 200% CPU on 2 cores): the first exo measurements after a start "
+        "can share the cores with it (docs/OPERATIONS.md, the matmul plan).",
     ]
 
 

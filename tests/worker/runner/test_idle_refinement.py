@@ -1,6 +1,9 @@
-"""The runner refines its matmul plan only while no message waits, a step at a time, until nothing is left."""
+"""The runner refines its matmul plan only while no message waits, a step at a time, resting between steps, until
+nothing is left or its measuring budget is spent."""
 
+import time
 from collections.abc import Callable
+from dataclasses import replace
 from multiprocessing import Pipe
 from pathlib import Path
 
@@ -23,7 +26,9 @@ from exo.worker.runner.channel import RunnerChannel
 from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
 
-SETTINGS = MatmulPlanSettings(max_rows=2, sample_bytes=1 << 14, smallest_planned_bytes=0, repeats=1, refinements=3)
+SETTINGS = MatmulPlanSettings(
+    max_rows=2, sample_bytes=1 << 14, smallest_planned_bytes=0, repeats=1, refinements=3, idle_budget_seconds=1000
+)
 
 
 class CountingTimer:
@@ -36,14 +41,61 @@ class CountingTimer:
         return 1.0
 
 
+def _planner(settings: MatmulPlanSettings, timer: Callable[[Callable[[], None]], float]) -> MatmulPlanner:
+    loaded = load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools", ShardAssignment())
+    planner = MatmulPlanner.plan(loaded.model, settings, timer)
+    assert planner is not None
+    return planner
+
+
 @pytest.fixture
 def planner_and_timer() -> tuple[MatmulPlanner, CountingTimer]:
-    loaded = load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools", ShardAssignment())
     timer = CountingTimer()
-    planner = MatmulPlanner.plan(loaded.model, SETTINGS, timer)
-    assert planner is not None
+    planner = _planner(SETTINGS, timer)
     timer.calls = 0
     return planner, timer
+
+
+def test_refinement_stops_when_its_measuring_budget_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "IDLE_SECONDS_PER_PLAN_REFINEMENT", 0.001)
+    monkeypatch.setattr(runner, "IDLE_REST_PER_BUSY_SECOND", 0.0)
+    timer = CountingTimer()  # every timing "takes" 1 s: a (shape, rows) pair, both layouts, 2 s
+    planner = _planner(replace(SETTINGS, idle_budget_seconds=4.0), timer)
+    timer.calls = 0
+    ours, _supervisor = Pipe()
+
+    runner._refine_while_idle(RunnerChannel(ours), planner)  # pyright: ignore[reportPrivateUsage]
+
+    assert not planner.refining
+    assert timer.calls == 4  # two pairs, then the budget was spent
+    assert planner.idle_seconds == 4.0
+    shapes = planner.report().planned_shapes
+    assert planner.refinements_dropped == shapes * SETTINGS.max_rows * SETTINGS.refinements - 2
+
+
+def test_the_idle_runner_rests_three_times_as_long_as_each_step_took(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "IDLE_SECONDS_PER_PLAN_REFINEMENT", 0.001)
+    busy: list[float] = []
+
+    def sleeping_timer(work: Callable[[], None]) -> float:
+        started = time.monotonic()
+        work()
+        time.sleep(0.02)
+        busy.append(time.monotonic() - started)
+        return busy[-1]
+
+    planner = _planner(SETTINGS, sleeping_timer)
+    busy.clear()
+    ours, _supervisor = Pipe()
+    started = time.monotonic()
+
+    runner._refine_while_idle(RunnerChannel(ours), planner)  # pyright: ignore[reportPrivateUsage]
+
+    assert not planner.refining
+    # Busy at most a quarter of the time: each step is followed by three times its length of rest (the last one's
+    # rest is not waited for, as nothing follows it).
+    last_step = busy[-1] + busy[-2]
+    assert time.monotonic() - started >= 4 * sum(busy) - 3 * last_step
 
 
 def test_an_idle_runner_refines_its_plan_until_nothing_is_left(

@@ -49,9 +49,13 @@ logger = logging.getLogger(__name__)
 
 ORPHAN_CHECK_SECONDS = 1.0
 IDLE_SECONDS_PER_PLAN_REFINEMENT = 0.2
-"""While no task runs, the matmul plan is refined once per this many seconds without a message (milliseconds of work
-each time, then one forward pass each while the plan is checked in whole passes: a request arriving then waits at
-most about one decode step)."""
+"""While no task runs, the matmul plan is refined at most once per this many seconds without a message (a few
+products each time, then one forward pass each while the plan is checked in whole passes: a request arriving then
+waits at most about one decode step)."""
+IDLE_REST_PER_BUSY_SECOND = 3.0
+"""After each step of refining the matmul plan the idle runner waits three times as long as the step took (at least
+IDLE_SECONDS_PER_PLAN_REFINEMENT): refinement takes at most a quarter of an idle runner's time, so what else runs in
+the minutes after a start (a benchmark, a user's first requests) shares the cores with it less."""
 
 
 def _read_tool_parser_type(model_path: Path) -> str | None:
@@ -167,12 +171,22 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
 
 
 def _refine_while_idle(channel: RunnerChannel, planner: "MatmulPlanner") -> None:
-    """Refine the matmul plan a step at a time until a message arrives or nothing is left to refine."""
-    while planner.refining and not channel.poll(IDLE_SECONDS_PER_PLAN_REFINEMENT):
+    """Refine the matmul plan a step at a time until a message arrives (it is served first; refinement resumes
+    when the runner is idle again) or nothing is left to refine, resting between steps."""
+    rest = IDLE_SECONDS_PER_PLAN_REFINEMENT
+    while planner.refining and not channel.poll(rest):
+        started = time.monotonic()
         planner.refine()
+        rest = max(IDLE_SECONDS_PER_PLAN_REFINEMENT, IDLE_REST_PER_BUSY_SECOND * (time.monotonic() - started))
         if not planner.refining:
             report = planner.report()
-            logger.info("matmul plan refined while idle: %s", report.describe())
+            dropped = f", {planner.refinements_dropped} refinements dropped" if planner.refinements_dropped else ""
+            logger.info(
+                "matmul plan refined while idle (%.1f s measured%s): %s",
+                planner.idle_seconds,
+                dropped,
+                report.describe(),
+            )
             channel.send(MatmulPlanRefined(report=report))
 
 

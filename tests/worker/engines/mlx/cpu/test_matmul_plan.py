@@ -118,7 +118,11 @@ def test_a_planned_embedding_looks_up_as_before_and_projects_as_planned() -> Non
 
 
 # The fixture's matrices are tiny: plan every one of them, from small samples.
-EVERY_SHAPE = MatmulPlanSettings(max_rows=4, sample_bytes=1 << 16, smallest_planned_bytes=0, repeats=1, refinements=2)
+# No measuring budget to speak of: these tests count every refinement (tests/worker/runner/test_idle_refinement.py
+# checks the budget).
+EVERY_SHAPE = MatmulPlanSettings(
+    max_rows=4, sample_bytes=1 << 16, smallest_planned_bytes=0, repeats=1, refinements=2, idle_budget_seconds=1e9
+)
 
 
 def test_a_measured_plan_installs_in_every_linear_layer_of_a_real_model_and_keeps_its_answer() -> None:

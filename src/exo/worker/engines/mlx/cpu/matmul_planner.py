@@ -7,7 +7,9 @@ that load from elsewhere falls on all of them alike. That takes a second or two 
 size (the weights timed per shape are capped). A machine busy with other work at that moment (another model
 loading, say) makes those timings noisy and the plan worse; so the runner times each (shape, rows) pair a few more
 times while it has nothing to do, one pair at a time (milliseconds each), keeping the best time seen for every
-candidate. The plan converges on what the machine does when it is not disturbed.
+candidate. The plan converges on what the machine does when it is not disturbed. Those idle timings are bounded:
+they stop once `MatmulPlanSettings.idle_budget_seconds` of measuring is spent (the plan keeps what was measured),
+and the runner rests between steps (runner.py), so a new runner takes a bounded share of the machine's first minutes.
 
 Products timed alone can mislead: inside a forward pass a layout that won alone can lose (see
 `forward_pass_probe.py`). Once the refinements are done, the idle runner therefore times whole forward passes over
@@ -67,6 +69,11 @@ class MatmulPlanSettings:
     pass_checks: int = 5
     """Then timings of a whole forward pass over each row count the plan changes, with the plan and with mlx's own
     products, while the runner is idle, one pass at a time."""
+    idle_budget_seconds: float = 20.0
+    """The most measured time the idle refinements of single products may take in all; the ones left then are
+    dropped and the plan as measured so far goes to its whole-pass check (which always runs: it is what keeps a
+    plan that loses inside a pass out). Measured: a 2-core machine spent about 4.5 minutes at up to 200% CPU on
+    refinements and checks after a start before this bound."""
 
 
 @dataclass
@@ -110,6 +117,10 @@ class MatmulPlanner:
         """Made when the refinements are done (the plan they settle on is the one checked); None until then."""
         self._pass_best: dict[tuple[int, PassVariant], float] = {}
         self.measured_seconds = 0.0
+        self.idle_seconds = 0.0
+        """Measured time of the refinements and pass checks made so far (what `idle_budget_seconds` bounds)."""
+        self.refinements_dropped = 0
+        """Refinements left undone when the budget ran out."""
 
     @classmethod
     def plan(
@@ -158,10 +169,13 @@ class MatmulPlanner:
     def refine(self) -> None:
         """Time the next (shape, rows) pair in both layouts once more and re-plan that shape (milliseconds); once
         those are done, time the next whole forward pass of the plan's check (a decode step's time)."""
+        if self._pending and self.idle_seconds >= self._settings.idle_budget_seconds:
+            self.refinements_dropped = len(self._pending)
+            self._pending.clear()
         if self._pending:
             shape, rows = self._pending.popleft()
             timings = self._shapes[shape]
-            self._time(timings, rows)
+            self.idle_seconds += self._time(timings, rows)
             timings.slot.plan = self._plan_of(timings)
             return
         if self._probe is None or not (passes := self._passes_to_check()):
@@ -170,7 +184,7 @@ class MatmulPlanner:
             self._probe.prepare()
             return
         rows, variant = passes.popleft()
-        self._time_pass(self._probe, rows, variant)
+        self.idle_seconds += self._time_pass(self._probe, rows, variant)
         if not passes:
             self._probe.release()
 
@@ -224,17 +238,21 @@ class MatmulPlanner:
             )
         return self._pending_passes
 
-    def _time_pass(self, probe: ForwardPassProbe, rows: int, variant: PassVariant) -> None:
-        """Time one pass over `rows` tokens in `variant`, then install the plans its verdict so far gives."""
+    def _time_pass(self, probe: ForwardPassProbe, rows: int, variant: PassVariant) -> float:
+        """Time one pass over `rows` tokens in `variant`, then install the plans its verdict so far gives; returns
+        the time measured."""
         for timings in self._shapes.values():
             timings.slot.plan = self._choices_of(timings) if variant == "planned" else ShapePlan(choices=())
         elapsed = self._timer(lambda: probe.run(rows))
         self._pass_best[(rows, variant)] = min(self._pass_best.get((rows, variant), elapsed), elapsed)
         for timings in self._shapes.values():
             timings.slot.plan = self._plan_of(timings)
+        return elapsed
 
-    def _time(self, timings: _ShapeTimings, rows: int) -> None:
+    def _time(self, timings: _ShapeTimings, rows: int) -> float:
+        """Time the shape's product over `rows` rows in both layouts; returns the time measured in all."""
         x = timings.inputs[rows]
+        spent = 0.0
         for layout in LAYOUTS:
             choice = RowChoice(layout=layout, computed_rows=rows)
 
@@ -243,6 +261,8 @@ class MatmulPlanner:
 
             elapsed = self._timer(one_pass)
             timings.best[(layout, rows)] = min(timings.best.get((layout, rows), elapsed), elapsed)
+            spent += elapsed
+        return spent
 
     def _speedup(self, rows: int) -> float:
         """mlx's own layout's time over the plan's for `rows` rows, over all planned products.
