@@ -69,12 +69,12 @@ class _StateCollector:
         tasks = GaugeMetricFamily("exo_tasks", "Tasks held by runners, by status", labels=[*labels, "status"])
         repeated = CounterMetricFamily(
             "exo_repeated_tool_calls",
-            "Calls identical to one whose result the conversation already held (agent-loop guard)",
+            "Calls identical to one the previous assistant turn made, since the user last spoke (agent-loop guard)",
             labels=labels,
         )
         withdrawn = CounterMetricFamily(
             "exo_withdrawn_tool_calls",
-            "Repeated calls the agent-loop guard took back, the reply decoded again without calls (answer)",
+            "Real loops the agent-loop guard took back (block, answer): the third identical call in a row",
             labels=labels,
         )
         for runner in sorted(self._state.runners.values(), key=lambda runner: runner.runner_id):
