@@ -43,7 +43,7 @@ def test_under_the_grammar_only_tools_with_a_skipped_keyword_in_a_whole_json_for
 
 def test_the_repair_grammar_is_the_lazy_one_even_where_the_request_turned_it_off() -> None:
     unheld = POLICY.model_copy(update={"auto_grammar": False})
-    spec = repair_spec(unheld, HERMES, None, grammar_held=False, blocked=(), failed=None)
+    spec = repair_spec(unheld, HERMES, None, grammar_held=False, failed=None)
     assert spec is not None
     assert spec.mode is ConstraintMode.AUTO
     assert [tool.parameters for tool in spec.tools] == [tool.parameters for tool in POLICY.tools]
@@ -51,17 +51,17 @@ def test_the_repair_grammar_is_the_lazy_one_even_where_the_request_turned_it_off
 
 def test_under_the_grammar_the_failed_arguments_are_excluded_or_there_is_no_repair() -> None:
     paris = CallKey.of("not_paris", {"city": "Paris"})
-    spec = repair_spec(POLICY, HERMES, None, grammar_held=True, blocked=(), failed=paris)
+    spec = repair_spec(POLICY, HERMES, None, grammar_held=True, failed=paris)
     assert spec is not None
     narrowed = next(tool for tool in spec.tools if tool.name == "not_paris")
     assert "allOf" in narrowed.parameters
     # A failed array (uniqueItems) is excluded item by item like any other value.
     tags = CallKey.of("tags", {"tags": ["a", "a"]})
-    spec = repair_spec(POLICY, HERMES, None, grammar_held=True, blocked=(), failed=tags)
+    spec = repair_spec(POLICY, HERMES, None, grammar_held=True, failed=tags)
     assert spec is not None
     assert "allOf" in next(tool for tool in spec.tools if tool.name == "tags").parameters
     # Arguments the exclusion cannot express (a string past its limit), or a call rejected before its name: the same
     # grammar would write the same call again, so no repair.
     long_tags = CallKey.of("tags", {"tags": ["a" * 200, "a" * 200]})
-    assert repair_spec(POLICY, HERMES, None, grammar_held=True, blocked=(), failed=long_tags) is None
-    assert repair_spec(POLICY, HERMES, None, grammar_held=True, blocked=(), failed=None) is None
+    assert repair_spec(POLICY, HERMES, None, grammar_held=True, failed=long_tags) is None
+    assert repair_spec(POLICY, HERMES, None, grammar_held=True, failed=None) is None

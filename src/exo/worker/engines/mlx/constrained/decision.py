@@ -15,8 +15,9 @@ from exo.tool_calls.names import ToolFormatName
 ConstraintSpec = ToolConstraintSpec | JsonAnswerSpec
 
 # Formats whose calls hold their arguments as one JSON object checked against the whole schema: the only ones where
-# the loop guard's exclusion of a blocked call's arguments (a schema with allOf/anyOf) reaches the grammar. Formats
-# that write arguments one by one read only the schema's top-level properties, so there the guard only reports.
+# the exclusion of a failed call's arguments (a schema with allOf/anyOf, constrained/repair.py) reaches the grammar.
+# Formats that write arguments one by one read only the schema's top-level properties, so there a repair cannot
+# exclude them.
 _WHOLE_JSON_ARGUMENTS = frozenset(
     {
         ToolFormatName.HERMES,
@@ -39,7 +40,7 @@ def enforceable_blocks(
     policy: ToolPolicy, tool_format: ToolFormatName, blocked: tuple[CallKey, ...]
 ) -> tuple[CallKey, ...]:
     """The blocked calls the grammar can actually forbid: in a blockable format, to a callable tool, with arguments
-    `excluding` can rule out (the others are only reported, and must not switch a grammar on for nothing)."""
+    `excluding` can rule out (the others cannot be excluded, and must not switch a grammar on for nothing)."""
     if not blockable(tool_format):
         return ()
     tools = {tool.name: tool for tool in callable_functions(policy)}
@@ -105,7 +106,7 @@ def tool_spec(
 ) -> ToolConstraintSpec | None:
     """The tool-call constraint for the policy, or None for "auto" with the lazy grammar off, no strict tool and
     nothing to block (`auto_grammar` is the node's setting; the request's `policy.auto_grammar` overrides it;
-    `blocked` are the calls the loop guard forbids, honoured where the format allows, see `blockable`)."""
+    `blocked` are the calls a repair excludes, honoured where the format allows, see `enforceable_blocks`)."""
     blocked = enforceable_blocks(policy, tool_format, blocked)
     mode = _tool_mode(policy, auto_grammar, bool(blocked))
     if mode is None:

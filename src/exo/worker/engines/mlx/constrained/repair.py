@@ -4,7 +4,7 @@ A call that fails to parse or validate where no grammar held it (the lazy "auto"
 could not be built) is rolled back to where it started and decoded once more under the lazy grammar. Where the
 grammar did hold the call and it still failed (a schema keyword llguidance does not enforce, such as
 `uniqueItems`), the same grammar would give the same call again under greedy decoding, so the re-decode also
-excludes the failed arguments, where the loop guard's exclusion can express them (`excluding`: a format whose
+excludes the failed arguments, where the exclusion can express them (`loop_guard.excluding`: a format whose
 arguments are one JSON object, arguments without objects, arrays, long strings or backslashes).
 """
 
@@ -60,16 +60,15 @@ def repair_spec(
     reasoning: ReasoningMarkers | None,
     *,
     grammar_held: bool,
-    blocked: tuple[CallKey, ...],
     failed: CallKey | None,
 ) -> ToolConstraintSpec | None:
-    """The lazy grammar a failed call is re-decoded under (with the loop guard's `blocked` calls), or None where a
-    re-decode could not do better: under a grammar that already held the call, unless its failed arguments can be
-    excluded."""
+    """The lazy grammar a failed call is re-decoded under, or None where a re-decode could not do better: under a
+    grammar that already held the call, unless its failed arguments can be excluded."""
+    blocked: tuple[CallKey, ...] = ()
     if grammar_held:
         if failed is None or not enforceable_blocks(policy, tool_format, (failed,)):
             return None
-        blocked = (*blocked, failed)
+        blocked = (failed,)
     # The repair runs the lazy grammar whatever the request said about it (turning it off is what left the call
     # unheld).
     held = policy.model_copy(update={"auto_grammar": True})

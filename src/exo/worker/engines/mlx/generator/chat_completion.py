@@ -222,7 +222,7 @@ def _call_repair(
     policy = params.tool_policy
 
     def repair_processors(kept: list[int], failed: CallKey | None) -> RequestProcessors | None:
-        spec = repair_spec(policy, context.tool_format, reasoning, grammar_held=held, blocked=(), failed=failed)
+        spec = repair_spec(policy, context.tool_format, reasoning, grammar_held=held, failed=failed)
         if spec is None:
             return None
         try:
