@@ -1,7 +1,8 @@
 """The instances this node asked for: `exo --model M --min-nodes N` and `POST /v1/cluster/instances`.
 
 The node holding a model's files asks the master to place it over at least N nodes, as soon as N are up, and asks
-again whenever its instance leaves the state (a node of it left). Availability first: once it was placed over N
+again whenever its instance leaves the state with none in its place (the master itself places an instance that lost
+a node again at once, see master/main.py). Availability first: once it was placed over N
 nodes, losing one does not take it away: with fewer than N nodes up it is placed over the nodes that are (a degraded
 instance) when they can hold it, and placed again over N nodes once that many are up; the degraded instance serves
 until the new one does. Refusals (it fits nowhere) are recorded in the state, so the API's 503 and the log say why.

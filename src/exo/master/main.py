@@ -22,7 +22,7 @@ from exo.master.pipeline_placement import PlacementError
 from exo.master.placement import failed_replacements, instance_busy, instance_serving, no_runner_refusal, place_task
 from exo.shared.apply import apply, is_up
 from exo.shared.types.commands import AssignTask, MasterCommandAdapter, PlaceTask
-from exo.shared.types.common import InstanceId, ModelId, NodeId, new_instance_id, new_task_id
+from exo.shared.types.common import InstanceId, ModelId, NodeId, new_command_id, new_instance_id, new_task_id
 from exo.shared.types.event_log import (
     IndexedEvent,
     LocalEventMessage,
@@ -168,12 +168,11 @@ class Master:
             self._order(NodeDown(node_id=node_id, reason="left the cluster (its liveliness token is gone)"))
         for instance in list(self._state.instances.values()):
             if instance.ranks_on(node_id):
-                # The survivors stop their ranks; the node that asked for the instance places it anew.
+                # The survivors stop their ranks; the master places the model again over the nodes that remain.
                 reason = f"node {node_id}, which ran a rank of it, left the cluster"
                 self._order(InstanceRemoved(instance_id=instance.instance_id, reason=reason))
                 if self._instance_of(instance.model_id, instance.files_from) is None:
-                    again = f"{reason}; it is being placed again over the nodes that are up"
-                    self._pending(instance.model_id, instance.files_from, instance.min_nodes, again)
+                    self._place_again(instance, reason)
         for pending in list(self._state.pending_placements.values()):
             if pending.files_from == node_id:
                 reason = f"node {node_id}, which holds the files of {pending.model_id}, left the cluster"
@@ -281,6 +280,31 @@ class Master:
         logger.info("placed %s as instance %s: %s%s", placed.model_id, placed.instance_id, layers, degraded)
         self._order(InstancePlaced(instance=placed))
         self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, instance=placed))
+
+    def _place_again(self, lost: PlacedInstance, reason: str) -> None:
+        """Availability first, whoever is master: an instance that lost a node is placed again at once over the nodes
+        that are up (degraded when fewer than it asks for), without waiting for the node holding its files to ask:
+        that node may be this master, whose own request could race the node's departure, or be down itself."""
+        request = PlaceInstance(
+            request_id=new_command_id(),
+            model_id=lost.model_id,
+            min_nodes=lost.min_nodes,
+            footprint=lost.footprint,
+            files_from=lost.files_from,
+            allow_fewer=True,
+            kept=True,
+        )
+        up = sum(is_up(self._state, node_id) for node_id in self._state.nodes)
+        try:
+            placed = self._plan(request, up)
+        except PlacementError as error:
+            logger.warning("cannot place %s again: %s", lost.model_id, error)
+            self._pending(lost.model_id, lost.files_from, lost.min_nodes, f"{reason}; {error}")
+            return
+        layers = ", ".join(f"{rank.node_id} {rank.start_layer}-{rank.end_layer - 1}" for rank in placed.ranks)
+        degraded = f" (degraded: {placed.degraded_reason})" if placed.degraded_reason else ""
+        logger.info("placed %s again as instance %s: %s%s", placed.model_id, placed.instance_id, layers, degraded)
+        self._order(InstancePlaced(instance=placed))
 
     def _plan(self, request: PlaceInstance, up: int) -> PlacedInstance:
         """The instance for `request` over the nodes up now (fewer than `min_nodes` if it allows, marked degraded)."""
