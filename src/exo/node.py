@@ -32,6 +32,7 @@ from exo.master.main import Master
 from exo.models.paths import default_models_dir, exo_home
 from exo.models.peer_files import ModelFileServer
 from exo.models.progress_display import ConsoleProgress
+from exo.shared.api_key_hash import make_verifier
 from exo.shared.types.common import ModelId
 from exo.shared.types.cpu_kernels import CpuKernelsSetting
 from exo.shared.types.instances import PlacedInstance
@@ -181,6 +182,7 @@ class Node:
             serves_models=bool(config.models) or bool(config.extra_runner_configs),
             dropped_messages=lambda: parts.bus.dropped_messages,
             started_at=self._started_at,
+            api_key_verifier=make_verifier(config.api_key) if config.api_key else None,
         )
         self._worker = worker = Worker(
             task_group,

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exo.api.adapters.messages_errors import anthropic_error
 from exo.api.body_budget import map_large_allocations
+from exo.api.cluster_keys import ClusterKeys, cluster_verifiers, without_key_verifiers
 from exo.api.cluster_routes import cluster_router
 from exo.api.error_shapes import documented_errors
 from exo.api.errors import (
@@ -75,6 +76,8 @@ def create_app(
     download's thread); without it, downloads show their progress only to the client that asked.
     """
     models_dir = settings.models_dir or default_models_dir()
+    cluster_state = master
+    keys = ClusterKeys(settings.api_key, lambda: cluster_verifiers(cluster_state.state))
     hide_paths: Callable[[str], str] = str
     if not settings.show_model_paths:
         directories = storage_directories(models_dir, exo_home())
@@ -88,12 +91,12 @@ def create_app(
     app.add_exception_handler(Exception, handle_unexpected_error)
     app.add_middleware(
         RequestGuard,
-        api_key=settings.api_key,
+        keys=keys,
         max_body_bytes=settings.max_request_bytes,
         error_shapes={MESSAGES_PATH_PREFIX: anthropic_error, OLLAMA_PATH_PREFIX: ollama_error},
         open_paths=is_dashboard_asset,
     )
-    mount_mcp(app, host=settings.host, port=settings.port, api_key=settings.api_key)
+    mount_mcp(app, host=settings.host, port=settings.port, api_key=keys.loopback_key)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -101,7 +104,7 @@ def create_app(
 
     @app.get("/state", responses=_AUTH_ERRORS)
     async def state() -> State:
-        return master.state
+        return without_key_verifiers(master.state)
 
     @app.get("/v1/models", responses=_AUTH_ERRORS)
     async def models() -> ModelList:

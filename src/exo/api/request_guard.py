@@ -6,7 +6,6 @@ limit, and hands the app a replay of what it read. Reading the whole body here a
 endpoint, present and future: text that cannot be passed on (see body_text.py) is refused before any route runs.
 """
 
-import hmac
 from collections.abc import Callable, Mapping
 
 from starlette.responses import Response
@@ -14,6 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from exo.api.body_budget import LARGE_BODY_BYTES, BodyBudget
 from exo.api.body_text import find_body_problem
+from exo.api.cluster_keys import ClusterKeys
 from exo.api.error_shapes import ErrorShape, shaped_response
 from exo.api.errors import ApiError, error_response
 
@@ -32,13 +32,9 @@ def _bearer_token(authorization: bytes) -> bytes:
     return token if separator and scheme.lower() == b"bearer" else b""
 
 
-def _authorized(scope: Scope, api_key: str) -> bool:
+def _credentials(scope: Scope) -> tuple[bytes, bytes]:
     # OpenAI clients send `Authorization: Bearer KEY`, Anthropic clients `x-api-key: KEY`.
-    bearer = _bearer_token(_header(scope, b"authorization") or b"")
-    key = _header(scope, b"x-api-key") or b""
-    expected = api_key.encode()
-    # Compare in constant time so response timing does not leak how much of a guessed key was right.
-    return hmac.compare_digest(bearer, expected) | hmac.compare_digest(key, expected)
+    return _bearer_token(_header(scope, b"authorization") or b""), _header(scope, b"x-api-key") or b""
 
 
 def _is_json(scope: Scope) -> bool:
@@ -62,19 +58,20 @@ def _too_large(limit: int) -> ApiError:
 
 
 class RequestGuard:
-    """Reject unauthenticated requests (401) and bodies over `max_body_bytes` (413) before the app sees them."""
+    """Reject unauthenticated requests (401: the cluster has a key, see cluster_keys.py) and bodies over
+    `max_body_bytes` (413) before the app sees them."""
 
     def __init__(
         self,
         app: ASGIApp,
         *,
-        api_key: str | None,
+        keys: ClusterKeys,
         max_body_bytes: int,
         error_shapes: Mapping[str, ErrorShape] | None = None,
         open_paths: Callable[[str], bool] = lambda _path: False,
     ) -> None:
         self._app = app
-        self._api_key = api_key
+        self._keys = keys
         self._max_body_bytes = max_body_bytes
         self._budget = BodyBudget(max_body_bytes)
         # Path prefix → the error shape of the protocol served there (OpenAI's everywhere else).
@@ -95,7 +92,7 @@ class RequestGuard:
         if path.startswith(OLLAMA_PATH_PREFIX):
             scope = _as_json(scope)
         is_open = path in UNAUTHENTICATED_PATHS or self._open_paths(path)
-        if self._api_key and not is_open and not _authorized(scope, self._api_key):
+        if not is_open and self._keys.required() and not await self._keys.accepts(_credentials(scope)):
             unauthorized = ApiError(
                 401,
                 "missing or invalid API key",

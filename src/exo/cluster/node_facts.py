@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from exo.shared.types.api_key import ApiKeyVerifier
 from exo.shared.types.common import NodeId
 from exo.shared.types.state import MlxBackend, NodeFacts, NodeMemory
 
@@ -86,6 +87,8 @@ class NodeDescriber:
     # How many messages the node's bus has dropped so far (Bus.dropped_messages).
     dropped_messages: Callable[[], int] = lambda: 0
     started_at: float = field(default_factory=time.time)
+    # Published so that every node of the cluster requires a key once one node has one (api/cluster_keys.py).
+    api_key_verifier: ApiKeyVerifier | None = None
     _platform: str = field(default_factory=platform.platform)
     _device: str = field(default_factory=device_name)
     _backend: MlxBackend = field(default_factory=mlx_backend)
@@ -105,4 +108,5 @@ class NodeDescriber:
             serves_models=self.serves_models,
             started_at=self.started_at,
             dropped_messages=self.dropped_messages(),
+            api_key_verifier=self.api_key_verifier,
         )

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from exo.shared.types.api_key import ApiKeyVerifier
 from exo.shared.types.common import FrozenModel, InstanceId, ModelId, NodeId, RunnerId, TaskId
 from exo.shared.types.instances import PendingPlacement, PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
@@ -51,6 +52,9 @@ class NodeFacts(FrozenModel):
     # Messages from the network this node dropped since it started (invalid, oversized or forged): a rising count
     # means a misbehaving peer or someone probing the cluster port.
     dropped_messages: int = 0
+    # A verifier of the node's `--api-key` (None without one): every node of the cluster then requires a key.
+    # Carried on the cluster's links only; the API never shows it.
+    api_key_verifier: ApiKeyVerifier | None = None
 
 
 class NodeHealth(FrozenModel):
