@@ -5,6 +5,7 @@ from exo.shared.types.common import ModelId, NodeId, TaskId
 from exo.shared.types.events import (
     MasterElected,
     NodeDown,
+    NodeReported,
     NodeStale,
     RequestEnded,
     RunnerUpdated,
@@ -172,3 +173,19 @@ def test_a_full_report_replaces_the_nodes_recent_requests_and_a_node_that_left_a
         (NodeDown(node_id=NODE_A, reason="gone"), NODE_B), (RequestEnded(record=_request(7.0)), NODE_A), start=state
     )
     assert [request.ended_at for request in state.nodes[NODE_A].recent_requests] == [5.0, 6.0]
+
+
+def test_nodes_sharing_a_name_are_told_apart_by_a_short_id_and_unique_names_stay_as_they_are() -> None:
+    vm_a = NodeReported(facts=facts(NODE_A, name="vm"), runners=(), tasks=())
+    vm_b = NodeReported(facts=facts(NODE_B, name="vm"), runners=(), tasks=())
+    alone = fold((vm_a, NODE_A))
+    assert alone.nodes[NODE_A].display_name == "vm"
+    both = fold((vm_b, NODE_B), start=alone)
+    assert both.nodes[NODE_A].display_name == "vm-a00000"
+    assert both.nodes[NODE_B].display_name == "vm-b00000"
+    # Down, the other "vm" still counts: a name shown a moment ago does not change under the reader.
+    after_down = fold((NodeDown(node_id=NODE_B, reason="left"), NODE_A), start=both)
+    assert after_down.nodes[NODE_A].display_name == "vm-a00000"
+    renamed = NodeReported(facts=facts(NODE_B, name="studio"), runners=(), tasks=())
+    apart = fold((renamed, NODE_B), start=after_down)
+    assert (apart.nodes[NODE_A].display_name, apart.nodes[NODE_B].display_name) == ("vm", "studio")

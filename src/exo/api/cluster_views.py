@@ -2,6 +2,7 @@
 
 from collections.abc import Iterable
 
+from exo.shared.node_names import shown_name
 from exo.shared.types.cluster_api import (
     ClusterMetrics,
     ClusterModel,
@@ -47,7 +48,7 @@ def cluster_models(state: State, runners: Iterable[RunnerInfo]) -> list[ClusterM
                 instance_id=runner.instance_id,
                 runner_id=runner.runner_id,
                 node_id=runner.node_id,
-                node_name=node.facts.name if node is not None else "unknown",
+                node_name=shown_name(node) if node is not None else "unknown",
                 status=runner.status,
                 rank=runner.shard.rank,
                 world_size=runner.shard.world_size,
@@ -66,6 +67,7 @@ def cluster_node(state: State, node: NodeInfo) -> ClusterNode:
     return ClusterNode(
         node_id=facts.node_id,
         name=facts.name,
+        display_name=shown_name(node),
         is_master=state.master_node_id == facts.node_id,
         status=node.health.status,
         reason=node.health.reason,
@@ -127,7 +129,7 @@ def cluster_metrics(state: State) -> ClusterMetrics:
             NodeMetrics(
                 **_request_metrics(state, runners).model_dump(),
                 node_id=node.facts.node_id,
-                name=node.facts.name,
+                name=shown_name(node),
                 status=node.health.status,
                 memory_total_bytes=node.facts.memory.total_bytes,
                 memory_available_bytes=node.facts.memory.available_bytes,
@@ -163,7 +165,7 @@ def placed_instance_view(state: State, instance: PlacedInstance) -> PlacedInstan
             InstanceRank(
                 rank=placement.rank,
                 node_id=placement.node_id,
-                node_name=node.facts.name if node is not None else "unknown",
+                node_name=shown_name(node) if node is not None else "unknown",
                 start_layer=placement.start_layer,
                 end_layer=placement.end_layer,
                 planned_bytes=placement.planned_bytes,

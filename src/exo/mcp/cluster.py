@@ -48,7 +48,8 @@ def _node_line(node: ClusterNode, answering: str | None = None) -> str:
     state = node.status + (f": {node.reason}" if node.reason else "")
     serves = ", ".join(model.model_id for model in node.models) or "no model"
     return (
-        f"- {node.name} [{node.node_id}] ({', '.join([*roles, state])}): {node.device}, mlx {node.mlx_backend}, "
+        f"- {node.display_name} [{node.node_id}] ({', '.join([*roles, state])}): {node.device}, "
+        f"mlx {node.mlx_backend}, "
         f"{_memory(node)}; serves {serves}; reach it at {', '.join(node.cluster_endpoints) or 'no endpoint'}"
     )
 
@@ -97,7 +98,7 @@ def describe_node_health(node: ClusterNode) -> str:
     ]
     return "\n".join(
         [
-            f"{node.name} [{node.node_id}] is {node.status}{reason}; last seen {seen:.0f} s ago"
+            f"{node.display_name} [{node.node_id}] is {node.status}{reason}; last seen {seen:.0f} s ago"
             + ("; it is the master." if node.is_master else "."),
             f"{node.platform}, {node.device}, mlx {node.mlx_backend}, exo {node.exo_version}; memory {_memory(node)}.",
             f"Cluster endpoints: {', '.join(node.cluster_endpoints) or 'none'}; API port {node.api_port}.",
@@ -144,10 +145,10 @@ async def node_health(client: NodeClient, node: str) -> ClusterNode:
         if error.status_code != 404:
             raise
     nodes = (await client.cluster_nodes()).data
-    named = [candidate for candidate in nodes if candidate.name == node]
+    named = [candidate for candidate in nodes if node in (candidate.display_name, candidate.name)]
     if len(named) == 1:
         return named[0]
-    known = ", ".join(f"{candidate.name} [{candidate.node_id}]" for candidate in nodes) or "none"
+    known = ", ".join(f"{candidate.display_name} [{candidate.node_id}]" for candidate in nodes) or "none"
     raise ToolFailedError(f"no node {node!r} in this cluster (nodes: {known}); exo_list_nodes lists them")
 
 

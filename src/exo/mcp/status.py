@@ -67,7 +67,7 @@ async def status(client: NodeClient) -> StatusResult:
         running=True,
         api_reachable=True,
         node_id=summary.node_id,
-        node_name=node.name,
+        node_name=node.display_name,
         version=node.exo_version,
         cluster=summary.cluster,
         master_node_id=summary.master_node_id,

@@ -3,6 +3,7 @@ holds the same state, and the rules are tested without processes or a network.""
 
 from collections.abc import Iterable
 
+from exo.shared.node_names import display_names
 from exo.shared.types.common import NodeId
 from exo.shared.types.event_log import IndexedEvent
 from exo.shared.types.events import (
@@ -54,7 +55,7 @@ def _apply_event(state: State, indexed: IndexedEvent) -> State:
             )
             return state.model_copy(
                 update={
-                    "nodes": {**state.nodes, node_id: node},
+                    "nodes": _with_display_names({**state.nodes, node_id: node}),
                     "runners": {**kept_runners, **owned_runners},
                     "tasks": {**kept_tasks, **owned_tasks},
                 }
@@ -130,6 +131,17 @@ def is_up(state: State, node_id: NodeId) -> bool:
     """The node is known and has not left."""
     node = state.nodes.get(node_id)
     return node is not None and node.health.status != "down"
+
+
+def _with_display_names(nodes: dict[NodeId, NodeInfo]) -> dict[NodeId, NodeInfo]:
+    """`nodes` with each display name up to date (a report may bring a name another node already has)."""
+    names = display_names(nodes)
+    return {
+        node_id: node.model_copy(update={"display_name": names[node_id]})
+        if node.display_name != names[node_id]
+        else node
+        for node_id, node in nodes.items()
+    }
 
 
 def _with_node(state: State, node: NodeInfo) -> State:

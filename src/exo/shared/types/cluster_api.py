@@ -51,7 +51,10 @@ class ClusterNode(FrozenModel):
     """GET /v1/cluster/nodes/{node_id}: one node's facts, health and runners."""
 
     node_id: str
+    # The name the node reports (`--node-name`, else its host name), and the one to show: the same, plus a short id
+    # while another node of the cluster reports that name too.
     name: str
+    display_name: str
     is_master: bool
     status: NodeStatus
     reason: str | None

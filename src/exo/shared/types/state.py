@@ -65,6 +65,8 @@ class NodeHealth(FrozenModel):
 
 class NodeInfo(FrozenModel):
     facts: NodeFacts
+    # The name to show: the node's own, plus a short id while another node of the cluster has the same name.
+    display_name: str = ""
     # The `--model` specs (or "default") the node is resolving right now: their requests get a 503 until then.
     preparing: tuple[str, ...] = ()
     # Downloads, GGUF assembly and conversions the node ran for its models, with progress (and how they ended).

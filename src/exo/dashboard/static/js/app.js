@@ -67,7 +67,7 @@ startPolling(
     const master = snapshot.nodes.data.find((node) => node.is_master);
     fill(clusterLine,
       `cluster ${summary.cluster} · ${summary.nodes_healthy} healthy, ${summary.nodes_degraded} degraded, `
-      + `${summary.nodes_down} down · master ${master ? master.name : "none"} · `
+      + `${summary.nodes_down} down · master ${master ? master.display_name : "none"} · `
       + `${bytes(summary.memory_available_bytes)} free of ${bytes(summary.memory_total_bytes)}`);
     for (const view of Object.values(views)) view.update(snapshot);
   },

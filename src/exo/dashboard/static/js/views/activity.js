@@ -29,7 +29,7 @@ export function createActivityView() {
     element,
     update(snapshot) {
       const { state, metrics } = snapshot;
-      const names = Object.fromEntries(Object.values(state.nodes).map((node) => [node.facts.node_id, node.facts.name]));
+      const names = Object.fromEntries(Object.values(state.nodes).map((node) => [node.facts.node_id, node.display_name || node.facts.name]));
       const generated = Object.values(state.runners).reduce((sum, runner) => sum + runner.metrics.generated_tokens, 0)
         + Object.values(state.tasks).reduce((sum, task) => sum + (task.generated_tokens ?? 0), 0);
       if (previous !== null) {
@@ -53,7 +53,7 @@ export function createActivityView() {
           seconds(Date.now() / 1000 - task.created_at), details(task, TASK_FIELDS)]), "none right now"));
       // Each node lists the requests its API took; here they are merged, newest first.
       const ended = Object.values(state.nodes).flatMap((node) => node.recent_requests.map((request) => ({
-        ...request, took: node.facts.name, served: names[request.served_by] ?? shortId(request.served_by) })))
+        ...request, took: node.display_name || node.facts.name, served: names[request.served_by] ?? shortId(request.served_by) })))
         .sort((a, b) => b.ended_at - a.ended_at).slice(0, RECENT_SHOWN);
       fill(recent, table("Recent requests",
         ["Ended", "Dialect", "Model", "Node", "Outcome", "Prompt", "TTFT", "Output", "Decode tok/s", "Error"],

@@ -24,14 +24,14 @@ function nodeCard(node, state) {
   const preparations = Object.values(info?.preparations ?? {});
   return h("article", {
     class: `card node node-${node.status}`, role: "listitem", "data-node-id": node.node_id,
-    "data-status": node.status, "aria-label": `node ${node.name}`,
+    "data-status": node.status, "aria-label": `node ${node.display_name}`,
   },
-  h("h3", {}, node.name, " ", node.is_master ? badge("master") : null, " ", badge(node.status)),
+  h("h3", {}, node.display_name, " ", node.is_master ? badge("master") : null, " ", badge(node.status)),
   node.reason ? h("p", { class: "reason" }, node.reason) : null,
   h("dl", {},
     h("dt", {}, "id"), h("dd", { title: node.node_id }, shortId(node.node_id)),
     h("dt", {}, "memory"), h("dd", {},
-      h("meter", { min: 0, max: node.memory_total_bytes, value: used, "aria-label": `memory used on ${node.name}` }),
+      h("meter", { min: 0, max: node.memory_total_bytes, value: used, "aria-label": `memory used on ${node.display_name}` }),
       ` ${bytes(used)} used, ${bytes(node.memory_available_bytes)} free of ${bytes(node.memory_total_bytes)}`),
     h("dt", {}, "device"), h("dd", {}, `${node.device} · mlx ${node.mlx_backend}`),
     h("dt", {}, "BLAS"), h("dd", {}, blas || "– (no runner has loaded here)"),
@@ -95,7 +95,7 @@ function linkMap(snapshot) {
   for (const node of nodes) {
     if (!master || node === master || node.status === "down") continue;
     lines.push(svgLine(position.get(node.node_id), position.get(master.node_id), "link-events"));
-    described.push(`${node.name} → ${master.name} (master): cluster events`);
+    described.push(`${node.display_name} → ${master.display_name} (master): cluster events`);
   }
   for (const instance of snapshot.instances.data) {
     const ranks = instance.ranks;
@@ -115,7 +115,7 @@ function linkMap(snapshot) {
     const group = svgElement("g", { class: `map-node node-${node.status}` });
     group.append(svgElement("circle", { cx: x, cy: y, r: 26 }));
     const label = svgElement("text", { x, y: y + 4, "text-anchor": "middle" });
-    label.textContent = node.name.slice(0, 10);
+    label.textContent = node.display_name.slice(0, 10);
     group.append(label);
     svg.append(group);
   }

@@ -108,7 +108,7 @@ export function createModelsView() {
     shown: loadCatalog,
     update(snapshot) {
       const preparing = Object.values(snapshot.state.nodes).flatMap((node) =>
-        Object.values(node.preparations).map((preparation) => [node.facts.name, preparation]));
+        Object.values(node.preparations).map((preparation) => [node.display_name || node.facts.name, preparation]));
       fill(preparations, preparing.length
         ? h("ul", {}, preparing.map(([name, preparation]) => {
           const item = preparationItem(preparation);
