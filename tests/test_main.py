@@ -52,6 +52,12 @@ def test_the_flags_set_the_batch_size_and_turn_speculation_off() -> None:
     assert not config.speculation
 
 
+def test_the_prompt_layout_is_the_templates_unless_tools_first_is_asked_for() -> None:
+    assert config_from_args(build_parser().parse_args([])).prompt_layout == "template"
+    flagged = build_parser().parse_args(["--prompt-layout", "tools-first"])
+    assert config_from_args(flagged).prompt_layout == "tools-first"
+
+
 def test_the_cpu_kernels_are_auto_by_default_and_off_on_request() -> None:
     assert config_from_args(build_parser().parse_args([])).cpu_kernels == "auto"
     assert config_from_args(build_parser().parse_args(["--cpu-kernels", "off"])).cpu_kernels == "off"

@@ -130,6 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
         "a request's loop_guard field or X-Exo-Loop-Guard header overrides it",
     )
     parser.add_argument(
+        "--prompt-layout",
+        choices=("template", "tools-first"),
+        default="template",
+        help="where a request's tool definitions go in the prompt: template (default: where the model's chat template "
+        "puts them) or tools-first (before the client's system text, where the template renders both in one turn "
+        "and the move is exact, as Qwen's does; requests with the same tools then share them as a cached prefix "
+        "whatever their system text)",
+    )
+    parser.add_argument(
         "--no-grammar-fast-forward",
         action="store_true",
         help="decode the tokens a grammar forces (keys, punctuation, a tool's name) one forward pass each instead of "
@@ -255,6 +264,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         loop_guard=arguments.loop_guard,
         grammar_fast_forward=not arguments.no_grammar_fast_forward,
         tool_call_repair=not arguments.no_tool_call_repair,
+        prompt_layout=arguments.prompt_layout,
         matmul_plan=not arguments.no_matmul_plan,
         cpu_kernels=arguments.cpu_kernels,
         prefix_cache_bytes=int(arguments.prefix_cache_gb * 1024**3),

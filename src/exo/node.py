@@ -38,7 +38,7 @@ from exo.shared.types.cpu_kernels import CpuKernelsSetting
 from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.request_record import RequestRecord
-from exo.shared.types.tasks import LoopGuardPolicy
+from exo.shared.types.tasks import LoopGuardPolicy, PromptLayout
 from exo.worker.instance_ranks import InstanceRanks, RankHost
 from exo.worker.main import Worker
 from exo.worker.runner.supervisor import RunnerConfig
@@ -65,6 +65,7 @@ class NodeConfig:
     loop_guard: LoopGuardPolicy = "answer"
     grammar_fast_forward: bool = True
     tool_call_repair: bool = True
+    prompt_layout: PromptLayout = "template"
     matmul_plan: bool = True
     cpu_kernels: CpuKernelsSetting = "auto"
     prefix_cache_bytes: int = 2 * 1024**3
@@ -275,6 +276,7 @@ class Node:
             loop_guard=self.config.loop_guard,
             grammar_fast_forward=self.config.grammar_fast_forward,
             tool_call_repair=self.config.tool_call_repair,
+            prompt_layout=self.config.prompt_layout,
             matmul_plan=self.config.matmul_plan,
             cpu_kernels=self.config.cpu_kernels,
             prefix_cache_bytes=self.config.prefix_cache_bytes,

@@ -14,6 +14,9 @@ ToolChoiceMode = Literal["none", "auto", "required", "named"]
 # the third identical call in a row after identical results, is taken back and the reply decoded again without that
 # tool, or without calls, so the model answers in text).
 LoopGuardPolicy = Literal["off", "warn", "block", "answer"]
+# Where a request's tool definitions go in the prompt (exo.worker.engines.mlx.prompt_layout): where the chat template
+# puts them, or before the system text where the template allows it exactly.
+PromptLayout = Literal["template", "tools-first"]
 
 
 class PromptToolCall(FrozenModel):

@@ -303,6 +303,7 @@ def _load(
         loop_guard=bootstrap.loop_guard,
         grammar_fast_forward=bootstrap.grammar_fast_forward,
         tool_call_repair=bootstrap.tool_call_repair,
+        prompt_layout=bootstrap.prompt_layout,
         slow_prefill_seconds_per_token=slow_prefill_seconds_per_token(os.environ),
     )
     metadata = ModelMetadata(

@@ -37,7 +37,7 @@ from exo.shared.types.chunks import Chunk, ErrorChunk, PrefillProgressChunk
 from exo.shared.types.common import ModelId, RunnerId, TaskId
 from exo.shared.types.cpu_kernels import CpuKernelsSetting
 from exo.shared.types.state import TaskOutcome, TaskPhase, TaskSummary
-from exo.shared.types.tasks import GenerationTask, LoopGuardPolicy
+from exo.shared.types.tasks import GenerationTask, LoopGuardPolicy, PromptLayout
 from exo.shared.types.tls_link import TlsLinkConfig
 from exo.shared.types.worker.runner_response import (
     CancelTask,
@@ -96,6 +96,8 @@ class RunnerConfig:
     """Feed the tokens a grammar forces as a verified draft."""
     tool_call_repair: bool = True
     """Re-decode a failed call under "auto" once under the grammar (a request may override)."""
+    prompt_layout: PromptLayout = "template"
+    """Where the tool definitions go in the prompt: the template's place, or before the system text."""
     matmul_plan: bool = True
     """Time the few-row products of decoding after loading and use the faster layout (float32 on a CPU)."""
     cpu_kernels: CpuKernelsSetting = "auto"
@@ -256,6 +258,7 @@ class RunnerSupervisor:
             loop_guard=self.config.loop_guard,
             grammar_fast_forward=self.config.grammar_fast_forward,
             tool_call_repair=self.config.tool_call_repair,
+            prompt_layout=self.config.prompt_layout,
             matmul_plan=self.config.matmul_plan,
             cpu_kernels=self.config.cpu_kernels,
             pipeline_tls=self.config.pipeline_tls,

@@ -8,7 +8,7 @@ from exo.shared.types.blas import BlasReport, MatmulPlanReport
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import FinishReason, FrozenModel, TaskId
 from exo.shared.types.cpu_kernels import CpuKernelsReport, CpuKernelsSetting
-from exo.shared.types.tasks import GenerationTask, LoopGuardPolicy
+from exo.shared.types.tasks import GenerationTask, LoopGuardPolicy, PromptLayout
 from exo.shared.types.tls_link import TlsLinkConfig
 from exo.shared.types.worker.shards import PipelineStrategy, ShardAssignment
 
@@ -67,6 +67,8 @@ class RunnerBootstrap(FrozenModel):
     """Feed the tokens a grammar forces as a verified draft (with speculation, greedy requests decoded alone)."""
     tool_call_repair: bool = True
     """Re-decode a failed call under "auto" once under the grammar (a request may override)."""
+    prompt_layout: PromptLayout = "template"
+    """Where the tool definitions go in the prompt: the template's place, or before the system text."""
     """Hold a call opened under `tool_choice: "auto"` to the tools' schemas with a grammar (a request may override)."""
     matmul_plan: bool = True
     """Plan the few-row float32 products of decoding (`engines/mlx/cpu/matmul_plan.py`) where the weights are

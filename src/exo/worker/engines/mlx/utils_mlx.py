@@ -17,13 +17,14 @@ from mlx_lm.utils import load_tokenizer
 from exo.models.errors import ModelLoadError
 from exo.models.shard_files import missing_weight_files
 from exo.shared.types.api import FunctionDefinition
-from exo.shared.types.tasks import PromptMessage, ToolPolicy
+from exo.shared.types.tasks import PromptLayout, PromptMessage, ToolPolicy
 from exo.shared.types.worker.shards import PipelineStrategy, ShardAssignment
 from exo.tool_calls.format import HistoryNeeds
-from exo.worker.engines.mlx.chat_messages import to_template_messages, tool_description
+from exo.worker.engines.mlx.chat_messages import TemplateMessage, to_template_messages, tool_description
 from exo.worker.engines.mlx.cpu.engine import CpuKernels
 from exo.worker.engines.mlx.distributed.layer_split import split_layers
 from exo.worker.engines.mlx.prompt_budget import encode_within
+from exo.worker.engines.mlx.prompt_layout import tools_first
 
 logger = logging.getLogger(__name__)
 
@@ -178,13 +179,15 @@ def apply_chat_template(
     history: HistoryNeeds = _OPENAI_SHAPE,
     *,
     context_length: int | None = None,
+    layout: PromptLayout = "template",
 ) -> RenderedPrompt:
     """Render `messages` (and the offered tools) into prompt tokens with the model's own chat template.
 
     `template_kwargs` are extra template variables from the client (the API has already refused reserved names);
     `history` is what the model's tool format needs of rendered history. With `context_length`, a prompt that
     leaves no room to generate raises ContextLengthExceededError, found without tokenising much more of it than
-    the context holds (see prompt_budget.py).
+    the context holds (see prompt_budget.py). `layout` "tools-first" puts the tool block before the system text
+    where the template allows it exactly (prompt_layout.py).
     """
     template = chat_template_text(tokenizer)
     offered = tool_policy.tools if tool_policy.mode != "none" else ()
@@ -196,7 +199,14 @@ def apply_chat_template(
         # A trailing assistant turn is a prefill the model continues, not a finished turn.
         kwargs["add_generation_prompt"] = False
         kwargs["continue_final_message"] = True
-    text = cast(str, tokenizer.apply_chat_template(template_messages, tokenize=False, **kwargs))
+
+    def render(rendered: list[TemplateMessage], with_tools: bool) -> str:
+        arguments = kwargs if with_tools else {key: value for key, value in kwargs.items() if key != "tools"}
+        return cast(str, tokenizer.apply_chat_template(rendered, tokenize=False, **arguments))
+
+    text = render(template_messages, True)
+    if layout == "tools-first" and "tools" in kwargs:
+        text = tools_first(render, template_messages, text) or text
 
     def encode(piece: str) -> list[int]:
         return cast(list[int], tokenizer.encode(piece, add_special_tokens=False))

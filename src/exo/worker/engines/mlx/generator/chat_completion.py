@@ -25,7 +25,7 @@ from exo.shared.types.chunks import (
     Usage,
 )
 from exo.shared.types.common import FinishReason, TaskId
-from exo.shared.types.tasks import GenerationTask, LoopGuardPolicy, ToolPolicy
+from exo.shared.types.tasks import GenerationTask, LoopGuardPolicy, PromptLayout, ToolPolicy
 from exo.tool_calls import ToolFormatName, ToolStreamParser
 from exo.tool_calls.grammar.spec import (
     ConstraintMode,
@@ -86,6 +86,9 @@ class DecodeSettings:
     tool_call_repair: bool = True
     """Under "auto", re-decode once under the lazy grammar a call that no grammar held and that failed to parse or
     validate (constrained/repair.py); a request's `ToolPolicy.repair` overrides it."""
+    prompt_layout: PromptLayout = "template"
+    """Where the tool definitions go in the prompt (prompt_layout.py): the template's place, or before the system
+    text where the template allows it exactly."""
 
 
 @dataclass
@@ -344,6 +347,7 @@ class ChatRequest:
                 params.chat_template_kwargs,
                 history=format_for(context.tool_format).history,
                 context_length=loaded.context_length,
+                layout=context.decode.prompt_layout,
             )
             if params.count_prompt_only:
                 usage = Usage(prompt_tokens=len(prompt.tokens), completion_tokens=0)
