@@ -1,0 +1,190 @@
+"""The prompt layouts side by side on one model: `--prompt-layout template` (the chat template's order) against
+`tools-first` (the tool definitions before the client's system text), two nodes, greedy.
+
+1. Tool-call validity under `tool_choice: "auto"` over the tool corpus (bench/tool_corpus.py), each prompt with a
+   client-like system text that names a project folder, as coding agents' do; and greedy agreement: the share of
+   prompts whose reply (text and calls) is the same in both layouts.
+2. Cache reuse across folders: the first corpus prompt sent in one folder, then in another; the second request's
+   cached prompt tokens in each layout (in memory, same node).
+
+    uv run python -m bench.prompt_layout --model ~/.cache/exo/models/qwen2.5-coder-0.5b-instruct --out r.json
+
+`--limit N` uses the first N corpus prompts. Prints a markdown report with the run's commit, CPU, load and command.
+The default layout stays `template` until validity is measured to hold under `tools-first`.
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+from pydantic import BaseModel
+
+from bench.machine import record_start_commit, section_run
+from bench.results import SectionRun
+from bench.servers import RunningServer, running_exo
+from bench.tool_calls_auto import verdict
+from bench.tool_corpus import CORPUS, TOOLS, ToolPrompt
+
+REQUEST_TIMEOUT_S: Final = 900.0
+LAYOUTS: Final = ("template", "tools-first")
+# A coding agent's system text: its own words, then facts of the session such as the working directory.
+SYSTEM_TEXT: Final = (
+    "You are a helpful assistant with tools. Call a tool when the user's request needs one; otherwise answer.\n"
+    "Working directory: {folder}\nPlatform: linux"
+)
+
+
+class LayoutRow(BaseModel):
+    layout: str
+    valid: int
+    invalid: int
+    no_call: int
+    problems: list[str]
+
+
+class CacheRow(BaseModel):
+    layout: str
+    prompt_tokens: int
+    cached_tokens_in_second_folder: int
+
+
+class Report(BaseModel):
+    run: SectionRun
+    load_at_start: tuple[float, float, float]
+    model: str
+    prompts: int
+    validity: list[LayoutRow]
+    same_replies: int
+    cache: list[CacheRow]
+
+
+def _body(model: str, item: ToolPrompt, folder: str, max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [
+            {"role": "system", "content": SYSTEM_TEXT.format(folder=folder)},
+            {"role": "user", "content": item.prompt},
+        ],
+        "tools": list(TOOLS),
+        "temperature": 0.0,
+        "max_tokens": max_tokens,
+    }
+
+
+def _chat(server: RunningServer, body: dict[str, Any]) -> dict[str, Any]:
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT_S)
+    response.raise_for_status()
+    reply: dict[str, Any] = response.json()
+    return reply
+
+
+def _reply(reply: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
+    message = reply["choices"][0]["message"]
+    calls = [(call["function"]["name"], call["function"]["arguments"]) for call in message.get("tool_calls") or []]
+    return message.get("content") or "", calls
+
+
+def _row(layout: str, replies: Sequence[dict[str, Any]]) -> LayoutRow:
+    verdicts = [verdict(reply) for reply in replies]
+    return LayoutRow(
+        layout=layout,
+        valid=sum(v == "valid" for v, _ in verdicts),
+        invalid=sum(v == "invalid" for v, _ in verdicts),
+        no_call=sum(v == "no_call" for v, _ in verdicts),
+        problems=[problem for v, problem in verdicts if v == "invalid"],
+    )
+
+
+def _cache_row(layout: str, server: RunningServer, model: str, item: ToolPrompt, max_tokens: int) -> CacheRow:
+    _chat(server, _body(model, item, "/home/user/first-project", max_tokens))
+    second = _chat(server, _body(model, item, "/srv/work/another-project", max_tokens))["usage"]
+    details = second.get("prompt_tokens_details") or {}
+    return CacheRow(
+        layout=layout,
+        prompt_tokens=second["prompt_tokens"],
+        cached_tokens_in_second_folder=details.get("cached_tokens") or 0,
+    )
+
+
+def run(model_path: Path, corpus: Sequence[ToolPrompt], max_tokens: int, command: Sequence[str]) -> Report:
+    load_at_start = os.getloadavg()
+    model = model_path.name
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-prompt-layout-") as scratch,
+        running_exo(model_path, Path(scratch), name="exo-template") as template,
+        running_exo(model_path, Path(scratch), ["--prompt-layout", "tools-first"], name="exo-tools-first") as moved,
+    ):
+        servers = dict(zip(LAYOUTS, (template, moved), strict=True))
+        # Cache first, on cold nodes: the corpus would otherwise have cached the tool block already.
+        cache = [_cache_row(layout, server, model, corpus[0], max_tokens) for layout, server in servers.items()]
+        replies: dict[str, list[dict[str, Any]]] = {layout: [] for layout in LAYOUTS}
+        for number, item in enumerate(corpus, 1):  # the layouts take turns per prompt, so load falls on both alike
+            for layout, server in servers.items():
+                replies[layout].append(_chat(server, _body(model, item, f"/home/user/project-{number}", max_tokens)))
+            verdicts = ", ".join(f"{layout}: {verdict(found[-1])[0]}" for layout, found in replies.items())
+            print(f"[{number}/{len(corpus)}] {verdicts}", file=sys.stderr, flush=True)
+    same = sum(
+        _reply(first) == _reply(second)
+        for first, second in zip(replies["template"], replies["tools-first"], strict=True)
+    )
+    return Report(
+        run=section_run(command, program="uv run python -m bench.prompt_layout"),
+        load_at_start=load_at_start,
+        model=model,
+        prompts=len(corpus),
+        validity=[_row(layout, found) for layout, found in replies.items()],
+        same_replies=same,
+        cache=cache,
+    )
+
+
+def markdown(report: Report) -> str:
+    run = report.run
+    load = " / ".join(f"{value:.1f}" for value in report.load_at_start)
+    lines = [
+        f"Commit {run.exo_commit}, {run.cpu}, model {report.model}, finished {run.finished_utc}; load average {load} "
+        f"at the start, {' / '.join(f'{value:.1f}' for value in run.load_average)} at the end; greedy. Command: "
+        f"`{run.command}`.",
+        "",
+        f'Schema-valid calls under `tool_choice: "auto"` over {report.prompts} corpus prompts, each with a system '
+        "text naming a project folder:",
+        "",
+        "| Layout | valid calls | invalid calls | no call |",
+        "|---|---|---|---|",
+        *(f"| {row.layout} | {row.valid} | {row.invalid} | {row.no_call} |" for row in report.validity),
+        "",
+        f"Same reply (text and calls) in both layouts: {report.same_replies}/{report.prompts}.",
+        "",
+        "The first prompt in one folder, then in another (the second request):",
+        "",
+        "| Layout | prompt tokens | cached tokens |",
+        "|---|---|---|",
+        *(f"| {row.layout} | {row.prompt_tokens} | {row.cached_tokens_in_second_folder} |" for row in report.cache),
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    record_start_commit()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--limit", type=int, help="only the first N corpus prompts (a quick look)")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    command = list(sys.argv[1:] if argv is None else argv)
+    arguments = parser.parse_args(command)
+    corpus = CORPUS[: arguments.limit] if arguments.limit else CORPUS
+    report = run(arguments.model.expanduser(), corpus, arguments.max_tokens, command)
+    if arguments.out:
+        arguments.out.write_text(json.dumps(report.model_dump(mode="json"), indent=2))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
