@@ -143,6 +143,28 @@ def test_a_missing_client_is_installed_by_the_first_test_that_needs_it_once_per_
     assert len(calls) == len(installed.pinned_clients())  # one npm install per client, in one run of the script
 
 
+def test_before_the_first_client_test_every_missing_client_is_installed_and_only_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = tmp_path / "fake"
+    _fake_npm(fake, "right")
+    monkeypatch.setenv("PATH", f"{fake}:{_system_path_without_npm(tmp_path)}")
+    looks: list[str] = []
+    found = _found_in_copy(tmp_path)
+
+    def counting_find(client: installed.NpmClient) -> Path | None:
+        looks.append(client.folder)
+        return found(client)
+
+    monkeypatch.setattr(installed, "find_client", counting_find)
+    installer = _installer_in_a_copy(tmp_path)
+    installer.ensure_installed()  # what tests/clients/conftest.py does before each npm_clients test
+    installer.ensure_installed()
+    assert len((fake / "calls").read_text().splitlines()) == len(installed.pinned_clients())
+    assert looks == ["opencode"]  # the first missing client was enough to install them all; no second look
+    assert all(found(client) is not None for client in installed.pinned_clients().values())
+
+
 def test_a_client_npm_cannot_install_fails_the_test_naming_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = tmp_path / "fake"
     _fake_npm(fake, "fail")

@@ -88,6 +88,7 @@ class ClientInstaller:
 
     def __init__(self, script: Path = INSTALL_SCRIPT) -> None:
         self.script = script
+        self._looked = False
 
     @cached_property
     def outcome(self) -> InstallOutcome:
@@ -104,7 +105,11 @@ class ClientInstaller:
         return InstallOutcome(returncode=result.returncode, output=result.stdout + result.stderr)
 
     def ensure_installed(self) -> None:
-        """Install every pinned client that is missing (none where npm is missing: those tests skip)."""
+        """Install every pinned client that is missing (none where npm is missing: those tests skip); looks once
+        per run (each look runs every client's `--version`)."""
+        if self._looked:
+            return
+        self._looked = True
         if shutil.which("npm") is not None and any(find_client(client) is None for client in pinned_clients().values()):
             _ = self.outcome
 
