@@ -3,14 +3,18 @@
 Each snapshot is two files in the model's own directory: `<key>.safetensors` (mlx-lm's `save_prompt_cache` format)
 and `<key>.json` (a `SnapshotRecord`: the model identity, the tokens it holds, its size and sha256). A file whose
 checksum, size, model identity or layer layout does not match is deleted with a warning and never loaded, so a
-corrupt, truncated or foreign snapshot costs a prefill, not wrong output. The directory is bounded by bytes, least
-recently used snapshots evicted first.
+corrupt, truncated or foreign snapshot costs a prefill, not wrong output. So is an entry that is not a regular file
+(a directory, a link, a pipe: read, a pipe would block the runner) or cannot be read: whatever is found under a
+snapshot's name, the tier removes it or, when even that fails, leaves it alone and never tries to read it again in
+this process. The directory is bounded by bytes, least recently used snapshots evicted first.
 
 Writes are queued by the generation and done by `write_pending` while the runner is idle, after the response went out.
 """
 
 import hashlib
 import logging
+import shutil
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +22,6 @@ from pathlib import Path
 
 from mlx import nn
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
-from pydantic import ValidationError
 
 from exo.shared.types.common import FrozenModel
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, held_token_count, new_prompt_cache
@@ -28,6 +31,16 @@ logger = logging.getLogger(__name__)
 MIN_SNAPSHOT_TOKENS = 256
 """Shorter prompts prefill in well under a second anywhere: not worth a file."""
 _HASH_BLOCK = 1 << 20
+_MAX_RECORD_BYTES = 64 << 20
+"""A sidecar holds one token list: even a million-token prompt's is a few MB. A larger one is not ours."""
+_KIND_NAMES = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
 
 
 class SnapshotRecord(FrozenModel):
@@ -124,7 +137,10 @@ class DiskTier:
             self._delete(key)
             return None
         entry.last_used = time.time()
-        path.touch()
+        try:
+            path.touch()  # its age orders eviction after a restart; a read-only folder only loses that
+        except OSError as error:
+            logger.debug("prefix cache: cannot mark %s as used: %s", path.name, error)
         return cache, entry.record.tokens
 
     def queue(self, tokens: Sequence[int], cache: PromptCache) -> None:
@@ -143,6 +159,9 @@ class DiskTier:
         key = hashlib.sha256(f"{self._identity}:{pending.tokens}".encode()).hexdigest()[:32]
         data_path = self._data_path(key)
         partial = self._directory / f"{key}.partial.safetensors"  # mlx adds the suffix when a name lacks it
+        # Whatever sits under these names is no snapshot of ours (queue() skips prompts already on disk).
+        _remove(partial)
+        _remove(data_path)
         try:
             save_prompt_cache(str(partial), pending.cache, {"model_identity": self._identity})
             partial.replace(data_path)
@@ -157,9 +176,9 @@ class DiskTier:
                 data_path.unlink()
                 return
             self._record_path(key).write_text(record.model_dump_json())
-        except OSError as error:
+        except (OSError, RuntimeError, ValueError) as error:  # mlx reports a failed write as RuntimeError
             logger.warning("prefix cache: cannot write a disk snapshot to %s: %s", self._directory, error)
-            partial.unlink(missing_ok=True)
+            _remove(partial)
             self._delete(key)
             return
         # A snapshot this one extends holds nothing this one does not.
@@ -179,8 +198,8 @@ class DiskTier:
         for record_path in sorted(self._directory.glob("*.json")):
             key = record_path.stem
             try:
-                record = SnapshotRecord.model_validate_json(record_path.read_bytes())
-            except (OSError, ValidationError) as error:
+                record = _read_record(record_path)
+            except (OSError, ValueError) as error:  # pydantic's ValidationError is a ValueError
                 logger.warning("prefix cache: dropping unreadable snapshot record %s: %s", record_path.name, error)
                 self._delete(key)
                 continue
@@ -189,13 +208,15 @@ class DiskTier:
                 self._delete(key)
                 continue
             data_path = self._data_path(key)
-            if not data_path.exists():
+            if (problem := _kind_problem(data_path)) is not None:
+                if data_path.exists() or data_path.is_symlink():
+                    logger.warning("prefix cache: dropping disk snapshot %s: %s", data_path.name, problem)
                 self._delete(key)
                 continue
-            self._entries[key] = _Entry(key, record, data_path.stat().st_mtime)
-        for data_path in self._directory.glob("*.safetensors"):  # half-written ones included
+            self._entries[key] = _Entry(key, record, data_path.lstat().st_mtime)
+        for data_path in self._directory.glob("*.safetensors"):  # half-written ones included, of any kind
             if data_path.stem not in self._entries:
-                data_path.unlink(missing_ok=True)
+                _remove(data_path)
         self._evict()
 
     def _check_file(self, path: Path, record: SnapshotRecord) -> str | None:
@@ -203,6 +224,8 @@ class DiskTier:
             return "it belongs to another model"
         if record.layer_types != self._layer_types:
             return "its layers do not match this model's"
+        if (problem := _kind_problem(path)) is not None:
+            return problem
         try:
             size = path.stat().st_size
             if size != record.nbytes:
@@ -223,15 +246,53 @@ class DiskTier:
         return None
 
     def _delete(self, key: str) -> None:
+        """Forget the snapshot and remove its files, whatever they turned out to be."""
         self._entries.pop(key, None)
-        self._data_path(key).unlink(missing_ok=True)
-        self._record_path(key).unlink(missing_ok=True)
+        _remove(self._data_path(key))
+        _remove(self._record_path(key))
 
     def _data_path(self, key: str) -> Path:
         return self._directory / f"{key}.safetensors"
 
     def _record_path(self, key: str) -> Path:
         return self._directory / f"{key}.json"
+
+
+def _kind_problem(path: Path) -> str | None:
+    """Why `path` is not a regular file the tier may read (it is missing, a directory, a link...), or None."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return "its data file is missing"
+    except OSError as error:
+        return f"unreadable ({error})"
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for is_kind, name in _KIND_NAMES if is_kind(mode)), "not a file")
+    return f"it is {kind}, not a regular file"
+
+
+def _read_record(path: Path) -> SnapshotRecord:
+    """The sidecar at `path`; OSError or ValueError when it is not a regular file of a sane size, or not a record."""
+    if (problem := _kind_problem(path)) is not None:
+        raise ValueError(problem)
+    if path.lstat().st_size > _MAX_RECORD_BYTES:
+        raise ValueError(f"{path.lstat().st_size} bytes is too large for a snapshot record")
+    return SnapshotRecord.model_validate_json(path.read_bytes())
+
+
+def _remove(path: Path) -> None:
+    """Remove whatever is at `path` (a link itself, never what it points to); a warning when it cannot be."""
+    try:
+        mode = path.lstat().st_mode
+        if stat.S_ISDIR(mode):
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        logger.warning("prefix cache: cannot remove %s (it is left alone, never read): %s", path.name, error)
 
 
 def _common_prefix(first: Sequence[int], second: Sequence[int]) -> int:
