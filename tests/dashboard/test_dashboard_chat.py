@@ -286,3 +286,51 @@ def test_replies_render_markdown_and_code_blocks_safely(
     assert "[click](javascript:alert(1))" in rendered["text"]
     expect(page.locator(".code-block").get_by_role("button", name="Copy python")).to_be_visible()
     assert (watch.errors, watch.refused) == ([], [])
+
+
+# How far from its end the transcript may be and still count as following (the page's FOLLOW_WITHIN_PX).
+FOLLOW_WITHIN_PX = 48
+DISTANCE_FROM_END_JS = "(list) => list.scrollHeight - list.scrollTop - list.clientHeight"
+
+
+def test_the_transcript_follows_a_streaming_reply_unless_scrolled_up_and_stop_keeps_what_came(
+    node: Calibrated, browser: Browser, watch: ConsoleWatch
+) -> None:
+    page = open_chat(browser, watch, node.server, ENDLESS)
+    set_max_tokens(page, 60_000)  # the endless model writes until stopped
+    page.get_by_label("Message").fill("Tell me a very long story.")
+    page.get_by_label("Message").press("Enter")
+    transcript = page.get_by_role("list", name="Conversation")
+    reply = page.locator(".message-assistant").last
+    # The reply outgrows the transcript's height while it streams; the view stays at its end.
+    page.wait_for_function(
+        "() => { const list = document.querySelector('.transcript');"
+        " return list.scrollHeight > list.clientHeight + 400; }",
+        timeout=SHORT_REPLY_WITHIN_MS,
+    )
+    expect(reply.locator(".footer")).to_have_text("streaming…")
+    page.wait_for_timeout(300)  # past the page's batching of text draws
+    assert transcript.evaluate(DISTANCE_FROM_END_JS) < FOLLOW_WITHIN_PX
+    # Scrolled up, it stays where the reader is while the reply grows.
+    transcript.evaluate("(list) => { list.scrollTop = 0; }")
+    height = transcript.evaluate("(list) => list.scrollHeight")
+    page.wait_for_function(
+        f"() => document.querySelector('.transcript').scrollHeight > {height} + 200", timeout=SHORT_REPLY_WITHIN_MS
+    )
+    assert transcript.evaluate("(list) => list.scrollTop") == 0
+    # Back at the end, it follows again.
+    transcript.evaluate("(list) => { list.scrollTop = list.scrollHeight; }")
+    height = transcript.evaluate("(list) => list.scrollHeight")
+    page.wait_for_function(
+        f"() => document.querySelector('.transcript').scrollHeight > {height} + 200", timeout=SHORT_REPLY_WITHIN_MS
+    )
+    page.wait_for_timeout(300)
+    assert transcript.evaluate(DISTANCE_FROM_END_JS) < FOLLOW_WITHIN_PX
+    # Stopped mid-reply: what came is kept in the conversation, marked stopped, with its time to first token (the
+    # node's token count comes with the end of a stream, which a stopped reply never gets).
+    page.get_by_role("button", name="Stop", exact=True).click()
+    expect(reply.get_by_role("alert")).to_have_text("Error: stopped")
+    expect(reply.locator(".footer")).to_contain_text(re.compile(r"^TTFT \S+ \S+$"))
+    expect(page.locator(".message-user.failed")).to_have_count(0)
+    assert reply.locator(".markdown").inner_text().strip()
+    assert (watch.errors, watch.refused) == ([], [])
