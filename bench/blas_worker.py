@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from bench.results import BlasMeasurement
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cpu.blas_check import SELF_CHECK_SIZE, cblas_provider, measure_matmul_gflops
-from exo.worker.engines.mlx.utils_mlx import load_model
+from exo.worker.engines.mlx.model_loader import load_model
 
 _PROMPT_TEXT = "def fibonacci(n):\n    " * 400
 

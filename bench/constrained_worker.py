@@ -27,12 +27,14 @@ from exo.shared.types.api import FunctionDefinition, ToolDefinition
 from exo.shared.types.tasks import PromptMessage, SamplingParams, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.tool_calls import ToolFormatName, detect_tool_format
+from exo.worker.engines.mlx.chat_template import apply_chat_template, chat_template_text
 from exo.worker.engines.mlx.constrained import constraint_spec, make_logits_processor
 from exo.worker.engines.mlx.constrained.compiled import compiled_template, guidance_tokenizer
 from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
 from exo.worker.engines.mlx.generator.chat_completion import reasoning_markers
 from exo.worker.engines.mlx.generator.generate import LogitsProcessor, generate_tokens
-from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template, chat_template_text, load_model
+from exo.worker.engines.mlx.loaded_model import LoadedModel
+from exo.worker.engines.mlx.model_loader import load_model
 
 NAMED_TOOL = "write"
 """The tool forced by the named-choice mode; the decode prompt asks for it, so every mode writes the same call."""

@@ -4,6 +4,7 @@ import json
 import time
 from collections.abc import Sequence
 
+from bench.parser_work import counting_scan_work
 from bench.results import ParserCost
 from exo.shared.types.api import FunctionDefinition
 from exo.tool_calls import ToolFormatName, ToolStreamParser
@@ -41,21 +42,29 @@ def segments_of(text: str, segment_chars: int) -> list[str]:
     return [text[start : start + segment_chars] for start in range(0, len(text), segment_chars)]
 
 
-def time_parse(segments: Sequence[str]) -> tuple[float, int]:
-    """Seconds to feed every segment to a fresh parser and finish it, and the characters its scanners examined.
-
-    The examined-character count is the parser's own work meter: unlike time, other processes cannot disturb it.
-    Raises if the call did not come out whole.
-    """
+def parse(segments: Sequence[str]) -> None:
+    """Feed every segment to a fresh parser and finish it; raises if the call did not come out whole."""
     parser = ToolStreamParser(ToolFormatName.HERMES, [_WRITE_TOOL])
-    started = time.perf_counter()
     for segment in segments:
         parser.feed(segment)
     parser.finish()
-    elapsed = time.perf_counter() - started
     if parser.tool_calls_emitted != 1 or parser.failures:
         raise RuntimeError(f"the parser did not return the call cleanly: {parser.failures}")
-    return elapsed, parser.meter.chars_examined
+
+
+def time_parse(segments: Sequence[str]) -> float:
+    """Seconds to `parse` the segments."""
+    started = time.perf_counter()
+    parse(segments)
+    return time.perf_counter() - started
+
+
+def count_parse(segments: Sequence[str]) -> int:
+    """The characters the parser's scanners examine to `parse` the segments, counted in a run of its own (the
+    counting wrappers would slow a timed one): unlike time, other processes cannot disturb it."""
+    with counting_scan_work() as work:
+        parse(segments)
+    return work.chars_examined
 
 
 def measure_parser_cost(sizes: Sequence[int], segment_chars: int, repeats: int) -> list[ParserCost]:
@@ -66,11 +75,10 @@ def measure_parser_cost(sizes: Sequence[int], segment_chars: int, repeats: int) 
     calls = {size: hermes_call(size) for size in sizes}
     segments = {size: segments_of(call, segment_chars) for size, call in calls.items()}
     best = dict.fromkeys(sizes, float("inf"))
-    examined = dict.fromkeys(sizes, 0)
+    examined = {size: count_parse(segments[size]) for size in sizes}
     for _ in range(repeats):
         for size in sizes:
-            elapsed, examined[size] = time_parse(segments[size])
-            best[size] = min(best[size], elapsed)
+            best[size] = min(best[size], time_parse(segments[size]))
     return [
         ParserCost(
             argument_bytes=size,

@@ -21,7 +21,7 @@ from exo.models.paths import default_models_dir
 from exo.models.resolve import resolve_model
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cpu import kernels
-from exo.worker.engines.mlx.utils_mlx import load_model
+from exo.worker.engines.mlx.model_loader import load_model
 
 VARIANTS: dict[str, tuple[bool, bool]] = {
     "mlx-lm's kernels": (False, False),

@@ -60,7 +60,7 @@ def _measure(command: list[str]) -> None:
     from exo.worker.engines.mlx.cpu.engine import CpuKernels
     from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
     from exo.worker.engines.mlx.generator.prefill import PiecePacer, PromptPrefill
-    from exo.worker.engines.mlx.utils_mlx import load_model
+    from exo.worker.engines.mlx.model_loader import load_model
 
     parser = argparse.ArgumentParser(prog="python -m bench.prefill_pieces")
     parser.add_argument("--model", help="model spec as `exo --model` takes it (default: exo's default model)")

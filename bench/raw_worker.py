@@ -23,7 +23,8 @@ from bench.raw_protocol import REQUESTS, PassCostRequest, RawReady, RawRequest, 
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cpu.blas_check import measure_matmul_gflops
 from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
-from exo.worker.engines.mlx.utils_mlx import LoadedModel, load_model
+from exo.worker.engines.mlx.loaded_model import LoadedModel
+from exo.worker.engines.mlx.model_loader import load_model
 
 WARM_UP_MAX_TOKENS = 4
 

@@ -226,7 +226,8 @@ def _parser(report: BenchReport) -> list[str]:
         f"A Hermes `<tool_call>` whose arguments JSON has the given size, fed to `ToolStreamParser` in "
         f"{settings.parser_segment_chars}-character segments (about one token each), then `finish()`; best of "
         f"{settings.parser_repeats} run(s), sizes taking turns. Characters examined per character fed is the "
-        "parser's own work meter: a count, not a time, so other work on the CPU cannot disturb it.",
+        "count of the characters its scanners look at (bench/parser_work.py, in a run of its own): a count, not a "
+        "time, so other work on the CPU cannot disturb it.",
         "",
         *markdown_table(["Arguments, bytes", "Segments", "µs per segment", "Characters examined per character"], rows),
         "![parser cost](perf/parser_cost.png)",

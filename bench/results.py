@@ -71,7 +71,8 @@ class ParserCost(BenchModel):
     segments: int
     microseconds_per_segment: float
     chars_examined_per_char: float
-    """The parser's work meter over the call's length: flat across sizes means linear work, whatever the timing."""
+    """Characters the parser's scanners examined over the call's length: flat across sizes means linear work,
+    whatever the timing."""
 
 
 class ConcurrencyRow(BenchModel):

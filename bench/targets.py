@@ -172,8 +172,8 @@ def check_parser_cost(report: BenchReport) -> TargetCheck:
         why = f"per-segment time does not grow with the arguments already streamed ({work_range})"
     elif flat_work:
         why = (
-            f"the parser's work meter is flat ({work_range}), so the extra time is not parser work growing with the "
-            "call"
+            f"the parser's examined-character count is flat ({work_range}), so the extra time is not parser work "
+            "growing with the call"
         )
         run = report.runs.get("parser")
         if run is not None:

@@ -1,6 +1,7 @@
 """The product's import structure has no cycle: not between modules (lazy imports inside functions count too), and
-not between exo's top-level packages (shared, models, tool_calls, master, mcp, worker...), so that each package can
-be read, and tested, from the bottom up."""
+not between packages at any depth (exo's top-level shared, models, tool_calls, worker...; the sub-packages and
+modules side by side inside each, such as tool_calls' grammar/, formats/ and registry), so that each package can be
+read, and tested, from the bottom up."""
 
 import ast
 from collections.abc import Iterator, Mapping
@@ -9,8 +10,8 @@ from pathlib import Path
 SOURCE = Path(__file__).resolve().parents[1] / "src"
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(SOURCE).with_suffix("").parts
+def _module_name(path: Path, source: Path) -> str:
+    parts = path.relative_to(source).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -37,8 +38,8 @@ def _imported(tree: ast.Module, module: str, is_package: bool, known: set[str]) 
                 yield found
 
 
-def import_graph() -> dict[str, set[str]]:
-    files = {_module_name(path): path for path in SOURCE.rglob("*.py")}
+def import_graph(source: Path = SOURCE) -> dict[str, set[str]]:
+    files = {_module_name(path, source): path for path in source.rglob("*.py")}
     known = set(files)
     return {
         module: set(_imported(ast.parse(path.read_text()), module, path.name == "__init__.py", known))
@@ -81,20 +82,51 @@ def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _top_level(module: str) -> str:
-    return ".".join(module.split(".")[:2])
+def _prefix(module: str, depth: int) -> str:
+    """The package (or module) `module` lies in at `depth` dotted names: `exo.tool_calls` at 2, and at 3
+    `exo.tool_calls.grammar` for everything under grammar/, `exo.tool_calls.registry` for that module."""
+    return ".".join(module.split(".")[:depth])
+
+
+def package_cycles(graph: Mapping[str, set[str]]) -> dict[int, list[list[str]]]:
+    """For every package depth, the cycles between the packages and modules at that depth (each module counted
+    as the package it lies in there): one sub-package importing another that imports it back, at any depth."""
+    deepest = max((module.count(".") + 1 for module in graph), default=0)
+    found: dict[int, list[list[str]]] = {}
+    for depth in range(2, deepest):
+        packages: dict[str, set[str]] = {}
+        for module, targets in graph.items():
+            edges = packages.setdefault(_prefix(module, depth), set())
+            edges.update(
+                _prefix(target, depth) for target in targets if _prefix(target, depth) != _prefix(module, depth)
+            )
+        if depth_cycles := cycles(packages):
+            found[depth] = depth_cycles
+    return found
 
 
 def test_no_module_imports_itself_through_others() -> None:
     assert cycles(import_graph()) == []
 
 
-def test_no_top_level_package_imports_itself_through_others() -> None:
-    packages: dict[str, set[str]] = {}
-    for module, targets in import_graph().items():
-        edges = packages.setdefault(_top_level(module), set())
-        edges.update(_top_level(target) for target in targets if _top_level(target) != _top_level(module))
-    assert cycles(packages) == []
+def test_no_package_imports_itself_through_others_at_any_depth() -> None:
+    assert package_cycles(import_graph()) == {}
+
+
+def test_a_sub_package_cycle_in_a_tree_fails_the_check(tmp_path: Path) -> None:
+    """Two sub-packages that import each other through different modules: no module cycle, but a package one."""
+    package = tmp_path / "exo" / "formats_home"
+    for folder in ("grammar", "formats"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (tmp_path / "exo" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "grammar" / "build.py").write_text("from exo.formats_home.formats.hermes import HERMES\n")
+    (package / "grammar" / "lark.py").write_text("WRITER = 1\n")
+    (package / "formats" / "hermes.py").write_text("from exo.formats_home.grammar import lark\nHERMES = 1\n")
+    graph = import_graph(tmp_path)
+    assert cycles(graph) == []
+    assert package_cycles(graph) == {3: [["exo.formats_home.formats", "exo.formats_home.grammar"]]}
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

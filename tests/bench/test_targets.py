@@ -124,7 +124,7 @@ def test_parser_time_gap_with_flat_work_is_a_miss_blamed_on_load_not_on_the_pars
     report = sample_report(load_1=0.2).model_copy(update={"parser": _parser((2.8, 7.4), (3.0, 3.1))})
     check = check_parser_cost(report)
     assert not check.met
-    assert "work meter is flat" in check.why
+    assert "examined-character count is flat" in check.why
 
 
 def test_parser_work_growing_with_size_is_named_as_the_cause() -> None:

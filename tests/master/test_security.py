@@ -22,7 +22,7 @@ from exo.main import build_parser, config_from_args
 from exo.models.errors import ModelLoadError
 from exo.node import NodeConfig
 from exo.shared.types.worker.shards import ShardAssignment
-from exo.worker.engines.mlx.utils_mlx import load_model
+from exo.worker.engines.mlx.model_loader import load_model
 from tests.exo_server import fixture_model, free_port, isolation, running_exo
 from tests.fixtures.fixture_specs import GREETING_REPLY
 from tests.master.inprocess_app import SCRIPTED_MODEL, SCRIPTED_REPLY, ResponseLike, ScriptedMaster, scripted_app

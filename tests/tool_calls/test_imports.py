@@ -14,7 +14,7 @@ def _loaded_after(imports: str) -> list[str]:
 
 
 def test_the_tool_call_package_loads_no_mlx_and_no_http_stack() -> None:
-    assert _loaded_after("exo.tool_calls, exo.tool_calls.registry, exo.tool_calls.grammar.build") == []
+    assert _loaded_after("exo.tool_calls, exo.tool_calls.registry, exo.tool_calls.request_grammar") == []
 
 
 def test_the_conformance_command_loads_no_mlx() -> None:

@@ -9,10 +9,10 @@ import pytest
 from pydantic import JsonValue
 
 from exo.shared.types.api import FunctionDefinition
-from exo.tool_calls.grammar.build import build_tool_grammar
 from exo.tool_calls.grammar.spec import ConstraintMode, ToolConstraintSpec
 from exo.tool_calls.loop_guard import CallKey, excluding
 from exo.tool_calls.names import ToolFormatName
+from exo.tool_calls.request_grammar import build_tool_grammar
 from tests.tool_calls.grammar.tokenizers import format_tokenizer
 
 WRITE = FunctionDefinition(

@@ -5,13 +5,10 @@ from typing import Protocol
 
 from exo.shared.types.api import FunctionDefinition
 from exo.tool_calls.grammar.reply import FormatGrammar
-from exo.tool_calls.work_meter import WorkMeter
 
 
 class CallSink(Protocol):
     """What a format reports while it reads a call region; implemented by the stream parser."""
-
-    meter: WorkMeter
 
     @property
     def paused(self) -> bool:

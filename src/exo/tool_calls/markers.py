@@ -3,8 +3,6 @@
 import re
 from collections.abc import Sequence
 
-from exo.tool_calls.work_meter import WorkMeter
-
 
 class ScanResult:
     """What one scan step produced: text that is certainly not a marker, then the marker found (if any)."""
@@ -25,13 +23,12 @@ class MarkerScanner:
     scan costs O(new text + longest marker).
     """
 
-    def __init__(self, markers: Sequence[str], meter: WorkMeter) -> None:
+    def __init__(self, markers: Sequence[str]) -> None:
         ordered = sorted({marker for marker in markers if marker}, key=len, reverse=True)
         self._pattern = re.compile("|".join(re.escape(marker) for marker in ordered)) if ordered else None
         self._prefixes = {marker[:length] for marker in ordered for length in range(1, len(marker))}
         self._longest = len(ordered[0]) if ordered else 0
         self._held = ""
-        self._meter = meter
 
     @property
     def holding(self) -> bool:
@@ -41,7 +38,6 @@ class MarkerScanner:
         """Consume `text[position:]` up to and including the first marker (or all of it)."""
         held = self._held
         window = held + text[position:] if held else text[position:]
-        self._meter.touch(len(window))
         match = self._pattern.search(window) if self._pattern is not None else None
         if match is not None:
             self._held = ""
@@ -57,7 +53,6 @@ class MarkerScanner:
 
     def _partial_suffix_length(self, window: str) -> int:
         longest = min(self._longest - 1, len(window))
-        self._meter.touch(longest)
         for length in range(longest, 0, -1):
             if window[len(window) - length :] in self._prefixes:
                 return length

@@ -15,7 +15,6 @@ from exo.tool_calls.format import CallRegion
 from exo.tool_calls.markers import MarkerScanner
 from exo.tool_calls.names import ToolFormatName
 from exo.tool_calls.registry import format_for
-from exo.tool_calls.work_meter import WorkMeter
 
 _WHITESPACE = " \t\n\r"
 
@@ -46,7 +45,6 @@ class ToolStreamParser:
         reasoning_markers: tuple[str, str] | None = ("<think>", "</think>"),
         new_call_id: Callable[[], ToolCallId] = new_tool_call_id,
     ) -> None:
-        self.meter = WorkMeter()
         self._format = format_for(tool_format)
         self._tools = {tool.name: tool for tool in tools}
         self._parallel = parallel_tool_calls
@@ -55,8 +53,8 @@ class ToolStreamParser:
         markers = self._format.start_markers if self._tools or self._format.frames_every_reply else ()
         if self._reasoning_start is not None:
             markers = (*markers, self._reasoning_start)
-        self._content_scanner = MarkerScanner(markers, self.meter)
-        self._reasoning_scanner = MarkerScanner(reasoning_markers[1:] if reasoning_markers else (), self.meter)
+        self._content_scanner = MarkerScanner(markers)
+        self._reasoning_scanner = MarkerScanner(reasoning_markers[1:] if reasoning_markers else ())
         self._bare_openers = self._format.bare_openers if self._tools else ""
         self._in_reasoning = starts_in_reasoning and reasoning_markers is not None
         self._region: CallRegion | None = None

@@ -12,7 +12,8 @@ from exo.api.types.anthropic_messages import MessagesRequest
 from exo.shared.types.common import ModelId
 from exo.shared.types.tasks import GenerationParams
 from exo.shared.types.worker.shards import ShardAssignment
-from exo.worker.engines.mlx.utils_mlx import apply_chat_template, load_model
+from exo.worker.engines.mlx.chat_template import apply_chat_template
+from exo.worker.engines.mlx.model_loader import load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
 
 MODEL = ModelId("tiny-qwen-claude-code")

@@ -9,9 +9,9 @@ import pytest
 
 from exo.conformance.renderers import RENDERERS, SampleCall
 from exo.shared.types.api import FunctionDefinition
-from exo.tool_calls.grammar.build import build_tool_grammar, tool_marker_texts
 from exo.tool_calls.grammar.spec import ConstraintMode, ToolConstraintSpec, UnsupportedConstraintError
 from exo.tool_calls.names import ToolFormatName
+from exo.tool_calls.request_grammar import build_tool_grammar, tool_marker_texts
 from tests.tool_calls.grammar.tokenizers import format_tokenizer
 
 WEATHER = FunctionDefinition(

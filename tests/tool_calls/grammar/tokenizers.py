@@ -10,8 +10,8 @@ from llguidance import LLMatcher, LLTokenizer
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from exo.tool_calls.grammar.build import format_grammar
 from exo.tool_calls.names import ToolFormatName
+from exo.tool_calls.request_grammar import format_grammar
 
 END_OF_TURN = "<|end_of_turn|>"
 # Harmony's turn ends on these (GPT-OSS lists them as end-of-sequence tokens).

@@ -20,7 +20,7 @@ from exo.shared.types.worker.runner_response import (
 )
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner, MatmulPlanSettings
-from exo.worker.engines.mlx.utils_mlx import load_model
+from exo.worker.engines.mlx.model_loader import load_model
 from exo.worker.runner import runner
 from exo.worker.runner.channel import RunnerChannel
 from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor

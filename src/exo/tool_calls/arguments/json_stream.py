@@ -16,7 +16,6 @@ from exo.tool_calls.arguments.schema import (
     coerce_string,
     wants_coercion_from_string,
 )
-from exo.tool_calls.work_meter import WorkMeter
 
 _STRING_SPECIAL = re.compile(r'["\\\x00-\x1f]')
 _SCALAR_CHARS = re.compile(r"[0-9A-Za-z+\-.]*")
@@ -55,9 +54,8 @@ class JsonValueStreamer:
     the offending character (`error` set, character not consumed). Output accumulates until `take()`.
     """
 
-    def __init__(self, schema: SchemaView | None, meter: WorkMeter) -> None:
+    def __init__(self, schema: SchemaView | None) -> None:
         self._root_schema = schema
-        self._meter = meter
         self._stack: list[_Container] = []
         self._out: list[str] = []
         self.done = False
@@ -82,7 +80,6 @@ class JsonValueStreamer:
         return self.take() + held
 
     def feed(self, text: str, position: int) -> int:
-        start = position
         length = len(text)
         while position < length and not self.done and self.error is None:
             if self._token in ("key", "string", "held_string"):
@@ -91,7 +88,6 @@ class JsonValueStreamer:
                 position = self._read_scalar(text, position)
             else:
                 position = self._read_structure(text, position)
-        self._meter.touch(position - start)
         return position
 
     def _emit_token_text(self, piece: str) -> None:
@@ -141,7 +137,6 @@ class JsonValueStreamer:
         if token == "held_string" and self._token_schema is not None:
             raw = "".join(self._token_parts)
             self._token_parts.clear()
-            self._meter.touch(len(raw))
             coerced = coerce_string(str(json.loads(raw, strict=False)), self._token_schema)
             self._out.append(raw if coerced is None else json.dumps(coerced, ensure_ascii=False))
         self._end_value()

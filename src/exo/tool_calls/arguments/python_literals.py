@@ -8,7 +8,6 @@ from pydantic import JsonValue as WireJsonValue
 
 from exo.tool_calls.arguments.parsed_call import ParsedCall
 from exo.tool_calls.arguments.schema import JsonValue
-from exo.tool_calls.work_meter import WorkMeter
 
 _JSON_NAMES = frozenset(("true", "false", "null"))
 _INTERESTING = re.compile(r"""[\[\](){}'"\\]""")
@@ -69,8 +68,7 @@ def parse_pythonic_calls(text: str) -> list[ParsedCall]:
 class BracketTracker:
     """Finds where a bracketed Python expression closes, skipping over string literals; O(1) per character."""
 
-    def __init__(self, meter: WorkMeter) -> None:
-        self._meter = meter
+    def __init__(self) -> None:
         self._depth = 0
         self._quote: str | None = None
         self._escaped = False
@@ -78,7 +76,6 @@ class BracketTracker:
 
     def feed(self, text: str, position: int) -> int:
         """Advance from `position`; return the position just after the closing bracket, or the text end."""
-        start = position
         while position < len(text) and not self.closed:
             if self._escaped:
                 self._escaped = False
@@ -100,5 +97,4 @@ class BracketTracker:
             else:
                 self._depth -= 1
                 self.closed = self._depth <= 0
-        self._meter.touch(position - start)
         return position

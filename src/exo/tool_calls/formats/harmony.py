@@ -44,10 +44,10 @@ class HarmonyMessageRegion:
         self._sink = sink
         self._opened_by_channel = marker == CHANNEL
         self._state = _HEADER
-        self._header = MarkerScanner((MESSAGE,), sink.meter)
+        self._header = MarkerScanner((MESSAGE,))
         self._header_parts: list[str] = []
         self._header_length = 0
-        self._body = MarkerScanner(_MESSAGE_ENDS, sink.meter)
+        self._body = MarkerScanner(_MESSAGE_ENDS)
         self._is_reasoning = False
         self._arguments: JsonValueStreamer | None = None
         self._finished = False
@@ -97,7 +97,7 @@ class HarmonyMessageRegion:
             self._sink.reject(f"a harmony message to {recipient!r}, which is not a function of the request")
             return
         self._sink.open_call(tool)
-        self._arguments = JsonValueStreamer(SchemaView.of_tool(tool.parameters), self._sink.meter)
+        self._arguments = JsonValueStreamer(SchemaView.of_tool(tool.parameters))
         self._state = _ARGUMENTS
 
     def _feed_arguments(self, text: str, position: int) -> int:

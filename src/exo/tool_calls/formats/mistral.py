@@ -96,7 +96,7 @@ class MistralHeaderRegion:
                 self._sink.reject(f"unknown tool {name!r}")
             else:
                 self._sink.open_call(tool)
-                self._arguments = JsonValueStreamer(SchemaView.of_tool(tool.parameters), self._sink.meter)
+                self._arguments = JsonValueStreamer(SchemaView.of_tool(tool.parameters))
         return position
 
     def _feed_arguments(self, streamer: JsonValueStreamer, text: str, position: int) -> int:
@@ -105,7 +105,7 @@ class MistralHeaderRegion:
         if streamer.error is not None:
             self._sink.arguments(streamer.take_held())
             self._sink.note_failure(f"tool call arguments stopped being JSON: {streamer.error}")
-            self._verbatim = MarkerScanner((_START,), self._sink.meter)
+            self._verbatim = MarkerScanner((_START,))
         elif streamer.done:
             self._finished = True
             self._sink.close_call()

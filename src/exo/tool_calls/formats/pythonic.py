@@ -6,13 +6,13 @@ content."""
 import re
 
 from exo.shared.types.api import FunctionDefinition
-from exo.tool_calls.arguments.parsed_call import emit_parsed_calls
 from exo.tool_calls.arguments.python_literals import BracketTracker, parse_pythonic_calls
 from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
 from exo.tool_calls.grammar.lark import LarkWriter, literal
 from exo.tool_calls.grammar.parameters import any_parameters, json_value, parameter_sequence, tool_parameters
 from exo.tool_calls.grammar.reply import BareCalls, OpenedCallsGrammar, ReplyRequest, repeated
 from exo.tool_calls.markers import MarkerScanner
+from exo.tool_calls.regions.parsed_calls import emit_parsed_calls
 
 _LIST_START = "<|tool_call_start|>"
 _LIST_END = "<|tool_call_end|>"
@@ -47,7 +47,7 @@ class BracketedCallsRegion:
     def __init__(self, sink: CallSink, *, bare: bool = False) -> None:
         self._sink = sink
         self._bare = bare
-        self._tracker = BracketTracker(sink.meter)
+        self._tracker = BracketTracker()
         self._parts: list[str] = []
         self._opened = False
         self._finished = False
@@ -87,7 +87,7 @@ class DelimitedCallsRegion:
 
     def __init__(self, sink: CallSink) -> None:
         self._sink = sink
-        self._scanner = MarkerScanner((_LIST_END,), sink.meter)
+        self._scanner = MarkerScanner((_LIST_END,))
         self._parts: list[str] = []
         self._finished = False
 

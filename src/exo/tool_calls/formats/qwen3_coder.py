@@ -78,7 +78,7 @@ class Qwen3CoderRegion:
         self._value_streams = False
         self._value_fresh = False
         self._value_parts: list[str] = []
-        self._values = MarkerScanner(_VALUE_ENDS, sink.meter)
+        self._values = MarkerScanner(_VALUE_ENDS)
         self._finished = False
         self._handoff: str | None = None
 
@@ -148,7 +148,6 @@ class Qwen3CoderRegion:
         piece = text[position:stop]
         self._name_parts.append(piece)
         self._name_length += len(piece)
-        self._sink.meter.touch(len(piece))
         if end < 0:
             return len(text)
         name = "".join(self._name_parts).strip()

@@ -45,7 +45,7 @@ class BracedCallRegion:
         self._schema: SchemaView | None = None
         self._member_schema: SchemaView | None = None
         self._members = 0
-        self._string = MarkerScanner((syntax.quote,), sink.meter)
+        self._string = MarkerScanner((syntax.quote,))
         self._json: JsonValueStreamer | None = None
         self._finished = False
 
@@ -92,7 +92,7 @@ class BracedCallRegion:
                 self._sink.arguments('"')
                 self._state = _STRING
             else:
-                self._json = JsonValueStreamer(self._member_schema, self._sink.meter)
+                self._json = JsonValueStreamer(self._member_schema)
                 self._state = _JSON
         else:
             if not matched:

@@ -39,11 +39,11 @@ class HeaderJsonRegion:
         self._syntax = syntax
         self._state = _EXPECT_CALL
         self._matcher = LiteralMatcher((syntax.call_open, syntax.section_close))
-        self._header = MarkerScanner((syntax.arguments_open,), sink.meter)
+        self._header = MarkerScanner((syntax.arguments_open,))
         self._header_parts: list[str] = []
         self._header_length = 0
         self._arguments: JsonValueStreamer | None = None
-        self._verbatim = MarkerScanner((syntax.call_close, syntax.section_close), sink.meter)
+        self._verbatim = MarkerScanner((syntax.call_close, syntax.section_close))
         self._calls = 0
         self._finished = False
 
@@ -112,7 +112,7 @@ class HeaderJsonRegion:
             return result.position
         self._sink.open_call(tool)
         self._calls += 1
-        self._arguments = JsonValueStreamer(SchemaView.of_tool(tool.parameters), self._sink.meter)
+        self._arguments = JsonValueStreamer(SchemaView.of_tool(tool.parameters))
         self._state = _ARGUMENTS
         return result.position
 

@@ -27,7 +27,7 @@ class JsonCallRegion:
         self._sink = sink
         self._sequence = EnvelopeSequence(sink, shape=shape, strict_shape=strict_shape)
         self._end_markers = tuple(end_markers)
-        self._scanner = MarkerScanner((*end_markers, *start_markers), sink.meter)
+        self._scanner = MarkerScanner((*end_markers, *start_markers))
         self._pending_whitespace = ""
         self._stray_noted = False
         self._finished = False

@@ -67,7 +67,7 @@ class EnvelopeParser:
             self._state = _EXPECT_FIRST_KEY
         elif state in (_EXPECT_FIRST_KEY, _EXPECT_KEY) and character == '"':
             self._state = _IN_KEY
-            self._streamer = JsonValueStreamer(None, self._sink.meter)
+            self._streamer = JsonValueStreamer(None)
             return position
         elif state in (_EXPECT_FIRST_KEY, _AFTER_VALUE) and character == "}":
             self._close_envelope()
@@ -166,7 +166,7 @@ class EnvelopeParser:
                 self._value_kind = "skip"
             else:
                 schema = SchemaView.of_tool(self._tool.parameters)
-        self._streamer = JsonValueStreamer(schema, self._sink.meter)
+        self._streamer = JsonValueStreamer(schema)
         self._state = _IN_VALUE
 
     def _on_name(self, name: object) -> None:
@@ -193,7 +193,7 @@ class EnvelopeParser:
     def _emit_whole_arguments(self, text: str, *, fallback: str) -> None:
         """Arguments known in full (held, or decoded from a JSON string): scan them with the schema at once."""
         assert self._tool is not None
-        streamer = JsonValueStreamer(SchemaView.of_tool(self._tool.parameters), self._sink.meter)
+        streamer = JsonValueStreamer(SchemaView.of_tool(self._tool.parameters))
         end = streamer.feed(text, 0)
         if streamer.done and not text[end:].strip():
             self._sink.arguments(streamer.take())

@@ -85,7 +85,7 @@ class TaggedCallsRegion:
         self._in_section = in_section
         self._state = _EXPECT_CALL if in_section else _CALL_HEADER
         self._matcher = LiteralMatcher((syntax.call_open,))
-        self._header = MarkerScanner(syntax.call_header_ends, sink.meter)
+        self._header = MarkerScanner(syntax.call_header_ends)
         self._header_parts: list[str] = []
         self._header_length = 0
         self._calls = 0
@@ -95,7 +95,7 @@ class TaggedCallsRegion:
         self._value_streams = False
         self._value_fresh = False
         self._value_parts: list[str] = []
-        self._values = MarkerScanner(("\n" + syntax.param_close, syntax.param_close), sink.meter)
+        self._values = MarkerScanner(("\n" + syntax.param_close, syntax.param_close))
         self._finished = False
 
     @property
@@ -149,7 +149,7 @@ class TaggedCallsRegion:
 
     def _begin_header(self, state: str, ends: tuple[str, ...]) -> None:
         self._state = state
-        self._header = MarkerScanner(ends, self._sink.meter)
+        self._header = MarkerScanner(ends)
         self._header_parts.clear()
         self._header_length = 0
 

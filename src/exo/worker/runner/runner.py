@@ -254,13 +254,14 @@ def _load(
     from exo.models.errors import ModelLoadError
     from exo.tool_calls import detect_tool_format
     from exo.worker.engines.mlx.cache.layer_cache import can_batch
+    from exo.worker.engines.mlx.chat_template import chat_template_text
     from exo.worker.engines.mlx.cpu.blas_check import blas_report
     from exo.worker.engines.mlx.cpu.engine import CpuKernels
     from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
     from exo.worker.engines.mlx.generator.chat_completion import DecodeSettings, EngineContext
     from exo.worker.engines.mlx.generator.prefill import slow_prefill_seconds_per_token
     from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
-    from exo.worker.engines.mlx.utils_mlx import chat_template_text, load_model
+    from exo.worker.engines.mlx.model_loader import load_model
 
     model_path = Path(bootstrap.model_path)
     kernels = CpuKernels(bootstrap.cpu_kernels)

@@ -4,7 +4,8 @@ from pathlib import Path
 
 from exo.shared.types.tasks import PromptMessage, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
-from exo.worker.engines.mlx.utils_mlx import apply_chat_template, load_model
+from exo.worker.engines.mlx.chat_template import apply_chat_template
+from exo.worker.engines.mlx.model_loader import load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
 
 # The shape of Qwen3's switch: an empty think block closes reasoning before the answer when thinking is off.

@@ -9,8 +9,10 @@ from pydantic import JsonValue
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.engines.mlx.chat_template import RenderedPrompt, apply_chat_template
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings
-from exo.worker.engines.mlx.utils_mlx import LoadedModel, RenderedPrompt, apply_chat_template, load_model
+from exo.worker.engines.mlx.loaded_model import LoadedModel
+from exo.worker.engines.mlx.model_loader import load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
 from tests.worker.engines.mlx.generator.scheduling import context_for, task
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from exo.tool_calls.grammar.build import answer_marker_texts, build_answer_grammar
 from exo.tool_calls.grammar.spec import JsonAnswerSpec, ReasoningMarkers, UnsupportedConstraintError
 from exo.tool_calls.names import ToolFormatName
+from exo.tool_calls.request_grammar import answer_marker_texts, build_answer_grammar
 from exo.worker.engines.mlx.constrained.compiled import guidance_tokenizer
 from tests.worker.engines.mlx.constrained.conftest import LoadedModel, grammar_accepts
 from tests.worker.engines.mlx.constrained.schemas import SEARCH, WEATHER

@@ -276,7 +276,7 @@ def test_definitions_are_not_mutated_by_grammar_building() -> None:
     spec = ToolConstraintSpec(
         tool_format=ToolFormatName.HERMES, tools=(WEATHER,), mode=ConstraintMode.NAMED, parallel_tool_calls=False
     )
-    from exo.tool_calls.grammar.build import build_tool_grammar
+    from exo.tool_calls.request_grammar import build_tool_grammar
 
     build_tool_grammar(spec)
     assert original == WEATHER

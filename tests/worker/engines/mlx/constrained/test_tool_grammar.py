@@ -5,9 +5,9 @@ import logging
 import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from exo.tool_calls.grammar.build import build_tool_grammar, tool_marker_texts
 from exo.tool_calls.grammar.spec import ConstraintMode, ReasoningMarkers, ToolConstraintSpec, UnsupportedConstraintError
 from exo.tool_calls.names import ToolFormatName
+from exo.tool_calls.request_grammar import build_tool_grammar, tool_marker_texts
 from exo.worker.engines.mlx.constrained import make_logits_processor
 from exo.worker.engines.mlx.constrained.compiled import guidance_tokenizer
 from tests.worker.engines.mlx.constrained.conftest import LoadedModel, grammar_accepts

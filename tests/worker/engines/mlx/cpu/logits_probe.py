@@ -38,7 +38,7 @@ def main(mode: str) -> None:
     from exo.shared.types.worker.shards import ShardAssignment
     from exo.worker.engines.mlx.cpu import kernels
     from exo.worker.engines.mlx.cpu.engine import CpuKernels
-    from exo.worker.engines.mlx.utils_mlx import load_model
+    from exo.worker.engines.mlx.model_loader import load_model
 
     # Route even this short prompt through the numpy kernels, where they are on.
     kernels.MIN_SCORES = kernels.MIN_GATE_VALUES = 1

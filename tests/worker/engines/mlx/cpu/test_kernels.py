@@ -8,7 +8,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cpu import kernels as cpu_kernels
 from exo.worker.engines.mlx.cpu.kernels import numpy_softmax_attention, scaled_dot_product_attention, swiglu
-from exo.worker.engines.mlx.utils_mlx import load_model
+from exo.worker.engines.mlx.model_loader import load_model
 from tests.exo_server import fixture_model
 
 

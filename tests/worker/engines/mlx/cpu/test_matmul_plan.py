@@ -24,7 +24,7 @@ from exo.worker.engines.mlx.cpu.matmul_plan import (
     planned_product,
 )
 from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner, MatmulPlanSettings
-from exo.worker.engines.mlx.utils_mlx import load_model
+from exo.worker.engines.mlx.model_loader import load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
 
 ROWS_FIRST: Layout = "rows_first"

@@ -23,7 +23,7 @@ from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cac
 from exo.worker.engines.mlx.distributed.layer_split import stage_forward
 from exo.worker.engines.mlx.distributed.lockstep import prefill
 from exo.worker.engines.mlx.generator.sampling import make_request_sampler
-from exo.worker.engines.mlx.utils_mlx import load_model
+from exo.worker.engines.mlx.model_loader import load_model
 
 
 class StepOutcome(IntEnum):

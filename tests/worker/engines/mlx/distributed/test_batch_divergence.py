@@ -27,7 +27,7 @@ from exo.worker.engines.mlx.distributed.task_channel import (
     send_message,
 )
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings
-from exo.worker.engines.mlx.utils_mlx import load_model
+from exo.worker.engines.mlx.model_loader import load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
 from tests.worker.engines.mlx.distributed.ranks import run_on_ranks
 from tests.worker.engines.mlx.generator.scheduling import context_for, task

@@ -12,7 +12,7 @@ import pytest
 from exo.models.errors import ModelLoadError
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.distributed.layer_split import UnsplittableModelError, split_layers
-from exo.worker.engines.mlx.utils_mlx import load_model
+from exo.worker.engines.mlx.model_loader import load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
 from tests.worker.engines.mlx.distributed.ranks import local_peers, run_on_ranks
 from tests.worker.engines.mlx.distributed.stages import greedy_alone, greedy_in_lockstep

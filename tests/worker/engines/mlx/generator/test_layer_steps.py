@@ -8,7 +8,8 @@ from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, held_token_count, new_prompt_cache
 from exo.worker.engines.mlx.generator.layer_steps import SteppedPass, install_layer_steps
 from exo.worker.engines.mlx.generator.prefill import PiecePacer, PromptPrefill
-from exo.worker.engines.mlx.utils_mlx import LoadedModel, load_model
+from exo.worker.engines.mlx.loaded_model import LoadedModel
+from exo.worker.engines.mlx.model_loader import load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
 
 PROMPT = [(index * 37) % 700 + 10 for index in range(300)]  # within the fixture's 741-token vocabulary

@@ -9,6 +9,7 @@ from mlx_lm.sample_utils import make_sampler
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, SamplingParams, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.engines.mlx.chat_template import apply_chat_template
 from exo.worker.engines.mlx.generator.generate import generate_tokens
 from exo.worker.engines.mlx.generator.sampling import (
     GREEDY_BELOW_TEMPERATURE,
@@ -16,7 +17,8 @@ from exo.worker.engines.mlx.generator.sampling import (
     check_sampling,
     sampling_temperature,
 )
-from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template, load_model
+from exo.worker.engines.mlx.loaded_model import LoadedModel
+from exo.worker.engines.mlx.model_loader import load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, GET_WEATHER_TOOL, GREETING_REPLY
 
 SEEDS = range(5)

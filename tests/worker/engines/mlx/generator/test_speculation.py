@@ -20,6 +20,7 @@ from exo.shared.types.chunks import ErrorChunk, ToolCallArgumentsChunk, ToolCall
 from exo.shared.types.tasks import PromptMessage, SamplingParams, ToolPolicy
 from exo.tool_calls.names import ToolFormatName
 from exo.worker.engines.mlx.cache.layer_cache import new_prompt_cache
+from exo.worker.engines.mlx.chat_template import apply_chat_template
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings, EngineContext
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
 from exo.worker.engines.mlx.generator.generate import generate_tokens
@@ -29,7 +30,7 @@ from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings, Promp
 from exo.worker.engines.mlx.generator.sampling import GREEDY
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 from exo.worker.engines.mlx.generator.solo import SoloDecoder, SpeculationStats
-from exo.worker.engines.mlx.utils_mlx import LoadedModel, apply_chat_template
+from exo.worker.engines.mlx.loaded_model import LoadedModel
 from tests.fixtures.endless_model import endless_copy
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, GET_WEATHER_TOOL, user
 from tests.fixtures.format_models import FORMAT_MODELS, build_format_model

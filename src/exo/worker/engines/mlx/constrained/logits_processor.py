@@ -14,13 +14,13 @@ from llguidance import LLMatcher
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from numpy.typing import NDArray
 
-from exo.tool_calls.grammar.build import (
+from exo.tool_calls.grammar.spec import JsonAnswerSpec, ToolConstraintSpec
+from exo.tool_calls.request_grammar import (
     answer_marker_texts,
     build_answer_grammar,
     build_tool_grammar,
     tool_marker_texts,
 )
-from exo.tool_calls.grammar.spec import JsonAnswerSpec, ToolConstraintSpec
 from exo.worker.engines.mlx.constrained.compiled import guidance_tokenizer, new_matcher
 
 logger = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from exo.worker.engines.mlx.cpu.matmul_plan import (
     choose_shape_plan,
     planned_product,
 )
-from exo.worker.engines.mlx.utils_mlx import LoadedModel
+from exo.worker.engines.mlx.loaded_model import LoadedModel
 
 Shape = tuple[int, int]
 Timer = Callable[[Callable[[], None]], float]

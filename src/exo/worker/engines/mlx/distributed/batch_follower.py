@@ -20,7 +20,7 @@ from exo.worker.engines.mlx.cache.prefix_cache import CacheLease, PrefixCache
 from exo.worker.engines.mlx.distributed.batch_rows import BatchRows, agree_on_divergence, divergent_rows
 from exo.worker.engines.mlx.distributed.lockstep import agree_on_cached_tokens, prefill
 from exo.worker.engines.mlx.distributed.task_channel import BatchStep, FollowTask, PrefillPiece
-from exo.worker.engines.mlx.utils_mlx import LoadedModel
+from exo.worker.engines.mlx.loaded_model import LoadedModel
 
 logger = logging.getLogger(__name__)
 

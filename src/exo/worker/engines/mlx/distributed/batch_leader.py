@@ -40,7 +40,7 @@ from exo.worker.engines.mlx.distributed.task_channel import (
 )
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
 from exo.worker.engines.mlx.generator.scheduler import RequestUpdate
-from exo.worker.engines.mlx.utils_mlx import LoadedModel
+from exo.worker.engines.mlx.loaded_model import LoadedModel
 
 logger = logging.getLogger(__name__)
 

@@ -37,6 +37,7 @@ from exo.tool_calls.loop_guard import CallHistory, CallKey, ReplyCalls, kept_loo
 from exo.tool_calls.registry import format_for
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
 from exo.worker.engines.mlx.cache.prefix_cache import CacheLease, PrefixCache
+from exo.worker.engines.mlx.chat_template import RenderedPrompt, apply_chat_template
 from exo.worker.engines.mlx.constrained import callable_functions, constraint_spec, make_logits_processor
 from exo.worker.engines.mlx.constrained.decision import ConstraintSpec, tool_spec
 from exo.worker.engines.mlx.constrained.repair import repair_spec, repairable, tools_at_risk
@@ -56,8 +57,8 @@ from exo.worker.engines.mlx.generator.sampling import (
     penalty_processors,
 )
 from exo.worker.engines.mlx.generator.stop_sequences import StopSequenceMatcher
+from exo.worker.engines.mlx.loaded_model import LoadedModel
 from exo.worker.engines.mlx.prompt_budget import ContextLengthExceededError
-from exo.worker.engines.mlx.utils_mlx import LoadedModel, RenderedPrompt, apply_chat_template
 
 logger = logging.getLogger(__name__)
 

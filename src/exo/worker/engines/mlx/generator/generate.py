@@ -13,8 +13,8 @@ from exo.worker.engines.mlx.generator.prefill import PiecePacer, PromptPrefill
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import LogitsProcessor, make_request_sampler, penalty_processors
 from exo.worker.engines.mlx.generator.solo import SoloDecoder
+from exo.worker.engines.mlx.loaded_model import LoadedModel
 from exo.worker.engines.mlx.prompt_budget import context_exceeded
-from exo.worker.engines.mlx.utils_mlx import LoadedModel
 
 __all__ = ["LogitsProcessor", "clamp_max_tokens", "generate_tokens"]
 

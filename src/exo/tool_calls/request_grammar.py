@@ -1,4 +1,6 @@
-"""Assemble a whole grammar: an optional reasoning block, then the reply the format writes for the request."""
+"""Assemble a whole grammar: an optional reasoning block, then the reply the format writes for the request.
+
+It looks the format up in the registry, so it sits beside it, above `formats/`, which build on `grammar/`."""
 
 import json
 from collections.abc import Mapping
