@@ -17,6 +17,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from bench.machine import record_start_commit, section_run
+from bench.markdown import without_directories
 from exo.models.paths import default_models_dir
 from exo.models.resolve import resolve_model
 from exo.shared.types.worker.shards import ShardAssignment
@@ -62,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     print(f"{arguments.tokens}-token prefill in {arguments.chunk}-token chunks, {loaded.dtype} weights")
     print(f"commit {run.exo_commit}, {run.cpu}, load average (1, 5, 15 min) {load} at the end, {run.finished_utc}")
-    print(f"command `{run.command}`\n")
+    print(f"command `{without_directories(run.command)}`\n")
     print("| Variant | Seconds, each round | Best |")
     print("| --- | --- | --- |")
     for name, times in seconds.items():

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from bench.machine import record_start_commit
+from bench.markdown import without_directories
 from exo.worker.engines.mlx.cpu.blas import blas_environment
 
 _CHILD_MARKER = "EXO_BENCH_PREFILL_PIECES_CHILD"
@@ -136,7 +137,7 @@ def _measure(command: list[str]) -> None:
         f"{', '.join(f'{value:.2f}' for value in load_before)} at the start, "
         f"{', '.join(f'{value:.2f}' for value in load_after)} at the end"
     )
-    print(f"command `{run.command}`\n")
+    print(f"command `{without_directories(run.command)}`\n")
     print("| Prompt tokens | Variant | Wall s, each round | CPU s, each round | Longest step s |")
     print("| --- | --- | --- | --- | --- |")
     for (length, name), timings in results.items():

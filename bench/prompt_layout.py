@@ -26,6 +26,7 @@ import httpx
 from pydantic import BaseModel
 
 from bench.machine import record_start_commit, section_run
+from bench.markdown import without_directories
 from bench.results import SectionRun
 from bench.servers import RunningServer, running_exo
 from bench.tool_calls_auto import verdict
@@ -150,7 +151,7 @@ def markdown(report: Report) -> str:
     lines = [
         f"Commit {run.exo_commit}, {run.cpu}, model {report.model}, finished {run.finished_utc}; load average {load} "
         f"at the start, {' / '.join(f'{value:.1f}' for value in run.load_average)} at the end; greedy. Command: "
-        f"`{run.command}`.",
+        f"`{without_directories(run.command)}`.",
         "",
         f'Schema-valid calls under `tool_choice: "auto"` over {report.prompts} corpus prompts, each with a system '
         "text naming a project folder:",

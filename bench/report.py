@@ -237,7 +237,7 @@ def _parser(report: BenchReport) -> list[str]:
 
 def _method(report: BenchReport) -> list[str]:
     """How the numbers were taken, from what this report holds: one run or several, which baselines ran."""
-    commands = {run.command for run in report.runs.values()}
+    commands = {without_directories(run.command) for run in report.runs.values()}
     if len(commands) == 1 and len(report.runs) >= 4:
         invocation = f"One invocation (`{commands.pop()}`) measured every section"
     else:

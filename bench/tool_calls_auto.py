@@ -32,6 +32,7 @@ from pydantic import BaseModel
 
 from bench.float32_weights import float32_copy
 from bench.machine import record_start_commit, section_run
+from bench.markdown import without_directories
 from bench.results import SectionRun
 from bench.servers import RunningServer, running_exo, running_mlx_lm_server
 from bench.tool_corpus import CORPUS, FORCED, PROSE, TOOLS, ToolPrompt
@@ -272,7 +273,7 @@ def markdown(report: Report, corpus_size: int) -> str:
     lines = [
         f"Commit {run.exo_commit}, {run.cpu}, model {report.model}, finished {run.finished_utc}; load average "
         f"{_load(report.load_at_start)} at the start, {_load(run.load_average)} at the end; greedy. Command: "
-        f"`{run.command}`.",
+        f"`{without_directories(run.command)}`.",
     ]
     if report.validity:
         lines += [
