@@ -122,3 +122,17 @@ def test_quiet_hides_the_request_lines(tmp_path: Path) -> None:
     assert "request chat.completions" not in log
     assert "exo.master" not in log  # nothing else at INFO either: the flag took effect
     assert "exo.api" not in log
+
+
+def test_an_answer_its_client_did_not_get_is_cancelled_not_finished() -> None:
+    """The model finished, but the client left (or its connection broke) before the answer's end reached it: the
+    activity table must not list it as a success."""
+    clock = Clock()
+    request = timeline(clock)
+    request.observe(TokenChunk(text="Hi"))
+    request.observe(FinishChunk(finish_reason="stop", usage=Usage(prompt_tokens=10, completion_tokens=2)))
+    record = request.record(cancelled=True)
+    assert (record.outcome, record.error) == ("cancelled", None)
+    assert record.completion_tokens == 2  # what the model did is still recorded
+    assert request.line(cancelled=True).endswith("finish=cancelled")
+    assert request.record(cancelled=False).outcome == "finished"

@@ -111,6 +111,7 @@ def _request_metrics(state: State, runners: list[RunnerInfo]) -> RequestMetrics:
         ),
         tasks_running=sum(task.status == "running" for task in tasks),
         queue_depth=sum(task.status == "queued" for task in tasks),
+        tokens_per_second_now=round(sum(runner.tokens_per_second_now for runner in runners), 2),
     )
 
 

@@ -77,7 +77,7 @@ class RequestTimeline:
         final = self._final
         usage = final.usage if isinstance(final, FinishChunk) else None
         prefill_end = self._prefill_ended_at or self._first_output_at
-        outcome: RequestOutcome = "finished" if usage else "cancelled" if cancelled and final is None else "failed"
+        outcome = _outcome(final, cancelled)
         return RequestRecord(
             dialect=self._dialect,
             model_id=self._model_id,
@@ -112,6 +112,20 @@ class RequestTimeline:
         # The first token ends the prefill; the speed is of the tokens after it.
         tokens = final.usage.completion_tokens - 1
         return tokens / seconds if seconds > 0 and tokens > 0 else None
+
+
+def _outcome(final: FinishChunk | ErrorChunk | None, cancelled: bool) -> RequestOutcome:
+    """How the request ended for its client: an answer the model finished counts only once the client had it all
+    (one that left first, or whose connection broke, did not get it: cancelled); an error is a failure whenever."""
+    match final:
+        case ErrorChunk():
+            return "failed"
+        case _ if cancelled:
+            return "cancelled"
+        case FinishChunk():
+            return "finished"
+        case None:
+            return "failed"
 
 
 def _error_message(final: FinishChunk | ErrorChunk | None, cancelled: bool) -> str | None:

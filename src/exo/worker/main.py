@@ -270,6 +270,7 @@ class Worker:
             metadata=supervisor.metadata,
             recent_tasks=supervisor.recent_tasks,
             metrics=self._metrics[runner_id].metrics,
+            tokens_per_second_now=round(supervisor.tokens_per_second_now, 2),
         )
 
     def _task_info(self, runner_id: RunnerId, task_id: TaskId, *, running: bool) -> TaskInfo:

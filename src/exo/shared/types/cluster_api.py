@@ -90,6 +90,8 @@ class RequestMetrics(FrozenModel):
     decode_tokens_per_second: float | None
     tasks_running: int
     queue_depth: int
+    # Tokens generated over the last few seconds, counted as they are produced (not when requests end).
+    tokens_per_second_now: float = 0.0
 
 
 class NodeMetrics(RequestMetrics):

@@ -124,6 +124,9 @@ class RunnerInfo(FrozenModel):
     # The most recently ended tasks, oldest first (bounded), in the order the runner ran them.
     recent_tasks: tuple[TaskSummary, ...] = ()
     metrics: RunnerMetrics = Field(default_factory=RunnerMetrics)
+    # Tokens generated over the last few seconds, counted as they are produced (refreshed about once a second while
+    # the runner generates; 0 a few seconds after it stops).
+    tokens_per_second_now: float = 0.0
 
 
 class TaskInfo(FrozenModel):

@@ -58,12 +58,15 @@ from exo.shared.types.worker.runner_response import (
 from exo.shared.types.worker.runner_status import RunnerStatus
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.runner.runner import runner_main
+from exo.worker.runner.token_rate import TokenRate
 
 logger = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_LOAD_FAILURES = 3
 RECENT_TASKS_KEPT = 16
 MAX_RESTART_DELAY_SECONDS = 10.0
+# While tokens are generated, the runner's rate reaches /state this often (besides its other changes).
+RATE_REPORT_SECONDS = 1.0
 
 
 def restart_delay(consecutive_crashes: int) -> float:
@@ -113,6 +116,8 @@ class _PendingTask:
     failed: bool = False
     progress: PrefillProgressChunk | None = None
     decoding: bool = False
+    # Tokens of this task already counted in the runner's rate.
+    counted_tokens: int = 0
 
     @property
     def phase(self) -> TaskPhase:
@@ -150,6 +155,8 @@ class RunnerSupervisor:
         self._load_failures = 0
         self._consecutive_crashes = 0
         self._recent: deque[TaskSummary] = deque(maxlen=RECENT_TASKS_KEPT)
+        self._token_rate = TokenRate()
+        self._rate_reported_at = 0.0
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -357,11 +364,13 @@ class RunnerSupervisor:
                 self.last_error = reason
                 logger.error("runner %s could not load %s: %s", self.runner_id, self.config.model_id, reason)
                 self._fail_all(f"model {self.config.model_id} failed to load: {reason}")
-            case TaskChunk(task_id=task_id, chunk=chunk):
+            case TaskChunk(task_id=task_id, chunk=chunk, generated_tokens=generated):
                 running = self._running.get(task_id)
                 if running is None:
                     return
                 running.deliver(chunk)
+                if generated is not None:
+                    self._count_tokens(running, generated)
                 phase = running.phase
                 if isinstance(chunk, PrefillProgressChunk):
                     running.progress = chunk
@@ -373,6 +382,7 @@ class RunnerSupervisor:
             case TaskDone(task_id=task_id, generated_tokens=tokens, cancelled=cancelled):
                 finished = self._running.pop(task_id, None)
                 if finished is not None:
+                    self._count_tokens(finished, tokens)
                     finished.sender.close()
                     outcome: TaskOutcome = "cancelled" if cancelled else "failed" if finished.failed else "finished"
                     self._record(task_id, outcome, tokens)
@@ -382,6 +392,19 @@ class RunnerSupervisor:
                     self.status = "ready"
                 self._dispatch_next()
         self._on_change()
+
+    @property
+    def tokens_per_second_now(self) -> float:
+        return self._token_rate.per_second()
+
+    def _count_tokens(self, task: _PendingTask, generated: int) -> None:
+        """Add the tokens `task` generated since last counted to the rate; /state hears of it about once a second."""
+        self._token_rate.add(generated - task.counted_tokens)
+        task.counted_tokens = max(task.counted_tokens, generated)
+        now = time.monotonic()
+        if now - self._rate_reported_at >= RATE_REPORT_SECONDS:
+            self._rate_reported_at = now
+            self._on_change()
 
     @property
     def _capacity(self) -> int:

@@ -15,10 +15,13 @@ logger = logging.getLogger(__name__)
 
 
 def send_updates(channel: RunnerChannel, updates: Iterable["RequestUpdate"]) -> None:
-    """Each update's chunks, then the end of each task that finished."""
+    """Each update's chunks (the last with the task's running token count), then the end of each task that
+    finished."""
     for update in updates:
-        for chunk in update.chunks:
-            channel.send(TaskChunk(task_id=update.task_id, chunk=chunk))
+        for position, chunk in enumerate(update.chunks, start=1):
+            last = position == len(update.chunks)
+            count = update.generated_tokens if last else None
+            channel.send(TaskChunk(task_id=update.task_id, chunk=chunk, generated_tokens=count))
         if update.done:
             channel.send(TaskDone(task_id=update.task_id, generated_tokens=update.generated_tokens))
 

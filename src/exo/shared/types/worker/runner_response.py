@@ -114,6 +114,8 @@ class TaskChunk(FrozenModel):
     kind: Literal["chunk"] = "chunk"
     task_id: TaskId
     chunk: Chunk
+    # Tokens the task has generated so far (on the last chunk of each step): the node's tokens-per-second-now.
+    generated_tokens: int | None = None
 
 
 class TaskDone(FrozenModel):

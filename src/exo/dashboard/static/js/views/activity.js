@@ -1,8 +1,7 @@
 // Activity view: requests in flight, recently ended ones (dialect, node, outcome, prompt and cached tokens, time
 // to first token, decode speed, error: as the node whose API took each recorded it), queue depth, per-model
-// figures, and the cluster's generated tokens per second over the last two minutes: the runners' token counts
-// (which grow as each request ends) plus, where nodes report it, the tokens of the requests still running,
-// compared between two polls.
+// figures, and the cluster's generated tokens per second over the last two minutes: each poll's sum of the nodes'
+// `tokens_per_second_now` (their runners count tokens as they are produced, over the last few seconds).
 import { badge, fill, h, section, table } from "../dom.js";
 import { ago, number, seconds, shortId } from "../format.js";
 
@@ -24,21 +23,14 @@ export function createActivityView() {
     h("h3", {}, "Recent requests"), recent,
     h("h3", {}, "Per model"), perModel);
   const samples = [];
-  let previous = null;
   return {
     element,
     update(snapshot) {
       const { state, metrics } = snapshot;
       const names = Object.fromEntries(Object.values(state.nodes).map((node) => [node.facts.node_id, node.display_name || node.facts.name]));
-      const generated = Object.values(state.runners).reduce((sum, runner) => sum + runner.metrics.generated_tokens, 0)
-        + Object.values(state.tasks).reduce((sum, task) => sum + (task.generated_tokens ?? 0), 0);
-      if (previous !== null) {
-        const elapsed = (snapshot.at - previous.at) / 1000;
-        samples.push(Math.max(0, generated - previous.generated) / elapsed);
-        if (samples.length > CHART_SAMPLES) samples.shift();
-      }
-      previous = { at: snapshot.at, generated };
-      const sum = (field) => metrics.nodes.reduce((total, node) => total + node[field], 0);
+      const sum = (field) => metrics.nodes.reduce((total, node) => total + (node[field] ?? 0), 0);
+      samples.push(sum("tokens_per_second_now"));
+      if (samples.length > CHART_SAMPLES) samples.shift();
       fill(totals, [
         ["running", sum("tasks_running")], ["queued", sum("queue_depth")], ["finished", sum("requests_finished")],
         ["failed", sum("requests_failed")], ["cancelled", sum("requests_cancelled")],
