@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 from ollama import ChatResponse, Client, Message, ResponseError
 
+from exo.api.ollama.models import human_number
 from tests.exo_server import ExoServer, fixture_model, running_exo
 from tests.fixtures.fixture_specs import GET_WEATHER_TOOL, GREETING_REPLY, PARIS_WEATHER_ANSWER, PARIS_WEATHER_RESULT
 
@@ -202,3 +203,41 @@ def test_a_body_labelled_as_a_form_as_curl_sends_it_is_read_as_json(server: ExoS
     response = httpx.post(f"{server.base_url}/api/chat", content=body, headers=headers, timeout=60)
     assert response.status_code == 200, response.text
     assert response.json()["message"]["content"] == GREETING_REPLY
+
+
+def test_tags_and_show_describe_the_checkpoint_as_ollama_does(client: Client) -> None:
+    """Family is the architecture (not the tool-call format), with the parameter size, the storage and the files'
+    bytes: read here from the fixture's own config and safetensors headers."""
+    files = fixture_model(QWEN)
+    config = json.loads((files / "config.json").read_text())
+    weights = sum(path.stat().st_size for path in files.glob("model*.safetensors"))
+    (listed,) = client.list().models
+    assert listed.details is not None
+    assert listed.details.family == config["model_type"] == "qwen2"
+    assert listed.details.families == ["qwen2"]
+    assert listed.details.quantization_level == "F32"
+    # 121,728 parameters (tiny): Ollama writes counts below a million as thousands.
+    assert listed.details.parameter_size == "122K"
+    # The files' bytes, less their headers.
+    assert listed.size is not None
+    assert 0.9 * weights < listed.size <= weights
+    shown = client.show(QWEN)
+    assert shown.details is not None
+    assert shown.details.family == "qwen2"
+    assert shown.details.parameter_size == listed.details.parameter_size
+    assert (shown.modelinfo or {})["general.architecture"] == "qwen2"
+    assert (shown.modelinfo or {})["general.parameter_count"] == 121_728
+    assert "qwen2.context_length" in (shown.modelinfo or {})
+
+
+def test_parameter_sizes_are_written_as_ollama_writes_them() -> None:
+    assert [
+        human_number(count) for count in (494_032_768, 7_615_616_512, 7_000_000_000, 500_000_000, 121_728, 999)
+    ] == [
+        "494.03M",
+        "7.6B",
+        "7B",
+        "500M",
+        "122K",
+        "999",
+    ]

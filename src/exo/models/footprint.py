@@ -98,3 +98,14 @@ def _sizes(
     if bits is not None and entry.get("dtype") == "U32" and f"{base}.scales" in tensors:
         return count * (32 // bits), stored
     return count, stored
+
+
+def weight_dtypes(model_dir: Path) -> list[str]:
+    """The stored dtype of every tensor in the checkpoint in `model_dir` (safetensors names: BF16, F32...)."""
+    dtypes: list[str] = []
+    for path in sorted(model_dir.glob(WEIGHT_FILE_PATTERN)):
+        for name, entry in _read_header(path).items():
+            dtype = entry.get("dtype")
+            if name != "__metadata__" and isinstance(dtype, str):
+                dtypes.append(dtype)
+    return dtypes

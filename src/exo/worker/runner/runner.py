@@ -15,10 +15,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, cast
 
+from exo.models.checkpoint_facts import checkpoint_facts
+from exo.models.footprint import FootprintError
 from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.runner_response import (
     CancelTask,
+    CheckpointFacts,
     MatmulPlanRefined,
     ModelMetadata,
     RunnerBootstrap,
@@ -318,6 +321,7 @@ def _load(
         matmul_plan=planner.report() if planner is not None else None,
         cpu_kernels=kernels.report(),
         pipeline=loaded.strategy,
+        checkpoint=_checkpoint(model_path),
     )
     context = EngineContext(
         loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache, decode=decode, matmul_planner=planner
@@ -325,6 +329,15 @@ def _load(
     if link is not None:
         link.connect_tasks()
     return context, metadata, link
+
+
+def _checkpoint(model_path: Path) -> CheckpointFacts | None:
+    """What model listings show of the checkpoint; a listing without it is no reason to fail the load."""
+    try:
+        return checkpoint_facts(model_path)
+    except (FootprintError, OSError) as error:
+        logger.warning("cannot describe the checkpoint in %s: %s", model_path, error)
+        return None
 
 
 def _prefix_cache(bootstrap: RunnerBootstrap, model: "nn.Module") -> "PrefixCache":

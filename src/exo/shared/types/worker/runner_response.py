@@ -21,6 +21,18 @@ class GenerationResponse(FrozenModel):
     finish_reason: FinishReason | None = None
 
 
+class CheckpointFacts(FrozenModel):
+    """What the model's files say about it, as model listings (Ollama's /api/tags, /api/show) describe a model."""
+
+    # The architecture (config.json's `model_type`: qwen2, llama...).
+    family: str
+    # Parameters once dequantized, and the weight files' bytes as stored (of the files this runner has).
+    parameter_count: int
+    file_bytes: int
+    # How the weights are stored: Q4, Q8 (MLX quantized to that many bits), BF16, F16 or F32.
+    quantization: str
+
+
 class ModelMetadata(FrozenModel):
     """What the runner learned while loading, reported to the worker for /v1/models and /state."""
 
@@ -40,6 +52,8 @@ class ModelMetadata(FrozenModel):
     cpu_kernels: CpuKernelsReport | None = None
     # How a pipeline rank's model was split (None for a whole model).
     pipeline: PipelineStrategy | None = None
+    # The checkpoint's architecture, size and storage (None where its files could not be read).
+    checkpoint: CheckpointFacts | None = None
 
 
 # ---- worker → runner -------------------------------------------------------------------------
