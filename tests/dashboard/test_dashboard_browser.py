@@ -451,3 +451,47 @@ def test_with_an_api_key_the_page_asks_for_it_keeps_it_for_the_tab_and_works(
     assert watch.errors == []
     assert watch.refused
     assert set(watch.refused) == {401}
+
+
+@pytest.fixture(scope="module")
+def half_keyed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterNode, ClusterNode]]:
+    """Two nodes both called "vm" (as two machines of one name are): the first with an API key, the second
+    without one."""
+    with local_cluster(tmp_path_factory.mktemp("half-keyed"), "dashboard-half-keyed") as running:
+        keyed = running.launch(
+            "keyed", [fixture_model(CHAT_MODEL)], extra_arguments=["--api-key", API_KEY, "--node-name", "vm"]
+        )
+        unkeyed = running.launch("unkeyed", peers=[keyed], extra_arguments=["--node-name", "vm"])
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        running.wait_until(
+            unkeyed,
+            lambda: (
+                httpx.get(f"{unkeyed.base_url}/v1/cluster", headers=headers, timeout=5).json()["nodes_healthy"] == 2
+            ),
+            "both nodes, seen from the node without a key",
+            120,
+        )
+        yield keyed, unkeyed
+
+
+def test_a_node_without_a_key_asks_for_its_clusters_key_and_shows_both_nodes_apart(
+    half_keyed_cluster: tuple[ClusterNode, ClusterNode], browser: Browser, watch: ConsoleWatch
+) -> None:
+    keyed, unkeyed = half_keyed_cluster
+    page = open_page(browser, watch, unkeyed.base_url)
+    dialog = page.get_by_role("dialog", name="API key")
+    expect(dialog).to_be_visible()  # the other node's key guards this node's data too
+    key = dialog.get_by_label("API key")
+    key.fill(API_KEY)
+    key.press("Enter")
+    expect(dialog).to_be_hidden()
+    keyed_name, unkeyed_name = f"vm-{keyed.node_id[:6]}", f"vm-{unkeyed.node_id[:6]}"
+    expect(node_card(page, keyed_name)).to_have_attribute("data-node-id", keyed.node_id)
+    expect(node_card(page, unkeyed_name)).to_have_attribute("data-node-id", unkeyed.node_id)
+    expect(node_card(page, keyed_name).get_by_role("heading", level=3)).to_contain_text("master")
+    expect(page.locator("#cluster-line")).to_contain_text(f"master {keyed_name}")
+    expect(page.locator("#links-list")).to_contain_text(f"{unkeyed_name} → {keyed_name} (master)")
+    expect(node_card(page, keyed_name)).to_contain_text("GFLOP/s", timeout=LIVE_WITHIN_MS)  # its model loaded
+    screenshot(page, "distinct-names")
+    assert watch.errors == []
+    assert set(watch.refused) == {401}
