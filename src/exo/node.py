@@ -184,6 +184,7 @@ class Node:
             dropped_messages=lambda: parts.bus.dropped_messages,
             started_at=self._started_at,
             api_key_verifier=make_verifier(config.api_key) if config.api_key else None,
+            cpu_kernels=config.cpu_kernels,
         )
         self._worker = worker = Worker(
             task_group,

@@ -5,7 +5,12 @@ import pytest
 
 from exo.api.cluster_views import placed_instance_view
 from exo.master.instance_placement import place_instance
-from exo.master.pipeline_placement import PlacementError
+from exo.master.pipeline_placement import (
+    RUNTIME_OVERHEAD_BYTES,
+    RUNTIME_OVERHEAD_FRACTION,
+    PlacementError,
+    rank_need,
+)
 from exo.shared.types.common import CommandId, InstanceId, ModelId
 from exo.shared.types.events import InstancePlaced, InstanceRemoved, NodeDown
 from exo.shared.types.footprint import ModelFootprint
@@ -62,6 +67,21 @@ def test_a_model_that_fits_nowhere_is_refused_with_the_memory_needed_and_availab
     assert "needs 3." in message
     assert f"{NODE_A} 0.50 GiB" in message
     assert f"{NODE_B} 0.50 GiB" in message
+
+
+def test_placement_plans_the_dtype_a_cpu_node_publishes_it_loads() -> None:
+    """A CPU node under `--cpu-kernels auto` loads float32 (4 bytes a parameter: 3.94 GiB planned here); one started
+    with `--cpu-kernels off` serves the checkpoint as stored (2 bytes: 2.09 GiB), so 3 GiB holds the model there
+    only."""
+    auto = fold((reported(NODE_A, available_gib=3, cpu_kernels="auto"), NODE_A))
+    with pytest.raises(PlacementError, match=r"needs 3\.94 GiB"):
+        place_instance(auto, _request(1), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    off = fold((reported(NODE_A, available_gib=3, cpu_kernels="off"), NODE_A))
+    instance = place_instance(off, _request(1), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    assert off.nodes[NODE_A].facts.cpu_kernels == "off"
+    stored = FOOTPRINT.total_bytes(float32=False)
+    assert [rank.planned_bytes for rank in instance.ranks] == [rank_need(FOOTPRINT, 0, 8, float32=False)]
+    assert instance.ranks[0].planned_bytes == int(stored * (1 + RUNTIME_OVERHEAD_FRACTION)) + RUNTIME_OVERHEAD_BYTES
 
 
 def test_a_node_that_is_down_is_not_placed_on() -> None:

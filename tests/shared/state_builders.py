@@ -2,6 +2,7 @@
 
 from exo.shared.apply import apply
 from exo.shared.types.common import InstanceId, ModelId, NodeId, RunnerId, TaskId
+from exo.shared.types.cpu_kernels import CpuKernelsSetting
 from exo.shared.types.event_log import IndexedEvent
 from exo.shared.types.events import Event, NodeReported
 from exo.shared.types.state import (
@@ -22,7 +23,14 @@ NODE_C = NodeId("c0000000000000000000000000000003")
 GIB = 1024**3
 
 
-def facts(node_id: NodeId, *, name: str | None = None, total_gib: int = 16, available_gib: float = 8) -> NodeFacts:
+def facts(
+    node_id: NodeId,
+    *,
+    name: str | None = None,
+    total_gib: int = 16,
+    available_gib: float = 8,
+    cpu_kernels: CpuKernelsSetting = "auto",
+) -> NodeFacts:
     return NodeFacts(
         node_id=node_id,
         name=name or f"node-{node_id[0]}",
@@ -35,6 +43,7 @@ def facts(node_id: NodeId, *, name: str | None = None, total_gib: int = 16, avai
         exo_version="0.1.0",
         serves_models=True,
         started_at=100.0,
+        cpu_kernels=cpu_kernels,
     )
 
 
@@ -89,9 +98,14 @@ def task(
 
 
 def reported(
-    node_id: NodeId, *runners: RunnerInfo, tasks: tuple[TaskInfo, ...] = (), available_gib: float = 8
+    node_id: NodeId,
+    *runners: RunnerInfo,
+    tasks: tuple[TaskInfo, ...] = (),
+    available_gib: float = 8,
+    cpu_kernels: CpuKernelsSetting = "auto",
 ) -> NodeReported:
-    return NodeReported(facts=facts(node_id, available_gib=available_gib), runners=runners, tasks=tasks)
+    node_facts = facts(node_id, available_gib=available_gib, cpu_kernels=cpu_kernels)
+    return NodeReported(facts=node_facts, runners=runners, tasks=tasks)
 
 
 def indexed(

@@ -1,4 +1,5 @@
-"""What a node tells the cluster about itself: identity, addresses, hardware, MLX backend, memory, version.
+"""What a node tells the cluster about itself: identity, addresses, hardware, MLX backend and CPU-kernel setting,
+memory, version.
 
 Read from the platform, psutil and installed package metadata; MLX is never imported here (the API process never
 loads it), so the backend is read from which MLX wheel is installed.
@@ -18,6 +19,7 @@ import psutil
 
 from exo.shared.types.api_key import ApiKeyVerifier
 from exo.shared.types.common import NodeId
+from exo.shared.types.cpu_kernels import CpuKernelsSetting
 from exo.shared.types.state import MlxBackend, NodeFacts, NodeMemory
 
 
@@ -86,6 +88,8 @@ class NodeDescriber:
     serves_models: bool
     # How many messages the node's bus has dropped so far (Bus.dropped_messages).
     dropped_messages: Callable[[], int] = lambda: 0
+    # `--cpu-kernels`: published so placement plans the memory of what this node's runners load.
+    cpu_kernels: CpuKernelsSetting = "auto"
     started_at: float = field(default_factory=time.time)
     # Published so that every node of the cluster requires a key once one node has one (api/cluster_keys.py).
     api_key_verifier: ApiKeyVerifier | None = None
@@ -109,4 +113,5 @@ class NodeDescriber:
             started_at=self.started_at,
             dropped_messages=self.dropped_messages(),
             api_key_verifier=self.api_key_verifier,
+            cpu_kernels=self.cpu_kernels,
         )

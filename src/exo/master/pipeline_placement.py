@@ -22,7 +22,8 @@ _GIB: Final = 1024**3
 class NodeCapacity(FrozenModel):
     node_id: NodeId
     available_bytes: int
-    # Whether this node's runtime keeps weights in float32 (Linux CPU converts every checkpoint to it).
+    # Whether this node's runners keep weights in float32 (a CPU node under `--cpu-kernels auto` converts every
+    # checkpoint to it; NodeFacts.loads_float32).
     float32: bool = True
 
 

@@ -11,6 +11,7 @@ from pydantic import Field
 
 from exo.shared.types.api_key import ApiKeyVerifier
 from exo.shared.types.common import FrozenModel, InstanceId, ModelId, NodeId, RunnerId, TaskId
+from exo.shared.types.cpu_kernels import CpuKernelsSetting
 from exo.shared.types.instances import PendingPlacement, PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.request_record import RequestRecord
@@ -55,6 +56,14 @@ class NodeFacts(FrozenModel):
     # A verifier of the node's `--api-key` (None without one): every node of the cluster then requires a key.
     # Carried on the cluster's links only; the API never shows it.
     api_key_verifier: ApiKeyVerifier | None = None
+    # The node's `--cpu-kernels` setting, which its runners load models under (placement plans with it).
+    cpu_kernels: CpuKernelsSetting = "auto"
+
+    @property
+    def loads_float32(self) -> bool:
+        """Whether this node's runners convert weights to float32: the CPU engine's `float32` replacement, on with
+        the CPU backend unless the node was started with `--cpu-kernels off` (then the checkpoint's own dtype)."""
+        return self.mlx_backend == "cpu" and self.cpu_kernels == "auto"
 
 
 class NodeHealth(FrozenModel):
