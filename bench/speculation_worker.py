@@ -28,13 +28,13 @@ from exo.shared.types.api import ChatCompletionRequest, ToolDefinition
 from exo.shared.types.chunks import FinishChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk
 from exo.shared.types.common import ModelId, new_task_id
 from exo.shared.types.tasks import GenerationTask
+from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.tool_calls import detect_tool_format
 from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
 from exo.worker.engines.mlx.chat_template import chat_template_text
 from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
-from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings, EngineContext
-from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, EngineContext
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 from exo.worker.engines.mlx.model_loader import load_model
 

@@ -1,6 +1,6 @@
 """`exo` stops cleanly on Ctrl-C: the terminal sends SIGINT to the whole process group (the runners too), and a
-clean stop must not read like a failure in the log. Its throughput flags reach the node's configuration, and a
-batch size below one is refused by argparse."""
+clean stop must not read like a failure in the log. Its decode flags reach the node's configuration as one
+DecodeSettings, each in its field, and a batch size below one is refused by argparse."""
 
 import os
 import signal
@@ -12,6 +12,7 @@ import pytest
 
 from exo.main import build_parser, config_from_args
 from exo.shared.types.cpu_kernels import CpuKernelsReport
+from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
 from tests.exo_server import fixture_model, running_exo
 from tests.fixtures.fixture_specs import GREETING_REPLY
 
@@ -41,21 +42,46 @@ def _zombie(pid: int) -> bool:
 
 def test_batching_and_speculation_are_on_by_default() -> None:
     config = config_from_args(build_parser().parse_args([]))
-    assert config.batch_size == 8
-    assert config.speculation
-    assert not config_from_args(build_parser().parse_args(["--no-speculation"])).speculation
+    assert config.decode == DecodeSettings()
+    assert config.decode.batch_size == 8
+    assert config.decode.speculation == LookupSettings()
+    assert config_from_args(build_parser().parse_args(["--speculation"])).decode == DecodeSettings()
+    assert config_from_args(build_parser().parse_args(["--no-speculation"])).decode.speculation is None
 
 
 def test_the_flags_set_the_batch_size_and_turn_speculation_off() -> None:
     config = config_from_args(build_parser().parse_args(["--batch-size", "1", "--no-speculation"]))
-    assert config.batch_size == 1
-    assert not config.speculation
+    assert config.decode.batch_size == 1
+    assert config.decode.speculation is None
+
+
+def test_every_decode_flag_lands_in_its_field_of_the_decode_settings() -> None:
+    flags = [
+        "--batch-size=3",
+        "--no-speculation",
+        "--no-auto-tool-grammar",
+        "--no-tool-call-repair",
+        "--loop-guard=block",
+        "--no-grammar-fast-forward",
+        "--no-matmul-plan",
+        "--prompt-layout=tools-first",
+    ]
+    assert config_from_args(build_parser().parse_args(flags)).decode == DecodeSettings(
+        batch_size=3,
+        speculation=None,
+        auto_tool_grammar=False,
+        tool_call_repair=False,
+        loop_guard="block",
+        grammar_fast_forward=False,
+        matmul_plan=False,
+        prompt_layout="tools-first",
+    )
 
 
 def test_the_prompt_layout_is_the_templates_unless_tools_first_is_asked_for() -> None:
-    assert config_from_args(build_parser().parse_args([])).prompt_layout == "template"
+    assert config_from_args(build_parser().parse_args([])).decode.prompt_layout == "template"
     flagged = build_parser().parse_args(["--prompt-layout", "tools-first"])
-    assert config_from_args(flagged).prompt_layout == "tools-first"
+    assert config_from_args(flagged).decode.prompt_layout == "tools-first"
 
 
 def test_the_cpu_kernels_are_auto_by_default_and_off_on_request() -> None:

@@ -27,6 +27,7 @@ from exo.cluster.settings import (
     normalise_endpoint,
     parse_peer_list,
 )
+from exo.shared.types.worker.decode_settings import DecodeSettings
 
 # exo.node (and with it the model converter, transformers…) is imported only when a node starts: the subcommands
 # (`exo models`, `exo conformance`, `exo mcp`, `exo launch`) start quickly without it.
@@ -90,38 +91,41 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-key", default=os.environ.get("EXO_API_KEY"), help="require 'Authorization: Bearer KEY'")
     parser.add_argument("--tool-format", help="override the tool-call format detected from the chat template")
     parser.add_argument("--queue-limit", type=int, default=64, help="requests waiting per model before 429")
-    parser.add_argument(
+    # Each decode flag's destination is a DecodeSettings field; a flag not given leaves the field's default.
+    decoding = parser.add_argument_group("decoding", argument_default=argparse.SUPPRESS)
+    decoding.add_argument(
         "--batch-size",
         type=_positive_int,
-        default=8,
         help="requests per model decoded together, joining and leaving between tokens (default 8; 1 serves them one "
         "at a time)",
     )
-    speculation = parser.add_mutually_exclusive_group()
+    speculation = decoding.add_mutually_exclusive_group()
     speculation.add_argument(
         "--no-speculation",
-        action="store_true",
+        dest="speculation",
+        action="store_false",
         help="turn off prompt-lookup speculative decoding (drafts copied from the conversation, checked by the model "
         "in one pass; a draft is verified only where the measured pass costs say it pays)",
     )
     speculation.add_argument("--speculation", action="store_true", help="keep speculation on (the default)")
-    parser.add_argument(
+    decoding.add_argument(
         "--no-auto-tool-grammar",
-        action="store_true",
+        dest="auto_tool_grammar",
+        action="store_false",
         help='under tool_choice "auto", only parse and validate calls instead of holding a call the model opens to '
         "the tools' names and schemas with a grammar (a request's auto_tool_grammar field overrides this)",
     )
-    parser.add_argument(
+    decoding.add_argument(
         "--no-tool-call-repair",
-        action="store_true",
+        dest="tool_call_repair",
+        action="store_false",
         help='under tool_choice "auto", return a call that no grammar held and that failed to parse or validate as '
         "the failure rule makes it instead of re-decoding it once under the grammar (a request's tool_call_repair "
         "field overrides this)",
     )
-    parser.add_argument(
+    decoding.add_argument(
         "--loop-guard",
         choices=("off", "warn", "block", "answer"),
-        default="answer",
         help="agent-loop guard for a call the model repeats although nothing changed: answer (default: the third "
         "identical call in a row since the user last spoke, after two identical results that were no error, is "
         "taken back and the reply decoded again without calls, so the model answers in text and an agent's loop "
@@ -129,24 +133,25 @@ def build_parser() -> argparse.ArgumentParser:
         "another or answers), warn (repeats reported from the second, in the response and /metrics only) or off; "
         "a request's loop_guard field or X-Exo-Loop-Guard header overrides it",
     )
-    parser.add_argument(
+    decoding.add_argument(
         "--prompt-layout",
         choices=("template", "tools-first"),
-        default="template",
         help="where a request's tool definitions go in the prompt: template (default: where the model's chat template "
         "puts them) or tools-first (before the client's system text, where the template renders both in one turn "
         "and the move is exact, as Qwen's does; requests with the same tools then share them as a cached prefix "
         "whatever their system text)",
     )
-    parser.add_argument(
+    decoding.add_argument(
         "--no-grammar-fast-forward",
-        action="store_true",
+        dest="grammar_fast_forward",
+        action="store_false",
         help="decode the tokens a grammar forces (keys, punctuation, a tool's name) one forward pass each instead of "
         "feeding them as a draft verified in one pass (the output is the same either way; speculation must be on)",
     )
-    parser.add_argument(
+    decoding.add_argument(
         "--no-matmul-plan",
-        action="store_true",
+        dest="matmul_plan",
+        action="store_false",
         help="compute every float32 product in mlx's own layout; by default the runner times the few-row products of "
         "decoding in two layouts after loading (a second or two) and uses the faster one per weight shape",
     )
@@ -246,6 +251,13 @@ def cluster_settings_from_args(arguments: argparse.Namespace) -> ClusterSettings
     )
 
 
+def decode_settings_from_args(arguments: argparse.Namespace) -> DecodeSettings:
+    """The decode flags given, each under its DecodeSettings field's name; the fields of flags not given keep their
+    defaults."""
+    given = {name: value for name, value in vars(arguments).items() if name in DecodeSettings.model_fields}
+    return DecodeSettings.model_validate(given)
+
+
 def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
     from exo.node import NodeConfig
 
@@ -258,14 +270,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         api_port=arguments.api_port,
         api_key=arguments.api_key or None,
         queue_limit=arguments.queue_limit,
-        batch_size=arguments.batch_size,
-        speculation=not arguments.no_speculation,
-        auto_tool_grammar=not arguments.no_auto_tool_grammar,
-        loop_guard=arguments.loop_guard,
-        grammar_fast_forward=not arguments.no_grammar_fast_forward,
-        tool_call_repair=not arguments.no_tool_call_repair,
-        prompt_layout=arguments.prompt_layout,
-        matmul_plan=not arguments.no_matmul_plan,
+        decode=decode_settings_from_args(arguments),
         cpu_kernels=arguments.cpu_kernels,
         prefix_cache_bytes=int(arguments.prefix_cache_gb * 1024**3),
         prefix_cache_disk_bytes=int(arguments.prefix_cache_disk_gb * 1024**3),

@@ -38,7 +38,7 @@ from exo.shared.types.cpu_kernels import CpuKernelsSetting
 from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.request_record import RequestRecord
-from exo.shared.types.tasks import LoopGuardPolicy, PromptLayout
+from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.worker.instance_ranks import InstanceRanks, RankHost
 from exo.worker.main import Worker
 from exo.worker.runner.supervisor import RunnerConfig
@@ -59,14 +59,7 @@ class NodeConfig:
     api_port: int = 52415
     api_key: str | None = None
     queue_limit: int = 64
-    batch_size: int = 8
-    speculation: bool = True
-    auto_tool_grammar: bool = True
-    loop_guard: LoopGuardPolicy = "answer"
-    grammar_fast_forward: bool = True
-    tool_call_repair: bool = True
-    prompt_layout: PromptLayout = "template"
-    matmul_plan: bool = True
+    decode: DecodeSettings = field(default_factory=DecodeSettings)
     cpu_kernels: CpuKernelsSetting = "auto"
     prefix_cache_bytes: int = 2 * 1024**3
     # KV snapshots of prompt prefixes under `$EXO_HOME/prefix-cache`, per model; 0 keeps none.
@@ -271,14 +264,7 @@ class Node:
             model_id=model_id,
             model_path=model_path,
             queue_limit=self.config.queue_limit,
-            batch_size=self.config.batch_size,
-            speculation=self.config.speculation,
-            auto_tool_grammar=self.config.auto_tool_grammar,
-            loop_guard=self.config.loop_guard,
-            grammar_fast_forward=self.config.grammar_fast_forward,
-            tool_call_repair=self.config.tool_call_repair,
-            prompt_layout=self.config.prompt_layout,
-            matmul_plan=self.config.matmul_plan,
+            decode=self.config.decode,
             cpu_kernels=self.config.cpu_kernels,
             prefix_cache_bytes=self.config.prefix_cache_bytes,
             prefix_cache_dir=(self.config.home or exo_home()) / "prefix-cache",

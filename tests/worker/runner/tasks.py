@@ -9,6 +9,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import ModelId, new_command_id, new_runner_id, new_task_id
 from exo.shared.types.tasks import GenerationParams, GenerationTask, PromptMessage, SamplingParams
+from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor
 from tests.exo_server import fixture_model
 
@@ -45,7 +46,9 @@ async def running_supervisor(
 ) -> AsyncGenerator[RunnerSupervisor]:
     """A RunnerSupervisor with a real runner subprocess serving tiny-qwen-tools (or as `config` says), ready to take
     tasks."""
-    config = config or RunnerConfig(model_id=MODEL, model_path=fixture_model(MODEL), batch_size=batch_size)
+    config = config or RunnerConfig(
+        model_id=MODEL, model_path=fixture_model(MODEL), decode=DecodeSettings(batch_size=batch_size)
+    )
     supervisor = RunnerSupervisor(new_runner_id(), config)
     async with anyio.create_task_group() as group:
         group.start_soon(supervisor.run)

@@ -13,6 +13,7 @@ import pytest
 
 from exo.shared.types.chunks import FinishChunk, PrefillProgressChunk, TokenChunk
 from exo.shared.types.common import TaskId
+from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.shared.types.worker.runner_response import (
     CancelTask,
     RunnerBootstrap,
@@ -40,7 +41,9 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunnerUnderTest
     process.start()
     child.close()
     under_test = RunnerUnderTest(parent)
-    under_test.send(RunnerBootstrap(model_path=str(model), shard=ShardAssignment(), batch_size=4))
+    under_test.send(
+        RunnerBootstrap(model_path=str(model), shard=ShardAssignment(), decode=DecodeSettings(batch_size=4))
+    )
     ready = under_test.receive(timeout=120)
     assert isinstance(ready, RunnerReady)
     assert ready.metadata.batch_size == 4

@@ -103,7 +103,7 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
         metadata.tool_format,
         metadata.dtype,
         metadata.batch_size,
-        "on" if bootstrap.speculation else "off",
+        "on" if bootstrap.decode.speculation is not None else "off",
     )
     if link is None:
         _serve(channel, context)
@@ -261,9 +261,8 @@ def _load(
     from exo.worker.engines.mlx.cpu.blas_check import blas_report
     from exo.worker.engines.mlx.cpu.engine import CpuKernels
     from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
-    from exo.worker.engines.mlx.generator.chat_completion import DecodeSettings, EngineContext
+    from exo.worker.engines.mlx.generator.chat_completion import EngineContext
     from exo.worker.engines.mlx.generator.prefill import slow_prefill_seconds_per_token
-    from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
     from exo.worker.engines.mlx.model_loader import load_model
 
     model_path = Path(bootstrap.model_path)
@@ -294,28 +293,25 @@ def _load(
     except Exception as error:
         raise _LoadFailedError(f"cannot load model from {model_path}: {type(error).__name__}: {error}") from error
     planner = (
-        MatmulPlanner.for_loaded(loaded) if kernels.allow_matmul_plan(bootstrap.matmul_plan, loaded.dtype) else None
+        MatmulPlanner.for_loaded(loaded)
+        if kernels.allow_matmul_plan(bootstrap.decode.matmul_plan, loaded.dtype)
+        else None
     )
     prefix_cache = _prefix_cache(bootstrap, loaded.model) if bootstrap.prefix_cache_bytes else None
     # A model whose KV cache mlx-lm cannot merge across sequences (some recurrent or sliding-window layers) serves its
     # requests one at a time.
-    batch_size = bootstrap.batch_size if can_batch(loaded.model) else 1
-    decode = DecodeSettings(
-        batch_size=batch_size,
-        speculation=LookupSettings() if bootstrap.speculation else None,
-        auto_tool_grammar=bootstrap.auto_tool_grammar,
-        loop_guard=bootstrap.loop_guard,
-        grammar_fast_forward=bootstrap.grammar_fast_forward,
-        tool_call_repair=bootstrap.tool_call_repair,
-        prompt_layout=bootstrap.prompt_layout,
-        slow_prefill_seconds_per_token=slow_prefill_seconds_per_token(os.environ),
+    decode = bootstrap.decode.model_copy(
+        update={
+            "batch_size": bootstrap.decode.batch_size if can_batch(loaded.model) else 1,
+            "slow_prefill_seconds_per_token": slow_prefill_seconds_per_token(os.environ),
+        }
     )
     metadata = ModelMetadata(
         context_length=loaded.context_length,
         tool_format=str(tool_format),
         supports_reasoning=loaded.tokenizer.has_thinking,
         dtype=loaded.dtype,
-        batch_size=batch_size,
+        batch_size=decode.batch_size,
         vocab_size=loaded.vocabulary_size,
         blas=blas,
         matmul_plan=planner.report() if planner is not None else None,

@@ -37,8 +37,9 @@ from exo.shared.types.chunks import Chunk, ErrorChunk, PrefillProgressChunk
 from exo.shared.types.common import ModelId, RunnerId, TaskId
 from exo.shared.types.cpu_kernels import CpuKernelsSetting
 from exo.shared.types.state import TaskOutcome, TaskPhase, TaskSummary
-from exo.shared.types.tasks import GenerationTask, LoopGuardPolicy, PromptLayout
+from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.tls_link import TlsLinkConfig
+from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.shared.types.worker.runner_response import (
     CancelTask,
     MatmulPlanRefined,
@@ -87,22 +88,8 @@ class RunnerConfig:
     tool_format_override: str | None = None
     log_level: int = logging.INFO
     trust_remote_code: bool = False
-    batch_size: int = 8
-    """Most tasks the runner decodes together (it may allow fewer for a model that cannot batch)."""
-    speculation: bool = True
-    """Prompt-lookup speculative decoding in the runner."""
-    auto_tool_grammar: bool = True
-    """The lazy tool-call grammar under `tool_choice: "auto"` (a request may override)."""
-    loop_guard: LoopGuardPolicy = "answer"
-    """The agent-loop guard for requests that do not choose one."""
-    grammar_fast_forward: bool = True
-    """Feed the tokens a grammar forces as a verified draft."""
-    tool_call_repair: bool = True
-    """Re-decode a failed call under "auto" once under the grammar (a request may override)."""
-    prompt_layout: PromptLayout = "template"
-    """Where the tool definitions go in the prompt: the template's place, or before the system text."""
-    matmul_plan: bool = True
-    """Time the few-row products of decoding after loading and use the faster layout (float32 on a CPU)."""
+    decode: DecodeSettings = field(default_factory=DecodeSettings)
+    """How the runner decodes, handed to it whole (it may allow a smaller batch for a model that cannot batch)."""
     cpu_kernels: CpuKernelsSetting = "auto"
     """The CPU engine's replacements (engines/mlx/cpu): `auto` on a Linux CPU machine, `off` nowhere."""
     pipeline_tls: TlsLinkConfig | None = field(default=None, repr=False)
@@ -259,14 +246,7 @@ class RunnerSupervisor:
             prefix_cache_dir=str(self.config.prefix_cache_dir) if self.config.prefix_cache_dir else None,
             prefix_cache_disk_bytes=self.config.prefix_cache_disk_bytes,
             trust_remote_code=self.config.trust_remote_code,
-            batch_size=self.config.batch_size,
-            speculation=self.config.speculation,
-            auto_tool_grammar=self.config.auto_tool_grammar,
-            loop_guard=self.config.loop_guard,
-            grammar_fast_forward=self.config.grammar_fast_forward,
-            tool_call_repair=self.config.tool_call_repair,
-            prompt_layout=self.config.prompt_layout,
-            matmul_plan=self.config.matmul_plan,
+            decode=self.config.decode,
             cpu_kernels=self.config.cpu_kernels,
             pipeline_tls=self.config.pipeline_tls,
         )

@@ -8,9 +8,10 @@ from pydantic import JsonValue
 
 from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, ToolPolicy
+from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.chat_template import RenderedPrompt, apply_chat_template
-from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
 from exo.worker.engines.mlx.loaded_model import LoadedModel
 from exo.worker.engines.mlx.model_loader import load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR

@@ -8,8 +8,9 @@ from exo.shared.types.blas import BlasReport, MatmulPlanReport
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import FinishReason, FrozenModel, TaskId
 from exo.shared.types.cpu_kernels import CpuKernelsReport, CpuKernelsSetting
-from exo.shared.types.tasks import GenerationTask, LoopGuardPolicy, PromptLayout
+from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.tls_link import TlsLinkConfig
+from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.shared.types.worker.shards import PipelineStrategy, ShardAssignment
 
 
@@ -70,23 +71,7 @@ class RunnerBootstrap(FrozenModel):
     prefix_cache_disk_bytes: int = 0
     """The byte budget of those snapshots, per model; 0: no disk tier."""
     trust_remote_code: bool = False
-    batch_size: int = 8
-    """Most tasks decoded together; 1 serves them one at a time."""
-    speculation: bool = True
-    """Prompt-lookup speculative decoding for a greedy request that runs alone."""
-    auto_tool_grammar: bool = True
-    loop_guard: LoopGuardPolicy = "answer"
-    """The agent-loop guard for requests that do not choose one."""
-    grammar_fast_forward: bool = True
-    """Feed the tokens a grammar forces as a verified draft (with speculation, greedy requests decoded alone)."""
-    tool_call_repair: bool = True
-    """Re-decode a failed call under "auto" once under the grammar (a request may override)."""
-    prompt_layout: PromptLayout = "template"
-    """Where the tool definitions go in the prompt: the template's place, or before the system text."""
-    """Hold a call opened under `tool_choice: "auto"` to the tools' schemas with a grammar (a request may override)."""
-    matmul_plan: bool = True
-    """Plan the few-row float32 products of decoding (`engines/mlx/cpu/matmul_plan.py`) where the weights are
-    float32."""
+    decode: DecodeSettings = DecodeSettings()
     cpu_kernels: CpuKernelsSetting = "auto"
     """The CPU engine's replacements: `auto` on a Linux CPU machine, `off` nowhere (engines/mlx/cpu)."""
     pipeline_tls: TlsLinkConfig | None = None

@@ -14,6 +14,7 @@ from pydantic import JsonValue
 
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, TokenChunk
 from exo.shared.types.common import TaskId
+from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.distributed.batch_follower import PipelineBatchFollower
 from exo.worker.engines.mlx.distributed.batch_leader import PipelineBatchLeader
@@ -26,7 +27,7 @@ from exo.worker.engines.mlx.distributed.task_channel import (
     receive_message,
     send_message,
 )
-from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
 from exo.worker.engines.mlx.model_loader import load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
 from tests.worker.engines.mlx.distributed.ranks import run_on_ranks

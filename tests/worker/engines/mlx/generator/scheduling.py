@@ -13,11 +13,12 @@ from exo.shared.types.api import ChatCompletionRequest
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, PrefillProgressChunk, ToolCallChunk
 from exo.shared.types.common import ModelId, TaskId, new_task_id
 from exo.shared.types.tasks import GenerationTask
+from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.tool_calls import detect_tool_format
 from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
 from exo.worker.engines.mlx.chat_template import chat_template_text
-from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings, EngineContext
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, EngineContext
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 from exo.worker.engines.mlx.loaded_model import LoadedModel

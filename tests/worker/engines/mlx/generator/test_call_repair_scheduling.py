@@ -10,8 +10,8 @@ import pytest
 from pydantic import JsonValue
 
 from exo.shared.types.chunks import ToolCallArgumentsChunk, ToolCallChunk
-from exo.worker.engines.mlx.generator.chat_completion import DecodeSettings, EngineContext
-from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
+from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
+from exo.worker.engines.mlx.generator.chat_completion import EngineContext
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, GET_WEATHER_TOOL, user
 from tests.worker.engines.mlx.generator.scheduling import (
     Outcome,

@@ -1,7 +1,8 @@
 """The forms a tool call copies conversation text in, and prompt-lookup drafts that follow them."""
 
+from exo.shared.types.worker.decode_settings import LookupSettings
 from exo.worker.engines.mlx.generator.copy_views import copy_views, json_string_body, without_line_numbers
-from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings, PromptLookup
+from exo.worker.engines.mlx.generator.prompt_lookup import PromptLookup
 
 FILE = 'def greet(name):\n    """Say hello."""\n    print(f"hello {name}")\n    return "done"\n'
 

@@ -1,7 +1,8 @@
 """Drafting decisions without a model: what the lookup proposes and how long a draft the measured costs justify."""
 
+from exo.shared.types.worker.decode_settings import LookupSettings
 from exo.worker.engines.mlx.generator.draft_policy import EXPLORE_AFTER_STEPS, DraftPolicy, PassTimes, StepCosts
-from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings, PromptLookup
+from exo.worker.engines.mlx.generator.prompt_lookup import PromptLookup
 
 SETTINGS = LookupSettings(max_draft_tokens=4, longest_ngram=3, shortest_ngram=2)
 

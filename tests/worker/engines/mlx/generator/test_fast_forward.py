@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings, EngineContext
-from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
+from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, EngineContext
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, user
 from tests.worker.engines.mlx.generator.scheduling import (

@@ -13,10 +13,10 @@ from pydantic import JsonValue
 from exo.shared.types.chunks import ToolCallArgumentsChunk, ToolCallChunk
 from exo.shared.types.common import TaskId
 from exo.shared.types.tasks import GenerationTask
+from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
 from exo.worker.engines.mlx.constrained import constraint_spec, make_logits_processor
-from exo.worker.engines.mlx.generator.chat_completion import DecodeSettings, EngineContext
+from exo.worker.engines.mlx.generator.chat_completion import EngineContext
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
-from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
 from tests.fixtures.fixture_specs import (
     FIXTURE_MODELS_DIR,
     GET_WEATHER_TOOL,

@@ -14,7 +14,8 @@ import pytest
 from pydantic import JsonValue
 
 from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk
-from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings, EngineContext
+from exo.shared.types.worker.decode_settings import DecodeSettings
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, EngineContext
 from tests.fixtures.fixture_specs import (
     FIXTURE_MODELS_DIR,
     GET_WEATHER_TOOL,

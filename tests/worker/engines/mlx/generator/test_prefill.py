@@ -6,8 +6,9 @@ import time
 import pytest
 
 from exo.shared.types.chunks import FinishChunk, PrefillProgressChunk
+from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.worker.engines.mlx.cache.layer_cache import held_token_count, new_prompt_cache
-from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
 from exo.worker.engines.mlx.generator.prefill import (
     FIRST_PIECE_TOKENS,
     MAX_GROWTH,

@@ -25,7 +25,8 @@ from exo.shared.types.chunks import (
     Usage,
 )
 from exo.shared.types.common import FinishReason, TaskId
-from exo.shared.types.tasks import GenerationTask, LoopGuardPolicy, PromptLayout, ToolPolicy
+from exo.shared.types.tasks import GenerationTask, LoopGuardPolicy, ToolPolicy
+from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.tool_calls import ToolFormatName, ToolStreamParser
 from exo.tool_calls.grammar.spec import (
     ConstraintMode,
@@ -45,9 +46,8 @@ from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
 from exo.worker.engines.mlx.generator.call_hold import CallHold, RepairProcessors, ReplyState
 from exo.worker.engines.mlx.generator.copy_views import copy_views
 from exo.worker.engines.mlx.generator.generate import clamp_max_tokens
-from exo.worker.engines.mlx.generator.prefill import PIECE_SECONDS
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
-from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings, PromptLookup
+from exo.worker.engines.mlx.generator.prompt_lookup import PromptLookup
 from exo.worker.engines.mlx.generator.sampling import (
     GREEDY,
     InvalidSamplingError,
@@ -61,35 +61,6 @@ from exo.worker.engines.mlx.loaded_model import LoadedModel
 from exo.worker.engines.mlx.prompt_budget import ContextLengthExceededError
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DecodeSettings:
-    """How the runner decodes: how many requests share a batch, and prompt-lookup speculation (None: off)."""
-
-    batch_size: int = 8
-    speculation: LookupSettings | None = field(default_factory=LookupSettings)
-    prefill_step_size: int = 512
-    """Prompt tokens per forward pass while a pipeline prefills (its ranks prefill in lockstep)."""
-    prefill_piece_seconds: float = PIECE_SECONDS
-    """The most one layer of a prefill piece should take; a prefill step runs half of it (`prefill.py`), so a cancel
-    or the other requests' next decode step waits about 1.5x this at most."""
-    slow_prefill_seconds_per_token: float = 0.0
-    """For tests only: the least each prompt token takes to prefill (`prefill.SLOW_PREFILL_VARIABLE`; 0: no delay)."""
-    auto_tool_grammar: bool = True
-    """Under `tool_choice: "auto"`, hold a call the model opens to the tools' names and schemas (the lazy grammar);
-    a request's `ToolPolicy.auto_grammar` overrides it."""
-    loop_guard: LoopGuardPolicy = "answer"
-    """The agent-loop guard for requests that do not choose one (`ToolPolicy.loop_guard`)."""
-    grammar_fast_forward: bool = True
-    """Feed the tokens a grammar forces as a draft verified in one pass (greedy requests decoded alone, with
-    speculation on); the output is the same token for token."""
-    tool_call_repair: bool = True
-    """Under "auto", re-decode once under the lazy grammar a call that no grammar held and that failed to parse or
-    validate (constrained/repair.py); a request's `ToolPolicy.repair` overrides it."""
-    prompt_layout: PromptLayout = "template"
-    """Where the tool definitions go in the prompt (prompt_layout.py): the template's place, or before the system
-    text where the template allows it exactly."""
 
 
 @dataclass

@@ -19,13 +19,10 @@ import mlx.core as mx
 from mlx import nn
 from mlx_lm.generate import generation_stream
 
+from exo.shared.types.worker.decode_settings import PIECE_SECONDS
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, can_trim, materialize
 from exo.worker.engines.mlx.generator.layer_steps import SteppedPass, install_layer_steps
 
-PIECE_SECONDS = 0.5
-"""The most one layer of a piece should take. A step runs for half of it, then pauses at the next layer boundary, so
-the runner reads its messages at least every 1.5x this: a cancel lands within about 0.75 s (the issue asks for one
-second)."""
 MIN_PIECE_TOKENS = 32
 """Below this a pass costs nearly what a 32-token one does: prefill would run at decoding speed."""
 FIRST_PIECE_TOKENS = 128

@@ -7,22 +7,11 @@ guess for the next tokens. The guesses cost no model: the model checks them all 
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from exo.shared.types.worker.decode_settings import LookupSettings
 
 _AGREEMENT_WINDOW = 64
 """How far back two candidate occurrences are compared with the output before the earlier-indexed one wins."""
-
-
-@dataclass(frozen=True)
-class LookupSettings:
-    """How drafts are found and how long they may be."""
-
-    max_draft_tokens: int = 8
-    longest_ngram: int = 4
-    shortest_ngram: int = 2
-    """An n-gram this short or longer must match before anything is proposed (single tokens match far too often)."""
-    adaptive: bool = True
-    """Verify a draft only when the measured step costs say it pays (`draft_policy`); False verifies every draft."""
 
 
 class PromptLookup:

@@ -20,12 +20,12 @@ from mlx import nn
 
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import TaskId
+from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, trim_tokens
 from exo.worker.engines.mlx.generator.batch import BatchDecoder, BatchMember
-from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, DecodeSettings
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
 from exo.worker.engines.mlx.generator.prefill import PiecePacer, PromptPrefill
-from exo.worker.engines.mlx.generator.prompt_lookup import LookupSettings
 from exo.worker.engines.mlx.generator.solo import SoloDecoder, SpeculationStats
 
 logger = logging.getLogger(__name__)
