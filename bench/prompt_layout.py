@@ -85,13 +85,13 @@ def _chat(server: RunningServer, body: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
-def _reply(reply: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
+def reply_of(reply: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
     message = reply["choices"][0]["message"]
     calls = [(call["function"]["name"], call["function"]["arguments"]) for call in message.get("tool_calls") or []]
     return message.get("content") or "", calls
 
 
-def _row(layout: str, replies: Sequence[dict[str, Any]]) -> LayoutRow:
+def layout_row(layout: str, replies: Sequence[dict[str, Any]]) -> LayoutRow:
     verdicts = [verdict(reply) for reply in replies]
     return LayoutRow(
         layout=layout,
@@ -131,7 +131,7 @@ def run(model_path: Path, corpus: Sequence[ToolPrompt], max_tokens: int, command
             verdicts = ", ".join(f"{layout}: {verdict(found[-1])[0]}" for layout, found in replies.items())
             print(f"[{number}/{len(corpus)}] {verdicts}", file=sys.stderr, flush=True)
     same = sum(
-        _reply(first) == _reply(second)
+        reply_of(first) == reply_of(second)
         for first, second in zip(replies["template"], replies["tools-first"], strict=True)
     )
     return Report(
@@ -139,7 +139,7 @@ def run(model_path: Path, corpus: Sequence[ToolPrompt], max_tokens: int, command
         load_at_start=load_at_start,
         model=model,
         prompts=len(corpus),
-        validity=[_row(layout, found) for layout, found in replies.items()],
+        validity=[layout_row(layout, found) for layout, found in replies.items()],
         same_replies=same,
         cache=cache,
     )
