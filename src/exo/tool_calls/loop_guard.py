@@ -65,7 +65,7 @@ def canonical_arguments(arguments: Mapping[str, object] | str) -> str:
     if isinstance(arguments, str):
         try:
             value = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past what the parser recurses
             return arguments
     if not isinstance(value, dict):
         return arguments if isinstance(arguments, str) else json.dumps(value, sort_keys=True)
@@ -187,7 +187,7 @@ def error_result(text: str) -> bool:
         return int(exit_code.group(1)) != 0
     try:
         value: object = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(value, dict) and _error_object(cast(dict[str, object], value))
 
@@ -239,7 +239,7 @@ def _differs(parameters: Mapping[str, JsonValue], arguments: str) -> JsonValue |
     """A schema matching exactly the argument objects that differ from `arguments` (see `_object_differs`)."""
     try:
         value: object = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(value, dict) or _values_in(value) > _EXACT_VALUE_LIMIT:
         return None

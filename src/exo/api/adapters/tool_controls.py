@@ -12,6 +12,7 @@ from typing import Final
 from jsonschema import SchemaError
 from jsonschema.validators import validator_for
 
+from exo.api.adapters.schema_depth import check_schema_depth
 from exo.api.adapters.schema_termination import (
     CheckBudget,
     as_tool_parameters,
@@ -31,7 +32,8 @@ def check_functions(
     functions: Sequence[FunctionDefinition], *, field_prefix: str = "", schema_field: str = "parameters"
 ) -> tuple[FunctionDefinition, ...]:
     """Refuse bad names, duplicates and invalid JSON Schemas of `tools[i]` (whose fields sit under `field_prefix`),
-    and schemas that apply themselves to the same value without end (no validator can evaluate them)."""
+    schemas nested too deep for any reader (see schema_depth.py) and schemas that apply themselves to the same value
+    without end (no validator can evaluate them)."""
     seen: set[str] = set()
     budget = CheckBudget()
     for position, function in enumerate(functions):
@@ -44,6 +46,7 @@ def check_functions(
             raise ApiError(400, f"{where}: duplicate tool name '{name}'", param=f"{where}.{field_prefix}name")
         seen.add(name)
         schema_param = f"{where}.{field_prefix}{schema_field}"
+        check_schema_depth(function.parameters, schema_param)
         try:
             validator_for(function.parameters).check_schema(function.parameters)
         except SchemaError as error:

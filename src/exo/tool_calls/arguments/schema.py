@@ -152,7 +152,7 @@ def coerce_string(text: str, view: SchemaView) -> JsonValue | None:
     if types & {"object", "array"} and stripped[:1] in ("{", "["):
         try:
             decoded = cast(JsonValue, json.loads(stripped))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
         if ("object" in types and isinstance(decoded, dict)) or ("array" in types and isinstance(decoded, list)):
             return decoded
@@ -179,10 +179,15 @@ def validation_errors(arguments_text: str, parameters: SchemaDict) -> list[str]:
         arguments = cast(JsonValue, json.loads(arguments_text))
     except json.JSONDecodeError as error:
         return [f"arguments are not valid JSON ({error.msg} at {error.pos})"]
+    except RecursionError:
+        return ["arguments nest deeper than can be parsed"]
     try:
         validator_class = validator_for(parameters)  # pyright: ignore[reportUnknownVariableType]
         validator = validator_class(parameters)  # pyright: ignore[reportUnknownVariableType]
         errors = [str(error.message) for error in validator.iter_errors(arguments)]  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType, reportUnknownArgumentType]
     except SchemaError as error:
         return [f"the tool's schema is invalid, arguments not checked: {error.message}"]
+    except RecursionError:
+        # Deep arguments under a recursive schema (or a long chain of $refs): the validator recurses per level.
+        return ["arguments nest deeper than can be checked against the tool's schema"]
     return errors

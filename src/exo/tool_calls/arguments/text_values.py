@@ -45,7 +45,7 @@ def _container(text: str) -> JsonValue:
     """JSON text, else a Python literal (models write single-quoted dicts); the text itself if neither."""
     try:
         return json_compatible(json.loads(text, strict=False))
-    except (json.JSONDecodeError, ValueError):
+    except (ValueError, RecursionError):  # (JSONDecodeError is a ValueError)
         pass
     try:
         return json_compatible(ast.literal_eval(text))

@@ -34,7 +34,7 @@ def arguments_as_object(arguments: dict[str, object] | str) -> dict[str, object]
         return arguments
     try:
         decoded: object = json.loads(arguments) if arguments.strip() else {}
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # nested past what the parser recurses: kept as the text
         return arguments
     if isinstance(decoded, dict):
         return {str(key): value for key, value in decoded.items()}  # pyright: ignore[reportUnknownVariableType]
