@@ -21,12 +21,14 @@ Prints Markdown with commit, CPU, load and command; `--json` also saves the figu
 import argparse
 import asyncio
 import os
+import signal
 import sys
 import tempfile
 import time
 from collections.abc import Generator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import httpx
@@ -334,5 +336,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("\n".join(render_llama_cpp(report)))
 
 
+def _exit_on_signal(signal_number: int, _frame: FrameType | None) -> None:
+    sys.exit(128 + signal_number)
+
+
 if __name__ == "__main__":
+    # SIGTERM becomes SystemExit, so the `finally` blocks stop the servers (they run in sessions of their own).
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     main()

@@ -34,7 +34,6 @@ MIN_SECONDS = 0.3
 MIN_REPEATS = 3
 MAX_REPEATS = 50
 SLOW_CALL_SECONDS = 2.0
-"""A candidate whose first timed call takes longer is timed by that one call (mlx's quantized kernels at 512 rows)."""
 GGML_TYPES = ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 """Measured where their blocks divide the rows (K-quants: 256 values, so not the 896-wide rows)."""
 DEFAULT_THREADS = 2
@@ -114,16 +113,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def time_call(call: Callable[[], object]) -> tuple[float, int]:
-    """Median seconds of `call` after one warm-up, and how many timed calls it took."""
+    """Median seconds of `call` after one warm-up, and how many timed calls it took. A warm-up slower than
+    `SLOW_CALL_SECONDS` is the one timing: at that size its one-time costs are noise, and repeating it costs minutes
+    (mlx's quantized kernels over 512 rows of the output matrix)."""
+    begin = time.perf_counter()
     call()
+    warm_up = time.perf_counter() - begin
+    if warm_up > SLOW_CALL_SECONDS:
+        return warm_up, 1
     timings: list[float] = []
     started = time.perf_counter()
     while True:
         begin = time.perf_counter()
         call()
         timings.append(time.perf_counter() - begin)
-        if timings[0] > SLOW_CALL_SECONDS:
-            break
         elapsed = time.perf_counter() - started
         if len(timings) >= MAX_REPEATS or (len(timings) >= MIN_REPEATS and elapsed >= MIN_SECONDS):
             break

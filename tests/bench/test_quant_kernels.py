@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from bench.quant_kernels import KernelReport, KernelResult, build_parser, parse_rows, parse_shape
+from bench.quant_kernels import KernelReport, KernelResult, build_parser, parse_rows, parse_shape, time_call
 from bench.report_quant_kernels import render_kernels
 
 
@@ -75,3 +75,15 @@ def test_render_gives_time_bandwidth_error_and_bytes() -> None:
     assert "| int8 | 2.00e-02 | 3.00e-02 | 2.00 MB / 2.00 MB |" in text
     assert "| int8, packed | 1.00e-02 | – | 1.00 MB / 5.00 MB |" in text
     assert "- Not measured: ggml: not built" in text
+
+
+def test_time_call_repeats_fast_calls_and_times_a_slow_one_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    seconds, repeats = time_call(lambda: calls.append(1))
+    assert repeats >= 3
+    assert len(calls) == repeats + 1  # the warm-up is not timed
+    assert seconds >= 0
+    monkeypatch.setattr("bench.quant_kernels.SLOW_CALL_SECONDS", 0.0)
+    calls.clear()
+    _, repeats = time_call(lambda: calls.append(1))
+    assert (repeats, len(calls)) == (1, 1)
