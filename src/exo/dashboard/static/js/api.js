@@ -34,6 +34,9 @@ export async function request(path, { method = "GET", body, signal } = {}) {
       method, signal, headers, body: body === undefined ? undefined : JSON.stringify(body),
     });
     if (response.status !== 401 || askForKey === null) return response;
+    // Refused with a key the user has since replaced (a wrong key's check is slow: PBKDF2): the new key is tried
+    // before the user is asked again.
+    if (currentKey() !== key) continue;
     await keyFromUser(key !== null);
   }
 }
