@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import anyio
 import uvicorn
 
+from exo.api.message_count import DEFAULT_MAX_MESSAGES
 from exo.api.read_timeouts import (
     DEFAULT_BODY_TIMEOUT_SECONDS,
     DEFAULT_HEADER_TIMEOUT_SECONDS,
@@ -177,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-request-mb", type=float, default=32.0, help="largest accepted request body")
     parser.add_argument(
+        "--max-request-messages",
+        type=int,
+        default=DEFAULT_MAX_MESSAGES,
+        help=f"most messages (or Responses input items) one request may hold (default {DEFAULT_MAX_MESSAGES})",
+    )
+    parser.add_argument(
         "--trust-remote-code",
         action="store_true",
         help="let models run their own Python code while loading (custom architectures/tokenizers); off by default",
@@ -276,6 +283,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         prefix_cache_disk_bytes=int(arguments.prefix_cache_disk_gb * 1024**3),
         tool_format_override=arguments.tool_format,
         max_request_bytes=int(arguments.max_request_mb * 1024 * 1024),
+        max_request_messages=arguments.max_request_messages,
         log_level=level,
         trust_remote_code=arguments.trust_remote_code,
         show_model_paths=arguments.show_model_paths,

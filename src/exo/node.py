@@ -16,6 +16,7 @@ import zenoh
 from anyio.abc import TaskGroup
 
 from exo.api.app import ApiSettings
+from exo.api.message_count import DEFAULT_MAX_MESSAGES
 from exo.api.read_timeouts import DEFAULT_BODY_TIMEOUT_SECONDS, DEFAULT_HEADER_TIMEOUT_SECONDS
 from exo.cluster.bus import Bus
 from exo.cluster.cluster_tls import tls_link_config
@@ -66,6 +67,7 @@ class NodeConfig:
     prefix_cache_disk_bytes: int = 8 * 1024**3
     tool_format_override: str | None = None
     max_request_bytes: int = 32 * 1024 * 1024
+    max_request_messages: int = DEFAULT_MAX_MESSAGES
     log_level: int = logging.INFO
     # Let a model's own Python code run while loading (config.json `model_file`, tokenizer auto_map): off unless asked.
     trust_remote_code: bool = False
@@ -93,6 +95,7 @@ def api_settings(config: NodeConfig) -> ApiSettings:
         config.api_port,
         config.models_dir,
         show_model_paths=config.show_model_paths,
+        max_request_messages=config.max_request_messages,
     )
 
 

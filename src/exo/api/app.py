@@ -26,6 +26,7 @@ from exo.api.errors import (
     handle_unexpected_error,
 )
 from exo.api.mcp_mount import mount_mcp
+from exo.api.message_count import DEFAULT_MAX_MESSAGES
 from exo.api.ollama.routes import OLLAMA_PATH_PREFIX, ollama_error, ollama_router
 from exo.api.public_paths import PublicMasterClient, directory_hider, storage_directories
 from exo.api.request_guard import RequestGuard
@@ -63,6 +64,8 @@ class ApiSettings:
     models_dir: Path | None = None
     # Show where models live on disk in answers (/state, errors); otherwise only the logs do (public_paths.py).
     show_model_paths: bool = False
+    # Most `messages` / `input` items one request may hold (message_count.py).
+    max_request_messages: int = DEFAULT_MAX_MESSAGES
 
 
 def create_app(
@@ -93,6 +96,7 @@ def create_app(
         RequestGuard,
         keys=keys,
         max_body_bytes=settings.max_request_bytes,
+        max_messages=settings.max_request_messages,
         error_shapes={MESSAGES_PATH_PREFIX: anthropic_error, OLLAMA_PATH_PREFIX: ollama_error},
         open_paths=is_dashboard_asset,
     )

@@ -20,7 +20,7 @@ _MAYBE_INVALID_ESCAPE: Final = re.compile(rb"\\u(?:[dD][89a-fA-F]|0000)")
 _CONSTANT_VALUE: Final = re.compile(rb"[:\[,][ \t\r\n]*-?(?:NaN|Infinity)")
 _INVALID_CHARACTER: Final = re.compile("[\ud800-\udfff\x00]")
 
-BodyProblemCode = Literal["invalid_text", "invalid_value"]
+BodyProblemCode = Literal["invalid_text", "invalid_value", "too_many_messages"]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from exo.api.body_text import find_body_problem
 from exo.api.cluster_keys import ClusterKeys
 from exo.api.error_shapes import ErrorShape, shaped_response
 from exo.api.errors import ApiError, error_response
+from exo.api.message_count import DEFAULT_MAX_MESSAGES, find_too_many_messages
 
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
 
@@ -67,6 +68,7 @@ class RequestGuard:
         *,
         keys: ClusterKeys,
         max_body_bytes: int,
+        max_messages: int = DEFAULT_MAX_MESSAGES,
         error_shapes: Mapping[str, ErrorShape] | None = None,
         open_paths: Callable[[str], bool] = lambda _path: False,
     ) -> None:
@@ -74,6 +76,7 @@ class RequestGuard:
         self._keys = keys
         self._max_body_bytes = max_body_bytes
         self._budget = BodyBudget(max_body_bytes)
+        self._max_messages = max_messages
         # Path prefix → the error shape of the protocol served there (OpenAI's everywhere else).
         self._error_shapes = dict(error_shapes or {})
         # Paths served without the key besides /health (the dashboard's page and assets, which hold no data).
@@ -121,7 +124,9 @@ class RequestGuard:
         if body is None:
             await self._refusal(scope, _too_large(self._max_body_bytes))(scope, receive, send)
             return
-        problem = find_body_problem(body) if _is_json(scope) else None
+        problem = (
+            (find_body_problem(body) or find_too_many_messages(body, self._max_messages)) if _is_json(scope) else None
+        )
         if problem is not None:
             refused = ApiError(400, problem.message, param=problem.param, code=problem.code)
             await self._refusal(scope, refused)(scope, receive, send)
