@@ -488,9 +488,17 @@ def test_a_node_without_a_key_asks_for_its_clusters_key_and_shows_both_nodes_apa
     keyed_name, unkeyed_name = f"vm-{keyed.node_id[:6]}", f"vm-{unkeyed.node_id[:6]}"
     expect(node_card(page, keyed_name)).to_have_attribute("data-node-id", keyed.node_id)
     expect(node_card(page, unkeyed_name)).to_have_attribute("data-node-id", unkeyed.node_id)
-    expect(node_card(page, keyed_name).get_by_role("heading", level=3)).to_contain_text("master")
-    expect(page.locator("#cluster-line")).to_contain_text(f"master {keyed_name}")
-    expect(page.locator("#links-list")).to_contain_text(f"{unkeyed_name} → {keyed_name} (master)")
+    # Which node is master depends on whose session started first (and, on a loaded machine, on which one was
+    # heard from in time), not on which was launched first: the page must name the one the cluster elected.
+    summary = httpx.get(
+        f"{unkeyed.base_url}/v1/cluster", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=5
+    ).json()
+    master_name, follower_name = (
+        (keyed_name, unkeyed_name) if summary["master_node_id"] == keyed.node_id else (unkeyed_name, keyed_name)
+    )
+    expect(node_card(page, master_name).get_by_role("heading", level=3)).to_contain_text("master")
+    expect(page.locator("#cluster-line")).to_contain_text(f"master {master_name}")
+    expect(page.locator("#links-list")).to_contain_text(f"{follower_name} → {master_name} (master)")
     expect(node_card(page, keyed_name)).to_contain_text("GFLOP/s", timeout=LIVE_WITHIN_MS)  # its model loaded
     screenshot(page, "distinct-names")
     assert watch.errors == []
