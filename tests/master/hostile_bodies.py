@@ -79,6 +79,8 @@ HOSTILE_SCHEMAS: Final[list[object]] = [
     {"$ref": "#/$defs/missing"},
     {"$ref": "file:///etc/passwd"},
     _deep(40),
+    _deep(95),  # valid, and past MAX_SCHEMA_DEPTH: was a RecursionError 500 (main 0b66627)
+    _deep(180),
     {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},  # a sound one
     {"type": "object"},
 ]
