@@ -88,6 +88,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield server
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
 def test_a_real_node_refuses_a_100k_message_body_within_a_second_and_keeps_serving(node: ExoServer, path: str) -> None:
     content = json.dumps(_body(path, HUGE, "tiny-qwen-tools")).encode()

@@ -165,6 +165,7 @@ READ_ROUTES = ("/state", "/metrics", "/v1/models", "/v1/cluster", "/v1/cluster/n
 OLLAMA_READ_ROUTES = ("/api/tags", "/api/ps", "/api/version")
 
 
+@pytest.mark.slow
 def test_no_answer_of_a_real_node_holds_an_absolute_path(tmp_path: Path) -> None:
     with (
         running_exo([fixture_model("tiny-qwen-tools")], tmp_path) as node,

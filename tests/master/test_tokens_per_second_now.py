@@ -42,6 +42,7 @@ def _stream_until_stopped(base_url: str, decoding: threading.Semaphore, stop: th
                 return
 
 
+@pytest.mark.slow
 def test_the_rate_counts_tokens_while_requests_decode(server: ExoServer) -> None:
     decoding = threading.Semaphore(0)
     stop = threading.Event()
