@@ -35,7 +35,7 @@ from exo.shared.types.worker.runner_response import (
 )
 from exo.worker.engines.mlx.cpu.rank_threads import idle_threads_sleep
 from exo.worker.runner.channel import RunnerChannel, UnreadableRequestError
-from exo.worker.runner.idle_snapshots import write_snapshots_while_idle
+from exo.worker.runner.idle_snapshots import write_snapshots_before_stopping, write_snapshots_while_idle
 from exo.worker.runner.pipeline_link import PipelineLink
 from exo.worker.runner.pipeline_serving import serve_pipeline
 from exo.worker.runner.task_replies import report_cancel, send_updates
@@ -160,6 +160,8 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
                 case CancelTask(task_id=task_id):
                     report_cancel(channel, task_id, scheduler.cancel(task_id))
                 case Shutdown():
+                    if context.prefix_cache is not None:
+                        write_snapshots_before_stopping(context.prefix_cache)
                     return
                 case RunnerBootstrap():
                     pass

@@ -58,6 +58,7 @@ from exo.shared.types.worker.runner_response import (
 )
 from exo.shared.types.worker.runner_status import RunnerStatus
 from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.runner.idle_snapshots import SHUTDOWN_SNAPSHOT_SECONDS
 from exo.worker.runner.runner import runner_main
 from exo.worker.runner.token_rate import TokenRate
 
@@ -227,7 +228,8 @@ class RunnerSupervisor:
         self._send(Shutdown())
         process = self._process
         if process is not None:
-            await anyio.to_thread.run_sync(process.join, 5.0)
+            # Long enough for the runner to write its queued prompt snapshots (idle_snapshots.py), then killed.
+            await anyio.to_thread.run_sync(process.join, SHUTDOWN_SNAPSHOT_SECONDS + 3.0)
             if process.is_alive():
                 process.kill()
         self.status = "shutdown"

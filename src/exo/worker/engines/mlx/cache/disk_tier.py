@@ -151,11 +151,12 @@ class DiskTier:
         self._pending = [pending for pending in self._pending if pending.tokens != held[: len(pending.tokens)]]
         self._pending.append(_Pending(held, cache))
 
-    def write_pending(self) -> None:
-        """Write the oldest queued snapshot (seconds for a long prompt's cache): call while nothing else runs."""
+    def write_pending(self, *, newest: bool = False) -> None:
+        """Write the oldest (or `newest`: the latest session's, as a stopping runner does) queued snapshot (seconds
+        for a long prompt's cache): call while nothing else runs."""
         if not self._pending:
             return
-        pending = self._pending.pop(0)
+        pending = self._pending.pop(-1 if newest else 0)
         key = hashlib.sha256(f"{self._identity}:{pending.tokens}".encode()).hexdigest()[:32]
         data_path = self._data_path(key)
         partial = self._directory / f"{key}.partial.safetensors"  # mlx adds the suffix when a name lacks it

@@ -93,10 +93,11 @@ class PrefixCache:
         """Disk snapshots are queued: write them with `write_pending_snapshot` while idle."""
         return self._disk is not None and self._disk.pending
 
-    def write_pending_snapshot(self) -> None:
-        """Write the oldest queued disk snapshot (seconds for a long prompt): off the path of any request."""
+    def write_pending_snapshot(self, *, newest: bool = False) -> None:
+        """Write the oldest (or `newest`) queued disk snapshot (seconds for a long prompt): off the path of any
+        request."""
         if self._disk is not None:
-            self._disk.write_pending()
+            self._disk.write_pending(newest=newest)
 
     def acquire(self, prompt_tokens: Sequence[int]) -> CacheLease:
         """Lease a cache holding the longest stored prefix of ``prompt_tokens``, leaving at least one to prefill.
