@@ -47,3 +47,25 @@ def test_a_long_prompt_answered_just_before_sigterm_is_served_from_disk_after_th
     cached = details["cached_tokens"]  # pyright: ignore[reportUnknownVariableType]
     assert isinstance(cached, int)
     assert cached > prompt_tokens // 2, again
+
+
+def test_a_snapshot_replaced_by_a_directory_costs_a_prefill_on_a_real_node_not_a_500(tmp_path: Path) -> None:
+    home = {"EXO_HOME": str(tmp_path / "home")}
+    with running_exo([fixture_model(MODEL)], tmp_path, env=home) as node:
+        _ask(node.base_url, "Where is item5?")
+    (snapshot,) = (tmp_path / "home" / "prefix-cache").rglob("*.safetensors")
+    snapshot.unlink()
+    snapshot.mkdir()
+    (snapshot / "inside").write_text("not a snapshot")
+
+    cached: list[object] = []
+    for _ in range(2):  # on main 0b66627 every restart failed every request sharing the prefix
+        with running_exo([fixture_model(MODEL)], tmp_path, env=home) as restarted:
+            usage = _ask(restarted.base_url, "Where is item7?")
+        details = usage["prompt_tokens_details"]
+        assert isinstance(details, dict)
+        cached.append(details["cached_tokens"])  # pyright: ignore[reportUnknownArgumentType]
+        assert not snapshot.is_dir()
+    assert cached[0] == 0
+    assert isinstance(cached[1], int)
+    assert cached[1] > 0, "the second restart reads the snapshot the first one wrote"
