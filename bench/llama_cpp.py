@@ -25,7 +25,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
@@ -84,6 +84,8 @@ class LlamaCppReport(BaseModel):
     llama_server: str | None
     llama_server_missing: str | None
     """Why llama.cpp was not measured (None when it was)."""
+    llama_server_settings: list[str] = []
+    """The `LLAMA_ARG_*` variables llama-server was started with (it reads them as options: `LLAMA_ARG_REPACK=0`)."""
     rounds: int
     tool_prompts: int
     systems: list[SystemFigures]
@@ -107,6 +109,11 @@ def llama_server_arguments(binary: Path, gguf: Path, port: int, threads: int = L
         str(LLAMA_SLOTS),
         "--jinja",
     ]
+
+
+def llama_settings(environment: Mapping[str, str]) -> list[str]:
+    """`NAME=value` of each `LLAMA_ARG_*` variable in `environment`: options llama-server takes from it."""
+    return sorted(f"{name}={value}" for name, value in environment.items() if name.startswith("LLAMA_ARG_"))
 
 
 def _llama_ready(base_url: str, _: Path) -> bool:
@@ -290,6 +297,7 @@ def measure(
         gguf_bytes=gguf.stat().st_size if gguf is not None else None,
         llama_server=str(build.binary) if build.binary is not None else None,
         llama_server_missing=missing if LLAMA_CPP in systems else "left out (--systems)",
+        llama_server_settings=llama_settings(os.environ),
         rounds=rounds,
         tool_prompts=tool_prompts,
         systems=list(figures.values()),

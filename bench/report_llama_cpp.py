@@ -82,6 +82,8 @@ def render_llama_cpp(report: LlamaCppReport) -> list[str]:
         + ".",
         "",
     ]
+    if report.llama_server_settings:
+        lines += [f"llama-server's environment options: {', '.join(report.llama_server_settings)}.", ""]
     if report.llama_server_missing is not None:
         lines += [f"**llama.cpp not measured**: {report.llama_server_missing}.", ""]
     lines += markdown_table(header, rows)

@@ -17,6 +17,7 @@ from bench.llama_cpp import (
     LlamaCppReport,
     SystemFigures,
     llama_server_arguments,
+    llama_settings,
     parse_systems,
     prefill_messages,
     prefill_rate,
@@ -135,6 +136,7 @@ def test_side_by_side_table_with_ratios() -> None:
         gguf_bytes=491_400_064,
         llama_server="/b/llama-server",
         llama_server_missing=None,
+        llama_server_settings=["LLAMA_ARG_REPACK=0"],
         rounds=2,
         tool_prompts=12,
         systems=[exo, llama],
@@ -147,6 +149,7 @@ def test_side_by_side_table_with_ratios() -> None:
     assert "| resident memory of the server's processes (GB) | 2.5 | 0.5 | 0.20× |" in text
     assert "10 valid, 0 invalid, 2 without a call (of 12)" in text
     assert "0.49 GB" in text
+    assert "llama-server's environment options: LLAMA_ARG_REPACK=0." in text
     assert "not measured" not in text
 
 
@@ -168,3 +171,10 @@ def test_a_run_without_llama_server_says_why_and_shows_the_rest() -> None:
     assert "**llama.cpp not measured**: llama-server 11434.0.0 is not built." in text
     assert "| decode, one stream (tok/s) | 6.0 | 6.5 |" in text
     assert "exo ÷ llama.cpp" not in text
+
+
+def test_llama_settings_are_the_llama_arg_variables() -> None:
+    assert llama_settings({"LLAMA_ARG_REPACK": "0", "PATH": "/bin", "LLAMA_ARG_FLASH_ATTN": "off"}) == [
+        "LLAMA_ARG_FLASH_ATTN=off",
+        "LLAMA_ARG_REPACK=0",
+    ]
