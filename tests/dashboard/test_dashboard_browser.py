@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Locator, Page, expect
+from playwright.sync_api import Browser, Locator, Page, Route, expect
 
 from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
 from tests.dashboard.browser import (
@@ -451,6 +451,31 @@ def test_with_an_api_key_the_page_asks_for_it_keeps_it_for_the_tab_and_works(
     assert watch.errors == []
     assert watch.refused
     assert set(watch.refused) == {401}
+
+
+def test_a_node_that_answers_again_by_asking_for_a_key_leaves_no_not_answering_banner(
+    keyed_node: ClusterNode, browser: Browser
+) -> None:
+    """The node is unreachable for the page's first calls (the banner says so), then answers with 401: the key
+    dialog opens and the banner behind it is gone (it stayed, saying the node was not answering)."""
+    unreachable = {"now": True}
+    page = browser.new_context().new_page()
+
+    def api_call(route: Route) -> None:
+        # The page's own files load; every call it makes to the API fails while the node is "unreachable".
+        if unreachable["now"] and route.request.resource_type in ("fetch", "xhr"):
+            route.abort()
+        else:
+            route.continue_()
+
+    page.route(f"{keyed_node.base_url}/**", api_call)
+    page.goto(keyed_node.base_url)
+    banner = page.locator("#connection")
+    expect(banner).to_be_visible()
+    expect(banner).to_contain_text("not answering")
+    unreachable["now"] = False
+    expect(page.get_by_role("dialog", name="API key")).to_be_visible()
+    expect(banner).to_be_hidden()
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,8 @@ const keyInput = document.getElementById("key-input");
 const keyError = document.getElementById("key-error");
 let keyWaiters = [];
 function askForKey(wasRefused) {
+  // A node that asks for a key is answering: an earlier "not answering" banner must not stay behind the dialog.
+  document.getElementById("connection").hidden = true;
   keyError.textContent = wasRefused ? "That key was refused: check it and try again." : "";
   keyInput.value = "";
   if (!dialog.open) dialog.showModal();
@@ -72,6 +74,9 @@ startPolling(
     for (const view of Object.values(views)) view.update(snapshot);
   },
   (error) => {
+    // While the key dialog is open the node has answered (with a 401); a poll that failed before that answer
+    // can still arrive after it, and must not put a stale banner behind the dialog.
+    if (dialog.open) return;
     connection.hidden = false;
     connection.textContent = `This node is not answering (${error.message}); retrying every second.`;
   },
