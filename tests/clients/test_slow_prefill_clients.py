@@ -21,6 +21,7 @@ writes free text up to the clients' output limit; what matters is the stream, no
 import itertools
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -54,10 +55,22 @@ SECONDS_PER_TOKEN = 2 * KEEP_ALIVE_SECONDS / (PROMPT_SENTENCES * 11)
 # Codex asks for no output limit, so it is stopped after this long: well past its prefill, the answer begun.
 CODEX_RUN_SECONDS = 120.0
 CLI_TIMEOUT_SECONDS = 280.0
+# A stopped client's request is logged once the node notices the closed connection and the runner ends it.
+LOGGED_WITHIN_SECONDS = 15.0
 
 
 def request_lines(server: ExoServer, dialect: str, model: str) -> list[str]:
     return re.findall(rf"request {dialect} model={model} .*", server.log())
+
+
+def request_lines_after(server: ExoServer, dialect: str, model: str, before: int) -> list[str]:
+    """The request lines logged after the first `before`, once at least one is there (waiting up to
+    LOGGED_WITHIN_SECONDS), and a second more for any that follows it."""
+    deadline = time.monotonic() + LOGGED_WITHIN_SECONDS
+    while not request_lines(server, dialect, model)[before:] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    return request_lines(server, dialect, model)[before:]
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +191,9 @@ def test_codex_reads_keep_alive_events_through_a_prefill_longer_than_its_idle_ti
         timeout=CODEX_RUN_SECONDS,
         stream_idle_timeout_ms=CODEX_IDLE_TIMEOUT_MS,
     )
-    lines = request_lines(node, "responses", LONG_MODEL)[before:]
+    # The node logs the request when it ends: here when it notices that Codex, stopped, closed the connection, a
+    # moment after `run_codex` returns (reading the log at once found no line in a full CI run).
+    lines = request_lines_after(node, "responses", LONG_MODEL, before)
     # One request: Codex did not give up during the prefill and send it again, although the prefill took longer
     # than Codex waits for an event; it was still reading the answer when it was stopped.
     assert len(lines) == 1, f"{lines}\n{run.describe()}"
