@@ -5,8 +5,11 @@ import signal
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.exo_server import fixture_model, running_exo
+
+pytestmark = pytest.mark.slow  # both tests start real nodes
 
 MODEL = "tiny-qwen-tools"
 LONG_PROMPT = " ".join(f"item{index % 97} is filed under shelf {index % 13}." for index in range(150))
