@@ -38,7 +38,9 @@ def test_without_a_system_blas_the_runner_loads_the_pypi_mkl_and_beats_the_refer
     assert (fast["kind"], fast["source"], fast["threading"]) == ("mkl", "pypi", "INTEL")
     library = Path(str(fast["library"]))
     assert library.name.startswith("libmkl_rt.so.")
-    assert library.resolve().is_relative_to(Path(sys.prefix).resolve())  # the wheel's copy, inside this environment
+    # Named by its file only (no install path without --show-model-paths); the wheel's copy is inside this environment.
+    assert library == Path(library.name)
+    assert any(Path(sys.prefix).rglob(library.name))
     assert (reference["kind"], reference["source"], reference["library"]) == ("reference", "bundled", None)
     fast_rate, reference_rate = float(str(fast["matmul_gflops"])), float(str(reference["matmul_gflops"]))
     assert fast_rate >= MINIMUM_SPEED_UP * reference_rate, (fast, reference)
