@@ -19,12 +19,12 @@ import uvicorn
 from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk, Usage
 from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ToolCallId
+from tests.api.inprocess_app import SCRIPTED_MODEL, ScriptedMaster, scripted_app
 from tests.clients.agent_cli import run_codex
 from tests.clients.installed import require_client
 from tests.exo_server import free_port
 from tests.fixtures.client_requests import CLIENT_TASK
 from tests.fixtures.fixture_specs import AGENT_DONE_REPLY
-from tests.master.inprocess_app import SCRIPTED_MODEL, ScriptedMaster, scripted_app
 
 CLI_TIMEOUT_SECONDS = 180.0
 USAGE = Usage(prompt_tokens=900, completion_tokens=20)

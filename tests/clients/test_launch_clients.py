@@ -19,6 +19,7 @@ from typing import cast
 
 import pytest
 
+from tests.api.inprocess_app import SCRIPTED_MODEL, scripted_app
 from tests.clients.agent_cli import CliRun, isolated_environment, run_cli
 from tests.clients.headless import run_headless
 from tests.clients.installed import require_client
@@ -36,7 +37,6 @@ from tests.fixtures.fixture_specs import (
     JsonObject,
 )
 from tests.launch.scripted_api import serving
-from tests.master.inprocess_app import SCRIPTED_MODEL, scripted_app
 
 OPENCODE_MODEL = "tiny-qwen-agent"
 CLI_TIMEOUT_SECONDS = 300.0

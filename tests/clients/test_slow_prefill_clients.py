@@ -1,7 +1,7 @@
 """Real clients whose prompt takes longer to read than they wait for headers or for the next chunk: no timeout,
 no retry, and the keep-alives parse.
 
-The long-context fixture model of tests/master/test_long_prefill_streams.py serves a node whose runner is told to
+The long-context fixture model of tests/api/test_long_prefill_streams.py serves a node whose runner is told to
 take at least SECONDS_PER_TOKEN per prompt token (the debugging setting SLOW_PREFILL_VARIABLE, which holds each
 prefill piece back in short steps): the words alone then take 2 x KEEP_ALIVE_SECONDS to read, each client's own
 instructions longer, on a fast machine or a busy one alike, while the model's real work stays a few seconds. (The
@@ -31,6 +31,7 @@ import pytest
 from exo.api.answer_stream import KEEP_ALIVE_SECONDS
 from exo.conformance.json_view import JsonMapping, as_object
 from exo.worker.engines.mlx.generator.prefill import SLOW_PREFILL_VARIABLE
+from tests.api.test_long_prefill_streams import CONTEXT_LENGTH, prompt_text
 from tests.clients.agent_cli import CliRun, run_claude_code, run_codex
 from tests.clients.installed import require_client
 from tests.clients.opencode_client import provider_config, run_opencode
@@ -38,7 +39,6 @@ from tests.exo_server import ExoServer, running_exo
 from tests.fixtures.endless_model import MODEL as LONG_MODEL
 from tests.fixtures.endless_model import endless_copy
 from tests.fixtures.fixture_specs import OPENCODE_REAL_TOOLS, OPENCODE_TEST_AGENT_PROMPT, JsonObject
-from tests.master.test_long_prefill_streams import CONTEXT_LENGTH, prompt_text
 
 pytestmark = pytest.mark.npm_clients
 

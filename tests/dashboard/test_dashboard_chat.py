@@ -2,7 +2,7 @@
 
 The node serves the long-context fixture models one request at a time (`--batch-size 1`), and the long prompt is
 sized from a timed first request so its prefill lasts about three keep-alive intervals here
-(tests/master/test_long_prefill_streams.py): the first token comes long after the node's first SSE comment, as for
+(tests/api/test_long_prefill_streams.py): the first token comes long after the node's first SSE comment, as for
 most real prompts on a CPU. Nothing in the page or the node is slowed or mocked for the test.
 """
 
@@ -15,12 +15,12 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from exo.api.answer_stream import KEEP_ALIVE_SECONDS
+from tests.api.test_long_prefill_streams import Calibrated, calibrated_node, prompt_text
 from tests.dashboard.browser import ConsoleWatch, chromium, open_page, screenshot, why_no_chromium
 from tests.exo_server import ExoServer
 from tests.fixtures.endless_model import MODEL as ENDLESS
 from tests.fixtures.endless_model import WIDE_MODEL
 from tests.machine_skips import machine_skipif
-from tests.master.test_long_prefill_streams import Calibrated, calibrated_node, prompt_text
 
 pytestmark = [pytest.mark.slow, machine_skipif(why_no_chromium())]
 

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from exo.dashboard.routes import STATIC_DIR
 from exo.node import NodeConfig
-from tests.master.inprocess_app import scripted_app
+from tests.api.inprocess_app import scripted_app
 
 API_KEY = "sk-dashboard-test"
 

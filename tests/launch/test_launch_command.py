@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from exo.node import NodeConfig
+from tests.api.inprocess_app import SCRIPTED_MODEL, scripted_app
 from tests.launch.scripted_api import serving
-from tests.master.inprocess_app import SCRIPTED_MODEL, scripted_app
 from tests.ports import free_port
 
 # Records its process id, arguments and the variables the launch sets, prints a line, exits 7.

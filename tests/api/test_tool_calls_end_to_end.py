@@ -218,7 +218,7 @@ def test_plain_answers_and_requested_json_stay_content(client: OpenAI) -> None:
 
 
 # The failure rule is what a reply gets where no grammar held the call and no repair re-decoded it: the lazy "auto"
-# grammar and the repair turned off (tests/master/test_tool_call_repair_end_to_end.py repairs these same calls).
+# grammar and the repair turned off (tests/api/test_tool_call_repair_end_to_end.py repairs these same calls).
 UNHELD = {"extra_body": {"auto_tool_grammar": False, "tool_call_repair": False}}
 
 

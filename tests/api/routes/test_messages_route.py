@@ -24,7 +24,7 @@ from exo.shared.types.chunks import (
     Usage,
 )
 from exo.shared.types.common import ToolCallId
-from tests.master.inprocess_app import SCRIPTED_MODEL, ScriptedMaster, scripted_app
+from tests.api.inprocess_app import SCRIPTED_MODEL, ScriptedMaster, scripted_app
 
 USAGE = Usage(prompt_tokens=12, completion_tokens=5, cached_tokens=4)
 PARIS = ToolCallId("call_aaaaaaaaaaaaaaaaaaaaaaa1")

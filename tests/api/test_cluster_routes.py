@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from exo.shared.types.cluster_api import ClusterMetrics, ClusterNode, ClusterNodeList, ClusterSummary, PeerConnection
-from tests.master.inprocess_app import SCRIPTED_MODEL, SCRIPTED_NODE, scripted_app
+from tests.api.inprocess_app import SCRIPTED_MODEL, SCRIPTED_NODE, scripted_app
 
 CLUSTER_RESPONSES = {
     ("get", "/v1/cluster"): "ClusterSummary",

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from exo.api.adapters.schema_depth import MAX_SCHEMA_DEPTH, schema_depth_at_least
-from tests.master.inprocess_app import SCRIPTED_MODEL, scripted_app
+from tests.api.inprocess_app import SCRIPTED_MODEL, scripted_app
 
 Schema = dict[str, Any]
 HI = [{"role": "user", "content": "hi"}]

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from exo.shared.types.chunks import ErrorChunk, PrefillProgressChunk, TokenChunk
-from tests.master.inprocess_app import SCRIPTED_CHUNKS, SCRIPTED_MODEL, SCRIPTED_NODE, ScriptedMaster, scripted_app
+from tests.api.inprocess_app import SCRIPTED_CHUNKS, SCRIPTED_MODEL, SCRIPTED_NODE, ScriptedMaster, scripted_app
 
 PROMPT = "What is the capital of France?"
 BODIES: dict[str, tuple[str, dict[str, Any]]] = {

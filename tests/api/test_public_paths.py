@@ -25,8 +25,8 @@ from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.request_record import RequestRecord
 from exo.shared.types.state import NodeHealth, RunnerInfo, State
 from exo.shared.types.worker.shards import ShardAssignment
+from tests.api.inprocess_app import SCRIPTED_MODEL, SCRIPTED_NODE, ScriptedMaster, scripted_app
 from tests.exo_server import fixture_model, running_exo
-from tests.master.inprocess_app import SCRIPTED_MODEL, SCRIPTED_NODE, ScriptedMaster, scripted_app
 
 MODEL_PATH = "/nonexistent/scripted-model"  # where inprocess_app says the scripted model lives
 HELLO = {"model": SCRIPTED_MODEL, "messages": [{"role": "user", "content": "Hello!"}]}

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from exo.models.catalog import CATALOG, DEFAULT_MODEL_ID
 from exo.models.catalog_api import DownloadDone, NodeCatalog
 from exo.node import NodeConfig
-from tests.master.inprocess_app import scripted_app
+from tests.api.inprocess_app import scripted_app
 
 
 @pytest.fixture

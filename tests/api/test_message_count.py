@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 
 from exo.api.message_count import DEFAULT_MAX_MESSAGES
 from exo.node import NodeConfig
+from tests.api.inprocess_app import SCRIPTED_MODEL, scripted_app
 from tests.exo_server import ExoServer, fixture_model, running_exo
-from tests.master.inprocess_app import SCRIPTED_MODEL, scripted_app
 
 HUGE = 100_000
 SMALL_LIMIT = 40

@@ -12,7 +12,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import APIOperation, Case, GenerationMode
 
-from tests.master.inprocess_app import scripted_app
+from tests.api.inprocess_app import scripted_app
 
 APP, MASTER = scripted_app()
 FuzzCase = Case[APIOperation[Any, Any, Any, Any]]

@@ -8,7 +8,7 @@ malformed body: nesting deeper than the JSON parser recurses, truncated JSON, te
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.master.inprocess_app import SCRIPTED_MODEL, scripted_app
+from tests.api.inprocess_app import SCRIPTED_MODEL, scripted_app
 
 ANTHROPIC_ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
 OPENAI_ROUTES = ("/v1/chat/completions", "/v1/responses", "/v1/responses/input_tokens")

@@ -17,9 +17,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from exo.node import NodeConfig
+from tests.api.inprocess_app import SCRIPTED_MODEL, SCRIPTED_REPLY, ResponseLike, ScriptedMaster, scripted_app
 from tests.exo_server import ExoServer, fixture_model, running_exo
 from tests.fixtures.fixture_specs import GET_WEATHER_TOOL, GREETING_REPLY
-from tests.master.inprocess_app import SCRIPTED_MODEL, SCRIPTED_REPLY, ResponseLike, ScriptedMaster, scripted_app
 
 JsonBody = dict[str, object]
 # Small enough that a test can exceed it cheaply; the real server runs with the same limit.

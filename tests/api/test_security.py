@@ -23,9 +23,9 @@ from exo.models.errors import ModelLoadError
 from exo.node import NodeConfig
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.model_loader import load_model
+from tests.api.inprocess_app import SCRIPTED_MODEL, SCRIPTED_REPLY, ResponseLike, ScriptedMaster, scripted_app
 from tests.exo_server import fixture_model, free_port, isolation, running_exo
 from tests.fixtures.fixture_specs import GREETING_REPLY
-from tests.master.inprocess_app import SCRIPTED_MODEL, SCRIPTED_REPLY, ResponseLike, ScriptedMaster, scripted_app
 
 API_KEY = "sk-test-0123456789"
 HELLO = [{"role": "user", "content": "Hello!"}]
