@@ -260,6 +260,7 @@ def _load(
     from exo.tool_calls import detect_tool_format
     from exo.worker.engines.mlx.cache.layer_cache import can_batch
     from exo.worker.engines.mlx.chat_template import chat_template_text
+    from exo.worker.engines.mlx.constrained.compiled import prepare_guidance
     from exo.worker.engines.mlx.cpu.blas_check import blas_report
     from exo.worker.engines.mlx.cpu.engine import CpuKernels
     from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
@@ -299,6 +300,10 @@ def _load(
         if kernels.allow_matmul_plan(bootstrap.decode.matmul_plan, loaded.dtype)
         else None
     )
+    if bootstrap.shard.rank == 0:  # the rank that takes the tasks and builds their grammars
+        guidance_seconds = prepare_guidance(loaded.tokenizer)
+        if guidance_seconds is not None:
+            logger.info("constrained decoding prepared in %.2f s (llguidance tokenizer)", guidance_seconds)
     prefix_cache = _prefix_cache(bootstrap, loaded.model) if bootstrap.prefix_cache_bytes else None
     # A model whose KV cache mlx-lm cannot merge across sequences (some recurrent or sliding-window layers) serves its
     # requests one at a time.
