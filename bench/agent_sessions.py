@@ -228,7 +228,7 @@ def _share(step: SessionStep) -> float:
     return step.cached_tokens / step.prompt_tokens if step.prompt_tokens else 0.0
 
 
-def _wait_for_snapshots(folder: Path) -> None:
+def wait_for_snapshots(folder: Path) -> None:
     """Until exo's runner has written its snapshots (nothing changed in the folder for a few seconds)."""
     deadline = time.monotonic() + SNAPSHOTS_WAIT_S
     last: list[tuple[str, int]] = []
@@ -287,7 +287,7 @@ def measure_agent_sessions(
         start=lambda: running_exo(model_path, work_dir, home=home),
         max_tokens=max_tokens,
         progress=progress,
-        between=lambda: _wait_for_snapshots(home / "prefix-cache"),
+        between=lambda: wait_for_snapshots(home / "prefix-cache"),
     )
     float32_copy = work_dir / "float32-model"
     progress("writing the float32 weights for mlx_lm.server")

@@ -9,7 +9,9 @@
 
     uv run python -m bench.prompt_layout --model ~/.cache/exo/models/qwen2.5-coder-0.5b-instruct --out r.json
 
-`--limit N` uses the first N corpus prompts. Prints a markdown report with the run's commit, CPU, load and command.
+`--limit N` uses the first N corpus prompts; `--minutes M` stops taking new prompts once M minutes have passed since
+the nodes were ready, and reports those measured (the report says how many of the corpus). Prints a markdown report
+with the run's commit, CPU, load and command.
 The default layout stays `template` until validity is measured to hold under `tools-first`.
 """
 
@@ -18,6 +20,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -63,6 +66,7 @@ class Report(BaseModel):
     load_at_start: tuple[float, float, float]
     model: str
     prompts: int
+    corpus_prompts: int = len(CORPUS)
     validity: list[LayoutRow]
     same_replies: int
     cache: list[CacheRow]
@@ -116,7 +120,13 @@ def _cache_row(layout: str, server: RunningServer, model: str, item: ToolPrompt,
     )
 
 
-def run(model_path: Path, corpus: Sequence[ToolPrompt], max_tokens: int, command: Sequence[str]) -> Report:
+def run(
+    model_path: Path,
+    corpus: Sequence[ToolPrompt],
+    max_tokens: int,
+    command: Sequence[str],
+    minutes: float | None = None,
+) -> Report:
     load_at_start = os.getloadavg()
     model = model_path.name
     with (
@@ -127,10 +137,14 @@ def run(model_path: Path, corpus: Sequence[ToolPrompt], max_tokens: int, command
         ) as moved,
     ):
         servers = dict(zip(LAYOUTS, (template, moved), strict=True))
+        deadline = None if minutes is None else time.monotonic() + minutes * 60
         # Cache first, on cold nodes: the corpus would otherwise have cached the tool block already.
         cache = [_cache_row(layout, server, model, corpus[0], max_tokens) for layout, server in servers.items()]
         replies: dict[str, list[dict[str, Any]]] = {layout: [] for layout in LAYOUTS}
         for number, item in enumerate(corpus, 1):  # the layouts take turns per prompt, so load falls on both alike
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"--minutes {minutes}: stopping after {number - 1} prompts", file=sys.stderr, flush=True)
+                break
             for layout, server in servers.items():
                 replies[layout].append(_chat(server, _body(model, item, f"/home/user/project-{number}", max_tokens)))
             verdicts = ", ".join(f"{layout}: {verdict(found[-1])[0]}" for layout, found in replies.items())
@@ -143,7 +157,8 @@ def run(model_path: Path, corpus: Sequence[ToolPrompt], max_tokens: int, command
         run=section_run(command, program="uv run python -m bench.prompt_layout"),
         load_at_start=load_at_start,
         model=model,
-        prompts=len(corpus),
+        prompts=len(replies["template"]),
+        corpus_prompts=len(CORPUS),
         validity=[layout_row(layout, found) for layout, found in replies.items()],
         same_replies=same,
         cache=cache,
@@ -158,8 +173,8 @@ def markdown(report: Report) -> str:
         f"at the start, {' / '.join(f'{value:.1f}' for value in run.load_average)} at the end; greedy. Command: "
         f"`{without_directories(run.command)}`.",
         "",
-        f'Schema-valid calls under `tool_choice: "auto"` over {report.prompts} corpus prompts, each with a system '
-        "text naming a project folder:",
+        f'Schema-valid calls under `tool_choice: "auto"` over {report.prompts} of the corpus\'s '
+        f"{report.corpus_prompts} prompts, each with a system text naming a project folder:",
         "",
         "| Layout | valid calls | invalid calls | no call |",
         "|---|---|---|---|",
@@ -182,11 +197,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--limit", type=int, help="only the first N corpus prompts (a quick look)")
+    parser.add_argument("--minutes", type=float, help="take no new prompt after this many minutes")
     parser.add_argument("--max-tokens", type=int, default=256)
     command = list(sys.argv[1:] if argv is None else argv)
     arguments = parser.parse_args(command)
     corpus = CORPUS[: arguments.limit] if arguments.limit else CORPUS
-    report = run(arguments.model.expanduser(), corpus, arguments.max_tokens, command)
+    report = run(arguments.model.expanduser(), corpus, arguments.max_tokens, command, arguments.minutes)
     if arguments.out:
         arguments.out.write_text(json.dumps(report.model_dump(mode="json"), indent=2))
     print(markdown(report))
