@@ -20,7 +20,7 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from exo.api.loop_guard_header import LOOP_GUARD_HEADER
+from exo.shared.types.tasks import LOOP_GUARD_HEADER
 from tests.exo_server import ExoServer, fixture_model, running_exo
 from tests.fixtures.fixture_specs import GET_TIME_TOOL, GET_WEATHER_TOOL
 

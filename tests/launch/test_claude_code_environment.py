@@ -60,3 +60,21 @@ def test_mcp_writes_a_config_file_named_in_one_argument_before_the_users(tmp_pat
         "fix it",
         "-p",
     ]
+
+
+def test_loop_guard_is_a_custom_header_line_added_after_the_users_own(tmp_path: Path) -> None:
+    plan = claude_code.plan(LaunchTarget(url="http://h:1", model="m", loop_guard="warn"), tmp_path)
+
+    assert "ANTHROPIC_CUSTOM_HEADERS" not in plan.environment
+    assert plan.environment_for({})["ANTHROPIC_CUSTOM_HEADERS"] == "X-Exo-Loop-Guard: warn"
+    # Claude Code reads one `Name: value` a line: the user's headers stay, exo's comes after them.
+    users = {"ANTHROPIC_CUSTOM_HEADERS": "X-Team: blue\nX-Trace: 1\n"}
+    assert plan.environment_for(users)["ANTHROPIC_CUSTOM_HEADERS"] == "X-Team: blue\nX-Trace: 1\nX-Exo-Loop-Guard: warn"
+
+
+def test_without_loop_guard_the_users_custom_headers_are_left_alone(tmp_path: Path) -> None:
+    plan = claude_code.plan(LaunchTarget(url="http://h:1", model="m"), tmp_path)
+    assert (
+        plan.environment_for({"ANTHROPIC_CUSTOM_HEADERS": "X-Team: blue"})["ANTHROPIC_CUSTOM_HEADERS"] == "X-Team: blue"
+    )
+    assert "ANTHROPIC_CUSTOM_HEADERS" not in plan.environment_for({})

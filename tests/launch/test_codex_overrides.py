@@ -92,3 +92,15 @@ def test_the_tested_versions_are_the_pinned_ones() -> None:
     for client in (opencode.CLIENT, claude_code.CLIENT, codex.CLIENT):
         entry = pinned[client.folder]
         assert (entry.binary, entry.package, entry.version) == (client.binary, client.package, client.tested_version)
+
+
+def test_loop_guard_is_a_header_of_the_exo_provider() -> None:
+    plan = codex.plan(LaunchTarget(url="http://h:1", model="m", loop_guard="block"))
+    provider = _config(plan.leading_arguments)["model_providers"]["exo"]
+    assert provider["http_headers"] == {"X-Exo-Loop-Guard": "block"}
+    assert (
+        "http_headers"
+        not in _config(codex.plan(LaunchTarget(url="http://h:1", model="m")).leading_arguments)["model_providers"][
+            "exo"
+        ]
+    )

@@ -217,3 +217,23 @@ def test_dry_run_prints_the_command_and_hides_the_key(node_with_key: str, tmp_pa
     assert stdout.startswith(f"env EXO_API_KEY=*** {client} -c ")
     assert stdout.rstrip().endswith("exec --skip-git-repo-check go")
     assert not (tmp_path / "record.txt").exists()
+
+
+def test_loop_guard_reaches_the_client_as_its_header_setting(node: str, tmp_path: Path) -> None:
+    client = _stand_in(tmp_path / "bin", "claude")
+
+    process, stdout, stderr = _launch(
+        ["claude", "--url", node, "--client-bin", str(client), "--loop-guard", "answer", "--dry-run"],
+        tmp_path,
+        path=os.defpath,
+        extra={"ANTHROPIC_CUSTOM_HEADERS": "X-Team: blue"},
+    )
+
+    assert process.returncode == 0, stderr
+    assert "ANTHROPIC_CUSTOM_HEADERS='X-Team: blue\nX-Exo-Loop-Guard: answer'" in stdout
+
+
+def test_an_unknown_loop_guard_policy_is_refused(tmp_path: Path) -> None:
+    process, _, stderr = _launch(["claude", "--loop-guard", "sometimes"], tmp_path, path=os.defpath)
+    assert process.returncode == 2
+    assert "--loop-guard: invalid choice: 'sometimes'" in stderr

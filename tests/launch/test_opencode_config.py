@@ -77,3 +77,12 @@ def test_two_models_get_two_files_so_a_running_client_keeps_its_own(tmp_path: Pa
     assert set(first.files).isdisjoint(second.files)
     again = opencode.plan(LaunchTarget(url="http://h:1", model="a"), tmp_path)
     assert again.files == first.files
+
+
+def test_loop_guard_is_a_provider_header(tmp_path: Path) -> None:
+    _, config = _written(opencode.plan(LaunchTarget(url="http://h:1", model="m", loop_guard="off"), tmp_path).files)
+    provider = config["provider"]
+    assert isinstance(provider, dict)
+    assert provider["exo"]["options"]["headers"] == {"X-Exo-Loop-Guard": "off"}
+    _, plain = _written(opencode.plan(LaunchTarget(url="http://h:1", model="m"), tmp_path).files)
+    assert "headers" not in json.dumps(plain)

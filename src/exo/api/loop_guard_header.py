@@ -11,9 +11,8 @@ from fastapi import Request
 
 from exo.api.errors import ApiError
 from exo.shared.types.commands import GenerateCommand
-from exo.shared.types.tasks import LoopGuardPolicy
+from exo.shared.types.tasks import LOOP_GUARD_HEADER, LoopGuardPolicy
 
-LOOP_GUARD_HEADER: Final = "X-Exo-Loop-Guard"
 _POLICIES: Final[tuple[LoopGuardPolicy, ...]] = get_args(LoopGuardPolicy)
 
 

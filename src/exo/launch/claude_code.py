@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field
 
 from exo.launch.plan import EXO_NAME, ClientInfo, ClientPlan, LaunchTarget, content_addressed
 from exo.shared.types.common import FrozenModel
+from exo.shared.types.tasks import LOOP_GUARD_HEADER
 
 CLIENT: Final = ClientInfo(
     name="claude",
@@ -52,6 +53,8 @@ OTHER_PROVIDERS: Final = (
     "CLAUDE_CODE_USE_GATEWAY",
     "CLAUDE_CODE_USE_MANTLE",
 )
+# Extra request headers, one `Name: value` a line, that Claude Code sends with every API request.
+CUSTOM_HEADERS_VARIABLE: Final = "ANTHROPIC_CUSTOM_HEADERS"
 # Claude Code needs some token to send; exo without --api-key takes any.
 PLACEHOLDER_TOKEN: Final = "exo"
 
@@ -95,4 +98,11 @@ def plan(target: LaunchTarget, folder: Path) -> ClientPlan:
     variables = environment(target)
     if target.api_key:
         variables["EXO_API_KEY"] = target.api_key  # for `exo mcp`, which Claude Code starts with its environment
-    return ClientPlan(files=files, leading_arguments=leading, environment=variables, removed_variables=OTHER_PROVIDERS)
+    headers = {CUSTOM_HEADERS_VARIABLE: f"{LOOP_GUARD_HEADER}: {target.loop_guard}"} if target.loop_guard else {}
+    return ClientPlan(
+        files=files,
+        leading_arguments=leading,
+        environment=variables,
+        removed_variables=OTHER_PROVIDERS,
+        appended_lines=headers,
+    )

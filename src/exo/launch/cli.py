@@ -11,7 +11,7 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, get_args
 
 from exo.launch import claude_code, codex, opencode
 from exo.launch.binary import CLIENTS_DIR_VARIABLE, find_client
@@ -19,6 +19,7 @@ from exo.launch.node import choose_model, node_root, served_models
 from exo.launch.plan import ClientInfo, ClientPlan, LaunchError, LaunchTarget, McpServer, write_files
 from exo.mcp.node_client import DEFAULT_NODE_URL
 from exo.models.paths import exo_home
+from exo.shared.types.tasks import LoopGuardPolicy
 
 Planner = Callable[[LaunchTarget, Path], ClientPlan]
 CLIENTS: Final[dict[str, tuple[ClientInfo, Planner]]] = {
@@ -42,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--api-key", default=os.environ.get("EXO_API_KEY"), help="the node's API key (default $EXO_API_KEY)"
     )
+    parser.add_argument(
+        "--loop-guard",
+        choices=get_args(LoopGuardPolicy),
+        help="the agent-loop guard's policy for this client's requests, sent as the X-Exo-Loop-Guard header "
+        "(default: the node's --loop-guard)",
+    )
     parser.add_argument("--mcp", action="store_true", help="also give the agent exo's own tools (`exo mcp`)")
     parser.add_argument(
         "--client-bin",
@@ -64,11 +71,13 @@ def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return words, []
 
 
-def _shown(plan: ClientPlan, command: list[str]) -> str:
+def _shown(plan: ClientPlan, command: list[str], inherited: dict[str, str]) -> str:
     """The command as a shell line with the variables it sets (a key shown as `***`)."""
     secret = {"EXO_API_KEY", "ANTHROPIC_AUTH_TOKEN"}
+    environment = plan.environment_for(inherited)
     variables = [
-        f"{key}={'***' if key in secret and value else shlex.quote(value)}" for key, value in plan.environment.items()
+        f"{key}={'***' if key in secret and environment[key] else shlex.quote(environment[key])}"
+        for key in [*plan.environment, *plan.appended_lines]
     ]
     unset = [f"-u {key}" for key in plan.removed_variables]
     return " ".join(["env", *unset, *variables, shlex.join(command)])
@@ -91,6 +100,7 @@ def main(argv: Sequence[str]) -> int:
             model=card.id,
             context_length=card.context_length,
             mcp=McpServer.for_node(url) if arguments.mcp else None,
+            loop_guard=arguments.loop_guard,
         )
         plan = planner(target, exo_home() / "launch" / client.name)
         write_files(plan.files)
@@ -99,7 +109,7 @@ def main(argv: Sequence[str]) -> int:
         return 1
     command = plan.command(binary, client_arguments)
     if arguments.dry_run:
-        print(_shown(plan, command))
+        print(_shown(plan, command, environment))
         return 0
     print(f"exo launch: {client.display_name} with {card.id} at {url}", file=sys.stderr, flush=True)
     sys.stdout.flush()

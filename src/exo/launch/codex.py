@@ -12,6 +12,7 @@ from typing import Final, Literal
 
 from exo.launch.plan import API_KEY_VARIABLE, EXO_NAME, ClientInfo, ClientPlan, LaunchTarget
 from exo.shared.types.common import FrozenModel
+from exo.shared.types.tasks import LOOP_GUARD_HEADER, LoopGuardPolicy
 
 CLIENT: Final = ClientInfo(
     name="codex",
@@ -60,6 +61,7 @@ class CodexSettings(FrozenModel):
     key_variable: str | None = None
     sandbox_mode: Literal["read-only", "workspace-write", "danger-full-access"] = "workspace-write"
     mcp_command: tuple[str, ...] | None = None
+    loop_guard: LoopGuardPolicy | None = None
 
     def overrides(self) -> list[CodexOverride]:
         provider = f"model_providers.{EXO_NAME}"
@@ -75,6 +77,8 @@ class CodexSettings(FrozenModel):
             ("web_search", "disabled"),
             ("agents.enabled", False),
             ("sandbox_mode", self.sandbox_mode),
+            # A header Codex sends with every request to the provider (its `http_headers` table, one key of it).
+            (f"{provider}.http_headers.{LOOP_GUARD_HEADER}", self.loop_guard),
         ]
         if self.mcp_command is not None:
             server = f"mcp_servers.{EXO_NAME}"
@@ -91,6 +95,7 @@ def settings(target: LaunchTarget) -> CodexSettings:
         context_window=target.context_length,
         key_variable=API_KEY_VARIABLE if target.api_key else None,
         mcp_command=None if target.mcp is None else (target.mcp.command, *target.mcp.arguments),
+        loop_guard=target.loop_guard,
     )
 
 

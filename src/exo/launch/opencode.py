@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field
 
 from exo.launch.plan import API_KEY_VARIABLE, EXO_NAME, ClientInfo, ClientPlan, LaunchTarget, content_addressed
 from exo.shared.types.common import FrozenModel
+from exo.shared.types.tasks import LOOP_GUARD_HEADER
 
 CLIENT: Final = ClientInfo(
     name="opencode",
@@ -51,6 +52,8 @@ class ProviderOptions(_Config):
     # exo answers headers at once and streams keep-alives; off anyway, as for a proxy that buffers the stream.
     header_timeout: Literal[False] = Field(default=False, serialization_alias="headerTimeout")
     chunk_timeout: Literal[False] = Field(default=False, serialization_alias="chunkTimeout")
+    # Sent with every request (the AI SDK's provider headers): --loop-guard's X-Exo-Loop-Guard.
+    headers: dict[str, str] | None = None
 
 
 class Provider(_Config):
@@ -94,7 +97,9 @@ def opencode_config(target: LaunchTarget) -> OpencodeConfig:
         else ModelLimit(context=target.context_length, output=output_tokens(target.context_length))
     )
     options = ProviderOptions(
-        base_url=target.openai_url, api_key=f"{{env:{API_KEY_VARIABLE}}}" if target.api_key else None
+        base_url=target.openai_url,
+        api_key=f"{{env:{API_KEY_VARIABLE}}}" if target.api_key else None,
+        headers={LOOP_GUARD_HEADER: target.loop_guard} if target.loop_guard else None,
     )
     qualified = f"{EXO_NAME}/{target.model}"
     mcp = (

@@ -9,6 +9,7 @@ from typing import Final
 from pydantic import Field
 
 from exo.shared.types.common import FrozenModel
+from exo.shared.types.tasks import LoopGuardPolicy
 
 # The variable exo's own commands read the API key from; launched clients (and `exo mcp` under them) get it there,
 # so no key is ever written into a configuration file.
@@ -56,6 +57,8 @@ class LaunchTarget(FrozenModel):
     model: str
     context_length: int | None = None
     mcp: McpServer | None = None
+    # With --loop-guard: the policy the client asks for in every request's X-Exo-Loop-Guard header.
+    loop_guard: LoopGuardPolicy | None = None
 
     @property
     def openai_url(self) -> str:
@@ -72,6 +75,9 @@ class ClientPlan(FrozenModel):
     environment: dict[str, str] = Field(default_factory=dict)
     # Variables of the user's environment that would point the client elsewhere.
     removed_variables: tuple[str, ...] = ()
+    # Lines added to a variable that holds one setting a line (Claude Code's ANTHROPIC_CUSTOM_HEADERS), after the
+    # user's own lines, so their settings stay.
+    appended_lines: dict[str, str] = Field(default_factory=dict)
 
     def command(self, binary: Path, client_arguments: list[str]) -> list[str]:
         """The client's whole command line: its launch arguments, then the user's (with a subcommand's own flags
@@ -86,7 +92,11 @@ class ClientPlan(FrozenModel):
     def environment_for(self, inherited: dict[str, str]) -> dict[str, str]:
         """The client's environment: the user's, less what points elsewhere, plus the launch's settings."""
         kept = {key: value for key, value in inherited.items() if key not in self.removed_variables}
-        return kept | self.environment
+        appended = {
+            key: "\n".join(part for part in (inherited.get(key, "").rstrip("\n"), line) if part)
+            for key, line in self.appended_lines.items()
+        }
+        return kept | self.environment | appended
 
 
 def content_addressed(folder: Path, stem: str, suffix: str, content: str) -> Path:

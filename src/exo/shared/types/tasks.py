@@ -1,6 +1,6 @@
 """A task is one unit of work a runner performs: here, one chat completion."""
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field, JsonValue
 
@@ -14,6 +14,9 @@ ToolChoiceMode = Literal["none", "auto", "required", "named"]
 # the third identical call in a row after identical results, is taken back and the reply decoded again without that
 # tool, or without calls, so the model answers in text).
 LoopGuardPolicy = Literal["off", "warn", "block", "answer"]
+# The request header that names a LoopGuardPolicy for one request (exo.api.loop_guard_header); `exo launch
+# --loop-guard` has clients send it.
+LOOP_GUARD_HEADER: Final = "X-Exo-Loop-Guard"
 # Where a request's tool definitions go in the prompt (exo.worker.engines.mlx.prompt_layout): where the chat template
 # puts them, or before the system text where the template allows it exactly.
 PromptLayout = Literal["template", "tools-first"]
