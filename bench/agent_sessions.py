@@ -26,7 +26,7 @@ from bench.raw_baseline import running_raw_baseline
 from bench.results import AgentSessionsScope, AgentSessionsSection, SessionPhase, SessionStep, StreamMeasurement
 from bench.servers import RunningServer, running_exo, running_mlx_lm_server
 from bench.stream_client import request_body, stream_chat
-from exo.shared.types.api import ChatMessage, ToolDefinition
+from exo.api.types.openai_chat import ChatMessage, ToolDefinition
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 OPENCODE_TOOLS = REPOSITORY_ROOT / "tests" / "fixtures" / "opencode" / "tools.json"

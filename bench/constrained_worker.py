@@ -23,7 +23,8 @@ from pydantic import BaseModel
 
 from bench.machine import exo_commit
 from bench.results import ConstrainedDecodeRow, ConstrainedReport, ConstrainedSettings, GrammarCompileRow
-from exo.shared.types.api import FunctionDefinition, ToolDefinition
+from exo.api.types.openai_chat import ToolDefinition
+from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, SamplingParams, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.tool_calls import ToolFormatName, detect_tool_format

@@ -20,7 +20,8 @@ from pydantic import BaseModel
 
 from bench.servers import running_exo
 from bench.stream_client import request_body, stream_chat
-from exo.shared.types.api import ChatMessage, FunctionDefinition, ToolDefinition
+from exo.api.types.openai_chat import ChatMessage, ToolDefinition
+from exo.shared.types.api import FunctionDefinition
 
 WEATHER = ToolDefinition(
     function=FunctionDefinition(

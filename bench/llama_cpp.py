@@ -41,7 +41,7 @@ from bench.servers import RunningServer, free_port, running_exo, running_mlx_lm_
 from bench.stream_client import StreamOutcome, request_body, stream_chat
 from bench.tool_corpus import CORPUS, TOOLS
 from bench.workloads import decode_messages, system_prompt
-from exo.shared.types.api import ChatMessage
+from exo.api.types.openai_chat import ChatMessage
 
 EXO = "exo"
 LLAMA_CPP = "llama.cpp"

@@ -23,7 +23,7 @@ from bench.pipeline_nodes import RunningNodes, model_over_nodes
 from bench.pipeline_overlap import measure_overlap
 from bench.results import ConcurrentStreams, PipelineRow, PipelineSection, StreamMeasurement
 from bench.stream_client import request_body, stream_chat
-from exo.shared.types.api import ChatMessage
+from exo.api.types.openai_chat import ChatMessage
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and a short example."
 

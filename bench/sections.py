@@ -20,7 +20,7 @@ from bench.results import (
 from bench.servers import RunningServer
 from bench.stream_client import StreamOutcome, request_body, stream_chat
 from bench.workloads import agent_follow_up, agent_opening, agent_tools, decode_messages
-from exo.shared.types.api import ChatMessage, ToolDefinition
+from exo.api.types.openai_chat import ChatMessage, ToolDefinition
 
 WARM_UP_MAX_TOKENS = 4
 

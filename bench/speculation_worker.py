@@ -24,7 +24,7 @@ from bench.results import SpeculationReport, SpeculationRow, SpeculationSettings
 from bench.stream_client import request_body
 from bench.workloads import decode_messages, edit_messages, rewrite_messages
 from exo.api.adapters.chat_request import to_command
-from exo.shared.types.api import ChatCompletionRequest, ToolDefinition
+from exo.api.types.openai_chat import ChatCompletionRequest, ToolDefinition
 from exo.shared.types.chunks import FinishChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk
 from exo.shared.types.common import ModelId, new_task_id
 from exo.shared.types.tasks import GenerationTask

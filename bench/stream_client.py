@@ -9,7 +9,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict
 
 from bench.results import StreamMeasurement
-from exo.shared.types.api import ChatMessage, ToolDefinition
+from exo.api.types.openai_chat import ChatMessage, ToolDefinition
 
 REQUEST_TIMEOUT_S = 900.0
 

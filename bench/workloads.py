@@ -2,7 +2,8 @@
 
 from itertools import cycle
 
-from exo.shared.types.api import ChatMessage, FunctionCall, FunctionDefinition, ToolCall, ToolDefinition
+from exo.api.types.openai_chat import ChatMessage, FunctionCall, ToolCall, ToolDefinition
+from exo.shared.types.api import FunctionDefinition
 
 DECODE_PROMPT = (
     "Write a long, detailed technical essay on how hash tables work: hashing, collision handling with chaining "

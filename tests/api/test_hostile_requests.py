@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from exo.api.ollama.wire import OllamaChatRequest, OllamaGenerateRequest
 from exo.api.types.anthropic_messages import CountTokensRequest, MessagesRequest
+from exo.api.types.ollama import OllamaChatRequest, OllamaGenerateRequest
+from exo.api.types.openai_chat import ChatCompletionRequest
 from exo.api.types.openai_responses import InputTokensRequest, ResponsesRequest
-from exo.shared.types.api import ChatCompletionRequest
 from tests.api.hostile_bodies import hostile_bodies
 from tests.exo_server import ExoServer, fixture_model, running_exo
 from tests.fixtures.fixture_specs import GREETING_REPLY

@@ -29,7 +29,7 @@ from bench.machine import exo_commit
 from bench.pipeline_section import ms_per_token
 from bench.results import StreamMeasurement
 from bench.stream_client import request_body, stream_chat
-from exo.shared.types.api import ChatMessage
+from exo.api.types.openai_chat import ChatMessage
 from exo.shared.types.cluster_api import InstanceList
 from tests.cluster.netns_rig import NetnsRig, RigNode
 from tests.cluster.tun_link import DEVICE, MTU, TunLink

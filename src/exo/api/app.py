@@ -40,11 +40,7 @@ from exo.master.client import MasterClient
 from exo.master.placement import served_model_ids
 from exo.models.paths import default_models_dir, exo_home
 from exo.models.progress import PreparationSink
-from exo.shared.types.api import (
-    ErrorResponse,
-    ModelCard,
-    ModelList,
-)
+from exo.shared.types.api import ErrorResponse, ModelCard, ModelList
 from exo.shared.types.common import ModelId
 from exo.shared.types.state import RunnerInfo, State
 

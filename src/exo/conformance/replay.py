@@ -13,11 +13,11 @@ import anyio
 from pydantic import computed_field
 
 from exo.api.adapters import chat_response, chat_stream
+from exo.api.types.openai_chat import ChatCompletionResponse
 from exo.conformance.checker import check_stream, sse_payloads
 from exo.conformance.contract import StreamSummary
 from exo.conformance.protocol_replay import protocol_checks
 from exo.conformance.samples import WEATHER_TOOL, ConformanceCase
-from exo.shared.types.api import ChatCompletionResponse
 from exo.shared.types.chunks import Chunk, FinishChunk, Usage
 from exo.shared.types.common import FrozenModel
 from exo.tool_calls import ToolFormatName, ToolStreamParser

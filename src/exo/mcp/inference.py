@@ -4,10 +4,10 @@ import time
 
 from pydantic import Field
 
+from exo.mcp.chat_wire import ChatRequest, ResponseToolCall, UserMessage
 from exo.mcp.failures import ToolFailedError
 from exo.mcp.memory import memory_fit, require_fit
 from exo.mcp.node_client import NodeApiError, NodeClient
-from exo.shared.types.api import ChatCompletionRequest, ChatMessage, ResponseToolCall
 from exo.shared.types.common import FinishReason, FrozenModel
 
 DEFAULT_MAX_TOKENS = 256
@@ -55,9 +55,9 @@ async def run_model(
     client: NodeClient, model: str, prompt: str, temperature: float | None, max_tokens: int
 ) -> RunResult:
     """Send `prompt` as one user message to `model` and wait for the whole answer."""
-    request = ChatCompletionRequest(
+    request = ChatRequest(
         model=model,
-        messages=[ChatMessage(role="user", content=prompt)],
+        messages=[UserMessage(content=prompt)],
         temperature=temperature,
         max_tokens=max_tokens,
     )

@@ -14,6 +14,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from exo.mcp.chat_wire import ChatAnswer, ChatRequest
 from exo.models.catalog_api import (
     DownloadDone,
     DownloadEvent,
@@ -22,7 +23,7 @@ from exo.models.catalog_api import (
     DownloadRequest,
     NodeCatalog,
 )
-from exo.shared.types.api import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse, ModelList
+from exo.shared.types.api import ErrorResponse, ModelList
 from exo.shared.types.cluster_api import (
     ClusterMetrics,
     ClusterNode,
@@ -95,11 +96,11 @@ class NodeClient:
         """The served models, as `/v1/models` lists them."""
         return await self._get("/v1/models", ModelList)
 
-    async def chat_completion(self, request: ChatCompletionRequest) -> ChatCompletionResponse:
+    async def chat_completion(self, request: ChatRequest) -> ChatAnswer:
         """One non-streaming chat completion."""
         body = request.model_dump(mode="json", exclude_none=True)
         response = await self._request("POST", "/v1/chat/completions", json=body)
-        return _parsed(response, ChatCompletionResponse)
+        return _parsed(response, ChatAnswer)
 
     async def cluster(self) -> ClusterSummary:
         """The cluster at a glance: the answering node, nodes up and down, memory, models and where they run."""

@@ -4,7 +4,7 @@ import pytest
 
 from exo.api.adapters.chat_request import to_command
 from exo.api.errors import ApiError
-from exo.shared.types.api import ChatCompletionRequest
+from exo.api.types.openai_chat import ChatCompletionRequest
 from exo.shared.types.common import ModelId
 from exo.shared.types.tasks import SamplingParams
 

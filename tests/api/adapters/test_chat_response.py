@@ -6,7 +6,7 @@ import pytest
 
 from exo.api.adapters.chat_response import collect_response
 from exo.api.errors import ApiError
-from exo.shared.types.api import ChatCompletionResponse
+from exo.api.types.openai_chat import ChatCompletionResponse
 from exo.shared.types.chunks import (
     Chunk,
     ErrorChunk,

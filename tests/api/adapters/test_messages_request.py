@@ -8,7 +8,7 @@ import pytest
 from exo.api.adapters import chat_request, messages_request
 from exo.api.errors import ApiError
 from exo.api.types.anthropic_messages import CountTokensRequest, MessagesRequest
-from exo.shared.types.api import ChatCompletionRequest
+from exo.api.types.openai_chat import ChatCompletionRequest
 from exo.shared.types.common import ModelId
 from exo.shared.types.tasks import GenerationParams, PromptMessage
 

@@ -6,8 +6,8 @@ import pytest
 
 from exo.api.adapters import chat_request, responses_request
 from exo.api.errors import ApiError
+from exo.api.types.openai_chat import ChatCompletionRequest
 from exo.api.types.openai_responses import InputTokensRequest, ResponsesRequest
-from exo.shared.types.api import ChatCompletionRequest
 from exo.shared.types.common import ModelId
 from exo.shared.types.tasks import GenerationParams, PromptMessage
 

@@ -14,12 +14,11 @@ from exo.api.adapters.tool_controls import (
     check_functions,
 )
 from exo.api.errors import ApiError
-from exo.shared.types.api import (
+from exo.api.types.openai_chat import (
     AllowedToolsChoice,
     ChatCompletionRequest,
     ChatMessage,
     ContentPart,
-    FunctionDefinition,
     JsonObjectResponseFormat,
     JsonSchemaResponseFormat,
     NamedToolChoice,
@@ -28,6 +27,7 @@ from exo.shared.types.api import (
     ToolCall,
     ToolChoice,
 )
+from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId, new_command_id
 from exo.shared.types.tasks import (

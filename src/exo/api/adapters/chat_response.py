@@ -3,7 +3,7 @@
 from collections.abc import AsyncIterator
 
 from exo.api.errors import ApiError, task_error
-from exo.shared.types.api import (
+from exo.api.types.openai_chat import (
     ChatCompletionResponse,
     Choice,
     CompletionTokensDetails,

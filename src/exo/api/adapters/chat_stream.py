@@ -12,7 +12,7 @@ from typing import Any
 from exo.api.adapters.chat_response import ChatAnswer
 from exo.api.adapters.protocol_events import SSE_MEDIA_TYPE, sse_comment, write_events
 from exo.api.errors import task_error
-from exo.shared.types.api import ChatCompletionResponse
+from exo.api.types.openai_chat import ChatCompletionResponse
 from exo.shared.types.chunks import (
     Chunk,
     ErrorChunk,

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from exo.api.errors import task_error
-from exo.api.ollama.wire import (
+from exo.api.types.ollama import (
     OllamaAnswerMessage,
     OllamaCall,
     OllamaCallFunction,

@@ -11,7 +11,7 @@ import hashlib
 
 from exo.api.completion_flow import model_metadata, served_model
 from exo.api.ollama.answer import created_at
-from exo.api.ollama.wire import OllamaModelDetails, OllamaModelEntry, OllamaModelList, OllamaShowAnswer
+from exo.api.types.ollama import OllamaModelDetails, OllamaModelEntry, OllamaModelList, OllamaShowAnswer
 from exo.master.placement import served_model_ids
 from exo.shared.types.common import ModelId
 from exo.shared.types.state import State

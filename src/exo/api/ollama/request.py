@@ -16,7 +16,7 @@ from exo.api.adapters.field_policy import log_ignored, unsupported
 from exo.api.adapters.json_output import json_output
 from exo.api.adapters.tool_controls import check_enforced_schemas
 from exo.api.errors import ApiError
-from exo.api.ollama.wire import (
+from exo.api.types.ollama import (
     OllamaChatRequest,
     OllamaFormat,
     OllamaGenerateRequest,
@@ -25,7 +25,7 @@ from exo.api.ollama.wire import (
     OllamaTool,
     Think,
 )
-from exo.shared.types.api import ToolChoice
+from exo.api.types.openai_chat import ToolChoice
 from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId, new_command_id
 from exo.shared.types.tasks import (

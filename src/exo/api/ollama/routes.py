@@ -13,7 +13,7 @@ from exo.api.errors import ApiError
 from exo.api.ollama.answer import NdjsonWriter, OllamaAnswer, created_at
 from exo.api.ollama.models import OLLAMA_API_VERSION, loaded, served_ollama_model, show, tags
 from exo.api.ollama.request import chat_command, generate_command
-from exo.api.ollama.wire import (
+from exo.api.types.ollama import (
     OllamaChatRequest,
     OllamaError,
     OllamaGenerateRequest,

@@ -14,8 +14,9 @@ from exo.api.completion_flow import served_model
 from exo.api.dialect import serve
 from exo.api.error_shapes import ErrorShape, documented_errors
 from exo.api.errors import openai_error
+from exo.api.types.openai_chat import ChatCompletionRequest
 from exo.master.client import MasterClient
-from exo.shared.types.api import ChatCompletionRequest, ErrorResponse
+from exo.shared.types.api import ErrorResponse
 from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.request_record import Dialect as DialectName

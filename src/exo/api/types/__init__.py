@@ -1,2 +1,2 @@
-"""The wire types of the Anthropic Messages and OpenAI Responses dialects (chat completions' types stay in
-exo.shared.types.api: the MCP tools and the tool-call engine use them too; Ollama's are in exo.api.ollama.wire)."""
+"""The wire types of every dialect the API speaks: OpenAI Chat Completions (openai_chat), Anthropic Messages
+(anthropic_*), OpenAI Responses (openai_responses*) and Ollama (ollama)."""

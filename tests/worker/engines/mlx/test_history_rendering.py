@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from exo.api.adapters.chat_request import normalise_messages
-from exo.shared.types.api import ChatCompletionRequest, FunctionDefinition
+from exo.api.types.openai_chat import ChatCompletionRequest
+from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.chat_template import apply_chat_template

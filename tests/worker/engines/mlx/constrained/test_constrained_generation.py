@@ -7,10 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import mlx.core as mx
 import pytest
 
-from exo.shared.types.api import (
-    FunctionDefinition,
-    ToolDefinition,
-)
+from exo.api.types.openai_chat import ToolDefinition
+from exo.shared.types.api import FunctionDefinition
 from exo.tool_calls.grammar.spec import ConstraintMode, ReasoningMarkers, ToolConstraintSpec
 from exo.tool_calls.names import ToolFormatName
 from exo.worker.engines.mlx.constrained import make_logits_processor

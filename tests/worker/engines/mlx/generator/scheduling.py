@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import JsonValue
 
 from exo.api.adapters.chat_request import to_command
-from exo.shared.types.api import ChatCompletionRequest
+from exo.api.types.openai_chat import ChatCompletionRequest
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, PrefillProgressChunk, ToolCallChunk
 from exo.shared.types.common import ModelId, TaskId, new_task_id
 from exo.shared.types.tasks import GenerationTask

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
+from exo.api.types.openai_chat import ToolChoice
 from exo.shared.types.api import (
     MAX_STOP_SEQUENCES,
     FunctionDefinition,
@@ -16,7 +17,6 @@ from exo.shared.types.api import (
     JsonObject,
     Seed,
     StopSequence,
-    ToolChoice,
     WireModel,
 )
 
