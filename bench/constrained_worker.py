@@ -28,8 +28,9 @@ from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, SamplingParams, ToolPolicy
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.tool_calls import ToolFormatName, detect_tool_format
+from exo.tool_calls.grammar.policy import RequestTools, constraint_spec
 from exo.worker.engines.mlx.chat_template import apply_chat_template, chat_template_text
-from exo.worker.engines.mlx.constrained import constraint_spec, make_logits_processor
+from exo.worker.engines.mlx.constrained import make_logits_processor
 from exo.worker.engines.mlx.constrained.compiled import compiled_template, guidance_tokenizer
 from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
 from exo.worker.engines.mlx.generator.chat_completion import reasoning_markers
@@ -107,7 +108,7 @@ class _Decoder:
 
     def processors(self, policy: ToolPolicy) -> Sequence[LogitsProcessor]:
         """What the runner would pass to `generate_tokens` for this policy, given one uncached prompt token."""
-        spec = constraint_spec(policy, None, self.tool_format, self.reasoning)
+        spec = constraint_spec(RequestTools.of(policy), None, self.tool_format, self.reasoning)
         return (make_logits_processor(self.loaded.tokenizer, spec, prompt_length=1),) if spec else ()
 
     def run(self, policy: ToolPolicy, max_tokens: int) -> tuple[float, list[int]]:

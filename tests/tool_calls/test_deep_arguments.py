@@ -7,7 +7,8 @@ from pydantic import JsonValue
 
 from exo.tool_calls.arguments.schema import validation_errors
 from exo.tool_calls.arguments.text_values import convert_xml_value
-from exo.tool_calls.loop_guard import CallKey, canonical_arguments, error_result, excluding
+from exo.tool_calls.grammar.exclusion import excluding
+from exo.tool_calls.loop_guard import CallKey, canonical_arguments, error_result
 from exo.worker.engines.mlx.chat_messages import arguments_as_object
 
 TREE: dict[str, JsonValue] = {"type": "object", "properties": {"children": {"type": "array", "items": {"$ref": "#"}}}}

@@ -39,8 +39,9 @@ Failure rule
 Layout: `stream_parser.py` (the state machine), `format.py` (the one interface a format implements), one module
 per format in `formats/` (its markers, its region reader, its grammar, its history needs), the argument machinery
 in `arguments/` (schema-aware JSON streaming, coercion, validation), region readers shared by several formats in
-`regions/`, and the grammar side in `grammar/` (assembled for a request by `request_grammar.py`). `registry.py` maps
-each `ToolFormatName` to its module.
+`regions/`, and the grammar side in `grammar/` (`grammar/policy.py` decides which grammar a request needs,
+`grammar/exclusion.py` rules out given arguments, `request_grammar.py` assembles the text). `registry.py` maps each
+`ToolFormatName` to its module.
 """
 
 from exo.tool_calls.detect import detect_tool_format

@@ -3,29 +3,32 @@
 It looks the format up in the registry, so it sits beside it, above `formats/`, which build on `grammar/`."""
 
 import json
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Callable, Iterable, Mapping
 
 from exo.shared.types.api import FunctionDefinition
 from exo.tool_calls.grammar.lark import LarkWriter, json_options, raise_if_rejected
-from exo.tool_calls.grammar.reply import FormatGrammar, ReplyRequest, ReplyShape
+from exo.tool_calls.grammar.reply import FormatGrammar, ReplyRequest
 from exo.tool_calls.grammar.spec import (
     ANY_ARGUMENTS,
-    ConstraintMode,
     JsonAnswerSpec,
     ReasoningMarkers,
+    ReplyShape,
     ToolConstraintSpec,
     UnsupportedConstraintError,
 )
 from exo.tool_calls.names import ToolFormatName
 from exo.tool_calls.registry import format_for
 
-_SHAPES: Final = {
-    ConstraintMode.REQUIRED: ReplyShape.CALLS,
-    ConstraintMode.NAMED: ReplyShape.CALLS,
-    ConstraintMode.AUTO: ReplyShape.TEXT_OR_CALLS,
-    ConstraintMode.NO_CALLS: ReplyShape.TEXT_ONLY,
-}
+SpecialTokens = Callable[[Iterable[str]], Mapping[str, int]]
+"""Given marker texts, those the model's tokenizer has as one added token, with their ids."""
+
+
+def grammar_for(spec: ToolConstraintSpec | JsonAnswerSpec, special_tokens: SpecialTokens) -> str:
+    """The llguidance lark grammar that enforces `spec`, its markers matched as the tokenizer has them (see
+    `build_tool_grammar`); raises UnsupportedConstraintError."""
+    if isinstance(spec, JsonAnswerSpec):
+        return build_answer_grammar(spec, special_tokens=special_tokens(answer_marker_texts(spec)))
+    return build_tool_grammar(spec, special_tokens=special_tokens(tool_marker_texts(spec)))
 
 
 def format_grammar(tool_format: ToolFormatName) -> FormatGrammar:
@@ -52,14 +55,12 @@ def build_tool_grammar(spec: ToolConstraintSpec, *, special_tokens: Mapping[str,
     keywords a format cannot express under `strict`. Under "auto" only a strict tool can fail so: another tool
     whose schema the grammar cannot hold takes any arguments object (its calls are validated afterwards).
     """
-    if not spec.tools and spec.mode is not ConstraintMode.NO_CALLS:
+    if not spec.tools and spec.shape is not ReplyShape.TEXT_ONLY:
         raise UnsupportedConstraintError("a tool-call constraint needs at least one tool")
-    if spec.mode is ConstraintMode.NAMED and len(spec.tools) != 1:
-        raise UnsupportedConstraintError("a named tool_choice constrains to exactly one tool")
     try:
         return _tool_grammar(spec, special_tokens or {})
     except UnsupportedConstraintError:
-        if spec.mode is not ConstraintMode.AUTO:
+        if spec.shape is not ReplyShape.TEXT_OR_CALLS:
             raise
     # Under "auto" a non-strict tool whose schema cannot be enforced is only validated, never a refusal.
     tools = tuple(tool if tool.strict or _enforceable(spec, tool) else _loose(tool) for tool in spec.tools)
@@ -68,8 +69,7 @@ def build_tool_grammar(spec: ToolConstraintSpec, *, special_tokens: Mapping[str,
 
 def _tool_grammar(spec: ToolConstraintSpec, special_tokens: Mapping[str, int]) -> str:
     lark = LarkWriter(special_tokens)
-    parallel = spec.parallel_tool_calls and spec.mode is not ConstraintMode.NAMED
-    request = ReplyRequest(shape=_SHAPES[spec.mode], tools=spec.tools, parallel=parallel)
+    request = ReplyRequest(shape=spec.shape, tools=spec.tools, parallel=spec.parallel_tool_calls)
     reply = lark.rule("reply", format_grammar(spec.tool_format).reply(lark, request))
     grammar = lark.grammar(_start(lark, spec.reasoning, reply))
     raise_if_rejected(grammar)

@@ -9,7 +9,7 @@ import pytest
 
 from exo.conformance.renderers import RENDERERS, SampleCall
 from exo.shared.types.api import FunctionDefinition
-from exo.tool_calls.grammar.spec import ConstraintMode, ToolConstraintSpec, UnsupportedConstraintError
+from exo.tool_calls.grammar.spec import ReplyShape, ToolConstraintSpec, UnsupportedConstraintError
 from exo.tool_calls.names import ToolFormatName
 from exo.tool_calls.request_grammar import build_tool_grammar, tool_marker_texts
 from tests.tool_calls.grammar.tokenizers import format_tokenizer
@@ -60,11 +60,11 @@ def _json(call: SampleCall) -> str:
     return json.dumps(dict(call.arguments))
 
 
-def grammar(tool_format: ToolFormatName, mode: ConstraintMode, markers_are_tokens: bool) -> str:
+def grammar(tool_format: ToolFormatName, shape: ReplyShape, markers_are_tokens: bool) -> str:
     spec = ToolConstraintSpec(
         tool_format=tool_format,
-        tools=() if mode is ConstraintMode.NO_CALLS else (WEATHER,),
-        mode=mode,
+        tools=() if shape is ReplyShape.TEXT_ONLY else (WEATHER,),
+        shape=shape,
         parallel_tool_calls=True,
     )
     tokenizer = format_tokenizer(tool_format, markers_are_tokens)
@@ -78,7 +78,7 @@ def test_required_accepts_the_format_s_own_calls_and_nothing_else(
     tool_format: ToolFormatName, markers_are_tokens: bool
 ) -> None:
     tokenizer = format_tokenizer(tool_format, markers_are_tokens)
-    required = grammar(tool_format, ConstraintMode.REQUIRED, markers_are_tokens)
+    required = grammar(tool_format, ReplyShape.CALLS, markers_are_tokens)
     assert tokenizer.accepts(required, render(tool_format, [PARIS], markers_are_tokens))
     assert tokenizer.accepts(required, render(tool_format, [ROME], markers_are_tokens))
     if tool_format not in _SINGLE_CALL_FORMATS:
@@ -93,7 +93,7 @@ def test_required_accepts_the_format_s_own_calls_and_nothing_else(
 @pytest.mark.parametrize("tool_format", FORMATS)
 def test_none_refuses_the_call_and_accepts_prose(tool_format: ToolFormatName, markers_are_tokens: bool) -> None:
     tokenizer = format_tokenizer(tool_format, markers_are_tokens)
-    none = grammar(tool_format, ConstraintMode.NO_CALLS, markers_are_tokens)
+    none = grammar(tool_format, ReplyShape.TEXT_ONLY, markers_are_tokens)
     answer = f"<|channel|>final<|message|>{PROSE}" if tool_format is ToolFormatName.HARMONY else PROSE
     assert tokenizer.accepts(none, answer)
     assert not tokenizer.accepts(none, render(tool_format, [PARIS], markers_are_tokens))
@@ -107,7 +107,7 @@ def test_none_refuses_the_call_and_accepts_prose(tool_format: ToolFormatName, ma
 @pytest.mark.parametrize("tool_format", FORMATS)
 def test_strict_auto_takes_prose_or_checked_calls(tool_format: ToolFormatName, markers_are_tokens: bool) -> None:
     tokenizer = format_tokenizer(tool_format, markers_are_tokens)
-    auto = grammar(tool_format, ConstraintMode.AUTO, markers_are_tokens)
+    auto = grammar(tool_format, ReplyShape.TEXT_OR_CALLS, markers_are_tokens)
     answer = f"<|channel|>final<|message|>{PROSE}" if tool_format is ToolFormatName.HARMONY else PROSE
     assert tokenizer.accepts(auto, answer)
     assert tokenizer.accepts(auto, render(tool_format, [PARIS], markers_are_tokens))
@@ -134,7 +134,7 @@ def test_auto_keeps_prose_that_starts_with_a_brace_or_a_bracket(
     tool_format: ToolFormatName, markers_are_tokens: bool
 ) -> None:
     tokenizer = format_tokenizer(tool_format, markers_are_tokens)
-    auto = grammar(tool_format, ConstraintMode.AUTO, markers_are_tokens)
+    auto = grammar(tool_format, ReplyShape.TEXT_OR_CALLS, markers_are_tokens)
     for text in PROSE_LIKE_CALLS:
         answer = f"<|channel|>final<|message|>{text}" if tool_format is ToolFormatName.HARMONY else text
         assert tokenizer.accepts(auto, answer), text
@@ -178,7 +178,7 @@ def test_auto_holds_a_bare_call_to_its_schema_once_it_names_a_tool(
 ) -> None:
     for markers_are_tokens in TOKENIZATIONS:
         tokenizer = format_tokenizer(tool_format, markers_are_tokens)
-        auto = grammar(tool_format, ConstraintMode.AUTO, markers_are_tokens)
+        auto = grammar(tool_format, ReplyShape.TEXT_OR_CALLS, markers_are_tokens)
         assert tokenizer.accepts(auto, valid)
         assert not tokenizer.accepts(auto, invalid)
         # In the JSON formats text may not open with an object keyed "arguments": the parser reads that as a call.
@@ -190,7 +190,10 @@ def test_auto_leaves_a_schema_the_grammar_cannot_hold_to_validation_but_strict_r
     broken = FunctionDefinition(name="broken", parameters={"type": "object", "properties": {"x": {"$ref": "#/nope"}}})
     tokenizer = format_tokenizer(ToolFormatName.HERMES, True)
     spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.HERMES, tools=(WEATHER, broken), mode=ConstraintMode.AUTO, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES,
+        tools=(WEATHER, broken),
+        shape=ReplyShape.TEXT_OR_CALLS,
+        parallel_tool_calls=True,
     )
     auto = build_tool_grammar(spec, special_tokens=tokenizer.special_tokens)
     # The other tool stays held to its schema; the broken one takes any arguments object.

@@ -16,7 +16,8 @@ from exo.tool_calls.arguments.json_stream import JsonValueStreamer
 from exo.tool_calls.arguments.schema import SchemaView
 from exo.tool_calls.format import CallRegion, CallSink, HistoryNeeds, MarkedFormat
 from exo.tool_calls.grammar.lark import LarkWriter, literal
-from exo.tool_calls.grammar.reply import ReplyRequest, ReplyShape
+from exo.tool_calls.grammar.reply import ReplyRequest
+from exo.tool_calls.grammar.spec import ReplyShape
 from exo.tool_calls.markers import MarkerScanner
 
 START: Final = "<|start|>"

@@ -7,7 +7,8 @@ from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
 from exo.tool_calls.grammar.bare import bare_json_calls, bare_json_starts
 from exo.tool_calls.grammar.json_calls import json_call_object
 from exo.tool_calls.grammar.lark import LarkWriter
-from exo.tool_calls.grammar.reply import ReplyRequest, ReplyShape
+from exo.tool_calls.grammar.reply import ReplyRequest
+from exo.tool_calls.grammar.spec import ReplyShape
 from exo.tool_calls.regions.json_call_region import JsonCallRegion
 from exo.tool_calls.regions.raw_json import BARE_JSON_OPENERS, RawJsonRegion
 

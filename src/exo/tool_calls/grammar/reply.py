@@ -1,25 +1,12 @@
-"""The one interface between a format and the grammar builder: how a reply in the format may look, per mode."""
+"""The one interface between a format and the grammar builder: how a reply in the format may look, per `ReplyShape`."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol
 
 from exo.shared.types.api import FunctionDefinition
 from exo.tool_calls.grammar.lark import LarkWriter
-
-
-class ReplyShape(StrEnum):
-    """What the reply may be."""
-
-    CALLS = "calls"
-    """One or more calls (one when `parallel` is False), nothing else."""
-    TEXT_OR_CALLS = "text_or_calls"
-    """Free text, or calls; text never carries a call past the grammar (an opened call is checked)."""
-    TEXT_ONLY = "text_only"
-    """Free text that never opens a call."""
-    ANSWER_OR_CALLS = "answer_or_calls"
-    """The JSON answer (rule `answer`), or calls in its place."""
+from exo.tool_calls.grammar.spec import ReplyShape
 
 
 @dataclass(frozen=True)

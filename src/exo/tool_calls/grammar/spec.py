@@ -16,18 +16,20 @@ class UnsupportedConstraintError(ValueError):
     cannot express under `strict`)."""
 
 
-class ConstraintMode(StrEnum):
-    """Which tool-call constraint the grammar enforces."""
+class ReplyShape(StrEnum):
+    """What the reply may be: the one name of a request's tool mode on the grammar's side (grammar/policy.py reads it
+    from `tool_choice` and `response_format`; every format writes its grammar for it)."""
 
-    REQUIRED = "required"
-    """One or more calls (exactly one without parallel calls) to the given tools, nothing else."""
-    NAMED = "named"
-    """Exactly one call to the single given tool."""
-    AUTO = "auto"
-    """Free text, but a call once opened must name a given tool and match its schema (the lazy grammar of
-    `tool_choice: "auto"`)."""
-    NO_CALLS = "no_calls"
-    """`tool_choice: "none"`: free text that never opens a call in the model's format."""
+    CALLS = "calls"
+    """One or more calls (one when not parallel: always so for a named tool_choice, whose single tool is the only
+    one given), nothing else: `tool_choice` "required" or a named function."""
+    TEXT_OR_CALLS = "text_or_calls"
+    """Free text, or calls; text never carries a call past the grammar (an opened call must name a given tool and
+    match its schema): the lazy grammar of `tool_choice: "auto"`."""
+    TEXT_ONLY = "text_only"
+    """Free text that never opens a call in the model's format: `tool_choice: "none"`."""
+    ANSWER_OR_CALLS = "answer_or_calls"
+    """The JSON answer of `response_format` (rule `answer`), or calls in its place."""
 
 
 class ReasoningMarkers(FrozenModel):
@@ -44,8 +46,8 @@ class ToolConstraintSpec(FrozenModel):
 
     tool_format: ToolFormatName
     tools: tuple[FunctionDefinition, ...]
-    """The tools that may be called, already narrowed by a named choice or `allowed_tools` (empty for NO_CALLS)."""
-    mode: ConstraintMode
+    """The tools that may be called, already narrowed by a named choice or `allowed_tools` (empty for TEXT_ONLY)."""
+    shape: ReplyShape
     parallel_tool_calls: bool
     reasoning: ReasoningMarkers | None = None
     """Set for reasoning models, so the constraint leaves room to think before the reply."""

@@ -38,7 +38,7 @@ class DecodeSettings(FrozenModel):
     a request's `ToolPolicy.auto_grammar` overrides it."""
     tool_call_repair: bool = True
     """Under "auto", re-decode once under the lazy grammar a call that no grammar held and that failed to parse or
-    validate (constrained/repair.py); a request's `ToolPolicy.repair` overrides it."""
+    validate (tool_calls/grammar/policy.py); a request's `ToolPolicy.repair` overrides it."""
     loop_guard: LoopGuardPolicy = "answer"
     """The agent-loop guard for requests that do not choose one (`ToolPolicy.loop_guard`)."""
     grammar_fast_forward: bool = True

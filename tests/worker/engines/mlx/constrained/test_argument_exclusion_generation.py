@@ -8,10 +8,10 @@ from typing import cast
 from pydantic import JsonValue
 
 from exo.shared.types.tasks import ToolPolicy
+from exo.tool_calls.grammar.policy import RequestTools, tool_spec
 from exo.tool_calls.loop_guard import CallKey
 from exo.tool_calls.names import ToolFormatName
 from exo.worker.engines.mlx.constrained import make_logits_processor
-from exo.worker.engines.mlx.constrained.decision import tool_spec
 from tests.worker.engines.mlx.constrained.conftest import LoadedModel
 from tests.worker.engines.mlx.constrained.generation import (
     ParsedCall,
@@ -42,7 +42,9 @@ def _calls(tool_model: LoadedModel, excluded: CallKey, block: bool, pushed: dict
     """Every call written over the seeds when the model is pushed towards `pushed` (each one checked valid)."""
     model, tokenizer = tool_model
     blocked = (excluded,) if block else ()
-    spec = tool_spec(ToolPolicy(tools=TOOLS), ToolFormatName.HERMES, None, auto_grammar=True, blocked=blocked)
+    spec = tool_spec(
+        RequestTools.of(ToolPolicy(tools=TOOLS)), ToolFormatName.HERMES, None, auto_grammar=True, blocked=blocked
+    )
     assert spec is not None
     written: list[ParsedCall] = []
     for seed in SEEDS:

@@ -9,7 +9,7 @@ import pytest
 
 from exo.api.types.openai_chat import ToolDefinition
 from exo.shared.types.api import FunctionDefinition
-from exo.tool_calls.grammar.spec import ConstraintMode, ReasoningMarkers, ToolConstraintSpec
+from exo.tool_calls.grammar.spec import ReasoningMarkers, ReplyShape, ToolConstraintSpec
 from exo.tool_calls.names import ToolFormatName
 from exo.worker.engines.mlx.constrained import make_logits_processor
 from exo.worker.engines.mlx.constrained.compiled import compiled_template, guidance_tokenizer
@@ -53,7 +53,7 @@ def _constrained(
 
 def test_required_always_yields_valid_calls_to_the_given_tools(tool_model: LoadedModel) -> None:
     spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, shape=ReplyShape.CALLS, parallel_tool_calls=True
     )
     called: set[str] = set()
     for seed in PROPERTY_SEEDS:
@@ -70,7 +70,7 @@ def test_named_choice_always_yields_exactly_one_call_to_that_tool(tool_model: Lo
         named = ALL_TOOLS[seed % len(ALL_TOOLS)]
         tools = tuple(tool.function for tool in request_tools if tool.function.name == named.name)
         spec = ToolConstraintSpec(
-            tool_format=ToolFormatName.HERMES, tools=tools, mode=ConstraintMode.NAMED, parallel_tool_calls=True
+            tool_format=ToolFormatName.HERMES, tools=tools, shape=ReplyShape.CALLS, parallel_tool_calls=False
         )
         calls = parse_hermes_calls(_constrained(tool_model, spec, seed).text)
         assert [call.name for call in calls] == [named.name]
@@ -81,7 +81,7 @@ def test_allowed_tools_are_never_escaped(tool_model: LoadedModel) -> None:
     request_tools = [ToolDefinition(function=tool) for tool in ALL_TOOLS]
     tools = tuple(tool.function for tool in request_tools if tool.function.name in ("search", "move_file"))
     spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.HERMES, tools=tools, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=tools, shape=ReplyShape.CALLS, parallel_tool_calls=True
     )
     for seed in SEEDS:
         for call in parse_hermes_calls(_constrained(tool_model, spec, seed).text):
@@ -91,7 +91,7 @@ def test_allowed_tools_are_never_escaped(tool_model: LoadedModel) -> None:
 
 def test_parallel_tool_calls_false_yields_exactly_one_call(tool_model: LoadedModel) -> None:
     spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=False
+        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, shape=ReplyShape.CALLS, parallel_tool_calls=False
     )
     for seed in SEEDS:
         calls = parse_hermes_calls(_constrained(tool_model, spec, seed).text)
@@ -106,7 +106,7 @@ def test_after_a_call_only_end_of_turn_or_a_parallel_call_may_follow(
     """Guards the test above: the single call comes from the grammar, not from the sampling's luck."""
     _, tokenizer = tool_model
     spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=parallel
+        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, shape=ReplyShape.CALLS, parallel_tool_calls=parallel
     )
     prompt = tokenizer.encode(PROMPT)
     call: list[int] = tokenizer.encode(
@@ -125,7 +125,7 @@ def test_after_a_call_only_end_of_turn_or_a_parallel_call_may_follow(
 def test_strict_auto_yields_free_text_or_valid_calls(tool_model: LoadedModel) -> None:
     tools = (WEATHER, SEARCH)
     spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.HERMES, tools=tools, mode=ConstraintMode.AUTO, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=tools, shape=ReplyShape.TEXT_OR_CALLS, parallel_tool_calls=True
     )
     replies_with_calls = replies_without_calls = 0
     for seed in SEEDS:
@@ -147,8 +147,8 @@ def test_reasoning_opened_by_the_prompt_is_free_then_the_named_call_follows(tool
     spec = ToolConstraintSpec(
         tool_format=ToolFormatName.HERMES,
         tools=(SEARCH,),
-        mode=ConstraintMode.NAMED,
-        parallel_tool_calls=True,
+        shape=ReplyShape.CALLS,
+        parallel_tool_calls=False,
         reasoning=thinking,
     )
     for seed in SEEDS:
@@ -162,7 +162,7 @@ def test_reasoning_opened_by_the_prompt_is_free_then_the_named_call_follows(tool
 
 def test_llama3_json_required_yields_one_valid_object(tool_model: LoadedModel) -> None:
     spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.LLAMA3_JSON, tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+        tool_format=ToolFormatName.LLAMA3_JSON, tools=ALL_TOOLS, shape=ReplyShape.CALLS, parallel_tool_calls=True
     )
     for seed in SEEDS:
         assert_valid_call(parse_llama3_call(_constrained(tool_model, spec, seed).text), ALL_TOOLS)
@@ -181,7 +181,7 @@ def test_plain_generation_is_untouched_by_constrained_requests(tool_model: Loade
     model, tokenizer = tool_model
     before = generate(model, tokenizer, [], seed=7, max_tokens=60)
     spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, shape=ReplyShape.CALLS, parallel_tool_calls=True
     )
     _constrained(tool_model, spec, seed=7)
     after = generate(model, tokenizer, [], seed=7, max_tokens=60)
@@ -192,7 +192,7 @@ def test_plain_generation_is_untouched_by_constrained_requests(tool_model: Loade
 def test_processors_from_the_cache_start_fresh(tool_model: LoadedModel) -> None:
     """A cached grammar is copied per request: a finished request leaves no state for the next one."""
     spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.HERMES, tools=(WEATHER,), mode=ConstraintMode.NAMED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=(WEATHER,), shape=ReplyShape.CALLS, parallel_tool_calls=False
     )
     first = _constrained(tool_model, spec, seed=3)
     second = _constrained(tool_model, spec, seed=3)
@@ -207,7 +207,7 @@ def test_prompt_length_of_the_whole_conversation_still_works_when_mlx_lm_sees_on
     caplog.set_level(logging.DEBUG, logger="exo.worker.engines.mlx.constrained.logits_processor")
     model, tokenizer = tool_model
     spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.HERMES, tools=(WEATHER,), mode=ConstraintMode.NAMED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=(WEATHER,), shape=ReplyShape.CALLS, parallel_tool_calls=False
     )
     full_prompt_length = prompt_length(tokenizer) + 500
     processor = make_logits_processor(tokenizer, spec, prompt_length=full_prompt_length)
@@ -221,7 +221,7 @@ def test_prompt_length_of_the_whole_conversation_still_works_when_mlx_lm_sees_on
 def test_matchers_for_concurrent_requests_are_independent(tool_model: LoadedModel) -> None:
     """Requests on several threads copy the same cached grammar; each one's output is what it is alone."""
     spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, shape=ReplyShape.CALLS, parallel_tool_calls=True
     )
     _, tokenizer = tool_model
     replies = [
@@ -246,7 +246,7 @@ def test_compile_and_mask_cost_are_reported(tool_model: LoadedModel) -> None:
     """Prints the numbers the docs quote; asserts only that the cache makes the repeat cheaper."""
     model, tokenizer = tool_model
     spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=ALL_TOOLS, shape=ReplyShape.CALLS, parallel_tool_calls=True
     )
     guidance_tokenizer.cache_clear()  # cold: no cached tokenizer or grammar
     compiled_template.cache_clear()
@@ -272,7 +272,7 @@ def test_compile_and_mask_cost_are_reported(tool_model: LoadedModel) -> None:
 def test_definitions_are_not_mutated_by_grammar_building() -> None:
     original = FunctionDefinition.model_validate(WEATHER.model_dump())
     spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.HERMES, tools=(WEATHER,), mode=ConstraintMode.NAMED, parallel_tool_calls=False
+        tool_format=ToolFormatName.HERMES, tools=(WEATHER,), shape=ReplyShape.CALLS, parallel_tool_calls=False
     )
     from exo.tool_calls.request_grammar import build_tool_grammar
 

@@ -5,7 +5,7 @@ import logging
 import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from exo.tool_calls.grammar.spec import ConstraintMode, ReasoningMarkers, ToolConstraintSpec, UnsupportedConstraintError
+from exo.tool_calls.grammar.spec import ReasoningMarkers, ReplyShape, ToolConstraintSpec, UnsupportedConstraintError
 from exo.tool_calls.names import ToolFormatName
 from exo.tool_calls.request_grammar import build_tool_grammar, tool_marker_texts
 from exo.worker.engines.mlx.constrained import make_logits_processor
@@ -25,14 +25,21 @@ def _accepts(tool_model: LoadedModel, spec: ToolConstraintSpec, reply: str) -> b
 
 
 def _spec(
-    mode: ConstraintMode, *, parallel: bool = True, tool_format: ToolFormatName = ToolFormatName.HERMES
+    shape: ReplyShape,
+    *,
+    parallel: bool = True,
+    named: bool = False,
+    tool_format: ToolFormatName = ToolFormatName.HERMES,
 ) -> ToolConstraintSpec:
-    tools = (WEATHER,) if mode is ConstraintMode.NAMED else (WEATHER, SEARCH)
-    return ToolConstraintSpec(tool_format=tool_format, tools=tools, mode=mode, parallel_tool_calls=parallel)
+    """`named`: a named tool_choice as the policy hands it over (its one tool, one call)."""
+    tools = (WEATHER,) if named else (WEATHER, SEARCH)
+    return ToolConstraintSpec(
+        tool_format=tool_format, tools=tools, shape=shape, parallel_tool_calls=parallel and not named
+    )
 
 
 def test_required_accepts_one_or_more_calls(tool_model: LoadedModel) -> None:
-    spec = _spec(ConstraintMode.REQUIRED)
+    spec = _spec(ReplyShape.CALLS)
     assert _accepts(tool_model, spec, CALL_WEATHER)
     assert _accepts(tool_model, spec, f"{CALL_WEATHER}\n{CALL_SEARCH}")
 
@@ -51,24 +58,24 @@ def test_required_accepts_one_or_more_calls(tool_model: LoadedModel) -> None:
     ],
 )
 def test_required_rejects_anything_but_valid_calls(tool_model: LoadedModel, reply: str) -> None:
-    assert not _accepts(tool_model, _spec(ConstraintMode.REQUIRED), reply)
+    assert not _accepts(tool_model, _spec(ReplyShape.CALLS), reply)
 
 
 def test_parallel_tool_calls_false_allows_exactly_one_call(tool_model: LoadedModel) -> None:
-    spec = _spec(ConstraintMode.REQUIRED, parallel=False)
+    spec = _spec(ReplyShape.CALLS, parallel=False)
     assert _accepts(tool_model, spec, CALL_WEATHER)
     assert not _accepts(tool_model, spec, f"{CALL_WEATHER}\n{CALL_SEARCH}")
 
 
 def test_named_allows_only_that_tool_once(tool_model: LoadedModel) -> None:
-    spec = _spec(ConstraintMode.NAMED)
+    spec = _spec(ReplyShape.CALLS, named=True)
     assert _accepts(tool_model, spec, CALL_WEATHER)
     assert not _accepts(tool_model, spec, CALL_SEARCH)
     assert not _accepts(tool_model, spec, f"{CALL_WEATHER}\n{CALL_WEATHER}")
 
 
 def test_strict_auto_allows_text_or_text_then_valid_calls(tool_model: LoadedModel) -> None:
-    spec = _spec(ConstraintMode.AUTO)
+    spec = _spec(ReplyShape.TEXT_OR_CALLS)
     assert _accepts(tool_model, spec, "Paris is sunny today.")
     assert _accepts(tool_model, spec, "")
     assert _accepts(tool_model, spec, f"Let me check.\n{CALL_WEATHER}\n{CALL_SEARCH}")
@@ -79,11 +86,11 @@ def test_strict_auto_allows_text_or_text_then_valid_calls(tool_model: LoadedMode
 
 def test_llama3_json_is_one_bare_object_with_parameters(tool_model: LoadedModel) -> None:
     call = '{"name": "search", "parameters": {"query": "x", "limit": 3}}'
-    required = _spec(ConstraintMode.REQUIRED, tool_format=ToolFormatName.LLAMA3_JSON)
+    required = _spec(ReplyShape.CALLS, tool_format=ToolFormatName.LLAMA3_JSON)
     assert _accepts(tool_model, required, call)
     assert not _accepts(tool_model, required, call.replace("parameters", "arguments"))
     assert not _accepts(tool_model, required, f"{call}{call}")
-    strict = _spec(ConstraintMode.AUTO, tool_format=ToolFormatName.LLAMA3_JSON)
+    strict = _spec(ReplyShape.TEXT_OR_CALLS, tool_format=ToolFormatName.LLAMA3_JSON)
     assert _accepts(tool_model, strict, "No call needed.")
     assert not _accepts(tool_model, strict, '{"name": "search", "parameters": {}}')
 
@@ -92,7 +99,7 @@ def test_llama3_json_accepts_the_python_tag_where_it_is_a_token(
     marker_token_model: LoadedModel, marker_text_model: LoadedModel
 ) -> None:
     tagged = '<|python_tag|>{"name": "search", "parameters": {"query": "x", "limit": 3}}'
-    required = _spec(ConstraintMode.REQUIRED, tool_format=ToolFormatName.LLAMA3_JSON)
+    required = _spec(ReplyShape.CALLS, tool_format=ToolFormatName.LLAMA3_JSON)
     assert _accepts(marker_token_model, required, tagged)
     assert not _accepts(marker_text_model, required, tagged)
 
@@ -110,17 +117,9 @@ def test_markers_are_matched_as_added_tokens_only_where_they_are_tokens(
 def test_schema_llguidance_cannot_compile_is_refused() -> None:
     broken = WEATHER.model_copy(update={"parameters": {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}})
     spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.HERMES, tools=(broken,), mode=ConstraintMode.REQUIRED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=(broken,), shape=ReplyShape.CALLS, parallel_tool_calls=True
     )
     with pytest.raises(UnsupportedConstraintError, match="llguidance"):
-        build_tool_grammar(spec)
-
-
-def test_named_mode_with_several_tools_is_refused() -> None:
-    spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.HERMES, tools=(WEATHER, SEARCH), mode=ConstraintMode.NAMED, parallel_tool_calls=True
-    )
-    with pytest.raises(UnsupportedConstraintError):
         build_tool_grammar(spec)
 
 
@@ -128,7 +127,7 @@ THINKING = ReasoningMarkers(start="<think>", end="</think>")
 
 
 def test_reasoning_block_may_precede_required_calls(tool_model: LoadedModel) -> None:
-    spec = _spec(ConstraintMode.REQUIRED).model_copy(update={"reasoning": THINKING})
+    spec = _spec(ReplyShape.CALLS).model_copy(update={"reasoning": THINKING})
     assert _accepts(tool_model, spec, CALL_WEATHER)
     assert _accepts(tool_model, spec, f"<think>\nThe user wants weather: get_weather.\n</think>\n\n{CALL_WEATHER}")
     assert not _accepts(tool_model, spec, "<think>\nI will just answer.\n</think>\n\nIt is sunny.")
@@ -136,7 +135,7 @@ def test_reasoning_block_may_precede_required_calls(tool_model: LoadedModel) -> 
 
 
 def test_reasoning_opened_by_the_prompt_must_close_before_calls(tool_model: LoadedModel) -> None:
-    spec = _spec(ConstraintMode.NAMED).model_copy(
+    spec = _spec(ReplyShape.CALLS, named=True).model_copy(
         update={"reasoning": THINKING.model_copy(update={"opened_in_prompt": True})}
     )
     assert _accepts(tool_model, spec, f"Weather, so get_weather.\n</think>\n\n{CALL_WEATHER}")
@@ -144,7 +143,7 @@ def test_reasoning_opened_by_the_prompt_must_close_before_calls(tool_model: Load
 
 
 def test_strict_auto_leaves_reasoning_and_text_free(tool_model: LoadedModel) -> None:
-    spec = _spec(ConstraintMode.AUTO).model_copy(update={"reasoning": THINKING})
+    spec = _spec(ReplyShape.TEXT_OR_CALLS).model_copy(update={"reasoning": THINKING})
     assert _accepts(tool_model, spec, "<think>\nsimple\n</think>\n\nIt is sunny.")
     assert _accepts(tool_model, spec, f"<think>\nsimple\n</think>\n\n{CALL_SEARCH}")
 
@@ -162,7 +161,7 @@ def test_keywords_llguidance_cannot_enforce_are_relaxed_and_reported(
         }
     )
     spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.HERMES, tools=(unique,), mode=ConstraintMode.NAMED, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=(unique,), shape=ReplyShape.CALLS, parallel_tool_calls=False
     )
     with caplog.at_level(logging.INFO, logger="exo.worker.engines.mlx.constrained.logits_processor"):
         make_logits_processor(tool_model[1], spec, prompt_length=0)
@@ -176,8 +175,12 @@ def test_keywords_llguidance_cannot_enforce_are_relaxed_and_reported(
     )
 
 
-@pytest.mark.parametrize("mode", [ConstraintMode.AUTO, ConstraintMode.REQUIRED, ConstraintMode.NAMED])
-def test_a_strict_tool_with_a_keyword_llguidance_cannot_enforce_is_refused_not_relaxed(mode: ConstraintMode) -> None:
+@pytest.mark.parametrize(
+    ("shape", "parallel"), [(ReplyShape.TEXT_OR_CALLS, True), (ReplyShape.CALLS, True), (ReplyShape.CALLS, False)]
+)
+def test_a_strict_tool_with_a_keyword_llguidance_cannot_enforce_is_refused_not_relaxed(
+    shape: ReplyShape, parallel: bool
+) -> None:
     unique = WEATHER.model_copy(
         update={
             "strict": True,
@@ -188,7 +191,9 @@ def test_a_strict_tool_with_a_keyword_llguidance_cannot_enforce_is_refused_not_r
             },
         }
     )
-    spec = ToolConstraintSpec(tool_format=ToolFormatName.HERMES, tools=(unique,), mode=mode, parallel_tool_calls=True)
+    spec = ToolConstraintSpec(
+        tool_format=ToolFormatName.HERMES, tools=(unique,), shape=shape, parallel_tool_calls=parallel
+    )
     with pytest.raises(UnsupportedConstraintError, match="uniqueItems"):
         build_tool_grammar(spec)
 
@@ -198,7 +203,7 @@ def test_tokenizers_llguidance_cannot_read_are_refused(marker_text_model: Loaded
     slow = TokenizerWrapper(tokenizer._tokenizer)  # pyright: ignore[reportPrivateUsage] -- a second wrapper
     # What a slow (pure Python) tokenizer looks like to llguidance: not a `tokenizers` one.
     slow._tokenizer = object()  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue] -- test double
-    spec = _spec(ConstraintMode.REQUIRED)
+    spec = _spec(ReplyShape.CALLS)
     with pytest.raises(UnsupportedConstraintError, match="tokenizer"):
         make_logits_processor(slow, spec, prompt_length=0)
 
@@ -207,7 +212,7 @@ def test_tokenizers_llguidance_cannot_read_are_refused(marker_text_model: Loaded
 def test_auto_releases_the_reply_after_a_call(tool_model: LoadedModel, parallel: bool) -> None:
     # After its call a model may end, or write text (it was pushed into a second call instead); only a call opened
     # in that text is held again, and only where parallel calls are allowed.
-    spec = _spec(ConstraintMode.AUTO, parallel=parallel)
+    spec = _spec(ReplyShape.TEXT_OR_CALLS, parallel=parallel)
     assert _accepts(tool_model, spec, CALL_WEATHER)
     assert _accepts(tool_model, spec, f"{CALL_WEATHER}\n\nI asked for the weather in Paris.")
     assert _accepts(tool_model, spec, f"{CALL_WEATHER}\n{CALL_SEARCH}") is parallel

@@ -14,7 +14,8 @@ from exo.shared.types.chunks import ToolCallArgumentsChunk, ToolCallChunk
 from exo.shared.types.common import TaskId
 from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
-from exo.worker.engines.mlx.constrained import constraint_spec, make_logits_processor
+from exo.tool_calls.grammar.policy import RequestTools, constraint_spec
+from exo.worker.engines.mlx.constrained import make_logits_processor
 from exo.worker.engines.mlx.generator.chat_completion import EngineContext
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from tests.fixtures.fixture_specs import (
@@ -76,7 +77,7 @@ def _push(context: EngineContext, text: str) -> Callable[[mx.array, mx.array], m
 
 def _pushed(context: EngineContext, one: GenerationTask, text: str) -> RequestProcessors:
     """The request's own lazy grammar, after a push towards `text`."""
-    spec = constraint_spec(one.params.tool_policy, None, context.tool_format, None, auto_grammar=True)
+    spec = constraint_spec(RequestTools.of(one.params.tool_policy), None, context.tool_format, None, auto_grammar=True)
     assert spec is not None
     grammar = make_logits_processor(context.loaded.tokenizer, spec, prompt_length=0)
     return RequestProcessors((_push(context, text),), (grammar,))

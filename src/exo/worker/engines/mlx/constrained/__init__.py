@@ -1,9 +1,8 @@
 """Grammar-constrained decoding on MLX: the grammars of `exo.tool_calls.grammar` as mlx-lm logits processors.
 
-`decision.constraint_spec(...)` decides from the task which grammar (if any) it needs: calls only for
-`tool_choice: "required"` or a named function, checked calls for `strict` tools under "auto", text that never
-opens a call for "none", or a JSON answer for `response_format`. `make_logits_processor(tokenizer, spec, ...)`
-compiles it against the model's tokenizer; after each sampled token the processor advances an llguidance matcher
+Which grammar a task needs is decided in `exo.tool_calls.grammar.policy` (a spec), and its text written by
+`exo.tool_calls.request_grammar`; nothing here decides. `make_logits_processor(tokenizer, spec, ...)` compiles the
+spec against the model's tokenizer; after each sampled token the processor advances an llguidance matcher
 and adds -inf to every logit the grammar does not allow.
 
 Why llguidance: it compiles lark grammars with inline `%json` schemas (each tool's schema stays its own root, so
@@ -19,7 +18,6 @@ section 5. The processor needs each sampled token before the next mask, so it gi
 step's Python work with the previous step's compute.
 """
 
-from exo.worker.engines.mlx.constrained.decision import callable_functions, constraint_spec
 from exo.worker.engines.mlx.constrained.logits_processor import (
     ToolCallConstraintError,
     ToolCallLogitsProcessor,
@@ -29,7 +27,5 @@ from exo.worker.engines.mlx.constrained.logits_processor import (
 __all__ = [
     "ToolCallConstraintError",
     "ToolCallLogitsProcessor",
-    "callable_functions",
-    "constraint_spec",
     "make_logits_processor",
 ]

@@ -15,12 +15,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from numpy.typing import NDArray
 
 from exo.tool_calls.grammar.spec import JsonAnswerSpec, ToolConstraintSpec
-from exo.tool_calls.request_grammar import (
-    answer_marker_texts,
-    build_answer_grammar,
-    build_tool_grammar,
-    tool_marker_texts,
-)
+from exo.tool_calls.request_grammar import grammar_for
 from exo.worker.engines.mlx.constrained.compiled import guidance_tokenizer, new_matcher
 
 logger = logging.getLogger(__name__)
@@ -146,11 +141,7 @@ def make_logits_processor(
     enforced.
     """
     guidance = guidance_tokenizer(tokenizer)
-    if isinstance(spec, JsonAnswerSpec):
-        grammar = build_answer_grammar(spec, special_tokens=guidance.special_tokens(answer_marker_texts(spec)))
-    else:
-        grammar = build_tool_grammar(spec, special_tokens=guidance.special_tokens(tool_marker_texts(spec)))
-    matcher = new_matcher(guidance.lltokenizer, grammar)
+    matcher = new_matcher(guidance.lltokenizer, grammar_for(spec, guidance.special_tokens))
     unenforced = matcher.get_grammar_warnings()
     if unenforced:
         logger.info("grammar: schema keywords not enforced (validated after decoding): %s", "; ".join(unenforced))

@@ -2,8 +2,8 @@
 when it is taken back this says where the reply goes back to.
 
 Two reasons take a call back (the request decides which processors decode on): a call that failed to parse or
-validate is re-decoded under a grammar (a repair, constrained/repair.py says which calls and which grammar), and a
-call the loop guard withdraws (a real loop, see `CallHistory.looping_calls`) is replaced by a reply without it.
+validate is re-decoded under a grammar (a repair: tool_calls/grammar/policy.py says which calls and which grammar),
+and a call the loop guard withdraws (a real loop, see `CallHistory.looping_calls`) is replaced by a reply without it.
 
 A call is *at risk* when its tool is one of those (see `tools_at_risk` and `CallHistory.looping_calls`). While
 such a call is written, its chunks are held here instead of being sent, so it can still be taken back: the client

@@ -28,20 +28,23 @@ from exo.shared.types.common import FinishReason, TaskId
 from exo.shared.types.tasks import GenerationTask, LoopGuardPolicy, ToolPolicy
 from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.tool_calls import ToolFormatName, ToolStreamParser
-from exo.tool_calls.grammar.spec import (
-    ConstraintMode,
-    ReasoningMarkers,
-    ToolConstraintSpec,
-    UnsupportedConstraintError,
+from exo.tool_calls.grammar.policy import (
+    RequestTools,
+    constraint_spec,
+    grammar_optional,
+    repair_on,
+    repair_spec,
+    repairable,
+    tools_at_risk,
+    withdrawal_spec,
 )
+from exo.tool_calls.grammar.spec import ReasoningMarkers, UnsupportedConstraintError
 from exo.tool_calls.loop_guard import CallHistory, CallKey, ReplyCalls, kept_loop_finding, withdrawal_finding
 from exo.tool_calls.registry import format_for
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
 from exo.worker.engines.mlx.cache.prefix_cache import CacheLease, PrefixCache
 from exo.worker.engines.mlx.chat_template import RenderedPrompt, apply_chat_template
-from exo.worker.engines.mlx.constrained import callable_functions, constraint_spec, make_logits_processor
-from exo.worker.engines.mlx.constrained.decision import ConstraintSpec, tool_spec
-from exo.worker.engines.mlx.constrained.repair import repair_spec, repairable, tools_at_risk
+from exo.worker.engines.mlx.constrained import make_logits_processor
 from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
 from exo.worker.engines.mlx.generator.call_hold import CallHold, RepairProcessors, ReplyState
 from exo.worker.engines.mlx.generator.copy_views import copy_views
@@ -83,11 +86,11 @@ def reasoning_markers(tokenizer: TokenizerWrapper, starts_in_reasoning: bool) ->
     return ReasoningMarkers(start=start, end=end, opened_in_prompt=starts_in_reasoning)
 
 
-def _make_parser(context: EngineContext, policy: ToolPolicy, reasoning: ReasoningMarkers | None) -> ToolStreamParser:
+def _make_parser(context: EngineContext, tools: RequestTools, reasoning: ReasoningMarkers | None) -> ToolStreamParser:
     return ToolStreamParser(
         context.tool_format,
-        callable_functions(policy),
-        parallel_tool_calls=policy.parallel_tool_calls,
+        tools.callable_functions,
+        parallel_tool_calls=tools.policy.parallel_tool_calls,
         starts_in_reasoning=reasoning is not None and reasoning.opened_in_prompt,
         reasoning_markers=(reasoning.start, reasoning.end) if reasoning else None,
     )
@@ -143,14 +146,14 @@ def _loop_guard_calls(
 def _build_processors(
     context: EngineContext,
     task: GenerationTask,
+    tools: RequestTools,
     prefill_length: int,
     reasoning: ReasoningMarkers | None,
 ) -> RequestProcessors:
     """Penalties plus the grammar the task's tool policy / response_format needs; raises UnsupportedConstraintError."""
     params = task.params
-    policy = params.tool_policy
     spec = constraint_spec(
-        policy,
+        tools,
         params.structured_output,
         context.tool_format,
         reasoning,
@@ -162,7 +165,7 @@ def _build_processors(
     try:
         grammars = (make_logits_processor(tokenizer, spec, prompt_length=prefill_length),) if spec else ()
     except UnsupportedConstraintError as error:
-        if not _lazy_auto_only(spec, policy):
+        if not grammar_optional(spec, tools):
             raise
         # The lazy "auto" grammar is a help, never a condition: without it calls are parsed and validated as before.
         logger.warning("tool calls of task %s are validated, not held to the schemas: %s", task.task_id, error)
@@ -170,23 +173,16 @@ def _build_processors(
     return RequestProcessors(penalty_processors(params.sampling), grammars)
 
 
-def _lazy_auto_only(spec: ConstraintSpec | None, policy: ToolPolicy) -> bool:
-    """The spec is the lazy "auto" tool grammar and no strict tool asked for it (so a failure is no refusal)."""
-    lazy = isinstance(spec, ToolConstraintSpec) and spec.mode is ConstraintMode.AUTO
-    return lazy and not any(tool.strict for tool in callable_functions(policy))
-
-
-def _repair_enabled(context: EngineContext, task: GenerationTask) -> bool:
-    """Whether a failed call of this request may be repaired at all (see constrained/repair.py)."""
-    params = task.params
-    policy = params.tool_policy
-    enabled = context.decode.tool_call_repair if policy.repair is None else policy.repair
-    return repairable(policy, params.structured_output is not None, enabled)
+def _repair_enabled(context: EngineContext, task: GenerationTask, tools: RequestTools) -> bool:
+    """Whether a failed call of this request may be repaired at all (see tool_calls/grammar/policy.py)."""
+    enabled = repair_on(tools.policy, context.decode.tool_call_repair)
+    return repairable(tools, task.params.structured_output is not None, enabled)
 
 
 def _call_repair(
     context: EngineContext,
     task: GenerationTask,
+    tools: RequestTools,
     *,
     held: bool,
     reasoning: ReasoningMarkers | None,
@@ -194,10 +190,9 @@ def _call_repair(
 ) -> RepairProcessors:
     """The processors a failed call of the request is re-decoded under (`held`: a grammar held the call)."""
     params = task.params
-    policy = params.tool_policy
 
     def repair_processors(kept: list[int], failed: CallKey | None) -> RequestProcessors | None:
-        spec = repair_spec(policy, context.tool_format, reasoning, grammar_held=held, failed=failed)
+        spec = repair_spec(tools, context.tool_format, reasoning, grammar_held=held, failed=failed)
         if spec is None:
             return None
         try:
@@ -221,21 +216,20 @@ to decode on without them (None: the reply ends where the call began)."""
 
 
 def _answer_processors(
-    context: EngineContext, task: GenerationTask, *, reasoning: ReasoningMarkers | None, prefill_length: int
+    context: EngineContext,
+    task: GenerationTask,
+    tools: RequestTools,
+    *,
+    reasoning: ReasoningMarkers | None,
+    prefill_length: int,
 ) -> AnswerProcessors:
     """The processors a reply is decoded on with after the loop guard withdrew a call, resumed after the reply's
     tokens before the call: the lazy grammar of the tools left (`block`: the model may call another tool or answer),
     or that of `tool_choice: "none"` (text that never opens a call) where none is left or `answer` takes them all."""
     params = task.params
-    policy = params.tool_policy
 
     def answer_processors(kept: list[int], taken_away: frozenset[str]) -> RequestProcessors | None:
-        left = tuple(tool.name for tool in callable_functions(policy) if tool.name not in taken_away)
-        if taken_away and left:
-            narrowed = policy.model_copy(update={"callable_tools": left})
-            spec = tool_spec(narrowed, context.tool_format, reasoning, auto_grammar=True)
-        else:
-            spec = tool_spec(policy.model_copy(update={"mode": "none"}), context.tool_format, reasoning)
+        spec = withdrawal_spec(tools, context.tool_format, reasoning, taken_away)
         if spec is None:
             return None
         try:
@@ -273,6 +267,7 @@ class ChatRequest:
         processors: RequestProcessors,
         reasoning: ReasoningMarkers | None,
         history: CallHistory,
+        tools: RequestTools,
     ) -> None:
         self.task_id: TaskId = task.task_id
         self._task = task
@@ -285,7 +280,8 @@ class ChatRequest:
         self._eos_token_ids = frozenset(context.loaded.tokenizer.eos_token_ids)
         self._detokenizer = context.loaded.tokenizer.detokenizer
         self._stops = StopSequenceMatcher(task.params.sampling.stop)
-        self._parser = _make_parser(context, task.params.tool_policy, reasoning)
+        self._tools = tools
+        self._parser = _make_parser(context, tools, reasoning)
         self._history = history
         self._reply_calls = ReplyCalls()
         self._lookup: PromptLookup | None = None
@@ -335,8 +331,9 @@ class ChatRequest:
         reasoning = reasoning_markers(loaded.tokenizer, prompt.starts_in_reasoning)
         history = CallHistory.of(params.messages)
         guard = _loop_guard_calls(context, task, history, rewinds=rewinds)
+        tools = RequestTools.of(params.tool_policy)
         try:
-            processors = _build_processors(context, task, len(prefill), reasoning)
+            processors = _build_processors(context, task, tools, len(prefill), reasoning)
         except UnsupportedConstraintError as error:
             if lease and context.prefix_cache:
                 context.prefix_cache.discard(lease)
@@ -350,6 +347,7 @@ class ChatRequest:
             processors=processors,
             reasoning=reasoning,
             history=history,
+            tools=tools,
         )
         request._guard = guard
         if rewinds:
@@ -359,23 +357,22 @@ class ChatRequest:
     def _hold_calls(self, guard: LoopGuardCalls, *, reasoning: ReasoningMarkers | None, prefill_length: int) -> None:
         """Hold back the calls that may be taken back: failed calls a repair re-decodes, and the calls the loop
         guard withdraws (`answer`)."""
-        context, task = self._context, self._task
-        policy = task.params.tool_policy
+        context, task, tools = self._context, self._task, self._tools
         withdrawn_tools = frozenset(call.name for call in guard.withdrawn)
         at_risk = withdrawn_tools
-        if _repair_enabled(context, task):
+        if _repair_enabled(context, task, tools):
             held = self.processors.constrained
-            repaired = tools_at_risk(policy, context.tool_format, grammar_held=held)
+            repaired = tools_at_risk(tools, context.tool_format, grammar_held=held)
             if repaired:
                 at_risk |= repaired
                 self._repair = _call_repair(
-                    context, task, held=held, reasoning=reasoning, prefill_length=prefill_length
+                    context, task, tools, held=held, reasoning=reasoning, prefill_length=prefill_length
                 )
                 self._at_risk_after_repair = (
-                    tools_at_risk(policy, context.tool_format, grammar_held=True) | withdrawn_tools
+                    tools_at_risk(tools, context.tool_format, grammar_held=True) | withdrawn_tools
                 )
         if guard.withdrawn:
-            self._answer = _answer_processors(context, task, reasoning=reasoning, prefill_length=prefill_length)
+            self._answer = _answer_processors(context, task, tools, reasoning=reasoning, prefill_length=prefill_length)
         if at_risk:
             self._hold = CallHold(at_risk)
 

@@ -9,8 +9,9 @@ import pytest
 from pydantic import JsonValue
 
 from exo.shared.types.api import FunctionDefinition
-from exo.tool_calls.grammar.spec import ConstraintMode, ToolConstraintSpec
-from exo.tool_calls.loop_guard import CallKey, excluding
+from exo.tool_calls.grammar.exclusion import excluding
+from exo.tool_calls.grammar.spec import ReplyShape, ToolConstraintSpec
+from exo.tool_calls.loop_guard import CallKey
 from exo.tool_calls.names import ToolFormatName
 from exo.tool_calls.request_grammar import build_tool_grammar
 from tests.tool_calls.grammar.tokenizers import format_tokenizer
@@ -39,7 +40,7 @@ def _grammar_accepts(base: FunctionDefinition, parameters: Mapping[str, object],
     arguments = dict(sorted(arguments.items(), key=lambda item: order.index(item[0])))
     tokenizer = format_tokenizer(ToolFormatName.HERMES, True)
     spec = ToolConstraintSpec(
-        tool_format=ToolFormatName.HERMES, tools=(tool,), mode=ConstraintMode.AUTO, parallel_tool_calls=True
+        tool_format=ToolFormatName.HERMES, tools=(tool,), shape=ReplyShape.TEXT_OR_CALLS, parallel_tool_calls=True
     )
     grammar = build_tool_grammar(spec, special_tokens=tokenizer.special_tokens)
     call = {"name": base.name, "arguments": arguments}
