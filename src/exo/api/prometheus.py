@@ -94,6 +94,40 @@ class _StateCollector:
             for status in ("queued", "running"):
                 tasks.add_metric([*values, status], self._task_count(runner, status))
         yield from (requests, prompt, generated, first_token, decode, tasks, repeated, withdrawn)
+        yield from self._step_metrics()
+
+    def _step_metrics(self) -> Iterator[Metric]:
+        """The host-overhead meter: decode-step time totals by requests decoding in the step, so a rate over a
+        window gives seconds per step (and, divided by `streams`, per stream)."""
+        labels = ["cluster", "node_id", "model", "runner_id", "streams"]
+        steps = CounterMetricFamily("exo_decode_steps", "Decode steps taken, by requests decoding", labels=labels)
+        wall = CounterMetricFamily(
+            "exo_decode_step_seconds", "Wall time of those decode steps (all parts below together)", labels=labels
+        )
+        device = CounterMetricFamily(
+            "exo_decode_step_device_seconds",
+            "Time in those steps the runner waited for the model's evaluation",
+            labels=labels,
+        )
+        prefill = CounterMetricFamily(
+            "exo_decode_step_prefill_seconds", "Time in those steps feeding other requests' prompts", labels=labels
+        )
+        host = CounterMetricFamily(
+            "exo_decode_step_host_seconds",
+            "Host overhead in those steps (the rest of their time), by part: messages, admit, processors (grammar "
+            "masks, penalties), detokenize, parse (tool calls, reasoning, stops), send (runner to API), loop",
+            labels=[*labels, "part"],
+        )
+        for runner in sorted(self._state.runners.values(), key=lambda runner: runner.runner_id):
+            for streams, times in sorted(runner.step_times.items()):
+                values = [self._cluster, runner.node_id, runner.model_id, runner.runner_id, str(streams)]
+                steps.add_metric(values, times.steps)
+                wall.add_metric(values, times.step_seconds)
+                device.add_metric(values, times.device_seconds)
+                prefill.add_metric(values, times.prefill_seconds)
+                for part, seconds in sorted(times.host_seconds.items()):
+                    host.add_metric([*values, part], seconds)
+        yield from (steps, wall, device, prefill, host)
 
     def _task_count(self, runner: RunnerInfo, status: str) -> int:
         return sum(task.runner_id == runner.runner_id and task.status == status for task in self._state.tasks.values())

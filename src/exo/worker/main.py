@@ -271,6 +271,7 @@ class Worker:
             recent_tasks=supervisor.recent_tasks,
             metrics=self._metrics[runner_id].metrics,
             tokens_per_second_now=round(supervisor.tokens_per_second_now, 2),
+            step_times=supervisor.step_times,
         )
 
     def _task_info(self, runner_id: RunnerId, task_id: TaskId, *, running: bool) -> TaskInfo:

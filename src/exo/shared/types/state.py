@@ -15,7 +15,7 @@ from exo.shared.types.cpu_kernels import CpuKernelsSetting
 from exo.shared.types.instances import PendingPlacement, PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.request_record import RequestRecord
-from exo.shared.types.worker.runner_response import ModelMetadata
+from exo.shared.types.worker.runner_response import ModelMetadata, StepTimes
 from exo.shared.types.worker.runner_status import RunnerStatus
 from exo.shared.types.worker.shards import ShardAssignment
 
@@ -136,6 +136,8 @@ class RunnerInfo(FrozenModel):
     # Tokens generated over the last few seconds, counted as they are produced (refreshed about once a second while
     # the runner generates; 0 a few seconds after it stops).
     tokens_per_second_now: float = 0.0
+    # The host-overhead meter: decode-step times since the runner started, by requests decoding in the step.
+    step_times: dict[int, StepTimes] = Field(default_factory=dict[int, StepTimes])
 
 
 class TaskInfo(FrozenModel):

@@ -34,11 +34,13 @@ from exo.shared.types.worker.runner_response import (
     TaskDone,
 )
 from exo.worker.engines.mlx.cpu.rank_threads import idle_threads_sleep
+from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 from exo.worker.runner.channel import RunnerChannel, UnreadableRequestError
 from exo.worker.runner.idle_snapshots import write_snapshots_before_stopping, write_snapshots_while_idle
 from exo.worker.runner.pipeline_link import PipelineLink
 from exo.worker.runner.pipeline_serving import serve_pipeline
-from exo.worker.runner.task_replies import report_cancel, send_updates
+from exo.worker.runner.step_meter import StepMeter
+from exo.worker.runner.task_replies import report_cancel, send_chunks, send_endings
 
 if TYPE_CHECKING:
     from mlx import nn
@@ -148,15 +150,23 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
     from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 
     scheduler = GenerationScheduler(context.loaded.model, context.decode)
+    meter = StepMeter()
     while True:
         if scheduler.active == 0 and context.prefix_cache is not None:
             write_snapshots_while_idle(context.prefix_cache, channel.poll)
         if scheduler.active == 0 and context.matmul_planner is not None:
             _refine_while_idle(channel, context.matmul_planner)
-        for request in _incoming(channel, wait=scheduler.active == 0):
+        idle = scheduler.active == 0
+        meter.begin()
+        with STEP_CLOCK.part("messages"):
+            incoming = _incoming(channel, wait=idle)
+        if idle:
+            meter.begin()  # the wait for a message was idle time, not part of a step
+        for request in incoming:
             match request:
                 case RunTask(task=task):
-                    _admit(channel, context, scheduler, task)
+                    with STEP_CLOCK.part("admit"):
+                        _admit(channel, context, scheduler, task)
                 case CancelTask(task_id=task_id):
                     report_cancel(channel, task_id, scheduler.cancel(task_id))
                 case Shutdown():
@@ -165,6 +175,7 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
                     return
                 case RunnerBootstrap():
                     pass
+        decoding = scheduler.decoding
         try:
             updates = scheduler.step()
         except Exception as error:
@@ -172,7 +183,10 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
             # loaded model) for everyone queued behind it.
             logger.exception("decode step failed")
             updates = scheduler.fail_all(error)
-        send_updates(channel, updates)
+        with STEP_CLOCK.part("send"):
+            send_chunks(channel, updates)
+        meter.end(decoding)
+        send_endings(channel, updates, meter.totals)
 
 
 def _refine_while_idle(channel: RunnerChannel, planner: "MatmulPlanner") -> None:

@@ -53,6 +53,7 @@ from exo.shared.types.worker.runner_response import (
     RunnerResponseAdapter,
     RunTask,
     Shutdown,
+    StepTimes,
     TaskChunk,
     TaskDone,
 )
@@ -132,6 +133,8 @@ class RunnerSupervisor:
         self.config = config
         self.status: RunnerStatus = "loading"
         self.metadata: ModelMetadata | None = None
+        self.step_times: dict[int, StepTimes] = {}
+        """The runner's host-overhead meter (decode-step times by requests decoding), as it last reported it."""
         self.last_error: str | None = None
         self.restarts = 0
         self.pid: int | None = None
@@ -361,7 +364,9 @@ class RunnerSupervisor:
                 if isinstance(chunk, PrefillProgressChunk) or running.phase != phase:
                     self._on_change()  # /state shows the progress; any other chunk only matters when it starts decode
                 return
-            case TaskDone(task_id=task_id, generated_tokens=tokens, cancelled=cancelled):
+            case TaskDone(task_id=task_id, generated_tokens=tokens, cancelled=cancelled, step_times=step_times):
+                if step_times is not None:
+                    self.step_times = step_times
                 finished = self._running.pop(task_id, None)
                 if finished is not None:
                     self._count_tokens(finished, tokens)

@@ -109,6 +109,26 @@ class RunnerLoadFailed(FrozenModel):
     message: str
 
 
+class StepTimes(FrozenModel):
+    """Totals over the decode steps a runner took with the same number of requests decoding (the host-overhead
+    meter): wall time, the part spent waiting on the model's evaluation, prompt pieces fed in the same steps, and the
+    rest (the host's own work) by part."""
+
+    steps: int = 0
+    step_seconds: float = 0.0
+    device_seconds: float = 0.0
+    """The host thread blocked waiting for the model's evaluation."""
+    prefill_seconds: float = 0.0
+    """Prompt pieces of other requests fed in these steps: model work, not overhead of the decoding ones."""
+    host_seconds: dict[str, float] = Field(default_factory=dict[str, float])
+    """The host's own work by part: messages, processors, detokenize, parse, send, and loop (the rest: scheduling,
+    building the forward pass, sampling setup). Their sum is step - device - prefill."""
+
+    @property
+    def host_total_seconds(self) -> float:
+        return sum(self.host_seconds.values())
+
+
 class TaskChunk(FrozenModel):
     kind: Literal["chunk"] = "chunk"
     task_id: TaskId
@@ -124,6 +144,9 @@ class TaskDone(FrozenModel):
     task_id: TaskId
     generated_tokens: int = 0
     cancelled: bool = False
+    step_times: dict[int, StepTimes] | None = None
+    """The runner's host-overhead meter since it started (decode-step times by requests decoding in the step), when
+    the runner measures it."""
 
 
 class MatmulPlanRefined(FrozenModel):

@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 from exo.tool_calls.grammar.spec import JsonAnswerSpec, ToolConstraintSpec
 from exo.tool_calls.request_grammar import grammar_for
 from exo.worker.engines.mlx.constrained.compiled import guidance_tokenizer, new_matcher
+from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,8 @@ class ToolCallLogitsProcessor:
         start = self._prompt_length + len(self._in_history)
         if tokens.shape[0] <= start:
             return
-        new_tokens: list[int] = tokens[start:].tolist()  # pyright: ignore[reportAssignmentType] -- 1-D int array
+        with STEP_CLOCK.part("device"):  # the sampled token may still be being computed
+            new_tokens: list[int] = tokens[start:].tolist()  # pyright: ignore[reportAssignmentType] -- 1-D int array
         for token in new_tokens:
             recorded = not self._matcher.is_stopped()
             if not self._matcher.consume_token(token):

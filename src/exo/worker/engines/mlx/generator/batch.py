@@ -7,9 +7,12 @@ request: the generator is given no stop tokens and one token more than the reque
 sequence on its own, and a member is always taken out with `remove`, which hands back its KV cache.
 """
 
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
+import mlx.core as mx
 from mlx import nn
 from mlx_lm.generate import BatchGenerator
 
@@ -17,6 +20,25 @@ from exo.shared.types.common import TaskId
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import Sampler
+from exo.worker.engines.mlx.step_clock import STEP_CLOCK
+
+
+class _MlxWithTimedEval(ModuleType):
+    """`mlx.core` as mlx-lm's generate module sees it, with `eval` counted as waiting on the device: the
+    `BatchGenerator` blocks in `mx.eval` for the tokens of the step it launched before, inside its own `next()`, and
+    the host-overhead meter needs that wait apart from the Python work around it."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(mx, name)
+
+    @staticmethod
+    def eval(*arrays: object) -> None:
+        with STEP_CLOCK.part("device"):
+            mx.eval(*arrays)  # pyright: ignore[reportArgumentType] -- passed through as mlx-lm gave them
+
+
+# The module itself: `mlx_lm.generate` as an attribute is the package's `generate` function.
+setattr(importlib.import_module("mlx_lm.generate"), "mx", _MlxWithTimedEval("mlx.core"))  # noqa: B010
 
 
 @dataclass(frozen=True)

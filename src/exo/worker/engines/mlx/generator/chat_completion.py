@@ -62,6 +62,7 @@ from exo.worker.engines.mlx.generator.sampling import (
 from exo.worker.engines.mlx.generator.stop_sequences import StopSequenceMatcher
 from exo.worker.engines.mlx.loaded_model import LoadedModel
 from exo.worker.engines.mlx.prompt_budget import ContextLengthExceededError
+from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 
 logger = logging.getLogger(__name__)
 
@@ -486,7 +487,8 @@ class ChatRequest:
             self._detokenizer.finalize()
             self.finish_reason = "stop"
         else:
-            self._detokenizer.add_token(token)
+            with STEP_CLOCK.part("detokenize"):
+                self._detokenizer.add_token(token)
             self.generated.append(token)
             if self._lookup is not None:
                 self._lookup.extend((token,))
@@ -494,7 +496,9 @@ class ChatRequest:
                 self._detokenizer.finalize()
                 self.finish_reason = "length"
         failures = self._parser.call_failures
-        chunks = self._parser.feed(self._stops.feed(self._detokenizer.last_segment))
+        with STEP_CLOCK.part("detokenize"):
+            text = self._detokenizer.last_segment
+        chunks = self._parser.feed(self._stops.feed(text))
         if hold is not None:
             settled = self._settle(hold, chunks, failures)
             if settled is None:

@@ -15,6 +15,7 @@ import mlx.core as mx
 
 from exo.worker.engines.mlx.constrained import ToolCallLogitsProcessor
 from exo.worker.engines.mlx.generator.sampling import LogitsProcessor
+from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 
 
 class RequestProcessors:
@@ -40,10 +41,11 @@ class RequestProcessors:
         if self.error is not None:
             return logits
         try:
-            for penalty in self._penalties:
-                logits = penalty(tokens, logits)
-            for constraint in self._constraints:
-                logits = constraint(tokens, logits)
+            with STEP_CLOCK.part("processors"):
+                for penalty in self._penalties:
+                    logits = penalty(tokens, logits)
+                for constraint in self._constraints:
+                    logits = constraint(tokens, logits)
         except Exception as error:
             self.error = error
         return logits
@@ -52,8 +54,9 @@ class RequestProcessors:
         """How much of `draft` (proposed to follow `tokens`) every constraint allows."""
         allowed = len(draft)
         try:
-            for constraint in self._constraints:
-                allowed = min(allowed, constraint.allowed_draft_length(tokens, draft[:allowed]))
+            with STEP_CLOCK.part("processors"):
+                for constraint in self._constraints:
+                    allowed = min(allowed, constraint.allowed_draft_length(tokens, draft[:allowed]))
         except Exception as error:
             self.error = error
             return 0
@@ -64,7 +67,8 @@ class RequestProcessors:
         if not self._constraints or self.error is not None:
             return []
         try:
-            forced = self._constraints[0].forced_tokens(tokens)
+            with STEP_CLOCK.part("processors"):
+                forced = self._constraints[0].forced_tokens(tokens)
             return forced[: self.allowed_draft_length(tokens, forced)] if forced else []
         except Exception as error:
             self.error = error

@@ -27,6 +27,7 @@ from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
 from exo.worker.engines.mlx.generator.prefill import PiecePacer, PromptPrefill
 from exo.worker.engines.mlx.generator.solo import SoloDecoder, SpeculationStats
+from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,11 @@ class GenerationScheduler:
     def active(self) -> int:
         """Requests admitted and not finished, cancelled or failed."""
         return len(self._prefilling) + self._decoding
+
+    @property
+    def decoding(self) -> int:
+        """Requests past their prefill (decoding, or about to at the next step)."""
+        return self._decoding
 
     @property
     def _decoding(self) -> int:
@@ -151,7 +157,8 @@ class GenerationScheduler:
             return []
         task_id, (request, prefill) = next(iter(self._prefilling.items()))
         try:
-            fed = prefill.step()
+            with STEP_CLOCK.part("prefill"):
+                fed = prefill.step()
         except Exception as error:
             logger.exception("prefill failed for task %s", task_id)
             del self._prefilling[task_id]
@@ -212,7 +219,8 @@ class GenerationScheduler:
         self.speculation.steps += decoder.stats.steps - before[0]
         self.speculation.drafted += decoder.stats.drafted - before[1]
         self.speculation.accepted += decoder.stats.accepted - before[2]
-        chunks = request.accept(tokens)
+        with STEP_CLOCK.part("parse"):
+            chunks = request.accept(tokens)
         if request.processors.error is not None or request.finished:
             self._solo = None
             return self._ended(request, chunks, decoder.cache)
@@ -280,7 +288,8 @@ class GenerationScheduler:
         updates: list[RequestUpdate] = []
         for task_id, request in list(self._batched.items()):
             new_tokens = produced.get(task_id, [])
-            chunks = request.accept(new_tokens)
+            with STEP_CLOCK.part("parse"):
+                chunks = request.accept(new_tokens)
             if request.processors.error is not None or request.finished:
                 del self._batched[task_id]
                 updates.append(self._ended(request, chunks, self._batch.remove(task_id).cache))

@@ -22,6 +22,7 @@ from exo.worker.engines.mlx.cache.layer_cache import PromptCache, trim_tokens
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, PassTimes, StepCosts
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import Sampler
+from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 
 DraftSource = Callable[[int], list[int]]
 """Given a limit, draft tokens to follow the last generated token (an empty list for none)."""
@@ -157,7 +158,8 @@ class SoloDecoder:
         if step is None:
             raise RuntimeError("no step in flight")
         self._launched = None
-        samples: list[int] = step.samples.tolist()  # pyright: ignore[reportAssignmentType] -- 1-D token ids
+        with STEP_CLOCK.part("device"):
+            samples: list[int] = step.samples.tolist()  # pyright: ignore[reportAssignmentType] -- 1-D token ids
         if self._times is not None:
             self._times.record(len(step.inputs), time.perf_counter() - step.started)
         draft = step.draft

@@ -1,0 +1,65 @@
+"""Where a runner's decode step spends its time, by part: the measuring side of the host-overhead meter.
+
+The serving loop opens a step; code along the step marks what it does (`with STEP_CLOCK.part("send"):`) and the
+step's time is split among the parts. Parts nest exclusively: time inside an inner part counts for it alone (a
+grammar waiting for the sampled token it must consume counts that wait as "device", not "processors"). Time in no
+part at all is the loop's own: scheduling, building the forward pass's graph, sampling setup.
+
+"device" is time the host thread is blocked waiting for the model's evaluation; everything else is host work. The
+runner runs one serving loop on one thread, so one clock per process is enough (`STEP_CLOCK`).
+"""
+
+import time
+from collections.abc import Generator
+from contextlib import contextmanager
+from typing import Final, Literal
+
+StepPart = Literal["device", "prefill", "messages", "admit", "processors", "detokenize", "parse", "send"]
+"""device: waiting on the model's evaluation. prefill: feeding prompt pieces (model work, not per-token overhead).
+messages: reading the supervisor's messages. admit: opening a new request (its prompt, its grammar). processors:
+grammar masks and penalties. detokenize: token ids to text. parse: the rest of turning tokens into chunks (tool
+calls, reasoning, stop sequences). send: the runner→API channel (encoding and writing each chunk)."""
+
+HOST_PARTS: Final[tuple[StepPart, ...]] = ("messages", "admit", "processors", "detokenize", "parse", "send")
+"""The named parts of the host's own work (the rest of the host's time is the loop's own)."""
+
+
+class StepClock:
+    """Seconds per part since the step began; parts nest, each second counting for the innermost open part."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[StepPart, float] = {}
+        self._open: list[StepPart] = []
+        self._since = time.perf_counter()
+        self._started = self._since
+
+    def begin(self) -> None:
+        """Start a step: forget what the last one measured."""
+        self._seconds = {}
+        self._open = []
+        self._started = self._since = time.perf_counter()
+
+    @contextmanager
+    def part(self, name: StepPart) -> Generator[None]:
+        self._switch()
+        self._open.append(name)
+        try:
+            yield
+        finally:
+            self._switch()
+            self._open.pop()
+
+    def end(self) -> tuple[float, dict[StepPart, float]]:
+        """The step's wall time and its seconds by part (parts with none left out)."""
+        self._switch()
+        return self._since - self._started, dict(self._seconds)
+
+    def _switch(self) -> None:
+        now = time.perf_counter()
+        if self._open:
+            name = self._open[-1]
+            self._seconds[name] = self._seconds.get(name, 0.0) + (now - self._since)
+        self._since = now
+
+
+STEP_CLOCK: Final = StepClock()

@@ -1,0 +1,38 @@
+"""The host-overhead meter's arithmetic: nested parts count exclusively; a step's parts never exceed its wall time."""
+
+import time
+
+from exo.worker.engines.mlx.step_clock import StepClock
+from exo.worker.runner.step_meter import StepMeter
+
+
+def test_nested_parts_count_only_for_the_innermost_one() -> None:
+    clock = StepClock()
+    clock.begin()
+    with clock.part("processors"):
+        time.sleep(0.02)
+        with clock.part("device"):
+            time.sleep(0.05)
+        time.sleep(0.02)
+    time.sleep(0.01)
+    wall, parts = clock.end()
+    assert 0.05 <= parts["device"] < 0.05 + 0.04
+    assert 0.04 <= parts["processors"] < 0.05, "the device wait inside the grammar is not the grammar's time"
+    assert sum(parts.values()) <= wall
+    assert wall >= 0.1
+
+
+def test_steps_are_summed_by_streams_and_the_loop_gets_the_rest() -> None:
+    meter = StepMeter()
+    meter.begin()
+    time.sleep(0.01)
+    meter.end(0)  # nothing decoded: not a decode step
+    assert meter.totals == {}
+    for _ in range(2):
+        meter.begin()
+        time.sleep(0.01)
+        meter.end(3)
+    times = meter.totals[3]
+    assert times.steps == 2
+    assert abs(times.host_total_seconds + times.device_seconds + times.prefill_seconds - times.step_seconds) < 1e-6
+    assert times.host_seconds["loop"] >= 0.02
