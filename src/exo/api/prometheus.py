@@ -114,8 +114,9 @@ class _StateCollector:
         )
         host = CounterMetricFamily(
             "exo_decode_step_host_seconds",
-            "Host overhead in those steps (the rest of their time), by part: messages, admit, processors (grammar "
-            "masks, penalties), detokenize, parse (tool calls, reasoning, stops), send (runner to API), loop",
+            "Host overhead in those steps (the rest of their time), by part: messages, admit, launch (mx.async_eval), "
+            "processors (grammar masks, penalties), detokenize, parse (tool calls, reasoning, stops), send (runner to "
+            "API), loop",
             labels=[*labels, "part"],
         )
         for runner in sorted(self._state.runners.values(), key=lambda runner: runner.runner_id):

@@ -14,15 +14,13 @@ from collections.abc import Generator
 from contextlib import contextmanager
 from typing import Final, Literal
 
-StepPart = Literal["device", "prefill", "messages", "admit", "processors", "detokenize", "parse", "send"]
+StepPart = Literal["device", "prefill", "messages", "admit", "launch", "processors", "detokenize", "parse", "send"]
 """device: waiting on the model's evaluation. prefill: feeding prompt pieces (model work, not per-token overhead).
-messages: reading the supervisor's messages. admit: opening a new request (its prompt, its grammar). processors:
+messages: reading the supervisor's messages. admit: opening a new request (its prompt, its grammar). launch: in
+`mx.async_eval`, starting the next forward pass (on mlx's CPU backend this call can itself run much of the pass before
+it returns: a batched step measured so, with almost no wait left after it). processors:
 grammar masks and penalties. detokenize: token ids to text. parse: the rest of turning tokens into chunks (tool
 calls, reasoning, stop sequences). send: the runner→API channel (encoding and writing each chunk)."""
-
-HOST_PARTS: Final[tuple[StepPart, ...]] = ("messages", "admit", "processors", "detokenize", "parse", "send")
-"""The named parts of the host's own work (the rest of the host's time is the loop's own)."""
-
 
 class StepClock:
     """Seconds per part since the step began; parts nest, each second counting for the innermost open part."""

@@ -36,6 +36,11 @@ class _MlxWithTimedEval(ModuleType):
         with STEP_CLOCK.part("device"):
             mx.eval(*arrays)  # pyright: ignore[reportArgumentType] -- passed through as mlx-lm gave them
 
+    @staticmethod
+    def async_eval(*arrays: object) -> None:
+        with STEP_CLOCK.part("launch"):
+            mx.async_eval(*arrays)  # pyright: ignore[reportArgumentType] -- passed through as mlx-lm gave them
+
 
 # The module itself: `mlx_lm.generate` as an attribute is the package's `generate` function.
 setattr(importlib.import_module("mlx_lm.generate"), "mx", _MlxWithTimedEval("mlx.core"))  # noqa: B010

@@ -21,7 +21,7 @@ from mlx_lm.generate import generation_stream
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, trim_tokens
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, PassTimes, StepCosts
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
-from exo.worker.engines.mlx.generator.sampling import Sampler
+from exo.worker.engines.mlx.generator.sampling import GREEDY, Sampler
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 
 DraftSource = Callable[[int], list[int]]
@@ -105,7 +105,8 @@ class SoloDecoder:
         with mx.stream(generation_stream):
             logits = self._model(mx.array(inputs)[None], cache=self.cache)[0]
             samples = self._sample(inputs, logits)
-        mx.async_eval(samples)
+        with STEP_CLOCK.part("launch"):
+            mx.async_eval(samples)
         self._launched = _LaunchedStep(inputs=inputs, samples=samples, started=started, forced=bool(forced))
 
     def _forced(self, limit: int) -> list[int]:
@@ -189,5 +190,9 @@ class SoloDecoder:
                 for position in range(len(inputs))
             ]
             logits = mx.concatenate(rows, axis=0)
+        if self._sampler is GREEDY:
+            # The likeliest token is the largest logit: normalizing first (a logsumexp over the vocabulary, several
+            # milliseconds per row on mlx's CPU backend) would not change it.
+            return mx.argmax(logits, axis=-1)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         return self._sampler(logprobs)
