@@ -7,7 +7,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm import load
 
-from bench.random_model import write_random_model
+from bench.random_model import ReducedShape, write_random_model
 from tests.exo_server import fixture_model
 
 
@@ -31,3 +31,17 @@ def test_random_weights_keep_the_shape_and_tokenizer_and_differ_in_value(tmp_pat
     assert json.loads((tmp_path / "random" / "config.json").read_text())["torch_dtype"] == "bfloat16"
     vocabulary = json.loads((source / "config.json").read_text())["vocab_size"]
     assert random(mx.array([random_tokenizer.encode(text)])).shape[-1] == vocabulary
+
+
+def test_a_reduced_shape_keeps_the_vocabulary_and_tokenizer_and_runs(tmp_path: Path) -> None:
+    source = fixture_model("tiny-qwen-tools")
+    shape = ReducedShape(layers=1, hidden_size=32, intermediate_size=64, attention_heads=2, key_value_heads=1)
+    write_random_model(source, tmp_path / "reduced", "float32", shape)
+    config = json.loads((tmp_path / "reduced" / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["hidden_size"], config["head_dim"]) == (1, 32, 16)
+    reduced, tokenizer = load(str(tmp_path / "reduced"))[:2]
+    original_tokenizer = load(str(source))[1]
+    text = "Hello, tools!"
+    assert tokenizer.encode(text) == original_tokenizer.encode(text)
+    vocabulary = json.loads((source / "config.json").read_text())["vocab_size"]
+    assert reduced(mx.array([tokenizer.encode(text)])).shape[-1] == vocabulary
