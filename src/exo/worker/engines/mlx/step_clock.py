@@ -22,6 +22,7 @@ it returns: a batched step measured so, with almost no wait left after it). proc
 grammar masks and penalties. detokenize: token ids to text. parse: the rest of turning tokens into chunks (tool
 calls, reasoning, stop sequences). send: the runner→API channel (encoding and writing each chunk)."""
 
+
 class StepClock:
     """Seconds per part since the step began; parts nest, each second counting for the innermost open part."""
 
