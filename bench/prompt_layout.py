@@ -12,7 +12,6 @@
 `--limit N` uses the first N corpus prompts; `--minutes M` stops taking new prompts once M minutes have passed since
 the nodes were ready, and reports those measured (the report says how many of the corpus). Prints a markdown report
 with the run's commit, CPU, load and command.
-The default layout stays `template` until validity is measured to hold under `tools-first`.
 """
 
 import argparse
@@ -131,7 +130,9 @@ def run(
     model = model_path.name
     with (
         tempfile.TemporaryDirectory(prefix="bench-prompt-layout-") as scratch,
-        running_exo(model_path, Path(scratch), NODE_FLAGS, name="exo-template") as template,
+        running_exo(
+            model_path, Path(scratch), [*NODE_FLAGS, "--prompt-layout", "template"], name="exo-template"
+        ) as template,
         running_exo(
             model_path, Path(scratch), [*NODE_FLAGS, "--prompt-layout", "tools-first"], name="exo-tools-first"
         ) as moved,

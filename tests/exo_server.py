@@ -15,7 +15,7 @@ import httpx
 from anthropic import Anthropic
 from openai import OpenAI
 
-from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
+from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, TEMPLATE_ORDER_FIXTURES
 from tests.ports import free_port
 
 __all__ = ["ExoServer", "fixture_model", "free_port", "running_exo"]
@@ -108,6 +108,14 @@ def isolation(home: Path) -> tuple[list[str], dict[str, str]]:
     return arguments, {"EXO_HOME": str(home)}
 
 
+def trained_layout(models: Sequence[Path], extra_args: Sequence[str]) -> list[str]:
+    """`--prompt-layout template` for a node serving a fixture trained on the template's order (unless the test
+    chooses a layout itself): its prompts must stay the ones it was trained on."""
+    chosen = any(argument.startswith("--prompt-layout") for argument in extra_args)
+    trained = any(model.parent == FIXTURE_MODELS_DIR and model.name in TEMPLATE_ORDER_FIXTURES for model in models)
+    return ["--prompt-layout", "template"] if trained and not chosen else []
+
+
 @contextmanager
 def running_exo(
     models: Sequence[Path],
@@ -127,6 +135,7 @@ def running_exo(
         arguments += ["--model", str(model)]
     isolating_arguments, isolating_env = isolation(tmp_path / f"home-{port}")
     arguments += isolating_arguments + list(extra_args)
+    arguments += trained_layout(models, extra_args)
     if api_key is not None:
         arguments += ["--api-key", api_key]
     with log_path.open("wb") as log:

@@ -64,7 +64,7 @@ def test_every_decode_flag_lands_in_its_field_of_the_decode_settings() -> None:
         "--loop-guard=block",
         "--no-grammar-fast-forward",
         "--no-matmul-plan",
-        "--prompt-layout=tools-first",
+        "--prompt-layout=template",
     ]
     assert config_from_args(build_parser().parse_args(flags)).decode == DecodeSettings(
         batch_size=3,
@@ -74,14 +74,14 @@ def test_every_decode_flag_lands_in_its_field_of_the_decode_settings() -> None:
         loop_guard="block",
         grammar_fast_forward=False,
         matmul_plan=False,
-        prompt_layout="tools-first",
+        prompt_layout="template",
     )
 
 
-def test_the_prompt_layout_is_the_templates_unless_tools_first_is_asked_for() -> None:
-    assert config_from_args(build_parser().parse_args([])).decode.prompt_layout == "template"
-    flagged = build_parser().parse_args(["--prompt-layout", "tools-first"])
-    assert config_from_args(flagged).decode.prompt_layout == "tools-first"
+def test_the_prompt_layout_is_tools_first_unless_the_templates_order_is_asked_for() -> None:
+    assert config_from_args(build_parser().parse_args([])).decode.prompt_layout == "tools-first"
+    flagged = build_parser().parse_args(["--prompt-layout", "template"])
+    assert config_from_args(flagged).decode.prompt_layout == "template"
 
 
 def test_the_cpu_kernels_are_auto_by_default_and_off_on_request() -> None:

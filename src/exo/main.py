@@ -137,10 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     decoding.add_argument(
         "--prompt-layout",
         choices=("template", "tools-first"),
-        help="where a request's tool definitions go in the prompt: template (default: where the model's chat template "
-        "puts them) or tools-first (before the client's system text, where the template renders both in one turn "
-        "and the move is exact, as Qwen's does; requests with the same tools then share them as a cached prefix "
-        "whatever their system text)",
+        help="where a request's tool definitions go in the prompt: tools-first (default: before the client's system "
+        "text, where the template renders both in one turn and the move is exact, as Qwen's does; requests with the "
+        "same tools then share them as a cached prefix whatever their system text, such as a project folder) or "
+        "template (where the model's chat template puts them, for a model tuned on that exact order)",
     )
     decoding.add_argument(
         "--no-grammar-fast-forward",

@@ -44,9 +44,9 @@ class DecodeSettings(FrozenModel):
     grammar_fast_forward: bool = True
     """Feed the tokens a grammar forces as a draft verified in one pass (greedy requests decoded alone, with
     speculation on); the output is the same token for token."""
-    prompt_layout: PromptLayout = "template"
-    """Where the tool definitions go in the prompt (prompt_layout.py): the template's place, or before the system
-    text where the template allows it exactly."""
+    prompt_layout: PromptLayout = "tools-first"
+    """Where the tool definitions go in the prompt (prompt_layout.py): before the system text where the template
+    allows it exactly (so a client's tools stay a cached prefix across project folders), or the template's place."""
     matmul_plan: bool = True
     """Plan the few-row float32 products of decoding (`engines/mlx/cpu/matmul_plan.py`) where the weights are
     float32."""
