@@ -33,8 +33,8 @@ from exo.worker.engines.mlx.chat_template import apply_chat_template, chat_templ
 from exo.worker.engines.mlx.constrained import make_logits_processor
 from exo.worker.engines.mlx.constrained.compiled import compiled_template, guidance_tokenizer
 from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
-from exo.worker.engines.mlx.generator.chat_completion import reasoning_markers
 from exo.worker.engines.mlx.generator.generate import LogitsProcessor, generate_tokens
+from exo.worker.engines.mlx.generator.request_context import reasoning_markers
 from exo.worker.engines.mlx.loaded_model import LoadedModel
 from exo.worker.engines.mlx.model_loader import load_model
 

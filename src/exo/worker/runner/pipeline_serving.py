@@ -30,7 +30,7 @@ from exo.worker.runner.task_replies import report_cancel, send_updates
 
 if TYPE_CHECKING:
     from exo.worker.engines.mlx.distributed.batch_leader import PipelineBatchLeader
-    from exo.worker.engines.mlx.generator.chat_completion import EngineContext
+    from exo.worker.engines.mlx.generator.request_context import EngineContext
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,8 @@ def _admit(
     channel: RunnerChannel, context: "EngineContext", leader: "PipelineBatchLeader", task: GenerationTask
 ) -> None:
     """Hand a task to the batch, or answer it at once (the error that keeps it from starting, or a prompt count)."""
-    from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, ImmediateReplyError
+    from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
+    from exo.worker.engines.mlx.generator.request_context import ImmediateReplyError
 
     reply: Chunk
     try:

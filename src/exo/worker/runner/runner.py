@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
     from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
-    from exo.worker.engines.mlx.generator.chat_completion import EngineContext
+    from exo.worker.engines.mlx.generator.request_context import EngineContext
     from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 
 logger = logging.getLogger(__name__)
@@ -231,7 +231,8 @@ def _admit(
     channel: RunnerChannel, context: "EngineContext", scheduler: "GenerationScheduler", task: GenerationTask
 ) -> None:
     """Start a task, or answer it at once (the error that keeps it from starting, or a prompt-token count)."""
-    from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, ImmediateReplyError
+    from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
+    from exo.worker.engines.mlx.generator.request_context import ImmediateReplyError
 
     reply: Chunk
     try:
@@ -278,8 +279,8 @@ def _load(
     from exo.worker.engines.mlx.cpu.blas_check import blas_report
     from exo.worker.engines.mlx.cpu.engine import CpuKernels
     from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
-    from exo.worker.engines.mlx.generator.chat_completion import EngineContext
     from exo.worker.engines.mlx.generator.prefill import slow_prefill_seconds_per_token
+    from exo.worker.engines.mlx.generator.request_context import EngineContext
     from exo.worker.engines.mlx.model_loader import load_model
 
     model_path = Path(bootstrap.model_path)

@@ -18,8 +18,9 @@ from exo.shared.types.worker.shards import ShardAssignment
 from exo.tool_calls import detect_tool_format
 from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
 from exo.worker.engines.mlx.chat_template import chat_template_text
-from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, EngineContext
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
+from exo.worker.engines.mlx.generator.request_context import EngineContext
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 from exo.worker.engines.mlx.loaded_model import LoadedModel
 from exo.worker.engines.mlx.model_loader import load_model

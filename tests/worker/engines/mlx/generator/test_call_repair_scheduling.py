@@ -11,7 +11,7 @@ from pydantic import JsonValue
 
 from exo.shared.types.chunks import ToolCallArgumentsChunk, ToolCallChunk
 from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
-from exo.worker.engines.mlx.generator.chat_completion import EngineContext
+from exo.worker.engines.mlx.generator.request_context import EngineContext
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, GET_WEATHER_TOOL, user
 from tests.worker.engines.mlx.generator.scheduling import (
     Outcome,

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
-from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, EngineContext
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
+from exo.worker.engines.mlx.generator.request_context import EngineContext
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, user
 from tests.worker.engines.mlx.generator.scheduling import (

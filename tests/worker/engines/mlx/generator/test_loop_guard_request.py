@@ -15,7 +15,8 @@ from pydantic import JsonValue
 
 from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk
 from exo.shared.types.worker.decode_settings import DecodeSettings
-from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, EngineContext
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
+from exo.worker.engines.mlx.generator.request_context import EngineContext
 from tests.fixtures.fixture_specs import (
     FIXTURE_MODELS_DIR,
     GET_WEATHER_TOOL,

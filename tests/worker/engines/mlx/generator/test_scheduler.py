@@ -16,8 +16,8 @@ from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
 from exo.worker.engines.mlx.cpu.matmul_plan import PlanSlot, RowChoice, ShapePlan
 from exo.worker.engines.mlx.cpu.matmul_planner import install_plans
-from exo.worker.engines.mlx.generator.chat_completion import EngineContext
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
+from exo.worker.engines.mlx.generator.request_context import EngineContext
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 from tests.fixtures.fixture_specs import (
     FIXTURE_MODELS_DIR,

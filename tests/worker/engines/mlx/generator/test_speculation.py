@@ -22,12 +22,13 @@ from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettin
 from exo.tool_calls.names import ToolFormatName
 from exo.worker.engines.mlx.cache.layer_cache import new_prompt_cache
 from exo.worker.engines.mlx.chat_template import apply_chat_template
-from exo.worker.engines.mlx.generator.chat_completion import ChatRequest, EngineContext
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
 from exo.worker.engines.mlx.generator.generate import generate_tokens
 from exo.worker.engines.mlx.generator.prefill import PiecePacer, PromptPrefill
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.prompt_lookup import PromptLookup
+from exo.worker.engines.mlx.generator.request_context import EngineContext
 from exo.worker.engines.mlx.generator.sampling import GREEDY
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 from exo.worker.engines.mlx.generator.solo import SoloDecoder, SpeculationStats
