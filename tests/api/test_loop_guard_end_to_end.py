@@ -398,33 +398,53 @@ def test_a_legitimate_repeat_goes_through(server: ExoServer, dialect: Dialect, c
     assert answer.finish in ("tool_calls", "tool_use", "stop")  # Ollama's done_reason is "stop" after calls
 
 
-def test_a_retry_after_errors_is_reported_under_warn_but_never_withdrawn(server: ExoServer, dialect: Dialect) -> None:
+@dataclass(frozen=True)
+class Verdict:
+    """One request under a policy, and what the guard must do with the model's call to get_weather for Paris."""
+
+    conversation: Conversation
+    header: str | None
+    """The X-Exo-Loop-Guard header (None: the node's own policy, `answer`)."""
+    goes_through: bool
+    warned: str | None = None
+    """Text that one of the answer's notices must contain."""
+    not_warned: str | None = None
+    """Text that none of them may contain ("": no notice at all)."""
+    stream: bool = False
+
+
+VERDICTS = {
     # The third identical call in a row, after two identical results: only their being errors lets it through.
-    warned = _ask(server, dialect, AFTER_ERRORS, header="warn")
-    assert _paris_call(warned)
-    assert any("identical call 3 in a row" in warning for warning in warned.warnings), warned.warnings
-    assert not any("after identical results" in warning for warning in warned.warnings)
-    assert _paris_call(_ask(server, dialect, AFTER_ERRORS, header="block"))
+    "a retry after errors is reported under warn": Verdict(
+        AFTER_ERRORS,
+        "warn",
+        goes_through=True,
+        warned="identical call 3 in a row",
+        not_warned="after identical results",
+    ),
+    "a retry after errors is never withdrawn": Verdict(AFTER_ERRORS, "block", goes_through=True),
+    "the user asking again, guard off": Verdict(ASKED_AGAIN, "off", goes_through=True),
+    "the user asking again goes through unremarked": Verdict(ASKED_AGAIN, None, goes_through=True, not_warned=""),
+    # ---- the per-request override ----
+    "the header's warn overrides the node": Verdict(
+        LOOP, "WARN", goes_through=True, warned="identical call 3 in a row"
+    ),
+    "the header's block overrides the node": Verdict(
+        LOOP, "block", goes_through=False, warned="withdrawn", stream=True
+    ),
+}
 
 
-def test_the_user_asking_again_goes_through(server: ExoServer, dialect: Dialect) -> None:
-    assert _paris_call(_ask(server, dialect, ASKED_AGAIN, header="off"))
-    answer = _ask(server, dialect, ASKED_AGAIN)
-    assert _paris_call(answer)
-    assert answer.warnings == []
-
-
-# ---- the per-request override --------------------------------------------------------------------------------------
-
-
-def test_the_header_overrides_the_node(server: ExoServer, dialect: Dialect) -> None:
-    warned = _ask(server, dialect, LOOP, header="WARN")
-    assert _paris_call(warned)
-    assert any("identical call 3 in a row" in warning for warning in warned.warnings), warned.warnings
-    assert warned.withdrawn in (0, None)
-    blocked = _ask(server, dialect, LOOP, header="block", stream=True)
-    assert blocked.calls == []
-    assert any("withdrawn" in warning for warning in blocked.warnings)
+@pytest.mark.parametrize("verdict", VERDICTS.values(), ids=VERDICTS.keys())
+def test_the_guard_s_verdict_under_a_policy(server: ExoServer, dialect: Dialect, verdict: Verdict) -> None:
+    answer = _ask(server, dialect, verdict.conversation, stream=verdict.stream, header=verdict.header)
+    assert answer.calls == ([("get_weather", PARIS)] if verdict.goes_through else []), answer
+    if verdict.goes_through:
+        assert answer.withdrawn in (0, None)
+    if verdict.warned is not None:
+        assert any(verdict.warned in warning for warning in answer.warnings), answer.warnings
+    if verdict.not_warned is not None:
+        assert not any(verdict.not_warned in warning for warning in answer.warnings), answer.warnings
 
 
 @pytest.mark.parametrize("dialect", WITH_BODY_FIELD, ids=[dialect.name for dialect in WITH_BODY_FIELD])

@@ -8,13 +8,10 @@ test, where the runner answers as a model would — an exec_command call streame
 sent the command's output back, "Done." — and the real CLI must read exo's events, run the command and finish.
 """
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk, Usage
 from exo.shared.types.commands import GenerateCommand
@@ -22,9 +19,9 @@ from exo.shared.types.common import ToolCallId
 from tests.api.inprocess_app import SCRIPTED_MODEL, ScriptedMaster, scripted_app
 from tests.clients.agent_cli import run_codex
 from tests.clients.installed import require_client
-from tests.exo_server import free_port
 from tests.fixtures.client_requests import CLIENT_TASK
 from tests.fixtures.fixture_specs import AGENT_DONE_REPLY
+from tests.launch.scripted_api import serving
 
 CLI_TIMEOUT_SECONDS = 180.0
 USAGE = Usage(prompt_tokens=900, completion_tokens=20)
@@ -52,17 +49,8 @@ def api() -> Iterator[tuple[str, ToolLoopMaster]]:
     """exo's production app on a real port, its runner scripted."""
     master = ToolLoopMaster()
     app, _ = scripted_app(master=master)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the API did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/v1", master
-    server.should_exit = True
-    thread.join(timeout=30)
+    with serving(app) as root:
+        yield f"{root}/v1", master
 
 
 def test_codex_runs_the_command_through_exo_and_prints_the_final_answer(

@@ -24,7 +24,6 @@ from tests.dashboard.browser import (
     PHONE,
     UNLABELLED_CONTROLS_JS,
     ConsoleWatch,
-    chromium,
     open_page,
     screenshot,
     why_no_chromium,
@@ -56,17 +55,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalClu
         beta = running.start("beta", peers=[alpha])
         running.wait_until(alpha, lambda: alpha.get("/v1/cluster")["nodes_healthy"] == 2, "both nodes", 60)
         yield running, alpha, beta
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as launched:
-        yield launched
-
-
-@pytest.fixture
-def watch() -> ConsoleWatch:
-    return ConsoleWatch()
 
 
 def node_card(page: Page, name: str) -> Locator:

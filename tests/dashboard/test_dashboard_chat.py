@@ -16,7 +16,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from exo.api.answer_stream import KEEP_ALIVE_SECONDS
 from tests.api.test_long_prefill_streams import Calibrated, calibrated_node, prompt_text
-from tests.dashboard.browser import ConsoleWatch, chromium, open_page, screenshot, why_no_chromium
+from tests.dashboard.browser import ConsoleWatch, open_page, screenshot, why_no_chromium
 from tests.exo_server import ExoServer
 from tests.fixtures.endless_model import MODEL as ENDLESS
 from tests.fixtures.endless_model import WIDE_MODEL
@@ -37,17 +37,6 @@ TTFT = re.compile(r"TTFT (\d+(?:\.\d+)?) (ms|s)")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Calibrated]:
     with calibrated_node(tmp_path_factory.mktemp("dashboard-chat"), with_wide_model=True) as calibrated:
         yield calibrated
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as launched:
-        yield launched
-
-
-@pytest.fixture
-def watch() -> ConsoleWatch:
-    return ConsoleWatch()
 
 
 def open_chat(browser: Browser, watch: ConsoleWatch, server: ExoServer, model: str) -> Page:

@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from exo.models.catalog import DEFAULT_MODEL_ID
-from tests.dashboard.browser import ConsoleWatch, chromium, open_page, screenshot, why_no_chromium
+from tests.dashboard.browser import ConsoleWatch, open_page, screenshot, why_no_chromium
 from tests.exo_server import ExoServer, running_exo
 from tests.machine_skips import machine_skipif
 
@@ -45,12 +45,6 @@ CONVERTED_A_THIRD_JS = """() => [...document.querySelectorAll('#view-models .dow
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExoServer]:
     with running_exo([], tmp_path_factory.mktemp("dashboard-download"), ["--no-model", "--node-name", "solo"]) as up:
         yield up
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as launched:
-        yield launched
 
 
 def test_a_catalog_download_shows_each_phase_growing_then_the_model_downloaded(
