@@ -24,8 +24,8 @@ from pydantic import BaseModel
 from bench.machine import exo_commit
 from bench.results import ConstrainedDecodeRow, ConstrainedReport, ConstrainedSettings, GrammarCompileRow
 from exo.api.types.openai_chat import ToolDefinition
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, SamplingParams, ToolPolicy
+from exo.shared.types.tool_spec import ToolSpec
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.tool_calls import ToolFormatName, detect_tool_format
 from exo.tool_calls.grammar.policy import RequestTools, constraint_spec
@@ -55,18 +55,18 @@ class ConstrainedSetup(BaseModel):
     settings: ConstrainedSettings
 
 
-def load_tools(path: Path) -> tuple[FunctionDefinition, ...]:
+def load_tools(path: Path) -> tuple[ToolSpec, ...]:
     """The functions of a JSON list of OpenAI `tools` entries."""
     entries = cast(list[object], json.loads(path.read_text()))
-    return tuple(ToolDefinition.model_validate(entry).function for entry in entries)
+    return tuple(ToolDefinition.model_validate(entry).function.tool_spec() for entry in entries)
 
 
-def schema_chars(tools: Sequence[FunctionDefinition]) -> int:
+def schema_chars(tools: Sequence[ToolSpec]) -> int:
     """Size of what the grammar is built from: each tool's JSON as the request carried it."""
     return sum(len(tool.model_dump_json(exclude_none=True)) for tool in tools)
 
 
-def decode_policies(tools: tuple[FunctionDefinition, ...]) -> dict[str, ToolPolicy]:
+def decode_policies(tools: tuple[ToolSpec, ...]) -> dict[str, ToolPolicy]:
     """The modes compared, unconstrained first: the same tools offered (so the same prompt), different tool_choice."""
     return {
         UNCONSTRAINED: ToolPolicy(tools=tools, mode="auto"),
@@ -78,7 +78,7 @@ def decode_policies(tools: tuple[FunctionDefinition, ...]) -> dict[str, ToolPoli
 class _Decoder:
     """The decode prompt prefilled once; `run` decodes from it under a policy and rewinds the cache afterwards."""
 
-    def __init__(self, loaded: LoadedModel, tool_format: ToolFormatName, tools: tuple[FunctionDefinition, ...]) -> None:
+    def __init__(self, loaded: LoadedModel, tool_format: ToolFormatName, tools: tuple[ToolSpec, ...]) -> None:
         self.loaded = loaded
         self.tool_format = tool_format
         messages = (PromptMessage(role="system", content=_SYSTEM), PromptMessage(role="user", content=_USER))
@@ -169,7 +169,7 @@ def _elapsed_ms(decoder: _Decoder, policy: ToolPolicy) -> float:
 
 
 def measure_compile(
-    decoder: _Decoder, tools: tuple[FunctionDefinition, ...], repeats: int
+    decoder: _Decoder, tools: tuple[ToolSpec, ...], repeats: int
 ) -> tuple[float, float, list[GrammarCompileRow]]:
     """(first request ms, tokenizer build ms, per-mode compile rows) for requests offering `tools`.
 

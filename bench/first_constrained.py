@@ -20,8 +20,7 @@ from pydantic import BaseModel
 
 from bench.servers import running_exo
 from bench.stream_client import request_body, stream_chat
-from exo.api.types.openai_chat import ChatMessage, ToolDefinition
-from exo.shared.types.api import FunctionDefinition
+from exo.api.types.openai_chat import ChatMessage, FunctionDefinition, ToolDefinition
 
 WEATHER = ToolDefinition(
     function=FunctionDefinition(

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 from bench.parser_work import counting_scan_work
 from bench.results import ParserCost
-from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls import ToolFormatName, ToolStreamParser
 
-_WRITE_TOOL = FunctionDefinition(
+_WRITE_TOOL = ToolSpec(
     name="write",
     description="Write a file",
     parameters={

@@ -2,8 +2,7 @@
 
 from itertools import cycle
 
-from exo.api.types.openai_chat import ChatMessage, FunctionCall, ToolCall, ToolDefinition
-from exo.shared.types.api import FunctionDefinition
+from exo.api.types.openai_chat import ChatMessage, FunctionCall, FunctionDefinition, ToolCall, ToolDefinition
 
 DECODE_PROMPT = (
     "Write a long, detailed technical essay on how hash tables work: hashing, collision handling with chaining "

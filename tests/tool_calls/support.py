@@ -5,13 +5,13 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.chunks import ParsedChunk, ReasoningChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk
 from exo.shared.types.common import ToolCallId
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls import ToolFormatName, ToolStreamParser
 from tests.tool_calls.chunk_merge import merge_chunks
 
-WEATHER = FunctionDefinition(
+WEATHER = ToolSpec(
     name="get_weather",
     parameters={
         "type": "object",
@@ -25,7 +25,7 @@ WEATHER = FunctionDefinition(
         "additionalProperties": False,
     },
 )
-WRITE = FunctionDefinition(
+WRITE = ToolSpec(
     name="write",
     parameters={
         "type": "object",
@@ -53,7 +53,7 @@ class Fixture:
     content: str = ""
     markers: tuple[str, ...] = ()
     reasoning: str = ""
-    tools: Sequence[FunctionDefinition] = field(default_factory=lambda: TOOLS)
+    tools: Sequence[ToolSpec] = field(default_factory=lambda: TOOLS)
 
 
 def run_stream(fixture: Fixture, pieces: Sequence[str], **options: object) -> tuple[list[ParsedChunk], list[str]]:

@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls import ToolFormatName as Format
 
 from .support import Fixture, assert_stream_matches, calls_of, run_complete, run_stream
 
-SCHEMA_TOOL = FunctionDefinition(
+SCHEMA_TOOL = ToolSpec(
     name="configure",
     parameters={
         "type": "object",

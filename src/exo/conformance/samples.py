@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from itertools import cycle
 
 from exo.conformance.renderers import RENDERERS, SampleCall, json_call, pythonic_list
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.common import FrozenModel
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls import ToolFormatName
 
-WEATHER_TOOL = FunctionDefinition(
+WEATHER_TOOL = ToolSpec(
     name="get_weather",
     description="Current weather and forecast for a city.",
     parameters={

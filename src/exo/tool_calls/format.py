@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from typing import Protocol
 
-from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.grammar.reply import FormatGrammar
 
 
@@ -15,11 +15,11 @@ class CallSink(Protocol):
         """True right after `close_call` or `reject`: the region must return so the parser can account for it."""
         ...
 
-    def find_tool(self, name: str) -> FunctionDefinition | None:
+    def find_tool(self, name: str) -> ToolSpec | None:
         """The tool called `name`, or None when the request has no such tool."""
         ...
 
-    def open_call(self, tool: FunctionDefinition) -> None:
+    def open_call(self, tool: ToolSpec) -> None:
         """Commit a call: its name is known and valid. After this the call is never withdrawn."""
         ...
 

@@ -5,7 +5,7 @@ It looks the format up in the registry, so it sits beside it, above `formats/`, 
 import json
 from collections.abc import Callable, Iterable, Mapping
 
-from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.grammar.lark import LarkWriter, json_options, raise_if_rejected
 from exo.tool_calls.grammar.reply import FormatGrammar, ReplyRequest
 from exo.tool_calls.grammar.spec import (
@@ -76,7 +76,7 @@ def _tool_grammar(spec: ToolConstraintSpec, special_tokens: Mapping[str, int]) -
     return grammar
 
 
-def _enforceable(spec: ToolConstraintSpec, tool: FunctionDefinition) -> bool:
+def _enforceable(spec: ToolConstraintSpec, tool: ToolSpec) -> bool:
     """Whether the grammar can hold `tool`'s calls to its schema on its own."""
     try:
         _tool_grammar(spec.model_copy(update={"tools": (tool,), "reasoning": None}), {})
@@ -120,10 +120,10 @@ def _reasoning_texts(reasoning: ReasoningMarkers | None) -> tuple[str, ...]:
     return (reasoning.start, reasoning.end) if reasoning else ()
 
 
-def _any_arguments(tools: tuple[FunctionDefinition, ...]) -> tuple[FunctionDefinition, ...]:
+def _any_arguments(tools: tuple[ToolSpec, ...]) -> tuple[ToolSpec, ...]:
     """Non-strict tools keep their names but not their schemas: arguments are any object, as without a grammar."""
     return tuple(_loose(tool) for tool in tools)
 
 
-def _loose(tool: FunctionDefinition) -> FunctionDefinition:
+def _loose(tool: ToolSpec) -> ToolSpec:
     return tool.model_copy(update={"parameters": ANY_ARGUMENTS})

@@ -7,9 +7,9 @@ this module owns the decisions common to all of them (see the package docstring 
 import copy
 from collections.abc import Callable, Sequence
 
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.chunks import ParsedChunk, ReasoningChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk
 from exo.shared.types.common import ToolCallId, new_tool_call_id
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.arguments.schema import validation_errors
 from exo.tool_calls.format import CallRegion
 from exo.tool_calls.markers import MarkerScanner
@@ -22,7 +22,7 @@ _WHITESPACE = " \t\n\r"
 class _OpenCall:
     __slots__ = ("index", "parts", "tool")
 
-    def __init__(self, tool: FunctionDefinition, index: int) -> None:
+    def __init__(self, tool: ToolSpec, index: int) -> None:
         self.tool = tool
         self.index = index
         self.parts: list[str] = []
@@ -38,7 +38,7 @@ class ToolStreamParser:
     def __init__(
         self,
         tool_format: ToolFormatName,
-        tools: Sequence[FunctionDefinition],
+        tools: Sequence[ToolSpec],
         *,
         parallel_tool_calls: bool = True,
         starts_in_reasoning: bool = False,
@@ -156,10 +156,10 @@ class ToolStreamParser:
     def paused(self) -> bool:
         return self._paused
 
-    def find_tool(self, name: str) -> FunctionDefinition | None:
+    def find_tool(self, name: str) -> ToolSpec | None:
         return self._tools.get(name)
 
-    def open_call(self, tool: FunctionDefinition) -> None:
+    def open_call(self, tool: ToolSpec) -> None:
         if self._stopped:
             return
         self._call = _OpenCall(tool, self._emitted)

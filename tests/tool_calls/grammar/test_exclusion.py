@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import pytest
 from pydantic import JsonValue
 
-from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.grammar.exclusion import excluding
 from exo.tool_calls.grammar.spec import ReplyShape, ToolConstraintSpec
 from exo.tool_calls.loop_guard import CallKey
@@ -16,7 +16,7 @@ from exo.tool_calls.names import ToolFormatName
 from exo.tool_calls.request_grammar import build_tool_grammar
 from tests.tool_calls.grammar.tokenizers import format_tokenizer
 
-WRITE = FunctionDefinition(
+WRITE = ToolSpec(
     name="write",
     parameters={
         "type": "object",
@@ -32,7 +32,7 @@ WRITE = FunctionDefinition(
 HELLO: dict[str, object] = {"path": "hello.txt", "content": "hello"}
 
 
-def _grammar_accepts(base: FunctionDefinition, parameters: Mapping[str, object], arguments: dict[str, object]) -> bool:
+def _grammar_accepts(base: ToolSpec, parameters: Mapping[str, object], arguments: dict[str, object]) -> bool:
     """Whether the grammar for `base` with `parameters` can write the call."""
     tool = base.model_copy(update={"parameters": parameters})
     # llguidance writes properties in schema order: keep the call's keys in that order.
@@ -85,7 +85,7 @@ def test_a_backslash_in_the_arguments_leaves_the_call_to_the_report() -> None:
     assert excluding(WRITE.parameters, (CallKey.of("write", {"path": "C:\\x", "content": "b"}),)) is None
 
 
-EDIT = FunctionDefinition(
+EDIT = ToolSpec(
     name="edit",
     parameters={
         "type": "object",

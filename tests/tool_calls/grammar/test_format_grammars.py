@@ -8,13 +8,13 @@ import json
 import pytest
 
 from exo.conformance.renderers import RENDERERS, SampleCall
-from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.grammar.spec import ReplyShape, ToolConstraintSpec, UnsupportedConstraintError
 from exo.tool_calls.names import ToolFormatName
 from exo.tool_calls.request_grammar import build_tool_grammar, tool_marker_texts
 from tests.tool_calls.grammar.tokenizers import format_tokenizer
 
-WEATHER = FunctionDefinition(
+WEATHER = ToolSpec(
     name="get_weather",
     parameters={
         "type": "object",
@@ -187,7 +187,7 @@ def test_auto_holds_a_bare_call_to_its_schema_once_it_names_a_tool(
 
 
 def test_auto_leaves_a_schema_the_grammar_cannot_hold_to_validation_but_strict_refuses_it() -> None:
-    broken = FunctionDefinition(name="broken", parameters={"type": "object", "properties": {"x": {"$ref": "#/nope"}}})
+    broken = ToolSpec(name="broken", parameters={"type": "object", "properties": {"x": {"$ref": "#/nope"}}})
     tokenizer = format_tokenizer(ToolFormatName.HERMES, True)
     spec = ToolConstraintSpec(
         tool_format=ToolFormatName.HERMES,

@@ -2,8 +2,8 @@
 
 import pytest
 
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import StructuredOutput, ToolPolicy
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.grammar.policy import RequestTools, answer_spec, constraint_spec, tool_spec, withdrawal_spec
 from exo.tool_calls.grammar.spec import JsonAnswerSpec, ReasoningMarkers, ReplyShape, ToolConstraintSpec
 from exo.tool_calls.loop_guard import CallKey
@@ -12,8 +12,8 @@ from exo.tool_calls.names import ToolFormatName
 HERMES = ToolFormatName.HERMES
 
 OUTPUT = StructuredOutput(json_schema={"type": "object", "properties": {"a": {"type": "integer"}}}, strict=True)
-LOOSE = FunctionDefinition(name="loose")
-STRICT = FunctionDefinition(name="strict", strict=True)
+LOOSE = ToolSpec(name="loose")
+STRICT = ToolSpec(name="strict", strict=True)
 THINKING = ReasoningMarkers(start="<think>", end="</think>")
 
 
@@ -36,7 +36,7 @@ def test_tool_choice_none_makes_the_answer_the_whole_reply() -> None:
 
 @pytest.mark.parametrize(("tools", "enforced"), [((LOOSE,), False), ((LOOSE, STRICT), True)])
 def test_auto_offers_the_callable_tools_with_schemas_enforced_only_when_one_is_strict(
-    tools: tuple[FunctionDefinition, ...], enforced: bool
+    tools: tuple[ToolSpec, ...], enforced: bool
 ) -> None:
     spec = answer_spec(
         OUTPUT, HERMES, RequestTools.of(ToolPolicy(tools=tools, mode="auto", parallel_tool_calls=False)), None
@@ -118,7 +118,7 @@ def test_structured_output_wins_unless_calls_are_forced() -> None:
     assert constraint_spec(RequestTools.of(ToolPolicy(tools=(LOOSE,))), None, HERMES, None) is None
 
 
-UNFINISHABLE = FunctionDefinition(
+UNFINISHABLE = ToolSpec(
     name="chain", parameters={"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}
 )
 

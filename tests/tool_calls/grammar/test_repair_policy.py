@@ -1,21 +1,21 @@
 """Which calls a repair may re-decode, and under which grammar (tool_calls/grammar/policy.py)."""
 
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import ToolPolicy
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.grammar.policy import RequestTools, repair_spec, repairable, tools_at_risk
 from exo.tool_calls.grammar.spec import ReplyShape
 from exo.tool_calls.loop_guard import CallKey
 from exo.tool_calls.names import ToolFormatName
 
 HERMES = ToolFormatName.HERMES
-CITY = FunctionDefinition(
+CITY = ToolSpec(
     name="city", parameters={"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 )
-NOT_PARIS = FunctionDefinition(
+NOT_PARIS = ToolSpec(
     name="not_paris",
     parameters={"type": "object", "properties": {"city": {"type": "string", "not": {"const": "Paris"}}}},
 )
-UNIQUE_TAGS = FunctionDefinition(
+UNIQUE_TAGS = ToolSpec(
     name="tags",
     parameters={"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}},
 )

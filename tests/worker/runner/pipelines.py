@@ -6,7 +6,6 @@ from pathlib import Path
 
 import anyio
 
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.chunks import Chunk, PrefillProgressChunk, ToolCallChunk
 from exo.shared.types.common import ModelId, new_command_id, new_runner_id, new_task_id
 from exo.shared.types.tasks import (
@@ -17,6 +16,7 @@ from exo.shared.types.tasks import (
     StructuredOutput,
     ToolPolicy,
 )
+from exo.shared.types.tool_spec import ToolSpec
 from exo.shared.types.worker.shards import ShardAssignment, pipeline_shards
 from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor
 from tests.fixtures.fixture_specs import GET_WEATHER_TOOL
@@ -24,7 +24,7 @@ from tests.worker.engines.mlx.distributed.ranks import local_peers
 from tests.worker.runner.tasks import collect, until_ready
 
 DEEP_MODEL = ModelId("tiny-qwen-tools-deep")
-WEATHER = FunctionDefinition.model_validate(GET_WEATHER_TOOL["function"])
+WEATHER = ToolSpec.model_validate(GET_WEATHER_TOOL["function"])
 PREFIX_CACHE_BYTES = 64 * 1024 * 1024
 
 

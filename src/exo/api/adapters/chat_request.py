@@ -19,6 +19,7 @@ from exo.api.types.openai_chat import (
     ChatCompletionRequest,
     ChatMessage,
     ContentPart,
+    FunctionDefinition,
     JsonObjectResponseFormat,
     JsonSchemaResponseFormat,
     NamedToolChoice,
@@ -27,7 +28,6 @@ from exo.api.types.openai_chat import (
     ToolCall,
     ToolChoice,
 )
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId, new_command_id
 from exo.shared.types.tasks import (
@@ -38,6 +38,7 @@ from exo.shared.types.tasks import (
     StructuredOutput,
     ToolPolicy,
 )
+from exo.shared.types.tool_spec import ToolSpec
 
 # Request fields accepted for compatibility but not acted on: clients such as opencode, the AI SDK or scripts
 # written for vLLM send them routinely, and rejecting them would break those clients for no benefit. Each one has no
@@ -122,12 +123,12 @@ class FunctionTool(Protocol):
     def function(self) -> FunctionDefinition: ...
 
 
-def _check_tools(tools: Sequence[FunctionTool]) -> tuple[FunctionDefinition, ...]:
+def _check_tools(tools: Sequence[FunctionTool]) -> tuple[ToolSpec, ...]:
     for position, tool in enumerate(tools):
         if tool.type != "function":
             where = f"tools[{position}].type"
             raise ApiError(400, f"{where} must be 'function', got '{tool.type}'", param=where)
-    return check_functions([tool.function for tool in tools], field_prefix="function.")
+    return check_functions([tool.function.tool_spec() for tool in tools], field_prefix="function.")
 
 
 def tool_policy(request: ChatCompletionRequest) -> ToolPolicy:

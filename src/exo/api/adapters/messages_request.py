@@ -30,7 +30,6 @@ from exo.api.types.anthropic_messages import (
     ToolResultBlockParam,
     ToolUseBlockParam,
 )
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId, new_command_id
 from exo.shared.types.tasks import (
@@ -41,6 +40,7 @@ from exo.shared.types.tasks import (
     StructuredOutput,
     ToolPolicy,
 )
+from exo.shared.types.tool_spec import ToolSpec
 
 # Accepted, not acted on: none changes what one local completion generates (docs/AGENTS.md lists them, with
 # `output_config.effort` and `thinking.budget_tokens`).
@@ -203,8 +203,8 @@ def normalise_history(request: MessagesPrompt) -> tuple[PromptMessage, ...]:
     return tuple(_clear_thinking(history, _kept_thinking_turns(request.context_management)))
 
 
-def _functions(request: MessagesPrompt) -> tuple[FunctionDefinition, ...]:
-    functions: list[FunctionDefinition] = []
+def _functions(request: MessagesPrompt) -> tuple[ToolSpec, ...]:
+    functions: list[ToolSpec] = []
     for position, tool in enumerate(request.tools or []):
         where = f"tools[{position}]"
         if tool.type not in CLIENT_TOOL_TYPES:
@@ -218,9 +218,7 @@ def _functions(request: MessagesPrompt) -> tuple[FunctionDefinition, ...]:
         if any(caller != "direct" for caller in tool.allowed_callers or []):
             raise unsupported(f"{where}.allowed_callers", "calls from server-side code execution")
         functions.append(
-            FunctionDefinition(
-                name=tool.name, description=tool.description, parameters=tool.input_schema, strict=tool.strict
-            )
+            ToolSpec(name=tool.name, description=tool.description, parameters=tool.input_schema, strict=tool.strict)
         )
     return check_functions(functions, schema_field="input_schema")
 

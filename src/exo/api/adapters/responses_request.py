@@ -37,7 +37,6 @@ from exo.api.types.openai_responses import (
     ResponsesPrompt,
     ResponsesRequest,
 )
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId, new_command_id
 from exo.shared.types.tasks import (
@@ -48,6 +47,7 @@ from exo.shared.types.tasks import (
     StructuredOutput,
     ToolPolicy,
 )
+from exo.shared.types.tool_spec import ToolSpec
 
 # Accepted, not acted on: none changes what one local completion generates (docs/AGENTS.md lists them, with
 # `reasoning.summary`, `text.verbosity` and the `include` values other than logprobs).
@@ -157,15 +157,15 @@ def normalise_input(request: ResponsesPrompt) -> tuple[PromptMessage, ...]:
     return tuple(history.messages)
 
 
-def _functions(request: ResponsesPrompt) -> tuple[FunctionDefinition, ...]:
-    functions: list[FunctionDefinition] = []
+def _functions(request: ResponsesPrompt) -> tuple[ToolSpec, ...]:
+    functions: list[ToolSpec] = []
     for position, tool in enumerate(request.tools or []):
         where = f"tools[{position}]"
         if not isinstance(tool, FunctionTool):
             raise unsupported(f"{where}.type", f"tools of type '{tool.type}'", "only 'function' tools run here")
         if tool.defer_loading:
             raise unsupported(f"{where}.defer_loading", "deferred tool loading", "it needs server-side tool search")
-        definition = FunctionDefinition(
+        definition = ToolSpec(
             name=tool.name,
             description=tool.description,
             # The Responses API makes function tools strict unless they say otherwise.

@@ -20,8 +20,8 @@ from exo.api.adapters.schema_termination import (
     unfinishable_reason,
 )
 from exo.api.errors import ApiError
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import ToolChoiceMode, ToolPolicy
+from exo.shared.types.tool_spec import ToolSpec
 
 MAX_TOOL_NAME_LENGTH = 64
 # OpenAI's pattern for function names: ASCII only (`str.isalnum` would let "météo" or "工具" through).
@@ -29,8 +29,8 @@ TOOL_NAME: Final = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_TOOL_NAME_LENGTH}}}")
 
 
 def check_functions(
-    functions: Sequence[FunctionDefinition], *, field_prefix: str = "", schema_field: str = "parameters"
-) -> tuple[FunctionDefinition, ...]:
+    functions: Sequence[ToolSpec], *, field_prefix: str = "", schema_field: str = "parameters"
+) -> tuple[ToolSpec, ...]:
     """Refuse bad names, duplicates and invalid JSON Schemas of `tools[i]` (whose fields sit under `field_prefix`),
     schemas nested too deep for any reader (see schema_depth.py) and schemas that apply themselves to the same value
     without end (no validator can evaluate them)."""
@@ -100,7 +100,7 @@ def allowed_tool_names(entries: Sequence[dict[str, object]], names: set[str], pa
 
 
 def build_policy(
-    tools: tuple[FunctionDefinition, ...],
+    tools: tuple[ToolSpec, ...],
     mode: ToolChoiceMode,
     *,
     callable_tools: tuple[str, ...] = (),
@@ -129,7 +129,7 @@ def build_policy(
     )
 
 
-def _unfinishable_under_auto(tools: tuple[FunctionDefinition, ...]) -> tuple[str, ...]:
+def _unfinishable_under_auto(tools: tuple[ToolSpec, ...]) -> tuple[str, ...]:
     """Non-strict tools whose schemas no finite value satisfies: the lazy "auto" grammar leaves their arguments to
     validation (a strict one is refused by `check_enforced_schemas` instead)."""
     budget = CheckBudget()

@@ -9,7 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from exo.shared.types.api import Integer, JsonObject, WireModel
+from exo.api.types.wire import Integer, WireModel
+from exo.shared.types.api import JsonObject
 
 # ---- request: content blocks -----------------------------------------------------------------
 

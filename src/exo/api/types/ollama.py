@@ -9,16 +9,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from exo.api.types.openai_chat import ToolChoice
-from exo.shared.types.api import (
-    MAX_STOP_SEQUENCES,
-    FunctionDefinition,
-    Integer,
-    JsonObject,
-    Seed,
-    StopSequence,
-    WireModel,
-)
+from exo.api.types.openai_chat import FunctionDefinition, ToolChoice
+from exo.api.types.wire import MAX_STOP_SEQUENCES, Integer, Seed, StopSequence, WireModel
+from exo.shared.types.api import JsonObject
 
 # `format`: "json" for any JSON object, a JSON Schema the reply must match, or "" / absent for free text.
 OllamaFormat = Literal["", "json"] | JsonObject

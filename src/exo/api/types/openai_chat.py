@@ -5,16 +5,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from exo.shared.types.api import (
-    MAX_STOP_SEQUENCES,
-    FunctionDefinition,
-    Integer,
-    JsonObject,
-    Seed,
-    StopSequence,
-    WireModel,
-)
+from exo.api.types.wire import MAX_STOP_SEQUENCES, Integer, Seed, StopSequence, WireModel
+from exo.shared.types.api import JsonObject
 from exo.shared.types.common import FinishReason
+from exo.shared.types.tool_spec import ToolSpec
 
 
 class TextContentPart(WireModel):
@@ -50,6 +44,17 @@ class ChatMessage(WireModel):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+
+
+class FunctionDefinition(WireModel):
+    name: str
+    description: str | None = None
+    parameters: JsonObject = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+    def tool_spec(self) -> ToolSpec:
+        """The engine's form of this tool, the keys a client added kept (the prompt shows them)."""
+        return ToolSpec.model_validate(self.model_dump())
 
 
 class ToolDefinition(WireModel):

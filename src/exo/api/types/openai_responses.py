@@ -9,7 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, Tag
 
-from exo.shared.types.api import Integer, JsonObject, WireModel
+from exo.api.types.wire import Integer, WireModel
+from exo.shared.types.api import JsonObject
 
 
 def _tagged(known: frozenset[str], default_type: str | None = None) -> Discriminator:

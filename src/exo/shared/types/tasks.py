@@ -4,8 +4,8 @@ from typing import Final, Literal
 
 from pydantic import Field, JsonValue
 
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.common import CommandId, FrozenModel, ModelId, TaskId
+from exo.shared.types.tool_spec import ToolSpec
 
 Role = Literal["system", "user", "assistant", "tool"]
 # How the model may use the offered tools; every wire protocol's tool-choice names map onto these.
@@ -44,7 +44,7 @@ class PromptMessage(FrozenModel):
 class ToolPolicy(FrozenModel):
     """What the model may do with tools in this completion (decided by the API from the request)."""
 
-    tools: tuple[FunctionDefinition, ...] = ()
+    tools: tuple[ToolSpec, ...] = ()
     # The subset that may actually be called (allowed_tools / a named choice); empty means all of `tools`.
     callable_tools: tuple[str, ...] = ()
     mode: ToolChoiceMode = "auto"

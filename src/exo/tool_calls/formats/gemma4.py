@@ -1,7 +1,7 @@
 """Gemma 4 (`<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>`) and FunctionGemma (the same with
 `<start_function_call>`, `<end_function_call>` and `<escape>` as the string quote), one call per marker."""
 
-from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
 from exo.tool_calls.grammar.lark import LarkWriter, literal
 from exo.tool_calls.grammar.parameters import (
@@ -28,7 +28,7 @@ class BracedGrammar(OpenedCallsGrammar):
         one = lark.rule("call", f"({calls}) {lark.marker(self._syntax.end)}")
         return repeated(lark, one, lark.marker(self.opening), parallel=request.parallel)
 
-    def _call(self, lark: LarkWriter, tool: FunctionDefinition) -> str:
+    def _call(self, lark: LarkWriter, tool: ToolSpec) -> str:
         parameters = tool_parameters(tool, self._label)
         comma = literal(",")
         if parameters is None:

@@ -5,7 +5,7 @@ content."""
 
 import re
 
-from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.arguments.python_literals import BracketTracker, parse_pythonic_calls
 from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
 from exo.tool_calls.grammar.lark import LarkWriter, literal
@@ -153,10 +153,10 @@ class PythonicGrammar(OpenedCallsGrammar):
             first = f"({first}) ({literal(', ')} ({calls}))*"
         return BareCalls(expression=f"{first} {literal(']')}", never_starting=(rf"\[[ \t\r\n]*{names}\(",))
 
-    def _call(self, lark: LarkWriter, tool: FunctionDefinition) -> str:
+    def _call(self, lark: LarkWriter, tool: ToolSpec) -> str:
         return f"{literal(tool.name + '(')} {self._arguments(lark, tool)}"
 
-    def _arguments(self, lark: LarkWriter, tool: FunctionDefinition) -> str:
+    def _arguments(self, lark: LarkWriter, tool: ToolSpec) -> str:
         """A call's arguments and its closing `)`, after `name(`."""
         parameters = tool_parameters(tool, "pythonic")
         if parameters is None:

@@ -17,7 +17,7 @@ parameter, parameters may come in any order. A hermes JSON object inside `<tool_
 import json
 import re
 
-from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.arguments.schema import SchemaView
 from exo.tool_calls.arguments.text_values import convert_xml_value, streams_as_string
 from exo.tool_calls.format import CallRegion, CallSink, MarkedFormat
@@ -293,7 +293,7 @@ class Qwen3CoderGrammar(OpenedCallsGrammar):
         rest = lark.rule("call_rest", f"{literal(_NEWLINE)} ({functions}) {closing}")
         return repeated(lark, rest, f"{literal(_NEWLINE)} {lark.marker(_WRAPPER)}", parallel=request.parallel)
 
-    def _function(self, lark: LarkWriter, tool: FunctionDefinition) -> str:
+    def _function(self, lark: LarkWriter, tool: ToolSpec) -> str:
         head = literal(f"{_FUNCTION}{tool.name}>{_NEWLINE}")
         parameters = tool_parameters(tool, "qwen3_coder")
         if parameters is None:

@@ -16,7 +16,7 @@ call is constrained like a marked one.
 import re
 from collections.abc import Sequence
 
-from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.grammar.json_calls import json_call_object
 from exo.tool_calls.grammar.lark import LarkWriter, literal
 
@@ -30,11 +30,11 @@ def _lexeme(*pieces: str) -> str:
     return "/" + "".join(pieces).replace("/", "\\/") + "/"
 
 
-def _names(tools: Sequence[FunctionDefinition]) -> str:
+def _names(tools: Sequence[ToolSpec]) -> str:
     return "(" + "|".join(re.escape(tool.name) for tool in tools) + ")"
 
 
-def bare_json_starts(tools: Sequence[FunctionDefinition]) -> tuple[str, ...]:
+def bare_json_starts(tools: Sequence[ToolSpec]) -> tuple[str, ...]:
     """Regex pieces free text may not start with: a bare JSON call to one of `tools`, and any object whose first
     key is "arguments"/"parameters" (the parser reads that as a call too, and the grammar writes only "name")."""
     opening = rf"({_FENCE})?\[?{_SPACE}\{{{_SPACE}"
@@ -44,9 +44,7 @@ def bare_json_starts(tools: Sequence[FunctionDefinition]) -> tuple[str, ...]:
     )
 
 
-def bare_json_calls(
-    lark: LarkWriter, tools: Sequence[FunctionDefinition], *, arguments_key: str, parallel: bool
-) -> str:
+def bare_json_calls(lark: LarkWriter, tools: Sequence[ToolSpec], *, arguments_key: str, parallel: bool) -> str:
     """The bare JSON call alternatives: one object, a ```json fenced object, or (parallel) a list of objects."""
     head = rf'\{{{_SPACE}"name"{_SPACE}:{_SPACE}'
     rest = literal(f', "{arguments_key}": ')

@@ -2,11 +2,11 @@
 
 import json
 
-from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.grammar.lark import LarkWriter, literal
 
 
-def json_call_object(lark: LarkWriter, tools: tuple[FunctionDefinition, ...], arguments_key: str = "arguments") -> str:
+def json_call_object(lark: LarkWriter, tools: tuple[ToolSpec, ...], arguments_key: str = "arguments") -> str:
     """A rule: one alternative per tool, fixed JSON text up to the arguments, the tool's schema, then `}`."""
     alternatives: list[str] = []
     for tool in tools:
@@ -16,7 +16,7 @@ def json_call_object(lark: LarkWriter, tools: tuple[FunctionDefinition, ...], ar
     return lark.rule("call_object", " | ".join(alternatives))
 
 
-def named_json_arguments(lark: LarkWriter, tools: tuple[FunctionDefinition, ...], template: str) -> str:
+def named_json_arguments(lark: LarkWriter, tools: tuple[ToolSpec, ...], template: str) -> str:
     """A rule: one alternative per tool, `template` (with `{name}` and `{arguments}`) filled in for each.
 
     `template` is lark text; `{name}` becomes the tool's name as a literal, `{arguments}` its JSON arguments.

@@ -15,7 +15,7 @@ from typing import cast
 
 from pydantic import JsonValue
 
-from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.arguments.schema import SchemaView
 from exo.tool_calls.grammar.lark import JsonObject, LarkWriter, literal
 from exo.tool_calls.grammar.spec import UnsupportedConstraintError
@@ -44,7 +44,7 @@ class Parameter:
         return types is not None and "string" in types
 
 
-def tool_parameters(tool: FunctionDefinition, format_label: str) -> list[Parameter] | None:
+def tool_parameters(tool: ToolSpec, format_label: str) -> list[Parameter] | None:
     """The tool's parameters in schema order, or None when the schema names none (any name goes)."""
     root = tool.parameters
     strict = bool(tool.strict)

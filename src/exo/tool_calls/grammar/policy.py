@@ -19,8 +19,8 @@ from functools import lru_cache
 
 from llguidance import LLMatcher
 
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import StructuredOutput, ToolPolicy
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.grammar.exclusion import excluding
 from exo.tool_calls.grammar.lark import arguments_schema
 from exo.tool_calls.grammar.spec import (
@@ -36,7 +36,7 @@ from exo.tool_calls.names import ToolFormatName
 ConstraintSpec = ToolConstraintSpec | JsonAnswerSpec
 
 
-def callable_functions(policy: ToolPolicy) -> tuple[FunctionDefinition, ...]:
+def callable_functions(policy: ToolPolicy) -> tuple[ToolSpec, ...]:
     """The tools the model may call: all offered ones, or the subset a named choice / allowed_tools picked."""
     if policy.mode == "none":
         return ()
@@ -52,7 +52,7 @@ class RequestTools:
     carried to every decision that reads them."""
 
     policy: ToolPolicy
-    callable_functions: tuple[FunctionDefinition, ...]
+    callable_functions: tuple[ToolSpec, ...]
 
     @classmethod
     def of(cls, policy: ToolPolicy) -> "RequestTools":
@@ -120,14 +120,12 @@ def auto_grammar_on(policy: ToolPolicy, node_default: bool) -> bool:
     return node_default if policy.auto_grammar is None else policy.auto_grammar
 
 
-def _held_tools(
-    tools: RequestTools, *, under_auto: bool, blocked: tuple[CallKey, ...]
-) -> tuple[FunctionDefinition, ...]:
+def _held_tools(tools: RequestTools, *, under_auto: bool, blocked: tuple[CallKey, ...]) -> tuple[ToolSpec, ...]:
     """The callable tools as the grammar holds them: under "auto", a non-strict tool whose schema cannot be
     finished takes any arguments object (validated afterwards, as without a grammar); a tool with blocked calls
     takes every arguments object but theirs."""
     loose = set(tools.policy.unenforceable_tools) if under_auto else set[str]()
-    held: list[FunctionDefinition] = []
+    held: list[ToolSpec] = []
     for tool in tools.callable_functions:
         parameters = ANY_ARGUMENTS if tool.name in loose and not tool.strict else tool.parameters
         calls = tuple(call for call in blocked if call.name == tool.name)
@@ -259,7 +257,7 @@ def tools_at_risk(tools: RequestTools, tool_format: ToolFormatName, grammar_held
     return frozenset(tool.name for tool in repairable_tools if _partly_enforced(tool))
 
 
-def _partly_enforced(tool: FunctionDefinition) -> bool:
+def _partly_enforced(tool: ToolSpec) -> bool:
     return _has_unenforced_keywords(json.dumps(tool.parameters, sort_keys=True))
 
 

@@ -4,7 +4,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.grammar.lark import LarkWriter
 from exo.tool_calls.grammar.spec import ReplyShape
 
@@ -12,7 +12,7 @@ from exo.tool_calls.grammar.spec import ReplyShape
 @dataclass(frozen=True)
 class ReplyRequest:
     shape: ReplyShape
-    tools: tuple[FunctionDefinition, ...]
+    tools: tuple[ToolSpec, ...]
     parallel: bool
 
 

@@ -3,8 +3,9 @@
 from enum import StrEnum
 from typing import Final
 
-from exo.shared.types.api import FunctionDefinition, JsonObject
+from exo.shared.types.api import JsonObject
 from exo.shared.types.common import FrozenModel
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.names import ToolFormatName
 
 ANY_ARGUMENTS: Final[JsonObject] = {"type": "object"}
@@ -45,7 +46,7 @@ class ToolConstraintSpec(FrozenModel):
     """Everything a tool-call grammar depends on."""
 
     tool_format: ToolFormatName
-    tools: tuple[FunctionDefinition, ...]
+    tools: tuple[ToolSpec, ...]
     """The tools that may be called, already narrowed by a named choice or `allowed_tools` (empty for TEXT_ONLY)."""
     shape: ReplyShape
     parallel_tool_calls: bool
@@ -63,7 +64,7 @@ class JsonAnswerSpec(FrozenModel):
     reasoning: ReasoningMarkers | None = None
     tool_format: ToolFormatName = ToolFormatName.GENERIC
     """The model's tool-call format; only read when `tools` is not empty."""
-    tools: tuple[FunctionDefinition, ...] = ()
+    tools: tuple[ToolSpec, ...] = ()
     """Tools the model may call instead of answering (`tool_choice: "auto"`); empty: the answer is the reply."""
     tool_schemas_enforced: bool = False
     """Whether call arguments must match each tool's schema (a `strict` tool was offered) or be any object."""

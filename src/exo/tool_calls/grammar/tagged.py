@@ -3,7 +3,7 @@
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.grammar.lark import LarkWriter
 from exo.tool_calls.grammar.parameters import (
     Parameter,
@@ -73,7 +73,7 @@ class TaggedGrammar(OpenedCallsGrammar):
         listed = repeated(lark, one, self._pieces(lark, layout.between_calls), parallel=request.parallel)
         return f"{self._pieces(lark, layout.section_head)} {listed} {self._pieces(lark, layout.section_close)}"
 
-    def _call(self, lark: LarkWriter, tool: FunctionDefinition) -> str:
+    def _call(self, lark: LarkWriter, tool: ToolSpec) -> str:
         layout = self._layout
         head = self._pieces(lark, layout.call_head(tool.name))
         parameters = tool_parameters(tool, layout.label)

@@ -8,7 +8,7 @@ are decoded. With `strict_shape` (raw JSON with no marker) any other key means "
 
 import json
 
-from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.arguments.json_stream import JsonValueStreamer
 from exo.tool_calls.arguments.schema import SchemaView
 from exo.tool_calls.format import CallSink
@@ -40,7 +40,7 @@ class EnvelopeParser:
         self._streamer: JsonValueStreamer | None = None
         self._key = ""
         self._value_kind = ""  # "name", "arguments", "string_arguments", "held_arguments", "skip"
-        self._tool: FunctionDefinition | None = None
+        self._tool: ToolSpec | None = None
         self._committed = False
         self._arguments_written = False
         self._held_arguments: str | None = None

@@ -6,15 +6,15 @@ import pytest
 
 from exo.api.adapters.chat_request import normalise_messages
 from exo.api.types.openai_chat import ChatCompletionRequest
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import ToolPolicy
+from exo.shared.types.tool_spec import ToolSpec
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.chat_template import apply_chat_template
 from exo.worker.engines.mlx.loaded_model import LoadedModel
 from exo.worker.engines.mlx.model_loader import load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, GET_WEATHER_TOOL, JsonObject
 
-WEATHER = ToolPolicy(tools=(FunctionDefinition.model_validate(GET_WEATHER_TOOL["function"]),))
+WEATHER = ToolPolicy(tools=(ToolSpec.model_validate(GET_WEATHER_TOOL["function"]),))
 
 
 @pytest.fixture(scope="module")

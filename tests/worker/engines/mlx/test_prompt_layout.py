@@ -6,8 +6,8 @@ from pathlib import Path
 
 from pydantic import JsonValue
 
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, ToolPolicy
+from exo.shared.types.tool_spec import ToolSpec
 from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.chat_template import RenderedPrompt, apply_chat_template
@@ -19,7 +19,7 @@ from tests.worker.engines.mlx.generator.scheduling import context_for, task
 
 TOOLS = ToolPolicy(
     tools=(
-        FunctionDefinition(
+        ToolSpec(
             name="write",
             description="Write a file.",
             parameters={

@@ -8,8 +8,8 @@ and templates that only take one call per assistant turn (Llama 3.1) get paralle
 import json
 from collections.abc import Sequence
 
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, PromptToolCall
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.format import HistoryNeeds
 
 _OPENAI_SHAPE = HistoryNeeds()
@@ -93,13 +93,13 @@ def _sequence_parallel_calls(messages: Sequence[PromptMessage]) -> list[PromptMe
     return result
 
 
-def tool_description(tool: FunctionDefinition) -> dict[str, object]:
+def tool_description(tool: ToolSpec) -> dict[str, object]:
     """What the model is shown of a tool: `strict` is a server-side control, so the prompt is the same with or
     without it (and the same whichever API protocol the tool came through)."""
     return tool.model_dump(exclude_none=True, exclude={"strict"})
 
 
-def describe_tools_prompt(tools: Sequence[FunctionDefinition]) -> str:
+def describe_tools_prompt(tools: Sequence[ToolSpec]) -> str:
     """System text for templates without tool support: describe the tools and ask for `<tool_call>` JSON."""
     lines = [
         "You can call the following tools. To call one, reply with",
@@ -133,7 +133,7 @@ def to_template_messages(
     messages: Sequence[PromptMessage],
     *,
     chat_template: str | None,
-    tools: Sequence[FunctionDefinition],
+    tools: Sequence[ToolSpec],
     needs: HistoryNeeds = _OPENAI_SHAPE,
 ) -> list[TemplateMessage]:
     """Convert history for `chat_template`; when the template lacks tool support, tools go into a system turn.

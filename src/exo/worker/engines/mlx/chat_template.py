@@ -6,8 +6,8 @@ from typing import Any, cast
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptLayout, PromptMessage, ToolPolicy
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.format import HistoryNeeds
 from exo.worker.engines.mlx.chat_messages import TemplateMessage, to_template_messages, tool_description
 from exo.worker.engines.mlx.prompt_budget import encode_within
@@ -34,7 +34,7 @@ def chat_template_text(tokenizer: TokenizerWrapper) -> str | None:
     return None
 
 
-def _tool_dicts(tools: tuple[FunctionDefinition, ...]) -> list[dict[str, Any]]:
+def _tool_dicts(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
     return [{"type": "function", "function": tool_description(tool)} for tool in tools]
 
 

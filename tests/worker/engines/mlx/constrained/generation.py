@@ -13,7 +13,7 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from pydantic import BaseModel, JsonValue
 
-from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tool_spec import ToolSpec
 from tests.worker.engines.mlx.constrained.tiny_models import MARKERS
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
@@ -153,7 +153,7 @@ def _parse_call(text: str, arguments_key: str) -> ParsedCall:
     return ParsedCall(name=payload["name"], arguments=payload[arguments_key])
 
 
-def assert_valid_call(call: ParsedCall, tools: Sequence[FunctionDefinition]) -> None:
+def assert_valid_call(call: ParsedCall, tools: Sequence[ToolSpec]) -> None:
     """The call names one of `tools` and its arguments validate against that tool's schema."""
     by_name = {tool.name: tool for tool in tools}
     assert call.name in by_name, f"{call.name!r} is not among {sorted(by_name)}"

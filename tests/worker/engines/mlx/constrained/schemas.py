@@ -2,9 +2,9 @@
 
 from typing import Final
 
-from exo.shared.types.api import FunctionDefinition
+from exo.shared.types.tool_spec import ToolSpec
 
-WEATHER: Final = FunctionDefinition(
+WEATHER: Final = ToolSpec(
     name="get_weather",
     parameters={
         "type": "object",
@@ -17,7 +17,7 @@ WEATHER: Final = FunctionDefinition(
     },
 )
 
-SEARCH: Final = FunctionDefinition(
+SEARCH: Final = ToolSpec(
     name="search",
     strict=True,
     parameters={
@@ -34,7 +34,7 @@ SEARCH: Final = FunctionDefinition(
     },
 )
 
-TODO_WRITE: Final = FunctionDefinition(
+TODO_WRITE: Final = ToolSpec(
     name="todo_write",
     parameters={
         "type": "object",
@@ -66,7 +66,7 @@ TODO_WRITE: Final = FunctionDefinition(
 )
 
 # Pydantic puts nested models under `$defs` and points at them with `$ref` from the schema root.
-MOVE_FILE: Final = FunctionDefinition(
+MOVE_FILE: Final = ToolSpec(
     name="move_file",
     parameters={
         "$defs": {
@@ -85,7 +85,7 @@ MOVE_FILE: Final = FunctionDefinition(
 )
 
 # zod's shape for a tool without arguments.
-LIST_FILES: Final = FunctionDefinition(
+LIST_FILES: Final = ToolSpec(
     name="list_files", parameters={"type": "object", "properties": {}, "additionalProperties": False}
 )
 

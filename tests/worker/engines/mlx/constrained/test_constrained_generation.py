@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import mlx.core as mx
 import pytest
 
-from exo.api.types.openai_chat import ToolDefinition
-from exo.shared.types.api import FunctionDefinition
+from exo.api.types.openai_chat import FunctionDefinition, ToolDefinition
+from exo.shared.types.tool_spec import ToolSpec
 from exo.tool_calls.grammar.spec import ReasoningMarkers, ReplyShape, ToolConstraintSpec
 from exo.tool_calls.names import ToolFormatName
 from exo.worker.engines.mlx.constrained import make_logits_processor
@@ -65,10 +65,10 @@ def test_required_always_yields_valid_calls_to_the_given_tools(tool_model: Loade
 
 
 def test_named_choice_always_yields_exactly_one_call_to_that_tool(tool_model: LoadedModel) -> None:
-    request_tools = [ToolDefinition(function=tool) for tool in ALL_TOOLS]
+    request_tools = [ToolDefinition(function=FunctionDefinition(**tool.model_dump())) for tool in ALL_TOOLS]
     for seed in SEEDS:
         named = ALL_TOOLS[seed % len(ALL_TOOLS)]
-        tools = tuple(tool.function for tool in request_tools if tool.function.name == named.name)
+        tools = tuple(tool.function.tool_spec() for tool in request_tools if tool.function.name == named.name)
         spec = ToolConstraintSpec(
             tool_format=ToolFormatName.HERMES, tools=tools, shape=ReplyShape.CALLS, parallel_tool_calls=False
         )
@@ -78,8 +78,8 @@ def test_named_choice_always_yields_exactly_one_call_to_that_tool(tool_model: Lo
 
 
 def test_allowed_tools_are_never_escaped(tool_model: LoadedModel) -> None:
-    request_tools = [ToolDefinition(function=tool) for tool in ALL_TOOLS]
-    tools = tuple(tool.function for tool in request_tools if tool.function.name in ("search", "move_file"))
+    request_tools = [ToolDefinition(function=FunctionDefinition(**tool.model_dump())) for tool in ALL_TOOLS]
+    tools = tuple(tool.function.tool_spec() for tool in request_tools if tool.function.name in ("search", "move_file"))
     spec = ToolConstraintSpec(
         tool_format=ToolFormatName.HERMES, tools=tools, shape=ReplyShape.CALLS, parallel_tool_calls=True
     )
@@ -270,7 +270,7 @@ def test_compile_and_mask_cost_are_reported(tool_model: LoadedModel) -> None:
 
 
 def test_definitions_are_not_mutated_by_grammar_building() -> None:
-    original = FunctionDefinition.model_validate(WEATHER.model_dump())
+    original = ToolSpec.model_validate(WEATHER.model_dump())
     spec = ToolConstraintSpec(
         tool_format=ToolFormatName.HERMES, tools=(WEATHER,), shape=ReplyShape.CALLS, parallel_tool_calls=False
     )

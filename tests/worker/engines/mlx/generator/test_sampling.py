@@ -6,8 +6,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.sample_utils import make_sampler
 
-from exo.shared.types.api import FunctionDefinition
 from exo.shared.types.tasks import PromptMessage, SamplingParams, ToolPolicy
+from exo.shared.types.tool_spec import ToolSpec
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.chat_template import apply_chat_template
 from exo.worker.engines.mlx.generator.generate import generate_tokens
@@ -31,7 +31,7 @@ def loaded() -> LoadedModel:
 
 
 def complete(loaded: LoadedModel, content: str, sampling: SamplingParams, *, with_weather: bool = False) -> str:
-    tools = (FunctionDefinition.model_validate(GET_WEATHER_TOOL["function"]),) if with_weather else ()
+    tools = (ToolSpec.model_validate(GET_WEATHER_TOOL["function"]),) if with_weather else ()
     prompt = apply_chat_template(
         loaded.tokenizer, (PromptMessage(role="user", content=content),), ToolPolicy(tools=tools)
     )
