@@ -91,6 +91,34 @@ def test_the_cpu_kernels_are_auto_by_default_and_off_on_request() -> None:
         build_parser().parse_args(["--cpu-kernels", "on"])
 
 
+def test_cpu_weights_are_float32_by_default_and_int8_on_request() -> None:
+    assert config_from_args(build_parser().parse_args([])).cpu_weights == "float32"
+    assert config_from_args(build_parser().parse_args(["--cpu-weights", "int8"])).cpu_weights == "int8"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--cpu-weights", "int4"])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the CPU engine applies on a Linux CPU machine")
+def test_cpu_weights_int8_serves_and_says_so_in_the_ready_line_and_state(tmp_path: Path) -> None:
+    """The setting reaches the runner (its weights int8, in its report and ready line) and the node's published facts
+    (what placement plans memory from)."""
+    with running_exo([fixture_model(MODEL)], tmp_path, ["--cpu-weights", "int8"], ready_timeout=300) as server:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello!"}]}
+        answer = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
+        assert answer.json()["choices"][0]["message"]["content"] == GREETING_REPLY
+        metadata = server.runner()["metadata"]
+        nodes = server.state()["nodes"]
+        log = server.log()
+    assert isinstance(metadata, dict)
+    assert metadata["dtype"] == "int8"
+    report = CpuKernelsReport.model_validate(metadata["cpu_kernels"])
+    assert report.weights == "int8"
+    assert {state.name: state.on for state in report.replacements}["int8_weights"]
+    assert "int8 weights (MKL s8u8s32)" in log
+    assert isinstance(nodes, dict)
+    assert [node["facts"]["cpu_weights"] for node in nodes.values()] == ["int8"]  # pyright: ignore[reportUnknownVariableType, reportIndexIssue]
+
+
 def test_cpu_kernels_off_serves_and_says_so_in_the_ready_line_and_state(tmp_path: Path) -> None:
     with running_exo([fixture_model(MODEL)], tmp_path, ["--cpu-kernels", "off"], ready_timeout=300) as server:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello!"}]}

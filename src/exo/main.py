@@ -28,6 +28,7 @@ from exo.cluster.settings import (
     normalise_endpoint,
     parse_peer_list,
 )
+from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS
 from exo.shared.types.worker.decode_settings import DecodeSettings
 
 # exo.node (and with it the model converter, transformers…) is imported only when a node starts: the subcommands
@@ -165,6 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
         "machine only; off serves with stock mlx-lm everywhere. The runner's ready line and /state say which are on",
     )
     parser.add_argument(
+        "--cpu-weights",
+        choices=("float32", "int8"),
+        default=DEFAULT_CPU_WEIGHTS,
+        help="what the CPU engine holds the weights as (under --cpu-kernels auto on a Linux CPU machine): float32 "
+        f"(default {DEFAULT_CPU_WEIGHTS}) expands every matrix for float32 BLAS; int8 keeps one byte a weight with a "
+        "float32 scale per output row and multiplies with MKL's integer GEMM (a quarter of the memory)",
+    )
+    parser.add_argument(
         "--prefix-cache-gb",
         type=float,
         default=2.0,
@@ -279,6 +288,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         queue_limit=arguments.queue_limit,
         decode=decode_settings_from_args(arguments),
         cpu_kernels=arguments.cpu_kernels,
+        cpu_weights=arguments.cpu_weights,
         prefix_cache_bytes=int(arguments.prefix_cache_gb * 1024**3),
         prefix_cache_disk_bytes=int(arguments.prefix_cache_disk_gb * 1024**3),
         tool_format_override=arguments.tool_format,

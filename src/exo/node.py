@@ -35,7 +35,7 @@ from exo.models.peer_files import ModelFileServer
 from exo.models.progress_display import ConsoleProgress
 from exo.shared.api_key_hash import make_verifier
 from exo.shared.types.common import ModelId
-from exo.shared.types.cpu_kernels import CpuKernelsSetting
+from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting
 from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.request_record import RequestRecord
@@ -62,6 +62,7 @@ class NodeConfig:
     queue_limit: int = 64
     decode: DecodeSettings = field(default_factory=DecodeSettings)
     cpu_kernels: CpuKernelsSetting = "auto"
+    cpu_weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS
     prefix_cache_bytes: int = 2 * 1024**3
     # KV snapshots of prompt prefixes under `$EXO_HOME/prefix-cache`, per model; 0 keeps none.
     prefix_cache_disk_bytes: int = 8 * 1024**3
@@ -181,6 +182,7 @@ class Node:
             started_at=self._started_at,
             api_key_verifier=make_verifier(config.api_key) if config.api_key else None,
             cpu_kernels=config.cpu_kernels,
+            cpu_weights=config.cpu_weights,
         )
         self._worker = worker = Worker(
             task_group,
@@ -269,6 +271,7 @@ class Node:
             queue_limit=self.config.queue_limit,
             decode=self.config.decode,
             cpu_kernels=self.config.cpu_kernels,
+            cpu_weights=self.config.cpu_weights,
             prefix_cache_bytes=self.config.prefix_cache_bytes,
             prefix_cache_dir=(self.config.home or exo_home()) / "prefix-cache",
             prefix_cache_disk_bytes=self.config.prefix_cache_disk_bytes,

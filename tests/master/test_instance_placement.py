@@ -79,9 +79,21 @@ def test_placement_plans_the_dtype_a_cpu_node_publishes_it_loads() -> None:
     off = fold((reported(NODE_A, available_gib=3, cpu_kernels="off"), NODE_A))
     instance = place_instance(off, _request(1), InstanceId("i1"), now=5.0, draw_ports=_ports)
     assert off.nodes[NODE_A].facts.cpu_kernels == "off"
-    stored = FOOTPRINT.total_bytes(float32=False)
-    assert [rank.planned_bytes for rank in instance.ranks] == [rank_need(FOOTPRINT, 0, 8, float32=False)]
+    stored = FOOTPRINT.total_bytes(weights="stored")
+    assert [rank.planned_bytes for rank in instance.ranks] == [rank_need(FOOTPRINT, 0, 8, weights="stored")]
     assert instance.ranks[0].planned_bytes == int(stored * (1 + RUNTIME_OVERHEAD_FRACTION)) + RUNTIME_OVERHEAD_BYTES
+
+
+def test_placement_plans_int8_weights_from_a_node_started_with_cpu_weights_int8() -> None:
+    """`--cpu-weights int8`: about a byte a parameter (0.93 GiB planned here), so 3 GiB holds the model that needs
+    3.94 GiB in float32; under `--cpu-kernels off` the setting does not apply (stored bytes)."""
+    int8 = fold((reported(NODE_A, available_gib=3, cpu_weights="int8"), NODE_A))
+    assert int8.nodes[NODE_A].facts.weights_in_memory == "int8"
+    instance = place_instance(int8, _request(1), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    assert [rank.planned_bytes for rank in instance.ranks] == [rank_need(FOOTPRINT, 0, 8, weights="int8")]
+    assert instance.ranks[0].planned_bytes < rank_need(FOOTPRINT, 0, 8, weights="stored")
+    off = fold((reported(NODE_A, available_gib=3, cpu_kernels="off", cpu_weights="int8"), NODE_A))
+    assert off.nodes[NODE_A].facts.weights_in_memory == "stored"
 
 
 def test_a_node_that_is_down_is_not_placed_on() -> None:

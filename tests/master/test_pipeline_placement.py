@@ -11,7 +11,7 @@ from exo.master.pipeline_placement import (
     split_layers_by_memory,
 )
 from exo.shared.types.common import NodeId
-from exo.shared.types.footprint import ModelFootprint
+from exo.shared.types.footprint import INT8_OVERHEAD, ModelFootprint, WeightsInMemory
 
 GIB = 1024**3
 # 24 layers of 100 M parameters, 200 M shared: 0.4 GiB a layer and 0.8 GiB shared in float32.
@@ -23,8 +23,8 @@ FOOTPRINT = ModelFootprint(
 )
 
 
-def _node(name: str, gib: float, *, float32: bool = True) -> NodeCapacity:
-    return NodeCapacity(node_id=NodeId(name), available_bytes=int(gib * GIB), float32=float32)
+def _node(name: str, gib: float, *, weights: WeightsInMemory = "float32") -> NodeCapacity:
+    return NodeCapacity(node_id=NodeId(name), available_bytes=int(gib * GIB), weights=weights)
 
 
 def test_a_model_that_fits_on_one_node_goes_on_the_one_with_most_memory() -> None:
@@ -45,12 +45,23 @@ def test_layers_follow_free_memory_and_min_nodes_spreads_a_model_that_would_fit_
     assert plan.node_ids == ("a", "b", "c")
     assert plan.layer_counts == (12, 6, 6)
     # Every rank holds the shared weights beside its layers.
-    assert plan.planned_bytes[1] == rank_need(FOOTPRINT, 6, 12, float32=True)
+    assert plan.planned_bytes[1] == rank_need(FOOTPRINT, 6, 12, weights="float32")
 
 
 def test_a_node_on_native_weights_needs_the_stored_bytes_only() -> None:
-    assert rank_need(FOOTPRINT, 0, 24, float32=False) < rank_need(FOOTPRINT, 0, 24, float32=True)
-    plan = plan_pipeline("m", FOOTPRINT, [_node("mac", 6, float32=False)])
+    assert rank_need(FOOTPRINT, 0, 24, weights="stored") < rank_need(FOOTPRINT, 0, 24, weights="float32")
+    plan = plan_pipeline("m", FOOTPRINT, [_node("mac", 6, weights="stored")])
+    assert plan.layer_counts == (24,)
+
+
+def test_a_node_on_int8_weights_needs_about_a_byte_a_parameter() -> None:
+    """2.6 G parameters: 9.7 GiB in float32, about 2.5 GiB as int8 (a byte each plus 1/32 for scales and norms)."""
+    parameters = FOOTPRINT.shared_parameters + sum(FOOTPRINT.layer_parameters)
+    assert FOOTPRINT.total_bytes(weights="int8") == int(parameters * (1 + INT8_OVERHEAD))
+    assert rank_need(FOOTPRINT, 0, 24, weights="int8") < rank_need(FOOTPRINT, 0, 24, weights="float32") / 3
+    with pytest.raises(PlacementError):
+        plan_pipeline("m", FOOTPRINT, [_node("cpu", 4)])
+    plan = plan_pipeline("m", FOOTPRINT, [_node("cpu", 4, weights="int8")])
     assert plan.layer_counts == (24,)
 
 

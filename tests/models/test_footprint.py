@@ -17,9 +17,10 @@ def test_the_per_layer_fixture_has_four_equal_layers_and_shared_embeddings() -> 
     config = json.loads((FIXTURE_MODELS_DIR / "tiny-qwen-tools-deep" / "config.json").read_text())
     # Tied embeddings and the final norm are the shared weights.
     assert footprint.shared_parameters == config["vocab_size"] * config["hidden_size"] + config["hidden_size"]
-    assert footprint.total_bytes(float32=True) == 4 * (footprint.shared_parameters + sum(footprint.layer_parameters))
+    parameters = footprint.shared_parameters + sum(footprint.layer_parameters)
+    assert footprint.total_bytes(weights="float32") == 4 * parameters
     # Stored as float32 already: the file bytes are the float32 bytes.
-    assert footprint.total_bytes(float32=False) == footprint.total_bytes(float32=True)
+    assert footprint.total_bytes(weights="stored") == footprint.total_bytes(weights="float32")
 
 
 def test_a_quantized_checkpoint_counts_its_weights_dequantized(tmp_path: Path) -> None:

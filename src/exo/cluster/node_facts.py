@@ -19,7 +19,7 @@ import psutil
 
 from exo.shared.types.api_key import ApiKeyVerifier
 from exo.shared.types.common import NodeId
-from exo.shared.types.cpu_kernels import CpuKernelsSetting
+from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting
 from exo.shared.types.state import MlxBackend, NodeFacts, NodeMemory
 
 
@@ -90,6 +90,8 @@ class NodeDescriber:
     dropped_messages: Callable[[], int] = lambda: 0
     # `--cpu-kernels`: published so placement plans the memory of what this node's runners load.
     cpu_kernels: CpuKernelsSetting = "auto"
+    # `--cpu-weights`: float32 or int8 weights where the CPU engine applies (placement plans their size).
+    cpu_weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS
     started_at: float = field(default_factory=time.time)
     # Published so that every node of the cluster requires a key once one node has one (api/cluster_keys.py).
     api_key_verifier: ApiKeyVerifier | None = None
@@ -114,4 +116,5 @@ class NodeDescriber:
             dropped_messages=self.dropped_messages(),
             api_key_verifier=self.api_key_verifier,
             cpu_kernels=self.cpu_kernels,
+            cpu_weights=self.cpu_weights,
         )

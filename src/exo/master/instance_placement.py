@@ -38,7 +38,7 @@ def place_instance(
         NodeCapacity(
             node_id=node_id,
             available_bytes=node.facts.memory.available_bytes,
-            float32=node.facts.loads_float32,
+            weights=node.facts.weights_in_memory,
         )
         for node_id, node in sorted(state.nodes.items())
         if is_up(state, node_id) and node_id not in excluded

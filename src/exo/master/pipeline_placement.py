@@ -11,20 +11,22 @@ from collections.abc import Sequence
 from typing import Final
 
 from exo.shared.types.common import FrozenModel, NodeId
-from exo.shared.types.footprint import ModelFootprint
+from exo.shared.types.footprint import ModelFootprint, WeightsInMemory
 
 # What a rank needs beyond its weights while it serves: its KV cache and activations grow with the context.
 RUNTIME_OVERHEAD_FRACTION: Final = 0.10
 RUNTIME_OVERHEAD_BYTES: Final = 256 * 1024 * 1024
 _GIB: Final = 1024**3
+# Largest first: a refusal names the smallest need among the nodes (the last of these any of them has).
+_HELD_ORDER: Final[tuple[WeightsInMemory, ...]] = ("float32", "int8", "stored")
 
 
 class NodeCapacity(FrozenModel):
     node_id: NodeId
     available_bytes: int
-    # Whether this node's runners keep weights in float32 (a CPU node under `--cpu-kernels auto` converts every
-    # checkpoint to it; NodeFacts.loads_float32).
-    float32: bool = True
+    # How this node's runners hold the weights (a CPU node under `--cpu-kernels auto` converts every checkpoint to
+    # float32, or to int8 under `--cpu-weights int8`; NodeFacts.weights_in_memory).
+    weights: WeightsInMemory = "float32"
 
 
 class PipelinePlan(FrozenModel):
@@ -40,10 +42,10 @@ class PlacementError(ValueError):
     """The model cannot be placed; the message names the memory needed and the memory available."""
 
 
-def rank_need(footprint: ModelFootprint, start: int, end: int, *, float32: bool) -> int:
+def rank_need(footprint: ModelFootprint, start: int, end: int, *, weights: WeightsInMemory) -> int:
     """Memory a rank running layers [start, end) is planned to use: its weights plus room to serve."""
-    weights = footprint.rank_bytes(start, end, float32=float32)
-    return int(weights * (1 + RUNTIME_OVERHEAD_FRACTION)) + RUNTIME_OVERHEAD_BYTES
+    held = footprint.rank_bytes(start, end, weights=weights)
+    return int(held * (1 + RUNTIME_OVERHEAD_FRACTION)) + RUNTIME_OVERHEAD_BYTES
 
 
 def split_layers_by_memory(num_layers: int, available: Sequence[int]) -> tuple[int, ...]:
@@ -86,7 +88,7 @@ def _fit(footprint: ModelFootprint, chosen: Sequence[NodeCapacity]) -> PipelineP
     needs: list[int] = []
     for rank, node in enumerate(chosen):
         start = sum(counts[rank + 1 :])
-        need = rank_need(footprint, start, start + counts[rank], float32=node.float32)
+        need = rank_need(footprint, start, start + counts[rank], weights=node.weights)
         if need > node.available_bytes:
             return None
         needs.append(need)
@@ -96,9 +98,11 @@ def _fit(footprint: ModelFootprint, chosen: Sequence[NodeCapacity]) -> PipelineP
 
 
 def _refuse(model: str, footprint: ModelFootprint, ranked: Sequence[NodeCapacity], min_nodes: int) -> PipelinePlan:
-    float32 = all(node.float32 for node in ranked)
-    whole = rank_need(footprint, 0, footprint.num_layers, float32=float32)
-    shared = rank_need(footprint, 0, 0, float32=float32)
+    # The smallest need any of them has (float32 only where every node holds weights so).
+    held: list[WeightsInMemory] = [node.weights for node in ranked]
+    weights = max(held, key=_HELD_ORDER.index) if held else "float32"
+    whole = rank_need(footprint, 0, footprint.num_layers, weights=weights)
+    shared = rank_need(footprint, 0, 0, weights=weights)
     available = ", ".join(f"{node.node_id} {node.available_bytes / _GIB:.2f} GiB" for node in ranked) or "no nodes"
     over = f" over at least {min_nodes} nodes" if min_nodes > 1 else ""
     raise PlacementError(

@@ -8,12 +8,27 @@ from exo.shared.types.common import FrozenModel
 CpuKernelsSetting = Literal["auto", "off"]
 """`auto`: every replacement on a Linux CPU machine, none elsewhere; `off`: none anywhere (stock mlx-lm)."""
 
-Replacement = Literal["float32", "numpy_attention", "numpy_swiglu", "matmul_plan", "blas_preload"]
+CpuWeightsSetting = Literal["float32", "int8"]
+"""What the CPU engine holds the weights as (`--cpu-weights`; it applies where the replacements do): `float32`, every
+matrix expanded (float32 BLAS), or `int8`, one byte a weight with a float32 scale per output row (MKL's integer
+GEMM; `engines/mlx/cpu/int8_layers.py`)."""
 
-REPLACEMENTS: tuple[Replacement, ...] = ("float32", "numpy_attention", "numpy_swiglu", "matmul_plan", "blas_preload")
+DEFAULT_CPU_WEIGHTS: CpuWeightsSetting = "float32"
+
+Replacement = Literal["float32", "int8_weights", "numpy_attention", "numpy_swiglu", "matmul_plan", "blas_preload"]
+
+REPLACEMENTS: tuple[Replacement, ...] = (
+    "float32",
+    "int8_weights",
+    "numpy_attention",
+    "numpy_swiglu",
+    "matmul_plan",
+    "blas_preload",
+)
 
 DESCRIPTIONS: dict[Replacement, str] = {
     "float32": "float32 weights",
+    "int8_weights": "int8 weights (MKL s8u8s32)",
     "numpy_attention": "numpy attention softmax",
     "numpy_swiglu": "numpy SwiGLU",
     "matmul_plan": "few-row matmul plan",
@@ -34,6 +49,8 @@ class CpuKernelsReport(FrozenModel):
 
     setting: CpuKernelsSetting
     replacements: tuple[ReplacementState, ...]
+    # `--cpu-weights`, as the runner was started with (the replacements say what it holds).
+    weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS
 
     def describe(self) -> str:
         """One line for the log: `auto: on: float32 weights, …; off: numpy SwiGLU (mlx-lm's swiglu is (x), …)`."""

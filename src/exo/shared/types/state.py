@@ -11,7 +11,8 @@ from pydantic import Field
 
 from exo.shared.types.api_key import ApiKeyVerifier
 from exo.shared.types.common import FrozenModel, InstanceId, ModelId, NodeId, RunnerId, TaskId
-from exo.shared.types.cpu_kernels import CpuKernelsSetting
+from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting
+from exo.shared.types.footprint import WeightsInMemory
 from exo.shared.types.instances import PendingPlacement, PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.request_record import RequestRecord
@@ -58,12 +59,17 @@ class NodeFacts(FrozenModel):
     api_key_verifier: ApiKeyVerifier | None = None
     # The node's `--cpu-kernels` setting, which its runners load models under (placement plans with it).
     cpu_kernels: CpuKernelsSetting = "auto"
+    # The node's `--cpu-weights` setting: float32 or int8 where the CPU engine applies (placement plans with it).
+    cpu_weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS
 
     @property
-    def loads_float32(self) -> bool:
-        """Whether this node's runners convert weights to float32: the CPU engine's `float32` replacement, on with
-        the CPU backend unless the node was started with `--cpu-kernels off` (then the checkpoint's own dtype)."""
-        return self.mlx_backend == "cpu" and self.cpu_kernels == "auto"
+    def weights_in_memory(self) -> WeightsInMemory:
+        """How this node's runners hold weights: converted by the CPU engine (to float32, or int8 under
+        `--cpu-weights int8`) with the CPU backend unless the node was started with `--cpu-kernels off`, else as
+        the checkpoint stores them."""
+        if self.mlx_backend == "cpu" and self.cpu_kernels == "auto":
+            return self.cpu_weights
+        return "stored"
 
 
 class NodeHealth(FrozenModel):

@@ -284,7 +284,7 @@ def _load(
     from exo.worker.engines.mlx.model_loader import load_model
 
     model_path = Path(bootstrap.model_path)
-    kernels = CpuKernels(bootstrap.cpu_kernels)
+    kernels = CpuKernels(bootstrap.cpu_kernels, weights=bootstrap.cpu_weights)
     blas = blas_report()  # before the model takes the memory bandwidth; a fraction of a second
     link = (
         PipelineLink.join(bootstrap.shard, on_ring_timeout, bootstrap.pipeline_tls)
@@ -319,7 +319,7 @@ def _load(
         guidance_seconds = prepare_guidance(loaded.tokenizer)
         if guidance_seconds is not None:
             logger.info("constrained decoding prepared in %.2f s (llguidance tokenizer)", guidance_seconds)
-    prefix_cache = _prefix_cache(bootstrap, loaded.model) if bootstrap.prefix_cache_bytes else None
+    prefix_cache = _prefix_cache(bootstrap, loaded.model, loaded.dtype) if bootstrap.prefix_cache_bytes else None
     # A model whose KV cache mlx-lm cannot merge across sequences (some recurrent or sliding-window layers) serves its
     # requests one at a time.
     decode = bootstrap.decode.model_copy(
@@ -358,16 +358,16 @@ def _checkpoint(model_path: Path) -> CheckpointFacts | None:
         return None
 
 
-def _prefix_cache(bootstrap: RunnerBootstrap, model: "nn.Module") -> "PrefixCache":
-    """The prefix cache, with its disk tier in a folder of its own for this model's identity (and this rank's
-    layers) when the bootstrap names a folder and a budget."""
+def _prefix_cache(bootstrap: RunnerBootstrap, model: "nn.Module", weights_format: str) -> "PrefixCache":
+    """The prefix cache, with its disk tier in a folder of its own for this model's identity (its weights' format
+    and this rank's layers) when the bootstrap names a folder and a budget."""
     from exo.worker.engines.mlx.cache.disk_tier import DiskTier
     from exo.worker.engines.mlx.cache.model_identity import model_identity
     from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
 
     disk: DiskTier | None = None
     if bootstrap.prefix_cache_dir is not None and bootstrap.prefix_cache_disk_bytes > 0:
-        identity = model_identity(Path(bootstrap.model_path), bootstrap.shard)
+        identity = model_identity(Path(bootstrap.model_path), bootstrap.shard, weights_format)
         directory = Path(bootstrap.prefix_cache_dir) / identity[:16]
         try:
             disk = DiskTier(directory, bootstrap.prefix_cache_disk_bytes, identity, model)

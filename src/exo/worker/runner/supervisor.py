@@ -35,7 +35,7 @@ from pydantic_core import PydanticSerializationError
 from exo.shared.errors import QueueFullError, RunnerUnavailableError
 from exo.shared.types.chunks import Chunk, ErrorChunk, PrefillProgressChunk
 from exo.shared.types.common import ModelId, RunnerId, TaskId
-from exo.shared.types.cpu_kernels import CpuKernelsSetting
+from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting
 from exo.shared.types.state import TaskOutcome, TaskPhase, TaskSummary
 from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.tls_link import TlsLinkConfig
@@ -93,6 +93,7 @@ class RunnerConfig:
     decode: DecodeSettings = field(default_factory=DecodeSettings)
     """How the runner decodes, handed to it whole (it may allow a smaller batch for a model that cannot batch)."""
     cpu_kernels: CpuKernelsSetting = "auto"
+    cpu_weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS
     """The CPU engine's replacements (engines/mlx/cpu): `auto` on a Linux CPU machine, `off` nowhere."""
     pipeline_tls: TlsLinkConfig | None = field(default=None, repr=False)
     """A keyed cluster's certificates, for a pipeline rank's TLS relay (None: the ranks' sockets are plain TCP)."""
@@ -253,6 +254,7 @@ class RunnerSupervisor:
             trust_remote_code=self.config.trust_remote_code,
             decode=self.config.decode,
             cpu_kernels=self.config.cpu_kernels,
+            cpu_weights=self.config.cpu_weights,
             pipeline_tls=self.config.pipeline_tls,
         )
         payload = RunnerRequestAdapter.dump_json(bootstrap)

@@ -1,4 +1,5 @@
-"""What a KV snapshot on disk is valid for: the exact weights, and the layers this runner holds of them."""
+"""What a KV snapshot on disk is valid for: the exact weights, the format the runner holds them in, and the layers
+this runner holds of them."""
 
 import hashlib
 from pathlib import Path
@@ -6,8 +7,12 @@ from pathlib import Path
 from exo.shared.types.worker.shards import ShardAssignment
 
 
-def model_identity(model_path: Path, shard: ShardAssignment) -> str:
-    """A digest of the model's config, its weight files (names and sizes) and the shard's layers.
+def model_identity(model_path: Path, shard: ShardAssignment, weights_format: str) -> str:
+    """A digest of the model's config, its weight files (names and sizes), the format the runner serves the weights
+    in (`LoadedModel.dtype`: float32, int8 or native) and the shard's layers.
+
+    The format is part of it because the KV values depend on it: int8 weights give slightly different keys and
+    values than float32 ones, so a snapshot written under one is never served under the other.
 
     Reading every weight byte would take as long as loading the model again; a converted or re-downloaded model
     changes its files' sizes or its config, and a different split changes the layer range.
@@ -17,6 +22,7 @@ def model_identity(model_path: Path, shard: ShardAssignment) -> str:
     digest.update(config.read_bytes() if config.exists() else b"")
     for weights in sorted(model_path.glob("*.safetensors")):
         digest.update(f"{weights.name}:{weights.stat().st_size};".encode())
+    digest.update(f"weights {weights_format};".encode())
     split = shard.peers.layer_counts if shard.peers is not None else ()
     digest.update(f"rank {shard.rank}/{shard.world_size} layers {shard.start_layer}-{shard.end_layer} {split}".encode())
     return digest.hexdigest()

@@ -1,0 +1,142 @@
+"""Linear layers and embeddings whose weights stay int8 on a CPU (`--cpu-weights int8`, issue 33).
+
+A float32 decode step reads every weight once: about 2 GB for a 0.5B model, which bounds decode by the memory
+bandwidth. Here each weight matrix is held as int8 with one float32 scale per output row (symmetric), a quarter of
+the bytes, and each product quantizes its activations per row and runs MKL's integer GEMM (`int8_gemm.py`). The
+conversion goes one matrix at a time (an mlx-community quantized matrix is dequantized first), so loading holds the
+checkpoint plus one float32 matrix, never the whole model in float32.
+
+The layers run inside the mlx model the way `kernels.py` does: the activations are evaluated, read through numpy
+(no copy), and the product comes back as a new mlx array. Biases, norms and everything that is not a matrix product
+stay in mlx, in float32. An embedding lookup dequantizes only the rows it looks up.
+"""
+
+from functools import cache
+from typing import cast
+
+import mlx.core as mx
+import numpy as np
+import numpy.typing as npt
+from mlx import nn
+
+from exo.worker.engines.mlx.cpu.int8_gemm import ACTIVATION_OFFSET, QMAX, Int8Weights, MklInt8, quantize_weights
+
+
+@cache
+def mkl_int8() -> MklInt8:
+    """The process's one MKL handle (loading the library once)."""
+    return MklInt8()
+
+
+def float32_matrix(module: nn.Module) -> mx.array:
+    """A Linear's, QuantizedLinear's, Embedding's or QuantizedEmbedding's weight matrix in float32."""
+    if "scales" in module:
+        bits = int(getattr(module, "bits", 4))
+        group_size = int(getattr(module, "group_size", 64))
+        mode = str(getattr(module, "mode", "affine"))
+        biases = module.get("biases")
+        matrix = mx.dequantize(module["weight"], module["scales"], biases, group_size, bits, mode=mode)
+    else:
+        matrix = module["weight"]
+    return matrix.astype(mx.float32)
+
+
+def int8_from(module: nn.Module) -> Int8Weights:
+    """The module's weights as int8 with per-row scales (the float32 copy lives only for this call)."""
+    matrix = float32_matrix(module)
+    mx.eval(matrix)
+    return quantize_weights(np.asarray(matrix))
+
+
+def int8_product(x: mx.array, weights: Int8Weights) -> mx.array:
+    """x · Wᵀ over x's leading dimensions: x quantized per row, MKL's s8u8s32 GEMM, both scales applied."""
+    mx.eval(x)
+    flat = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    largest = np.abs(flat).max(axis=1)
+    activation_scales = np.where(largest > 0, largest / QMAX, 1.0).astype(np.float32)
+    quantized = flat * (1.0 / activation_scales)[:, None]
+    np.rint(quantized, out=quantized)
+    quantized += ACTIVATION_OFFSET  # stored as unsigned bytes: q + 128 lies in 1..255
+    activations = quantized.astype(np.uint8)
+    product = mkl_int8().integer_product(activations, weights)
+    result = product.astype(np.float32)
+    result *= activation_scales[:, None]
+    result *= weights.scales[None, :]
+    return mx.array(result.reshape(*x.shape[:-1], weights.shape[0]))
+
+
+class Int8Linear(nn.Module):
+    """A Linear layer with int8 weights (its bias, if any, stays an mlx float32 array)."""
+
+    def __init__(self, weights: Int8Weights, bias: mx.array | None) -> None:
+        super().__init__()
+        # A plain attribute, not an mlx parameter: mlx's tree utilities (set_dtype, parameters) leave it alone.
+        self.int8 = weights
+        if bias is not None:
+            self.bias = bias.astype(mx.float32)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        product = int8_product(x, self.int8)
+        return product + self["bias"] if "bias" in self else product
+
+
+class Int8Embedding(nn.Module):
+    """An embedding table held as int8: a lookup dequantizes the rows it reads; `as_linear` (tied output
+    projection) is an int8 product."""
+
+    def __init__(self, weights: Int8Weights) -> None:
+        super().__init__()
+        self.int8 = weights
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        mx.eval(ids)
+        rows = np.asarray(ids).astype(np.int64)
+        values: npt.NDArray[np.float32] = self.int8.values[rows].astype(np.float32)
+        values *= self.int8.scales[rows][..., None]
+        return mx.array(values)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return int8_product(x, self.int8)
+
+
+def _replacement(module: nn.Module) -> nn.Module | None:
+    if isinstance(module, (nn.Linear, nn.QuantizedLinear)):
+        return Int8Linear(int8_from(module), module.get("bias"))
+    if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):
+        return Int8Embedding(int8_from(module))
+    return None
+
+
+def quantize_model(model: nn.Module) -> int:
+    """Replace every Linear, QuantizedLinear, Embedding and QuantizedEmbedding inside `model` with its int8 form,
+    one matrix at a time (each original is released as soon as it is replaced); returns how many were replaced.
+    Other parameters are left as they are (the caller sets their dtype)."""
+    replaced = 0
+    for name in list(model.children()):
+        child = model[name]  # the module's own list, not children()'s copy of it
+        if isinstance(child, list):
+            for index, item in enumerate(cast(list[object], child)):
+                if isinstance(item, nn.Module):
+                    replacement = _replacement(item)
+                    if replacement is None:
+                        replaced += quantize_model(item)
+                    else:
+                        child[index] = replacement
+                        replaced += 1
+        elif isinstance(child, nn.Module):
+            replacement = _replacement(child)
+            if replacement is None:
+                replaced += quantize_model(child)
+            else:
+                setattr(model, name, replacement)
+                replaced += 1
+        del child
+        mx.clear_cache()
+    return replaced
+
+
+def int8_bytes(model: nn.Module) -> int:
+    """Bytes of the int8 weights and their scales held by `model`'s int8 layers."""
+    return sum(
+        module.int8.nbytes for _, module in model.named_modules() if isinstance(module, (Int8Linear, Int8Embedding))
+    )
