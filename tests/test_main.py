@@ -111,6 +111,11 @@ def test_cpu_weights_int8_serves_and_says_so_in_the_ready_line_and_state(tmp_pat
         log = server.log()
     assert isinstance(metadata, dict)
     assert metadata["dtype"] == "int8"
+    # The runner reports the bytes it holds: about one a parameter (float32 would hold four).
+    parameters = metadata["checkpoint"]["parameter_count"]  # pyright: ignore[reportIndexIssue, reportUnknownVariableType, reportCallIssue, reportArgumentType]
+    assert isinstance(parameters, int)
+    assert isinstance(metadata["weights_bytes"], int)
+    assert parameters < metadata["weights_bytes"] < 2 * parameters
     report = CpuKernelsReport.model_validate(metadata["cpu_kernels"])
     assert report.weights == "int8"
     assert {state.name: state.on for state in report.replacements}["int8_weights"]

@@ -100,10 +100,12 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
         return
     channel.send(RunnerReady(metadata=metadata))
     logger.info(
-        "loaded %s (tool format %s, dtype %s, batches up to %d requests, prompt-lookup speculation %s)",
+        "loaded %s (tool format %s, dtype %s, weights %.2f GB, batches up to %d requests, prompt-lookup "
+        "speculation %s)",
         bootstrap.model_path,
         metadata.tool_format,
         metadata.dtype,
+        (metadata.weights_bytes or 0) / 1e9,
         metadata.batch_size,
         "on" if bootstrap.decode.speculation is not None else "off",
     )
@@ -278,6 +280,7 @@ def _load(
     from exo.worker.engines.mlx.constrained.compiled import prepare_guidance
     from exo.worker.engines.mlx.cpu.blas_check import blas_report
     from exo.worker.engines.mlx.cpu.engine import CpuKernels
+    from exo.worker.engines.mlx.cpu.int8_layers import held_bytes
     from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
     from exo.worker.engines.mlx.generator.prefill import slow_prefill_seconds_per_token
     from exo.worker.engines.mlx.generator.request_context import EngineContext
@@ -340,6 +343,7 @@ def _load(
         cpu_kernels=kernels.report(),
         pipeline=loaded.strategy,
         checkpoint=_checkpoint(model_path),
+        weights_bytes=held_bytes(loaded.model),
     )
     context = EngineContext(
         loaded=loaded, tool_format=tool_format, prefix_cache=prefix_cache, decode=decode, matmul_planner=planner

@@ -55,6 +55,8 @@ class ModelMetadata(FrozenModel):
     pipeline: PipelineStrategy | None = None
     # The checkpoint's architecture, size and storage (None where its files could not be read).
     checkpoint: CheckpointFacts | None = None
+    # Bytes of weights the runner holds as loaded (int8 matrices and their scales included; None: not reported).
+    weights_bytes: int | None = None
 
 
 # ---- worker → runner -------------------------------------------------------------------------

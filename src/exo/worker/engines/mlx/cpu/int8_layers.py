@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 import numpy.typing as npt
 from mlx import nn
+from mlx.utils import tree_flatten
 
 from exo.worker.engines.mlx.cpu.int8_gemm import ACTIVATION_OFFSET, QMAX, Int8Weights, MklInt8, quantize_weights
 
@@ -133,6 +134,12 @@ def quantize_model(model: nn.Module) -> int:
         del child
         mx.clear_cache()
     return replaced
+
+
+def held_bytes(model: nn.Module) -> int:
+    """Bytes of all of `model`'s weights as held: its mlx parameters plus its int8 matrices and scales."""
+    parameters = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
+    return sum(value.nbytes for _, value in parameters) + int8_bytes(model)
 
 
 def int8_bytes(model: nn.Module) -> int:
