@@ -17,6 +17,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cache.model_identity import model_identity
+from exo.worker.engines.mlx.cpu import int8_layers
 from exo.worker.engines.mlx.cpu.blas import find_pypi_mkl
 from exo.worker.engines.mlx.cpu.engine import CpuKernels
 from exo.worker.engines.mlx.cpu.int8_gemm import quantize_weights
@@ -187,3 +188,16 @@ def test_int8_product_keeps_leading_dimensions() -> None:
     weight = _fixture_matrix()
     x = mx.random.normal((2, 3, weight.shape[1]), key=mx.random.key(9))
     assert int8_product(x, quantize_weights(np.asarray(weight))).shape == (2, 3, weight.shape[0])
+
+
+def test_a_matrix_converted_in_pieces_equals_one_converted_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large matrices (the output projection) convert a slice of rows at a time, 4-bit ones included."""
+    weight = mx.random.normal((50, 128), key=mx.random.key(10))
+    quantized = nn.QuantizedLinear.from_linear(_linear(weight), group_size=64, bits=4)
+    whole = int8_layers.int8_from(quantized)
+    monkeypatch.setattr(int8_layers, "CONVERSION_ROWS", 7)
+    pieces = int8_layers.int8_from(quantized)
+    np.testing.assert_array_equal(pieces.values, whole.values)
+    np.testing.assert_array_equal(pieces.scales, whole.scales)
+    reference = quantize_weights(np.asarray(mx.dequantize(quantized.weight, quantized.scales, quantized.biases, 64, 4)))
+    np.testing.assert_array_equal(whole.values, reference.values)

@@ -29,24 +29,45 @@ def mkl_int8() -> MklInt8:
     return MklInt8()
 
 
-def float32_matrix(module: nn.Module) -> mx.array:
-    """A Linear's, QuantizedLinear's, Embedding's or QuantizedEmbedding's weight matrix in float32."""
+CONVERSION_ROWS = 8192
+"""Rows converted at a time: a 151936 x 896 output matrix then never exists whole in float32 (0.5 GB, and numpy's
+temporaries several times that), only 8192 rows of it (29 MB)."""
+
+
+def float32_rows(module: nn.Module, start: int, stop: int) -> mx.array:
+    """Rows [start, stop) of a Linear's, QuantizedLinear's, Embedding's or QuantizedEmbedding's weight matrix, in
+    float32 (a quantized one's groups run along each row, so a slice of rows dequantizes on its own)."""
+    weight = module["weight"][start:stop]
     if "scales" in module:
         bits = int(getattr(module, "bits", 4))
         group_size = int(getattr(module, "group_size", 64))
         mode = str(getattr(module, "mode", "affine"))
         biases = module.get("biases")
-        matrix = mx.dequantize(module["weight"], module["scales"], biases, group_size, bits, mode=mode)
-    else:
-        matrix = module["weight"]
-    return matrix.astype(mx.float32)
+        scales = module["scales"][start:stop]
+        weight = mx.dequantize(
+            weight, scales, None if biases is None else biases[start:stop], group_size, bits, mode=mode
+        )
+    return weight.astype(mx.float32)
 
 
 def int8_from(module: nn.Module) -> Int8Weights:
-    """The module's weights as int8 with per-row scales (the float32 copy lives only for this call)."""
-    matrix = float32_matrix(module)
-    mx.eval(matrix)
-    return quantize_weights(np.asarray(matrix))
+    """The module's weights as int8 with per-row scales, converted `CONVERSION_ROWS` rows at a time."""
+    rows = int(module["weight"].shape[0])
+    values: npt.NDArray[np.int8] | None = None
+    scales = np.empty(rows, dtype=np.float32)
+    for start in range(0, rows, CONVERSION_ROWS):
+        stop = min(start + CONVERSION_ROWS, rows)
+        matrix = float32_rows(module, start, stop)
+        mx.eval(matrix)
+        piece = quantize_weights(np.asarray(matrix))
+        if values is None:
+            values = np.empty((rows, piece.shape[1]), dtype=np.int8)
+        values[start:stop] = piece.values
+        scales[start:stop] = piece.scales
+        del matrix
+    if values is None:
+        raise ValueError("a weight matrix without rows")
+    return Int8Weights(values=values, scales=scales)
 
 
 def int8_product(x: mx.array, weights: Int8Weights) -> mx.array:
