@@ -42,7 +42,7 @@ from exo.shared.types.request_record import RequestRecord
 from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.worker.instance_ranks import InstanceRanks, RankHost
 from exo.worker.main import Worker
-from exo.worker.runner.supervisor import RunnerConfig
+from exo.worker.runner.runner_config import RunnerConfig
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ from exo.models.peer_fetch import PeerFiles, fetch_model_files
 from exo.models.progress import PreparationSink, PreparationTracker
 from exo.shared.types.common import InstanceId, ModelId, NodeId, RunnerId
 from exo.shared.types.instances import PlacedInstance, RankPlacement
-from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor
+from exo.worker.runner.runner_config import RunnerConfig
+from exo.worker.runner.supervisor import RunnerSupervisor
 
 logger = logging.getLogger(__name__)
 

@@ -39,7 +39,8 @@ from exo.shared.types.events import (
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.request_record import RECENT_REQUESTS_PER_NODE, RequestRecord
 from exo.shared.types.state import NodeFacts, RunnerInfo, TaskInfo, TaskOutcome
-from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor
+from exo.worker.runner.runner_config import RunnerConfig
+from exo.worker.runner.supervisor import RunnerSupervisor
 from exo.worker.runner_metrics import RunnerMetricsRecorder
 from exo.worker.task_streams import StreamTimings, TaskStreams
 

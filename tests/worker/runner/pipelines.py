@@ -18,7 +18,8 @@ from exo.shared.types.tasks import (
 )
 from exo.shared.types.tool_spec import ToolSpec
 from exo.shared.types.worker.shards import ShardAssignment, pipeline_shards
-from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor
+from exo.worker.runner.runner_config import RunnerConfig
+from exo.worker.runner.supervisor import RunnerSupervisor
 from tests.fixtures.fixture_specs import GET_WEATHER_TOOL
 from tests.worker.engines.mlx.distributed.ranks import local_peers
 from tests.worker.runner.tasks import collect, until_ready

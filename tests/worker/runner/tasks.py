@@ -10,7 +10,8 @@ from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import ModelId, new_command_id, new_runner_id, new_task_id
 from exo.shared.types.tasks import GenerationParams, GenerationTask, PromptMessage, SamplingParams
 from exo.shared.types.worker.decode_settings import DecodeSettings
-from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor
+from exo.worker.runner.runner_config import RunnerConfig
+from exo.worker.runner.supervisor import RunnerSupervisor
 from tests.exo_server import fixture_model
 
 MODEL = ModelId("tiny-qwen-tools")

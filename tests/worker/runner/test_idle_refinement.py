@@ -23,7 +23,8 @@ from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner, MatmulPlanS
 from exo.worker.engines.mlx.model_loader import load_model
 from exo.worker.runner import runner
 from exo.worker.runner.channel import RunnerChannel
-from exo.worker.runner.supervisor import RunnerConfig, RunnerSupervisor
+from exo.worker.runner.runner_config import RunnerConfig
+from exo.worker.runner.supervisor import RunnerSupervisor
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
 
 SETTINGS = MatmulPlanSettings(

@@ -9,7 +9,7 @@ import anyio
 from exo.shared.types.chunks import Chunk, FinishChunk, PrefillProgressChunk, TokenChunk
 from exo.shared.types.common import new_command_id, new_task_id
 from exo.shared.types.tasks import GenerationParams, GenerationTask, PromptMessage, SamplingParams
-from exo.worker.runner.supervisor import RunnerConfig
+from exo.worker.runner.runner_config import RunnerConfig
 from tests.exo_server import fixture_model
 from tests.worker.runner.tasks import MODEL, collect, running_supervisor
 

@@ -13,33 +13,27 @@ Restarts back off exponentially while the runner keeps crashing without finishin
 queued and later requests get a 503 naming the reason.
 """
 
-import contextlib
 import logging
 import math
 import multiprocessing
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from exo.shared.errors import QueueFullError, RunnerUnavailableError
 from exo.shared.types.chunks import Chunk, ErrorChunk, PrefillProgressChunk
-from exo.shared.types.common import ModelId, RunnerId, TaskId
-from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting
+from exo.shared.types.common import RunnerId, TaskId
 from exo.shared.types.state import TaskOutcome, TaskPhase, TaskSummary
 from exo.shared.types.tasks import GenerationTask
-from exo.shared.types.tls_link import TlsLinkConfig
-from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.shared.types.worker.runner_response import (
     CancelTask,
     MatmulPlanRefined,
@@ -58,9 +52,10 @@ from exo.shared.types.worker.runner_response import (
     TaskDone,
 )
 from exo.shared.types.worker.runner_status import RunnerStatus
-from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.runner.idle_snapshots import SHUTDOWN_SNAPSHOT_SECONDS
+from exo.worker.runner.pending_task import PendingTask
 from exo.worker.runner.runner import runner_main
+from exo.worker.runner.runner_config import RunnerConfig
 from exo.worker.runner.token_rate import TokenRate
 
 logger = logging.getLogger(__name__)
@@ -75,50 +70,6 @@ RATE_REPORT_SECONDS = 1.0
 def restart_delay(consecutive_crashes: int) -> float:
     """Seconds to wait before restarting after the `consecutive_crashes`-th crash in a row: 0.5, 1, 2, 4… up to 10."""
     return min(0.5 * 2 ** max(consecutive_crashes - 1, 0), MAX_RESTART_DELAY_SECONDS)
-
-
-@dataclass(frozen=True)
-class RunnerConfig:
-    model_id: ModelId
-    model_path: Path
-    shard: ShardAssignment = field(default_factory=ShardAssignment)
-    queue_limit: int = 64
-    prefix_cache_bytes: int = 0
-    prefix_cache_dir: Path | None = None
-    """Where the runner keeps KV snapshots on disk (None: it keeps none)."""
-    prefix_cache_disk_bytes: int = 0
-    tool_format_override: str | None = None
-    log_level: int = logging.INFO
-    trust_remote_code: bool = False
-    decode: DecodeSettings = field(default_factory=DecodeSettings)
-    """How the runner decodes, handed to it whole (it may allow a smaller batch for a model that cannot batch)."""
-    cpu_kernels: CpuKernelsSetting = "auto"
-    cpu_weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS
-    """The CPU engine's replacements (engines/mlx/cpu): `auto` on a Linux CPU machine, `off` nowhere."""
-    pipeline_tls: TlsLinkConfig | None = field(default=None, repr=False)
-    """A keyed cluster's certificates, for a pipeline rank's TLS relay (None: the ranks' sockets are plain TCP)."""
-
-
-@dataclass
-class _PendingTask:
-    task: GenerationTask
-    sender: MemoryObjectSendStream[Chunk]
-    failed: bool = False
-    progress: PrefillProgressChunk | None = None
-    decoding: bool = False
-    # Tokens of this task already counted in the runner's rate.
-    counted_tokens: int = 0
-
-    @property
-    def phase(self) -> TaskPhase:
-        return "decode" if self.decoding else "prefill" if self.progress is not None else "queued"
-
-    def deliver(self, chunk: Chunk) -> None:
-        """Pass `chunk` on; a consumer that already went away (the client disconnected) just misses it."""
-        if isinstance(chunk, ErrorChunk):
-            self.failed = True
-        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            self.sender.send_nowait(chunk)
 
 
 class _ProcessGoneError(Exception):
@@ -139,8 +90,8 @@ class RunnerSupervisor:
         self.last_error: str | None = None
         self.restarts = 0
         self.pid: int | None = None
-        self._queue: deque[_PendingTask] = deque()
-        self._running: dict[TaskId, _PendingTask] = {}
+        self._queue: deque[PendingTask] = deque()
+        self._running: dict[TaskId, PendingTask] = {}
         self._connection: Connection | None = None
         self._process: BaseProcess | None = None
         self._stopping = False
@@ -190,7 +141,7 @@ class RunnerSupervisor:
         if len(self._queue) >= self.config.queue_limit:
             raise QueueFullError(f"{len(self._queue)} requests are already waiting for model {self.config.model_id}")
         sender, receiver = anyio.create_memory_object_stream[Chunk](max_buffer_size=math.inf)
-        self._queue.append(_PendingTask(task, sender))
+        self._queue.append(PendingTask(task, sender))
         self._dispatch_next()
         self._on_change()
         return receiver
@@ -386,7 +337,7 @@ class RunnerSupervisor:
     def tokens_per_second_now(self) -> float:
         return self._token_rate.per_second()
 
-    def _count_tokens(self, task: _PendingTask, generated: int) -> None:
+    def _count_tokens(self, task: PendingTask, generated: int) -> None:
         """Add the tokens `task` generated since last counted to the rate; /state hears of it about once a second."""
         self._token_rate.add(generated - task.counted_tokens)
         task.counted_tokens = max(task.counted_tokens, generated)
@@ -472,7 +423,7 @@ class RunnerSupervisor:
         for pending in waiting:
             self._fail(pending, ErrorChunk(error="model_unavailable", message=message))
 
-    def _fail(self, pending: _PendingTask, error: ErrorChunk) -> None:
+    def _fail(self, pending: PendingTask, error: ErrorChunk) -> None:
         """End a task that is no longer queued or running with `error`."""
         pending.deliver(error)
         pending.sender.close()
