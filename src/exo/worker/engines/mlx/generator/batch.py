@@ -18,6 +18,7 @@ from mlx_lm.generate import BatchGenerator
 
 from exo.shared.types.common import TaskId
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache
+from exo.worker.engines.mlx.generator.batch_step import LazyLogprobsBatch
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import Sampler
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
@@ -74,6 +75,8 @@ class BatchDecoder:
             prefill_batch_size=batch_size,
             prefill_step_size=prefill_step_size,
         )
+        # The long-lived batch every member is merged into: stepped without evaluating log-probabilities.
+        self._generator._generation_batch = LazyLogprobsBatch.empty(model, self._generator.sampler)  # pyright: ignore[reportPrivateUsage]
         self._uids: dict[TaskId, int] = {}
         self._task_ids: dict[int, TaskId] = {}
         self._tokens_out: dict[int, int] = {}

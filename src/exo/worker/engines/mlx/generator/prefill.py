@@ -107,6 +107,21 @@ class PromptPrefill:
     def finished(self) -> bool:
         return len(self.pending) <= 1 and time.monotonic() >= self._held_until
 
+    @property
+    def ready(self) -> bool:
+        """No piece running or held back, and more than the last token left: a group piece may take this prompt."""
+        return self._pass is None and len(self.pending) > 1 and time.monotonic() >= self._held_until
+
+    def piece_fed(self, piece: Sequence[int], cache: PromptCache, *, started: float) -> None:
+        """A group piece started at `started` (`time.monotonic()`) fed `piece`, the first pending tokens: `cache` now
+        holds what this cache held, then `piece`."""
+        if list(piece) != self.pending[: len(piece)] or len(piece) >= len(self.pending):
+            raise ValueError("a group piece feeds the first pending tokens, never the last one")
+        self.cache = cache
+        self.fed += piece
+        self.pending = self.pending[len(piece) :]
+        self._held_until = started + len(piece) * self._pacer.floor_seconds_per_token
+
     def step(self) -> int:
         """Run the current piece for about the pacer's step time, starting a piece if none runs; returns how many
         tokens this step finished feeding (0 while a piece is still running or held back, or when finished)."""

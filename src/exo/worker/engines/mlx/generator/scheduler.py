@@ -1,8 +1,10 @@
 """Which decoder runs the active requests of one model, between tokens.
 
 A request first prefills the part of its prompt the prefix cache does not hold, a time slice of a piece's layers per
-step (`prefill.py`), one request at a time in order of arrival, while the others keep decoding; a cancel between
-steps stops it and what the finished pieces computed still fills the prefix cache. Then it decodes.
+step (`prefill.py`), while the others keep decoding; a cancel between steps stops it and what the finished pieces
+computed still fills the prefix cache. Requests waiting to prefill together are fed together, a piece of each in one
+batched pass (`group_prefill.py`), so simultaneous arrivals reach their first token together rather than one after
+another. Then it decodes.
 
 One request alone decodes on the `SoloDecoder`, where it can use prompt-lookup speculation (drafts verified in one
 forward pass). Two or more share one mlx-lm batch: a request arriving while another decodes alone moves that one
@@ -25,6 +27,7 @@ from exo.worker.engines.mlx.cache.layer_cache import PromptCache, trim_tokens
 from exo.worker.engines.mlx.generator.batch import BatchDecoder, BatchMember
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
+from exo.worker.engines.mlx.generator.group_prefill import GroupPiece
 from exo.worker.engines.mlx.generator.prefill import PiecePacer, PromptPrefill
 from exo.worker.engines.mlx.generator.solo import SoloDecoder, SpeculationStats
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
@@ -41,6 +44,16 @@ class RequestUpdate:
     done: bool
     """The last chunk is the request's Finish or Error chunk; it has left the scheduler."""
     generated_tokens: int
+
+
+@dataclass
+class PrefillStats:
+    """Prefill pieces fed so far: how many, and how many prompts the batched ones fed together."""
+
+    pieces: int = 0
+    grouped_pieces: int = 0
+    """Pieces that fed two or more prompts in one pass."""
+    largest_group: int = 0
 
 
 @dataclass(frozen=True)
@@ -63,7 +76,10 @@ class GenerationScheduler:
             settings.prefill_piece_seconds, floor_seconds_per_token=settings.slow_prefill_seconds_per_token
         )
         self._prefilling: dict[TaskId, tuple[ChatRequest, PromptPrefill]] = {}
-        """In order of arrival; the first one is fed a piece per step."""
+        """In order of arrival; the first one is fed a piece per step, with the others ready for one beside it."""
+        self._group: GroupPiece | None = None
+        """The batched piece being fed to several prefilling requests."""
+        self.prefill_stats = PrefillStats()
         self._waiting: dict[TaskId, _Prefilled] = {}
         self._solo: tuple[ChatRequest, SoloDecoder] | None = None
         self._batch: BatchDecoder | None = None
@@ -96,6 +112,11 @@ class GenerationScheduler:
         """Drop a request (no more chunks); returns how many tokens it had generated, None if it is not here."""
         if (prefilling := self._prefilling.pop(task_id, None)) is not None:
             request, prefill = prefilling
+            if self._group is not None:
+                self._group.drop(task_id)  # its own cache was not written: the piece hands it nothing back
+                if not self._group.members:
+                    self._group.abandon()
+                    self._group = None
             request.cancel(prefill.abandon())
         elif (prefilled := self._waiting.pop(task_id, None)) is not None:
             request = prefilled.request
@@ -134,6 +155,9 @@ class GenerationScheduler:
 
     def fail_all(self, error: Exception) -> list[RequestUpdate]:
         """Fail every active request (something outside any one request broke) and start afresh."""
+        if self._group is not None:
+            self._group.abandon()
+            self._group = None
         for _, prefill in self._prefilling.values():
             prefill.abandon()  # ends a piece paused between layers now, not whenever it is collected
         requests = [request for request, _ in self._prefilling.values()]
@@ -151,11 +175,18 @@ class GenerationScheduler:
     # ---- prefill --------------------------------------------------------------------------------
 
     def _prefill_step(self) -> list[RequestUpdate]:
-        """One piece of the oldest prefilling request's prompt, reported as progress; a request whose prompt is in
-        moves on to decode."""
+        """One piece of the oldest prefilling request's prompt (with those of the others ready for one, in one pass),
+        reported as progress; a request whose prompt is in moves on to decode."""
+        if self._group is not None:
+            return self._group_step(self._group)
         if not self._prefilling:
             return []
         task_id, (request, prefill) = next(iter(self._prefilling.items()))
+        if prefill.ready and self._settings.batch_size > 1:
+            ready = [(other_id, other) for other_id, (_, other) in self._prefilling.items() if other.ready]
+            if len(ready) > 1:
+                self._group = GroupPiece(self._model, ready[: self._settings.batch_size], self._pacer)
+                return self._group_step(self._group)
         try:
             with STEP_CLOCK.part("prefill"):
                 fed = prefill.step()
@@ -168,8 +199,38 @@ class GenerationScheduler:
             self._waiting[task_id] = _Prefilled(request, prefill.cache, fed=prefill.fed, pending=prefill.pending)
         if not fed:
             return []  # mid-piece, or nothing to prefill (the start was reported at admission)
+        self.prefill_stats.pieces += 1
+        return [self._fed(task_id, request, prefill)]
+
+    def _group_step(self, group: GroupPiece) -> list[RequestUpdate]:
+        """Advance the batched piece; once it is done, each member's progress, and the prompts now in move on."""
+        try:
+            with STEP_CLOCK.part("prefill"):
+                fed = group.step()
+        except Exception as error:
+            logger.exception("prefill failed for tasks %s", group.members)
+            self._group = None
+            failed = [self._prefilling.pop(task_id)[0] for task_id in group.members]
+            return [self._failed(request, error) for request in failed]
+        if fed is None:
+            return []
+        self._group = None
+        self.prefill_stats.pieces += 1
+        self.prefill_stats.grouped_pieces += 1
+        self.prefill_stats.largest_group = max(self.prefill_stats.largest_group, len(fed))
+        updates: list[RequestUpdate] = []
+        for task_id in fed:
+            request, prefill = self._prefilling[task_id]
+            if prefill.finished:
+                del self._prefilling[task_id]
+                self._waiting[task_id] = _Prefilled(request, prefill.cache, fed=prefill.fed, pending=prefill.pending)
+            updates.append(self._fed(task_id, request, prefill))
+        return updates
+
+    @staticmethod
+    def _fed(task_id: TaskId, request: ChatRequest, prefill: PromptPrefill) -> RequestUpdate:
         progress = request.prefill_progress(request.cached_tokens + len(prefill.fed))
-        return [RequestUpdate(task_id, [progress], done=False, generated_tokens=0)]
+        return RequestUpdate(task_id, [progress], done=False, generated_tokens=0)
 
     # ---- alone ----------------------------------------------------------------------------------
 

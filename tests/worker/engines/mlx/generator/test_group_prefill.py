@@ -1,0 +1,136 @@
+"""Prompts that arrive together are prefilled together: a piece of each in one batched pass, so they reach their
+first token together instead of one after another, with the answers they get alone.
+
+Real forward passes of the fixture models through the runner's GenerationScheduler. Timing-free: what is asserted
+is which step each request's first token came in and what the scheduler counted, never how long anything took.
+"""
+
+import pytest
+
+from exo.shared.types.common import TaskId
+from exo.shared.types.tasks import GenerationTask
+from exo.shared.types.worker.decode_settings import DecodeSettings
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
+from exo.worker.engines.mlx.generator.request_context import EngineContext
+from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
+from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, GET_WEATHER_TOOL, GREETING_REPLY, user
+from tests.worker.engines.mlx.generator.scheduling import (
+    MAX_STEPS,
+    JsonBody,
+    assert_ended,
+    engine_context,
+    run,
+    run_alone,
+    task,
+)
+
+EIGHT = DecodeSettings(batch_size=8)
+GREETING: JsonBody = {"messages": [user("Hello!")]}
+MIXED: list[JsonBody] = [
+    GREETING,
+    {"messages": [user("What is the weather in Paris?")], "tools": [GET_WEATHER_TOOL]},
+    {**GREETING, "tools": [GET_WEATHER_TOOL], "tool_choice": "required", "max_tokens": 40},
+    {"messages": [user("What is the weather in Paris and Tokyo?")], "tools": [GET_WEATHER_TOOL]},
+    {"messages": [user("Hi there, who are you?")], "max_tokens": 24},
+    {"messages": [user("What is the weather in Tokyo?")], "tools": [GET_WEATHER_TOOL], "tool_choice": "none"},
+    {"messages": [user("Hello! What can you do?")], "max_tokens": 24},
+    {**GREETING, "stop": ["help"]},
+]
+
+
+def first_token_steps(
+    context: EngineContext, tasks: list[GenerationTask], scheduler: GenerationScheduler
+) -> dict[TaskId, int]:
+    """All `tasks` admitted before the first step; the step each one's first generated token came in."""
+    for one in tasks:
+        scheduler.admit(ChatRequest.open(context, one))
+    first: dict[TaskId, int] = {}
+    for step in range(MAX_STEPS):
+        for update in scheduler.step():
+            if update.generated_tokens > 0 and update.task_id not in first:
+                first[update.task_id] = step
+        if scheduler.active == 0:
+            return first
+    raise AssertionError(f"still running after {MAX_STEPS} steps")
+
+
+@pytest.fixture(scope="module")
+def qwen() -> EngineContext:
+    return engine_context(FIXTURE_MODELS_DIR / "tiny-qwen-tools", EIGHT)
+
+
+def test_eight_requests_arriving_together_are_prefilled_in_one_batch_and_start_together(qwen: EngineContext) -> None:
+    scheduler = GenerationScheduler(qwen.loaded.model, qwen.decode)
+    tasks = [task(GREETING) for _ in range(8)]  # one prompt: every piece of every member is the same length
+
+    first = first_token_steps(qwen, tasks, scheduler)
+
+    assert scheduler.prefill_stats.largest_group == 8
+    assert scheduler.prefill_stats.grouped_pieces == scheduler.prefill_stats.pieces  # no prompt was fed alone
+    assert len(first) == 8
+    assert len(set(first.values())) == 1, first  # one after another, they would start at least a step apart
+
+
+def test_prompts_of_different_lengths_are_fed_side_by_side(qwen: EngineContext) -> None:
+    scheduler = GenerationScheduler(qwen.loaded.model, qwen.decode)
+    tasks = [task(body) for body in MIXED]
+    prompt_lengths = [len(ChatRequest.open(qwen, one).prefill_tokens) for one in tasks]
+    assert len(set(prompt_lengths)) > 2  # the control: prompts of several lengths
+
+    first = first_token_steps(qwen, tasks, scheduler)
+
+    assert scheduler.prefill_stats.largest_group == 8
+    assert len(first) == 8
+    # Each grouped piece feeds every prompt still prefilling, so no request waits for another's whole prompt: the
+    # first tokens come within as many steps as there were pieces, not one request's prefill after another's.
+    assert max(first.values()) - min(first.values()) <= scheduler.prefill_stats.pieces
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen-tools", "tiny-llama31-tools", "tiny-qwen-agent"])
+@pytest.mark.parametrize("members", [4, 8])
+def test_requests_prefilled_together_get_their_alone_answers(model: str, members: int) -> None:
+    context = engine_context(FIXTURE_MODELS_DIR / model, EIGHT)
+    bodies = MIXED[:members]
+    alone = [run_alone(context, task(body)) for body in bodies]
+    tasks = [task(body) for body in bodies]
+    scheduler = GenerationScheduler(context.loaded.model, context.decode)
+
+    together = run(context, {0: tasks}, scheduler=scheduler)
+
+    assert scheduler.prefill_stats.largest_group == members
+    for index, one in enumerate(tasks):
+        assert_ended(together[one.task_id])
+        assert together[one.task_id].normalised() == alone[index].normalised(), bodies[index]
+
+
+def test_a_member_cancelled_during_a_grouped_piece_leaves_the_others_intact() -> None:
+    # A piece pauses at every layer boundary, so a grouped piece spans several steps and the cancel lands inside it.
+    settings = DecodeSettings(batch_size=8, prefill_piece_seconds=1e-6)
+    context = engine_context(FIXTURE_MODELS_DIR / "tiny-qwen-tools", settings, prefix_cache_bytes=1 << 24)
+    tasks = [task(GREETING) for _ in range(4)]
+    cancelled = tasks[1]
+    scheduler = GenerationScheduler(context.loaded.model, context.decode)
+
+    together = run(context, {0: tasks}, cancel_at={1: [cancelled.task_id]}, scheduler=scheduler)
+
+    # The piece was still running at the cancel: the cancelled member got no progress and left it; the other three
+    # were fed by it.
+    assert together[cancelled.task_id].chunks == []
+    assert scheduler.prefill_stats.largest_group == 3
+    for one in tasks:
+        if one is not cancelled:
+            assert together[one.task_id].text == GREETING_REPLY
+    assert scheduler.active == 0
+
+
+def test_without_batching_prompts_are_still_prefilled_one_at_a_time() -> None:
+    # The control for the step assertions above: a model that cannot batch (batch size 1) feeds prompts alone.
+    context = engine_context(FIXTURE_MODELS_DIR / "tiny-qwen-tools", DecodeSettings(batch_size=1))
+    scheduler = GenerationScheduler(context.loaded.model, context.decode)
+    tasks = [task(GREETING) for _ in range(3)]
+
+    outcomes = run(context, {0: tasks}, scheduler=scheduler)
+
+    assert scheduler.prefill_stats.grouped_pieces == 0
+    assert scheduler.prefill_stats.pieces >= 3
+    assert all(outcome.text == GREETING_REPLY for outcome in outcomes.values())
