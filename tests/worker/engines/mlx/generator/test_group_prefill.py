@@ -134,3 +134,17 @@ def test_without_batching_prompts_are_still_prefilled_one_at_a_time() -> None:
     assert scheduler.prefill_stats.grouped_pieces == 0
     assert scheduler.prefill_stats.pieces >= 3
     assert all(outcome.text == GREETING_REPLY for outcome in outcomes.values())
+
+
+def test_requests_whose_whole_prompt_is_cached_start_together() -> None:
+    context = engine_context(FIXTURE_MODELS_DIR / "tiny-qwen-tools", EIGHT, prefix_cache_bytes=1 << 24)
+    assert run_alone(context, task(GREETING)).text == GREETING_REPLY  # fills the prefix cache
+    tasks = [task(GREETING) for _ in range(4)]
+    assert all(len(ChatRequest.open(context, one).prefill_tokens) == 1 for one in tasks)  # nothing left to feed
+    scheduler = GenerationScheduler(context.loaded.model, context.decode)
+
+    first = first_token_steps(context, tasks, scheduler)
+
+    assert scheduler.prefill_stats.pieces == 0
+    assert len(first) == 4
+    assert len(set(first.values())) == 1, first  # none waited for the one before it to leave the prefill queue

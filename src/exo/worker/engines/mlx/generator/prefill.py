@@ -108,6 +108,11 @@ class PromptPrefill:
         return len(self.pending) <= 1 and time.monotonic() >= self._held_until
 
     @property
+    def running(self) -> bool:
+        """A piece of this prompt alone is part way through its layers."""
+        return self._pass is not None
+
+    @property
     def ready(self) -> bool:
         """No piece running or held back, and more than the last token left: a group piece may take this prompt."""
         return self._pass is None and len(self.pending) > 1 and time.monotonic() >= self._held_until

@@ -179,10 +179,14 @@ class GenerationScheduler:
         reported as progress; a request whose prompt is in moves on to decode."""
         if self._group is not None:
             return self._group_step(self._group)
+        for task_id, (request, prefill) in list(self._prefilling.items()):
+            if prefill.finished:  # its prompt is in (a cached prefix can hold all of it): no need to wait its turn
+                del self._prefilling[task_id]
+                self._waiting[task_id] = _Prefilled(request, prefill.cache, fed=prefill.fed, pending=prefill.pending)
         if not self._prefilling:
             return []
         task_id, (request, prefill) = next(iter(self._prefilling.items()))
-        if prefill.ready and self._settings.batch_size > 1:
+        if not prefill.running and self._settings.batch_size > 1:
             ready = [(other_id, other) for other_id, (_, other) in self._prefilling.items() if other.ready]
             if len(ready) > 1:
                 self._group = GroupPiece(self._model, ready[: self._settings.batch_size], self._pacer)
