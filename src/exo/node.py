@@ -34,6 +34,7 @@ from exo.models.paths import default_models_dir, exo_home
 from exo.models.peer_files import ModelFileServer
 from exo.models.progress_display import ConsoleProgress
 from exo.shared.api_key_hash import make_verifier
+from exo.shared.local_backend import local_weights_in_memory
 from exo.shared.types.common import ModelId
 from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting
 from exo.shared.types.instances import PlacedInstance
@@ -97,6 +98,7 @@ def api_settings(config: NodeConfig) -> ApiSettings:
         config.models_dir,
         show_model_paths=config.show_model_paths,
         max_request_messages=config.max_request_messages,
+        weights_in_memory=local_weights_in_memory(config.cpu_kernels, config.cpu_weights),
     )
 
 

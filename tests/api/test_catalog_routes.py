@@ -11,6 +11,9 @@ from fastapi.testclient import TestClient
 from exo.models.catalog import CATALOG, DEFAULT_MODEL_ID
 from exo.models.catalog_api import DownloadDone, NodeCatalog
 from exo.node import NodeConfig
+from exo.shared.local_backend import local_weights_in_memory, mlx_backend
+from exo.shared.types.cpu_kernels import CpuKernelsSetting, CpuWeightsSetting
+from exo.shared.types.footprint import INT8_OVERHEAD, weights_in_memory
 from tests.api.inprocess_app import scripted_app
 
 
@@ -50,9 +53,34 @@ def test_the_catalog_lists_every_entry_with_its_memory_and_whether_it_is_downloa
     catalog = NodeCatalog.model_validate(client.get("/v1/catalog").json())
     assert catalog.models_dir == str(models_dir)
     assert [model.listing.entry for model in catalog.models] == list(CATALOG)
-    assert [model.memory_bytes for model in catalog.models] == [entry.memory_bytes() for entry in CATALOG]
+    weights = local_weights_in_memory()
+    assert [model.weights_in_memory for model in catalog.models] == [weights] * len(CATALOG)
+    assert [model.memory_bytes for model in catalog.models] == [entry.memory_bytes(weights) for entry in CATALOG]
     downloaded = {model.listing.entry.model_id: model.listing.path for model in catalog.models}
     assert downloaded == {DEFAULT_MODEL_ID: path, "qwen2.5-coder-1.5b-instruct": None}
+
+
+@pytest.mark.parametrize(
+    ("cpu_kernels", "cpu_weights"), [("auto", "float32"), ("auto", "int8"), ("off", "int8")], ids=str
+)
+def test_the_catalog_memory_is_for_the_weights_the_node_is_started_to_hold(
+    models_dir: Path, cpu_kernels: CpuKernelsSetting, cpu_weights: CpuWeightsSetting
+) -> None:
+    """The dashboard's and the MCP tools' memory figure: int8 under `--cpu-weights int8` on a CPU machine, float32
+    under the default, as stored (float16) under `--cpu-kernels off` or on a GPU."""
+    config = NodeConfig(models_dir=models_dir, cpu_kernels=cpu_kernels, cpu_weights=cpu_weights)
+    application, _ = scripted_app(config)
+    with TestClient(application) as test_client:
+        catalog = NodeCatalog.model_validate(test_client.get("/v1/catalog").json())
+    weights = weights_in_memory(mlx_backend(), cpu_kernels, cpu_weights)
+    for model in catalog.models:
+        assert model.weights_in_memory == weights
+        assert model.memory_bytes == model.listing.entry.memory_bytes(weights)
+    if mlx_backend() == "cpu":
+        expected = {"float32": 4.0, "int8": 1 + INT8_OVERHEAD}.get(cpu_weights) if cpu_kernels == "auto" else 2.0
+        assert [model.memory_bytes / model.listing.entry.weight_values for model in catalog.models] == pytest.approx(
+            [expected] * len(CATALOG), rel=1e-6
+        )
 
 
 def test_without_show_model_paths_the_catalog_names_no_directory(private_client: TestClient, models_dir: Path) -> None:

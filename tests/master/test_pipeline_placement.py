@@ -11,7 +11,7 @@ from exo.master.pipeline_placement import (
     split_layers_by_memory,
 )
 from exo.shared.types.common import NodeId
-from exo.shared.types.footprint import INT8_OVERHEAD, ModelFootprint, WeightsInMemory
+from exo.shared.types.footprint import INT8_OVERHEAD, ModelFootprint, WeightsInMemory, held_bytes
 
 GIB = 1024**3
 # 24 layers of 100 M parameters, 200 M shared: 0.4 GiB a layer and 0.8 GiB shared in float32.
@@ -85,9 +85,53 @@ def test_a_model_that_fits_nowhere_is_refused_with_the_memory_needed_and_availab
     with pytest.raises(PlacementError) as refused:
         plan_pipeline("big-model", FOOTPRINT, [_node("a", 3), _node("b", 2.5)])
     message = str(refused.value)
-    assert "big-model does not fit: it needs 10.90 GiB in all (1.07 GiB on each node" in message
+    assert (
+        "big-model does not fit: it needs 10.90 GiB in all with its weights held as float32 (1.07 GiB on each"
+        in message
+    )
+    assert message.endswith("held as int8 (`--cpu-weights int8` on a Linux CPU) it would need 3.00 GiB")
     assert "available: a 3.00 GiB, b 2.50 GiB" in message
     with pytest.raises(PlacementError, match="split over 3 nodes but only 2 are up"):
         plan_pipeline("m", FOOTPRINT, [_node("a", 30), _node("b", 30)], min_nodes=3)
     with pytest.raises(PlacementError, match="has 24 layers: it cannot be split over 25 nodes"):
         plan_pipeline("m", FOOTPRINT, [_node(str(n), 30) for n in range(25)], min_nodes=25)
+
+
+def _qwen25_7b_footprint() -> ModelFootprint:
+    """Qwen2.5-Coder-7B-Instruct's parameters, from its published config (hidden 3584, MLP 18944, 28 layers, 28
+    query and 4 key/value heads of 128, vocabulary 152064, untied output matrix), stored in bfloat16."""
+    hidden, mlp, kv, vocab = 3584, 18944, 4 * 128, 152064
+    attention = hidden * hidden + hidden + 2 * (hidden * kv + kv) + hidden * hidden
+    layer = attention + 3 * hidden * mlp + 2 * hidden
+    shared = 2 * vocab * hidden + hidden
+    return ModelFootprint(
+        layer_parameters=(layer,) * 28,
+        shared_parameters=shared,
+        layer_file_bytes=(2 * layer,) * 28,
+        shared_file_bytes=2 * shared,
+    )
+
+
+def test_a_24_gb_cpu_machine_takes_a_7b_model_as_int8_and_refuses_it_as_float32_naming_both_sizes() -> None:
+    """7.6 G parameters: about 7.3 GiB of int8 weights (8.3 GiB planned with room to serve) fit a 24 GB machine's free
+    memory; float32 needs 31 GiB and is refused, the message naming the need, the memory there and the int8 size."""
+    footprint = _qwen25_7b_footprint()
+    parameters = footprint.shared_parameters + sum(footprint.layer_parameters)
+    assert 7.6e9 < parameters < 7.7e9
+    assert footprint.total_bytes(weights="int8") == held_bytes(parameters, 2 * parameters, weights="int8")
+    free = 22 * GIB  # what a 24 GB machine has free with its system running
+    plan = plan_pipeline("qwen2.5-coder-7b", footprint, [_node("cpu24", free / GIB, weights="int8")])
+    assert plan.layer_counts == (28,)
+    assert plan.planned_bytes == (rank_need(footprint, 0, 28, weights="int8"),)
+    assert 8 * GIB < plan.planned_bytes[0] < 9 * GIB
+    with pytest.raises(PlacementError) as refused:
+        plan_pipeline("qwen2.5-coder-7b", footprint, [_node("cpu24", free / GIB, weights="float32")])
+    float32_need = rank_need(footprint, 0, 28, weights="float32") / GIB
+    int8_need = plan.planned_bytes[0] / GIB
+    assert str(refused.value) == (
+        f"model qwen2.5-coder-7b does not fit: it needs {float32_need:.2f} GiB in all with its weights held as float32 "
+        f"({rank_need(footprint, 0, 0, weights='float32') / GIB:.2f} GiB on each node it is split over, plus its 28 "
+        f"layers); available: cpu24 22.00 GiB; held as int8 (`--cpu-weights int8` on a Linux CPU) it would need "
+        f"{int8_need:.2f} GiB"
+    )
+    assert float32_need > 30

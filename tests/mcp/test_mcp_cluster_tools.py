@@ -21,6 +21,7 @@ from exo.mcp.inference import RunResult
 from exo.mcp.metrics import PerformanceMetrics
 from exo.mcp.peers import Discovery
 from exo.models.catalog import CATALOG
+from exo.shared.local_backend import local_weights_in_memory
 from exo.shared.types.cluster_api import ClusterNode, ClusterNodeList, ClusterSummary, PeerConnection
 from tests.cluster.local_cluster import ClusterNode as LocalNode
 from tests.cluster.local_cluster import LocalCluster, local_cluster
@@ -180,10 +181,11 @@ async def test_shard_distribution_of_a_running_model_an_idle_one_and_an_unknown_
     fit = ShardDistribution.model_validate(not_running.structured_content).fit
     assert fit is not None
     summary = cluster.summary()
-    assert (fit.needed_bytes, fit.total_bytes, fit.nodes_up) == (idle.memory_bytes(), summary.memory_total_bytes, 2)
+    needed = idle.memory_bytes(local_weights_in_memory())
+    assert (fit.needed_bytes, fit.total_bytes, fit.nodes_up) == (needed, summary.memory_total_bytes, 2)
     assert fit.fits == (fit.needed_bytes <= fit.available_bytes)
     assert text_of(not_running).startswith(
-        f"{idle.model_id} is not running on any node. {idle.model_id} needs {decimal(idle.memory_bytes())} of memory "
+        f"{idle.model_id} is not running on any node. {idle.model_id} needs {decimal(needed)} of memory "
         "to serve; the cluster has "
     )
 

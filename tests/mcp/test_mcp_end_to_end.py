@@ -16,6 +16,7 @@ from exo.mcp.inference import RunResult
 from exo.mcp.models import ModelsResult
 from exo.mcp.status import StatusResult
 from exo.models.catalog import CATALOG
+from exo.shared.local_backend import local_weights_in_memory
 from tests.exo_server import ExoServer, fixture_model, free_port, running_exo
 from tests.fixtures.fixture_specs import GREETING_REPLY
 from tests.mcp.mcp_clients import TRANSPORTS, McpTransport, exo_mcp_client, text_of
@@ -91,11 +92,12 @@ async def test_list_models_shows_what_the_runner_loaded(transport: McpTransport,
     assert f"- {MODEL} (ready, context {served[0].context_length}, tool calls as hermes)" in text
     larger = CATALOG[1]
     fit = next(fit for fit in models.fits if fit.model_id == larger.model_id)
-    assert (fit.needed_bytes, fit.fits) == (larger.memory_bytes(), fit.needed_bytes <= fit.available_bytes)
+    needed = larger.memory_bytes(local_weights_in_memory())
+    assert (fit.needed_bytes, fit.fits) == (needed, fit.needed_bytes <= fit.available_bytes)
     verdict = "fits the cluster's free memory" if fit.fits else "does NOT fit the cluster's free memory"
     assert (
         f"- {larger.model_id} ({larger.family} {larger.parameters}, {decimal(larger.source.download_bytes)} download, "
-        f"{decimal(larger.imported_bytes)} on disk, needs {decimal(larger.memory_bytes())} of memory: {verdict}): "
+        f"{decimal(larger.imported_bytes)} on disk, needs {decimal(needed)} of memory: {verdict}): "
         "not downloaded"
     ) in text
 

@@ -34,11 +34,7 @@ SMALL_CLUSTER = ClusterSummary(
 LARGE = QWEN25_CODER_15B
 LARGE_CATALOG = NodeCatalog(
     models_dir="/models",
-    models=[
-        NodeCatalogModel(
-            listing=CatalogListing(entry=LARGE, downloaded=False, path=None), memory_bytes=LARGE.memory_bytes("linux")
-        )
-    ],
+    models=[NodeCatalogModel.of(CatalogListing(entry=LARGE, downloaded=False, path=None), "float32")],
 )
 ROOMY_CLUSTER = SMALL_CLUSTER.model_copy(
     update={"memory_available_bytes": 60_000_000_000, "memory_total_bytes": 64_000_000_000}

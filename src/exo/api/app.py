@@ -4,9 +4,8 @@ Every node serves it; a request for a model whose runner lives on another node i
 and streamed back unchanged. The cluster's own endpoints (/v1/cluster…, /metrics) are in cluster_routes.py.
 """
 
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from exo.api.errors import (
 )
 from exo.api.mcp_mount import mount_mcp
 from exo.api.message_count import DEFAULT_MAX_MESSAGES
+from exo.api.model_cards import model_cards
 from exo.api.ollama.routes import OLLAMA_PATH_PREFIX, ollama_error, ollama_router
 from exo.api.public_paths import PublicMasterClient, directory_hider, storage_directories
 from exo.api.request_guard import RequestGuard
@@ -37,12 +37,12 @@ from exo.api.routes.responses import responses_router
 from exo.api.validation_errors import handle_validation_error
 from exo.dashboard.routes import is_dashboard_asset, mount_dashboard
 from exo.master.client import MasterClient
-from exo.master.placement import served_model_ids
 from exo.models.paths import default_models_dir, exo_home
 from exo.models.progress import PreparationSink
-from exo.shared.types.api import ErrorResponse, ModelCard, ModelList
-from exo.shared.types.common import ModelId
-from exo.shared.types.state import RunnerInfo, State
+from exo.shared.local_backend import local_weights_in_memory
+from exo.shared.types.api import ErrorResponse, ModelList
+from exo.shared.types.footprint import WeightsInMemory
+from exo.shared.types.state import State
 
 # Documented in the OpenAPI schema so clients and fuzzers know every failure has OpenAI's error shape.
 _ERRORS = documented_errors(ErrorResponse)
@@ -62,6 +62,8 @@ class ApiSettings:
     show_model_paths: bool = False
     # Most `messages` / `input` items one request may hold (message_count.py).
     max_request_messages: int = DEFAULT_MAX_MESSAGES
+    # How this node's runners hold weights (`--cpu-kernels`, `--cpu-weights`): what the catalog's memory is for.
+    weights_in_memory: WeightsInMemory = field(default_factory=local_weights_in_memory)
 
 
 def create_app(
@@ -108,42 +110,13 @@ def create_app(
 
     @app.get("/v1/models", responses=_AUTH_ERRORS)
     async def models() -> ModelList:
-        return ModelList(data=_model_cards(master.state))
+        return ModelList(data=model_cards(master.state))
 
     app.include_router(chat_router(master))
     app.include_router(messages_router(master))
     app.include_router(responses_router(master))
     app.include_router(ollama_router(master))
-    app.include_router(catalog_router(models_dir, record_preparation, hide_paths))
+    app.include_router(catalog_router(models_dir, record_preparation, hide_paths, settings.weights_in_memory))
     app.include_router(cluster_router(master))
     mount_dashboard(app)
     return app
-
-
-def _model_cards(state: State) -> list[ModelCard]:
-    """One card per model served anywhere in the cluster (described by a loaded runner when there is one)."""
-    served = served_model_ids(state)
-    described: dict[ModelId, RunnerInfo] = {}
-    for runner in state.runners.values():
-        if runner.model_id in served:
-            known = described.get(runner.model_id)
-            if known is None or (known.metadata is None and runner.metadata is not None):
-                described[runner.model_id] = runner
-    cards: list[ModelCard] = []
-    for model_id, runner in sorted(described.items()):
-        metadata = runner.metadata
-        capabilities = ["chat"]
-        if metadata is not None and metadata.tool_format is not None:
-            capabilities.append("tool_use")
-        if metadata is not None and metadata.supports_reasoning:
-            capabilities.append("reasoning")
-        cards.append(
-            ModelCard(
-                id=model_id,
-                created=int(time.time()),
-                capabilities=capabilities,
-                context_length=metadata.context_length if metadata else None,
-                vocab_size=metadata.vocab_size if metadata else None,
-            )
-        )
-    return cards

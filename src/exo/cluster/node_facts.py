@@ -17,18 +17,11 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from exo.shared.local_backend import mlx_backend
 from exo.shared.types.api_key import ApiKeyVerifier
 from exo.shared.types.common import NodeId
 from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting
 from exo.shared.types.state import MlxBackend, NodeFacts, NodeMemory
-
-
-def mlx_backend() -> MlxBackend:
-    """Metal on Apple silicon, CUDA where an mlx-cuda wheel is installed, else the CPU backend."""
-    if sys.platform == "darwin" and platform.machine() == "arm64":
-        return "metal"
-    installed = {(distribution.metadata["Name"] or "").lower() for distribution in importlib.metadata.distributions()}
-    return "cuda" if any(name.startswith("mlx-cuda") for name in installed) else "cpu"
 
 
 def device_name() -> str:

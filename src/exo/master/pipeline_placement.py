@@ -105,8 +105,13 @@ def _refuse(model: str, footprint: ModelFootprint, ranked: Sequence[NodeCapacity
     shared = rank_need(footprint, 0, 0, weights=weights)
     available = ", ".join(f"{node.node_id} {node.available_bytes / _GIB:.2f} GiB" for node in ranked) or "no nodes"
     over = f" over at least {min_nodes} nodes" if min_nodes > 1 else ""
+    held_as = "as the checkpoint stores them" if weights == "stored" else f"as {weights}"
+    smaller = ""
+    if weights == "float32":
+        int8 = rank_need(footprint, 0, footprint.num_layers, weights="int8")
+        smaller = f"; held as int8 (`--cpu-weights int8` on a Linux CPU) it would need {int8 / _GIB:.2f} GiB"
     raise PlacementError(
-        f"model {model} does not fit{over}: it needs {whole / _GIB:.2f} GiB in all "
-        f"({shared / _GIB:.2f} GiB on each node it is split over, plus its {footprint.num_layers} layers); "
-        f"available: {available}"
+        f"model {model} does not fit{over}: it needs {whole / _GIB:.2f} GiB in all with its weights held "
+        f"{held_as} ({shared / _GIB:.2f} GiB on each node it is split over, plus its "
+        f"{footprint.num_layers} layers); available: {available}{smaller}"
     )

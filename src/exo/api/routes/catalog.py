@@ -34,6 +34,7 @@ from exo.models.progress import PreparationSink, PreparationTracker
 from exo.shared.errors import ExoModelError
 from exo.shared.types.api import ErrorBody, ErrorResponse
 from exo.shared.types.common import ModelId
+from exo.shared.types.footprint import WeightsInMemory
 from exo.shared.types.preparation import ModelPreparation
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -43,20 +44,21 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def catalog_router(
-    models_dir: Path, record_preparation: PreparationSink | None, hide_paths: Callable[[str], str] = str
+    models_dir: Path,
+    record_preparation: PreparationSink | None,
+    hide_paths: Callable[[str], str],
+    weights: WeightsInMemory,
 ) -> APIRouter:
     """This node's catalog routes, downloading into `models_dir` (progress also to `record_preparation`); paths in
-    answers go through `hide_paths` (labels instead of this node's directories, unless --show-model-paths)."""
+    answers go through `hide_paths` (labels instead of this node's directories, unless --show-model-paths); memory is
+    for weights held as `weights` (the node's `weights_in_memory`)."""
     router = APIRouter(tags=["Model catalog"])
     locks: dict[ModelId, anyio.Lock] = {}
 
     @router.get("/v1/catalog", responses=_ERRORS)
     async def catalog() -> NodeCatalog:
         listings = catalog_listing(models_dir)
-        models = [
-            NodeCatalogModel(listing=_hidden_listing(listing, hide_paths), memory_bytes=listing.entry.memory_bytes())
-            for listing in listings
-        ]
+        models = [NodeCatalogModel.of(_hidden_listing(listing, hide_paths), weights) for listing in listings]
         return NodeCatalog(models_dir=hide_paths(str(models_dir)), models=models)
 
     @router.post("/v1/catalog/download", response_class=StreamingResponse, responses=_ERRORS)

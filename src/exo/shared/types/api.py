@@ -32,6 +32,10 @@ class ModelCard(BaseModel):
     context_length: int | None = None
     # The number of tokens the model chooses from: `top_k` must be below it.
     vocab_size: int | None = None
+    # How the nodes serving it hold the weights (float32 or int8 on a Linux CPU per `--cpu-weights`, else as
+    # stored; None while unknown or where its ranks differ) and the memory they take over all its ranks.
+    weights_in_memory: str | None = None
+    memory_bytes: int | None = None
 
 
 class ModelList(BaseModel):

@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import model_validator
 
 from exo.shared.types.common import FrozenModel
+from exo.shared.types.cpu_kernels import CpuKernelsSetting, CpuWeightsSetting
 
 WeightsInMemory = Literal["stored", "float32", "int8"]
 """How a runner holds the weights: as the checkpoint stores them, expanded to float32 (a Linux CPU's float32
@@ -13,6 +14,30 @@ engine), or as int8 with per-row scales (`--cpu-weights int8`)."""
 INT8_OVERHEAD = 1 / 32
 """Beyond one byte a parameter: each matrix's float32 scale per output row (4 bytes per row of at least 128 weights
 in any real model) and the norms and biases kept in float32."""
+
+
+def weights_in_memory(
+    mlx_backend: str, cpu_kernels: CpuKernelsSetting, cpu_weights: CpuWeightsSetting
+) -> WeightsInMemory:
+    """How a node's runners hold weights: converted by the CPU engine (to float32, or int8 under
+    `--cpu-weights int8`) on the CPU backend unless the node runs `--cpu-kernels off`; else as the checkpoint stores
+    them (Metal and CUDA keep an mlx-community 4/8-bit checkpoint quantized)."""
+    if mlx_backend == "cpu" and cpu_kernels == "auto":
+        return cpu_weights
+    return "stored"
+
+
+def held_bytes(parameters: int, stored_bytes: int, *, weights: WeightsInMemory) -> int:
+    """Memory `parameters` weights (`stored_bytes` in their files) take once loaded: the one computation behind every
+    memory figure exo shows (the catalog, `exo models`, /v1/models, placement, the dashboard).
+
+    4 bytes a parameter in float32, about one as int8 (plus INT8_OVERHEAD for scales and norms), else as stored.
+    """
+    if weights == "float32":
+        return 4 * parameters
+    if weights == "int8":
+        return int(parameters * (1 + INT8_OVERHEAD))
+    return stored_bytes
 
 
 class ModelFootprint(FrozenModel):
@@ -37,14 +62,10 @@ class ModelFootprint(FrozenModel):
         return len(self.layer_parameters)
 
     def rank_bytes(self, start: int, end: int, *, weights: WeightsInMemory) -> int:
-        """Memory for the shared weights plus layers [start, end): 4 bytes a parameter where the runtime converts
-        weights to float32 (Linux CPU), about one where it holds them as int8, else as stored."""
+        """Memory for the shared weights plus layers [start, end) held as `weights` (`held_bytes`)."""
         parameters = self.shared_parameters + sum(self.layer_parameters[start:end])
-        if weights == "float32":
-            return 4 * parameters
-        if weights == "int8":
-            return int(parameters * (1 + INT8_OVERHEAD))
-        return self.shared_file_bytes + sum(self.layer_file_bytes[start:end])
+        stored = self.shared_file_bytes + sum(self.layer_file_bytes[start:end])
+        return held_bytes(parameters, stored, weights=weights)
 
     def total_bytes(self, *, weights: WeightsInMemory) -> int:
         return self.rank_bytes(0, self.num_layers, weights=weights)

@@ -12,7 +12,7 @@ from pydantic import Field
 from exo.shared.types.api_key import ApiKeyVerifier
 from exo.shared.types.common import FrozenModel, InstanceId, ModelId, NodeId, RunnerId, TaskId
 from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting
-from exo.shared.types.footprint import WeightsInMemory
+from exo.shared.types.footprint import WeightsInMemory, weights_in_memory
 from exo.shared.types.instances import PendingPlacement, PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.request_record import RequestRecord
@@ -64,12 +64,8 @@ class NodeFacts(FrozenModel):
 
     @property
     def weights_in_memory(self) -> WeightsInMemory:
-        """How this node's runners hold weights: converted by the CPU engine (to float32, or int8 under
-        `--cpu-weights int8`) with the CPU backend unless the node was started with `--cpu-kernels off`, else as
-        the checkpoint stores them."""
-        if self.mlx_backend == "cpu" and self.cpu_kernels == "auto":
-            return self.cpu_weights
-        return "stored"
+        """How this node's runners hold weights (`footprint.weights_in_memory`)."""
+        return weights_in_memory(self.mlx_backend, self.cpu_kernels, self.cpu_weights)
 
 
 class NodeHealth(FrozenModel):

@@ -45,10 +45,15 @@ export function createModelsView() {
     }
   }
 
+  // How this node holds weights (its --cpu-weights on a Linux CPU; as the checkpoint stores them elsewhere).
+  function weightsLabel(weights) {
+    return weights === "stored" ? "stored" : weights;
+  }
+
   function catalogTable(models) {
     return table("Model catalog",
       ["Model", "Family", "Parameters", "Download", "On disk", "Memory to serve", "Tool format", "On this node"],
-      models.map(({ listing, memory_bytes: memory }) => {
+      models.map(({ listing, memory_bytes: memory, weights_in_memory: weights }) => {
         const entry = listing.entry;
         const progress = h("span", { class: "download-progress", "aria-live": "polite" });
         const action = listing.downloaded ? badge("downloaded", "ready")
@@ -57,7 +62,7 @@ export function createModelsView() {
         return [entry.model_id, entry.family, entry.parameters,
           entry.source.installed_with_exo ? "installed with exo" : bytes(entry.source.pieces.reduce(
             (sum, piece) => sum + piece.size, 0)),
-          bytes(entry.imported_bytes), bytes(memory), entry.tool_format, h("span", {}, action, progress)];
+          bytes(entry.imported_bytes), `${bytes(memory)} as ${weightsLabel(weights)}`, entry.tool_format, h("span", {}, action, progress)];
       }));
   }
 

@@ -1,0 +1,66 @@
+"""GET /v1/models' cards: one per model served anywhere in the cluster, with the memory its weights take as the
+nodes serving it hold them (the same computation as placement and the catalog: `footprint.held_bytes`)."""
+
+import time
+
+from exo.master.placement import served_model_ids
+from exo.shared.types.api import ModelCard
+from exo.shared.types.common import ModelId
+from exo.shared.types.footprint import WeightsInMemory, held_bytes
+from exo.shared.types.state import RunnerInfo, State
+
+
+def model_cards(state: State) -> list[ModelCard]:
+    """One card per model served anywhere in the cluster (described by a loaded runner when there is one)."""
+    served = served_model_ids(state)
+    described: dict[ModelId, RunnerInfo] = {}
+    for runner in state.runners.values():
+        if runner.model_id in served:
+            known = described.get(runner.model_id)
+            if known is None or (known.metadata is None and runner.metadata is not None):
+                described[runner.model_id] = runner
+    cards: list[ModelCard] = []
+    for model_id, runner in sorted(described.items()):
+        metadata = runner.metadata
+        capabilities = ["chat"]
+        if metadata is not None and metadata.tool_format is not None:
+            capabilities.append("tool_use")
+        if metadata is not None and metadata.supports_reasoning:
+            capabilities.append("reasoning")
+        weights, memory = weights_memory(state, runner)
+        cards.append(
+            ModelCard(
+                id=model_id,
+                created=int(time.time()),
+                capabilities=capabilities,
+                context_length=metadata.context_length if metadata else None,
+                vocab_size=metadata.vocab_size if metadata else None,
+                weights_in_memory=weights,
+                memory_bytes=memory,
+            )
+        )
+    return cards
+
+
+def weights_memory(state: State, runner: RunnerInfo) -> tuple[WeightsInMemory | None, int | None]:
+    """How `runner`'s instance holds the weights and their memory over all its ranks: a placed instance's from its
+    footprint and each rank's node, a whole model's from the checkpoint the runner loaded. (None, None) while
+    unknown (a runner still loading, or a node that left)."""
+    instance = state.instances.get(runner.instance_id)
+    if instance is not None:
+        nodes = [state.nodes.get(rank.node_id) for rank in instance.ranks]
+        held: list[WeightsInMemory] = [node.facts.weights_in_memory for node in nodes if node is not None]
+        if len(held) != len(instance.ranks):
+            return None, None
+        memory = sum(
+            instance.footprint.rank_bytes(rank.start_layer, rank.end_layer, weights=weights)
+            for rank, weights in zip(instance.ranks, held, strict=True)
+        )
+        shared: WeightsInMemory | None = held[0] if all(weights == held[0] for weights in held) else None
+        return shared, memory
+    node = state.nodes.get(runner.node_id)
+    checkpoint = runner.metadata.checkpoint if runner.metadata is not None else None
+    if node is None or checkpoint is None:
+        return None, None
+    weights = node.facts.weights_in_memory
+    return weights, held_bytes(checkpoint.parameter_count, checkpoint.file_bytes, weights=weights)

@@ -1,0 +1,25 @@
+"""Which MLX backend this machine's runners use, and so how a node here holds weights: read from the platform and
+the installed MLX wheels, never by importing MLX (the API process and `exo models` never load it)."""
+
+import importlib.metadata
+import platform
+import sys
+
+from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting
+from exo.shared.types.footprint import WeightsInMemory, weights_in_memory
+from exo.shared.types.state import MlxBackend
+
+
+def mlx_backend() -> MlxBackend:
+    """Metal on Apple silicon, CUDA where an mlx-cuda wheel is installed, else the CPU backend."""
+    if sys.platform == "darwin" and platform.machine() == "arm64":
+        return "metal"
+    installed = {(distribution.metadata["Name"] or "").lower() for distribution in importlib.metadata.distributions()}
+    return "cuda" if any(name.startswith("mlx-cuda") for name in installed) else "cpu"
+
+
+def local_weights_in_memory(
+    cpu_kernels: CpuKernelsSetting = "auto", cpu_weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS
+) -> WeightsInMemory:
+    """How a node on this machine started with these settings holds weights (what its memory figures are for)."""
+    return weights_in_memory(mlx_backend(), cpu_kernels, cpu_weights)
