@@ -151,3 +151,11 @@ def test_a_batch_size_below_one_or_not_a_number_is_a_usage_error(
         build_parser().parse_args(["--batch-size", value])
     assert exited.value.code == 2
     assert "--batch-size" in capsys.readouterr().err
+
+
+def test_the_parallel_flag_chooses_how_a_placed_model_is_split() -> None:
+    assert config_from_args(build_parser().parse_args([])).parallel == "auto"
+    config = config_from_args(build_parser().parse_args(["--min-nodes", "2", "--parallel", "tensor"]))
+    assert (config.min_nodes, config.parallel) == (2, "tensor")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--parallel", "sideways"])

@@ -85,7 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=1,
         help="split each model over at least this many nodes of the cluster (placed by free memory, as soon as "
-        "that many are up; pipeline parallel); default 1: load it on this node",
+        "that many are up); default 1: load it on this node",
+    )
+    parser.add_argument(
+        "--parallel",
+        choices=("pipeline", "tensor", "auto"),
+        default="auto",
+        help="how a model placed over several nodes (--min-nodes 2 or more) is split: by layers (pipeline), by "
+        "matrices, every node running every layer with a share of its heads (tensor), or auto (pipeline today); "
+        "default auto",
     )
     parser.add_argument(
         "--models-dir", type=Path, help="where downloaded/imported models live (default $EXO_HOME/models)"
@@ -302,6 +310,7 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
         cluster=cluster_settings_from_args(arguments),
         node_name=arguments.node_name,
         min_nodes=arguments.min_nodes,
+        parallel=arguments.parallel,
     )
 
 

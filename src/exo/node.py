@@ -41,6 +41,7 @@ from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.request_record import RequestRecord
 from exo.shared.types.worker.decode_settings import DecodeSettings
+from exo.shared.types.worker.shards import ParallelChoice
 from exo.worker.instance_ranks import InstanceRanks, RankHost
 from exo.worker.main import Worker
 from exo.worker.runner.runner_config import RunnerConfig
@@ -86,6 +87,8 @@ class NodeConfig:
     home: Path | None = None
     # Above 1, each model is placed (by memory) over at least this many nodes of the cluster instead of loaded here.
     min_nodes: int = 1
+    # How such a model is split over the nodes (`--parallel`).
+    parallel: ParallelChoice = "auto"
 
 
 def api_settings(config: NodeConfig) -> ApiSettings:
@@ -227,8 +230,9 @@ class Node:
         for runner_config in config.extra_runner_configs:
             worker.start_runner(runner_config)
 
-    async def place_instance(self, spec: str, min_nodes: int) -> PlacedInstance:
-        """Place model `spec` (prepared on this node first) over at least `min_nodes` nodes, and keep it placed.
+    async def place_instance(self, spec: str, min_nodes: int, parallel: ParallelChoice = "auto") -> PlacedInstance:
+        """Place model `spec` (prepared on this node first) over at least `min_nodes` nodes, split as `parallel`
+        says, and keep it placed.
 
         Raises InstancePlacementError (it fits nowhere), NoMasterError, or the preparation's own error.
         """
@@ -236,12 +240,12 @@ class Node:
         assert self._parts is not None
         resolved = await self._worker.prepare(spec, self.config.models_dir)
         self._parts.file_server.serve(resolved.model_id, resolved.path)
-        return await self._parts.keeper.place(resolved.model_id, resolved.path, min_nodes)
+        return await self._parts.keeper.place(resolved.model_id, resolved.path, min_nodes, parallel)
 
     def _keep_placed(self, model_id: ModelId, model_path: Path) -> None:
         assert self._parts is not None
         self._parts.file_server.serve(model_id, model_path)
-        self._parts.keeper.want(model_id, model_path, self.config.min_nodes)
+        self._parts.keeper.want(model_id, model_path, self.config.min_nodes, self.config.parallel)
 
     def publish_preparation(self, preparation: ModelPreparation) -> None:
         """Record progress of model work this node does outside its start-up (a catalog download); from a thread."""

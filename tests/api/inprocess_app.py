@@ -30,7 +30,7 @@ from exo.shared.types.state import (
     State,
 )
 from exo.shared.types.worker.runner_response import ModelMetadata
-from exo.shared.types.worker.shards import ShardAssignment
+from exo.shared.types.worker.shards import ParallelChoice, ShardAssignment
 
 SCRIPTED_MODEL = ModelId("scripted-model")
 SCRIPTED_REPLY = "scripted reply"
@@ -132,7 +132,11 @@ class ScriptedMaster:
     async def discover(self) -> DiscoveryReport:
         return DiscoveryReport(found=[])
 
-    async def place_instance(self, spec: str, min_nodes: int) -> PlacedInstance:
+    async def place_instance(self, spec: str, min_nodes: int, parallel: ParallelChoice = "auto") -> PlacedInstance:
+        if parallel == "tensor":
+            raise InstancePlacementError(
+                f"scripted: {spec} has 3 heads, not divisible by {min_nodes}", "indivisible_heads"
+            )
         raise InstancePlacementError(f"scripted: {spec} does not fit over {min_nodes} nodes")
 
 

@@ -97,6 +97,17 @@ def test_a_placement_that_fits_nowhere_is_an_openai_shaped_400_and_bad_bodies_ar
         "min_nodes",
     )
     assert error["message"] == "scripted: big does not fit over 2 nodes"
-    for body in ({"model": "big", "min_nodes": 0}, {"min_nodes": 2}, {"model": "big", "min_nodes": "2"}):
+    indivisible = client.post("/v1/cluster/instances", json={"model": "big", "min_nodes": 2, "parallel": "tensor"})
+    assert indivisible.status_code == 400
+    error = indivisible.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "indivisible_heads", "parallel")
+    assert error["message"] == "scripted: big has 3 heads, not divisible by 2"
+    bad_bodies: list[dict[str, object]] = [
+        {"model": "big", "min_nodes": 0},
+        {"min_nodes": 2},
+        {"model": "big", "min_nodes": "2"},
+        {"model": "big", "parallel": "sideways"},
+    ]
+    for body in bad_bodies:
         assert client.post("/v1/cluster/instances", json=body).status_code == 400, body
     assert client.get("/v1/cluster/instances").json() == {"object": "list", "data": [], "unplaced": []}

@@ -24,7 +24,7 @@ from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.request_record import RequestRecord
 from exo.shared.types.state import NodeHealth, RunnerInfo, State
-from exo.shared.types.worker.shards import ShardAssignment
+from exo.shared.types.worker.shards import ParallelChoice, ShardAssignment
 from tests.api.inprocess_app import SCRIPTED_MODEL, SCRIPTED_NODE, ScriptedMaster, scripted_app
 from tests.exo_server import fixture_model, running_exo
 
@@ -222,9 +222,9 @@ class ResolvingMaster(ScriptedMaster):
         super().__init__()
         self.models_dir = models_dir
 
-    async def place_instance(self, spec: str, min_nodes: int) -> PlacedInstance:
+    async def place_instance(self, spec: str, min_nodes: int, parallel: ParallelChoice = "auto") -> PlacedInstance:
         resolve_model(spec, self.models_dir)
-        return await super().place_instance(spec, min_nodes)
+        return await super().place_instance(spec, min_nodes, parallel)
 
 
 def test_placing_a_path_tells_a_client_nothing_about_what_is_on_disk(tmp_path: Path) -> None:

@@ -109,12 +109,13 @@ def cluster_router(master: MasterClient) -> APIRouter:
 
     @router.post("/v1/cluster/instances", responses=_errors(400, 401, 500, 503))
     async def place(request: InstanceRequest) -> PlacedInstanceView:
-        """Place a model over at least `min_nodes` nodes (the smallest set whose free memory holds it, layers in
-        proportion to free memory) and keep it placed as nodes come and go."""
+        """Place a model over at least `min_nodes` nodes (the smallest set whose free memory holds it; by layers in
+        proportion to free memory, or by matrices with `parallel: tensor`) and keep it placed as nodes come and go."""
         try:
-            instance = await master.place_instance(request.model, request.min_nodes)
+            instance = await master.place_instance(request.model, request.min_nodes, request.parallel)
         except InstancePlacementError as error:
-            raise ApiError(400, str(error), param="min_nodes", code="insufficient_memory") from error
+            param = "parallel" if error.code == "indivisible_heads" else "min_nodes"
+            raise ApiError(400, str(error), param=param, code=error.code) from error
         except NoMasterError as error:
             raise ApiError(503, str(error), error_type="server_error", code="no_master") from error
         except (ExoModelError, OSError, ValueError) as error:

@@ -179,6 +179,7 @@ def placed_instance_view(state: State, instance: PlacedInstance) -> PlacedInstan
         model_id=instance.model_id,
         min_nodes=instance.min_nodes,
         world_size=len(instance.ranks),
+        parallel=instance.parallel,
         files_from=instance.files_from,
         ready=all(rank.status == "ready" for rank in ranks),
         placed_at=instance.placed_at,

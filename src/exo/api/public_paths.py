@@ -25,6 +25,7 @@ from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.request_record import RequestRecord
 from exo.shared.types.state import State
 from exo.shared.types.worker.runner_response import ModelMetadata
+from exo.shared.types.worker.shards import ParallelChoice
 
 TextFilter = Callable[[str], str]
 
@@ -183,9 +184,9 @@ class PublicMasterClient:
     async def discover(self) -> DiscoveryReport:
         return await self._master.discover()
 
-    async def place_instance(self, spec: str, min_nodes: int) -> PlacedInstance:
+    async def place_instance(self, spec: str, min_nodes: int, parallel: ParallelChoice = "auto") -> PlacedInstance:
         try:
-            return await self._master.place_instance(spec, min_nodes)
+            return await self._master.place_instance(spec, min_nodes, parallel)
         except InstancePlacementError:
             raise  # the model was found; the memory it needs is no secret
         except (ExoModelError, OSError, ValueError) as error:

@@ -28,6 +28,7 @@ from exo.shared.types.instances import (
     PlaceInstance,
 )
 from exo.shared.types.state import State
+from exo.shared.types.worker.shards import ParallelChoice
 
 logger = logging.getLogger(__name__)
 
@@ -61,30 +62,36 @@ class InstanceKeeper:
         wanted = self._wanted.get(model_id)
         return wanted.model_path if wanted is not None else None
 
-    def want(self, model_id: ModelId, model_path: Path, min_nodes: int) -> PlaceInstance:
-        """Keep `model_id` (files at `model_path`) placed over at least `min_nodes` nodes from now on."""
+    def want(
+        self, model_id: ModelId, model_path: Path, min_nodes: int, parallel: ParallelChoice = "auto"
+    ) -> PlaceInstance:
+        """Keep `model_id` (files at `model_path`) placed over at least `min_nodes` nodes from now on, split as
+        `parallel` says."""
         request = PlaceInstance(
             request_id=new_command_id(),
             model_id=model_id,
             min_nodes=min_nodes,
             footprint=read_footprint(model_path),
             files_from=self._node_id,
+            parallel=parallel,
         )
         self._wanted[model_id] = _Wanted(request=request, model_path=model_path)
         logger.info("%s is to be placed over at least %d nodes (as soon as that many are up)", model_id, min_nodes)
         return request
 
-    async def place(self, model_id: ModelId, model_path: Path, min_nodes: int) -> PlacedInstance:
+    async def place(
+        self, model_id: ModelId, model_path: Path, min_nodes: int, parallel: ParallelChoice = "auto"
+    ) -> PlacedInstance:
         """Place `model_id` now and return the instance; raises InstancePlacementError or NoMasterError."""
         before = self._wanted.get(model_id)
-        reply = await self._ask(self.want(model_id, model_path, min_nodes))
+        reply = await self._ask(self.want(model_id, model_path, min_nodes, parallel))
         if reply.instance is None:
             # A refused request is not retried behind the caller's back; what was wanted before still is.
             if before is None:
                 del self._wanted[model_id]
             else:
                 self._wanted[model_id] = before
-            raise InstancePlacementError(reply.error or "the master refused the placement")
+            raise InstancePlacementError(reply.error or "the master refused the placement", reply.refusal)
         return reply.instance
 
     async def run(self) -> None:

@@ -35,6 +35,7 @@ from exo.shared.types.task_replies import (
     TaskReplyAdapter,
     TaskStreamEnded,
 )
+from exo.shared.types.worker.shards import ParallelChoice
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +69,10 @@ class TaskHandle:
 
 
 class InstancePlacer(Protocol):
-    async def place_instance(self, spec: str, min_nodes: int) -> PlacedInstance:
-        """Place model `spec` over at least `min_nodes` nodes by memory. Raises InstancePlacementError (it fits
-        nowhere: the message names the memory needed and available), NoMasterError, or why `spec` cannot be
-        prepared."""
+    async def place_instance(self, spec: str, min_nodes: int, parallel: ParallelChoice = "auto") -> PlacedInstance:
+        """Place model `spec` over at least `min_nodes` nodes by memory, split as `parallel` says. Raises
+        InstancePlacementError (it fits nowhere: the message names the memory needed and available; or its heads do
+        not divide over a tensor split), NoMasterError, or why `spec` cannot be prepared."""
         ...
 
 
@@ -202,8 +203,8 @@ class BusMasterClient:
     async def discover(self) -> DiscoveryReport:
         return await self._peers.discover()
 
-    async def place_instance(self, spec: str, min_nodes: int) -> PlacedInstance:
-        return await self._placer.place_instance(spec, min_nodes)
+    async def place_instance(self, spec: str, min_nodes: int, parallel: ParallelChoice = "auto") -> PlacedInstance:
+        return await self._placer.place_instance(spec, min_nodes, parallel)
 
     # ---- replies ----------------------------------------------------------------------------
 

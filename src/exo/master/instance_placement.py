@@ -4,11 +4,12 @@ addresses the ranks meet at. Pure but for the ports, which the caller draws (so 
 from collections.abc import Callable
 
 from exo.master.pipeline_placement import NodeCapacity, PlacementError, plan_pipeline
+from exo.master.tensor_placement import plan_tensor
 from exo.shared.apply import is_up
 from exo.shared.types.common import InstanceId, NodeId
 from exo.shared.types.instances import PlacedInstance, PlaceInstance, RankPlacement
 from exo.shared.types.state import State
-from exo.shared.types.worker.shards import PipelinePeers
+from exo.shared.types.worker.shards import PipelinePeers, resolve_parallel
 
 # Ring and task ports are drawn below Linux's ephemeral range (32768+), where outgoing connections take theirs.
 PORT_RANGE = (20000, 32000)
@@ -33,7 +34,8 @@ def place_instance(
     excluded: frozenset[NodeId] = frozenset(),
 ) -> PlacedInstance:
     """The instance `request` asks for over the nodes up in `state` (but `excluded`); raises PlacementError naming
-    the memory needed and available when it fits nowhere."""
+        the memory needed and available when it fits nowhere (IndivisibleHeadsError, a PlacementError, when a tensor
+    split cannot divide the model's heads over the nodes asked for)."""
     capacities = [
         NodeCapacity(
             node_id=node_id,
@@ -43,11 +45,13 @@ def place_instance(
         for node_id, node in sorted(state.nodes.items())
         if is_up(state, node_id) and node_id not in excluded
     ]
-    plan = plan_pipeline(request.model_id, request.footprint, capacities, min_nodes=request.min_nodes)
+    parallel = resolve_parallel(request.parallel)
+    planner = plan_tensor if parallel == "tensor" else plan_pipeline
+    plan = planner(request.model_id, request.footprint, capacities, min_nodes=request.min_nodes)
     ranks: list[RankPlacement] = []
     planned_ranks = zip(plan.node_ids, plan.layer_counts, plan.planned_bytes, strict=True)
     for rank, (node_id, count, planned) in enumerate(planned_ranks):
-        start = sum(plan.layer_counts[rank + 1 :])
+        start = 0 if parallel == "tensor" else sum(plan.layer_counts[rank + 1 :])
         ranks.append(
             RankPlacement(rank=rank, node_id=node_id, start_layer=start, end_layer=start + count, planned_bytes=planned)
         )
@@ -59,11 +63,13 @@ def place_instance(
             ring_addresses=tuple(f"{host}:{port}" for host, port in zip(hosts, ports, strict=False)),
             task_address=f"{hosts[0]}:{ports[-1]}",
             layer_counts=plan.layer_counts,
+            parallel=parallel,
         )
     return PlacedInstance(
         instance_id=instance_id,
         model_id=request.model_id,
         min_nodes=request.min_nodes,
+        parallel=parallel,
         files_from=request.files_from,
         footprint=request.footprint,
         ranks=tuple(ranks),

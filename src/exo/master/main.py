@@ -20,6 +20,7 @@ from exo.cluster.topics import Topics
 from exo.master.instance_placement import PORT_RANGE, place_instance
 from exo.master.pipeline_placement import PlacementError
 from exo.master.placement import failed_replacements, instance_busy, instance_serving, no_runner_refusal, place_task
+from exo.master.tensor_placement import IndivisibleHeadsError
 from exo.shared.apply import apply, is_up
 from exo.shared.types.commands import AssignTask, MasterCommandAdapter, PlaceTask
 from exo.shared.types.common import InstanceId, ModelId, NodeId, new_command_id, new_instance_id, new_task_id
@@ -46,10 +47,17 @@ from exo.shared.types.events import (
     TaskFinished,
     TaskUpdated,
 )
-from exo.shared.types.instances import InstancePlacementReply, PendingPlacement, PlacedInstance, PlaceInstance
+from exo.shared.types.instances import (
+    InstancePlacementReply,
+    PendingPlacement,
+    PlacedInstance,
+    PlaceInstance,
+    PlacementRefusal,
+)
 from exo.shared.types.state import State
 from exo.shared.types.task_replies import TaskRefused
 from exo.shared.types.tasks import GenerationTask
+from exo.shared.types.worker.shards import resolve_parallel
 
 logger = logging.getLogger(__name__)
 
@@ -259,7 +267,8 @@ class Master:
         current = self._instance_of(request.model_id, request.files_from)
         up = sum(is_up(self._state, node_id) for node_id in self._state.nodes)
         can_spread = current is not None and current.degraded_reason is not None and up >= request.min_nodes
-        if current is not None and current.min_nodes == request.min_nodes and not can_spread:
+        same_split = current is not None and current.parallel == resolve_parallel(request.parallel)
+        if current is not None and current.min_nodes == request.min_nodes and same_split and not can_spread:
             self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, instance=current))
             return
         try:
@@ -268,16 +277,27 @@ class Master:
             logger.warning("cannot place %s: %s", request.model_id, error)
             if request.kept and current is None:
                 self._pending(request.model_id, request.files_from, request.min_nodes, str(error))
-            self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, error=str(error)))
+            refusal: PlacementRefusal = (
+                "indivisible_heads" if isinstance(error, IndivisibleHeadsError) else "insufficient_memory"
+            )
+            reply = InstancePlacementReply(request_id=request.request_id, error=str(error), refusal=refusal)
+            self._bus.publish(reply_to, reply)
             return
-        if current is not None and can_spread and current.min_nodes == request.min_nodes:
+        if current is not None and can_spread and current.min_nodes == request.min_nodes and same_split:
             placed = placed.model_copy(update={"replaces": current.instance_id})
         elif current is not None:
-            reason = f"placed anew over at least {request.min_nodes} nodes"
+            reason = f"placed anew over at least {request.min_nodes} nodes ({placed.parallel} parallel)"
             self._order(InstanceRemoved(instance_id=current.instance_id, reason=reason))
         layers = ", ".join(f"{rank.node_id} {rank.start_layer}-{rank.end_layer - 1}" for rank in placed.ranks)
         degraded = f" (degraded: {placed.degraded_reason})" if placed.degraded_reason else ""
-        logger.info("placed %s as instance %s: %s%s", placed.model_id, placed.instance_id, layers, degraded)
+        logger.info(
+            "placed %s as instance %s (%s parallel): %s%s",
+            placed.model_id,
+            placed.instance_id,
+            placed.parallel,
+            layers,
+            degraded,
+        )
         self._order(InstancePlaced(instance=placed))
         self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, instance=placed))
 
@@ -289,6 +309,7 @@ class Master:
             request_id=new_command_id(),
             model_id=lost.model_id,
             min_nodes=lost.min_nodes,
+            parallel=lost.parallel,
             footprint=lost.footprint,
             files_from=lost.files_from,
             allow_fewer=True,

@@ -73,12 +73,32 @@ def read_footprint(model_dir: Path) -> ModelFootprint:
     if not layer_parameters:
         raise FootprintError(f"{model_dir} has no weights named after layers")
     layers = range(max(layer_parameters) + 1)
+    config = _text_config(model_dir)
     return ModelFootprint(
         layer_parameters=tuple(layer_parameters.get(layer, 0) for layer in layers),
         shared_parameters=shared_parameters,
         layer_file_bytes=tuple(layer_bytes.get(layer, 0) for layer in layers),
         shared_file_bytes=shared_bytes,
+        attention_heads=_positive(config, "num_attention_heads"),
+        # A config without a KV head count has as many as attention heads (no grouped-query attention).
+        kv_heads=_positive(config, "num_key_value_heads") or _positive(config, "num_attention_heads"),
+        mlp_width=_positive(config, "intermediate_size"),
     )
+
+
+def _text_config(model_dir: Path) -> dict[str, object]:
+    """The language model's config: config.json, or its `text_config` where it nests one."""
+    config: object = json.loads((model_dir / "config.json").read_text())
+    if not isinstance(config, dict):
+        return {}
+    typed = cast(dict[str, object], config)
+    nested = typed.get("text_config")
+    return cast(dict[str, object], nested) if isinstance(nested, dict) else typed
+
+
+def _positive(config: dict[str, object], key: str) -> int | None:
+    value = config.get(key)
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _sizes(

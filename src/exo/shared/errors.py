@@ -27,7 +27,12 @@ class ExoModelError(Exception):
 
 
 class InstancePlacementError(ValueError):
-    """The master cannot place the model; the message names the memory needed and available."""
+    """The master cannot place the model; the message names the memory needed and available, or (`code`
+    indivisible_heads) the head counts a tensor split cannot divide."""
+
+    def __init__(self, message: str, code: str = "insufficient_memory") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class PeerUnreachableError(Exception):

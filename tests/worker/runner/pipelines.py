@@ -100,3 +100,8 @@ async def running_ranks(
 
 def pipeline_of(layer_counts: Sequence[int]) -> list[ShardAssignment]:
     return list(pipeline_shards(local_peers(layer_counts)))
+
+
+def tensor_split_of(world_size: int, num_layers: int) -> list[ShardAssignment]:
+    """The shards of a tensor split: every rank runs all `num_layers` layers with 1/`world_size` of their heads."""
+    return list(pipeline_shards(local_peers([num_layers] * world_size, parallel="tensor")))

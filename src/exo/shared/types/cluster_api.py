@@ -9,6 +9,7 @@ from exo.shared.types.common import FrozenModel
 from exo.shared.types.instances import PendingPlacement
 from exo.shared.types.state import MlxBackend, NodeStatus
 from exo.shared.types.worker.runner_status import RunnerStatus
+from exo.shared.types.worker.shards import ParallelChoice, Parallelism
 
 
 class ModelInstance(FrozenModel):
@@ -149,13 +150,16 @@ class InstanceRequest(FrozenModel):
 
     model: str
     min_nodes: int = Field(default=1, ge=1)
+    # Split by layers (pipeline), by matrices (tensor), or as the master chooses (auto: pipeline today).
+    parallel: ParallelChoice = "auto"
 
 
 class InstanceRank(FrozenModel):
     rank: int
     node_id: str
     node_name: str
-    # Layers [start_layer, end_layer); rank 0 runs the last ones and streams the answers.
+    # Layers [start_layer, end_layer); in a pipeline rank 0 runs the last ones and streams the answers, in a tensor
+    # split every rank runs them all (with 1/world_size of their heads and MLP columns).
     start_layer: int
     end_layer: int
     planned_bytes: int
@@ -171,6 +175,8 @@ class PlacedInstanceView(FrozenModel):
     model_id: str
     min_nodes: int
     world_size: int
+    # How the model is split over the ranks: by layers or by matrices.
+    parallel: Parallelism = "pipeline"
     # The node holding the whole checkpoint (the others copy their layers' files from it).
     files_from: str
     # Every rank's runner is ready: the instance serves requests.

@@ -50,6 +50,10 @@ class ModelFootprint(FrozenModel):
     shared_parameters: int
     layer_file_bytes: tuple[int, ...]
     shared_file_bytes: int
+    # What a tensor split divides among its ranks (from config.json; None where the config does not say).
+    attention_heads: int | None = None
+    kv_heads: int | None = None
+    mlp_width: int | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "ModelFootprint":
@@ -69,3 +73,24 @@ class ModelFootprint(FrozenModel):
 
     def total_bytes(self, *, weights: WeightsInMemory) -> int:
         return self.rank_bytes(0, self.num_layers, weights=weights)
+
+    def tensor_rank_bytes(self, world_size: int, *, weights: WeightsInMemory) -> int:
+        """Memory for one rank of a tensor split over `world_size`: the shared weights whole (embeddings, final norm
+        and output head are not split) and 1/`world_size` of every layer (its norms, a few thousand values, count
+        as split too)."""
+        shared = self.rank_bytes(0, 0, weights=weights)
+        layers = self.total_bytes(weights=weights) - shared
+        return shared + -(-layers // world_size)
+
+    def tensor_split_refusal(self, world_size: int) -> str | None:
+        """Why the model's layers cannot be split by matrices over `world_size` ranks (None when they can): every
+        rank takes the same number of attention heads, KV heads and MLP columns."""
+        counts = {"attention heads": self.attention_heads, "KV heads": self.kv_heads, "MLP width": self.mlp_width}
+        unknown = [name for name, count in counts.items() if count is None]
+        if unknown:
+            return f"its config.json does not give its {', '.join(unknown)}"
+        named = ", ".join(f"{name} {count}" for name, count in counts.items())
+        indivisible = [name for name, count in counts.items() if count is not None and count % world_size]
+        if indivisible:
+            return f"{' and '.join(indivisible)} do not divide by {world_size} ({named})"
+        return None

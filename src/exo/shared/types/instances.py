@@ -10,12 +10,19 @@ from pydantic import Field, TypeAdapter
 
 from exo.shared.types.common import CommandId, FrozenModel, InstanceId, ModelId, NodeId
 from exo.shared.types.footprint import ModelFootprint
-from exo.shared.types.worker.shards import PipelinePeers, ShardAssignment, pipeline_shards
+from exo.shared.types.worker.shards import (
+    ParallelChoice,
+    Parallelism,
+    PipelinePeers,
+    ShardAssignment,
+    pipeline_shards,
+)
 
 
 class RankPlacement(FrozenModel):
     rank: int
     node_id: NodeId
+    # In a tensor split every rank runs every layer: 0 to the layer count.
     start_layer: int
     end_layer: int
     # Memory placement planned for this rank (its weights plus room to serve).
@@ -23,11 +30,14 @@ class RankPlacement(FrozenModel):
 
 
 class PlacedInstance(FrozenModel):
-    """One copy of a model placed by memory; rank 0 runs the last layers, chooses tokens and streams the answers."""
+    """One copy of a model placed by memory; rank 0 runs the last layers (a pipeline) or 1/N of every layer (a tensor
+    split), chooses tokens and streams the answers."""
 
     instance_id: InstanceId
     model_id: ModelId
     min_nodes: int
+    # How the model is split over the ranks (pipeline also for a model on one node).
+    parallel: Parallelism = "pipeline"
     # The node holding the whole checkpoint: the others copy their layers' files from it.
     files_from: NodeId
     footprint: ModelFootprint
@@ -56,6 +66,8 @@ class PlaceInstance(FrozenModel):
     min_nodes: int = Field(ge=1)
     footprint: ModelFootprint
     files_from: NodeId
+    # Split by layers, by matrices, or as the master chooses (`auto`).
+    parallel: ParallelChoice = "auto"
     # Availability first: with fewer than `min_nodes` nodes up, place it over the nodes that are (degraded).
     allow_fewer: bool = False
     # The asking node keeps asking until it is placed: a refusal is recorded in the state, so requests for the model
@@ -73,12 +85,17 @@ class PendingPlacement(FrozenModel):
     since: float
 
 
+PlacementRefusal = Literal["insufficient_memory", "indivisible_heads"]
+"""Why a placement was refused: the model fits nowhere, or its heads do not divide over the nodes of a tensor split."""
+
+
 class InstancePlacementReply(FrozenModel):
-    """Master → the requesting node: the instance placed, or why it fits nowhere."""
+    """Master → the requesting node: the instance placed, or why it cannot be."""
 
     request_id: CommandId
     instance: PlacedInstance | None = None
     error: str | None = None
+    refusal: PlacementRefusal = "insufficient_memory"
 
 
 InstancePlacementReplyAdapter: TypeAdapter[InstancePlacementReply] = TypeAdapter(InstancePlacementReply)

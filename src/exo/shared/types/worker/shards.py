@@ -1,7 +1,9 @@
-"""Which part of a model a runner holds: the whole model (world size 1) or one rank's layers of a pipeline.
+"""Which part of a model a runner holds: the whole model (world size 1), one rank's layers of a pipeline, or one
+rank's slice of every layer's matrices (tensor parallel).
 
 In a pipeline, rank 0 runs the *last* layers (mlx-lm's convention): it ends each step holding the logits, so it is
-the rank that chooses tokens, parses tool calls and streams chunks.
+the rank that chooses tokens, parses tool calls and streams chunks. In a tensor split every rank runs every layer
+with 1/N of its attention heads and MLP columns; rank 0 likewise chooses the tokens and streams.
 """
 
 from typing import Literal
@@ -10,8 +12,20 @@ from pydantic import model_validator
 
 from exo.shared.types.common import FrozenModel
 
-# How a model was split: by mlx-lm's own pipeline support, or by exo's layer-range wrapper.
-PipelineStrategy = Literal["mlx-lm", "layer-range"]
+# How a model was split: by mlx-lm's own pipeline support, by exo's layer-range wrapper, or by mlx-lm's `shard`
+# (tensor parallel).
+PipelineStrategy = Literal["mlx-lm", "layer-range", "tensor"]
+
+Parallelism = Literal["pipeline", "tensor"]
+"""How an instance over several nodes splits its model: by layers (pipeline) or by matrices (tensor)."""
+
+ParallelChoice = Literal["pipeline", "tensor", "auto"]
+"""What a placement asks for; `auto` is resolved by the master (today: pipeline)."""
+
+
+def resolve_parallel(choice: ParallelChoice) -> Parallelism:
+    """The split `choice` stands for. `auto` stays pipeline until a measured rule replaces it (docs/CLUSTER.md)."""
+    return "pipeline" if choice == "auto" else choice
 
 
 class PipelinePeers(FrozenModel):
@@ -21,8 +35,10 @@ class PipelinePeers(FrozenModel):
     ring_addresses: tuple[str, ...]
     # "ip:port" where rank 0 hands each task to the other ranks (idle ranks wait there, not on the ring).
     task_address: str
-    # How many layers each rank runs; rank 0 runs the last `layer_counts[0]` layers.
+    # How many layers each rank runs; in a pipeline rank 0 runs the last `layer_counts[0]` layers, in a tensor split
+    # every rank runs all of them (every count is the model's layer count).
     layer_counts: tuple[int, ...]
+    parallel: Parallelism = "pipeline"
 
     @model_validator(mode="after")
     def _check(self) -> "PipelinePeers":
@@ -30,14 +46,19 @@ class PipelinePeers(FrozenModel):
             raise ValueError("a pipeline needs one ring address and one layer count per rank, and at least 2 ranks")
         if any(count < 1 for count in self.layer_counts):
             raise ValueError(f"every rank needs at least one layer, got {self.layer_counts}")
+        if self.parallel == "tensor" and len(set(self.layer_counts)) != 1:
+            raise ValueError(f"every rank of a tensor split runs every layer, got {self.layer_counts}")
         return self
 
     @property
     def num_layers(self) -> int:
-        return sum(self.layer_counts)
+        return self.layer_counts[0] if self.parallel == "tensor" else sum(self.layer_counts)
 
     def layer_range(self, rank: int) -> tuple[int, int]:
-        """The [start, end) layers of `rank`: the ranks after it run the layers before it."""
+        """The [start, end) layers of `rank`: in a pipeline the ranks after it run the layers before it; in a tensor
+        split every rank runs them all."""
+        if self.parallel == "tensor":
+            return 0, self.layer_counts[rank]
         start = sum(self.layer_counts[rank + 1 :])
         return start, start + self.layer_counts[rank]
 
@@ -65,6 +86,11 @@ class ShardAssignment(FrozenModel):
             if (self.start_layer, self.end_layer) != self.peers.layer_range(self.rank):
                 raise ValueError(f"layers {self.start_layer}..{self.end_layer} are not rank {self.rank}'s share")
         return self
+
+    @property
+    def is_tensor(self) -> bool:
+        """This rank holds a slice of every layer's matrices (a tensor split), not a range of whole layers."""
+        return self.peers is not None and self.peers.parallel == "tensor"
 
     @property
     def is_emitter(self) -> bool:

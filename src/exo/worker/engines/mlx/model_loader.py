@@ -1,5 +1,5 @@
 """Load a model with mlx-lm for one shard: the CPU engine's replacements applied, a pipeline stage cut to its
-layers."""
+layers, a tensor rank cut to its share of every layer's matrices."""
 
 import json
 from pathlib import Path
@@ -17,6 +17,7 @@ from exo.models.shard_files import missing_weight_files
 from exo.shared.types.worker.shards import PipelineStrategy, ShardAssignment
 from exo.worker.engines.mlx.cpu.engine import CpuKernels
 from exo.worker.engines.mlx.distributed.layer_split import split_layers
+from exo.worker.engines.mlx.distributed.tensor_split import shard_matrices
 from exo.worker.engines.mlx.loaded_model import LoadedModel
 
 DEFAULT_CONTEXT_LENGTH = 4096
@@ -55,7 +56,8 @@ def load_model(
 
     `cpu_kernels` applies the CPU engine's replacements it has on (default: those `--cpu-kernels auto` has here).
 
-    A pipeline shard (world size > 1) needs the ring `group` it runs over; only its layers' weights are read.
+    A pipeline shard (world size > 1) needs the ring `group` it runs over; only its layers' weights are read. A
+    tensor shard reads every layer's files but keeps only its share of the sharded matrices.
     `trust_remote_code` lets the model directory's own Python run: a custom architecture (`model_file` in
     config.json) and a custom tokenizer class. Off, such a model fails to load with a message saying so.
     """
@@ -89,7 +91,7 @@ def _load_pipeline_stage(
         tokenizer = load_tokenizer(
             path, {"trust_remote_code": trust_remote_code}, eos_token_ids=config.get("eos_token_id", None)
         )
-        strategy = split_layers(model, group, shard)
+        strategy = shard_matrices(model, group) if shard.is_tensor else split_layers(model, group, shard)
     except Exception as error:
         raise ModelLoadError(f"cannot load model from {path}: {type(error).__name__}: {error}") from error
     return _loaded(model, tokenizer, config, shard, kernels, group=group, strategy=strategy)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from exo.shared.types.worker.shards import PipelinePeers, ShardAssignment, pipeline_shards
+from exo.shared.types.worker.shards import Parallelism, PipelinePeers, ShardAssignment, pipeline_shards
 from tests.ports import free_port
 
 if TYPE_CHECKING:
@@ -17,11 +17,12 @@ RankFunction = Callable[[ShardAssignment, Path, "mx.distributed.Group"], object]
 """Runs inside a rank's process with its shard, the model directory and the ring; returns something picklable."""
 
 
-def local_peers(layer_counts: Sequence[int]) -> PipelinePeers:
+def local_peers(layer_counts: Sequence[int], parallel: Parallelism = "pipeline") -> PipelinePeers:
     return PipelinePeers(
         ring_addresses=tuple(f"127.0.0.1:{free_port()}" for _ in layer_counts),
         task_address=f"127.0.0.1:{free_port()}",
         layer_counts=tuple(layer_counts),
+        parallel=parallel,
     )
 
 

@@ -25,4 +25,7 @@ def model_identity(model_path: Path, shard: ShardAssignment, weights_format: str
     digest.update(f"weights {weights_format};".encode())
     split = shard.peers.layer_counts if shard.peers is not None else ()
     digest.update(f"rank {shard.rank}/{shard.world_size} layers {shard.start_layer}-{shard.end_layer} {split}".encode())
+    # A tensor rank's KV holds only its share of the heads: never served to a whole model or a pipeline stage.
+    if shard.is_tensor:
+        digest.update(b" tensor")
     return digest.hexdigest()

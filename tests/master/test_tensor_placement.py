@@ -1,0 +1,131 @@
+"""Placing a model split by its matrices (tensor parallel): every rank runs every layer with 1/N of its heads and
+MLP columns, memory per rank from that share, and a head count the nodes asked for do not divide refused naming the
+counts. `auto` keeps the pipeline split."""
+
+import pytest
+
+from exo.api.cluster_views import placed_instance_view
+from exo.master.instance_placement import place_instance
+from exo.master.pipeline_placement import RUNTIME_OVERHEAD_BYTES, RUNTIME_OVERHEAD_FRACTION, PlacementError
+from exo.master.tensor_placement import IndivisibleHeadsError, tensor_rank_need
+from exo.models.footprint import read_footprint
+from exo.shared.types.common import CommandId, InstanceId, ModelId, NodeId
+from exo.shared.types.events import InstancePlaced
+from exo.shared.types.footprint import ModelFootprint
+from exo.shared.types.instances import PlaceInstance
+from exo.shared.types.worker.shards import ParallelChoice
+from tests.exo_server import fixture_model
+from tests.shared.state_builders import NODE_A, NODE_B, NODE_C, fold, reported
+
+# 8 layers of 100 M parameters and 100 M shared (0.37 GiB each in float32); 8 heads, 2 KV heads, MLP width 4096.
+FOOTPRINT = ModelFootprint(
+    layer_parameters=(100_000_000,) * 8,
+    shared_parameters=100_000_000,
+    layer_file_bytes=(200_000_000,) * 8,
+    shared_file_bytes=200_000_000,
+    attention_heads=8,
+    kv_heads=2,
+    mlp_width=4096,
+)
+
+
+def _request(min_nodes: int, parallel: ParallelChoice, footprint: ModelFootprint = FOOTPRINT) -> PlaceInstance:
+    return PlaceInstance(
+        request_id=CommandId("r1"),
+        model_id=ModelId("model-x"),
+        min_nodes=min_nodes,
+        footprint=footprint,
+        files_from=NODE_A,
+        parallel=parallel,
+    )
+
+
+def _ports(count: int) -> list[int]:
+    return list(range(21000, 21000 + count))
+
+
+def test_a_tensor_split_runs_every_layer_on_every_rank_with_memory_for_its_share() -> None:
+    state = fold((reported(NODE_A, available_gib=3), NODE_A), (reported(NODE_B, available_gib=6), NODE_B))
+    instance = place_instance(state, _request(2, "tensor"), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    assert instance.parallel == "tensor"
+    # Rank 0 (it chooses the tokens) on the node with most memory; both run layers 0-8.
+    assert [(rank.node_id, rank.start_layer, rank.end_layer) for rank in instance.ranks] == [
+        (NODE_B, 0, 8),
+        (NODE_A, 0, 8),
+    ]
+    # 100 M shared + 800 M / 2 in layers, 4 bytes each: 2.0 GB, plus the room to serve.
+    share = 4 * (100_000_000 + 400_000_000)
+    expected = int(share * (1 + RUNTIME_OVERHEAD_FRACTION)) + RUNTIME_OVERHEAD_BYTES
+    assert [rank.planned_bytes for rank in instance.ranks] == [expected, expected]
+    assert instance.peers is not None
+    assert instance.peers.parallel == "tensor"
+    assert instance.peers.layer_counts == (8, 8)
+    shards = [instance.shard(rank) for rank in (0, 1)]
+    assert [(shard.start_layer, shard.end_layer, shard.is_tensor, shard.is_emitter) for shard in shards] == [
+        (0, 8, True, True),
+        (0, 8, True, False),
+    ]
+    view = placed_instance_view(fold((InstancePlaced(instance=instance), NODE_A), start=state), instance)
+    assert (view.parallel, view.world_size) == ("tensor", 2)
+
+
+def test_a_tensor_split_takes_more_nodes_when_a_share_does_not_fit_and_skips_counts_that_do_not_divide() -> None:
+    # The whole model needs 3.9 GiB, half of it 2.3 GiB; 3 nodes do not divide 8 heads; a quarter needs 1.5 GiB.
+    footprint = FOOTPRINT.model_copy(update={"kv_heads": 8})
+    node_ids = (NODE_A, NODE_B, NODE_C, NodeId("d0000000000000000000000000000004"), NodeId("e" + "0" * 30 + "5"))
+    state = fold(*[(reported(node_id, available_gib=1.8), node_id) for node_id in node_ids])
+    instance = place_instance(state, _request(1, "tensor", footprint), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    assert len(instance.ranks) == 4
+    assert instance.ranks[0].planned_bytes == tensor_rank_need(footprint, 4, weights="float32")
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "mlp_width", "named"),
+    [(7, 7, 4096, "attention heads and KV heads"), (8, 1, 4096, "KV heads"), (8, 2, 4095, "MLP width")],
+)
+def test_counts_the_nodes_asked_for_do_not_divide_are_refused_naming_them(
+    heads: int, kv_heads: int, mlp_width: int, named: str
+) -> None:
+    footprint = FOOTPRINT.model_copy(update={"attention_heads": heads, "kv_heads": kv_heads, "mlp_width": mlp_width})
+    state = fold((reported(NODE_A, available_gib=8), NODE_A), (reported(NODE_B, available_gib=8), NODE_B))
+    with pytest.raises(IndivisibleHeadsError) as refused:
+        place_instance(state, _request(2, "tensor", footprint), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    message = str(refused.value)
+    assert f"{named} do not divide by 2" in message
+    assert f"attention heads {heads}, KV heads {kv_heads}, MLP width {mlp_width}" in message
+    # The same model splits by layers.
+    instance = place_instance(state, _request(2, "pipeline", footprint), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    assert instance.parallel == "pipeline"
+
+
+def test_a_model_without_head_counts_is_not_split_by_tensor() -> None:
+    footprint = FOOTPRINT.model_copy(update={"attention_heads": None, "mlp_width": None})
+    state = fold((reported(NODE_A, available_gib=8), NODE_A), (reported(NODE_B, available_gib=8), NODE_B))
+    with pytest.raises(IndivisibleHeadsError, match="does not give its attention heads, MLP width"):
+        place_instance(state, _request(2, "tensor", footprint), InstanceId("i1"), now=5.0, draw_ports=_ports)
+
+
+def test_a_tensor_split_that_fits_nowhere_is_refused_with_the_memory() -> None:
+    state = fold((reported(NODE_A, available_gib=1), NODE_A), (reported(NODE_B, available_gib=1), NODE_B))
+    with pytest.raises(PlacementError, match=rf"{NODE_A} 1\.00 GiB") as refused:
+        place_instance(state, _request(2, "tensor"), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    assert not isinstance(refused.value, IndivisibleHeadsError)
+
+
+def test_auto_splits_by_layers() -> None:
+    state = fold((reported(NODE_A, available_gib=4), NODE_A), (reported(NODE_B, available_gib=4), NODE_B))
+    instance = place_instance(state, _request(2, "auto"), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    assert instance.parallel == "pipeline"
+    assert instance.peers is not None
+    assert instance.peers.parallel == "pipeline"
+    assert sorted((rank.start_layer, rank.end_layer) for rank in instance.ranks) == [(0, 4), (4, 8)]
+
+
+def test_the_footprint_reads_the_counts_a_tensor_split_divides_from_the_config() -> None:
+    footprint = read_footprint(fixture_model("tiny-qwen-tools-deep"))
+    assert (footprint.attention_heads, footprint.kv_heads, footprint.mlp_width) == (4, 2, 128)
+    assert footprint.tensor_split_refusal(2) is None
+    assert (
+        footprint.tensor_split_refusal(4)
+        == "KV heads do not divide by 4 (attention heads 4, KV heads 2, MLP width 128)"
+    )
