@@ -6,6 +6,8 @@ than the forward pass itself (docs/PERFORMANCE.md: 33-43 ms for 8 x 151,936 logi
 Here a greedy member takes the argmax of its logits (the same token: normalizing subtracts one constant per row),
 a sampled member is still sampled from normalized log-probabilities (exactly as alone, `solo.py`), and each
 member's log-probabilities stay available as a lazy array: computed exactly, and only, if something evaluates it.
+A joining member's first step is still mlx-lm's own (mlx-lm builds it in a generation batch of the newcomers and
+merges that into this one): one normalization of the newcomers' rows per join, not per step.
 """
 
 from typing import cast
