@@ -1,6 +1,7 @@
 """Memory figures on a real node, by how it holds weights (`--cpu-weights float32|int8`): placement over HTTP plans
 the format's size, /v1/models shows it for a whole model and a placed one (and the runner's measured weights agree),
-and the catalog the dashboard reads (/v1/catalog) shows the catalog's models in that format."""
+as does Ollama's /api/ps, and the catalog the dashboard reads (/v1/catalog) shows the catalog's models in that
+format."""
 
 from collections.abc import Iterator
 from typing import Any, cast
@@ -64,6 +65,12 @@ def test_placement_plans_and_v1_models_shows_the_memory_of_the_format_the_node_l
     measured = {runner["model_id"]: _weights_bytes(runner) for runner in server.runners()}
     assert measured[WHOLE] == pytest.approx(whole.memory_bytes, rel=0.15)
     assert measured[placed.model_id] == pytest.approx(deep.memory_bytes, rel=0.15)
+    # Ollama's /api/ps gives a loaded model's memory as its size: the same figure.
+    loaded = httpx.get(f"{server.base_url}/api/ps").json()["models"]
+    assert {entry["model"]: entry["size"] for entry in loaded} == {
+        WHOLE: whole.memory_bytes,
+        placed.model_id: deep.memory_bytes,
+    }
     if weights == "int8":
         assert whole.memory_bytes == int(facts.parameter_count * (1 + INT8_OVERHEAD))
     elif weights == "float32":

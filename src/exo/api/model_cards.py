@@ -10,8 +10,8 @@ from exo.shared.types.footprint import WeightsInMemory, held_bytes
 from exo.shared.types.state import RunnerInfo, State
 
 
-def model_cards(state: State) -> list[ModelCard]:
-    """One card per model served anywhere in the cluster (described by a loaded runner when there is one)."""
+def describing_runners(state: State) -> dict[ModelId, RunnerInfo]:
+    """A runner for each model served anywhere in the cluster (a loaded one when there is one)."""
     served = served_model_ids(state)
     described: dict[ModelId, RunnerInfo] = {}
     for runner in state.runners.values():
@@ -19,8 +19,19 @@ def model_cards(state: State) -> list[ModelCard]:
             known = described.get(runner.model_id)
             if known is None or (known.metadata is None and runner.metadata is not None):
                 described[runner.model_id] = runner
+    return described
+
+
+def model_memory(state: State, model_id: ModelId) -> tuple[WeightsInMemory | None, int | None]:
+    """How the cluster holds `model_id`'s weights and their memory (`weights_memory`); (None, None) if not served."""
+    runner = describing_runners(state).get(model_id)
+    return (None, None) if runner is None else weights_memory(state, runner)
+
+
+def model_cards(state: State) -> list[ModelCard]:
+    """One card per model served anywhere in the cluster (described by a loaded runner when there is one)."""
     cards: list[ModelCard] = []
-    for model_id, runner in sorted(described.items()):
+    for model_id, runner in sorted(describing_runners(state).items()):
         metadata = runner.metadata
         capabilities = ["chat"]
         if metadata is not None and metadata.tool_format is not None:

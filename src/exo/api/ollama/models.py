@@ -4,12 +4,15 @@ exo has no Ollama blobs: `digest` is a hash of the model's name (stable, so clie
 names carry no tag; a request naming `model:latest` finds `model`. As Ollama does, `details` give the architecture
 as `family` (qwen2, llama), `parameter_size` (494.03M, 7.6B), `quantization_level` (Q4, Q8 for MLX quantized
 weights, else BF16, F16, F32) and `size` the weight files' bytes, from what the runner read of the checkpoint (a
-model split over nodes is described by its whole checkpoint, as placed).
+model split over nodes is described by its whole checkpoint, as placed). /api/ps, like Ollama's, gives as `size` the
+memory the loaded weights take instead: /v1/models' `memory_bytes`, for how the nodes hold them (float32 or int8 on a
+Linux CPU per `--cpu-weights`).
 """
 
 import hashlib
 
 from exo.api.completion_flow import model_metadata, served_model
+from exo.api.model_cards import model_memory
 from exo.api.ollama.answer import created_at
 from exo.api.types.ollama import OllamaModelDetails, OllamaModelEntry, OllamaModelList, OllamaShowAnswer
 from exo.master.placement import served_model_ids
@@ -74,11 +77,15 @@ def _details(checkpoint: CheckpointFacts | None) -> OllamaModelDetails:
 def _entry(state: State, model_id: ModelId, now: str, *, loaded: bool) -> OllamaModelEntry:
     metadata = model_metadata(state, model_id)
     checkpoint = _checkpoint(state, model_id, metadata)
+    size = checkpoint.file_bytes if checkpoint else 0
+    if loaded:
+        _, memory = model_memory(state, model_id)
+        size = size if memory is None else memory
     return OllamaModelEntry(
         name=model_id,
         model=model_id,
         modified_at=now,
-        size=checkpoint.file_bytes if checkpoint else 0,
+        size=size,
         digest=_digest(model_id),
         details=_details(checkpoint),
         expires_at=_FOREVER if loaded else None,
