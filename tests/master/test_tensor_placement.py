@@ -129,3 +129,11 @@ def test_the_footprint_reads_the_counts_a_tensor_split_divides_from_the_config()
         footprint.tensor_split_refusal(4)
         == "KV heads do not divide by 4 (attention heads 4, KV heads 2, MLP width 128)"
     )
+
+
+def test_an_int8_node_plans_the_split_layers_in_float32_and_the_shared_weights_in_int8() -> None:
+    """The int8 conversion replaces plain linear layers only: the sharded ones of a tensor split stay float32."""
+    int8_share = FOOTPRINT.tensor_rank_bytes(2, weights="int8")
+    assert int8_share == FOOTPRINT.rank_bytes(0, 0, weights="int8") + 4 * 400_000_000
+    assert FOOTPRINT.tensor_rank_bytes(2, weights="float32") == 4 * (100_000_000 + 400_000_000)
+    assert FOOTPRINT.tensor_rank_bytes(2, weights="stored") == 200_000_000 + 800_000_000

@@ -77,9 +77,11 @@ class ModelFootprint(FrozenModel):
     def tensor_rank_bytes(self, world_size: int, *, weights: WeightsInMemory) -> int:
         """Memory for one rank of a tensor split over `world_size`: the shared weights whole (embeddings, final norm
         and output head are not split) and 1/`world_size` of every layer (its norms, a few thousand values, count
-        as split too)."""
+        as split too). The split matrices are mlx's sharded linear layers, which the int8 conversion leaves alone:
+        under int8 the layers are held in float32."""
         shared = self.rank_bytes(0, 0, weights=weights)
-        layers = self.total_bytes(weights=weights) - shared
+        layer_weights: WeightsInMemory = "float32" if weights == "int8" else weights
+        layers = self.total_bytes(weights=layer_weights) - self.rank_bytes(0, 0, weights=layer_weights)
         return shared + -(-layers // world_size)
 
     def tensor_split_refusal(self, world_size: int) -> str | None:
