@@ -162,6 +162,9 @@ def test_placing_a_model_over_two_nodes_from_the_page_shows_its_ranks(
     assert {node for _rank, node, _layers in rows} == {"alpha", "beta"}
     expect(ranks.locator(".badge-ready")).to_have_count(2, timeout=PLACED_WITHIN_MS)
     expect(page.get_by_role("article", name="instance")).to_contain_text("ready")
+    # The form's split was left at auto, which is pipeline.
+    assert form.get_by_label("Split").input_value() == "auto"
+    expect(page.get_by_role("article", name="instance")).to_contain_text("2 of at least 2 nodes · pipeline parallel")
     # The cluster view shows each node's rank and its link in the pipeline ring.
     page.get_by_role("link", name="Cluster").click()
     for rank, node, layers in rows:

@@ -14,11 +14,14 @@ export function createModelsView() {
   const suggestions = h("datalist", { id: "place-models" });
   const minNodes = h("input", { id: "place-min-nodes", name: "min_nodes", type: "number", min: 1, value: "1",
     required: true, inputmode: "numeric" });
+  const parallel = h("select", { id: "place-parallel", name: "parallel" },
+    ["auto", "pipeline", "tensor"].map((value) => h("option", { value }, value)));
   const placeButton = h("button", { type: "submit" }, "Place");
   const placeResult = h("div", { id: "place-result", "aria-live": "polite" });
   const form = h("form", { class: "inline-form", "aria-label": "Place a model", onsubmit: place },
     h("label", { for: "place-model" }, "Model"), modelInput, suggestions,
-    h("label", { for: "place-min-nodes" }, "Over at least N nodes"), minNodes, placeButton);
+    h("label", { for: "place-min-nodes" }, "Over at least N nodes"), minNodes,
+    h("label", { for: "place-parallel" }, "Split"), parallel, placeButton);
   const instances = h("div");
   const unplaced = h("div");
   const served = h("div");
@@ -26,7 +29,8 @@ export function createModelsView() {
     h("h3", {}, "Catalog of this node"), catalogStatus, catalog,
     h("h3", {}, "Preparations"), preparations,
     h("h3", {}, "Place a model"),
-    h("p", { class: "muted" }, "Splits the model by layers over the fewest nodes whose free memory holds it."),
+    h("p", { class: "muted" }, "Splits the model over the fewest nodes whose free memory holds it: by layers "
+      + "(pipeline), or every node running every layer with a share of its heads (tensor); auto is pipeline for now."),
     form, placeResult,
     h("h3", {}, "Placed instances"), instances,
     h("h3", {}, "Waiting to be placed"), unplaced,
@@ -91,7 +95,8 @@ export function createModelsView() {
     fill(placeResult, h("p", { role: "status" }, `placing ${modelInput.value}…`));
     try {
       const instance = await getJson("/v1/cluster/instances", {
-        method: "POST", body: { model: modelInput.value.trim(), min_nodes: Number(minNodes.value) },
+        method: "POST",
+        body: { model: modelInput.value.trim(), min_nodes: Number(minNodes.value), parallel: parallel.value },
       });
       fill(placeResult, h("p", { role: "status" },
         `Placed ${instance.model_id} as instance ${instance.instance_id} over ${instance.world_size} node(s).`));
@@ -145,7 +150,7 @@ function instanceCard(instance) {
   h("h4", {}, instance.model_id, " ", badge(instance.ready ? "ready" : "starting", instance.ready ? "ready" : "loading"),
     instance.degraded ? [" ", badge("degraded")] : null,
     h("span", { class: "muted" }, ` instance ${instance.instance_id} · ${instance.world_size} of at least `
-      + `${instance.min_nodes} nodes`)),
+      + `${instance.min_nodes} nodes · ${instance.parallel ?? "pipeline"} parallel`)),
   instance.degraded_reason ? h("p", { class: "reason" }, instance.degraded_reason) : null,
   instance.replaces ? h("p", { class: "muted" }, `takes over from instance ${instance.replaces} once it serves`) : null,
   table(`Ranks of ${instance.model_id}`, ["Rank", "Node", "Layers", "Planned memory", "Runner", "Status"],
