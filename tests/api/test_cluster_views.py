@@ -31,7 +31,7 @@ def three_node_state() -> State:
     return fold(
         (MasterElected(node_id=NODE_A), NODE_A),
         (reported(NODE_A, on_a, tasks=(task("t1", on_a, status="running"), task("t2", on_a))), NODE_A),
-        (reported(NODE_B, on_b, other, available_gib=2), NODE_B),
+        (reported(NODE_B, on_b, other, available_gib=2, cpu_weights="int8"), NODE_B),
         (reported(NODE_C), NODE_C),
         (NodeDown(node_id=NODE_C, reason="left the cluster"), NODE_A),
         (TaskUpdated(task=task("t3", on_b, requested_by=NODE_A)), NODE_B),
@@ -63,6 +63,8 @@ def test_nodes_list_every_node_with_health_role_and_its_own_models() -> None:
     assert [model.model_id for model in nodes[NODE_B].models] == ["model-x", "model-y"]
     assert nodes[NODE_B].memory_available_bytes == 2 * GIB
     assert nodes[NODE_A].cluster_endpoints == ["tcp/10.0.0.97:52414"]
+    # What placement plans each node's memory with (the dashboard's node cards show it).
+    assert (nodes[NODE_A].weights_in_memory, nodes[NODE_B].weights_in_memory) == ("float32", "int8")
 
 
 def test_metrics_add_counters_weight_timings_by_requests_and_count_queues() -> None:

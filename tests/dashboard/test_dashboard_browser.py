@@ -17,6 +17,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, Page, Route, expect
 
+from exo.shared.local_backend import local_weights_in_memory
 from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
 from tests.dashboard.browser import (
     FOCUSED_JS,
@@ -76,6 +77,10 @@ def test_the_cluster_view_lists_both_nodes_with_their_facts(
     expect(beta_card.get_by_role("heading", level=3)).not_to_contain_text("master")
     expect(alpha_card).to_contain_text("GFLOP/s")
     expect(alpha_card).to_contain_text(CHAT_MODEL)
+    # How each node holds weights (what placement plans with) and what its runner measured it holds.
+    expect(alpha_card).to_contain_text(f"held as {local_weights_in_memory()}")
+    expect(beta_card).to_contain_text(f"held as {local_weights_in_memory()}")
+    expect(alpha_card.locator(".runners")).to_contain_text(" · weights ")
     expect(beta_card).to_contain_text("none (--no-model)")
     expect(page.locator("#links-list")).to_contain_text("beta → alpha (master)")
     expect(page.locator("#cluster-line")).to_contain_text("2 healthy, 0 degraded, 0 down · master alpha")
@@ -143,6 +148,8 @@ def test_placing_a_model_over_two_nodes_from_the_page_shows_its_ranks(
     _, alpha, _ = cluster
     page = open_page(browser, watch, f"{alpha.base_url}/#models")
     expect(page.get_by_role("table", name="Model catalog")).to_contain_text("qwen2.5-coder-0.5b-instruct")
+    # The catalog's memory is for the format this node holds weights in (/v1/catalog's weights_in_memory).
+    expect(page.get_by_role("table", name="Model catalog")).to_contain_text(f" as {local_weights_in_memory()}")
     form = page.get_by_role("form", name="Place a model")
     model = form.get_by_label("Model", exact=True)
     nodes = form.get_by_label("Over at least N nodes")

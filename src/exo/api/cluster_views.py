@@ -76,6 +76,7 @@ def cluster_node(state: State, node: NodeInfo) -> ClusterNode:
         platform=facts.platform,
         device=facts.device,
         mlx_backend=facts.mlx_backend,
+        weights_in_memory=facts.weights_in_memory,
         memory_total_bytes=facts.memory.total_bytes,
         memory_available_bytes=facts.memory.available_bytes,
         exo_version=facts.exo_version,

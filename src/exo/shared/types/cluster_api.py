@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from exo.shared.types.common import FrozenModel
+from exo.shared.types.footprint import WeightsInMemory
 from exo.shared.types.instances import PendingPlacement
 from exo.shared.types.state import MlxBackend, NodeStatus
 from exo.shared.types.worker.runner_status import RunnerStatus
@@ -64,6 +65,9 @@ class ClusterNode(FrozenModel):
     platform: str
     device: str
     mlx_backend: MlxBackend
+    # How this node's runners hold weights (float32 or int8 on a Linux CPU per `--cpu-weights`, else as stored):
+    # what placement plans its memory with.
+    weights_in_memory: WeightsInMemory
     memory_total_bytes: int
     memory_available_bytes: int
     exo_version: str

@@ -34,6 +34,7 @@ function nodeCard(node, state) {
       h("meter", { min: 0, max: node.memory_total_bytes, value: used, "aria-label": `memory used on ${node.display_name}` }),
       ` ${bytes(used)} used, ${bytes(node.memory_available_bytes)} free of ${bytes(node.memory_total_bytes)}`),
     h("dt", {}, "device"), h("dd", {}, `${node.device} · mlx ${node.mlx_backend}`),
+    h("dt", {}, "weights"), h("dd", {}, `held as ${node.weights_in_memory}`),
     h("dt", {}, "BLAS"), h("dd", {}, blas || "– (no runner has loaded here)"),
     h("dt", {}, "cluster port"), h("dd", {}, node.cluster_endpoints.join(", ") || "–"),
     h("dt", {}, "API port"), h("dd", {}, String(node.api_port)),
@@ -45,6 +46,7 @@ function nodeCard(node, state) {
       h("strong", {}, runner.model_id), " ", badge(runner.status),
       ` rank ${runner.shard.rank} of ${runner.shard.world_size}`,
       runner.shard.world_size > 1 ? ` · layers ${layers(runner.shard.start_layer, runner.shard.end_layer)}` : "",
+      runner.metadata?.weights_bytes ? ` · weights ${bytes(runner.metadata.weights_bytes)}` : "",
       runner.restarts ? ` · ${runner.restarts} restarts` : "",
       runner.last_error ? h("div", { class: "error" }, runner.last_error) : null)))
     : h("p", { class: "muted" }, node.serves_models ? "none yet" : "none (--no-model)"),
