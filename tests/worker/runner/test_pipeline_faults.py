@@ -1,4 +1,4 @@
-"""A pipeline of real runner processes under cancellation and faults.
+"""A pipeline of real runner processes under cancellation and faults, split by layers or by matrices (tensor).
 
 A cancel stops every rank within a token and the next request runs. A rank killed while two requests decode together
 ends each of them with one error within 10 s; the surviving rank's process exits rather than spin, the supervisors
@@ -18,12 +18,21 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, TokenChunk
 from exo.shared.types.tasks import SamplingParams
+from exo.shared.types.worker.shards import Parallelism, ShardAssignment
 from exo.worker.runner.supervisor import RunnerSupervisor
 from tests.fixtures.endless_model import endless_copy
-from tests.worker.runner.pipelines import pipeline_of, run_task, running_ranks, task
+from tests.worker.runner.pipelines import pipeline_of, run_task, running_ranks, task, tensor_split_of
 
 ENDLESS = SamplingParams(max_tokens=4000)
 SHORT = SamplingParams(max_tokens=8)
+
+
+SPLITS: tuple[Parallelism, ...] = ("pipeline", "tensor")
+
+
+def _two_ranks(split: Parallelism) -> list[ShardAssignment]:
+    """tiny-qwen-tools-deep's 4 layers over 2 ranks: 2 each, or all 4 with half of their heads each."""
+    return pipeline_of((2, 2)) if split == "pipeline" else tensor_split_of(2, 4)
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +60,9 @@ async def _assert_serves(leader: RunnerSupervisor) -> None:
     assert finish.usage.completion_tokens == 8
 
 
-async def test_a_cancel_stops_every_rank_and_the_next_request_runs(endless_deep: Path) -> None:
-    async with running_ranks(endless_deep, pipeline_of((2, 2))) as (leader, _):
+@pytest.mark.parametrize("split", SPLITS)
+async def test_a_cancel_stops_every_rank_and_the_next_request_runs(endless_deep: Path, split: Parallelism) -> None:
+    async with running_ranks(endless_deep, _two_ranks(split)) as (leader, _):
         long = task("Hello!", sampling=ENDLESS)
         stream = leader.submit(long)
         await _first_tokens(stream, 5)
@@ -82,11 +92,12 @@ async def _idle(pid: int | None) -> bool:
     return (after.user + after.system) - (before.user + before.system) < 0.4
 
 
+@pytest.mark.parametrize("split", SPLITS)
 @pytest.mark.parametrize("killed_rank", [1, 0], ids=["rank 1 killed", "rank 0 killed"])
 async def test_a_killed_rank_fails_the_request_within_10_s_and_the_pipeline_comes_back(
-    endless_deep: Path, killed_rank: int
+    endless_deep: Path, killed_rank: int, split: Parallelism
 ) -> None:
-    async with running_ranks(endless_deep, pipeline_of((2, 2))) as supervisors:
+    async with running_ranks(endless_deep, _two_ranks(split)) as supervisors:
         leader = supervisors[0]
         pids = [supervisor.pid for supervisor in supervisors]
         assert all(pid is not None for pid in pids)
