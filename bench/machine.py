@@ -33,6 +33,22 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+"""The CPU features that decide which kernels MKL and ggml run (int8 products above all)."""
+
+
+def cpu_flags() -> str:
+    """Which of `SIMD_FLAGS` the processor has (`/proc/cpuinfo` on Linux)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        return "unknown"
+    for line in cpuinfo.read_text().splitlines():
+        if line.startswith("flags"):
+            present = set(line.split(":", 1)[1].split())
+            return " ".join(flag for flag in SIMD_FLAGS if flag in present) or "none of " + ", ".join(SIMD_FLAGS)
+    return "unknown"
+
+
 START_COMMIT_VARIABLE = "EXO_BENCH_START_COMMIT"
 """Where `record_start_commit` keeps the run's commit, for this process and the workers it starts."""
 UNCOMMITTED = " (with uncommitted changes)"

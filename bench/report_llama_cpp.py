@@ -1,8 +1,17 @@
-"""Markdown for `bench.llama_cpp`: one row per measure, one column per system, and exo ÷ llama.cpp."""
+"""Markdown for `bench.llama_cpp`: one row per measure, one column per system, and each exo system ÷ llama.cpp."""
 
 import statistics
 
-from bench.llama_cpp import EXO, LLAMA_CPP, STREAM_LEVELS, STREAM_TOKENS, LlamaCppReport, SystemFigures
+from bench.llama_cpp import (
+    EXO_SYSTEMS,
+    LLAMA_CONTEXT,
+    LLAMA_CPP,
+    LLAMA_THREADS,
+    STREAM_LEVELS,
+    STREAM_TOKENS,
+    LlamaCppReport,
+    SystemFigures,
+)
 from bench.markdown import markdown_table
 
 
@@ -35,7 +44,7 @@ def _tools(figure: SystemFigures, asked: int) -> str:
 def render_llama_cpp(report: LlamaCppReport) -> list[str]:
     figures = {figure.system: figure for figure in report.systems}
     names = list(figures)
-    exo, llama = figures.get(EXO), figures.get(LLAMA_CPP)
+    compared = [name for name in EXO_SYSTEMS if name in figures] if LLAMA_CPP in figures else []
     prompt_tokens = next((f.prompt_tokens for f in report.systems if f.prompt_tokens), None)
     measures: list[tuple[str, list[list[float]], bool]] = [
         (
@@ -55,26 +64,25 @@ def render_llama_cpp(report: LlamaCppReport) -> list[str]:
         ),
         ("resident memory of the server's processes (GB)", [_memory(f) for f in figures.values()], True),
     ]
-    compared = exo is not None and llama is not None
-    header = ["Measure", *names, *(["exo ÷ llama.cpp"] if compared else [])]
+    header = ["Measure", *names, *(f"{name} ÷ llama.cpp" for name in compared)]
     rows: list[list[str]] = []
     for label, values, lower_is_better in measures:
-        ratio = []
-        if compared:
-            exo_runs, llama_runs = values[names.index(EXO)], values[names.index(LLAMA_CPP)]
-            ratio = [_ratio(exo_runs, llama_runs, lower_is_better=lower_is_better)]
+        llama_runs = values[names.index(LLAMA_CPP)] if compared else []
+        ratio = [_ratio(values[names.index(name)], llama_runs, lower_is_better=lower_is_better) for name in compared]
         rows.append([label, *(_runs(value) for value in values), *ratio])
     rows.append(
         [
             f'valid tool calls, `tool_choice: "auto"`, the corpus\'s first {report.tool_prompts} prompts',
             *(_tools(figure, report.tool_prompts) for figure in figures.values()),
-            *([""] if compared else []),
+            *([""] * len(compared)),
         ]
     )
     run = report.run
+    flags = f" ({report.cpu_flags})" if report.cpu_flags else ""
     lines = [
-        f"Run: commit {run.exo_commit}, {run.cpu}; load average (1, 5, 15 min) {_load(report.load_at_start)} at the "
-        f"start, {_load(run.load_average)} at the end ({run.finished_utc}); command `{run.command}`; "
+        f"Run: commit {run.exo_commit}, {run.cpu}{flags}; load average (1, 5, 15 min) "
+        f"{_load(report.load_at_start)} at the start, {_load(run.load_average)} at the end ({run.finished_utc}); "
+        f"command `{run.command}`; "
         f"{report.rounds} round(s), the systems taking turns.",
         "",
         f"Model {report.model_id}; GGUF `{report.gguf}` ({(report.gguf_bytes or 0) / 1e9:.2f} GB); "
@@ -82,6 +90,12 @@ def render_llama_cpp(report: LlamaCppReport) -> list[str]:
         + ".",
         "",
     ]
+    if report.llama_server is not None:
+        lines += [
+            f"llama-server ran with `--threads {LLAMA_THREADS} --ctx-size {LLAMA_CONTEXT} --parallel "
+            f"{report.llama_slots} --jinja`.",
+            "",
+        ]
     if report.llama_server_settings:
         lines += [f"llama-server's environment options: {', '.join(report.llama_server_settings)}.", ""]
     if report.llama_server_missing is not None:
@@ -89,8 +103,8 @@ def render_llama_cpp(report: LlamaCppReport) -> list[str]:
     lines += markdown_table(header, rows)
     if compared:
         lines += [
-            "exo ÷ llama.cpp: the mean of exo's runs over the mean of llama.cpp's (for memory, llama.cpp's over exo's: "
-            "below 1 means exo holds more).",
+            "÷ llama.cpp: the mean of that exo system's runs over the mean of llama.cpp's (for memory, llama.cpp's "
+            "over exo's: below 1 means exo holds more).",
             "",
         ]
     return lines

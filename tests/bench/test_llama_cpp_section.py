@@ -12,6 +12,7 @@ from bench.__main__ import standalone_command
 from bench.joined_gguf import joined_gguf
 from bench.llama_cpp import (
     EXO,
+    EXO_INT8,
     LLAMA_CPP,
     MLX_LM,
     LlamaCppReport,
@@ -37,7 +38,10 @@ def test_llama_server_is_started_on_the_gguf_with_its_template_and_two_threads()
     assert pairs["--port"] == "4242"
     assert pairs["--host"] == "127.0.0.1"
     assert pairs["--threads"] == "2"
+    assert pairs["--parallel"] == "8"
     assert "--jinja" in arguments
+    four_slots = llama_server_arguments(Path("/b/s"), Path("/m.gguf"), 1, slots=4)
+    assert four_slots[four_slots.index("--parallel") + 1] == "4"
 
 
 def test_resident_memory_of_this_process_tree(tmp_path: Path) -> None:
@@ -72,6 +76,7 @@ def test_prefill_rate_needs_the_prompt_token_count() -> None:
 
 def test_systems_parse() -> None:
     assert parse_systems("exo,llama.cpp") == [EXO, LLAMA_CPP]
+    assert parse_systems("exo,exo int8,llama.cpp") == [EXO, EXO_INT8, LLAMA_CPP]
     with pytest.raises(argparse.ArgumentTypeError, match="subset"):
         parse_systems("exo,ollama")
 
@@ -178,3 +183,33 @@ def test_llama_settings_are_the_llama_arg_variables() -> None:
         "LLAMA_ARG_FLASH_ATTN=off",
         "LLAMA_ARG_REPACK=0",
     ]
+
+
+def test_both_exo_weight_formats_get_a_ratio_to_llama_cpp() -> None:
+    def figures(system: str, decode: float, resident: int) -> SystemFigures:
+        return SystemFigures(system=system, served="x", decode_tokens_per_s=[decode], resident_bytes=resident)
+
+    report = LlamaCppReport(
+        run=_run(),
+        cpu_flags="avx2 fma",
+        load_at_start=(1.0, 1.0, 1.0),
+        model_id="m",
+        gguf="/g/m.gguf",
+        gguf_bytes=491_400_064,
+        llama_server="/b/llama-server",
+        llama_server_missing=None,
+        llama_slots=4,
+        rounds=1,
+        tool_prompts=2,
+        systems=[
+            figures(EXO, 5.0, 3_000_000_000),
+            figures(EXO_INT8, 10.0, 1_000_000_000),
+            figures(LLAMA_CPP, 20.0, 800_000_000),
+        ],
+    )
+    text = "\n".join(render_llama_cpp(report))
+    assert "| Measure | exo | exo int8 | llama.cpp | exo ÷ llama.cpp | exo int8 ÷ llama.cpp |" in text
+    assert "| decode, one stream (tok/s) | 5.0 | 10.0 | 20.0 | 0.25× | 0.50× |" in text
+    assert "| resident memory of the server's processes (GB) | 3.0 | 1.0 | 0.8 | 0.27× | 0.80× |" in text
+    assert "2 × Test CPU (avx2 fma)" in text
+    assert "`--threads 2 --ctx-size 32768 --parallel 4 --jinja`" in text
