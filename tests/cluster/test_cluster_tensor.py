@@ -4,7 +4,8 @@ alpha holds tiny-qwen-tools-deep (4 attention heads, 2 KV heads, MLP width 128) 
 --parallel tensor`: once beta (`--no-model`) is up, the master places it over both, each rank running every layer
 with half of its heads, and beta copies the whole checkpoint from alpha. A third node, solo, serves the same model
 whole: the split instance must stream the same tool call and text, chunk for chunk. A model whose head counts do not
-divide over the 2 nodes is refused with a 400 naming them.
+divide over the 2 nodes is refused with a 400 naming them. A split that loses a node is served whole by the survivor
+(degraded) and split by matrices again when the node returns.
 """
 
 import json
@@ -16,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from exo.shared.types.cluster_api import InstanceList
+from exo.shared.types.cluster_api import InstanceList, PlacedInstanceView
 from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
 from tests.cluster.test_cluster_end_to_end import comparable, stream_events
 from tests.exo_server import fixture_model
@@ -117,3 +118,38 @@ def test_a_model_whose_heads_do_not_divide_over_the_nodes_is_refused_with_the_co
     assert "(attention heads 3, KV heads 1, MLP width 128)" in error["message"]
     # The instance already placed is untouched.
     assert _instance_ready(alpha)
+
+
+def _serving(node: ClusterNode, world_size: int) -> PlacedInstanceView | None:
+    """The one instance of the model, if it is ready over `world_size` nodes (and nothing else is placed)."""
+    instances = _instances(node).data
+    if len(instances) == 1 and instances[0].ready and instances[0].world_size == world_size:
+        return instances[0]
+    return None
+
+
+def test_a_tensor_split_that_loses_a_node_is_served_by_the_survivor_and_split_again_when_it_returns(
+    tmp_path: Path,
+) -> None:
+    chat: dict[str, Any] = {"model": DEEP, "messages": [user("Hello!")], "max_tokens": 4}
+    with local_cluster(tmp_path, "tensor-degraded") as cluster:
+        arguments = ["--min-nodes", "2", "--parallel", "tensor"]
+        alpha = cluster.launch("alpha", [fixture_model(DEEP)], extra_arguments=arguments)
+        beta = cluster.launch("beta", peers=[alpha])
+        cluster.wait_until(alpha, lambda: _serving(alpha, 2) is not None, "the model split", PLACED_WITHIN_S)
+        cluster.crash(beta)
+        cluster.wait_until(alpha, lambda: _serving(alpha, 1) is not None, "the model served alone", PLACED_WITHIN_S)
+        alone = _serving(alpha, 1)
+        assert alone is not None
+        assert (alone.degraded, alone.parallel, alone.min_nodes) == (True, "tensor", 2)
+        assert [(rank.node_id, rank.start_layer, rank.end_layer) for rank in alone.ranks] == [(alpha.node_id, 0, 4)]
+        answer = httpx.post(f"{alpha.base_url}/v1/chat/completions", json=chat, timeout=60)
+        assert answer.status_code == 200, answer.text
+        beta = cluster.restart(beta, peers=[alpha])
+        cluster.wait_until(alpha, lambda: _serving(alpha, 2) is not None, "the model split again", PLACED_WITHIN_S)
+        again = _serving(alpha, 2)
+        assert again is not None
+        assert (again.degraded, again.parallel, again.replaces) == (False, "tensor", alone.instance_id)
+        assert {rank.node_id for rank in again.ranks} == {alpha.node_id, beta.node_id}
+        answer = httpx.post(f"{beta.base_url}/v1/chat/completions", json=chat, timeout=60)
+        assert answer.status_code == 200, answer.text
