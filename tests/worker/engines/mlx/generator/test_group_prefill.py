@@ -10,10 +10,19 @@ import pytest
 from exo.shared.types.common import TaskId
 from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.decode_settings import DecodeSettings
+from exo.worker.engines.mlx.generator import group_prefill
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
 from exo.worker.engines.mlx.generator.request_context import EngineContext
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
-from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, GET_WEATHER_TOOL, GREETING_REPLY, user
+from tests.fixtures.fixture_specs import (
+    FIXTURE_MODELS_DIR,
+    GET_WEATHER_TOOL,
+    GREETING_REPLY,
+    PARIS_WEATHER_RESULT,
+    assistant_tool_call,
+    tool_result,
+    user,
+)
 from tests.worker.engines.mlx.generator.scheduling import (
     MAX_STEPS,
     JsonBody,
@@ -148,3 +157,33 @@ def test_requests_whose_whole_prompt_is_cached_start_together() -> None:
     assert scheduler.prefill_stats.pieces == 0
     assert len(first) == 4
     assert len(set(first.values())) == 1, first  # none waited for the one before it to leave the prefill queue
+
+
+def test_a_prompt_with_a_long_cached_prefix_is_not_grouped_with_cold_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Grouping pads every member's cache to the longest; with a small bound, the follow-up turn (its first turn in
+    # the prefix cache) is fed alone and the cold prompts together.
+    monkeypatch.setattr(group_prefill, "MAX_CONTEXT_PADDING", 8)
+    context = engine_context(FIXTURE_MODELS_DIR / "tiny-qwen-tools", EIGHT, prefix_cache_bytes=1 << 24)
+    first_turn: JsonBody = {"messages": [user("What is the weather in Paris?")], "tools": [GET_WEATHER_TOOL]}
+    reply = assert_ended(run_alone(context, task(first_turn)))
+    follow_up = task(
+        {
+            "messages": [
+                user("What is the weather in Paris?"),
+                assistant_tool_call("get_weather", {"city": "Paris"}),
+                tool_result(PARIS_WEATHER_RESULT),
+            ],
+            "tools": [GET_WEATHER_TOOL],
+            "max_tokens": 8,
+        }
+    )
+    cold = [task({"messages": [user(f"Hello number {n}!")], "max_tokens": 8}) for n in range(3)]
+    scheduler = GenerationScheduler(context.loaded.model, context.decode)
+
+    outcomes = run(context, {0: [follow_up, *cold]}, scheduler=scheduler)
+
+    assert reply.usage.prompt_tokens > 8
+    assert assert_ended(outcomes[follow_up.task_id]).usage.cached_tokens >= reply.usage.prompt_tokens - 1
+    assert scheduler.prefill_stats.largest_group == 3  # the three cold prompts, not the cached follow-up
+    for one in cold:
+        assert assert_ended(outcomes[one.task_id]).usage.completion_tokens > 0

@@ -20,12 +20,31 @@ from mlx_lm.generate import _merge_caches as merge_caches  # pyright: ignore[rep
 from mlx_lm.generate import generation_stream
 
 from exo.shared.types.common import TaskId
-from exo.worker.engines.mlx.cache.layer_cache import PromptCache
+from exo.worker.engines.mlx.cache.layer_cache import PromptCache, held_token_count
 from exo.worker.engines.mlx.generator.layer_steps import SteppedPass
 from exo.worker.engines.mlx.generator.prefill import PiecePacer, PromptPrefill
 
 PAD_TOKEN = 0
 """What fills a shorter piece up to the longest: its positions are rolled into the masked left padding."""
+MAX_CONTEXT_PADDING = 256
+"""The most the members' caches may differ in length: a shorter one is left-padded to the longest for the pass, and
+every member's piece attends over the padded length, so a cold prompt grouped with one that has thousands of cached
+tokens would pay for all of them."""
+
+
+def groupable(candidates: Sequence[tuple[TaskId, PromptPrefill]]) -> list[tuple[TaskId, PromptPrefill]]:
+    """The first candidate and those whose caches hold about as many tokens as its own (none if that is unknown)."""
+    if not candidates:
+        return []
+    lengths = [held_token_count(prefill.cache) for _, prefill in candidates]
+    anchor = lengths[0]
+    if anchor is None:
+        return []
+    return [
+        candidate
+        for candidate, length in zip(candidates, lengths, strict=True)
+        if length is not None and abs(length - anchor) <= MAX_CONTEXT_PADDING
+    ]
 
 
 class GroupPiece:

@@ -27,7 +27,7 @@ from exo.worker.engines.mlx.cache.layer_cache import PromptCache, trim_tokens
 from exo.worker.engines.mlx.generator.batch import BatchDecoder, BatchMember
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
-from exo.worker.engines.mlx.generator.group_prefill import GroupPiece
+from exo.worker.engines.mlx.generator.group_prefill import GroupPiece, groupable
 from exo.worker.engines.mlx.generator.prefill import PiecePacer, PromptPrefill
 from exo.worker.engines.mlx.generator.solo import SoloDecoder, SpeculationStats
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
@@ -187,7 +187,7 @@ class GenerationScheduler:
             return []
         task_id, (request, prefill) = next(iter(self._prefilling.items()))
         if not prefill.running and self._settings.batch_size > 1:
-            ready = [(other_id, other) for other_id, (_, other) in self._prefilling.items() if other.ready]
+            ready = groupable([(other_id, other) for other_id, (_, other) in self._prefilling.items() if other.ready])
             if len(ready) > 1:
                 self._group = GroupPiece(self._model, ready[: self._settings.batch_size], self._pacer)
                 return self._group_step(self._group)
