@@ -277,9 +277,32 @@ def test_replies_render_markdown_and_code_blocks_safely(
     assert (watch.errors, watch.refused) == ([], [])
 
 
-# How far from its end the transcript may be and still count as following (the page's FOLLOW_WITHIN_PX).
+# How far from its end the transcript may be and still be at its end (follow_end.js's FOLLOW_WITHIN_PX).
 FOLLOW_WITHIN_PX = 48
-DISTANCE_FROM_END_JS = "(list) => list.scrollHeight - list.scrollTop - list.clientHeight"
+# The transcript's scrollTop and distance from its end at each frame while the reply grows it by `grow` pixels.
+FRAMES_WHILE_GROWING_JS = """async (list, [grow, milliseconds]) => {
+  const until = list.scrollHeight + grow;
+  const deadline = performance.now() + milliseconds;
+  const frames = [];
+  while (list.scrollHeight < until) {
+    if (performance.now() > deadline) throw new Error(`the reply stopped growing: ${JSON.stringify(frames)}`);
+    await new Promise((resolve) => requestAnimationFrame(resolve));
+    frames.push([list.scrollTop, list.scrollHeight - list.scrollTop - list.clientHeight]);
+  }
+  return frames;
+}"""
+# Waits for the transcript's distance from its end to be within [least, most]; says what it was if it never is.
+DISTANCE_FROM_END_WITHIN_JS = """async (list, [least, most, milliseconds]) => {
+  const deadline = performance.now() + milliseconds;
+  const seen = [];
+  for (;;) {
+    const distance = list.scrollHeight - list.scrollTop - list.clientHeight;
+    if (distance >= least && distance <= most) return distance;
+    seen.push([list.scrollTop, list.scrollHeight, distance]);
+    if (performance.now() > deadline) throw new Error(`[top, height, from end]: ${JSON.stringify(seen.slice(-30))}`);
+    await new Promise((resolve) => requestAnimationFrame(resolve));
+  }
+}"""
 
 
 def test_the_transcript_follows_a_streaming_reply_unless_scrolled_up_and_stop_keeps_what_came(
@@ -291,35 +314,93 @@ def test_the_transcript_follows_a_streaming_reply_unless_scrolled_up_and_stop_ke
     page.get_by_label("Message").press("Enter")
     transcript = page.get_by_role("list", name="Conversation")
     reply = page.locator(".message-assistant").last
-    # The reply outgrows the transcript's height while it streams; the view stays at its end.
+    # The reply outgrows the transcript while it streams; at every frame the view is at its end.
     page.wait_for_function(
         "() => { const list = document.querySelector('.transcript');"
         " return list.scrollHeight > list.clientHeight + 400; }",
         timeout=SHORT_REPLY_WITHIN_MS,
     )
     expect(reply.locator(".footer")).to_have_text("streaming…")
-    page.wait_for_timeout(300)  # past the page's batching of text draws
-    assert transcript.evaluate(DISTANCE_FROM_END_JS) < FOLLOW_WITHIN_PX
-    # Scrolled up, it stays where the reader is while the reply grows.
-    transcript.evaluate("(list) => { list.scrollTop = 0; }")
-    height = transcript.evaluate("(list) => list.scrollHeight")
-    page.wait_for_function(
-        f"() => document.querySelector('.transcript').scrollHeight > {height} + 200", timeout=SHORT_REPLY_WITHIN_MS
-    )
-    assert transcript.evaluate("(list) => list.scrollTop") == 0
-    # Back at the end, it follows again.
-    transcript.evaluate("(list) => { list.scrollTop = list.scrollHeight; }")
-    height = transcript.evaluate("(list) => list.scrollHeight")
-    page.wait_for_function(
-        f"() => document.querySelector('.transcript').scrollHeight > {height} + 200", timeout=SHORT_REPLY_WITHIN_MS
-    )
-    page.wait_for_timeout(300)
-    assert transcript.evaluate(DISTANCE_FROM_END_JS) < FOLLOW_WITHIN_PX
+    following = transcript.evaluate(FRAMES_WHILE_GROWING_JS, [200, SHORT_REPLY_WITHIN_MS])
+    assert following, following
+    assert max(distance for _, distance in following) < FOLLOW_WITHIN_PX, following
+    # The reader scrolls up with the wheel: the view stays where the reader put it while the reply grows.
+    transcript.hover()
+    page.mouse.wheel(0, -300)
+    transcript.evaluate(DISTANCE_FROM_END_WITHIN_JS, [250, 1e9, SHORT_REPLY_WITHIN_MS])
+    top = transcript.evaluate("(list) => list.scrollTop")
+    stayed = transcript.evaluate(FRAMES_WHILE_GROWING_JS, [200, SHORT_REPLY_WITHIN_MS])
+    assert {frame_top for frame_top, _ in stayed} == {top}, stayed
+    assert stayed[-1][1] > 250 + 200, stayed
+    # Back at the end by the wheel, it follows again.
+    page.mouse.wheel(0, 100_000)
+    transcript.evaluate(DISTANCE_FROM_END_WITHIN_JS, [0, FOLLOW_WITHIN_PX - 1, SHORT_REPLY_WITHIN_MS])
+    following = transcript.evaluate(FRAMES_WHILE_GROWING_JS, [200, SHORT_REPLY_WITHIN_MS])
+    assert max(distance for _, distance in following) < FOLLOW_WITHIN_PX, following
     # Stopped mid-reply: what came is kept in the conversation, marked stopped, with its time to first token (the
     # node's token count comes with the end of a stream, which a stopped reply never gets).
     page.get_by_role("button", name="Stop", exact=True).click()
     expect(reply.get_by_role("alert")).to_have_text("Error: stopped")
     expect(reply.locator(".footer")).to_contain_text(re.compile(r"^TTFT \S+ \S+$"))
     expect(page.locator(".message-user.failed")).to_have_count(0)
-    assert reply.locator(".markdown").inner_text().strip()
+    kept = reply.locator(".markdown").inner_text()
+    assert kept.strip(), kept
+    # Kept in the conversation: drawn again from the browser's history after a reload.
+    page.reload()
+    expect(page.locator(".message-assistant .markdown")).to_have_text(kept, use_inner_text=True)
+    expect(page.locator(".message-assistant").get_by_role("alert")).to_have_text("Error: stopped")
+    assert (watch.errors, watch.refused) == ([], [])
+
+
+# Scrolls made in the page itself, against follow_end.js on a list of its own: a draw (`changed`) comes right after
+# each growth, as in the chat; the scroll events come a frame after their scrolls, after the growth that follows them.
+FOLLOW_RACES_JS = """async () => {
+  const { followEnd } = await import('/dashboard/js/views/follow_end.js');
+  const list = document.createElement('ol');
+  list.style.cssText = 'height: 200px; overflow-y: auto; margin: 0; padding: 0';
+  document.body.append(list);
+  const follower = followEnd(list);
+  const grow = (px) => { const item = document.createElement('li'); item.style.height = `${px}px`; list.append(item); };
+  const draw = (px) => { grow(px); follower.changed(); };
+  const scrollEvents = () => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)));
+  const fromEnd = () => list.scrollHeight - list.scrollTop - list.clientHeight;
+  grow(1000);
+  follower.restart();
+  await scrollEvents();
+  const seen = {};
+  // This code's scroll to the end, then the list grows past it (a reply appended) before that scroll's event.
+  draw(20);
+  grow(400);
+  await scrollEvents();
+  draw(20);
+  seen.ownScrollOutgrown = fromEnd();
+  // The reader scrolls up (as by the scrollbar: no wheel, no key) and a draw comes before that scroll's event.
+  list.scrollTop = 100;
+  draw(20);
+  await scrollEvents();
+  draw(20);
+  seen.scrolledUpTop = list.scrollTop;
+  // The reader scrolls back to the end and a draw grows the list before that scroll's event.
+  list.scrollTop = list.scrollHeight;
+  draw(400);
+  await scrollEvents();
+  draw(20);
+  seen.backAtEnd = fromEnd();
+  // The list shrinks under a following view (its scroll clamped up): it still follows.
+  list.lastChild.remove();
+  list.lastChild.remove();
+  await scrollEvents();
+  draw(300);
+  seen.afterShrinking = fromEnd();
+  list.remove();
+  return seen;
+}"""
+
+
+def test_only_the_readers_scroll_up_stops_the_transcript_following(
+    node: Calibrated, browser: Browser, watch: ConsoleWatch
+) -> None:
+    page = open_page(browser, watch, f"{node.server.base_url}/#chat")
+    seen = page.evaluate(FOLLOW_RACES_JS)
+    assert seen == {"ownScrollOutgrown": 0, "scrolledUpTop": 100, "backAtEnd": 0, "afterShrinking": 0}
     assert (watch.errors, watch.refused) == ([], [])

@@ -8,6 +8,7 @@ import { currentConversationId, loadConversations, newConversation, saveConversa
 import { fill, h, section } from "../dom.js";
 import { serverSentEvents } from "../sse.js";
 import { storedReply, streamingReply } from "./chat_reply.js";
+import { followEnd } from "./follow_end.js";
 
 const EXAMPLE_TOOLS = [{
   type: "function",
@@ -17,8 +18,6 @@ const EXAMPLE_TOOLS = [{
     parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
   },
 }];
-// Within this many pixels of the end, the transcript follows a streaming reply; scrolled further up, it stays.
-const FOLLOW_WITHIN_PX = 48;
 
 export function createChatView() {
   const model = h("select", { id: "chat-model", name: "model" });
@@ -68,14 +67,9 @@ export function createChatView() {
     ?? newConversation(null);
   let controller = null;
   let streaming = null;  // the conversation a reply streams into
-  let follow = true;
-
-  transcript.addEventListener("scroll", () => {
-    follow = transcript.scrollHeight - transcript.scrollTop - transcript.clientHeight < FOLLOW_WITHIN_PX;
-  });
-  transcript.addEventListener("reply-changed", () => {
-    if (follow) transcript.scrollTop = transcript.scrollHeight;
-  });
+  // The transcript follows a streaming reply to its end, unless the reader scrolled up.
+  const follower = followEnd(transcript);
+  transcript.addEventListener("reply-changed", () => follower.changed());
   // Leaving the page ends the request here, so the node cancels it rather than generating for no one.
   window.addEventListener("pagehide", () => controller?.abort());
   toolChoice.addEventListener("change", () => { namedField.hidden = toolChoice.value !== "named"; });
@@ -97,7 +91,7 @@ export function createChatView() {
     if (!open.turns.some((kept) => kept.role === "user" && !kept.failed)) open.title = titleOf(text);
     open.turns.push(turn);
     transcript.append(userBubble(turn));
-    follow = true;
+    follower.restart();
     message.value = "";
     complete(turn);
   });
@@ -111,7 +105,7 @@ export function createChatView() {
       open.turns.push(turn);
       transcript.append(toolBubble(turn));
     }
-    follow = true;
+    follower.restart();
     complete(null);
   });
 
@@ -135,8 +129,7 @@ export function createChatView() {
       return storedReply(turn).element;
     }));
     askForResultsIfDue();
-    transcript.scrollTop = transcript.scrollHeight;
-    follow = true;
+    follower.restart();
   }
 
   function drawList() {
