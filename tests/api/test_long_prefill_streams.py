@@ -67,7 +67,8 @@ def calibrated_node(directory: Path, *, with_wide_model: bool = False) -> Genera
     models = [endless_copy(directory, context_length=CONTEXT_LENGTH)]
     if with_wide_model:
         models.append(wide_copy(directory, CONTEXT_LENGTH))
-    with running_exo(models, directory, ["--batch-size", "1"]) as server:
+    # Two runners loading side by side on a loaded 2-core machine have taken over a minute.
+    with running_exo(models, directory, ["--batch-size", "1"], ready_timeout=300) as server:
         client = server.openai_client()
         client.chat.completions.create(model=MODEL, messages=[user("calibration", CALIBRATION_SENTENCES)], max_tokens=1)
         seconds = logged_prefill_seconds(server)

@@ -5,8 +5,9 @@
 // end when a scroll event comes: that event fires a frame after its scroll, and a fast stream may have grown the list
 // far past the end by then. This code only ever scrolls down to the end, so following stops on a scroll up from
 // where the list was last put or seen, and on the reader's own ways up (the wheel, keys, a finger) at once, before
-// the next draw could undo a scroll they animate. It starts again on a scroll down to the end the list had when last
-// seen (or on End), whatever came after it. Each draw first looks at what the reader did since the last one.
+// the next draw could undo a scroll they animate. It starts again on a scroll down to the end the list had when the
+// reader was last seen moving (or on End), whatever came after it: the page may learn of a scroll the browser made
+// off the main thread only after more draws. Each draw first looks at what the reader did since the last one.
 
 // Within this many pixels of the end, the list is at its end.
 export const FOLLOW_WITHIN_PX = 48;
@@ -14,7 +15,7 @@ const KEYS_UP = new Set(["ArrowUp", "PageUp", "Home"]);
 
 export function followEnd(list) {
   let following = true;
-  // Where the list was last put or seen, and how tall it was then.
+  // Where the list was last put or seen moving to, and how tall it was then.
   let seenTop = list.scrollTop;
   let seenHeight = list.scrollHeight;
   let holdingScrollbar = false;  // while the reader holds the scrollbar, draws leave the list where it is
@@ -22,6 +23,7 @@ export function followEnd(list) {
   const canScrollUp = () => list.scrollTop > 0;
   function look() {
     const top = list.scrollTop;
+    if (top === seenTop) return;
     // Up yet still at the end: the list shrank under it, or the reader barely moved; following stays as it was.
     if (top < seenTop && list.scrollHeight - top - list.clientHeight >= FOLLOW_WITHIN_PX) following = false;
     else if (top > seenTop && seenHeight - top - list.clientHeight < FOLLOW_WITHIN_PX) following = true;
