@@ -9,9 +9,9 @@ build/screenshots (git-ignored), at laptop and phone widths.
 import json
 import re
 import signal
-import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -29,6 +29,7 @@ from tests.dashboard.browser import (
     screenshot,
     why_no_chromium,
 )
+from tests.dashboard.client_load import ClientLoad
 from tests.exo_server import fixture_model
 from tests.fixtures.endless_model import MODEL as ENDLESS
 from tests.fixtures.endless_model import endless_copy
@@ -240,39 +241,30 @@ def test_the_chat_streams_a_tool_call_as_it_arrives_and_takes_its_result(
     assert [url for url in watch.requested if not url.startswith(f"{alpha.base_url}/")] == []
 
 
-def _generate_until(alpha: ClusterNode, stop: threading.Event) -> None:
-    """Keep one request for the endless model running until `stop` (each ends at max_tokens)."""
-    body = {"model": ENDLESS, "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 400}
-    while not stop.is_set():
-        httpx.post(f"{alpha.base_url}/v1/chat/completions", json=body, timeout=120).raise_for_status()
+# Each client keeps one request for the endless model running (each ends at max_tokens).
+STORY = {"model": ENDLESS, "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 400}
 
 
 def test_the_activity_view_shows_requests_in_flight_the_tokens_per_second_and_how_requests_ended(
-    cluster: tuple[LocalCluster, ClusterNode, ClusterNode], browser: Browser, watch: ConsoleWatch
+    cluster: tuple[LocalCluster, ClusterNode, ClusterNode], browser: Browser, watch: ConsoleWatch, tmp_path: Path
 ) -> None:
     _, alpha, beta = cluster
     page = open_page(browser, watch, f"{alpha.base_url}/#activity")
     in_flight = page.get_by_role("table", name="Requests in flight")
-    stop = threading.Event()
-    clients = [threading.Thread(target=_generate_until, args=(alpha, stop)) for _ in range(3)]
-    for client in clients:
-        client.start()
-    try:
-        expect(in_flight).to_contain_text(ENDLESS, timeout=LIVE_WITHIN_MS)
-        # Each running task's phase, and how far its prompt was read (all of it, once it generates).
-        expect(in_flight.locator(".badge-running").first).to_have_text("decode")
-        expect(in_flight.get_by_role("progressbar").first).to_be_visible()
-        expect(in_flight).to_contain_text(re.compile(r"prompt\s+(\d+)/\1 tokens"))
-        page.wait_for_timeout(8000)  # several requests end: the chart has something to draw
-        # The picture shows requests in flight too. The clients are threads of this test process, which in a full
-        # suite run stalled for over 5 s once (all three idle, the node idle, the page still counting), so the
-        # page gets the same bound as above to show the next request.
-        expect(in_flight).to_contain_text(ENDLESS, timeout=LIVE_WITHIN_MS)
+    with ClientLoad(alpha.base_url, STORY, clients=3, log_path=tmp_path / "clients.log") as load:
+        try:
+            expect(in_flight).to_contain_text(ENDLESS, timeout=LIVE_WITHIN_MS)
+            # Each running task's phase, and how far its prompt was read (all of it, once it generates).
+            expect(in_flight.locator(".badge-running").first).to_have_text("decode")
+            expect(in_flight.get_by_role("progressbar").first).to_be_visible()
+            expect(in_flight).to_contain_text(re.compile(r"prompt\s+(\d+)/\1 tokens"))
+            page.wait_for_timeout(8000)  # several requests end: the chart has something to draw
+            # The picture shows requests in flight too.
+            expect(in_flight).to_contain_text(ENDLESS, timeout=LIVE_WITHIN_MS)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\nthe clients: {load.report()}") from error
         screenshot(page, "activity")
-    finally:
-        stop.set()
-        for client in clients:
-            client.join(timeout=120)
+    assert load.errors() == []
     expect(page.get_by_text("none right now")).to_be_visible(timeout=LIVE_WITHIN_MS)
     served = page.get_by_role("table", name="Per model").locator("tr", has_text=ENDLESS)
     expect(served.locator("td").nth(1)).not_to_have_text("0")
