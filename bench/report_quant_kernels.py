@@ -1,7 +1,7 @@
 """Markdown for `bench.quant_kernels`: one table per row count (time and GB/s per shape and candidate), then each
 candidate's largest error and bytes per shape."""
 
-from bench.markdown import markdown_table
+from bench.markdown import markdown_table, without_directories
 from bench.quant_kernels import KernelReport, KernelResult
 
 Shape = tuple[int, int]
@@ -48,8 +48,8 @@ def render_kernels(report: KernelReport) -> list[str]:
     lines = [
         f"Run: commit {report.commit}, {report.cpu}, {report.finished_utc}; load average (1, 5, 15 min) "
         f"{_load(report.load_before)} at the start, {_load(report.load_after)} at the end; {report.threads} thread(s); "
-        f"BLAS {report.blas}; "
-        f"command `{report.command}`.",
+        f"BLAS {without_directories(report.blas)}; "
+        f"command `{without_directories(report.command)}`.",
         "",
     ]
     for rows in row_counts:

@@ -59,11 +59,14 @@ def test_render_gives_time_bandwidth_error_and_bytes() -> None:
         load_after=(1.5, 2.0, 3.0),
         command="uv run python -m bench.quant_kernels --rows 1,8",
         finished_utc="2026-11-28 12:00 UTC",
-        blas="mkl",
+        blas="mkl from pypi: /work/checkout/.venv/lib/libmkl_rt.so.3 (LD_PRELOAD, INTEL threads)",
         threads=1,
     )
     text = "\n".join(render_kernels(report))
     assert "commit abc1234" in text
+    # A published report names the library, never where it lay on the machine that measured it.
+    assert "BLAS mkl from pypi: libmkl_rt.so.3 (LD_PRELOAD, INTEL threads)" in text
+    assert "/work/" not in text
     assert "1.00, 2.00, 3.00 at the start" in text
     assert "1 thread(s)" in text
     # 1 MB in 0.1 ms is 10 GB/s; a missing combination is a dash; seconds past 0.1 s are written in seconds.
