@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from exo.shared.types.cluster_api import InstanceList
 from tests.exo_server import free_port
 
 T = TypeVar("T")
@@ -63,6 +64,14 @@ class ClusterNode:
     def state(self) -> dict[str, Any]:
         state: dict[str, Any] = self.get("/state")
         return state
+
+    def instances(self) -> InstanceList:
+        return InstanceList.model_validate(self.get("/v1/cluster/instances"))
+
+    def one_instance_ready(self) -> bool:
+        """Exactly one instance is placed, and it is ready."""
+        placed = self.instances().data
+        return len(placed) == 1 and placed[0].ready
 
     def running(self) -> bool:
         return self.process.poll() is None

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from exo.shared.types.cluster_api import InstanceList, PlacedInstanceView
+from exo.shared.types.cluster_api import PlacedInstanceView
 from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
 from tests.exo_server import fixture_model
 from tests.fixtures.fixture_specs import user
@@ -31,13 +31,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield running
 
 
-def _instances(node: ClusterNode) -> InstanceList:
-    return InstanceList.model_validate(node.get("/v1/cluster/instances"))
-
-
 def _serving(node: ClusterNode, world_size: int) -> PlacedInstanceView | None:
     """The one instance of the model, if it is ready over `world_size` nodes (and nothing else is placed)."""
-    instances = _instances(node).data
+    instances = node.instances().data
     if len(instances) == 1 and instances[0].ready and instances[0].world_size == world_size:
         return instances[0]
     return None
@@ -63,8 +59,8 @@ def _unavailable_in_every_dialect(node: ClusterNode) -> None:
 
 def test_unplaceable_then_split_then_degraded_then_split_again(cluster: LocalCluster) -> None:
     alpha = cluster.launch("alpha", [fixture_model(DEEP)], extra_arguments=["--min-nodes", "2"])
-    cluster.wait_until(alpha, lambda: bool(_instances(alpha).unplaced), "the placement refused", PLACED_WITHIN_S)
-    (unplaced,) = _instances(alpha).unplaced
+    cluster.wait_until(alpha, lambda: bool(alpha.instances().unplaced), "the placement refused", PLACED_WITHIN_S)
+    (unplaced,) = alpha.instances().unplaced
     assert unplaced.model_id == DEEP
     assert "only 1 are up" in unplaced.reason
     _unavailable_in_every_dialect(alpha)
@@ -74,7 +70,7 @@ def test_unplaceable_then_split_then_degraded_then_split_again(cluster: LocalClu
     split = _serving(alpha, 2)
     assert split is not None
     assert not split.degraded
-    assert _instances(alpha).unplaced == []
+    assert alpha.instances().unplaced == []
 
     # beta dies: alpha holds every file and has the memory, so it serves the model alone.
     cluster.crash(beta)

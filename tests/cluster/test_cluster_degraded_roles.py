@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from exo.shared.types.cluster_api import InstanceList, PlacedInstanceView
+from exo.shared.types.cluster_api import PlacedInstanceView
 from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
 from tests.exo_server import fixture_model
 from tests.fixtures.fixture_specs import user
@@ -27,7 +27,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 def _serving(node: ClusterNode, world_size: int) -> PlacedInstanceView | None:
-    instances = InstanceList.model_validate(node.get("/v1/cluster/instances")).data
+    instances = node.instances().data
     ready = [instance for instance in instances if instance.ready and instance.world_size == world_size]
     return ready[0] if ready else None
 

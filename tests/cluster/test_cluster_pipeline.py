@@ -12,7 +12,6 @@ from typing import Any
 import httpx
 import pytest
 
-from exo.shared.types.cluster_api import InstanceList
 from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
 from tests.cluster.test_cluster_end_to_end import comparable, stream_events
 from tests.exo_server import fixture_model
@@ -32,7 +31,7 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCl
     with local_cluster(tmp_path_factory.mktemp("pipeline"), "pipe-two") as running:
         alpha = running.launch("alpha", [fixture_model(DEEP)], extra_arguments=["--min-nodes", "2"])
         beta = running.launch("beta", peers=[alpha])
-        running.wait_until(beta, lambda: _instance_ready(beta), "the model placed over both nodes", PLACED_WITHIN_S)
+        running.wait_until(beta, beta.one_instance_ready, "the model placed over both nodes", PLACED_WITHIN_S)
         yield running, alpha, beta
 
 
@@ -42,20 +41,11 @@ def solo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterNode]:
         yield running.start("solo", [fixture_model(DEEP)])
 
 
-def _instances(node: ClusterNode) -> InstanceList:
-    return InstanceList.model_validate(node.get("/v1/cluster/instances"))
-
-
-def _instance_ready(node: ClusterNode) -> bool:
-    instances = _instances(node).data
-    return len(instances) == 1 and instances[0].ready
-
-
 def test_the_model_is_placed_over_both_nodes_with_its_layers_and_ranks_in_the_state(
     pipeline: tuple[LocalCluster, ClusterNode, ClusterNode],
 ) -> None:
     cluster, alpha, beta = pipeline
-    (instance,) = _instances(alpha).data
+    (instance,) = alpha.instances().data
     assert (instance.model_id, instance.world_size, instance.min_nodes) == (DEEP, 2, 2)
     assert instance.files_from == alpha.node_id
     assert {rank.node_id for rank in instance.ranks} == {alpha.node_id, beta.node_id}
@@ -78,7 +68,7 @@ def test_the_node_without_weights_copied_only_its_layers_files_from_its_peer(
     pipeline: tuple[LocalCluster, ClusterNode, ClusterNode],
 ) -> None:
     cluster, _alpha, beta = pipeline
-    (instance,) = _instances(beta).data
+    (instance,) = beta.instances().data
     (rank,) = [rank for rank in instance.ranks if rank.node_id == beta.node_id]
     copied = cluster.work_dir / "models-beta" / "from-peers" / DEEP
     weights = sorted(path.name for path in copied.glob("*.safetensors"))
@@ -181,4 +171,4 @@ def test_placing_over_more_nodes_than_are_up_is_refused_with_the_reason(
     assert error["code"] == "insufficient_memory"
     assert "over 3 nodes but only 2 are up" in error["message"]
     # The instance already placed is untouched.
-    assert _instance_ready(alpha)
+    assert alpha.one_instance_ready()

@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from exo.shared.types.cluster_api import InstanceList, PlacedInstanceView
+from exo.shared.types.cluster_api import PlacedInstanceView
 from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
 from tests.fixtures.endless_model import MODEL, endless_copy
 from tests.fixtures.fixture_specs import user
@@ -34,7 +34,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 def _ready_instance(node: ClusterNode, excluded: str | None = None) -> PlacedInstanceView | None:
-    instances = InstanceList.model_validate(node.get("/v1/cluster/instances")).data
+    instances = node.instances().data
     if len(instances) != 1 or not instances[0].ready:
         return None
     if excluded is not None and any(rank.node_id == excluded for rank in instances[0].ranks):

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from exo.shared.types.cluster_api import InstanceList, PlacedInstanceView
+from exo.shared.types.cluster_api import PlacedInstanceView
 from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
 from tests.cluster.test_cluster_end_to_end import comparable, stream_events
 from tests.exo_server import fixture_model
@@ -43,7 +43,7 @@ def tensor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalClus
         arguments = ["--min-nodes", "2", "--parallel", "tensor"]
         alpha = running.launch("alpha", [fixture_model(DEEP)], extra_arguments=arguments)
         beta = running.launch("beta", peers=[alpha])
-        running.wait_until(beta, lambda: _instance_ready(beta), "the model split over both nodes", PLACED_WITHIN_S)
+        running.wait_until(beta, beta.one_instance_ready, "the model split over both nodes", PLACED_WITHIN_S)
         yield running, alpha, beta
 
 
@@ -53,20 +53,11 @@ def solo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterNode]:
         yield running.start("solo", [fixture_model(DEEP)])
 
 
-def _instances(node: ClusterNode) -> InstanceList:
-    return InstanceList.model_validate(node.get("/v1/cluster/instances"))
-
-
-def _instance_ready(node: ClusterNode) -> bool:
-    instances = _instances(node).data
-    return len(instances) == 1 and instances[0].ready
-
-
 def test_every_rank_runs_every_layer_and_the_node_without_weights_copied_the_whole_checkpoint(
     tensor: tuple[LocalCluster, ClusterNode, ClusterNode],
 ) -> None:
     cluster, alpha, beta = tensor
-    (instance,) = _instances(beta).data
+    (instance,) = beta.instances().data
     assert (instance.model_id, instance.parallel, instance.world_size) == (DEEP, "tensor", 2)
     assert {rank.node_id for rank in instance.ranks} == {alpha.node_id, beta.node_id}
     assert [(rank.start_layer, rank.end_layer) for rank in instance.ranks] == [(0, 4), (0, 4)]
@@ -117,12 +108,12 @@ def test_a_model_whose_heads_do_not_divide_over_the_nodes_is_refused_with_the_co
     assert "attention heads and KV heads do not divide by 2" in error["message"]
     assert "(attention heads 3, KV heads 1, MLP width 128)" in error["message"]
     # The instance already placed is untouched.
-    assert _instance_ready(alpha)
+    assert alpha.one_instance_ready()
 
 
 def _serving(node: ClusterNode, world_size: int) -> PlacedInstanceView | None:
     """The one instance of the model, if it is ready over `world_size` nodes (and nothing else is placed)."""
-    instances = _instances(node).data
+    instances = node.instances().data
     if len(instances) == 1 and instances[0].ready and instances[0].world_size == world_size:
         return instances[0]
     return None
