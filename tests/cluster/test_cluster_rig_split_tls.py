@@ -1,5 +1,6 @@
 """A split model in a keyed cluster on the rig: every connection between its nodes is TLS from the first byte, the
-ranks' own sockets (mlx's ring, exo's task connections) included, and its prompts cross the wire in no clear text.
+ranks' own sockets (mlx's ring, exo's task connections) included, and its prompts cross the wire in no clear text —
+for a split by layers (pipeline) and one by matrices (tensor, whose ring carries two all-sums per layer per token).
 
 alpha holds tiny-qwen-tools-deep (`--min-nodes 2`), beta nothing; their only link is the rig's userspace switch
 (tun_link.py), which here adds no delay but keeps a copy of every packet — a wiretap under the ranks' sockets, which
@@ -32,9 +33,11 @@ _WHY_NOT = NetnsRig.unavailable()
 pytestmark = machine_skipif(_WHY_NOT)
 
 
-def _ready_split(rig: NetnsRig, node: RigNode) -> bool:
+def _ready_split(rig: NetnsRig, node: RigNode, parallel: str) -> bool:
     instances = InstanceList.model_validate(rig.get(node, "/v1/cluster/instances", timeout=5)).data
-    return len(instances) == 1 and instances[0].ready and instances[0].world_size == 2
+    if len(instances) != 1:
+        return False
+    return instances[0].ready and (instances[0].world_size, instances[0].parallel) == (2, parallel)
 
 
 def _chat(rig: NetnsRig, node: RigNode, text: str) -> Any:
@@ -59,7 +62,7 @@ def tcp_streams(packets: list[bytes]) -> dict[tuple[bytes, int, bytes, int], byt
     return {flow: b"".join(pieces[sequence] for sequence in sorted(pieces)) for flow, pieces in segments.items()}
 
 
-def _split_rig(work_dir: Any, key: str | None) -> Iterator[tuple[NetnsRig, TunLink]]:
+def _split_rig(work_dir: Any, key: str | None, parallel: str) -> Iterator[tuple[NetnsRig, TunLink]]:
     rig = NetnsRig(work_dir, "split-tls")
     link: TunLink | None = None
     keyed = ["--cluster-key", key] if key else []
@@ -70,9 +73,9 @@ def _split_rig(work_dir: Any, key: str | None) -> Iterator[tuple[NetnsRig, TunLi
         alpha.link_address, beta.link_address = ADDRESSES
         link = TunLink([(alpha.namespace, alpha.address), (beta.namespace, beta.address)], record=True)
         link.start()
-        rig.start(alpha, ["--min-nodes", "2", "--no-discovery", *keyed])
+        rig.start(alpha, ["--min-nodes", "2", "--parallel", parallel, "--no-discovery", *keyed])
         rig.start(beta, ["--no-discovery", "--peer", alpha.endpoint, *keyed])
-        rig.wait_until(lambda: _ready_split(rig, alpha), "the model split over both nodes", PLACED_WITHIN_S)
+        rig.wait_until(lambda: _ready_split(rig, alpha, parallel), f"the {parallel} split", PLACED_WITHIN_S)
         yield rig, link
     finally:
         if link is not None:
@@ -80,14 +83,17 @@ def _split_rig(work_dir: Any, key: str | None) -> Iterator[tuple[NetnsRig, TunLi
         rig.close()
 
 
-@pytest.fixture(scope="module")
-def keyed_split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NetnsRig, TunLink]]:
-    yield from _split_rig(tmp_path_factory.mktemp("split-tls"), KEY)
+@pytest.fixture(scope="module", params=["pipeline", "tensor"])
+def keyed_split(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[tuple[NetnsRig, TunLink]]:
+    parallel: str = request.param
+    yield from _split_rig(tmp_path_factory.mktemp(f"split-tls-{parallel}"), KEY, parallel)
 
 
 @pytest.fixture(scope="module")
 def open_split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NetnsRig, TunLink]]:
-    yield from _split_rig(tmp_path_factory.mktemp("split-open"), None)
+    yield from _split_rig(tmp_path_factory.mktemp("split-open"), None, "pipeline")
 
 
 def _ask_both(rig: NetnsRig) -> None:
