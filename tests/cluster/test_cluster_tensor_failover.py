@@ -1,0 +1,76 @@
+"""A node of a tensor split killed mid-stream, over two real nodes on 127.0.0.1: the stream in flight ends with the
+dialect's error event within 2 s (issue 34), and the model serves again on the survivor.
+
+alpha holds an endless copy of tiny-qwen-tools-deep (it generates until max_tokens) and asks for it split by its
+matrices over two nodes (`--min-nodes 2 --parallel tensor`); beta holds nothing and copies the checkpoint. While a
+stream asked of alpha is generating, beta (and its runner) is SIGKILLed, as when a machine dies. Every token of a
+tensor split needs every rank (two all-sums per layer), so the survivor's rank notices at its next all-sum.
+"""
+
+import json
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from exo.shared.types.cluster_api import PlacedInstanceView
+from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
+from tests.fixtures.endless_model import MODEL, endless_copy
+from tests.fixtures.fixture_specs import user
+
+PLACED_WITHIN_S = 240.0
+ERROR_WITHIN_S = 2.0
+
+
+@pytest.fixture
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    endless = endless_copy(tmp_path_factory.mktemp("models"), source="tiny-qwen-tools-deep")
+    with local_cluster(tmp_path_factory.mktemp("tensor-failover"), "tensor-failover") as running:
+        arguments = ["--min-nodes", "2", "--parallel", "tensor"]
+        alpha = running.launch("alpha", [endless], extra_arguments=arguments)
+        running.launch("beta", peers=[alpha])
+        yield running
+
+
+def _serving(node: ClusterNode, world_size: int) -> PlacedInstanceView | None:
+    instances = node.instances().data
+    if len(instances) == 1 and instances[0].ready and instances[0].world_size == world_size:
+        return instances[0]
+    return None
+
+
+def test_a_stream_on_a_tensor_split_whose_other_node_dies_ends_with_an_error_within_2_s(cluster: LocalCluster) -> None:
+    alpha, beta = cluster.nodes
+    cluster.wait_until(alpha, lambda: _serving(alpha, 2) is not None, "the tensor split", PLACED_WITHIN_S)
+    split = _serving(alpha, 2)
+    assert split is not None
+    assert split.parallel == "tensor"
+    beta_rank = next(rank.rank for rank in split.ranks if rank.node_id == beta.node_id)
+    body = {"model": MODEL, "messages": [user("Hello!")], "max_tokens": 3000, "stream": True}
+    with httpx.stream("POST", f"{alpha.base_url}/v1/chat/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        for line in lines:
+            if '"content":"' in line and '"content":""' not in line:
+                break  # both ranks are generating
+        cluster.crash(beta)
+        killed_at = time.monotonic()
+        events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+        ended_after = time.monotonic() - killed_at
+    assert events[-1] == "[DONE]"
+    errors = [json.loads(event)["error"] for event in events[:-1] if '"error"' in event]
+    assert len(errors) == 1, events[-5:]
+    print(f"\nthe stream ended {ended_after * 1000:.0f} ms after rank {beta_rank}'s node was killed: {errors[0]}")
+    assert errors[0]["message"]
+    assert ended_after < ERROR_WITHIN_S, f"ended {ended_after:.2f} s after the kill"
+    # Served again, whole, by the survivor.
+    cluster.wait_until(alpha, lambda: _serving(alpha, 1) is not None, "the model on alpha alone", PLACED_WITHIN_S)
+    alone = _serving(alpha, 1)
+    assert alone is not None
+    assert [rank.node_id for rank in alone.ranks] == [alpha.node_id]
+    answer = httpx.post(
+        f"{alpha.base_url}/v1/chat/completions", json={**body, "stream": False, "max_tokens": 8}, timeout=120
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] == 8
