@@ -8,7 +8,9 @@ split instance is ready, each link setting in turn (added round trip, then a `tc
 untimed warm-up request and `--requests` timed greedy streamed ones, sent to the node of rank 0 (so only the hops
 between ranks are on the link, not the answer's way back). Then the others are stopped, the cluster places the
 model on alpha alone (degraded), and the same requests time one node. `--cluster-key` keys every node, so the
-ranks' sockets run through their TLS relays. Prints a Markdown table and the JSON of every measurement. A
+ranks' sockets run through their TLS relays. `--parallel pipeline,tensor` times each split in turn (a fresh rig
+for each; a tensor split's ranks run every layer and sum twice per layer over the link). Prints a Markdown table and
+the JSON of every measurement (`--json-out` writes them, with the commit and load, for `bench.report_split_link`). A
 benchmark, not a test: it asserts nothing.
 """
 
@@ -25,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from bench.machine import exo_commit
+from bench.machine import cpu_model, exo_commit
 from bench.pipeline_section import ms_per_token
 from bench.results import StreamMeasurement
 from bench.stream_client import request_body, stream_chat
@@ -81,6 +83,7 @@ def _row(label: str, runs: list[StreamMeasurement]) -> dict[str, Any]:
     per_token = [ms_per_token(run) for run in runs]
     return {
         "link": label,
+        "load_average": os.getloadavg()[0],
         "ms_per_token": per_token,
         "median_ms_per_token": statistics.median(per_token),
         "ttft_ms": [run.ttft_s * 1000 for run in runs],
@@ -88,8 +91,8 @@ def _row(label: str, runs: list[StreamMeasurement]) -> dict[str, Any]:
     }
 
 
-def _measure(arguments: argparse.Namespace, model_path: Path, node_count: int) -> list[dict[str, Any]]:
-    """Rows for a split over `node_count` nodes at each link setting, then for the model on alpha alone."""
+def _measure(arguments: argparse.Namespace, model_path: Path, node_count: int, parallel: str) -> list[dict[str, Any]]:
+    """Rows for a `parallel` split over `node_count` nodes at each link setting, then for the model on alpha alone."""
     rig = NetnsRig(Path(tempfile.mkdtemp(prefix="exo-hop-")), "hop")
     link: TunLink | None = None
     rows: list[dict[str, Any]] = []
@@ -103,7 +106,7 @@ def _measure(arguments: argparse.Namespace, model_path: Path, node_count: int) -
         link = TunLink([(node.namespace, node.address) for node in nodes])
         link.start()
         alpha = nodes[0]
-        alpha_arguments = ["--min-nodes", str(node_count), "--no-discovery", *key]
+        alpha_arguments = ["--min-nodes", str(node_count), "--parallel", parallel, "--no-discovery", *key]
         if arguments.models_dir:
             alpha_arguments += ["--models-dir", arguments.models_dir]
         started = time.monotonic()
@@ -112,26 +115,26 @@ def _measure(arguments: argparse.Namespace, model_path: Path, node_count: int) -
             rig.start(node, ["--no-discovery", "--peer", alpha.endpoint, *key])
         rig.wait_until(lambda: _ready(rig, alpha, node_count), "the split instance", READY_TIMEOUT_S)
         load = os.getloadavg()
-        print(f"split instance ready {time.monotonic() - started:.1f} s after start; load average {load[0]:.1f}")
+        print(f"{parallel} split ready {time.monotonic() - started:.1f} s after start; load average {load[0]:.1f}")
         model = _instances(rig, alpha).data[0].model_id
         rank_zero_name = _rank_zero(rig, alpha)
         rank_zero = next(node for node in nodes if node.name == rank_zero_name)
         for round_trip_ms in (float(text) for text in arguments.round_trips_ms.split(",")):
             link.delay_s = round_trip_ms / 2000
             runs = _time_requests(rig, rank_zero, model, arguments.max_tokens, arguments.requests)
-            rows.append(_row(f"{node_count} nodes, +{round_trip_ms:g} ms round trip", runs))
+            rows.append(_row(f"{node_count} nodes, {parallel}, +{round_trip_ms:g} ms round trip", runs))
             print(json.dumps(rows[-1]))
         link.delay_s = 0.0
         for rate in (text for text in arguments.rates.split(",") if text):
             _tbf(rig, rate)
             runs = _time_requests(rig, rank_zero, model, arguments.max_tokens, arguments.requests)
-            rows.append(_row(f"{node_count} nodes, tbf {rate}", runs))
+            rows.append(_row(f"{node_count} nodes, {parallel}, tbf {rate}", runs))
             print(json.dumps(rows[-1]))
         _tbf(rig, None)
         for node in nodes[1:]:
             rig.stop(node)
         rig.wait_until(lambda: _ready(rig, alpha, 1), "the model on alpha alone", READY_TIMEOUT_S)
-        rows.append(_row("1 node (the same model placed on alpha alone)", _time_requests(
+        rows.append(_row(f"1 node (after the {parallel} split, the model on alpha alone)", _time_requests(
             rig, alpha, model, arguments.max_tokens, arguments.requests
         )))  # fmt: skip
         print(json.dumps(rows[-1]))
@@ -152,15 +155,23 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--requests", type=int, default=3)
     parser.add_argument("--cluster-key", help="key every node (the ranks' sockets then run through TLS relays)")
+    parser.add_argument("--parallel", default="pipeline", help="splits to time, comma-separated: pipeline, tensor")
+    parser.add_argument("--json-out", help="also write every row, the commit and the load here (JSON)")
     arguments = parser.parse_args()
     why_not = NetnsRig.unavailable()
     if why_not is not None:
         raise SystemExit(why_not)
     model_path = Path(arguments.model).expanduser()
     rows: list[dict[str, Any]] = []
-    for node_count in (int(text) for text in arguments.nodes.split(",")):
-        rows += _measure(arguments, model_path, node_count)
+    for parallel in arguments.parallel.split(","):
+        for node_count in (int(text) for text in arguments.nodes.split(",")):
+            rows += _measure(arguments, model_path, node_count, parallel)
     load = os.getloadavg()
+    if arguments.json_out:
+        run = {"commit": exo_commit(), "model": model_path.name, "keyed": bool(arguments.cluster_key)}
+        run |= {"machine": f"{cpu_model()}, {os.cpu_count()} cores", "requests": arguments.requests}
+        run |= {"max_tokens": arguments.max_tokens, "load_average_end": list(load), "rows": rows}
+        Path(arguments.json_out).write_text(json.dumps(run, indent=1))
     keyed = "keyed (TLS)" if arguments.cluster_key else "no key (plain TCP)"
     print(f"\nexo {exo_commit()}, model {model_path.name}, {keyed}, rank 0 on the node asked")
     print(f"load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n")

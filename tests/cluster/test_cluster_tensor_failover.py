@@ -45,7 +45,7 @@ def test_a_stream_on_a_tensor_split_whose_other_node_dies_ends_with_an_error_wit
     cluster.wait_until(alpha, lambda: _serving(alpha, 2) is not None, "the tensor split", PLACED_WITHIN_S)
     split = _serving(alpha, 2)
     assert split is not None
-    assert split.parallel == "tensor"
+    assert (split.parallel, split.parallel_reason) == ("tensor", "tensor asked for")
     beta_rank = next(rank.rank for rank in split.ranks if rank.node_id == beta.node_id)
     body = {"model": MODEL, "messages": [user("Hello!")], "max_tokens": 3000, "stream": True}
     with httpx.stream("POST", f"{alpha.base_url}/v1/chat/completions", json=body, timeout=120) as response:
@@ -69,6 +69,8 @@ def test_a_stream_on_a_tensor_split_whose_other_node_dies_ends_with_an_error_wit
     alone = _serving(alpha, 1)
     assert alone is not None
     assert [rank.node_id for rank in alone.ranks] == [alpha.node_id]
+    # Placed again by the master on its own: the reason its split was chosen is kept.
+    assert (alone.parallel, alone.parallel_reason) == ("tensor", "tensor asked for")
     answer = httpx.post(
         f"{alpha.base_url}/v1/chat/completions", json={**body, "stream": False, "max_tokens": 8}, timeout=120
     )

@@ -181,6 +181,7 @@ def placed_instance_view(state: State, instance: PlacedInstance) -> PlacedInstan
         min_nodes=instance.min_nodes,
         world_size=len(instance.ranks),
         parallel=instance.parallel,
+        parallel_reason=instance.parallel_reason,
         files_from=instance.files_from,
         ready=all(rank.status == "ready" for rank in ranks),
         placed_at=instance.placed_at,

@@ -4,12 +4,13 @@ addresses the ranks meet at. Pure but for the ports, which the caller draws (so 
 from collections.abc import Callable
 
 from exo.master.pipeline_placement import NodeCapacity, PlacementError, plan_pipeline
+from exo.master.split_choice import choose_split, placement_reason
 from exo.master.tensor_placement import plan_tensor
 from exo.shared.apply import is_up
 from exo.shared.types.common import InstanceId, NodeId
 from exo.shared.types.instances import PlacedInstance, PlaceInstance, RankPlacement
 from exo.shared.types.state import State
-from exo.shared.types.worker.shards import PipelinePeers, resolve_parallel
+from exo.shared.types.worker.shards import PipelinePeers
 
 # Ring and task ports are drawn below Linux's ephemeral range (32768+), where outgoing connections take theirs.
 PORT_RANGE = (20000, 32000)
@@ -45,7 +46,8 @@ def place_instance(
         for node_id, node in sorted(state.nodes.items())
         if is_up(state, node_id) and node_id not in excluded
     ]
-    parallel = resolve_parallel(request.parallel)
+    choice = choose_split(request.parallel, request.footprint)
+    parallel = choice.parallel
     planner = plan_tensor if parallel == "tensor" else plan_pipeline
     plan = planner(request.model_id, request.footprint, capacities, min_nodes=request.min_nodes)
     ranks: list[RankPlacement] = []
@@ -70,6 +72,7 @@ def place_instance(
         model_id=request.model_id,
         min_nodes=request.min_nodes,
         parallel=parallel,
+        parallel_reason=placement_reason(choice, len(ranks)),
         files_from=request.files_from,
         footprint=request.footprint,
         ranks=tuple(ranks),

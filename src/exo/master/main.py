@@ -20,6 +20,7 @@ from exo.cluster.topics import Topics
 from exo.master.instance_placement import PORT_RANGE, place_instance
 from exo.master.pipeline_placement import PlacementError
 from exo.master.placement import failed_replacements, instance_busy, instance_serving, no_runner_refusal, place_task
+from exo.master.split_choice import choose_split
 from exo.master.tensor_placement import IndivisibleHeadsError
 from exo.shared.apply import apply, is_up
 from exo.shared.types.commands import AssignTask, MasterCommandAdapter, PlaceTask
@@ -57,7 +58,6 @@ from exo.shared.types.instances import (
 from exo.shared.types.state import State
 from exo.shared.types.task_replies import TaskRefused
 from exo.shared.types.tasks import GenerationTask
-from exo.shared.types.worker.shards import resolve_parallel
 
 logger = logging.getLogger(__name__)
 
@@ -267,7 +267,8 @@ class Master:
         current = self._instance_of(request.model_id, request.files_from)
         up = sum(is_up(self._state, node_id) for node_id in self._state.nodes)
         can_spread = current is not None and current.degraded_reason is not None and up >= request.min_nodes
-        same_split = current is not None and current.parallel == resolve_parallel(request.parallel)
+        wanted = choose_split(request.parallel, request.footprint).parallel
+        same_split = current is not None and current.parallel == wanted
         if current is not None and current.min_nodes == request.min_nodes and same_split and not can_spread:
             self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, instance=current))
             return
@@ -322,6 +323,8 @@ class Master:
             logger.warning("cannot place %s again: %s", lost.model_id, error)
             self._pending(lost.model_id, lost.files_from, lost.min_nodes, f"{reason}; {error}")
             return
+        if lost.parallel_reason is not None:  # the reason its split was chosen (`auto` or asked for) still holds
+            placed = placed.model_copy(update={"parallel_reason": lost.parallel_reason})
         layers = ", ".join(f"{rank.node_id} {rank.start_layer}-{rank.end_layer - 1}" for rank in placed.ranks)
         degraded = f" (degraded: {placed.degraded_reason})" if placed.degraded_reason else ""
         logger.info("placed %s again as instance %s: %s%s", placed.model_id, placed.instance_id, layers, degraded)

@@ -154,7 +154,7 @@ class InstanceRequest(FrozenModel):
 
     model: str
     min_nodes: int = Field(default=1, ge=1)
-    # Split by layers (pipeline), by matrices (tensor), or as the master chooses (auto: pipeline today).
+    # Split by layers (pipeline), by matrices (tensor), or as the master's `auto` rule chooses (docs/CLUSTER.md).
     parallel: ParallelChoice = "auto"
 
 
@@ -181,6 +181,8 @@ class PlacedInstanceView(FrozenModel):
     world_size: int
     # How the model is split over the ranks: by layers or by matrices.
     parallel: Parallelism = "pipeline"
+    # Why this split: asked for, or what the `auto` rule weighed (docs/CLUSTER.md).
+    parallel_reason: str | None = None
     # The node holding the whole checkpoint (the others copy their layers' files from it).
     files_from: str
     # Every rank's runner is ready: the instance serves requests.

@@ -38,6 +38,8 @@ class PlacedInstance(FrozenModel):
     min_nodes: int
     # How the model is split over the ranks (pipeline also for a model on one node).
     parallel: Parallelism = "pipeline"
+    # Why this split: asked for, or the `auto` rule's reason (master/split_choice.py); None from before it was kept.
+    parallel_reason: str | None = None
     # The node holding the whole checkpoint: the others copy their layers' files from it.
     files_from: NodeId
     footprint: ModelFootprint

@@ -20,12 +20,7 @@ Parallelism = Literal["pipeline", "tensor"]
 """How an instance over several nodes splits its model: by layers (pipeline) or by matrices (tensor)."""
 
 ParallelChoice = Literal["pipeline", "tensor", "auto"]
-"""What a placement asks for; `auto` is resolved by the master (today: pipeline)."""
-
-
-def resolve_parallel(choice: ParallelChoice) -> Parallelism:
-    """The split `choice` stands for. `auto` stays pipeline until a measured rule replaces it (docs/CLUSTER.md)."""
-    return "pipeline" if choice == "auto" else choice
+"""What a placement asks for; `auto` is resolved by the master's rule (master/split_choice.py)."""
 
 
 class PipelinePeers(FrozenModel):

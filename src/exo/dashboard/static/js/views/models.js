@@ -30,7 +30,7 @@ export function createModelsView() {
     h("h3", {}, "Preparations"), preparations,
     h("h3", {}, "Place a model"),
     h("p", { class: "muted" }, "Splits the model over the fewest nodes whose free memory holds it: by layers "
-      + "(pipeline), or every node running every layer with a share of its heads (tensor); auto is pipeline for now."),
+      + "(pipeline), or every node running every layer with a share of its heads (tensor); auto splits by layers (a tensor split waits on the link twice per layer, every token)."),
     form, placeResult,
     h("h3", {}, "Placed instances"), instances,
     h("h3", {}, "Waiting to be placed"), unplaced,
