@@ -1,5 +1,5 @@
-"""A model split over 2 and 3 real runner processes decodes its requests together, and each one still gets exactly
-the answer it gets alone on one whole-model runner.
+"""A model split over 2 and 3 real runner processes (by layers, and over 2 by its matrices) decodes its requests
+together, and each one still gets exactly the answer it gets alone on one whole-model runner.
 
 Rank 0 batches every kind of request at once (plain text, streamed and parallel tool calls, `tool_choice` required
 and named, a `json_schema` answer, seeded sampling with and without penalties and a grammar) and each answer is
@@ -22,7 +22,15 @@ from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.runner.supervisor import RunnerSupervisor
 from tests.exo_server import fixture_model
 from tests.fixtures.endless_model import endless_copy
-from tests.worker.runner.pipelines import DEEP_MODEL, comparable, pipeline_of, run_task, running_ranks, task
+from tests.worker.runner.pipelines import (
+    DEEP_MODEL,
+    comparable,
+    pipeline_of,
+    run_task,
+    running_ranks,
+    task,
+    tensor_split_of,
+)
 from tests.worker.runner.test_pipeline_runner import cases
 
 
@@ -79,12 +87,19 @@ def _most_at_once(spans: Sequence[tuple[float, float]]) -> int:
     return max(sum(start <= moment < end for start, end in spans) for moment, _ in spans)
 
 
-@pytest.mark.parametrize("layer_counts", [(3, 1), (1, 2, 1)], ids=["2 ranks", "3 ranks"])
-async def test_requests_batched_over_a_split_model_each_get_their_answer_alone(layer_counts: tuple[int, ...]) -> None:
+SPLITS: dict[str, list[ShardAssignment]] = {
+    "2 ranks": pipeline_of((3, 1)),
+    "3 ranks": pipeline_of((1, 2, 1)),
+    "2 ranks, tensor": tensor_split_of(2, 4),
+}
+
+
+@pytest.mark.parametrize("split", list(SPLITS))
+async def test_requests_batched_over_a_split_model_each_get_their_answer_alone(split: str) -> None:
     model_path = fixture_model(DEEP_MODEL)
     async with running_ranks(model_path, [ShardAssignment()]) as (whole,):
         alone = {name: _answer(await run_task(whole, chat)) for name, chat in _batch_cases().items()}
-    async with running_ranks(model_path, pipeline_of(layer_counts)) as supervisors:
+    async with running_ranks(model_path, SPLITS[split]) as supervisors:
         leader = supervisors[0]
         assert leader.metadata is not None
         assert leader.metadata.batch_size == 8
