@@ -78,6 +78,24 @@ def test_metrics_split_decode_steps_into_device_wait_and_host_parts(server: ExoS
     _assert_plausible(batched)
     processors = alone.get(("exo_decode_step_host_seconds_total", "1", "processors"), 0.0)
     assert processors > 0, "the tool_choice-required request ran its grammar's masks in steps alone"
+    # Prompt pieces by prompts fed together: the two requests sent one after the other were each fed alone; the
+    # three sent at once fed each of their prompts at least once (together or not, as they reached the runner).
+    alone_pieces, batched_pieces = _prefill_pieces(base_url, MODEL), _prefill_pieces(base_url, ENDLESS)
+    assert alone_pieces.get(1, 0) >= 2, alone_pieces
+    assert set(alone_pieces) == {1}, alone_pieces
+    assert sum(prompts * pieces for prompts, pieces in batched_pieces.items()) >= CONCURRENT, batched_pieces
+    assert max(batched_pieces) <= CONCURRENT, batched_pieces
+
+
+def _prefill_pieces(base_url: str, model: str) -> dict[int, float]:
+    """Prompts fed together -> prompt pieces, for `model`."""
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    pieces: dict[int, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "exo_prefill_pieces_total" and sample.labels["model"] == model:
+                pieces[int(sample.labels["prompts"])] = sample.value
+    return pieces
 
 
 def _assert_plausible(series: dict[tuple[str, str, str], float]) -> None:

@@ -129,6 +129,23 @@ class _StateCollector:
                 for part, seconds in sorted(times.host_seconds.items()):
                     host.add_metric([*values, part], seconds)
         yield from (steps, wall, device, prefill, host)
+        yield self._prefill_group_metric()
+
+    def _prefill_group_metric(self) -> Metric:
+        """Prompt pieces prefilled, by how many prompts each fed in one pass: requests sent together should show up
+        under `prompts` above 1 (fed together), not as many pieces of 1."""
+        labels = ["cluster", "node_id", "model", "runner_id", "prompts"]
+        pieces = CounterMetricFamily(
+            "exo_prefill_pieces",
+            "Prompt pieces prefilled, by how many prompts each one fed together (1: a prompt alone)",
+            labels=labels,
+        )
+        for runner in sorted(self._state.runners.values(), key=lambda runner: runner.runner_id):
+            for prompts, count in sorted(runner.prefill_pieces.items()):
+                pieces.add_metric(
+                    [self._cluster, runner.node_id, runner.model_id, runner.runner_id, str(prompts)], count
+                )
+        return pieces
 
     def _task_count(self, runner: RunnerInfo, status: str) -> int:
         return sum(task.runner_id == runner.runner_id and task.status == status for task in self._state.tasks.values())

@@ -273,6 +273,7 @@ class Worker:
             metrics=self._metrics[runner_id].metrics,
             tokens_per_second_now=round(supervisor.tokens_per_second_now, 2),
             step_times=supervisor.step_times,
+            prefill_pieces=supervisor.prefill_pieces,
         )
 
     def _task_info(self, runner_id: RunnerId, task_id: TaskId, *, running: bool) -> TaskInfo:

@@ -140,6 +140,8 @@ class RunnerInfo(FrozenModel):
     tokens_per_second_now: float = 0.0
     # The host-overhead meter: decode-step times since the runner started, by requests decoding in the step.
     step_times: dict[int, StepTimes] = Field(default_factory=dict[int, StepTimes])
+    # Prompt pieces prefilled since the runner started, by how many prompts each one fed together.
+    prefill_pieces: dict[int, int] = Field(default_factory=dict[int, int])
 
 
 class TaskInfo(FrozenModel):

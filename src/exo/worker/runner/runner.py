@@ -35,6 +35,7 @@ from exo.shared.types.worker.runner_response import (
 )
 from exo.worker.engines.mlx.cpu.rank_threads import idle_threads_sleep
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
+from exo.worker.runner.arrival_window import ArrivalWindow
 from exo.worker.runner.channel import RunnerChannel, UnreadableRequestError
 from exo.worker.runner.idle_snapshots import write_snapshots_before_stopping, write_snapshots_while_idle
 from exo.worker.runner.pipeline_link import PipelineLink
@@ -147,12 +148,14 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
     """Admit tasks, cancel them and advance every active one a token at a time until told to shut down.
 
     Messages are read between decode steps, so a task arriving while others decode joins them at the next token and
-    a cancel takes effect within one token.
+    a cancel takes effect within one token. The first task at an idle runner waits a short window (`arrival_window`)
+    for the tasks sent with it, so they are prefilled together.
     """
     from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 
     scheduler = GenerationScheduler(context.loaded.model, context.decode)
     meter = StepMeter()
+    window = ArrivalWindow()
     while True:
         if scheduler.active == 0 and context.prefix_cache is not None:
             write_snapshots_while_idle(context.prefix_cache, channel.poll)
@@ -164,19 +167,14 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
             incoming = _incoming(channel, wait=idle)
         if idle:
             meter.begin()  # the wait for a message was idle time, not part of a step
-        for request in incoming:
-            match request:
-                case RunTask(task=task):
-                    with STEP_CLOCK.part("admit"):
-                        _admit(channel, context, scheduler, task)
-                case CancelTask(task_id=task_id):
-                    report_cancel(channel, task_id, scheduler.cancel(task_id))
-                case Shutdown():
-                    if context.prefix_cache is not None:
-                        write_snapshots_before_stopping(context.prefix_cache)
+        if not _handle(channel, context, scheduler, incoming):
+            return
+        if idle and scheduler.active > 0 and context.decode.batch_size > 1:
+            # The first request at an idle runner: admit the ones sent with it before anything is prefilled.
+            deadline = time.monotonic() + window.seconds
+            while (left := deadline - time.monotonic()) > 0 and channel.poll(left):
+                if not _handle(channel, context, scheduler, _incoming(channel, wait=False)):
                     return
-                case RunnerBootstrap():
-                    pass
         decoding = scheduler.decoding
         try:
             updates = scheduler.step()
@@ -187,8 +185,33 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
             updates = scheduler.fail_all(error)
         with STEP_CLOCK.part("send"):
             send_chunks(channel, updates)
-        meter.end(decoding)
-        send_endings(channel, updates, meter.totals)
+        wall = meter.end(decoding)
+        if decoding == 1:
+            window.record_step(wall)
+        send_endings(channel, updates, meter.totals, dict(scheduler.prefill_stats.by_prompts))
+
+
+def _handle(
+    channel: RunnerChannel,
+    context: "EngineContext",
+    scheduler: "GenerationScheduler",
+    incoming: list[RunnerRequest],
+) -> bool:
+    """Admit, cancel or stop as the supervisor asks; False once told to shut down."""
+    for request in incoming:
+        match request:
+            case RunTask(task=task):
+                with STEP_CLOCK.part("admit"):
+                    _admit(channel, context, scheduler, task)
+            case CancelTask(task_id=task_id):
+                report_cancel(channel, task_id, scheduler.cancel(task_id))
+            case Shutdown():
+                if context.prefix_cache is not None:
+                    write_snapshots_before_stopping(context.prefix_cache)
+                return False
+            case RunnerBootstrap():
+                pass
+    return True
 
 
 def _refine_while_idle(channel: RunnerChannel, planner: "MatmulPlanner") -> None:

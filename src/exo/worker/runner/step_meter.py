@@ -22,12 +22,13 @@ class StepMeter:
     def begin(self) -> None:
         STEP_CLOCK.begin()
 
-    def end(self, streams: int) -> None:
-        """Close the step begun last; `streams` requests decoded in it (0: not a decode step)."""
+    def end(self, streams: int) -> float:
+        """Close the step begun last; `streams` requests decoded in it (0: not a decode step). Returns its wall
+        time."""
         wall, parts = STEP_CLOCK.end()
-        if streams <= 0:
-            return
-        self._totals[streams] = _added(self._totals.get(streams, StepTimes()), wall, parts)
+        if streams > 0:
+            self._totals[streams] = _added(self._totals.get(streams, StepTimes()), wall, parts)
+        return wall
 
     @property
     def totals(self) -> dict[int, StepTimes]:

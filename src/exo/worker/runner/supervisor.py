@@ -86,6 +86,8 @@ class RunnerSupervisor:
         self.status: RunnerStatus = "loading"
         self.metadata: ModelMetadata | None = None
         self.step_times: dict[int, StepTimes] = {}
+        self.prefill_pieces: dict[int, int] = {}
+        """Prompt pieces the runner prefilled, by prompts fed together (as of the last task it finished)."""
         """The runner's host-overhead meter (decode-step times by requests decoding), as it last reported it."""
         self.last_error: str | None = None
         self.restarts = 0
@@ -320,6 +322,8 @@ class RunnerSupervisor:
             case TaskDone(task_id=task_id, generated_tokens=tokens, cancelled=cancelled, step_times=step_times):
                 if step_times is not None:
                     self.step_times = step_times
+                if message.prefill_pieces is not None:
+                    self.prefill_pieces = message.prefill_pieces
                 finished = self._running.pop(task_id, None)
                 if finished is not None:
                     self._count_tokens(finished, tokens)

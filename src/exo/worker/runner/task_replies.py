@@ -30,12 +30,21 @@ def send_chunks(channel: RunnerChannel, updates: Iterable["RequestUpdate"]) -> N
 
 
 def send_endings(
-    channel: RunnerChannel, updates: Iterable["RequestUpdate"], step_times: dict[int, StepTimes] | None = None
+    channel: RunnerChannel,
+    updates: Iterable["RequestUpdate"],
+    step_times: dict[int, StepTimes] | None = None,
+    prefill_pieces: dict[int, int] | None = None,
 ) -> None:
-    """The end of each task that finished, after its chunks were sent; `step_times` is the host-overhead meter."""
+    """The end of each task that finished, after its chunks were sent; `step_times` is the host-overhead meter and
+    `prefill_pieces` the prompt pieces fed so far by prompts fed together."""
     for update in updates:
         if update.done:
-            done = TaskDone(task_id=update.task_id, generated_tokens=update.generated_tokens, step_times=step_times)
+            done = TaskDone(
+                task_id=update.task_id,
+                generated_tokens=update.generated_tokens,
+                step_times=step_times,
+                prefill_pieces=prefill_pieces,
+            )
             channel.send(done)
 
 

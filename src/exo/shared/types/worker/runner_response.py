@@ -151,6 +151,9 @@ class TaskDone(FrozenModel):
     step_times: dict[int, StepTimes] | None = None
     """The runner's host-overhead meter since it started (decode-step times by requests decoding in the step), when
     the runner measures it."""
+    prefill_pieces: dict[int, int] | None = None
+    """Prompt pieces the runner prefilled since it started, by how many prompts each one fed (1: a prompt alone, more:
+    prompts admitted together and fed in one batched pass), when the runner counts them."""
 
 
 class MatmulPlanRefined(FrozenModel):

@@ -7,7 +7,8 @@ is which step each request's first token came in and what the scheduler counted,
 
 import pytest
 
-from exo.shared.types.common import TaskId
+from exo.shared.types.chunks import Chunk
+from exo.shared.types.common import TaskId, new_task_id
 from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.worker.engines.mlx.generator import group_prefill
@@ -26,6 +27,7 @@ from tests.fixtures.fixture_specs import (
 from tests.worker.engines.mlx.generator.scheduling import (
     MAX_STEPS,
     JsonBody,
+    Outcome,
     assert_ended,
     engine_context,
     run,
@@ -76,6 +78,7 @@ def test_eight_requests_arriving_together_are_prefilled_in_one_batch_and_start_t
 
     assert scheduler.prefill_stats.largest_group == 8
     assert scheduler.prefill_stats.grouped_pieces == scheduler.prefill_stats.pieces  # no prompt was fed alone
+    assert scheduler.prefill_stats.by_prompts == {8: scheduler.prefill_stats.pieces}  # what /metrics shows
     assert len(first) == 8
     assert len(set(first.values())) == 1, first  # one after another, they would start at least a step apart
 
@@ -142,6 +145,7 @@ def test_without_batching_prompts_are_still_prefilled_one_at_a_time() -> None:
 
     assert scheduler.prefill_stats.grouped_pieces == 0
     assert scheduler.prefill_stats.pieces >= 3
+    assert scheduler.prefill_stats.by_prompts == {1: scheduler.prefill_stats.pieces}
     assert all(outcome.text == GREETING_REPLY for outcome in outcomes.values())
 
 
@@ -187,3 +191,48 @@ def test_a_prompt_with_a_long_cached_prefix_is_not_grouped_with_cold_ones(monkey
     assert scheduler.prefill_stats.largest_group == 3  # the three cold prompts, not the cached follow-up
     for one in cold:
         assert assert_ended(outcomes[one.task_id]).usage.completion_tokens > 0
+
+
+def test_a_request_joining_a_running_batch_gets_its_first_token_in_the_step_its_prompt_is_in(
+    qwen: EngineContext,
+) -> None:
+    # The batch samples a newcomer's first token in the pass that joins it; it is handed out in that step, not one
+    # batch step later. A one-token request ends on it, and leaves the batch with the answer it gets alone.
+    scheduler = GenerationScheduler(qwen.loaded.model, qwen.decode)
+    running = [task(GREETING), task(GREETING)]
+    joining = [
+        task({"messages": [user("Hello! What can you do?")], "max_tokens": 24}),
+        task({"messages": [user("Hi there, who are you?")], "max_tokens": 1}),
+    ]
+    alone = {one.task_id: run_alone(qwen, _same(one)) for one in joining}
+    for one in running:
+        scheduler.admit(ChatRequest.open(qwen, one))
+    last_prefill: dict[TaskId, int] = {}
+    first: dict[TaskId, int] = {}
+    chunks: dict[TaskId, list[Chunk]] = {one.task_id: [] for one in joining}
+    admitted = False
+    for step in range(MAX_STEPS):
+        if not admitted and all(one.task_id in first for one in running):
+            for one in joining:  # the two running ones decode in a batch by now
+                scheduler.admit(ChatRequest.open(qwen, one))
+            admitted = True
+        for update in scheduler.step():
+            if update.task_id in chunks:
+                chunks[update.task_id] += update.chunks
+                if update.generated_tokens == 0:
+                    last_prefill[update.task_id] = step
+            if update.generated_tokens > 0 and update.task_id not in first:
+                first[update.task_id] = step
+        if scheduler.active == 0:
+            break
+
+    for one in joining:
+        assert first[one.task_id] > first[running[0].task_id]  # it joined a batch that was already decoding
+        assert first[one.task_id] == last_prefill[one.task_id], (first, last_prefill)
+        assert Outcome(chunks[one.task_id]).normalised() == alone[one.task_id].normalised()
+    assert assert_ended(Outcome(chunks[joining[1].task_id])).usage.completion_tokens == 1
+
+
+def _same(one: GenerationTask) -> GenerationTask:
+    """Another task with the same request (a task id is used once)."""
+    return one.model_copy(update={"task_id": new_task_id()})

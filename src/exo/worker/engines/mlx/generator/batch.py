@@ -76,10 +76,14 @@ class BatchDecoder:
             prefill_step_size=prefill_step_size,
         )
         # The long-lived batch every member is merged into: stepped without evaluating log-probabilities.
-        self._generator._generation_batch = LazyLogprobsBatch.empty(model, self._generator.sampler)  # pyright: ignore[reportPrivateUsage]
+        self._batch = LazyLogprobsBatch.empty(model, self._generator.sampler)
+        self._generator._generation_batch = self._batch  # pyright: ignore[reportPrivateUsage]
         self._uids: dict[TaskId, int] = {}
         self._task_ids: dict[int, TaskId] = {}
         self._tokens_out: dict[int, int] = {}
+        """Tokens mlx-lm's step returned per member (the first one repeats the token handed out when it joined)."""
+        self._handed_early: dict[int, int] = {}
+        """Members whose first token was handed out as they joined: the token mlx-lm's next step returns again."""
 
     def __len__(self) -> int:
         return len(self._uids)
@@ -104,16 +108,29 @@ class BatchDecoder:
 
     def step(self) -> list[tuple[TaskId, int]]:
         """One generation step (plus one prefill chunk for members still reading their prompts): each decoding
-        member's next token."""
+        member's next token, and the first token of each member that joined in this step (sampled by its joining
+        pass: handing it out now saves a newcomer a whole batch step before its first token)."""
         _, responses = self._generator.next()
         tokens: list[tuple[TaskId, int]] = []
         for response in responses:
             self._tokens_out[response.uid] += 1
+            early = self._handed_early.pop(response.uid, None)
+            if early is not None:
+                if early != response.token:
+                    raise RuntimeError(
+                        f"batch member {response.uid} was handed {early} early but sampled {response.token}"
+                    )
+                continue
             tokens.append((self._task_ids[response.uid], response.token))
+        for uid, token in self._batch.take_joined():
+            if uid in self._task_ids:
+                self._handed_early[uid] = token
+                tokens.append((self._task_ids[uid], token))
         return tokens
 
     def decoding(self, task_id: TaskId) -> bool:
-        """Whether the member has produced a token here (its prompt is behind it, its cache ends at its last token)."""
+        """Whether mlx-lm's step has returned a token for the member (its prompt is behind it, its cache ends at its
+        last token handed out)."""
         return self._tokens_out[self._uids[task_id]] > 0
 
     def remove(self, task_id: TaskId) -> RemovedMember:
@@ -121,6 +138,7 @@ class BatchDecoder:
         uid = self._uids.pop(task_id)
         del self._task_ids[uid]
         del self._tokens_out[uid]
+        self._handed_early.pop(uid, None)
         cache, tokens = self._generator.remove([uid], return_prompt_caches=True)[uid]
         return RemovedMember(cache=list(cache), fed=list(tokens))
 

@@ -7,7 +7,9 @@ Here a greedy member takes the argmax of its logits (the same token: normalizing
 a sampled member is still sampled from normalized log-probabilities (exactly as alone, `solo.py`), and each
 member's log-probabilities stay available as a lazy array: computed exactly, and only, if something evaluates it.
 A joining member's first step is still mlx-lm's own (mlx-lm builds it in a generation batch of the newcomers and
-merges that into this one): one normalization of the newcomers' rows per join, not per step.
+merges that into this one): one normalization of the newcomers' rows per join, not per step. That first step has
+already sampled each newcomer's first token when it joins; the batch keeps it (`take_joined`) so it can be handed
+out at once rather than a whole batch step later, when mlx-lm's own step returns it.
 """
 
 from typing import cast
@@ -21,6 +23,25 @@ from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 
 class LazyLogprobsBatch(GenerationBatch):
     """mlx-lm's generation batch, stepped without evaluating log-probabilities."""
+
+    _joined: list[tuple[list[int], mx.array]]
+
+    def extend(self, batch: GenerationBatch) -> None:
+        if batch.uids:
+            self._joined = [*getattr(self, "_joined", []), (list(batch.uids), cast(mx.array, batch._next_tokens))]  # pyright: ignore[reportPrivateUsage]
+        super().extend(batch)
+
+    def take_joined(self) -> list[tuple[int, int]]:
+        """Each member that joined since the last call, with its first token (already sampled by the newcomers'
+        own first step, whose forward pass this waits for); mlx-lm's next step returns the same token again."""
+        joined = getattr(self, "_joined", [])
+        self._joined = []
+        taken: list[tuple[int, int]] = []
+        for uids, tokens in joined:
+            with STEP_CLOCK.part("device"):
+                values = cast(list[int], tokens.tolist())
+            taken += zip(uids, values, strict=True)
+        return taken
 
     def _step(self) -> tuple[list[int], list[mx.array]]:
         self._current_tokens = self._next_tokens

@@ -16,7 +16,7 @@ in one member's grammar fails that member alone; a failure of the forward pass f
 """
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mlx import nn
 
@@ -54,6 +54,16 @@ class PrefillStats:
     grouped_pieces: int = 0
     """Pieces that fed two or more prompts in one pass."""
     largest_group: int = 0
+    by_prompts: dict[int, int] = field(default_factory=dict[int, int])
+    """Pieces by how many prompts each fed (1: alone)."""
+
+    def count(self, prompts: int) -> None:
+        """One piece fed `prompts` prompts."""
+        self.pieces += 1
+        self.by_prompts[prompts] = self.by_prompts.get(prompts, 0) + 1
+        if prompts > 1:
+            self.grouped_pieces += 1
+            self.largest_group = max(self.largest_group, prompts)
 
 
 @dataclass(frozen=True)
@@ -203,7 +213,7 @@ class GenerationScheduler:
             self._waiting[task_id] = _Prefilled(request, prefill.cache, fed=prefill.fed, pending=prefill.pending)
         if not fed:
             return []  # mid-piece, or nothing to prefill (the start was reported at admission)
-        self.prefill_stats.pieces += 1
+        self.prefill_stats.count(1)
         return [self._fed(task_id, request, prefill)]
 
     def _group_step(self, group: GroupPiece) -> list[RequestUpdate]:
@@ -219,9 +229,7 @@ class GenerationScheduler:
         if fed is None:
             return []
         self._group = None
-        self.prefill_stats.pieces += 1
-        self.prefill_stats.grouped_pieces += 1
-        self.prefill_stats.largest_group = max(self.prefill_stats.largest_group, len(fed))
+        self.prefill_stats.count(len(fed))
         updates: list[RequestUpdate] = []
         for task_id in fed:
             request, prefill = self._prefilling[task_id]
