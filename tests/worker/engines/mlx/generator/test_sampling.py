@@ -4,7 +4,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from mlx_lm.sample_utils import make_sampler
+from mlx_lm.sample_utils import greedy_sampler, make_sampler
 
 from exo.shared.types.tasks import PromptMessage, SamplingParams, ToolPolicy
 from exo.shared.types.tool_spec import ToolSpec
@@ -12,9 +12,12 @@ from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.chat_template import apply_chat_template
 from exo.worker.engines.mlx.generator.generate import generate_tokens
 from exo.worker.engines.mlx.generator.sampling import (
+    GREEDY,
     GREEDY_BELOW_TEMPERATURE,
     InvalidSamplingError,
     check_sampling,
+    make_request_sampler,
+    sample_rows,
     sampling_temperature,
 )
 from exo.worker.engines.mlx.loaded_model import LoadedModel
@@ -110,3 +113,24 @@ def test_the_greedy_threshold_covers_half_precision_logits(temperature: float) -
     sampler = make_sampler(temp=sampling_temperature(temperature))
     picks: set[object] = {sampler(logprobs).item() for _ in range(20)}
     assert picks == {mx.argmax(logprobs).item()}
+
+
+def test_sample_rows_picks_what_sampling_normalized_log_probabilities_picks(loaded: LoadedModel) -> None:
+    # sample_rows skips the normalization for a greedy row (the pipeline leader's and the solo decoder's rows): the
+    # tokens must be those of the normalized log-probabilities, for the fixture model's real logits and random ones.
+    prompt = apply_chat_template(loaded.tokenizer, (PromptMessage(role="user", content="Hello!"),), ToolPolicy())
+    real = loaded.model(mx.array([prompt.tokens]))[0]  # one row per prompt position
+    noise = mx.random.normal((64, real.shape[-1]), key=mx.random.key(7)) * 4.0
+    for logits in (real, noise):
+        normalized = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        greedy = _ids(sample_rows(GREEDY, logits))
+        assert greedy == _ids(greedy_sampler(normalized))
+        assert len(set(greedy)) > 1  # the control: rows that differ
+        hot = SamplingParams(temperature=HOT, top_p=0.9, seed=3)
+        drawn = _ids(sample_rows(make_request_sampler(hot), logits))
+        assert drawn == _ids(make_request_sampler(hot)(normalized))
+        assert drawn != greedy  # the control: the seeded draw is not the argmax
+
+
+def _ids(tokens: mx.array) -> list[int]:
+    return [int(token) for token in tokens.reshape(-1).tolist()]  # pyright: ignore[reportGeneralTypeIssues,reportUnknownVariableType,reportUnknownArgumentType]

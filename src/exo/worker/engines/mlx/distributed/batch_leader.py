@@ -39,6 +39,7 @@ from exo.worker.engines.mlx.distributed.task_channel import (
     send_message,
 )
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
+from exo.worker.engines.mlx.generator.sampling import sample_rows
 from exo.worker.engines.mlx.generator.scheduler import RequestUpdate
 from exo.worker.engines.mlx.loaded_model import LoadedModel
 
@@ -220,8 +221,7 @@ class PipelineBatchLeader:
             row_logits = logits[row : row + 1]
             if not request.processors.empty:
                 row_logits = request.processors(mx.array(member.fed), row_logits)
-            logprobs = row_logits - mx.logsumexp(row_logits, axis=-1, keepdims=True)
-            samples.append(request.sampler(logprobs).reshape(1))
+            samples.append(sample_rows(request.sampler, row_logits).reshape(1))  # a greedy row is not normalized
         tokens: list[int] = mx.concatenate(samples).tolist()  # pyright: ignore[reportAssignmentType] -- 1-D ids
         updates: list[RequestUpdate] = []
         for task_id, token in zip(list(self._rows.ids), tokens, strict=True):

@@ -101,3 +101,12 @@ def penalty_processors(sampling: SamplingParams) -> Sequence[LogitsProcessor]:
         presence_penalty=sampling.presence_penalty,
         frequency_penalty=sampling.frequency_penalty,
     )
+
+
+def sample_rows(sampler: Sampler, logits: mx.array) -> mx.array:
+    """The next token of each row of `logits` (processed, not normalized): a greedy sampler takes the largest logit,
+    which normalizing (subtracting one constant per row: a `logsumexp` over the vocabulary, several milliseconds per
+    row on mlx's CPU backend) would not change; any other sampler draws from the normalized log-probabilities."""
+    if sampler is GREEDY:
+        return mx.argmax(logits, axis=-1)
+    return sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))

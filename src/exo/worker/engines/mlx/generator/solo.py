@@ -21,7 +21,7 @@ from mlx_lm.generate import generation_stream
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, trim_tokens
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, PassTimes, StepCosts
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
-from exo.worker.engines.mlx.generator.sampling import GREEDY, Sampler
+from exo.worker.engines.mlx.generator.sampling import Sampler, sample_rows
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 
 DraftSource = Callable[[int], list[int]]
@@ -190,9 +190,4 @@ class SoloDecoder:
                 for position in range(len(inputs))
             ]
             logits = mx.concatenate(rows, axis=0)
-        if self._sampler is GREEDY:
-            # The likeliest token is the largest logit: normalizing first (a logsumexp over the vocabulary, several
-            # milliseconds per row on mlx's CPU backend) would not change it.
-            return mx.argmax(logits, axis=-1)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        return self._sampler(logprobs)
+        return sample_rows(self._sampler, logits)
