@@ -28,6 +28,35 @@ class LinkRow(BaseModel):
     ttft_ms: list[float]
 
 
+class StreamsAtOnce(BaseModel):
+    streams: int
+    tokens: int
+    seconds: float
+    aggregate_tokens_per_s: float
+
+
+class Prefill(BaseModel):
+    prompt_tokens: list[int]
+    ttft_s: list[float]
+    median_prompt_tokens_per_s: float
+
+
+class RankMemory(BaseModel):
+    rank: int
+    node: str
+    planned_bytes: int
+
+
+class ExtrasRow(BaseModel):
+    """Several streams at once, long prompts and planned memory, at no added delay (rig_split_extras.py)."""
+
+    extras: str
+    load_average: float
+    memory: list[RankMemory]
+    streams: StreamsAtOnce
+    prefill: Prefill
+
+
 class LinkRun(BaseModel):
     commit: str
     model: str
@@ -37,6 +66,7 @@ class LinkRun(BaseModel):
     requests: int
     load_average_end: list[float]
     rows: list[LinkRow]
+    extras: list[ExtrasRow] = []
 
 
 class SplitFigures(BaseModel):
@@ -126,8 +156,44 @@ def report(run: LinkRun, command: str, layers: int | None = None) -> list[str]:
     )
     lines.append("")
     lines += [f"- {sentence}" for sentence in findings(pipeline, tensor, single)]
+    if run.extras:
+        lines += ["", *extras_table(run.extras)]
     if layers is not None:
         lines.append(f"- {per_exchange(pipeline, tensor, single, layers)}")
+    return [*lines, ""]
+
+
+def extras_table(extras: list[ExtrasRow]) -> list[str]:
+    streams = extras[0].streams.streams
+    header = ["at +0 ms", f"{streams} streams at once, tok/s", "prompt tok/s (long prompt)", "prompt tokens"]
+    header += ["planned memory per rank (MiB)", "load"]
+    rows = [
+        [
+            row.extras,
+            f"{row.streams.aggregate_tokens_per_s:.1f} ({row.streams.tokens} tokens in {row.streams.seconds:.1f} s)",
+            f"{row.prefill.median_prompt_tokens_per_s:.0f}",
+            f"{statistics.median(row.prefill.prompt_tokens):.0f}",
+            ", ".join(f"{rank.planned_bytes / 2**20:.0f}" for rank in row.memory),
+            f"{row.load_average:.1f}",
+        ]
+        for row in extras
+    ]
+    lines = markdown_table(header, rows)
+    lines.append(
+        "Prompt tok/s = prompt tokens / time to first token (which includes one decode step), median of the "
+        "requests; each prompt new to every cache. Planned memory is what placement reserved for each rank (its "
+        "weights in float32 plus room to serve), not a measured resident size."
+    )
+    split_rows = [row for row in extras if not row.extras.startswith("1 node")]
+    if len(split_rows) >= 2:
+        best = max(split_rows, key=lambda row: row.streams.aggregate_tokens_per_s)
+        fastest_prefill = max(split_rows, key=lambda row: row.prefill.median_prompt_tokens_per_s)
+        lines += [
+            "",
+            f"- Of the splits, {best.extras} served {streams} streams fastest "
+            f"({best.streams.aggregate_tokens_per_s:.1f} tok/s) and {fastest_prefill.extras} read long prompts "
+            f"fastest ({fastest_prefill.prefill.median_prompt_tokens_per_s:.0f} tok/s).",
+        ]
     return [*lines, ""]
 
 

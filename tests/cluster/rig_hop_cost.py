@@ -34,6 +34,7 @@ from bench.stream_client import request_body, stream_chat
 from exo.api.types.openai_chat import ChatMessage
 from exo.shared.types.cluster_api import InstanceList
 from tests.cluster.netns_rig import NetnsRig, RigNode
+from tests.cluster.rig_split_extras import planned_memory, prefill, streams_at_once
 from tests.cluster.tun_link import DEVICE, MTU, TunLink
 from tests.exo_server import fixture_model
 
@@ -91,6 +92,18 @@ def _row(label: str, runs: list[StreamMeasurement]) -> dict[str, Any]:
     }
 
 
+def _extras(
+    rig: NetnsRig, asked: RigNode, alpha: RigNode, model: str, arguments: argparse.Namespace, *, label: str
+) -> dict[str, Any]:
+    """Several streams at once, long prompts and the planned memory (rig_split_extras.py), at no added delay."""
+    instance = next(item for item in _instances(rig, alpha).data if item.ready)
+    row: dict[str, Any] = {"extras": label, "load_average": os.getloadavg()[0], "memory": planned_memory(instance)}
+    row["streams"] = streams_at_once(rig, asked, model, arguments.max_tokens, arguments.streams)
+    row["prefill"] = prefill(rig, asked, model, arguments.requests)
+    print(json.dumps(row))
+    return row
+
+
 def _measure(arguments: argparse.Namespace, model_path: Path, node_count: int, parallel: str) -> list[dict[str, Any]]:
     """Rows for a `parallel` split over `node_count` nodes at each link setting, then for the model on alpha alone."""
     rig = NetnsRig(Path(tempfile.mkdtemp(prefix="exo-hop-")), "hop")
@@ -125,6 +138,10 @@ def _measure(arguments: argparse.Namespace, model_path: Path, node_count: int, p
             rows.append(_row(f"{node_count} nodes, {parallel}, +{round_trip_ms:g} ms round trip", runs))
             print(json.dumps(rows[-1]))
         link.delay_s = 0.0
+        if arguments.extras:
+            rows.append(
+                _extras(rig, rank_zero, alpha, model, arguments, label=f"{node_count} nodes, {parallel}, +0 ms")
+            )
         for rate in (text for text in arguments.rates.split(",") if text):
             _tbf(rig, rate)
             runs = _time_requests(rig, rank_zero, model, arguments.max_tokens, arguments.requests)
@@ -138,6 +155,8 @@ def _measure(arguments: argparse.Namespace, model_path: Path, node_count: int, p
             rig, alpha, model, arguments.max_tokens, arguments.requests
         )))  # fmt: skip
         print(json.dumps(rows[-1]))
+        if arguments.extras:
+            rows.append(_extras(rig, alpha, alpha, model, arguments, label=f"1 node (after the {parallel} split)"))
     finally:
         if link is not None:
             link.close()
@@ -156,6 +175,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3)
     parser.add_argument("--cluster-key", help="key every node (the ranks' sockets then run through TLS relays)")
     parser.add_argument("--parallel", default="pipeline", help="splits to time, comma-separated: pipeline, tensor")
+    parser.add_argument("--extras", action="store_true", help="also time --streams at once, long prompts, memory")
+    parser.add_argument("--streams", type=int, default=4, help="streams at once for --extras")
     parser.add_argument("--json-out", help="also write every row, the commit and the load here (JSON)")
     arguments = parser.parse_args()
     why_not = NetnsRig.unavailable()
@@ -170,7 +191,8 @@ def main() -> None:
     if arguments.json_out:
         run = {"commit": exo_commit(), "model": model_path.name, "keyed": bool(arguments.cluster_key)}
         run |= {"machine": f"{cpu_model()}, {os.cpu_count()} cores", "requests": arguments.requests}
-        run |= {"max_tokens": arguments.max_tokens, "load_average_end": list(load), "rows": rows}
+        run |= {"max_tokens": arguments.max_tokens, "load_average_end": list(load)}
+        run |= {"rows": [row for row in rows if "link" in row], "extras": [row for row in rows if "extras" in row]}
         Path(arguments.json_out).write_text(json.dumps(run, indent=1))
     keyed = "keyed (TLS)" if arguments.cluster_key else "no key (plain TCP)"
     print(f"\nexo {exo_commit()}, model {model_path.name}, {keyed}, rank 0 on the node asked")
@@ -178,6 +200,7 @@ def main() -> None:
     print("| link between the ranks | ms/token (median) | per request | vs one node | time to first token (ms) |")
     print("|---|---|---|---|---|")
     single: float | None = None
+    rows = [row for row in rows if "link" in row]
     for row in rows:
         if row["link"].startswith("1 node"):
             single = row["median_ms_per_token"]
