@@ -217,7 +217,7 @@ def findings(pipeline: SplitFigures, tensor: SplitFigures, single: LinkRow) -> l
         sentences.append(
             f"{span.capitalize()}, each added millisecond of round trip cost the {name} {slope:.1f} ms/token"
             + (
-                f" (about {slope:.0f} round trips per token)."
+                f" (about {slope:.0f} round trip{'' if round(slope) == 1 else 's'} per token)."
                 if slope > 0.5
                 else ": not resolved, the requests' spread is larger than what the delay adds."
             )

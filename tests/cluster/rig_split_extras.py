@@ -15,7 +15,7 @@ from exo.shared.types.cluster_api import PlacedInstanceView
 from tests.cluster.netns_rig import NetnsRig, RigNode
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and a short example."
-LONG_PROMPT_REPEATS = 40  # about 1,000 prompt tokens with the test models' tokenizer
+LONG_PROMPT_REPEATS = 40  # about 2,100 prompt tokens with the test models' tokenizer
 
 
 def _body(model: str, content: str, max_tokens: int) -> dict[str, object]:

@@ -1,13 +1,13 @@
 """Which split a placement gets, and why: the `auto` rule (docs/CLUSTER.md, "Which split `auto` picks").
 
 Each token of a tensor split waits for two all-sums per layer over the link and the chosen token (2L + 1
-exchanges), a pipeline's for about three whatever its depth (3.3 ms/token per added ms of round trip, measured on the
-rig); a tensor split saves compute (each rank does 1/N of every layer), which pays only where that saving is larger
-than the 2L - 2 extra exchanges. Measured on the rig with the test model (docs/PERFORMANCE.md, "Tensor against
-pipeline against one node over a slow link"), the tensor split was slower than the pipeline at every added round
-trip, +0 included, and one node faster than both. The cluster measures neither its links' round trip nor a node's
-compute per token, so `auto` does not bet on tensor: it splits by layers (and a model one node holds, with
-`min_nodes` 1, goes on one node). `parallel: "tensor"` asks for the matrix split.
+exchanges), a pipeline's for about three whatever its depth (1.4 and 3.3 ms/token per added ms of round trip in
+two runs on the rig); a tensor split saves compute (each rank does 1/N of every layer), which pays only where that
+saving is larger than the 2L - 2 extra exchanges. Measured on the rig with the test model (docs/PERFORMANCE.md,
+"Tensor against pipeline against one node over a slow link"), the tensor split was slower than the pipeline at
+every added round trip, +0 included, and one node faster than both. The cluster measures neither its links' round
+trip nor a node's compute per token, so `auto` does not bet on tensor: it splits by layers (and a model one node
+holds, with `min_nodes` 1, goes on one node). `parallel: "tensor"` asks for the matrix split.
 """
 
 from typing import Final
