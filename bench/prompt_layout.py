@@ -4,14 +4,15 @@
 1. Tool-call validity under `tool_choice: "auto"` over the tool corpus (bench/tool_corpus.py), each prompt with a
    client-like system text that names a project folder, as coding agents' do; and greedy agreement: the share of
    prompts whose reply (text and calls) is the same in both layouts.
-2. Cache reuse across folders: the first corpus prompt sent in one folder, then in another; the second request's
+2. Cache reuse across folders: the run's first prompt sent in one folder, then in another; the second request's
    cached prompt tokens in each layout (in memory, same node).
 
     uv run python -m bench.prompt_layout --model ~/.cache/exo/models/qwen2.5-coder-0.5b-instruct --out r.json
 
-`--limit N` uses the first N corpus prompts; `--minutes M` stops taking new prompts once M minutes have passed since
-the nodes were ready, and reports those measured (the report says how many of the corpus). Prints a markdown report
-with the run's commit, CPU, load and command.
+`--skip N` starts at corpus prompt N + 1 (to measure a long corpus in pieces, on fresh nodes each time; the
+pieces' counts add up); `--limit N` uses the first N prompts from there; `--minutes M` stops taking new prompts once
+M minutes have passed since the nodes were ready, and reports those measured (the report says which of the corpus).
+Prints a markdown report with the run's commit, CPU, load and command.
 """
 
 import argparse
@@ -65,9 +66,13 @@ class Report(BaseModel):
     load_at_start: tuple[float, float, float]
     model: str
     prompts: int
+    # The corpus number (from 1) of the run's first prompt: runs in pieces start further in.
+    first_prompt: int = 1
     corpus_prompts: int = len(CORPUS)
     validity: list[LayoutRow]
     same_replies: int
+    # Corpus numbers of the prompts whose replies differ between the layouts.
+    different_replies: list[int] = []
     cache: list[CacheRow]
 
 
@@ -124,7 +129,9 @@ def run(
     corpus: Sequence[ToolPrompt],
     max_tokens: int,
     command: Sequence[str],
+    *,
     minutes: float | None = None,
+    first_prompt: int = 1,
 ) -> Report:
     load_at_start = os.getloadavg()
     model = model_path.name
@@ -142,26 +149,33 @@ def run(
         # Cache first, on cold nodes: the corpus would otherwise have cached the tool block already.
         cache = [_cache_row(layout, server, model, corpus[0], max_tokens) for layout, server in servers.items()]
         replies: dict[str, list[dict[str, Any]]] = {layout: [] for layout in LAYOUTS}
-        for number, item in enumerate(corpus, 1):  # the layouts take turns per prompt, so load falls on both alike
+        # The layouts take turns per prompt, so load falls on both alike; `number` is the corpus's, as in a whole run.
+        for number, item in enumerate(corpus, first_prompt):
             if deadline is not None and time.monotonic() > deadline:
-                print(f"--minutes {minutes}: stopping after {number - 1} prompts", file=sys.stderr, flush=True)
+                print(f"--minutes {minutes}: stopping before prompt {number}", file=sys.stderr, flush=True)
                 break
             for layout, server in servers.items():
                 replies[layout].append(_chat(server, _body(model, item, f"/home/user/project-{number}", max_tokens)))
             verdicts = ", ".join(f"{layout}: {verdict(found[-1])[0]}" for layout, found in replies.items())
-            print(f"[{number}/{len(corpus)}] {verdicts}", file=sys.stderr, flush=True)
-    same = sum(
-        reply_of(first) == reply_of(second)
-        for first, second in zip(replies["template"], replies["tools-first"], strict=True)
-    )
+            print(f"[{number}/{len(CORPUS)}] {verdicts}", file=sys.stderr, flush=True)
+    different = [
+        number
+        for number, first, second in zip(
+            range(first_prompt, first_prompt + len(corpus)), replies["template"], replies["tools-first"], strict=False
+        )
+        if reply_of(first) != reply_of(second)
+    ]
+    same = len(replies["template"]) - len(different)
     return Report(
         run=section_run(command, program="uv run python -m bench.prompt_layout"),
         load_at_start=load_at_start,
         model=model,
         prompts=len(replies["template"]),
+        first_prompt=first_prompt,
         corpus_prompts=len(CORPUS),
         validity=[layout_row(layout, found) for layout, found in replies.items()],
         same_replies=same,
+        different_replies=different,
         cache=cache,
     )
 
@@ -169,21 +183,24 @@ def run(
 def markdown(report: Report) -> str:
     run = report.run
     load = " / ".join(f"{value:.1f}" for value in report.load_at_start)
+    last = report.first_prompt + report.prompts - 1
     lines = [
         f"Commit {run.exo_commit}, {run.cpu}, model {report.model}, finished {run.finished_utc}; load average {load} "
         f"at the start, {' / '.join(f'{value:.1f}' for value in run.load_average)} at the end; greedy. Command: "
         f"`{without_directories(run.command)}`.",
         "",
         f'Schema-valid calls under `tool_choice: "auto"` over {report.prompts} of the corpus\'s '
-        f"{report.corpus_prompts} prompts, each with a system text naming a project folder:",
+        f"{report.corpus_prompts} prompts (numbers {report.first_prompt}–{last}), each with a system text naming a "
+        "project folder:",
         "",
         "| Layout | valid calls | invalid calls | no call |",
         "|---|---|---|---|",
         *(f"| {row.layout} | {row.valid} | {row.invalid} | {row.no_call} |" for row in report.validity),
         "",
-        f"Same reply (text and calls) in both layouts: {report.same_replies}/{report.prompts}.",
+        f"Same reply (text and calls) in both layouts: {report.same_replies}/{report.prompts}"
+        + (f" (different: {', '.join(map(str, report.different_replies))})." if report.different_replies else "."),
         "",
-        "The first prompt in one folder, then in another (the second request):",
+        f"Prompt {report.first_prompt} in one folder, then in another (the second request):",
         "",
         "| Layout | prompt tokens | cached tokens |",
         "|---|---|---|",
@@ -197,13 +214,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--limit", type=int, help="only the first N corpus prompts (a quick look)")
+    parser.add_argument("--skip", type=int, default=0, help="start after the first N corpus prompts (runs in pieces)")
+    parser.add_argument("--limit", type=int, help="only the first N prompts from there (a quick look)")
     parser.add_argument("--minutes", type=float, help="take no new prompt after this many minutes")
     parser.add_argument("--max-tokens", type=int, default=256)
     command = list(sys.argv[1:] if argv is None else argv)
     arguments = parser.parse_args(command)
-    corpus = CORPUS[: arguments.limit] if arguments.limit else CORPUS
-    report = run(arguments.model.expanduser(), corpus, arguments.max_tokens, command, arguments.minutes)
+    if not 0 <= arguments.skip < len(CORPUS):
+        parser.error(f"--skip takes 0 to {len(CORPUS) - 1}: the corpus has {len(CORPUS)} prompts")
+    corpus = CORPUS[arguments.skip :]
+    corpus = corpus[: arguments.limit] if arguments.limit else corpus
+    report = run(
+        arguments.model.expanduser(),
+        corpus,
+        arguments.max_tokens,
+        command,
+        minutes=arguments.minutes,
+        first_prompt=arguments.skip + 1,
+    )
     if arguments.out:
         arguments.out.write_text(json.dumps(report.model_dump(mode="json"), indent=2))
     print(markdown(report))

@@ -41,5 +41,25 @@ def test_the_markdown_names_the_run_and_every_figure() -> None:
     text = markdown(report)
     assert "Commit abc1234, 2 × cpu, model m" in text
     assert "load average 4.0 / 3.0 / 2.0 at the start, 3.0 / 2.0 / 1.0 at the end" in text
+    assert "over 12 of the corpus's 43 prompts (numbers 1–12)" in text
     assert "Same reply (text and calls) in both layouts: 11/12." in text
+    assert "Prompt 1 in one folder, then in another" in text
     assert "| tools-first | 700 | 650 |" in text
+
+
+def test_a_run_in_pieces_names_the_corpus_prompts_it_measured() -> None:
+    report = Report(
+        run=SectionRun(exo_commit="abc1234", cpu="c", load_average=(1.0, 1.0, 1.0), command="c", finished_utc="t"),
+        load_at_start=(1.0, 1.0, 1.0),
+        model="m",
+        prompts=20,
+        first_prompt=14,
+        validity=[layout_row("template", []), layout_row("tools-first", [])],
+        same_replies=19,
+        different_replies=[22],
+        cache=[],
+    )
+    text = markdown(report)
+    assert "over 20 of the corpus's 43 prompts (numbers 14–33)" in text
+    assert "Same reply (text and calls) in both layouts: 19/20 (different: 22)." in text
+    assert "Prompt 14 in one folder, then in another" in text
