@@ -2,7 +2,13 @@
 
 import pytest
 
-from exo.worker.runner.arrival_window import FIRST_STEP_SECONDS, MAX_SECONDS, MIN_SECONDS, ArrivalWindow
+from exo.worker.runner.arrival_window import (
+    FIRST_STEP_SECONDS,
+    MAX_SECONDS,
+    MAX_TOTAL_SECONDS,
+    MIN_SECONDS,
+    ArrivalWindow,
+)
 
 
 def test_before_any_step_the_window_is_the_first_guess() -> None:
@@ -30,3 +36,11 @@ def test_the_window_stays_within_its_bounds(step: float, expected: float) -> Non
     window = ArrivalWindow()
     window.record_step(step)
     assert window.seconds == expected
+
+
+def test_each_arrival_opens_the_window_again_up_to_the_total_bound() -> None:
+    window = ArrivalWindow()
+    window.record_step(0.02)
+    assert window.deadline(100.0, 100.0) == pytest.approx(100.02)  # a lone request waits one step
+    assert window.deadline(100.0, 100.05) == pytest.approx(100.07)  # one that came on time extends it
+    assert window.deadline(100.0, 100.09) == pytest.approx(100.0 + MAX_TOTAL_SECONDS)  # never past the bound

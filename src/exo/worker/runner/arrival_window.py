@@ -5,7 +5,8 @@ Clients that send several requests at once reach the runner spread over some mil
 parsing and chat template first). A request admitted alone at an idle runner is prefilled and decoded a step before
 the ones right behind it are even read, and those then wait for that step and their own prefill: the last one's
 first token comes one prefill and one step after the first one's. Waiting up to about one decode step for the rest
-costs a lone request at most that step, and lets a burst start together.
+costs a lone request at most that step, and lets a burst start together. Each arrival within the window opens it
+again (a burst keeps coming in for longer than one step under load), up to `MAX_TOTAL_SECONDS` after the first.
 
 The window is measured against the runner's own recent decode steps (a step of one request alone), bounded on both
 sides: at least `MIN_SECONDS`, so a burst still coalesces before anything was measured or where a step takes
@@ -16,6 +17,8 @@ from typing import Final
 
 MIN_SECONDS: Final = 0.002
 MAX_SECONDS: Final = 0.05
+MAX_TOTAL_SECONDS: Final = 0.1
+"""The longest the first request of a burst waits for the rest, however long they keep arriving."""
 FIRST_STEP_SECONDS: Final = 0.01
 """The window before any lone decode step was measured."""
 SMOOTHING: Final = 0.2
@@ -32,6 +35,11 @@ class ArrivalWindow:
         """A decode step in which one request decoded took `seconds`."""
         previous = self._step_seconds
         self._step_seconds = seconds if previous is None else previous + SMOOTHING * (seconds - previous)
+
+    def deadline(self, first: float, last: float) -> float:
+        """When to stop reading arrivals (monotonic time): one window after the `last` arrival, at most
+        `MAX_TOTAL_SECONDS` after the `first`."""
+        return min(last + self.seconds, first + MAX_TOTAL_SECONDS)
 
     @property
     def seconds(self) -> float:

@@ -171,10 +171,12 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
             return
         if idle and scheduler.active > 0 and context.decode.batch_size > 1:
             # The first request at an idle runner: admit the ones sent with it before anything is prefilled.
-            deadline = time.monotonic() + window.seconds
+            first = time.monotonic()
+            deadline = window.deadline(first, first)
             while (left := deadline - time.monotonic()) > 0 and channel.poll(left):
                 if not _handle(channel, context, scheduler, _incoming(channel, wait=False)):
                     return
+                deadline = window.deadline(first, time.monotonic())
         decoding = scheduler.decoding
         try:
             updates = scheduler.step()
