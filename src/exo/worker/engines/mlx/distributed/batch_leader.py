@@ -272,8 +272,7 @@ class PipelineBatchLeader:
             request.fail(error)
             crashed = ErrorChunk(
                 error="runner_crashed",
-                message=f"a rank of this model's pipeline stopped answering ({self.broken}); the pipeline is being "
-                "restarted",
+                message=f"a rank of this split model stopped answering ({self.broken}); its ranks are being restarted",
             )
             updates.append(
                 RequestUpdate(request.task_id, [crashed], done=True, generated_tokens=len(request.generated))
