@@ -231,3 +231,20 @@ def local_cluster(work_dir: Path, cluster_name: str) -> Generator[LocalCluster]:
         yield cluster
     finally:
         cluster.stop_all()
+
+
+def crash_mid_stream(
+    cluster: LocalCluster, asked: ClusterNode, victim: ClusterNode, body: dict[str, Any]
+) -> tuple[list[str], float]:
+    """Stream `body` from `asked`, kill `victim` once text flows, and read the stream to its end: its data events
+    and how long after the kill it ended."""
+    with httpx.stream("POST", f"{asked.base_url}/v1/chat/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        for line in lines:
+            if '"content":"' in line and '"content":""' not in line:
+                break  # every rank is generating
+        cluster.crash(victim)
+        killed_at = time.monotonic()
+        events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+        return events, time.monotonic() - killed_at

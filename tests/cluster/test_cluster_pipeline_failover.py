@@ -7,7 +7,6 @@ other than alpha (which holds the files and asks for the placement) is killed wh
 """
 
 import json
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -15,7 +14,7 @@ import psutil
 import pytest
 
 from exo.shared.types.cluster_api import PlacedInstanceView
-from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
+from tests.cluster.local_cluster import ClusterNode, LocalCluster, crash_mid_stream, local_cluster
 from tests.fixtures.endless_model import MODEL, endless_copy
 from tests.fixtures.fixture_specs import user
 
@@ -66,16 +65,7 @@ def test_a_killed_rank_node_fails_the_stream_once_and_the_model_is_placed_on_the
     old_ranks = [pid for node in survivors for pid in _rank_processes(node)]
     assert old_ranks
     body = {"model": MODEL, "messages": [user("Hello!")], "max_tokens": 3000, "stream": True}
-    with httpx.stream("POST", f"{alpha.base_url}/v1/chat/completions", json=body, timeout=120) as response:
-        assert response.status_code == 200
-        lines = response.iter_lines()
-        for line in lines:
-            if '"content":"' in line and '"content":""' not in line:
-                break  # the pipeline is generating
-        cluster.crash(victim)
-        killed_at = time.monotonic()
-        events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
-        ended_after = time.monotonic() - killed_at
+    events, ended_after = crash_mid_stream(cluster, alpha, victim, body)
     assert events[-1] == "[DONE]"
     errors = [json.loads(event)["error"] for event in events[:-1] if '"error"' in event]
     assert len(errors) == 1, events[-5:]

@@ -8,14 +8,13 @@ tensor split needs every rank (two all-sums per layer), so the survivor's rank n
 """
 
 import json
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from exo.shared.types.cluster_api import PlacedInstanceView
-from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
+from tests.cluster.local_cluster import ClusterNode, LocalCluster, crash_mid_stream, local_cluster
 from tests.fixtures.endless_model import MODEL, endless_copy
 from tests.fixtures.fixture_specs import user
 
@@ -48,16 +47,7 @@ def test_a_stream_on_a_tensor_split_whose_other_node_dies_ends_with_an_error_wit
     assert (split.parallel, split.parallel_reason) == ("tensor", "tensor asked for")
     beta_rank = next(rank.rank for rank in split.ranks if rank.node_id == beta.node_id)
     body = {"model": MODEL, "messages": [user("Hello!")], "max_tokens": 3000, "stream": True}
-    with httpx.stream("POST", f"{alpha.base_url}/v1/chat/completions", json=body, timeout=120) as response:
-        assert response.status_code == 200
-        lines = response.iter_lines()
-        for line in lines:
-            if '"content":"' in line and '"content":""' not in line:
-                break  # both ranks are generating
-        cluster.crash(beta)
-        killed_at = time.monotonic()
-        events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
-        ended_after = time.monotonic() - killed_at
+    events, ended_after = crash_mid_stream(cluster, alpha, beta, body)
     assert events[-1] == "[DONE]"
     errors = [json.loads(event)["error"] for event in events[:-1] if '"error"' in event]
     assert len(errors) == 1, events[-5:]
