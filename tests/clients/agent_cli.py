@@ -8,7 +8,7 @@ to nothing but exo. Both print one JSON event per line, parsed into `CliRun`.
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -66,9 +66,15 @@ def isolated_environment(home: Path, extra: dict[str, str]) -> dict[str, str]:
 
 
 def run_cli(
-    arguments: Sequence[str], project: Path, environment: dict[str, str], timeout: float, stdin_text: str | None = None
+    arguments: Sequence[str],
+    project: Path,
+    environment: dict[str, str],
+    timeout: float,
+    stdin_text: str | None = None,
+    *,
+    stop_when: Callable[[], bool] | None = None,
 ) -> CliRun:
-    output = run_headless(arguments, project, environment, timeout, stdin_text)
+    output = run_headless(arguments, project, environment, timeout, stdin_text, stop_when=stop_when)
     events: list[dict[str, JsonValue]] = []
     for line in output.stdout.splitlines():
         try:
@@ -153,8 +159,10 @@ def run_codex(
     prompt: str,
     timeout: float,
     stream_idle_timeout_ms: int | None = None,
+    stop_when: Callable[[], bool] | None = None,
 ) -> CliRun:
-    """`codex exec --json <prompt>` against exo, its sandbox off (the project is a throwaway test folder)."""
+    """`codex exec --json <prompt>` against exo, its sandbox off (the project is a throwaway test folder); stopped
+    after `timeout` s or once `stop_when` says so."""
     codex_home = home / ".codex"
     codex_home.mkdir(parents=True, exist_ok=True)
     instructions = codex_home / "instructions.md"
@@ -171,4 +179,4 @@ def run_codex(
         "--dangerously-bypass-approvals-and-sandbox",
         prompt if in_argument else "-",
     ]
-    return run_cli(arguments, project, environment, timeout, None if in_argument else prompt)
+    return run_cli(arguments, project, environment, timeout, None if in_argument else prompt, stop_when=stop_when)

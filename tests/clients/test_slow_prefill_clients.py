@@ -31,7 +31,7 @@ import pytest
 from exo.api.answer_stream import KEEP_ALIVE_SECONDS
 from exo.conformance.json_view import JsonMapping, as_object
 from exo.worker.engines.mlx.generator.prefill import SLOW_PREFILL_VARIABLE
-from tests.api.test_long_prefill_streams import CONTEXT_LENGTH, prompt_text
+from tests.api.test_long_prefill_streams import CONTEXT_LENGTH, prompt_text, running_tasks
 from tests.clients.agent_cli import CliRun, run_claude_code, run_codex
 from tests.clients.installed import require_client
 from tests.clients.opencode_client import provider_config, run_opencode
@@ -52,7 +52,9 @@ CODEX_IDLE_TIMEOUT_MS = int(KEEP_ALIVE_SECONDS * 1000) + 5000
 # tokens, so about 37 s in all, past CODEX_IDLE_TIMEOUT_MS).
 PROMPT_SENTENCES = 300
 SECONDS_PER_TOKEN = 2 * KEEP_ALIVE_SECONDS / (PROMPT_SENTENCES * 11)
-# Codex asks for no output limit, so it is stopped after this long: well past its prefill, the answer begun.
+# Codex asks for no output limit, so it is stopped once it has read the answer for this long (the node's /state
+# shows the request decoding), or at the latest after CODEX_RUN_SECONDS.
+CODEX_READS_ANSWER_SECONDS = 3.0
 CODEX_RUN_SECONDS = 120.0
 CLI_TIMEOUT_SECONDS = 280.0
 # A stopped client's request is logged once the node notices the closed connection and the runner ends it.
@@ -179,8 +181,15 @@ def test_codex_reads_keep_alive_events_through_a_prefill_longer_than_its_idle_ti
     project.mkdir()
     home.mkdir()
     before = len(request_lines(node, "responses", LONG_MODEL))
-    # Codex asks for no output limit, so the fixture would write until its context is full: Codex is stopped after
-    # CODEX_RUN_SECONDS, well past the prefill, and the node logs its request as cancelled then.
+    # Codex asks for no output limit, so the fixture would write until its context is full: Codex is stopped once
+    # it has read the answer for CODEX_READS_ANSWER_SECONDS, past the prefill, and the node logs its request then.
+    decoding_since: list[float] = []
+
+    def read_the_answer_a_while() -> bool:
+        if not decoding_since and any(task.get("phase") == "decode" for task in running_tasks(node)):
+            decoding_since.append(time.monotonic())
+        return bool(decoding_since) and time.monotonic() - decoding_since[0] >= CODEX_READS_ANSWER_SECONDS
+
     run = run_codex(
         codex,
         project,
@@ -190,6 +199,7 @@ def test_codex_reads_keep_alive_events_through_a_prefill_longer_than_its_idle_ti
         prompt=prompt_text("codex", PROMPT_SENTENCES),
         timeout=CODEX_RUN_SECONDS,
         stream_idle_timeout_ms=CODEX_IDLE_TIMEOUT_MS,
+        stop_when=read_the_answer_a_while,
     )
     # The node logs the request when it ends: here when it notices that Codex, stopped, closed the connection, a
     # moment after `run_codex` returns (reading the log at once found no line in a full CI run).
