@@ -113,7 +113,7 @@ def _assert_plausible(series: dict[tuple[str, str, str], float]) -> None:
         assert device > 0, f"{streams} streams: every decode step waits for the model"
         assert device + prefill + sum(host.values()) <= wall * 1.001 + 1e-6, f"{streams} streams: parts exceed steps"
         assert sum(host.values()) >= 0.0
-        for part in ("detokenize", "parse", "send", "loop"):
+        for part in ("graph", "detokenize", "parse", "send", "loop"):
             assert host.get(part, 0.0) > 0, f"{streams} streams: no time in {part} ({host})"
         # Every part of a step is a share of a real step: none alone takes longer than the steps themselves.
         assert all(value <= wall for value in host.values())

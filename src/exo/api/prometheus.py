@@ -114,7 +114,8 @@ class _StateCollector:
         )
         host = CounterMetricFamily(
             "exo_decode_step_host_seconds",
-            "Host overhead in those steps (the rest of their time), by part: messages, admit, launch (mx.async_eval), "
+            "Host overhead in those steps (the rest of their time), by part: messages, admit, graph (building the "
+            "forward pass in Python), launch (mx.async_eval), "
             "processors (grammar masks, penalties), detokenize, parse (tool calls, reasoning, stops), send (runner to "
             "API), loop",
             labels=[*labels, "part"],

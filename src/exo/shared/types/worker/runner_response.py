@@ -125,8 +125,9 @@ class StepTimes(FrozenModel):
     prefill_seconds: float = 0.0
     """Prompt pieces of other requests fed in these steps: model work, not overhead of the decoding ones."""
     host_seconds: dict[str, float] = Field(default_factory=dict[str, float])
-    """The host's own work by part: messages, processors, detokenize, parse, send, and loop (the rest: scheduling,
-    building the forward pass, sampling setup). Their sum is step - device - prefill."""
+    """The host's own work by part: messages, admit, graph (building the forward pass in Python), launch,
+    processors, detokenize, parse, send, and loop (the rest: scheduling, bookkeeping). Their sum is step - device -
+    prefill."""
 
     @property
     def host_total_seconds(self) -> float:

@@ -3,7 +3,7 @@
 The serving loop opens a step; code along the step marks what it does (`with STEP_CLOCK.part("send"):`) and the
 step's time is split among the parts. Parts nest exclusively: time inside an inner part counts for it alone (a
 grammar waiting for the sampled token it must consume counts that wait as "device", not "processors"). Time in no
-part at all is the loop's own: scheduling, building the forward pass's graph, sampling setup.
+part at all is the loop's own: scheduling, bookkeeping, sampling setup.
 
 "device" is time the host thread is blocked waiting for the model's evaluation; everything else is host work. The
 runner runs one serving loop on one thread, so one clock per process is enough (`STEP_CLOCK`).
@@ -14,9 +14,13 @@ from collections.abc import Generator
 from contextlib import contextmanager
 from typing import Final, Literal
 
-StepPart = Literal["device", "prefill", "messages", "admit", "launch", "processors", "detokenize", "parse", "send"]
+StepPart = Literal[
+    "device", "prefill", "messages", "admit", "graph", "launch", "processors", "detokenize", "parse", "send"
+]
 """device: waiting on the model's evaluation. prefill: feeding prompt pieces (model work, not per-token overhead).
-messages: reading the supervisor's messages. admit: opening a new request (its prompt, its grammar). launch: in
+messages: reading the supervisor's messages. admit: opening a new request (its prompt, its grammar). graph: building the
+next forward pass and its sampling as mlx's lazy graph in Python (a call per layer; mlx-lm's own loop does the same
+work, and on an accelerator it overlaps the pass before). launch: in
 `mx.async_eval`, starting the next forward pass (on mlx's CPU backend this call can itself run much of the pass before
 it returns: a batched step measured so, with almost no wait left after it). processors:
 grammar masks and penalties. detokenize: token ids to text. parse: the rest of turning tokens into chunks (tool

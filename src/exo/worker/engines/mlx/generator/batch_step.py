@@ -48,7 +48,8 @@ class LazyLogprobsBatch(GenerationBatch):
         self._current_logprobs = self._next_logprobs
         inputs = cast(mx.array, self._current_tokens)
 
-        logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+        with STEP_CLOCK.part("graph"):
+            logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
         token_context: list[mx.array] = []
         member_processors = self.logits_processors or []
         if any(member_processors):
@@ -64,9 +65,10 @@ class LazyLogprobsBatch(GenerationBatch):
                 rows.append(row)
             logits = mx.concatenate(rows, axis=0)
 
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # lazy: evaluated only if read
-        self._next_tokens = _sample(self._samplers(), logits, logprobs)
-        self._next_logprobs = [logprobs[index] for index in range(len(self.uids))]
+        with STEP_CLOCK.part("graph"):
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # lazy: evaluated only if read
+            self._next_tokens = _sample(self._samplers(), logits, logprobs)
+            self._next_logprobs = [logprobs[index] for index in range(len(self.uids))]
         with STEP_CLOCK.part("launch"):
             mx.async_eval(self._next_tokens, token_context)
         with STEP_CLOCK.part("device"):

@@ -102,7 +102,7 @@ class SoloDecoder:
         forced = self._forced(draft_limit)
         inputs = [*self.pending, *(forced or self._draft(draft_limit))]
         started = time.perf_counter()
-        with mx.stream(generation_stream):
+        with mx.stream(generation_stream), STEP_CLOCK.part("graph"):
             logits = self._model(mx.array(inputs)[None], cache=self.cache)[0]
             samples = self._sample(inputs, logits)
         with STEP_CLOCK.part("launch"):
