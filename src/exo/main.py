@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="how a model placed over several nodes (--min-nodes 2 or more) is split: by layers (pipeline), by "
         "matrices, every node running every layer with a share of its heads (tensor), or auto (the master's "
-        "rule: by layers, since a tensor split waits on the link twice per layer; docs/CLUSTER.md); default auto",
+        "rule: by layers, since a tensor split waits on the link twice per layer; docs/CLUSTER.md); default auto. It "
+        "applies to every --model here; POST /v1/cluster/instances places one model with its own choice",
     )
     parser.add_argument(
         "--models-dir", type=Path, help="where downloaded/imported models live (default $EXO_HOME/models)"

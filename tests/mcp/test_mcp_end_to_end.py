@@ -24,7 +24,7 @@ from tests.mcp.mcp_clients import TRANSPORTS, McpTransport, exo_mcp_client, text
 MODEL = "tiny-qwen-tools"
 API_KEY = "mcp-test-key"
 READ_ONLY_TOOLS = {"exo_status", "exo_list_models", "exo_run_model"}
-CHANGING_TOOLS = {"exo_download_model"}
+CHANGING_TOOLS = {"exo_download_model", "exo_place_model"}
 
 both_transports = pytest.mark.parametrize("transport", TRANSPORTS)
 

@@ -30,8 +30,10 @@ from exo.shared.types.cluster_api import (
     ClusterNodeList,
     ClusterSummary,
     DiscoveryReport,
+    InstanceRequest,
     PeerConnection,
     PeerRequest,
+    PlacedInstanceView,
 )
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.state import State
@@ -126,6 +128,11 @@ class NodeClient:
     async def discover(self) -> DiscoveryReport:
         """Have the node scan for other nodes once."""
         return _parsed(await self._request("POST", "/v1/cluster/discover"), DiscoveryReport)
+
+    async def place_instance(self, request: InstanceRequest) -> PlacedInstanceView:
+        """Place a model over at least `request.min_nodes` nodes, split as `request.parallel` says."""
+        body = request.model_dump(mode="json")
+        return _parsed(await self._request("POST", "/v1/cluster/instances", body), PlacedInstanceView)
 
     async def catalog(self) -> NodeCatalog:
         """The models the node can fetch, which it has downloaded, and the memory each needs there."""

@@ -33,9 +33,11 @@ from exo.mcp.metrics import DEFAULT_SAMPLE_SECONDS, PerformanceMetrics, describe
 from exo.mcp.models import ModelsResult, describe_download, download_model, list_models
 from exo.mcp.node_client import NodeApiError, NodeClient, NodeUnreachableError
 from exo.mcp.peers import Discovery, add_peer, describe_discovery, describe_peer, discover
+from exo.mcp.placement import describe_placement, place_model
 from exo.mcp.status import StatusResult, status
 from exo.models.catalog_api import DownloadDone
-from exo.shared.types.cluster_api import ClusterNode, ClusterNodeList, PeerConnection
+from exo.shared.types.cluster_api import ClusterNode, ClusterNodeList, PeerConnection, PlacedInstanceView
+from exo.shared.types.worker.shards import ParallelChoice
 
 INSTRUCTIONS = (
     "Tools to look after an exo cluster (LLM inference on MLX across machines): check that exo is up, read its "
@@ -170,6 +172,25 @@ def build_server(client: NodeClient) -> MCPServer:
         MLX (gigabytes of disk; minutes), sending progress notifications as it goes. Returns where it landed; an
         already downloaded model returns at once."""
         return await _answer(download_model(client, model, context.report_progress), describe_download)
+
+    @_tool(server, "exo_place_model", _changes("Place a model over exo nodes", idempotent=True))
+    async def exo_place_model(
+        model: Annotated[str, Field(description="a model id or path the node asked can prepare (see exo_list_models)")],
+        min_nodes: Annotated[int, Field(ge=1, description="split the model over at least this many nodes")] = 1,
+        parallel: Annotated[
+            ParallelChoice,
+            Field(
+                description="pipeline: by layers; tensor: by matrices, every node running every layer with a share "
+                "of its heads; auto: the master's rule (by layers)"
+            ),
+        ] = "auto",
+    ) -> Annotated[CallToolResult, PlacedInstanceView]:
+        """Changes the cluster: places a model over at least `min_nodes` nodes by their free memory (as POST
+        /v1/cluster/instances does) and keeps it placed as nodes come and go; it loads in the background. Returns
+        the instance: its split (`parallel`) and why (`parallel_reason`), and each rank's node and layers. Placing
+        the same model again with the same choice returns the instance already placed. An error result names the
+        nodes' free memory when it fits nowhere, or the head counts when a tensor split does not divide them."""
+        return await _answer(place_model(client, model, min_nodes, parallel), describe_placement)
 
     @_tool(
         server,
