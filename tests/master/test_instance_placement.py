@@ -4,49 +4,21 @@ the refusal naming the memory, and the instance's life in the state (placed, vie
 import pytest
 
 from exo.api.cluster_views import placed_instance_view
-from exo.master.instance_placement import place_instance
 from exo.master.pipeline_placement import (
     RUNTIME_OVERHEAD_BYTES,
     RUNTIME_OVERHEAD_FRACTION,
     PlacementError,
     rank_need,
 )
-from exo.shared.types.common import CommandId, InstanceId, ModelId
+from exo.shared.types.common import InstanceId
 from exo.shared.types.events import InstancePlaced, InstanceRemoved, NodeDown
-from exo.shared.types.footprint import ModelFootprint
-from exo.shared.types.instances import PlaceInstance
+from tests.master.placement_builders import FOOTPRINT, nodes_free, place, place_request
 from tests.shared.state_builders import NODE_A, NODE_B, NODE_C, fold, reported
-
-# 8 layers of 100 M parameters and 100 M shared: 0.37 GiB a layer in float32.
-FOOTPRINT = ModelFootprint(
-    layer_parameters=(100_000_000,) * 8,
-    shared_parameters=100_000_000,
-    layer_file_bytes=(200_000_000,) * 8,
-    shared_file_bytes=200_000_000,
-)
-
-
-def _request(min_nodes: int) -> PlaceInstance:
-    return PlaceInstance(
-        request_id=CommandId("r1"),
-        model_id=ModelId("model-x"),
-        min_nodes=min_nodes,
-        footprint=FOOTPRINT,
-        files_from=NODE_A,
-    )
-
-
-def _ports(count: int) -> list[int]:
-    return list(range(21000, 21000 + count))
 
 
 def test_an_instance_over_two_nodes_gets_layers_by_memory_and_ring_addresses_by_rank() -> None:
-    state = fold(
-        (reported(NODE_A, available_gib=2), NODE_A),
-        (reported(NODE_B, available_gib=6), NODE_B),
-        (reported(NODE_C, available_gib=1), NODE_C),
-    )
-    instance = place_instance(state, _request(2), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    state = nodes_free((NODE_A, 2), (NODE_B, 6), (NODE_C, 1))
+    instance = place(state, place_request(2))
     # The two nodes with most memory; rank 0 (the last layers) on the one with most.
     assert [rank.node_id for rank in instance.ranks] == [NODE_B, NODE_A]
     assert [(rank.start_layer, rank.end_layer) for rank in instance.ranks] == [(2, 8), (0, 2)]
@@ -60,9 +32,9 @@ def test_an_instance_over_two_nodes_gets_layers_by_memory_and_ring_addresses_by_
 
 
 def test_a_model_that_fits_nowhere_is_refused_with_the_memory_needed_and_available() -> None:
-    state = fold((reported(NODE_A, available_gib=0.5), NODE_A), (reported(NODE_B, available_gib=0.5), NODE_B))
+    state = nodes_free((NODE_A, 0.5), (NODE_B, 0.5))
     with pytest.raises(PlacementError) as refused:
-        place_instance(state, _request(2), InstanceId("i1"), now=5.0, draw_ports=_ports)
+        place(state, place_request(2))
     message = str(refused.value)
     assert "needs 3." in message
     assert f"{NODE_A} 0.50 GiB" in message
@@ -75,9 +47,9 @@ def test_placement_plans_the_dtype_a_cpu_node_publishes_it_loads() -> None:
     only."""
     auto = fold((reported(NODE_A, available_gib=3, cpu_kernels="auto"), NODE_A))
     with pytest.raises(PlacementError, match=r"needs 3\.94 GiB"):
-        place_instance(auto, _request(1), InstanceId("i1"), now=5.0, draw_ports=_ports)
+        place(auto, place_request(1))
     off = fold((reported(NODE_A, available_gib=3, cpu_kernels="off"), NODE_A))
-    instance = place_instance(off, _request(1), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    instance = place(off, place_request(1))
     assert off.nodes[NODE_A].facts.cpu_kernels == "off"
     stored = FOOTPRINT.total_bytes(weights="stored")
     assert [rank.planned_bytes for rank in instance.ranks] == [rank_need(FOOTPRINT, 0, 8, weights="stored")]
@@ -89,7 +61,7 @@ def test_placement_plans_int8_weights_from_a_node_started_with_cpu_weights_int8(
     3.94 GiB in float32; under `--cpu-kernels off` the setting does not apply (stored bytes)."""
     int8 = fold((reported(NODE_A, available_gib=3, cpu_weights="int8"), NODE_A))
     assert int8.nodes[NODE_A].facts.weights_in_memory == "int8"
-    instance = place_instance(int8, _request(1), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    instance = place(int8, place_request(1))
     assert [rank.planned_bytes for rank in instance.ranks] == [rank_need(FOOTPRINT, 0, 8, weights="int8")]
     assert instance.ranks[0].planned_bytes < rank_need(FOOTPRINT, 0, 8, weights="stored")
     off = fold((reported(NODE_A, available_gib=3, cpu_kernels="off", cpu_weights="int8"), NODE_A))
@@ -103,12 +75,12 @@ def test_a_node_that_is_down_is_not_placed_on() -> None:
         (NodeDown(node_id=NODE_B, reason="left"), NODE_A),
     )
     with pytest.raises(PlacementError, match="only 1 are up"):
-        place_instance(state, _request(2), InstanceId("i1"), now=5.0, draw_ports=_ports)
+        place(state, place_request(2))
 
 
 def test_an_instance_is_in_the_state_until_removed_and_its_view_names_each_rank() -> None:
-    state = fold((reported(NODE_A, available_gib=4), NODE_A), (reported(NODE_B, available_gib=4), NODE_B))
-    instance = place_instance(state, _request(2), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    state = nodes_free((NODE_A, 4), (NODE_B, 4))
+    instance = place(state, place_request(2))
     placed = fold((InstancePlaced(instance=instance), NODE_A), start=state)
     view = placed_instance_view(placed, placed.instances[InstanceId("i1")])
     assert (view.world_size, view.ready, view.files_from) == (2, False, NODE_A)

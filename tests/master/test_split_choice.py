@@ -5,7 +5,6 @@ fits on one node says so. The reason reaches `/v1/cluster/instances`."""
 import pytest
 
 from exo.api.cluster_views import placed_instance_view
-from exo.master.instance_placement import place_instance
 from exo.master.split_choice import (
     PIPELINE_ROUND_TRIPS_PER_TOKEN,
     SplitChoice,
@@ -13,38 +12,10 @@ from exo.master.split_choice import (
     placement_reason,
     tensor_round_trips_per_token,
 )
-from exo.shared.types.common import CommandId, InstanceId, ModelId
 from exo.shared.types.events import InstancePlaced
-from exo.shared.types.footprint import ModelFootprint
-from exo.shared.types.instances import PlaceInstance
 from exo.shared.types.worker.shards import ParallelChoice, Parallelism
-from tests.shared.state_builders import NODE_A, NODE_B, fold, reported
-
-# 8 layers of 100 M parameters and 100 M shared (0.37 GiB each in float32); 8 heads, 2 KV heads.
-FOOTPRINT = ModelFootprint(
-    layer_parameters=(100_000_000,) * 8,
-    shared_parameters=100_000_000,
-    layer_file_bytes=(200_000_000,) * 8,
-    shared_file_bytes=200_000_000,
-    attention_heads=8,
-    kv_heads=2,
-    mlp_width=4096,
-)
-
-
-def _place(min_nodes: int, parallel: ParallelChoice) -> PlaceInstance:
-    return PlaceInstance(
-        request_id=CommandId("r1"),
-        model_id=ModelId("model-x"),
-        min_nodes=min_nodes,
-        footprint=FOOTPRINT,
-        files_from=NODE_A,
-        parallel=parallel,
-    )
-
-
-def _ports(count: int) -> list[int]:
-    return list(range(21000, 21000 + count))
+from tests.master.placement_builders import FOOTPRINT, nodes_free, place, place_request
+from tests.shared.state_builders import NODE_A, NODE_B, fold
 
 
 @pytest.mark.parametrize("asked", ["pipeline", "tensor"])
@@ -64,8 +35,8 @@ def test_auto_splits_by_layers_and_says_what_a_tensor_split_would_wait_for() -> 
 
 
 def test_an_auto_placement_over_two_nodes_is_a_pipeline_whose_view_says_why() -> None:
-    state = fold((reported(NODE_A, available_gib=4), NODE_A), (reported(NODE_B, available_gib=4), NODE_B))
-    instance = place_instance(state, _place(2, "auto"), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    state = nodes_free((NODE_A, 4), (NODE_B, 4))
+    instance = place(state, place_request(2, "auto"))
     assert instance.parallel == "pipeline"
     assert instance.peers is not None
     assert instance.peers.parallel == "pipeline"
@@ -75,15 +46,15 @@ def test_an_auto_placement_over_two_nodes_is_a_pipeline_whose_view_says_why() ->
 
 
 def test_a_tensor_placement_says_it_was_asked_for() -> None:
-    state = fold((reported(NODE_A, available_gib=4), NODE_A), (reported(NODE_B, available_gib=4), NODE_B))
-    instance = place_instance(state, _place(2, "tensor"), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    state = nodes_free((NODE_A, 4), (NODE_B, 4))
+    instance = place(state, place_request(2, "tensor"))
     assert (instance.parallel, instance.parallel_reason) == ("tensor", "tensor asked for")
 
 
 @pytest.mark.parametrize("asked", ["auto", "tensor"])
 def test_a_model_one_node_holds_goes_on_one_node_and_says_so(asked: ParallelChoice) -> None:
-    state = fold((reported(NODE_A, available_gib=8), NODE_A), (reported(NODE_B, available_gib=8), NODE_B))
-    instance = place_instance(state, _place(1, asked), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    state = nodes_free((NODE_A, 8), (NODE_B, 8))
+    instance = place(state, place_request(1, asked))
     assert len(instance.ranks) == 1
     assert instance.peers is None
     reason = instance.parallel_reason

@@ -5,48 +5,19 @@ counts. `auto` keeps the pipeline split."""
 import pytest
 
 from exo.api.cluster_views import placed_instance_view
-from exo.master.instance_placement import place_instance
 from exo.master.pipeline_placement import RUNTIME_OVERHEAD_BYTES, RUNTIME_OVERHEAD_FRACTION, PlacementError
 from exo.master.tensor_placement import IndivisibleHeadsError, tensor_rank_need
 from exo.models.footprint import read_footprint
-from exo.shared.types.common import CommandId, InstanceId, ModelId, NodeId
+from exo.shared.types.common import NodeId
 from exo.shared.types.events import InstancePlaced
-from exo.shared.types.footprint import ModelFootprint
-from exo.shared.types.instances import PlaceInstance
-from exo.shared.types.worker.shards import ParallelChoice
 from tests.exo_server import fixture_model
-from tests.shared.state_builders import NODE_A, NODE_B, NODE_C, fold, reported
-
-# 8 layers of 100 M parameters and 100 M shared (0.37 GiB each in float32); 8 heads, 2 KV heads, MLP width 4096.
-FOOTPRINT = ModelFootprint(
-    layer_parameters=(100_000_000,) * 8,
-    shared_parameters=100_000_000,
-    layer_file_bytes=(200_000_000,) * 8,
-    shared_file_bytes=200_000_000,
-    attention_heads=8,
-    kv_heads=2,
-    mlp_width=4096,
-)
-
-
-def _request(min_nodes: int, parallel: ParallelChoice, footprint: ModelFootprint = FOOTPRINT) -> PlaceInstance:
-    return PlaceInstance(
-        request_id=CommandId("r1"),
-        model_id=ModelId("model-x"),
-        min_nodes=min_nodes,
-        footprint=footprint,
-        files_from=NODE_A,
-        parallel=parallel,
-    )
-
-
-def _ports(count: int) -> list[int]:
-    return list(range(21000, 21000 + count))
+from tests.master.placement_builders import FOOTPRINT, nodes_free, place, place_request
+from tests.shared.state_builders import NODE_A, NODE_B, NODE_C, fold
 
 
 def test_a_tensor_split_runs_every_layer_on_every_rank_with_memory_for_its_share() -> None:
-    state = fold((reported(NODE_A, available_gib=3), NODE_A), (reported(NODE_B, available_gib=6), NODE_B))
-    instance = place_instance(state, _request(2, "tensor"), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    state = nodes_free((NODE_A, 3), (NODE_B, 6))
+    instance = place(state, place_request(2, "tensor"))
     assert instance.parallel == "tensor"
     # Rank 0 (it chooses the tokens) on the node with most memory; both run layers 0-8.
     assert [(rank.node_id, rank.start_layer, rank.end_layer) for rank in instance.ranks] == [
@@ -73,8 +44,8 @@ def test_a_tensor_split_takes_more_nodes_when_a_share_does_not_fit_and_skips_cou
     # The whole model needs 3.9 GiB, half of it 2.3 GiB; 3 nodes do not divide 8 heads; a quarter needs 1.5 GiB.
     footprint = FOOTPRINT.model_copy(update={"kv_heads": 8})
     node_ids = (NODE_A, NODE_B, NODE_C, NodeId("d0000000000000000000000000000004"), NodeId("e" + "0" * 30 + "5"))
-    state = fold(*[(reported(node_id, available_gib=1.8), node_id) for node_id in node_ids])
-    instance = place_instance(state, _request(1, "tensor", footprint), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    state = nodes_free(*[(node_id, 1.8) for node_id in node_ids])
+    instance = place(state, place_request(1, "tensor", footprint))
     assert len(instance.ranks) == 4
     assert instance.ranks[0].planned_bytes == tensor_rank_need(footprint, 4, weights="float32")
 
@@ -87,34 +58,34 @@ def test_counts_the_nodes_asked_for_do_not_divide_are_refused_naming_them(
     heads: int, kv_heads: int, mlp_width: int, named: str
 ) -> None:
     footprint = FOOTPRINT.model_copy(update={"attention_heads": heads, "kv_heads": kv_heads, "mlp_width": mlp_width})
-    state = fold((reported(NODE_A, available_gib=8), NODE_A), (reported(NODE_B, available_gib=8), NODE_B))
+    state = nodes_free((NODE_A, 8), (NODE_B, 8))
     with pytest.raises(IndivisibleHeadsError) as refused:
-        place_instance(state, _request(2, "tensor", footprint), InstanceId("i1"), now=5.0, draw_ports=_ports)
+        place(state, place_request(2, "tensor", footprint))
     message = str(refused.value)
     assert f"{named} do not divide by 2" in message
     assert f"attention heads {heads}, KV heads {kv_heads}, MLP width {mlp_width}" in message
     # The same model splits by layers.
-    instance = place_instance(state, _request(2, "pipeline", footprint), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    instance = place(state, place_request(2, "pipeline", footprint))
     assert instance.parallel == "pipeline"
 
 
 def test_a_model_without_head_counts_is_not_split_by_tensor() -> None:
     footprint = FOOTPRINT.model_copy(update={"attention_heads": None, "mlp_width": None})
-    state = fold((reported(NODE_A, available_gib=8), NODE_A), (reported(NODE_B, available_gib=8), NODE_B))
+    state = nodes_free((NODE_A, 8), (NODE_B, 8))
     with pytest.raises(IndivisibleHeadsError, match="does not give its attention heads, MLP width"):
-        place_instance(state, _request(2, "tensor", footprint), InstanceId("i1"), now=5.0, draw_ports=_ports)
+        place(state, place_request(2, "tensor", footprint))
 
 
 def test_a_tensor_split_that_fits_nowhere_is_refused_with_the_memory() -> None:
-    state = fold((reported(NODE_A, available_gib=1), NODE_A), (reported(NODE_B, available_gib=1), NODE_B))
+    state = nodes_free((NODE_A, 1), (NODE_B, 1))
     with pytest.raises(PlacementError, match=rf"{NODE_A} 1\.00 GiB") as refused:
-        place_instance(state, _request(2, "tensor"), InstanceId("i1"), now=5.0, draw_ports=_ports)
+        place(state, place_request(2, "tensor"))
     assert not isinstance(refused.value, IndivisibleHeadsError)
 
 
 def test_auto_splits_by_layers() -> None:
-    state = fold((reported(NODE_A, available_gib=4), NODE_A), (reported(NODE_B, available_gib=4), NODE_B))
-    instance = place_instance(state, _request(2, "auto"), InstanceId("i1"), now=5.0, draw_ports=_ports)
+    state = nodes_free((NODE_A, 4), (NODE_B, 4))
+    instance = place(state, place_request(2, "auto"))
     assert instance.parallel == "pipeline"
     assert instance.peers is not None
     assert instance.peers.parallel == "pipeline"

@@ -1,0 +1,49 @@
+"""What the placement tests build: an 8-layer model's footprint, a request to place it, the ports the master draws,
+nodes with a given free memory, and one placement from them."""
+
+from exo.master.instance_placement import place_instance
+from exo.shared.types.common import CommandId, InstanceId, ModelId, NodeId
+from exo.shared.types.footprint import ModelFootprint
+from exo.shared.types.instances import PlacedInstance, PlaceInstance
+from exo.shared.types.state import State
+from exo.shared.types.worker.shards import ParallelChoice
+from tests.shared.state_builders import NODE_A, fold, reported
+
+# 8 layers of 100 M parameters and 100 M shared (0.37 GiB each in float32); 8 heads, 2 KV heads, MLP width 4096.
+FOOTPRINT = ModelFootprint(
+    layer_parameters=(100_000_000,) * 8,
+    shared_parameters=100_000_000,
+    layer_file_bytes=(200_000_000,) * 8,
+    shared_file_bytes=200_000_000,
+    attention_heads=8,
+    kv_heads=2,
+    mlp_width=4096,
+)
+
+
+def place_request(
+    min_nodes: int, parallel: ParallelChoice = "auto", footprint: ModelFootprint = FOOTPRINT
+) -> PlaceInstance:
+    """NODE_A asks for model-x over at least `min_nodes` nodes, split as `parallel` says."""
+    return PlaceInstance(
+        request_id=CommandId("r1"),
+        model_id=ModelId("model-x"),
+        min_nodes=min_nodes,
+        footprint=footprint,
+        files_from=NODE_A,
+        parallel=parallel,
+    )
+
+
+def draw_ports(count: int) -> list[int]:
+    return list(range(21000, 21000 + count))
+
+
+def nodes_free(*free_gib: tuple[NodeId, float]) -> State:
+    """The state once each node reported this many GiB free."""
+    return fold(*[(reported(node_id, available_gib=gib), node_id) for node_id, gib in free_gib])
+
+
+def place(state: State, request: PlaceInstance) -> PlacedInstance:
+    """The master's placement of `request` in `state` as instance i1."""
+    return place_instance(state, request, InstanceId("i1"), now=5.0, draw_ports=draw_ports)
