@@ -1,20 +1,30 @@
-"""`exo` stops cleanly on Ctrl-C: the terminal sends SIGINT to the whole process group (the runners too), and a
-clean stop must not read like a failure in the log. Its decode flags reach the node's configuration as one
+"""`exo` stops cleanly on Ctrl-C and SIGTERM: the terminal sends SIGINT to the whole process group (the runners too),
+a stream in flight ends with its dialect's error once the grace is over, a second Ctrl-C exits at once, and a clean
+stop must not read like a failure in the log. Its decode flags reach the node's configuration as one
 DecodeSettings, each in its field, and a batch size below one is refused by argparse."""
 
+import contextlib
+import json
 import os
+import re
 import signal
 import sys
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import httpx
 import pytest
 
 from exo.main import build_parser, config_from_args
+from exo.node_shutdown import SHUTDOWN_GRACE_SECONDS, SHUTDOWN_MESSAGE
 from exo.shared.types.cpu_kernels import CpuKernelsReport
 from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
-from tests.exo_server import fixture_model, running_exo
-from tests.fixtures.fixture_specs import GREETING_REPLY
+from exo.worker.runner.idle_snapshots import SHUTDOWN_SNAPSHOT_SECONDS
+from tests.exo_server import ExoServer, fixture_model, running_exo
+from tests.fixtures.endless_model import MODEL as ENDLESS
+from tests.fixtures.endless_model import endless_copy
+from tests.fixtures.fixture_specs import GREETING_REPLY, user
 
 MODEL = "tiny-qwen-tools"
 
@@ -159,3 +169,114 @@ def test_the_parallel_flag_chooses_how_a_placed_model_is_split() -> None:
     assert (config.min_nodes, config.parallel) == (2, "tensor")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--parallel", "sideways"])
+
+
+# What a stream in flight may take past the grace to end, and a stopped node past the runner's snapshot bound to exit.
+STREAM_END_SLACK_SECONDS = 5
+EXIT_SLACK_SECONDS = 10
+# An event carrying generated text, in the chat or Messages dialect.
+TEXT_FLOWS = re.compile(r'"(content|text)":"[^"]')
+
+
+def _stream_until_stopped(
+    server: ExoServer, path: str, body: Mapping[str, object], stop: Callable[[], None]
+) -> list[str]:
+    """Stream `body` from `path`; once text flows, call `stop`; the events read to the end of the stream."""
+    lines: list[str] = []
+    with httpx.stream("POST", f"{server.base_url}{path}", json=body, timeout=120) as stream:
+        events = stream.iter_lines()
+        for line in events:
+            lines.append(line)
+            if TEXT_FLOWS.search(line):
+                break
+        stop()
+        with contextlib.suppress(httpx.HTTPError):
+            lines.extend(events)
+    return lines
+
+
+@pytest.mark.parametrize(
+    ("stop_signal", "status", "dialect"),
+    [(signal.SIGTERM, 0, "/v1/chat/completions"), (signal.SIGINT, 130, "/v1/messages")],
+    ids=["sigterm-chat", "ctrl-c-messages"],
+)
+def test_a_stop_signal_ends_a_long_stream_with_the_dialects_error_and_the_node_exits_cleanly(
+    tmp_path: Path, stop_signal: signal.Signals, status: int, dialect: str
+) -> None:
+    """A stream that would run for minutes does not hold the node: after the grace it ends with the dialect's error
+    event saying the node is shutting down, the runner is stopped and the node exits with the documented status,
+    its log free of tracebacks. Ctrl-C goes to the whole process group, as a terminal sends it."""
+    endless = endless_copy(tmp_path / "models-src", context_length=1 << 16)
+    with running_exo([endless], tmp_path, ready_timeout=300) as server:
+        runner_pid = server.runner()["pid"]
+        assert isinstance(runner_pid, int)
+        body = {"model": ENDLESS, "messages": [user("Hello!")], "max_tokens": 60_000, "stream": True}
+        signalled = 0.0
+
+        def stop() -> None:
+            nonlocal signalled
+            if stop_signal == signal.SIGINT:
+                os.killpg(server.process.pid, signal.SIGINT)
+            else:
+                server.process.send_signal(stop_signal)
+            signalled = time.monotonic()
+
+        lines = _stream_until_stopped(server, dialect, body, stop)
+        stream_ended = time.monotonic() - signalled
+        assert server.process.wait(timeout=60) == status
+        stopped = time.monotonic() - signalled
+        log = server.log()
+    errors = [
+        json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: {") and "error" in line
+    ]
+    assert errors, lines[-5:]
+    error = errors[-1]["error"]
+    assert error["message"] == SHUTDOWN_MESSAGE, error
+    if dialect == "/v1/messages":
+        assert "event: error" in lines, lines[-5:]
+    else:
+        assert error["code"] == "model_unavailable", error
+        assert [line for line in lines if line][-1] == "data: [DONE]", lines[-5:]
+    assert SHUTDOWN_GRACE_SECONDS - 1 <= stream_ended <= SHUTDOWN_GRACE_SECONDS + STREAM_END_SLACK_SECONDS, stream_ended
+    assert stopped <= SHUTDOWN_GRACE_SECONDS + SHUTDOWN_SNAPSHOT_SECONDS + EXIT_SLACK_SECONDS, stopped
+    assert "Traceback" not in log, log
+    assert " ERROR " not in log, log
+    assert not Path(f"/proc/{runner_pid}").exists() or _zombie(runner_pid), log
+
+
+def test_a_node_serving_no_request_exits_promptly_on_sigterm(tmp_path: Path) -> None:
+    with running_exo([fixture_model(MODEL)], tmp_path, ready_timeout=300) as server:
+        runner_pid = server.runner()["pid"]
+        assert isinstance(runner_pid, int)
+        server.process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        assert server.process.wait(timeout=60) == 0
+        stopped = time.monotonic() - signalled
+        log = server.log()
+    assert stopped < 4, (stopped, log)
+    assert "Traceback" not in log, log
+    assert not Path(f"/proc/{runner_pid}").exists() or _zombie(runner_pid), log
+
+
+def test_a_second_ctrl_c_exits_at_once_without_waiting_for_the_grace(tmp_path: Path) -> None:
+    endless = endless_copy(tmp_path / "models-src", context_length=1 << 16)
+    with running_exo([endless], tmp_path, ready_timeout=300) as server:
+        runner_pid = server.runner()["pid"]
+        assert isinstance(runner_pid, int)
+        body = {"model": ENDLESS, "messages": [user("Hello!")], "max_tokens": 60_000, "stream": True}
+        signalled = 0.0
+
+        def stop_twice() -> None:
+            nonlocal signalled
+            os.killpg(server.process.pid, signal.SIGINT)
+            signalled = time.monotonic()
+            time.sleep(0.5)
+            os.killpg(server.process.pid, signal.SIGINT)
+
+        _stream_until_stopped(server, "/v1/chat/completions", body, stop_twice)
+        assert server.process.wait(timeout=60) == 130
+        stopped = time.monotonic() - signalled
+        log = server.log()
+    assert stopped < SHUTDOWN_GRACE_SECONDS - 1, (stopped, log)
+    assert "Traceback" not in log, log
+    assert not Path(f"/proc/{runner_pid}").exists() or _zombie(runner_pid), log

@@ -34,7 +34,8 @@ from exo.shared.types.worker.decode_settings import DecodeSettings
 # exo.node (and with it the model converter, transformers…) is imported only when a node starts: the subcommands
 # (`exo models`, `exo conformance`, `exo mcp`, `exo launch`) start quickly without it.
 if TYPE_CHECKING:
-    from exo.node import NodeConfig
+    from exo.node import Node, NodeConfig
+    from exo.node_shutdown import NodeShutdown
 
 logger = logging.getLogger("exo")
 
@@ -315,10 +316,10 @@ def config_from_args(arguments: argparse.Namespace) -> "NodeConfig":
     )
 
 
-async def serve(config: "NodeConfig") -> bool:
-    """Run the node until its API server stops; True when a signal (Ctrl-C, SIGTERM) stopped it."""
-    from exo.api.app import create_app
-    from exo.node import Node, api_settings
+async def serve(config: "NodeConfig") -> int | None:
+    """Run the node until its API server stops; the signal that stopped it (Ctrl-C, SIGTERM), if one did."""
+    from exo.node import Node
+    from exo.node_shutdown import STOP_SIGNALS, NodeShutdown
     from exo.worker.engines.mlx.cpu.blas import blas_advice, blas_environment
     from exo.worker.engines.mlx.cpu.switch import why_off
 
@@ -338,33 +339,48 @@ async def serve(config: "NodeConfig") -> bool:
     if config.cluster.key is not None:
         logger.info("cluster links are mutual TLS with certificates from the cluster key (encrypted, members only)")
     node = Node(config)
-    await node.join()
-    settings = api_settings(config)
-    interrupted = False
-    try:
-        async with anyio.create_task_group() as task_group:
-            node.start(task_group)
-            server = uvicorn.Server(
-                uvicorn.Config(
-                    create_app(node.master_client, settings, node.publish_preparation),
-                    host=config.host,
-                    port=config.api_port,
-                    log_level="warning",
-                    access_log=False,
-                    http=read_timeout_protocol(config.header_timeout_seconds, config.body_timeout_seconds),
-                )
+    shutdown = NodeShutdown(node.kill_runners)
+    # The node handles its stop signals from here on (node_shutdown.py): one that comes while it joins is acted on
+    # once it serves, and a second one still works while it stops.
+    with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        await node.join()
+        async with anyio.create_task_group() as watching:
+            watching.start_soon(shutdown.watch, signals)
+            try:
+                await _serve_api(node, config, shutdown)
+            finally:
+                # Also when serving failed: the runners stop and the node leaves the cluster (an open zenoh session
+                # would keep the process from exiting).
+                with anyio.CancelScope(shield=True):
+                    await node.stop()
+                watching.cancel_scope.cancel()
+    return shutdown.signal_number
+
+
+async def _serve_api(node: "Node", config: "NodeConfig", shutdown: "NodeShutdown") -> None:
+    """Run the node's pieces and its API until a stop signal has stopped the API (or it stopped by itself)."""
+    from exo.api.app import create_app
+    from exo.node import api_settings
+    from exo.node_shutdown import SERVER_BACKSTOP_SECONDS, SHUTDOWN_GRACE_SECONDS, NodeServer
+
+    async with anyio.create_task_group() as task_group:
+        node.start(task_group)
+        server = NodeServer(
+            uvicorn.Config(
+                create_app(node.master_client, api_settings(config), node.publish_preparation),
+                host=config.host,
+                port=config.api_port,
+                log_level="warning",
+                access_log=False,
+                http=read_timeout_protocol(config.header_timeout_seconds, config.body_timeout_seconds),
+                # Only a backstop: the streams still running when the grace ends are ended with an error first.
+                timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS + SERVER_BACKSTOP_SECONDS,
             )
-            logger.info("exo API on http://%s:%d/v1", config.host, config.api_port)
-            await server.serve()
-            # uvicorn turns the signal into should_exit; whether it re-raises it afterwards depends on timing.
-            interrupted = server.should_exit
-            task_group.cancel_scope.cancel()
-    finally:
-        # Also when Ctrl-C cancels everything: the runners stop and the node leaves the cluster (an open zenoh
-        # session would keep the process from exiting).
-        with anyio.CancelScope(shield=True):
-            await node.stop()
-    return interrupted
+        )
+        task_group.start_soon(shutdown.stop_serving, server, node.master_client)
+        logger.info("exo API on http://%s:%d/v1", config.host, config.api_port)
+        await server.serve()
+        task_group.cancel_scope.cancel()
 
 
 def quiet_http_client_logs(level: int) -> None:
@@ -401,16 +417,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     quiet_http_client_logs(config.log_level)
     from exo.cluster.identity import NodeIdentityError
     from exo.node import NodeStartError
+    from exo.node_shutdown import exit_status
 
     try:
-        interrupted = anyio.run(serve, config)
+        stop_signal = anyio.run(serve, config)
     except KeyboardInterrupt:
         sys.exit(130)
     except (NodeStartError, NodeIdentityError) as error:
         logger.error("%s", error)
         sys.exit(1)
-    if interrupted:
-        sys.exit(130)
+    sys.exit(exit_status(stop_signal))
 
 
 if __name__ == "__main__":

@@ -270,6 +270,11 @@ class Node:
             if self._identity is not None:
                 self._identity.release()
 
+    def kill_runners(self) -> None:
+        """Kill the runner processes at once: a second Ctrl-C does not wait for them."""
+        if self._worker is not None:
+            self._worker.kill_runners()
+
     def _runner_config(self, model_id: ModelId, model_path: Path) -> RunnerConfig:
         return RunnerConfig(
             model_id=model_id,

@@ -141,6 +141,8 @@ class BusMasterClient:
         self._peers = peers
         self._by_command: dict[CommandId, _Pending] = {}
         self._by_task: dict[TaskId, _Pending] = {}
+        # Why new requests are refused once the node began to stop (None while it serves).
+        self._closed_because: str | None = None
         self._replies = bus.subscribe(topics.task_replies(membership.node_id), TaskReplyAdapter)
         membership.on_change(self._on_membership)
 
@@ -163,6 +165,8 @@ class BusMasterClient:
                 self._on_reply(reply)
 
     async def submit_chat_completion(self, command: GenerateCommand) -> TaskHandle:
+        if self._closed_because is not None:
+            raise RunnerUnavailableError(self._closed_because)
         sender, receiver = anyio.create_memory_object_stream[Chunk](max_buffer_size=float("inf"))
         pending = _Pending(command, sender, receiver)
         self._by_command[command.command_id] = pending
@@ -205,6 +209,25 @@ class BusMasterClient:
 
     async def place_instance(self, spec: str, min_nodes: int, parallel: ParallelChoice = "auto") -> PlacedInstance:
         return await self._placer.place_instance(spec, min_nodes, parallel)
+
+    def stop_accepting(self, reason: str) -> None:
+        """Refuse every request from now on with `reason` (503, model_unavailable): the node is stopping."""
+        self._closed_because = reason
+
+    def end_streams(self, reason: str) -> None:
+        """End every request still waiting or streaming with a model_unavailable error saying `reason`, as a node
+        that left ends them (the dialect writes it as its error event), and stop their tasks."""
+        self.stop_accepting(reason)
+        for pending in list(self._by_command.values()):
+            accepted = pending.accepted
+            if accepted is None:
+                refusal = TaskRefused(command_id=pending.command.command_id, reason="model_unavailable", message=reason)
+                pending.refusal = refusal
+                pending.answered.set()
+            else:
+                _deliver(pending, ErrorChunk(error="model_unavailable", message=reason))
+                pending.sender.close()
+                self._stop(accepted)
 
     # ---- replies ----------------------------------------------------------------------------
 
@@ -268,7 +291,8 @@ class BusMasterClient:
         try:
             async with pending.receiver:
                 async for chunk in pending.receiver:
-                    if isinstance(chunk, FinishChunk | ErrorChunk):
+                    if isinstance(chunk, FinishChunk | ErrorChunk) and self._closed_because is None:
+                        # (A stopping node does not wait: its state may never show the task end.)
                         await self._event_log.wait_for(
                             lambda state: _task_settled(state, accepted.task_id, accepted.runner_id), SETTLE_SECONDS
                         )

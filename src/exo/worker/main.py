@@ -193,6 +193,11 @@ class Worker:
         for supervisor in self._supervisors.values():
             await supervisor.stop()
 
+    def kill_runners(self) -> None:
+        """Kill every runner process now, without waiting (a forced exit)."""
+        for supervisor in self._supervisors.values():
+            supervisor.kill()
+
     def _register(self, config: RunnerConfig, instance_id: InstanceId | None = None) -> RunnerSupervisor:
         runner_id = new_runner_id()
         supervisor = RunnerSupervisor(runner_id, config, on_change=lambda: self._report(runner_id))

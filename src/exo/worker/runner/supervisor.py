@@ -192,6 +192,11 @@ class RunnerSupervisor:
         self.status = "shutdown"
         self._on_change()
 
+    def kill(self) -> None:
+        """Kill the runner process now (a forced exit: its snapshots go unwritten)."""
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+
     # ---- process management -----------------------------------------------------------------
 
     def _start_process(self) -> None:
