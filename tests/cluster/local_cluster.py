@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 
 import httpx
 
-from exo.shared.types.cluster_api import InstanceList
+from exo.shared.types.cluster_api import InstanceList, PlacedInstanceView
+from exo.shared.types.worker.shards import Parallelism
 from tests.exo_server import free_port
 
 T = TypeVar("T")
@@ -72,6 +73,13 @@ class ClusterNode:
         """Exactly one instance is placed, and it is ready."""
         placed = self.instances().data
         return len(placed) == 1 and placed[0].ready
+
+    def serving(self, world_size: int) -> PlacedInstanceView | None:
+        """The one instance placed, if it is ready over `world_size` nodes (and nothing else is placed)."""
+        placed = self.instances().data
+        if len(placed) == 1 and placed[0].ready and placed[0].world_size == world_size:
+            return placed[0]
+        return None
 
     def running(self) -> bool:
         return self.process.poll() is None
@@ -147,6 +155,13 @@ class LocalCluster:
         self.nodes.append(node)
         return node
 
+    def launch_split(self, model: Path, parallel: Parallelism | None = None) -> tuple[ClusterNode, ClusterNode]:
+        """alpha holds `model` and asks for it over two nodes (`--min-nodes 2`, split as `parallel` says when given);
+        beta holds nothing and joins alpha. Neither is waited for."""
+        arguments = ["--min-nodes", "2", *(["--parallel", parallel] if parallel is not None else [])]
+        alpha = self.launch("alpha", [model], extra_arguments=arguments)
+        return alpha, self.launch("beta", peers=[alpha])
+
     def restart(self, node: ClusterNode, peers: Sequence[ClusterNode] = ()) -> ClusterNode:
         """Start `node` again with its identity (EXO_HOME) and cluster port."""
         return self.start(node.name, node.models, peers, home=node.home, cluster_port=node.cluster_port)
@@ -184,6 +199,13 @@ class LocalCluster:
                     return
             time.sleep(0.1)
         raise TimeoutError(f"{node.name}: waited {timeout:.0f} s for {what}\n{self.logs()}")
+
+    def wait_serving(self, node: ClusterNode, world_size: int, what: str, timeout: float) -> PlacedInstanceView:
+        """Wait until `node` shows its one instance ready over `world_size` nodes, and return it."""
+        self.wait_until(node, lambda: node.serving(world_size) is not None, what, timeout)
+        instance = node.serving(world_size)
+        assert instance is not None, f"{what}: served, then no longer"
+        return instance
 
     def settled_states(self, nodes: Sequence[ClusterNode], timeout: float = SETTLE_TIMEOUT_S) -> dict[str, Any]:
         """Poll until every node in `nodes` returns the same /state document, and return it."""

@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import pytest
 
-from exo.shared.types.cluster_api import PlacedInstanceView
 from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
 from tests.exo_server import fixture_model
 from tests.fixtures.fixture_specs import user
@@ -29,14 +28,6 @@ CHAT: dict[str, Any] = {"model": DEEP, "messages": [user("Hello!")], "max_tokens
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with local_cluster(tmp_path_factory.mktemp("degraded"), "degraded") as running:
         yield running
-
-
-def _serving(node: ClusterNode, world_size: int) -> PlacedInstanceView | None:
-    """The one instance of the model, if it is ready over `world_size` nodes (and nothing else is placed)."""
-    instances = node.instances().data
-    if len(instances) == 1 and instances[0].ready and instances[0].world_size == world_size:
-        return instances[0]
-    return None
 
 
 def _unavailable_in_every_dialect(node: ClusterNode) -> None:
@@ -66,8 +57,8 @@ def test_unplaceable_then_split_then_degraded_then_split_again(cluster: LocalClu
     _unavailable_in_every_dialect(alpha)
 
     beta = cluster.launch("beta", peers=[alpha])
-    cluster.wait_until(alpha, lambda: _serving(alpha, 2) is not None, "the model split over both", PLACED_WITHIN_S)
-    split = _serving(alpha, 2)
+    cluster.wait_until(alpha, lambda: alpha.serving(2) is not None, "the model split over both", PLACED_WITHIN_S)
+    split = alpha.serving(2)
     assert split is not None
     assert not split.degraded
     assert alpha.instances().unplaced == []
@@ -75,9 +66,9 @@ def test_unplaceable_then_split_then_degraded_then_split_again(cluster: LocalClu
     # beta dies: alpha holds every file and has the memory, so it serves the model alone.
     cluster.crash(beta)
     crashed_at = time.monotonic()
-    cluster.wait_until(alpha, lambda: _serving(alpha, 1) is not None, "the model served alone", PLACED_WITHIN_S)
+    cluster.wait_until(alpha, lambda: alpha.serving(1) is not None, "the model served alone", PLACED_WITHIN_S)
     print(f"served alone {time.monotonic() - crashed_at:.1f} s after its peer was killed")  # for docs/CLUSTER.md
-    alone = _serving(alpha, 1)
+    alone = alpha.serving(1)
     assert alone is not None
     assert alone.degraded
     assert alone.min_nodes == 2
@@ -105,13 +96,13 @@ def test_unplaceable_then_split_then_degraded_then_split_again(cluster: LocalClu
     try:
         beta = cluster.restart(beta, peers=[alpha])
         returned_at = time.monotonic()
-        cluster.wait_until(alpha, lambda: _serving(alpha, 2) is not None, "the model split again", PLACED_WITHIN_S)
+        cluster.wait_until(alpha, lambda: alpha.serving(2) is not None, "the model split again", PLACED_WITHIN_S)
         print(f"split again {time.monotonic() - returned_at:.1f} s after its peer was back")
         time.sleep(1.0)  # a few requests on the new instance too
     finally:
         stop.set()
         asker.join()
-    again = _serving(alpha, 2)
+    again = alpha.serving(2)
     assert again is not None
     assert not again.degraded
     assert again.replaces == alone.instance_id

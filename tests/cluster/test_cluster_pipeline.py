@@ -29,8 +29,7 @@ TOOL_CALL_BODY: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, ClusterNode, ClusterNode]]:
     with local_cluster(tmp_path_factory.mktemp("pipeline"), "pipe-two") as running:
-        alpha = running.launch("alpha", [fixture_model(DEEP)], extra_arguments=["--min-nodes", "2"])
-        beta = running.launch("beta", peers=[alpha])
+        alpha, beta = running.launch_split(fixture_model(DEEP))
         running.wait_until(beta, beta.one_instance_ready, "the model placed over both nodes", PLACED_WITHIN_S)
         yield running, alpha, beta
 

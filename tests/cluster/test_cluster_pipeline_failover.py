@@ -26,8 +26,7 @@ ERROR_WITHIN_S = 10.0
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     endless = endless_copy(tmp_path_factory.mktemp("models"), source="tiny-qwen-tools-deep")
     with local_cluster(tmp_path_factory.mktemp("pipeline-failover"), "pipe-failover") as running:
-        alpha = running.launch("alpha", [endless], extra_arguments=["--min-nodes", "2"])
-        running.launch("beta", peers=[alpha])
+        alpha, _beta = running.launch_split(endless)
         running.launch("gamma", peers=[alpha])
         yield running
 

@@ -17,7 +17,6 @@ from typing import Any
 import httpx
 import pytest
 
-from exo.shared.types.cluster_api import PlacedInstanceView
 from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
 from tests.cluster.test_cluster_end_to_end import comparable, stream_events
 from tests.exo_server import fixture_model
@@ -40,9 +39,7 @@ CASES: dict[str, dict[str, Any]] = {
 @pytest.fixture(scope="module")
 def tensor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, ClusterNode, ClusterNode]]:
     with local_cluster(tmp_path_factory.mktemp("tensor"), "tensor-two") as running:
-        arguments = ["--min-nodes", "2", "--parallel", "tensor"]
-        alpha = running.launch("alpha", [fixture_model(DEEP)], extra_arguments=arguments)
-        beta = running.launch("beta", peers=[alpha])
+        alpha, beta = running.launch_split(fixture_model(DEEP), "tensor")
         running.wait_until(beta, beta.one_instance_ready, "the model split over both nodes", PLACED_WITHIN_S)
         yield running, alpha, beta
 
@@ -111,35 +108,21 @@ def test_a_model_whose_heads_do_not_divide_over_the_nodes_is_refused_with_the_co
     assert alpha.one_instance_ready()
 
 
-def _serving(node: ClusterNode, world_size: int) -> PlacedInstanceView | None:
-    """The one instance of the model, if it is ready over `world_size` nodes (and nothing else is placed)."""
-    instances = node.instances().data
-    if len(instances) == 1 and instances[0].ready and instances[0].world_size == world_size:
-        return instances[0]
-    return None
-
-
 def test_a_tensor_split_that_loses_a_node_is_served_by_the_survivor_and_split_again_when_it_returns(
     tmp_path: Path,
 ) -> None:
     chat: dict[str, Any] = {"model": DEEP, "messages": [user("Hello!")], "max_tokens": 4}
     with local_cluster(tmp_path, "tensor-degraded") as cluster:
-        arguments = ["--min-nodes", "2", "--parallel", "tensor"]
-        alpha = cluster.launch("alpha", [fixture_model(DEEP)], extra_arguments=arguments)
-        beta = cluster.launch("beta", peers=[alpha])
-        cluster.wait_until(alpha, lambda: _serving(alpha, 2) is not None, "the model split", PLACED_WITHIN_S)
+        alpha, beta = cluster.launch_split(fixture_model(DEEP), "tensor")
+        cluster.wait_until(alpha, lambda: alpha.serving(2) is not None, "the model split", PLACED_WITHIN_S)
         cluster.crash(beta)
-        cluster.wait_until(alpha, lambda: _serving(alpha, 1) is not None, "the model served alone", PLACED_WITHIN_S)
-        alone = _serving(alpha, 1)
-        assert alone is not None
+        alone = cluster.wait_serving(alpha, 1, "the model served alone", PLACED_WITHIN_S)
         assert (alone.degraded, alone.parallel, alone.min_nodes) == (True, "tensor", 2)
         assert [(rank.node_id, rank.start_layer, rank.end_layer) for rank in alone.ranks] == [(alpha.node_id, 0, 4)]
         answer = httpx.post(f"{alpha.base_url}/v1/chat/completions", json=chat, timeout=60)
         assert answer.status_code == 200, answer.text
         beta = cluster.restart(beta, peers=[alpha])
-        cluster.wait_until(alpha, lambda: _serving(alpha, 2) is not None, "the model split again", PLACED_WITHIN_S)
-        again = _serving(alpha, 2)
-        assert again is not None
+        again = cluster.wait_serving(alpha, 2, "the model split again", PLACED_WITHIN_S)
         assert (again.degraded, again.parallel, again.replaces) == (False, "tensor", alone.instance_id)
         assert {rank.node_id for rank in again.ranks} == {alpha.node_id, beta.node_id}
         answer = httpx.post(f"{beta.base_url}/v1/chat/completions", json=chat, timeout=60)

@@ -13,8 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from exo.shared.types.cluster_api import PlacedInstanceView
-from tests.cluster.local_cluster import ClusterNode, LocalCluster, crash_mid_stream, local_cluster
+from tests.cluster.local_cluster import LocalCluster, crash_mid_stream, local_cluster
 from tests.fixtures.endless_model import MODEL, endless_copy
 from tests.fixtures.fixture_specs import user
 
@@ -26,24 +25,13 @@ ERROR_WITHIN_S = 2.0
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     endless = endless_copy(tmp_path_factory.mktemp("models"), source="tiny-qwen-tools-deep")
     with local_cluster(tmp_path_factory.mktemp("tensor-failover"), "tensor-failover") as running:
-        arguments = ["--min-nodes", "2", "--parallel", "tensor"]
-        alpha = running.launch("alpha", [endless], extra_arguments=arguments)
-        running.launch("beta", peers=[alpha])
+        running.launch_split(endless, "tensor")
         yield running
-
-
-def _serving(node: ClusterNode, world_size: int) -> PlacedInstanceView | None:
-    instances = node.instances().data
-    if len(instances) == 1 and instances[0].ready and instances[0].world_size == world_size:
-        return instances[0]
-    return None
 
 
 def test_a_stream_on_a_tensor_split_whose_other_node_dies_ends_with_an_error_within_2_s(cluster: LocalCluster) -> None:
     alpha, beta = cluster.nodes
-    cluster.wait_until(alpha, lambda: _serving(alpha, 2) is not None, "the tensor split", PLACED_WITHIN_S)
-    split = _serving(alpha, 2)
-    assert split is not None
+    split = cluster.wait_serving(alpha, 2, "the tensor split", PLACED_WITHIN_S)
     assert (split.parallel, split.parallel_reason) == ("tensor", "tensor asked for")
     beta_rank = next(rank.rank for rank in split.ranks if rank.node_id == beta.node_id)
     body = {"model": MODEL, "messages": [user("Hello!")], "max_tokens": 3000, "stream": True}
@@ -55,9 +43,7 @@ def test_a_stream_on_a_tensor_split_whose_other_node_dies_ends_with_an_error_wit
     assert errors[0]["message"]
     assert ended_after < ERROR_WITHIN_S, f"ended {ended_after:.2f} s after the kill"
     # Served again, whole, by the survivor.
-    cluster.wait_until(alpha, lambda: _serving(alpha, 1) is not None, "the model on alpha alone", PLACED_WITHIN_S)
-    alone = _serving(alpha, 1)
-    assert alone is not None
+    alone = cluster.wait_serving(alpha, 1, "the model on alpha alone", PLACED_WITHIN_S)
     assert [rank.node_id for rank in alone.ranks] == [alpha.node_id]
     # Placed again by the master on its own: the reason its split was chosen is kept.
     assert (alone.parallel, alone.parallel_reason) == ("tensor", "tensor asked for")
