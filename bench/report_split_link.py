@@ -45,6 +45,8 @@ class RankMemory(BaseModel):
     rank: int
     node: str
     planned_bytes: int
+    # The weights the rank's runner reports holding as loaded (None: a run from before the bench read it).
+    weights_bytes: int | None = None
 
 
 class ExtrasRow(BaseModel):
@@ -166,7 +168,7 @@ def report(run: LinkRun, command: str, layers: int | None = None) -> list[str]:
 def extras_table(extras: list[ExtrasRow]) -> list[str]:
     streams = extras[0].streams.streams
     header = ["at +0 ms", f"{streams} streams at once, tok/s", "prompt tok/s (long prompt)", "prompt tokens"]
-    header += ["planned memory per rank (MiB)", "load"]
+    header += ["planned memory per rank (MiB)", "weights held per rank (MiB)", "load"]
     rows = [
         [
             row.extras,
@@ -174,6 +176,7 @@ def extras_table(extras: list[ExtrasRow]) -> list[str]:
             f"{row.prefill.median_prompt_tokens_per_s:.0f}",
             f"{statistics.median(row.prefill.prompt_tokens):.0f}",
             ", ".join(f"{rank.planned_bytes / 2**20:.0f}" for rank in row.memory),
+            ", ".join(_mib(rank.weights_bytes) for rank in row.memory),
             f"{row.load_average:.1f}",
         ]
         for row in extras
@@ -182,7 +185,9 @@ def extras_table(extras: list[ExtrasRow]) -> list[str]:
     lines.append(
         "Prompt tok/s = prompt tokens / time to first token (which includes one decode step), median of the "
         "requests; each prompt new to every cache. Planned memory is what placement reserved for each rank (its "
-        "weights in float32 plus room to serve), not a measured resident size."
+        "weights in float32 plus room to serve); weights held is what each rank's runner reports its loaded weights "
+        "take (the bytes of every array of the model it holds, int8 scales included), not the process's resident "
+        "size (n/a: a run from before the bench read it)."
     )
     split_rows = [row for row in extras if not row.extras.startswith("1 node")]
     if len(split_rows) >= 2:
@@ -195,6 +200,10 @@ def extras_table(extras: list[ExtrasRow]) -> list[str]:
             f"fastest ({fastest_prefill.prefill.median_prompt_tokens_per_s:.0f} tok/s).",
         ]
     return [*lines, ""]
+
+
+def _mib(count: int | None) -> str:
+    return "n/a" if count is None else f"{count / 2**20:.1f}"
 
 
 def findings(pipeline: SplitFigures, tensor: SplitFigures, single: LinkRow) -> list[str]:

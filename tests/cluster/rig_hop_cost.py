@@ -34,7 +34,7 @@ from bench.stream_client import request_body, stream_chat
 from exo.api.types.openai_chat import ChatMessage
 from exo.shared.types.cluster_api import InstanceList
 from tests.cluster.netns_rig import NetnsRig, RigNode
-from tests.cluster.rig_split_extras import planned_memory, prefill, streams_at_once
+from tests.cluster.rig_split_extras import prefill, rank_memory, streams_at_once
 from tests.cluster.tun_link import DEVICE, MTU, TunLink
 from tests.exo_server import fixture_model
 
@@ -95,9 +95,10 @@ def _row(label: str, runs: list[StreamMeasurement]) -> dict[str, Any]:
 def _extras(
     rig: NetnsRig, asked: RigNode, alpha: RigNode, model: str, arguments: argparse.Namespace, *, label: str
 ) -> dict[str, Any]:
-    """Several streams at once, long prompts and the planned memory (rig_split_extras.py), at no added delay."""
+    """Several streams at once, long prompts and each rank's memory (rig_split_extras.py), at no added delay."""
     instance = next(item for item in _instances(rig, alpha).data if item.ready)
-    row: dict[str, Any] = {"extras": label, "load_average": os.getloadavg()[0], "memory": planned_memory(instance)}
+    memory = rank_memory(instance, rig.get(alpha, "/state", timeout=10)["runners"])
+    row: dict[str, Any] = {"extras": label, "load_average": os.getloadavg()[0], "memory": memory}
     row["streams"] = streams_at_once(rig, asked, model, arguments.max_tokens, arguments.streams)
     row["prefill"] = prefill(rig, asked, model, arguments.requests)
     print(json.dumps(row))

@@ -1,6 +1,7 @@
 """What rig_hop_cost measures beside one request's decode speed, with `--extras` (issue 34's list): several streams
-at once (aggregate tok/s), a long prompt read (prompt tok/s from the time to first token) and each rank's planned
-memory. Run at no added delay, for a split and for the model on one node alike."""
+at once (aggregate tok/s), a long prompt read (prompt tok/s from the time to first token) and each rank's memory
+(planned by placement, and the weights its runner holds as loaded). Run at no added delay, for a split and for the
+model on one node alike."""
 
 import asyncio
 import statistics
@@ -63,6 +64,15 @@ def prefill(rig: NetnsRig, node: RigNode, model: str, requests: int) -> dict[str
     }
 
 
-def planned_memory(instance: PlacedInstanceView) -> list[dict[str, Any]]:
-    """Each rank's node and the memory placement planned for it (its weights plus room to serve)."""
-    return [{"rank": rank.rank, "node": rank.node_name, "planned_bytes": rank.planned_bytes} for rank in instance.ranks]
+def rank_memory(instance: PlacedInstanceView, runners: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each rank's node, the memory placement planned for it (its weights plus room to serve) and the bytes of
+    weights its runner reports holding as loaded (`runners`: /state's runners; None where a runner did not say)."""
+    return [
+        {
+            "rank": rank.rank,
+            "node": rank.node_name,
+            "planned_bytes": rank.planned_bytes,
+            "weights_bytes": (runners.get(rank.runner_id or "", {}).get("metadata") or {}).get("weights_bytes"),
+        }
+        for rank in instance.ranks
+    ]
