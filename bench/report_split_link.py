@@ -168,7 +168,7 @@ def report(run: LinkRun, command: str, layers: int | None = None) -> list[str]:
 def extras_table(extras: list[ExtrasRow]) -> list[str]:
     streams = extras[0].streams.streams
     header = ["at +0 ms", f"{streams} streams at once, tok/s", "prompt tok/s (long prompt)", "prompt tokens"]
-    header += ["planned memory per rank (MiB)", "weights held per rank (MiB)", "load"]
+    header += ["planned memory per rank (MiB)", "weights held per rank", "load"]
     rows = [
         [
             row.extras,
@@ -176,7 +176,7 @@ def extras_table(extras: list[ExtrasRow]) -> list[str]:
             f"{row.prefill.median_prompt_tokens_per_s:.0f}",
             f"{statistics.median(row.prefill.prompt_tokens):.0f}",
             ", ".join(f"{rank.planned_bytes / 2**20:.0f}" for rank in row.memory),
-            ", ".join(_mib(rank.weights_bytes) for rank in row.memory),
+            ", ".join(_held(rank.weights_bytes) for rank in row.memory),
             f"{row.load_average:.1f}",
         ]
         for row in extras
@@ -202,8 +202,10 @@ def extras_table(extras: list[ExtrasRow]) -> list[str]:
     return [*lines, ""]
 
 
-def _mib(count: int | None) -> str:
-    return "n/a" if count is None else f"{count / 2**20:.1f}"
+def _held(count: int | None) -> str:
+    if count is None:
+        return "n/a"
+    return f"{count / 2**20:.1f} MiB" if count >= 2**20 else f"{count / 2**10:.0f} KiB"
 
 
 def findings(pipeline: SplitFigures, tensor: SplitFigures, single: LinkRow) -> list[str]:
