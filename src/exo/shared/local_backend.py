@@ -4,12 +4,14 @@ the installed MLX wheels, never by importing MLX (the API process and `exo model
 import importlib.metadata
 import platform
 import sys
+from functools import cache
 
 from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting
 from exo.shared.types.footprint import WeightsInMemory, weights_in_memory
 from exo.shared.types.state import MlxBackend
 
 
+@cache  # reading every installed wheel's metadata takes a fifth of a second, and the wheels stay as they are
 def mlx_backend() -> MlxBackend:
     """Metal on Apple silicon, CUDA where an mlx-cuda wheel is installed, else the CPU backend."""
     if sys.platform == "darwin" and platform.machine() == "arm64":
