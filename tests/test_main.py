@@ -10,7 +10,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from pathlib import Path
 
 import httpx
@@ -30,22 +30,40 @@ MODEL = "tiny-qwen-tools"
 
 
 def test_ctrl_c_stops_the_node_and_its_runner_without_an_error_in_the_log(tmp_path: Path) -> None:
-    with running_exo([fixture_model(MODEL)], tmp_path, ready_timeout=300) as server:
+    with _serving(fixture_model(MODEL), tmp_path) as (server, runner_pid):
         body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello!"}]}
         answer = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
         assert answer.json()["choices"][0]["message"]["content"] == GREETING_REPLY
-        runner_pid = server.runner()["pid"]
-        assert isinstance(runner_pid, int)
 
         os.killpg(server.process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         assert server.process.wait(timeout=60) == 130
         log = server.log()
     assert " ERROR " not in log, log
     assert "Traceback" not in log, log
-    assert not Path(f"/proc/{runner_pid}").exists() or _zombie(runner_pid), log
+    assert _gone(runner_pid), log
 
 
-def _zombie(pid: int) -> bool:
+@contextlib.contextmanager
+def _serving(model: Path, tmp_path: Path) -> Generator[tuple[ExoServer, int]]:
+    """A node serving `model`, and its runner's pid."""
+    with running_exo([model], tmp_path, ready_timeout=300) as server:
+        runner_pid = server.runner()["pid"]
+        assert isinstance(runner_pid, int)
+        yield server, runner_pid
+
+
+def _endless(tmp_path: Path) -> Path:
+    """The fixture model that never ends a reply, with room for a stream that runs for minutes (ENDLESS_STREAM)."""
+    return endless_copy(tmp_path / "models-src", context_length=1 << 16)
+
+
+ENDLESS_STREAM = {"model": ENDLESS, "messages": [user("Hello!")], "max_tokens": 60_000, "stream": True}
+
+
+def _gone(pid: int) -> bool:
+    """The process `pid` has exited (a zombie not yet reaped counts)."""
+    if not Path(f"/proc/{pid}").exists():
+        return True
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
 
@@ -206,11 +224,7 @@ def test_a_stop_signal_ends_a_long_stream_with_the_dialects_error_and_the_node_e
     """A stream that would run for minutes does not hold the node: after the grace it ends with the dialect's error
     event saying the node is shutting down, the runner is stopped and the node exits with the documented status,
     its log free of tracebacks. Ctrl-C goes to the whole process group, as a terminal sends it."""
-    endless = endless_copy(tmp_path / "models-src", context_length=1 << 16)
-    with running_exo([endless], tmp_path, ready_timeout=300) as server:
-        runner_pid = server.runner()["pid"]
-        assert isinstance(runner_pid, int)
-        body = {"model": ENDLESS, "messages": [user("Hello!")], "max_tokens": 60_000, "stream": True}
+    with _serving(_endless(tmp_path), tmp_path) as (server, runner_pid):
         signalled = 0.0
 
         def stop() -> None:
@@ -221,7 +235,7 @@ def test_a_stop_signal_ends_a_long_stream_with_the_dialects_error_and_the_node_e
                 server.process.send_signal(stop_signal)
             signalled = time.monotonic()
 
-        lines = _stream_until_stopped(server, dialect, body, stop)
+        lines = _stream_until_stopped(server, dialect, ENDLESS_STREAM, stop)
         stream_ended = time.monotonic() - signalled
         assert server.process.wait(timeout=60) == status
         stopped = time.monotonic() - signalled
@@ -241,13 +255,11 @@ def test_a_stop_signal_ends_a_long_stream_with_the_dialects_error_and_the_node_e
     assert stopped <= SHUTDOWN_GRACE_SECONDS + SHUTDOWN_SNAPSHOT_SECONDS + EXIT_SLACK_SECONDS, stopped
     assert "Traceback" not in log, log
     assert " ERROR " not in log, log
-    assert not Path(f"/proc/{runner_pid}").exists() or _zombie(runner_pid), log
+    assert _gone(runner_pid), log
 
 
 def test_a_node_serving_no_request_exits_promptly_on_sigterm(tmp_path: Path) -> None:
-    with running_exo([fixture_model(MODEL)], tmp_path, ready_timeout=300) as server:
-        runner_pid = server.runner()["pid"]
-        assert isinstance(runner_pid, int)
+    with _serving(fixture_model(MODEL), tmp_path) as (server, runner_pid):
         server.process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         assert server.process.wait(timeout=60) == 0
@@ -255,15 +267,11 @@ def test_a_node_serving_no_request_exits_promptly_on_sigterm(tmp_path: Path) -> 
         log = server.log()
     assert stopped < 4, (stopped, log)
     assert "Traceback" not in log, log
-    assert not Path(f"/proc/{runner_pid}").exists() or _zombie(runner_pid), log
+    assert _gone(runner_pid), log
 
 
 def test_a_second_ctrl_c_exits_at_once_without_waiting_for_the_grace(tmp_path: Path) -> None:
-    endless = endless_copy(tmp_path / "models-src", context_length=1 << 16)
-    with running_exo([endless], tmp_path, ready_timeout=300) as server:
-        runner_pid = server.runner()["pid"]
-        assert isinstance(runner_pid, int)
-        body = {"model": ENDLESS, "messages": [user("Hello!")], "max_tokens": 60_000, "stream": True}
+    with _serving(_endless(tmp_path), tmp_path) as (server, runner_pid):
         signalled = 0.0
 
         def stop_twice() -> None:
@@ -273,10 +281,10 @@ def test_a_second_ctrl_c_exits_at_once_without_waiting_for_the_grace(tmp_path: P
             time.sleep(0.5)
             os.killpg(server.process.pid, signal.SIGINT)
 
-        _stream_until_stopped(server, "/v1/chat/completions", body, stop_twice)
+        _stream_until_stopped(server, "/v1/chat/completions", ENDLESS_STREAM, stop_twice)
         assert server.process.wait(timeout=60) == 130
         stopped = time.monotonic() - signalled
         log = server.log()
     assert stopped < SHUTDOWN_GRACE_SECONDS - 1, (stopped, log)
     assert "Traceback" not in log, log
-    assert not Path(f"/proc/{runner_pid}").exists() or _zombie(runner_pid), log
+    assert _gone(runner_pid), log
