@@ -197,6 +197,8 @@ class Worker:
         """Kill every runner process now, without waiting (a forced exit)."""
         for supervisor in self._supervisors.values():
             supervisor.kill()
+        for supervisor in self._supervisors.values():
+            supervisor.reap()
 
     def _register(self, config: RunnerConfig, instance_id: InstanceId | None = None) -> RunnerSupervisor:
         runner_id = new_runner_id()

@@ -65,6 +65,8 @@ RECENT_TASKS_KEPT = 16
 MAX_RESTART_DELAY_SECONDS = 10.0
 # While tokens are generated, the runner's rate reaches /state this often (besides its other changes).
 RATE_REPORT_SECONDS = 1.0
+KILLED_REAP_SECONDS = 2.0
+"""How long the node waits for a runner it killed to be gone (SIGKILL takes effect within milliseconds)."""
 
 
 def restart_delay(consecutive_crashes: int) -> float:
@@ -189,13 +191,20 @@ class RunnerSupervisor:
             await anyio.to_thread.run_sync(process.join, SHUTDOWN_SNAPSHOT_SECONDS + 3.0)
             if process.is_alive():
                 process.kill()
+                await anyio.to_thread.run_sync(process.join, KILLED_REAP_SECONDS)
         self.status = "shutdown"
         self._on_change()
 
     def kill(self) -> None:
-        """Kill the runner process now (a forced exit: its snapshots go unwritten)."""
+        """Send the runner process SIGKILL now (a forced exit: its snapshots go unwritten); `reap` waits for it."""
         if self._process is not None and self._process.is_alive():
             self._process.kill()
+
+    def reap(self, timeout: float = KILLED_REAP_SECONDS) -> None:
+        """Wait up to `timeout` s for the killed runner to be gone: SIGKILL only starts its exit (the kernel frees
+        its memory first), and a node that exits at once must not leave it running behind."""
+        if self._process is not None:
+            self._process.join(timeout)
 
     # ---- process management -----------------------------------------------------------------
 
