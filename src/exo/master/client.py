@@ -221,12 +221,11 @@ class BusMasterClient:
         for pending in list(self._by_command.values()):
             accepted = pending.accepted
             if accepted is None:
-                refusal = TaskRefused(command_id=pending.command.command_id, reason="model_unavailable", message=reason)
-                pending.refusal = refusal
-                pending.answered.set()
+                self._on_reply(
+                    TaskRefused(command_id=pending.command.command_id, reason="model_unavailable", message=reason)
+                )
             else:
-                _deliver(pending, ErrorChunk(error="model_unavailable", message=reason))
-                pending.sender.close()
+                _end_with(pending, ErrorChunk(error="model_unavailable", message=reason))
                 self._stop(accepted)
 
     # ---- replies ----------------------------------------------------------------------------
@@ -271,8 +270,7 @@ class BusMasterClient:
             return True
         logger.error("chunks %d-%d of a task were lost on the way from its node", pending.next_sequence, sequence - 1)
         lost = "part of the answer was lost on the way from the node generating it"
-        _deliver(pending, ErrorChunk(error="generation_failed", message=lost))
-        pending.sender.close()
+        _end_with(pending, ErrorChunk(error="generation_failed", message=lost))
         return False
 
     def _on_membership(self, old: MembershipView, new: MembershipView) -> None:
@@ -281,8 +279,7 @@ class BusMasterClient:
             accepted = pending.accepted
             if accepted is not None and accepted.node_id in gone:
                 message = f"node {accepted.node_id}, which was generating this answer, left the cluster"
-                _deliver(pending, ErrorChunk(error="node_left", message=message))
-                pending.sender.close()
+                _end_with(pending, ErrorChunk(error="node_left", message=message))
             elif accepted is None and new.master != old.master:
                 self._send(pending)
 
@@ -310,6 +307,12 @@ class BusMasterClient:
         self._by_command.pop(pending.command.command_id, None)
         if pending.accepted is not None:
             self._by_task.pop(pending.accepted.task_id, None)
+
+
+def _end_with(pending: _Pending, error: ErrorChunk) -> None:
+    """End the request's stream with `error` (its last chunk)."""
+    _deliver(pending, error)
+    pending.sender.close()
 
 
 def _deliver(pending: _Pending, chunk: Chunk) -> None:
