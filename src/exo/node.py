@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio.to_thread
 import zenoh
 from anyio.abc import TaskGroup
 
@@ -23,7 +24,9 @@ from exo.cluster.cluster_tls import tls_link_config
 from exo.cluster.event_log import EventLog
 from exo.cluster.identity import NodeIdentity, claim_node_identity
 from exo.cluster.instance_keeper import InstanceKeeper
+from exo.cluster.link_probe import LinkProber
 from exo.cluster.membership import Membership
+from exo.cluster.memory_bandwidth import measure_memory_bandwidth
 from exo.cluster.node_facts import NodeDescriber
 from exo.cluster.peers import PeerConnector
 from exo.cluster.settings import ClusterSettings, zenoh_config
@@ -105,6 +108,11 @@ def api_settings(config: NodeConfig) -> ApiSettings:
     )
 
 
+async def _measure_memory_bandwidth(describe: NodeDescriber) -> None:
+    """Publish the node's memory bandwidth from its next report on (measured off the event loop)."""
+    describe.memory_bandwidth = await anyio.to_thread.run_sync(measure_memory_bandwidth)
+
+
 @dataclass(frozen=True)
 class _JoinedParts:
     bus: Bus
@@ -116,6 +124,7 @@ class _JoinedParts:
     master_client: BusMasterClient
     keeper: InstanceKeeper
     file_server: ModelFileServer
+    links: LinkProber
 
 
 class Node:
@@ -167,6 +176,7 @@ class Node:
             ),
             keeper=keeper,
             file_server=ModelFileServer(bus.session, topics.root, node_id),
+            links=LinkProber(bus, topics, membership),
         )
         logger.info(
             "node %s joined cluster %r (listening on %s)", node_id, topics.cluster, ", ".join(config.cluster.listen)
@@ -188,6 +198,7 @@ class Node:
             api_key_verifier=make_verifier(config.api_key) if config.api_key else None,
             cpu_kernels=config.cpu_kernels,
             cpu_weights=config.cpu_weights,
+            links=parts.links.measurements,
         )
         self._worker = worker = Worker(
             task_group,
@@ -221,9 +232,11 @@ class Node:
             parts.peers,
             parts.keeper,
             ranks,
+            parts.links,
         )
         for component in components:
             task_group.start_soon(component.run, name=type(component).__name__)
+        task_group.start_soon(_measure_memory_bandwidth, describe)
         place = self._keep_placed if config.min_nodes > 1 else None
         for spec in config.models:
             task_group.start_soon(worker.prepare_and_load, spec, self._runner_config, config.models_dir, place)

@@ -3,11 +3,13 @@ nodes with a given free memory, and one placement from them."""
 
 from exo.master.instance_placement import place_instance
 from exo.shared.types.common import CommandId, InstanceId, ModelId, NodeId
+from exo.shared.types.events import NodeReported
 from exo.shared.types.footprint import ModelFootprint
 from exo.shared.types.instances import PlacedInstance, PlaceInstance
+from exo.shared.types.links import LinkMeasurement
 from exo.shared.types.state import State
 from exo.shared.types.worker.shards import ParallelChoice
-from tests.shared.state_builders import NODE_A, fold, reported
+from tests.shared.state_builders import NODE_A, facts, fold, reported
 
 # 8 layers of 100 M parameters and 100 M shared (0.37 GiB each in float32); 8 heads, 2 KV heads, MLP width 4096.
 FOOTPRINT = ModelFootprint(
@@ -47,3 +49,25 @@ def nodes_free(*free_gib: tuple[NodeId, float]) -> State:
 def place(state: State, request: PlaceInstance) -> PlacedInstance:
     """The master's placement of `request` in `state` as instance i1."""
     return place_instance(state, request, InstanceId("i1"), now=5.0, draw_ports=draw_ports)
+
+
+def nodes_measured(
+    free_gib: float, *node_ids: NodeId, bandwidth_gb_s: float | None, round_trip_ms: float | None
+) -> State:
+    """The state once each node reported `free_gib` free, the memory bandwidth it measured (None: not yet) and the
+    round trip to every other node (None: not yet measured)."""
+    reports: list[tuple[NodeReported, NodeId]] = []
+    for node_id in node_ids:
+        links = {
+            peer: LinkMeasurement(round_trip_ms=round_trip_ms, samples=5, measured_at=1.0)
+            for peer in node_ids
+            if peer != node_id and round_trip_ms is not None
+        }
+        measured = facts(node_id, available_gib=free_gib).model_copy(
+            update={
+                "links": links,
+                "memory_bandwidth_bytes_per_second": None if bandwidth_gb_s is None else bandwidth_gb_s * 1e9,
+            }
+        )
+        reports.append((NodeReported(facts=measured), node_id))
+    return fold(*reports)

@@ -118,6 +118,24 @@ class Bus:
 
         return await anyio.to_thread.run_sync(collect)
 
+    async def round_trip(self, key: str, adapter: TypeAdapter[T], replier: str, timeout: float) -> float | None:
+        """Seconds from sending a query on `key` to the first valid reply from the session `replier` (a zenoh id),
+        timed on the thread that waits for it so the event loop's scheduling is not counted; None when none came
+        within `timeout`."""
+
+        def timed() -> float | None:
+            started = time.perf_counter()
+            for reply in self.session.get(key, timeout=timeout, consolidation=zenoh.ConsolidationMode.NONE):
+                elapsed = time.perf_counter() - started
+                sample = reply.ok
+                if sample is None or reply.replier_id is None or str(reply.replier_id.zid) != replier:
+                    continue
+                if self._validate(str(sample.key_expr), sample.payload.to_bytes(), adapter) is not None:
+                    return elapsed
+            return None
+
+        return await anyio.to_thread.run_sync(timed)
+
     async def close(self) -> None:
         """Leave the cluster: peers see this node's tokens go at once."""
         for sender in self._senders:

@@ -21,6 +21,7 @@ from exo.shared.local_backend import mlx_backend
 from exo.shared.types.api_key import ApiKeyVerifier
 from exo.shared.types.common import NodeId
 from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting
+from exo.shared.types.links import LinkMeasurement
 from exo.shared.types.state import MlxBackend, NodeFacts, NodeMemory
 
 
@@ -88,6 +89,10 @@ class NodeDescriber:
     started_at: float = field(default_factory=time.time)
     # Published so that every node of the cluster requires a key once one node has one (api/cluster_keys.py).
     api_key_verifier: ApiKeyVerifier | None = None
+    # The round trip to each peer (cluster/link_probe.py LinkProber.measurements).
+    links: Callable[[], dict[NodeId, LinkMeasurement]] = dict[NodeId, LinkMeasurement]
+    # Set once the node has measured it (cluster/memory_bandwidth.py), off the event loop, soon after it starts.
+    memory_bandwidth: float | None = None
     _platform: str = field(default_factory=platform.platform)
     _device: str = field(default_factory=device_name)
     _backend: MlxBackend = field(default_factory=mlx_backend)
@@ -110,4 +115,6 @@ class NodeDescriber:
             api_key_verifier=self.api_key_verifier,
             cpu_kernels=self.cpu_kernels,
             cpu_weights=self.cpu_weights,
+            links=self.links(),
+            memory_bandwidth_bytes_per_second=self.memory_bandwidth,
         )

@@ -48,6 +48,10 @@ class Topics:
         """The node answers queries here with the start time of its session (how its token is checked)."""
         return f"{self.root}/claims/{node_id}"
 
+    def link_probe(self, node_id: NodeId) -> str:
+        """The node answers queries here at once: peers time the round trip (cluster/link_probe.py)."""
+        return f"{self.root}/probe/{node_id}"
+
     @property
     def local_events(self) -> str:
         """Nodes → master: reports to be ordered."""

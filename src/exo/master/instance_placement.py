@@ -2,15 +2,18 @@
 addresses the ranks meet at. Pure but for the ports, which the caller draws (so tests fix them)."""
 
 from collections.abc import Callable
+from contextlib import suppress
 
-from exo.master.pipeline_placement import NodeCapacity, PlacementError, plan_pipeline
+from exo.master.pipeline_placement import NodeCapacity, PipelinePlan, PlacementError, plan_pipeline
 from exo.master.split_choice import choose_split, placement_reason
+from exo.master.split_estimates import estimates_of
 from exo.master.tensor_placement import plan_tensor
 from exo.shared.apply import is_up
 from exo.shared.types.common import InstanceId, NodeId
+from exo.shared.types.footprint import ModelFootprint
 from exo.shared.types.instances import PlacedInstance, PlaceInstance, RankPlacement
 from exo.shared.types.state import State
-from exo.shared.types.worker.shards import PipelinePeers
+from exo.shared.types.worker.shards import Parallelism, PipelinePeers
 
 # Ring and task ports are drawn below Linux's ephemeral range (32768+), where outgoing connections take theirs.
 PORT_RANGE = (20000, 32000)
@@ -46,10 +49,20 @@ def place_instance(
         for node_id, node in sorted(state.nodes.items())
         if is_up(state, node_id) and node_id not in excluded
     ]
-    choice = choose_split(request.parallel, request.footprint)
+    if request.parallel == "auto":
+        candidates = auto_candidates(request.model_id, request.footprint, capacities, request.min_nodes)
+        choice = choose_split("auto", request.footprint, estimates_of(state, request.footprint, candidates))
+        chosen = [
+            plan
+            for parallel, plan in candidates
+            if parallel == choice.parallel and len(plan.node_ids) == (choice.world_size or len(plan.node_ids))
+        ]
+        plan = chosen[0]  # the candidates' first pipeline is the one `auto` takes without figures
+    else:
+        choice = choose_split(request.parallel, request.footprint)
+        planner = plan_tensor if choice.parallel == "tensor" else plan_pipeline
+        plan = planner(request.model_id, request.footprint, capacities, min_nodes=request.min_nodes)
     parallel = choice.parallel
-    planner = plan_tensor if parallel == "tensor" else plan_pipeline
-    plan = planner(request.model_id, request.footprint, capacities, min_nodes=request.min_nodes)
     ranks: list[RankPlacement] = []
     planned_ranks = zip(plan.node_ids, plan.layer_counts, plan.planned_bytes, strict=True)
     for rank, (node_id, count, planned) in enumerate(planned_ranks):
@@ -79,3 +92,20 @@ def place_instance(
         peers=peers,
         placed_at=now,
     )
+
+
+def auto_candidates(
+    model: str, footprint: ModelFootprint, capacities: list[NodeCapacity], min_nodes: int
+) -> list[tuple[Parallelism, PipelinePlan]]:
+    """What `auto` weighs: the smallest pipeline (one node where one holds the model and `min_nodes` allows), a
+    pipeline over two nodes or more beside one node, and the smallest tensor split over two or more whose heads
+    divide. Raises the smallest pipeline's PlacementError when the model fits nowhere."""
+    smallest = plan_pipeline(model, footprint, capacities, min_nodes=min_nodes)
+    candidates: list[tuple[Parallelism, PipelinePlan]] = [("pipeline", smallest)]
+    split_min = max(min_nodes, 2)
+    if len(smallest.node_ids) == 1:
+        with suppress(PlacementError):  # too few nodes
+            candidates.append(("pipeline", plan_pipeline(model, footprint, capacities, min_nodes=split_min)))
+    with suppress(PlacementError):  # too few nodes, or heads that so many nodes do not divide
+        candidates.append(("tensor", plan_tensor(model, footprint, capacities, min_nodes=split_min)))
+    return candidates

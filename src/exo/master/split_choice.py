@@ -2,14 +2,16 @@
 
 Each token of a tensor split waits for two all-sums per layer over the link and the chosen token (2L + 1
 exchanges), a pipeline's for about three whatever its depth (1.4 and 3.3 ms/token per added ms of round trip in
-two runs on the rig); a tensor split saves compute (each rank does 1/N of every layer), which pays only where that
-saving is larger than the 2L - 2 extra exchanges. Measured on the rig with the test model (docs/PERFORMANCE.md,
-"Tensor against pipeline against one node over a slow link"), the tensor split was slower than the pipeline at
-every added round trip, +0 included, and one node faster than both. The cluster measures neither its links' round
-trip nor a node's compute per token, so `auto` does not bet on tensor: it splits by layers (and a model one node
-holds, with `min_nodes` 1, goes on one node). `parallel: "tensor"` asks for the matrix split.
+two runs on the rig); a tensor split saves compute (each rank reads 1/N of every layer), which pays only where that
+saving is larger than the 2L - 2 extra exchanges. So `auto` weighs each candidate — one node (when it holds the
+model and `min_nodes` allows), a pipeline and a tensor split over the nodes placement would choose — by its
+estimated time per token: its compute (the bytes its ranks read per token over each node's measured memory
+bandwidth) plus its exchanges times the slowest measured round trip between its nodes, and takes the least. A
+candidate whose figures are not all measured yet (a node just joined) leaves the rule without its figures: `auto`
+then splits by layers as it did before the cluster measured anything, and says which figure it lacked.
 """
 
+from collections.abc import Sequence
 from typing import Final
 
 from exo.shared.types.common import FrozenModel
@@ -26,29 +28,96 @@ def tensor_round_trips_per_token(num_layers: int) -> int:
     return 2 * num_layers + 1
 
 
+class SplitEstimate(FrozenModel):
+    """One candidate for `auto`: a split over `world_size` nodes and its estimated time per token."""
+
+    parallel: Parallelism
+    world_size: int
+    # Bytes read per token over memory bandwidth, summed along the pipeline's ranks or the slowest tensor rank.
+    compute_ms: float | None
+    # Exchanges a token waits for on the link (0 on one node).
+    exchanges: int
+    # The slowest measured round trip between the candidate's nodes (0 on one node).
+    round_trip_ms: float | None
+    # What was not measured (None when every figure was).
+    missing: str | None = None
+
+    @property
+    def label(self) -> str:
+        if self.world_size == 1:
+            return "one node"
+        return f"{'tensor' if self.parallel == 'tensor' else 'pipeline'} over {self.world_size} nodes"
+
+    @property
+    def total_ms(self) -> float | None:
+        if self.compute_ms is None or self.round_trip_ms is None:
+            return None
+        return self.compute_ms + self.exchanges * self.round_trip_ms
+
+    def describe(self) -> str:
+        total, compute = self.total_ms, self.compute_ms
+        assert total is not None, "described only once measured"
+        assert compute is not None, "described only once measured"
+        if self.world_size == 1:
+            return f"{self.label} est. {format_ms(total)} ms/token (compute {format_ms(compute)}, no link)"
+        return (
+            f"{self.label} est. {format_ms(total)} ms/token (compute {format_ms(compute)} + {self.exchanges} × "
+            f"{format_ms(self.round_trip_ms or 0.0)} ms round trip)"
+        )
+
+
 class SplitChoice(FrozenModel):
     parallel: Parallelism
     # Why: "asked for", or the `auto` rule's reason, with the figures for this model.
     reason: str
+    # The number of nodes `auto` chose (None: the planner's smallest, as for a split asked for).
+    world_size: int | None = None
 
 
-def choose_split(choice: ParallelChoice, footprint: ModelFootprint) -> SplitChoice:
-    """The split a request for `choice` gets (before the nodes are chosen)."""
+def choose_split(
+    choice: ParallelChoice, footprint: ModelFootprint, estimates: Sequence[SplitEstimate] = ()
+) -> SplitChoice:
+    """The split a request for `choice` gets, from the candidates' `estimates` (placement measures them)."""
     if choice != "auto":
         return SplitChoice(parallel=choice, reason=f"{choice} asked for")
+    missing = [estimate for estimate in estimates if estimate.total_ms is None]
+    split = [estimate for estimate in estimates if estimate.world_size > 1]
+    if missing or not split:
+        return _unmeasured(footprint, missing)
+    best = min(estimates, key=lambda estimate: (estimate.total_ms or 0.0, estimate.world_size, estimate.parallel))
+    others = [estimate.describe() for estimate in estimates if estimate is not best]
+    return SplitChoice(
+        parallel=best.parallel,
+        world_size=best.world_size,
+        reason=f"auto: {best.describe()}" + (f" against {'; '.join(others)}" if others else ""),
+    )
+
+
+def _unmeasured(footprint: ModelFootprint, missing: Sequence[SplitEstimate]) -> SplitChoice:
+    """Before the cluster measured what the rule weighs: by layers, as `auto` always did."""
     tensor_trips = tensor_round_trips_per_token(footprint.num_layers)
+    lacking = "; ".join(dict.fromkeys(estimate.missing or "" for estimate in missing if estimate.missing))
+    why = f"not measured yet: {lacking}" if lacking else "no split to weigh against"
     return SplitChoice(
         parallel="pipeline",
         reason=(
-            f"auto: by layers; split by matrices, this model's {footprint.num_layers} layers would wait for "
+            f"auto: by layers ({why}); split by matrices, this model's {footprint.num_layers} layers would wait for "
             f"{tensor_trips} round trips per token on the link against the pipeline's "
-            f"{PIPELINE_ROUND_TRIPS_PER_TOKEN}, and the cluster does not measure its links to know that they pay"
+            f"{PIPELINE_ROUND_TRIPS_PER_TOKEN}"
         ),
     )
 
 
 def placement_reason(choice: SplitChoice, world_size: int) -> str:
     """The reason an instance over `world_size` nodes shows for its split (one node: no split at all)."""
-    if world_size > 1:
+    if world_size > 1 or choice.world_size == 1:
         return choice.reason
     return f"on one node, which holds the whole model: nothing to split ({choice.reason})"
+
+
+def format_ms(value: float) -> str:
+    """Milliseconds as the reason shows them: one decimal from 1 ms, else three or four (a fast link's round trip
+    and a small model's compute are fractions of one)."""
+    if value >= 1:
+        return f"{value:.1f}"
+    return f"{value:.3f}" if value >= 0.01 else f"{value:.4f}"

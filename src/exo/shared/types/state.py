@@ -14,6 +14,7 @@ from exo.shared.types.common import FrozenModel, InstanceId, ModelId, NodeId, Ru
 from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting
 from exo.shared.types.footprint import WeightsInMemory, weights_in_memory
 from exo.shared.types.instances import PendingPlacement, PlacedInstance
+from exo.shared.types.links import LinkMeasurement
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.request_record import RequestRecord
 from exo.shared.types.worker.runner_response import ModelMetadata, StepTimes
@@ -61,6 +62,12 @@ class NodeFacts(FrozenModel):
     cpu_kernels: CpuKernelsSetting = "auto"
     # The node's `--cpu-weights` setting: float32 or int8 where the CPU engine applies (placement plans with it).
     cpu_weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS
+    # The round trip to each peer this node measured (cluster/link_probe.py): what `auto` weighs a split's
+    # exchanges with. A peer not measured yet (just joined) is absent.
+    links: dict[NodeId, LinkMeasurement] = Field(default_factory=dict[NodeId, LinkMeasurement])
+    # Bytes per second this node's CPU copies through memory (cluster/memory_bandwidth.py), measured once at start:
+    # what `auto` turns a model's bytes read per token into time with. None where it was not measured.
+    memory_bandwidth_bytes_per_second: float | None = None
 
     @property
     def weights_in_memory(self) -> WeightsInMemory:

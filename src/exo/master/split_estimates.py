@@ -1,0 +1,85 @@
+"""The figures `auto` weighs (master/split_choice.py), from what the nodes measured and published in their facts:
+each node's memory bandwidth (cluster/memory_bandwidth.py) and the round trip between each pair of them
+(cluster/link_probe.py).
+
+Compute per token is the bytes a rank reads per token over its node's memory bandwidth: decoding reads every
+weight once a token, so a rank's held weights are what it reads (the weights outside the layers counted whole: the
+output head is read whole, the embedding table only one row, so this overstates every candidate by the same
+embedding bytes). Ranks of a pipeline run one after another, so their times add up; ranks of a tensor split run
+at once, so the slowest decides. What a step costs beyond reading weights (launching kernels, Python) is not
+counted: it is not divided by a split, so leaving it out favours neither a pipeline nor one node, and flatters a
+tensor split, whose every rank runs every layer's kernels.
+"""
+
+from collections.abc import Sequence
+
+from exo.master.pipeline_placement import PipelinePlan
+from exo.master.split_choice import PIPELINE_ROUND_TRIPS_PER_TOKEN, SplitEstimate, tensor_round_trips_per_token
+from exo.shared.types.common import NodeId
+from exo.shared.types.footprint import ModelFootprint
+from exo.shared.types.state import State
+from exo.shared.types.worker.shards import Parallelism
+
+
+def pair_round_trip_ms(state: State, first: NodeId, second: NodeId) -> float | None:
+    """The slower of the two nodes' measurements of their link (either one when only one measured it)."""
+    measured = [
+        link.round_trip_ms
+        for node, peer in ((first, second), (second, first))
+        if node in state.nodes and (link := state.nodes[node].facts.links.get(peer)) is not None
+    ]
+    return max(measured) if measured else None
+
+
+def split_estimate(state: State, footprint: ModelFootprint, parallel: Parallelism, plan: PipelinePlan) -> SplitEstimate:
+    """The estimated time per token of `plan` (a pipeline's, or a tensor split's when `parallel` says so)."""
+    nodes = plan.node_ids
+    size = len(nodes)
+    missing: list[str] = []
+    rank_seconds: list[float] = []
+    for rank, node_id in enumerate(nodes):
+        facts = state.nodes[node_id].facts
+        bandwidth = facts.memory_bandwidth_bytes_per_second
+        if bandwidth is None or bandwidth <= 0:
+            missing.append(f"the memory bandwidth of {node_id}")
+            continue
+        if parallel == "tensor" and size > 1:
+            read = footprint.tensor_rank_bytes(size, weights=facts.weights_in_memory)
+        else:
+            start = sum(plan.layer_counts[rank + 1 :])
+            read = footprint.rank_bytes(start, start + plan.layer_counts[rank], weights=facts.weights_in_memory)
+            if rank > 0:  # the weights outside the layers are read once a token, not on every rank
+                read -= footprint.rank_bytes(0, 0, weights=facts.weights_in_memory)
+        rank_seconds.append(read / bandwidth)
+    compute = None
+    if not missing:
+        compute = 1000 * (max(rank_seconds) if parallel == "tensor" else sum(rank_seconds))
+    trips: list[float] = []
+    for index, first in enumerate(nodes):
+        for second in nodes[index + 1 :]:
+            trip = pair_round_trip_ms(state, first, second)
+            if trip is None:
+                missing.append(f"the round trip between {first} and {second}")
+            else:
+                trips.append(trip)
+    exchanges = 0
+    if size > 1:
+        exchanges = (
+            tensor_round_trips_per_token(footprint.num_layers)
+            if parallel == "tensor"
+            else PIPELINE_ROUND_TRIPS_PER_TOKEN
+        )
+    return SplitEstimate(
+        parallel=parallel,
+        world_size=size,
+        compute_ms=compute,
+        exchanges=exchanges,
+        round_trip_ms=None if len(trips) < size * (size - 1) // 2 else max(trips, default=0.0),
+        missing="; ".join(missing) or None,
+    )
+
+
+def estimates_of(
+    state: State, footprint: ModelFootprint, plans: Sequence[tuple[Parallelism, PipelinePlan]]
+) -> list[SplitEstimate]:
+    return [split_estimate(state, footprint, parallel, plan) for parallel, plan in plans]

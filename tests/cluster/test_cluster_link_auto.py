@@ -1,0 +1,99 @@
+"""Two real nodes on 127.0.0.1 measure the round trip between them over the cluster's transport and their memory
+bandwidth, publish both in /state, and an `auto` placement over both weighs the split by those figures.
+
+alpha serves tiny-qwen-tools-deep whole; beta (`--no-model`) joins it. Once each node's facts carry a measured round
+trip to the other, alpha is asked to place the model over 2 nodes with `parallel: auto`: the instance's
+`parallel_reason` names the estimate of each split with the round trip the nodes measured, and the split it names
+serves.
+"""
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from exo.master.split_choice import format_ms
+from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
+from tests.exo_server import fixture_model
+
+DEEP = "tiny-qwen-tools-deep"
+MEASURED_WITHIN_S = 60.0
+PLACED_WITHIN_S = 240.0
+REASON = re.compile(
+    r"auto: (?P<chosen>pipeline|tensor) over 2 nodes est\. [\d.]+ ms/token \(compute [\d.]+ \+ (?P<exchanges>\d+) × "
+    r"(?P<trip>[\d.]+) ms round trip\) against (?P<other>pipeline|tensor) over 2 nodes est\. [\d.]+ ms/token "
+    r"\(compute [\d.]+ \+ \d+ × (?P=trip) ms round trip\)"
+)
+
+
+def measured(state: dict[str, Any], node: str, peer: str) -> dict[str, Any] | None:
+    facts = state["nodes"][node]["facts"]
+    links: dict[str, dict[str, Any]] = facts["links"]
+    return links.get(peer) if facts["memory_bandwidth_bytes_per_second"] else None
+
+
+def pair_round_trip(state: dict[str, Any], alpha: str, beta: str) -> str:
+    """The round trip placement weighs, as the reason prints it: the slower of the two nodes' measurements."""
+    trips = [link["round_trip_ms"] for link in (measured(state, alpha, beta), measured(state, beta, alpha)) if link]
+    return format_ms(max(trips))
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, ClusterNode, ClusterNode]]:
+    with local_cluster(tmp_path_factory.mktemp("link-auto"), "link-auto") as running:
+        alpha = running.start("alpha", [fixture_model(DEEP)])
+        beta = running.start("beta", peers=[alpha])
+
+        def both_measured() -> bool:
+            state = alpha.state()
+            ids = (alpha.node_id, beta.node_id)
+            return all(
+                node in state["nodes"] and measured(state, node, peer) is not None
+                for node, peer in (ids, ids[::-1])
+            )
+
+        running.wait_until(alpha, both_measured, "each node's measured round trip to the other", MEASURED_WITHIN_S)
+        yield running, alpha, beta
+
+
+def test_each_node_publishes_its_measured_round_trip_to_the_other(
+    pair: tuple[LocalCluster, ClusterNode, ClusterNode],
+) -> None:
+    _cluster, alpha, beta = pair
+    state = alpha.state()
+    for node, peer in ((alpha.node_id, beta.node_id), (beta.node_id, alpha.node_id)):
+        facts = state["nodes"][node]["facts"]
+        link = facts["links"][peer]
+        # A zenoh query and its reply between two processes on one machine: more than nothing, far under the 2 s
+        # the probe waits.
+        assert 0 < link["round_trip_ms"] < 2000
+        assert 1 <= link["samples"] <= 5
+        assert link["measured_at"] > 0
+        # At least 100 MB/s: a node that copied memory at all (any machine reaches gigabytes per second).
+        assert facts["memory_bandwidth_bytes_per_second"] > 1e8
+        assert list(facts["links"]) == [peer]
+
+
+def test_an_auto_placement_weighs_the_splits_by_the_measured_round_trip_and_serves_its_choice(
+    pair: tuple[LocalCluster, ClusterNode, ClusterNode],
+) -> None:
+    cluster, alpha, beta = pair
+    before = pair_round_trip(alpha.state(), alpha.node_id, beta.node_id)
+    body = {"model": str(fixture_model(DEEP)), "min_nodes": 2, "parallel": "auto"}
+    response = httpx.post(f"{alpha.base_url}/v1/cluster/instances", json=body, timeout=60)
+    after = pair_round_trip(alpha.state(), alpha.node_id, beta.node_id)
+    assert response.status_code == 200, response.text
+    placed = response.json()
+    reason = placed["parallel_reason"]
+    match = REASON.fullmatch(reason)
+    assert match is not None, reason
+    # The figure the nodes published (it may have been measured again while the placement ran).
+    assert match["trip"] in {before, after}, (reason, before, after)
+    # 4 layers: a tensor split waits for 9 exchanges a token, a pipeline for 3.
+    assert int(match["exchanges"]) == (9 if match["chosen"] == "tensor" else 3)
+    assert {match["chosen"], match["other"]} == {"pipeline", "tensor"}
+    assert placed["parallel"] == match["chosen"]
+    instance = cluster.wait_serving(beta, 2, f"the {match['chosen']} split auto chose", PLACED_WITHIN_S)
+    assert (instance.parallel, instance.parallel_reason) == (match["chosen"], reason)
