@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="how a model placed over several nodes (--min-nodes 2 or more) is split: by layers (pipeline), by "
         "matrices, every node running every layer with a share of its heads (tensor), or auto (the master's "
-        "rule: by layers, since a tensor split waits on the link twice per layer; docs/CLUSTER.md); default auto. It "
+        "rule: the split with the least estimated time per token from the nodes' measured round trips and memory "
+        "bandwidth; by layers until they are measured; docs/CLUSTER.md); default auto. It "
         "applies to every --model here; POST /v1/cluster/instances places one model with its own choice",
     )
     parser.add_argument(

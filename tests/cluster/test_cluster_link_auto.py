@@ -50,8 +50,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluste
             state = alpha.state()
             ids = (alpha.node_id, beta.node_id)
             return all(
-                node in state["nodes"] and measured(state, node, peer) is not None
-                for node, peer in (ids, ids[::-1])
+                node in state["nodes"] and measured(state, node, peer) is not None for node, peer in (ids, ids[::-1])
             )
 
         running.wait_until(alpha, both_measured, "each node's measured round trip to the other", MEASURED_WITHIN_S)
@@ -87,6 +86,7 @@ def test_an_auto_placement_weighs_the_splits_by_the_measured_round_trip_and_serv
     assert response.status_code == 200, response.text
     placed = response.json()
     reason = placed["parallel_reason"]
+    print(f"parallel_reason: {reason}")  # the figures of this run, for the record (pytest -s)
     match = REASON.fullmatch(reason)
     assert match is not None, reason
     # The figure the nodes published (it may have been measured again while the placement ran).

@@ -181,7 +181,7 @@ def build_server(client: NodeClient) -> MCPServer:
             ParallelChoice,
             Field(
                 description="pipeline: by layers; tensor: by matrices, every node running every layer with a share "
-                "of its heads; auto: the master's rule (by layers)"
+                "of its heads; auto: the master's rule (the least estimated time per token from measured links)"
             ),
         ] = "auto",
     ) -> Annotated[CallToolResult, PlacedInstanceView]:
