@@ -121,3 +121,20 @@ def test_a_session_without_the_key_reads_nothing_and_one_with_it_reads_the_traff
         assert _heard_while_serving(alpha, beta, outsider) == [], outsider
     heard = _heard_while_serving(alpha, beta, "right-key")
     assert f"{Topics(CLUSTER).root}/events/ordered" in heard
+
+
+def test_keyed_nodes_measure_the_round_trip_between_them_over_the_key_link(
+    keyed: tuple[LocalCluster, ClusterNode, ClusterNode],
+) -> None:
+    """The link probe (cluster/link_probe.py) is a zenoh query like any other: it works over the TLS link."""
+    cluster, alpha, beta = keyed
+
+    def links(state: dict[str, Any]) -> dict[str, float]:
+        return {
+            node: link["round_trip_ms"]
+            for node, peer in ((alpha.node_id, beta.node_id), (beta.node_id, alpha.node_id))
+            if (link := state["nodes"][node]["facts"]["links"].get(peer)) is not None
+        }
+
+    cluster.wait_until(alpha, lambda: len(links(alpha.state())) == 2, "both keyed nodes' round trips", 60)
+    assert all(0 < trip < 2000 for trip in links(alpha.state()).values())
