@@ -40,8 +40,11 @@ ProbeReplyAdapter: TypeAdapter[ProbeReply] = TypeAdapter(ProbeReply)
 class LinkProber:
     """Measures and holds the round trip to each live peer; `measurements()` is what the node's facts publish."""
 
-    def __init__(self, bus: Bus, topics: Topics, membership: Membership) -> None:
+    def __init__(
+        self, bus: Bus, topics: Topics, membership: Membership, *, timeout_seconds: float = PROBE_TIMEOUT_SECONDS
+    ) -> None:
         self._bus = bus
+        self._timeout = timeout_seconds
         self._topics = topics
         self._membership = membership
         self._links: dict[NodeId, LinkMeasurement] = {}
@@ -71,9 +74,7 @@ class LinkProber:
             if measured is not None:
                 self._links[peer] = measured
             elif peer in self._links and peer in self._membership.view.live_nodes:
-                logger.info(
-                    "no probe reply from %s within %.0f s: its round trip is unknown", peer, PROBE_TIMEOUT_SECONDS
-                )
+                logger.info("no probe reply from %s within %.1f s: its round trip is unknown", peer, self._timeout)
                 del self._links[peer]
 
     async def measure(self, peer: NodeId) -> LinkMeasurement | None:
@@ -81,7 +82,7 @@ class LinkProber:
         key = self._topics.link_probe(peer)
         trips: list[float] = []
         for _ in range(PROBE_SAMPLES):
-            trip = await self._bus.round_trip(key, ProbeReplyAdapter, peer, PROBE_TIMEOUT_SECONDS)
+            trip = await self._bus.round_trip(key, ProbeReplyAdapter, peer, self._timeout)
             if trip is not None:
                 trips.append(trip)
         if not trips:

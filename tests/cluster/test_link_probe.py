@@ -1,0 +1,58 @@
+"""The link probe (cluster/link_probe.py) over real zenoh sessions on 127.0.0.1: a node times the round trip to a
+peer that answers its probe; a reply from another session on the peer's key does not count; a peer that does not
+answer has no figure."""
+
+import time
+
+import anyio
+
+from exo.cluster.bus import Bus
+from exo.cluster.link_probe import PROBE_SAMPLES, LinkProber, ProbeReply
+from exo.cluster.membership import Membership
+from exo.cluster.topics import Member, Topics
+from exo.shared.types.common import NodeId
+from exo.shared.types.links import LinkMeasurement
+from tests.cluster.buses import linked_buses
+
+TOPICS = Topics("probe-test")
+# Short, so that the tries a silent peer leaves unanswered end quickly.
+TIMEOUT_S = 0.3
+
+
+def node_id(bus: Bus) -> NodeId:
+    """exo's zenoh id is its node id."""
+    return NodeId(str(bus.session.zid()))
+
+
+def prober(bus: Bus) -> LinkProber:
+    me = Member(node_id=node_id(bus), started_at_ms=int(time.time() * 1000))
+    return LinkProber(bus, TOPICS, Membership(bus, TOPICS, me), timeout_seconds=TIMEOUT_S)
+
+
+async def test_a_node_times_the_round_trip_to_a_peer_that_answers_its_probe() -> None:
+    measured: LinkMeasurement | None = None
+    async with linked_buses(2) as (alpha, beta), anyio.create_task_group() as group:
+        group.start_soon(prober(beta).run)  # beta answers (and measures nobody: it sees no members)
+        with anyio.fail_after(20):
+            while measured is None:  # until the link is up and beta's probe is declared
+                measured = await prober(alpha).measure(node_id(beta))
+        group.cancel_scope.cancel()
+    assert measured is not None
+    assert measured.samples >= 1
+    assert measured.samples <= PROBE_SAMPLES
+    # Two sessions in one process on loopback: more than nothing, less than the time allowed for a reply.
+    assert 0 < measured.round_trip_ms < TIMEOUT_S * 1000
+    assert abs(measured.measured_at - time.time()) < 60
+
+
+async def test_a_reply_from_another_session_on_the_peers_key_does_not_count() -> None:
+    async with linked_buses(3) as (alpha, beta, forger):
+        # The forger answers on beta's probe key, naming beta; beta itself is silent.
+        forger.answer_queries(TOPICS.link_probe(node_id(beta)), lambda: ProbeReply(node_id=node_id(beta)))
+        await anyio.sleep(1.0)  # the forger's queryable reaches alpha
+        assert await prober(alpha).measure(node_id(beta)) is None
+        # The forger's replies arrive: the probe reaches it under its own key.
+        forger.answer_queries(TOPICS.link_probe(node_id(forger)), lambda: ProbeReply(node_id=node_id(forger)))
+        with anyio.fail_after(20):
+            while await prober(alpha).measure(node_id(forger)) is None:
+                pass
