@@ -39,8 +39,8 @@ class SplitEstimate(FrozenModel):
     exchanges: int
     # The slowest measured round trip between the candidate's nodes (0 on one node).
     round_trip_ms: float | None
-    # What was not measured (None when every figure was).
-    missing: str | None = None
+    # The figures not measured yet (none when every one was).
+    missing: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -96,7 +96,7 @@ def choose_split(
 def _unmeasured(footprint: ModelFootprint, missing: Sequence[SplitEstimate]) -> SplitChoice:
     """Before the cluster measured what the rule weighs: by layers, as `auto` always did."""
     tensor_trips = tensor_round_trips_per_token(footprint.num_layers)
-    lacking = "; ".join(dict.fromkeys(estimate.missing or "" for estimate in missing if estimate.missing))
+    lacking = "; ".join(dict.fromkeys(figure for estimate in missing for figure in estimate.missing))
     why = f"not measured yet: {lacking}" if lacking else "no split to weigh against"
     return SplitChoice(
         parallel="pipeline",

@@ -75,7 +75,7 @@ def split_estimate(state: State, footprint: ModelFootprint, parallel: Parallelis
         compute_ms=compute,
         exchanges=exchanges,
         round_trip_ms=None if len(trips) < size * (size - 1) // 2 else max(trips, default=0.0),
-        missing="; ".join(missing) or None,
+        missing=tuple(missing),
     )
 
 
