@@ -24,7 +24,7 @@ from exo.shared.types.commands import CancelTaskCommand, GenerateCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.preparation import PreparationPhase
 from exo.shared.types.state import State
-from exo.shared.types.worker.runner_response import ModelMetadata
+from exo.shared.types.worker.runner_response import ModelDescription
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +71,15 @@ def served_model(state: State, requested: str | None) -> ModelId:
     )
 
 
-def model_metadata(state: State, model_id: ModelId) -> ModelMetadata | None:
-    """What a runner serving `model_id` reported when it loaded (None while it loads)."""
-    runners = state.runners.values()
-    return next((runner.metadata for runner in runners if runner.model_id == model_id and runner.metadata), None)
+def model_description(state: State, model_id: ModelId) -> ModelDescription | None:
+    """What a runner serving `model_id` reported when it loaded, or while it loads what it read of the model before
+    its weights (None before any runner has read it)."""
+    runners = [runner for runner in state.runners.values() if runner.model_id == model_id]
+    loaded = next((runner.metadata for runner in runners if runner.metadata is not None), None)
+    return loaded if loaded is not None else next((r.description for r in runners if r.description is not None), None)
 
 
-def _check_for_model(command: GenerateCommand, metadata: ModelMetadata | None) -> None:
+def _check_for_model(command: GenerateCommand, metadata: ModelDescription | None) -> None:
     """400 for what the model itself cannot do with the command, whatever the protocol named it in."""
     top_k = command.params.sampling.top_k
     if metadata is not None and metadata.vocab_size is not None and top_k >= metadata.vocab_size:
@@ -93,7 +95,7 @@ async def submit(master: MasterClient, command: GenerateCommand, http_request: R
 
     A task that cannot start becomes its ApiError; a client that leaves while the task is placed gets 499.
     """
-    _check_for_model(command, model_metadata(master.state, command.model_id))
+    _check_for_model(command, model_description(master.state, command.model_id))
 
     async def place() -> TaskHandle:
         try:

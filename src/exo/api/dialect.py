@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from exo.api.adapters.protocol_events import AnswerWriter, fold
 from exo.api.answer_stream import AnswerStream
-from exo.api.completion_flow import CLIENT_CLOSED_REQUEST, collect, model_metadata, submit
+from exo.api.completion_flow import CLIENT_CLOSED_REQUEST, collect, model_description, submit
 from exo.api.error_shapes import ErrorShape
 from exo.api.loop_guard_header import header_policy, with_header_policy
 from exo.api.request_log import RequestTimeline
@@ -25,7 +25,7 @@ from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.request_record import Dialect as DialectName
 from exo.shared.types.state import State
-from exo.shared.types.worker.runner_response import ModelMetadata
+from exo.shared.types.worker.runner_response import ModelDescription
 
 RequestT_contra = TypeVar("RequestT_contra", contravariant=True)
 
@@ -50,7 +50,7 @@ class Dialect(Protocol[RequestT_contra]):
     def streams(self, request: RequestT_contra, /) -> bool: ...
 
     def command(
-        self, request: RequestT_contra, model_id: ModelId, metadata: ModelMetadata | None, /
+        self, request: RequestT_contra, model_id: ModelId, metadata: ModelDescription | None, /
     ) -> GenerateCommand:
         """The neutral command for `request` on `model_id` (`metadata`: what its runner reported, once loaded)."""
         ...
@@ -67,7 +67,7 @@ async def serve(
     received_at = time.monotonic()
     guard = header_policy(http_request)
     model_id = dialect.served_model(master.state, request)
-    command = dialect.command(request, model_id, model_metadata(master.state, model_id))
+    command = dialect.command(request, model_id, model_description(master.state, model_id))
     command = with_header_policy(command, guard)
     handle = await submit(master, command, http_request)
     timeline = RequestTimeline(dialect.name, model_id, handle.node_id, received_at)

@@ -11,15 +11,20 @@ from exo.shared.types.state import RunnerInfo, State
 
 
 def describing_runners(state: State) -> dict[ModelId, RunnerInfo]:
-    """A runner for each model served anywhere in the cluster (a loaded one when there is one)."""
+    """A runner for each model served anywhere in the cluster: a loaded one when there is one, else one that has
+    described the model while loading."""
     served = served_model_ids(state)
     described: dict[ModelId, RunnerInfo] = {}
     for runner in state.runners.values():
         if runner.model_id in served:
             known = described.get(runner.model_id)
-            if known is None or (known.metadata is None and runner.metadata is not None):
+            if known is None or _how_described(runner) > _how_described(known):
                 described[runner.model_id] = runner
     return described
+
+
+def _how_described(runner: RunnerInfo) -> int:
+    return 2 if runner.metadata is not None else 1 if runner.description is not None else 0
 
 
 def model_memory(state: State, model_id: ModelId) -> tuple[WeightsInMemory | None, int | None]:
@@ -32,7 +37,7 @@ def model_cards(state: State) -> list[ModelCard]:
     """One card per model served anywhere in the cluster (described by a loaded runner when there is one)."""
     cards: list[ModelCard] = []
     for model_id, runner in sorted(describing_runners(state).items()):
-        metadata = runner.metadata
+        metadata = runner.described
         capabilities = ["chat"]
         if metadata is not None and metadata.tool_format is not None:
             capabilities.append("tool_use")
@@ -55,8 +60,9 @@ def model_cards(state: State) -> list[ModelCard]:
 
 def weights_memory(state: State, runner: RunnerInfo) -> tuple[WeightsInMemory | None, int | None]:
     """How `runner`'s instance holds the weights and their memory over all its ranks: a placed instance's from its
-    footprint and each rank's node, a whole model's from the checkpoint the runner loaded. (None, None) while
-    unknown (a runner still loading, or a node that left)."""
+    footprint and each rank's node, a whole model's from the checkpoint the runner read (while it loads: the memory
+    the weights will take). (None, None) while unknown (a runner that has not read its model yet, or a node that
+    left)."""
     instance = state.instances.get(runner.instance_id)
     if instance is not None:
         nodes = [state.nodes.get(rank.node_id) for rank in instance.ranks]
@@ -70,7 +76,8 @@ def weights_memory(state: State, runner: RunnerInfo) -> tuple[WeightsInMemory | 
         shared: WeightsInMemory | None = held[0] if all(weights == held[0] for weights in held) else None
         return shared, memory
     node = state.nodes.get(runner.node_id)
-    checkpoint = runner.metadata.checkpoint if runner.metadata is not None else None
+    description = runner.described
+    checkpoint = description.checkpoint if description is not None else None
     if node is None or checkpoint is None:
         return None, None
     weights = node.facts.weights_in_memory

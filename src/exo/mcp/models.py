@@ -69,8 +69,8 @@ async def list_models(client: NodeClient) -> ModelsResult:
             model_id=runner.model_id,
             status=runner.status,
             path=runner.model_path,
-            context_length=runner.metadata.context_length if runner.metadata else None,
-            tool_format=runner.metadata.tool_format if runner.metadata else None,
+            context_length=runner.described.context_length if runner.described else None,
+            tool_format=runner.described.tool_format if runner.described else None,
         )
         for runner in sorted(state.runners.values(), key=lambda runner: runner.model_id)
     ]

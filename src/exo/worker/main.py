@@ -276,6 +276,7 @@ class Worker:
             restarts=supervisor.restarts,
             last_error=supervisor.last_error,
             metadata=supervisor.metadata,
+            description=supervisor.description if supervisor.metadata is None else None,
             recent_tasks=supervisor.recent_tasks,
             metrics=self._metrics[runner_id].metrics,
             tokens_per_second_now=round(supervisor.tokens_per_second_now, 2),

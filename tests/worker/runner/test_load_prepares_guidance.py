@@ -22,7 +22,7 @@ def _no_ring(reason: str) -> NoReturn:
 def test_the_first_constrained_request_after_a_load_builds_no_llguidance_tokenizer() -> None:
     before = guidance_tokenizer.cache_info().misses
     bootstrap = RunnerBootstrap(model_path=str(fixture_model(MODEL)), shard=ShardAssignment())
-    context, _, link = _load(bootstrap, _no_ring)
+    context, _, link = _load(bootstrap, _no_ring, lambda _description: None)
     assert link is None
     assert guidance_tokenizer.cache_info().misses == before + 1, "the load built the model's llguidance tokenizer"
 

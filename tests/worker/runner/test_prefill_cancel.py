@@ -11,7 +11,6 @@ from exo.shared.types.chunks import FinishChunk, PrefillProgressChunk
 from exo.shared.types.worker.runner_response import (
     CancelTask,
     RunnerBootstrap,
-    RunnerReady,
     RunnerResponse,
     RunTask,
     Shutdown,
@@ -44,7 +43,7 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunnerUnderTest
     child.close()
     under_test = RunnerUnderTest(parent)
     under_test.send(RunnerBootstrap(model_path=str(model), shard=ShardAssignment(), prefix_cache_bytes=1 << 28))
-    assert isinstance(under_test.receive(timeout=120), RunnerReady)
+    under_test.until_loaded()
     yield under_test
     under_test.send(Shutdown())
     process.join(10)

@@ -11,6 +11,7 @@ import pytest
 from exo.shared.types.chunks import ErrorChunk, FinishChunk, TokenChunk
 from exo.shared.types.worker.runner_response import (
     RunnerBootstrap,
+    RunnerDescribed,
     RunnerReady,
     RunnerRequest,
     RunnerRequestAdapter,
@@ -46,6 +47,15 @@ class RunnerUnderTest:
         assert message is not None, "the runner did not answer"
         return message
 
+    def until_loaded(self, timeout: float = 120) -> RunnerReady:
+        """The load's two messages: the model described (before its weights load), then ready."""
+        described = self.receive(timeout)
+        assert isinstance(described, RunnerDescribed), f"expected the model's description first, got {described}"
+        ready = self.receive(timeout)
+        assert isinstance(ready, RunnerReady), f"expected ready, got {ready}"
+        assert ready.metadata.tool_format == described.description.tool_format
+        return ready
+
     def until_done(self, timeout: float = 120) -> list[RunnerResponse]:
         """Every message up to the next TaskDone, which must come within `timeout` seconds."""
         deadline = time.monotonic() + timeout
@@ -66,7 +76,7 @@ def runner() -> Iterator[RunnerUnderTest]:
     child.close()
     under_test = RunnerUnderTest(parent)
     under_test.send(RunnerBootstrap(model_path=str(fixture_model(MODEL)), shard=ShardAssignment()))
-    assert isinstance(under_test.receive(timeout=120), RunnerReady)
+    under_test.until_loaded()
     yield under_test
     under_test.send(Shutdown())
     process.join(10)

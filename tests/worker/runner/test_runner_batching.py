@@ -17,7 +17,6 @@ from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.shared.types.worker.runner_response import (
     CancelTask,
     RunnerBootstrap,
-    RunnerReady,
     RunTask,
     Shutdown,
     TaskChunk,
@@ -44,8 +43,7 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunnerUnderTest
     under_test.send(
         RunnerBootstrap(model_path=str(model), shard=ShardAssignment(), decode=DecodeSettings(batch_size=4))
     )
-    ready = under_test.receive(timeout=120)
-    assert isinstance(ready, RunnerReady)
+    ready = under_test.until_loaded()
     assert ready.metadata.batch_size == 4
     yield under_test
     under_test.send(Shutdown())

@@ -11,14 +11,14 @@ Linux CPU per `--cpu-weights`).
 
 import hashlib
 
-from exo.api.completion_flow import model_metadata, served_model
+from exo.api.completion_flow import model_description, served_model
 from exo.api.model_cards import model_memory
 from exo.api.ollama.answer import created_at
 from exo.api.types.ollama import OllamaModelDetails, OllamaModelEntry, OllamaModelList, OllamaShowAnswer
 from exo.master.placement import served_model_ids
 from exo.shared.types.common import ModelId
 from exo.shared.types.state import State
-from exo.shared.types.worker.runner_response import CheckpointFacts, ModelMetadata
+from exo.shared.types.worker.runner_response import CheckpointFacts, ModelDescription
 
 # The Ollama version exo's API corresponds to: clients (VS Code Copilot) refuse servers older than they need.
 OLLAMA_API_VERSION = "0.12.6"
@@ -48,7 +48,7 @@ def human_number(count: int) -> str:
     return str(count)
 
 
-def _checkpoint(state: State, model_id: ModelId, metadata: ModelMetadata | None) -> CheckpointFacts | None:
+def _checkpoint(state: State, model_id: ModelId, metadata: ModelDescription | None) -> CheckpointFacts | None:
     """The checkpoint as a whole: a rank of a split model read only its own files, the placement knows them all."""
     checkpoint = metadata.checkpoint if metadata else None
     placed = [instance for instance in state.instances.values() if instance.model_id == model_id]
@@ -75,7 +75,7 @@ def _details(checkpoint: CheckpointFacts | None) -> OllamaModelDetails:
 
 
 def _entry(state: State, model_id: ModelId, now: str, *, loaded: bool) -> OllamaModelEntry:
-    metadata = model_metadata(state, model_id)
+    metadata = model_description(state, model_id)
     checkpoint = _checkpoint(state, model_id, metadata)
     size = checkpoint.file_bytes if checkpoint else 0
     if loaded:
@@ -111,7 +111,7 @@ def loaded(state: State) -> OllamaModelList:
 def show(state: State, model_id: ModelId) -> OllamaShowAnswer:
     """What clients read before chatting: the context length (`<family>.context_length`) and the capabilities
     (`tools` makes VS Code Copilot offer the model in agent mode)."""
-    metadata = model_metadata(state, model_id)
+    metadata = model_description(state, model_id)
     checkpoint = _checkpoint(state, model_id, metadata)
     details = _details(checkpoint)
     info: dict[str, str | int] = {"general.architecture": details.family, "general.basename": model_id}

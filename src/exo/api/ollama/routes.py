@@ -28,7 +28,7 @@ from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.request_record import Dialect as DialectName
 from exo.shared.types.state import State
-from exo.shared.types.worker.runner_response import ModelMetadata
+from exo.shared.types.worker.runner_response import ModelDescription
 
 # Every path of Ollama's API starts with this; the request guard answers its refusals in Ollama's shape too.
 OLLAMA_PATH_PREFIX = "/api/"
@@ -40,7 +40,7 @@ def ollama_error(error: ApiError) -> OllamaError:
     return OllamaError(error=error.body.error.message)
 
 
-def _context_length(metadata: ModelMetadata | None) -> int | None:
+def _context_length(metadata: ModelDescription | None) -> int | None:
     return metadata.context_length if metadata else None
 
 
@@ -57,7 +57,9 @@ class OllamaChat:
     def streams(self, request: OllamaChatRequest) -> bool:
         return request.stream
 
-    def command(self, request: OllamaChatRequest, model_id: ModelId, metadata: ModelMetadata | None) -> GenerateCommand:
+    def command(
+        self, request: OllamaChatRequest, model_id: ModelId, metadata: ModelDescription | None
+    ) -> GenerateCommand:
         return chat_command(request, model_id, _context_length(metadata))
 
     def answer(self, _request: OllamaChatRequest, model_id: ModelId) -> AnswerWriter:
@@ -78,7 +80,7 @@ class OllamaGenerate:
         return request.stream
 
     def command(
-        self, request: OllamaGenerateRequest, model_id: ModelId, metadata: ModelMetadata | None
+        self, request: OllamaGenerateRequest, model_id: ModelId, metadata: ModelDescription | None
     ) -> GenerateCommand:
         return generate_command(request, model_id, _context_length(metadata))
 

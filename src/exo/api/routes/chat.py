@@ -21,7 +21,7 @@ from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.request_record import Dialect as DialectName
 from exo.shared.types.state import State
-from exo.shared.types.worker.runner_response import ModelMetadata
+from exo.shared.types.worker.runner_response import ModelDescription
 
 _ERRORS = documented_errors(ErrorResponse)
 
@@ -40,7 +40,7 @@ class ChatCompletions:
         return request.stream
 
     def command(
-        self, request: ChatCompletionRequest, model_id: ModelId, _metadata: ModelMetadata | None
+        self, request: ChatCompletionRequest, model_id: ModelId, _metadata: ModelDescription | None
     ) -> GenerateCommand:
         return to_command(request, model_id)
 

@@ -25,7 +25,7 @@ from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.request_record import Dialect as DialectName
 from exo.shared.types.state import State
-from exo.shared.types.worker.runner_response import ModelMetadata
+from exo.shared.types.worker.runner_response import ModelDescription
 
 # Every path of this protocol starts with this; the request guard answers its refusals in Anthropic's shape too.
 MESSAGES_PATH_PREFIX = "/v1/messages"
@@ -45,7 +45,9 @@ class Messages:
     def streams(self, request: MessagesRequest) -> bool:
         return request.stream
 
-    def command(self, request: MessagesRequest, model_id: ModelId, _metadata: ModelMetadata | None) -> GenerateCommand:
+    def command(
+        self, request: MessagesRequest, model_id: ModelId, _metadata: ModelDescription | None
+    ) -> GenerateCommand:
         return to_command(request, model_id)
 
     def answer(self, _request: MessagesRequest, model_id: ModelId) -> AnswerWriter:

@@ -23,7 +23,7 @@ from exo.shared.types.commands import GenerateCommand
 from exo.shared.types.common import ModelId
 from exo.shared.types.request_record import Dialect as DialectName
 from exo.shared.types.state import State
-from exo.shared.types.worker.runner_response import ModelMetadata
+from exo.shared.types.worker.runner_response import ModelDescription
 
 _ERRORS = documented_errors(ErrorResponse)
 
@@ -41,7 +41,9 @@ class Responses:
     def streams(self, request: ResponsesRequest) -> bool:
         return request.stream is True
 
-    def command(self, request: ResponsesRequest, model_id: ModelId, _metadata: ModelMetadata | None) -> GenerateCommand:
+    def command(
+        self, request: ResponsesRequest, model_id: ModelId, _metadata: ModelDescription | None
+    ) -> GenerateCommand:
         return to_command(request, model_id)
 
     def answer(self, request: ResponsesRequest, model_id: ModelId) -> AnswerWriter:

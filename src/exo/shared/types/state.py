@@ -17,7 +17,7 @@ from exo.shared.types.instances import PendingPlacement, PlacedInstance
 from exo.shared.types.links import LinkMeasurement
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.request_record import RequestRecord
-from exo.shared.types.worker.runner_response import ModelMetadata, StepTimes
+from exo.shared.types.worker.runner_response import ModelDescription, ModelMetadata, StepTimes
 from exo.shared.types.worker.runner_status import RunnerStatus
 from exo.shared.types.worker.shards import ShardAssignment
 
@@ -139,6 +139,8 @@ class RunnerInfo(FrozenModel):
     restarts: int = 0
     last_error: str | None = None
     metadata: ModelMetadata | None = None
+    # While the runner loads (no metadata yet): what it read of the model before its weights (model listings use it).
+    description: ModelDescription | None = None
     # The most recently ended tasks, oldest first (bounded), in the order the runner ran them.
     recent_tasks: tuple[TaskSummary, ...] = ()
     metrics: RunnerMetrics = Field(default_factory=RunnerMetrics)
@@ -149,6 +151,11 @@ class RunnerInfo(FrozenModel):
     step_times: dict[int, StepTimes] = Field(default_factory=dict[int, StepTimes])
     # Prompt pieces prefilled since the runner started, by how many prompts each one fed together.
     prefill_pieces: dict[int, int] = Field(default_factory=dict[int, int])
+
+    @property
+    def described(self) -> ModelDescription | None:
+        """What the runner reported of its model: when it loaded, or while loading what it read before the weights."""
+        return self.metadata if self.metadata is not None else self.description
 
 
 class TaskInfo(FrozenModel):

@@ -4,7 +4,6 @@ It talks to its supervisor over a multiprocessing Connection, exchanging only ty
 (`RunnerRequest` in, `RunnerResponse` out) serialised as JSON.
 """
 
-import json
 import logging
 import os
 import signal
@@ -13,18 +12,17 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, cast
+from typing import TYPE_CHECKING, NoReturn
 
-from exo.models.checkpoint_facts import checkpoint_facts
-from exo.models.footprint import FootprintError
 from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.runner_response import (
     CancelTask,
-    CheckpointFacts,
     MatmulPlanRefined,
+    ModelDescription,
     ModelMetadata,
     RunnerBootstrap,
+    RunnerDescribed,
     RunnerLoadFailed,
     RunnerReady,
     RunnerRequest,
@@ -64,14 +62,6 @@ IDLE_SECONDS_PER_PLAN_REFINEMENT): refinement takes at most a quarter of an idle
 the minutes after a start (a benchmark, a user's first requests) shares the cores with it less."""
 
 
-def _read_tool_parser_type(model_path: Path) -> str | None:
-    config_path = model_path / "tokenizer_config.json"
-    if not config_path.exists():
-        return None
-    value: object = json.loads(config_path.read_text()).get("tool_parser_type")
-    return value if isinstance(value, str) else None
-
-
 def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
     """Entry point of the runner subprocess."""
     # Ctrl-C in a terminal reaches the whole process group; the supervisor stops the runner with a Shutdown message,
@@ -87,7 +77,11 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
     if bootstrap.shard.peers is not None:
         idle_threads_sleep(os.environ)  # before the first BLAS call (the load's self-check)
     try:
-        context, metadata, link = _load(bootstrap, _load_failed_exit(channel))
+        context, metadata, link = _load(
+            bootstrap,
+            _load_failed_exit(channel),
+            lambda description: channel.send(RunnerDescribed(description=description)),
+        )
     except Exception as error:
         # Whatever breaks while loading (unreadable weights, a template the detector rejects, a bad override) is a
         # load failure with a reason, not a crash: a crash would be retried and fail the same way again.
@@ -293,15 +287,17 @@ class _LoadFailedError(Exception):
 
 
 def _load(
-    bootstrap: RunnerBootstrap, on_ring_timeout: Callable[[str], NoReturn]
+    bootstrap: RunnerBootstrap,
+    on_ring_timeout: Callable[[str], NoReturn],
+    on_described: Callable[[ModelDescription], None],
 ) -> tuple["EngineContext", ModelMetadata, PipelineLink | None]:
-    """Load the model (a pipeline rank first joins its ring, then loads only its layers, then meets the other ranks'
-    task connections)."""
+    """Load the model: read its tokenizer and describe it (`on_described`, before the weights load), then load it (a
+    pipeline rank first joins its ring, then loads only its layers, then meets the other ranks' task
+    connections)."""
     # Heavy imports happen here, in the child, so the API process never loads MLX.
     from exo.models.errors import ModelLoadError
-    from exo.tool_calls import detect_tool_format
+    from exo.tool_calls import ToolFormatName
     from exo.worker.engines.mlx.cache.layer_cache import can_batch
-    from exo.worker.engines.mlx.chat_template import chat_template_text
     from exo.worker.engines.mlx.constrained.compiled import prepare_guidance
     from exo.worker.engines.mlx.cpu.blas_check import blas_report
     from exo.worker.engines.mlx.cpu.engine import CpuKernels
@@ -309,11 +305,20 @@ def _load(
     from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
     from exo.worker.engines.mlx.generator.prefill import slow_prefill_seconds_per_token
     from exo.worker.engines.mlx.generator.request_context import EngineContext
-    from exo.worker.engines.mlx.model_loader import load_model
+    from exo.worker.engines.mlx.model_description import describe_model
+    from exo.worker.engines.mlx.model_loader import load_model, load_model_tokenizer
 
     model_path = Path(bootstrap.model_path)
     kernels = CpuKernels(bootstrap.cpu_kernels, weights=bootstrap.cpu_weights)
     blas = blas_report()  # before the model takes the memory bandwidth; a fraction of a second
+    try:
+        tokenizer = load_model_tokenizer(model_path, trust_remote_code=bootstrap.trust_remote_code)
+        description = describe_model(model_path, tokenizer, bootstrap.tool_format_override)
+    except ModelLoadError as error:
+        raise _LoadFailedError(str(error)) from error
+    except Exception as error:
+        raise _LoadFailedError(f"cannot load model from {model_path}: {type(error).__name__}: {error}") from error
+    on_described(description)
     link = (
         PipelineLink.join(bootstrap.shard, on_ring_timeout, bootstrap.pipeline_tls)
         if bootstrap.shard.peers is not None
@@ -326,18 +331,13 @@ def _load(
             trust_remote_code=bootstrap.trust_remote_code,
             group=link.group if link is not None else None,
             cpu_kernels=kernels,
-        )
-        template = chat_template_text(loaded.tokenizer)
-        tool_format = detect_tool_format(
-            template,
-            _read_tool_parser_type(model_path),
-            bootstrap.tool_format_override,
-            vocabulary=cast(dict[str, int], loaded.tokenizer.get_vocab()),
+            tokenizer=tokenizer,
         )
     except ModelLoadError as error:
         raise _LoadFailedError(str(error)) from error
     except Exception as error:
         raise _LoadFailedError(f"cannot load model from {model_path}: {type(error).__name__}: {error}") from error
+    tool_format = ToolFormatName(description.tool_format)
     planner = (
         MatmulPlanner.for_loaded(loaded)
         if kernels.allow_matmul_plan(bootstrap.decode.matmul_plan, loaded.dtype)
@@ -357,17 +357,13 @@ def _load(
         }
     )
     metadata = ModelMetadata(
-        context_length=loaded.context_length,
-        tool_format=str(tool_format),
-        supports_reasoning=loaded.tokenizer.has_thinking,
+        **description.model_dump(),
         dtype=loaded.dtype,
         batch_size=decode.batch_size,
-        vocab_size=loaded.vocabulary_size,
         blas=blas,
         matmul_plan=planner.report() if planner is not None else None,
         cpu_kernels=kernels.report(),
         pipeline=loaded.strategy,
-        checkpoint=_checkpoint(model_path),
         weights_bytes=held_bytes(loaded.model),
     )
     context = EngineContext(
@@ -376,15 +372,6 @@ def _load(
     if link is not None:
         link.connect_tasks()
     return context, metadata, link
-
-
-def _checkpoint(model_path: Path) -> CheckpointFacts | None:
-    """What model listings show of the checkpoint; a listing without it is no reason to fail the load."""
-    try:
-        return checkpoint_facts(model_path)
-    except (FootprintError, OSError) as error:
-        logger.warning("cannot describe the checkpoint in %s: %s", model_path, error)
-        return None
 
 
 def _prefix_cache(bootstrap: RunnerBootstrap, model: "nn.Module", weights_format: str) -> "PrefixCache":

@@ -37,8 +37,10 @@ from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.runner_response import (
     CancelTask,
     MatmulPlanRefined,
+    ModelDescription,
     ModelMetadata,
     RunnerBootstrap,
+    RunnerDescribed,
     RunnerLoadFailed,
     RunnerReady,
     RunnerRequest,
@@ -87,6 +89,8 @@ class RunnerSupervisor:
         self.config = config
         self.status: RunnerStatus = "loading"
         self.metadata: ModelMetadata | None = None
+        # What the runner said of its model before its weights loaded (model listings show it while it loads).
+        self.description: ModelDescription | None = None
         self.step_times: dict[int, StepTimes] = {}
         self.prefill_pieces: dict[int, int] = {}
         """Prompt pieces the runner prefilled, by prompts fed together (as of the last task it finished)."""
@@ -294,6 +298,9 @@ class RunnerSupervisor:
 
     def _handle(self, message: RunnerResponse) -> None:
         match message:
+            case RunnerDescribed(description=description):
+                self.description = description
+                self._on_change()
             case RunnerReady(metadata=metadata):
                 self.metadata = metadata
                 logger.info(

@@ -34,17 +34,26 @@ class CheckpointFacts(FrozenModel):
     quantization: str
 
 
-class ModelMetadata(FrozenModel):
-    """What the runner learned while loading, reported to the worker for /v1/models and /state."""
+class ModelDescription(FrozenModel):
+    """What model listings (/v1/models, Ollama's /api/tags and /api/show) say of a model: read from its files and
+    tokenizer before the weights load, so that a client asking while the model loads sees what it will be able to do
+    (VS Code Copilot, for one, offers agent mode from `tools` at start-up)."""
 
     context_length: int
     tool_format: str | None
     supports_reasoning: bool
+    # The width of the model's logits (the tokens sampling chooses from); None from runners that do not say.
+    vocab_size: int | None = None
+    # The checkpoint's architecture, size and storage (None where its files could not be read).
+    checkpoint: CheckpointFacts | None = None
+
+
+class ModelMetadata(ModelDescription):
+    """What the runner learned while loading, reported to the worker for /v1/models and /state."""
+
     dtype: str
     batch_size: int = 1
     """How many tasks the runner decodes at once (continuous batching); the worker sends it that many."""
-    # The width of the model's logits (the tokens sampling chooses from); None from runners that do not say.
-    vocab_size: int | None = None
     # The BLAS the runner's float32 matmuls use and its measured speed (None from runners that did not check).
     blas: BlasReport | None = None
     # How the runner computes few-row float32 products (None where it planned none: off, or no float32 weights).
@@ -53,8 +62,6 @@ class ModelMetadata(FrozenModel):
     cpu_kernels: CpuKernelsReport | None = None
     # How a pipeline rank's model was split (None for a whole model).
     pipeline: PipelineStrategy | None = None
-    # The checkpoint's architecture, size and storage (None where its files could not be read).
-    checkpoint: CheckpointFacts | None = None
     # Bytes of weights the runner holds as loaded (int8 matrices and their scales included; None: not reported).
     weights_bytes: int | None = None
 
@@ -101,6 +108,13 @@ RunnerRequestAdapter: TypeAdapter[RunnerRequest] = TypeAdapter(RunnerRequest)
 
 
 # ---- runner → worker -------------------------------------------------------------------------
+
+
+class RunnerDescribed(FrozenModel):
+    """The model's description, sent as soon as the runner has read its tokenizer (its weights still loading)."""
+
+    kind: Literal["described"] = "described"
+    description: ModelDescription
 
 
 class RunnerReady(FrozenModel):
@@ -165,6 +179,7 @@ class MatmulPlanRefined(FrozenModel):
 
 
 RunnerResponse = Annotated[
-    RunnerReady | RunnerLoadFailed | TaskChunk | TaskDone | MatmulPlanRefined, Field(discriminator="kind")
+    RunnerDescribed | RunnerReady | RunnerLoadFailed | TaskChunk | TaskDone | MatmulPlanRefined,
+    Field(discriminator="kind"),
 ]
 RunnerResponseAdapter: TypeAdapter[RunnerResponse] = TypeAdapter(RunnerResponse)

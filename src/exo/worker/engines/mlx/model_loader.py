@@ -8,7 +8,6 @@ from typing import Any, cast
 import mlx.core as mx
 from mlx import nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
-from mlx_lm.utils import load as mlx_lm_load
 from mlx_lm.utils import load_model as mlx_lm_load_model
 from mlx_lm.utils import load_tokenizer
 
@@ -51,8 +50,12 @@ def load_model(
     trust_remote_code: bool = False,
     group: mx.distributed.Group | None = None,
     cpu_kernels: CpuKernels | None = None,
+    tokenizer: TokenizerWrapper | None = None,
 ) -> LoadedModel:
     """Load `path` (an mlx-lm directory) for `shard`; raises ModelLoadError naming the path and the cause.
+
+    `tokenizer`: the one `load_model_tokenizer` read already (the runner describes the model with it before the
+    weights load); read here when not given.
 
     `cpu_kernels` applies the CPU engine's replacements it has on (default: those `--cpu-kernels auto` has here).
 
@@ -67,18 +70,43 @@ def load_model(
     if shard.world_size != 1:
         if group is None:
             raise ModelLoadError("a pipeline shard needs the ring group it runs over")
-        return _load_pipeline_stage(path, shard, group, trust_remote_code, kernels)
+        return _load_pipeline_stage(path, shard, group, trust_remote_code, kernels, tokenizer=tokenizer)
     try:
-        model, tokenizer = mlx_lm_load(
-            str(path), tokenizer_config={"trust_remote_code": trust_remote_code}, trust_remote_code=trust_remote_code
-        )[:2]
+        model, config = mlx_lm_load_model(path, lazy=False, trust_remote_code=trust_remote_code)
     except Exception as error:
         raise ModelLoadError(f"cannot load model from {path}: {type(error).__name__}: {error}") from error
-    return _loaded(model, tokenizer, _read_config(path), shard, kernels)
+    if tokenizer is None:
+        tokenizer = load_model_tokenizer(path, trust_remote_code=trust_remote_code)
+    return _loaded(model, tokenizer, config, shard, kernels)
+
+
+def load_model_tokenizer(path: Path, *, trust_remote_code: bool = False) -> TokenizerWrapper:
+    """`path`'s tokenizer as mlx-lm wraps it (its end-of-sequence ids from config.json, as mlx-lm's `load` does);
+    raises ModelLoadError naming the path and the cause."""
+    try:
+        eos_token_ids = _read_config(path).get("eos_token_id")
+        return load_tokenizer(path, {"trust_remote_code": trust_remote_code}, eos_token_ids=eos_token_ids)
+    except Exception as error:
+        raise ModelLoadError(f"cannot load the tokenizer of {path}: {type(error).__name__}: {error}") from error
+
+
+def model_context_length(path: Path) -> int:
+    """The context length `path`'s config.json gives (DEFAULT_CONTEXT_LENGTH where it gives none)."""
+    return _context_length(_read_config(path))
+
+
+def model_vocabulary_size(path: Path, tokenizer: TokenizerWrapper) -> int:
+    return _vocabulary_size(_read_config(path), tokenizer)
 
 
 def _load_pipeline_stage(
-    path: Path, shard: ShardAssignment, group: mx.distributed.Group, trust_remote_code: bool, kernels: CpuKernels
+    path: Path,
+    shard: ShardAssignment,
+    group: mx.distributed.Group,
+    trust_remote_code: bool,
+    kernels: CpuKernels,
+    *,
+    tokenizer: TokenizerWrapper | None,
 ) -> LoadedModel:
     """Build the model lazily, cut it down to this rank's layers, then read only the weights those need."""
     missing = missing_weight_files(path, shard.start_layer, shard.end_layer)
@@ -88,9 +116,10 @@ def _load_pipeline_stage(
         )
     try:
         model, config = mlx_lm_load_model(path, lazy=True, strict=False, trust_remote_code=trust_remote_code)
-        tokenizer = load_tokenizer(
-            path, {"trust_remote_code": trust_remote_code}, eos_token_ids=config.get("eos_token_id", None)
-        )
+        if tokenizer is None:
+            tokenizer = load_tokenizer(
+                path, {"trust_remote_code": trust_remote_code}, eos_token_ids=config.get("eos_token_id", None)
+            )
         strategy = shard_matrices(model, group) if shard.is_tensor else split_layers(model, group, shard)
     except Exception as error:
         raise ModelLoadError(f"cannot load model from {path}: {type(error).__name__}: {error}") from error
