@@ -3,6 +3,7 @@
 import json
 import multiprocessing
 import time
+from collections import deque
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
@@ -19,6 +20,7 @@ from exo.shared.types.worker.runner_response import (
     RunnerResponseAdapter,
     RunTask,
     Shutdown,
+    StepOutput,
     TaskChunk,
     TaskDone,
 )
@@ -32,15 +34,23 @@ from tests.worker.runner.tasks import MODEL, chat_task
 class RunnerUnderTest:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
+        self.pipe_messages: list[RunnerResponse] = []
+        """Every message read from the pipe, as sent (a serving step's StepOutput whole)."""
+        self._unpacked: deque[RunnerResponse] = deque()
 
     def send(self, message: RunnerRequest) -> None:
         self.connection.send_bytes(RunnerRequestAdapter.dump_json(message))
 
     def poll(self, timeout: float) -> RunnerResponse | None:
-        """The runner's next message, or None when none came within `timeout` seconds."""
-        if not self.connection.poll(timeout):
-            return None
-        return RunnerResponseAdapter.validate_json(self.connection.recv_bytes())
+        """The runner's next message, or None when none came within `timeout` seconds; a StepOutput reads as the
+        TaskChunk and TaskDone messages it stands for, as the supervisor hands them on."""
+        if not self._unpacked:
+            if not self.connection.poll(timeout):
+                return None
+            message = RunnerResponseAdapter.validate_json(self.connection.recv_bytes())
+            self.pipe_messages.append(message)
+            self._unpacked.extend(message.task_messages() if isinstance(message, StepOutput) else [message])
+        return self._unpacked.popleft()
 
     def receive(self, timeout: float = 60) -> RunnerResponse:
         message = self.poll(timeout)

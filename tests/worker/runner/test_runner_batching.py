@@ -19,6 +19,7 @@ from exo.shared.types.worker.runner_response import (
     RunnerBootstrap,
     RunTask,
     Shutdown,
+    StepOutput,
     TaskChunk,
     TaskDone,
 )
@@ -122,3 +123,28 @@ def test_a_cancel_stops_one_running_task_and_the_others_finish_unchanged(runner:
     assert text_of(messages, kept.task_id) == expected
     kept_done = next(m for m in messages if isinstance(m, TaskDone) and m.task_id == kept.task_id)
     assert (kept_done.generated_tokens, kept_done.cancelled) == (LONG, False)
+
+
+def test_a_batched_step_sends_one_message_for_all_its_streams(runner: RunnerUnderTest) -> None:
+    tokens = 24
+    tasks = [chat_task(content, max_tokens=tokens) for content in ("Hi", "Hello!", "Tell me a story.", "Paris?")]
+    read_before = len(runner.pipe_messages)
+    for one in tasks:
+        runner.send(RunTask(task=one))
+    messages = run_until_all_done(runner, {one.task_id for one in tasks})
+    pipe = runner.pipe_messages[read_before:]
+
+    # Answers travel only in step messages; a lone TaskChunk is a prompt's progress when it is admitted.
+    assert all(isinstance(m.chunk, PrefillProgressChunk) for m in pipe if isinstance(m, TaskChunk))
+    steps = [m for m in pipe if isinstance(m, StepOutput)]
+    ends = [m for m in messages if isinstance(m, TaskDone)]
+    assert sorted(done.generated_tokens for done in ends) == [tokens] * len(tasks)
+    answer_chunks = sum(_content_of(m, one.task_id) for m in messages for one in tasks)
+    # Four tasks of 24 tokens each, decoded side by side: about 24 step messages, not one per chunk.
+    assert len(steps) <= tokens + len(tasks) < answer_chunks
+    assert any(len({stream.task_id for stream in step.streams}) == len(tasks) for step in steps)
+    # The host-overhead meter counts a decode step per step message at most (the first tokens come from the prompts'
+    # pass, which is no decode step).
+    last_done = ends[-1]
+    assert last_done.step_times is not None
+    assert last_done.step_times[len(tasks)].steps >= tokens - len(tasks)

@@ -26,7 +26,7 @@ from exo.shared.types.worker.runner_response import (
 from exo.worker.runner.channel import RunnerChannel
 from exo.worker.runner.idle_snapshots import write_snapshots_while_idle
 from exo.worker.runner.pipeline_link import PipelineLink
-from exo.worker.runner.task_replies import report_cancel, send_updates
+from exo.worker.runner.task_replies import report_cancel, send_step
 
 if TYPE_CHECKING:
     from exo.worker.engines.mlx.distributed.batch_leader import PipelineBatchLeader
@@ -84,7 +84,7 @@ def _serve_leader(
                     pass
         if not leader.busy:
             continue
-        send_updates(channel, leader.step())
+        send_step(channel, leader.step())
         if leader.broken is not None:
             return leader.broken
 

@@ -39,7 +39,7 @@ from exo.worker.runner.idle_snapshots import write_snapshots_before_stopping, wr
 from exo.worker.runner.pipeline_link import PipelineLink
 from exo.worker.runner.pipeline_serving import serve_pipeline
 from exo.worker.runner.step_meter import StepMeter
-from exo.worker.runner.task_replies import report_cancel, send_chunks, send_endings
+from exo.worker.runner.task_replies import report_cancel, send_step
 
 if TYPE_CHECKING:
     from mlx import nn
@@ -150,13 +150,13 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
     scheduler = GenerationScheduler(context.loaded.model, context.decode)
     meter = StepMeter()
     window = ArrivalWindow()
+    meter.begin()
     while True:
         if scheduler.active == 0 and context.prefix_cache is not None:
             write_snapshots_while_idle(context.prefix_cache, channel.poll)
         if scheduler.active == 0 and context.matmul_planner is not None:
             _refine_while_idle(channel, context.matmul_planner)
         idle = scheduler.active == 0
-        meter.begin()
         with STEP_CLOCK.part("messages"):
             incoming = _incoming(channel, wait=idle)
         if idle:
@@ -179,12 +179,14 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
             # loaded model) for everyone queued behind it.
             logger.exception("decode step failed")
             updates = scheduler.fail_all(error)
-        with STEP_CLOCK.part("send"):
-            send_chunks(channel, updates)
         wall = meter.end(decoding)
         if decoding == 1:
             window.record_step(wall)
-        send_endings(channel, updates, meter.totals, dict(scheduler.prefill_stats.by_prompts))
+        # The step's message carries the tasks that ended in it with the meter's totals through this step, so the
+        # send is metered as the first part of the next step (the idle wait after a runner's last step drops it).
+        meter.begin()
+        with STEP_CLOCK.part("send"):
+            send_step(channel, updates, meter.totals, dict(scheduler.prefill_stats.by_prompts))
 
 
 def _handle(

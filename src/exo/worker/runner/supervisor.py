@@ -13,20 +13,19 @@ Restarts back off exponentially while the runner keeps crashing without finishin
 queued and later requests get a 503 naming the reason.
 """
 
+import functools
 import logging
 import math
 import multiprocessing
 import time
 from collections import deque
 from collections.abc import Callable
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 import anyio
-import anyio.from_thread
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream
-from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from exo.shared.errors import QueueFullError, RunnerUnavailableError
@@ -46,9 +45,9 @@ from exo.shared.types.worker.runner_response import (
     RunnerRequest,
     RunnerRequestAdapter,
     RunnerResponse,
-    RunnerResponseAdapter,
     RunTask,
     Shutdown,
+    StepOutput,
     StepTimes,
     TaskChunk,
     TaskDone,
@@ -56,6 +55,7 @@ from exo.shared.types.worker.runner_response import (
 from exo.shared.types.worker.runner_status import RunnerStatus
 from exo.worker.runner.idle_snapshots import SHUTDOWN_SNAPSHOT_SECONDS
 from exo.worker.runner.pending_task import PendingTask
+from exo.worker.runner.response_reader import read_responses
 from exo.worker.runner.runner import runner_main
 from exo.worker.runner.runner_config import RunnerConfig
 from exo.worker.runner.token_rate import TokenRate
@@ -93,8 +93,8 @@ class RunnerSupervisor:
         self.description: ModelDescription | None = None
         self.step_times: dict[int, StepTimes] = {}
         self.prefill_pieces: dict[int, int] = {}
-        """Prompt pieces the runner prefilled, by prompts fed together (as of the last task it finished)."""
-        """The runner's host-overhead meter (decode-step times by requests decoding), as it last reported it."""
+        """Prompt pieces the runner prefilled, by prompts fed together (as of the last task it finished); step_times is
+        the runner's host-overhead meter (decode-step times by requests decoding), as it last reported it."""
         self.last_error: str | None = None
         self.restarts = 0
         self.pid: int | None = None
@@ -247,26 +247,8 @@ class RunnerSupervisor:
         assert connection is not None
         assert process is not None
 
-        def read_forever() -> None:
-            while True:
-                ready = wait([connection, process.sentinel])
-                if connection in ready:
-                    try:
-                        payload = connection.recv_bytes()
-                    except (EOFError, OSError):
-                        break
-                    try:
-                        message = RunnerResponseAdapter.validate_json(payload)
-                    except ValidationError as error:
-                        # A runner that breaks the protocol cannot be trusted with the next task: replace it.
-                        logger.error("runner %s sent an unreadable message (%s); replacing it", self.runner_id, error)
-                        process.kill()
-                        break
-                    anyio.from_thread.run_sync(self._handle, message)
-                else:
-                    break
-
-        await anyio.to_thread.run_sync(read_forever, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
+        read = functools.partial(read_responses, connection, process, self._handle, str(self.runner_id))
+        await anyio.to_thread.run_sync(read, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
         process.join(timeout=1.0)
         raise _ProcessGoneError(f"runner process exited with code {process.exitcode}")
 
@@ -325,6 +307,10 @@ class RunnerSupervisor:
                 self.last_error = reason
                 logger.error("runner %s could not load %s: %s", self.runner_id, self.config.model_id, reason)
                 self._fail_all(f"model {self.config.model_id} failed to load: {reason}")
+            case StepOutput():  # a serving step's chunks and endings, handled as the messages they stand for
+                for task_message in message.task_messages():
+                    self._handle(task_message)
+                return
             case TaskChunk(task_id=task_id, chunk=chunk, generated_tokens=generated):
                 running = self._running.get(task_id)
                 if running is None:

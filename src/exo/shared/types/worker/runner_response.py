@@ -171,6 +171,37 @@ class TaskDone(FrozenModel):
     prompts admitted together and fed in one batched pass), when the runner counts them."""
 
 
+class StreamChunks(FrozenModel):
+    """One task's chunks from one serving step, in order."""
+
+    task_id: TaskId
+    chunks: list[Chunk]
+    # Tokens the task has generated so far, as of its last chunk here (TaskChunk's count on a step's last chunk).
+    generated_tokens: int | None = None
+
+
+class StepOutput(FrozenModel):
+    """All one serving step produced, in one message: each task's chunks, then the tasks that ended in the step.
+
+    The supervisor hands it on as the TaskChunk and TaskDone messages it stands for, in that order (a task's chunks
+    before its end): one pipe message per step instead of one per chunk and task."""
+
+    kind: Literal["step_output"] = "step_output"
+    streams: list[StreamChunks] = Field(default_factory=list[StreamChunks])
+    endings: list[TaskDone] = Field(default_factory=list[TaskDone])
+
+    def task_messages(self) -> list[TaskChunk | TaskDone]:
+        """The per-task messages this step stands for, in the order they are handled."""
+        messages: list[TaskChunk | TaskDone] = []
+        for stream in self.streams:
+            last = len(stream.chunks)
+            for position, chunk in enumerate(stream.chunks, start=1):
+                count = stream.generated_tokens if position == last else None
+                messages.append(TaskChunk(task_id=stream.task_id, chunk=chunk, generated_tokens=count))
+        messages.extend(self.endings)
+        return messages
+
+
 class MatmulPlanRefined(FrozenModel):
     """The runner finished refining its matmul plan while idle (and checking it in whole forward passes)."""
 
@@ -179,7 +210,7 @@ class MatmulPlanRefined(FrozenModel):
 
 
 RunnerResponse = Annotated[
-    RunnerDescribed | RunnerReady | RunnerLoadFailed | TaskChunk | TaskDone | MatmulPlanRefined,
+    RunnerDescribed | RunnerReady | RunnerLoadFailed | TaskChunk | TaskDone | StepOutput | MatmulPlanRefined,
     Field(discriminator="kind"),
 ]
 RunnerResponseAdapter: TypeAdapter[RunnerResponse] = TypeAdapter(RunnerResponse)
