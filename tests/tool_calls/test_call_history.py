@@ -89,6 +89,10 @@ def test_a_poll_that_progresses_goes_through() -> None:
         '{"output": "boom", "metadata": {"exit_code": 2, "duration_seconds": 0.1}}',
         '{"error": "not found"}',
         '{"success": false, "message": "busy"}',
+        # opencode sends a failed tool's message alone (captured from its read tool).
+        "Offset 10 is out of range for this file (2 lines)",
+        "File not found: /tmp/project/calc.py",
+        "ls: cannot access 'build': No such file or directory",
     ],
 )
 def test_a_retry_after_an_error_result_goes_through(error: str) -> None:
@@ -103,7 +107,15 @@ def test_a_retry_after_an_error_result_goes_through(error: str) -> None:
 
 @pytest.mark.parametrize(
     "result",
-    ["running", "Exit code: 0\nOutput:\nok", '{"error": null, "status": "running"}', "No errors found", "0 failed"],
+    [
+        "running",
+        "Exit code: 0\nOutput:\nok",
+        '{"error": null, "status": "running"}',
+        "No errors found",
+        "0 failed",
+        # Only the first line is read for failure words: output that mentions one further down is no error.
+        "12 files\nsrc/cannot_fail.py: 3 tests, none invalid",
+    ],
 )
 def test_results_that_are_no_error(result: str) -> None:
     assert not error_result(result)

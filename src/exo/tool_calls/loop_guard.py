@@ -142,6 +142,13 @@ _REMINDERS_ONLY: Final = re.compile(r"\s*(?:<system-reminder>.*?</system-reminde
 _ERROR_OPENING: Final = re.compile(
     r"^[\s*_#>\[(!-]*(?:error|exception|traceback|fatal|failed|failure)\b", re.IGNORECASE
 )
+# Tools that report a failure in plain words (opencode sends a failed tool's message as the result, with no flag and no
+# "Error" in front: "File not found: …", "Offset 10 is out of range for this file (2 lines)").
+_FAILURE_PHRASE: Final = re.compile(
+    r"\b(?:not found|out of range|no such file|does not exist|doesn't exist|permission denied|not permitted|"
+    r"cannot|can't|could not|couldn't|unable to|timed out|connection refused|invalid)\b",
+    re.IGNORECASE,
+)
 _EXIT_CODE_OPENING: Final = re.compile(r"^\s*(?:exit code|process exited with code)\W*(-?\d+)", re.IGNORECASE)
 _ERROR_FLAGS: Final = (("is_error", True), ("success", False), ("ok", False))
 _EXIT_CODE_KEYS: Final = ("exit_code", "exitCode", "returncode")
@@ -158,12 +165,14 @@ def error_result(text: str) -> bool:
 
     - it opens with error, exception, traceback, fatal, failed or failure (any case, after markup such as `**`,
       `#` or `[`);
+    - its first line says a failure in words: not found, out of range, no such file, does not exist, permission
+      denied, not permitted, cannot, could not, unable to, timed out, connection refused, invalid;
     - it opens with a non-zero "Exit code: N" or "Process exited with code N" (Codex's shell output);
     - it is a JSON object with a truthy `error`, `"is_error": true`, `"success": false`, `"ok": false`, or a non-zero
       `exit_code` / `exitCode` / `returncode` at its top level or in its `metadata`.
 
     Reading too much as an error only makes the guard withdraw less."""
-    if _ERROR_OPENING.match(text):
+    if _ERROR_OPENING.match(text) or _FAILURE_PHRASE.search(text.lstrip().partition("\n")[0]):
         return True
     exit_code = _EXIT_CODE_OPENING.match(text)
     if exit_code is not None:
