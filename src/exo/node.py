@@ -9,6 +9,7 @@ down and leaves the cluster.
 import logging
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,9 +109,11 @@ def api_settings(config: NodeConfig) -> ApiSettings:
     )
 
 
-async def _measure_memory_bandwidth(describe: NodeDescriber) -> None:
-    """Publish the node's memory bandwidth from its next report on (measured off the event loop)."""
+async def _measure_memory_bandwidth(describe: NodeDescriber, report: Callable[[], None]) -> None:
+    """Measure the node's memory bandwidth (off the event loop) and report it at once: the master may hold a placement
+    for it (master/placement_hold.py)."""
     describe.memory_bandwidth = await anyio.to_thread.run_sync(measure_memory_bandwidth)
+    report()
 
 
 @dataclass(frozen=True)
@@ -236,7 +239,8 @@ class Node:
         )
         for component in components:
             task_group.start_soon(component.run, name=type(component).__name__)
-        task_group.start_soon(_measure_memory_bandwidth, describe)
+        parts.links.after_measuring(worker.report_in_full)
+        task_group.start_soon(_measure_memory_bandwidth, describe, worker.report_in_full)
         place = self._keep_placed if config.min_nodes > 1 else None
         for spec in config.models:
             task_group.start_soon(worker.prepare_and_load, spec, self._runner_config, config.models_dir, place)

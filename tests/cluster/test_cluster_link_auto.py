@@ -5,10 +5,16 @@ alpha serves tiny-qwen-tools-deep whole; beta (`--no-model`) joins it. Once each
 trip to the other, alpha is asked to place the model over 2 nodes with `parallel: auto`: the instance's
 `parallel_reason` names the estimate of each split with the round trip the nodes measured, and the split it names
 serves.
+
+A model placed at start (`--min-nodes 2`) is asked for the moment the second node is up, before either node's
+figures reach the master: the master holds it for them (master/placement_hold.py), so it too is weighed by the
+measured round trip rather than split by layers.
 """
 
 import re
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -38,6 +44,22 @@ def pair_round_trip(state: dict[str, Any], alpha: str, beta: str) -> str:
     """The round trip placement weighs, as the reason prints it: the slower of the two nodes' measurements."""
     trips = [link["round_trip_ms"] for link in (measured(state, alpha, beta), measured(state, beta, alpha)) if link]
     return format_ms(max(trips))
+
+
+def test_a_model_placed_at_start_over_two_nodes_waits_for_the_figures_and_is_weighed_by_them(
+    tmp_path: Path,
+) -> None:
+    with local_cluster(tmp_path, "link-auto-start") as cluster:
+        alpha, _beta = cluster.launch_split(fixture_model(DEEP))
+        launched = time.monotonic()
+        instance = cluster.wait_serving(alpha, 2, "the model placed at start over both nodes", PLACED_WITHIN_S)
+        reason = instance.parallel_reason or ""
+        print(f"parallel_reason: {reason} (serving {time.monotonic() - launched:.1f} s after the nodes launched)")
+        match = REASON.fullmatch(reason)
+        assert match is not None, reason  # weighed by the measured figures, not "auto: by layers (not measured yet"
+        assert instance.parallel == match["chosen"]
+        # 4 layers: a tensor split waits for 9 exchanges a token, a pipeline for 3.
+        assert int(match["exchanges"]) == (9 if match["chosen"] == "tensor" else 3)
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,14 @@ after. A query goes through zenoh as every cluster message does (TLS on a keyed 
 nodes meet through one), so the figure is the link plus both nodes' zenoh and thread hand-over: at least the raw
 link's round trip, never less. Only the peer's own session counts as a reply (zenoh names who replied), so no other
 node can answer for it. A peer that does not answer within PROBE_TIMEOUT_SECONDS keeps no figure; a peer that
-left is forgotten.
+left is forgotten. Once a round of probes ends, the node reports its facts at once (`after_measuring`): the master
+holds a placement over a node that just joined for these figures (master/placement_hold.py).
 """
 
 import logging
 import statistics
 import time
+from collections.abc import Callable
 
 import anyio
 from pydantic import TypeAdapter
@@ -49,7 +51,12 @@ class LinkProber:
         self._membership = membership
         self._links: dict[NodeId, LinkMeasurement] = {}
         self._joined = anyio.Event()
+        self._measured: Callable[[], None] | None = None
         membership.on_change(self._on_change)
+
+    def after_measuring(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (publish the node's facts) after each round of probes that measured a peer."""
+        self._measured = callback
 
     def measurements(self) -> dict[NodeId, LinkMeasurement]:
         return dict(self._links)
@@ -76,6 +83,8 @@ class LinkProber:
             elif peer in self._links and peer in self._membership.view.live_nodes:
                 logger.info("no probe reply from %s within %.1f s: its round trip is unknown", peer, self._timeout)
                 del self._links[peer]
+        if peers and self._measured is not None:
+            self._measured()
 
     async def measure(self, peer: NodeId) -> LinkMeasurement | None:
         """The median of PROBE_SAMPLES round trips to `peer`, or None when it answered none of them."""

@@ -40,15 +40,7 @@ def place_instance(
     """The instance `request` asks for over the nodes up in `state` (but `excluded`); raises PlacementError naming
         the memory needed and available when it fits nowhere (IndivisibleHeadsError, a PlacementError, when a tensor
     split cannot divide the model's heads over the nodes asked for)."""
-    capacities = [
-        NodeCapacity(
-            node_id=node_id,
-            available_bytes=node.facts.memory.available_bytes,
-            weights=node.facts.weights_in_memory,
-        )
-        for node_id, node in sorted(state.nodes.items())
-        if is_up(state, node_id) and node_id not in excluded
-    ]
+    capacities = up_capacities(state, excluded)
     if request.parallel == "auto":
         candidates = auto_candidates(request.model_id, request.footprint, capacities, request.min_nodes)
         choice = choose_split("auto", request.footprint, estimates_of(state, request.footprint, candidates))
@@ -92,6 +84,19 @@ def place_instance(
         peers=peers,
         placed_at=now,
     )
+
+
+def up_capacities(state: State, excluded: frozenset[NodeId] = frozenset()) -> list[NodeCapacity]:
+    """What placement may use: each node up in `state` (but `excluded`) with its free memory."""
+    return [
+        NodeCapacity(
+            node_id=node_id,
+            available_bytes=node.facts.memory.available_bytes,
+            weights=node.facts.weights_in_memory,
+        )
+        for node_id, node in sorted(state.nodes.items())
+        if is_up(state, node_id) and node_id not in excluded
+    ]
 
 
 def auto_candidates(

@@ -20,6 +20,7 @@ from exo.cluster.topics import Topics
 from exo.master.instance_placement import PORT_RANGE, place_instance
 from exo.master.pipeline_placement import PlacementError
 from exo.master.placement import failed_replacements, instance_busy, instance_serving, no_runner_refusal, place_task
+from exo.master.placement_hold import HeldPlacements
 from exo.master.split_choice import choose_split
 from exo.master.tensor_placement import IndivisibleHeadsError
 from exo.shared.apply import apply, is_up
@@ -68,6 +69,8 @@ SILENCE_CHECK_SECONDS = 2.0
 # it just before the replacement was ready reaches the state within this time, and is then waited for.
 RETIRE_AFTER_SECONDS = 3.0
 RETIRE_CHECK_SECONDS = 0.5
+# How often a placement held for its figures (master/placement_hold.py) is checked again.
+HOLD_CHECK_SECONDS = 0.2
 
 
 def owned_by(event: LocalEvent, origin: NodeId, state: State) -> bool:
@@ -118,6 +121,8 @@ class Master:
         # Nodes asked for a full report (this node was elected, or they joined) that have not sent one, and since when
         # (monotonic): until they do, or go stale, a model without a runner here may be theirs (a 503, not a 404).
         self._unreported: dict[NodeId, float] = {}
+        # `auto` placements waiting a moment for the figures of a node that just joined.
+        self._holds = HeldPlacements()
         # Subscribed now, before anything runs, so no report sent during start-up is missed.
         self._reports = bus.subscribe(topics.local_events, LocalEventMessageAdapter)
         self._commands = bus.subscribe(topics.master_commands(self._me), MasterCommandAdapter)
@@ -136,6 +141,7 @@ class Master:
             group.start_soon(self._place_tasks)
             group.start_soon(self._watch_for_silence)
             group.start_soon(self._retire_replaced)
+            group.start_soon(self._place_held)
 
     # ---- election ---------------------------------------------------------------------------
 
@@ -146,11 +152,13 @@ class Master:
         if new.master != self._me and self._active:
             logger.info("node %s is now the cluster master; this node follows it", new.master)
             self._active = False
+            self._holds.clear()
             return
         if self._active:
             for node_id in sorted(old.live_nodes - new.live_nodes):
                 self._mark_down(node_id)
             joined = new.live_nodes - old.live_nodes
+            self._holds.joined(joined)
             self._unreported.update(dict.fromkeys(joined, time.monotonic()))
             if joined:
                 # A joining node may have reported before its token reached this node (and been ignored).
@@ -162,6 +170,7 @@ class Master:
         self._flagged_stale.clear()
         live = self._membership.view.live_nodes
         self._unreported = dict.fromkeys(live, time.monotonic())
+        self._holds.joined(live)
         logger.info("this node is the cluster master")
         self._order(MasterElected(node_id=self._me))
         for node_id in sorted(self._state.nodes):
@@ -255,13 +264,14 @@ class Master:
                     case PlaceInstance():
                         self._place_instance(command)
 
-    def _place_instance(self, request: PlaceInstance) -> None:
+    def _place_instance(self, request: PlaceInstance, held_since: float | None = None) -> None:
         """Place a model over nodes by memory. A repeated request gets the instance already placed; one with another
         `min_nodes` replaces it only once the new placement is found (a refusal leaves it serving).
 
         Availability first: a request that `allow_fewer` is placed over the nodes that are up when fewer than
         `min_nodes` are (the instance is marked degraded), and a degraded instance is placed again over `min_nodes`
         as soon as that many are up. The degraded one keeps serving until its replacement does (make before break).
+        An `auto` placement may wait a moment for the figures it weighs (held since `held_since`, placement_hold.py).
         """
         reply_to = self._topics.instance_replies(request.files_from)
         current = self._instance_of(request.model_id, request.files_from)
@@ -271,6 +281,8 @@ class Master:
         same_split = current is not None and current.parallel == wanted
         if current is not None and current.min_nodes == request.min_nodes and same_split and not can_spread:
             self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, instance=current))
+            return
+        if self._holds.hold(self._state, request, held_since):
             return
         try:
             placed = self._plan(request, up)
@@ -301,6 +313,12 @@ class Master:
         )
         self._order(InstancePlaced(instance=placed))
         self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, instance=placed))
+
+    async def _place_held(self) -> None:
+        while True:
+            await anyio.sleep(HOLD_CHECK_SECONDS)
+            for request, since in self._holds.take() if self._active else []:
+                self._place_instance(request, since)
 
     def _place_again(self, lost: PlacedInstance, reason: str) -> None:
         """Availability first, whoever is master: an instance that lost a node is placed again at once over the nodes

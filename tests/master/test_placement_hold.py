@@ -1,0 +1,83 @@
+"""The master's hold of an `auto` placement for figures on their way (master/placement_hold.py): held while a node
+it would weigh joined less than the grace ago and its figures are missing, never longer than the grace, then placed
+by layers as before; placed at once when measured, asked for as a split, or going on one node."""
+
+import pytest
+
+from exo.master.placement_hold import AUTO_FIGURES_GRACE_SECONDS, HeldPlacements, awaited_nodes
+from exo.shared.types.worker.shards import ParallelChoice
+from tests.master.placement_builders import nodes_free, nodes_measured, place, place_request
+from tests.shared.state_builders import NODE_A, NODE_B
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_auto_split_without_figures_waits_at_most_the_grace_then_splits_by_layers() -> None:
+    clock = Clock()
+    holds = HeldPlacements(clock)
+    holds.joined([NODE_A, NODE_B])
+    state = nodes_measured(4, NODE_A, NODE_B, bandwidth_gb_s=None, round_trip_ms=None)
+    request = place_request(2, "auto")
+    assert awaited_nodes(state, request) == {NODE_A, NODE_B}
+    assert holds.hold(state, request)
+    clock.now += AUTO_FIGURES_GRACE_SECONDS - 0.1
+    [(held, since)] = holds.take()
+    assert (held, since) == (request, 100.0)
+    assert holds.hold(state, held, since)
+    # A node that joins meanwhile does not extend the hold: the request waits no longer than the grace.
+    holds.joined([NODE_B])
+    clock.now += 0.1
+    [(held, since)] = holds.take()
+    assert not holds.hold(state, held, since)
+    assert holds.take() == []
+    reason = place(state, held).parallel_reason or ""
+    assert reason.startswith("auto: by layers (not measured yet: ")
+
+
+def test_a_held_split_is_placed_by_the_figures_as_soon_as_they_arrive() -> None:
+    clock = Clock()
+    holds = HeldPlacements(clock)
+    holds.joined([NODE_A, NODE_B])
+    request = place_request(2, "auto")
+    assert holds.hold(nodes_measured(4, NODE_A, NODE_B, bandwidth_gb_s=10, round_trip_ms=None), request)
+    clock.now += 1.0
+    [(held, since)] = holds.take()
+    measured = nodes_measured(4, NODE_A, NODE_B, bandwidth_gb_s=10, round_trip_ms=0.1)
+    assert awaited_nodes(measured, held) == frozenset()
+    assert not holds.hold(measured, held, since)
+    assert (place(measured, held).parallel_reason or "").startswith("auto: tensor over 2 nodes est. ")
+
+
+def test_figures_missing_from_nodes_that_joined_longer_ago_than_the_grace_are_not_waited_for() -> None:
+    clock = Clock()
+    holds = HeldPlacements(clock)
+    holds.joined([NODE_A, NODE_B])
+    clock.now += AUTO_FIGURES_GRACE_SECONDS
+    state = nodes_measured(4, NODE_A, NODE_B, bandwidth_gb_s=10, round_trip_ms=None)
+    assert not holds.hold(state, place_request(2, "auto"))
+    assert holds.take() == []
+
+
+@pytest.mark.parametrize("asked", ["pipeline", "tensor"])
+def test_a_split_asked_for_is_never_held(asked: ParallelChoice) -> None:
+    holds = HeldPlacements(Clock())
+    holds.joined([NODE_A, NODE_B])
+    state = nodes_measured(4, NODE_A, NODE_B, bandwidth_gb_s=None, round_trip_ms=None)
+    assert awaited_nodes(state, place_request(2, asked)) == frozenset()
+    assert not holds.hold(state, place_request(2, asked))
+
+
+def test_a_placement_on_one_node_is_never_held() -> None:
+    holds = HeldPlacements(Clock())
+    holds.joined([NODE_A, NODE_B])
+    # NODE_A holds the model whole: without figures `auto` places it there, so nothing is waited for.
+    state = nodes_measured(8, NODE_A, NODE_B, bandwidth_gb_s=None, round_trip_ms=None)
+    assert not holds.hold(state, place_request(1, "auto"))
+    # One node up: no split to weigh.
+    assert not holds.hold(nodes_free((NODE_A, 8)), place_request(1, "auto"))
