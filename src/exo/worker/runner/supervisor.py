@@ -307,24 +307,16 @@ class RunnerSupervisor:
                 self.last_error = reason
                 logger.error("runner %s could not load %s: %s", self.runner_id, self.config.model_id, reason)
                 self._fail_all(f"model {self.config.model_id} failed to load: {reason}")
-            case StepOutput():  # a serving step's chunks and endings, handled as the messages they stand for
-                for task_message in message.task_messages():
-                    self._handle(task_message)
+            case StepOutput(streams=streams, endings=endings):  # handled as the TaskChunks and TaskDones it stands for
+                for stream in streams:
+                    for position, chunk in enumerate(stream.chunks, start=1):
+                        last = position == len(stream.chunks)
+                        self._on_chunk(stream.task_id, chunk, stream.generated_tokens if last else None)
+                for done in endings:
+                    self._handle(done)
                 return
             case TaskChunk(task_id=task_id, chunk=chunk, generated_tokens=generated):
-                running = self._running.get(task_id)
-                if running is None:
-                    return
-                running.deliver(chunk)
-                if generated is not None:
-                    self._count_tokens(running, generated)
-                phase = running.phase
-                if isinstance(chunk, PrefillProgressChunk):
-                    running.progress = chunk
-                else:
-                    running.decoding = True
-                if isinstance(chunk, PrefillProgressChunk) or running.phase != phase:
-                    self._on_change()  # /state shows the progress; any other chunk only matters when it starts decode
+                self._on_chunk(task_id, chunk, generated)
                 return
             case TaskDone(task_id=task_id, generated_tokens=tokens, cancelled=cancelled, step_times=step_times):
                 if step_times is not None:
@@ -343,6 +335,21 @@ class RunnerSupervisor:
                     self.status = "ready"
                 self._dispatch_next()
         self._on_change()
+
+    def _on_chunk(self, task_id: TaskId, chunk: Chunk, generated: int | None) -> None:
+        running = self._running.get(task_id)
+        if running is None:
+            return
+        running.deliver(chunk)
+        if generated is not None:
+            self._count_tokens(running, generated)
+        phase = running.phase
+        if isinstance(chunk, PrefillProgressChunk):
+            running.progress = chunk
+        else:
+            running.decoding = True
+        if isinstance(chunk, PrefillProgressChunk) or running.phase != phase:
+            self._on_change()  # /state shows the progress; any other chunk only matters when it starts decode
 
     @property
     def tokens_per_second_now(self) -> float:
