@@ -4,6 +4,7 @@ by layers as before; placed at once when measured, asked for as a split, or goin
 
 import pytest
 
+from exo.master.instance_placement import same_split_asked
 from exo.master.placement_hold import AUTO_FIGURES_GRACE_SECONDS, HeldPlacements, awaited_nodes
 from exo.shared.types.worker.shards import ParallelChoice
 from tests.master.placement_builders import nodes_free, nodes_measured, place, place_request
@@ -81,3 +82,19 @@ def test_a_placement_on_one_node_is_never_held() -> None:
     assert not holds.hold(state, place_request(1, "auto"))
     # One node up: no split to weigh.
     assert not holds.hold(nodes_free((NODE_A, 8)), place_request(1, "auto"))
+
+
+def test_a_repeated_auto_request_is_the_same_split_whichever_split_auto_chose() -> None:
+    """An `auto` placement that chose tensor is what a repeated `auto` request asks for (the master then answers
+    the instance placed instead of placing it anew), as is `tensor` asked by name; `pipeline` is not."""
+    measured = nodes_measured(4, NODE_A, NODE_B, bandwidth_gb_s=10, round_trip_ms=0.1)
+    placed = place(measured, place_request(2, "auto"))
+    assert placed.parallel == "tensor"
+    assert placed.parallel_asked == "auto"
+    assert same_split_asked(placed, place_request(2, "auto"))
+    assert same_split_asked(placed, place_request(2, "tensor"))
+    assert not same_split_asked(placed, place_request(2, "pipeline"))
+    # An instance kept from before the choice was recorded counts as auto's when it is a pipeline.
+    legacy = placed.model_copy(update={"parallel_asked": None})
+    assert not same_split_asked(legacy, place_request(2, "auto"))
+    assert same_split_asked(legacy.model_copy(update={"parallel": "pipeline"}), place_request(2, "auto"))

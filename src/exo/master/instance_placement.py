@@ -78,6 +78,7 @@ def place_instance(
         min_nodes=request.min_nodes,
         parallel=parallel,
         parallel_reason=placement_reason(choice, len(ranks)),
+        parallel_asked=request.parallel,
         files_from=request.files_from,
         footprint=request.footprint,
         ranks=tuple(ranks),
@@ -114,3 +115,14 @@ def auto_candidates(
     with suppress(PlacementError):  # too few nodes, or heads that so many nodes do not divide
         candidates.append(("tensor", plan_tensor(model, footprint, capacities, min_nodes=split_min)))
     return candidates
+
+
+def same_split_asked(current: PlacedInstance, request: PlaceInstance) -> bool:
+    """Whether `request` asks for the split `current` was placed with: `auto` again for an instance `auto` placed
+    (whichever split it chose), or the split the instance has. An instance from before the request was kept
+    counts as `auto`'s when it is a pipeline (the only split `auto` chose then)."""
+    if request.parallel != "auto":
+        return current.parallel == request.parallel
+    if current.parallel_asked is None:
+        return current.parallel == "pipeline"
+    return current.parallel_asked == "auto"

@@ -17,11 +17,10 @@ from exo.cluster.bus import Bus
 from exo.cluster.event_log import EventLog
 from exo.cluster.membership import Membership, MembershipView
 from exo.cluster.topics import Topics
-from exo.master.instance_placement import PORT_RANGE, place_instance
+from exo.master.instance_placement import PORT_RANGE, place_instance, same_split_asked
 from exo.master.pipeline_placement import PlacementError
 from exo.master.placement import failed_replacements, instance_busy, instance_serving, no_runner_refusal, place_task
 from exo.master.placement_hold import HeldPlacements
-from exo.master.split_choice import choose_split
 from exo.master.tensor_placement import IndivisibleHeadsError
 from exo.shared.apply import apply, is_up
 from exo.shared.types.commands import AssignTask, MasterCommandAdapter, PlaceTask
@@ -277,8 +276,7 @@ class Master:
         current = self._instance_of(request.model_id, request.files_from)
         up = sum(is_up(self._state, node_id) for node_id in self._state.nodes)
         can_spread = current is not None and current.degraded_reason is not None and up >= request.min_nodes
-        wanted = choose_split(request.parallel, request.footprint).parallel
-        same_split = current is not None and current.parallel == wanted
+        same_split = current is not None and same_split_asked(current, request)
         if current is not None and current.min_nodes == request.min_nodes and same_split and not can_spread:
             self._bus.publish(reply_to, InstancePlacementReply(request_id=request.request_id, instance=current))
             return
@@ -343,6 +341,7 @@ class Master:
             return
         if lost.parallel_reason is not None:  # the reason its split was chosen (`auto` or asked for) still holds
             placed = placed.model_copy(update={"parallel_reason": lost.parallel_reason})
+        placed = placed.model_copy(update={"parallel_asked": lost.parallel_asked})
         layers = ", ".join(f"{rank.node_id} {rank.start_layer}-{rank.end_layer - 1}" for rank in placed.ranks)
         degraded = f" (degraded: {placed.degraded_reason})" if placed.degraded_reason else ""
         logger.info("placed %s again as instance %s: %s%s", placed.model_id, placed.instance_id, layers, degraded)

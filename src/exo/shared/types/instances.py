@@ -40,6 +40,9 @@ class PlacedInstance(FrozenModel):
     parallel: Parallelism = "pipeline"
     # Why this split: asked for, or the `auto` rule's reason (master/split_choice.py); None from before it was kept.
     parallel_reason: str | None = None
+    # What the placement request asked for (`auto` or a split), so that a repeated request is recognised as one
+    # whatever split `auto` chose; None from before it was kept.
+    parallel_asked: ParallelChoice | None = None
     # The node holding the whole checkpoint: the others copy their layers' files from it.
     files_from: NodeId
     footprint: ModelFootprint
