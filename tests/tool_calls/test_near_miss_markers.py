@@ -116,3 +116,20 @@ def test_every_alias_is_read() -> None:
         text = f"{alias}{_CALL}"
         chunks, _ = run_stream(Fixture(alias, Format.HERMES, text, []), list(text))
         assert _decoded(chunks) == _WANTED, alias
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<toolcall>{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}, "id": "1"}</toolcall>',
+        '{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}, "id": "1"}',
+    ],
+)
+def test_a_key_after_the_arguments_of_a_strictly_read_call_is_skipped(text: str) -> None:
+    # Read strictly (a near miss, a bare reply), a call stands once committed: a later key neither breaks it nor
+    # leaks the rest of the object into content.
+    fixture = Fixture("trailing key", Format.HERMES, text, _WANTED)
+    chunks = assert_stream_matches(fixture, list(text))
+    assert _decoded(chunks) == _WANTED
+    assert content_of(chunks) == ""
+    assert run_stream(fixture, [text])[1] == []

@@ -137,7 +137,8 @@ class EnvelopeParser:
 
     def _begin_value(self) -> None:
         key = self._key
-        if self._strict and key not in _STRICT_KEYS:
+        # Once committed the call stands: a key after its arguments (an "id") is skipped, as without strict shape.
+        if self._strict and not self._committed and key not in _STRICT_KEYS:
             self._refuse(f"not a tool call: key {key!r}")
             return
         self._call_key_seen = self._call_key_seen or key in ("name", *_ARGUMENT_KEYS)
