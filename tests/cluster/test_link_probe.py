@@ -7,7 +7,7 @@ import time
 import anyio
 
 from exo.cluster.bus import Bus
-from exo.cluster.link_probe import PROBE_SAMPLES, LinkProber, ProbeReply
+from exo.cluster.link_probe import BULK_PAYLOAD_BYTES, PROBE_SAMPLES, LinkProber, ProbeReply, bandwidth_from
 from exo.cluster.membership import Membership
 from exo.cluster.topics import Member, Topics
 from exo.shared.types.common import NodeId
@@ -56,3 +56,26 @@ async def test_a_reply_from_another_session_on_the_peers_key_does_not_count() ->
         with anyio.fail_after(20):
             while await prober(alpha).measure(node_id(forger)) is None:
                 pass
+
+
+async def test_a_node_measures_the_bandwidth_from_a_peer_over_a_large_probe_reply() -> None:
+    measured: LinkMeasurement | None = None
+    async with linked_buses(2) as (alpha, beta), anyio.create_task_group() as group:
+        group.start_soon(prober(beta).run)
+        with anyio.fail_after(30):
+            while measured is None or measured.bandwidth_bytes_per_second is None:
+                measured = await prober(alpha).measure(node_id(beta))
+        group.cancel_scope.cancel()
+    assert measured is not None
+    assert measured.bandwidth_bytes_per_second is not None
+    # Loopback between two sessions of one process: 256 KiB more took less than the time allowed for a reply.
+    assert measured.bandwidth_bytes_per_second > BULK_PAYLOAD_BYTES / TIMEOUT_S
+    print(f"loopback: {measured.round_trip_ms} ms, {measured.bandwidth_bytes_per_second / 1e6:.0f} MB/s")
+
+
+def test_the_bandwidth_is_the_extra_bytes_over_the_extra_time_of_the_median_bulk_trip() -> None:
+    # Round trip 1 ms; bulk trips 3, 5 and 9 ms: the median is 4 ms slower.
+    assert bandwidth_from(0.001, [0.003, 0.009, 0.005]) == round(BULK_PAYLOAD_BYTES / 0.004)
+    # No bulk reply, or a bulk trip no slower than the small one: no figure.
+    assert bandwidth_from(0.001, []) is None
+    assert bandwidth_from(0.005, [0.004, 0.005, 0.006]) is None

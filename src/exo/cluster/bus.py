@@ -97,6 +97,11 @@ class Bus:
 
         self._declarations.append(self.session.declare_queryable(key, on_query))
 
+    def answer_queries_with(self, key: str, reply: BaseModel) -> None:
+        """Reply to queries on `key` with the same `reply`, encoded once (a large one costs no encoding a query)."""
+        payload = reply.model_dump_json().encode()
+        self._declarations.append(self.session.declare_queryable(key, lambda query: query.reply(key, payload)))
+
     async def query(self, key: str, adapter: TypeAdapter[T], timeout: float) -> list[T]:
         """Every valid reply to a query on `key` that arrives within `timeout` seconds."""
         return [message for _, message in await self.query_repliers(key, adapter, timeout)]

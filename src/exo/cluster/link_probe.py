@@ -7,11 +7,20 @@ after. A query goes through zenoh as every cluster message does (TLS on a keyed 
 nodes meet through one), so the figure is the link plus both nodes' zenoh and thread hand-over: at least the raw
 link's round trip, never less. Only the peer's own session counts as a reply (zenoh names who replied), so no other
 node can answer for it. A peer that does not answer within PROBE_TIMEOUT_SECONDS keeps no figure; a peer that
-left is forgotten. Once a round of probes ends, the node reports its facts at once (`after_measuring`): the master
+left is forgotten.
+
+The bandwidth from a peer to this node is timed in the same way: BANDWIDTH_SAMPLES queries to the peer's bulk probe,
+whose reply carries BULK_PAYLOAD_BYTES of random text more than the small one (random, so that nothing on the way
+can compress it), at join and every BANDWIDTH_INTERVAL_SECONDS after (it costs a few hundred KiB a peer). The
+extra bytes over the extra time (the median bulk trip less the median small trip) is the figure: it includes
+encoding and checking the larger reply at both ends, so it is at most the raw link's bandwidth, never more. Where
+the bulk trip is not slower than the small one (a link too fast for the difference to show) there is no figure.
+Once a round of probes ends, the node reports its facts at once (`after_measuring`): the master
 holds a placement over a node that just joined for these figures (master/placement_hold.py).
 """
 
 import logging
+import secrets
 import statistics
 import time
 from collections.abc import Callable
@@ -30,10 +39,15 @@ logger = logging.getLogger(__name__)
 PROBE_SAMPLES = 5
 PROBE_TIMEOUT_SECONDS = 2.0
 PROBE_INTERVAL_SECONDS = 15.0
+BANDWIDTH_SAMPLES = 5
+BANDWIDTH_INTERVAL_SECONDS = 60.0
+BULK_PAYLOAD_BYTES = 256 * 1024
 
 
 class ProbeReply(FrozenModel):
     node_id: NodeId
+    # Empty on the round-trip probe; BULK_PAYLOAD_BYTES of random text on the bulk probe.
+    padding: str = ""
 
 
 ProbeReplyAdapter: TypeAdapter[ProbeReply] = TypeAdapter(ProbeReply)
@@ -50,6 +64,8 @@ class LinkProber:
         self._topics = topics
         self._membership = membership
         self._links: dict[NodeId, LinkMeasurement] = {}
+        # When each peer's bandwidth was last timed (time.monotonic()).
+        self._bandwidth_timed: dict[NodeId, float] = {}
         self._joined = anyio.Event()
         self._measured: Callable[[], None] | None = None
         membership.on_change(self._on_change)
@@ -63,8 +79,9 @@ class LinkProber:
 
     async def run(self) -> None:
         me = self._membership.node_id
-        reply = ProbeReply(node_id=me)
-        self._bus.answer_queries(self._topics.link_probe(me), lambda: reply)
+        self._bus.answer_queries_with(self._topics.link_probe(me), ProbeReply(node_id=me))
+        bulk = ProbeReply(node_id=me, padding=secrets.token_hex(BULK_PAYLOAD_BYTES // 2))
+        self._bus.answer_queries_with(self._topics.link_probe_bulk(me), bulk)
         while True:
             await self.measure_all()
             with anyio.move_on_after(PROBE_INTERVAL_SECONDS):
@@ -76,30 +93,60 @@ class LinkProber:
         peers = sorted(self._membership.view.live_nodes - {self._membership.node_id})
         for gone in set(self._links) - set(peers):
             del self._links[gone]
+        for gone in set(self._bandwidth_timed) - set(peers):
+            del self._bandwidth_timed[gone]
         for peer in peers:
-            measured = await self.measure(peer)
+            measured = await self.measure(peer, bandwidth=self._bandwidth_due(peer))
             if measured is not None:
                 self._links[peer] = measured
             elif peer in self._links and peer in self._membership.view.live_nodes:
                 logger.info("no probe reply from %s within %.1f s: its round trip is unknown", peer, self._timeout)
                 del self._links[peer]
+                self._bandwidth_timed.pop(peer, None)
         if peers and self._measured is not None:
             self._measured()
 
-    async def measure(self, peer: NodeId) -> LinkMeasurement | None:
-        """The median of PROBE_SAMPLES round trips to `peer`, or None when it answered none of them."""
-        key = self._topics.link_probe(peer)
+    async def measure(self, peer: NodeId, *, bandwidth: bool = True) -> LinkMeasurement | None:
+        """The median of PROBE_SAMPLES round trips to `peer`, or None when it answered none of them; with its
+        bandwidth timed anew when `bandwidth` says so, else the last figure kept."""
+        trips = await self._trips(self._topics.link_probe(peer), peer, PROBE_SAMPLES)
+        if not trips:
+            return None
+        round_trip = statistics.median(trips)
+        previous = self._links.get(peer)
+        bytes_per_second = previous.bandwidth_bytes_per_second if previous is not None else None
+        if bandwidth:
+            self._bandwidth_timed[peer] = time.monotonic()
+            bulk = await self._trips(self._topics.link_probe_bulk(peer), peer, BANDWIDTH_SAMPLES)
+            bytes_per_second = bandwidth_from(round_trip, bulk)
+        return LinkMeasurement(
+            round_trip_ms=round(round_trip * 1000, 3),
+            samples=len(trips),
+            measured_at=time.time(),
+            bandwidth_bytes_per_second=bytes_per_second,
+        )
+
+    async def _trips(self, key: str, peer: NodeId, samples: int) -> list[float]:
         trips: list[float] = []
-        for _ in range(PROBE_SAMPLES):
+        for _ in range(samples):
             trip = await self._bus.round_trip(key, ProbeReplyAdapter, peer, self._timeout)
             if trip is not None:
                 trips.append(trip)
-        if not trips:
-            return None
-        return LinkMeasurement(
-            round_trip_ms=round(statistics.median(trips) * 1000, 3), samples=len(trips), measured_at=time.time()
-        )
+        return trips
+
+    def _bandwidth_due(self, peer: NodeId) -> bool:
+        timed = self._bandwidth_timed.get(peer)
+        return timed is None or time.monotonic() - timed >= BANDWIDTH_INTERVAL_SECONDS
 
     def _on_change(self, old: MembershipView, new: MembershipView) -> None:
         if new.live_nodes - old.live_nodes:
             self._joined.set()
+
+
+def bandwidth_from(round_trip_seconds: float, bulk_trips: list[float]) -> float | None:
+    """Bytes a second: the bulk reply's extra bytes over the median bulk trip's extra time against the small one
+    (None without a bulk reply, or where the bulk trip was not slower)."""
+    if not bulk_trips:
+        return None
+    extra_seconds = statistics.median(bulk_trips) - round_trip_seconds
+    return round(BULK_PAYLOAD_BYTES / extra_seconds) if extra_seconds > 0 else None

@@ -52,6 +52,10 @@ class Topics:
         """The node answers queries here at once: peers time the round trip (cluster/link_probe.py)."""
         return f"{self.root}/probe/{node_id}"
 
+    def link_probe_bulk(self, node_id: NodeId) -> str:
+        """The node answers queries here at once with a large reply: peers time the link's bandwidth."""
+        return f"{self.root}/probe-bulk/{node_id}"
+
     @property
     def local_events(self) -> str:
         """Nodes → master: reports to be ordered."""
