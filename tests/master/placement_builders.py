@@ -11,7 +11,8 @@ from exo.shared.types.state import State
 from exo.shared.types.worker.shards import ParallelChoice
 from tests.shared.state_builders import NODE_A, facts, fold, reported
 
-# 8 layers of 100 M parameters and 100 M shared (0.37 GiB each in float32); 8 heads, 2 KV heads, MLP width 4096.
+# 8 layers of 100 M parameters and 100 M shared (0.37 GiB each in float32); 8 heads, 2 KV heads, MLP width 4096,
+# hidden size 2048.
 FOOTPRINT = ModelFootprint(
     layer_parameters=(100_000_000,) * 8,
     shared_parameters=100_000_000,
@@ -20,6 +21,7 @@ FOOTPRINT = ModelFootprint(
     attention_heads=8,
     kv_heads=2,
     mlp_width=4096,
+    hidden_size=2048,
 )
 
 
@@ -52,14 +54,23 @@ def place(state: State, request: PlaceInstance) -> PlacedInstance:
 
 
 def nodes_measured(
-    free_gib: float, *node_ids: NodeId, bandwidth_gb_s: float | None, round_trip_ms: float | None
+    free_gib: float,
+    *node_ids: NodeId,
+    bandwidth_gb_s: float | None,
+    round_trip_ms: float | None,
+    link_mb_s: float | None = None,
 ) -> State:
     """The state once each node reported `free_gib` free, the memory bandwidth it measured (None: not yet) and the
-    round trip to every other node (None: not yet measured)."""
+    round trip to every other node (None: not yet measured) and the link bandwidth (None: not measured)."""
     reports: list[tuple[NodeReported, NodeId]] = []
     for node_id in node_ids:
         links = {
-            peer: LinkMeasurement(round_trip_ms=round_trip_ms, samples=5, measured_at=1.0)
+            peer: LinkMeasurement(
+                round_trip_ms=round_trip_ms,
+                samples=5,
+                measured_at=1.0,
+                bandwidth_bytes_per_second=None if link_mb_s is None else link_mb_s * 1e6,
+            )
             for peer in node_ids
             if peer != node_id and round_trip_ms is not None
         }

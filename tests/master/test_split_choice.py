@@ -1,6 +1,7 @@
 """The `auto` rule (master/split_choice.py, master/split_estimates.py): a split asked for is kept; `auto` weighs one
 node, a pipeline and a tensor split by estimated time per token (compute from the nodes' measured memory bandwidth,
-exchanges times the measured round trip) and takes the least, naming the figures; without the measurements it
+exchanges times the measured round trip; the transfer term, with link bandwidth, in test_split_transfer.py) and
+takes the least, naming the figures; without the measurements it
 splits by layers and says what it lacked. The reason reaches `/v1/cluster/instances`.
 
 The footprint (placement_builders.FOOTPRINT) is 8 layers of 0.4 GB in float32 and 0.4 GB outside them: one node
@@ -23,8 +24,13 @@ from exo.shared.types.worker.shards import ParallelChoice, Parallelism
 from tests.master.placement_builders import FOOTPRINT, nodes_free, nodes_measured, place, place_request
 from tests.shared.state_builders import NODE_A, NODE_B, fold
 
+# The transfer each candidate's reason names, not counted: these links' bandwidth is not measured.
+TENSOR_NO_BW = "; transfer of 128.2 KiB not counted: link bandwidth not measured"
+PIPELINE_NO_BW = "; transfer of 8.2 KiB not counted: link bandwidth not measured"
+
 
 def estimate(parallel: Parallelism, size: int, compute: float | None, trip: float | None) -> SplitEstimate:
+    """A candidate over a link whose bandwidth is not measured (tests/master/test_split_transfer.py weighs it)."""
     exchanges = 0 if size == 1 else (17 if parallel == "tensor" else 3)
     missing = () if compute is not None and trip is not None else ("the round trip between a and b",)
     return SplitEstimate(
@@ -33,6 +39,7 @@ def estimate(parallel: Parallelism, size: int, compute: float | None, trip: floa
         compute_ms=compute,
         exchanges=exchanges,
         round_trip_ms=0.0 if size == 1 else trip,
+        transfer_bytes=0 if size == 1 else (131_328 if parallel == "tensor" else 8_448),
         missing=missing,
     )
 
@@ -47,8 +54,8 @@ def test_the_rule_takes_the_least_estimated_time_per_token_and_names_every_figur
     choice = choose_split("auto", FOOTPRINT, fast)
     assert (choice.parallel, choice.world_size) == ("tensor", 2)
     assert choice.reason == (
-        "auto: tensor over 2 nodes est. 201.7 ms/token (compute 200.0 + 17 × 0.100 ms round trip) against "
-        "pipeline over 2 nodes est. 360.3 ms/token (compute 360.0 + 3 × 0.100 ms round trip)"
+        f"auto: tensor over 2 nodes est. 201.7 ms/token (compute 200.0 + 17 × 0.100 ms round trip{TENSOR_NO_BW}) "
+        f"against pipeline over 2 nodes est. 360.3 ms/token (compute 360.0 + 3 × 0.100 ms round trip{PIPELINE_NO_BW})"
     )
     # The same compute over a slow link: 17 exchanges of 20 ms cost more than the compute the split saves.
     slow = [estimate("pipeline", 2, 360.0, 20.0), estimate("tensor", 2, 200.0, 20.0)]
@@ -76,8 +83,8 @@ def test_a_fast_link_and_heavy_compute_place_a_tensor_split_whose_view_shows_the
     assert [(rank.start_layer, rank.end_layer) for rank in instance.ranks] == [(0, 8), (0, 8)]
     # 2.0 GB a rank at 10 GB/s, 17 exchanges of 0.1 ms; the pipeline reads 3.6 GB along its two ranks.
     assert instance.parallel_reason == (
-        "auto: tensor over 2 nodes est. 201.7 ms/token (compute 200.0 + 17 × 0.100 ms round trip) against "
-        "pipeline over 2 nodes est. 360.3 ms/token (compute 360.0 + 3 × 0.100 ms round trip)"
+        f"auto: tensor over 2 nodes est. 201.7 ms/token (compute 200.0 + 17 × 0.100 ms round trip{TENSOR_NO_BW}) "
+        f"against pipeline over 2 nodes est. 360.3 ms/token (compute 360.0 + 3 × 0.100 ms round trip{PIPELINE_NO_BW})"
     )
     view = placed_instance_view(fold((InstancePlaced(instance=instance), NODE_A), start=state), instance)
     assert (view.parallel, view.parallel_reason) == ("tensor", instance.parallel_reason)
@@ -89,7 +96,7 @@ def test_a_slow_link_places_a_pipeline() -> None:
     assert instance.parallel == "pipeline"
     assert instance.parallel_reason is not None
     assert instance.parallel_reason.startswith("auto: pipeline over 2 nodes est. 420.0 ms/token")
-    assert "tensor over 2 nodes est. 540.0 ms/token (compute 200.0 + 17 × 20.0 ms round trip)" in (
+    assert f"tensor over 2 nodes est. 540.0 ms/token (compute 200.0 + 17 × 20.0 ms round trip{TENSOR_NO_BW})" in (
         instance.parallel_reason
     )
 

@@ -6,7 +6,10 @@ two runs on the rig); a tensor split saves compute (each rank reads 1/N of every
 saving is larger than the 2L - 2 extra exchanges. So `auto` weighs each candidate — one node (when it holds the
 model and `min_nodes` allows), a pipeline and a tensor split over the nodes placement would choose — by its
 estimated time per token: its compute (the bytes its ranks read per token over each node's measured memory
-bandwidth) plus its exchanges times the slowest measured round trip between its nodes, and takes the least. A
+bandwidth) plus its exchanges times the slowest measured round trip between its nodes plus the bytes it sends per
+token (a tensor split's all-sums, a pipeline's hidden state per hop) over the slowest measured bandwidth between
+them, and takes the least. Where a link's bandwidth is not measured, its transfer is not counted (the reason says
+so), as before bandwidth was measured. A
 candidate whose figures are not all measured yet (a node just joined) leaves the rule without its figures: `auto`
 then splits by layers as it did before the cluster measured anything, and says which figure it lacked.
 """
@@ -20,6 +23,29 @@ from exo.shared.types.worker.shards import ParallelChoice, Parallelism
 
 PIPELINE_ROUND_TRIPS_PER_TOKEN: Final = 3
 """What a pipeline token waits for on the link whatever its depth: the hidden state, the chosen token, the batch."""
+
+
+ACTIVATION_BYTES: Final = 4
+"""Bytes of one hidden-state value on the link: float32, as a Linux CPU's engine computes (a checkpoint run in
+bfloat16 sends half; counting 4 overstates its transfer)."""
+
+STEP_MESSAGE_BYTES: Final = 256
+"""About what rank 0's step message to each other rank takes per token of one row (a JSON batch step naming the
+task, its cached length and the token fed)."""
+
+
+def tensor_transfer_bytes(num_layers: int, hidden_size: int, world_size: int) -> int:
+    """Bytes a rank of a tensor split sends per token of one row: two all-sums of the hidden state per layer, of
+    which a ring all-sum over N ranks moves 2(N - 1)/N through each rank, and rank 0's step message to each other
+    rank."""
+    all_sums = 2 * num_layers * hidden_size * ACTIVATION_BYTES
+    return all_sums * 2 * (world_size - 1) // world_size + (world_size - 1) * STEP_MESSAGE_BYTES
+
+
+def pipeline_transfer_bytes(hidden_size: int, world_size: int) -> int:
+    """Bytes a pipeline sends per token of one row: the hidden state over each of its N - 1 hops, and rank 0's
+    step message to each other rank."""
+    return (world_size - 1) * (hidden_size * ACTIVATION_BYTES + STEP_MESSAGE_BYTES)
 
 
 def tensor_round_trips_per_token(num_layers: int) -> int:
@@ -39,6 +65,11 @@ class SplitEstimate(FrozenModel):
     exchanges: int
     # The slowest measured round trip between the candidate's nodes (0 on one node).
     round_trip_ms: float | None
+    # Bytes per token of one row on the link (0 on one node; None where the model's hidden size is unknown).
+    transfer_bytes: int | None = 0
+    # The slowest measured bandwidth between the candidate's nodes (None where a pair has no figure: transfer is
+    # then not counted, as before links' bandwidth was measured).
+    bandwidth_bytes_per_second: float | None = None
     # The figures not measured yet (none when every one was).
     missing: tuple[str, ...] = ()
 
@@ -52,7 +83,16 @@ class SplitEstimate(FrozenModel):
     def total_ms(self) -> float | None:
         if self.compute_ms is None or self.round_trip_ms is None:
             return None
-        return self.compute_ms + self.exchanges * self.round_trip_ms
+        return self.compute_ms + self.exchanges * self.round_trip_ms + (self.transfer_ms or 0.0)
+
+    @property
+    def transfer_ms(self) -> float | None:
+        """The bytes per token over the bandwidth (None where either is unknown: not counted)."""
+        if self.world_size == 1:
+            return 0.0
+        if self.transfer_bytes is None or not self.bandwidth_bytes_per_second:
+            return None
+        return 1000 * self.transfer_bytes / self.bandwidth_bytes_per_second
 
     def describe(self) -> str:
         total, compute = self.total_ms, self.compute_ms
@@ -62,8 +102,18 @@ class SplitEstimate(FrozenModel):
             return f"{self.label} est. {format_ms(total)} ms/token (compute {format_ms(compute)}, no link)"
         return (
             f"{self.label} est. {format_ms(total)} ms/token (compute {format_ms(compute)} + {self.exchanges} × "
-            f"{format_ms(self.round_trip_ms or 0.0)} ms round trip)"
+            f"{format_ms(self.round_trip_ms or 0.0)} ms round trip{self._transfer_term()})"
         )
+
+    def _transfer_term(self) -> str:
+        transfer = self.transfer_ms
+        if self.transfer_bytes is None:
+            return "; transfer not counted: the model's hidden size is unknown"
+        size = f"{self.transfer_bytes / 1024:.1f} KiB"
+        if transfer is None:
+            return f"; transfer of {size} not counted: link bandwidth not measured"
+        rate = format_rate(self.bandwidth_bytes_per_second or 0.0)
+        return f" + {size} at {rate} = {format_ms(transfer)} ms transfer"
 
 
 class SplitChoice(FrozenModel):
@@ -121,3 +171,9 @@ def format_ms(value: float) -> str:
     if value >= 1:
         return f"{value:.1f}"
     return f"{value:.3f}" if value >= 0.01 else f"{value:.4f}"
+
+
+def format_rate(bytes_per_second: float) -> str:
+    """A link's bandwidth as the reason shows it: MB/s, whole from 10 (a slow link's keeps two decimals)."""
+    megabytes = bytes_per_second / 1e6
+    return f"{megabytes:.0f} MB/s" if megabytes >= 10 else f"{megabytes:.2f} MB/s"

@@ -1,5 +1,5 @@
 """The figures `auto` weighs (master/split_choice.py), from what the nodes measured and published in their facts:
-each node's memory bandwidth (cluster/memory_bandwidth.py) and the round trip between each pair of them
+each node's memory bandwidth (cluster/memory_bandwidth.py) and the round trip and bandwidth between each pair of them
 (cluster/link_probe.py).
 
 Compute per token is the bytes a rank reads per token over its node's memory bandwidth: decoding reads every
@@ -14,7 +14,13 @@ tensor split, whose every rank runs every layer's kernels.
 from collections.abc import Sequence
 
 from exo.master.pipeline_placement import PipelinePlan
-from exo.master.split_choice import PIPELINE_ROUND_TRIPS_PER_TOKEN, SplitEstimate, tensor_round_trips_per_token
+from exo.master.split_choice import (
+    PIPELINE_ROUND_TRIPS_PER_TOKEN,
+    SplitEstimate,
+    pipeline_transfer_bytes,
+    tensor_round_trips_per_token,
+    tensor_transfer_bytes,
+)
 from exo.shared.types.common import NodeId
 from exo.shared.types.footprint import ModelFootprint
 from exo.shared.types.state import State
@@ -29,6 +35,28 @@ def pair_round_trip_ms(state: State, first: NodeId, second: NodeId) -> float | N
         if node in state.nodes and (link := state.nodes[node].facts.links.get(peer)) is not None
     ]
     return max(measured) if measured else None
+
+
+def pair_bandwidth(state: State, first: NodeId, second: NodeId) -> float | None:
+    """The slower of the two nodes' bandwidth figures for their link (either one when only one measured it)."""
+    measured = [
+        bandwidth
+        for node, peer in ((first, second), (second, first))
+        if node in state.nodes
+        and (link := state.nodes[node].facts.links.get(peer)) is not None
+        and (bandwidth := link.bandwidth_bytes_per_second) is not None
+    ]
+    return min(measured) if measured else None
+
+
+def split_bandwidth(state: State, nodes: Sequence[NodeId]) -> float | None:
+    """The slowest pair's bandwidth among `nodes` (None where any pair has no figure)."""
+    figures = [
+        pair_bandwidth(state, first, second) for index, first in enumerate(nodes) for second in nodes[index + 1 :]
+    ]
+    if not figures or any(figure is None for figure in figures):
+        return None
+    return min(figure for figure in figures if figure is not None)
 
 
 def split_estimate(state: State, footprint: ModelFootprint, parallel: Parallelism, plan: PipelinePlan) -> SplitEstimate:
@@ -69,12 +97,23 @@ def split_estimate(state: State, footprint: ModelFootprint, parallel: Parallelis
             if parallel == "tensor"
             else PIPELINE_ROUND_TRIPS_PER_TOKEN
         )
+    hidden = footprint.hidden_size
+    transfer = 0
+    if size > 1:
+        if hidden is None:
+            transfer = None
+        elif parallel == "tensor":
+            transfer = tensor_transfer_bytes(footprint.num_layers, hidden, size)
+        else:
+            transfer = pipeline_transfer_bytes(hidden, size)
     return SplitEstimate(
         parallel=parallel,
         world_size=size,
         compute_ms=compute,
         exchanges=exchanges,
         round_trip_ms=None if len(trips) < size * (size - 1) // 2 else max(trips, default=0.0),
+        transfer_bytes=transfer,
+        bandwidth_bytes_per_second=split_bandwidth(state, nodes) if size > 1 else None,
         missing=tuple(missing),
     )
 

@@ -83,6 +83,7 @@ def read_footprint(model_dir: Path) -> ModelFootprint:
         # A config without a KV head count has as many as attention heads (no grouped-query attention).
         kv_heads=_positive(config, "num_key_value_heads") or _positive(config, "num_attention_heads"),
         mlp_width=_positive(config, "intermediate_size"),
+        hidden_size=_positive(config, "hidden_size"),
     )
 
 

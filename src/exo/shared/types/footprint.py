@@ -54,6 +54,9 @@ class ModelFootprint(FrozenModel):
     attention_heads: int | None = None
     kv_heads: int | None = None
     mlp_width: int | None = None
+    # The width of the hidden state each layer passes on (config.json's hidden_size): what a tensor split's all-sums
+    # and a pipeline's hops carry per token. None where the config does not say.
+    hidden_size: int | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "ModelFootprint":
