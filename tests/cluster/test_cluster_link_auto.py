@@ -1,10 +1,10 @@
-"""Two real nodes on 127.0.0.1 measure the round trip between them over the cluster's transport and their memory
-bandwidth, publish both in /state, and an `auto` placement over both weighs the split by those figures.
+"""Two real nodes on 127.0.0.1 measure the round trip and bandwidth between them over the cluster's transport and
+their memory bandwidth, publish them in /state, and an `auto` placement over both weighs the split by those figures.
 
 alpha serves tiny-qwen-tools-deep whole; beta (`--no-model`) joins it. Once each node's facts carry a measured round
 trip to the other, alpha is asked to place the model over 2 nodes with `parallel: auto`: the instance's
-`parallel_reason` names the estimate of each split with the round trip the nodes measured, and the split it names
-serves.
+`parallel_reason` names the estimate of each split with the round trip the nodes measured and its transfer over the
+bandwidth they measured, and the split it names serves.
 
 A model placed at start (`--min-nodes 2`) is asked for the moment the second node is up, before either node's
 figures reach the master: the master holds it for them (master/placement_hold.py), so it too is weighed by the
@@ -27,17 +27,41 @@ from tests.exo_server import fixture_model
 DEEP = "tiny-qwen-tools-deep"
 MEASURED_WITHIN_S = 60.0
 PLACED_WITHIN_S = 240.0
+# The transfer term: counted over the measured bandwidth, or (a bandwidth not measured yet) not counted.
+TRANSFER = (
+    r"(?: \+ (?P<{0}>[\d.]+) KiB at [\d.]+ MB/s = [\d.]+ ms transfer"
+    r"|; transfer of (?P<{0}_uncounted>[\d.]+) KiB not counted: link bandwidth not measured)"
+)
 REASON = re.compile(
     r"auto: (?P<chosen>pipeline|tensor) over 2 nodes est\. [\d.]+ ms/token \(compute [\d.]+ \+ (?P<exchanges>\d+) × "
-    r"(?P<trip>[\d.]+) ms round trip\) against (?P<other>pipeline|tensor) over 2 nodes est\. [\d.]+ ms/token "
-    r"\(compute [\d.]+ \+ \d+ × (?P=trip) ms round trip\)"
+    r"(?P<trip>[\d.]+) ms round trip" + TRANSFER.format("chosen_kib") + r"\) against (?P<other>pipeline|tensor) over "
+    r"2 nodes est\. [\d.]+ ms/token \(compute [\d.]+ \+ \d+ × (?P=trip) ms round trip"
+    + TRANSFER.format("other_kib")
+    + r"\)"
 )
+# hidden size 64, 4 layers: a tensor split's all-sums carry 2 × 4 × 64 × 4 bytes a token and rank 0's 256-byte step
+# message (2.2 KiB), a pipeline's hop one 256-byte hidden state and the step message (0.5 KiB).
+TRANSFER_KIB = {"tensor": "2.2", "pipeline": "0.5"}
+
+
+def transfer_counted(match: re.Match[str]) -> bool:
+    """Each split's transfer in the reason is the bytes it sends a token (the link's bandwidth was measured)."""
+    return (match["chosen_kib"], match["other_kib"]) == (TRANSFER_KIB[match["chosen"]], TRANSFER_KIB[match["other"]])
+
+
+def transfer_named(match: re.Match[str]) -> bool:
+    """Each split's transfer is named with the bytes it sends a token, counted or (no bandwidth yet) not."""
+    chosen = match["chosen_kib"] or match["chosen_kib_uncounted"]
+    other = match["other_kib"] or match["other_kib_uncounted"]
+    return (chosen, other) == (TRANSFER_KIB[match["chosen"]], TRANSFER_KIB[match["other"]])
 
 
 def measured(state: dict[str, Any], node: str, peer: str) -> dict[str, Any] | None:
     facts = state["nodes"][node]["facts"]
     links: dict[str, dict[str, Any]] = facts["links"]
-    return links.get(peer) if facts["memory_bandwidth_bytes_per_second"] else None
+    link = links.get(peer)
+    measured_all = facts["memory_bandwidth_bytes_per_second"] and link and link.get("bandwidth_bytes_per_second")
+    return link if measured_all else None
 
 
 def pair_round_trip(state: dict[str, Any], alpha: str, beta: str) -> str:
@@ -58,6 +82,9 @@ def test_a_model_placed_at_start_over_two_nodes_waits_for_the_figures_and_is_wei
         match = REASON.fullmatch(reason)
         assert match is not None, reason  # weighed by the measured figures, not "auto: by layers (not measured yet"
         assert instance.parallel == match["chosen"]
+        # The hold waits for round trips and memory bandwidth, not link bandwidth (measured in the same round of
+        # probes, but where a busy moment hid the bulk reply's extra time, only at the next round).
+        assert transfer_named(match), reason
         # 4 layers: a tensor split waits for 9 exchanges a token, a pipeline for 3.
         assert int(match["exchanges"]) == (9 if match["chosen"] == "tensor" else 3)
 
@@ -92,6 +119,8 @@ def test_each_node_publishes_its_measured_round_trip_to_the_other(
         assert 0 < link["round_trip_ms"] < 2000
         assert 1 <= link["samples"] <= 5
         assert link["measured_at"] > 0
+        # 256 KiB more in the bulk probe's reply took longer than the small one's: a figure, and a positive one.
+        assert link["bandwidth_bytes_per_second"] > 0
         # At least 100 MB/s: a node that copied memory at all (any machine reaches gigabytes per second).
         assert facts["memory_bandwidth_bytes_per_second"] > 1e8
         assert list(facts["links"]) == [peer]
@@ -116,6 +145,7 @@ def test_an_auto_placement_weighs_the_splits_by_the_measured_round_trip_and_serv
     # 4 layers: a tensor split waits for 9 exchanges a token, a pipeline for 3.
     assert int(match["exchanges"]) == (9 if match["chosen"] == "tensor" else 3)
     assert {match["chosen"], match["other"]} == {"pipeline", "tensor"}
+    assert transfer_counted(match), reason
     assert placed["parallel"] == match["chosen"]
     instance = cluster.wait_serving(beta, 2, f"the {match['chosen']} split auto chose", PLACED_WITHIN_S)
     assert (instance.parallel, instance.parallel_reason) == (match["chosen"], reason)

@@ -10,11 +10,12 @@ node can answer for it. A peer that does not answer within PROBE_TIMEOUT_SECONDS
 left is forgotten.
 
 The bandwidth from a peer to this node is timed in the same way: BANDWIDTH_SAMPLES queries to the peer's bulk probe,
-whose reply carries BULK_PAYLOAD_BYTES of random text more than the small one (random, so that nothing on the way
-can compress it), at join and every BANDWIDTH_INTERVAL_SECONDS after (it costs a few hundred KiB a peer). The
-extra bytes over the extra time (the median bulk trip less the median small trip) is the figure: it includes
-encoding and checking the larger reply at both ends, so it is at most the raw link's bandwidth, never more. Where
-the bulk trip is not slower than the small one (a link too fast for the difference to show) there is no figure.
+each right after a small one, whose reply carries BULK_PAYLOAD_BYTES of random text more than the small one's
+(random, so that nothing on the way can compress it), at join and every BANDWIDTH_INTERVAL_SECONDS after (it costs
+under a MiB a peer). The extra bytes over the extra time (the median of each bulk trip less the small trip before
+it) is the figure: it includes carrying and checking the larger reply at both ends, so it is at most the raw link's
+bandwidth, never more. Where the bulk trips were not slower (a link too fast, or a moment too busy, for the
+difference to show) there is no figure, and the next round times it again.
 Once a round of probes ends, the node reports its facts at once (`after_measuring`): the master
 holds a placement over a node that just joined for these figures (master/placement_hold.py).
 """
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 PROBE_SAMPLES = 5
 PROBE_TIMEOUT_SECONDS = 2.0
 PROBE_INTERVAL_SECONDS = 15.0
-BANDWIDTH_SAMPLES = 5
+BANDWIDTH_SAMPLES = 3
 BANDWIDTH_INTERVAL_SECONDS = 60.0
 BULK_PAYLOAD_BYTES = 256 * 1024
 
@@ -108,31 +109,36 @@ class LinkProber:
 
     async def measure(self, peer: NodeId, *, bandwidth: bool = True) -> LinkMeasurement | None:
         """The median of PROBE_SAMPLES round trips to `peer`, or None when it answered none of them; with its
-        bandwidth timed anew when `bandwidth` says so, else the last figure kept."""
-        trips = await self._trips(self._topics.link_probe(peer), peer, PROBE_SAMPLES)
+        bandwidth timed anew when `bandwidth` says so (each of the first BANDWIDTH_SAMPLES small trips followed by a
+        bulk one, so that both see the same moment), else the last figure kept."""
+        trips: list[float] = []
+        pairs: list[tuple[float, float]] = []
+        for sample in range(PROBE_SAMPLES):
+            trip = await self._trip(self._topics.link_probe(peer), peer)
+            if trip is None:
+                continue
+            trips.append(trip)
+            if bandwidth and sample < BANDWIDTH_SAMPLES:
+                bulk = await self._trip(self._topics.link_probe_bulk(peer), peer)
+                if bulk is not None:
+                    pairs.append((trip, bulk))
         if not trips:
             return None
-        round_trip = statistics.median(trips)
         previous = self._links.get(peer)
         bytes_per_second = previous.bandwidth_bytes_per_second if previous is not None else None
         if bandwidth:
-            self._bandwidth_timed[peer] = time.monotonic()
-            bulk = await self._trips(self._topics.link_probe_bulk(peer), peer, BANDWIDTH_SAMPLES)
-            bytes_per_second = bandwidth_from(round_trip, bulk)
+            bytes_per_second = bandwidth_from(pairs)
+            if bytes_per_second is not None:  # else timed again at the next round
+                self._bandwidth_timed[peer] = time.monotonic()
         return LinkMeasurement(
-            round_trip_ms=round(round_trip * 1000, 3),
+            round_trip_ms=round(statistics.median(trips) * 1000, 3),
             samples=len(trips),
             measured_at=time.time(),
             bandwidth_bytes_per_second=bytes_per_second,
         )
 
-    async def _trips(self, key: str, peer: NodeId, samples: int) -> list[float]:
-        trips: list[float] = []
-        for _ in range(samples):
-            trip = await self._bus.round_trip(key, ProbeReplyAdapter, peer, self._timeout)
-            if trip is not None:
-                trips.append(trip)
-        return trips
+    async def _trip(self, key: str, peer: NodeId) -> float | None:
+        return await self._bus.round_trip(key, ProbeReplyAdapter, peer, self._timeout)
 
     def _bandwidth_due(self, peer: NodeId) -> bool:
         timed = self._bandwidth_timed.get(peer)
@@ -143,10 +149,10 @@ class LinkProber:
             self._joined.set()
 
 
-def bandwidth_from(round_trip_seconds: float, bulk_trips: list[float]) -> float | None:
-    """Bytes a second: the bulk reply's extra bytes over the median bulk trip's extra time against the small one
-    (None without a bulk reply, or where the bulk trip was not slower)."""
-    if not bulk_trips:
+def bandwidth_from(pairs: list[tuple[float, float]]) -> float | None:
+    """Bytes a second from (small trip, bulk trip) pairs of seconds: the bulk reply's extra bytes over the median
+    extra time (None without a pair, or where the bulk trips were not slower)."""
+    if not pairs:
         return None
-    extra_seconds = statistics.median(bulk_trips) - round_trip_seconds
+    extra_seconds = statistics.median(bulk - small for small, bulk in pairs)
     return round(BULK_PAYLOAD_BYTES / extra_seconds) if extra_seconds > 0 else None
