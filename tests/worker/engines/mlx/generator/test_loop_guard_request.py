@@ -276,3 +276,26 @@ def test_a_forced_repeat_is_not_steered_by_the_grammar(context: EngineContext, m
         tokens = mx.array([*guarded.prefill_tokens, *reply[:end]])
         logits = mx.zeros((1, context.loaded.vocabulary_size))
         assert mx.array_equal(guarded.processors(tokens, logits), unguarded.processors(tokens, logits)).item()
+
+
+@pytest.mark.parametrize("policy", ["answer", "block"])
+def test_a_withdrawn_call_written_again_after_a_near_miss_ends_the_reply_instead_of_going_back_again(
+    context: EngineContext, policy: str
+) -> None:
+    """Going back under the grammar without calls, a model may still write the withdrawn call after a near miss of
+    the marker (`<toolcall>`: ordinary text the grammar lets through, which the parser reads as a call). Going back
+    to the same place again would decode the same tokens again, for ever: the reply ends before the call instead."""
+    request = _answer_request(context, LOOP, policy)
+    lead = _encode(context, "Checking.\n")
+    assert _calls_in(request.accept([*lead, *_encode(context, REPEAT)])) == []
+    assert request.take_rewind() == len(lead)
+    near_miss = '<toolcall>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</toolcall>'
+    sent = request.accept(_encode(context, near_miss))
+    chunks = [*sent, *request.finish(None)]
+    assert request.take_rewind() is None
+    assert _calls_in(chunks) == []
+    assert request.generated == lead
+    finish = _finish(chunks)
+    assert finish.finish_reason == "stop"
+    assert finish.usage.withdrawn_tool_calls == 2
+    assert "the reply ended there" in finish.loop_warnings[-1]

@@ -224,7 +224,9 @@ class TakeBack:
         guard = self._guard
         block = guard.policy == "block" and not self.withdrawals
         taken_away = frozenset(looping.name for looping in guard.withdrawn) if block else frozenset[str]()
-        answer = self._answer if not sent_calls else None
+        # One going back per reply: a call written again after it (past the grammar, after a near miss of the
+        # marker such as `<toolcall>`) would be decoded again from the same place, so the reply ends before it.
+        answer = self._answer if not sent_calls and not self.withdrawals else None
         processors = answer(generated[: state.generated], taken_away) if answer is not None else None
         if processors is None:
             then = "the reply ended there"
@@ -235,8 +237,9 @@ class TakeBack:
         self.withdrawals.append(withdrawal_finding(call, then))
         logger.info("task %s: agent loop: repeated call %s withdrawn, %s", self._task_id, call.describe(), then)
         if processors is not None:
-            # Under `block` a looping tool is out of the grammar; should it come back anyway, it is withdrawn again.
-            self._hold.hold(frozenset(looping.name for looping in guard.withdrawn) if taken_away else frozenset())
+            # The grammar gone back under has no call to a looping tool; should one come back anyway (after a near
+            # miss of the marker, which the grammar lets through as text), it is held and withdrawn again.
+            self._hold.hold(frozenset(looping.name for looping in guard.withdrawn))
         return GoBack(state, processors)
 
     def _rewind(self, generated: list[int], failed: CallKey | None) -> GoBack | None:
