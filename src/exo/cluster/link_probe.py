@@ -10,12 +10,13 @@ node can answer for it. A peer that does not answer within PROBE_TIMEOUT_SECONDS
 left is forgotten.
 
 The bandwidth from a peer to this node is timed in the same way: BANDWIDTH_SAMPLES queries to the peer's bulk probe,
-each right after a small one, whose reply carries BULK_PAYLOAD_BYTES of random text more than the small one's
-(random, so that nothing on the way can compress it), at join and every BANDWIDTH_INTERVAL_SECONDS after (it costs
-under a MiB a peer). The extra bytes over the extra time (the median of each bulk trip less the small trip before
-it) is the figure: it includes carrying and checking the larger reply at both ends, so it is at most the raw link's
-bandwidth, never more. Where the bulk trips were not slower (a link too fast, or a moment too busy, for the
-difference to show) there is no figure, and the next round times it again.
+among the small ones, whose reply carries BULK_PAYLOAD_BYTES of random text more than the small one's (random, so
+that nothing on the way can compress it), at join and every BANDWIDTH_INTERVAL_SECONDS after (it costs under a MiB
+a peer). The extra bytes over the extra time (the fastest bulk trip less the fastest small trip: a busy moment only
+adds time) is the figure: it includes carrying and checking the larger reply at both ends, so it is at most the raw
+link's bandwidth, never more. Where the bulk trips were not slower (a link too fast, or a moment too busy, for the
+difference to show) the last figure stands (none at first), and the next round times it again.
+
 Once a round of probes ends, the node reports its facts at once (`after_measuring`): the master
 holds a placement over a node that just joined for these figures (master/placement_hold.py).
 """
@@ -109,27 +110,26 @@ class LinkProber:
 
     async def measure(self, peer: NodeId, *, bandwidth: bool = True) -> LinkMeasurement | None:
         """The median of PROBE_SAMPLES round trips to `peer`, or None when it answered none of them; with its
-        bandwidth timed anew when `bandwidth` says so (each of the first BANDWIDTH_SAMPLES small trips followed by a
-        bulk one, so that both see the same moment), else the last figure kept."""
+        bandwidth timed anew when `bandwidth` says so (BANDWIDTH_SAMPLES bulk trips among the small ones), else (or
+        where the new timing gave no figure) the last figure kept."""
         trips: list[float] = []
-        pairs: list[tuple[float, float]] = []
+        bulk_trips: list[float] = []
         for sample in range(PROBE_SAMPLES):
             trip = await self._trip(self._topics.link_probe(peer), peer)
-            if trip is None:
-                continue
-            trips.append(trip)
+            if trip is not None:
+                trips.append(trip)
             if bandwidth and sample < BANDWIDTH_SAMPLES:
                 bulk = await self._trip(self._topics.link_probe_bulk(peer), peer)
                 if bulk is not None:
-                    pairs.append((trip, bulk))
+                    bulk_trips.append(bulk)
         if not trips:
             return None
         previous = self._links.get(peer)
         bytes_per_second = previous.bandwidth_bytes_per_second if previous is not None else None
-        if bandwidth:
-            bytes_per_second = bandwidth_from(pairs)
-            if bytes_per_second is not None:  # else timed again at the next round
-                self._bandwidth_timed[peer] = time.monotonic()
+        timed = bandwidth_from(trips, bulk_trips) if bandwidth else None
+        if timed is not None:  # else timed again at the next round
+            self._bandwidth_timed[peer] = time.monotonic()
+            bytes_per_second = timed
         return LinkMeasurement(
             round_trip_ms=round(statistics.median(trips) * 1000, 3),
             samples=len(trips),
@@ -149,10 +149,11 @@ class LinkProber:
             self._joined.set()
 
 
-def bandwidth_from(pairs: list[tuple[float, float]]) -> float | None:
-    """Bytes a second from (small trip, bulk trip) pairs of seconds: the bulk reply's extra bytes over the median
-    extra time (None without a pair, or where the bulk trips were not slower)."""
-    if not pairs:
+def bandwidth_from(trips: list[float], bulk_trips: list[float]) -> float | None:
+    """Bytes a second from small and bulk trips (seconds): the bulk reply's extra bytes over the fastest bulk trip's
+    extra time against the fastest small one (a busy moment only adds time, so the fastest of each is the closest to
+    the link's own cost). None without both, or where the bulk trip was not slower."""
+    if not trips or not bulk_trips:
         return None
-    extra_seconds = statistics.median(bulk - small for small, bulk in pairs)
+    extra_seconds = min(bulk_trips) - min(trips)
     return round(BULK_PAYLOAD_BYTES / extra_seconds) if extra_seconds > 0 else None
