@@ -79,3 +79,21 @@ def test_the_bandwidth_is_the_extra_bytes_over_the_fastest_bulk_trips_extra_time
     # No bulk reply, or a bulk trip no slower than the small one: no figure.
     assert bandwidth_from([0.001], []) is None
     assert bandwidth_from([0.005, 0.004], [0.004, 0.009]) is None
+
+
+async def test_a_peer_that_answers_only_the_small_probe_has_a_round_trip_and_no_bandwidth() -> None:
+    measured: LinkMeasurement | None = None
+    async with linked_buses(2) as (alpha, beta):
+        # beta answers its round-trip probe (as a node from before bandwidth was measured would), not the bulk one.
+        beta.answer_queries_with(TOPICS.link_probe(node_id(beta)), ProbeReply(node_id=node_id(beta)))
+        took = 0.0
+        with anyio.fail_after(20):
+            while measured is None:
+                started = time.monotonic()
+                measured = await prober(alpha).measure(node_id(beta))
+                took = time.monotonic() - started
+    assert measured.round_trip_ms > 0
+    assert measured.bandwidth_bytes_per_second is None
+    # Unanswered bulk queries do not hold the round trip up by a timeout each (zenoh ends a query no queryable
+    # matches at once; a first one that times out ends the timing).
+    assert took < 2.5 * TIMEOUT_S, took

@@ -120,13 +120,15 @@ class LinkProber:
                 trips.append(trip)
             if bandwidth and sample < BANDWIDTH_SAMPLES:
                 bulk = await self._trip(self._topics.link_probe_bulk(peer), peer)
-                if bulk is not None:
+                if bulk is None:  # a peer that does not answer it costs one timeout a round, not three
+                    bandwidth = False
+                else:
                     bulk_trips.append(bulk)
         if not trips:
             return None
         previous = self._links.get(peer)
         bytes_per_second = previous.bandwidth_bytes_per_second if previous is not None else None
-        timed = bandwidth_from(trips, bulk_trips) if bandwidth else None
+        timed = bandwidth_from(trips, bulk_trips)
         if timed is not None:  # else timed again at the next round
             self._bandwidth_timed[peer] = time.monotonic()
             bytes_per_second = timed
