@@ -41,6 +41,7 @@ END_TO_END: tuple[str, ...] = (
     "worker/runner/test_runner*.py",
     "worker/runner/test_supervisor_dispatch.py",
     "worker/runner/test_idle_refinement.py",
+    "worker/runner/test_model_description.py",
 )
 
 
