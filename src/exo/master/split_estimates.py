@@ -23,28 +23,32 @@ from exo.master.split_choice import (
 )
 from exo.shared.types.common import NodeId
 from exo.shared.types.footprint import ModelFootprint
+from exo.shared.types.links import LinkMeasurement
 from exo.shared.types.state import State
 from exo.shared.types.worker.shards import Parallelism
 
 
-def pair_round_trip_ms(state: State, first: NodeId, second: NodeId) -> float | None:
-    """The slower of the two nodes' measurements of their link (either one when only one measured it)."""
-    measured = [
-        link.round_trip_ms
+def _measured_both_ways(state: State, first: NodeId, second: NodeId) -> list[LinkMeasurement]:
+    """What each of the two nodes measured of their link (none, one or both)."""
+    return [
+        link
         for node, peer in ((first, second), (second, first))
         if node in state.nodes and (link := state.nodes[node].facts.links.get(peer)) is not None
     ]
+
+
+def pair_round_trip_ms(state: State, first: NodeId, second: NodeId) -> float | None:
+    """The slower of the two nodes' measurements of their link (either one when only one measured it)."""
+    measured = [link.round_trip_ms for link in _measured_both_ways(state, first, second)]
     return max(measured) if measured else None
 
 
 def pair_bandwidth(state: State, first: NodeId, second: NodeId) -> float | None:
     """The slower of the two nodes' bandwidth figures for their link (either one when only one measured it)."""
     measured = [
-        bandwidth
-        for node, peer in ((first, second), (second, first))
-        if node in state.nodes
-        and (link := state.nodes[node].facts.links.get(peer)) is not None
-        and (bandwidth := link.bandwidth_bytes_per_second) is not None
+        link.bandwidth_bytes_per_second
+        for link in _measured_both_ways(state, first, second)
+        if link.bandwidth_bytes_per_second is not None
     ]
     return min(measured) if measured else None
 
