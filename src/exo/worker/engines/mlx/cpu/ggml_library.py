@@ -1,0 +1,252 @@
+"""ggml's CPU matrix products through ctypes, from the shared libraries `ggml_locate` finds (issue 33).
+
+No PyPI package ships ggml prebuilt for Linux, so exo loads the `libggml-base` / `libggml-cpu` of a llama.cpp build.
+`GgmlMatrix` holds one weight matrix in a ggml block type (Q8_0 for `--cpu-weights q8_0`) inside a ggml context,
+and multiplies float32 activations by it with one `ggml_mul_mat` graph, computed on a persistent thread pool as
+llama.cpp computes its own graphs (ggml quantizes the activations to the type's dot-product format itself). Only the
+functions and the plain structs used here are declared; their layouts are those of ggml.h and ggml-cpu.h.
+This module never imports mlx: numpy and ctypes only.
+"""
+
+import ctypes
+import weakref
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+GGML_TYPES: Final[dict[str, int]] = {"F32": 0, "Q4_0": 2, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+"""`enum ggml_type` values (ggml.h) of the block formats used or measured."""
+Q8_0: Final = GGML_TYPES["Q8_0"]
+Q8_0_BLOCK: Final = 32
+"""Weights per Q8_0 block: a float16 scale then 32 int8 values, 34 bytes."""
+Q8_0_BLOCK_BYTES: Final = 34
+Q8_0_DTYPE: Final = np.dtype([("scale", "<f2"), ("values", "i1", (Q8_0_BLOCK,))])
+"""One Q8_0 block as numpy reads it (`block_q8_0` in ggml-common.h: no padding)."""
+_MAX_THREADS: Final = 512
+"""GGML_MAX_N_THREADS: the length of a thread pool's cpumask."""
+_HEADROOM_BYTES: Final = 64 * 1024
+"""Room in a context beyond its tensors' data and the graph (ggml aligns each object)."""
+CACHED_ROWS: Final = 16
+"""Products over at most this many rows keep their graph (decode steps); longer ones (prefill) build one per call,
+whose input and output would otherwise stay allocated for every matrix."""
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+class _ComputePlan(ctypes.Structure):
+    _fields_ = [
+        ("work_size", ctypes.c_size_t),
+        ("work_data", ctypes.c_void_p),
+        ("n_threads", ctypes.c_int),
+        ("threadpool", ctypes.c_void_p),
+        ("abort_callback", ctypes.c_void_p),
+        ("abort_callback_data", ctypes.c_void_p),
+        ("use_ref", ctypes.c_bool),
+    ]
+
+
+class _ThreadpoolParams(ctypes.Structure):
+    _fields_ = [
+        ("cpumask", ctypes.c_bool * _MAX_THREADS),
+        ("n_threads", ctypes.c_int),
+        ("prio", ctypes.c_int),
+        ("poll", ctypes.c_uint32),
+        ("strict_cpu", ctypes.c_bool),
+        ("paused", ctypes.c_bool),
+    ]
+
+
+class Ggml:
+    """The functions of one build's ggml (base library and CPU backend)."""
+
+    def __init__(self, library_dir: Path) -> None:
+        self.library_dir = library_dir
+        base = ctypes.CDLL(str(library_dir / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+        cpu = ctypes.CDLL(str(library_dir / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+        pointer, size, integer, wide = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int64
+        self.init = base.ggml_init
+        self.init.restype, self.init.argtypes = pointer, [_InitParams]
+        self.free = base.ggml_free
+        self.free.restype, self.free.argtypes = None, [pointer]
+        self.new_tensor_2d = base.ggml_new_tensor_2d
+        self.new_tensor_2d.restype, self.new_tensor_2d.argtypes = pointer, [pointer, integer, wide, wide]
+        self.get_data = base.ggml_get_data
+        self.get_data.restype, self.get_data.argtypes = pointer, [pointer]
+        self.mul_mat = base.ggml_mul_mat
+        self.mul_mat.restype, self.mul_mat.argtypes = pointer, [pointer, pointer, pointer]
+        self.new_graph = base.ggml_new_graph
+        self.new_graph.restype, self.new_graph.argtypes = pointer, [pointer]
+        self.build_forward_expand = base.ggml_build_forward_expand
+        self.build_forward_expand.restype, self.build_forward_expand.argtypes = None, [pointer, pointer]
+        self.block_size = base.ggml_blck_size
+        self.block_size.restype, self.block_size.argtypes = wide, [integer]
+        self.type_size = base.ggml_type_size
+        self.type_size.restype, self.type_size.argtypes = size, [integer]
+        self.row_size = base.ggml_row_size
+        self.row_size.restype, self.row_size.argtypes = size, [integer, wide]
+        # (type, src, dst, start, nrows, n_per_row, imatrix): rows from src + start into dst + start's row.
+        self.quantize_chunk = base.ggml_quantize_chunk
+        self.quantize_chunk.restype = size
+        self.quantize_chunk.argtypes = [integer, pointer, pointer, wide, wide, wide, pointer]
+        self.tensor_overhead = base.ggml_tensor_overhead
+        self.tensor_overhead.restype, self.tensor_overhead.argtypes = size, []
+        self.graph_overhead = base.ggml_graph_overhead
+        self.graph_overhead.restype, self.graph_overhead.argtypes = size, []
+        self.threadpool_params_init = base.ggml_threadpool_params_init
+        self.threadpool_params_init.restype = None
+        self.threadpool_params_init.argtypes = [ctypes.POINTER(_ThreadpoolParams), integer]
+        cpu.ggml_cpu_init.restype, cpu.ggml_cpu_init.argtypes = None, []
+        cpu.ggml_cpu_init()
+        self.threadpool_new = cpu.ggml_threadpool_new
+        self.threadpool_new.restype = pointer
+        self.threadpool_new.argtypes = [ctypes.POINTER(_ThreadpoolParams)]
+        self.threadpool_free = cpu.ggml_threadpool_free
+        self.threadpool_free.restype, self.threadpool_free.argtypes = None, [pointer]
+        self.graph_plan = cpu.ggml_graph_plan
+        self.graph_plan.restype, self.graph_plan.argtypes = _ComputePlan, [pointer, integer, pointer]
+        self.graph_compute = cpu.ggml_graph_compute
+        self.graph_compute.restype, self.graph_compute.argtypes = integer, [pointer, ctypes.POINTER(_ComputePlan)]
+        self._pools: dict[tuple[int, int | None], int] = {}
+
+    def fits(self, type_name: str, in_features: int) -> bool:
+        """Whether rows of `in_features` values split into whole blocks of the type (K-quants take 256 values a
+        block: the default model's 896-wide rows are stored as Q5_0/Q8_0 in its GGUF for that reason)."""
+        return in_features % int(self.block_size(GGML_TYPES[type_name])) == 0
+
+    def new_threadpool(self, threads: int, poll: int | None = None) -> int:
+        """A new pool of `threads` threads; `poll` (0–100) is how long its idle threads spin before they sleep
+        (None: ggml's default)."""
+        params = _ThreadpoolParams()
+        self.threadpool_params_init(ctypes.byref(params), threads)
+        if poll is not None:
+            params.poll = poll
+        pool = self.threadpool_new(ctypes.byref(params))
+        if not pool:
+            raise RuntimeError("ggml_threadpool_new failed")
+        return int(pool)
+
+    def shared_threadpool(self, threads: int, poll: int | None = None) -> int:
+        """The process's one pool of this size and polling (made on first use, kept for the process's life)."""
+        key = (threads, poll)
+        if key not in self._pools:
+            self._pools[key] = self.new_threadpool(threads, poll)
+        return self._pools[key]
+
+    def new_context(self, size: int) -> int:
+        context = self.init(_InitParams(mem_size=size + _HEADROOM_BYTES, mem_buffer=None, no_alloc=False))
+        if not context:
+            raise MemoryError(f"ggml_init could not allocate {size} bytes")
+        return int(context)
+
+
+def q8_0_to_float32(blocks: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
+    """Rows of Q8_0 blocks (rows × 34·blocks bytes) back to float32 (rows × 32·blocks): scale × value."""
+    rows = blocks.shape[0]
+    parsed = np.ascontiguousarray(blocks).view(Q8_0_DTYPE)  # rows × blocks
+    values = parsed["values"].astype(np.float32)
+    values *= parsed["scale"].astype(np.float32)[..., None]
+    return values.reshape(rows, -1)
+
+
+class _Graph:
+    """One `ggml_mul_mat` graph over a fixed number of rows, in its own context (input, output and graph)."""
+
+    def __init__(self, ggml: Ggml, weight: int, in_features: int, out_features: int, rows: int) -> None:
+        self.rows = rows
+        self.out_features = out_features
+        self._ggml = ggml
+        floats = 4 * rows * (in_features + out_features)
+        self._context = ggml.new_context(floats + 3 * ggml.tensor_overhead() + ggml.graph_overhead())
+        source = ggml.new_tensor_2d(self._context, GGML_TYPES["F32"], in_features, rows)
+        result = ggml.mul_mat(self._context, weight, source)
+        self._graph = ggml.new_graph(self._context)
+        ggml.build_forward_expand(self._graph, result)
+        self._input = int(ggml.get_data(source))
+        self._output = int(ggml.get_data(result))
+        self._work: ctypes.Array[ctypes.c_char] | None = None
+        self._plan_key: tuple[int, int] | None = None
+        self._plan = _ComputePlan()
+
+    def run(self, x: npt.NDArray[np.float32], threads: int, pool: int) -> npt.NDArray[np.float32]:
+        if self._plan_key != (threads, pool):
+            self._plan = self._ggml.graph_plan(self._graph, threads, pool)
+            self._work = ctypes.create_string_buffer(max(int(self._plan.work_size), 1))
+            self._plan.work_data = ctypes.addressof(self._work)
+            self._plan_key = (threads, pool)
+        ctypes.memmove(self._input, x.ctypes.data, x.nbytes)
+        status = self._ggml.graph_compute(self._graph, ctypes.byref(self._plan))
+        if status != 0:
+            raise RuntimeError(f"ggml_graph_compute returned {status}")
+        result = np.empty((self.rows, self.out_features), dtype=np.float32)
+        ctypes.memmove(result.ctypes.data, self._output, result.nbytes)
+        return result
+
+    def close(self) -> None:
+        self._ggml.free(self._context)
+
+
+class GgmlMatrix:
+    """A weight matrix (out × in) held in a ggml block type in a ggml context of its own; `product` is y = x · Wᵀ.
+
+    Filled a slice of rows at a time (`fill`) from float32, so the caller never holds the whole matrix in float32.
+    """
+
+    def __init__(self, ggml: Ggml, type_name: str, out_features: int, in_features: int) -> None:
+        if not ggml.fits(type_name, in_features):
+            raise ValueError(f"{type_name} blocks do not divide rows of {in_features} values")
+        self.ggml = ggml
+        self.type = GGML_TYPES[type_name]
+        self.shape = (out_features, in_features)
+        self.row_bytes = int(ggml.row_size(self.type, in_features))
+        self.nbytes = self.row_bytes * out_features
+        self._context = ggml.new_context(self.nbytes + ggml.tensor_overhead())
+        self._weight = int(ggml.new_tensor_2d(self._context, self.type, in_features, out_features))
+        self._data = int(ggml.get_data(self._weight))
+        self._graphs: dict[int, _Graph] = {}
+        # The context owns the weights; freed with this object (its graphs first).
+        self._finalizer = weakref.finalize(self, _free_all, ggml, self._graphs, self._context)
+
+    @property
+    def blocks(self) -> npt.NDArray[np.uint8]:
+        """The stored blocks, a view (out × row_bytes) into the context: valid while this object lives."""
+        buffer = (ctypes.c_uint8 * self.nbytes).from_address(self._data)
+        return np.ctypeslib.as_array(buffer).reshape(self.shape[0], self.row_bytes)
+
+    def fill(self, start: int, rows: npt.NDArray[np.float32]) -> None:
+        """Quantize float32 rows into rows [start, start + len(rows)) of the matrix."""
+        source = np.ascontiguousarray(rows, dtype=np.float32)
+        count, width = source.shape
+        if width != self.shape[1] or not 0 <= start <= self.shape[0] - count:
+            raise ValueError(f"rows {start}..{start + count} of width {width} do not fit a {self.shape} matrix")
+        destination = self._data + start * self.row_bytes
+        self.ggml.quantize_chunk(self.type, source.ctypes.data, destination, 0, count, width, None)
+
+    def product(self, x: npt.NDArray[np.float32], threads: int, pool: int) -> npt.NDArray[np.float32]:
+        """x (rows × in) · Wᵀ: (rows × out) in float32, on `threads` threads of `pool`."""
+        source = np.ascontiguousarray(x, dtype=np.float32)
+        rows = source.shape[0]
+        graph = self._graphs.get(rows)
+        if graph is not None:
+            return graph.run(source, threads, pool)
+        graph = _Graph(self.ggml, self._weight, self.shape[1], self.shape[0], rows)
+        if rows <= CACHED_ROWS:
+            self._graphs[rows] = graph
+            return graph.run(source, threads, pool)
+        try:
+            return graph.run(source, threads, pool)
+        finally:
+            graph.close()
+
+    def close(self) -> None:
+        """Free the context now (else when this object is collected); the matrix is unusable afterwards."""
+        self._finalizer()
+
+
+def _free_all(ggml: Ggml, graphs: dict[int, _Graph], context: int) -> None:
+    for graph in graphs.values():
+        graph.close()
+    ggml.free(context)
