@@ -7,7 +7,9 @@ failure: CI must not pass by skipping what it could not run. The reasons:
 - npm missing: the real coding-agent clients cannot be installed (tests/clients);
 - chromium missing: the dashboard's browser tests (tests/dashboard);
 - network namespaces cannot be made (not root, no `ip`): the cluster rigs (tests/cluster/test_cluster_rig*.py);
-- multicast scouting does not work on the loopback interface: discovery (tests/cluster/test_cluster_discovery.py).
+- multicast scouting does not work on the loopback interface: discovery (tests/cluster/test_cluster_discovery.py);
+- ggml's CPU library is not built (`uv run exo ggml build`): the Q8_0 weights
+  (tests/worker/engines/mlx/cpu/test_q8_layers.py).
 
 Skips for another platform (a test of the Linux CPU engine on macOS, the PyPI MKL off x86_64) are not among them:
 there the code under test does not apply.

@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 import anyio
 import uvicorn
@@ -28,7 +28,7 @@ from exo.cluster.settings import (
     normalise_endpoint,
     parse_peer_list,
 )
-from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS
+from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuWeightsSetting
 from exo.shared.types.worker.decode_settings import DecodeSettings
 
 # exo.node (and with it the model converter, transformers…) is imported only when a node starts: the subcommands
@@ -178,11 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cpu-weights",
-        choices=("float32", "int8"),
+        choices=get_args(CpuWeightsSetting),
         default=DEFAULT_CPU_WEIGHTS,
         help="what the CPU engine holds the weights as (under --cpu-kernels auto on a Linux CPU machine): float32 "
         f"(default {DEFAULT_CPU_WEIGHTS}) expands every matrix for float32 BLAS; int8 keeps one byte a weight with a "
-        "float32 scale per output row and multiplies with MKL's integer GEMM (a quarter of the memory)",
+        "float32 scale per output row and multiplies with MKL's integer GEMM (a quarter of the memory); q8_0 keeps "
+        "ggml's Q8_0 blocks (34 bytes per 32 weights) and multiplies with ggml's kernels, as llama.cpp does: it needs "
+        "ggml's CPU library (`uv run exo ggml build`; the runner refuses to load without it)",
     )
     parser.add_argument(
         "--prefix-cache-gb",

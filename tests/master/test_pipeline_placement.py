@@ -11,7 +11,13 @@ from exo.master.pipeline_placement import (
     split_layers_by_memory,
 )
 from exo.shared.types.common import NodeId
-from exo.shared.types.footprint import INT8_OVERHEAD, ModelFootprint, WeightsInMemory, held_bytes
+from exo.shared.types.footprint import (
+    INT8_OVERHEAD,
+    Q8_0_BYTES_PER_WEIGHT,
+    ModelFootprint,
+    WeightsInMemory,
+    held_bytes,
+)
 
 GIB = 1024**3
 # 24 layers of 100 M parameters, 200 M shared: 0.4 GiB a layer and 0.8 GiB shared in float32.
@@ -63,6 +69,22 @@ def test_a_node_on_int8_weights_needs_about_a_byte_a_parameter() -> None:
         plan_pipeline("m", FOOTPRINT, [_node("cpu", 4)])
     plan = plan_pipeline("m", FOOTPRINT, [_node("cpu", 4, weights="int8")])
     assert plan.layer_counts == (24,)
+
+
+def test_a_node_on_q8_0_weights_needs_34_bytes_per_32_parameters() -> None:
+    """2.6 G parameters: about 2.6 GiB as Q8_0 (a float16 scale and 32 int8 values per 32 weights)."""
+    parameters = FOOTPRINT.shared_parameters + sum(FOOTPRINT.layer_parameters)
+    assert FOOTPRINT.total_bytes(weights="q8_0") == int(parameters * 34 / 32) == int(parameters * Q8_0_BYTES_PER_WEIGHT)
+    assert FOOTPRINT.rank_bytes(0, 12, weights="q8_0") == int(
+        (FOOTPRINT.shared_parameters + 12 * 100_000_000) * 34 / 32
+    )
+    plan = plan_pipeline("m", FOOTPRINT, [_node("cpu", 4, weights="q8_0")])
+    assert plan.layer_counts == (24,)
+    assert plan.planned_bytes == (rank_need(FOOTPRINT, 0, 24, weights="q8_0"),)
+    # Two Q8_0 nodes of 1.8 GiB split it; each plans the shared weights and its own layers at Q8_0 size.
+    split = plan_pipeline("m", FOOTPRINT, [_node("a", 1.8, weights="q8_0"), _node("b", 1.8, weights="q8_0")])
+    assert split.layer_counts == (12, 12)
+    assert split.planned_bytes[0] == rank_need(FOOTPRINT, 12, 24, weights="q8_0")
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import get_args
 
 from pydantic import TypeAdapter
 from rich.filesize import decimal
@@ -24,7 +25,7 @@ from exo.models.progress_display import ConsoleProgress
 from exo.shared.errors import ExoModelError
 from exo.shared.local_backend import local_weights_in_memory
 from exo.shared.types.common import ModelId
-from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS
+from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuWeightsSetting
 from exo.shared.types.footprint import WeightsInMemory
 
 _MODELS_ADAPTER = TypeAdapter(list[NodeCatalogModel])
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cpu-weights",
-        choices=("float32", "int8"),
+        choices=get_args(CpuWeightsSetting),
         default=DEFAULT_CPU_WEIGHTS,
         help=f"show memory as a node started with this --cpu-weights holds the weights (default {DEFAULT_CPU_WEIGHTS})",
     )

@@ -7,21 +7,24 @@ from pydantic import model_validator
 from exo.shared.types.common import FrozenModel
 from exo.shared.types.cpu_kernels import CpuKernelsSetting, CpuWeightsSetting
 
-WeightsInMemory = Literal["stored", "float32", "int8"]
+WeightsInMemory = Literal["stored", "float32", "int8", "q8_0"]
 """How a runner holds the weights: as the checkpoint stores them, expanded to float32 (a Linux CPU's float32
-engine), or as int8 with per-row scales (`--cpu-weights int8`)."""
+engine), as int8 with per-row scales (`--cpu-weights int8`), or as ggml's Q8_0 blocks (`--cpu-weights q8_0`)."""
 
 INT8_OVERHEAD = 1 / 32
 """Beyond one byte a parameter: each matrix's float32 scale per output row (4 bytes per row of at least 128 weights
 in any real model) and the norms and biases kept in float32."""
+Q8_0_BYTES_PER_WEIGHT = 34 / 32
+"""A Q8_0 block: a float16 scale and 32 int8 values for 32 weights. The norms and biases kept in float32 are a few
+thousandths of a model's parameters (the default model: 0.05 %), within the rounding of this figure."""
 
 
 def weights_in_memory(
     mlx_backend: str, cpu_kernels: CpuKernelsSetting, cpu_weights: CpuWeightsSetting
 ) -> WeightsInMemory:
-    """How a node's runners hold weights: converted by the CPU engine (to float32, or int8 under
-    `--cpu-weights int8`) on the CPU backend unless the node runs `--cpu-kernels off`; else as the checkpoint stores
-    them (Metal and CUDA keep an mlx-community 4/8-bit checkpoint quantized)."""
+    """How a node's runners hold weights: converted by the CPU engine (to float32, or int8 / Q8_0 under
+    `--cpu-weights int8` / `q8_0`) on the CPU backend unless the node runs `--cpu-kernels off`; else as the
+    checkpoint stores them (Metal and CUDA keep an mlx-community 4/8-bit checkpoint quantized)."""
     if mlx_backend == "cpu" and cpu_kernels == "auto":
         return cpu_weights
     return "stored"
@@ -31,10 +34,13 @@ def held_bytes(parameters: int, stored_bytes: int, *, weights: WeightsInMemory) 
     """Memory `parameters` weights (`stored_bytes` in their files) take once loaded: the one computation behind every
     memory figure exo shows (the catalog, `exo models`, /v1/models, placement, the dashboard).
 
-    4 bytes a parameter in float32, about one as int8 (plus INT8_OVERHEAD for scales and norms), else as stored.
+    4 bytes a parameter in float32, about one as int8 (plus INT8_OVERHEAD for scales and norms), 34 bytes per 32
+    as Q8_0, else as stored.
     """
     if weights == "float32":
         return 4 * parameters
+    if weights == "q8_0":
+        return int(parameters * Q8_0_BYTES_PER_WEIGHT)
     if weights == "int8":
         return int(parameters * (1 + INT8_OVERHEAD))
     return stored_bytes
@@ -80,10 +86,10 @@ class ModelFootprint(FrozenModel):
     def tensor_rank_bytes(self, world_size: int, *, weights: WeightsInMemory) -> int:
         """Memory for one rank of a tensor split over `world_size`: the shared weights whole (embeddings, final norm
         and output head are not split) and 1/`world_size` of every layer (its norms, a few thousand values, count
-        as split too). The split matrices are mlx's sharded linear layers, which the int8 conversion leaves alone:
-        under int8 the layers are held in float32."""
+        as split too). The split matrices are mlx's sharded linear layers, which the int8 and Q8_0 conversions leave
+        alone: under int8 or q8_0 the layers are held in float32."""
         shared = self.rank_bytes(0, 0, weights=weights)
-        layer_weights: WeightsInMemory = "float32" if weights == "int8" else weights
+        layer_weights: WeightsInMemory = "float32" if weights in ("int8", "q8_0") else weights
         layers = self.total_bytes(weights=layer_weights) - self.rank_bytes(0, 0, weights=layer_weights)
         return shared + -(-layers // world_size)
 

@@ -302,8 +302,7 @@ def _load(
     from exo.worker.engines.mlx.cache.layer_cache import can_batch
     from exo.worker.engines.mlx.constrained.compiled import prepare_guidance
     from exo.worker.engines.mlx.cpu.blas_check import blas_report
-    from exo.worker.engines.mlx.cpu.engine import CpuKernels
-    from exo.worker.engines.mlx.cpu.int8_layers import held_bytes
+    from exo.worker.engines.mlx.cpu.engine import CpuKernels, held_bytes
     from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
     from exo.worker.engines.mlx.generator.prefill import slow_prefill_seconds_per_token
     from exo.worker.engines.mlx.generator.request_context import EngineContext

@@ -9,10 +9,10 @@ from exo.shared.types.worker.shards import ShardAssignment
 
 def model_identity(model_path: Path, shard: ShardAssignment, weights_format: str) -> str:
     """A digest of the model's config, its weight files (names and sizes), the format the runner serves the weights
-    in (`LoadedModel.dtype`: float32, int8 or native) and the shard's layers.
+    in (`LoadedModel.dtype`: float32, int8, q8_0 or native) and the shard's layers.
 
-    The format is part of it because the KV values depend on it: int8 weights give slightly different keys and
-    values than float32 ones, so a snapshot written under one is never served under the other.
+    The format is part of it because the KV values depend on it: int8 or Q8_0 weights give slightly different keys
+    and values than float32 ones, so a snapshot written under one is never served under the other.
 
     Reading every weight byte would take as long as loading the model again; a converted or re-downloaded model
     changes its files' sizes or its config, and a different split changes the layer range.

@@ -3,6 +3,7 @@ the report its ready line and /state show."""
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import cast
 
 import mlx.core as mx
@@ -10,6 +11,7 @@ from mlx import nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import dequantize_model
 
+from exo.models.errors import ModelLoadError
 from exo.shared.types.cpu_kernels import (
     DEFAULT_CPU_WEIGHTS,
     REPLACEMENTS,
@@ -20,8 +22,10 @@ from exo.shared.types.cpu_kernels import (
     ReplacementState,
 )
 from exo.worker.engines.mlx.cpu.blas import find_pypi_mkl
-from exo.worker.engines.mlx.cpu.int8_layers import quantize_model
+from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
+from exo.worker.engines.mlx.cpu.int8_layers import int8_bytes, quantize_model
 from exo.worker.engines.mlx.cpu.kernels import use_numpy_kernels
+from exo.worker.engines.mlx.cpu.q8_layers import ggml_library, q8_bytes, quantize_model_q8
 from exo.worker.engines.mlx.cpu.signatures import MISMATCHES
 from exo.worker.engines.mlx.cpu.switch import preload_state, why_off
 
@@ -42,20 +46,40 @@ class CpuKernels:
         self._why_off: dict[Replacement, str | None] = {name: gate or MISMATCHES.get(name) for name in REPLACEMENTS}
         preload = preload_state(setting, os.environ if environment is None else environment)
         self._why_off["blas_preload"] = preload.why_off
+        self._ggml_dir: Path | None = None
+        self._ggml_missing: str | None = None
+        chosen = f"--cpu-weights {weights}"
         if weights == "float32":
-            self._turn_off(("int8_weights",), "--cpu-weights float32")
+            self._turn_off(("int8_weights", "q8_0_weights"), chosen)
+        elif weights == "q8_0":
+            self._turn_off(("int8_weights",), chosen)
+            self._ggml_dir = find_ggml_library() if gate is None else None
+            if gate is None and self._ggml_dir is None:
+                # Refused at load (`prepare_model`), not served as float32: the node plans memory for Q8_0.
+                self._ggml_missing = ggml_missing_reason()
+                self._turn_off(("q8_0_weights",), "no ggml library")
+            self._turn_off(("float32",), chosen)
         elif find_pypi_mkl() is None:
             # Without MKL's integer GEMM the weights stay float32: said in the report, not an error.
             self._turn_off(("int8_weights",), "no MKL (the mkl wheel) for its integer GEMM")
+            self._turn_off(("q8_0_weights",), chosen)
         else:
-            self._turn_off(("float32",), "--cpu-weights int8")
+            self._turn_off(("float32", "q8_0_weights"), chosen)
 
     def on(self, name: Replacement) -> bool:
         return self._why_off[name] is None
 
     def prepare_model(self, model: nn.Module) -> str:
-        """Apply the model's replacements; returns the dtype it is served in (`native`: as stored; `int8`: int8
-        matrices, everything else float32)."""
+        """Apply the model's replacements; returns the dtype it is served in (`native`: as stored; `int8` or `q8_0`:
+        int8 matrices or Q8_0 blocks, everything else float32). Raises ModelLoadError under `--cpu-weights q8_0`
+        where the replacements apply but no ggml library is built."""
+        if self._ggml_missing is not None:
+            raise ModelLoadError(f"--cpu-weights q8_0 needs ggml's CPU library: {self._ggml_missing}")
+        if self.on("q8_0_weights") and self._ggml_dir is not None:
+            quantize_model_q8(model, ggml_library(self._ggml_dir))
+            model.set_dtype(mx.float32)
+            use_numpy_kernels([name for name in ("numpy_attention", "numpy_swiglu") if self.on(name)])
+            return "q8_0"
         if self.on("int8_weights"):
             # One matrix at a time, before anything else is expanded: loading never holds the model in float32.
             quantize_model(model)
@@ -87,7 +111,19 @@ class CpuKernels:
         )
         return CpuKernelsReport(setting=self.setting, replacements=states, weights=self.weights)
 
+    @property
+    def ggml_dir(self) -> Path | None:
+        """The folder of the ggml library the Q8_0 layers use (None unless `--cpu-weights q8_0` applies)."""
+        return self._ggml_dir
+
     def _turn_off(self, names: tuple[Replacement, ...], reason: str) -> None:
         for name in names:
             if self._why_off[name] is None:
                 self._why_off[name] = reason
+
+
+def held_bytes(model: nn.Module) -> int:
+    """Bytes of all of `model`'s weights as held: its mlx parameters plus its int8 matrices and scales and its
+    Q8_0 blocks."""
+    parameters = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
+    return sum(value.nbytes for _, value in parameters) + int8_bytes(model) + q8_bytes(model)

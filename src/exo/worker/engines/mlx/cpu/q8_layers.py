@@ -1,0 +1,162 @@
+"""Linear layers and embeddings whose weights stay ggml Q8_0 blocks on a CPU (`--cpu-weights q8_0`, issue 33).
+
+A float32 decode step reads every weight once (about 2 GB for a 0.5B model), which bounds decode by the memory
+bandwidth. Q8_0 holds each run of 32 weights as a float16 scale and 32 int8 values (34 bytes, 8.5 bits a weight),
+and ggml's block kernels (`ggml_library.py`) multiply by them directly, quantizing the activations to Q8_0 on the
+way: the kernels llama.cpp decodes with. The conversion goes one matrix at a time, `CONVERSION_ROWS` rows at a time
+(an mlx-community quantized matrix is dequantized a slice at a time first), so loading never holds a whole matrix in
+float32.
+
+The layers run inside the mlx model the way `int8_layers.py`'s do: the activations are evaluated, read through
+numpy, multiplied by one ggml graph over all their rows, and the product comes back as a new mlx array. Biases,
+norms and everything that is not a matrix product stay in mlx, in float32. An embedding lookup dequantizes only the
+rows it looks up; the tied output projection (`as_linear`) is a ggml product.
+"""
+
+from functools import cache
+from pathlib import Path
+from typing import Final, cast
+
+import mlx.core as mx
+import numpy as np
+from mlx import nn
+
+from exo.worker.engines.mlx.cpu.ggml_library import Q8_0_BLOCK, Ggml, GgmlMatrix, q8_0_to_float32
+from exo.worker.engines.mlx.cpu.int8_layers import CONVERSION_ROWS, float32_rows
+
+GGML_THREADS: Final = 1
+"""Threads of ggml's pool for every product (measured, docs/PERFORMANCE.md section 12: whole decode steps of the
+default model at 1 and 2 threads on the 2-core AMD EPYC)."""
+GGML_POLL: Final = 0
+"""How long ggml's idle pool threads spin before sleeping (0–100): 0, so they never take a core from mlx, MKL or
+another process between two products."""
+
+
+@cache
+def ggml_library(library_dir: Path) -> Ggml:
+    """The process's one handle on the ggml libraries in `library_dir` (loaded once)."""
+    return Ggml(library_dir)
+
+
+class Q8Weights:
+    """One matrix held as Q8_0 in ggml, with the thread pool its products run on."""
+
+    def __init__(self, matrix: GgmlMatrix, threads: int = GGML_THREADS) -> None:
+        self.matrix = matrix
+        self.threads = threads
+        self.pool = matrix.ggml.shared_threadpool(threads, GGML_POLL)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.matrix.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.matrix.nbytes
+
+    def use_threads(self, threads: int) -> None:
+        """Run this matrix's products on `threads` threads from now on (the bench compares counts)."""
+        self.threads = threads
+        self.pool = self.matrix.ggml.shared_threadpool(threads, GGML_POLL)
+
+
+def q8_from(module: nn.Module, ggml: Ggml) -> Q8Weights:
+    """The module's weights as Q8_0 blocks, converted `CONVERSION_ROWS` rows at a time."""
+    rows, _ = cast(tuple[int, int], tuple(module["weight"].shape))
+    in_features = int(float32_rows(module, 0, 1).shape[1])  # a quantized matrix packs several weights a value
+    matrix = GgmlMatrix(ggml, "Q8_0", rows, in_features)
+    for start in range(0, rows, CONVERSION_ROWS):
+        stop = min(start + CONVERSION_ROWS, rows)
+        piece = float32_rows(module, start, stop)
+        mx.eval(piece)
+        matrix.fill(start, np.asarray(piece))
+        del piece
+    return Q8Weights(matrix)
+
+
+def q8_product(x: mx.array, weights: Q8Weights) -> mx.array:
+    """x · Wᵀ over x's leading dimensions: one ggml graph over all of x's rows."""
+    mx.eval(x)
+    flat = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    product = weights.matrix.product(flat, weights.threads, weights.pool)
+    return mx.array(product.reshape(*x.shape[:-1], weights.shape[0]))
+
+
+class Q8Linear(nn.Module):
+    """A Linear layer with Q8_0 weights (its bias, if any, stays an mlx float32 array)."""
+
+    def __init__(self, weights: Q8Weights, bias: mx.array | None) -> None:
+        super().__init__()
+        # A plain attribute, not an mlx parameter: mlx's tree utilities (set_dtype, parameters) leave it alone.
+        self.q8 = weights
+        if bias is not None:
+            self.bias = bias.astype(mx.float32)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        product = q8_product(x, self.q8)
+        return product + self["bias"] if "bias" in self else product
+
+
+class Q8Embedding(nn.Module):
+    """An embedding table held as Q8_0: a lookup dequantizes the rows it reads; `as_linear` (tied output
+    projection) is a ggml product."""
+
+    def __init__(self, weights: Q8Weights) -> None:
+        super().__init__()
+        self.q8 = weights
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        mx.eval(ids)
+        rows = np.asarray(ids).astype(np.int64)
+        values = q8_0_to_float32(self.q8.matrix.blocks[rows.reshape(-1)])
+        return mx.array(values.reshape(*rows.shape, self.q8.shape[1]))
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return q8_product(x, self.q8)
+
+
+def _replacement(module: nn.Module, ggml: Ggml) -> nn.Module | None:
+    if isinstance(module, (nn.Linear, nn.QuantizedLinear)) and _fits(module):
+        return Q8Linear(q8_from(module, ggml), module.get("bias"))
+    if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)) and _fits(module):
+        return Q8Embedding(q8_from(module, ggml))
+    return None
+
+
+def quantize_model_q8(model: nn.Module, ggml: Ggml) -> int:
+    """Replace every Linear, QuantizedLinear, Embedding and QuantizedEmbedding inside `model` whose rows split into
+    Q8_0 blocks with its Q8_0 form, one matrix at a time (each original is released as soon as it is replaced);
+    returns how many were replaced. Other parameters are left as they are (the caller sets their dtype)."""
+    replaced = 0
+    for name in list(model.children()):
+        child = model[name]  # the module's own list, not children()'s copy of it
+        if isinstance(child, list):
+            for index, item in enumerate(cast(list[object], child)):
+                if isinstance(item, nn.Module):
+                    replacement = _replacement(item, ggml)
+                    if replacement is None:
+                        replaced += quantize_model_q8(item, ggml)
+                    else:
+                        child[index] = replacement
+                        replaced += 1
+        elif isinstance(child, nn.Module):
+            replacement = _replacement(child, ggml)
+            if replacement is None:
+                replaced += quantize_model_q8(child, ggml)
+            else:
+                setattr(model, name, replacement)
+                replaced += 1
+        del child
+        mx.clear_cache()
+    return replaced
+
+
+def _fits(module: nn.Module) -> bool:
+    """Whether a matrix module's rows split into whole Q8_0 blocks (every real model's do; a matrix that does not
+    stays float32)."""
+    return int(float32_rows(module, 0, 1).shape[-1]) % Q8_0_BLOCK == 0
+
+
+def q8_bytes(model: nn.Module) -> int:
+    """Bytes of the Q8_0 blocks held by `model`'s Q8_0 layers."""
+    return sum(module.q8.nbytes for _, module in model.named_modules() if isinstance(module, (Q8Linear, Q8Embedding)))
