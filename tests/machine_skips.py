@@ -9,7 +9,9 @@ failure: CI must not pass by skipping what it could not run. The reasons:
 - network namespaces cannot be made (not root, no `ip`): the cluster rigs (tests/cluster/test_cluster_rig*.py);
 - multicast scouting does not work on the loopback interface: discovery (tests/cluster/test_cluster_discovery.py);
 - ggml's CPU library is not built (`uv run exo ggml build`): the Q8_0 weights
-  (tests/worker/engines/mlx/cpu/test_q8_layers.py).
+  (tests/worker/engines/mlx/cpu/test_q8_layers.py);
+- cmake, ninja or a C/C++ compiler missing: `exo ggml build` on a stand-in source package
+  (tests/worker/engines/mlx/cpu/test_ggml_build.py); CI's `ggml` step installs them.
 
 Skips for another platform (a test of the Linux CPU engine on macOS, the PyPI MKL off x86_64) are not among them:
 there the code under test does not apply.

@@ -187,6 +187,8 @@ def _run_ci(tmp_path: Path, failing: str = "", pytest_status: int = 0) -> tuple[
         "#!/usr/bin/env bash\n"
         f'echo "$*" >> {calls}\n'
         f'[[ "$*" == "run pytest"* ]] && echo "EXO_STRICT_SKIPS=${{EXO_STRICT_SKIPS:-}}" >> {calls}.environment\n'
+        f'[[ "$*" == "run pytest"* ]] && echo "EXO_GGML_DIR=${{EXO_GGML_DIR:-}}" >> {calls}.environment\n'
+        f'[[ "$*" == "run exo ggml build"* && "{failing}" != "run exo ggml build"* ]] && echo /cache/ggml/lib\n'
         f'[[ -n "{failing}" && "$*" == "{failing}"* ]] && exit 1\n'
         f'[[ "$*" == "run pytest"* ]] && exit {pytest_status}\n'
         "exit 0\n"
@@ -202,19 +204,28 @@ def _run_ci(tmp_path: Path, failing: str = "", pytest_status: int = 0) -> tuple[
     return result.returncode, calls.read_text().splitlines() if calls.exists() else []
 
 
-def test_ci_runs_ruff_basedpyright_then_the_readme_test_command_last(tmp_path: Path) -> None:
+def test_ci_runs_ruff_basedpyright_builds_ggml_then_the_readme_test_command_last(tmp_path: Path) -> None:
     status, calls = _run_ci(tmp_path)
     assert status == 0
-    assert calls == ["run ruff check", "run ruff format --check", "run basedpyright", "run pytest"]
-    # In strict mode: a test skipped for a reason of the machine (no npm, no chromium, no root) fails CI.
-    assert (tmp_path / "uv-calls.environment").read_text() == "EXO_STRICT_SKIPS=1\n"
+    assert calls == [
+        "run ruff check",
+        "run ruff format --check",
+        "run basedpyright",
+        "run exo ggml build --root build/ggml",
+        "run pytest",
+    ]
+    # In strict mode: a test skipped for a reason of the machine (no npm, no chromium, no root) fails CI. The
+    # folder the ggml build printed reaches the tests (the quantized CPU path's).
+    assert (tmp_path / "uv-calls.environment").read_text() == "EXO_STRICT_SKIPS=1\nEXO_GGML_DIR=/cache/ggml/lib\n"
 
 
-@pytest.mark.parametrize("failing", ["run ruff check", "run ruff format --check", "run basedpyright"])
+@pytest.mark.parametrize(
+    "failing", ["run ruff check", "run ruff format --check", "run basedpyright", "run exo ggml build"]
+)
 def test_a_failing_check_fails_ci_before_the_tests(tmp_path: Path, failing: str) -> None:
     status, calls = _run_ci(tmp_path, failing=failing)
     assert status != 0
-    assert calls[-1] == failing
+    assert calls[-1].startswith(failing)  # the failing command was the last one run
     assert "run pytest" not in calls
 
 

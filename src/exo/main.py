@@ -32,7 +32,7 @@ from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuWeightsSetting
 from exo.shared.types.worker.decode_settings import DecodeSettings
 
 # exo.node (and with it the model converter, transformers…) is imported only when a node starts: the subcommands
-# (`exo models`, `exo conformance`, `exo mcp`, `exo launch`) start quickly without it.
+# (`exo models`, `exo conformance`, `exo mcp`, `exo launch`, `exo ggml`) start quickly without it.
 if TYPE_CHECKING:
     from exo.node import Node, NodeConfig
     from exo.node_shutdown import NodeShutdown
@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run an exo node with an OpenAI-compatible API.",
         epilog="Other commands: `exo launch opencode|claude|codex` runs a coding agent against the node (exo launch "
         "--help); `exo mcp` serves exo's tools to agents over MCP (exo mcp --help); "
-        "`exo conformance` checks the tool-call formats.",
+        "`exo conformance` checks the tool-call formats; `exo ggml build` builds ggml's CPU libraries for the "
+        "quantized CPU path (exo ggml --help).",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 exposes it)")
     parser.add_argument("--api-port", type=int, default=52415, help="API port (default 52415)")
@@ -410,6 +411,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from exo.mcp.cli import main as mcp_main
 
         sys.exit(mcp_main(command_line[1:]))
+    if command_line[:1] == ["ggml"]:
+        from exo.worker.engines.mlx.cpu.ggml_build import main as ggml_main
+
+        sys.exit(ggml_main(command_line[1:]))
     parser = build_parser()
     arguments = parser.parse_args(command_line)
     try:
