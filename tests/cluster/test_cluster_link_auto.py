@@ -7,8 +7,8 @@ trip to the other, alpha is asked to place the model over 2 nodes with `parallel
 bandwidth they measured, and the split it names serves.
 
 A model placed at start (`--min-nodes 2`) is asked for the moment the second node is up, before either node's
-figures reach the master: the master holds it for them (master/placement_hold.py), so it too is weighed by the
-measured round trip rather than split by layers.
+figures reach the master: the master holds it for them, settled after the join (master/placement_hold.py), so it
+too is weighed by the measured round trip and bandwidth rather than split by layers.
 """
 
 import re
@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from exo.master.split_choice import format_ms
+from exo.master.split_estimates import MIN_TIMED_STEPS
 from tests.cluster.local_cluster import ClusterNode, LocalCluster, local_cluster
 from tests.exo_server import fixture_model
 
@@ -32,10 +33,16 @@ TRANSFER = (
     r"(?: \+ (?P<{0}>[\d.]+) KiB at [\d.]+ MB/s = [\d.]+ ms transfer"
     r"|; transfer of (?P<{0}_uncounted>[\d.]+) KiB not counted: link bandwidth not measured)"
 )
+# Where a node's runner timed decode steps of the model served whole, that rank's compute is the timed step.
+TIMED = r"(?P<{0}> \(1 of 2 ranks from a timed decode step, the rest bytes over memory bandwidth × [\d.]+ as timed\))?"
 REASON = re.compile(
-    r"auto: (?P<chosen>pipeline|tensor) over 2 nodes est\. [\d.]+ ms/token \(compute [\d.]+ \+ (?P<exchanges>\d+) × "
+    r"auto: (?P<chosen>pipeline|tensor) over 2 nodes est\. [\d.]+ ms/token \(compute [\d.]+"
+    + TIMED.format("chosen_timed")
+    + r" \+ (?P<exchanges>\d+) × "
     r"(?P<trip>[\d.]+) ms round trip" + TRANSFER.format("chosen_kib") + r"\) against (?P<other>pipeline|tensor) over "
-    r"2 nodes est\. [\d.]+ ms/token \(compute [\d.]+ \+ \d+ × (?P=trip) ms round trip"
+    r"2 nodes est\. [\d.]+ ms/token \(compute [\d.]+"
+    + TIMED.format("other_timed")
+    + r" \+ \d+ × (?P=trip) ms round trip"
     + TRANSFER.format("other_kib")
     + r"\)"
 )
@@ -47,13 +54,6 @@ TRANSFER_KIB = {"tensor": "2.2", "pipeline": "0.5"}
 def transfer_counted(match: re.Match[str]) -> bool:
     """Each split's transfer in the reason is the bytes it sends a token (the link's bandwidth was measured)."""
     return (match["chosen_kib"], match["other_kib"]) == (TRANSFER_KIB[match["chosen"]], TRANSFER_KIB[match["other"]])
-
-
-def transfer_named(match: re.Match[str]) -> bool:
-    """Each split's transfer is named with the bytes it sends a token, counted or (no bandwidth yet) not."""
-    chosen = match["chosen_kib"] or match["chosen_kib_uncounted"]
-    other = match["other_kib"] or match["other_kib_uncounted"]
-    return (chosen, other) == (TRANSFER_KIB[match["chosen"]], TRANSFER_KIB[match["other"]])
 
 
 def measured(state: dict[str, Any], node: str, peer: str) -> dict[str, Any] | None:
@@ -82,9 +82,10 @@ def test_a_model_placed_at_start_over_two_nodes_waits_for_the_figures_and_is_wei
         match = REASON.fullmatch(reason)
         assert match is not None, reason  # weighed by the measured figures, not "auto: by layers (not measured yet"
         assert instance.parallel == match["chosen"]
-        # The hold waits for round trips and memory bandwidth, not link bandwidth (measured in the same round of
-        # probes, but where a busy moment hid the bulk reply's extra time, only at the next round).
-        assert transfer_named(match), reason
+        # The hold waits for the link's figures to settle after the join: each node times the bandwidth in the round
+        # at join and again in the settling rounds 1 and 3 s later, so the placement weighs a measured bandwidth
+        # (at join alone a busy moment could leave a node without one until its next round, 15 s later).
+        assert transfer_counted(match), reason
         # 4 layers: a tensor split waits for 9 exchanges a token, a pipeline for 3.
         assert int(match["exchanges"]) == (9 if match["chosen"] == "tensor" else 3)
 
@@ -126,10 +127,37 @@ def test_each_node_publishes_its_measured_round_trip_to_the_other(
         assert list(facts["links"]) == [peer]
 
 
+def decode_alone(node: ClusterNode, max_tokens: int) -> None:
+    body: dict[str, Any] = {
+        "model": DEEP,
+        "messages": [{"role": "user", "content": "Count from one to one hundred."}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    httpx.post(f"{node.base_url}/v1/chat/completions", json=body, timeout=120).raise_for_status()
+
+
+def steps_timed_alone(node: ClusterNode) -> int:
+    """Decode steps with one request decoding that `node`'s runners timed, as /state shows them."""
+    runners: dict[str, dict[str, Any]] = node.state()["runners"]
+    return sum(
+        runner["step_times"].get("1", {}).get("steps", 0)
+        for runner in runners.values()
+        if runner["node_id"] == node.node_id
+    )
+
+
 def test_an_auto_placement_weighs_the_splits_by_the_measured_round_trip_and_serves_its_choice(
     pair: tuple[LocalCluster, ClusterNode, ClusterNode],
 ) -> None:
     cluster, alpha, beta = pair
+    # alpha serves the model whole: a request decoded alone times its steps, which become alpha's rank's compute.
+    for _ in range(3):
+        if steps_timed_alone(alpha) >= MIN_TIMED_STEPS:
+            break
+        decode_alone(alpha, 48)
+        time.sleep(1.0)  # the runner's totals reach /state with the node's next report
+    assert steps_timed_alone(alpha) >= MIN_TIMED_STEPS
     before = pair_round_trip(alpha.state(), alpha.node_id, beta.node_id)
     body = {"model": str(fixture_model(DEEP)), "min_nodes": 2, "parallel": "auto"}
     response = httpx.post(f"{alpha.base_url}/v1/cluster/instances", json=body, timeout=60)
@@ -146,6 +174,9 @@ def test_an_auto_placement_weighs_the_splits_by_the_measured_round_trip_and_serv
     assert int(match["exchanges"]) == (9 if match["chosen"] == "tensor" else 3)
     assert {match["chosen"], match["other"]} == {"pipeline", "tensor"}
     assert transfer_counted(match), reason
+    # beta serves nothing: its rank's compute is its bytes over its memory bandwidth, scaled as alpha's step was.
+    assert match["chosen_timed"], reason
+    assert match["other_timed"], reason
     assert placed["parallel"] == match["chosen"]
     instance = cluster.wait_serving(beta, 2, f"the {match['chosen']} split auto chose", PLACED_WITHIN_S)
     assert (instance.parallel, instance.parallel_reason) == (match["chosen"], reason)

@@ -2,17 +2,27 @@
 peer that answers its probe; a reply from another session on the peer's key does not count; a peer that does not
 answer has no figure."""
 
+import itertools
 import time
 
 import anyio
+import pytest
 
+from exo.cluster import link_probe
 from exo.cluster.bus import Bus
-from exo.cluster.link_probe import BULK_PAYLOAD_BYTES, PROBE_SAMPLES, LinkProber, ProbeReply, bandwidth_from
+from exo.cluster.link_probe import (
+    BULK_PAYLOAD_BYTES,
+    PROBE_INTERVAL_SECONDS,
+    PROBE_SAMPLES,
+    LinkProber,
+    ProbeReply,
+    bandwidth_from,
+)
 from exo.cluster.membership import Membership
 from exo.cluster.topics import Member, Topics
 from exo.shared.types.common import NodeId
 from exo.shared.types.links import LinkMeasurement
-from tests.cluster.buses import linked_buses
+from tests.cluster.buses import eventually, linked_buses
 
 TOPICS = Topics("probe-test")
 # Short, so that the tries a silent peer leaves unanswered end quickly.
@@ -97,3 +107,43 @@ async def test_a_peer_that_answers_only_the_small_probe_has_a_round_trip_and_no_
     # Unanswered bulk queries do not hold the round trip up by a timeout each (zenoh ends a query no queryable
     # matches at once; a first one that times out ends the timing).
     assert took < 2.5 * TIMEOUT_S, took
+
+
+async def test_a_peer_that_joins_is_measured_again_within_seconds_and_its_figures_settle_on_the_best(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Shorter settling rounds than a node's, so that the test takes a second.
+    monkeypatch.setattr(link_probe, "SETTLE_ROUNDS_SECONDS", (0.3, 0.8))
+    published: list[LinkMeasurement] = []
+    async with linked_buses(2) as (alpha, beta), anyio.create_task_group() as group:
+        members = [
+            Membership(bus, TOPICS, Member(node_id=node_id(bus), started_at_ms=int(time.time() * 1000)))
+            for bus in (alpha, beta)
+        ]
+        probers = [LinkProber(bus, TOPICS, membership) for bus, membership in zip((alpha, beta), members, strict=True)]
+        peer = node_id(beta)
+
+        def report() -> None:
+            if (link := probers[0].measurements().get(peer)) is not None:
+                published.append(link)
+
+        probers[0].after_measuring(report)
+        for part in (*members, *probers):
+            group.start_soon(part.run)
+        await eventually(lambda: any(not link.settling for link in published))
+        group.cancel_scope.cancel()
+    settling = [link for link in published if link.settling]
+    settled = next(link for link in published if not link.settling)
+    # The round that saw beta join and the settling round 0.3 s after it, each published as settling; the last
+    # settling round, 0.8 s after the first began, publishes the settled figure (the regular rounds come 15 s apart).
+    assert len(settling) >= 2
+    assert settled.measured_at - settling[0].measured_at >= 0.5
+    assert settled.measured_at - settling[0].measured_at < PROBE_INTERVAL_SECONDS
+    # Each settling round keeps the best so far: the least round trip, the most bandwidth (timed in every round).
+    rounds = [*settling, settled]
+    for earlier, later in itertools.pairwise(rounds):
+        assert later.round_trip_ms <= earlier.round_trip_ms
+        if earlier.bandwidth_bytes_per_second is not None:
+            assert later.bandwidth_bytes_per_second is not None
+            assert later.bandwidth_bytes_per_second >= earlier.bandwidth_bytes_per_second
+    assert settled.bandwidth_bytes_per_second is not None

@@ -1,13 +1,15 @@
 """What the placement tests build: an 8-layer model's footprint, a request to place it, the ports the master draws,
 nodes with a given free memory, and one placement from them."""
 
+from collections.abc import Mapping, Sequence
+
 from exo.master.instance_placement import place_instance
 from exo.shared.types.common import CommandId, InstanceId, ModelId, NodeId
 from exo.shared.types.events import NodeReported
 from exo.shared.types.footprint import ModelFootprint
 from exo.shared.types.instances import PlacedInstance, PlaceInstance
 from exo.shared.types.links import LinkMeasurement
-from exo.shared.types.state import State
+from exo.shared.types.state import RunnerInfo, State
 from exo.shared.types.worker.shards import ParallelChoice
 from tests.shared.state_builders import NODE_A, facts, fold, reported
 
@@ -59,9 +61,12 @@ def nodes_measured(
     bandwidth_gb_s: float | None,
     round_trip_ms: float | None,
     link_mb_s: float | None = None,
+    settling: bool = False,
+    runners: Mapping[NodeId, Sequence[RunnerInfo]] | None = None,
 ) -> State:
     """The state once each node reported `free_gib` free, the memory bandwidth it measured (None: not yet) and the
-    round trip to every other node (None: not yet measured) and the link bandwidth (None: not measured)."""
+    round trip to every other node (None: not yet measured) and the link bandwidth (None: not measured), those link
+    figures `settling` (measured only just after a join) where asked, with each node's `runners`."""
     reports: list[tuple[NodeReported, NodeId]] = []
     for node_id in node_ids:
         links = {
@@ -70,6 +75,7 @@ def nodes_measured(
                 samples=5,
                 measured_at=1.0,
                 bandwidth_bytes_per_second=None if link_mb_s is None else link_mb_s * 1e6,
+                settling=settling,
             )
             for peer in node_ids
             if peer != node_id and round_trip_ms is not None
@@ -80,5 +86,6 @@ def nodes_measured(
                 "memory_bandwidth_bytes_per_second": None if bandwidth_gb_s is None else bandwidth_gb_s * 1e9,
             }
         )
-        reports.append((NodeReported(facts=measured), node_id))
+        held = tuple((runners or {}).get(node_id, ()))
+        reports.append((NodeReported(facts=measured, runners=held), node_id))
     return fold(*reports)

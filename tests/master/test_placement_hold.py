@@ -55,6 +55,38 @@ def test_a_held_split_is_placed_by_the_figures_as_soon_as_they_arrive() -> None:
     assert (place(measured, held).parallel_reason or "").startswith("auto: tensor over 2 nodes est. ")
 
 
+def test_a_split_is_held_while_the_link_figures_settle_after_a_join_and_placed_by_the_settled_ones() -> None:
+    clock = Clock()
+    holds = HeldPlacements(clock)
+    holds.joined([NODE_B])
+    request = place_request(2, "auto")
+    # At join the link looked slow (15 ms apart): measured, but only in the busy moments of the join.
+    busy = nodes_measured(4, NODE_A, NODE_B, bandwidth_gb_s=10, round_trip_ms=15.0, link_mb_s=12, settling=True)
+    assert awaited_nodes(busy, request) == {NODE_A, NODE_B}
+    assert holds.hold(busy, request)
+    clock.now += 3.0
+    [(held, since)] = holds.take()
+    settled = nodes_measured(4, NODE_A, NODE_B, bandwidth_gb_s=10, round_trip_ms=0.1, link_mb_s=800)
+    assert awaited_nodes(settled, held) == frozenset()
+    assert not holds.hold(settled, held, since)
+    assert (place(settled, held).parallel_reason or "").startswith("auto: tensor over 2 nodes est. ")
+    # Weighed by the figures taken at join, the same request would have gone by layers.
+    assert (place(busy, request).parallel_reason or "").startswith("auto: pipeline over 2 nodes est. ")
+
+
+def test_settling_figures_are_weighed_once_the_grace_ends() -> None:
+    clock = Clock()
+    holds = HeldPlacements(clock)
+    holds.joined([NODE_B])
+    request = place_request(2, "auto")
+    busy = nodes_measured(4, NODE_A, NODE_B, bandwidth_gb_s=10, round_trip_ms=15.0, link_mb_s=12, settling=True)
+    assert holds.hold(busy, request)
+    clock.now += AUTO_FIGURES_GRACE_SECONDS
+    [(held, since)] = holds.take()
+    assert not holds.hold(busy, held, since)
+    assert (place(busy, held).parallel_reason or "").startswith("auto: pipeline over 2 nodes est. ")
+
+
 def test_figures_missing_from_nodes_that_joined_longer_ago_than_the_grace_are_not_waited_for() -> None:
     clock = Clock()
     holds = HeldPlacements(clock)

@@ -43,7 +43,9 @@ def place_instance(
     capacities = up_capacities(state, excluded)
     if request.parallel == "auto":
         candidates = auto_candidates(request.model_id, request.footprint, capacities, request.min_nodes)
-        choice = choose_split("auto", request.footprint, estimates_of(state, request.footprint, candidates))
+        choice = choose_split(
+            "auto", request.footprint, estimates_of(state, request.footprint, candidates, request.model_id)
+        )
         chosen = [
             plan
             for parallel, plan in candidates

@@ -5,8 +5,11 @@ between the two (each node probes a peer as it joins, cluster/link_probe.py) or 
 reached the master: placed then, `auto` could only split by layers. So the master holds an `auto` placement that
 would go over more than one node while the figures its candidates lack belong to a node that joined less than
 AUTO_FIGURES_GRACE_SECONDS ago, and places it as soon as they arrive or the grace ends (then by layers, as without
-figures). A split asked for, and a placement on one node, are never held; nor is a request held longer than the
-grace, whatever joins meanwhile.
+figures). A link figure measured only in the busy moments of a join (`settling`, cluster/link_probe.py) counts as
+not there yet: two nodes on one loaded machine measured a 15 ms round trip and 12 MB/s at join, where a second later
+they measured 0.3-0.4 ms and 500-1,000 MB/s, enough to weigh the splits wrongly; where the grace ends first, the
+settling figure is weighed. A split asked for, and a placement on one node, are never held; nor is a request held
+longer than the grace, whatever joins meanwhile.
 """
 
 import logging
@@ -17,7 +20,7 @@ from typing import Final
 
 from exo.master.instance_placement import auto_candidates, up_capacities
 from exo.master.pipeline_placement import PlacementError
-from exo.master.split_estimates import estimates_of
+from exo.master.split_estimates import estimates_of, settling_nodes
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.instances import PlaceInstance
 from exo.shared.types.state import State
@@ -27,13 +30,15 @@ logger = logging.getLogger(__name__)
 AUTO_FIGURES_GRACE_SECONDS: Final = 8.0
 """Why 8 s: a node probes a peer the moment it joins and publishes the figure as soon as it has it (a healthy link
 answers the probe's five queries in well under a second; the memory bandwidth takes a tenth of a second at start).
-8 s leaves room for a probe that loses a few queries or a report that is lost (the next comes 5 s later) and is
+A joined peer's figures settle 3 s after its first round (link_probe.SETTLE_ROUNDS_SECONDS). 8 s leaves room for a
+probe that loses a few queries or a report that is lost (the next comes 5 s later) and is
 short beside loading a model, for someone waiting on the placement request."""
 
 
 def awaited_nodes(state: State, request: PlaceInstance) -> frozenset[NodeId]:
     """The nodes whose figures `auto` lacks to weigh the splits of `request`, where without them it would split by
-    layers over more than one node (none: nothing to wait for)."""
+    layers over more than one node, or whose link figures are still settling after a join (none: nothing to wait
+    for)."""
     if request.parallel != "auto":
         return frozenset()
     try:
@@ -42,13 +47,11 @@ def awaited_nodes(state: State, request: PlaceInstance) -> frozenset[NodeId]:
         return frozenset()  # refused at once, as it always was
     if len(candidates[0][1].node_ids) == 1:
         return frozenset()  # without figures it goes on one node: never held
-    estimates = estimates_of(state, request.footprint, candidates)
-    return frozenset(
-        node
-        for (_parallel, plan), estimate in zip(candidates, estimates, strict=True)
-        if estimate.total_ms is None
-        for node in plan.node_ids
-    )
+    estimates = estimates_of(state, request.footprint, candidates, request.model_id)
+    awaited: set[NodeId] = set()
+    for (_parallel, plan), estimate in zip(candidates, estimates, strict=True):
+        awaited |= set(plan.node_ids) if estimate.total_ms is None else settling_nodes(state, plan.node_ids)
+    return frozenset(awaited)
 
 
 class HeldPlacements:

@@ -59,8 +59,14 @@ class SplitEstimate(FrozenModel):
 
     parallel: Parallelism
     world_size: int
-    # Bytes read per token over memory bandwidth, summed along the pipeline's ranks or the slowest tensor rank.
+    # Bytes read per token over memory bandwidth (or a decode step timed on the node, scaled by the rank's share of
+    # the weights), summed along the pipeline's ranks or the slowest tensor rank.
     compute_ms: float | None
+    # The ranks whose compute is a timed decode step rather than bytes over memory bandwidth.
+    timed_ranks: int = 0
+    # What the other ranks' bytes over memory bandwidth were multiplied by: how many times that estimate the steps
+    # timed on other nodes took (None where no node timed one).
+    untimed_scale: float | None = None
     # Exchanges a token waits for on the link (0 on one node).
     exchanges: int
     # The slowest measured round trip between the candidate's nodes (0 on one node).
@@ -99,10 +105,22 @@ class SplitEstimate(FrozenModel):
         assert total is not None, "described only once measured"
         assert compute is not None, "described only once measured"
         if self.world_size == 1:
-            return f"{self.label} est. {format_ms(total)} ms/token (compute {format_ms(compute)}, no link)"
+            return f"{self.label} est. {format_ms(total)} ms/token ({self._compute_term(compute)}, no link)"
         return (
-            f"{self.label} est. {format_ms(total)} ms/token (compute {format_ms(compute)} + {self.exchanges} × "
+            f"{self.label} est. {format_ms(total)} ms/token ({self._compute_term(compute)} + {self.exchanges} × "
             f"{format_ms(self.round_trip_ms or 0.0)} ms round trip{self._transfer_term()})"
+        )
+
+    def _compute_term(self, compute: float) -> str:
+        """The compute, and where it is a decode step timed on the nodes rather than bytes over memory bandwidth,
+        that it is."""
+        if self.timed_ranks == self.world_size:
+            return f"compute {format_ms(compute)} from a timed decode step"
+        if self.untimed_scale is None:
+            return f"compute {format_ms(compute)}"
+        return (
+            f"compute {format_ms(compute)} ({self.timed_ranks} of {self.world_size} ranks from a timed decode step, "
+            f"the rest bytes over memory bandwidth × {self.untimed_scale:.3g} as timed)"
         )
 
     def _transfer_term(self) -> str:

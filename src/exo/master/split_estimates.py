@@ -2,7 +2,13 @@
 each node's memory bandwidth (cluster/memory_bandwidth.py) and the round trip and bandwidth between each pair of them
 (cluster/link_probe.py).
 
-Compute per token is the bytes a rank reads per token over its node's memory bandwidth: decoding reads every
+Compute per token is, where a runner on the rank's node serves the same model whole and has timed enough decode steps
+with one request decoding (its host-overhead meter, `step_times` in /state), that step's mean time scaled by the
+share of the whole model's bytes the rank would hold: a measured step, which counts what reading the weights does
+not (kernels, Python) but scales that too, so it still flatters a split a little. Elsewhere it is the bytes a rank
+reads per token over its node's memory bandwidth, times how many times that estimate the timed nodes' steps took
+(their mean; so a node that timed nothing is not made to look cheap beside one that did), or as it is where no node
+timed a step of the model: decoding reads every
 weight once a token, so a rank's held weights are what it reads (the weights outside the layers counted whole: the
 output head is read whole, the embedding table only one row, so this overstates every candidate by the same
 embedding bytes). Ranks of a pipeline run one after another, so their times add up; ranks of a tensor split run
@@ -12,6 +18,7 @@ tensor split, whose every rank runs every layer's kernels.
 """
 
 from collections.abc import Sequence
+from typing import Final
 
 from exo.master.pipeline_placement import PipelinePlan
 from exo.master.split_choice import (
@@ -21,11 +28,41 @@ from exo.master.split_choice import (
     tensor_round_trips_per_token,
     tensor_transfer_bytes,
 )
-from exo.shared.types.common import NodeId
+from exo.shared.types.common import ModelId, NodeId
 from exo.shared.types.footprint import ModelFootprint
 from exo.shared.types.links import LinkMeasurement
 from exo.shared.types.state import State
 from exo.shared.types.worker.shards import Parallelism
+
+MIN_TIMED_STEPS: Final = 16
+"""Decode steps with one request decoding a runner must have timed before their mean stands for its node's compute
+(a runner's first steps include warming up)."""
+
+
+def timed_step_seconds(state: State, node_id: NodeId, model_id: ModelId) -> float | None:
+    """The mean decode step, one request decoding, of a runner on `node_id` that serves `model_id` whole (the
+    fastest, where several do; prompt pieces fed in those steps left out), or None where none has timed
+    MIN_TIMED_STEPS."""
+    steps = [
+        (times.step_seconds - times.prefill_seconds) / times.steps
+        for runner in state.runners.values()
+        if runner.node_id == node_id and runner.model_id == model_id and runner.shard.world_size == 1
+        if (times := runner.step_times.get(1)) is not None and times.steps >= MIN_TIMED_STEPS
+    ]
+    return min(steps, default=None)
+
+
+def step_over_bytes(state: State, footprint: ModelFootprint, model_id: ModelId) -> float | None:
+    """How many times its bytes over memory bandwidth a decode step of `model_id` took on the nodes that timed one
+    (their mean), or None where none did."""
+    ratios: list[float] = []
+    for node_id, node in state.nodes.items():
+        step = timed_step_seconds(state, node_id, model_id)
+        bandwidth = node.facts.memory_bandwidth_bytes_per_second
+        if step is not None and bandwidth is not None and bandwidth > 0:
+            whole = footprint.rank_bytes(0, footprint.num_layers, weights=node.facts.weights_in_memory)
+            ratios.append(step * bandwidth / whole)
+    return sum(ratios) / len(ratios) if ratios else None
 
 
 def _measured_both_ways(state: State, first: NodeId, second: NodeId) -> list[LinkMeasurement]:
@@ -35,6 +72,18 @@ def _measured_both_ways(state: State, first: NodeId, second: NodeId) -> list[Lin
         for node, peer in ((first, second), (second, first))
         if node in state.nodes and (link := state.nodes[node].facts.links.get(peer)) is not None
     ]
+
+
+def settling_nodes(state: State, nodes: Sequence[NodeId]) -> frozenset[NodeId]:
+    """The nodes among `nodes` with a link to another of them still settling (measured only just after a join,
+    cluster/link_probe.py: a better figure is seconds away)."""
+    return frozenset(
+        node
+        for index, first in enumerate(nodes)
+        for second in nodes[index + 1 :]
+        if any(link.settling for link in _measured_both_ways(state, first, second))
+        for node in (first, second)
+    )
 
 
 def pair_round_trip_ms(state: State, first: NodeId, second: NodeId) -> float | None:
@@ -63,18 +112,23 @@ def split_bandwidth(state: State, nodes: Sequence[NodeId]) -> float | None:
     return min(figure for figure in figures if figure is not None)
 
 
-def split_estimate(state: State, footprint: ModelFootprint, parallel: Parallelism, plan: PipelinePlan) -> SplitEstimate:
-    """The estimated time per token of `plan` (a pipeline's, or a tensor split's when `parallel` says so)."""
+def split_estimate(
+    state: State,
+    footprint: ModelFootprint,
+    parallel: Parallelism,
+    plan: PipelinePlan,
+    model_id: ModelId | None = None,
+) -> SplitEstimate:
+    """The estimated time per token of `plan` (a pipeline's, or a tensor split's when `parallel` says so), its
+    compute from a decode step of `model_id` timed on a rank's node where there is one."""
     nodes = plan.node_ids
     size = len(nodes)
     missing: list[str] = []
     rank_seconds: list[float] = []
+    timed_ranks = 0
+    scale = None if model_id is None else step_over_bytes(state, footprint, model_id)
     for rank, node_id in enumerate(nodes):
         facts = state.nodes[node_id].facts
-        bandwidth = facts.memory_bandwidth_bytes_per_second
-        if bandwidth is None or bandwidth <= 0:
-            missing.append(f"the memory bandwidth of {node_id}")
-            continue
         if parallel == "tensor" and size > 1:
             read = footprint.tensor_rank_bytes(size, weights=facts.weights_in_memory)
         else:
@@ -82,7 +136,17 @@ def split_estimate(state: State, footprint: ModelFootprint, parallel: Parallelis
             read = footprint.rank_bytes(start, start + plan.layer_counts[rank], weights=facts.weights_in_memory)
             if rank > 0:  # the weights outside the layers are read once a token, not on every rank
                 read -= footprint.rank_bytes(0, 0, weights=facts.weights_in_memory)
-        rank_seconds.append(read / bandwidth)
+        step = None if model_id is None else timed_step_seconds(state, node_id, model_id)
+        bandwidth = facts.memory_bandwidth_bytes_per_second
+        if step is not None:
+            timed_ranks += 1
+            rank_seconds.append(
+                step * read / footprint.rank_bytes(0, footprint.num_layers, weights=facts.weights_in_memory)
+            )
+        elif bandwidth is None or bandwidth <= 0:
+            missing.append(f"the memory bandwidth of {node_id}")
+        else:
+            rank_seconds.append(read / bandwidth * (scale or 1.0))
     compute = None
     if not missing:
         compute = 1000 * (max(rank_seconds) if parallel == "tensor" else sum(rank_seconds))
@@ -114,6 +178,8 @@ def split_estimate(state: State, footprint: ModelFootprint, parallel: Parallelis
         parallel=parallel,
         world_size=size,
         compute_ms=compute,
+        timed_ranks=timed_ranks,
+        untimed_scale=scale if timed_ranks < size else None,
         exchanges=exchanges,
         round_trip_ms=None if len(trips) < size * (size - 1) // 2 else max(trips, default=0.0),
         transfer_bytes=transfer,
@@ -123,6 +189,9 @@ def split_estimate(state: State, footprint: ModelFootprint, parallel: Parallelis
 
 
 def estimates_of(
-    state: State, footprint: ModelFootprint, plans: Sequence[tuple[Parallelism, PipelinePlan]]
+    state: State,
+    footprint: ModelFootprint,
+    plans: Sequence[tuple[Parallelism, PipelinePlan]],
+    model_id: ModelId | None = None,
 ) -> list[SplitEstimate]:
-    return [split_estimate(state, footprint, parallel, plan) for parallel, plan in plans]
+    return [split_estimate(state, footprint, parallel, plan, model_id) for parallel, plan in plans]

@@ -15,3 +15,8 @@ class LinkMeasurement(FrozenModel):
     # the small one (cluster/link_probe.py). None until measured, where the peer did not answer the large probe,
     # and in facts from a node that does not measure it.
     bandwidth_bytes_per_second: float | None = None
+    # Measured only in the moments after the peer joined, when both nodes are busy with the join (its messages, a
+    # starting node's API): the best of the rounds so far, with another round due within seconds
+    # (cluster/link_probe.py SETTLE_ROUNDS_SECONDS). An `auto` placement waits for the settled figure
+    # (master/placement_hold.py).
+    settling: bool = False
