@@ -1,14 +1,15 @@
-"""int8 against float32 weights on a CPU (`--cpu-weights`, issue 33): greedy agreement, tool calls, speed, memory.
+"""int8 or Q8_0 against float32 weights on a CPU (`--cpu-weights`, issue 33): greedy agreement, tool calls, speed,
+memory.
 
 Each format is loaded the way a runner loads it (exo's `load_model` under `CpuKernels`), in a process of its own
-with the BLAS the node preloads. The float32 process decodes every corpus prompt greedily; the int8 process reads
-those tokens back in one forward pass per prompt and counts the positions where its top-1 token is the same
-(teacher-forced top-1 agreement), and decodes the tool prompts itself to compare the calls (the JSON objects in the
-text; the default model writes them bare or between tags; each tool prompt is offered only the tool it is about, to
-keep its prompt short). Speed: a 512-token prefill pass, then 16 greedy decode steps; memory: the process's resident
-set after loading and its peak.
+with the BLAS the node preloads. The float32 process decodes every corpus prompt greedily; the compared process
+(`--compare int8`, the default, or `q8_0`) reads those tokens back in one forward pass per prompt and counts the
+positions where its top-1 token is the same (teacher-forced top-1 agreement), and decodes the tool prompts itself to
+compare the calls (the JSON objects in the text; the default model writes them bare or between tags; each tool
+prompt is offered only the tool it is about, to keep its prompt short). Speed: a 512-token prefill pass, then 16
+greedy decode steps; memory: the process's resident set after loading and its peak.
 
-`uv run python -m bench.cpu_weights [--model SPEC] [--tool-prompts N] [--tokens N]`
+`uv run python -m bench.cpu_weights [--model SPEC] [--compare int8|q8_0] [--tool-prompts N] [--tokens N]`
 """
 
 import argparse
@@ -27,7 +28,7 @@ from pydantic import BaseModel
 from bench.machine import checkout_commit, cpu_model
 from bench.tool_corpus import CORPUS, PROSE, TOOLS
 
-Format = Literal["float32", "int8"]
+Format = Literal["float32", "int8", "q8_0"]
 
 
 class PromptResult(BaseModel):
@@ -63,12 +64,16 @@ def _worker(model_path: Path, weights: Format, tokens: int, tool_prompts: int, r
     from mlx_lm.models.cache import make_prompt_cache
 
     from exo.shared.types.worker.shards import ShardAssignment
+    from exo.worker.engines.mlx.cpu.blas_check import set_blas_threads
     from exo.worker.engines.mlx.cpu.engine import CpuKernels
+    from exo.worker.engines.mlx.cpu.q8_layers import BLAS_THREADS
     from exo.worker.engines.mlx.model_loader import load_model
 
     started = time.perf_counter()
     loaded = load_model(model_path, ShardAssignment(), cpu_kernels=CpuKernels("auto", weights=weights))
     load_seconds = time.perf_counter() - started
+    if loaded.dtype == "q8_0":  # as the runner does: the BLAS on one thread beside ggml's products
+        set_blas_threads(BLAS_THREADS)
     resident = _status_gb("VmRSS")
     model, tokenizer = loaded.model, loaded.tokenizer
 
@@ -182,10 +187,11 @@ def _run_worker(model: Path, weights: Format, tokens: int, tool_prompts: int, re
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="int8 against float32 weights on a CPU (--cpu-weights)")
+    parser = argparse.ArgumentParser(description="int8 or Q8_0 against float32 weights on a CPU (--cpu-weights)")
     parser.add_argument("--model", default=None, help="a model spec as `exo --model` takes (default: the default)")
     parser.add_argument("--model-path", type=Path, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--worker", choices=("float32", "int8"), default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("float32", "int8", "q8_0"), default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--compare", choices=("int8", "q8_0"), default="int8", help="the format compared with float32")
     parser.add_argument("--reference", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, default=48, help="greedy tokens per corpus prompt")
     parser.add_argument("--tool-prompts", type=int, default=12, help="prompts of the bench's tool corpus")
@@ -202,26 +208,26 @@ def main() -> None:
         reference_file = Path(scratch) / "float32.json"
         float32 = _run_worker(model.path, "float32", arguments.tokens, arguments.tool_prompts, None)
         reference_file.write_text(float32.model_dump_json())
-        int8 = _run_worker(model.path, "int8", arguments.tokens, arguments.tool_prompts, reference_file)
+        other = _run_worker(model.path, arguments.compare, arguments.tokens, arguments.tool_prompts, reference_file)
     load_end = os.getloadavg()
-    _report(model.model_id, float32, int8, load_start, load_end, sys.argv[1:])
+    _report(model.model_id, float32, other, load_start, load_end, sys.argv[1:])
 
 
 def _report(  # noqa: PLR0917 - one call site, the run's figures in order
     model_id: str,
     float32: WorkerResult,
-    int8: WorkerResult,
+    other: WorkerResult,
     load_start: tuple[float, float, float],
     load_end: tuple[float, float, float],
     arguments: list[str],
 ) -> None:
     def agreement(tools: bool) -> str:
-        pairs = [(f, i) for f, i in zip(float32.prompts, int8.prompts, strict=True) if f.tools == tools]
+        pairs = [(f, i) for f, i in zip(float32.prompts, other.prompts, strict=True) if f.tools == tools]
         same = sum(i.agreement or 0 for _, i in pairs)
         total = sum(len(f.tokens) for f, _ in pairs)
         return f"{same}/{total} ({100 * same / max(total, 1):.1f}%)"
 
-    tool_pairs = [(f, i) for f, i in zip(float32.prompts, int8.prompts, strict=True) if f.tools]
+    tool_pairs = [(f, i) for f, i in zip(float32.prompts, other.prompts, strict=True) if f.tools]
     same_calls = sum(tool_calls(f.text) == tool_calls(i.text) for f, i in tool_pairs)
     with_calls = sum(bool(tool_calls(f.text)) for f, _ in tool_pairs)
     same_text = sum(f.tokens == i.tokens for f, i in tool_pairs)
@@ -231,16 +237,17 @@ def _report(  # noqa: PLR0917 - one call site, the run's figures in order
         f"at the start, {loads[1]} at the end ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}); command "
         f"`uv run python -m bench.cpu_weights {' '.join(arguments)}`; model {model_id}.\n"
     )
-    print("| Measure | float32 | int8 | int8 ÷ float32 |\n|---|---|---|---|")
+    name = other.weights
+    print(f"| Measure | float32 | {name} | {name} ÷ float32 |\n|---|---|---|---|")
     rows = [
-        ("load (s)", float32.load_seconds, int8.load_seconds),
-        ("resident memory after loading (GB)", float32.resident_gb, int8.resident_gb),
-        ("peak resident memory of the process (GB)", float32.peak_resident_gb, int8.peak_resident_gb),
-        (f"prefill, a {float32.prefill_tokens}-token prompt (tok/s)", float32.prefill_tok_s, int8.prefill_tok_s),
-        ("decode, one stream (tok/s)", float32.decode_tok_s, int8.decode_tok_s),
+        ("load (s)", float32.load_seconds, other.load_seconds),
+        ("resident memory after loading (GB)", float32.resident_gb, other.resident_gb),
+        ("peak resident memory of the process (GB)", float32.peak_resident_gb, other.peak_resident_gb),
+        (f"prefill, a {float32.prefill_tokens}-token prompt (tok/s)", float32.prefill_tok_s, other.prefill_tok_s),
+        ("decode, one stream (tok/s)", float32.decode_tok_s, other.decode_tok_s),
     ]
-    for name, left, right in rows:
-        print(f"| {name} | {left:.2f} | {right:.2f} | {right / left:.2f}× |")
+    for measure, left, right in rows:
+        print(f"| {measure} | {left:.2f} | {right:.2f} | {right / left:.2f}× |")
     print(
         f"\nTeacher-forced greedy top-1 agreement with float32: prose {agreement(False)}, tool prompts "
         f"{agreement(True)}; tool prompts decoded to identical tokens {same_text}/{len(tool_pairs)}; tool prompts "

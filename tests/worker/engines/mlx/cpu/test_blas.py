@@ -203,3 +203,26 @@ def test_preloaded_subprocess_uses_the_optimized_blas_and_computes_the_same_matm
     assert loaded not in reference_maps
     assert loaded in optimized_maps
     assert mx.allclose(optimized, reference, rtol=1e-4, atol=1e-3).item()
+
+
+@pytest.mark.usefixtures("linux_cpu_machine")
+def test_the_preloaded_blas_takes_a_thread_count_in_the_runner_process() -> None:
+    """A Q8_0 runner puts the BLAS on one thread (`set_blas_threads`): in a process started as the node starts its
+    runners (the optimized BLAS preloaded), the library mlx's matmuls reach then reports that count."""
+    environment = blas.blas_environment(dict(os.environ))
+    if blas.choose_blas(environment) is None:
+        pytest.skip("no optimized BLAS on this machine to preload")
+    script = (
+        "import ctypes\n"
+        "from exo.worker.engines.mlx.cpu.blas_check import set_blas_threads\n"
+        "library = set_blas_threads(1)\n"
+        "assert library is not None\n"
+        "handle = ctypes.CDLL(str(library))\n"
+        "count = handle.MKL_Get_Max_Threads() if hasattr(handle, 'MKL_Get_Max_Threads') "
+        "else handle.openblas_get_num_threads()\n"
+        "print(library.name, count)\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True, check=True, timeout=120
+    )
+    assert completed.stdout.split()[-1] == "1"

@@ -49,6 +49,24 @@ def cblas_provider() -> Path | None:
     return Path(os.fsdecode(info.dli_fname))
 
 
+def set_blas_threads(threads: int) -> Path | None:
+    """Set the thread count of the BLAS mlx's matmuls go to (MKL or OpenBLAS), returning that library; None where
+    no such library answers (mlx's own reference BLAS has no threads)."""
+    provider = cblas_provider()
+    if provider is None:
+        return None
+    library = ctypes.CDLL(str(provider))
+    for name in ("MKL_Set_Num_Threads", "openblas_set_num_threads"):
+        try:
+            setter = getattr(library, name)
+        except AttributeError:
+            continue
+        setter.restype, setter.argtypes = None, [ctypes.c_int]
+        setter(threads)
+        return provider
+    return None
+
+
 def measure_matmul_gflops(n: int = SELF_CHECK_SIZE, seconds: float = SELF_CHECK_SECONDS) -> float:
     """Best float32 ``n``×``n`` matmul throughput on the CPU in GFLOP/s over about `seconds` (at least 2 runs).
 

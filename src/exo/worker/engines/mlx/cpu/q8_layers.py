@@ -27,6 +27,10 @@ from exo.worker.engines.mlx.cpu.int8_layers import CONVERSION_ROWS, float32_rows
 GGML_THREADS: Final = 1
 """Threads of ggml's pool for every product (measured, docs/PERFORMANCE.md section 12: whole decode steps of the
 default model at 1 and 2 threads on the 2-core AMD EPYC)."""
+BLAS_THREADS: Final = 1
+"""The BLAS's threads in a runner serving Q8_0 (`set_blas_threads`): only attention's small matmuls are left to it,
+and its idle threads, spinning after each call, took the cores ggml's products ran on (decode steps 1.3-1.9x
+faster with MKL on one thread, docs/PERFORMANCE.md section 12)."""
 GGML_POLL: Final = 0
 """How long ggml's idle pool threads spin before sleeping (0–100): 0, so they never take a core from mlx, MKL or
 another process between two products."""
