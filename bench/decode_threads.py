@@ -7,11 +7,12 @@ the BLAS the node preloads; every setting takes its turn in every round, so load
 alike. A decode step over R rows is one batched step over R sequences (one token each) after a short prompt.
 
 Settings: MKL's thread count, `1`, `2` or `default` (MKL's own count, the engine's behaviour; float32 is measured
-this way only), and for q8_0 the threads of ggml's pool (`--ggml-threads`, 1 and 2 by default). Prints Markdown
+this way only), and for q8_0 the threads of ggml's pool (`--ggml-threads`: 1, 2 and `auto`, the engine's rule of
+one thread for one row and every core for more). Prints Markdown
 with commit, CPU, load and command. Not a test. q8_0 needs ggml's CPU library (`uv run exo ggml build`).
 
 `uv run python -m bench.decode_threads [--model SPEC] [--weights float32,q8_0,int8] [--rounds N] [--steps N]
-[--rows 1,4,8] [--ggml-threads 1,2]`
+[--rows 1,4,8] [--ggml-threads 1,2,auto]`
 """
 
 import argparse
@@ -37,11 +38,13 @@ class Timing(BaseModel):
     weights: str
     setting: Setting
     rows: int
-    ggml_threads: int | None = None
+    ggml_threads: str | None = None
+    """ggml's pool size under q8_0: a count, or `auto` (the engine's rule: one thread for one row, every core for
+    more)."""
     step_ms: list[float] = []
 
 
-def _settings(weights: str, ggml_threads: list[int]) -> list[tuple[Setting, int | None]]:
+def _settings(weights: str, ggml_threads: list[str]) -> list[tuple[Setting, str | None]]:
     """(MKL threads, ggml threads) measured for a format: int8 all MKL settings; q8_0 each ggml count under MKL's
     default and under one MKL thread (whether the two pools fight); float32 MKL's default only."""
     if weights == "int8":
@@ -58,7 +61,7 @@ def _worker(
     row_counts: list[int],
     *,
     formats: list[str],
-    ggml_threads: list[int],
+    ggml_threads: list[str],
 ) -> None:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
@@ -97,7 +100,7 @@ def _worker(
             if threads is not None:
                 for _, module in model.named_modules():
                     if isinstance(module, (Q8Linear, Q8Embedding)):
-                        module.q8.use_threads(threads)
+                        module.q8.use_threads(None if threads == "auto" else int(threads))
             cache = make_prompt_cache(model)
             prompt = mx.array(
                 [[(row * 7 + index) % 5000 + 100 for index in range(PROMPT_TOKENS)] for row in range(rows)]
@@ -131,12 +134,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="decode steps timed per setting and round")
     parser.add_argument("--rows", default="1,4,8", help="comma-separated sequence counts")
     parser.add_argument("--weights", default="float32,q8_0,int8", help="comma-separated formats (--cpu-weights)")
-    parser.add_argument("--ggml-threads", default="1,2", help="comma-separated ggml pool sizes (q8_0)")
+    parser.add_argument(
+        "--ggml-threads", default="1,2,auto", help="comma-separated ggml pool sizes (q8_0); auto: the engine's rule"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     row_counts = [int(value) for value in arguments.rows.split(",")]
     formats = arguments.weights.split(",")
-    ggml_threads = [int(value) for value in arguments.ggml_threads.split(",")]
+    ggml_threads = arguments.ggml_threads.split(",")
     if arguments.worker:
         _worker(
             arguments.model, arguments.rounds, arguments.steps, row_counts, formats=formats, ggml_threads=ggml_threads
@@ -167,7 +172,7 @@ def main() -> None:
             if not cells:
                 continue
             label = "MKL's default" if setting == "default" else setting
-            ggml = "-" if threads is None else str(threads)
+            ggml = "-" if threads is None else threads
             print(f"| {weights} | {label} | {ggml} | " + " | ".join(_cell(t, rows=t.rows) for t in cells) + " |")
     print(
         "\nEach cell: the median step time over the rounds (ms per decode step) · tokens per second over all rows; "

@@ -13,20 +13,31 @@ norms and everything that is not a matrix product stay in mlx, in float32. An em
 rows it looks up; the tied output projection (`as_linear`) is a ggml product.
 """
 
+import os
 from functools import cache
 from pathlib import Path
 from typing import Final, cast
 
 import mlx.core as mx
 import numpy as np
+import numpy.typing as npt
 from mlx import nn
 
 from exo.worker.engines.mlx.cpu.ggml_library import Q8_0_BLOCK, Ggml, GgmlMatrix, q8_0_to_float32
 from exo.worker.engines.mlx.cpu.int8_layers import CONVERSION_ROWS, float32_rows
 
-GGML_THREADS: Final = 1
-"""Threads of ggml's pool for every product (measured, docs/PERFORMANCE.md section 12: whole decode steps of the
-default model at 1 and 2 threads on the 2-core AMD EPYC)."""
+SINGLE_ROW_THREADS: Final = 1
+"""ggml's threads for a one-row product (one decode stream): memory-bound, and one thread measured as fast as two on
+the 2-core AMD EPYC, without waking a second (docs/PERFORMANCE.md section 12)."""
+
+
+def batch_threads() -> int:
+    """ggml's threads for a product over several rows (batched decode, draft verification, prefill): compute-bound,
+    so every core this process may run on (measured only on 2 cores: 8-row decode steps up to 1.4x faster on two
+    threads than on one when the machine was quiet, even when it was loaded)."""
+    return max(len(os.sched_getaffinity(0)), 1) if hasattr(os, "sched_getaffinity") else max(os.cpu_count() or 1, 1)
+
+
 BLAS_THREADS: Final = 1
 """The BLAS's threads in a runner serving Q8_0 (`set_blas_threads`): only attention's small matmuls are left to it,
 and its idle threads, spinning after each call, took the cores ggml's products ran on (decode steps 1.3-1.9x
@@ -43,12 +54,12 @@ def ggml_library(library_dir: Path) -> Ggml:
 
 
 class Q8Weights:
-    """One matrix held as Q8_0 in ggml, with the thread pool its products run on."""
+    """One matrix held as Q8_0 in ggml, and the thread pools its products run on: one thread for one row,
+    `batch_threads()` for more (`threads` fixes one count for every product instead: the bench compares counts)."""
 
-    def __init__(self, matrix: GgmlMatrix, threads: int = GGML_THREADS) -> None:
+    def __init__(self, matrix: GgmlMatrix, threads: int | None = None) -> None:
         self.matrix = matrix
-        self.threads = threads
-        self.pool = matrix.ggml.shared_threadpool(threads, GGML_POLL)
+        self.use_threads(threads)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -58,10 +69,17 @@ class Q8Weights:
     def nbytes(self) -> int:
         return self.matrix.nbytes
 
-    def use_threads(self, threads: int) -> None:
-        """Run this matrix's products on `threads` threads from now on (the bench compares counts)."""
-        self.threads = threads
-        self.pool = self.matrix.ggml.shared_threadpool(threads, GGML_POLL)
+    def use_threads(self, threads: int | None) -> None:
+        """Run this matrix's products on `threads` threads from now on (None: by row count, the engine's rule)."""
+        single, batch = (SINGLE_ROW_THREADS, batch_threads()) if threads is None else (threads, threads)
+        ggml = self.matrix.ggml
+        self._single = (single, ggml.shared_threadpool(single, GGML_POLL))
+        self._batch = (batch, ggml.shared_threadpool(batch, GGML_POLL))
+
+    def product(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """x (rows × in) · Wᵀ on the pool for its row count."""
+        threads, pool = self._single if x.shape[0] == 1 else self._batch
+        return self.matrix.product(x, threads, pool)
 
 
 def q8_from(module: nn.Module, ggml: Ggml) -> Q8Weights:
@@ -82,7 +100,7 @@ def q8_product(x: mx.array, weights: Q8Weights) -> mx.array:
     """x · Wᵀ over x's leading dimensions: one ggml graph over all of x's rows."""
     mx.eval(x)
     flat = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
-    product = weights.matrix.product(flat, weights.threads, weights.pool)
+    product = weights.product(flat)
     return mx.array(product.reshape(*x.shape[:-1], weights.shape[0]))
 
 
