@@ -7,8 +7,8 @@ the BLAS the node preloads; every setting takes its turn in every round, so load
 alike. A decode step over R rows is one batched step over R sequences (one token each) after a short prompt.
 
 Settings: MKL's thread count, `1`, `2` or `default` (MKL's own count, the engine's behaviour; float32 is measured
-this way only), and for q8_0 the threads of ggml's pool (`--ggml-threads`: 1, 2 and `auto`, the engine's rule of
-one thread for one row and every core for more). Prints Markdown
+this way only), and for q8_0 the threads of ggml's pool (`--ggml-threads`: 1, 2 and `auto`, the engine's choice,
+every core). Prints Markdown
 with commit, CPU, load and command. Not a test. q8_0 needs ggml's CPU library (`uv run exo ggml build`).
 
 `uv run python -m bench.decode_threads [--model SPEC] [--weights float32,q8_0,int8] [--rounds N] [--steps N]
@@ -39,8 +39,7 @@ class Timing(BaseModel):
     setting: Setting
     rows: int
     ggml_threads: str | None = None
-    """ggml's pool size under q8_0: a count, or `auto` (the engine's rule: one thread for one row, every core for
-    more)."""
+    """ggml's pool size under q8_0: a count, or `auto` (the engine's choice: every core)."""
     step_ms: list[float] = []
 
 

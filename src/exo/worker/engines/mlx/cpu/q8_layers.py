@@ -26,15 +26,12 @@ from mlx import nn
 from exo.worker.engines.mlx.cpu.ggml_library import Q8_0_BLOCK, Ggml, GgmlMatrix, q8_0_to_float32
 from exo.worker.engines.mlx.cpu.int8_layers import CONVERSION_ROWS, float32_rows
 
-SINGLE_ROW_THREADS: Final = 1
-"""ggml's threads for a one-row product (one decode stream): memory-bound, and one thread measured as fast as two on
-the 2-core AMD EPYC, without waking a second (docs/PERFORMANCE.md section 12)."""
 
-
-def batch_threads() -> int:
-    """ggml's threads for a product over several rows (batched decode, draft verification, prefill): compute-bound,
-    so every core this process may run on (measured only on 2 cores: 8-row decode steps up to 1.4x faster on two
-    threads than on one when the machine was quiet, even when it was loaded)."""
+def ggml_threads() -> int:
+    """ggml's threads for every product: every core this process may run on, as llama-server's default. Measured on
+    the 2-core AMD EPYC (docs/PERFORMANCE.md section 12): two threads as fast as one or faster at one row in five of
+    six paired comparisons (69-73 against 74-78 ms a decode step quiet), and 1.3-1.7x faster at 8 rows, where the
+    products are compute-bound."""
     return max(len(os.sched_getaffinity(0)), 1) if hasattr(os, "sched_getaffinity") else max(os.cpu_count() or 1, 1)
 
 
@@ -54,8 +51,8 @@ def ggml_library(library_dir: Path) -> Ggml:
 
 
 class Q8Weights:
-    """One matrix held as Q8_0 in ggml, and the thread pools its products run on: one thread for one row,
-    `batch_threads()` for more (`threads` fixes one count for every product instead: the bench compares counts)."""
+    """One matrix held as Q8_0 in ggml, and the thread pool its products run on (`ggml_threads()` threads unless
+    `use_threads` fixes another count: the bench compares counts)."""
 
     def __init__(self, matrix: GgmlMatrix, threads: int | None = None) -> None:
         self.matrix = matrix
@@ -70,16 +67,13 @@ class Q8Weights:
         return self.matrix.nbytes
 
     def use_threads(self, threads: int | None) -> None:
-        """Run this matrix's products on `threads` threads from now on (None: by row count, the engine's rule)."""
-        single, batch = (SINGLE_ROW_THREADS, batch_threads()) if threads is None else (threads, threads)
-        ggml = self.matrix.ggml
-        self._single = (single, ggml.shared_threadpool(single, GGML_POLL))
-        self._batch = (batch, ggml.shared_threadpool(batch, GGML_POLL))
+        """Run this matrix's products on `threads` threads from now on (None: `ggml_threads()`)."""
+        self.threads = ggml_threads() if threads is None else threads
+        self.pool = self.matrix.ggml.shared_threadpool(self.threads, GGML_POLL)
 
     def product(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        """x (rows × in) · Wᵀ on the pool for its row count."""
-        threads, pool = self._single if x.shape[0] == 1 else self._batch
-        return self.matrix.product(x, threads, pool)
+        """x (rows × in) · Wᵀ."""
+        return self.matrix.product(x, self.threads, self.pool)
 
 
 def q8_from(module: nn.Module, ggml: Ggml) -> Q8Weights:
