@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 
     from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
     from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
-    from exo.worker.engines.mlx.cpu.q8_layers import BLAS_THREADS
     from exo.worker.engines.mlx.generator.request_context import EngineContext
     from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 
@@ -305,6 +304,7 @@ def _load(
     from exo.worker.engines.mlx.cpu.blas_check import blas_report, set_blas_threads
     from exo.worker.engines.mlx.cpu.engine import CpuKernels, held_bytes
     from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
+    from exo.worker.engines.mlx.cpu.q8_layers import BLAS_THREADS
     from exo.worker.engines.mlx.generator.prefill import slow_prefill_seconds_per_token
     from exo.worker.engines.mlx.generator.request_context import EngineContext
     from exo.worker.engines.mlx.model_description import describe_model
