@@ -1,6 +1,7 @@
-"""The prefix cache's disk tier on a real node with int8 weights (`--cpu-weights int8`): the node writes a snapshot
-of a long prompt, is restarted and serves the same prompt from it (cached tokens in the usage, the same greedy
-answer); restarted with float32 weights it does not use that snapshot, whose identity names the int8 format."""
+"""The prefix cache's disk tier on a real node with int8 or Q8_0 weights (`--cpu-weights int8` / `q8_0`): the node
+writes a snapshot of a long prompt, is restarted and serves the same prompt from it (cached tokens in the usage, the
+same greedy answer); restarted with float32 weights it does not use that snapshot, whose identity names the
+quantized format. The q8_0 case needs ggml's CPU library (a machine skip without it)."""
 
 import time
 from contextlib import AbstractContextManager
@@ -8,8 +9,11 @@ from pathlib import Path
 from typing import Any, cast
 
 import httpx
+import pytest
 
+from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
 from tests.exo_server import ExoServer, fixture_model, running_exo
+from tests.machine_skips import skip_for_machine
 
 MODEL = "tiny-qwen-tools"
 SYSTEM_PROMPT = "You are a careful coding agent. Follow the rules of the repository. " * 30
@@ -52,7 +56,10 @@ def _disk_cached(server: ExoServer) -> int | None:
     return records[-1]["disk_cached_tokens"]
 
 
-def test_an_int8_snapshot_serves_the_restarted_int8_node_and_not_a_float32_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("weights", ["int8", "q8_0"])
+def test_a_quantized_snapshot_serves_the_restarted_node_and_not_a_float32_one(tmp_path: Path, weights: str) -> None:
+    if weights == "q8_0" and find_ggml_library() is None:
+        skip_for_machine(ggml_missing_reason())
     home = tmp_path / "home"
     model = [fixture_model(MODEL)]
 
@@ -60,14 +67,14 @@ def test_an_int8_snapshot_serves_the_restarted_int8_node_and_not_a_float32_one(t
         (tmp_path / run).mkdir()
         return running_exo(model, tmp_path / run, ["--cpu-weights", cpu_weights], env={"EXO_HOME": str(home)})
 
-    with node("int8", "first") as first:
+    with node(weights, "first") as first:
         cold, cold_cached = _ask(first)
         _wait_for_snapshot(home)
     assert cold
     assert cold_cached == 0
     (written,) = _snapshots(home)
 
-    with node("int8", "restarted") as restarted:
+    with node(weights, "restarted") as restarted:
         warm, warm_cached = _ask(restarted)
         disk_cached = _disk_cached(restarted)
     assert warm_cached > 200  # the system prompt, read from the snapshot on disk
@@ -78,5 +85,5 @@ def test_an_int8_snapshot_serves_the_restarted_int8_node_and_not_a_float32_one(t
         _, float32_cached = _ask(float32)
         float32_disk_cached = _disk_cached(float32)
     assert (float32_cached, float32_disk_cached) == (0, 0)
-    assert written.exists()  # still there for an int8 node; the float32 node keeps its own folder
+    assert written.exists()  # still there for a quantized node; the float32 node keeps its own folder
     assert len({path.parent for path in _snapshots(home)}) == 2
