@@ -21,6 +21,7 @@ from mlx import nn
 from mlx.utils import tree_flatten
 
 from exo.worker.engines.mlx.cpu.int8_gemm import ACTIVATION_OFFSET, QMAX, Int8Weights, MklInt8, quantize_weights
+from exo.worker.engines.mlx.cpu.matrix_replacement import replace_modules
 
 
 @cache
@@ -133,28 +134,7 @@ def quantize_model(model: nn.Module) -> int:
     """Replace every Linear, QuantizedLinear, Embedding and QuantizedEmbedding inside `model` with its int8 form,
     one matrix at a time (each original is released as soon as it is replaced); returns how many were replaced.
     Other parameters are left as they are (the caller sets their dtype)."""
-    replaced = 0
-    for name in list(model.children()):
-        child = model[name]  # the module's own list, not children()'s copy of it
-        if isinstance(child, list):
-            for index, item in enumerate(cast(list[object], child)):
-                if isinstance(item, nn.Module):
-                    replacement = _replacement(item)
-                    if replacement is None:
-                        replaced += quantize_model(item)
-                    else:
-                        child[index] = replacement
-                        replaced += 1
-        elif isinstance(child, nn.Module):
-            replacement = _replacement(child)
-            if replacement is None:
-                replaced += quantize_model(child)
-            else:
-                setattr(model, name, replacement)
-                replaced += 1
-        del child
-        mx.clear_cache()
-    return replaced
+    return replace_modules(model, _replacement)
 
 
 def held_bytes(model: nn.Module) -> int:

@@ -25,6 +25,7 @@ from mlx import nn
 
 from exo.worker.engines.mlx.cpu.ggml_library import Q8_0_BLOCK, Ggml, GgmlMatrix, q8_0_to_float32
 from exo.worker.engines.mlx.cpu.int8_layers import CONVERSION_ROWS, float32_rows
+from exo.worker.engines.mlx.cpu.matrix_replacement import replace_modules
 
 
 def ggml_threads() -> int:
@@ -143,28 +144,7 @@ def quantize_model_q8(model: nn.Module, ggml: Ggml) -> int:
     """Replace every Linear, QuantizedLinear, Embedding and QuantizedEmbedding inside `model` whose rows split into
     Q8_0 blocks with its Q8_0 form, one matrix at a time (each original is released as soon as it is replaced);
     returns how many were replaced. Other parameters are left as they are (the caller sets their dtype)."""
-    replaced = 0
-    for name in list(model.children()):
-        child = model[name]  # the module's own list, not children()'s copy of it
-        if isinstance(child, list):
-            for index, item in enumerate(cast(list[object], child)):
-                if isinstance(item, nn.Module):
-                    replacement = _replacement(item, ggml)
-                    if replacement is None:
-                        replaced += quantize_model_q8(item, ggml)
-                    else:
-                        child[index] = replacement
-                        replaced += 1
-        elif isinstance(child, nn.Module):
-            replacement = _replacement(child, ggml)
-            if replacement is None:
-                replaced += quantize_model_q8(child, ggml)
-            else:
-                setattr(model, name, replacement)
-                replaced += 1
-        del child
-        mx.clear_cache()
-    return replaced
+    return replace_modules(model, lambda module: _replacement(module, ggml))
 
 
 def _fits(module: nn.Module) -> bool:
