@@ -155,12 +155,14 @@ class LocalCluster:
         self.nodes.append(node)
         return node
 
-    def launch_split(self, model: Path, parallel: Parallelism | None = None) -> tuple[ClusterNode, ClusterNode]:
+    def launch_split(
+        self, model: Path, parallel: Parallelism | None = None, both: Sequence[str] = ()
+    ) -> tuple[ClusterNode, ClusterNode]:
         """alpha holds `model` and asks for it over two nodes (`--min-nodes 2`, split as `parallel` says when given);
-        beta holds nothing and joins alpha. Neither is waited for."""
-        arguments = ["--min-nodes", "2", *(["--parallel", parallel] if parallel is not None else [])]
+        beta holds nothing and joins alpha; `both` go on both command lines. Neither is waited for."""
+        arguments = ["--min-nodes", "2", *(["--parallel", parallel] if parallel is not None else []), *both]
         alpha = self.launch("alpha", [model], extra_arguments=arguments)
-        return alpha, self.launch("beta", peers=[alpha])
+        return alpha, self.launch("beta", peers=[alpha], extra_arguments=both)
 
     def restart(self, node: ClusterNode, peers: Sequence[ClusterNode] = ()) -> ClusterNode:
         """Start `node` again with its identity (EXO_HOME) and cluster port."""

@@ -2,9 +2,10 @@
 
 On their trained prompts every fixture model answers exactly as trained in float32 and in int8
 (test_int8_layers.py). Off them the continuation is whatever the weights make of it, decided by small logit margins,
-which is where int8's rounding can change a token. These prompts are the trained ones with the last user message
-changed; `python -m tests.worker.engines.mlx.cpu.greedy_references` writes both formats' greedy output to
-greedy_references.json, which test_greedy_references.py pins.
+which is where int8's (or Q8_0's) rounding can change a token. These prompts are the trained ones with the last user
+message changed; `python -m tests.worker.engines.mlx.cpu.greedy_references` writes every format's greedy output to
+greedy_references.json, which test_greedy_references.py pins (q8_0 needs ggml's CPU library: `uv run exo ggml
+build`).
 """
 
 import json
@@ -29,8 +30,8 @@ from tests.fixtures.model_builder.verify import greedy_generate, load_model
 REFERENCES = Path(__file__).with_name("greedy_references.json")
 MAX_TOKENS = 24
 CASES_PER_MODEL = 4
-WeightsFormat = Literal["float32", "int8"]
-FORMATS: tuple[WeightsFormat, ...] = ("float32", "int8")
+WeightsFormat = Literal["float32", "int8", "q8_0"]
+FORMATS: tuple[WeightsFormat, ...] = ("float32", "int8", "q8_0")
 TABLES: dict[FixtureModelName, tuple[FixtureCase, ...]] = {
     "tiny-qwen-tools": QWEN_TOOLS_CASES,
     "tiny-llama31-tools": LLAMA31_TOOLS_CASES,
