@@ -11,7 +11,7 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
+from exo.worker.engines.mlx.cpu.ggml_locate import GGML_DIR_VARIABLE, find_ggml_library, ggml_missing_reason
 from tests.exo_server import ExoServer, fixture_model, running_exo
 from tests.machine_skips import skip_for_machine
 
@@ -58,14 +58,17 @@ def _disk_cached(server: ExoServer) -> int | None:
 
 @pytest.mark.parametrize("weights", ["int8", "q8_0"])
 def test_a_quantized_snapshot_serves_the_restarted_node_and_not_a_float32_one(tmp_path: Path, weights: str) -> None:
-    if weights == "q8_0" and find_ggml_library() is None:
+    ggml = find_ggml_library()
+    if weights == "q8_0" and ggml is None:
         skip_for_machine(ggml_missing_reason())
     home = tmp_path / "home"
     model = [fixture_model(MODEL)]
+    # The node's EXO_HOME is a fresh folder without a ggml build: it is told where this process found one.
+    env = {"EXO_HOME": str(home), **({GGML_DIR_VARIABLE: str(ggml)} if ggml is not None else {})}
 
     def node(cpu_weights: str, run: str) -> AbstractContextManager[ExoServer]:
         (tmp_path / run).mkdir()
-        return running_exo(model, tmp_path / run, ["--cpu-weights", cpu_weights], env={"EXO_HOME": str(home)})
+        return running_exo(model, tmp_path / run, ["--cpu-weights", cpu_weights], env=env)
 
     with node(weights, "first") as first:
         cold, cold_cached = _ask(first)
