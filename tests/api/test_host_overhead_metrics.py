@@ -17,14 +17,16 @@ from tests.fixtures.fixture_specs import GET_WEATHER_TOOL, user
 
 MODEL = "tiny-qwen-tools"
 CONCURRENT = 3
-CONCURRENT_TOKENS = 150
-"""The endless model decodes to max_tokens, so the concurrent requests overlap whatever the machine's speed."""
+CONCURRENT_TOKENS = 1500
+"""The endless model decodes to max_tokens, so requests sent at once overlap unless one finishes before the next is
+admitted: at 150 tokens a fast moment once let the first end (a tiny model decodes a token in about a millisecond)
+before the others reached the runner; 1,500 leave them seconds (the context is widened to hold them)."""
 METRICS_WITHIN_S = 30.0
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExoServer]:
-    models = [fixture_model(MODEL), endless_copy(tmp_path_factory.mktemp("endless"))]
+    models = [fixture_model(MODEL), endless_copy(tmp_path_factory.mktemp("endless"), context_length=1 << 12)]
     with running_exo(models, tmp_path_factory.mktemp("host-overhead")) as running:
         yield running
 
