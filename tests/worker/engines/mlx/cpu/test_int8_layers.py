@@ -29,37 +29,21 @@ from exo.worker.engines.mlx.cpu.int8_layers import (
     quantize_model,
 )
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
-from tests.fixtures.client_requests import CLAUDE_CODE_CASES
 from tests.fixtures.fixture_specs import (
-    AGENT_CASES,
     FIXTURE_MODELS_DIR,
-    LLAMA31_TOOLS_CASES,
-    QWEN_TOOLS_CASES,
-    FixtureCase,
     FixtureModelName,
 )
-from tests.fixtures.model_builder.verify import greedy_generate, load_model
+from tests.fixtures.model_builder.verify import load_model
+from tests.worker.engines.mlx.cpu.weight_formats import TABLES, fixture_matrix, mismatched_trained_cases, relative_error
 
 TOLERANCE = 0.02
 pytestmark = pytest.mark.skipif(find_pypi_mkl() is None, reason="the mkl wheel exists only for Linux x86_64")
 
 
-def _relative_error(result: mx.array, reference: mx.array) -> float:
-    difference, scale = np.asarray(result - reference), np.asarray(reference)
-    return float(np.abs(difference).max() / np.abs(scale).max())
-
-
-def _fixture_matrix() -> mx.array:
-    """A real trained weight matrix (the MLP's down projection of tiny-qwen-tools, 64 x 256)."""
-    model = load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools").model
-    parameters = dict(cast(list[tuple[str, mx.array]], tree_flatten(model.parameters())))
-    return parameters["model.layers.0.mlp.down_proj.weight"].astype(mx.float32)
-
-
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 512])
 def test_int8_linear_agrees_with_the_float32_product(rows: int) -> None:
     """Row counts of a decode step (1), of batched decoding and draft verification (2-8) and of a prefill chunk."""
-    weight = _fixture_matrix()
+    weight = fixture_matrix()
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=True)
     linear.weight = weight
     linear.bias = mx.random.normal((weight.shape[0],), key=mx.random.key(1))
@@ -72,11 +56,11 @@ def test_int8_linear_agrees_with_the_float32_product(rows: int) -> None:
     result = converted(x)
     assert result.shape == reference.shape
     assert result.dtype == mx.float32
-    assert _relative_error(result, reference) < TOLERANCE
+    assert relative_error(result, reference) < TOLERANCE
 
 
 def test_a_zero_row_of_activations_gives_zeros_and_no_division_by_zero() -> None:
-    weight = _fixture_matrix()
+    weight = fixture_matrix()
     x = mx.zeros((2, weight.shape[1]))
     converted = Int8Linear(quantize_weights(np.asarray(weight)), None)
     assert not np.asarray(converted(x)).any()
@@ -90,7 +74,7 @@ def test_a_4_bit_quantized_linear_becomes_int8_of_its_dequantized_values() -> No
     reference = quantized(x)
     model = nn.Sequential(quantized)
     assert quantize_model(model) == 1
-    assert _relative_error(model.layers[0](x), reference) < TOLERANCE
+    assert relative_error(model.layers[0](x), reference) < TOLERANCE
 
 
 def _linear(weight: mx.array) -> nn.Linear:
@@ -114,7 +98,7 @@ def test_an_int8_embedding_looks_up_dequantized_rows_and_projects_like_the_table
     steps = mx.abs(table[ids]).max(axis=-1, keepdims=True) / 127
     assert bool(mx.all(mx.abs(looked_up - table[ids]) <= steps / 2 + 1e-6).item())
     x = mx.random.normal((1, 2, 64), key=mx.random.key(6))
-    assert _relative_error(converted.as_linear(x), embedding.as_linear(x)) < TOLERANCE
+    assert relative_error(converted.as_linear(x), embedding.as_linear(x)) < TOLERANCE
 
 
 def test_every_matrix_of_a_fixture_model_is_converted_and_logits_stay_close() -> None:
@@ -131,32 +115,15 @@ def test_every_matrix_of_a_fixture_model_is_converted_and_logits_stay_close() ->
     assert not [name for name, module in model.named_modules() if isinstance(module, (nn.Linear, nn.Embedding))]
     assert int8_bytes(model) < float32_bytes / 3
     result = model(prompt, cache=make_prompt_cache(model))
-    assert _relative_error(result, reference) < 0.05
+    assert relative_error(result, reference) < 0.05
     assert bool(mx.all(result.argmax(-1) == reference.argmax(-1)).item())
-
-
-TABLES: dict[FixtureModelName, tuple[FixtureCase, ...]] = {
-    "tiny-qwen-tools": QWEN_TOOLS_CASES,
-    "tiny-llama31-tools": LLAMA31_TOOLS_CASES,
-    "tiny-qwen-agent": AGENT_CASES,
-    "tiny-qwen-claude-code": CLAUDE_CODE_CASES,
-}
 
 
 @pytest.mark.parametrize("name", list(TABLES))
 def test_fixture_models_with_int8_weights_answer_their_trained_prompts_as_trained(name: FixtureModelName) -> None:
     """Loaded the way a runner loads under `--cpu-weights int8`; greedy output (tool calls included) must equal each
     prompt's trained output exactly."""
-    kernels = CpuKernels("auto", weights="int8")
-    loaded = exo_load_model(FIXTURE_MODELS_DIR / name, ShardAssignment(), cpu_kernels=kernels)
-    assert loaded.dtype == "int8"
-    fixture = load_model(FIXTURE_MODELS_DIR / name).model_copy(update={"model": loaded.model})
-    mismatched: list[str] = []
-    for case in TABLES[name]:
-        output = greedy_generate(fixture, case.messages, case.tools)
-        if (output.text, output.stop_token) != (case.expected_text, case.expected_stop):
-            mismatched.append(case.name)
-    assert mismatched == []
+    assert mismatched_trained_cases(name, "int8") == []
 
 
 def test_the_runner_report_names_int8_weights_and_off_keeps_stock_mlx_lm() -> None:
@@ -185,7 +152,7 @@ def test_a_disk_snapshots_model_identity_includes_the_weights_format() -> None:
 
 
 def test_int8_product_keeps_leading_dimensions() -> None:
-    weight = _fixture_matrix()
+    weight = fixture_matrix()
     x = mx.random.normal((2, 3, weight.shape[1]), key=mx.random.key(9))
     assert int8_product(x, quantize_weights(np.asarray(weight))).shape == (2, 3, weight.shape[0])
 

@@ -32,18 +32,14 @@ from exo.worker.engines.mlx.cpu.ggml_library import CACHED_ROWS, Ggml, q8_0_to_f
 from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
 from exo.worker.engines.mlx.cpu.q8_layers import Q8Embedding, Q8Linear, ggml_library, q8_bytes, quantize_model_q8
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
-from tests.fixtures.client_requests import CLAUDE_CODE_CASES
 from tests.fixtures.fixture_specs import (
-    AGENT_CASES,
     FIXTURE_MODELS_DIR,
-    LLAMA31_TOOLS_CASES,
-    QWEN_TOOLS_CASES,
-    FixtureCase,
     FixtureModelName,
 )
-from tests.fixtures.model_builder.verify import greedy_generate, load_model
+from tests.fixtures.model_builder.verify import load_model
 from tests.machine_skips import skip_for_machine
 from tests.worker.engines.mlx.cpu.platform_gate import require_linux_cpu
+from tests.worker.engines.mlx.cpu.weight_formats import TABLES, fixture_matrix, mismatched_trained_cases, relative_error
 
 TOLERANCE = 0.02
 
@@ -57,18 +53,6 @@ def ggml() -> Ggml:
     return ggml_library(folder)
 
 
-def _relative_error(result: mx.array, reference: mx.array) -> float:
-    difference, scale = np.asarray(result - reference), np.asarray(reference)
-    return float(np.abs(difference).max() / np.abs(scale).max())
-
-
-def _fixture_matrix() -> mx.array:
-    """A real trained weight matrix (the MLP's down projection of tiny-qwen-tools, 64 x 256)."""
-    model = load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools").model
-    parameters = dict(cast(list[tuple[str, mx.array]], tree_flatten(model.parameters())))
-    return parameters["model.layers.0.mlp.down_proj.weight"].astype(mx.float32)
-
-
 def _linear(weight: mx.array, bias: bool = False) -> nn.Linear:
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias)
     linear.weight = weight
@@ -79,7 +63,7 @@ def _linear(weight: mx.array, bias: bool = False) -> nn.Linear:
 def test_q8_linear_agrees_with_the_float32_product(ggml: Ggml, rows: int) -> None:
     """Row counts of a decode step (1), of batched decoding and draft verification (2-16, whose graphs are kept) and
     of prefill chunks (a graph built per call)."""
-    weight = _fixture_matrix()
+    weight = fixture_matrix()
     linear = _linear(weight, bias=True)
     linear.bias = mx.random.normal((weight.shape[0],), key=mx.random.key(1))
     x = mx.random.normal((1, rows, weight.shape[1]), key=mx.random.key(rows))
@@ -91,7 +75,7 @@ def test_q8_linear_agrees_with_the_float32_product(ggml: Ggml, rows: int) -> Non
     result = converted(x)
     assert result.shape == reference.shape
     assert result.dtype == mx.float32
-    assert _relative_error(result, reference) < TOLERANCE
+    assert relative_error(result, reference) < TOLERANCE
     # A kept graph gives the same result again; another row count in between does not disturb it.
     converted(x[:, :1])
     assert bool(mx.array_equal(converted(x), result).item())
@@ -106,7 +90,7 @@ def test_a_4_bit_quantized_linear_becomes_q8_0_of_its_dequantized_values(ggml: G
     model = nn.Sequential(quantized)
     assert quantize_model_q8(model, ggml) == 1
     assert isinstance(model.layers[0], Q8Linear)
-    assert _relative_error(model.layers[0](x), reference) < TOLERANCE
+    assert relative_error(model.layers[0](x), reference) < TOLERANCE
 
 
 def test_a_q8_0_embedding_looks_up_its_blocks_and_projects_like_the_table(ggml: Ggml) -> None:
@@ -130,7 +114,7 @@ def test_a_q8_0_embedding_looks_up_its_blocks_and_projects_like_the_table(ggml: 
     stored = q8_0_to_float32(converted.q8.matrix.blocks)
     np.testing.assert_array_equal(np.asarray(looked_up)[0], stored[[3, 7, 7, 49]])
     x = mx.random.normal((1, 2, 64), key=mx.random.key(6))
-    assert _relative_error(converted.as_linear(x), embedding.as_linear(x)) < TOLERANCE
+    assert relative_error(converted.as_linear(x), embedding.as_linear(x)) < TOLERANCE
 
 
 def test_a_matrix_converted_in_pieces_equals_one_converted_whole(ggml: Ggml, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,16 +149,8 @@ def test_every_matrix_of_a_fixture_model_is_held_at_34_bytes_per_32_weights(ggml
     assert planned == int(everything * Q8_0_BYTES_PER_WEIGHT)
     assert abs(loaded_held_bytes(model) - planned) / planned < 0.02
     result = model(prompt, cache=make_prompt_cache(model))
-    assert _relative_error(result, reference) < 0.05
+    assert relative_error(result, reference) < 0.05
     assert bool(mx.all(result.argmax(-1) == reference.argmax(-1)).item())
-
-
-TABLES: dict[FixtureModelName, tuple[FixtureCase, ...]] = {
-    "tiny-qwen-tools": QWEN_TOOLS_CASES,
-    "tiny-llama31-tools": LLAMA31_TOOLS_CASES,
-    "tiny-qwen-agent": AGENT_CASES,
-    "tiny-qwen-claude-code": CLAUDE_CODE_CASES,
-}
 
 
 @pytest.mark.usefixtures("ggml")
@@ -183,16 +159,7 @@ def test_fixture_models_with_q8_0_weights_answer_their_trained_prompts_as_traine
     """Loaded the way a runner loads under `--cpu-weights q8_0`; greedy output (tool calls included) must equal each
     prompt's trained output exactly."""
     require_linux_cpu()
-    kernels = CpuKernels("auto", weights="q8_0")
-    loaded = exo_load_model(FIXTURE_MODELS_DIR / name, ShardAssignment(), cpu_kernels=kernels)
-    assert loaded.dtype == "q8_0"
-    fixture = load_model(FIXTURE_MODELS_DIR / name).model_copy(update={"model": loaded.model})
-    mismatched: list[str] = []
-    for case in TABLES[name]:
-        output = greedy_generate(fixture, case.messages, case.tools)
-        if (output.text, output.stop_token) != (case.expected_text, case.expected_stop):
-            mismatched.append(case.name)
-    assert mismatched == []
+    assert mismatched_trained_cases(name, "q8_0") == []
 
 
 def test_the_runner_report_names_q8_0_weights(ggml: Ggml) -> None:

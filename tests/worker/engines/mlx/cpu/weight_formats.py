@@ -1,0 +1,58 @@
+"""What the int8 and Q8_0 weight-format tests share: the error measure, a real trained matrix, and the check that a
+fixture model loaded in a format answers its trained prompts exactly."""
+
+from typing import cast
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+
+from exo.shared.types.cpu_kernels import CpuWeightsSetting
+from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.engines.mlx.cpu.engine import CpuKernels
+from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
+from tests.fixtures.client_requests import CLAUDE_CODE_CASES
+from tests.fixtures.fixture_specs import (
+    AGENT_CASES,
+    FIXTURE_MODELS_DIR,
+    LLAMA31_TOOLS_CASES,
+    QWEN_TOOLS_CASES,
+    FixtureCase,
+    FixtureModelName,
+)
+from tests.fixtures.model_builder.verify import greedy_generate, load_model
+
+TABLES: dict[FixtureModelName, tuple[FixtureCase, ...]] = {
+    "tiny-qwen-tools": QWEN_TOOLS_CASES,
+    "tiny-llama31-tools": LLAMA31_TOOLS_CASES,
+    "tiny-qwen-agent": AGENT_CASES,
+    "tiny-qwen-claude-code": CLAUDE_CODE_CASES,
+}
+
+
+def relative_error(result: mx.array, reference: mx.array) -> float:
+    difference, scale = np.asarray(result - reference), np.asarray(reference)
+    return float(np.abs(difference).max() / np.abs(scale).max())
+
+
+def fixture_matrix() -> mx.array:
+    """A real trained weight matrix (the MLP's down projection of tiny-qwen-tools, 64 x 256)."""
+    model = load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools").model
+    parameters = dict(cast(list[tuple[str, mx.array]], tree_flatten(model.parameters())))
+    return parameters["model.layers.0.mlp.down_proj.weight"].astype(mx.float32)
+
+
+def mismatched_trained_cases(name: FixtureModelName, weights: CpuWeightsSetting) -> list[str]:
+    """Loaded the way a runner loads under `--cpu-weights <weights>` (its dtype asserted), the names of the trained
+    cases whose greedy output (tool calls included) is not exactly the trained output."""
+    loaded = exo_load_model(
+        FIXTURE_MODELS_DIR / name, ShardAssignment(), cpu_kernels=CpuKernels("auto", weights=weights)
+    )
+    assert loaded.dtype == weights
+    fixture = load_model(FIXTURE_MODELS_DIR / name).model_copy(update={"model": loaded.model})
+    mismatched: list[str] = []
+    for case in TABLES[name]:
+        output = greedy_generate(fixture, case.messages, case.tools)
+        if (output.text, output.stop_token) != (case.expected_text, case.expected_stop):
+            mismatched.append(case.name)
+    return mismatched
