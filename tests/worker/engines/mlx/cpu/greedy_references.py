@@ -13,31 +13,18 @@ from pathlib import Path
 from typing import Literal
 
 from exo.shared.types.api import JsonObject
-from exo.shared.types.worker.shards import ShardAssignment
-from exo.worker.engines.mlx.cpu.engine import CpuKernels
-from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
-from tests.fixtures.client_requests import CLAUDE_CODE_CASES
 from tests.fixtures.fixture_specs import (
-    AGENT_CASES,
-    FIXTURE_MODELS_DIR,
-    LLAMA31_TOOLS_CASES,
-    QWEN_TOOLS_CASES,
     FixtureCase,
     FixtureModelName,
 )
-from tests.fixtures.model_builder.verify import greedy_generate, load_model
+from tests.fixtures.model_builder.verify import greedy_generate
+from tests.worker.engines.mlx.cpu.weight_formats import TABLES, loaded_fixture
 
 REFERENCES = Path(__file__).with_name("greedy_references.json")
 MAX_TOKENS = 24
 CASES_PER_MODEL = 4
 WeightsFormat = Literal["float32", "int8", "q8_0"]
 FORMATS: tuple[WeightsFormat, ...] = ("float32", "int8", "q8_0")
-TABLES: dict[FixtureModelName, tuple[FixtureCase, ...]] = {
-    "tiny-qwen-tools": QWEN_TOOLS_CASES,
-    "tiny-llama31-tools": LLAMA31_TOOLS_CASES,
-    "tiny-qwen-agent": AGENT_CASES,
-    "tiny-qwen-claude-code": CLAUDE_CODE_CASES,
-}
 
 
 def untrained(case: FixtureCase) -> tuple[JsonObject, ...]:
@@ -52,11 +39,7 @@ def untrained(case: FixtureCase) -> tuple[JsonObject, ...]:
 
 def greedy_outputs(name: FixtureModelName, weights: WeightsFormat) -> dict[str, str]:
     """Each untrained prompt's greedy text (and stop token) from `name` loaded as a runner loads it."""
-    loaded = exo_load_model(
-        FIXTURE_MODELS_DIR / name, ShardAssignment(), cpu_kernels=CpuKernels("auto", weights=weights)
-    )
-    assert loaded.dtype == weights, loaded.dtype
-    fixture = load_model(FIXTURE_MODELS_DIR / name).model_copy(update={"model": loaded.model})
+    fixture = loaded_fixture(name, weights)
     outputs: dict[str, str] = {}
     for case in TABLES[name][:CASES_PER_MODEL]:
         output = greedy_generate(fixture, untrained(case), case.tools, max_tokens=MAX_TOKENS)

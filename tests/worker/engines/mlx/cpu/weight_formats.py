@@ -20,7 +20,7 @@ from tests.fixtures.fixture_specs import (
     FixtureCase,
     FixtureModelName,
 )
-from tests.fixtures.model_builder.verify import greedy_generate, load_model
+from tests.fixtures.model_builder.verify import LoadedModel, greedy_generate, load_model
 
 TABLES: dict[FixtureModelName, tuple[FixtureCase, ...]] = {
     "tiny-qwen-tools": QWEN_TOOLS_CASES,
@@ -42,14 +42,19 @@ def fixture_matrix() -> mx.array:
     return parameters["model.layers.0.mlp.down_proj.weight"].astype(mx.float32)
 
 
-def mismatched_trained_cases(name: FixtureModelName, weights: CpuWeightsSetting) -> list[str]:
-    """Loaded the way a runner loads under `--cpu-weights <weights>` (its dtype asserted), the names of the trained
-    cases whose greedy output (tool calls included) is not exactly the trained output."""
+def loaded_fixture(name: FixtureModelName, weights: CpuWeightsSetting) -> LoadedModel:
+    """Fixture model `name` loaded the way a runner loads it under `--cpu-weights <weights>` (its dtype asserted)."""
     loaded = exo_load_model(
         FIXTURE_MODELS_DIR / name, ShardAssignment(), cpu_kernels=CpuKernels("auto", weights=weights)
     )
-    assert loaded.dtype == weights
-    fixture = load_model(FIXTURE_MODELS_DIR / name).model_copy(update={"model": loaded.model})
+    assert loaded.dtype == weights, loaded.dtype
+    return load_model(FIXTURE_MODELS_DIR / name).model_copy(update={"model": loaded.model})
+
+
+def mismatched_trained_cases(name: FixtureModelName, weights: CpuWeightsSetting) -> list[str]:
+    """The names of `name`'s trained cases whose greedy output (tool calls included), loaded as a runner loads it
+    under `--cpu-weights <weights>`, is not exactly the trained output."""
+    fixture = loaded_fixture(name, weights)
     mismatched: list[str] = []
     for case in TABLES[name]:
         output = greedy_generate(fixture, case.messages, case.tools)
