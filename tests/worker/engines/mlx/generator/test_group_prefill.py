@@ -236,3 +236,33 @@ def test_a_request_joining_a_running_batch_gets_its_first_token_in_the_step_its_
 def _same(one: GenerationTask) -> GenerationTask:
     """Another task with the same request (a task id is used once)."""
     return one.model_copy(update={"task_id": new_task_id()})
+
+
+@pytest.mark.parametrize(("apart", "expected"), [(0, {1: 1, 2: 1}), (1, {1: 3})])
+def test_prompts_joining_a_decoding_request_are_each_counted_once(
+    qwen: EngineContext, apart: int, expected: dict[int, int]
+) -> None:
+    # What /metrics shows as exo_prefill_pieces_total{prompts}: one request decodes, then two join it, admitted in
+    # the same step (fed together: one piece of 2) or a step apart (each fed alone). Every short prompt is fed in one
+    # piece, so 2 pieces for 3 prompts is right when two were fed together; the prompts fed are the sum of
+    # prompts x pieces.
+    scheduler = GenerationScheduler(qwen.loaded.model, qwen.decode)
+    first = task({"messages": [user("Hello! Count to 0.")], "max_tokens": 24})
+    joining = [task({"messages": [user(f"Hello! Count to {n}.")], "max_tokens": 24}) for n in (1, 2)]
+    scheduler.admit(ChatRequest.open(qwen, first))
+    admit_at: list[tuple[int, GenerationTask]] = []
+    decoding_from: int | None = None
+    for step in range(MAX_STEPS):
+        if decoding_from is None and scheduler.decoding == 1:
+            decoding_from = step
+            admit_at = [(step, joining[0]), (step + apart, joining[1])]
+        for one in [one for at, one in admit_at if at == step]:
+            scheduler.admit(ChatRequest.open(qwen, one))
+        admit_at = [(at, one) for at, one in admit_at if at > step]
+        scheduler.step()
+        if scheduler.active == 0 and decoding_from is not None and not admit_at:
+            break
+
+    assert decoding_from is not None
+    assert scheduler.prefill_stats.by_prompts == expected
+    assert sum(prompts * pieces for prompts, pieces in scheduler.prefill_stats.by_prompts.items()) == 3
