@@ -186,7 +186,10 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
         # send is metered as the first part of the next step (the idle wait after a runner's last step drops it).
         meter.begin()
         with STEP_CLOCK.part("send"):
-            send_step(channel, updates, meter.totals, dict(scheduler.prefill_stats.by_prompts))
+            if any(update.done for update in updates):  # the totals travel with a task's end only
+                send_step(channel, updates, meter.totals, dict(scheduler.prefill_stats.by_prompts))
+            else:
+                send_step(channel, updates)
 
 
 def _handle(

@@ -7,6 +7,7 @@ runner hands them to its supervisor with each finished task (`TaskDone`).
 """
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Final
 
 from exo.shared.types.worker.runner_response import StepTimes
@@ -15,9 +16,44 @@ from exo.worker.engines.mlx.step_clock import STEP_CLOCK, StepPart
 _NOT_HOST: Final[frozenset[StepPart]] = frozenset({"device", "prefill"})
 
 
+@dataclass
+class _Sums:
+    """One stream count's running sums, added to in place every step (a `StepTimes` is built only when read)."""
+
+    steps: int = 0
+    step_seconds: float = 0.0
+    device_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    host_seconds: dict[str, float] = field(default_factory=dict[str, float])
+
+    def add(self, wall: float, parts: Mapping[StepPart, float]) -> None:
+        device = parts.get("device", 0.0)
+        prefill = parts.get("prefill", 0.0)
+        host = self.host_seconds
+        spent = 0.0
+        for name, seconds in parts.items():
+            if name not in _NOT_HOST:
+                host[name] = host.get(name, 0.0) + seconds
+                spent += seconds
+        host["loop"] = host.get("loop", 0.0) + max(0.0, wall - device - prefill - spent)
+        self.steps += 1
+        self.step_seconds += wall
+        self.device_seconds += device
+        self.prefill_seconds += prefill
+
+    def times(self) -> StepTimes:
+        return StepTimes(
+            steps=self.steps,
+            step_seconds=self.step_seconds,
+            device_seconds=self.device_seconds,
+            prefill_seconds=self.prefill_seconds,
+            host_seconds=dict(self.host_seconds),
+        )
+
+
 class StepMeter:
     def __init__(self) -> None:
-        self._totals: dict[int, StepTimes] = {}
+        self._sums: dict[int, _Sums] = {}
 
     def begin(self) -> None:
         STEP_CLOCK.begin()
@@ -27,27 +63,13 @@ class StepMeter:
         time."""
         wall, parts = STEP_CLOCK.end()
         if streams > 0:
-            self._totals[streams] = _added(self._totals.get(streams, StepTimes()), wall, parts)
+            sums = self._sums.get(streams)
+            if sums is None:
+                sums = self._sums[streams] = _Sums()
+            sums.add(wall, parts)
         return wall
 
     @property
     def totals(self) -> dict[int, StepTimes]:
         """Decode-step times since the meter started, by requests decoding in the step."""
-        return dict(self._totals)
-
-
-def _added(totals: StepTimes, wall: float, parts: Mapping[StepPart, float]) -> StepTimes:
-    device = parts.get("device", 0.0)
-    prefill = parts.get("prefill", 0.0)
-    host = {name: seconds for name, seconds in parts.items() if name not in _NOT_HOST}
-    host["loop"] = max(0.0, wall - device - prefill - sum(host.values()))
-    merged = dict(totals.host_seconds)
-    for name, seconds in host.items():
-        merged[name] = merged.get(name, 0.0) + seconds
-    return StepTimes(
-        steps=totals.steps + 1,
-        step_seconds=totals.step_seconds + wall,
-        device_seconds=totals.device_seconds + device,
-        prefill_seconds=totals.prefill_seconds + prefill,
-        host_seconds=merged,
-    )
+        return {streams: sums.times() for streams, sums in self._sums.items()}
