@@ -10,6 +10,7 @@ This module never imports mlx: numpy and ctypes only.
 
 import ctypes
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
@@ -153,25 +154,33 @@ def q8_0_to_float32(blocks: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
 
 
 class _Graph:
-    """One `ggml_mul_mat` graph over a fixed number of rows, in its own context (input, output and graph)."""
+    """`ggml_mul_mat` nodes of one or more weight matrices over one shared input of a fixed number of rows, in a
+    context of its own (input, outputs and graph): one compute call multiplies the input by every matrix."""
 
-    def __init__(self, ggml: Ggml, weight: int, in_features: int, out_features: int, rows: int) -> None:
+    def __init__(self, matrices: "Sequence[GgmlMatrix]", rows: int) -> None:
+        """`matrices`: of one ggml library and one width (`GgmlProducts` checks)."""
+        ggml = matrices[0].ggml
+        in_features = matrices[0].shape[1]
         self.rows = rows
-        self.out_features = out_features
         self._ggml = ggml
-        floats = 4 * rows * (in_features + out_features)
-        self._context = ggml.new_context(floats + 3 * ggml.tensor_overhead() + ggml.graph_overhead())
+        floats = 4 * rows * (in_features + sum(matrix.shape[0] for matrix in matrices))
+        objects = 2 + len(matrices)  # the input, the outputs and the graph
+        self._context = ggml.new_context(floats + objects * ggml.tensor_overhead() + ggml.graph_overhead())
         source = ggml.new_tensor_2d(self._context, GGML_TYPES["F32"], in_features, rows)
-        result = ggml.mul_mat(self._context, weight, source)
+        results = [ggml.mul_mat(self._context, matrix.tensor, source) for matrix in matrices]
         self._graph = ggml.new_graph(self._context)
-        ggml.build_forward_expand(self._graph, result)
+        for result in results:
+            ggml.build_forward_expand(self._graph, result)
         self._input = int(ggml.get_data(source))
-        self._output = int(ggml.get_data(result))
+        self._outputs = [
+            (int(ggml.get_data(result)), matrix.shape[0]) for result, matrix in zip(results, matrices, strict=True)
+        ]
         self._work: ctypes.Array[ctypes.c_char] | None = None
         self._plan_key: tuple[int, int] | None = None
         self._plan = _ComputePlan()
 
-    def run(self, x: npt.NDArray[np.float32], threads: int, pool: int) -> npt.NDArray[np.float32]:
+    def run(self, x: npt.NDArray[np.float32], threads: int, pool: int) -> list[npt.NDArray[np.float32]]:
+        """x (rows × in, C-contiguous float32) times every matrix: one new array (rows × out) per matrix."""
         if self._plan_key != (threads, pool):
             self._plan = self._ggml.graph_plan(self._graph, threads, pool)
             self._work = ctypes.create_string_buffer(max(int(self._plan.work_size), 1))
@@ -181,12 +190,42 @@ class _Graph:
         status = self._ggml.graph_compute(self._graph, ctypes.byref(self._plan))
         if status != 0:
             raise RuntimeError(f"ggml_graph_compute returned {status}")
-        result = np.empty((self.rows, self.out_features), dtype=np.float32)
-        ctypes.memmove(result.ctypes.data, self._output, result.nbytes)
-        return result
+        results: list[npt.NDArray[np.float32]] = []
+        for address, out in self._outputs:
+            result = np.empty((self.rows, out), dtype=np.float32)
+            ctypes.memmove(result.ctypes.data, address, result.nbytes)
+            results.append(result)
+        return results
 
     def close(self) -> None:
         self._ggml.free(self._context)
+
+
+def _run_cached(
+    graphs: dict[int, _Graph],
+    matrices: "Sequence[GgmlMatrix]",
+    x: npt.NDArray[np.float32],
+    *,
+    threads: int,
+    pool: int,
+) -> list[npt.NDArray[np.float32]]:
+    """Run the graph of `matrices` for x's row count: kept in `graphs` up to `CACHED_ROWS` rows, else built and
+    freed here."""
+    source = np.ascontiguousarray(x, dtype=np.float32)
+    rows, width = source.shape
+    if width != matrices[0].shape[1]:
+        raise ValueError(f"rows of {width} values times matrices of width {matrices[0].shape[1]}")
+    graph = graphs.get(rows)
+    if graph is not None:
+        return graph.run(source, threads, pool)
+    graph = _Graph(matrices, rows)
+    if rows <= CACHED_ROWS:
+        graphs[rows] = graph
+        return graph.run(source, threads, pool)
+    try:
+        return graph.run(source, threads, pool)
+    finally:
+        graph.close()
 
 
 class GgmlMatrix:
@@ -227,26 +266,49 @@ class GgmlMatrix:
 
     def product(self, x: npt.NDArray[np.float32], threads: int, pool: int) -> npt.NDArray[np.float32]:
         """x (rows × in) · Wᵀ: (rows × out) in float32, on `threads` threads of `pool`."""
-        source = np.ascontiguousarray(x, dtype=np.float32)
-        rows = source.shape[0]
-        graph = self._graphs.get(rows)
-        if graph is not None:
-            return graph.run(source, threads, pool)
-        graph = _Graph(self.ggml, self._weight, self.shape[1], self.shape[0], rows)
-        if rows <= CACHED_ROWS:
-            self._graphs[rows] = graph
-            return graph.run(source, threads, pool)
-        try:
-            return graph.run(source, threads, pool)
-        finally:
-            graph.close()
+        return _run_cached(self._graphs, [self], x, threads=threads, pool=pool)[0]
+
+    @property
+    def tensor(self) -> int:
+        """The matrix's ggml tensor (in this matrix's context: valid while it lives)."""
+        return self._weight
 
     def close(self) -> None:
         """Free the context now (else when this object is collected); the matrix is unusable afterwards."""
         self._finalizer()
 
 
-def _free_all(ggml: Ggml, graphs: dict[int, _Graph], context: int) -> None:
+class GgmlProducts:
+    """Several matrices multiplied by one input in one ggml graph (attention's q/k/v projections, the MLP's gate and
+    up): one compute call, one copy of the input and one wake-up of the pool for all of them, where separate
+    products pay each once per matrix. The matrices may hold different block types; each product is the one its
+    matrix's `product` computes (the same kernel over the same rows). The matrices must outlive this object."""
+
+    def __init__(self, matrices: Sequence[GgmlMatrix]) -> None:
+        if not matrices:
+            raise ValueError("no matrices to multiply")
+        widths = {matrix.shape[1] for matrix in matrices}
+        if len(widths) != 1 or len({id(matrix.ggml) for matrix in matrices}) != 1:
+            raise ValueError(f"matrices of widths {sorted(widths)} or of different ggml libraries share no input")
+        self.matrices = tuple(matrices)
+        self._graphs: dict[int, _Graph] = {}
+        self._finalizer = weakref.finalize(self, _free_graphs, self._graphs)
+
+    def products(self, x: npt.NDArray[np.float32], threads: int, pool: int) -> list[npt.NDArray[np.float32]]:
+        """x (rows × in) times each matrix: one (rows × out) float32 array per matrix, in order."""
+        return _run_cached(self._graphs, self.matrices, x, threads=threads, pool=pool)
+
+    def close(self) -> None:
+        """Free the graphs now (else when this object is collected)."""
+        self._finalizer()
+
+
+def _free_graphs(graphs: dict[int, _Graph]) -> None:
     for graph in graphs.values():
         graph.close()
+    graphs.clear()
+
+
+def _free_all(ggml: Ggml, graphs: dict[int, _Graph], context: int) -> None:
+    _free_graphs(graphs)
     ggml.free(context)

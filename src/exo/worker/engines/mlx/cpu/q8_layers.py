@@ -26,6 +26,7 @@ from mlx import nn
 from exo.worker.engines.mlx.cpu.ggml_library import Q8_0_BLOCK, Ggml, GgmlMatrix, q8_0_to_float32
 from exo.worker.engines.mlx.cpu.int8_layers import CONVERSION_ROWS, float32_rows
 from exo.worker.engines.mlx.cpu.matrix_replacement import replace_modules
+from exo.worker.engines.mlx.cpu.shared_input import SharedInputProducts, activation_rows, as_mlx
 
 
 def ggml_threads() -> int:
@@ -93,10 +94,15 @@ def q8_from(module: nn.Module, ggml: Ggml) -> Q8Weights:
 
 def q8_product(x: mx.array, weights: Q8Weights) -> mx.array:
     """x · Wᵀ over x's leading dimensions: one ggml graph over all of x's rows."""
-    mx.eval(x)
-    flat = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
-    product = weights.product(flat)
-    return mx.array(product.reshape(*x.shape[:-1], weights.shape[0]))
+    return as_mlx(weights.product(activation_rows(x)), x)
+
+
+class SharedInput:
+    """A layer's place in a group of siblings that multiply the same input (`share_sibling_inputs`)."""
+
+    def __init__(self, group: SharedInputProducts, member: int) -> None:
+        self.group = group
+        self.member = member
 
 
 class Q8Linear(nn.Module):
@@ -108,9 +114,14 @@ class Q8Linear(nn.Module):
         self.q8 = weights
         if bias is not None:
             self.bias = bias.astype(mx.float32)
+        self.shared: SharedInput | None = None
+        """Set by `share_sibling_inputs`: the product comes from one graph with the sibling layers'."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        product = q8_product(x, self.q8)
+        if self.shared is None:
+            product = q8_product(x, self.q8)
+        else:
+            product = self.shared.group.product(x, self.shared.member, self.q8.threads, self.q8.pool)
         return product + self["bias"] if "bias" in self else product
 
 
@@ -144,7 +155,31 @@ def quantize_model_q8(model: nn.Module, ggml: Ggml) -> int:
     """Replace every Linear, QuantizedLinear, Embedding and QuantizedEmbedding inside `model` whose rows split into
     Q8_0 blocks with its Q8_0 form, one matrix at a time (each original is released as soon as it is replaced);
     returns how many were replaced. Other parameters are left as they are (the caller sets their dtype)."""
-    return replace_modules(model, lambda module: _replacement(module, ggml))
+    replaced = replace_modules(model, lambda module: _replacement(module, ggml))
+    share_sibling_inputs(model)
+    return replaced
+
+
+SIBLINGS: Final = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+"""Child layers that the model's code calls one after another on the same input (mlx-lm's Attention and MLP of
+qwen2, llama and the architectures that share their names)."""
+
+
+def share_sibling_inputs(model: nn.Module) -> int:
+    """Group each module's sibling Q8 layers (`SIBLINGS`) so that their products run as one ggml graph; returns how
+    many groups were made. A module without the pattern keeps one graph a product."""
+    groups = 0
+    for _, module in model.named_modules():
+        for names in SIBLINGS:
+            layers = [module.get(name) for name in names] if isinstance(module, nn.Module) else []
+            members = [layer for layer in layers if isinstance(layer, Q8Linear)]
+            if len(members) != len(names) or len({layer.q8.shape[1] for layer in members}) != 1:
+                continue
+            group = SharedInputProducts([layer.q8.matrix for layer in members])
+            for index, layer in enumerate(members):
+                layer.shared = SharedInput(group, index)
+            groups += 1
+    return groups
 
 
 def _fits(module: nn.Module) -> bool:
