@@ -22,7 +22,8 @@ from tests.fixtures.fixture_specs import FixtureModelName
 from tests.machine_skips import skip_for_machine
 from tests.worker.engines.mlx.cpu.weight_formats import fixture_matrix, loaded_fixture
 
-WIDTH = 256
+WIDTH = 128
+"""The width of `fixture_matrix()` (its rows are 128 values)."""
 ROW_COUNTS = [1, 2, 5, 8, CACHED_ROWS + 1, 300]
 """A decode step, batched decoding (kept graphs), and prefill chunks (a graph built per call)."""
 
