@@ -3,7 +3,8 @@
 No PyPI package ships ggml prebuilt for Linux, so exo loads the `libggml-base` / `libggml-cpu` of a llama.cpp build.
 `GgmlMatrix` holds one weight matrix in a ggml block type (Q8_0 for `--cpu-weights q8_0`) inside a ggml context,
 and multiplies float32 activations by it with one `ggml_mul_mat` graph, computed on a persistent thread pool as
-llama.cpp computes its own graphs (ggml quantizes the activations to the type's dot-product format itself). Only the
+llama.cpp computes its own graphs (ggml quantizes the activations to the type's dot-product format itself);
+`GgmlProducts` multiplies one input by several matrices in one graph. Only the
 functions and the plain structs used here are declared; their layouts are those of ggml.h and ggml-cpu.h.
 This module never imports mlx: numpy and ctypes only.
 """

@@ -8,7 +8,8 @@ way: the kernels llama.cpp decodes with. The conversion goes one matrix at a tim
 float32.
 
 The layers run inside the mlx model the way `int8_layers.py`'s do: the activations are evaluated, read through
-numpy, multiplied by one ggml graph over all their rows, and the product comes back as a new mlx array. Biases,
+numpy, multiplied by one ggml graph over all their rows, and the product comes back as a new mlx array. Sibling
+layers that multiply the same input (q/k/v, gate/up: `SIBLINGS`) share one graph (`shared_input.py`). Biases,
 norms and everything that is not a matrix product stay in mlx, in float32. An embedding lookup dequantizes only the
 rows it looks up; the tied output projection (`as_linear`) is a ggml product.
 """
