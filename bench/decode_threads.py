@@ -8,11 +8,12 @@ alike. A decode step over R rows is one batched step over R sequences (one token
 
 Settings: MKL's thread count, `1`, `2` or `default` (MKL's own count, the engine's behaviour; float32 is measured
 this way only), and for q8_0 the threads of ggml's pool (`--ggml-threads`: 1, 2 and `auto`, the engine's choice,
-every core). Prints Markdown
+every core), and with `--grouping on,off` q8_0's sibling layers (q/k/v, gate/up) computed as one ggml graph (`on`,
+the engine's behaviour) or one graph a product (`off`). Prints Markdown
 with commit, CPU, load and command. Not a test. q8_0 needs ggml's CPU library (`uv run exo ggml build`).
 
 `uv run python -m bench.decode_threads [--model SPEC] [--weights float32,q8_0,int8] [--rounds N] [--steps N]
-[--rows 1,4,8] [--ggml-threads 1,2,auto]`
+[--rows 1,4,8] [--ggml-threads 1,2,auto] [--grouping on,off]`
 """
 
 import argparse
@@ -40,6 +41,8 @@ class Timing(BaseModel):
     rows: int
     ggml_threads: str | None = None
     """ggml's pool size under q8_0: a count, or `auto` (the engine's choice: every core)."""
+    grouping: str | None = None
+    """q8_0's sibling layers: `on` (one ggml graph per group, the engine's behaviour) or `off` (one a product)."""
     step_ms: list[float] = []
 
 
@@ -61,6 +64,7 @@ def _worker(
     *,
     formats: list[str],
     ggml_threads: list[str],
+    grouping: list[str],
 ) -> None:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
@@ -85,15 +89,24 @@ def _worker(
         for weights in formats
     }
     _progress(f"loaded; MKL's default thread count {default_threads}")
+    siblings = {
+        weights: [(module, module.shared) for _, module in model.named_modules() if isinstance(module, Q8Linear)]
+        for weights, model in models.items()
+    }
     timings = {
-        (weights, setting, threads, rows): Timing(weights=weights, setting=setting, rows=rows, ggml_threads=threads)
+        (weights, setting, threads, group, rows): Timing(
+            weights=weights, setting=setting, rows=rows, ggml_threads=threads, grouping=group
+        )
         for weights in models
         for setting, threads in _settings(weights, ggml_threads)
+        for group in (grouping if weights == "q8_0" else [None])
         for rows in row_counts
     }
     for round_number in range(rounds):
         for key, timing in timings.items():
-            weights, setting, threads, rows = key
+            weights, setting, threads, group, rows = key
+            for module, shared in siblings[weights]:
+                module.shared = None if group == "off" else shared
             set_threads(default_threads if setting == "default" else int(setting))
             model = models[weights]
             if threads is not None:
@@ -114,7 +127,7 @@ def _worker(
                 tokens = logits[:, -1].argmax(-1)[:, None]
                 mx.eval(tokens)
             timing.step_ms.append((time.perf_counter() - started) * 1000 / steps)
-            ggml = "" if threads is None else f" ggml {threads}"
+            ggml = "" if threads is None else f" ggml {threads}" + ("" if group is None else f" grouping {group}")
             _progress(
                 f"round {round_number + 1}: {weights} MKL {setting}{ggml} rows {rows}: {timing.step_ms[-1]:.1f} ms/step"
             )
@@ -136,14 +149,24 @@ def main() -> None:
     parser.add_argument(
         "--ggml-threads", default="1,2,auto", help="comma-separated ggml pool sizes (q8_0); auto: the engine's rule"
     )
+    parser.add_argument(
+        "--grouping", default="on", help="comma-separated q8_0 sibling grouping: on (one graph per group), off"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     row_counts = [int(value) for value in arguments.rows.split(",")]
     formats = arguments.weights.split(",")
     ggml_threads = arguments.ggml_threads.split(",")
+    grouping = arguments.grouping.split(",")
     if arguments.worker:
         _worker(
-            arguments.model, arguments.rounds, arguments.steps, row_counts, formats=formats, ggml_threads=ggml_threads
+            arguments.model,
+            arguments.rounds,
+            arguments.steps,
+            row_counts,
+            formats=formats,
+            ggml_threads=ggml_threads,
+            grouping=grouping,
         )
         return
     from exo.worker.engines.mlx.cpu.blas import blas_environment
@@ -167,12 +190,16 @@ def main() -> None:
     print("|---|---|---|" + "---|" * len(row_counts))
     for weights in formats:
         for setting, threads in _settings(weights, ggml_threads):
-            cells = [t for t in timings if (t.weights, t.setting, t.ggml_threads) == (weights, setting, threads)]
-            if not cells:
-                continue
-            label = "MKL's default" if setting == "default" else setting
-            ggml = "-" if threads is None else threads
-            print(f"| {weights} | {label} | {ggml} | " + " | ".join(_cell(t, rows=t.rows) for t in cells) + " |")
+            for group in grouping if weights == "q8_0" else [None]:
+                key = (weights, setting, threads, group)
+                cells = [t for t in timings if (t.weights, t.setting, t.ggml_threads, t.grouping) == key]
+                if not cells:
+                    continue
+                label = "MKL's default" if setting == "default" else setting
+                ggml = "-" if threads is None else threads
+                if group is not None and len(grouping) > 1:
+                    ggml += ", q/k/v and gate/up one graph" if group == "on" else ", one graph a product"
+                print(f"| {weights} | {label} | {ggml} | " + " | ".join(_cell(t, rows=t.rows) for t in cells) + " |")
     print(
         "\nEach cell: the median step time over the rounds (ms per decode step) · tokens per second over all rows; "
         "every round's median in brackets."
