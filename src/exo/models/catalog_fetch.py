@@ -1,6 +1,7 @@
 """Fetch and import one catalog model: its GGUF pieces (installed or downloaded) joined, verified and converted."""
 
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -13,15 +14,18 @@ from exo.models.staging import scratch_directory
 logger = logging.getLogger(__name__)
 
 
-def ensure_catalog_model(entry: CatalogEntry, models_dir: Path, progress: ProgressCallback = no_progress) -> Path:
-    """Return `models_dir/<model id>`, fetching and importing the model first unless it is already there.
+def ensure_catalog_model(
+    entry: CatalogEntry, models_dir: Path, progress: ProgressCallback = no_progress, *, force: bool = False
+) -> Path:
+    """Return `models_dir/<model id>`, fetching and importing the model first unless it is already there (`force`:
+    import it again even so, replacing the directory: how a model imported before exo kept its GGUF gets one).
 
     Installed pieces are used when present (the default model's come with exo); otherwise they are downloaded
     from the package index. Raises ModelLoadError when a piece or the joined GGUF fails verification, or the
     download or conversion fails; nothing partial is left in `models_dir`.
     """
     target = models_dir / entry.model_id
-    if (target / "config.json").is_file():
+    if (target / "config.json").is_file() and not force:
         return target
     models_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -32,7 +36,8 @@ def ensure_catalog_model(entry: CatalogEntry, models_dir: Path, progress: Progre
         )
     else:
         logger.info("preparing %s from its installed pieces (first run only, about a minute)", entry.model_id)
-    # The joined GGUF is scratch: it lives in models_dir (the same disk as the result) and is always removed.
+    # The joined GGUF is built in scratch in models_dir (the same disk as the result): the import moves it into the
+    # model directory (kept for `--cpu-weights gguf`); a failed one leaves nothing.
     with scratch_directory(models_dir, f"{entry.model_id}.gguf") as scratch:
         gguf_path = scratch / f"{entry.model_id}-{entry.source.quantization.lower()}.gguf"
         if installed is None:
@@ -51,12 +56,16 @@ def ensure_catalog_model(entry: CatalogEntry, models_dir: Path, progress: Progre
         # Imported here: the converter pulls in gguf and transformers, seconds of every node's start otherwise.
         from exo.models.gguf_import import import_gguf
 
-        import_gguf(gguf_path, target, progress)
+        if force and target.exists():
+            shutil.rmtree(target)
+        import_gguf(gguf_path, target, progress, move_gguf=True)
     logger.info("%s ready at %s after %.1f s", entry.model_id, target, time.monotonic() - started)
     return target
 
 
-def fetch_catalog_model(model_id: str, models_dir: Path, progress: ProgressCallback = no_progress) -> Path:
+def fetch_catalog_model(
+    model_id: str, models_dir: Path, progress: ProgressCallback = no_progress, *, force: bool = False
+) -> Path:
     """Download and import the catalog model `model_id` into `models_dir` unless it is there; return its directory.
 
     `progress` receives each long step's bytes done and total (phases downloading or assembling, then
@@ -67,4 +76,4 @@ def fetch_catalog_model(model_id: str, models_dir: Path, progress: ProgressCallb
     if entry is None:
         known = ", ".join(listed.model_id for listed in CATALOG)
         raise ModelNotFoundError(f"'{model_id}' is not in exo's model catalog (it lists: {known})")
-    return ensure_catalog_model(entry, models_dir, progress)
+    return ensure_catalog_model(entry, models_dir, progress, force=force)

@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
     download = commands.add_parser("download", help="fetch and import a catalog model now")
     download.add_argument("model", choices=[entry.model_id for entry in CATALOG], help="the model id")
+    download.add_argument(
+        "--force",
+        action="store_true",
+        help="import it again even if it is there (a model imported before exo kept its GGUF, which "
+        "--cpu-weights gguf serves)",
+    )
     return parser
 
 
@@ -91,7 +97,7 @@ def format_table(models: Sequence[NodeCatalogModel], weights: WeightsInMemory) -
     )
 
 
-def _download(model_id: ModelId, models_dir: Path, weights: WeightsInMemory) -> int:
+def _download(model_id: ModelId, models_dir: Path, weights: WeightsInMemory, *, force: bool = False) -> int:
     from exo.models.catalog_fetch import fetch_catalog_model  # the converter's imports are heavy: only here
 
     console = ConsoleProgress(sys.stderr)
@@ -99,7 +105,7 @@ def _download(model_id: ModelId, models_dir: Path, weights: WeightsInMemory) -> 
     entry = next(entry for entry in CATALOG if entry.model_id == model_id)
     print(f"{model_id}: {describe_size(entry, weights)}", file=sys.stderr)
     try:
-        path = fetch_catalog_model(model_id, models_dir, tracker)
+        path = fetch_catalog_model(model_id, models_dir, tracker, force=force)
     except ExoModelError as error:
         console.close()
         print(f"exo models: {error}", file=sys.stderr)
@@ -118,7 +124,7 @@ def main(argv: Sequence[str]) -> int:
     if arguments.command == "download":
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per piece fetched: noise here
-        return _download(ModelId(arguments.model), models_dir, weights)
+        return _download(ModelId(arguments.model), models_dir, weights, force=arguments.force)
     models = [NodeCatalogModel.of(listing, weights) for listing in catalog_listing(models_dir)]
     if arguments.json:
         print(_MODELS_ADAPTER.dump_json(models, indent=2).decode())

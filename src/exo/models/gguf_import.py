@@ -1,7 +1,8 @@
 """Convert a GGUF checkpoint (qwen2 or llama architecture) into a directory that `mlx_lm.load` accepts.
 
 Every tensor is dequantized with `gguf.quants.dequantize` (numpy, matches llama.cpp) rather than `mx.load`,
-which decodes Q4_K wrongly and cannot read Q5_0/Q6_K. Weights are written as float16 safetensors.
+which decodes Q4_K wrongly and cannot read Q5_0/Q6_K. Weights are written as float16 safetensors. The GGUF itself is
+kept beside them (`gguf_source.py`) for `--cpu-weights gguf`, which serves its blocks as they are.
 """
 
 import json
@@ -9,6 +10,7 @@ import logging
 import re
 import time
 from pathlib import Path
+from typing import TypeVar
 
 import gguf
 import numpy as np
@@ -18,6 +20,7 @@ from safetensors.numpy import save_file
 
 from exo.models.errors import ModelLoadError
 from exo.models.gguf_metadata import GGUFMetadata
+from exo.models.gguf_source import record_gguf
 from exo.models.gguf_tokenizer import build_tokenizer, find_untrained_markers
 from exo.models.progress import ByteCounter, ProgressCallback, no_progress
 from exo.models.staging import staged_directory
@@ -25,6 +28,7 @@ from exo.models.staging import staged_directory
 logger = logging.getLogger(__name__)
 
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
+_Value = TypeVar("_Value", bound=np.generic)
 
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -79,8 +83,9 @@ def hf_tensor_name(gguf_name: str) -> str | None:
     return None if mapped is None else f"model.layers.{layer}.{mapped}.{kind}"
 
 
-def unpermute_rotary(weight: npt.NDArray[np.float32], head_count: int) -> npt.NDArray[np.float32]:
-    """Undo llama.cpp's q/k row permutation for llama: GGUF stores interleaved rotary pairs, HF stores halves."""
+def unpermute_rotary(weight: npt.NDArray[_Value], head_count: int) -> npt.NDArray[_Value]:
+    """Undo llama.cpp's q/k row permutation for llama: GGUF stores interleaved rotary pairs, HF stores halves. Rows
+    only move, so it applies as well to rows of quantized blocks (`--cpu-weights gguf` serves them so)."""
     rows = weight.shape[0]
     rest = weight.shape[1:]
     return weight.reshape(head_count, rows // head_count // 2, 2, *rest).swapaxes(1, 2).reshape(weight.shape)
@@ -126,7 +131,7 @@ def _convert_weights(
     """
     weights: dict[str, npt.NDArray[np.float16]] = {}
     embeddings: npt.NDArray[np.float32] | None = None
-    used = [(tensor, name) for tensor in reader.tensors if (name := hf_tensor_name(tensor.name)) is not None]
+    used = [(tensor, name) for name, tensor in gguf_tensors(reader).items()]
     counter = ByteCounter("converting", sum(int(tensor.n_bytes) for tensor, _name in used), progress)
     for tensor, name in used:
         try:
@@ -146,8 +151,19 @@ def _convert_weights(
     return weights, embeddings
 
 
-def import_gguf(gguf_path: Path, out_dir: Path, progress: ProgressCallback = no_progress) -> Path:
+def gguf_tensors(reader: gguf.GGUFReader) -> dict[str, gguf.ReaderTensor]:
+    """The tensors mlx-lm uses, by their Hugging Face names (what the imported safetensors and mlx-lm's module paths
+    call them)."""
+    return {name: tensor for tensor in reader.tensors if (name := hf_tensor_name(tensor.name)) is not None}
+
+
+def import_gguf(
+    gguf_path: Path, out_dir: Path, progress: ProgressCallback = no_progress, *, move_gguf: bool = False
+) -> Path:
     """Convert `gguf_path` into `out_dir` (config.json, model.safetensors, tokenizer files) and return `out_dir`.
+
+    The GGUF is kept for `--cpu-weights gguf`: moved into `out_dir` when `move_gguf` (a catalog import's scratch file,
+    on the same filesystem), else recorded where it is (`gguf_source.record_gguf`).
 
     The directory appears atomically: it is built in a temp dir beside `out_dir` and renamed at the end, so a
     failure leaves nothing behind. Raises `ModelLoadError` for unreadable files or unsupported architectures.
@@ -185,5 +201,7 @@ def import_gguf(gguf_path: Path, out_dir: Path, progress: ProgressCallback = no_
         tokenizer = build_tokenizer(metadata, untrained, gguf_path, config.max_position_embeddings)
         tokenizer.save_pretrained(str(staging))
         (staging / "config.json").write_text(json.dumps(config.model_dump(), indent=2) + "\n")
+        tensor_bytes = {name: int(tensor.n_bytes) for name, tensor in gguf_tensors(reader).items()}
+        record_gguf(staging, gguf_path, tensor_bytes, move=move_gguf)
     logger.info("imported %s in %.1f s", gguf_path.name, time.monotonic() - started)
     return out_dir

@@ -342,10 +342,15 @@ def _load(
         raise _LoadFailedError(str(error)) from error
     except Exception as error:
         raise _LoadFailedError(f"cannot load model from {model_path}: {type(error).__name__}: {error}") from error
-    if loaded.dtype == "q8_0":
+    if loaded.dtype in ("q8_0", "gguf"):
         threaded = set_blas_threads(BLAS_THREADS)
         if threaded is not None:
-            logger.info("Q8_0 weights: %s on %d thread (ggml's products take the cores)", threaded.name, BLAS_THREADS)
+            logger.info(
+                "%s weights: %s on %d thread (ggml's products take the cores)",
+                loaded.dtype.upper(),
+                threaded.name,
+                BLAS_THREADS,
+            )
     tool_format = ToolFormatName(description.tool_format)
     planner = (
         MatmulPlanner.for_loaded(loaded)

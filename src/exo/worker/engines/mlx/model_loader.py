@@ -72,12 +72,12 @@ def load_model(
             raise ModelLoadError("a pipeline shard needs the ring group it runs over")
         return _load_pipeline_stage(path, shard, group, trust_remote_code, kernels, tokenizer=tokenizer)
     try:
-        model, config = mlx_lm_load_model(path, lazy=False, trust_remote_code=trust_remote_code)
+        model, config = mlx_lm_load_model(path, lazy=kernels.loads_lazily, trust_remote_code=trust_remote_code)
     except Exception as error:
         raise ModelLoadError(f"cannot load model from {path}: {type(error).__name__}: {error}") from error
     if tokenizer is None:
         tokenizer = load_model_tokenizer(path, trust_remote_code=trust_remote_code)
-    return _loaded(model, tokenizer, config, shard, kernels)
+    return _loaded(model, tokenizer, config, shard, kernels, path=path)
 
 
 def load_model_tokenizer(path: Path, *, trust_remote_code: bool = False) -> TokenizerWrapper:
@@ -123,7 +123,7 @@ def _load_pipeline_stage(
         strategy = shard_matrices(model, group) if shard.is_tensor else split_layers(model, group, shard)
     except Exception as error:
         raise ModelLoadError(f"cannot load model from {path}: {type(error).__name__}: {error}") from error
-    return _loaded(model, tokenizer, config, shard, kernels, group=group, strategy=strategy)
+    return _loaded(model, tokenizer, config, shard, kernels, path=path, group=group, strategy=strategy)
 
 
 def _loaded(
@@ -133,11 +133,14 @@ def _loaded(
     shard: ShardAssignment,
     kernels: CpuKernels,
     *,
+    path: Path,
     group: mx.distributed.Group | None = None,
     strategy: PipelineStrategy | None = None,
 ) -> LoadedModel:
     """Finish loading: the CPU engine's replacements, weights materialised, and what the runner reports."""
-    dtype = kernels.prepare_model(model)
+    # A layer-range stage numbers its kept layers from 0; mlx-lm's own pipeline keeps their numbers.
+    first_layer = shard.start_layer if strategy == "layer-range" else 0
+    dtype = kernels.prepare_model(model, path, first_layer)
     mx.eval(model.parameters())
     return LoadedModel(
         model=model,

@@ -11,7 +11,9 @@ from mlx import nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import dequantize_model
 
+from exo.models.catalog import CATALOG
 from exo.models.errors import ModelLoadError
+from exo.models.gguf_source import gguf_missing_reason, kept_gguf
 from exo.shared.types.cpu_kernels import (
     DEFAULT_CPU_WEIGHTS,
     REPLACEMENTS,
@@ -23,6 +25,7 @@ from exo.shared.types.cpu_kernels import (
 )
 from exo.worker.engines.mlx.cpu.blas import find_pypi_mkl
 from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
+from exo.worker.engines.mlx.cpu.gguf_layers import GgufModelSource, load_gguf_matrices
 from exo.worker.engines.mlx.cpu.int8_layers import int8_bytes, quantize_model
 from exo.worker.engines.mlx.cpu.kernels import use_numpy_kernels
 from exo.worker.engines.mlx.cpu.q8_layers import ggml_library, q8_bytes, quantize_model_q8
@@ -50,31 +53,44 @@ class CpuKernels:
         self._ggml_missing: str | None = None
         chosen = f"--cpu-weights {weights}"
         if weights == "float32":
-            self._turn_off(("int8_weights", "q8_0_weights"), chosen)
-        elif weights == "q8_0":
-            self._turn_off(("int8_weights",), chosen)
+            self._turn_off(("int8_weights", "q8_0_weights", "gguf_weights"), chosen)
+        elif weights in ("q8_0", "gguf"):
+            served: Replacement = "q8_0_weights" if weights == "q8_0" else "gguf_weights"
+            self._turn_off(("int8_weights", "q8_0_weights", "gguf_weights"), chosen, keep=served)
             self._ggml_dir = find_ggml_library() if gate is None else None
             if gate is None and self._ggml_dir is None:
-                # Refused at load (`prepare_model`), not served as float32: the node plans memory for Q8_0.
+                # Refused at load (`prepare_model`), not served as float32: the node plans memory for these blocks.
                 self._ggml_missing = ggml_missing_reason()
-                self._turn_off(("q8_0_weights",), "no ggml library")
+                self._turn_off((served,), "no ggml library")
             self._turn_off(("float32",), chosen)
         elif find_pypi_mkl() is None:
             # Without MKL's integer GEMM the weights stay float32: said in the report, not an error.
             self._turn_off(("int8_weights",), "no MKL (the mkl wheel) for its integer GEMM")
-            self._turn_off(("q8_0_weights",), chosen)
+            self._turn_off(("q8_0_weights", "gguf_weights"), chosen)
         else:
-            self._turn_off(("float32", "q8_0_weights"), chosen)
+            self._turn_off(("float32", "q8_0_weights", "gguf_weights"), chosen)
+
+    @property
+    def loads_lazily(self) -> bool:
+        """Whether the model must be built without reading its weights: under `--cpu-weights gguf` the imported
+        float16 matrices are never read (the GGUF's blocks replace them)."""
+        return self.weights == "gguf" and self.on("gguf_weights")
 
     def on(self, name: Replacement) -> bool:
         return self._why_off[name] is None
 
-    def prepare_model(self, model: nn.Module) -> str:
-        """Apply the model's replacements; returns the dtype it is served in (`native`: as stored; `int8` or `q8_0`:
-        int8 matrices or Q8_0 blocks, everything else float32). Raises ModelLoadError under `--cpu-weights q8_0`
-        where the replacements apply but no ggml library is built."""
+    def prepare_model(self, model: nn.Module, model_path: Path | None = None, first_layer: int = 0) -> str:
+        """Apply the model's replacements; returns the dtype it is served in (`native`: as stored; `int8`, `q8_0` or
+        `gguf`: int8 matrices, Q8_0 blocks or the GGUF's own blocks, everything else float32). Raises ModelLoadError
+        under `--cpu-weights q8_0` / `gguf` where the replacements apply but no ggml library is built, and under
+        `gguf` where `model_path` kept no GGUF (`first_layer`: the first of its layers a pipeline stage numbers 0)."""
         if self._ggml_missing is not None:
-            raise ModelLoadError(f"--cpu-weights q8_0 needs ggml's CPU library: {self._ggml_missing}")
+            raise ModelLoadError(f"--cpu-weights {self.weights} needs ggml's CPU library: {self._ggml_missing}")
+        if self.on("gguf_weights") and self._ggml_dir is not None:
+            load_gguf_matrices(model, _gguf_source(model_path, first_layer), ggml_library(self._ggml_dir))
+            model.set_dtype(mx.float32)
+            use_numpy_kernels([name for name in ("numpy_attention", "numpy_swiglu") if self.on(name)])
+            return "gguf"
         if self.on("q8_0_weights") and self._ggml_dir is not None:
             quantize_model_q8(model, ggml_library(self._ggml_dir))
             model.set_dtype(mx.float32)
@@ -113,17 +129,30 @@ class CpuKernels:
 
     @property
     def ggml_dir(self) -> Path | None:
-        """The folder of the ggml library the Q8_0 layers use (None unless `--cpu-weights q8_0` applies)."""
+        """The folder of the ggml library the Q8_0 or GGUF layers use (None unless `--cpu-weights q8_0` / `gguf`
+        applies)."""
         return self._ggml_dir
 
-    def _turn_off(self, names: tuple[Replacement, ...], reason: str) -> None:
+    def _turn_off(self, names: tuple[Replacement, ...], reason: str, keep: Replacement | None = None) -> None:
         for name in names:
-            if self._why_off[name] is None:
+            if self._why_off[name] is None and name != keep:
                 self._why_off[name] = reason
+
+
+def _gguf_source(model_path: Path | None, first_layer: int) -> GgufModelSource:
+    """The kept GGUF of the model at `model_path`; ModelLoadError naming how to import it again where none is kept."""
+    if model_path is None:
+        raise ModelLoadError("--cpu-weights gguf serves a model's GGUF: the model's directory was not given")
+    kept = kept_gguf(model_path)
+    if kept is None:
+        catalog_ids = tuple(entry.model_id for entry in CATALOG)
+        reason = gguf_missing_reason(model_path, catalog_ids)
+        raise ModelLoadError(f"--cpu-weights gguf serves the GGUF a model was imported from, but {reason}")
+    return GgufModelSource(kept, first_layer)
 
 
 def held_bytes(model: nn.Module) -> int:
     """Bytes of all of `model`'s weights as held: its mlx parameters plus its int8 matrices and scales and its
-    Q8_0 blocks."""
+    Q8_0 or GGUF blocks."""
     parameters = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
     return sum(value.nbytes for _, value in parameters) + int8_bytes(model) + q8_bytes(model)

@@ -18,8 +18,23 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-GGML_TYPES: Final[dict[str, int]] = {"F32": 0, "Q4_0": 2, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-"""`enum ggml_type` values (ggml.h) of the block formats used or measured."""
+GGML_TYPES: Final[dict[str, int]] = {
+    "F32": 0,
+    "F16": 1,
+    "Q4_0": 2,
+    "Q4_1": 3,
+    "Q5_0": 6,
+    "Q5_1": 7,
+    "Q8_0": 8,
+    "Q2_K": 10,
+    "Q3_K": 11,
+    "Q4_K": 12,
+    "Q5_K": 13,
+    "Q6_K": 14,
+    "BF16": 30,
+}
+"""`enum ggml_type` values (ggml.h) of the block formats used or measured, and of those a GGUF's matrices are served
+in under `--cpu-weights gguf` (the GGUF's own type numbers: gguf's GGMLQuantizationType has the same values)."""
 Q8_0: Final = GGML_TYPES["Q8_0"]
 Q8_0_BLOCK: Final = 32
 """Weights per Q8_0 block: a float16 scale then 32 int8 values, 34 bytes."""
@@ -249,6 +264,23 @@ class GgmlMatrix:
         self._graphs: dict[int, _Graph] = {}
         # The context owns the weights; freed with this object (its graphs first).
         self._finalizer = weakref.finalize(self, _free_all, ggml, self._graphs, self._context)
+
+    @classmethod
+    def from_blocks(
+        cls, ggml: Ggml, type_name: str, out_features: int, in_features: int, blocks: npt.NDArray[np.uint8]
+    ) -> "GgmlMatrix":
+        """A matrix holding `blocks` as they are: rows of the type's blocks as a GGUF stores them (out × row bytes,
+        any array whose bytes those are), copied once into the matrix's context, never re-quantized."""
+        matrix = cls(ggml, type_name, out_features, in_features)
+        raw = np.ascontiguousarray(blocks).view(np.uint8).reshape(-1)
+        if raw.nbytes != matrix.nbytes:
+            matrix.close()
+            raise ValueError(
+                f"{raw.nbytes} bytes are not a {type_name} matrix of {out_features} × {in_features} "
+                f"({matrix.nbytes} bytes)"
+            )
+        ctypes.memmove(matrix._data, raw.ctypes.data, raw.nbytes)
+        return matrix
 
     @property
     def blocks(self) -> npt.NDArray[np.uint8]:

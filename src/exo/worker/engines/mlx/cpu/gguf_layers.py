@@ -1,0 +1,120 @@
+"""Linear layers and embeddings served from the GGUF a model was imported from, its blocks as the file stores them
+(`--cpu-weights gguf`, issue 33): Q4_K, Q5_0, Q6_K, Q8_0, F16... whatever type each tensor has, never re-quantized.
+
+The model is built lazily from its imported safetensors; each Linear and Embedding is then replaced, before any of
+its weights is read, by a `Q8Linear` / `GgufEmbedding` whose `GgmlMatrix` is filled from the GGUF tensor's raw bytes
+(read through the file's memory map, one tensor at a time), so no float16 or float32 copy of a served matrix is
+ever evaluated: the matrices take what the file's tensors take. Products go through the same ggml path as Q8_0's
+(`q8_layers.py`). An embedding lookup dequantizes the rows it reads with gguf's own dequantizer.
+"""
+
+import logging
+import re
+from pathlib import Path
+from typing import Final
+
+import gguf
+import mlx.core as mx
+import numpy as np
+import numpy.typing as npt
+from mlx import nn
+
+from exo.models.errors import ModelLoadError
+from exo.models.gguf_import import gguf_tensors, unpermute_rotary
+from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
+from exo.worker.engines.mlx.cpu.matrix_replacement import replace_named_modules
+from exo.worker.engines.mlx.cpu.q8_layers import Q8Embedding, Q8Linear, Q8Weights
+
+logger = logging.getLogger(__name__)
+
+_LAYER_PATH: Final = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+class GgufEmbedding(Q8Embedding):
+    """An embedding table held in its GGUF type: a lookup dequantizes the rows it reads (gguf's dequantizer, the
+    numpy port of ggml's); `as_linear` (a tied output projection) is a ggml product, as Q8Embedding's."""
+
+    def __init__(self, weights: Q8Weights, tensor_type: gguf.GGMLQuantizationType) -> None:
+        super().__init__(weights)
+        self.tensor_type = tensor_type
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        mx.eval(ids)
+        rows = np.asarray(ids).astype(np.int64)
+        blocks = self.q8.matrix.blocks[rows.reshape(-1)]
+        values: npt.NDArray[np.float32] = gguf.quants.dequantize(blocks, self.tensor_type)
+        return mx.array(values.astype(np.float32, copy=False).reshape(*rows.shape, self.q8.shape[1]))
+
+
+def gguf_matrix(tensor: gguf.ReaderTensor, ggml: Ggml, rotary_heads: int | None = None) -> GgmlMatrix:
+    """The tensor's blocks in a ggml matrix, as stored (`rotary_heads`: a llama q/k matrix's heads, whose rows the
+    GGUF interleaves and mlx-lm does not: its rows are put back, blocks untouched). Raises ModelLoadError for a type
+    ggml's products are not wired for here."""
+    type_name = tensor.tensor_type.name
+    if type_name not in GGML_TYPES:
+        raise ModelLoadError(
+            f"--cpu-weights gguf cannot serve tensor {tensor.name}: its type {type_name} is not one exo multiplies "
+            f"by (served: {', '.join(GGML_TYPES)})"
+        )
+    in_features, out_features = int(tensor.shape[0]), int(tensor.shape[1])
+    rows = np.asarray(tensor.data).view(np.uint8).reshape(out_features, -1)
+    if rotary_heads is not None:
+        rows = unpermute_rotary(rows, rotary_heads)
+    return GgmlMatrix.from_blocks(ggml, type_name, out_features, in_features, rows)
+
+
+class GgufModelSource:
+    """The tensors of one GGUF, by the mlx-lm module path that serves each; `first_layer` is the model's first layer
+    where a pipeline stage numbers its kept layers from 0."""
+
+    def __init__(self, path: Path, first_layer: int = 0) -> None:
+        self.path = path
+        reader = gguf.GGUFReader(path, "r")
+        self._tensors = gguf_tensors(reader)
+        self._first_layer = first_layer
+        architecture = reader.get_field("general.architecture")
+        self._architecture = str(architecture.contents()) if architecture is not None else ""
+        self._heads = self._integer(reader, "attention.head_count")
+        self._kv_heads = self._integer(reader, "attention.head_count_kv") or self._heads
+
+    def _integer(self, reader: gguf.GGUFReader, key: str) -> int | None:
+        field = reader.get_field(f"{self._architecture}.{key}")
+        return int(field.contents()) if field is not None else None
+
+    def tensor(self, module_path: str) -> gguf.ReaderTensor | None:
+        """The GGUF tensor holding the weight of the module at `module_path`, or None where the file has none."""
+        if self._first_layer:
+            module_path = _LAYER_PATH.sub(lambda m: f"model.layers.{int(m[1]) + self._first_layer}.", module_path)
+        return self._tensors.get(f"{module_path}.weight")
+
+    def rotary_heads(self, module_path: str) -> int | None:
+        """The heads whose rows a llama GGUF interleaves in this module's matrix (None: rows as mlx-lm has them)."""
+        if self._architecture != "llama":
+            return None
+        if module_path.endswith("self_attn.q_proj"):
+            return self._heads
+        if module_path.endswith("self_attn.k_proj"):
+            return self._kv_heads
+        return None
+
+
+def _replacement(path: str, module: nn.Module, source: GgufModelSource, ggml: Ggml) -> nn.Module | None:
+    if not isinstance(module, (nn.Linear, nn.Embedding)):
+        return None
+    tensor = source.tensor(path)
+    if tensor is None:
+        logger.warning("%s has no tensor for %s: it stays as imported", source.path.name, path)
+        return None
+    weights = Q8Weights(gguf_matrix(tensor, ggml, source.rotary_heads(path)))
+    if weights.shape != tuple(module["weight"].shape):
+        expected = tuple(module["weight"].shape)
+        raise ModelLoadError(f"{source.path}: tensor {tensor.name} is {weights.shape}, {path} expects {expected}")
+    if isinstance(module, nn.Embedding):
+        return GgufEmbedding(weights, tensor.tensor_type)
+    return Q8Linear(weights, module.get("bias"))
+
+
+def load_gguf_matrices(model: nn.Module, source: GgufModelSource, ggml: Ggml) -> int:
+    """Replace every Linear and Embedding of `model` (built lazily, its weights never read) by its GGUF tensor's
+    blocks, one at a time; returns how many. Others stay as they are (the caller sets their dtype)."""
+    return replace_named_modules(model, lambda path, module: _replacement(path, module, source, ggml))
