@@ -185,7 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_CPU_WEIGHTS}) expands every matrix for float32 BLAS; int8 keeps one byte a weight with a "
         "float32 scale per output row and multiplies with MKL's integer GEMM (a quarter of the memory); q8_0 keeps "
         "ggml's Q8_0 blocks (34 bytes per 32 weights) and multiplies with ggml's kernels, as llama.cpp does: it needs "
-        "ggml's CPU library (`uv run exo ggml build`; the runner refuses to load without it)",
+        "ggml's CPU library (`uv run exo ggml build`; the runner refuses to load without it); gguf serves the blocks "
+        "of the GGUF the model was imported from as they are (Q4_K, Q5_0, Q6_K...: no re-quantization) through the "
+        "same kernels: it needs ggml too, and a model imported with its GGUF kept (`exo models download ID --force` "
+        "imports a catalog model again)",
     )
     parser.add_argument(
         "--prefix-cache-gb",

@@ -97,7 +97,7 @@ async def test_list_models_shows_what_the_runner_loaded(transport: McpTransport,
     verdict = "fits the cluster's free memory" if fit.fits else "does NOT fit the cluster's free memory"
     assert (
         f"- {larger.model_id} ({larger.family} {larger.parameters}, {decimal(larger.source.download_bytes)} download, "
-        f"{decimal(larger.imported_bytes)} on disk, needs {decimal(needed)} of memory: {verdict}): "
+        f"{decimal(larger.disk_bytes)} on disk, needs {decimal(needed)} of memory: {verdict}): "
         "not downloaded"
     ) in text
 

@@ -81,4 +81,4 @@ def weights_memory(state: State, runner: RunnerInfo) -> tuple[WeightsInMemory | 
     if node is None or checkpoint is None:
         return None, None
     weights = node.facts.weights_in_memory
-    return weights, held_bytes(checkpoint.parameter_count, checkpoint.file_bytes, weights=weights)
+    return weights, held_bytes(checkpoint.parameter_count, checkpoint.stored_bytes(weights), weights=weights)

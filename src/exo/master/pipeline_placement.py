@@ -18,14 +18,15 @@ RUNTIME_OVERHEAD_FRACTION: Final = 0.10
 RUNTIME_OVERHEAD_BYTES: Final = 256 * 1024 * 1024
 _GIB: Final = 1024**3
 # Largest first: a refusal names the smallest need among the nodes (the last of these any of them has).
-_HELD_ORDER: Final[tuple[WeightsInMemory, ...]] = ("float32", "q8_0", "int8", "stored")
+_HELD_ORDER: Final[tuple[WeightsInMemory, ...]] = ("float32", "q8_0", "int8", "stored", "gguf")
 
 
 class NodeCapacity(FrozenModel):
     node_id: NodeId
     available_bytes: int
     # How this node's runners hold the weights (a CPU node under `--cpu-kernels auto` converts every checkpoint to
-    # float32, or to int8 / Q8_0 under `--cpu-weights int8` / `q8_0`; NodeFacts.weights_in_memory).
+    # float32, or to int8 / Q8_0 / the GGUF's blocks under `--cpu-weights int8` / `q8_0` / `gguf`;
+    # NodeFacts.weights_in_memory).
     weights: WeightsInMemory = "float32"
 
 

@@ -53,7 +53,7 @@ class ModelsResult(FrozenModel):
             fit = fits[entry.model_id]
             memory = "fits the cluster's free memory" if fit.fits else "does NOT fit the cluster's free memory"
             lines.append(
-                f"- {entry.model_id} ({entry.family} {entry.parameters}, {fetch}, {decimal(entry.imported_bytes)} on "
+                f"- {entry.model_id} ({entry.family} {entry.parameters}, {fetch}, {decimal(entry.disk_bytes)} on "
                 f"disk, needs {decimal(model.memory_bytes)} of memory: {memory}): {where}"
             )
         if self.fits:

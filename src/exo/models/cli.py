@@ -79,7 +79,7 @@ def _row(model: NodeCatalogModel) -> tuple[str, ...]:
         entry.family,
         entry.parameters,
         download,
-        decimal(entry.imported_bytes),
+        decimal(entry.disk_bytes),
         decimal(model.memory_bytes),
         entry.tool_format.value,
         _source(listing),

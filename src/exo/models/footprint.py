@@ -12,6 +12,7 @@ import struct
 from pathlib import Path
 from typing import Final, cast
 
+from exo.models.gguf_source import gguf_tensor_bytes
 from exo.models.shard_files import WEIGHT_FILE_PATTERN
 from exo.shared.types.footprint import ModelFootprint
 
@@ -74,6 +75,7 @@ def read_footprint(model_dir: Path) -> ModelFootprint:
         raise FootprintError(f"{model_dir} has no weights named after layers")
     layers = range(max(layer_parameters) + 1)
     config = _text_config(model_dir)
+    gguf_layers, gguf_shared = _gguf_bytes(model_dir, len(layers))
     return ModelFootprint(
         layer_parameters=tuple(layer_parameters.get(layer, 0) for layer in layers),
         shared_parameters=shared_parameters,
@@ -84,7 +86,25 @@ def read_footprint(model_dir: Path) -> ModelFootprint:
         kv_heads=_positive(config, "num_key_value_heads") or _positive(config, "num_attention_heads"),
         mlp_width=_positive(config, "intermediate_size"),
         hidden_size=_positive(config, "hidden_size"),
+        layer_gguf_bytes=gguf_layers,
+        shared_gguf_bytes=gguf_shared,
     )
+
+
+def _gguf_bytes(model_dir: Path, layer_count: int) -> tuple[tuple[int, ...] | None, int | None]:
+    """The kept GGUF's tensor bytes per layer and outside any layer (None, None without a kept GGUF's record)."""
+    tensor_bytes = gguf_tensor_bytes(model_dir)
+    if tensor_bytes is None:
+        return None, None
+    layers = [0] * layer_count
+    shared = 0
+    for name, size in tensor_bytes.items():
+        match = _LAYER_NUMBER.search(name)
+        if match is None:
+            shared += size
+        elif int(match.group(1)) < layer_count:
+            layers[int(match.group(1))] += size
+    return tuple(layers), shared
 
 
 def _text_config(model_dir: Path) -> dict[str, object]:

@@ -7,9 +7,10 @@ from pydantic import model_validator
 from exo.shared.types.common import FrozenModel
 from exo.shared.types.cpu_kernels import CpuKernelsSetting, CpuWeightsSetting
 
-WeightsInMemory = Literal["stored", "float32", "int8", "q8_0"]
+WeightsInMemory = Literal["stored", "float32", "int8", "q8_0", "gguf"]
 """How a runner holds the weights: as the checkpoint stores them, expanded to float32 (a Linux CPU's float32
-engine), as int8 with per-row scales (`--cpu-weights int8`), or as ggml's Q8_0 blocks (`--cpu-weights q8_0`)."""
+engine), as int8 with per-row scales (`--cpu-weights int8`), as ggml's Q8_0 blocks (`--cpu-weights q8_0`), or as the
+blocks of the GGUF the model was imported from (`--cpu-weights gguf`: the file's tensor bytes)."""
 
 INT8_OVERHEAD = 1 / 32
 """Beyond one byte a parameter: each matrix's float32 scale per output row (4 bytes per row of at least 128 weights
@@ -22,9 +23,9 @@ thousandths of a model's parameters (the default model: 0.05 %), within the roun
 def weights_in_memory(
     mlx_backend: str, cpu_kernels: CpuKernelsSetting, cpu_weights: CpuWeightsSetting
 ) -> WeightsInMemory:
-    """How a node's runners hold weights: converted by the CPU engine (to float32, or int8 / Q8_0 under
-    `--cpu-weights int8` / `q8_0`) on the CPU backend unless the node runs `--cpu-kernels off`; else as the
-    checkpoint stores them (Metal and CUDA keep an mlx-community 4/8-bit checkpoint quantized)."""
+    """How a node's runners hold weights: converted by the CPU engine (to float32, or int8 / Q8_0 / the GGUF's blocks
+    under `--cpu-weights int8` / `q8_0` / `gguf`) on the CPU backend unless the node runs `--cpu-kernels off`; else
+    as the checkpoint stores them (Metal and CUDA keep an mlx-community 4/8-bit checkpoint quantized)."""
     if mlx_backend == "cpu" and cpu_kernels == "auto":
         return cpu_weights
     return "stored"
@@ -35,7 +36,9 @@ def held_bytes(parameters: int, stored_bytes: int, *, weights: WeightsInMemory) 
     memory figure exo shows (the catalog, `exo models`, /v1/models, placement, the dashboard).
 
     4 bytes a parameter in float32, about one as int8 (plus INT8_OVERHEAD for scales and norms), 34 bytes per 32
-    as Q8_0, else as stored.
+    as Q8_0, else `stored_bytes`: under gguf the caller passes the GGUF's tensor bytes where it knows them
+    (`ModelFootprint.gguf_bytes`), the imported files' bytes otherwise (a model without a kept GGUF is refused under
+    gguf; planning it so never under-counts).
     """
     if weights == "float32":
         return 4 * parameters
@@ -63,6 +66,10 @@ class ModelFootprint(FrozenModel):
     # The width of the hidden state each layer passes on (config.json's hidden_size): what a tensor split's all-sums
     # and a pipeline's hops carry per token. None where the config does not say.
     hidden_size: int | None = None
+    # The bytes of the kept GGUF's tensors (`exo.models.gguf_source`), per layer and outside any layer: what the
+    # weights take under `--cpu-weights gguf`. None where the model kept no GGUF.
+    layer_gguf_bytes: tuple[int, ...] | None = None
+    shared_gguf_bytes: int | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "ModelFootprint":
@@ -78,6 +85,8 @@ class ModelFootprint(FrozenModel):
         """Memory for the shared weights plus layers [start, end) held as `weights` (`held_bytes`)."""
         parameters = self.shared_parameters + sum(self.layer_parameters[start:end])
         stored = self.shared_file_bytes + sum(self.layer_file_bytes[start:end])
+        if weights == "gguf" and self.layer_gguf_bytes is not None and self.shared_gguf_bytes is not None:
+            stored = self.shared_gguf_bytes + sum(self.layer_gguf_bytes[start:end])
         return held_bytes(parameters, stored, weights=weights)
 
     def total_bytes(self, *, weights: WeightsInMemory) -> int:
@@ -86,10 +95,10 @@ class ModelFootprint(FrozenModel):
     def tensor_rank_bytes(self, world_size: int, *, weights: WeightsInMemory) -> int:
         """Memory for one rank of a tensor split over `world_size`: the shared weights whole (embeddings, final norm
         and output head are not split) and 1/`world_size` of every layer (its norms, a few thousand values, count
-        as split too). The split matrices are mlx's sharded linear layers, which the int8 and Q8_0 conversions leave
-        alone: under int8 or q8_0 the layers are held in float32."""
+        as split too). The split matrices are mlx's sharded linear layers, which the int8, Q8_0 and GGUF conversions
+        leave alone: under int8, q8_0 or gguf the layers are held in float32."""
         shared = self.rank_bytes(0, 0, weights=weights)
-        layer_weights: WeightsInMemory = "float32" if weights in ("int8", "q8_0") else weights
+        layer_weights: WeightsInMemory = "float32" if weights in ("int8", "q8_0", "gguf") else weights
         layers = self.total_bytes(weights=layer_weights) - self.rank_bytes(0, 0, weights=layer_weights)
         return shared + -(-layers // world_size)
 

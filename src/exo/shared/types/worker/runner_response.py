@@ -32,6 +32,14 @@ class CheckpointFacts(FrozenModel):
     file_bytes: int
     # How the weights are stored: Q4, Q8 (MLX quantized to that many bits), BF16, F16 or F32.
     quantization: str
+    # The tensor bytes of the GGUF the model was imported from and kept (what `--cpu-weights gguf` holds); None
+    # where it kept none.
+    gguf_bytes: int | None = None
+
+    def stored_bytes(self, weights: str) -> int:
+        """The bytes `footprint.held_bytes` starts from for weights held as `weights`: the kept GGUF's tensors under
+        gguf where there is one, else the weight files'."""
+        return self.gguf_bytes if weights == "gguf" and self.gguf_bytes is not None else self.file_bytes
 
 
 class ModelDescription(FrozenModel):
