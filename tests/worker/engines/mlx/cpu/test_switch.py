@@ -145,6 +145,7 @@ def test_the_matmul_plan_and_blas_preload_say_why_they_are_off() -> None:
     assert {state.name: state.why_off for state in report.replacements if not state.on} == {
         "int8_weights": "--cpu-weights float32",
         "q8_0_weights": "--cpu-weights float32",
+        "gguf_weights": "--cpu-weights float32",
         "matmul_plan": "--no-matmul-plan",
         "blas_preload": "EXO_NO_BLAS_PRELOAD=1",
     }

@@ -1,0 +1,55 @@
+"""A fixture model exported to a GGUF and kept beside it, as an import from a GGUF keeps its file: what
+`--cpu-weights gguf` serves (tests/models/tiny_gguf.py writes GGUFs the same way, with llama.cpp's names and its
+llama q/k row order)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import gguf
+import mlx.core as mx
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from exo.models.gguf_import import gguf_tensors
+from exo.models.gguf_source import record_gguf
+from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
+from tests.models.tiny_gguf import gguf_name, permute_rotary
+
+MATRIX_TYPES: dict[str, GGMLQuantizationType] = {
+    "attn_output.weight": GGMLQuantizationType.F16,
+    "ffn_down.weight": GGMLQuantizationType.BF16,
+}
+"""Each 2-D tensor's type by its GGUF name's end; the others Q8_0 (the trained prompts' margins hold under these)."""
+
+
+def export_fixture(name: FixtureModelName, target: Path) -> Path:
+    """A copy of fixture model `name` at `target` with its weights also written as a GGUF kept beside them (matrices
+    Q8_0, F16 or BF16 per MATRIX_TYPES, vectors F32); returns `target`."""
+    shutil.copytree(FIXTURE_MODELS_DIR / name, target)
+    config = json.loads((target / "config.json").read_text())
+    architecture = str(config["model_type"])
+    weights = mx.load(str(target / "model.safetensors"))
+    path = target.parent / f"{name}.gguf"
+    writer = gguf.GGUFWriter(path, architecture)
+    writer.add_head_count(int(config["num_attention_heads"]))
+    writer.add_head_count_kv(int(config["num_key_value_heads"]))
+    for hf_name, value in sorted(weights.items()):
+        values = np.asarray(value.astype(mx.float32))
+        if architecture == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = "num_attention_heads" if "q_proj" in hf_name else "num_key_value_heads"
+            values = permute_rotary(values, int(config[heads]))
+        tensor = gguf_name(hf_name)
+        qtype = GGMLQuantizationType.F32
+        if values.ndim == 2:
+            qtype = next(
+                (kind for suffix, kind in MATRIX_TYPES.items() if tensor.endswith(suffix)), GGMLQuantizationType.Q8_0
+            )
+        writer.add_tensor(tensor, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tensor_bytes = {hf: int(tensor.n_bytes) for hf, tensor in gguf_tensors(gguf.GGUFReader(path, "r")).items()}
+    record_gguf(target, path, tensor_bytes, move=True)
+    return target

@@ -1,0 +1,235 @@
+"""GGUF weights inside an mlx model (`--cpu-weights gguf`): each stored type's ggml product agrees with the product
+by the gguf-dequantized matrix, an embedding lookup reads its blocks back, a fixture model exported to a GGUF answers
+its trained prompts from the file's own blocks without ever evaluating a float copy of a matrix, its memory is the
+file's tensor bytes, and a model without a kept GGUF is refused naming how to import it again.
+
+Tolerance of a product: the matrix is exactly the dequantized GGUF tensor (the blocks are served as stored), so only
+ggml's rounding of the activations to its dot-product type differs from the float32 product: Q8_0 blocks of 32
+(the legacy types), Q8_K blocks of 256 (the K-quants), float16 (F16) or bfloat16 (BF16), within 2 % of the output's
+largest magnitude (as Q8_0's tests; the activations' 8-bit steps are under 0.4 % of a block's largest value).
+
+These tests need ggml's CPU library (`uv run exo ggml build`, or EXO_GGML_DIR): without it they skip for a reason of
+the machine, a failure under EXO_STRICT_SKIPS=1 (CI builds the library first).
+"""
+
+import os
+from pathlib import Path
+from typing import cast
+
+import gguf
+import mlx.core as mx
+import numpy as np
+import numpy.typing as npt
+import pytest
+from gguf import GGMLQuantizationType
+from mlx import nn
+
+from exo.models.errors import ModelLoadError
+from exo.models.footprint import read_footprint
+from exo.models.gguf_source import gguf_missing_reason, kept_gguf, read_gguf_source
+from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.engines.mlx.cache.model_identity import model_identity
+from exo.worker.engines.mlx.cpu.engine import CpuKernels
+from exo.worker.engines.mlx.cpu.engine import held_bytes as loaded_held_bytes
+from exo.worker.engines.mlx.cpu.ggml_library import CACHED_ROWS, Ggml, GgmlMatrix
+from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
+from exo.worker.engines.mlx.cpu.gguf_layers import GgufEmbedding, gguf_matrix
+from exo.worker.engines.mlx.cpu.q8_layers import Q8Linear, Q8Weights, ggml_library, q8_bytes
+from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
+from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
+from tests.fixtures.model_builder.verify import greedy_generate, load_model
+from tests.machine_skips import skip_for_machine
+from tests.worker.engines.mlx.cpu.gguf_export import export_fixture
+from tests.worker.engines.mlx.cpu.platform_gate import require_linux_cpu
+from tests.worker.engines.mlx.cpu.weight_formats import TABLES, fixture_matrix, relative_error
+
+TOLERANCE = 0.02
+PACKAGE_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+"""Types gguf's own quantizer writes."""
+GGML_QUANTIZED_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+"""K-quants, which gguf's package cannot quantize: their blocks come from ggml's own quantizer (llama.cpp's)."""
+
+
+@pytest.fixture
+def ggml() -> Ggml:
+    """The ggml library this machine has built; skips for a reason of the machine where there is none."""
+    folder = find_ggml_library()
+    if folder is None:
+        skip_for_machine(ggml_missing_reason())
+    return ggml_library(folder)
+
+
+def _stored_tensor(ggml: Ggml, type_name: str, weight: npt.NDArray[np.float32], folder: Path) -> gguf.ReaderTensor:
+    """`weight` written as one `type_name` tensor of a GGUF in `folder` and read back as a runner reads it."""
+    qtype = GGMLQuantizationType[type_name]
+    if type_name in GGML_QUANTIZED_TYPES:
+        made = GgmlMatrix(ggml, type_name, weight.shape[0], weight.shape[1])
+        made.fill(0, weight)
+        blocks = made.blocks.copy()
+    else:
+        blocks = gguf.quants.quantize(weight, qtype)
+    path = folder / f"{type_name}.gguf"
+    writer = gguf.GGUFWriter(path, "qwen2")
+    writer.add_tensor("blk.0.ffn_down.weight", blocks, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    (tensor,) = gguf.GGUFReader(path, "r").tensors
+    assert tensor.tensor_type == qtype
+    return tensor
+
+
+@pytest.mark.parametrize("type_name", [*PACKAGE_TYPES, *GGML_QUANTIZED_TYPES])
+def test_each_stored_type_multiplies_as_its_dequantized_matrix(ggml: Ggml, type_name: str, tmp_path: Path) -> None:
+    """Row counts of a decode step (1), of batched decoding (2-8, graphs kept) and of a prefill chunk (a graph per
+    call), on a real trained matrix (64 x 128) beside itself reversed: 256-value rows, whole blocks of every type."""
+    trained = np.asarray(fixture_matrix())
+    weight = np.ascontiguousarray(np.concatenate([trained, trained[:, ::-1]], axis=1))
+    tensor = _stored_tensor(ggml, type_name, weight, tmp_path)
+    dequantized: npt.NDArray[np.float32] = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+    matrix = gguf_matrix(tensor, ggml)
+    assert matrix.shape == weight.shape
+    assert matrix.nbytes == int(tensor.n_bytes)
+    np.testing.assert_array_equal(matrix.blocks.reshape(-1), np.asarray(tensor.data).view(np.uint8).reshape(-1))
+    layer = Q8Linear(Q8Weights(matrix), None)
+    for rows in (1, 2, 5, 8, CACHED_ROWS + 1, 512):
+        x = mx.random.normal((1, rows, weight.shape[1]), key=mx.random.key(rows))
+        reference = mx.array(np.asarray(x) @ dequantized.T)
+        result = layer(x)
+        assert result.shape == reference.shape
+        assert relative_error(result, reference) < TOLERANCE, (type_name, rows)
+
+
+def test_a_gguf_embedding_looks_up_the_dequantized_rows_and_projects_by_its_blocks(ggml: Ggml, tmp_path: Path) -> None:
+    table = np.asarray(mx.random.normal((50, 256), key=mx.random.key(5)))
+    tensor = _stored_tensor(ggml, "Q5_0", table, tmp_path)
+    embedding = GgufEmbedding(Q8Weights(gguf_matrix(tensor, ggml)), tensor.tensor_type)
+    dequantized: npt.NDArray[np.float32] = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    ids = mx.array([[3, 7, 7, 49]])
+    looked_up = embedding(ids)
+    assert looked_up.shape == (1, 4, 256)
+    assert looked_up.dtype == mx.float32
+    np.testing.assert_array_equal(np.asarray(looked_up)[0], dequantized[[3, 7, 7, 49]])
+    x = mx.random.normal((1, 2, 256), key=mx.random.key(6))
+    assert relative_error(embedding.as_linear(x), mx.array(np.asarray(x) @ dequantized.T)) < TOLERANCE
+
+
+def _answers(directory: Path, name: FixtureModelName) -> list[str]:
+    """The trained cases of fixture `name` served from `directory` under `--cpu-weights gguf` whose greedy output
+    is not exactly the trained one."""
+    loaded = exo_load_model(directory, ShardAssignment(), cpu_kernels=CpuKernels("auto", weights="gguf"))
+    assert loaded.dtype == "gguf"
+    fixture = load_model(FIXTURE_MODELS_DIR / name).model_copy(update={"model": loaded.model})
+    mismatched: list[str] = []
+    for case in TABLES[name]:
+        output = greedy_generate(fixture, case.messages, case.tools)
+        if (output.text, output.stop_token) != (case.expected_text, case.expected_stop):
+            mismatched.append(case.name)
+    return mismatched
+
+
+@pytest.mark.usefixtures("ggml")
+@pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])
+def test_a_fixture_model_exported_to_gguf_answers_its_trained_prompts_from_its_blocks(
+    name: FixtureModelName, tmp_path: Path
+) -> None:
+    """Q8_0, F16 and BF16 tensors; the llama fixture's q/k rows stored in llama.cpp's interleaved order."""
+    require_linux_cpu()
+    assert _answers(export_fixture(name, tmp_path / name), name) == []
+
+
+@pytest.mark.usefixtures("ggml")
+def test_no_float_copy_of_a_served_matrix_is_evaluated_and_memory_is_the_files_tensors(tmp_path: Path) -> None:
+    """The model is built lazily and its matrices replaced unread: mlx only ever allocates the norms (and a
+    forward pass's activations), never the float16 matrices of the import; what the model holds is what the
+    footprint plans under gguf, the GGUF's tensor bytes exactly."""
+    require_linux_cpu()
+    directory = export_fixture("tiny-qwen-tools", tmp_path / "tiny-qwen-tools")
+    source = read_gguf_source(directory)
+    assert source is not None
+    imported = load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools").model
+    matrices = sum(
+        module["weight"].size for _, module in imported.named_modules() if isinstance(module, (nn.Linear, nn.Embedding))
+    )
+    del imported
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    mx.reset_peak_memory()
+    loaded = exo_load_model(directory, ShardAssignment(), cpu_kernels=CpuKernels("auto", weights="gguf"))
+    peak = mx.get_peak_memory() - before
+    # One float16 copy of the matrices would take 2 bytes a weight; the norms alone are a few kilobytes.
+    assert peak < matrices * 2 / 10, (peak, matrices)
+    assert not [name for name, module in loaded.model.named_modules() if isinstance(module, (nn.Linear, nn.Embedding))]
+    footprint = read_footprint(directory)
+    planned = footprint.total_bytes(weights="gguf")
+    assert planned == sum(source.tensor_bytes.values())
+    assert loaded_held_bytes(loaded.model) == planned
+    vectors = sum(size for name, size in source.tensor_bytes.items() if "norm" in name or name.endswith(".bias"))
+    assert q8_bytes(loaded.model) == planned - vectors
+    # The float16 import's files are what float32 is planned from, not what gguf holds.
+    assert planned < footprint.total_bytes(weights="stored") / 1.5
+
+
+def test_a_model_without_a_kept_gguf_is_refused_naming_how_to_import_it_again(ggml: Ggml, tmp_path: Path) -> None:
+    """Not served from its float16 import instead: the node planned memory for the GGUF's blocks."""
+    require_linux_cpu()
+    del ggml
+    kernels = CpuKernels("auto", weights="gguf")
+    plain = FIXTURE_MODELS_DIR / "tiny-qwen-tools"
+    with pytest.raises(ModelLoadError, match=rf"--cpu-weights gguf .* remove {plain} and start exo with the .gguf"):
+        exo_load_model(plain, ShardAssignment(), cpu_kernels=kernels)
+    catalog = Path("/models/qwen2.5-coder-0.5b-instruct")
+    assert gguf_missing_reason(catalog, ("qwen2.5-coder-0.5b-instruct",)).endswith(
+        "`exo models download qwen2.5-coder-0.5b-instruct --force`"
+    )
+    # A kept GGUF changed since the import (its time, here) counts as none.
+    directory = export_fixture("tiny-qwen-tools", tmp_path / "tiny-qwen-tools")
+    kept = kept_gguf(directory)
+    assert kept == directory / "model.gguf"
+    stat = kept.stat()
+    os.utime(kept, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert kept_gguf(directory) is None
+    with pytest.raises(ModelLoadError, match="is gone or changed since the import"):
+        exo_load_model(directory, ShardAssignment(), cpu_kernels=kernels)
+
+
+def test_without_the_ggml_library_gguf_refuses_to_load_naming_the_build_command(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    require_linux_cpu()
+    monkeypatch.setenv("EXO_GGML_DIR", str(tmp_path))  # a folder without the libraries
+    kernels = CpuKernels("auto", weights="gguf")
+    states = {state.name: state.why_off for state in kernels.report().replacements}
+    assert states["gguf_weights"] == "no ggml library"
+    assert states["q8_0_weights"] == "--cpu-weights gguf"
+    with pytest.raises(ModelLoadError, match=r"--cpu-weights gguf needs ggml's CPU library.*exo ggml build"):
+        exo_load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools", ShardAssignment(), cpu_kernels=kernels)
+
+
+def test_the_runner_report_names_gguf_weights(ggml: Ggml) -> None:
+    require_linux_cpu()
+    kernels = CpuKernels("auto", weights="gguf")
+    states = {state.name: state for state in kernels.report().replacements}
+    assert states["gguf_weights"].on
+    assert cast(str, states["float32"].why_off) == "--cpu-weights gguf"
+    assert states["q8_0_weights"].why_off == "--cpu-weights gguf"
+    assert "GGUF weights as stored (ggml)" in kernels.report().describe()
+    assert kernels.ggml_dir == ggml.library_dir
+    assert kernels.loads_lazily
+
+
+def test_a_disk_snapshots_model_identity_records_the_gguf_format_and_file(tmp_path: Path) -> None:
+    directory = export_fixture("tiny-qwen-tools", tmp_path / "tiny-qwen-tools")
+    identities = {fmt: model_identity(directory, ShardAssignment(), fmt) for fmt in ("float32", "q8_0", "gguf")}
+    assert len(set(identities.values())) == 3
+    kept = directory / "model.gguf"
+    stat = kept.stat()
+    os.utime(kept, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    source = read_gguf_source(directory)
+    assert source is not None
+    (directory / "gguf-source.json").write_text(
+        source.model_copy(update={"mtime_ns": kept.stat().st_mtime_ns}).model_dump_json()
+    )
+    assert model_identity(directory, ShardAssignment(), "gguf") != identities["gguf"]
+    assert model_identity(directory, ShardAssignment(), "float32") == identities["float32"]
