@@ -87,6 +87,21 @@ def test_a_node_on_q8_0_weights_needs_34_bytes_per_32_parameters() -> None:
     assert split.planned_bytes[0] == rank_need(FOOTPRINT, 12, 24, weights="q8_0")
 
 
+def test_a_node_on_gguf_weights_plans_the_kept_gguf_tensor_bytes() -> None:
+    """Under `--cpu-weights gguf` a rank holds its GGUF tensors' bytes (here 60 MB a layer, 150 MB shared: a
+    4-5 bit file); a model without a kept GGUF is planned at its imported files' bytes (it is refused at load)."""
+    kept = FOOTPRINT.model_copy(update={"layer_gguf_bytes": (60_000_000,) * 24, "shared_gguf_bytes": 150_000_000})
+    assert kept.total_bytes(weights="gguf") == 150_000_000 + 24 * 60_000_000
+    assert kept.rank_bytes(12, 24, weights="gguf") == 150_000_000 + 12 * 60_000_000
+    assert FOOTPRINT.total_bytes(weights="gguf") == FOOTPRINT.total_bytes(weights="stored")
+    # 1.3 GiB nodes: too small for the whole model (1.9 GiB with room to serve), enough for half each.
+    split = plan_pipeline("m", kept, [_node("a", 1.3, weights="gguf"), _node("b", 1.3, weights="gguf")])
+    assert split.layer_counts == (12, 12)
+    assert split.planned_bytes[0] == rank_need(kept, 12, 24, weights="gguf")
+    # Tensor ranks keep their sharded layers in float32, as under q8_0.
+    assert kept.tensor_rank_bytes(2, weights="gguf") == 150_000_000 + 24 * 4 * 100_000_000 // 2
+
+
 @pytest.mark.parametrize(
     ("available", "expected"),
     [

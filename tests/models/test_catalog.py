@@ -71,6 +71,9 @@ def test_memory_needed_follows_how_the_node_holds_weights() -> None:
     assert QWEN25_CODER_15B.memory_bytes("stored") == 2 * values
     for weights in ("float32", "int8", "stored"):
         assert QWEN25_CODER_15B.memory_bytes(weights) == held_bytes(values, 2 * values, weights=weights)
+    # Under gguf the GGUF's bytes (its tensors and its few MB of metadata: the catalog knows the file's size).
+    assert QWEN25_CODER_15B.memory_bytes("gguf") == QWEN25_CODER_15B.source.gguf_size
+    assert QWEN25_CODER_15B.disk_bytes == QWEN25_CODER_15B.imported_bytes + QWEN25_CODER_15B.source.gguf_size
     assert describe_size(QWEN25_CODER_15B, "int8").endswith("1.8 GB of memory to serve as int8")
     assert describe_size(QWEN25_CODER_15B, "float32").endswith("7.1 GB of memory to serve as float32")
 

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -10,8 +11,11 @@ from gguf import TokenType
 from mlx import nn
 from mlx_lm import load
 
+from exo.models.checkpoint_facts import checkpoint_facts
 from exo.models.errors import ModelLoadError
-from exo.models.gguf_import import import_gguf
+from exo.models.footprint import read_footprint
+from exo.models.gguf_import import hf_tensor_name, import_gguf
+from exo.models.gguf_source import KEPT_GGUF_NAME, kept_gguf, read_gguf_source
 from exo.models.gguf_tokenizer import find_untrained_markers
 from tests.models.tiny_gguf import (
     CONTROL_TOKENS,
@@ -121,3 +125,33 @@ def test_non_gguf_file_is_a_clear_load_error(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match=r"bogus\.gguf"):
         import_gguf(bogus, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_import_keeps_its_gguf_moved_or_recorded_with_each_tensors_bytes(
+    tmp_path: Path, tiny_tokenizer: TinyTokenizer
+) -> None:
+    """A catalog import's scratch GGUF moves into the model directory; a user's file stays where it is, recorded
+    by path, size and time (what `--cpu-weights gguf` serves, and what its memory is counted from)."""
+    weights = build_model("qwen2", tiny_tokenizer, seed=3)
+    source = tmp_path / "tiny.gguf"
+    write_gguf(source, "qwen2", weights, tiny_tokenizer, with_output=True)
+    tensors = {tensor.name: int(tensor.n_bytes) for tensor in gguf.GGUFReader(source, "r").tensors}
+    recorded = import_gguf(source, tmp_path / "recorded")
+    assert kept_gguf(recorded) == source.resolve()
+    record = read_gguf_source(recorded)
+    assert record is not None
+    assert record.path == str(source.resolve())
+    assert record.tensor_bytes == {hf_tensor_name(name): size for name, size in tensors.items()}
+    footprint = read_footprint(recorded)
+    assert footprint.total_bytes(weights="gguf") == sum(tensors.values())
+    assert footprint.rank_bytes(0, 1, weights="gguf") == sum(
+        size for name, size in tensors.items() if not name.startswith("blk.1.")
+    )
+    assert checkpoint_facts(recorded).gguf_bytes == sum(tensors.values())
+    size = source.stat().st_size
+    moved = import_gguf(source, tmp_path / "moved", move_gguf=True)
+    assert not source.exists()
+    assert kept_gguf(moved) == moved / KEPT_GGUF_NAME
+    assert (moved / KEPT_GGUF_NAME).stat().st_size == size
+    # The user's file is gone from where it was recorded: no GGUF kept for that import any more.
+    assert kept_gguf(recorded) is None
