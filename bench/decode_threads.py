@@ -7,23 +7,27 @@ the BLAS the node preloads; every setting takes its turn in every round, so load
 alike. A decode step over R rows is one batched step over R sequences (one token each) after a short prompt.
 
 Settings: MKL's thread count, `1`, `2` or `default` (MKL's own count, the engine's behaviour; float32 is measured
-this way only), and for q8_0 the threads of ggml's pool (`--ggml-threads`: 1, 2 and `auto`, the engine's choice,
-every core), and with `--grouping on,off` q8_0's sibling layers (q/k/v, gate/up) computed as one ggml graph (`on`,
-the engine's behaviour) or one graph a product (`off`). Prints Markdown
-with commit, CPU, load and command. Not a test. q8_0 needs ggml's CPU library (`uv run exo ggml build`).
+this way only), and for q8_0 and gguf the threads of ggml's pool (`--ggml-threads`: 1, 2 and `auto`, the engine's
+choice, every core), and with `--grouping on,off` q8_0's sibling layers (q/k/v, gate/up) computed as one ggml graph
+(`on`, the engine's behaviour) or one graph a product (`off`). Also the process's resident memory as each format
+loads (VmRSS growth, in load order: put one format alone in `--weights` for its own figure). Prints Markdown with
+commit, CPU, load and command. Not a test. q8_0 and gguf need ggml's CPU library (`uv run exo ggml build`); gguf a
+model imported with its GGUF kept.
 
-`uv run python -m bench.decode_threads [--model SPEC] [--weights float32,q8_0,int8] [--rounds N] [--steps N]
+`uv run python -m bench.decode_threads [--model SPEC] [--weights float32,q8_0,gguf,int8] [--rounds N] [--steps N]
 [--rows 1,4,8] [--ggml-threads 1,2,auto] [--grouping on,off]`
 """
 
 import argparse
 import ctypes
+import json
 import os
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Literal, cast
 
 from pydantic import BaseModel
@@ -40,18 +44,18 @@ class Timing(BaseModel):
     setting: Setting
     rows: int
     ggml_threads: str | None = None
-    """ggml's pool size under q8_0: a count, or `auto` (the engine's choice: every core)."""
+    """ggml's pool size under q8_0 or gguf: a count, or `auto` (the engine's choice: every core)."""
     grouping: str | None = None
     """q8_0's sibling layers: `on` (one ggml graph per group, the engine's behaviour) or `off` (one a product)."""
     step_ms: list[float] = []
 
 
 def _settings(weights: str, ggml_threads: list[str]) -> list[tuple[Setting, str | None]]:
-    """(MKL threads, ggml threads) measured for a format: int8 all MKL settings; q8_0 each ggml count under MKL's
-    default and under one MKL thread (whether the two pools fight); float32 MKL's default only."""
+    """(MKL threads, ggml threads) measured for a format: int8 all MKL settings; q8_0 and gguf each ggml count under
+    MKL's default and under one MKL thread (whether the two pools fight); float32 MKL's default only."""
     if weights == "int8":
         return [(setting, None) for setting in SETTINGS]
-    if weights == "q8_0":
+    if weights in ("q8_0", "gguf"):
         return [(setting, threads) for setting in ("default", "1") for threads in ggml_threads]
     return [("default", None)]
 
@@ -67,6 +71,7 @@ def _worker(
     grouping: list[str],
 ) -> None:
     import mlx.core as mx
+    from mlx import nn
     from mlx_lm.models.cache import make_prompt_cache
 
     from exo.models.paths import default_models_dir
@@ -82,12 +87,15 @@ def _worker(
     set_threads: Callable[[int], None] = mkl.MKL_Set_Num_Threads
     default_threads = int(mkl.MKL_Get_Max_Threads())
     path = resolve_model(model_spec, default_models_dir()).path
-    models = {
-        weights: load_model(
+    models: dict[str, nn.Module] = {}
+    for weights in formats:
+        before = _resident_kib("VmRSS")
+        models[weights] = load_model(
             path, ShardAssignment(), cpu_kernels=CpuKernels("auto", weights=cast(CpuWeightsSetting, weights))
         ).model
-        for weights in formats
-    }
+        grown, peak = (_resident_kib("VmRSS") - before) / 1024, _resident_kib("VmHWM") / 1024
+        _progress(f"loaded {weights}: resident memory grew {grown:.1f} MiB (peak {peak:.1f} MiB)")
+        print(json.dumps({"resident": weights, "grown_mib": grown, "peak_mib": peak}))
     _progress(f"loaded; MKL's default thread count {default_threads}")
     siblings = {
         weights: [(module, module.shared) for _, module in model.named_modules() if isinstance(module, Q8Linear)]
@@ -135,6 +143,14 @@ def _worker(
         print(timing.model_dump_json())
 
 
+def _resident_kib(field: str) -> int:
+    """This process's `field` (VmRSS: resident now; VmHWM: its peak) from /proc/self/status, in KiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    return 0
+
+
 def _progress(line: str) -> None:
     print(f"[bench.decode_threads {time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
 
@@ -147,7 +163,9 @@ def main() -> None:
     parser.add_argument("--rows", default="1,4,8", help="comma-separated sequence counts")
     parser.add_argument("--weights", default="float32,q8_0,int8", help="comma-separated formats (--cpu-weights)")
     parser.add_argument(
-        "--ggml-threads", default="1,2,auto", help="comma-separated ggml pool sizes (q8_0); auto: the engine's rule"
+        "--ggml-threads",
+        default="1,2,auto",
+        help="comma-separated ggml pool sizes (q8_0, gguf); auto: the engine's rule",
     )
     parser.add_argument(
         "--grouping", default="on", help="comma-separated q8_0 sibling grouping: on (one graph per group), off"
@@ -176,7 +194,9 @@ def main() -> None:
     done = subprocess.run(command, env=blas_environment(os.environ), stdout=subprocess.PIPE, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"worker failed (exit {done.returncode})")
-    timings = [Timing.model_validate_json(line) for line in done.stdout.strip().splitlines() if line.startswith("{")]
+    lines = [line for line in done.stdout.strip().splitlines() if line.startswith("{")]
+    resident = [json.loads(line) for line in lines if line.startswith('{"resident"')]
+    timings = [Timing.model_validate_json(line) for line in lines if not line.startswith('{"resident"')]
     load_end = os.getloadavg()
     loads = [", ".join(f"{value:.2f}" for value in load) for load in (load_start, load_end)]
     print(
@@ -204,6 +224,8 @@ def main() -> None:
         "\nEach cell: the median step time over the rounds (ms per decode step) · tokens per second over all rows; "
         "every round's median in brackets."
     )
+    grown = "; ".join(f"{r['resident']} +{r['grown_mib']:.1f} MiB (peak {r['peak_mib']:.1f} MiB)" for r in resident)
+    print(f"\nResident memory as each format loaded, in load order (VmRSS growth; the process's VmHWM after): {grown}.")
 
 
 def _cell(timing: Timing, rows: int) -> str:
