@@ -33,7 +33,7 @@ from exo.worker.engines.mlx.cpu.engine import CpuKernels
 from exo.worker.engines.mlx.cpu.engine import held_bytes as loaded_held_bytes
 from exo.worker.engines.mlx.cpu.ggml_library import CACHED_ROWS, Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
-from exo.worker.engines.mlx.cpu.gguf_layers import GgufEmbedding, gguf_matrix
+from exo.worker.engines.mlx.cpu.gguf_layers import GgufEmbedding, GgufModelSource, gguf_matrix
 from exo.worker.engines.mlx.cpu.q8_layers import Q8Linear, Q8Weights, ggml_library, q8_bytes
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
@@ -233,3 +233,22 @@ def test_a_disk_snapshots_model_identity_records_the_gguf_format_and_file(tmp_pa
     )
     assert model_identity(directory, ShardAssignment(), "gguf") != identities["gguf"]
     assert model_identity(directory, ShardAssignment(), "float32") == identities["float32"]
+
+
+def test_a_pipeline_stage_finds_its_layers_and_wrapped_embedding_in_the_gguf(tmp_path: Path) -> None:
+    """A layer-range stage numbers its kept layers from 0 and wraps a later stage's embedding; mlx-lm's own
+    pipeline keeps the layers' numbers (first_layer 0)."""
+    directory = export_fixture("tiny-qwen-tools", tmp_path / "tiny-qwen-tools")
+    kept = kept_gguf(directory)
+    assert kept is not None
+    stage = GgufModelSource(kept, first_layer=1)
+    assert _name(stage.tensor("model.layers.0.mlp.up_proj")) == "blk.1.ffn_up.weight"
+    assert _name(stage.tensor("model.embed_tokens.embedding")) == "token_embd.weight"
+    assert stage.tensor("model.layers.1.mlp.up_proj") is None  # the model has layers 0 and 1 only
+    whole = GgufModelSource(kept)
+    assert _name(whole.tensor("model.layers.1.self_attn.q_proj")) == "blk.1.attn_q.weight"
+    assert whole.rotary_heads("model.layers.1.self_attn.q_proj") is None  # qwen2 stores rows as mlx-lm does
+
+
+def _name(tensor: gguf.ReaderTensor | None) -> str | None:
+    return None if tensor is None else tensor.name

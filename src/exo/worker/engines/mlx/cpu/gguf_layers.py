@@ -28,6 +28,9 @@ from exo.worker.engines.mlx.cpu.q8_layers import Q8Embedding, Q8Linear, Q8Weight
 logger = logging.getLogger(__name__)
 
 _LAYER_PATH: Final = re.compile(r"^model\.layers\.(\d+)\.")
+_WRAPPED: Final = {"model.embed_tokens.embedding": "model.embed_tokens"}
+"""Paths of matrices a layer-range pipeline stage wraps (`distributed/layer_split.py`: a later stage's embedding
+stands behind the hidden state it receives), by the path they have unwrapped."""
 
 
 class GgufEmbedding(Q8Embedding):
@@ -83,6 +86,7 @@ class GgufModelSource:
 
     def tensor(self, module_path: str) -> gguf.ReaderTensor | None:
         """The GGUF tensor holding the weight of the module at `module_path`, or None where the file has none."""
+        module_path = _WRAPPED.get(module_path, module_path)
         if self._first_layer:
             module_path = _LAYER_PATH.sub(lambda m: f"model.layers.{int(m[1]) + self._first_layer}.", module_path)
         return self._tensors.get(f"{module_path}.weight")
