@@ -1,15 +1,15 @@
-"""int8 or Q8_0 against float32 weights on a CPU (`--cpu-weights`, issue 33): greedy agreement, tool calls, speed,
-memory.
+"""int8, Q8_0 or the GGUF's own blocks against float32 weights on a CPU (`--cpu-weights`, issue 33): greedy
+agreement, tool calls, speed, memory.
 
 Each format is loaded the way a runner loads it (exo's `load_model` under `CpuKernels`), in a process of its own
 with the BLAS the node preloads. The float32 process decodes every corpus prompt greedily; the compared process
-(`--compare int8`, the default, or `q8_0`) reads those tokens back in one forward pass per prompt and counts the
+(`--compare int8`, the default, `q8_0` or `gguf`) reads those tokens back in one forward pass per prompt and counts the
 positions where its top-1 token is the same (teacher-forced top-1 agreement), and decodes the tool prompts itself to
 compare the calls (the JSON objects in the text; the default model writes them bare or between tags; each tool
 prompt is offered only the tool it is about, to keep its prompt short). Speed: a 512-token prefill pass, then 16
 greedy decode steps; memory: the process's resident set after loading and its peak.
 
-`uv run python -m bench.cpu_weights [--model SPEC] [--compare int8|q8_0] [--tool-prompts N] [--tokens N]`
+`uv run python -m bench.cpu_weights [--model SPEC] [--compare int8|q8_0|gguf] [--tool-prompts N] [--tokens N]`
 """
 
 import argparse
@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from bench.machine import checkout_commit, cpu_model
 from bench.tool_corpus import CORPUS, PROSE, TOOLS
 
-Format = Literal["float32", "int8", "q8_0"]
+Format = Literal["float32", "int8", "q8_0", "gguf"]
 
 
 class PromptResult(BaseModel):
@@ -72,7 +72,7 @@ def _worker(model_path: Path, weights: Format, tokens: int, tool_prompts: int, r
     started = time.perf_counter()
     loaded = load_model(model_path, ShardAssignment(), cpu_kernels=CpuKernels("auto", weights=weights))
     load_seconds = time.perf_counter() - started
-    if loaded.dtype == "q8_0":  # as the runner does: the BLAS on one thread beside ggml's products
+    if loaded.dtype in ("q8_0", "gguf"):  # as the runner does: the BLAS on one thread beside ggml's products
         set_blas_threads(BLAS_THREADS)
     resident = _status_gb("VmRSS")
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -187,11 +187,15 @@ def _run_worker(model: Path, weights: Format, tokens: int, tool_prompts: int, re
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="int8 or Q8_0 against float32 weights on a CPU (--cpu-weights)")
+    parser = argparse.ArgumentParser(
+        description="int8, Q8_0 or GGUF blocks against float32 weights on a CPU (--cpu-weights)"
+    )
     parser.add_argument("--model", default=None, help="a model spec as `exo --model` takes (default: the default)")
     parser.add_argument("--model-path", type=Path, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--worker", choices=("float32", "int8", "q8_0"), default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--compare", choices=("int8", "q8_0"), default="int8", help="the format compared with float32")
+    parser.add_argument("--worker", choices=("float32", "int8", "q8_0", "gguf"), default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--compare", choices=("int8", "q8_0", "gguf"), default="int8", help="the format compared with float32"
+    )
     parser.add_argument("--reference", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, default=48, help="greedy tokens per corpus prompt")
     parser.add_argument("--tool-prompts", type=int, default=12, help="prompts of the bench's tool corpus")

@@ -5,6 +5,7 @@ llama q/k row order)."""
 import json
 import shutil
 from pathlib import Path
+from typing import cast
 
 import gguf
 import mlx.core as mx
@@ -29,7 +30,7 @@ def export_fixture(name: FixtureModelName, target: Path) -> Path:
     shutil.copytree(FIXTURE_MODELS_DIR / name, target)
     config = json.loads((target / "config.json").read_text())
     architecture = str(config["model_type"])
-    weights = mx.load(str(target / "model.safetensors"))
+    weights = cast(dict[str, mx.array], mx.load(str(target / "model.safetensors")))
     path = target.parent / f"{name}.gguf"
     writer = gguf.GGUFWriter(path, architecture)
     writer.add_head_count(int(config["num_attention_heads"]))

@@ -59,8 +59,11 @@ def ggml() -> Ggml:
     return ggml_library(folder)
 
 
-def _stored_tensor(ggml: Ggml, type_name: str, weight: npt.NDArray[np.float32], folder: Path) -> gguf.ReaderTensor:
-    """`weight` written as one `type_name` tensor of a GGUF in `folder` and read back as a runner reads it."""
+def _stored_tensor(
+    ggml: Ggml, type_name: str, weight: npt.NDArray[np.float32], folder: Path
+) -> tuple[gguf.ReaderTensor, Path]:
+    """`weight` written as one `type_name` tensor of a GGUF in `folder` and read back as a runner reads it; the
+    tensor and the file."""
     qtype = GGMLQuantizationType[type_name]
     if type_name in GGML_QUANTIZED_TYPES:
         made = GgmlMatrix(ggml, type_name, weight.shape[0], weight.shape[1])
@@ -77,7 +80,7 @@ def _stored_tensor(ggml: Ggml, type_name: str, weight: npt.NDArray[np.float32], 
     writer.close()
     (tensor,) = gguf.GGUFReader(path, "r").tensors
     assert tensor.tensor_type == qtype
-    return tensor
+    return tensor, path
 
 
 @pytest.mark.parametrize("type_name", [*PACKAGE_TYPES, *GGML_QUANTIZED_TYPES])
@@ -86,9 +89,9 @@ def test_each_stored_type_multiplies_as_its_dequantized_matrix(ggml: Ggml, type_
     call), on a real trained matrix (64 x 128) beside itself reversed: 256-value rows, whole blocks of every type."""
     trained = np.asarray(fixture_matrix())
     weight = np.ascontiguousarray(np.concatenate([trained, trained[:, ::-1]], axis=1))
-    tensor = _stored_tensor(ggml, type_name, weight, tmp_path)
+    tensor, path = _stored_tensor(ggml, type_name, weight, tmp_path)
     dequantized: npt.NDArray[np.float32] = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-    matrix = gguf_matrix(tensor, ggml)
+    matrix = gguf_matrix(tensor, path, ggml)
     assert matrix.shape == weight.shape
     assert matrix.nbytes == int(tensor.n_bytes)
     np.testing.assert_array_equal(matrix.blocks.reshape(-1), np.asarray(tensor.data).view(np.uint8).reshape(-1))
@@ -103,8 +106,8 @@ def test_each_stored_type_multiplies_as_its_dequantized_matrix(ggml: Ggml, type_
 
 def test_a_gguf_embedding_looks_up_the_dequantized_rows_and_projects_by_its_blocks(ggml: Ggml, tmp_path: Path) -> None:
     table = np.asarray(mx.random.normal((50, 256), key=mx.random.key(5)))
-    tensor = _stored_tensor(ggml, "Q5_0", table, tmp_path)
-    embedding = GgufEmbedding(Q8Weights(gguf_matrix(tensor, ggml)), tensor.tensor_type)
+    tensor, path = _stored_tensor(ggml, "Q5_0", table, tmp_path)
+    embedding = GgufEmbedding(Q8Weights(gguf_matrix(tensor, path, ggml)), tensor.tensor_type)
     dequantized: npt.NDArray[np.float32] = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     ids = mx.array([[3, 7, 7, 49]])
     looked_up = embedding(ids)
@@ -186,6 +189,7 @@ def test_a_model_without_a_kept_gguf_is_refused_naming_how_to_import_it_again(gg
     # A kept GGUF changed since the import (its time, here) counts as none.
     directory = export_fixture("tiny-qwen-tools", tmp_path / "tiny-qwen-tools")
     kept = kept_gguf(directory)
+    assert kept is not None
     assert kept == directory / "model.gguf"
     stat = kept.stat()
     os.utime(kept, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))

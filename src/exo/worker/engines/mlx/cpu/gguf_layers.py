@@ -3,8 +3,9 @@
 
 The model is built lazily from its imported safetensors; each Linear and Embedding is then replaced, before any of
 its weights is read, by a `Q8Linear` / `GgufEmbedding` whose `GgmlMatrix` is filled from the GGUF tensor's raw bytes
-(read through the file's memory map, one tensor at a time), so no float16 or float32 copy of a served matrix is
-ever evaluated: the matrices take what the file's tensors take. Products go through the same ggml path as Q8_0's
+(read from the file one tensor at a time, not through its memory map, whose touched pages would count in the
+runner's resident memory until the map is closed), so no float16 or float32 copy of a served matrix is ever
+evaluated: the matrices take what the file's tensors take. Products go through the same ggml path as Q8_0's
 (`q8_layers.py`). An embedding lookup dequantizes the rows it reads with gguf's own dequantizer.
 """
 
@@ -49,10 +50,10 @@ class GgufEmbedding(Q8Embedding):
         return mx.array(values.astype(np.float32, copy=False).reshape(*rows.shape, self.q8.shape[1]))
 
 
-def gguf_matrix(tensor: gguf.ReaderTensor, ggml: Ggml, rotary_heads: int | None = None) -> GgmlMatrix:
-    """The tensor's blocks in a ggml matrix, as stored (`rotary_heads`: a llama q/k matrix's heads, whose rows the
-    GGUF interleaves and mlx-lm does not: its rows are put back, blocks untouched). Raises ModelLoadError for a type
-    ggml's products are not wired for here."""
+def gguf_matrix(tensor: gguf.ReaderTensor, file: Path, ggml: Ggml, rotary_heads: int | None = None) -> GgmlMatrix:
+    """The blocks of `tensor` (of the GGUF `file`) in a ggml matrix, as stored (`rotary_heads`: a llama q/k matrix's
+    heads, whose rows the GGUF interleaves and mlx-lm does not: its rows are put back, blocks untouched). Raises
+    ModelLoadError for a type ggml's products are not wired for here."""
     type_name = tensor.tensor_type.name
     if type_name not in GGML_TYPES:
         raise ModelLoadError(
@@ -60,7 +61,8 @@ def gguf_matrix(tensor: gguf.ReaderTensor, ggml: Ggml, rotary_heads: int | None 
             f"by (served: {', '.join(GGML_TYPES)})"
         )
     in_features, out_features = int(tensor.shape[0]), int(tensor.shape[1])
-    rows = np.asarray(tensor.data).view(np.uint8).reshape(out_features, -1)
+    raw = np.fromfile(file, dtype=np.uint8, count=int(tensor.n_bytes), offset=int(tensor.data_offset))
+    rows = raw.reshape(out_features, -1)
     if rotary_heads is not None:
         rows = unpermute_rotary(rows, rotary_heads)
     return GgmlMatrix.from_blocks(ggml, type_name, out_features, in_features, rows)
@@ -109,7 +111,7 @@ def _replacement(path: str, module: nn.Module, source: GgufModelSource, ggml: Gg
     if tensor is None:
         logger.warning("%s has no tensor for %s: it stays as imported", source.path.name, path)
         return None
-    weights = Q8Weights(gguf_matrix(tensor, ggml, source.rotary_heads(path)))
+    weights = Q8Weights(gguf_matrix(tensor, source.path, ggml, source.rotary_heads(path)))
     if weights.shape != tuple(module["weight"].shape):
         expected = tuple(module["weight"].shape)
         raise ModelLoadError(f"{source.path}: tensor {tensor.name} is {weights.shape}, {path} expects {expected}")
