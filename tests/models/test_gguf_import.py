@@ -142,6 +142,12 @@ def test_the_import_keeps_its_gguf_moved_or_recorded_with_each_tensors_bytes(
     assert record is not None
     assert record.path == str(source.resolve())
     assert record.tensor_bytes == {hf_tensor_name(name): size for name, size in tensors.items()}
+    # Where a runner reads each tensor from without parsing the header again: the bytes gguf's reader gives.
+    for tensor in gguf.GGUFReader(source, "r").tensors:
+        entry = record.tensors[str(hf_tensor_name(tensor.name))]
+        assert (entry.name, entry.type) == (tensor.name, tensor.tensor_type.name)
+        read = np.fromfile(source, dtype=np.uint8, count=entry.nbytes, offset=entry.offset)
+        np.testing.assert_array_equal(read, np.asarray(tensor.data).view(np.uint8).reshape(-1))
     footprint = read_footprint(recorded)
     assert footprint.total_bytes(weights="gguf") == sum(tensors.values())
     assert footprint.rank_bytes(0, 1, weights="gguf") == sum(

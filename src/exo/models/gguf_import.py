@@ -20,7 +20,7 @@ from safetensors.numpy import save_file
 
 from exo.models.errors import ModelLoadError
 from exo.models.gguf_metadata import GGUFMetadata
-from exo.models.gguf_source import record_gguf
+from exo.models.gguf_source import GgufTensor, record_gguf
 from exo.models.gguf_tokenizer import build_tokenizer, find_untrained_markers
 from exo.models.progress import ByteCounter, ProgressCallback, no_progress
 from exo.models.staging import staged_directory
@@ -157,6 +157,17 @@ def gguf_tensors(reader: gguf.GGUFReader) -> dict[str, gguf.ReaderTensor]:
     return {name: tensor for tensor in reader.tensors if (name := hf_tensor_name(tensor.name)) is not None}
 
 
+def tensor_record(tensor: gguf.ReaderTensor) -> GgufTensor:
+    """What a runner needs of a tensor to read it from the file without gguf's reader (`gguf_source.py`)."""
+    return GgufTensor(
+        name=tensor.name,
+        type=tensor.tensor_type.name,
+        shape=tuple(int(size) for size in tensor.shape),
+        offset=int(tensor.data_offset),
+        nbytes=int(tensor.n_bytes),
+    )
+
+
 def import_gguf(
     gguf_path: Path, out_dir: Path, progress: ProgressCallback = no_progress, *, move_gguf: bool = False
 ) -> Path:
@@ -201,7 +212,7 @@ def import_gguf(
         tokenizer = build_tokenizer(metadata, untrained, gguf_path, config.max_position_embeddings)
         tokenizer.save_pretrained(str(staging))
         (staging / "config.json").write_text(json.dumps(config.model_dump(), indent=2) + "\n")
-        tensor_bytes = {name: int(tensor.n_bytes) for name, tensor in gguf_tensors(reader).items()}
-        record_gguf(staging, gguf_path, tensor_bytes, move=move_gguf)
+        tensors = {name: tensor_record(tensor) for name, tensor in gguf_tensors(reader).items()}
+        record_gguf(staging, gguf_path, tensors, move=move_gguf)
     logger.info("imported %s in %.1f s", gguf_path.name, time.monotonic() - started)
     return out_dir

@@ -5,8 +5,10 @@ A catalog import moves its scratch GGUF into the model directory (`model.gguf`).
 is and recorded by path, size and modification time: a hard link would save nothing on disk either way, and the
 staging step's chmod of everything in the new directory would change the user's file through it. A record that no
 longer matches the file (moved, edited, replaced) counts as no GGUF kept. Either way `gguf-source.json` also lists
-each imported tensor's bytes in the GGUF, which is what the weights take in memory under `--cpu-weights gguf`.
-Never imports gguf, numpy or mlx: the footprint reads the record on every node's start.
+each imported tensor's type, shape, offset and bytes in the GGUF: what the weights take in memory under
+`--cpu-weights gguf`, and where a runner reads each from (gguf's reader parses every metadata field, the
+tokenizer's 150,000 strings included: 84 s on a loaded 2-core machine, for nothing the runner needs). Never
+imports gguf, numpy or mlx: the footprint reads the record on every node's start.
 """
 
 import os
@@ -20,18 +22,36 @@ KEPT_GGUF_NAME: Final = "model.gguf"
 RECORD_NAME: Final = "gguf-source.json"
 
 
+class GgufTensor(BaseModel):
+    """One tensor of a GGUF as its header describes it."""
+
+    name: str
+    """Its GGUF name (`blk.0.attn_q.weight`)."""
+    type: str
+    """Its ggml type's name (Q4_K, Q5_0, F32...)."""
+    shape: tuple[int, ...]
+    """GGUF order: the fastest-varying dimension first (a matrix's row length, then its rows)."""
+    offset: int
+    """Where its data starts in the file."""
+    nbytes: int
+
+
 class GgufSource(BaseModel):
-    """Where a model directory's GGUF is and which version of it, and the bytes of each tensor the import used
-    (by its Hugging Face name, as the imported safetensors name it)."""
+    """Where a model directory's GGUF is and which version of it, and each tensor the import used (by its Hugging
+    Face name, as the imported safetensors name it)."""
 
     path: str
     """`KEPT_GGUF_NAME` for a file inside the model directory, else the user's file's absolute path."""
     size: int
     mtime_ns: int
-    tensor_bytes: dict[str, int]
+    tensors: dict[str, GgufTensor]
+
+    @property
+    def tensor_bytes(self) -> dict[str, int]:
+        return {name: tensor.nbytes for name, tensor in self.tensors.items()}
 
 
-def record_gguf(model_dir: Path, gguf_path: Path, tensor_bytes: dict[str, int], *, move: bool) -> None:
+def record_gguf(model_dir: Path, gguf_path: Path, tensors: dict[str, GgufTensor], *, move: bool) -> None:
     """Keep `gguf_path` for `model_dir` (a directory being built): moved into it when `move` (the file must be on the
     same filesystem: a catalog import's scratch file is), else recorded where it is."""
     if move:
@@ -42,7 +62,7 @@ def record_gguf(model_dir: Path, gguf_path: Path, tensor_bytes: dict[str, int], 
         kept = gguf_path.resolve()
         named = str(kept)
     stat = kept.stat()
-    record = GgufSource(path=named, size=stat.st_size, mtime_ns=stat.st_mtime_ns, tensor_bytes=tensor_bytes)
+    record = GgufSource(path=named, size=stat.st_size, mtime_ns=stat.st_mtime_ns, tensors=tensors)
     (model_dir / RECORD_NAME).write_text(record.model_dump_json(indent=2) + "\n")
 
 

@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from exo.models.gguf_import import gguf_tensors
+from exo.models.gguf_import import gguf_tensors, tensor_record
 from exo.models.gguf_source import record_gguf
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
 from tests.models.tiny_gguf import gguf_name, permute_rotary
@@ -51,6 +51,6 @@ def export_fixture(name: FixtureModelName, target: Path) -> Path:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    tensor_bytes = {hf: int(tensor.n_bytes) for hf, tensor in gguf_tensors(gguf.GGUFReader(path, "r")).items()}
-    record_gguf(target, path, tensor_bytes, move=True)
+    tensors = {hf: tensor_record(tensor) for hf, tensor in gguf_tensors(gguf.GGUFReader(path, "r")).items()}
+    record_gguf(target, path, tensors, move=True)
     return target

@@ -26,7 +26,8 @@ from mlx import nn
 
 from exo.models.errors import ModelLoadError
 from exo.models.footprint import read_footprint
-from exo.models.gguf_source import gguf_missing_reason, kept_gguf, read_gguf_source
+from exo.models.gguf_import import tensor_record
+from exo.models.gguf_source import GgufTensor, gguf_missing_reason, kept_gguf, read_gguf_source
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cache.model_identity import model_identity
 from exo.worker.engines.mlx.cpu.engine import CpuKernels
@@ -61,9 +62,9 @@ def ggml() -> Ggml:
 
 def _stored_tensor(
     ggml: Ggml, type_name: str, weight: npt.NDArray[np.float32], folder: Path
-) -> tuple[gguf.ReaderTensor, Path]:
+) -> tuple[gguf.ReaderTensor, GgufTensor, Path]:
     """`weight` written as one `type_name` tensor of a GGUF in `folder` and read back as a runner reads it; the
-    tensor and the file."""
+    tensor as gguf reads it, as the import records it, and the file."""
     qtype = GGMLQuantizationType[type_name]
     if type_name in GGML_QUANTIZED_TYPES:
         made = GgmlMatrix(ggml, type_name, weight.shape[0], weight.shape[1])
@@ -80,7 +81,7 @@ def _stored_tensor(
     writer.close()
     (tensor,) = gguf.GGUFReader(path, "r").tensors
     assert tensor.tensor_type == qtype
-    return tensor, path
+    return tensor, tensor_record(tensor), path
 
 
 @pytest.mark.parametrize("type_name", [*PACKAGE_TYPES, *GGML_QUANTIZED_TYPES])
@@ -89,9 +90,9 @@ def test_each_stored_type_multiplies_as_its_dequantized_matrix(ggml: Ggml, type_
     call), on a real trained matrix (64 x 128) beside itself reversed: 256-value rows, whole blocks of every type."""
     trained = np.asarray(fixture_matrix())
     weight = np.ascontiguousarray(np.concatenate([trained, trained[:, ::-1]], axis=1))
-    tensor, path = _stored_tensor(ggml, type_name, weight, tmp_path)
+    tensor, record, path = _stored_tensor(ggml, type_name, weight, tmp_path)
     dequantized: npt.NDArray[np.float32] = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-    matrix = gguf_matrix(tensor, path, ggml)
+    matrix = gguf_matrix(record, path, ggml)
     assert matrix.shape == weight.shape
     assert matrix.nbytes == int(tensor.n_bytes)
     np.testing.assert_array_equal(matrix.blocks.reshape(-1), np.asarray(tensor.data).view(np.uint8).reshape(-1))
@@ -106,8 +107,8 @@ def test_each_stored_type_multiplies_as_its_dequantized_matrix(ggml: Ggml, type_
 
 def test_a_gguf_embedding_looks_up_the_dequantized_rows_and_projects_by_its_blocks(ggml: Ggml, tmp_path: Path) -> None:
     table = np.asarray(mx.random.normal((50, 256), key=mx.random.key(5)))
-    tensor, path = _stored_tensor(ggml, "Q5_0", table, tmp_path)
-    embedding = GgufEmbedding(Q8Weights(gguf_matrix(tensor, path, ggml)), tensor.tensor_type)
+    tensor, record, path = _stored_tensor(ggml, "Q5_0", table, tmp_path)
+    embedding = GgufEmbedding(Q8Weights(gguf_matrix(record, path, ggml)), tensor.tensor_type)
     dequantized: npt.NDArray[np.float32] = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     ids = mx.array([[3, 7, 7, 49]])
     looked_up = embedding(ids)
@@ -243,16 +244,17 @@ def test_a_pipeline_stage_finds_its_layers_and_wrapped_embedding_in_the_gguf(tmp
     """A layer-range stage numbers its kept layers from 0 and wraps a later stage's embedding; mlx-lm's own
     pipeline keeps the layers' numbers (first_layer 0)."""
     directory = export_fixture("tiny-qwen-tools", tmp_path / "tiny-qwen-tools")
-    kept = kept_gguf(directory)
+    kept, source = kept_gguf(directory), read_gguf_source(directory)
     assert kept is not None
-    stage = GgufModelSource(kept, first_layer=1)
+    assert source is not None
+    stage = GgufModelSource(directory, kept, source, first_layer=1)
     assert _name(stage.tensor("model.layers.0.mlp.up_proj")) == "blk.1.ffn_up.weight"
     assert _name(stage.tensor("model.embed_tokens.embedding")) == "token_embd.weight"
     assert stage.tensor("model.layers.1.mlp.up_proj") is None  # the model has layers 0 and 1 only
-    whole = GgufModelSource(kept)
+    whole = GgufModelSource(directory, kept, source)
     assert _name(whole.tensor("model.layers.1.self_attn.q_proj")) == "blk.1.attn_q.weight"
     assert whole.rotary_heads("model.layers.1.self_attn.q_proj") is None  # qwen2 stores rows as mlx-lm does
 
 
-def _name(tensor: gguf.ReaderTensor | None) -> str | None:
+def _name(tensor: GgufTensor | None) -> str | None:
     return None if tensor is None else tensor.name

@@ -13,7 +13,7 @@ from mlx_lm.utils import dequantize_model
 
 from exo.models.catalog import CATALOG
 from exo.models.errors import ModelLoadError
-from exo.models.gguf_source import gguf_missing_reason, kept_gguf
+from exo.models.gguf_source import gguf_missing_reason, kept_gguf, read_gguf_source
 from exo.shared.types.cpu_kernels import (
     DEFAULT_CPU_WEIGHTS,
     REPLACEMENTS,
@@ -143,12 +143,12 @@ def _gguf_source(model_path: Path | None, first_layer: int) -> GgufModelSource:
     """The kept GGUF of the model at `model_path`; ModelLoadError naming how to import it again where none is kept."""
     if model_path is None:
         raise ModelLoadError("--cpu-weights gguf serves a model's GGUF: the model's directory was not given")
-    kept = kept_gguf(model_path)
-    if kept is None:
+    kept, source = kept_gguf(model_path), read_gguf_source(model_path)
+    if kept is None or source is None:
         catalog_ids = tuple(entry.model_id for entry in CATALOG)
         reason = gguf_missing_reason(model_path, catalog_ids)
         raise ModelLoadError(f"--cpu-weights gguf serves the GGUF a model was imported from, but {reason}")
-    return GgufModelSource(kept, first_layer)
+    return GgufModelSource(model_path, kept, source, first_layer)
 
 
 def held_bytes(model: nn.Module) -> int:

@@ -9,10 +9,11 @@ evaluated: the matrices take what the file's tensors take. Products go through t
 (`q8_layers.py`). An embedding lookup dequantizes the rows it reads with gguf's own dequantizer.
 """
 
+import json
 import logging
 import re
 from pathlib import Path
-from typing import Final
+from typing import Final, cast
 
 import gguf
 import mlx.core as mx
@@ -21,7 +22,8 @@ import numpy.typing as npt
 from mlx import nn
 
 from exo.models.errors import ModelLoadError
-from exo.models.gguf_import import gguf_tensors, unpermute_rotary
+from exo.models.gguf_import import unpermute_rotary
+from exo.models.gguf_source import GgufSource, GgufTensor
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.matrix_replacement import replace_named_modules
 from exo.worker.engines.mlx.cpu.q8_layers import Q8Embedding, Q8Linear, Q8Weights
@@ -50,43 +52,39 @@ class GgufEmbedding(Q8Embedding):
         return mx.array(values.astype(np.float32, copy=False).reshape(*rows.shape, self.q8.shape[1]))
 
 
-def gguf_matrix(tensor: gguf.ReaderTensor, file: Path, ggml: Ggml, rotary_heads: int | None = None) -> GgmlMatrix:
+def gguf_matrix(tensor: GgufTensor, file: Path, ggml: Ggml, rotary_heads: int | None = None) -> GgmlMatrix:
     """The blocks of `tensor` (of the GGUF `file`) in a ggml matrix, as stored (`rotary_heads`: a llama q/k matrix's
     heads, whose rows the GGUF interleaves and mlx-lm does not: its rows are put back, blocks untouched). Raises
     ModelLoadError for a type ggml's products are not wired for here."""
-    type_name = tensor.tensor_type.name
-    if type_name not in GGML_TYPES:
+    if tensor.type not in GGML_TYPES or len(tensor.shape) != 2:
         raise ModelLoadError(
-            f"--cpu-weights gguf cannot serve tensor {tensor.name}: its type {type_name} is not one exo multiplies "
-            f"by (served: {', '.join(GGML_TYPES)})"
+            f"--cpu-weights gguf cannot serve tensor {tensor.name}: {tensor.type} {list(tensor.shape)} is not a "
+            f"matrix of a type exo multiplies by (served: {', '.join(GGML_TYPES)})"
         )
-    in_features, out_features = int(tensor.shape[0]), int(tensor.shape[1])
-    raw = np.fromfile(file, dtype=np.uint8, count=int(tensor.n_bytes), offset=int(tensor.data_offset))
+    in_features, out_features = tensor.shape
+    raw = np.fromfile(file, dtype=np.uint8, count=tensor.nbytes, offset=tensor.offset)
     rows = raw.reshape(out_features, -1)
     if rotary_heads is not None:
         rows = unpermute_rotary(rows, rotary_heads)
-    return GgmlMatrix.from_blocks(ggml, type_name, out_features, in_features, rows)
+    return GgmlMatrix.from_blocks(ggml, tensor.type, out_features, in_features, rows)
 
 
 class GgufModelSource:
-    """The tensors of one GGUF, by the mlx-lm module path that serves each; `first_layer` is the model's first layer
-    where a pipeline stage numbers its kept layers from 0."""
+    """The kept GGUF of a model directory, its tensors by the mlx-lm module path that serves each (from the
+    import's record: the file's header is never parsed again); `first_layer` is the model's first layer where a
+    pipeline stage numbers its kept layers from 0."""
 
-    def __init__(self, path: Path, first_layer: int = 0) -> None:
-        self.path = path
-        reader = gguf.GGUFReader(path, "r")
-        self._tensors = gguf_tensors(reader)
+    def __init__(self, model_dir: Path, file: Path, source: GgufSource, first_layer: int = 0) -> None:
+        self.path = file
+        self._tensors = source.tensors
         self._first_layer = first_layer
-        architecture = reader.get_field("general.architecture")
-        self._architecture = str(architecture.contents()) if architecture is not None else ""
-        self._heads = self._integer(reader, "attention.head_count")
-        self._kv_heads = self._integer(reader, "attention.head_count_kv") or self._heads
+        config = cast(dict[str, object], json.loads((model_dir / "config.json").read_text()))
+        self._architecture = config.get("model_type")
+        heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads")
+        self._heads = heads if isinstance(heads, int) else None
+        self._kv_heads = kv_heads if isinstance(kv_heads, int) else self._heads
 
-    def _integer(self, reader: gguf.GGUFReader, key: str) -> int | None:
-        field = reader.get_field(f"{self._architecture}.{key}")
-        return int(field.contents()) if field is not None else None
-
-    def tensor(self, module_path: str) -> gguf.ReaderTensor | None:
+    def tensor(self, module_path: str) -> GgufTensor | None:
         """The GGUF tensor holding the weight of the module at `module_path`, or None where the file has none."""
         module_path = _WRAPPED.get(module_path, module_path)
         if self._first_layer:
@@ -116,7 +114,7 @@ def _replacement(path: str, module: nn.Module, source: GgufModelSource, ggml: Gg
         expected = tuple(module["weight"].shape)
         raise ModelLoadError(f"{source.path}: tensor {tensor.name} is {weights.shape}, {path} expects {expected}")
     if isinstance(module, nn.Embedding):
-        return GgufEmbedding(weights, tensor.tensor_type)
+        return GgufEmbedding(weights, gguf.GGMLQuantizationType[tensor.type])
     return Q8Linear(weights, module.get("bias"))
 
 
