@@ -107,7 +107,7 @@ def _worker(
         )
         for weights in models
         for setting, threads in _settings(weights, ggml_threads)
-        for group in (grouping if weights == "q8_0" else [None])
+        for group in (grouping if weights in ("q8_0", "gguf") else [None])
         for rows in row_counts
     }
     for round_number in range(rounds):
@@ -210,7 +210,7 @@ def main() -> None:
     print("|---|---|---|" + "---|" * len(row_counts))
     for weights in formats:
         for setting, threads in _settings(weights, ggml_threads):
-            for group in grouping if weights == "q8_0" else [None]:
+            for group in grouping if weights in ("q8_0", "gguf") else [None]:
                 key = (weights, setting, threads, group)
                 cells = [t for t in timings if (t.weights, t.setting, t.ggml_threads, t.grouping) == key]
                 if not cells:

@@ -258,3 +258,17 @@ def test_a_pipeline_stage_finds_its_layers_and_wrapped_embedding_in_the_gguf(tmp
 
 def _name(tensor: GgufTensor | None) -> str | None:
     return None if tensor is None else tensor.name
+
+
+@pytest.mark.usefixtures("ggml")
+def test_sibling_gguf_layers_share_one_graph_as_under_q8_0(tmp_path: Path) -> None:
+    """q/k/v (Q8_0 here) and gate/up grouped in every layer; o_proj (F16) and down_proj (BF16) alone."""
+    require_linux_cpu()
+    directory = export_fixture("tiny-qwen-tools", tmp_path / "tiny-qwen-tools")
+    loaded = exo_load_model(directory, ShardAssignment(), cpu_kernels=CpuKernels("auto", weights="gguf"))
+    grouped = sorted(
+        name.rsplit(".", 1)[-1]
+        for name, module in loaded.model.named_modules()
+        if isinstance(module, Q8Linear) and module.shared is not None
+    )
+    assert grouped == sorted(["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"] * 2)

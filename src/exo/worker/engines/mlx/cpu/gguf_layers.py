@@ -26,7 +26,7 @@ from exo.models.gguf_import import unpermute_rotary
 from exo.models.gguf_source import GgufSource, GgufTensor
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.matrix_replacement import replace_named_modules
-from exo.worker.engines.mlx.cpu.q8_layers import Q8Embedding, Q8Linear, Q8Weights
+from exo.worker.engines.mlx.cpu.q8_layers import Q8Embedding, Q8Linear, Q8Weights, share_sibling_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -120,5 +120,8 @@ def _replacement(path: str, module: nn.Module, source: GgufModelSource, ggml: Gg
 
 def load_gguf_matrices(model: nn.Module, source: GgufModelSource, ggml: Ggml) -> int:
     """Replace every Linear and Embedding of `model` (built lazily, its weights never read) by its GGUF tensor's
-    blocks, one at a time; returns how many. Others stay as they are (the caller sets their dtype)."""
-    return replace_named_modules(model, lambda path, module: _replacement(path, module, source, ggml))
+    blocks, one at a time; returns how many. Others stay as they are (the caller sets their dtype). Sibling layers
+    (q/k/v, gate/up) then share one ggml graph, as under q8_0 (their types may differ: one graph holds them all)."""
+    replaced = replace_named_modules(model, lambda path, module: _replacement(path, module, source, ggml))
+    share_sibling_inputs(model)
+    return replaced
