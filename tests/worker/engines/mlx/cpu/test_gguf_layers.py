@@ -33,13 +33,11 @@ from exo.worker.engines.mlx.cache.model_identity import model_identity
 from exo.worker.engines.mlx.cpu.engine import CpuKernels
 from exo.worker.engines.mlx.cpu.engine import held_bytes as loaded_held_bytes
 from exo.worker.engines.mlx.cpu.ggml_library import CACHED_ROWS, Ggml, GgmlMatrix
-from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
 from exo.worker.engines.mlx.cpu.gguf_layers import GgufEmbedding, GgufModelSource, gguf_matrix
-from exo.worker.engines.mlx.cpu.q8_layers import Q8Linear, Q8Weights, ggml_library, q8_bytes
+from exo.worker.engines.mlx.cpu.q8_layers import Q8Linear, Q8Weights, q8_bytes
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
 from tests.fixtures.model_builder.verify import greedy_generate, load_model
-from tests.machine_skips import skip_for_machine
 from tests.worker.engines.mlx.cpu.gguf_export import export_fixture
 from tests.worker.engines.mlx.cpu.platform_gate import require_linux_cpu
 from tests.worker.engines.mlx.cpu.weight_formats import TABLES, fixture_matrix, relative_error
@@ -49,15 +47,6 @@ PACKAGE_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 """Types gguf's own quantizer writes."""
 GGML_QUANTIZED_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 """K-quants, which gguf's package cannot quantize: their blocks come from ggml's own quantizer (llama.cpp's)."""
-
-
-@pytest.fixture
-def ggml() -> Ggml:
-    """The ggml library this machine has built; skips for a reason of the machine where there is none."""
-    folder = find_ggml_library()
-    if folder is None:
-        skip_for_machine(ggml_missing_reason())
-    return ggml_library(folder)
 
 
 def _stored_tensor(

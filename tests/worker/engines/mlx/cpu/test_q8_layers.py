@@ -29,28 +29,17 @@ from exo.worker.engines.mlx.cpu import q8_layers
 from exo.worker.engines.mlx.cpu.engine import CpuKernels
 from exo.worker.engines.mlx.cpu.engine import held_bytes as loaded_held_bytes
 from exo.worker.engines.mlx.cpu.ggml_library import CACHED_ROWS, Ggml, q8_0_to_float32
-from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
-from exo.worker.engines.mlx.cpu.q8_layers import Q8Embedding, Q8Linear, ggml_library, q8_bytes, quantize_model_q8
+from exo.worker.engines.mlx.cpu.q8_layers import Q8Embedding, Q8Linear, q8_bytes, quantize_model_q8
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
 from tests.fixtures.fixture_specs import (
     FIXTURE_MODELS_DIR,
     FixtureModelName,
 )
 from tests.fixtures.model_builder.verify import load_model
-from tests.machine_skips import skip_for_machine
 from tests.worker.engines.mlx.cpu.platform_gate import require_linux_cpu
 from tests.worker.engines.mlx.cpu.weight_formats import TABLES, fixture_matrix, mismatched_trained_cases, relative_error
 
 TOLERANCE = 0.02
-
-
-@pytest.fixture
-def ggml() -> Ggml:
-    """The ggml library this machine has built; skips for a reason of the machine where there is none."""
-    folder = find_ggml_library()
-    if folder is None:
-        skip_for_machine(ggml_missing_reason())
-    return ggml_library(folder)
 
 
 def _linear(weight: mx.array, bias: bool = False) -> nn.Linear:

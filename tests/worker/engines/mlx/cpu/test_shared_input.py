@@ -16,24 +16,14 @@ from mlx import nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from exo.worker.engines.mlx.cpu.ggml_library import CACHED_ROWS, Ggml, GgmlMatrix, GgmlProducts
-from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
-from exo.worker.engines.mlx.cpu.q8_layers import Q8Linear, ggml_library, quantize_model_q8, share_sibling_inputs
+from exo.worker.engines.mlx.cpu.q8_layers import Q8Linear, quantize_model_q8, share_sibling_inputs
 from tests.fixtures.fixture_specs import FixtureModelName
-from tests.machine_skips import skip_for_machine
 from tests.worker.engines.mlx.cpu.weight_formats import fixture_matrix, loaded_fixture
 
 WIDTH = 128
 """The width of `fixture_matrix()` (its rows are 128 values)."""
 ROW_COUNTS = [1, 2, 5, 8, CACHED_ROWS + 1, 300]
 """A decode step, batched decoding (kept graphs), and prefill chunks (a graph built per call)."""
-
-
-@pytest.fixture
-def ggml() -> Ggml:
-    folder = find_ggml_library()
-    if folder is None:
-        skip_for_machine(ggml_missing_reason())
-    return ggml_library(folder)
 
 
 def _matrix(ggml: Ggml, type_name: str, weights: np.ndarray) -> GgmlMatrix:
