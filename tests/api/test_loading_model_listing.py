@@ -86,3 +86,30 @@ def test_a_request_sent_while_the_model_loads_is_checked_against_its_description
     assert refused.status_code == 400
     assert "vocabulary size of 741" in refused.json()["error"]["message"]
     assert master.tasks == []
+
+
+def test_a_model_whose_runner_refused_to_load_is_listed_as_failed_with_the_reason(
+    app: tuple[TestClient, ScriptedMaster],
+) -> None:
+    """A load the runner refused (no ggml library, no kept GGUF...) stays listed, from what the runner read before
+    its weights, but says so: `status` failed and `error` the runner's reason, which names what to do."""
+    client, master = app
+    reason = "--cpu-weights q8_0 needs ggml's CPU library: build it with `uv run exo ggml build`"
+    runners: dict[Any, RunnerInfo] = {
+        runner_id: runner.model_copy(
+            update={"status": "failed", "metadata": None, "description": DESCRIPTION, "last_error": reason}
+        )
+        for runner_id, runner in master.state.runners.items()
+    }
+    master.state = master.state.model_copy(update={"runners": runners})
+    card = _card(client)
+    assert card["status"] == "failed"
+    assert card["error"] == reason
+    assert card["capabilities"] == ["chat", "tool_use", "reasoning"]
+
+
+def test_a_loaded_model_is_listed_ready_without_an_error(app: tuple[TestClient, ScriptedMaster]) -> None:
+    client, _ = app
+    card = _card(client)
+    assert card["status"] in ("ready", "running")
+    assert card["error"] is None

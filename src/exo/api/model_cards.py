@@ -53,6 +53,8 @@ def model_cards(state: State) -> list[ModelCard]:
                 vocab_size=metadata.vocab_size if metadata else None,
                 weights_in_memory=weights,
                 memory_bytes=memory,
+                status=runner.status,
+                error=runner.last_error if runner.status == "failed" else None,
             )
         )
     return cards

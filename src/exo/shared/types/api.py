@@ -6,6 +6,8 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, Field
 
+from exo.shared.types.worker.runner_status import RunnerStatus
+
 JsonObject = dict[str, Any]
 
 # mlx seeds its generator with an unsigned 64-bit integer.
@@ -36,6 +38,10 @@ class ModelCard(BaseModel):
     # stored; None while unknown or where its ranks differ) and the memory they take over all its ranks.
     weights_in_memory: str | None = None
     memory_bytes: int | None = None
+    # The runner describing it: loading, ready, running, failed (a load refused: `error` says why and what to do;
+    # requests get 503 model_unavailable with the same reason) or shutdown. None where no runner describes it.
+    status: RunnerStatus | None = None
+    error: str | None = None
 
 
 class ModelList(BaseModel):
