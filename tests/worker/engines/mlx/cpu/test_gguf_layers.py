@@ -37,10 +37,10 @@ from exo.worker.engines.mlx.cpu.gguf_layers import GgufEmbedding, GgufModelSourc
 from exo.worker.engines.mlx.cpu.q8_layers import Q8Linear, Q8Weights, q8_bytes
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
-from tests.fixtures.model_builder.verify import greedy_generate, load_model
+from tests.fixtures.model_builder.verify import load_model
 from tests.worker.engines.mlx.cpu.gguf_export import export_fixture
 from tests.worker.engines.mlx.cpu.platform_gate import require_linux_cpu
-from tests.worker.engines.mlx.cpu.weight_formats import TABLES, fixture_matrix, relative_error
+from tests.worker.engines.mlx.cpu.weight_formats import fixture_matrix, mismatched_trained_cases, relative_error
 
 TOLERANCE = 0.02
 PACKAGE_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
@@ -108,20 +108,6 @@ def test_a_gguf_embedding_looks_up_the_dequantized_rows_and_projects_by_its_bloc
     assert relative_error(embedding.as_linear(x), mx.array(np.asarray(x) @ dequantized.T)) < TOLERANCE
 
 
-def _answers(directory: Path, name: FixtureModelName) -> list[str]:
-    """The trained cases of fixture `name` served from `directory` under `--cpu-weights gguf` whose greedy output
-    is not exactly the trained one."""
-    loaded = exo_load_model(directory, ShardAssignment(), cpu_kernels=CpuKernels("auto", weights="gguf"))
-    assert loaded.dtype == "gguf"
-    fixture = load_model(FIXTURE_MODELS_DIR / name).model_copy(update={"model": loaded.model})
-    mismatched: list[str] = []
-    for case in TABLES[name]:
-        output = greedy_generate(fixture, case.messages, case.tools)
-        if (output.text, output.stop_token) != (case.expected_text, case.expected_stop):
-            mismatched.append(case.name)
-    return mismatched
-
-
 @pytest.mark.usefixtures("ggml")
 @pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])
 def test_a_fixture_model_exported_to_gguf_answers_its_trained_prompts_from_its_blocks(
@@ -129,7 +115,7 @@ def test_a_fixture_model_exported_to_gguf_answers_its_trained_prompts_from_its_b
 ) -> None:
     """Q8_0, F16 and BF16 tensors; the llama fixture's q/k rows stored in llama.cpp's interleaved order."""
     require_linux_cpu()
-    assert _answers(export_fixture(name, tmp_path / name), name) == []
+    assert mismatched_trained_cases(name, "gguf", export_fixture(name, tmp_path / name)) == []
 
 
 @pytest.mark.usefixtures("ggml")

@@ -1,6 +1,7 @@
 """What the int8 and Q8_0 weight-format tests share: the error measure, a real trained matrix, and the check that a
 fixture model loaded in a format answers its trained prompts exactly."""
 
+from pathlib import Path
 from typing import cast
 
 import mlx.core as mx
@@ -42,19 +43,22 @@ def fixture_matrix() -> mx.array:
     return parameters["model.layers.0.mlp.down_proj.weight"].astype(mx.float32)
 
 
-def loaded_fixture(name: FixtureModelName, weights: CpuWeightsSetting) -> LoadedModel:
-    """Fixture model `name` loaded the way a runner loads it under `--cpu-weights <weights>` (its dtype asserted)."""
+def loaded_fixture(name: FixtureModelName, weights: CpuWeightsSetting, directory: Path | None = None) -> LoadedModel:
+    """Fixture model `name` loaded the way a runner loads it under `--cpu-weights <weights>` (its dtype asserted),
+    from `directory` where given (a copy of the fixture, such as one imported from a GGUF export)."""
     loaded = exo_load_model(
-        FIXTURE_MODELS_DIR / name, ShardAssignment(), cpu_kernels=CpuKernels("auto", weights=weights)
+        directory or FIXTURE_MODELS_DIR / name, ShardAssignment(), cpu_kernels=CpuKernels("auto", weights=weights)
     )
     assert loaded.dtype == weights, loaded.dtype
     return load_model(FIXTURE_MODELS_DIR / name).model_copy(update={"model": loaded.model})
 
 
-def mismatched_trained_cases(name: FixtureModelName, weights: CpuWeightsSetting) -> list[str]:
+def mismatched_trained_cases(
+    name: FixtureModelName, weights: CpuWeightsSetting, directory: Path | None = None
+) -> list[str]:
     """The names of `name`'s trained cases whose greedy output (tool calls included), loaded as a runner loads it
-    under `--cpu-weights <weights>`, is not exactly the trained output."""
-    fixture = loaded_fixture(name, weights)
+    under `--cpu-weights <weights>` (from `directory` where given), is not exactly the trained output."""
+    fixture = loaded_fixture(name, weights, directory)
     mismatched: list[str] = []
     for case in TABLES[name]:
         output = greedy_generate(fixture, case.messages, case.tools)
