@@ -1,7 +1,7 @@
 """The CPU engine's replacements of mlx and mlx-lm internals, the one setting that governs them, and what a runner
 reports about them (its ready line and /state). See worker/engines/mlx/cpu/."""
 
-from typing import Literal
+from typing import Literal, get_args
 
 from exo.shared.types.common import FrozenModel
 
@@ -29,16 +29,8 @@ Replacement = Literal[
     "blas_preload",
 ]
 
-REPLACEMENTS: tuple[Replacement, ...] = (
-    "float32",
-    "int8_weights",
-    "q8_0_weights",
-    "gguf_weights",
-    "numpy_attention",
-    "numpy_swiglu",
-    "matmul_plan",
-    "blas_preload",
-)
+REPLACEMENTS: tuple[Replacement, ...] = get_args(Replacement)
+"""Every replacement, in the order the runner reports them (the Literal's)."""
 
 DESCRIPTIONS: dict[Replacement, str] = {
     "float32": "float32 weights",
