@@ -141,11 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--loop-guard",
         choices=("off", "warn", "block", "answer"),
         help="agent-loop guard for a call the model repeats although nothing changed: answer (default: the third "
-        "identical call in a row since the user last spoke, after two identical results that were no error, is "
-        "taken back and the reply decoded again without calls, so the model answers in text and an agent's loop "
-        "ends), block (that call is taken back and the reply decoded again without its tool, so the model calls "
-        "another or answers), warn (repeats reported from the second, in the response and /metrics only) or off; "
-        "a request's loop_guard field or X-Exo-Loop-Guard header overrides it",
+        "identical call in a row since the user last spoke after two identical results that were no error, or the "
+        "fifth after the same error result four times, is taken back and the reply decoded again without calls, so "
+        "the model answers in text and an agent's loop ends), block (that call is taken back and the reply decoded "
+        "again without its tool, so the model calls another or answers), warn (repeats reported from the second, in "
+        "the response and /metrics only) or off; a request's loop_guard field or X-Exo-Loop-Guard header overrides "
+        "it",
     )
     decoding.add_argument(
         "--prompt-layout",

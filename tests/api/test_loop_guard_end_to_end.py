@@ -2,11 +2,11 @@
 the tiny-qwen-tools fixture): replayed conversations whose history makes the model write `get_weather` for Paris
 once more, answered by the node's default policy (`answer`).
 
-A real loop (the third identical call in a row, after the same result twice) is withdrawn and the client is told in
-its dialect's extension field and usage; a second identical call, poll / other call / poll, a result that changed,
-a retry after errors and the user asking again all go through; the `X-Exo-Loop-Guard` header overrides the node (a
-bad value is a 400 in the dialect's error shape naming the header), and the body field wins over it where the
-dialect has one.
+A real loop (the third identical call in a row, after the same result twice; from the fifth, after the same error
+result four times) is withdrawn and the client is told in its dialect's extension field and usage; a second
+identical call, poll / other call / poll, a result that changed, up to three retries after the same error and the
+user asking again all go through; the `X-Exo-Loop-Guard` header overrides the node (a bad value is a 400 in the
+dialect's error shape naming the header), and the body field wins over it where the dialect has one.
 
 The conversations are the ones on which the fixture's greedy decoding writes the call (with the guard off): the
 fixture was trained on a few fixed prompts, and these histories lead it to `get_weather({"city": "Paris"})`.
@@ -61,6 +61,15 @@ def _paris(result: str, *, error: bool = False) -> Call:
 LOOP = Conversation((_paris(AGAIN), _paris(AGAIN)))
 PROGRESSING = Conversation((_paris(f"{AGAIN} (1)"), _paris(AGAIN)))
 AFTER_ERRORS = Conversation((_paris("Paris and Tokyo?", error=True), _paris("Paris and Tokyo?", error=True)))
+# Three identical errors (a result the fixture writes the call again after).
+AFTER_THREE_ERRORS = Conversation(tuple(_paris("Paris", error=True) for _ in range(3)))
+# The call failed the same way five times: the sixth identical call is a real loop (it is one from the fifth, after
+# four identical errors; five are the history on which the fixture writes the call again). An agent's model given the
+# same error again writes the same call again, as opencode's read of a 2-line file at offset 2000 did until its
+# timeout.
+ERROR_LOOP = Conversation(
+    tuple(_paris("city not found: Paris", error=True) for _ in range(5)), tools=(GET_WEATHER_TOOL, GET_TIME_TOOL)
+)
 SECOND = Conversation((_paris(AGAIN),), tools=(GET_WEATHER_TOOL, GET_TIME_TOOL))
 POLL_OTHER_POLL = Conversation(
     (_paris(AGAIN), Call("get_time", TOKYO_TIME, "12:00"), _paris(AGAIN)), tools=(GET_WEATHER_TOOL, GET_TIME_TOOL)
@@ -382,13 +391,35 @@ def test_a_real_loop_is_withdrawn_and_the_client_sees_the_notice(
     assert answer.finish in ("stop", "end_turn", "completed")
 
 
+@pytest.mark.parametrize("header", [None, "block"], ids=["answer", "block"])
+def test_a_call_that_keeps_failing_the_same_way_is_a_real_loop_and_the_client_sees_the_notice(
+    server: ExoServer, dialect: Dialect, header: str | None
+) -> None:
+    assert _paris_call(_ask(server, dialect, ERROR_LOOP, header="off"))
+    answer = _ask(server, dialect, ERROR_LOOP, header=header)
+    assert ("get_weather", PARIS) not in answer.calls, answer
+    if header is None:  # answer: the reply goes on without calls
+        assert answer.calls == []
+        assert answer.finish in ("stop", "end_turn", "completed")
+    notice = "withdrawn: identical call 6 in a row after the same error result 5 times"
+    assert any(notice in warning for warning in answer.warnings), answer.warnings
+    if answer.withdrawn is not None:
+        assert answer.withdrawn == 1
+
+
 # ---- what is no loop goes through ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "conversation",
-    [SECOND, POLL_OTHER_POLL, PROGRESSING, AFTER_ERRORS],
-    ids=["second identical call", "poll, other call, poll", "a result that changed", "a retry after errors"],
+    [SECOND, POLL_OTHER_POLL, PROGRESSING, AFTER_ERRORS, AFTER_THREE_ERRORS],
+    ids=[
+        "second identical call",
+        "poll, other call, poll",
+        "a result that changed",
+        "a retry after errors",
+        "a third retry after the same error",
+    ],
 )
 def test_a_legitimate_repeat_goes_through(server: ExoServer, dialect: Dialect, conversation: Conversation) -> None:
     answer = _ask(server, dialect, conversation)
@@ -414,7 +445,8 @@ class Verdict:
 
 
 VERDICTS = {
-    # The third identical call in a row, after two identical results: only their being errors lets it through.
+    # The third identical call in a row, after two identical results: only their being errors lets it through (the
+    # fifth, after the same error four times, is a real loop: below).
     "a retry after errors is reported under warn": Verdict(
         AFTER_ERRORS,
         "warn",
@@ -422,7 +454,16 @@ VERDICTS = {
         warned="identical call 3 in a row",
         not_warned="after identical results",
     ),
-    "a retry after errors is never withdrawn": Verdict(AFTER_ERRORS, "block", goes_through=True),
+    "a retry after errors is not withdrawn": Verdict(AFTER_ERRORS, "block", goes_through=True),
+    "three retries after the same error are not withdrawn": Verdict(
+        AFTER_THREE_ERRORS, "block", goes_through=True, not_warned="withdrawn"
+    ),
+    "the same error five times is reported under warn": Verdict(
+        ERROR_LOOP,
+        "warn",
+        goes_through=True,
+        warned="identical call 6 in a row since the user last spoke, after the same error result 5 times",
+    ),
     "the user asking again, guard off": Verdict(ASKED_AGAIN, "off", goes_through=True),
     "the user asking again goes through unremarked": Verdict(ASKED_AGAIN, None, goes_through=True, not_warned=""),
     # ---- the per-request override ----

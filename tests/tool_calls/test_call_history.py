@@ -4,7 +4,12 @@ through, and what `warn` reports. Each conversation is one an agent sends; the g
 import pytest
 
 from exo.shared.types.tasks import PromptMessage, PromptToolCall
-from exo.tool_calls.loop_guard import CallHistory, CallKey, error_result
+from exo.tool_calls.loop_guard import (
+    SAME_ERRORS,
+    CallHistory,
+    CallKey,
+    error_result,
+)
 
 QUESTION = PromptMessage(role="user", content="Is job 42 done?")
 STATUS: dict[str, object] = {"job": "42"}
@@ -103,6 +108,96 @@ def test_a_retry_after_an_error_result_goes_through(error: str) -> None:
     assert history.looping_calls() == ()
     # One error among the two results is enough.
     assert not Conversation().poll("running").poll(error).history().real_loop(POLL)
+    # A third failure the same way still goes through; a fourth makes the next identical call a real loop.
+    assert not Conversation().poll(error).poll(error).poll(error).history().real_loop(POLL)
+    assert Conversation().poll(error).poll(error).poll(error).poll(error).history().real_loop(POLL)
+
+
+# What opencode's read tool answered, every time, to the 0.5B model's read(calc.py, offset=2000, limit=2000) of a
+# 2-line file: the model looped on it until the client's 600 s timeout.
+OUT_OF_RANGE = "Offset 2000 is out of range for this file (2 lines)"
+READ: dict[str, object] = {"filePath": "/tmp/project/calc.py", "offset": 2000, "limit": 2000}
+READ_CALL = CallKey.of("read", READ)
+
+
+def _reads(conversation: Conversation, results: list[str]) -> Conversation:
+    for result in results:
+        conversation.call("read", READ, result)
+    return conversation
+
+
+def test_the_fifth_identical_call_after_the_same_error_four_times_is_a_real_loop() -> None:
+    assert error_result(OUT_OF_RANGE)
+    history = _reads(Conversation(), [OUT_OF_RANGE] * SAME_ERRORS).history()
+    assert history.real_loop(READ_CALL)
+    loop = history.loop(READ_CALL)
+    assert loop is not None
+    assert (loop.call, loop.same_results, loop.errors) == (5, 4, True)
+    assert loop.reason() == "identical call 5 in a row after the same error result 4 times"
+    assert history.looping_calls() == (READ_CALL,)
+    (finding,) = history.findings([READ_CALL])
+    assert "identical call 5 in a row" in finding
+    assert "after the same error result 4 times" in finding
+    # And on, for as long as the model keeps writing it (the guard off, or a client that sends it anyway).
+    assert _reads(Conversation(), [OUT_OF_RANGE] * 9).history().loop(READ_CALL) == loop.model_copy(
+        update={"call": 10, "same_results": 9}
+    )
+
+
+@pytest.mark.parametrize("failures", range(1, SAME_ERRORS))
+def test_the_call_and_its_first_retries_after_the_same_error_go_through(failures: int) -> None:
+    history = _reads(Conversation(), [OUT_OF_RANGE] * failures).history()
+    assert history.in_a_row(READ_CALL) == failures
+    assert not history.real_loop(READ_CALL)
+    assert history.looping_calls() == ()
+    assert not any("after" in finding for finding in history.findings([READ_CALL]))
+
+
+def test_an_error_that_changed_starts_the_count_again() -> None:
+    # Four errors, but the last differs from the three before it: a retry that got somewhere else.
+    changed = [OUT_OF_RANGE] * 3 + ["Offset 2000 is out of range for this file (3 lines)"]
+    assert not _reads(Conversation(), changed).history().real_loop(READ_CALL)
+    # Whitespace around the error does not make it new.
+    assert (
+        _reads(Conversation(), [OUT_OF_RANGE, f"{OUT_OF_RANGE}\n", f" {OUT_OF_RANGE}", OUT_OF_RANGE])
+        .history()
+        .real_loop(READ_CALL)
+    )
+    # From the change on, it takes four identical errors again.
+    assert not _reads(Conversation(), [*changed, *[OUT_OF_RANGE] * 3]).history().real_loop(READ_CALL)
+    assert _reads(Conversation(), [*changed, *[OUT_OF_RANGE] * 4]).history().real_loop(READ_CALL)
+
+
+def test_a_result_that_was_no_error_among_the_four_is_no_error_loop() -> None:
+    # A result that is no error among the four breaks the run of identical errors.
+    assert (
+        not _reads(Conversation(), [OUT_OF_RANGE, "1: def add(a, b):", OUT_OF_RANGE, OUT_OF_RANGE])
+        .history()
+        .real_loop(READ_CALL)
+    )
+
+
+def test_a_changed_call_or_the_user_speaking_starts_the_count_again() -> None:
+    other = {**READ, "offset": 1}
+    conversation = _reads(Conversation(), [OUT_OF_RANGE] * 2).call("read", other, "1: def add(a, b):")
+    # The other call breaks the row: after it, three identical errors are only three.
+    assert not _reads(conversation, [OUT_OF_RANGE] * 3).history().real_loop(READ_CALL)
+    # The user speaks after four identical errors: the count starts again from there.
+    spoken = _reads(Conversation(), [OUT_OF_RANGE] * SAME_ERRORS).user("Try again, please.")
+    assert spoken.history().turns == ()
+    assert not _reads(spoken, [OUT_OF_RANGE] * 3).history().real_loop(READ_CALL)
+    assert _reads(spoken, [OUT_OF_RANGE]).history().real_loop(READ_CALL)  # the fourth since the user spoke
+
+
+def test_identical_results_that_are_no_error_still_loop_at_the_third_call() -> None:
+    loop = Conversation().poll("running").poll("running").history().loop(POLL)
+    assert loop is not None
+    assert (loop.call, loop.same_results, loop.errors) == (3, 2, False)
+    assert loop.reason() == "the third identical call in a row after two identical results"
+    # Two identical results after errors: still the third call (the errors before them do not count).
+    loop = Conversation().poll(OUT_OF_RANGE).poll("running").poll("running").history().loop(POLL)
+    assert loop is not None
+    assert (loop.call, loop.same_results, loop.errors) == (4, 2, False)
 
 
 @pytest.mark.parametrize(

@@ -74,7 +74,8 @@ class _StateCollector:
         )
         withdrawn = CounterMetricFamily(
             "exo_withdrawn_tool_calls",
-            "Real loops the agent-loop guard took back (block, answer): the third identical call in a row",
+            "Real loops the agent-loop guard took back (block, answer): the third identical call in a row after "
+            "identical results, or the fifth after the same error result four times",
             labels=labels,
         )
         for runner in sorted(self._state.runners.values(), key=lambda runner: runner.runner_id):

@@ -3,13 +3,19 @@
 The server sees the whole conversation on every request, so it can tell when a model is caught in a loop (small
 models re-issue one write dozens of times) from when it repeats a call for a reason. `CallHistory` reads the
 conversation since the user last spoke and says, for a call the reply makes, how many identical calls in a row came
-before it and whether it is a *real loop*: the third identical call in a row, after two results that were the same
-and neither an error. Everything else goes through under every policy:
+before it and whether it is a *real loop*: either
+
+- the third identical call in a row, after two results that were the same and neither an error; or
+- the fifth identical call in a row, after four results that were the same error (a retry that has failed the same
+  way four times: greedy decoding given the same error again writes the same call again, for ever).
+
+Everything else goes through under every policy:
 
 - a second identical call (polling a status twice; retrying once);
 - a repeat after other calls in between (poll, sleep, poll; run the tests, edit, run them again);
-- a repeat whose last result differed from the one before (a poll that progresses);
-- a repeat after an error result (`error_result`: a retry);
+- a repeat whose last result differed from the one before (a poll that progresses; an error that changed);
+- a retry after an error result (`error_result`), until the call has failed the same way four times in a row (its
+  first three retries);
 - a repeat the user asked for (any user message after the calls, except one holding only Claude Code's
   `<system-reminder>` blocks, which it sends beside tool results).
 
@@ -65,6 +71,49 @@ class TurnCall(FrozenModel):
     """Whether that result reads as an error (`error_result`)."""
 
 
+SAME_RESULTS: Final = 2
+"""A repeat after this many identical results in a row, none an error, is a real loop (the third call)."""
+SAME_ERRORS: Final = 4
+"""A repeat after this many identical error results in a row is a real loop (the fifth call: the call and three
+retries all failed the same way). Fewer go through: a retry after an error is legitimate, and common retry policies
+give up after three."""
+
+
+class Loop(FrozenModel):
+    """Why a call made now would be a real loop (`CallHistory.loop`)."""
+
+    call: int
+    """Which identical call in a row it would be (3 and on, or 5 and on after errors)."""
+    same_results: int
+    """How many identical results in a row came before it."""
+    errors: bool
+    """Whether those results are errors."""
+
+    def reason(self) -> str:
+        """The words of the notice that a call was withdrawn."""
+        if self.errors:
+            return f"identical call {self.call} in a row after the same error result {self.same_results} times"
+        return "the third identical call in a row after two identical results"
+
+    def after(self) -> str:
+        """What `warn`'s sentence about the repeat adds."""
+        return f"after the same error result {self.same_results} times" if self.errors else "after identical results"
+
+
+def _same_results(made: Sequence[TurnCall]) -> int:
+    """How many of the last calls of `made` got the same result (whitespace around it aside), all errors or none
+    (0 when the last has no result)."""
+    if not made or made[-1].result is None:
+        return 0
+    last = made[-1]
+    count = 0
+    for call in reversed(made):
+        if call.result is None or call.error != last.error or call.result.strip() != (last.result or "").strip():
+            break
+        count += 1
+    return count
+
+
 class CallHistory(FrozenModel):
     """What the guard reads from a conversation: the call turns since the user last spoke."""
 
@@ -104,13 +153,22 @@ class CallHistory(FrozenModel):
         return count
 
     def real_loop(self, call: CallKey) -> bool:
-        """Whether `call` made now would be a real loop: the third identical call in a row, after two results that
-        are the same (whitespace around them aside) and neither an error."""
-        if self.in_a_row(call) < 2:
-            return False
-        last_two = [next(made for made in turn if made.key == call) for turn in self.turns[-2:]]
-        answers = [made.result.strip() for made in last_two if made.result is not None and not made.error]
-        return len(answers) == 2 and answers[0] == answers[1]
+        """Whether `call` made now would be a real loop (`loop` says why)."""
+        return self.loop(call) is not None
+
+    def loop(self, call: CallKey) -> Loop | None:
+        """Why `call` made now would be a real loop; None when it would not be one.
+
+        A real loop is the third identical call in a row or later, after two results that are the same (whitespace
+        around them aside) and neither an error (`SAME_RESULTS`), or the fifth or later, after four that are the
+        same error (`SAME_ERRORS`)."""
+        row = self.in_a_row(call)
+        made = [next(made for made in turn if made.key == call) for turn in self.turns[len(self.turns) - row :]]
+        same = _same_results(made)
+        errors = bool(made) and made[-1].error
+        if same < (SAME_ERRORS if errors else SAME_RESULTS):
+            return None
+        return Loop(call=row + 1, same_results=same, errors=errors)
 
     def looping_calls(self) -> tuple[CallKey, ...]:
         """The calls that would be a real loop if the reply made them again (those of the latest turn)."""
@@ -126,7 +184,8 @@ class CallHistory(FrozenModel):
         for call in calls:
             before = self.in_a_row(call)
             if before:
-                after = ", after identical results" if self.real_loop(call) else ""
+                loop = self.loop(call)
+                after = f", {loop.after()}" if loop is not None else ""
                 found.append(
                     f"repeated call {call.describe()}: identical call {before + 1} in a row since the user last "
                     f"spoke{after}"
@@ -212,12 +271,10 @@ class ReplyCalls:
         return [CallKey.of(self._names[index], "".join(self._arguments[index])) for index in sorted(self._names)]
 
 
-def withdrawal_finding(call: CallKey, then: str) -> str:
-    """What `block` and `answer` report about a call they took back (`then`: what the reply did instead)."""
-    return (
-        f"repeated call {call.describe()} withdrawn: the third identical call in a row after two identical results, "
-        f"so {then}"
-    )
+def withdrawal_finding(call: CallKey, reason: str, then: str) -> str:
+    """What `block` and `answer` report about a call they took back (`reason`: `Loop.reason`; `then`: what the reply
+    did instead)."""
+    return f"repeated call {call.describe()} withdrawn: {reason}, so {then}"
 
 
 def kept_loop_finding(call: CallKey, why: str) -> str:

@@ -11,8 +11,8 @@ Role = Literal["system", "user", "assistant", "tool"]
 # How the model may use the offered tools; every wire protocol's tool-choice names map onto these.
 ToolChoiceMode = Literal["none", "auto", "required", "named"]
 # The agent-loop guard (exo.tool_calls.loop_guard): off; warn (report repeated calls); block and answer (a real loop,
-# the third identical call in a row after identical results, is taken back and the reply decoded again without that
-# tool, or without calls, so the model answers in text).
+# the third identical call in a row after identical results or the fifth after the same error four times, is taken
+# back and the reply decoded again without that tool, or without calls, so the model answers in text).
 LoopGuardPolicy = Literal["off", "warn", "block", "answer"]
 # The request header that names a LoopGuardPolicy for one request (exo.api.loop_guard_header); `exo launch
 # --loop-guard` has clients send it.

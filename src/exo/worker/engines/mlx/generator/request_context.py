@@ -1,6 +1,7 @@
 """What a chat completion is decoded with besides its own task: the runner's context, the model's reasoning markers,
 the loop guard's verdict on the conversation's real loops, and the refusal that answers a request without decoding."""
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -60,6 +61,8 @@ class LoopGuardCalls:
     kept: frozenset[CallKey] = frozenset()
     """Real loops the request cannot take back (`kept_because` says why): sent as written, and reported."""
     kept_because: str = ""
+    reasons: Mapping[CallKey, str] = field(default_factory=dict[CallKey, str])
+    """Why each of those calls is a real loop (`Loop.reason`), for the notices."""
 
 
 def loop_guard_calls(
@@ -73,6 +76,7 @@ def loop_guard_calls(
     looping = frozenset(history.looping_calls())
     if policy in ("off", "warn") or not looping:
         return LoopGuardCalls(policy=policy)
+    reasons = {call: loop.reason() for call in looping if (loop := history.loop(call)) is not None}
     if params.tool_policy.mode != "auto":
         why = f'tool_choice "{params.tool_policy.mode}" asks for a call, so the reply cannot go on without one'
     elif params.structured_output is not None:
@@ -80,5 +84,5 @@ def loop_guard_calls(
     elif not rewinds:
         why = "this instance's decoder cannot take a call back (pipeline-parallel)"
     else:
-        return LoopGuardCalls(withdrawn=looping, policy=policy)
-    return LoopGuardCalls(policy=policy, kept=looping, kept_because=why)
+        return LoopGuardCalls(withdrawn=looping, policy=policy, reasons=reasons)
+    return LoopGuardCalls(policy=policy, kept=looping, kept_because=why, reasons=reasons)

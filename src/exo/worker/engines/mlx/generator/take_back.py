@@ -234,7 +234,7 @@ class TakeBack:
             then = f"the reply was decoded again without {', '.join(sorted(taken_away))}"
         else:
             then = "the reply was decoded again without calls"
-        self.withdrawals.append(withdrawal_finding(call, then))
+        self.withdrawals.append(withdrawal_finding(call, guard.reasons[call], then))
         logger.info("task %s: agent loop: repeated call %s withdrawn, %s", self._task_id, call.describe(), then)
         if processors is not None:
             # The grammar gone back under has no call to a looping tool; should one come back anyway (after a near
