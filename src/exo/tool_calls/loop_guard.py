@@ -277,6 +277,12 @@ def withdrawal_finding(call: CallKey, reason: str, then: str) -> str:
     return f"repeated call {call.describe()} withdrawn: {reason}, so {then}"
 
 
+def withdrawn_reply_notice(withdrawals: Sequence[str]) -> str:
+    """The text of a reply that was nothing but withdrawn calls, so the user reads why it is otherwise empty
+    (`withdrawals`: the `withdrawal_finding`s)."""
+    return f"[exo loop guard: {withdrawals[-1]}; the model wrote no other answer]"
+
+
 def kept_loop_finding(call: CallKey, why: str) -> str:
     """What `block` and `answer` report about a real loop they could not take back (`why`)."""
     return f"repeated call {call.describe()} not withdrawn although it loops: {why}"

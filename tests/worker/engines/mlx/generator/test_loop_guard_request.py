@@ -299,3 +299,26 @@ def test_a_withdrawn_call_written_again_after_a_near_miss_ends_the_reply_instead
     assert finish.finish_reason == "stop"
     assert finish.usage.withdrawn_tool_calls == 2
     assert "the reply ended there" in finish.loop_warnings[-1]
+    # The reply kept its own text, so no notice was added to it.
+    text = "".join(chunk.text for chunk in chunks if isinstance(chunk, TokenChunk))
+    assert "exo loop guard" not in text
+
+
+@pytest.mark.parametrize("policy", ["answer", "block"])
+def test_a_reply_that_was_only_withdrawn_calls_says_so_in_its_text(context: EngineContext, policy: str) -> None:
+    """A reply whose every call was withdrawn, with no text of its own, would reach the user empty (seen with
+    opencode and the 0.5B model): its text is the guard's notice instead, naming the call and why."""
+    request = _answer_request(context, LOOP, policy)
+    assert _calls_in(request.accept(_encode(context, REPEAT))) == []
+    assert request.take_rewind() == 0
+    near_miss = '<toolcall>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</toolcall>'
+    chunks = [*request.accept(_encode(context, near_miss)), *request.finish(None)]
+    assert _calls_in(chunks) == []
+    assert request.generated == []
+    text = "".join(chunk.text for chunk in chunks if isinstance(chunk, TokenChunk))
+    assert text.startswith("[exo loop guard: repeated call get_weather(")
+    assert "the model wrote no other answer" in text
+    finish = _finish(chunks)
+    assert finish.finish_reason == "stop"
+    assert finish.usage.withdrawn_tool_calls == 2
+    assert finish.loop_warnings[-1] in text

@@ -22,6 +22,7 @@ from exo.shared.types.chunks import (
     ParsedChunk,
     PrefillProgressChunk,
     ReasoningChunk,
+    TokenChunk,
     Usage,
 )
 from exo.shared.types.common import FinishReason, TaskId
@@ -29,7 +30,7 @@ from exo.shared.types.tasks import GenerationTask
 from exo.tool_calls import ToolStreamParser
 from exo.tool_calls.grammar.policy import RequestTools
 from exo.tool_calls.grammar.spec import ReasoningMarkers, UnsupportedConstraintError
-from exo.tool_calls.loop_guard import CallHistory, ReplyCalls, kept_loop_finding
+from exo.tool_calls.loop_guard import CallHistory, ReplyCalls, kept_loop_finding, withdrawn_reply_notice
 from exo.tool_calls.registry import format_for
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
 from exo.worker.engines.mlx.cache.prefix_cache import CacheLease
@@ -111,6 +112,8 @@ class ChatRequest:
         self._parser = _make_parser(context, tools, reasoning)
         self._history = history
         self._reply_calls = ReplyCalls()
+        self._wrote_text = False
+        """Whether the reply has sent any visible text (an emptied reply gets the loop guard's notice instead)."""
         self._lookup: PromptLookup | None = None
         self.generated: list[int] = []
         self._reasoning_tokens = 0
@@ -324,6 +327,7 @@ class ChatRequest:
                 return []
             chunks = settled
         self._reply_calls.add(chunks)
+        self._wrote_text = self._wrote_text or _has_text(chunks)
         if chunks and all(isinstance(chunk, ReasoningChunk) for chunk in chunks):
             self._reasoning_tokens += 1
         if self.finish_reason is None and (self._stops.stopped or self._parser.should_stop):
@@ -364,6 +368,9 @@ class ChatRequest:
         guarded = guard.policy != "off"
         kept = [kept_loop_finding(call, guard.kept_because) for call in calls if call in guard.kept]
         withdrawals = take_back.withdrawals if take_back is not None else []
+        if withdrawals and not calls and not self._wrote_text and not _has_text(tail):
+            # The reply was all the withdrawn call: an empty answer would leave the user with nothing to read.
+            tail.append(TokenChunk(text=withdrawn_reply_notice(withdrawals)))
         warnings = (*self._history.findings(calls), *kept, *withdrawals) if guarded else ()
         for warning in warnings:
             logger.warning("task %s: agent loop: %s", self.task_id, warning)
@@ -407,3 +414,7 @@ class ChatRequest:
             prefix_cache.discard(self._lease)
         else:
             prefix_cache.release(self._lease, [*self._prompt.tokens, *self.generated], cache=cache)
+
+
+def _has_text(chunks: Sequence[ParsedChunk]) -> bool:
+    return any(isinstance(chunk, TokenChunk) and chunk.text.strip() for chunk in chunks)
