@@ -1,11 +1,11 @@
 """Codex CLI completes one tool round trip through exo's Responses API: real `codex exec`, real HTTP, exo's
 production API, master and adapters; only generation is scripted.
 
-Codex's prompt is too long to train a CPU fixture model on (see tests/fixtures/client_requests.py), so the proof
-is in three parts: its captured requests replayed against a real node and model
-(test_captured_client_requests.py), a full session against the default model recorded in docs/AGENTS.md, and this
-test, where the runner answers as a model would — an exec_command call streamed in fragments, then, once Codex
-sent the command's output back, "Done." — and the real CLI must read exo's events, run the command and finish.
+Here the runner answers as a model would — an exec_command call streamed in fragments, then, once Codex sent the
+command's output back, "Done." — and the real CLI must read exo's events, run the command and finish; the test
+sees exactly what reached the runner. A real node and model serve Codex in test_launch_clients.py (`exo launch
+codex -- exec …` against tiny-qwen-codex, trained on Codex's trimmed requests, see tests/fixtures/client_requests.py)
+and in test_captured_client_requests.py (its captured requests replayed).
 """
 
 from collections.abc import Iterator

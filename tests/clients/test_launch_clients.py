@@ -1,14 +1,14 @@
 """`exo launch` runs each real client (pinned versions) to the end of a tool-calling task, configured by the launch.
 
 Each test gives the launch nothing but the node's URL and the client's words after `--`; the provider, model,
-timeouts, permissions, sandbox and git check come from `exo launch`. The project holds only what trims the client
-to the prompt its fixture was trained on (as in the other tests of this folder): for opencode a project
-opencode.json with the one-line agent and its two file tools, for Claude Code `--system-prompt` and `--tools`.
+timeouts, permissions, sandbox and git check come from `exo launch`. The project or the words hold only what trims
+the client to the prompt its fixture was trained on (as in the other tests of this folder): for opencode a project
+opencode.json with the one-line agent and its two file tools, for Claude Code `--system-prompt` and `--tools`, for
+Codex `-c` overrides after `exec` (CODEX_TRIM_OVERRIDES: one-line instructions, no permissions or environment
+messages, only its exec_command and write_stdin tools).
 
-- opencode and Claude Code run against a real node serving a fixture model trained on their requests.
-- Codex runs against exo's production API with its runner scripted (no fixture model can be trained on Codex's
-  prompt on a CPU, see test_codex_end_to_end.py), inside the workspace-write sandbox the launch sets, in a folder
-  that is no git repository.
+Each runs against a real node serving a fixture model trained on its client's requests; Codex inside the
+workspace-write sandbox the launch sets, in a folder that is no git repository.
 """
 
 import json
@@ -19,15 +19,20 @@ from typing import cast
 
 import pytest
 
-from tests.api.inprocess_app import SCRIPTED_MODEL, scripted_app
+from exo.conformance.json_view import as_object
 from tests.clients.agent_cli import CliRun, isolated_environment, run_cli
 from tests.clients.headless import run_headless
 from tests.clients.installed import require_client
 from tests.clients.opencode_client import isolated_environment as opencode_environment
 from tests.clients.opencode_client import parsed_run
-from tests.clients.test_codex_end_to_end import ToolLoopMaster
 from tests.exo_server import ExoServer, fixture_model, running_exo
-from tests.fixtures.client_requests import CLAUDE_CODE_MODEL, CLIENT_AGENT_PROMPT, CLIENT_TASK
+from tests.fixtures.client_requests import (
+    CLAUDE_CODE_MODEL,
+    CLIENT_AGENT_PROMPT,
+    CLIENT_TASK,
+    CODEX_MODEL,
+    CODEX_TRIM_OVERRIDES,
+)
 from tests.fixtures.fixture_specs import (
     AGENT_DONE_REPLY,
     AGENT_WRITE_REQUEST,
@@ -36,7 +41,6 @@ from tests.fixtures.fixture_specs import (
     OPENCODE_TEST_TOOL_NAMES,
     JsonObject,
 )
-from tests.launch.scripted_api import serving
 
 OPENCODE_MODEL = "tiny-qwen-agent"
 CLI_TIMEOUT_SECONDS = 300.0
@@ -76,6 +80,12 @@ def opencode_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExoServe
 @pytest.fixture(scope="module")
 def claude_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExoServer]:
     with running_exo([fixture_model(CLAUDE_CODE_MODEL)], tmp_path_factory.mktemp("exo-launch-claude")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def codex_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExoServer]:
+    with running_exo([fixture_model(CODEX_MODEL)], tmp_path_factory.mktemp("exo-launch-codex")) as running:
         yield running
 
 
@@ -147,29 +157,34 @@ def test_exo_launch_claude_p_writes_the_file(claude_node: ExoServer, tmp_path: P
     assert (result["is_error"], result["result"], result["num_turns"]) == (False, AGENT_DONE_REPLY, 2), run.describe()
 
 
-@pytest.fixture
-def codex_api() -> Iterator[tuple[str, ToolLoopMaster]]:
-    master = ToolLoopMaster()
-    app, _ = scripted_app(master=master)
-    with serving(app) as url:
-        yield url, master
-
-
-def test_exo_launch_codex_exec_runs_the_command(codex_api: tuple[str, ToolLoopMaster], tmp_path: Path) -> None:
+def test_exo_launch_codex_exec_runs_the_command(codex_node: ExoServer, tmp_path: Path) -> None:
     binary = require_client("codex")
-    url, master = codex_api
     project, home = _folders(tmp_path)
+    instructions = home / "instructions.md"
+    instructions.write_text(CLIENT_AGENT_PROMPT)
     environment = isolated_environment(home, {"EXO_HOME": str(home / "exo")})
+    trim = [
+        word.replace("@instructions@", str(instructions))
+        for override in CODEX_TRIM_OVERRIDES
+        for word in ("-c", override)
+    ]
 
     run = run_cli(
-        _launch("codex", url, binary, ["exec", "--json", CLIENT_TASK]), project, environment, CLI_TIMEOUT_SECONDS
+        _launch("codex", codex_node.base_url, binary, ["exec", *trim, "--json", CLIENT_TASK]),
+        project,
+        environment,
+        CLI_TIMEOUT_SECONDS,
     )
 
-    assert run.returncode == 0, run.describe()
+    assert run.returncode == 0, f"{run.describe()}\n--- exo log\n{codex_node.log()}"
     assert (project / "hello.txt").read_text() == "hello", run.describe()
     commands = [(item.get("command"), item.get("exit_code")) for item in run.codex_items("command_execution")]
     assert commands == [("/bin/bash -lc 'printf hello > hello.txt'", 0)], run.describe()
     assert [item.get("text") for item in run.codex_items("agent_message")] == [AGENT_DONE_REPLY], run.describe()
-    assert [task.model_id for task in master.tasks] == [SCRIPTED_MODEL, SCRIPTED_MODEL], run.describe()
+    # The turn's two requests were answered by the node (Codex sums their token counts).
+    (completed,) = run.of_type("turn.completed")
+    usage = as_object(completed.get("usage")) or {}
+    counts = [usage.get("input_tokens"), usage.get("output_tokens")]
+    assert all(isinstance(count, int) and count > 0 for count in counts), run.describe()
     # Codex's own config folder was never written to by the launch.
     assert not (home / ".codex" / "config.toml").exists()
