@@ -142,11 +142,17 @@ def main() -> None:
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1, help="rounds of every level (each measured on its own)")
+    parser.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="serve with exo's --no-overlap (the next decode step launched only after the last token was handled)",
+    )
     arguments = parser.parse_args()
+    flags = ["--no-matmul-plan", *(["--no-overlap"] if arguments.no_overlap else [])]
     levels: list[LevelOverhead] = []
     with (
         tempfile.TemporaryDirectory() as work_dir,
-        running_exo(arguments.model, Path(work_dir), ["--no-matmul-plan"]) as server,
+        running_exo(arguments.model, Path(work_dir), flags) as server,
     ):
         _measure_level(server.base_url, 1, 8)  # the first request's one-time costs, not measured
         for _ in range(arguments.repeats):

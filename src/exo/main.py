@@ -164,6 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
         "feeding them as a draft verified in one pass (the output is the same either way; speculation must be on)",
     )
     decoding.add_argument(
+        "--no-overlap",
+        dest="overlap",
+        action="store_false",
+        help="launch a request's next decode step only after its last token was parsed and sent, instead of on the "
+        "lazily sampled token before that work, so the host's work overlaps the next forward pass (the default; the "
+        "output is the same either way)",
+    )
+    decoding.add_argument(
         "--no-matmul-plan",
         dest="matmul_plan",
         action="store_false",

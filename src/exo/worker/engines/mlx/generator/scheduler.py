@@ -96,6 +96,8 @@ class GenerationScheduler:
         self._batched: dict[TaskId, ChatRequest] = {}
         self.speculation = SpeculationStats()
         """Drafts verified and accepted by every solo decoder so far."""
+        self.chained_steps = 0
+        """Solo steps launched on the lazily sampled token of the step before them (overlap)."""
         self.step_costs = StepCosts()
         """What solo forward passes cost here, by tokens fed: whether a draft is worth verifying."""
 
@@ -272,8 +274,20 @@ class GenerationScheduler:
         request, decoder = self._solo
         if not decoder.launched:
             decoder.launch(request.remaining_tokens - 1)
+        # Overlap: the next step is launched on the token the step in flight is sampling, before that token is read,
+        # so accepting it (detokenizing, parsing, stop checks) and sending its chunks run while the device computes
+        # the next one. Not where the step in flight is the request's last (a length finish), nor where the next
+        # step's input needs that work (`SoloDecoder.can_chain`): then the next step is launched after the accept.
+        chained = self._settings.overlap and request.remaining_tokens >= 2 and decoder.can_chain()
+        if chained:
+            decoder.chain()
+            self.chained_steps += 1
         update = self._collect_solo()
-        if not update.done and self._decodes_alone(decoder):
+        if update.done or not self._decodes_alone(decoder):
+            return [update]  # a chained step was discarded with the ending or the going back
+        if chained:
+            decoder.look_up_draft(request.remaining_tokens - 1)
+        else:
             # Launch the next step now: it computes while this step's chunks are sent.
             decoder.launch(request.remaining_tokens - 1)
         return [update]
@@ -296,9 +310,11 @@ class GenerationScheduler:
             chunks = request.accept(tokens)
         if request.processors.error is not None or request.finished:
             self._solo = None
+            decoder.discard_chained()
             return self._ended(request, chunks, decoder.cache)
         if (kept := request.take_rewind()) is not None:
             self._solo = None
+            decoder.discard_chained()
             self._rewind(request, decoder.cache, [*decoder.fed, *decoder.pending], kept, cached=len(decoder.fed))
         return RequestUpdate(request.task_id, chunks, done=False, generated_tokens=len(request.generated))
 

@@ -6,22 +6,28 @@ one that differs from the model's own choice, plus that choice: one to `len(draf
 Greedy output is token for token the output without drafts, since every kept token is the argmax given exactly the
 tokens before it. The cache and the grammar are rolled back past the rejected drafts.
 
-Like mlx-lm's `generate_step`, the next step is launched (`mx.async_eval`) before the caller handles this step's
-tokens, so detokenizing, parsing and sending overlap the next forward pass.
+Like mlx-lm's `generate_step`, the next step can be launched (`mx.async_eval`) on the lazily sampled token of the
+step in flight, before that token is read (`chain`): the device goes from one step to the next without waiting for
+the host, and the caller's work on a step's token (detokenizing, parsing, the grammar's bookkeeping, sending)
+overlaps the next forward pass. A step is chained only where its input does not depend on that work: no grammar (its
+mask needs the accepted token), no draft in either step (a draft comes from the tokens, and a verified draft's
+pending token is known only once the model's choices are read), a cache that can drop the chained token again. When
+the request ends (or goes back) with the step before it, the chained step is discarded (`discard_chained`): its
+token is dropped from the cache, which is then exactly what the step-by-step loop leaves.
 """
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 from mlx import nn
 from mlx_lm.generate import generation_stream
 
-from exo.worker.engines.mlx.cache.layer_cache import PromptCache, trim_tokens
+from exo.worker.engines.mlx.cache.layer_cache import PromptCache, can_trim, trim_tokens
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, PassTimes, StepCosts
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
-from exo.worker.engines.mlx.generator.sampling import Sampler, sample_rows
+from exo.worker.engines.mlx.generator.sampling import Sampler, SeededSampler, sample_rows
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 
 DraftSource = Callable[[int], list[int]]
@@ -30,8 +36,9 @@ DraftSource = Callable[[int], list[int]]
 
 @dataclass(frozen=True)
 class _LaunchedStep:
-    inputs: list[int]
-    """The pending token, then the draft."""
+    inputs: list[int] | None
+    """The pending token, then the draft; None for a chained step, whose one input is the token the step before it
+    samples (the pending token once that step is collected)."""
     samples: mx.array
     """The model's token after each input (one per position), still being computed."""
     started: float
@@ -41,7 +48,7 @@ class _LaunchedStep:
 
     @property
     def draft(self) -> list[int]:
-        return self.inputs[1:]
+        return self.inputs[1:] if self.inputs is not None else []
 
 
 @dataclass
@@ -83,21 +90,30 @@ class SoloDecoder:
         self._policy = policy
         self._times = PassTimes(costs) if costs is not None else None
         self._fast_forward = fast_forward
-        self._launched: _LaunchedStep | None = None
+        self._launched: list[_LaunchedStep] = []
+        """The steps in flight, oldest first: one, or two once a step is chained behind the first."""
         self._unverified: list[int] = []
         """A draft the policy declined, checked against the tokens the model goes on to write: whether it would have
         held is learned for free, so a request that starts copying is noticed without verifying anything."""
         self._unverified_held = 0
+        self._wants_draft = drafts is not None
+        """The last draft looked up after a token was one the policy verifies: the next step is launched after that
+        token is handled, with its draft, rather than chained without one (`can_chain`)."""
         self.stats = SpeculationStats()
 
     @property
     def launched(self) -> bool:
         """A step is being computed; `collect` returns its tokens."""
-        return self._launched is not None
+        return bool(self._launched)
+
+    @property
+    def chained(self) -> bool:
+        """A second step is in flight behind the first (`chain`)."""
+        return len(self._launched) > 1
 
     def launch(self, draft_limit: int) -> None:
         """Start the step that feeds the pending token, with up to `draft_limit` draft tokens when there are any."""
-        if self._launched is not None:
+        if self._launched:
             raise RuntimeError("launch needs no step in flight")
         forced = self._forced(draft_limit)
         inputs = [*self.pending, *(forced or self._draft(draft_limit))]
@@ -107,7 +123,69 @@ class SoloDecoder:
             samples = self._sample(inputs, logits)
         with STEP_CLOCK.part("launch"):
             mx.async_eval(samples)
-        self._launched = _LaunchedStep(inputs=inputs, samples=samples, started=started, forced=bool(forced))
+        self._launched.append(_LaunchedStep(inputs=inputs, samples=samples, started=started, forced=bool(forced)))
+
+    def can_chain(self) -> bool:
+        """Whether the next step's input is the lazily sampled token of the step in flight: one plain step in flight
+        (no draft), no grammar, the last draft looked up not one the policy verifies (a request copying from its
+        prompt keeps verifying drafts: its next step waits for its token), and a cache that can drop a discarded
+        step's token."""
+        if len(self._launched) != 1 or self._wants_draft:
+            return False
+        inputs = self._launched[0].inputs  # None: a chained step, one token
+        if (inputs is not None and len(inputs) != 1) or self._processors.constrained:
+            return False
+        return can_trim(self.cache)
+
+    def chain(self) -> None:
+        """Launch the next step on the token the step in flight is sampling, before that token is read (`can_chain`
+        must hold). The caller handles the first step's token while both compute; `discard_chained` takes the second
+        back where the request ends or goes back with the first."""
+        if not self.can_chain():
+            raise RuntimeError("this step cannot be chained")
+        previous = self._launched[0]
+        token = previous.samples.astype(mx.int32)  # as `launch` feeds its tokens
+        started = time.perf_counter()
+        with mx.stream(generation_stream), STEP_CLOCK.part("graph"):
+            logits = self._model(token[None], cache=self.cache)[0]
+            if not self._processors.empty:  # penalties only (no grammar): what they are shown, as step by step
+                # The previous step's input: its own token, or (chained too) the pending token it feeds.
+                fed = [*self.fed, *(previous.inputs if previous.inputs is not None else self.pending)]
+                context = mx.concatenate([mx.array(fed), token])
+                logits = self._processors(context, logits)
+            samples = sample_rows(self._sampler, logits)
+        with STEP_CLOCK.part("launch"):
+            mx.async_eval(samples)
+        self._launched.append(_LaunchedStep(inputs=None, samples=samples, started=started))
+
+    def discard_chained(self) -> None:
+        """Take back the chained step still in flight once the step before it was collected (the request ended or
+        went back with that step; nothing when no step is in flight): its token leaves
+        the cache and a seeded sampler's draw is given back, as if it had never been launched."""
+        if not self._launched:
+            return
+        if len(self._launched) > 1 or self._launched[0].inputs is not None:
+            raise RuntimeError("only a chained step, collected after the step before it, is discarded")
+        self._launched.pop()
+        if trim_tokens(self.cache, 1) != 1:
+            raise RuntimeError("the chained step's token could not be dropped from the cache")
+        if isinstance(self._sampler, SeededSampler):
+            self._sampler.draws -= 1
+
+    def look_up_draft(self, draft_limit: int) -> None:
+        """After the token before a chained step was handled: the draft `launch` would have looked up for that step.
+        One the policy declines is booked as declined (compared with what the model writes, counted towards
+        exploring); one it would verify stops the chaining, so the step after is launched with its draft."""
+        if self._drafts is None or self._policy is None or draft_limit <= 0:
+            return
+        draft = self._drafts(draft_limit)
+        if not draft:
+            self._wants_draft = False
+        elif self._policy.draft_length(len(draft)) == 0:
+            self._wants_draft = False
+            self._decline(draft)
+        else:
+            self._wants_draft = True
 
     def _forced(self, limit: int) -> list[int]:
         """Grammar fast-forward: the tokens the grammar forces after the pending one, fed as the draft. Verified like
@@ -130,13 +208,19 @@ class SoloDecoder:
             context = mx.array([*self.fed, *self.pending])
             draft = draft[: self._processors.allowed_draft_length(context, draft)]
         if not draft:
+            self._wants_draft = False
             return []
         length = self._policy.draft_length(len(draft))
+        self._wants_draft = length > 0
         if length == 0:
-            self._policy.declined()
-            if not self._unverified:
-                self._unverified, self._unverified_held = draft[: self._policy.maximum], 0
+            self._decline(draft)
         return draft[:length]
+
+    def _decline(self, draft: list[int]) -> None:
+        assert self._policy is not None
+        self._policy.declined()
+        if not self._unverified:
+            self._unverified, self._unverified_held = draft[: self._policy.maximum], 0
 
     def _check_unverified(self, produced: list[int]) -> None:
         """Compare the declined draft with the tokens written since; once it is decided, the policy learns from it."""
@@ -155,14 +239,18 @@ class SoloDecoder:
 
     def collect(self) -> list[int]:
         """The launched step's tokens: the drafts the model agreed with, then its own next token."""
-        step = self._launched
-        if step is None:
+        if not self._launched:
             raise RuntimeError("no step in flight")
-        self._launched = None
+        step = self._launched.pop(0)
+        inputs = step.inputs if step.inputs is not None else list(self.pending)
         with STEP_CLOCK.part("device"):
             samples: list[int] = step.samples.tolist()  # pyright: ignore[reportAssignmentType] -- 1-D token ids
+        collected = time.perf_counter()
         if self._times is not None:
-            self._times.record(len(step.inputs), time.perf_counter() - step.started)
+            self._times.record(len(inputs), collected - step.started)
+        if self._launched:
+            # The chained step had the device only from now: its pass is timed from here, not from its launch.
+            self._launched[0] = replace(self._launched[0], started=collected)
         draft = step.draft
         accepted = 0
         while accepted < len(draft) and samples[accepted] == draft[accepted]:
@@ -176,7 +264,7 @@ class SoloDecoder:
         self.stats.steps += 1
         self.stats.drafted += len(draft)
         self.stats.accepted += accepted
-        self.fed += step.inputs[: accepted + 1]
+        self.fed += inputs[: accepted + 1]
         self.pending = [samples[accepted]]
         produced = [*draft[:accepted], samples[accepted]]
         self._check_unverified(produced)

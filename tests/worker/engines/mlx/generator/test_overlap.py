@@ -1,0 +1,329 @@
+"""Overlap: a request decoding alone launches its next step on the lazily sampled token of the step in flight, before
+that token is accepted. Real forward passes of the tiny-qwen-tools fixture through the runner's GenerationScheduler,
+each run twice, overlap on and off (`DecodeSettings.overlap`): the chunks are the same, and so is the KV cache a
+request hands back when it ends or is cancelled (its token count, and what a follow-up request finds cached).
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+import pytest
+from pydantic import JsonValue
+
+from exo.shared.types.common import TaskId
+from exo.shared.types.tasks import GenerationTask
+from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
+from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.engines.mlx.cache.layer_cache import PromptCache, held_token_count
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
+from exo.worker.engines.mlx.generator.processors import RequestProcessors
+from exo.worker.engines.mlx.generator.request_context import EngineContext
+from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
+from exo.worker.engines.mlx.loaded_model import LoadedModel
+from exo.worker.engines.mlx.model_loader import load_model
+from tests.fixtures.fixture_specs import (
+    FIXTURE_MODELS_DIR,
+    GET_WEATHER_TOOL,
+    PARIS_WEATHER_RESULT,
+    assistant_tool_call,
+    qwen_tool_call_text,
+    tool_result,
+    user,
+)
+from tests.worker.engines.mlx.generator.scheduling import (
+    JsonBody,
+    Outcome,
+    assert_ended,
+    context_for,
+    run,
+    task,
+)
+from tests.worker.engines.mlx.generator.test_scheduler import SHAPES
+
+PLAIN = DecodeSettings(batch_size=16, speculation=None)
+UNCONSTRAINED = ("greeting", "seeded temperature", "same seed again", "top_k", "repetition penalty", "stop sequence")
+"""Shapes without a grammar (a request with tools has the lazy one under "auto"): their steps are chained; the others
+fall back to launching the next step after the accept."""
+LOOPING: list[JsonValue] = [
+    user("What is the weather in Paris?"),
+    assistant_tool_call("get_weather", {"city": "Paris"}, "call_0"),
+    tool_result(PARIS_WEATHER_RESULT, "call_0"),
+    assistant_tool_call("get_weather", {"city": "Paris"}, "call_1"),
+    tool_result(PARIS_WEATHER_RESULT, "call_1"),
+]
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools", ShardAssignment())
+
+
+class _Released:
+    """The token count of every KV cache a request hands back (finished or cancelled), by task."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.held: dict[TaskId, int | None] = {}
+        release = ChatRequest._release  # pyright: ignore[reportPrivateUsage]
+
+        def recording(request: ChatRequest, cache: PromptCache | None) -> None:
+            if cache is not None:
+                self.held[request.task_id] = held_token_count(cache)
+            release(request, cache)
+
+        monkeypatch.setattr(ChatRequest, "_release", recording)
+
+
+@dataclass(frozen=True)
+class _Run:
+    outcomes: list[Outcome]
+    """In arrival order."""
+    held: list[int | None]
+    """The token count of each request's KV cache as it handed it back, in arrival order."""
+    chained_steps: int
+    drafted: int
+    """Draft tokens verified."""
+
+
+Arrivals = Callable[[], Mapping[int, Sequence[GenerationTask]]]
+Cancels = Callable[[Mapping[int, Sequence[GenerationTask]]], Mapping[int, Sequence[TaskId]]]
+Processors = Callable[[EngineContext, GenerationTask], RequestProcessors | None]
+
+
+def _run(
+    loaded: LoadedModel,
+    settings: DecodeSettings,
+    arrivals: Arrivals,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    cancel_at: Cancels | None,
+    processors: Processors | None,
+    rewinds: bool,
+    prepare: Callable[[GenerationScheduler], None] | None,
+) -> _Run:
+    released = _Released(monkeypatch)
+    context = context_for(loaded, settings)
+    scheduler = GenerationScheduler(loaded.model, context.decode)
+    if prepare is not None:
+        prepare(scheduler)
+    tasks = arrivals()
+    ordered = [one for step in sorted(tasks) for one in tasks[step]]
+    replaced: dict[TaskId, RequestProcessors] = {}
+    for one in ordered:
+        if processors is not None and (own := processors(context, one)) is not None:
+            replaced[one.task_id] = own
+    outcomes = run(
+        context,
+        tasks,
+        scheduler=scheduler,
+        cancel_at=cancel_at(tasks) if cancel_at else None,
+        processors=replaced,
+        rewinds=rewinds,
+    )
+    monkeypatch.undo()
+    return _Run(
+        outcomes=[outcomes[one.task_id] for one in ordered],
+        held=[released.held.get(one.task_id) for one in ordered],
+        chained_steps=scheduler.chained_steps,
+        drafted=scheduler.speculation.drafted,
+    )
+
+
+def _same_with_and_without(
+    loaded: LoadedModel,
+    settings: DecodeSettings,
+    arrivals: Arrivals,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    cancel_at: Cancels | None = None,
+    processors: Processors | None = None,
+    rewinds: bool = False,
+    prepare: Callable[[GenerationScheduler], None] | None = None,
+) -> tuple[list[Outcome], _Run]:
+    """Run the same requests with overlap off, then on, and check that the chunks and the caches handed back are the
+    same: the outcomes, and the run with overlap on (none was chained with it off)."""
+    off, on = (
+        _run(
+            loaded,
+            settings.model_copy(update={"overlap": overlap}),
+            arrivals,
+            monkeypatch,
+            cancel_at=cancel_at,
+            processors=processors,
+            rewinds=rewinds,
+            prepare=prepare,
+        )
+        for overlap in (False, True)
+    )
+    assert off.chained_steps == 0
+    assert [outcome.normalised() for outcome in on.outcomes] == [outcome.normalised() for outcome in off.outcomes]
+    assert on.held == off.held
+    assert all(held is not None for held in on.held)
+    return on.outcomes, on
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_each_request_shape_alone_is_the_same_with_overlap(
+    loaded: LoadedModel, shape: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (outcome,), on = _same_with_and_without(loaded, PLAIN, lambda: {0: [task(SHAPES[shape])]}, monkeypatch)
+    finish = assert_ended(outcome)
+    if shape in UNCONSTRAINED:
+        # Every step but the first (launched plainly) and the last (a length finish is not chained past) is chained.
+        assert on.chained_steps >= finish.usage.completion_tokens - 2 > 0
+    else:
+        assert on.chained_steps == 0  # a grammar's mask needs the accepted token: the next step waits for it
+
+
+def test_requests_joining_and_leaving_a_batch_are_the_same_with_overlap(
+    loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first request starts alone (chaining), the next ones arrive while it decodes and the batch forms around it
+    # (its chained step is collected before it joins); the last ones leave one request alone again.
+    def staggered() -> dict[int, list[GenerationTask]]:
+        arrivals: dict[int, list[GenerationTask]] = {}
+        for index, body in enumerate(SHAPES.values()):
+            arrivals.setdefault(index * 5, []).append(task(body))
+        return arrivals
+
+    outcomes, on = _same_with_and_without(loaded, PLAIN, staggered, monkeypatch)
+    assert on.chained_steps > 0
+    for outcome in outcomes:
+        assert_ended(outcome)
+
+
+def _costly_drafts(scheduler: GenerationScheduler) -> None:
+    """A machine where a pass over several tokens costs ten plain ones: the adaptive policy declines every draft."""
+    for tokens in range(1, 10):
+        scheduler.step_costs.record(tokens, 1.0 if tokens == 1 else 10.0)
+
+
+COPYING: JsonBody = {
+    "messages": [user("Repeat after me exactly: Hello! How can I help you today? Hello! How can I help you today?")],
+    "max_tokens": 40,
+}
+
+
+def test_speculation_declining_drafts_chains_with_the_same_answer(
+    loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    speculating = DecodeSettings(speculation=LookupSettings())
+    for body in (COPYING, SHAPES["greeting"], SHAPES["stop sequence"]):
+        (outcome,), on = _same_with_and_without(
+            loaded, speculating, lambda body=body: {0: [task(body)]}, monkeypatch, prepare=_costly_drafts
+        )
+        assert on.chained_steps > 0
+        assert on.drafted == 0
+        # The output is what decoding without speculation gives.
+        (plain,), _ = _same_with_and_without(loaded, PLAIN, lambda body=body: {0: [task(body)]}, monkeypatch)
+        assert outcome.normalised() == plain.normalised()
+
+
+def test_speculation_verifying_drafts_waits_for_them_with_the_same_answer(
+    loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every draft verified (the policy does not adapt): a step after a token with a draft waits for that token and
+    # verifies it; the steps after a token without one are chained.
+    verifying = DecodeSettings(speculation=LookupSettings(adaptive=False))
+    (outcome,), on = _same_with_and_without(loaded, verifying, lambda: {0: [task(COPYING)]}, monkeypatch)
+    assert on.chained_steps > 0
+    assert on.drafted > 0
+    (plain,), _ = _same_with_and_without(loaded, PLAIN, lambda: {0: [task(COPYING)]}, monkeypatch)
+    assert outcome.normalised() == plain.normalised()
+
+
+@pytest.mark.parametrize("step", [2, 5, 9])
+def test_a_cancel_mid_stream_is_the_same_with_overlap(
+    loaded: LoadedModel, step: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body: JsonBody = {"messages": [user("What is the weather in Paris and Tokyo?")], "tools": [GET_WEATHER_TOOL]}
+    unconstrained: JsonBody = {**body, "auto_tool_grammar": False}
+
+    def cancel(arrivals: Mapping[int, Sequence[GenerationTask]]) -> dict[int, list[TaskId]]:
+        return {step: [one.task_id for one in arrivals[0]]}
+
+    for shape in (body, unconstrained, SHAPES["greeting"]):
+        (outcome,), _ = _same_with_and_without(
+            loaded, PLAIN, lambda shape=shape: {0: [task(shape)]}, monkeypatch, cancel_at=cancel
+        )
+        assert outcome.chunks  # it had started, and it got no Finish chunk
+        assert not any(chunk.model_dump().get("finish_reason") for chunk in outcome.chunks)
+
+
+def test_a_follow_up_finds_the_same_cached_prefix_with_overlap(loaded: LoadedModel) -> None:
+    # A greeting that ends with the end-of-turn token, one cut by max_tokens and one by a stop sequence; then each
+    # one's follow-up turn: what the prefix cache holds after the first is what the follow-up reads from it.
+    hello: list[JsonValue] = [user("Hello!")]
+    first_turns: list[JsonBody] = [{"messages": hello}, {"messages": hello, "max_tokens": 4}, SHAPES["stop sequence"]]
+    found: dict[bool, list[tuple[int, list[str]]]] = {}
+    for overlap in (False, True):
+        settings = PLAIN.model_copy(update={"overlap": overlap})
+        context = context_for(loaded, settings, prefix_cache_bytes=1 << 26)
+        found[overlap] = []
+        for first in first_turns:
+            one = task(first)
+            reply = run(context, {0: [one]})[one.task_id]
+            conversation: list[JsonValue] = [*hello, {"role": "assistant", "content": reply.text}, user("Thanks!")]
+            follow_up = task({"messages": conversation, "max_tokens": 8})
+            again = run(context, {0: [follow_up]})[follow_up.task_id]
+            found[overlap].append((assert_ended(again).usage.cached_tokens, again.normalised()))
+    assert found[True] == found[False]
+    assert all(cached > 0 for cached, _ in found[True])
+
+
+def _push(loaded: LoadedModel, text: str) -> Callable[[mx.array, mx.array], mx.array]:
+    """A model that writes `text` at the start of its reply (as the loop-guard tests push it), without a grammar."""
+    target: list[int] = loaded.tokenizer.encode(text, add_special_tokens=False)
+    prompt_length: list[int] = []
+
+    def push(tokens: mx.array, logits: mx.array) -> mx.array:
+        if not prompt_length:
+            prompt_length.append(tokens.shape[0])
+        written: list[int] = tokens[prompt_length[0] :].tolist()  # pyright: ignore[reportAssignmentType] -- 1-D ints
+        if len(written) >= len(target) or written != target[: len(written)]:
+            return logits
+        bias = mx.zeros((logits.shape[-1],), dtype=logits.dtype)
+        bias[target[len(written)]] = 100.0
+        return logits + bias
+
+    return push
+
+
+@pytest.mark.parametrize("policy", ["answer", "block", "off"])
+def test_the_loop_guards_take_back_is_the_same_with_overlap(
+    loaded: LoadedModel, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without the lazy grammar the repeated call is written on chained steps; the guard takes it back (the chained
+    # step after the token that settles it is discarded) and the reply decodes on from before the call.
+    body: JsonBody = {
+        "messages": LOOPING,
+        "tools": [GET_WEATHER_TOOL],
+        "loop_guard": policy,
+        "auto_tool_grammar": False,
+        "max_tokens": 24,
+    }
+    paris = qwen_tool_call_text("get_weather", '{"city": "Paris"}')
+
+    def pushed(context: EngineContext, one: GenerationTask) -> RequestProcessors | None:
+        pushing = one.params.messages[-1].content == PARIS_WEATHER_RESULT  # the looping request, not the one beside
+        return RequestProcessors((_push(context.loaded, paris),), ()) if pushing else None
+
+    for arrivals in (
+        lambda: {0: [task(body)]},
+        lambda: {0: [task(body), task({"messages": [user("What is the weather in Paris and Tokyo?")]})]},
+    ):
+        outcomes, on = _same_with_and_without(loaded, PLAIN, arrivals, monkeypatch, processors=pushed, rewinds=True)
+        assert on.chained_steps > 0
+        finish = assert_ended(outcomes[0])
+        assert finish.usage.withdrawn_tool_calls == (0 if policy == "off" else 1)
+
+
+@pytest.mark.parametrize("question", ["Break the tool.", "What time is it in Tokyo?"])
+def test_a_repaired_call_is_the_same_with_overlap(
+    loaded: LoadedModel, question: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A call no grammar held fails and is re-decoded under the grammar: the going back discards the chained step.
+    body: JsonBody = {"messages": [user(question)], "tools": [GET_WEATHER_TOOL], "auto_tool_grammar": False}
+    (outcome,), on = _same_with_and_without(loaded, PLAIN, lambda: {0: [task(body)]}, monkeypatch, rewinds=True)
+    assert on.chained_steps > 0
+    assert_ended(outcome)
