@@ -91,6 +91,7 @@ def test_every_decode_flag_lands_in_its_field_of_the_decode_settings() -> None:
         "--no-tool-call-repair",
         "--loop-guard=block",
         "--no-grammar-fast-forward",
+        "--no-overlap",
         "--no-matmul-plan",
         "--prompt-layout=template",
     ]
@@ -101,6 +102,7 @@ def test_every_decode_flag_lands_in_its_field_of_the_decode_settings() -> None:
         tool_call_repair=False,
         loop_guard="block",
         grammar_fast_forward=False,
+        overlap=False,
         matmul_plan=False,
         prompt_layout="template",
     )

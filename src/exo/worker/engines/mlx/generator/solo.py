@@ -106,11 +106,6 @@ class SoloDecoder:
         """A step is being computed; `collect` returns its tokens."""
         return bool(self._launched)
 
-    @property
-    def chained(self) -> bool:
-        """A second step is in flight behind the first (`chain`)."""
-        return len(self._launched) > 1
-
     def launch(self, draft_limit: int) -> None:
         """Start the step that feeds the pending token, with up to `draft_limit` draft tokens when there are any."""
         if self._launched:
@@ -160,8 +155,8 @@ class SoloDecoder:
 
     def discard_chained(self) -> None:
         """Take back the chained step still in flight once the step before it was collected (the request ended or
-        went back with that step; nothing when no step is in flight): its token leaves
-        the cache and a seeded sampler's draw is given back, as if it had never been launched."""
+        went back with that step; nothing when no step is in flight): its token leaves the cache and a seeded
+        sampler's draw is given back, as if it had never been launched."""
         if not self._launched:
             return
         if len(self._launched) > 1 or self._launched[0].inputs is not None:
