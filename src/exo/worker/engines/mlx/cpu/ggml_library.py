@@ -11,7 +11,7 @@ This module never imports mlx: numpy and ctypes only.
 
 import ctypes
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -66,6 +66,24 @@ class _ComputePlan(ctypes.Structure):
     ]
 
 
+class _TypeTraits(ctypes.Structure):
+    """`struct ggml_type_traits` (ggml.h)."""
+
+    _fields_ = [
+        ("type_name", ctypes.c_char_p),
+        ("blck_size", ctypes.c_int64),
+        ("blck_size_interleave", ctypes.c_int64),
+        ("type_size", ctypes.c_size_t),
+        ("is_quantized", ctypes.c_bool),
+        ("to_float", ctypes.c_void_p),
+        ("from_float_ref", ctypes.c_void_p),
+    ]
+
+
+_TO_FLOAT: Final = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+"""`ggml_to_float_t`: (blocks, float32 destination, values)."""
+
+
 class _ThreadpoolParams(ctypes.Structure):
     _fields_ = [
         ("cpumask", ctypes.c_bool * _MAX_THREADS),
@@ -113,6 +131,9 @@ class Ggml:
         self.tensor_overhead.restype, self.tensor_overhead.argtypes = size, []
         self.graph_overhead = base.ggml_graph_overhead
         self.graph_overhead.restype, self.graph_overhead.argtypes = size, []
+        self.type_traits = base.ggml_get_type_traits
+        self.type_traits.restype, self.type_traits.argtypes = ctypes.POINTER(_TypeTraits), [integer]
+        self._to_float: dict[int, Callable[[int, int, int], None]] = {}
         self.threadpool_params_init = base.ggml_threadpool_params_init
         self.threadpool_params_init.restype = None
         self.threadpool_params_init.argtypes = [ctypes.POINTER(_ThreadpoolParams), integer]
@@ -133,6 +154,17 @@ class Ggml:
         """Whether rows of `in_features` values split into whole blocks of the type (K-quants take 256 values a
         block: the default model's 896-wide rows are stored as Q5_0/Q8_0 in its GGUF for that reason)."""
         return in_features % int(self.block_size(GGML_TYPES[type_name])) == 0
+
+    def to_float(self, type_id: int) -> Callable[[int, int, int], None]:
+        """ggml's own dequantizer of a block type (`ggml_get_type_traits(type)->to_float`): (blocks' address,
+        float32 destination's address, values). Raises ValueError for a type without one (F32 needs none)."""
+        function = self._to_float.get(type_id)
+        if function is None:
+            address = self.type_traits(type_id).contents.to_float
+            if not address:
+                raise ValueError(f"ggml type {type_id} has no to_float")
+            function = self._to_float[type_id] = _TO_FLOAT(address)
+        return function
 
     def new_threadpool(self, threads: int, poll: int | None = None) -> int:
         """A new pool of `threads` threads; `poll` (0–100) is how long its idle threads spin before they sleep
@@ -254,6 +286,7 @@ class GgmlMatrix:
         if not ggml.fits(type_name, in_features):
             raise ValueError(f"{type_name} blocks do not divide rows of {in_features} values")
         self.ggml = ggml
+        self.type_name = type_name
         self.type = GGML_TYPES[type_name]
         self.shape = (out_features, in_features)
         self.row_bytes = int(ggml.row_size(self.type, in_features))
@@ -296,6 +329,21 @@ class GgmlMatrix:
             raise ValueError(f"rows {start}..{start + count} of width {width} do not fit a {self.shape} matrix")
         destination = self._data + start * self.row_bytes
         self.ggml.quantize_chunk(self.type, source.ctypes.data, destination, 0, count, width, None)
+
+    def dequantize(self, start: int, stop: int, out: npt.NDArray[np.float32]) -> None:
+        """Rows [start, stop) of the matrix in float32 into `out` (C-contiguous, at least (stop - start) × in values),
+        by ggml's own dequantizer of the type (a copy for F32): exactly the values its blocks hold."""
+        count = stop - start
+        values = count * self.shape[1]
+        if not 0 <= start <= stop <= self.shape[0] or out.dtype != np.float32 or out.size < values:
+            raise ValueError(f"rows {start}..{stop} of a {self.shape} matrix do not fit {out.size} float32 values")
+        if not out.flags.c_contiguous:
+            raise ValueError("dequantize writes into a C-contiguous array")
+        source = self._data + start * self.row_bytes
+        if self.type == GGML_TYPES["F32"]:
+            ctypes.memmove(out.ctypes.data, source, values * 4)
+        else:
+            self.ggml.to_float(self.type)(source, out.ctypes.data, values)
 
     def product(self, x: npt.NDArray[np.float32], threads: int, pool: int) -> npt.NDArray[np.float32]:
         """x (rows × in) · Wᵀ: (rows × out) in float32, on `threads` threads of `pool`."""

@@ -26,7 +26,13 @@ from exo.models.gguf_import import unpermute_rotary
 from exo.models.gguf_source import GgufSource, GgufTensor
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.matrix_replacement import replace_named_modules
-from exo.worker.engines.mlx.cpu.q8_layers import Q8Embedding, Q8Linear, Q8Weights, share_sibling_inputs
+from exo.worker.engines.mlx.cpu.q8_layers import (
+    Q8Embedding,
+    Q8Linear,
+    Q8Weights,
+    mark_output_head,
+    share_sibling_inputs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -124,4 +130,5 @@ def load_gguf_matrices(model: nn.Module, source: GgufModelSource, ggml: Ggml) ->
     (q/k/v, gate/up) then share one ggml graph, as under q8_0 (their types may differ: one graph holds them all)."""
     replaced = replace_named_modules(model, lambda path, module: _replacement(path, module, source, ggml))
     share_sibling_inputs(model)
+    mark_output_head(model)
     return replaced

@@ -15,6 +15,9 @@ rows it looks up; the tied output projection (`as_linear`) is a ggml product.
 """
 
 import os
+from collections.abc import Generator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
 from typing import Final, cast
@@ -24,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 from mlx import nn
 
+from exo.worker.engines.mlx.cpu.dequant_gemm import dequantized_gemm, takes_dequantized
 from exo.worker.engines.mlx.cpu.ggml_library import Q8_0_BLOCK, Ggml, GgmlMatrix, q8_0_to_float32
 from exo.worker.engines.mlx.cpu.int8_layers import CONVERSION_ROWS, float32_rows
 from exo.worker.engines.mlx.cpu.matrix_replacement import replace_modules
@@ -75,7 +79,10 @@ class Q8Weights:
         self.pool = self.matrix.ggml.shared_threadpool(self.threads, GGML_POLL)
 
     def product(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        """x (rows × in) · Wᵀ."""
+        """x (rows × in) · Wᵀ: ggml's block kernels, or over a prefill's rows the dequantized matrix times a float32
+        GEMM (`dequant_gemm.takes_dequantized`)."""
+        if takes_dequantized([self.matrix], x.shape[0]):
+            return dequantized_gemm().products([self.matrix], x, self.threads)[0]
         return self.matrix.product(x, self.threads, self.pool)
 
 
@@ -98,6 +105,32 @@ def q8_product(x: mx.array, weights: Q8Weights) -> mx.array:
     return as_mlx(weights.product(activation_rows(x)), x)
 
 
+_LOGITS_DISCARDED: Final = ContextVar("exo_logits_discarded", default=False)
+
+
+@contextmanager
+def logits_discarded() -> Generator[None]:
+    """Within this block the output head of a model served by ggml's products (an `output_head` Q8Linear, a tied
+    Q8Embedding's `as_linear`) computes nothing and returns zeros of its shape, unevaluated: for forward passes whose
+    logits are thrown away, as a prefill piece's are (it only fills the cache). A float32 model's head is lazy and
+    never runs there; a ggml product runs when called, so without this a 512-token piece multiplied all 512 rows by
+    the 151,936-row output matrix (13-20 % of a gguf prefill, docs/PERFORMANCE.md section 12). A context variable,
+    so it holds only in the context (the greenlet of a stepped prefill pass) that set it, never in a decode step
+    run between two of the pass's layers."""
+    token = _LOGITS_DISCARDED.set(True)
+    try:
+        yield
+    finally:
+        _LOGITS_DISCARDED.reset(token)
+
+
+def _discarded_logits(x: mx.array, out_features: int) -> mx.array | None:
+    """Zeros in place of the head's product inside `logits_discarded`, else None."""
+    if not _LOGITS_DISCARDED.get():
+        return None
+    return mx.zeros((*x.shape[:-1], out_features), dtype=mx.float32)
+
+
 class SharedInput:
     """A layer's place in a group of siblings that multiply the same input (`share_sibling_inputs`)."""
 
@@ -117,8 +150,12 @@ class Q8Linear(nn.Module):
             self.bias = bias.astype(mx.float32)
         self.shared: SharedInput | None = None
         """Set by `share_sibling_inputs`: the product comes from one graph with the sibling layers'."""
+        self.output_head = False
+        """Set by `mark_output_head`: the model's logits layer, skipped inside `logits_discarded`."""
 
     def __call__(self, x: mx.array) -> mx.array:
+        if self.output_head and (skipped := _discarded_logits(x, self.q8.shape[0])) is not None:
+            return skipped
         if self.shared is None:
             product = q8_product(x, self.q8)
         else:
@@ -141,7 +178,9 @@ class Q8Embedding(nn.Module):
         return mx.array(values.reshape(*rows.shape, self.q8.shape[1]))
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return q8_product(x, self.q8)
+        """The tied output head: skipped inside `logits_discarded`."""
+        skipped = _discarded_logits(x, self.q8.shape[0])
+        return skipped if skipped is not None else q8_product(x, self.q8)
 
 
 def _replacement(module: nn.Module, ggml: Ggml) -> nn.Module | None:
@@ -158,7 +197,18 @@ def quantize_model_q8(model: nn.Module, ggml: Ggml) -> int:
     returns how many were replaced. Other parameters are left as they are (the caller sets their dtype)."""
     replaced = replace_modules(model, lambda module: _replacement(module, ggml))
     share_sibling_inputs(model)
+    mark_output_head(model)
     return replaced
+
+
+def mark_output_head(model: nn.Module) -> bool:
+    """Mark the model's untied logits layer (mlx-lm's `lm_head`), where it is a Q8Linear, as its output head;
+    returns whether one was marked (a tied head is its embedding's `as_linear`, always the head)."""
+    head = model.get("lm_head")
+    if isinstance(head, Q8Linear):
+        head.output_head = True
+        return True
+    return False
 
 
 SIBLINGS: Final = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))

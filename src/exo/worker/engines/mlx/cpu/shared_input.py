@@ -15,6 +15,7 @@ import mlx.core as mx
 import numpy as np
 import numpy.typing as npt
 
+from exo.worker.engines.mlx.cpu.dequant_gemm import dequantized_gemm, takes_dequantized
 from exo.worker.engines.mlx.cpu.ggml_library import GgmlMatrix, GgmlProducts
 
 
@@ -47,7 +48,11 @@ class SharedInputProducts:
         """x · Wᵀ for the member's matrix: taken from the group's last computation when x is the very array it was
         computed for and this member's result is still untaken, else computed now for the whole group."""
         if x is not self._input or self._pending[member] is None:
-            products = self._products.products(activation_rows(x), threads, pool)
+            rows = activation_rows(x)
+            if takes_dequantized(self._products.matrices, rows.shape[0]):
+                products = dequantized_gemm().products(self._products.matrices, rows, threads)
+            else:
+                products = self._products.products(rows, threads, pool)
             self._pending = [as_mlx(product, x) for product in products]
             self._input = x
         result = self._pending[member]

@@ -21,6 +21,7 @@ from mlx_lm.generate import generation_stream
 
 from exo.shared.types.common import TaskId
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, held_token_count
+from exo.worker.engines.mlx.cpu.q8_layers import logits_discarded
 from exo.worker.engines.mlx.generator.layer_steps import SteppedPass
 from exo.worker.engines.mlx.generator.prefill import PiecePacer, PromptPrefill
 
@@ -109,7 +110,7 @@ class GroupPiece:
         lengths = [len(piece) for piece in pieces]
         longest = max(lengths)
         padding = [longest - length for length in lengths]
-        with mx.stream(generation_stream):
+        with mx.stream(generation_stream), logits_discarded():
             batch_cache: list[object] = merge_caches(self._given)  # pyright: ignore[reportUnknownVariableType]
             if max(padding) > 0:
                 for layer in batch_cache:
