@@ -2,9 +2,9 @@
 GEMM (issue 33: "prefill is compute-bound: its products may dequantize a block at a time into a BLAS GEMM if that
 measures faster").
 
-Over a prefill piece's hundreds of rows, ggml's block kernels (which quantize the activations to Q8_0 / Q8_K and
-take integer dot products) measured about half as fast on the 2-core AMD EPYC (AVX2, no VNNI) as MKL's `sgemm` over
-the same Q5_0 matrix in float32, and dequantizing a matrix costs less than multiplying hundreds of rows by it
+Over a prefill piece's hundreds of rows, ggml's Q5_0 kernel (which quantizes the activations to Q8_0 and takes
+integer dot products) measured 1.3-1.5x slower on the 2-core AMD EPYC (AVX2, no VNNI) than dequantizing the matrix
+and multiplying it with MKL's `sgemm` in float32, dequantization included
 (docs/PERFORMANCE.md section 12, "Prefill products"). So a product over at least `PREFILL_ROWS` rows by matrices
 of `DEQUANTIZED_TYPES` dequantizes each matrix a slice of output rows at a time (ggml's own `to_float` of the
 type: exactly the values the blocks hold) into one reused float32 buffer of at most `SLICE_VALUES` values (32 MiB)
