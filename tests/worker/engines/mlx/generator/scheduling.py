@@ -24,9 +24,18 @@ from exo.worker.engines.mlx.generator.request_context import EngineContext
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 from exo.worker.engines.mlx.loaded_model import LoadedModel
 from exo.worker.engines.mlx.model_loader import load_model
+from tests.fixtures.fixture_specs import PARIS_WEATHER_RESULT, assistant_tool_call, tool_result, user
 
 MAX_STEPS = 5_000
 JsonBody = dict[str, JsonValue]
+PARIS_LOOP: list[JsonValue] = [
+    user("What is the weather in Paris?"),
+    assistant_tool_call("get_weather", {"city": "Paris"}, "call_0"),
+    tool_result(PARIS_WEATHER_RESULT, "call_0"),
+    assistant_tool_call("get_weather", {"city": "Paris"}, "call_1"),
+    tool_result(PARIS_WEATHER_RESULT, "call_1"),
+]
+"""A real loop: the same call twice in a row with the same result twice, so the guard withdraws a third."""
 
 
 def engine_context(model_path: Path, settings: DecodeSettings, *, prefix_cache_bytes: int = 0) -> EngineContext:

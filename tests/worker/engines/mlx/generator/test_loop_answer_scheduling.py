@@ -22,13 +22,11 @@ from tests.fixtures.fixture_specs import (
     FIXTURE_MODELS_DIR,
     GET_WEATHER_TOOL,
     PARIS_WEATHER_ANSWER,
-    PARIS_WEATHER_RESULT,
-    assistant_tool_call,
     qwen_tool_call_text,
-    tool_result,
     user,
 )
 from tests.worker.engines.mlx.generator.scheduling import (
+    PARIS_LOOP,
     Outcome,
     assert_ended,
     engine_context,
@@ -41,14 +39,6 @@ PUSH = 100.0
 """Far above the fixture's own logits: the pushed text is written wherever the grammar allows it."""
 PARIS = qwen_tool_call_text("get_weather", '{"city": "Paris"}')
 TOKYO = qwen_tool_call_text("get_weather", '{"city": "Tokyo"}')
-# A real loop: the same call twice in a row with the same result twice, so the guard withdraws a third.
-LOOP: list[JsonValue] = [
-    user("What is the weather in Paris?"),
-    assistant_tool_call("get_weather", {"city": "Paris"}, "call_0"),
-    tool_result(PARIS_WEATHER_RESULT, "call_0"),
-    assistant_tool_call("get_weather", {"city": "Paris"}, "call_1"),
-    tool_result(PARIS_WEATHER_RESULT, "call_1"),
-]
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +75,7 @@ def _pushed(context: EngineContext, one: GenerationTask, text: str) -> RequestPr
 
 def _task(policy: str) -> GenerationTask:
     body: dict[str, JsonValue] = {
-        "messages": LOOP,
+        "messages": PARIS_LOOP,
         "tools": [GET_WEATHER_TOOL],
         "loop_guard": policy,
         "max_tokens": 24,

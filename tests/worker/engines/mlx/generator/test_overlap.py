@@ -26,12 +26,11 @@ from tests.fixtures.fixture_specs import (
     FIXTURE_MODELS_DIR,
     GET_WEATHER_TOOL,
     PARIS_WEATHER_RESULT,
-    assistant_tool_call,
     qwen_tool_call_text,
-    tool_result,
     user,
 )
 from tests.worker.engines.mlx.generator.scheduling import (
+    PARIS_LOOP,
     JsonBody,
     Outcome,
     assert_ended,
@@ -45,13 +44,6 @@ PLAIN = DecodeSettings(batch_size=16, speculation=None)
 UNCONSTRAINED = ("greeting", "seeded temperature", "same seed again", "top_k", "repetition penalty", "stop sequence")
 """Shapes without a grammar (a request with tools has the lazy one under "auto"): their steps are chained; the others
 fall back to launching the next step after the accept."""
-LOOPING: list[JsonValue] = [
-    user("What is the weather in Paris?"),
-    assistant_tool_call("get_weather", {"city": "Paris"}, "call_0"),
-    tool_result(PARIS_WEATHER_RESULT, "call_0"),
-    assistant_tool_call("get_weather", {"city": "Paris"}, "call_1"),
-    tool_result(PARIS_WEATHER_RESULT, "call_1"),
-]
 
 
 @pytest.fixture(scope="module")
@@ -296,7 +288,7 @@ def test_the_loop_guards_take_back_is_the_same_with_overlap(
     # Without the lazy grammar the repeated call is written on chained steps; the guard takes it back (the chained
     # step after the token that settles it is discarded) and the reply decodes on from before the call.
     body: JsonBody = {
-        "messages": LOOPING,
+        "messages": PARIS_LOOP,
         "tools": [GET_WEATHER_TOOL],
         "loop_guard": policy,
         "auto_tool_grammar": False,
