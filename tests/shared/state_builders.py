@@ -5,6 +5,7 @@ from exo.shared.types.common import InstanceId, ModelId, NodeId, RunnerId, TaskI
 from exo.shared.types.cpu_kernels import CpuKernelsSetting, CpuWeightsSetting
 from exo.shared.types.event_log import IndexedEvent
 from exo.shared.types.events import Event, NodeReported
+from exo.shared.types.runner_status import RunnerStatus
 from exo.shared.types.state import (
     NodeFacts,
     NodeMemory,
@@ -14,7 +15,6 @@ from exo.shared.types.state import (
     TaskInfo,
     TaskStatus,
 )
-from exo.shared.types.worker.runner_status import RunnerStatus
 from exo.shared.types.worker.shards import PipelinePeers, ShardAssignment, pipeline_shards
 
 NODE_A = NodeId("a0000000000000000000000000000001")

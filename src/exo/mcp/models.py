@@ -12,7 +12,7 @@ from exo.models.catalog_api import DownloadDone, NodeCatalog
 from exo.models.progress_display import describe_preparation
 from exo.shared.types.common import FrozenModel, ModelId
 from exo.shared.types.preparation import ModelPreparation
-from exo.shared.types.worker.runner_status import RunnerStatus
+from exo.shared.types.runner_status import RunnerStatus
 
 # A download reports its phases one after the other (fetching or assembling, then converting), each counting its
 # own bytes from zero; MCP progress must grow with every notification, so each phase is one unit of a two-unit

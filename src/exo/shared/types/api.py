@@ -6,7 +6,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, Field
 
-from exo.shared.types.worker.runner_status import RunnerStatus
+from exo.shared.types.runner_status import RunnerStatus
 
 JsonObject = dict[str, Any]
 

@@ -8,8 +8,8 @@ from pydantic import ConfigDict, Field
 from exo.shared.types.common import FrozenModel
 from exo.shared.types.footprint import WeightsInMemory
 from exo.shared.types.instances import PendingPlacement
+from exo.shared.types.runner_status import RunnerStatus
 from exo.shared.types.state import MlxBackend, NodeStatus
-from exo.shared.types.worker.runner_status import RunnerStatus
 from exo.shared.types.worker.shards import ParallelChoice, Parallelism
 
 

@@ -17,8 +17,8 @@ from exo.shared.types.instances import PendingPlacement, PlacedInstance
 from exo.shared.types.links import LinkMeasurement
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.request_record import RequestRecord
+from exo.shared.types.runner_status import RunnerStatus
 from exo.shared.types.worker.runner_response import ModelDescription, ModelMetadata, StepTimes
-from exo.shared.types.worker.runner_status import RunnerStatus
 from exo.shared.types.worker.shards import ShardAssignment
 
 TaskStatus = Literal["queued", "running"]

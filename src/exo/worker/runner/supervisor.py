@@ -31,6 +31,7 @@ from pydantic_core import PydanticSerializationError
 from exo.shared.errors import QueueFullError, RunnerUnavailableError
 from exo.shared.types.chunks import Chunk, ErrorChunk, PrefillProgressChunk
 from exo.shared.types.common import RunnerId, TaskId
+from exo.shared.types.runner_status import RunnerStatus
 from exo.shared.types.state import TaskOutcome, TaskPhase, TaskSummary
 from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.runner_response import (
@@ -52,7 +53,6 @@ from exo.shared.types.worker.runner_response import (
     TaskChunk,
     TaskDone,
 )
-from exo.shared.types.worker.runner_status import RunnerStatus
 from exo.worker.runner.idle_snapshots import SHUTDOWN_SNAPSHOT_SECONDS
 from exo.worker.runner.pending_task import PendingTask
 from exo.worker.runner.response_reader import read_responses
