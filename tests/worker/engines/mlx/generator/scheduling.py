@@ -2,10 +2,11 @@
 through the real API adapter, run alone or arriving together, their chunks collected per request."""
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import mlx.core as mx
 from pydantic import JsonValue
 
 from exo.api.adapters.chat_request import to_command
@@ -36,6 +37,27 @@ PARIS_LOOP: list[JsonValue] = [
     tool_result(PARIS_WEATHER_RESULT, "call_1"),
 ]
 """A real loop: the same call twice in a row with the same result twice, so the guard withdraws a third."""
+PUSH = 100.0
+"""Far above the fixture's own logits: the pushed text is written wherever the grammar allows it."""
+
+
+def push_text(loaded: LoadedModel, text: str) -> Callable[[mx.array, mx.array], mx.array]:
+    """A model that writes `text` at the start of its reply: the next token of it is pushed while the reply so far
+    is a beginning of it."""
+    target: list[int] = loaded.tokenizer.encode(text, add_special_tokens=False)
+    prompt_length: list[int] = []
+
+    def push(tokens: mx.array, logits: mx.array) -> mx.array:
+        if not prompt_length:
+            prompt_length.append(tokens.shape[0])
+        written: list[int] = tokens[prompt_length[0] :].tolist()  # pyright: ignore[reportAssignmentType] -- 1-D ints
+        if len(written) >= len(target) or written != target[: len(written)]:
+            return logits
+        bias = mx.zeros((logits.shape[-1],), dtype=logits.dtype)
+        bias[target[len(written)]] = PUSH
+        return logits + bias
+
+    return push
 
 
 def engine_context(model_path: Path, settings: DecodeSettings, *, prefix_cache_bytes: int = 0) -> EngineContext:

@@ -4,9 +4,6 @@ model stuck in an agent loop) gets that call taken back before any of it is stre
 calls; the same push towards the same tool with new arguments gets its call through untouched. Alone, speculating
 and in a batch beside another request, the reply is the same, and the request beside it keeps its own."""
 
-from collections.abc import Callable
-
-import mlx.core as mx
 import pytest
 from pydantic import JsonValue
 
@@ -30,13 +27,12 @@ from tests.worker.engines.mlx.generator.scheduling import (
     Outcome,
     assert_ended,
     engine_context,
+    push_text,
     run,
     task,
     with_settings,
 )
 
-PUSH = 100.0
-"""Far above the fixture's own logits: the pushed text is written wherever the grammar allows it."""
 PARIS = qwen_tool_call_text("get_weather", '{"city": "Paris"}')
 TOKYO = qwen_tool_call_text("get_weather", '{"city": "Tokyo"}')
 
@@ -46,31 +42,12 @@ def context() -> EngineContext:
     return engine_context(FIXTURE_MODELS_DIR / "tiny-qwen-tools", DecodeSettings(speculation=None))
 
 
-def _push(context: EngineContext, text: str) -> Callable[[mx.array, mx.array], mx.array]:
-    """A model that writes `text` at the start of its reply: the next token of it is pushed while the reply so far
-    is a beginning of it."""
-    target: list[int] = context.loaded.tokenizer.encode(text, add_special_tokens=False)
-    prompt_length: list[int] = []
-
-    def push(tokens: mx.array, logits: mx.array) -> mx.array:
-        if not prompt_length:
-            prompt_length.append(tokens.shape[0])
-        written: list[int] = tokens[prompt_length[0] :].tolist()  # pyright: ignore[reportAssignmentType] -- 1-D ints
-        if len(written) >= len(target) or written != target[: len(written)]:
-            return logits
-        bias = mx.zeros((logits.shape[-1],), dtype=logits.dtype)
-        bias[target[len(written)]] = PUSH
-        return logits + bias
-
-    return push
-
-
 def _pushed(context: EngineContext, one: GenerationTask, text: str) -> RequestProcessors:
     """The request's own lazy grammar, after a push towards `text`."""
     spec = constraint_spec(RequestTools.of(one.params.tool_policy), None, context.tool_format, None, auto_grammar=True)
     assert spec is not None
     grammar = make_logits_processor(context.loaded.tokenizer, spec, prompt_length=0)
-    return RequestProcessors((_push(context, text),), (grammar,))
+    return RequestProcessors((push_text(context.loaded, text),), (grammar,))
 
 
 def _task(policy: str) -> GenerationTask:

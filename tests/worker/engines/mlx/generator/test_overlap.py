@@ -7,7 +7,6 @@ request hands back when it ends or is cancelled (its token count, and what a fol
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import mlx.core as mx
 import pytest
 from pydantic import JsonValue
 
@@ -35,6 +34,7 @@ from tests.worker.engines.mlx.generator.scheduling import (
     Outcome,
     assert_ended,
     context_for,
+    push_text,
     run,
     task,
 )
@@ -263,24 +263,6 @@ def test_a_follow_up_finds_the_same_cached_prefix_with_overlap(loaded: LoadedMod
     assert all(cached > 0 for cached, _ in found[True])
 
 
-def _push(loaded: LoadedModel, text: str) -> Callable[[mx.array, mx.array], mx.array]:
-    """A model that writes `text` at the start of its reply (as the loop-guard tests push it), without a grammar."""
-    target: list[int] = loaded.tokenizer.encode(text, add_special_tokens=False)
-    prompt_length: list[int] = []
-
-    def push(tokens: mx.array, logits: mx.array) -> mx.array:
-        if not prompt_length:
-            prompt_length.append(tokens.shape[0])
-        written: list[int] = tokens[prompt_length[0] :].tolist()  # pyright: ignore[reportAssignmentType] -- 1-D ints
-        if len(written) >= len(target) or written != target[: len(written)]:
-            return logits
-        bias = mx.zeros((logits.shape[-1],), dtype=logits.dtype)
-        bias[target[len(written)]] = 100.0
-        return logits + bias
-
-    return push
-
-
 @pytest.mark.parametrize("policy", ["answer", "block", "off"])
 def test_the_loop_guards_take_back_is_the_same_with_overlap(
     loaded: LoadedModel, policy: str, monkeypatch: pytest.MonkeyPatch
@@ -298,7 +280,7 @@ def test_the_loop_guards_take_back_is_the_same_with_overlap(
 
     def pushed(context: EngineContext, one: GenerationTask) -> RequestProcessors | None:
         pushing = one.params.messages[-1].content == PARIS_WEATHER_RESULT  # the looping request, not the one beside
-        return RequestProcessors((_push(context.loaded, paris),), ()) if pushing else None
+        return RequestProcessors((push_text(context.loaded, paris),), ()) if pushing else None
 
     for arrivals in (
         lambda: {0: [task(body)]},
