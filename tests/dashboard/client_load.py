@@ -94,14 +94,25 @@ class ClientLoad:
         return "\n".join(lines)
 
 
+# `print` writes the text and its newline in two calls: two threads printing at once gave one line holding two
+# events and an empty line that `errors` reported (a full CI run, 1dae1d9). One locked write per event.
+_OUTPUT = threading.Lock()
+
+
+def _log(event: dict[str, Any]) -> None:
+    with _OUTPUT:
+        sys.stdout.write(json.dumps(event) + "\n")
+        sys.stdout.flush()
+
+
 def _client(index: int, base_url: str, body: dict[str, Any], stop: threading.Event, started: float) -> None:
     with httpx.Client(base_url=base_url, timeout=TIMEOUT) as client:
         while not stop.is_set():
             sent = time.monotonic() - started
-            print(json.dumps({"client": index, "sent": sent, "answered": None}), flush=True)
+            _log({"client": index, "sent": sent, "answered": None})
             client.post("/v1/chat/completions", json=body).raise_for_status()
             answered = time.monotonic() - started
-            print(json.dumps({"client": index, "sent": sent, "answered": answered}), flush=True)
+            _log({"client": index, "sent": sent, "answered": answered})
 
 
 def main() -> None:
