@@ -1,5 +1,5 @@
 """Prefill products on dequantized slices (`dequant_gemm.py`) and the skipped output head of a prefill piece
-(`q8_layers.logits_discarded`).
+(`discarded_logits.logits_discarded`).
 
 Tolerances: ggml's `to_float` writes exactly the values gguf's numpy dequantizer computes (scale × value in float32,
 compared within 1e-6 relative); the dequantized GEMM is the float32 product of those values, so it agrees with a
@@ -37,10 +37,10 @@ from exo.worker.engines.mlx.cpu.q8_layers import (
     Q8Linear,
     Q8Weights,
     ggml_threads,
-    logits_discarded,
     mark_output_head,
 )
 from exo.worker.engines.mlx.cpu.shared_input import SharedInputProducts
+from exo.worker.engines.mlx.discarded_logits import logits_discarded
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
 from tests.worker.engines.mlx.cpu.platform_gate import require_linux_cpu

@@ -15,9 +15,6 @@ rows it looks up; the tied output projection (`as_linear`) is a ggml product.
 """
 
 import os
-from collections.abc import Generator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
 from typing import Final, cast
@@ -32,6 +29,7 @@ from exo.worker.engines.mlx.cpu.ggml_library import Q8_0_BLOCK, Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.int8_layers import CONVERSION_ROWS, float32_rows
 from exo.worker.engines.mlx.cpu.matrix_replacement import replace_modules
 from exo.worker.engines.mlx.cpu.shared_input import SharedInputProducts, activation_rows, as_mlx
+from exo.worker.engines.mlx.discarded_logits import discarded_logits
 
 
 def ggml_threads() -> int:
@@ -105,32 +103,6 @@ def q8_product(x: mx.array, weights: Q8Weights) -> mx.array:
     return as_mlx(weights.product(activation_rows(x)), x)
 
 
-_LOGITS_DISCARDED: Final = ContextVar("exo_logits_discarded", default=False)
-
-
-@contextmanager
-def logits_discarded() -> Generator[None]:
-    """Within this block the output head of a model served by ggml's products (an `output_head` Q8Linear, a tied
-    Q8Embedding's `as_linear`) computes nothing and returns zeros of its shape, unevaluated: for forward passes whose
-    logits are thrown away, as a prefill piece's are (it only fills the cache). A float32 model's head is lazy and
-    never runs there; a ggml product runs when called, so without this a 512-token piece multiplied all 512 rows by
-    the 151,936-row output matrix (13-20 % of a gguf prefill, docs/PERFORMANCE.md section 12). A context variable,
-    so it holds only in the context (the greenlet of a stepped prefill pass) that set it, never in a decode step
-    run between two of the pass's layers."""
-    token = _LOGITS_DISCARDED.set(True)
-    try:
-        yield
-    finally:
-        _LOGITS_DISCARDED.reset(token)
-
-
-def _discarded_logits(x: mx.array, out_features: int) -> mx.array | None:
-    """Zeros in place of the head's product inside `logits_discarded`, else None."""
-    if not _LOGITS_DISCARDED.get():
-        return None
-    return mx.zeros((*x.shape[:-1], out_features), dtype=mx.float32)
-
-
 class SharedInput:
     """A layer's place in a group of siblings that multiply the same input (`share_sibling_inputs`)."""
 
@@ -154,7 +126,7 @@ class Q8Linear(nn.Module):
         """Set by `mark_output_head`: the model's logits layer, skipped inside `logits_discarded`."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        if self.output_head and (skipped := _discarded_logits(x, self.q8.shape[0])) is not None:
+        if self.output_head and (skipped := discarded_logits(x, self.q8.shape[0])) is not None:
             return skipped
         if self.shared is None:
             product = q8_product(x, self.q8)
@@ -179,7 +151,7 @@ class Q8Embedding(nn.Module):
 
     def as_linear(self, x: mx.array) -> mx.array:
         """The tied output head: skipped inside `logits_discarded`."""
-        skipped = _discarded_logits(x, self.q8.shape[0])
+        skipped = discarded_logits(x, self.q8.shape[0])
         return skipped if skipped is not None else q8_product(x, self.q8)
 
 

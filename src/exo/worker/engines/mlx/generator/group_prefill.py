@@ -21,7 +21,7 @@ from mlx_lm.generate import generation_stream
 
 from exo.shared.types.common import TaskId
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, held_token_count
-from exo.worker.engines.mlx.cpu.q8_layers import logits_discarded
+from exo.worker.engines.mlx.discarded_logits import logits_discarded
 from exo.worker.engines.mlx.generator.layer_steps import SteppedPass
 from exo.worker.engines.mlx.generator.prefill import PiecePacer, PromptPrefill
 

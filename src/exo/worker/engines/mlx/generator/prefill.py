@@ -21,7 +21,7 @@ from mlx_lm.generate import generation_stream
 
 from exo.shared.types.worker.decode_settings import PIECE_SECONDS
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, can_trim, materialize
-from exo.worker.engines.mlx.cpu.q8_layers import logits_discarded
+from exo.worker.engines.mlx.discarded_logits import logits_discarded
 from exo.worker.engines.mlx.generator.layer_steps import SteppedPass, install_layer_steps
 
 MIN_PIECE_TOKENS = 32
