@@ -30,6 +30,7 @@ from exo.worker.engines.mlx.cpu.int8_layers import (
 )
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
 from tests.fixtures.fixture_specs import (
+    FIXTURE_MODEL_NAMES,
     FIXTURE_MODELS_DIR,
     FixtureModelName,
 )
@@ -124,6 +125,11 @@ def test_fixture_models_with_int8_weights_answer_their_trained_prompts_as_traine
     """Loaded the way a runner loads under `--cpu-weights int8`; greedy output (tool calls included) must equal each
     prompt's trained output exactly."""
     assert mismatched_trained_cases(name, "int8") == []
+
+
+def test_the_weight_format_checks_cover_every_fixture_model() -> None:
+    """The int8 and Q8_0 trained-prompt checks run over this table: a fixture model added to the suite joins it."""
+    assert sorted(TABLES) == sorted(FIXTURE_MODEL_NAMES)
 
 
 def test_the_runner_report_names_int8_weights_and_off_keeps_stock_mlx_lm() -> None:

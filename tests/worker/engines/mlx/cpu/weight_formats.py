@@ -12,7 +12,7 @@ from exo.shared.types.cpu_kernels import CpuWeightsSetting
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cpu.engine import CpuKernels
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
-from tests.fixtures.client_requests import CLAUDE_CODE_CASES
+from tests.fixtures.client_requests import CLAUDE_CODE_CASES, CODEX_CASES, OPENCODE_MCP_CASES
 from tests.fixtures.fixture_specs import (
     AGENT_CASES,
     FIXTURE_MODELS_DIR,
@@ -23,11 +23,16 @@ from tests.fixtures.fixture_specs import (
 )
 from tests.fixtures.model_builder.verify import LoadedModel, greedy_generate, load_model
 
+# Every fixture model with the table it was trained on (tiny-qwen-tools-deep is tiny-qwen-tools' table on a deeper
+# model split into five files; tiny-qwen-mcp and tiny-qwen-codex are trained on captured client requests).
 TABLES: dict[FixtureModelName, tuple[FixtureCase, ...]] = {
     "tiny-qwen-tools": QWEN_TOOLS_CASES,
     "tiny-llama31-tools": LLAMA31_TOOLS_CASES,
     "tiny-qwen-agent": AGENT_CASES,
+    "tiny-qwen-tools-deep": QWEN_TOOLS_CASES,
     "tiny-qwen-claude-code": CLAUDE_CODE_CASES,
+    "tiny-qwen-mcp": OPENCODE_MCP_CASES,
+    "tiny-qwen-codex": CODEX_CASES,
 }
 
 
