@@ -6,6 +6,7 @@ nothing refines in the background); at each level N greedy streams start at once
 the node's `/metrics` host-overhead counters are read before and after, so the figures are that level's steps
 alone: wall time per step, the part spent waiting on the model, and the host's own work by part. The level's time to
 first token of the first and the last stream to get one shows whether simultaneous prompts wait for each other.
+`--json-schema` puts every request under a strict `response_format` schema, so every step computes a grammar mask.
 """
 
 import argparse
@@ -22,6 +23,20 @@ from bench.servers import running_exo
 from bench.stream_client import request_body, stream_chat
 from exo.api.types.openai_chat import ChatMessage
 
+STORY_FORMAT: dict[str, object] = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "story",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {"title": {"type": "string"}, "story": {"type": "string"}},
+            "required": ["title", "story"],
+            "additionalProperties": False,
+        },
+    },
+}
+"""`--json-schema`: the answer is held to this schema (a grammar mask at every step)."""
 TOPICS = ("cats", "rivers", "trains", "bread", "stars", "rain", "chess", "bees", "ships", "glass", "maps", "snow")
 
 
@@ -61,7 +76,7 @@ def _series(base_url: str) -> _Series:
     return found
 
 
-async def _level(base_url: str, streams: int, max_tokens: int) -> tuple[list[float], float, int]:
+async def _level(base_url: str, streams: int, max_tokens: int, schema: bool) -> tuple[list[float], float, int]:
     """TTFTs of `streams` simultaneous requests, the wall time of all of them and the tokens they generated."""
     async with httpx.AsyncClient() as client:
         bodies = [
@@ -72,15 +87,17 @@ async def _level(base_url: str, streams: int, max_tokens: int) -> tuple[list[flo
             )
             for n in range(streams)
         ]
+        if schema:
+            bodies = [{**body, "response_format": STORY_FORMAT} for body in bodies]
         started = asyncio.get_running_loop().time()
         outcomes = await asyncio.gather(*(stream_chat(client, base_url, body) for body in bodies))
         wall = asyncio.get_running_loop().time() - started
     return sorted(o.measurement.ttft_s for o in outcomes), wall, sum(o.measurement.completion_tokens for o in outcomes)
 
 
-def _measure_level(base_url: str, streams: int, max_tokens: int) -> LevelOverhead:
+def _measure_level(base_url: str, streams: int, max_tokens: int, schema: bool) -> LevelOverhead:
     before = _series(base_url)
-    ttfts, wall, tokens = asyncio.run(_level(base_url, streams, max_tokens))
+    ttfts, wall, tokens = asyncio.run(_level(base_url, streams, max_tokens, schema))
     after = _series(base_url)
 
     def delta(name: str, part: str = "") -> float:
@@ -147,6 +164,7 @@ def main() -> None:
         action="store_true",
         help="serve with exo's --no-overlap (the next decode step launched only after the last token was handled)",
     )
+    parser.add_argument("--json-schema", action="store_true", help="every request under a strict JSON schema")
     arguments = parser.parse_args()
     flags = ["--no-matmul-plan", *(["--no-overlap"] if arguments.no_overlap else [])]
     levels: list[LevelOverhead] = []
@@ -154,9 +172,10 @@ def main() -> None:
         tempfile.TemporaryDirectory() as work_dir,
         running_exo(arguments.model, Path(work_dir), flags) as server,
     ):
-        _measure_level(server.base_url, 1, 8)  # the first request's one-time costs, not measured
+        schema = arguments.json_schema
+        _measure_level(server.base_url, 1, 8, schema)  # the first request's one-time costs, not measured
         for _ in range(arguments.repeats):
-            levels += [_measure_level(server.base_url, n, arguments.max_tokens) for n in arguments.streams]
+            levels += [_measure_level(server.base_url, n, arguments.max_tokens, schema) for n in arguments.streams]
         report = HostOverheadReport(levels=levels, load_average=os.getloadavg())
     print(report.model_dump_json(indent=1))
     print(render(report))

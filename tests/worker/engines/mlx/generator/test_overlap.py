@@ -1,7 +1,8 @@
 """Overlap: a request decoding alone launches its next step on the lazily sampled token of the step in flight, before
-that token is accepted. Real forward passes of the tiny-qwen-tools fixture through the runner's GenerationScheduler,
-each run twice, overlap on and off (`DecodeSettings.overlap`): the chunks are the same, and so is the KV cache a
-request hands back when it ends or is cancelled (its token count, and what a follow-up request finds cached).
+that token is accepted (under a grammar, the forward pass alone: its mask follows once the token is accepted). Real
+forward passes of the tiny-qwen-tools fixture through the runner's GenerationScheduler, each run twice, overlap on and
+off (`DecodeSettings.overlap`): the chunks are the same, and so is the KV cache a request hands back when it ends or
+is cancelled (its token count, and what a follow-up request finds cached).
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -10,11 +11,14 @@ from dataclasses import dataclass
 import pytest
 from pydantic import JsonValue
 
+from exo.shared.types.chunks import ToolCallChunk
 from exo.shared.types.common import TaskId
 from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
 from exo.shared.types.worker.shards import ShardAssignment
+from exo.tool_calls.grammar.policy import RequestTools, constraint_spec
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, held_token_count
+from exo.worker.engines.mlx.constrained import make_logits_processor
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.request_context import EngineContext
@@ -42,8 +46,9 @@ from tests.worker.engines.mlx.generator.test_scheduler import SHAPES
 
 PLAIN = DecodeSettings(batch_size=16, speculation=None)
 UNCONSTRAINED = ("greeting", "seeded temperature", "same seed again", "top_k", "repetition penalty", "stop sequence")
-"""Shapes without a grammar (a request with tools has the lazy one under "auto"): their steps are chained; the others
-fall back to launching the next step after the accept."""
+"""Shapes without a grammar (a request with tools has the lazy one under "auto"); the others decode under one."""
+FAST_FORWARD = DecodeSettings(speculation=LookupSettings(adaptive=False), grammar_fast_forward=True)
+"""Every forced token fed as a draft (the policy does not adapt to what multi-token passes cost here)."""
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +78,7 @@ class _Run:
     held: list[int | None]
     """The token count of each request's KV cache as it handed it back, in arrival order."""
     chained_steps: int
+    chained_grammar_steps: int
     drafted: int
     """Draft tokens verified."""
 
@@ -117,6 +123,7 @@ def _run(
         outcomes=[outcomes[one.task_id] for one in ordered],
         held=[released.held.get(one.task_id) for one in ordered],
         chained_steps=scheduler.chained_steps,
+        chained_grammar_steps=scheduler.chained_grammar_steps,
         drafted=scheduler.speculation.drafted,
     )
 
@@ -147,7 +154,7 @@ def _same_with_and_without(
         )
         for overlap in (False, True)
     )
-    assert off.chained_steps == 0
+    assert off.chained_steps == off.chained_grammar_steps == 0
     assert [outcome.normalised() for outcome in on.outcomes] == [outcome.normalised() for outcome in off.outcomes]
     assert on.held == off.held
     assert all(held is not None for held in on.held)
@@ -160,11 +167,10 @@ def test_each_request_shape_alone_is_the_same_with_overlap(
 ) -> None:
     (outcome,), on = _same_with_and_without(loaded, PLAIN, lambda: {0: [task(SHAPES[shape])]}, monkeypatch)
     finish = assert_ended(outcome)
-    if shape in UNCONSTRAINED:
-        # Every step but the first (launched plainly) and the last (a length finish is not chained past) is chained.
-        assert on.chained_steps >= finish.usage.completion_tokens - 2 > 0
-    else:
-        assert on.chained_steps == 0  # a grammar's mask needs the accepted token: the next step waits for it
+    # Every step but the first (launched plainly) and the last (a length finish is not chained past) is chained,
+    # under a grammar too: its forward pass runs while the mask is computed.
+    assert on.chained_steps >= finish.usage.completion_tokens - 2 > 0
+    assert on.chained_grammar_steps == (0 if shape in UNCONSTRAINED else on.chained_steps)
 
 
 def test_requests_joining_and_leaving_a_batch_are_the_same_with_overlap(
@@ -234,7 +240,7 @@ def test_a_cancel_mid_stream_is_the_same_with_overlap(
     def cancel(arrivals: Mapping[int, Sequence[GenerationTask]]) -> dict[int, list[TaskId]]:
         return {step: [one.task_id for one in arrivals[0]]}
 
-    for shape in (body, unconstrained, SHAPES["greeting"]):
+    for shape in (body, unconstrained, SHAPES["greeting"], SHAPES["tool_choice required"], SHAPES["response_format"]):
         (outcome,), _ = _same_with_and_without(
             loaded, PLAIN, lambda shape=shape: {0: [task(shape)]}, monkeypatch, cancel_at=cancel
         )
@@ -301,3 +307,67 @@ def test_a_repaired_call_is_the_same_with_overlap(
     (outcome,), on = _same_with_and_without(loaded, PLAIN, lambda: {0: [task(body)]}, monkeypatch, rewinds=True)
     assert on.chained_steps > 0
     assert_ended(outcome)
+
+
+def _lazy_grammar_pushed(text: str) -> Processors:
+    """The request's own lazy "auto" grammar, after a push towards `text`."""
+
+    def pushed(context: EngineContext, one: GenerationTask) -> RequestProcessors:
+        tools = RequestTools.of(one.params.tool_policy)
+        spec = constraint_spec(tools, None, context.tool_format, None, auto_grammar=True)
+        assert spec is not None
+        grammar = make_logits_processor(context.loaded.tokenizer, spec, prompt_length=0)
+        return RequestProcessors((push_text(context.loaded, text),), (grammar,))
+
+    return pushed
+
+
+PARIS_CALL = qwen_tool_call_text("get_weather", '{"city": "Paris"}')
+
+
+def test_the_lazy_grammar_before_and_after_its_trigger_is_the_same_with_overlap(
+    loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Free text first (the lazy grammar not yet triggered: its mask allows any token), then a call it holds to the
+    # schema: every step of both is chained, the mask computed while the forward pass runs.
+    body: JsonBody = {"messages": [user("What is the weather in Paris?")], "tools": [GET_WEATHER_TOOL]}
+    pushed = _lazy_grammar_pushed("Let me look that up. " + PARIS_CALL)
+    (outcome,), on = _same_with_and_without(loaded, PLAIN, lambda: {0: [task(body)]}, monkeypatch, processors=pushed)
+    finish = assert_ended(outcome)
+    assert outcome.text.startswith("Let me look that up.")
+    assert [chunk.name for chunk in outcome.chunks if isinstance(chunk, ToolCallChunk)] == ["get_weather"]
+    assert on.chained_grammar_steps == on.chained_steps >= finish.usage.completion_tokens - 2
+
+
+@pytest.mark.parametrize("shape", ["call", "tool_choice required", "tool_choice named", "response_format"])
+def test_fast_forward_under_overlap_gives_the_same_answer(
+    loaded: LoadedModel, shape: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Forced tokens after a token are known once it is read: the chained step feeds that token alone, and the step
+    # after it is launched serially with the rest of the forced tokens (fast-forward one token later).
+    (outcome,), on = _same_with_and_without(loaded, FAST_FORWARD, lambda: {0: [task(SHAPES[shape])]}, monkeypatch)
+    assert on.drafted > 0  # forced tokens were still fed as drafts
+    assert on.chained_grammar_steps > 0
+    (plain,), _ = _same_with_and_without(loaded, PLAIN, lambda: {0: [task(SHAPES[shape])]}, monkeypatch)
+    assert outcome.normalised() == plain.normalised()
+
+
+@pytest.mark.parametrize("policy", ["answer", "block", "off"])
+def test_the_loop_guards_take_back_under_the_lazy_grammar_is_the_same_with_overlap(
+    loaded: LoadedModel, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The repeated call is written under the lazy grammar on chained steps; the guard takes it back (the chained
+    # step after the token that settles it is discarded before the grammar sees that token).
+    body: JsonBody = {"messages": PARIS_LOOP, "tools": [GET_WEATHER_TOOL], "loop_guard": policy, "max_tokens": 24}
+    for settings in (PLAIN, FAST_FORWARD):
+        (outcome,), on = _same_with_and_without(
+            loaded,
+            settings,
+            lambda: {0: [task(body)]},
+            monkeypatch,
+            processors=_lazy_grammar_pushed(PARIS_CALL),
+            rewinds=True,
+        )
+        assert on.chained_grammar_steps > 0
+        finish = assert_ended(outcome)
+        assert finish.usage.withdrawn_tool_calls == (0 if policy == "off" else 1)

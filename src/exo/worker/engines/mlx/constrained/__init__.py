@@ -14,8 +14,9 @@ a Metal kernel that cannot run on Linux, so the mask becomes an additive 0/-inf 
 
 What it costs (building the llguidance tokenizer once per model, a grammar's cold and cached compile, the mask per
 step, and decoding under each `tool_choice` against unconstrained) is measured by the benchmark: docs/PERFORMANCE.md,
-section 5. The processor needs each sampled token before the next mask, so it gives up mlx-lm's overlap of one
-step's Python work with the previous step's compute.
+section 5. The processor needs each sampled token before the next mask; a request decoding alone still overlaps
+them: its next forward pass is launched before the mask, which is computed while that pass runs
+(`generator/solo.py`).
 """
 
 from exo.worker.engines.mlx.constrained.logits_processor import (

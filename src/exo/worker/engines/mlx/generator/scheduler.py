@@ -98,6 +98,9 @@ class GenerationScheduler:
         """Drafts verified and accepted by every solo decoder so far."""
         self.chained_steps = 0
         """Solo steps launched on the lazily sampled token of the step before them (overlap)."""
+        self.chained_grammar_steps = 0
+        """Of those, steps under a grammar: their forward pass ran while the host fed the grammar its token and computed
+        their mask."""
         self.step_costs = StepCosts()
         """What solo forward passes cost here, by tokens fed: whether a draft is worth verifying."""
 
@@ -275,18 +278,21 @@ class GenerationScheduler:
         if not decoder.launched:
             decoder.launch(request.remaining_tokens - 1)
         # Overlap: the next step is launched on the token the step in flight is sampling, before that token is read,
-        # so accepting it (detokenizing, parsing, stop checks) and sending its chunks run while the device computes
-        # the next one. Not where the step in flight is the request's last (a length finish), nor where the next
-        # step's input needs that work (`SoloDecoder.can_chain`): then the next step is launched after the accept.
+        # so accepting it (detokenizing, parsing, stop checks), sending its chunks and, under a grammar, computing the
+        # next mask run while the device computes the next forward pass. Not where the step in flight is the
+        # request's last (a length finish), nor where the next step's input needs that work (`SoloDecoder.can_chain`):
+        # then the next step is launched after the accept.
         chained = self._settings.overlap and request.remaining_tokens >= 2 and decoder.can_chain()
         if chained:
             decoder.chain()
             self.chained_steps += 1
+            if request.processors.constrained:
+                self.chained_grammar_steps += 1
         update = self._collect_solo()
         if update.done or not self._decodes_alone(decoder):
             return [update]  # a chained step was discarded with the ending or the going back
         if chained:
-            decoder.look_up_draft(request.remaining_tokens - 1)
+            decoder.settle_chained(request.remaining_tokens - 1)  # its mask, now that its input token is accepted
         else:
             # Launch the next step now: it computes while this step's chunks are sent.
             decoder.launch(request.remaining_tokens - 1)

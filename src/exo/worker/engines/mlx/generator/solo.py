@@ -8,12 +8,18 @@ tokens before it. The cache and the grammar are rolled back past the rejected dr
 
 Like mlx-lm's `generate_step`, the next step can be launched (`mx.async_eval`) on the lazily sampled token of the
 step in flight, before that token is read (`chain`): the device goes from one step to the next without waiting for
-the host, and the caller's work on a step's token (detokenizing, parsing, the grammar's bookkeeping, sending)
-overlaps the next forward pass. A step is chained only where its input does not depend on that work: no grammar (its
-mask needs the accepted token), no draft in either step (a draft comes from the tokens, and a verified draft's
-pending token is known only once the model's choices are read), a cache that can drop the chained token again. When
-the request ends (or goes back) with the step before it, the chained step is discarded (`discard_chained`): its
-token is dropped from the cache, which is then exactly what the step-by-step loop leaves.
+the host, and the caller's work on a step's token (detokenizing, parsing, sending) overlaps the next forward pass.
+Under a grammar the chained step's forward pass is launched alone (it needs no mask); once the step before it was
+collected and its token accepted, the grammar is fed that token and computes the next mask on the host while the
+pass runs, and only then is the chained step's sample launched (`settle_chained`), in the serial loop's order.
+A step is chained only where its input does not depend on the host: no draft in either step (a draft comes from the
+tokens, and a verified draft's pending token is known only once the model's choices are read), no forced tokens or
+verified draft due after the token in flight (known once it is read: the step after the chained one is then launched
+serially, fast-forwarding or verifying from there), a cache that can drop the chained token again. The lazy "auto"
+grammar needs no case of its own: before its trigger its mask allows any token and is computed like any other, and
+what the trigger forces is fast-forwarded as above. When the request ends (or goes back) with the step before it, the
+chained step is discarded (`discard_chained`): its token is dropped from the cache, which is then exactly what the
+step-by-step loop leaves, and the grammar never saw the token that ended the request.
 """
 
 import time
@@ -39,12 +45,15 @@ class _LaunchedStep:
     inputs: list[int] | None
     """The pending token, then the draft; None for a chained step, whose one input is the token the step before it
     samples (the pending token once that step is collected)."""
-    samples: mx.array
-    """The model's token after each input (one per position), still being computed."""
+    samples: mx.array | None
+    """The model's token after each input (one per position), still being computed; None for a chained step under a
+    grammar until its mask is applied (`settle_chained`)."""
     started: float
     """`time.perf_counter()` when it was launched."""
     forced: bool = False
     """The draft is what the grammar forces (not a prompt-lookup guess the policy should learn from)."""
+    logits: mx.array | None = None
+    """A chained step's logits while its sample waits for the grammar's mask."""
 
     @property
     def draft(self) -> list[int]:
@@ -97,8 +106,8 @@ class SoloDecoder:
         held is learned for free, so a request that starts copying is noticed without verifying anything."""
         self._unverified_held = 0
         self._wants_draft = drafts is not None
-        """The last draft looked up after a token was one the policy verifies: the next step is launched after that
-        token is handled, with its draft, rather than chained without one (`can_chain`)."""
+        """The last draft looked up after a token was one the policy verifies, or the grammar forces tokens after it:
+        the next step is launched after that token is handled, with them, rather than chained without (`can_chain`)."""
         self.stats = SpeculationStats()
 
     @property
@@ -122,25 +131,36 @@ class SoloDecoder:
 
     def can_chain(self) -> bool:
         """Whether the next step's input is the lazily sampled token of the step in flight: one plain step in flight
-        (no draft), no grammar, the last draft looked up not one the policy verifies (a request copying from its
-        prompt keeps verifying drafts: its next step waits for its token), and a cache that can drop a discarded
-        step's token."""
+        (no draft), sampled (a chained step under a grammar is once settled), the last draft looked up not one the
+        policy verifies and no tokens forced after it (a request copying from its prompt keeps verifying drafts,
+        one in a grammar's fixed text keeps fast-forwarding: its next step waits for its token), and a cache that can
+        drop a discarded step's token."""
         if len(self._launched) != 1 or self._wants_draft:
             return False
-        inputs = self._launched[0].inputs  # None: a chained step, one token
-        if (inputs is not None and len(inputs) != 1) or self._processors.constrained:
+        step = self._launched[0]
+        if (step.inputs is not None and len(step.inputs) != 1) or step.samples is None:
             return False
         return can_trim(self.cache)
 
     def chain(self) -> None:
         """Launch the next step on the token the step in flight is sampling, before that token is read (`can_chain`
-        must hold). The caller handles the first step's token while both compute; `discard_chained` takes the second
-        back where the request ends or goes back with the first."""
+        must hold). The caller handles the first step's token while both compute, then calls `settle_chained`;
+        `discard_chained` takes the second back where the request ends or goes back with the first."""
         if not self.can_chain():
             raise RuntimeError("this step cannot be chained")
         previous = self._launched[0]
+        assert previous.samples is not None
         token = previous.samples.astype(mx.int32)  # as `launch` feeds its tokens
         started = time.perf_counter()
+        if self._processors.constrained:
+            # The mask needs the token being sampled: the forward pass runs now, the mask and the sample follow in
+            # `settle_chained`, computed on the host while this pass runs.
+            with mx.stream(generation_stream), STEP_CLOCK.part("graph"):
+                logits = self._model(token[None], cache=self.cache)[0]
+            with STEP_CLOCK.part("launch"):
+                mx.async_eval(logits)
+            self._launched.append(_LaunchedStep(inputs=None, samples=None, logits=logits, started=started))
+            return
         with mx.stream(generation_stream), STEP_CLOCK.part("graph"):
             logits = self._model(token[None], cache=self.cache)[0]
             if not self._processors.empty:  # penalties only (no grammar): what they are shown, as step by step
@@ -153,6 +173,23 @@ class SoloDecoder:
             mx.async_eval(samples)
         self._launched.append(_LaunchedStep(inputs=None, samples=samples, started=started))
 
+    def settle_chained(self, draft_limit: int) -> None:
+        """After the token before the chained step in flight was collected and handled: under a grammar, feed it that
+        token, mask the chained step's logits and launch its sample (the forward pass may still be running); then
+        look up what `launch` would have fed with it (`look_up_draft`)."""
+        if len(self._launched) != 1 or self._launched[0].inputs is not None:
+            raise RuntimeError("only a chained step, once the step before it was collected, is settled")
+        step = self._launched[0]
+        if step.samples is None:
+            assert step.logits is not None
+            with mx.stream(generation_stream), STEP_CLOCK.part("graph"):
+                logits = self._processors(mx.array([*self.fed, *self.pending]), step.logits)
+                samples = sample_rows(self._sampler, logits)
+            with STEP_CLOCK.part("launch"):
+                mx.async_eval(samples)
+            self._launched[0] = replace(step, samples=samples, logits=None)
+        self.look_up_draft(draft_limit)
+
     def discard_chained(self) -> None:
         """Take back the chained step still in flight once the step before it was collected (the request ended or
         went back with that step; nothing when no step is in flight): its token leaves the cache and a seeded
@@ -161,22 +198,24 @@ class SoloDecoder:
             return
         if len(self._launched) > 1 or self._launched[0].inputs is not None:
             raise RuntimeError("only a chained step, collected after the step before it, is discarded")
-        self._launched.pop()
+        step = self._launched.pop()
         if trim_tokens(self.cache, 1) != 1:
             raise RuntimeError("the chained step's token could not be dropped from the cache")
-        if isinstance(self._sampler, SeededSampler):
+        if step.samples is not None and isinstance(self._sampler, SeededSampler):  # unsettled: it drew nothing
             self._sampler.draws -= 1
 
     def look_up_draft(self, draft_limit: int) -> None:
-        """After the token before a chained step was handled: the draft `launch` would have looked up for that step.
-        One the policy declines is booked as declined (compared with what the model writes, counted towards
-        exploring); one it would verify stops the chaining, so the step after is launched with its draft."""
-        if self._drafts is None or self._policy is None or draft_limit <= 0:
+        """After the token before a chained step was handled: the forced tokens or the draft `launch` would have
+        looked up for that step. Forced tokens, or a draft the policy would verify, stop the chaining, so the step
+        after is launched with them (fast-forward and speculation as step by step, one token later); a draft the
+        policy declines is booked as declined (compared with what the model writes, counted towards exploring)."""
+        if self._forced(draft_limit):
+            self._wants_draft = True
             return
-        draft = self._drafts(draft_limit)
+        draft = self._proposal(draft_limit)
         if not draft:
             self._wants_draft = False
-        elif self._policy.draft_length(len(draft)) == 0:
+        elif self._policy is not None and self._policy.draft_length(len(draft)) == 0:
             self._wants_draft = False
             self._decline(draft)
         else:
@@ -198,10 +237,7 @@ class SoloDecoder:
         it, as long as the policy expects to pay off."""
         if self._drafts is None or self._policy is None or limit <= 0:
             return []
-        draft = self._drafts(limit)
-        if draft and self._processors.constrained:
-            context = mx.array([*self.fed, *self.pending])
-            draft = draft[: self._processors.allowed_draft_length(context, draft)]
+        draft = self._proposal(limit)
         if not draft:
             self._wants_draft = False
             return []
@@ -210,6 +246,16 @@ class SoloDecoder:
         if length == 0:
             self._decline(draft)
         return draft[:length]
+
+    def _proposal(self, limit: int) -> list[int]:
+        """The lookup's draft after the pending token, cut where the grammar forbids it (empty without speculation)."""
+        if self._drafts is None or self._policy is None or limit <= 0:
+            return []
+        draft = self._drafts(limit)
+        if draft and self._processors.constrained:
+            context = mx.array([*self.fed, *self.pending])
+            draft = draft[: self._processors.allowed_draft_length(context, draft)]
+        return draft
 
     def _decline(self, draft: list[int]) -> None:
         assert self._policy is not None
@@ -237,6 +283,8 @@ class SoloDecoder:
         if not self._launched:
             raise RuntimeError("no step in flight")
         step = self._launched.pop(0)
+        if step.samples is None:
+            raise RuntimeError("a chained step is collected once settled")
         inputs = step.inputs if step.inputs is not None else list(self.pending)
         with STEP_CLOCK.part("device"):
             samples: list[int] = step.samples.tolist()  # pyright: ignore[reportAssignmentType] -- 1-D token ids
