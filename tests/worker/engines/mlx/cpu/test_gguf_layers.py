@@ -34,7 +34,7 @@ from exo.worker.engines.mlx.cpu.engine import CpuKernels
 from exo.worker.engines.mlx.cpu.engine import held_bytes as loaded_held_bytes
 from exo.worker.engines.mlx.cpu.ggml_library import CACHED_ROWS, Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.gguf_layers import GgufEmbedding, GgufModelSource, gguf_matrix
-from exo.worker.engines.mlx.cpu.q8_layers import Q8Linear, Q8Weights, q8_bytes
+from exo.worker.engines.mlx.cpu.q8_layers import Q8Linear, Q8Weights, SwiGluMlp, q8_bytes
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
 from tests.fixtures.model_builder.verify import load_model
@@ -140,6 +140,9 @@ def test_no_float_copy_of_a_served_matrix_is_evaluated_and_memory_is_the_files_t
     # One float16 copy of the matrices would take 2 bytes a weight; the norms alone are a few kilobytes.
     assert peak < matrices * 2 / 10, (peak, matrices)
     assert not [name for name, module in loaded.model.named_modules() if isinstance(module, (nn.Linear, nn.Embedding))]
+    # Each layer's MLP is one ggml graph in decode steps, as under q8_0 (test_fused_mlp.py).
+    fused = [module for _, module in loaded.model.named_modules() if isinstance(module, SwiGluMlp)]
+    assert len(fused) == len(cast(list[nn.Module], loaded.model["model"]["layers"]))
     footprint = read_footprint(directory)
     planned = footprint.total_bytes(weights="gguf")
     assert planned == sum(source.tensor_bytes.values())

@@ -113,6 +113,8 @@ class Ggml:
         self.get_data.restype, self.get_data.argtypes = pointer, [pointer]
         self.mul_mat = base.ggml_mul_mat
         self.mul_mat.restype, self.mul_mat.argtypes = pointer, [pointer, pointer, pointer]
+        self.swiglu_split = base.ggml_swiglu_split
+        self.swiglu_split.restype, self.swiglu_split.argtypes = pointer, [pointer, pointer, pointer]
         self.new_graph = base.ggml_new_graph
         self.new_graph.restype, self.new_graph.argtypes = pointer, [pointer]
         self.build_forward_expand = base.ggml_build_forward_expand
@@ -205,23 +207,36 @@ class _Graph:
     """`ggml_mul_mat` nodes of one or more weight matrices over one shared input of a fixed number of rows, in a
     context of its own (input, outputs and graph): one compute call multiplies the input by every matrix."""
 
-    def __init__(self, matrices: "Sequence[GgmlMatrix]", rows: int) -> None:
-        """`matrices`: of one ggml library and one width (`GgmlProducts` checks)."""
+    def __init__(self, matrices: "Sequence[GgmlMatrix]", rows: int, *, swiglu: bool = False) -> None:
+        """`matrices`: of one ggml library and one width (`GgmlProducts` checks). With `swiglu`, the matrices are
+        an MLP's gate, up and down (`GgmlSwiGluMlp` checks) and the graph's one output is
+        down · (silu(x · gateᵀ) ⊙ (x · upᵀ)), computed in the one graph."""
         ggml = matrices[0].ggml
         in_features = matrices[0].shape[1]
         self.rows = rows
         self._ggml = ggml
-        floats = 4 * rows * (in_features + sum(matrix.shape[0] for matrix in matrices))
-        objects = 2 + len(matrices)  # the input, the outputs and the graph
+        floats = 4 * rows * (in_features + sum(matrix.shape[0] for matrix in matrices) + swiglu * matrices[0].shape[0])
+        objects = 2 + len(matrices) + swiglu  # the input, the outputs (and the gated product) and the graph
         self._context = ggml.new_context(floats + objects * ggml.tensor_overhead() + ggml.graph_overhead())
         source = ggml.new_tensor_2d(self._context, GGML_TYPES["F32"], in_features, rows)
-        results = [ggml.mul_mat(self._context, matrix.tensor, source) for matrix in matrices]
+        if swiglu:
+            gate, up, down = matrices
+            gated = ggml.swiglu_split(
+                self._context,
+                ggml.mul_mat(self._context, gate.tensor, source),
+                ggml.mul_mat(self._context, up.tensor, source),
+            )
+            results = [ggml.mul_mat(self._context, down.tensor, gated)]
+            outputs = [down]
+        else:
+            results = [ggml.mul_mat(self._context, matrix.tensor, source) for matrix in matrices]
+            outputs = list(matrices)
         self._graph = ggml.new_graph(self._context)
         for result in results:
             ggml.build_forward_expand(self._graph, result)
         self._input = int(ggml.get_data(source))
         self._outputs = [
-            (int(ggml.get_data(result)), matrix.shape[0]) for result, matrix in zip(results, matrices, strict=True)
+            (int(ggml.get_data(result)), matrix.shape[0]) for result, matrix in zip(results, outputs, strict=True)
         ]
         self._work: ctypes.Array[ctypes.c_char] | None = None
         self._plan_key: tuple[int, int] | None = None
@@ -256,9 +271,10 @@ def _run_cached(
     *,
     threads: int,
     pool: int,
+    swiglu: bool = False,
 ) -> list[npt.NDArray[np.float32]]:
-    """Run the graph of `matrices` for x's row count: kept in `graphs` up to `CACHED_ROWS` rows, else built and
-    freed here."""
+    """Run the graph of `matrices` (`_Graph`'s `swiglu`: an MLP's) for x's row count: kept in `graphs` up to
+    `CACHED_ROWS` rows, else built and freed here."""
     source = np.ascontiguousarray(x, dtype=np.float32)
     rows, width = source.shape
     if width != matrices[0].shape[1]:
@@ -266,7 +282,7 @@ def _run_cached(
     graph = graphs.get(rows)
     if graph is not None:
         return graph.run(source, threads, pool)
-    graph = _Graph(matrices, rows)
+    graph = _Graph(matrices, rows, swiglu=swiglu)
     if rows <= CACHED_ROWS:
         graphs[rows] = graph
         return graph.run(source, threads, pool)
@@ -378,6 +394,36 @@ class GgmlProducts:
     def products(self, x: npt.NDArray[np.float32], threads: int, pool: int) -> list[npt.NDArray[np.float32]]:
         """x (rows × in) times each matrix: one (rows × out) float32 array per matrix, in order."""
         return _run_cached(self._graphs, self.matrices, x, threads=threads, pool=pool)
+
+    def close(self) -> None:
+        """Free the graphs now (else when this object is collected)."""
+        self._finalizer()
+
+
+class GgmlSwiGluMlp:
+    """A SwiGLU MLP's three matrices in one ggml graph: down · (silu(x · gateᵀ) ⊙ (x · upᵀ)), as mlx-lm's qwen2 and
+    llama MLPs compute it. One compute call for the whole MLP where the products apart pay two (and, in the model,
+    an `mx.eval` of the gated product in between); the gate and up products are those their matrices compute alone,
+    the gating is ggml's `swiglu` op (float32), and down quantizes its input as its product alone does. The matrices
+    must outlive this object."""
+
+    def __init__(self, gate: GgmlMatrix, up: GgmlMatrix, down: GgmlMatrix) -> None:
+        if gate.shape != up.shape or down.shape[1] != gate.shape[0] or len({id(m.ggml) for m in (gate, up, down)}) != 1:
+            raise ValueError(
+                f"gate {gate.shape}, up {up.shape} and down {down.shape} are not one MLP's matrices of one ggml library"
+            )
+        self.matrices = (gate, up, down)
+        self._graphs: dict[int, _Graph] = {}
+        self._finalizer = weakref.finalize(self, _free_graphs, self._graphs)
+
+    def product(self, x: npt.NDArray[np.float32], threads: int, pool: int) -> npt.NDArray[np.float32]:
+        """The MLP of x (rows × in): (rows × in) float32."""
+        return _run_cached(self._graphs, self.matrices, x, threads=threads, pool=pool, swiglu=True)[0]
+
+    @property
+    def kept_row_counts(self) -> list[int]:
+        """The row counts whose graphs are kept (those run so far up to `CACHED_ROWS`)."""
+        return sorted(self._graphs)
 
     def close(self) -> None:
         """Free the graphs now (else when this object is collected)."""

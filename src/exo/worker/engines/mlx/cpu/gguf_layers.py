@@ -30,6 +30,7 @@ from exo.worker.engines.mlx.cpu.q8_layers import (
     Q8Embedding,
     Q8Linear,
     Q8Weights,
+    fuse_swiglu_mlps,
     mark_output_head,
     share_sibling_inputs,
 )
@@ -130,5 +131,6 @@ def load_gguf_matrices(model: nn.Module, source: GgufModelSource, ggml: Ggml) ->
     (q/k/v, gate/up) then share one ggml graph, as under q8_0 (their types may differ: one graph holds them all)."""
     replaced = replace_named_modules(model, lambda path, module: _replacement(path, module, source, ggml))
     share_sibling_inputs(model)
+    fuse_swiglu_mlps(model)
     mark_output_head(model)
     return replaced

@@ -23,9 +23,17 @@ import mlx.core as mx
 import numpy as np
 import numpy.typing as npt
 from mlx import nn
+from mlx_lm.models.activations import swiglu
 
 from exo.worker.engines.mlx.cpu.dequant_gemm import dequantized_gemm, takes_dequantized
-from exo.worker.engines.mlx.cpu.ggml_library import Q8_0_BLOCK, Ggml, GgmlMatrix, q8_0_to_float32
+from exo.worker.engines.mlx.cpu.ggml_library import (
+    CACHED_ROWS,
+    Q8_0_BLOCK,
+    Ggml,
+    GgmlMatrix,
+    GgmlSwiGluMlp,
+    q8_0_to_float32,
+)
 from exo.worker.engines.mlx.cpu.int8_layers import CONVERSION_ROWS, float32_rows
 from exo.worker.engines.mlx.cpu.matrix_replacement import replace_modules
 from exo.worker.engines.mlx.cpu.shared_input import SharedInputProducts, activation_rows, as_mlx
@@ -169,6 +177,7 @@ def quantize_model_q8(model: nn.Module, ggml: Ggml) -> int:
     returns how many were replaced. Other parameters are left as they are (the caller sets their dtype)."""
     replaced = replace_modules(model, lambda module: _replacement(module, ggml))
     share_sibling_inputs(model)
+    fuse_swiglu_mlps(model)
     mark_output_head(model)
     return replaced
 
@@ -214,3 +223,53 @@ def _fits(module: nn.Module) -> bool:
 def q8_bytes(model: nn.Module) -> int:
     """Bytes of the Q8_0 blocks held by `model`'s Q8_0 layers."""
     return sum(module.q8.nbytes for _, module in model.named_modules() if isinstance(module, (Q8Linear, Q8Embedding)))
+
+
+SWIGLU_MLPS: Final = frozenset({"mlx_lm.models.qwen2.MLP", "mlx_lm.models.llama.MLP", "mlx_lm.models.qwen3.MLP"})
+"""mlx-lm's MLP classes whose call is exactly `down_proj(swiglu(gate_proj(x), up_proj(x)))` (read in their source:
+the only ones `fuse_swiglu_mlps` replaces)."""
+
+
+class SwiGluMlp(nn.Module):
+    """An mlx-lm SwiGLU MLP whose three matrices are ggml layers: over at most `CACHED_ROWS` rows (decode steps) the
+    whole MLP is one ggml graph (`GgmlSwiGluMlp`: one `mx.eval` of its input, one compute call), where the layers
+    apart pay two of each a step; over more rows (prefill) it calls its layers as the original MLP does. Keeps the
+    layers as its children under their names (`gate_proj`, `up_proj`, `down_proj`): thread settings, byte counts and
+    module paths see them as before. `fused = False` computes as the original always (the bench compares)."""
+
+    def __init__(self, gate_proj: Q8Linear, up_proj: Q8Linear, down_proj: Q8Linear) -> None:
+        super().__init__()
+        self.gate_proj = gate_proj
+        self.up_proj = up_proj
+        self.down_proj = down_proj
+        self.graph = GgmlSwiGluMlp(gate_proj.q8.matrix, up_proj.q8.matrix, down_proj.q8.matrix)
+        self.fused = True
+
+    def __call__(self, x: mx.array) -> mx.array:
+        rows = 1
+        for size in x.shape[:-1]:
+            rows *= size
+        if not self.fused or rows > CACHED_ROWS or takes_dequantized(self.graph.matrices, rows):
+            return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+        down = self.down_proj.q8
+        return as_mlx(self.graph.product(activation_rows(x), down.threads, down.pool), x)
+
+
+def fuse_swiglu_mlps(model: nn.Module) -> int:
+    """Replace each SwiGLU MLP of `model` (`SWIGLU_MLPS`) whose three matrices are bias-free ggml layers of one
+    library by a `SwiGluMlp`; returns how many were replaced."""
+
+    def replacement(module: nn.Module) -> nn.Module | None:
+        kind = f"{type(module).__module__}.{type(module).__qualname__}"
+        if kind not in SWIGLU_MLPS:
+            return None
+        layers = [module.get(name) for name in ("gate_proj", "up_proj", "down_proj")]
+        if not all(isinstance(layer, Q8Linear) and "bias" not in layer for layer in layers):
+            return None
+        gate, up, down = cast(list[Q8Linear], layers)
+        try:
+            return SwiGluMlp(gate, up, down)
+        except ValueError:
+            return None
+
+    return replace_modules(model, replacement)

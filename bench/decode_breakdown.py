@@ -1,0 +1,211 @@
+"""Where one one-row decode step's wall time goes on the quantized CPU paths (`--cpu-weights q8_0` / `gguf`, issue 33).
+
+Loads the model as a runner does (exo's `load_model` under `CpuKernels`, the BLAS the node preloads, MKL on one
+thread as a runner serving ggml weights sets it), fills a cache with a prompt of each `--context` length, then times
+`--steps` one-token decode steps, each setting taking its turn in every round. Timers wrap, for the step's duration:
+the `mx.eval` that runs mlx's pending work before each ggml product (norms, rope, attention, SwiGLU, the hand-off to
+mlx's CPU stream), `ggml_graph_compute`, the rest of the ggml product call (ctypes, copies in and out, numpy and
+`mx.array` conversions) and, as what is left, Python building mlx's graph plus the step's last evaluation. Not a test.
+
+`uv run python -m bench.decode_breakdown [--model SPEC] [--weights q8_0,gguf] [--context 100,2000] [--steps 16]
+[--rounds 3]`
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from bench.machine import checkout_commit, cpu_flags, cpu_model
+
+PARTS = ("wall", "mlx_eval", "graph_compute", "product_rest", "evals", "computes")
+
+
+def _worker(
+    model_spec: str | None,
+    formats: list[str],
+    contexts: list[int],
+    steps: int,
+    rounds: int,
+    *,
+    fusion: list[str],
+    ggml_threads: list[str],
+) -> None:
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+    from exo.models.paths import default_models_dir
+    from exo.models.resolve import resolve_model
+    from exo.shared.types.cpu_kernels import CpuWeightsSetting
+    from exo.shared.types.worker.shards import ShardAssignment
+    from exo.worker.engines.mlx.cpu import ggml_library, q8_layers, shared_input
+    from exo.worker.engines.mlx.cpu.blas_check import set_blas_threads
+    from exo.worker.engines.mlx.cpu.engine import CpuKernels
+    from exo.worker.engines.mlx.cpu.q8_layers import Q8Embedding, Q8Linear, SwiGluMlp
+    from exo.worker.engines.mlx.model_loader import load_model
+
+    totals: dict[str, float] = dict.fromkeys(PARTS, 0.0)
+
+    def timed(function: Callable[..., Any], part: str, count: str | None = None) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                totals[part] += time.perf_counter() - started
+                if count is not None:
+                    totals[count] += 1
+
+        return wrapper
+
+    original_eval = mx.eval
+    np = shared_input.np
+
+    def activation_rows(x: mx.array) -> Any:
+        started = time.perf_counter()
+        original_eval(x)
+        evaluated = time.perf_counter()
+        rows = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+        totals["mlx_eval"] += evaluated - started
+        totals["evals"] += 1
+        totals["product_rest"] += time.perf_counter() - evaluated
+        return rows
+
+    inner_as_mlx = shared_input.as_mlx
+    for module in (shared_input, q8_layers):
+        cast(Any, module).activation_rows = activation_rows
+        cast(Any, module).as_mlx = timed(inner_as_mlx, "product_rest")
+    original_run = ggml_library._Graph.run  # pyright: ignore[reportPrivateUsage]
+    cast(Any, ggml_library._Graph).run = timed(original_run, "product_rest")  # pyright: ignore[reportPrivateUsage]
+
+    path = resolve_model(model_spec, default_models_dir()).path
+    models = {
+        weights: load_model(
+            path, ShardAssignment(), cpu_kernels=CpuKernels("auto", weights=cast(CpuWeightsSetting, weights))
+        ).model
+        for weights in formats
+    }
+    libraries = {id(lib): lib for lib in _ggml_libraries(models.values())}
+    for lib in libraries.values():
+        lib.graph_compute = timed(lib.graph_compute, "graph_compute", "computes")
+    set_blas_threads(1)
+    mlps = {
+        weights: [m for _, m in model.named_modules() if isinstance(m, SwiGluMlp)] for weights, model in models.items()
+    }
+    results: dict[str, list[dict[str, float]]] = {}
+    for round_number in range(rounds):
+        for weights, model in models.items():
+            for context in contexts:
+                cache = make_prompt_cache(model)  # one prefill a context; each setting's steps are trimmed off
+                prompt = mx.array([[(index * 7) % 5000 + 100 for index in range(context)]])
+                for start in range(0, context, 512):
+                    original_eval(model(prompt[:, start : start + 512], cache=cache))
+                for fused, threads in ((f, t) for f in fusion for t in ggml_threads):
+                    for mlp in mlps[weights]:
+                        mlp.fused = fused == "on"
+                    for _, module in model.named_modules():
+                        if isinstance(module, (Q8Linear, Q8Embedding)):
+                            module.q8.use_threads(None if threads == "auto" else int(threads))
+                    tokens = mx.array([[42]])
+                    original_eval(model(tokens, cache=cache))  # one warm-up step
+                    for part in PARTS:
+                        totals[part] = 0.0
+                    started = time.perf_counter()
+                    for _ in range(steps):
+                        logits = model(tokens, cache=cache)
+                        tokens = logits[:, -1].argmax(-1)[:, None]
+                        original_eval(tokens)
+                    totals["wall"] = time.perf_counter() - started
+                    trim_prompt_cache(cache, steps + 1)
+                    step = {
+                        part: totals[part] * (1 if part in ("evals", "computes") else 1000) / steps for part in PARTS
+                    }
+                    label = f"{weights}, {fused if mlps[weights] else 'none'}, ggml {threads}, {context}"
+                    results.setdefault(label, []).append(step)
+                    _progress(
+                        f"round {round_number + 1} {label}: "
+                        + ", ".join(f"{part} {value:.1f}" for part, value in step.items())
+                    )
+    print(json.dumps(results))
+
+
+def _ggml_libraries(models: Any) -> list[Any]:
+    from exo.worker.engines.mlx.cpu.q8_layers import Q8Embedding, Q8Linear
+
+    found: list[Any] = []
+    for model in models:
+        for _, module in model.named_modules():
+            if isinstance(module, (Q8Linear, Q8Embedding)):
+                found.append(module.q8.matrix.ggml)
+    return found
+
+
+def _progress(line: str) -> None:
+    print(f"[bench.decode_breakdown {time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="where a one-row quantized decode step's time goes")
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--weights", default="q8_0,gguf")
+    parser.add_argument("--context", default="100,2000")
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--fusion", default="on", help="comma-separated: on (the MLP one ggml graph), off (as before)")
+    parser.add_argument("--ggml-threads", default="auto", help="comma-separated ggml pool sizes; auto: the engine's")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    formats = arguments.weights.split(",")
+    contexts = [int(value) for value in arguments.context.split(",")]
+    if arguments.worker:
+        _worker(
+            arguments.model,
+            formats,
+            contexts,
+            arguments.steps,
+            arguments.rounds,
+            fusion=arguments.fusion.split(","),
+            ggml_threads=arguments.ggml_threads.split(","),
+        )
+        return
+    from exo.worker.engines.mlx.cpu.blas import blas_environment
+
+    load_start = os.getloadavg()
+    command = [sys.executable, "-m", "bench.decode_breakdown", "--worker", *sys.argv[1:]]
+    done = subprocess.run(command, env=blas_environment(os.environ), stdout=subprocess.PIPE, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"worker failed (exit {done.returncode})")
+    results = cast(dict[str, list[dict[str, float]]], json.loads(done.stdout.strip().splitlines()[-1]))
+    load_end = os.getloadavg()
+    loads = [", ".join(f"{value:.2f}" for value in load) for load in (load_start, load_end)]
+    print(
+        f"Run: commit {checkout_commit()}, {os.cpu_count()} × {cpu_model()} ({cpu_flags()}); load average "
+        f"(1, 5, 15 min) {loads[0]} at the start, {loads[1]} at the end "
+        f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}); "
+        f"command `uv run python -m bench.decode_breakdown {' '.join(sys.argv[1:])}`.\n"
+    )
+    print(
+        "| weights, MLP fusion, ggml threads, context | step (wall) | `mx.eval` before products (mlx's ops) "
+        "| `ggml_graph_compute` "
+        "| rest of the product calls (ctypes, copies, conversions) | Python graph building + last eval "
+        "| evals / computes a step |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for key, rounds in results.items():
+        median = {part: statistics.median(r[part] for r in rounds) for part in PARTS}
+        walls = ", ".join(f"{r['wall']:.0f}" for r in rounds)
+        median["product_rest"] -= median["graph_compute"]  # the graph runs' timers hold the computes
+        rest = median["wall"] - median["mlx_eval"] - median["graph_compute"] - median["product_rest"]
+        print(
+            f"| {key} | {median['wall']:.1f} ms ({walls}) | {median['mlx_eval']:.1f} | {median['graph_compute']:.1f} "
+            f"| {median['product_rest']:.1f} | {rest:.1f} | {median['evals']:.0f} / {median['computes']:.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

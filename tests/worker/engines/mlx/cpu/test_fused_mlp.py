@@ -1,0 +1,103 @@
+"""A SwiGLU MLP's three ggml matrices computed as one ggml graph in decode steps (`q8_layers.SwiGluMlp`,
+`ggml_library.GgmlSwiGluMlp`, issue 33): the graph computes down · (silu(x · gateᵀ) ⊙ (x · upᵀ)) as the separate
+products and mlx's swiglu do, within float32 rounding of the gating; qwen2 and llama fixture models have every MLP
+fused, decode through the fused graph, give the same greedy tokens and near-equal logits fused and unfused, and
+compute prefill exactly as before.
+
+These tests need ggml's CPU library (`uv run exo ggml build`, or EXO_GGML_DIR): without it they skip for a reason of
+the machine, a failure under EXO_STRICT_SKIPS=1.
+"""
+
+from typing import cast
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx import nn
+from mlx_lm.models.cache import make_prompt_cache
+
+from exo.worker.engines.mlx.cpu.ggml_library import CACHED_ROWS, Ggml, GgmlMatrix, GgmlSwiGluMlp
+from exo.worker.engines.mlx.cpu.q8_layers import SwiGluMlp, fuse_swiglu_mlps
+from tests.fixtures.fixture_specs import FixtureModelName
+from tests.worker.engines.mlx.cpu.weight_formats import loaded_fixture
+
+WIDTH, HIDDEN = 128, 96
+
+
+def _matrix(ggml: Ggml, type_name: str, weights: np.ndarray) -> GgmlMatrix:
+    matrix = GgmlMatrix(ggml, type_name, weights.shape[0], weights.shape[1])
+    matrix.fill(0, weights.astype(np.float32))
+    return matrix
+
+
+def _mlp_matrices(ggml: Ggml) -> tuple[GgmlMatrix, GgmlMatrix, GgmlMatrix]:
+    """gate and up (HIDDEN × WIDTH) and down (WIDTH × HIDDEN), in three block types."""
+    generator = np.random.default_rng(5)
+    return (
+        _matrix(ggml, "Q8_0", generator.normal(size=(HIDDEN, WIDTH)) / 8),
+        _matrix(ggml, "Q5_0", generator.normal(size=(HIDDEN, WIDTH)) / 8),
+        _matrix(ggml, "Q4_0", generator.normal(size=(WIDTH, HIDDEN)) / 8),
+    )
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, CACHED_ROWS + 1])
+def test_the_fused_graph_is_the_mlp_of_the_separate_products(ggml: Ggml, rows: int) -> None:
+    gate, up, down = _mlp_matrices(ggml)
+    mlp = GgmlSwiGluMlp(gate, up, down)
+    pool = ggml.shared_threadpool(2, 0)
+    for seed in (rows, rows + 100):  # a kept graph run again on other values
+        x = np.random.default_rng(seed).normal(size=(rows, WIDTH)).astype(np.float32)
+        fused = mlp.product(x, 2, pool)
+        gated = np.asarray(nn.silu(mx.array(gate.product(x, 2, pool)))) * up.product(x, 2, pool)
+        separate = down.product(np.ascontiguousarray(gated, dtype=np.float32), 2, pool)
+        assert fused.shape == (rows, WIDTH)
+        # The gating differs from mlx's silu by float32 rounding; down re-quantizes its input to Q8_0 blocks, where
+        # such a difference can move a value by one step: far below the products' own quantization error.
+        scale = float(np.abs(separate).max())
+        assert scale > 0.1
+        assert float(np.abs(fused - separate).max()) < 2e-2 * scale
+    assert mlp.kept_row_counts == ([rows] if rows <= CACHED_ROWS else [])
+
+
+def test_an_mlp_refuses_matrices_that_do_not_chain(ggml: Ggml) -> None:
+    gate, up, down = _mlp_matrices(ggml)
+    with pytest.raises(ValueError, match="not one MLP"):
+        GgmlSwiGluMlp(gate, down, up)
+    with pytest.raises(ValueError, match="not one MLP"):
+        GgmlSwiGluMlp(gate, up, gate)
+
+
+def _logits(model: nn.Module, prompt: list[int], steps: int) -> tuple[list[np.ndarray], list[int]]:
+    """Prefill logits then `steps` greedy one-row decode steps' logits, and the greedy tokens."""
+    cache = make_prompt_cache(model)
+    tokens = mx.array([prompt])
+    outputs: list[np.ndarray] = []
+    chosen: list[int] = []
+    for _ in range(steps + 1):
+        logits = model(tokens, cache=cache)
+        mx.eval(logits)
+        outputs.append(np.array(logits))
+        tokens = logits[:, -1].argmax(-1)[:, None]
+        chosen.append(int(tokens.item()))
+    return outputs, chosen
+
+
+@pytest.mark.usefixtures("ggml")
+@pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])
+def test_a_fixture_models_mlps_are_fused_in_decode_and_unchanged_in_prefill(name: FixtureModelName) -> None:
+    model = loaded_fixture(name, "q8_0").model
+    mlps = [module for _, module in model.named_modules() if isinstance(module, SwiGluMlp)]
+    assert len(mlps) == len(cast(list[nn.Module], model["model"]["layers"]))
+    assert fuse_swiglu_mlps(model) == 0  # already fused: nothing left to replace
+    prompt = [(index * 13) % 200 + 5 for index in range(40)]  # 40 rows: prefill takes the separate products
+    fused_logits, fused_tokens = _logits(model, prompt, steps=6)
+    assert all(mlp.graph.kept_row_counts == [1] for mlp in mlps)  # each decode step's MLP ran as one graph
+    for mlp in mlps:
+        mlp.fused = False
+    apart_logits, apart_tokens = _logits(model, prompt, steps=6)
+    for mlp in mlps:
+        mlp.fused = True
+    np.testing.assert_array_equal(fused_logits[0], apart_logits[0])  # prefill: the same computation
+    assert fused_tokens == apart_tokens
+    for fused, apart in zip(fused_logits[1:], apart_logits[1:], strict=True):
+        assert float(np.abs(fused - apart).max()) < 5e-2 * float(np.abs(apart).max())
