@@ -13,15 +13,13 @@ mlx's CPU stream), `ggml_graph_compute`, the rest of the ggml product call (ctyp
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from bench.machine import checkout_commit, cpu_flags, cpu_model
+from bench.machine import run_bench_worker
 
 PARTS = ("wall", "mlx_eval", "graph_compute", "product_rest", "evals", "computes")
 
@@ -173,22 +171,9 @@ def main() -> None:
             ggml_threads=arguments.ggml_threads.split(","),
         )
         return
-    from exo.worker.engines.mlx.cpu.blas import blas_environment
-
-    load_start = os.getloadavg()
-    command = [sys.executable, "-m", "bench.decode_breakdown", "--worker", *sys.argv[1:]]
-    done = subprocess.run(command, env=blas_environment(os.environ), stdout=subprocess.PIPE, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"worker failed (exit {done.returncode})")
-    results = cast(dict[str, list[dict[str, float]]], json.loads(done.stdout.strip().splitlines()[-1]))
-    load_end = os.getloadavg()
-    loads = [", ".join(f"{value:.2f}" for value in load) for load in (load_start, load_end)]
-    print(
-        f"Run: commit {checkout_commit()}, {os.cpu_count()} × {cpu_model()} ({cpu_flags()}); load average "
-        f"(1, 5, 15 min) {loads[0]} at the start, {loads[1]} at the end "
-        f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}); "
-        f"command `uv run python -m bench.decode_breakdown {' '.join(sys.argv[1:])}`.\n"
-    )
+    run = run_bench_worker("bench.decode_breakdown")
+    results = cast(dict[str, list[dict[str, float]]], json.loads(run.stdout.strip().splitlines()[-1]))
+    print(run.header)
     print(
         "| weights, MLP fusion, ggml threads, context | step (wall) | `mx.eval` before products (mlx's ops) "
         "| `ggml_graph_compute` "

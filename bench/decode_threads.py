@@ -21,9 +21,7 @@ model imported with its GGUF kept.
 import argparse
 import ctypes
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -32,7 +30,7 @@ from typing import Literal, cast
 
 from pydantic import BaseModel
 
-from bench.machine import checkout_commit, cpu_flags, cpu_model
+from bench.machine import run_bench_worker
 
 Setting = Literal["1", "2", "default"]
 SETTINGS: tuple[Setting, ...] = ("1", "2", "default")
@@ -187,24 +185,11 @@ def main() -> None:
             grouping=grouping,
         )
         return
-    from exo.worker.engines.mlx.cpu.blas import blas_environment
-
-    load_start = os.getloadavg()
-    command = [sys.executable, "-m", "bench.decode_threads", "--worker", *sys.argv[1:]]
-    done = subprocess.run(command, env=blas_environment(os.environ), stdout=subprocess.PIPE, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"worker failed (exit {done.returncode})")
-    lines = [line for line in done.stdout.strip().splitlines() if line.startswith("{")]
+    run = run_bench_worker("bench.decode_threads")
+    lines = [line for line in run.stdout.strip().splitlines() if line.startswith("{")]
     resident = [json.loads(line) for line in lines if line.startswith('{"resident"')]
     timings = [Timing.model_validate_json(line) for line in lines if not line.startswith('{"resident"')]
-    load_end = os.getloadavg()
-    loads = [", ".join(f"{value:.2f}" for value in load) for load in (load_start, load_end)]
-    print(
-        f"Run: commit {checkout_commit()}, {os.cpu_count()} × {cpu_model()} ({cpu_flags()}); load average "
-        f"(1, 5, 15 min) {loads[0]} at the start, {loads[1]} at the end "
-        f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}); command "
-        f"`uv run python -m bench.decode_threads {' '.join(sys.argv[1:])}`.\n"
-    )
+    print(run.header)
     header = " | ".join(f"{rows} row{'s' * (rows > 1)}" for rows in row_counts)
     print(f"| weights | MKL threads | ggml threads | {header} |")
     print("|---|---|---|" + "---|" * len(row_counts))

@@ -3,13 +3,16 @@
 import os
 import platform
 import subprocess
+import sys
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
+from typing import NamedTuple
 
 from bench.results import MachineInfo, SectionRun
-from exo.worker.engines.mlx.cpu.blas import NO_PRELOAD_VARIABLE, choose_blas
+from exo.worker.engines.mlx.cpu.blas import NO_PRELOAD_VARIABLE, blas_environment, choose_blas
 
 
 def blas_description() -> str:
@@ -111,3 +114,27 @@ def section_run(arguments: Sequence[str], program: str = "uv run python -m bench
         command=" ".join([program, *arguments]),
         finished_utc=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
     )
+
+
+class WorkerRun(NamedTuple):
+    stdout: str
+    header: str
+    """The run's provenance line for the report: commit, machine, load at the start and the end, time, command."""
+
+
+def run_bench_worker(module: str) -> WorkerRun:
+    """Run `python -m <module> --worker` with this process's arguments in a child that has the runner's BLAS
+    environment (as the engine's runner would); exits with the child's status when it fails."""
+    load_start = os.getloadavg()
+    command = [sys.executable, "-m", module, "--worker", *sys.argv[1:]]
+    done = subprocess.run(command, env=blas_environment(os.environ), stdout=subprocess.PIPE, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"worker failed (exit {done.returncode})")
+    loads = [", ".join(f"{value:.2f}" for value in load) for load in (load_start, os.getloadavg())]
+    header = (
+        f"Run: commit {checkout_commit()}, {os.cpu_count()} × {cpu_model()} ({cpu_flags()}); load average "
+        f"(1, 5, 15 min) {loads[0]} at the start, {loads[1]} at the end "
+        f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}); "
+        f"command `uv run python -m {module} {' '.join(sys.argv[1:])}`.\n"
+    )
+    return WorkerRun(done.stdout, header)
