@@ -41,19 +41,31 @@ DraftSource = Callable[[int], list[int]]
 
 
 @dataclass(frozen=True)
+class _Sampling:
+    """A step whose tokens are being sampled."""
+
+    samples: mx.array
+    """The model's token after each input (one per position), still being computed."""
+
+
+@dataclass(frozen=True)
+class _AwaitingMask:
+    """A chained step under a grammar: its forward pass runs, its sample waits for the grammar's mask
+    (`settle_chained`)."""
+
+    logits: mx.array
+
+
+@dataclass(frozen=True)
 class _LaunchedStep:
     inputs: list[int] | None
     """The pending token, then the draft; None for a chained step, whose one input is the token the step before it
     samples (the pending token once that step is collected)."""
-    samples: mx.array | None
-    """The model's token after each input (one per position), still being computed; None for a chained step under a
-    grammar until its mask is applied (`settle_chained`)."""
+    output: _Sampling | _AwaitingMask
     started: float
     """`time.perf_counter()` when it was launched."""
     forced: bool = False
     """The draft is what the grammar forces (not a prompt-lookup guess the policy should learn from)."""
-    logits: mx.array | None = None
-    """A chained step's logits while its sample waits for the grammar's mask."""
 
     @property
     def draft(self) -> list[int]:
@@ -127,7 +139,9 @@ class SoloDecoder:
             samples = self._sample(inputs, logits)
         with STEP_CLOCK.part("launch"):
             mx.async_eval(samples)
-        self._launched.append(_LaunchedStep(inputs=inputs, samples=samples, started=started, forced=bool(forced)))
+        self._launched.append(
+            _LaunchedStep(inputs=inputs, output=_Sampling(samples), started=started, forced=bool(forced))
+        )
 
     def can_chain(self) -> bool:
         """Whether the next step's input is the lazily sampled token of the step in flight: one plain step in flight
@@ -138,7 +152,7 @@ class SoloDecoder:
         if len(self._launched) != 1 or self._wants_draft:
             return False
         step = self._launched[0]
-        if (step.inputs is not None and len(step.inputs) != 1) or step.samples is None:
+        if (step.inputs is not None and len(step.inputs) != 1) or not isinstance(step.output, _Sampling):
             return False
         return can_trim(self.cache)
 
@@ -149,8 +163,8 @@ class SoloDecoder:
         if not self.can_chain():
             raise RuntimeError("this step cannot be chained")
         previous = self._launched[0]
-        assert previous.samples is not None
-        token = previous.samples.astype(mx.int32)  # as `launch` feeds its tokens
+        assert isinstance(previous.output, _Sampling)
+        token = previous.output.samples.astype(mx.int32)  # as `launch` feeds its tokens
         started = time.perf_counter()
         if self._processors.constrained:
             # The mask needs the token being sampled: the forward pass runs now, the mask and the sample follow in
@@ -159,7 +173,7 @@ class SoloDecoder:
                 logits = self._model(token[None], cache=self.cache)[0]
             with STEP_CLOCK.part("launch"):
                 mx.async_eval(logits)
-            self._launched.append(_LaunchedStep(inputs=None, samples=None, logits=logits, started=started))
+            self._launched.append(_LaunchedStep(inputs=None, output=_AwaitingMask(logits), started=started))
             return
         with mx.stream(generation_stream), STEP_CLOCK.part("graph"):
             logits = self._model(token[None], cache=self.cache)[0]
@@ -171,7 +185,7 @@ class SoloDecoder:
             samples = sample_rows(self._sampler, logits)
         with STEP_CLOCK.part("launch"):
             mx.async_eval(samples)
-        self._launched.append(_LaunchedStep(inputs=None, samples=samples, started=started))
+        self._launched.append(_LaunchedStep(inputs=None, output=_Sampling(samples), started=started))
 
     def settle_chained(self, draft_limit: int) -> None:
         """After the token before the chained step in flight was collected and handled: under a grammar, feed it that
@@ -180,14 +194,13 @@ class SoloDecoder:
         if len(self._launched) != 1 or self._launched[0].inputs is not None:
             raise RuntimeError("only a chained step, once the step before it was collected, is settled")
         step = self._launched[0]
-        if step.samples is None:
-            assert step.logits is not None
+        if isinstance(step.output, _AwaitingMask):
             with mx.stream(generation_stream), STEP_CLOCK.part("graph"):
-                logits = self._processors(mx.array([*self.fed, *self.pending]), step.logits)
+                logits = self._processors(mx.array([*self.fed, *self.pending]), step.output.logits)
                 samples = sample_rows(self._sampler, logits)
             with STEP_CLOCK.part("launch"):
                 mx.async_eval(samples)
-            self._launched[0] = replace(step, samples=samples, logits=None)
+            self._launched[0] = replace(step, output=_Sampling(samples))
         self.look_up_draft(draft_limit)
 
     def discard_chained(self) -> None:
@@ -201,7 +214,9 @@ class SoloDecoder:
         step = self._launched.pop()
         if trim_tokens(self.cache, 1) != 1:
             raise RuntimeError("the chained step's token could not be dropped from the cache")
-        if step.samples is not None and isinstance(self._sampler, SeededSampler):  # unsettled: it drew nothing
+        if isinstance(step.output, _Sampling) and isinstance(
+            self._sampler, SeededSampler
+        ):  # unsettled: it drew nothing
             self._sampler.draws -= 1
 
     def look_up_draft(self, draft_limit: int) -> None:
@@ -283,11 +298,11 @@ class SoloDecoder:
         if not self._launched:
             raise RuntimeError("no step in flight")
         step = self._launched.pop(0)
-        if step.samples is None:
+        if not isinstance(step.output, _Sampling):
             raise RuntimeError("a chained step is collected once settled")
         inputs = step.inputs if step.inputs is not None else list(self.pending)
         with STEP_CLOCK.part("device"):
-            samples: list[int] = step.samples.tolist()  # pyright: ignore[reportAssignmentType] -- 1-D token ids
+            samples: list[int] = step.output.samples.tolist()  # pyright: ignore[reportAssignmentType] -- 1-D token ids
         collected = time.perf_counter()
         if self._times is not None:
             self._times.record(len(inputs), collected - step.started)
