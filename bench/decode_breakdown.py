@@ -43,6 +43,7 @@ def _worker(
     from exo.shared.types.worker.shards import ShardAssignment
     from exo.worker.engines.mlx.cpu import ggml_library, q8_layers, shared_input
     from exo.worker.engines.mlx.cpu.blas_check import set_blas_threads
+    from exo.worker.engines.mlx.cpu.core_share import core_share
     from exo.worker.engines.mlx.cpu.engine import CpuKernels
     from exo.worker.engines.mlx.cpu.q8_layers import Q8Embedding, Q8Linear, SwiGluMlp
     from exo.worker.engines.mlx.model_loader import load_model
@@ -125,8 +126,10 @@ def _worker(
                     }
                     label = f"{weights}, {fused if mlps[weights] else 'none'}, ggml {threads}, {context}"
                     results.setdefault(label, []).append(step)
+                    share = core_share()
+                    chosen = f" (now {share.threads()}, others {share.others:.2f} cores)" if threads == "auto" else ""
                     _progress(
-                        f"round {round_number + 1} {label}: "
+                        f"round {round_number + 1} {label}{chosen}: "
                         + ", ".join(f"{part} {value:.1f}" for part, value in step.items())
                     )
     print(json.dumps(results))
@@ -155,7 +158,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--fusion", default="on", help="comma-separated: on (the MLP one ggml graph), off (as before)")
-    parser.add_argument("--ggml-threads", default="auto", help="comma-separated ggml pool sizes; auto: the engine's")
+    parser.add_argument(
+        "--ggml-threads",
+        default="auto",
+        help="comma-separated ggml pool sizes; auto: the engine's (the cores other processes leave, core_share.py)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     formats = arguments.weights.split(",")

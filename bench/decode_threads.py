@@ -42,7 +42,7 @@ class Timing(BaseModel):
     setting: Setting
     rows: int
     ggml_threads: str | None = None
-    """ggml's pool size under q8_0 or gguf: a count, or `auto` (the engine's choice: every core)."""
+    """ggml's pool size under q8_0 or gguf: a count, or `auto` (the engine's choice: the cores others leave)."""
     grouping: str | None = None
     """q8_0's sibling layers: `on` (one ggml graph per group, the engine's behaviour) or `off` (one a product)."""
     step_ms: list[float] = []

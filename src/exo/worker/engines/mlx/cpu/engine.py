@@ -24,6 +24,7 @@ from exo.shared.types.cpu_kernels import (
     ReplacementState,
 )
 from exo.worker.engines.mlx.cpu.blas import find_pypi_mkl
+from exo.worker.engines.mlx.cpu.core_share import core_share
 from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
 from exo.worker.engines.mlx.cpu.gguf_layers import GgufModelSource, load_gguf_matrices
 from exo.worker.engines.mlx.cpu.int8_layers import int8_bytes, quantize_model
@@ -86,6 +87,11 @@ class CpuKernels:
         `gguf` where `model_path` kept no GGUF (`first_layer`: the first of its layers a pipeline stage numbers 0)."""
         if self._ggml_missing is not None:
             raise ModelLoadError(f"--cpu-weights {self.weights} needs ggml's CPU library: {self._ggml_missing}")
+        if self._ggml_dir is not None and (self.on("gguf_weights") or self.on("q8_0_weights")):
+            try:
+                core_share()  # EXO_GGML_THREADS read (and refused, if malformed) at load, not at the first product
+            except ValueError as error:
+                raise ModelLoadError(str(error)) from error
         if self.on("gguf_weights") and self._ggml_dir is not None:
             load_gguf_matrices(model, _gguf_source(model_path, first_layer), ggml_library(self._ggml_dir))
             model.set_dtype(mx.float32)

@@ -14,7 +14,6 @@ norms and everything that is not a matrix product stay in mlx, in float32. An em
 rows it looks up; the tied output projection (`as_linear`) is a ggml product.
 """
 
-import os
 from functools import cache
 from pathlib import Path
 from typing import Final, cast
@@ -25,6 +24,7 @@ import numpy.typing as npt
 from mlx import nn
 from mlx_lm.models.activations import swiglu
 
+from exo.worker.engines.mlx.cpu.core_share import core_share
 from exo.worker.engines.mlx.cpu.dequant_gemm import dequantized_gemm, takes_dequantized
 from exo.worker.engines.mlx.cpu.ggml_library import (
     CACHED_ROWS,
@@ -41,11 +41,13 @@ from exo.worker.engines.mlx.discarded_logits import discarded_logits
 
 
 def ggml_threads() -> int:
-    """ggml's threads for every product: every core this process may run on, as llama-server's default. Measured on
-    the 2-core AMD EPYC (docs/PERFORMANCE.md section 12): two threads as fast as one or faster at one row in five of
-    six paired comparisons (69-73 against 74-78 ms a decode step quiet), and 1.3-1.7x faster at 8 rows, where the
-    products are compute-bound."""
-    return max(len(os.sched_getaffinity(0)), 1) if hasattr(os, "sched_getaffinity") else max(os.cpu_count() or 1, 1)
+    """ggml's threads for a product now: the process's `core_share` count, every core this process may run on while
+    other processes leave them free (llama-server's default), fewer while they hold some (`core_share.py`), or the
+    count `EXO_GGML_THREADS` fixes. Measured on the 2-core AMD EPYC (docs/PERFORMANCE.md section 12): quiet, two
+    threads as fast as one or faster at one row in five of six paired comparisons (69-73 against 74-78 ms a decode
+    step) and 1.3-1.7x faster at 8 rows, where the products are compute-bound; with other processes busy, two
+    threads 10-20x slower than one (each barrier waits for the descheduled thread)."""
+    return core_share().threads()
 
 
 BLAS_THREADS: Final = 1
@@ -64,8 +66,9 @@ def ggml_library(library_dir: Path) -> Ggml:
 
 
 class Q8Weights:
-    """One matrix held as Q8_0 in ggml, and the thread pool its products run on (`ggml_threads()` threads unless
-    `use_threads` fixes another count: the bench compares counts)."""
+    """One matrix held as Q8_0 in ggml, and the thread pool its products run on: `ggml_threads()` threads, read
+    at each product (the count follows the cores other processes leave), unless `use_threads` fixes a count (the
+    bench compares counts)."""
 
     def __init__(self, matrix: GgmlMatrix, threads: int | None = None) -> None:
         self.matrix = matrix
@@ -80,16 +83,25 @@ class Q8Weights:
         return self.matrix.nbytes
 
     def use_threads(self, threads: int | None) -> None:
-        """Run this matrix's products on `threads` threads from now on (None: `ggml_threads()`)."""
-        self.threads = ggml_threads() if threads is None else threads
-        self.pool = self.matrix.ggml.shared_threadpool(self.threads, GGML_POLL)
+        """Run this matrix's products on `threads` threads from now on (None: `ggml_threads()` at each product)."""
+        self.fixed_threads = threads
+
+    @property
+    def threads(self) -> int:
+        """The thread count of the next product."""
+        return ggml_threads() if self.fixed_threads is None else self.fixed_threads
+
+    def pool_for(self, threads: int) -> int:
+        """The process's ggml pool of `threads` threads (one per count, made on first use)."""
+        return self.matrix.ggml.shared_threadpool(threads, GGML_POLL)
 
     def product(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """x (rows × in) · Wᵀ: ggml's block kernels, or over a prefill's rows the dequantized matrix times a float32
         GEMM (`dequant_gemm.takes_dequantized`)."""
+        threads = self.threads
         if takes_dequantized([self.matrix], x.shape[0]):
-            return dequantized_gemm().products([self.matrix], x, self.threads)[0]
-        return self.matrix.product(x, self.threads, self.pool)
+            return dequantized_gemm().products([self.matrix], x, threads)[0]
+        return self.matrix.product(x, threads, self.pool_for(threads))
 
 
 def q8_from(module: nn.Module, ggml: Ggml) -> Q8Weights:
@@ -139,7 +151,8 @@ class Q8Linear(nn.Module):
         if self.shared is None:
             product = q8_product(x, self.q8)
         else:
-            product = self.shared.group.product(x, self.shared.member, self.q8.threads, self.q8.pool)
+            threads = self.q8.threads
+            product = self.shared.group.product(x, self.shared.member, threads, self.q8.pool_for(threads))
         return product + self["bias"] if "bias" in self else product
 
 
@@ -252,7 +265,8 @@ class SwiGluMlp(nn.Module):
         if not self.fused or rows > CACHED_ROWS or takes_dequantized(self.graph.matrices, rows):
             return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
         down = self.down_proj.q8
-        return as_mlx(self.graph.product(activation_rows(x), down.threads, down.pool), x)
+        threads = down.threads
+        return as_mlx(self.graph.product(activation_rows(x), threads, down.pool_for(threads)), x)
 
 
 def fuse_swiglu_mlps(model: nn.Module) -> int:
