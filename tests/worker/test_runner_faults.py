@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -73,6 +73,24 @@ def wait_for_long_task(server: ExoServer, known: set[object], timeout: float = 3
     raise TimeoutError(f"the runner never reported the long task ended: {recent_tasks(server)}")
 
 
+def runner_metrics(server: ExoServer) -> dict[str, int]:
+    metrics = server.runner()["metrics"]
+    assert isinstance(metrics, dict)
+    return {str(key): value for key, value in metrics.items() if isinstance(value, int)}  # pyright: ignore[reportUnknownVariableType]
+
+
+def wait_for_metrics(
+    server: ExoServer, reached: Callable[[dict[str, int]], bool], timeout: float = 10
+) -> dict[str, int]:
+    """The runner's counters once `reached` holds for them (they are reported a moment after a task's summary)."""
+    deadline = time.monotonic() + timeout
+    while not reached(metrics := runner_metrics(server)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the runner's counters never got there: {metrics}")
+        time.sleep(0.02)
+    return metrics
+
+
 def running_pid(server: ExoServer, timeout: float = 30) -> int:
     """The runner's pid once /state shows it running a task."""
     runner = server.wait_for_status("running", timeout=timeout)
@@ -91,6 +109,7 @@ def test_client_disconnect_stops_generation_frees_the_runner_and_keeps_the_cache
     assert reference["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     post(server, chat(prompt, SHORT))  # the prompt is now in the prefix cache, as in an agent's next turn
     known = {task["task_id"] for task in recent_tasks(server)}
+    counted = runner_metrics(server)
 
     received: list[str] = []
     with httpx.stream(
@@ -115,6 +134,10 @@ def test_client_disconnect_stops_generation_frees_the_runner_and_keeps_the_cache
     # cancel after every token, so it ends within moments of the API noticing; all 4000 would mean it went unnoticed.
     assert generated < LONG, cancelled
     assert finished_at - disconnected_at < 3, cancelled
+    # The runner's counters take the cancelled request's usage so far: its tokens count though no answer finished.
+    after = wait_for_metrics(server, lambda metrics: metrics["requests_cancelled"] > counted["requests_cancelled"])
+    assert after["generated_tokens"] - counted["generated_tokens"] == generated
+    assert after["prompt_tokens"] - counted["prompt_tokens"] == reference["usage"]["prompt_tokens"]
 
     started = time.monotonic()
     again = post(server, chat(prompt, SHORT)).json()

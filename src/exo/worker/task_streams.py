@@ -93,7 +93,7 @@ class TaskStreams:
             command_id=assignment.command_id, task_id=task_id, node_id=self._node_id, runner_id=assignment.runner_id
         )
         self._bus.publish(self._topics.task_replies(assignment.reply_to), accepted)
-        self._task_group.start_soon(self._stream, assignment, chunks, name=f"stream-{task_id}")
+        self._task_group.start_soon(self._stream, assignment, supervisor, chunks, name=f"stream-{task_id}")
 
     def stop(self, task_id: TaskId) -> None:
         """The client went away: drop the task from its queue or stop its generation."""
@@ -112,7 +112,9 @@ class TaskStreams:
         refusal = TaskRefused(command_id=assignment.command_id, reason=reason, message=message)
         self._bus.publish(self._topics.task_replies(assignment.reply_to), refusal)
 
-    async def _stream(self, assignment: AssignTask, chunks: MemoryObjectReceiveStream[Chunk]) -> None:
+    async def _stream(
+        self, assignment: AssignTask, supervisor: RunnerSupervisor, chunks: MemoryObjectReceiveStream[Chunk]
+    ) -> None:
         task_id = assignment.task.task_id
         replies = self._topics.task_replies(assignment.reply_to)
         accepted_at = time.monotonic()
@@ -133,9 +135,11 @@ class TaskStreams:
         outcome: TaskOutcome = (
             "finished" if isinstance(last, FinishChunk) else "failed" if isinstance(last, ErrorChunk) else "cancelled"
         )
+        # A cancelled task has no FinishChunk: its usage so far (tokens, withdrawn calls) comes from its runner.
+        usage = last.usage if isinstance(last, FinishChunk) else supervisor.take_cancelled_usage(task_id)
         timings = StreamTimings(
             first_token_seconds=first_at - accepted_at if first_at is not None else None,
             decode_seconds=time.monotonic() - first_at if first_at is not None else None,
-            usage=last.usage if isinstance(last, FinishChunk) else None,
+            usage=usage,
         )
         self._on_end(assignment.runner_id, outcome, timings)

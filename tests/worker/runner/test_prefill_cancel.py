@@ -73,7 +73,11 @@ def test_a_cancel_during_a_long_prefill_frees_the_runner_within_a_second(runner:
     done = runner.until_done(timeout=30)[-1]
     stopped_after = time.monotonic() - cancelled_at
 
-    assert done == TaskDone(task_id=long_task.task_id, cancelled=True)
+    assert isinstance(done, TaskDone)
+    assert (done.task_id, done.cancelled, done.generated_tokens) == (long_task.task_id, True, 0)
+    # Its usage so far goes with the cancel (the runner's counters take it): the whole prompt, nothing generated.
+    assert done.usage is not None
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (progress[-1].prompt_tokens, 0)
     assert stopped_after < CANCEL_WITHIN_SECONDS, f"the runner stopped {stopped_after:.2f} s after the cancel"
     # The runner is free: a short request is answered at once.
     started = time.monotonic()

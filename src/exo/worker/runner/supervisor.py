@@ -18,7 +18,7 @@ import logging
 import math
 import multiprocessing
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -29,7 +29,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from pydantic_core import PydanticSerializationError
 
 from exo.shared.errors import QueueFullError, RunnerUnavailableError
-from exo.shared.types.chunks import Chunk, ErrorChunk, PrefillProgressChunk
+from exo.shared.types.chunks import Chunk, ErrorChunk, PrefillProgressChunk, Usage
 from exo.shared.types.common import RunnerId, TaskId
 from exo.shared.types.runner_status import RunnerStatus
 from exo.shared.types.state import TaskOutcome, TaskPhase, TaskSummary
@@ -106,6 +106,9 @@ class RunnerSupervisor:
         self._load_failures = 0
         self._consecutive_crashes = 0
         self._recent: deque[TaskSummary] = deque(maxlen=RECENT_TASKS_KEPT)
+        # A cancelled task's usage so far (its stream has no FinishChunk to carry it), until its stream's reader takes
+        # it for the runner's counters; the oldest go first if no reader does.
+        self._cancelled_usage: OrderedDict[TaskId, Usage] = OrderedDict()
         self._token_rate = TokenRate()
         self._rate_reported_at = 0.0
 
@@ -129,6 +132,10 @@ class RunnerSupervisor:
     def recent_tasks(self) -> tuple[TaskSummary, ...]:
         """How the last tasks ended, oldest first, in the order they left this runner."""
         return tuple(self._recent)
+
+    def take_cancelled_usage(self, task_id: TaskId) -> Usage | None:
+        """The usage of a task the runner stopped on a cancel (what it generated, the calls it withdrew), once."""
+        return self._cancelled_usage.pop(task_id, None)
 
     @property
     def gave_up(self) -> bool:
@@ -321,6 +328,10 @@ class RunnerSupervisor:
             case TaskDone(task_id=task_id, generated_tokens=tokens, cancelled=cancelled, step_times=step_times):
                 if step_times is not None:
                     self.step_times = step_times
+                if message.usage is not None and task_id in self._running:
+                    self._cancelled_usage[task_id] = message.usage
+                    while len(self._cancelled_usage) > RECENT_TASKS_KEPT:
+                        self._cancelled_usage.popitem(last=False)
                 if message.prefill_pieces is not None:
                     self.prefill_pieces = message.prefill_pieces
                 finished = self._running.pop(task_id, None)

@@ -4,6 +4,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from exo.shared.types.chunks import Usage
 from exo.shared.types.common import TaskId
 from exo.shared.types.worker.runner_response import StepOutput, StepTimes, StreamChunks, TaskDone
 from exo.worker.runner.channel import RunnerChannel
@@ -42,8 +43,9 @@ def send_step(
         channel.send(StepOutput(streams=streams, endings=endings))
 
 
-def report_cancel(channel: RunnerChannel, task_id: TaskId, generated: int | None) -> None:
-    """End a cancelled task; `generated` None means it had already ended, so there is nothing to say."""
-    if generated is not None:
-        logger.info("task %s cancelled after %d generated tokens", task_id, generated)
-        channel.send(TaskDone(task_id=task_id, generated_tokens=generated, cancelled=True))
+def report_cancel(channel: RunnerChannel, task_id: TaskId, usage: Usage | None) -> None:
+    """End a cancelled task with its usage so far; `usage` None means it had already ended, so there is nothing to
+    say."""
+    if usage is not None:
+        logger.info("task %s cancelled after %d generated tokens", task_id, usage.completion_tokens)
+        channel.send(TaskDone(task_id=task_id, generated_tokens=usage.completion_tokens, cancelled=True, usage=usage))

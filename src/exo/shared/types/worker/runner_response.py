@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 from pydantic import Field, TypeAdapter
 
 from exo.shared.types.blas import BlasReport, MatmulPlanReport
-from exo.shared.types.chunks import Chunk
+from exo.shared.types.chunks import Chunk, Usage
 from exo.shared.types.common import FinishReason, FrozenModel, TaskId
 from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsReport, CpuKernelsSetting, CpuWeightsSetting
 from exo.shared.types.tasks import GenerationTask
@@ -177,6 +177,8 @@ class TaskDone(FrozenModel):
     prefill_pieces: dict[int, int] | None = None
     """Prompt pieces the runner prefilled since it started, by how many prompts each one fed (1: a prompt alone, more:
     prompts admitted together and fed in one batched pass), when the runner counts them."""
+    usage: Usage | None = None
+    """A cancelled task's usage so far (a finished task's came in its FinishChunk)."""
 
 
 class StreamChunks(FrozenModel):

@@ -7,14 +7,16 @@ and in a batch beside another request, the reply is the same, and the request be
 import pytest
 from pydantic import JsonValue
 
-from exo.shared.types.chunks import ToolCallArgumentsChunk, ToolCallChunk
+from exo.shared.types.chunks import TokenChunk, ToolCallArgumentsChunk, ToolCallChunk
 from exo.shared.types.common import TaskId
 from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
 from exo.tool_calls.grammar.policy import RequestTools, constraint_spec
 from exo.worker.engines.mlx.constrained import make_logits_processor
+from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.request_context import EngineContext
+from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 from tests.fixtures.fixture_specs import (
     FIXTURE_MODELS_DIR,
     GET_WEATHER_TOOL,
@@ -23,6 +25,7 @@ from tests.fixtures.fixture_specs import (
     user,
 )
 from tests.worker.engines.mlx.generator.scheduling import (
+    MAX_STEPS,
     PARIS_LOOP,
     Outcome,
     assert_ended,
@@ -111,3 +114,28 @@ def test_answer_lets_the_same_tool_with_new_arguments_through(context: EngineCon
     assert _calls(outcome)[:1] == [("get_weather", '{"city": "Tokyo"}')]
     assert finish.usage.withdrawn_tool_calls == 0
     assert outcome.normalised()[:-1] == _run(context, TOKYO, "off").normalised()[:-1]
+
+
+def test_a_withdrawal_counts_in_the_usage_of_a_request_then_cancelled(context: EngineContext) -> None:
+    # The reply is cancelled once the answer's first words are out, after the guard took the repeat back: the usage
+    # the runner reports for the cancel (what /metrics counts) still holds the withdrawal.
+    one = _task("answer")
+    request = ChatRequest.open(context, one, rewinds=True)
+    request.processors = _pushed(context, one, PARIS)
+    scheduler = GenerationScheduler(context.loaded.model, context.decode)
+    scheduler.admit(request)
+    text = ""
+    for _ in range(MAX_STEPS):
+        for update in scheduler.step():
+            assert not update.done
+            text += "".join(chunk.text for chunk in update.chunks if isinstance(chunk, TokenChunk))
+        if text:
+            break
+    assert text
+    assert PARIS_WEATHER_ANSWER.startswith(text)
+    usage = scheduler.cancel(one.task_id)
+    assert usage is not None
+    assert usage.withdrawn_tool_calls == 1
+    assert usage.repeated_tool_calls >= 1
+    assert usage.completion_tokens == len(request.generated) > 0
+    assert scheduler.cancel(one.task_id) is None

@@ -89,7 +89,9 @@ def test_a_cancel_between_pieces_leaves_what_was_prefilled_in_the_prefix_cache()
     assert len(progress) == 5
     assert progress == sorted(set(progress))
     assert progress[-1] == prefilled
-    assert scheduler.cancel(first.task_id) == 0
+    usage = scheduler.cancel(first.task_id)
+    assert usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens) == (len(request.prompt_tokens), 0)
     assert scheduler.active == 0
 
     again = ChatRequest.open(context, task(LONG_CONVERSATION))

@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection
 
 import mlx.core as mx
 
-from exo.shared.types.chunks import Chunk, ErrorChunk
+from exo.shared.types.chunks import Chunk, ErrorChunk, Usage
 from exo.shared.types.common import TaskId
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache
 from exo.worker.engines.mlx.distributed.batch_rows import BatchRows, agree_on_divergence
@@ -102,23 +102,20 @@ class PipelineBatchLeader:
         """Take a request; it joins the batch once the requests admitted before it have read their prompts."""
         self._joining.append(request)
 
-    def cancel(self, task_id: TaskId) -> int | None:
-        """Drop a request (no more chunks); returns how many tokens it had generated, None if it is not here."""
+    def cancel(self, task_id: TaskId) -> Usage | None:
+        """Drop a request (no more chunks); returns its usage so far, None if it is not here."""
         if (waiting := next((r for r in self._joining if r.task_id == task_id), None)) is not None:
             self._joining.remove(waiting)
-            waiting.cancel(None)
-            return 0
+            return waiting.cancel(None)
         if self._prefilling is not None and self._prefilling.request.task_id == task_id:
-            request = self._prefilling.request
-            request.cancel(self._prefilling.cache)
+            usage = self._prefilling.request.cancel(self._prefilling.cache)
             self._prefilling = None
         elif (decoding := self._decoding.pop(task_id, None)) is not None:
-            request = decoding.request
-            request.cancel(self._rows.remove(task_id))
+            usage = decoding.request.cancel(self._rows.remove(task_id))
         else:
             return None
         self._leaves.append(Leave(task_id=task_id, keep=True))
-        return len(request.generated)
+        return usage
 
     def step(self) -> list[RequestUpdate]:
         """Run one step over every rank; on a pipeline failure every member fails and `broken` says why."""

@@ -30,7 +30,13 @@ from exo.shared.types.tasks import GenerationTask
 from exo.tool_calls import ToolStreamParser
 from exo.tool_calls.grammar.policy import RequestTools
 from exo.tool_calls.grammar.spec import ReasoningMarkers, UnsupportedConstraintError
-from exo.tool_calls.loop_guard import CallHistory, ReplyCalls, kept_loop_finding, withdrawn_reply_notice
+from exo.tool_calls.loop_guard import (
+    CallHistory,
+    CallKey,
+    ReplyCalls,
+    kept_loop_finding,
+    withdrawn_reply_notice,
+)
 from exo.tool_calls.registry import format_for
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
 from exo.worker.engines.mlx.cache.prefix_cache import CacheLease
@@ -374,26 +380,32 @@ class ChatRequest:
         warnings = (*self._history.findings(calls), *kept, *withdrawals) if guarded else ()
         for warning in warnings:
             logger.warning("task %s: agent loop: %s", self.task_id, warning)
-        usage = Usage(
+        finish = FinishChunk(
+            finish_reason=_finish_reason(self.finish_reason, bool(calls)),
+            stop_sequence=self._stops.matched,
+            usage=self._usage(calls, len(withdrawals)),
+            loop_warnings=warnings,
+        )
+        return [*tail, finish]
+
+    def cancel(self, cache: PromptCache | None) -> Usage:
+        """The client went away: no more chunks; what was computed still fills the prefix cache. Returns the usage so
+        far (the calls sent and withdrawn before the cancel included), which the runner's counters still take."""
+        self._release(cache)
+        take_back = self._take_back
+        return self._usage(self._reply_calls.keys(), len(take_back.withdrawals) if take_back is not None else 0)
+
+    def _usage(self, calls: Sequence[CallKey], withdrawn: int) -> Usage:
+        guarded = self._guard.policy != "off"
+        return Usage(
             prompt_tokens=len(self._prompt.tokens),
             completion_tokens=len(self.generated),
             cached_tokens=self._lease.cached_tokens if self._lease else 0,
             disk_cached_tokens=self._lease.disk_cached_tokens if self._lease else 0,
             reasoning_tokens=self._reasoning_tokens,
-            repeated_tool_calls=self._history.repeated(calls) + len(withdrawals) if guarded else 0,
-            withdrawn_tool_calls=len(withdrawals),
+            repeated_tool_calls=self._history.repeated(calls) + withdrawn if guarded else 0,
+            withdrawn_tool_calls=withdrawn,
         )
-        finish = FinishChunk(
-            finish_reason=_finish_reason(self.finish_reason, bool(calls)),
-            stop_sequence=self._stops.matched,
-            usage=usage,
-            loop_warnings=warnings,
-        )
-        return [*tail, finish]
-
-    def cancel(self, cache: PromptCache | None) -> None:
-        """The client went away: no more chunks; what was computed still fills the prefix cache."""
-        self._release(cache)
 
     def fail(self, error: Exception) -> ErrorChunk:
         """Generation broke: the cache is dropped (it may be half-written) and the client gets an error."""

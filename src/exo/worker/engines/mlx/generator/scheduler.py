@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from mlx import nn
 
-from exo.shared.types.chunks import Chunk
+from exo.shared.types.chunks import Chunk, Usage
 from exo.shared.types.common import TaskId
 from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, trim_tokens
@@ -123,8 +123,8 @@ class GenerationScheduler:
         prefill = PromptPrefill(self._model, request.take_cache(), request.prefill_tokens, self._pacer)
         self._prefilling[request.task_id] = (request, prefill)
 
-    def cancel(self, task_id: TaskId) -> int | None:
-        """Drop a request (no more chunks); returns how many tokens it had generated, None if it is not here."""
+    def cancel(self, task_id: TaskId) -> Usage | None:
+        """Drop a request (no more chunks); returns its usage so far, None if it is not here."""
         if (prefilling := self._prefilling.pop(task_id, None)) is not None:
             request, prefill = prefilling
             if self._group is not None:
@@ -132,20 +132,19 @@ class GenerationScheduler:
                 if not self._group.members:
                     self._group.abandon()
                     self._group = None
-            request.cancel(prefill.abandon())
+            usage = request.cancel(prefill.abandon())
         elif (prefilled := self._waiting.pop(task_id, None)) is not None:
-            request = prefilled.request
-            request.cancel(prefilled.cache)
+            usage = prefilled.request.cancel(prefilled.cache)
         elif self._solo is not None and self._solo[0].task_id == task_id:
             request, decoder = self._solo
             self._solo = None
-            request.cancel(decoder.cache)
+            usage = request.cancel(decoder.cache)
         elif (request := self._batched.pop(task_id, None)) is not None:
             assert self._batch is not None
-            request.cancel(self._batch.remove(task_id).cache)
+            usage = request.cancel(self._batch.remove(task_id).cache)
         else:
-            return None
-        return len(request.generated)
+            usage = None
+        return usage
 
     def step(self) -> list[RequestUpdate]:
         """Feed one prefill piece of the first request still prefilling, and advance every decoding request by one
