@@ -1,5 +1,7 @@
 """Overlap: a request decoding alone launches its next step on the lazily sampled token of the step in flight, before
-that token is accepted (under a grammar, the forward pass alone: its mask follows once the token is accepted). Real
+that token is accepted (under a grammar, the forward pass alone: its mask follows once the token is accepted); a batch
+step with a constrained member launches its forward pass before the members' masks, computed once its tokens were
+accepted. Real
 forward passes of the tiny-qwen-tools fixture through the runner's GenerationScheduler, each run twice, overlap on and
 off (`DecodeSettings.overlap`): the chunks are the same, and so is the KV cache a request hands back when it ends or
 is cancelled (its token count, and what a follow-up request finds cached).
@@ -7,7 +9,9 @@ is cancelled (its token count, and what a follow-up request finds cached).
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
+import mlx.core as mx
 import pytest
 from pydantic import JsonValue
 
@@ -79,6 +83,7 @@ class _Run:
     """The token count of each request's KV cache as it handed it back, in arrival order."""
     chained_steps: int
     chained_grammar_steps: int
+    batch_grammar_steps: int
     drafted: int
     """Draft tokens verified."""
 
@@ -124,6 +129,7 @@ def _run(
         held=[released.held.get(one.task_id) for one in ordered],
         chained_steps=scheduler.chained_steps,
         chained_grammar_steps=scheduler.chained_grammar_steps,
+        batch_grammar_steps=scheduler.batch_grammar_steps,
         drafted=scheduler.speculation.drafted,
     )
 
@@ -154,7 +160,7 @@ def _same_with_and_without(
         )
         for overlap in (False, True)
     )
-    assert off.chained_steps == off.chained_grammar_steps == 0
+    assert off.chained_steps == off.chained_grammar_steps == off.batch_grammar_steps == 0
     assert [outcome.normalised() for outcome in on.outcomes] == [outcome.normalised() for outcome in off.outcomes]
     assert on.held == off.held
     assert all(held is not None for held in on.held)
@@ -371,3 +377,124 @@ def test_the_loop_guards_take_back_under_the_lazy_grammar_is_the_same_with_overl
         assert on.chained_grammar_steps > 0
         finish = assert_ended(outcome)
         assert finish.usage.withdrawn_tool_calls == (0 if policy == "off" else 1)
+
+
+class _GrammarFeeds:
+    """The tokens each admitted constrained request's processors were shown (the last of each call's context), and
+    the request, to compare with what it generated."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.shown: dict[int, list[int]] = {}
+        self.requests: list[ChatRequest] = []
+        call = RequestProcessors.__call__
+        admit = GenerationScheduler.admit
+
+        def shown(processors: RequestProcessors, tokens: mx.array, logits: mx.array) -> mx.array:
+            self.shown.setdefault(id(processors), []).append(cast(int, tokens[-1].item()))
+            return call(processors, tokens, logits)
+
+        def admitted(scheduler: GenerationScheduler, request: ChatRequest) -> None:
+            self.requests.append(request)
+            admit(scheduler, request)
+
+        monkeypatch.setattr(RequestProcessors, "__call__", shown)
+        monkeypatch.setattr(GenerationScheduler, "admit", admitted)
+
+    def fed(self) -> list[tuple[list[int], list[int]]]:
+        """Per constrained request, in arrival order: the tokens its grammar was fed after the prompt, and the tokens
+        it generated."""
+        return [
+            (self.shown[id(request.processors)][1:], list(request.generated))
+            for request in self.requests
+            if request.processors.constrained
+        ]
+
+
+def _batched(*shapes: str) -> Arrivals:
+    return lambda: {0: [task(SHAPES[shape]) for shape in shapes]}
+
+
+BATCHES = {
+    "required + plain": ("tool_choice required", "greeting"),
+    "named + json_schema + penalty": ("tool_choice named", "response_format", "repetition penalty"),
+    "lazy auto + required + json_schema + seeded": ("call", "tool_choice required", "response_format", "top_k"),
+    "parallel calls + stop + named + max_tokens": (
+        "parallel calls",
+        "stop sequence",
+        "tool_choice named",
+        "max_tokens",
+    ),
+}
+
+
+@pytest.mark.parametrize("shapes", list(BATCHES.values()), ids=list(BATCHES))
+def test_a_batch_with_constrained_members_is_the_same_with_overlap(
+    loaded: LoadedModel, shapes: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The requests prefill together and decode in one batch: each step with a constrained member launches the forward
+    # pass before the masks, which are computed once the step's tokens were accepted (and the ended members left).
+    feeds: dict[bool, list[tuple[list[int], list[int]]]] = {}
+    runs: dict[bool, _Run] = {}
+    for overlap in (False, True):
+        with pytest.MonkeyPatch.context() as spying:
+            grammar_feeds = _GrammarFeeds(spying)
+            runs[overlap] = _run(
+                loaded,
+                PLAIN.model_copy(update={"overlap": overlap}),
+                _batched(*shapes),
+                monkeypatch,
+                cancel_at=None,
+                processors=None,
+                rewinds=False,
+                prepare=None,
+            )
+            feeds[overlap] = grammar_feeds.fed()
+    off, on = runs[False], runs[True]
+    assert [outcome.normalised() for outcome in on.outcomes] == [outcome.normalised() for outcome in off.outcomes]
+    assert on.held == off.held
+    assert off.batch_grammar_steps == 0
+    finishes = [assert_ended(outcome) for outcome in on.outcomes]
+    constrained = [finish for finish, shape in zip(finishes, shapes, strict=True) if shape not in UNCONSTRAINED]
+    # Every batch step but the joining one (mlx-lm's own) had its masks computed while its forward pass ran.
+    assert on.batch_grammar_steps >= max(finish.usage.completion_tokens for finish in constrained) - 2 > 0
+    # With overlap off each grammar is fed every token its request sampled, the one that ended it too (the step after
+    # it was built before the request read it); with overlap on it is fed the same tokens but that last one.
+    assert len(feeds[True]) == len(feeds[False]) == len(constrained)
+    for (fed_on, generated), (fed_off, _) in zip(feeds[True], feeds[False], strict=True):
+        assert fed_on == fed_off[:-1]
+        assert fed_on == generated[: len(fed_on)]
+        assert len(fed_on) in (len(generated), len(generated) - 1)
+
+
+@pytest.mark.parametrize("step", [3, 8])
+def test_a_constrained_member_cancelled_mid_batch_is_the_same_with_overlap(
+    loaded: LoadedModel, step: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The named call is cancelled while it and the others decode in the batch; the others finish as before.
+    shapes = ("tool_choice required", "tool_choice named", "response_format", "greeting")
+
+    def cancel(arrivals: Mapping[int, Sequence[GenerationTask]]) -> dict[int, list[TaskId]]:
+        return {step: [arrivals[0][1].task_id]}
+
+    outcomes, on = _same_with_and_without(loaded, PLAIN, _batched(*shapes), monkeypatch, cancel_at=cancel)
+    assert on.batch_grammar_steps > 0
+    cancelled = outcomes[1]
+    assert cancelled.chunks
+    assert not any(chunk.model_dump().get("finish_reason") for chunk in cancelled.chunks)
+    for index in (0, 2, 3):
+        assert_ended(outcomes[index])
+
+
+def test_a_member_ending_while_constrained_ones_continue_is_the_same_with_overlap(
+    loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 5-token reply under the lazy grammar ends by its length and a greeting by its end of turn while the
+    # structured answer and the named call decode on in the batch, which keeps launching before the masks.
+    shapes = ("max_tokens", "response_format", "tool_choice named", "greeting")
+    outcomes, on = _same_with_and_without(loaded, PLAIN, _batched(*shapes), monkeypatch)
+    finishes = [assert_ended(outcome) for outcome in outcomes]
+    assert finishes[0].finish_reason == "length"
+    assert finishes[0].usage.completion_tokens == 5
+    longest = max(finish.usage.completion_tokens for finish in finishes[1:3])
+    assert longest > finishes[3].usage.completion_tokens > 5
+    assert on.batch_grammar_steps >= longest - 2

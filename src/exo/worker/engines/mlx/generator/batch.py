@@ -14,7 +14,7 @@ from types import ModuleType
 
 import mlx.core as mx
 from mlx import nn
-from mlx_lm.generate import BatchGenerator
+from mlx_lm.generate import BatchGenerator, generation_stream
 
 from exo.shared.types.common import TaskId
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache
@@ -68,15 +68,16 @@ class RemovedMember:
 class BatchDecoder:
     """The running batch of one model."""
 
-    def __init__(self, model: nn.Module, *, batch_size: int, prefill_step_size: int) -> None:
+    def __init__(self, model: nn.Module, *, batch_size: int, prefill_step_size: int, overlap: bool = False) -> None:
         self._generator = BatchGenerator(
             model,
             completion_batch_size=batch_size,
             prefill_batch_size=batch_size,
             prefill_step_size=prefill_step_size,
         )
-        # The long-lived batch every member is merged into: stepped without evaluating log-probabilities.
-        self._batch = LazyLogprobsBatch.empty(model, self._generator.sampler)
+        # The long-lived batch every member is merged into: stepped without evaluating log-probabilities, and with
+        # `overlap` a step with a constrained member launched before its masks (`settle`).
+        self._batch = LazyLogprobsBatch.for_decoding(model, self._generator.sampler, overlap=overlap)
         self._generator._generation_batch = self._batch  # pyright: ignore[reportPrivateUsage]
         self._uids: dict[TaskId, int] = {}
         self._task_ids: dict[int, TaskId] = {}
@@ -127,6 +128,13 @@ class BatchDecoder:
                 self._handed_early[uid] = token
                 tokens.append((self._task_ids[uid], token))
         return tokens
+
+    def settle(self) -> bool:
+        """After the tokens of the last `step` were accepted and the members that ended or went back with them were
+        removed: where that step launched its forward pass before its masks, feed the remaining members' grammars
+        their tokens and launch the sample (the masks computed while the pass runs). False where nothing waited."""
+        with mx.stream(generation_stream):
+            return self._batch.settle()
 
     def decoding(self, task_id: TaskId) -> bool:
         """Whether mlx-lm's step has returned a token for the member (its prompt is behind it, its cache ends at its

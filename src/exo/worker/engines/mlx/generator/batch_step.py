@@ -10,26 +10,79 @@ A joining member's first step is still mlx-lm's own (mlx-lm builds it in a gener
 merges that into this one): one normalization of the newcomers' rows per join, not per step. That first step has
 already sampled each newcomer's first token when it joins; the batch keeps it (`take_joined`) so it can be handed
 out at once rather than a whole batch step later, when mlx-lm's own step returns it.
+
+Overlap under a grammar: mlx-lm builds a step's forward pass, then calls each member's processors on the token that
+pass feeds, then launches pass, masks and sample together. A grammar reads that token (the sample of the step before,
+so it waits for it) and computes its mask on the host before anything of the step is launched: the device idles while
+every constrained member's mask is computed. With `overlap` on, a step with a constrained member launches its forward
+pass alone (`mx.async_eval` of the logits), hands back the tokens it feeds, and leaves its sample unlaunched
+(`_Unsampled`); `settle` then feeds each member's processors its token and masks and samples the logits while the pass
+may still run. The scheduler calls `settle` after it accepted those tokens and took out the members that ended or went
+back with them, so a grammar is never fed the token that ended its request (as `SoloDecoder.settle_chained`). Members
+that join in between (sampled by their own first step) keep their tokens; members taken out lose their rows.
 """
 
+from dataclasses import dataclass
 from typing import cast
 
 import mlx.core as mx
+from mlx import nn
 from mlx_lm.generate import GenerationBatch
 
+from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import GREEDY, Sampler
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
+
+
+@dataclass(frozen=True)
+class _Unsampled:
+    """A step whose forward pass was launched without its sample: the batch's first rows (the members then in it)."""
+
+    logits: mx.array
+    """The pass's last-position logits, one row per member, before any processor."""
+    inputs: mx.array
+    """The token each row fed (evaluated: already handed back)."""
 
 
 class LazyLogprobsBatch(GenerationBatch):
     """mlx-lm's generation batch, stepped without evaluating log-probabilities."""
 
     _joined: list[tuple[list[int], mx.array]]
+    _unsampled: _Unsampled | None = None
+    overlap: bool = False
+    """Launch a step with a constrained member before its masks, computed in `settle` (see the module's docstring)."""
+
+    @classmethod
+    def for_decoding(cls, model: nn.Module, fallback_sampler: Sampler, *, overlap: bool) -> "LazyLogprobsBatch":
+        batch = cls.empty(model, fallback_sampler)
+        batch.overlap = overlap
+        return batch
 
     def extend(self, batch: GenerationBatch) -> None:
         if batch.uids:
             self._joined = [*getattr(self, "_joined", []), (list(batch.uids), cast(mx.array, batch._next_tokens))]  # pyright: ignore[reportPrivateUsage]
+        # With a step unsampled, `_next_tokens` holds only rows that joined since (None before): mlx-lm appends the
+        # newcomers' tokens to it, and `settle` puts the sampled rows in front.
         super().extend(batch)
+
+    def filter(self, keep: list[int]) -> None:
+        unsampled = self._unsampled
+        if unsampled is None:
+            super().filter(keep)
+            return
+        rows = unsampled.logits.shape[0]
+        own = [index for index in keep if index < rows]
+        joined = [index - rows for index in keep if index >= rows]
+        joined_tokens, joined_logprobs = self._next_tokens, self._next_logprobs
+        # mlx-lm's filter picks the kept rows of the next tokens: stand-ins for the rows not sampled yet.
+        self._next_tokens = mx.zeros((len(self.uids),), dtype=mx.uint32)
+        self._next_logprobs = [self._next_tokens] * len(self.uids)
+        super().filter(keep)
+        self._next_tokens = joined_tokens[mx.array(joined)] if joined and joined_tokens is not None else None
+        self._next_logprobs = [joined_logprobs[index] for index in joined]
+        self._unsampled = (
+            _Unsampled(logits=unsampled.logits[mx.array(own)], inputs=unsampled.inputs[mx.array(own)]) if own else None
+        )
 
     def take_joined(self) -> list[tuple[int, int]]:
         """Each member that joined since the last call, with its first token (already sampled by the newcomers'
@@ -43,34 +96,74 @@ class LazyLogprobsBatch(GenerationBatch):
             taken += zip(uids, values, strict=True)
         return taken
 
+    def settle(self) -> bool:
+        """Sample the step launched without its sample: each member's processors are fed the token its row fed and
+        mask its logits (a grammar's mask computed on the host while the forward pass may still run), then the
+        sample is launched. False where no step waited for it."""
+        unsampled = self._unsampled
+        if unsampled is None:
+            return False
+        self._unsampled = None
+        rows = unsampled.logits.shape[0]
+        logits, token_context = self._processed(unsampled.logits, unsampled.inputs)
+        with STEP_CLOCK.part("graph"):
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # lazy: evaluated only if read
+            sampled = _sample(self._samplers()[:rows], logits, logprobs)
+            joined = self._next_tokens
+            self._next_tokens = sampled if joined is None else mx.concatenate([sampled, joined])
+            self._next_logprobs = [*(logprobs[index] for index in range(rows)), *self._next_logprobs]
+        with STEP_CLOCK.part("launch"):
+            mx.async_eval(self._next_tokens, token_context)
+        return True
+
+    def _constrained(self) -> bool:
+        return any(
+            isinstance(processor, RequestProcessors) and processor.constrained
+            for processors in self.logits_processors or []
+            for processor in processors or ()
+        )
+
+    def _processed(self, logits: mx.array, inputs: mx.array) -> tuple[mx.array, list[mx.array]]:
+        """The first `len(logits)` members' logits after their processors, shown their tokens so far then `inputs`;
+        and the token contexts to evaluate with the sample."""
+        token_context: list[mx.array] = []
+        member_processors = (self.logits_processors or [])[: logits.shape[0]]
+        if not any(member_processors):
+            return logits, token_context
+        rows: list[mx.array] = []
+        for index, processors in enumerate(member_processors):
+            row = logits[index : index + 1]
+            if processors:
+                context = self._token_context[index].update_and_fetch(inputs[index : index + 1])
+                token_context.append(context)
+                for processor in processors:
+                    row = processor(context, row)
+            rows.append(row)
+        return mx.concatenate(rows, axis=0), token_context
+
     def _step(self) -> tuple[list[int], list[mx.array]]:
+        self.settle()  # a step left unsampled (the scheduler settles it after accepting its tokens)
         self._current_tokens = self._next_tokens
         self._current_logprobs = self._next_logprobs
         inputs = cast(mx.array, self._current_tokens)
 
         with STEP_CLOCK.part("graph"):
             logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
-        token_context: list[mx.array] = []
-        member_processors = self.logits_processors or []
-        if any(member_processors):
-            rows: list[mx.array] = []
-            for index in range(len(self.uids)):
-                row = logits[index : index + 1]
-                processors = member_processors[index] or ()
-                if processors:
-                    context = self._token_context[index].update_and_fetch(inputs[index : index + 1])
-                    token_context.append(context)
-                    for processor in processors:
-                        row = processor(context, row)
-                rows.append(row)
-            logits = mx.concatenate(rows, axis=0)
-
-        with STEP_CLOCK.part("graph"):
-            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # lazy: evaluated only if read
-            self._next_tokens = _sample(self._samplers(), logits, logprobs)
-            self._next_logprobs = [logprobs[index] for index in range(len(self.uids))]
-        with STEP_CLOCK.part("launch"):
-            mx.async_eval(self._next_tokens, token_context)
+        if self.overlap and self._constrained():
+            # The forward pass alone: the masks need the tokens it feeds, accepted first (`settle`).
+            with STEP_CLOCK.part("launch"):
+                mx.async_eval(logits)
+            self._unsampled = _Unsampled(logits=logits, inputs=inputs)
+            self._next_tokens = None
+            self._next_logprobs = []
+        else:
+            logits, token_context = self._processed(logits, inputs)
+            with STEP_CLOCK.part("graph"):
+                logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # lazy: evaluated only if read
+                self._next_tokens = _sample(self._samplers(), logits, logprobs)
+                self._next_logprobs = [logprobs[index] for index in range(len(self.uids))]
+            with STEP_CLOCK.part("launch"):
+                mx.async_eval(self._next_tokens, token_context)
         with STEP_CLOCK.part("device"):
             mx.eval(inputs)
         tokens = cast(list[int], inputs.tolist())

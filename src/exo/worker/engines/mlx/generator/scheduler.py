@@ -101,6 +101,9 @@ class GenerationScheduler:
         self.chained_grammar_steps = 0
         """Of those, steps under a grammar: their forward pass ran while the host fed the grammar its token and computed
         their mask."""
+        self.batch_grammar_steps = 0
+        """Batch steps with a constrained member whose forward pass was launched before the members' masks: each
+        grammar was fed its token and computed its mask while the pass ran (`BatchDecoder.settle`)."""
         self.step_costs = StepCosts()
         """What solo forward passes cost here, by tokens fed: whether a draft is worth verifying."""
 
@@ -345,6 +348,7 @@ class GenerationScheduler:
                 self._model,
                 batch_size=self._settings.batch_size,
                 prefill_step_size=self._settings.prefill_step_size,
+                overlap=self._settings.overlap,
             )
         member = BatchMember(
             task_id=request.task_id,
@@ -396,6 +400,14 @@ class GenerationScheduler:
                 updates.append(
                     RequestUpdate(request.task_id, chunks, done=False, generated_tokens=len(request.generated))
                 )
+        # The members that ended or went back are out: the others' grammars are fed their tokens now, and compute
+        # their masks while the step's forward pass runs (where it was launched before them).
+        if self._batch.settle():
+            self.batch_grammar_steps += 1
+            for task_id, request in list(self._batched.items()):
+                if request.processors.error is not None:  # its grammar refused the token just accepted
+                    del self._batched[task_id]
+                    updates.append(self._ended(request, [], self._batch.remove(task_id).cache))
         return updates
 
     def _rewind(self, request: ChatRequest, cache: PromptCache, sequence: list[int], kept: int, *, cached: int) -> None:
