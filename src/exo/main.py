@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="launch a request's next decode step only after its last token was parsed and sent, instead of on the "
         "lazily sampled token before that work, so the host's work overlaps the next forward pass (the default; the "
-        "output is the same either way)",
+        "output is the same either way), and compute a batch's grammar masks before its forward pass, not during it",
     )
     decoding.add_argument(
         "--no-matmul-plan",

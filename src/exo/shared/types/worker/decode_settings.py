@@ -49,8 +49,10 @@ class DecodeSettings(FrozenModel):
     allows it exactly (so a client's tools stay a cached prefix across project folders), or the template's place."""
     overlap: bool = True
     """A request decoding alone launches its next step on the lazily sampled token of the step in flight, so the
-    host's work on a token (parsing, sending) overlaps the next forward pass (generator/solo.py); False launches the
-    next step only after the token was accepted. The output is the same either way."""
+    host's work on a token (parsing, sending) overlaps the next forward pass (generator/solo.py), and a batch step with
+    a member under a grammar launches its forward pass before the members' masks (generator/batch_step.py); False
+    launches the next step only after the token was accepted, and a batch's masks before its pass. The output is the
+    same either way."""
     matmul_plan: bool = True
     """Plan the few-row float32 products of decoding (`engines/mlx/cpu/matmul_plan.py`) where the weights are
     float32."""
