@@ -108,3 +108,14 @@ def test_prometheus_text_parses_and_carries_the_same_figures() -> None:
     for family, value in (("exo_repeated_tool_calls", 4.0), ("exo_withdrawn_tool_calls", 3.0)):
         by_runner = {sample.labels["runner_id"]: sample.value for sample in families[family].samples}
         assert (by_runner["ra"], by_runner["rb"]) == (value, 0.0)
+
+
+def test_prometheus_carries_ggml_threads_where_a_runner_reported_them() -> None:
+    on_a = runner("ra", NODE_A).model_copy(update={"ggml_threads": 1})
+    on_b = runner("rb", NODE_B)
+    state = fold((reported(NODE_A, on_a), NODE_A), (reported(NODE_B, on_b), NODE_B))
+    families = {
+        family.name: family for family in text_string_to_metric_families(prometheus_text(state, "lab").decode())
+    }
+    threads = {sample.labels["runner_id"]: sample.value for sample in families["exo_ggml_threads"].samples}
+    assert threads == {"ra": 1.0}  # rb runs no ggml products: no sample

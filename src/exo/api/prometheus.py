@@ -67,6 +67,12 @@ class _StateCollector:
             "exo_decode_tokens_per_second", "Mean decode speed over recent requests", labels=labels
         )
         tasks = GaugeMetricFamily("exo_tasks", "Tasks held by runners, by status", labels=[*labels, "status"])
+        ggml_threads = GaugeMetricFamily(
+            "exo_ggml_threads",
+            "ggml's thread count at the runner's last finished task (q8_0/gguf weights on a CPU: the cores other "
+            "processes leave)",
+            labels=labels,
+        )
         repeated = CounterMetricFamily(
             "exo_repeated_tool_calls",
             "Calls identical to one the previous assistant turn made, since the user last spoke (agent-loop guard)",
@@ -92,9 +98,11 @@ class _StateCollector:
                 first_token.add_metric(values, metrics.time_to_first_token_seconds)
             if metrics.decode_tokens_per_second is not None:
                 decode.add_metric(values, metrics.decode_tokens_per_second)
+            if runner.ggml_threads is not None:
+                ggml_threads.add_metric(values, runner.ggml_threads)
             for status in ("queued", "running"):
                 tasks.add_metric([*values, status], self._task_count(runner, status))
-        yield from (requests, prompt, generated, first_token, decode, tasks, repeated, withdrawn)
+        yield from (requests, prompt, generated, first_token, decode, tasks, repeated, withdrawn, ggml_threads)
         yield from self._step_metrics()
 
     def _step_metrics(self) -> Iterator[Metric]:

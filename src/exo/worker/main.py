@@ -282,6 +282,7 @@ class Worker:
             tokens_per_second_now=round(supervisor.tokens_per_second_now, 2),
             step_times=supervisor.step_times,
             prefill_pieces=supervisor.prefill_pieces,
+            ggml_threads=supervisor.ggml_threads,
         )
 
     def _task_info(self, runner_id: RunnerId, task_id: TaskId, *, running: bool) -> TaskInfo:

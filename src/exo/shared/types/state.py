@@ -151,6 +151,9 @@ class RunnerInfo(FrozenModel):
     step_times: dict[int, StepTimes] = Field(default_factory=dict[int, StepTimes])
     # Prompt pieces prefilled since the runner started, by how many prompts each one fed together.
     prefill_pieces: dict[int, int] = Field(default_factory=dict[int, int])
+    # ggml's thread count as of the runner's last finished task (`--cpu-weights q8_0` / `gguf` on a CPU: it follows
+    # the cores other processes leave); None where the runner runs no ggml products.
+    ggml_threads: int | None = None
 
     @property
     def described(self) -> ModelDescription | None:

@@ -31,6 +31,7 @@ from exo.shared.types.worker.runner_response import (
     TaskChunk,
     TaskDone,
 )
+from exo.worker.engines.mlx.cpu.core_share import current_ggml_threads
 from exo.worker.engines.mlx.cpu.rank_threads import idle_threads_sleep
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 from exo.worker.runner.arrival_window import ArrivalWindow
@@ -187,7 +188,13 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
         meter.begin()
         with STEP_CLOCK.part("send"):
             if any(update.done for update in updates):  # the totals travel with a task's end only
-                send_step(channel, updates, meter.totals, dict(scheduler.prefill_stats.by_prompts))
+                send_step(
+                    channel,
+                    updates,
+                    meter.totals,
+                    dict(scheduler.prefill_stats.by_prompts),
+                    ggml_threads=current_ggml_threads(),
+                )
             else:
                 send_step(channel, updates)
 

@@ -95,6 +95,8 @@ class RunnerSupervisor:
         self.prefill_pieces: dict[int, int] = {}
         """Prompt pieces the runner prefilled, by prompts fed together (as of the last task it finished); step_times is
         the runner's host-overhead meter (decode-step times by requests decoding), as it last reported it."""
+        self.ggml_threads: int | None = None
+        """ggml's thread count as the runner last reported it (at a task's end); None where it runs no ggml."""
         self.last_error: str | None = None
         self.restarts = 0
         self.pid: int | None = None
@@ -334,6 +336,8 @@ class RunnerSupervisor:
                         self._cancelled_usage.popitem(last=False)
                 if message.prefill_pieces is not None:
                     self.prefill_pieces = message.prefill_pieces
+                if message.ggml_threads is not None:
+                    self.ggml_threads = message.ggml_threads
                 finished = self._running.pop(task_id, None)
                 if finished is not None:
                     self._count_tokens(finished, tokens)

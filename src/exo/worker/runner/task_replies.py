@@ -20,10 +20,12 @@ def send_step(
     updates: Sequence["RequestUpdate"],
     step_times: dict[int, StepTimes] | None = None,
     prefill_pieces: dict[int, int] | None = None,
+    ggml_threads: int | None = None,
 ) -> None:
     """A step's updates as one message (nothing when the step produced nothing): every task's chunks, the last with
-    its running token count, then the end of each task that finished. `step_times` (the host-overhead meter) and
-    `prefill_pieces` (prompt pieces fed so far, by prompts fed together) go with each end."""
+    its running token count, then the end of each task that finished. `step_times` (the host-overhead meter),
+    `prefill_pieces` (prompt pieces fed so far, by prompts fed together) and `ggml_threads` (ggml's thread count now)
+    go with each end."""
     streams = [
         StreamChunks(task_id=update.task_id, chunks=update.chunks, generated_tokens=update.generated_tokens)
         for update in updates
@@ -35,6 +37,7 @@ def send_step(
             generated_tokens=update.generated_tokens,
             step_times=step_times,
             prefill_pieces=prefill_pieces,
+            ggml_threads=ggml_threads,
         )
         for update in updates
         if update.done

@@ -179,6 +179,9 @@ class TaskDone(FrozenModel):
     prompts admitted together and fed in one batched pass), when the runner counts them."""
     usage: Usage | None = None
     """A cancelled task's usage so far (a finished task's came in its FinishChunk)."""
+    ggml_threads: int | None = None
+    """ggml's thread count when the task ended (`--cpu-weights q8_0` / `gguf` on a CPU: it follows the cores other
+    processes leave); None where the runner runs no ggml products."""
 
 
 class StreamChunks(FrozenModel):

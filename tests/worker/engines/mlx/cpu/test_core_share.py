@@ -270,3 +270,15 @@ def test_the_process_share_reads_exo_ggml_threads(monkeypatch: pytest.MonkeyPatc
             core_share_module.core_share()
     finally:
         core_share_module.core_share.cache_clear()
+
+
+def test_the_current_count_is_none_until_a_process_runs_ggml(monkeypatch: pytest.MonkeyPatch) -> None:
+    core_share_module.core_share.cache_clear()
+    monkeypatch.setenv("EXO_GGML_THREADS", "1")
+    try:
+        assert core_share_module.current_ggml_threads() is None  # no share made: /proc is not read
+        assert core_share_module.core_share.cache_info().currsize == 0
+        core_share_module.core_share()
+        assert core_share_module.current_ggml_threads() == 1
+    finally:
+        core_share_module.core_share.cache_clear()

@@ -185,6 +185,12 @@ class CoreShare:
             self.changes += 1
 
 
+def current_ggml_threads() -> int | None:
+    """ggml's thread count now where this process runs ggml's products (its `core_share` was made: the model loaded
+    with ggml weights), else None. Never reads /proc for a process without ggml weights."""
+    return core_share().threads() if core_share.cache_info().currsize else None
+
+
 @cache
 def core_share() -> CoreShare:
     """The process's one `CoreShare` (made on first use; `EXO_GGML_THREADS` read then)."""
