@@ -31,6 +31,7 @@ from exo.worker.engines.mlx.cpu.core_share import (
     others_busy_cores,
     parse_proc_stat,
     parse_self_stat,
+    quota_cores,
     read_snapshot,
     threads_for,
 )
@@ -282,3 +283,50 @@ def test_the_current_count_is_none_until_a_process_runs_ggml(monkeypatch: pytest
         assert core_share_module.current_ggml_threads() == 1
     finally:
         core_share_module.core_share.cache_clear()
+
+
+def test_a_cpu_quota_caps_the_count_whatever_cores_are_free() -> None:
+    # A container allowed on 16 cores but paying for 4: never more than 4 threads, fewer once others fill the cores.
+    assert threads_for(0.0, allowed=16, current=4, limit=4) == 4
+    assert threads_for(11.0, allowed=16, current=4, limit=4) == 4  # 5 cores left free: still the quota's 4
+    assert threads_for(13.5, allowed=16, current=4, limit=4) == 2  # 16 - ceil(13.5 - 0.4)
+    assert threads_for(15.9, allowed=16, current=3, limit=4) == 1
+    proc = _FakeProc()
+    share = CoreShare(set(range(16)), quota=4, read=proc.read, clock=proc.clock)
+    assert (share.limit, share.threads()) == (4, 4)
+    assert CoreShare({0, 1}, quota=8, read=proc.read, clock=proc.clock).limit == 2  # a quota beyond the cores
+
+
+def _cgroup_file(root: Path, relative: str, text: str) -> None:
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_the_quota_is_read_from_cgroup_v2_and_its_ancestors(tmp_path: Path) -> None:
+    proc, cgroups = tmp_path / "proc", tmp_path / "cgroup"
+    _cgroup_file(proc, "self/cgroup", "0::/system.slice/exo.service\n")
+    assert quota_cores(proc, cgroups) is None  # no cpu.max anywhere: no quota
+    _cgroup_file(cgroups, "system.slice/exo.service/cpu.max", "max 100000\n")
+    assert quota_cores(proc, cgroups) is None
+    _cgroup_file(cgroups, "system.slice/cpu.max", "250000 100000\n")
+    assert quota_cores(proc, cgroups) == 2  # 2.5 cores on the parent: rounded down
+    _cgroup_file(cgroups, "system.slice/exo.service/cpu.max", "50000 100000\n")
+    assert quota_cores(proc, cgroups) == 1  # half a core: at least one thread
+
+
+def test_the_quota_is_read_from_cgroup_v1_cfs(tmp_path: Path) -> None:
+    proc, cgroups = tmp_path / "proc", tmp_path / "cgroup"
+    _cgroup_file(proc, "self/cgroup", "4:memory:/docker/abc\n2:cpu,cpuacct:/docker/abc\n0::/\n")
+    _cgroup_file(cgroups, "cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "-1\n")
+    _cgroup_file(cgroups, "cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000\n")
+    assert quota_cores(proc, cgroups) is None  # -1: no quota
+    _cgroup_file(cgroups, "cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "300000\n")
+    assert quota_cores(proc, cgroups) == 3
+    assert quota_cores(tmp_path / "missing", cgroups) is None  # no /proc (macOS)
+
+
+def test_this_machine_s_quota_reads_without_error() -> None:
+    # Whatever the machine running the tests has: a whole number of cores or none, never an exception.
+    quota = quota_cores()
+    assert quota is None or quota >= 1

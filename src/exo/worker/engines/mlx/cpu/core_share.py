@@ -12,8 +12,9 @@ threads (/proc/self/stat), and takes the difference over the window: the cores o
 (`others_busy_cores`). ggml then runs on the cores left (`threads_for`), dropping a thread as soon as others hold
 more than `DROP_SLACK` of a core beyond what the threads leave free, and taking it back only once they hold less
 than `RISE_SLACK` (hysteresis: a count does not flap on noise between the two). Where /proc cannot be read (macOS)
-the count stays every allowed core, as before. `EXO_GGML_THREADS` fixes the count (a positive integer; `auto` or
-unset: adaptive).
+the count stays every allowed core, as before. A CPU quota (a container's `--cpus`: cgroup v2 `cpu.max` or v1's CFS
+quota, on the process's cgroup or an ancestor) caps the count at the cores it pays for. `EXO_GGML_THREADS` fixes the
+count (a positive integer; `auto` or unset: adaptive).
 """
 
 import logging
@@ -102,20 +103,71 @@ def others_busy_cores(before: Snapshot, after: Snapshot) -> float:
     return max(0.0, others / elapsed)
 
 
-def threads_for(others: float, allowed: int, current: int) -> int:
-    """ggml's threads given others' busy cores: the cores they leave, dropping below `current` once others hold more
-    than `DROP_SLACK` of a core beyond what `current` threads leave free, rising above it only once they hold less
-    than `RISE_SLACK` beyond what the higher count leaves. Always 1 to `allowed`."""
+def threads_for(others: float, allowed: int, current: int, limit: int | None = None) -> int:
+    """ggml's threads given others' busy cores among the `allowed` cores: the cores they leave, dropping below
+    `current` once others hold more than `DROP_SLACK` of a core beyond what `current` threads leave free, rising above
+    it only once they hold less than `RISE_SLACK` beyond what the higher count leaves. Always 1 to `limit` (the cores
+    the process's CPU quota pays for, `quota_cores`; `allowed` without one)."""
+    most = allowed if limit is None else min(limit, allowed)
 
     def fit(slack: float) -> int:
-        return min(max(allowed - math.ceil(others - slack), 1), allowed)
+        return min(max(allowed - math.ceil(others - slack), 1), most)
 
     down, up = fit(DROP_SLACK), fit(RISE_SLACK)
     if down < current:
         return down
     if up > current:
         return up
-    return min(max(current, 1), allowed)
+    return min(max(current, 1), most)
+
+
+def quota_cores(proc: Path = Path("/proc"), cgroups: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """How many cores' worth of CPU time this process's cgroup and its ancestors may use (a container's `--cpus`, a
+    systemd unit's CPUQuota), rounded down and at least 1; None without a quota or where it cannot be read. The
+    cores the process may run on can be many more: threads beyond the quota are throttled, and ggml's barriers then
+    wait for the throttled ones."""
+    try:
+        memberships = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    quotas: list[float] = []
+    for membership in memberships:
+        _, controllers, path = membership.split(":", 2)
+        if controllers == "":  # cgroup v2: cpu.max holds "<quota> <period>" or "max <period>"
+            quotas += _quotas_up(cgroups, path, lambda folder: _v2_quota(folder / "cpu.max"))
+        elif "cpu" in controllers.split(","):  # cgroup v1: the cpu controller's CFS quota and period
+            mount = cgroups / controllers if (cgroups / controllers).is_dir() else cgroups / "cpu"
+            quotas += _quotas_up(mount, path, _v1_quota)
+    return max(math.floor(min(quotas)), 1) if quotas else None
+
+
+def _quotas_up(root: Path, path: str, quota: Callable[[Path], float | None]) -> list[float]:
+    """The quotas set on the cgroup at `path` under `root` and on each of its ancestors up to `root`."""
+    found: list[float] = []
+    folder = root / path.strip("/")
+    while True:
+        if (value := quota(folder)) is not None:
+            found.append(value)
+        if folder == root or root not in folder.parents:
+            return found
+        folder = folder.parent
+
+
+def _v2_quota(cpu_max: Path) -> float | None:
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def _v1_quota(folder: Path) -> float | None:
+    try:
+        quota = int((folder / "cpu.cfs_quota_us").read_text())
+        period = int((folder / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
 
 
 def fixed_threads(environment: dict[str, str] | None = None) -> int | None:
@@ -138,14 +190,17 @@ class CoreShare:
         cores: Collection[int] | None = None,
         *,
         fixed: int | None = None,
+        quota: int | None = None,
         read: Callable[[Collection[int]], Snapshot | None] = read_snapshot,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._cores = frozenset(allowed_cores() if cores is None else cores)
         self.allowed = max(len(self._cores), 1)
+        self.limit = self.allowed if quota is None else max(min(quota, self.allowed), 1)
+        """The most threads: the allowed cores, or fewer where a CPU quota pays for fewer (`quota_cores`)."""
         self._read = read
         self._clock = clock
-        self._threads = self.allowed if fixed is None else fixed
+        self._threads = self.limit if fixed is None else fixed
         self.others = 0.0
         """Others' busy cores over the last window measured."""
         self.changes = 0
@@ -172,7 +227,7 @@ class CoreShare:
             return
         self.others = others_busy_cores(self._last, snapshot)
         self._last, self._last_at = snapshot, now
-        chosen = threads_for(self.others, self.allowed, self._threads)
+        chosen = threads_for(self.others, self.allowed, self._threads, self.limit)
         if chosen != self._threads:
             logger.info(
                 "ggml threads %d -> %d: other processes kept %.2f of %d cores busy",
@@ -194,9 +249,12 @@ def current_ggml_threads() -> int | None:
 @cache
 def core_share() -> CoreShare:
     """The process's one `CoreShare` (made on first use; `EXO_GGML_THREADS` read then)."""
-    share = CoreShare(fixed=fixed_threads())
+    share = CoreShare(fixed=fixed_threads(), quota=quota_cores())
     if share.adaptive:
-        logger.info("ggml threads: %d of %d cores, following the cores others use", share.threads(), share.allowed)
+        quota = f", at most {share.limit} (the CPU quota)" if share.limit < share.allowed else ""
+        logger.info(
+            "ggml threads: %d of %d cores%s, following the cores others use", share.threads(), share.allowed, quota
+        )
     else:
         logger.info("ggml threads: %d (%s, or no /proc)", share.threads(), THREADS_VARIABLE)
     return share
