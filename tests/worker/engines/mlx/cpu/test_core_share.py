@@ -16,7 +16,6 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx import nn
-from mlx_lm.models.cache import make_prompt_cache
 
 from exo.worker.engines.mlx.cpu import core_share as core_share_module
 from exo.worker.engines.mlx.cpu import q8_layers
@@ -37,7 +36,7 @@ from exo.worker.engines.mlx.cpu.core_share import (
 )
 from exo.worker.engines.mlx.cpu.ggml_library import Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.q8_layers import Q8Embedding, Q8Linear, Q8Weights
-from tests.worker.engines.mlx.cpu.weight_formats import loaded_fixture
+from tests.worker.engines.mlx.cpu.weight_formats import greedy_step_logits, loaded_fixture
 
 PROC_STAT = """cpu  900 10 300 5000 40 0 5 20 7 0
 cpu0 400 5 100 2500 20 0 2 10 7 0
@@ -207,15 +206,7 @@ class _Flipping:
 
 
 def _decode_logits(model: nn.Module, steps: int) -> list[np.ndarray]:
-    cache = make_prompt_cache(model)
-    tokens = mx.array([[(index * 11) % 200 + 3 for index in range(24)]])
-    outputs: list[np.ndarray] = []
-    for _ in range(steps + 1):
-        logits = model(tokens, cache=cache)
-        mx.eval(logits)
-        outputs.append(np.array(logits))
-        tokens = logits[:, -1].argmax(-1)[:, None]
-    return outputs
+    return greedy_step_logits(model, mx.array([[(index * 11) % 200 + 3 for index in range(24)]]), steps)
 
 
 def _set_threads(model: nn.Module, threads: int | None) -> None:

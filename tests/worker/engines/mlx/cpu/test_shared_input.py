@@ -13,12 +13,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx import nn
-from mlx_lm.models.cache import make_prompt_cache
 
 from exo.worker.engines.mlx.cpu.ggml_library import CACHED_ROWS, Ggml, GgmlMatrix, GgmlProducts
 from exo.worker.engines.mlx.cpu.q8_layers import Q8Linear, quantize_model_q8, share_sibling_inputs
 from tests.fixtures.fixture_specs import FixtureModelName
-from tests.worker.engines.mlx.cpu.weight_formats import fixture_matrix, loaded_fixture
+from tests.worker.engines.mlx.cpu.weight_formats import fixture_matrix, greedy_step_logits, loaded_fixture
 
 WIDTH = 128
 """The width of `fixture_matrix()` (its rows are 128 values)."""
@@ -135,15 +134,7 @@ def test_a_sibling_called_with_another_input_computes_it_afresh(ggml: Ggml) -> N
 
 def _logits(model: nn.Module, prompt: list[int], steps: int) -> list[np.ndarray]:
     """Prefill logits then `steps` greedy decode steps' logits, over two sequences at once."""
-    cache = make_prompt_cache(model)
-    tokens = mx.array([prompt, prompt[::-1]])
-    outputs: list[np.ndarray] = []
-    for _ in range(steps + 1):
-        logits = model(tokens, cache=cache)
-        mx.eval(logits)
-        outputs.append(np.array(logits))
-        tokens = logits[:, -1].argmax(-1)[:, None]
-    return outputs
+    return greedy_step_logits(model, mx.array([prompt, prompt[::-1]]), steps)
 
 
 @pytest.mark.usefixtures("ggml")

@@ -6,7 +6,9 @@ from typing import cast
 
 import mlx.core as mx
 import numpy as np
+from mlx import nn
 from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
 
 from exo.shared.types.cpu_kernels import CpuWeightsSetting
 from exo.shared.types.worker.shards import ShardAssignment
@@ -70,3 +72,15 @@ def mismatched_trained_cases(
         if (output.text, output.stop_token) != (case.expected_text, case.expected_stop):
             mismatched.append(case.name)
     return mismatched
+
+
+def greedy_step_logits(model: nn.Module, tokens: mx.array, steps: int) -> list[np.ndarray]:
+    """The logits of a prefill of `tokens` (one row a sequence) then of `steps` greedy decode steps, each evaluated."""
+    cache = make_prompt_cache(model)
+    outputs: list[np.ndarray] = []
+    for _ in range(steps + 1):
+        logits = model(tokens, cache=cache)
+        mx.eval(logits)
+        outputs.append(np.array(logits))
+        tokens = logits[:, -1].argmax(-1)[:, None]
+    return outputs
