@@ -2,13 +2,15 @@
 
 Loads the model as a runner does (exo's `load_model` under `CpuKernels`, the BLAS the node preloads, MKL on one
 thread as a runner serving ggml weights sets it), fills a cache with a prompt of each `--context` length, then times
-`--steps` one-token decode steps, each setting taking its turn in every round. Timers wrap, for the step's duration:
+`--steps` one-token decode steps, each setting taking its turn in every round (in the reverse order every other
+round). `--fusion off` swaps each fused MLP for one the bench builds from the same three layers, called apart (the
+product code carries no switch for it). Timers wrap, for the step's duration:
 the `mx.eval` that runs mlx's pending work before each ggml product (norms, rope, attention, SwiGLU, the hand-off to
 mlx's CPU stream), `ggml_graph_compute`, the rest of the ggml product call (ctypes, copies in and out, numpy and
 `mx.array` conversions) and, as what is left, Python building mlx's graph plus the step's last evaluation. Not a test.
 
 `uv run python -m bench.decode_breakdown [--model SPEC] [--weights q8_0,gguf] [--context 100,2000] [--steps 16]
-[--rounds 3]`
+[--rounds 3] [--fusion on,off] [--ggml-threads auto,1]`
 """
 
 import argparse
@@ -35,6 +37,7 @@ def _worker(
     ggml_threads: list[str],
 ) -> None:
     import mlx.core as mx
+    from mlx import nn
     from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
     from exo.models.paths import default_models_dir
@@ -47,6 +50,17 @@ def _worker(
     from exo.worker.engines.mlx.cpu.engine import CpuKernels
     from exo.worker.engines.mlx.cpu.q8_layers import Q8Embedding, Q8Linear, SwiGluMlp
     from exo.worker.engines.mlx.model_loader import load_model
+
+    class SeparateMlp(nn.Module):
+        """A SwiGluMlp's three layers called apart, as SwiGluMlp calls them over prefill's rows (the code before
+        the fusion)."""
+
+        def __init__(self, mlp: SwiGluMlp) -> None:
+            super().__init__()
+            self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+
+        def __call__(self, x: mx.array) -> mx.array:
+            return self.down_proj(q8_layers.swiglu(self.gate_proj(x), self.up_proj(x)))
 
     totals: dict[str, float] = dict.fromkeys(PARTS, 0.0)
 
@@ -93,9 +107,12 @@ def _worker(
     for lib in libraries.values():
         lib.graph_compute = timed(lib.graph_compute, "graph_compute", "computes")
     set_blas_threads(1)
-    mlps = {
-        weights: [m for _, m in model.named_modules() if isinstance(m, SwiGluMlp)] for weights, model in models.items()
+    layers = {weights: cast(list[Any], model["model"]["layers"]) for weights, model in models.items()}
+    mlps = {weights: [layer["mlp"] for layer in found] for weights, found in layers.items()}
+    separate = {
+        weights: [SeparateMlp(m) if isinstance(m, SwiGluMlp) else m for m in found] for weights, found in mlps.items()
     }
+    fusable = {weights: any(isinstance(m, SwiGluMlp) for m in found) for weights, found in mlps.items()}
     results: dict[str, list[dict[str, float]]] = {}
     for round_number in range(rounds):
         for weights, model in models.items():
@@ -104,9 +121,11 @@ def _worker(
                 prompt = mx.array([[(index * 7) % 5000 + 100 for index in range(context)]])
                 for start in range(0, context, 512):
                     original_eval(model(prompt[:, start : start + 512], cache=cache))
-                for fused, threads in ((f, t) for f in fusion for t in ggml_threads):
-                    for mlp in mlps[weights]:
-                        mlp.fused = fused == "on"
+                settings = [(f, t) for f in fusion for t in ggml_threads]
+                # Each round takes the settings in the other order: the first after the prefill is not always one.
+                for fused, threads in settings if round_number % 2 == 0 else settings[::-1]:
+                    for layer, mlp, apart in zip(layers[weights], mlps[weights], separate[weights], strict=True):
+                        layer.mlp = mlp if fused == "on" else apart
                     for _, module in model.named_modules():
                         if isinstance(module, (Q8Linear, Q8Embedding)):
                             module.q8.use_threads(None if threads == "auto" else int(threads))
@@ -124,7 +143,7 @@ def _worker(
                     step = {
                         part: totals[part] * (1 if part in ("evals", "computes") else 1000) / steps for part in PARTS
                     }
-                    label = f"{weights}, {fused if mlps[weights] else 'none'}, ggml {threads}, {context}"
+                    label = f"{weights}, {fused if fusable[weights] else 'none'}, ggml {threads}, {context}"
                     results.setdefault(label, []).append(step)
                     share = core_share()
                     chosen = f" (now {share.threads()}, others {share.others:.2f} cores)" if threads == "auto" else ""

@@ -16,6 +16,7 @@ import pytest
 from mlx import nn
 from mlx_lm.models.cache import make_prompt_cache
 
+from exo.worker.engines.mlx.cpu import q8_layers
 from exo.worker.engines.mlx.cpu.ggml_library import CACHED_ROWS, Ggml, GgmlMatrix, GgmlSwiGluMlp
 from exo.worker.engines.mlx.cpu.q8_layers import SwiGluMlp, fuse_swiglu_mlps
 from tests.fixtures.fixture_specs import FixtureModelName
@@ -82,6 +83,18 @@ def _logits(model: nn.Module, prompt: list[int], steps: int) -> tuple[list[np.nd
     return outputs, chosen
 
 
+class _SeparateMlp(nn.Module):
+    """An MLP computed as a SwiGluMlp computes prefill, from its three layers: the products apart, and the same
+    swiglu function (mlx's: `q8_layers` imports it before the numpy kernels re-point mlx-lm's modules)."""
+
+    def __init__(self, mlp: SwiGluMlp) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(q8_layers.swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
 @pytest.mark.usefixtures("ggml")
 @pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])
 def test_a_fixture_models_mlps_are_fused_in_decode_and_unchanged_in_prefill(name: FixtureModelName) -> None:
@@ -92,11 +105,10 @@ def test_a_fixture_models_mlps_are_fused_in_decode_and_unchanged_in_prefill(name
     prompt = [(index * 13) % 200 + 5 for index in range(40)]  # 40 rows: prefill takes the separate products
     fused_logits, fused_tokens = _logits(model, prompt, steps=6)
     assert all(mlp.graph.kept_row_counts == [1] for mlp in mlps)  # each decode step's MLP ran as one graph
-    for mlp in mlps:
-        mlp.fused = False
+    layers = cast(list[nn.Module], model["model"]["layers"])
+    for layer in layers:  # the MLPs as before the fusion, built here: the product code has no switch for it
+        layer.mlp = _SeparateMlp(cast(SwiGluMlp, layer["mlp"]))
     apart_logits, apart_tokens = _logits(model, prompt, steps=6)
-    for mlp in mlps:
-        mlp.fused = True
     np.testing.assert_array_equal(fused_logits[0], apart_logits[0])  # prefill: the same computation
     assert fused_tokens == apart_tokens
     for fused, apart in zip(fused_logits[1:], apart_logits[1:], strict=True):

@@ -248,7 +248,7 @@ class SwiGluMlp(nn.Module):
     whole MLP is one ggml graph (`GgmlSwiGluMlp`: one `mx.eval` of its input, one compute call), where the layers
     apart pay two of each a step; over more rows (prefill) it calls its layers as the original MLP does. Keeps the
     layers as its children under their names (`gate_proj`, `up_proj`, `down_proj`): thread settings, byte counts and
-    module paths see them as before. `fused = False` computes as the original always (the bench compares)."""
+    module paths see them as before."""
 
     def __init__(self, gate_proj: Q8Linear, up_proj: Q8Linear, down_proj: Q8Linear) -> None:
         super().__init__()
@@ -256,13 +256,12 @@ class SwiGluMlp(nn.Module):
         self.up_proj = up_proj
         self.down_proj = down_proj
         self.graph = GgmlSwiGluMlp(gate_proj.q8.matrix, up_proj.q8.matrix, down_proj.q8.matrix)
-        self.fused = True
 
     def __call__(self, x: mx.array) -> mx.array:
         rows = 1
         for size in x.shape[:-1]:
             rows *= size
-        if not self.fused or rows > CACHED_ROWS or takes_dequantized(self.graph.matrices, rows):
+        if rows > CACHED_ROWS or takes_dequantized(self.graph.matrices, rows):
             return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
         down = self.down_proj.q8
         threads = down.threads
