@@ -38,6 +38,7 @@ def _worker(
 ) -> None:
     import mlx.core as mx
     from mlx import nn
+    from mlx_lm.models import activations
     from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
     from exo.models.paths import default_models_dir
@@ -60,7 +61,7 @@ def _worker(
             self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
 
         def __call__(self, x: mx.array) -> mx.array:
-            return self.down_proj(q8_layers.swiglu(self.gate_proj(x), self.up_proj(x)))
+            return self.down_proj(activations.swiglu(self.gate_proj(x), self.up_proj(x)))
 
     totals: dict[str, float] = dict.fromkeys(PARTS, 0.0)
 
@@ -186,6 +187,8 @@ def main() -> None:
     arguments = parser.parse_args()
     formats = arguments.weights.split(",")
     contexts = [int(value) for value in arguments.context.split(",")]
+    if unknown := set(arguments.fusion.split(",")) - {"on", "off"}:
+        parser.error(f"--fusion takes on and/or off, not {', '.join(sorted(unknown))}")
     if arguments.worker:
         _worker(
             arguments.model,

@@ -8,6 +8,8 @@ These tests need ggml's CPU library (`uv run exo ggml build`, or EXO_GGML_DIR): 
 the machine, a failure under EXO_STRICT_SKIPS=1.
 """
 
+import sys
+from collections.abc import Callable
 from typing import cast
 
 import mlx.core as mx
@@ -16,8 +18,9 @@ import pytest
 from mlx import nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from exo.worker.engines.mlx.cpu import q8_layers
+from exo.worker.engines.mlx.cpu import kernels
 from exo.worker.engines.mlx.cpu.ggml_library import CACHED_ROWS, Ggml, GgmlMatrix, GgmlSwiGluMlp
+from exo.worker.engines.mlx.cpu.kernels import swiglu as numpy_swiglu
 from exo.worker.engines.mlx.cpu.q8_layers import SwiGluMlp, fuse_swiglu_mlps
 from tests.fixtures.fixture_specs import FixtureModelName
 from tests.worker.engines.mlx.cpu.weight_formats import loaded_fixture
@@ -84,15 +87,17 @@ def _logits(model: nn.Module, prompt: list[int], steps: int) -> tuple[list[np.nd
 
 
 class _SeparateMlp(nn.Module):
-    """An MLP computed as a SwiGluMlp computes prefill, from its three layers: the products apart, and the same
-    swiglu function (mlx's: `q8_layers` imports it before the numpy kernels re-point mlx-lm's modules)."""
+    """The MLP as mlx-lm's own class computes it, from the same three layers: the products apart, and the SwiGLU its
+    model module calls (the numpy one where the engine re-pointed mlx-lm's modules to it, as it does on load)."""
 
-    def __init__(self, mlp: SwiGluMlp) -> None:
+    def __init__(self, mlp: SwiGluMlp, model_module: str) -> None:
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        self.model_module = model_module
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(q8_layers.swiglu(self.gate_proj(x), self.up_proj(x)))
+        swiglu = cast(Callable[[mx.array, mx.array], mx.array], vars(sys.modules[self.model_module])["swiglu"])
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
 @pytest.mark.usefixtures("ggml")
@@ -106,10 +111,48 @@ def test_a_fixture_models_mlps_are_fused_in_decode_and_unchanged_in_prefill(name
     fused_logits, fused_tokens = _logits(model, prompt, steps=6)
     assert all(mlp.graph.kept_row_counts == [1] for mlp in mlps)  # each decode step's MLP ran as one graph
     layers = cast(list[nn.Module], model["model"]["layers"])
+    model_module = type(model).__module__  # mlx_lm.models.qwen2 / .llama, whose MLP class was replaced
+    assert vars(sys.modules[model_module])["swiglu"] is numpy_swiglu  # the engine's load turned the numpy one on
     for layer in layers:  # the MLPs as before the fusion, built here: the product code has no switch for it
-        layer.mlp = _SeparateMlp(cast(SwiGluMlp, layer["mlp"]))
+        layer.mlp = _SeparateMlp(cast(SwiGluMlp, layer["mlp"]), model_module)
     apart_logits, apart_tokens = _logits(model, prompt, steps=6)
     np.testing.assert_array_equal(fused_logits[0], apart_logits[0])  # prefill: the same computation
     assert fused_tokens == apart_tokens
     for fused, apart in zip(fused_logits[1:], apart_logits[1:], strict=True):
         assert float(np.abs(fused - apart).max()) < 5e-2 * float(np.abs(apart).max())
+
+
+class _RecordingLayer(nn.Module):
+    """A layer that keeps what it is given, then multiplies it as the real one."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+        self.inputs: list[mx.array] = []
+
+    def __call__(self, x: mx.array) -> mx.array:
+        self.inputs.append(x)
+        return self.layer(x)
+
+
+@pytest.mark.usefixtures("ggml")
+def test_prefill_feeds_down_proj_the_swiglu_of_mlx_lms_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The engine points mlx-lm's modules at the numpy SwiGLU (faster on long prefill chunks; this small model's reach
+    # its threshold only when lowered here). A fused MLP's prefill must use it too, not the mlx one it was written
+    # with, which rounds differently (the products after it quantize their input to Q8_0, which hides that in logits).
+    monkeypatch.setattr(kernels, "MIN_GATE_VALUES", 1)
+    model = loaded_fixture("tiny-qwen-tools", "q8_0").model
+    mlp = cast(SwiGluMlp, cast(list[nn.Module], model["model"]["layers"])[0]["mlp"])
+    down = mlp.down_proj
+    recording = _RecordingLayer(down)
+    x = mx.random.normal((1, CACHED_ROWS + 24, down.q8.shape[0]), key=mx.random.key(3))
+    try:
+        mlp.down_proj = recording  # pyright: ignore[reportAttributeAccessIssue]
+        mx.eval(mlp(x))
+    finally:
+        mlp.down_proj = down
+    gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+    expected = numpy_swiglu(gate, up)
+    assert not mx.array_equal(expected, kernels.MLX_SWIGLU(gate, up)).item()  # the two round apart on this input
+    (fed,) = recording.inputs
+    assert mx.array_equal(fed, expected).item()

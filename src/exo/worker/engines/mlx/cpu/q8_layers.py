@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 import numpy.typing as npt
 from mlx import nn
-from mlx_lm.models.activations import swiglu
+from mlx_lm.models import activations
 
 from exo.worker.engines.mlx.cpu.core_share import core_share
 from exo.worker.engines.mlx.cpu.dequant_gemm import dequantized_gemm, takes_dequantized
@@ -246,9 +246,9 @@ the only ones `fuse_swiglu_mlps` replaces)."""
 class SwiGluMlp(nn.Module):
     """An mlx-lm SwiGLU MLP whose three matrices are ggml layers: over at most `CACHED_ROWS` rows (decode steps) the
     whole MLP is one ggml graph (`GgmlSwiGluMlp`: one `mx.eval` of its input, one compute call), where the layers
-    apart pay two of each a step; over more rows (prefill) it calls its layers as the original MLP does. Keeps the
-    layers as its children under their names (`gate_proj`, `up_proj`, `down_proj`): thread settings, byte counts and
-    module paths see them as before."""
+    apart pay two of each a step; over more rows (prefill) it calls its layers and SwiGLU as the original MLP does.
+    Keeps the layers as its children under their names (`gate_proj`, `up_proj`, `down_proj`): thread settings, byte
+    counts and module paths see them as before."""
 
     def __init__(self, gate_proj: Q8Linear, up_proj: Q8Linear, down_proj: Q8Linear) -> None:
         super().__init__()
@@ -262,7 +262,9 @@ class SwiGluMlp(nn.Module):
         for size in x.shape[:-1]:
             rows *= size
         if rows > CACHED_ROWS or takes_dequantized(self.graph.matrices, rows):
-            return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+            # Looked up at each call: the numpy SwiGLU (`kernels.use_numpy_kernels`) re-points mlx-lm's modules after
+            # this one is imported, and prefill must compute as mlx-lm's own MLP does.
+            return self.down_proj(activations.swiglu(self.gate_proj(x), self.up_proj(x)))
         down = self.down_proj.q8
         threads = down.threads
         return as_mlx(self.graph.product(activation_rows(x), threads, down.pool_for(threads)), x)
