@@ -7,21 +7,26 @@ request: the generator is given no stop tokens and one token more than the reque
 sequence on its own, and a member is always taken out with `remove`, which hands back its KV cache.
 """
 
+import functools
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
+from typing import ParamSpec, TypeVar
 
 import mlx.core as mx
 from mlx import nn
-from mlx_lm.generate import BatchGenerator, generation_stream
+from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, generation_stream
 
 from exo.shared.types.common import TaskId
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache
 from exo.worker.engines.mlx.generator.batch_step import LazyLogprobsBatch
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import Sampler
-from exo.worker.engines.mlx.step_clock import STEP_CLOCK
+from exo.worker.engines.mlx.step_clock import STEP_CLOCK, StepPart
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class _MlxWithTimedEval(ModuleType):
@@ -45,6 +50,34 @@ class _MlxWithTimedEval(ModuleType):
 
 # The module itself: `mlx_lm.generate` as an attribute is the package's `generate` function.
 setattr(importlib.import_module("mlx_lm.generate"), "mx", _MlxWithTimedEval("mlx.core"))  # noqa: B010
+
+
+def _join_step_timed_as(part: StepPart, method: Callable[P, R]) -> Callable[P, R]:
+    """`method` of mlx-lm's prompt batch with its time counted for `part`, the waits and launches inside it still
+    their own (parts nest exclusively)."""
+
+    @functools.wraps(method)
+    def timed(*args: P.args, **kwargs: P.kwargs) -> R:
+        with STEP_CLOCK.part(part):
+            return method(*args, **kwargs)
+
+    return timed
+
+
+# A joining member's first step is mlx-lm's own (`PromptProcessingBatch.generate`: its forward pass and sample built
+# in Python, as `LazyLogprobsBatch._step` builds later steps), and any prompt tokens it still had are read by mlx-lm's
+# `prompt` (model work, as exo's own prefill pieces): counted so, not left to the loop's remainder.
+PromptProcessingBatch.generate = _join_step_timed_as("graph", PromptProcessingBatch.generate)
+_read_prompts = PromptProcessingBatch.prompt
+_read_prompts_timed = _join_step_timed_as("prefill", _read_prompts)
+
+
+def _prompt(self: PromptProcessingBatch, tokens: list[list[int]]) -> None:
+    # Called on every step, mostly with nothing to read: only a call with tokens is prefill work.
+    (_read_prompts_timed if tokens else _read_prompts)(self, tokens)
+
+
+PromptProcessingBatch.prompt = _prompt
 
 
 @dataclass(frozen=True)
