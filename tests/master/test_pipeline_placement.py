@@ -98,8 +98,11 @@ def test_a_node_on_gguf_weights_plans_the_kept_gguf_tensor_bytes() -> None:
     split = plan_pipeline("m", kept, [_node("a", 1.3, weights="gguf"), _node("b", 1.3, weights="gguf")])
     assert split.layer_counts == (12, 12)
     assert split.planned_bytes[0] == rank_need(kept, 12, 24, weights="gguf")
-    # Tensor ranks keep their sharded layers in float32, as under q8_0.
-    assert kept.tensor_rank_bytes(2, weights="gguf") == 150_000_000 + 24 * 4 * 100_000_000 // 2
+    # A tensor rank holds its slices of the blocks, or Q8_0 where a column slice does not fall on a K-quant's blocks:
+    # planned at the larger, here Q8_0's 34 bytes per 32 weights.
+    assert kept.tensor_rank_bytes(2, weights="gguf") == 150_000_000 + int(24 * 100_000_000 * 34 / 32) // 2
+    f16 = kept.model_copy(update={"layer_gguf_bytes": (200_000_000,) * 24})
+    assert f16.tensor_rank_bytes(2, weights="gguf") == 150_000_000 + 24 * 200_000_000 // 2
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from exo.master.tensor_placement import IndivisibleHeadsError, tensor_rank_need
 from exo.models.footprint import read_footprint
 from exo.shared.types.common import NodeId
 from exo.shared.types.events import InstancePlaced
+from exo.shared.types.footprint import Q8_0_BYTES_PER_WEIGHT
 from tests.exo_server import fixture_model
 from tests.master.placement_builders import FOOTPRINT, nodes_free, place, place_request
 from tests.shared.state_builders import NODE_A, NODE_B, NODE_C, fold
@@ -108,3 +109,10 @@ def test_an_int8_node_plans_the_split_layers_in_float32_and_the_shared_weights_i
     assert int8_share == FOOTPRINT.rank_bytes(0, 0, weights="int8") + 4 * 400_000_000
     assert FOOTPRINT.tensor_rank_bytes(2, weights="float32") == 4 * (100_000_000 + 400_000_000)
     assert FOOTPRINT.tensor_rank_bytes(2, weights="stored") == 200_000_000 + 800_000_000
+
+
+def test_a_q8_0_node_plans_its_share_of_the_split_layers_as_q8_0_blocks() -> None:
+    """Under q8_0 a tensor rank holds its slices of the sharded matrices as Q8_0 blocks, as a whole model does."""
+    q8_share = FOOTPRINT.tensor_rank_bytes(2, weights="q8_0")
+    assert q8_share == int(100_000_000 * Q8_0_BYTES_PER_WEIGHT) + -(-int(800_000_000 * Q8_0_BYTES_PER_WEIGHT) // 2)
+    assert q8_share < FOOTPRINT.tensor_rank_bytes(2, weights="float32") / 3

@@ -8,6 +8,7 @@ import anyio
 
 from exo.shared.types.chunks import Chunk, PrefillProgressChunk, ToolCallChunk
 from exo.shared.types.common import ModelId, new_command_id, new_runner_id, new_task_id
+from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuWeightsSetting
 from exo.shared.types.tasks import (
     GenerationParams,
     GenerationTask,
@@ -70,14 +71,23 @@ async def run_task(supervisor: RunnerSupervisor, chat: GenerationTask) -> list[C
 
 @asynccontextmanager
 async def running_ranks(
-    model_path: Path, shards: Sequence[ShardAssignment], *, ready_within: float = 300
+    model_path: Path,
+    shards: Sequence[ShardAssignment],
+    *,
+    ready_within: float = 300,
+    cpu_weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS,
 ) -> AsyncGenerator[list[RunnerSupervisor]]:
-    """One supervisor (and runner process) per shard, all ready; stopped on exit."""
+    """One supervisor (and runner process) per shard, all ready, each holding weights as `cpu_weights`; stopped on
+    exit."""
     supervisors = [
         RunnerSupervisor(
             new_runner_id(),
             RunnerConfig(
-                model_id=DEEP_MODEL, model_path=model_path, shard=shard, prefix_cache_bytes=PREFIX_CACHE_BYTES
+                model_id=DEEP_MODEL,
+                model_path=model_path,
+                shard=shard,
+                prefix_cache_bytes=PREFIX_CACHE_BYTES,
+                cpu_weights=cpu_weights,
             ),
         )
         for shard in shards

@@ -95,11 +95,17 @@ class ModelFootprint(FrozenModel):
     def tensor_rank_bytes(self, world_size: int, *, weights: WeightsInMemory) -> int:
         """Memory for one rank of a tensor split over `world_size`: the shared weights whole (embeddings, final norm
         and output head are not split) and 1/`world_size` of every layer (its norms, a few thousand values, count
-        as split too). The split matrices are mlx's sharded linear layers, which the int8, Q8_0 and GGUF conversions
-        leave alone: under int8, q8_0 or gguf the layers are held in float32."""
+        as split too). The split matrices are mlx's sharded linear layers: under q8_0 each rank holds its slice as
+        Q8_0 blocks like any matrix; under gguf its slice of the file's blocks, or of a matrix whose column slices do
+        not fall on the file's blocks (a K-quant's 256) that slice re-quantized to Q8_0, so a gguf rank is planned at
+        the larger of the two; the int8 conversion leaves them alone (its layers are held in float32)."""
         shared = self.rank_bytes(0, 0, weights=weights)
-        layer_weights: WeightsInMemory = "float32" if weights in ("int8", "q8_0", "gguf") else weights
-        layers = self.total_bytes(weights=layer_weights) - self.rank_bytes(0, 0, weights=layer_weights)
+        layer_weights: tuple[WeightsInMemory, ...] = (weights,)
+        if weights == "int8":
+            layer_weights = ("float32",)
+        elif weights == "gguf":
+            layer_weights = ("gguf", "q8_0")
+        layers = max(self.total_bytes(weights=held) - self.rank_bytes(0, 0, weights=held) for held in layer_weights)
         return shared + -(-layers // world_size)
 
     def tensor_split_refusal(self, world_size: int) -> str | None:

@@ -7,6 +7,10 @@ its weights is read, by a `Q8Linear` / `GgufEmbedding` whose `GgmlMatrix` is fil
 runner's resident memory until the map is closed), so no float16 or float32 copy of a served matrix is ever
 evaluated: the matrices take what the file's tensors take. Products go through the same ggml path as Q8_0's
 (`q8_layers.py`). An embedding lookup dequantizes the rows it reads with gguf's own dequantizer.
+
+On a tensor rank (`--parallel tensor`) each sharded matrix holds this rank's slice of its GGUF tensor
+(`gguf_shards.py`): a row range of the blocks for an all-to-sharded layer, a column range of the blocks for a
+sharded-to-all one where the range starts and ends on the type's blocks, else the range re-quantized to Q8_0.
 """
 
 import json
@@ -25,10 +29,14 @@ from exo.models.errors import ModelLoadError
 from exo.models.gguf_import import unpermute_rotary
 from exo.models.gguf_source import GgufSource, GgufTensor
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
+from exo.worker.engines.mlx.cpu.gguf_shards import ShardKind, shard_blocks
 from exo.worker.engines.mlx.cpu.matrix_replacement import replace_named_modules
 from exo.worker.engines.mlx.cpu.q8_layers import (
+    ALL_TO_SHARDED,
+    SHARDED_TO_ALL,
     Q8Embedding,
     Q8Linear,
+    Q8ShardedToAllLinear,
     Q8Weights,
     fuse_swiglu_mlps,
     mark_output_head,
@@ -69,11 +77,16 @@ def gguf_matrix(tensor: GgufTensor, file: Path, ggml: Ggml, rotary_heads: int | 
             f"matrix of a type exo multiplies by (served: {', '.join(GGML_TYPES)})"
         )
     in_features, out_features = tensor.shape
+    return GgmlMatrix.from_blocks(ggml, tensor.type, out_features, in_features, gguf_rows(tensor, file, rotary_heads))
+
+
+def gguf_rows(tensor: GgufTensor, file: Path, rotary_heads: int | None = None) -> npt.NDArray[np.uint8]:
+    """The raw blocks of a matrix `tensor` of the GGUF `file`, one row of blocks per output row (`rotary_heads`: as
+    `gguf_matrix`)."""
+    _, out_features = tensor.shape
     raw = np.fromfile(file, dtype=np.uint8, count=tensor.nbytes, offset=tensor.offset)
     rows = raw.reshape(out_features, -1)
-    if rotary_heads is not None:
-        rows = unpermute_rotary(rows, rotary_heads)
-    return GgmlMatrix.from_blocks(ggml, tensor.type, out_features, in_features, rows)
+    return unpermute_rotary(rows, rotary_heads) if rotary_heads is not None else rows
 
 
 class GgufModelSource:
@@ -110,12 +123,14 @@ class GgufModelSource:
 
 
 def _replacement(path: str, module: nn.Module, source: GgufModelSource, ggml: Ggml) -> nn.Module | None:
-    if not isinstance(module, (nn.Linear, nn.Embedding)):
+    if not isinstance(module, (nn.Linear, nn.Embedding, *ALL_TO_SHARDED, *SHARDED_TO_ALL)):
         return None
     tensor = source.tensor(path)
     if tensor is None:
         logger.warning("%s has no tensor for %s: it stays as imported", source.path.name, path)
         return None
+    if isinstance(module, (*ALL_TO_SHARDED, *SHARDED_TO_ALL)):
+        return _sharded_replacement(path, module, tensor, source, ggml)
     weights = Q8Weights(gguf_matrix(tensor, source.path, ggml, source.rotary_heads(path)))
     if weights.shape != tuple(module["weight"].shape):
         expected = tuple(module["weight"].shape)
@@ -125,10 +140,37 @@ def _replacement(path: str, module: nn.Module, source: GgufModelSource, ggml: Gg
     return Q8Linear(weights, module.get("bias"))
 
 
+def _sharded_replacement(
+    path: str, module: nn.Module, tensor: GgufTensor, source: GgufModelSource, ggml: Ggml
+) -> nn.Module | None:
+    """A tensor rank's slice of `tensor` for the sharded layer at `path` (None: its columns do not fall on Q8_0
+    blocks either, and mlx's layer keeps serving the imported slice, in float32)."""
+    if tensor.type not in GGML_TYPES or len(tensor.shape) != 2:
+        gguf_matrix(tensor, source.path, ggml)  # raises the same ModelLoadError as a whole model's matrix
+    group = cast(mx.distributed.Group, module.group)
+    rows = gguf_rows(tensor, source.path, source.rotary_heads(path))
+    in_features, _ = tensor.shape
+    kind: ShardKind = "columns" if isinstance(module, SHARDED_TO_ALL) else "rows"
+    matrix = shard_blocks(ggml, rows, tensor.type, in_features, kind=kind, rank=group.rank(), size=group.size())
+    if matrix is None:
+        logger.warning("%s: this rank's columns of %s are no whole Q8_0 blocks: it stays float32", path, tensor.name)
+        return None
+    expected = tuple(module["weight"].shape)
+    if matrix.shape != expected:
+        raise ModelLoadError(
+            f"{source.path}: this rank's slice of {tensor.name} is {matrix.shape}, {path} expects {expected}"
+        )
+    bias = module.get("bias")
+    if kind == "columns":
+        return Q8ShardedToAllLinear(Q8Weights(matrix), bias, group)
+    return Q8Linear(Q8Weights(matrix), bias)
+
+
 def load_gguf_matrices(model: nn.Module, source: GgufModelSource, ggml: Ggml) -> int:
     """Replace every Linear and Embedding of `model` (built lazily, its weights never read) by its GGUF tensor's
-    blocks, one at a time; returns how many. Others stay as they are (the caller sets their dtype). Sibling layers
-    (q/k/v, gate/up) then share one ggml graph, as under q8_0 (their types may differ: one graph holds them all)."""
+    blocks, one at a time, and a tensor rank's sharded layers by this rank's slice of them; returns how many. Others
+    stay as they are (the caller sets their dtype). Sibling layers (q/k/v, gate/up) then share one ggml graph, as
+    under q8_0 (their types may differ: one graph holds them all)."""
     replaced = replace_named_modules(model, lambda path, module: _replacement(path, module, source, ggml))
     share_sibling_inputs(model)
     fuse_swiglu_mlps(model)

@@ -22,6 +22,12 @@ import mlx.core as mx
 import numpy as np
 import numpy.typing as npt
 from mlx import nn
+from mlx.nn.layers.distributed import (
+    AllToShardedLinear,
+    QuantizedAllToShardedLinear,
+    QuantizedShardedToAllLinear,
+    ShardedToAllLinear,
+)
 from mlx_lm.models import activations
 
 from exo.worker.engines.mlx.cpu.core_share import core_share
@@ -148,12 +154,33 @@ class Q8Linear(nn.Module):
     def __call__(self, x: mx.array) -> mx.array:
         if self.output_head and (skipped := discarded_logits(x, self.q8.shape[0])) is not None:
             return skipped
-        if self.shared is None:
-            product = q8_product(x, self.q8)
-        else:
-            threads = self.q8.threads
-            product = self.shared.group.product(x, self.shared.member, threads, self.q8.pool_for(threads))
+        product = self.product(x)
         return product + self["bias"] if "bias" in self else product
+
+    def product(self, x: mx.array) -> mx.array:
+        """x · Wᵀ without the bias (alone, or from the sibling layers' one graph)."""
+        if self.shared is None:
+            return q8_product(x, self.q8)
+        threads = self.q8.threads
+        return self.shared.group.product(x, self.shared.member, threads, self.q8.pool_for(threads))
+
+
+class Q8ShardedToAllLinear(Q8Linear):
+    """A tensor rank's share of a sharded-to-all layer (mlx's `ShardedToAllLinear`: o_proj, down_proj) as Q8_0
+    blocks: this rank's input columns times its slice of the input, summed over the group, then the whole bias
+    added once (as mlx's layer does: every rank holds the bias, none adds it to its partial product)."""
+
+    def __init__(self, weights: Q8Weights, bias: mx.array | None, group: mx.distributed.Group) -> None:
+        super().__init__(weights, bias)
+        self.group = group
+
+    def __call__(self, x: mx.array) -> mx.array:
+        summed = self.all_sum(self.product(x))
+        return summed + self["bias"] if "bias" in self else summed
+
+    def all_sum(self, partial: mx.array) -> mx.array:
+        """The group's sum of every rank's partial product."""
+        return mx.distributed.all_sum(partial, group=self.group)
 
 
 class Q8Embedding(nn.Module):
@@ -176,7 +203,20 @@ class Q8Embedding(nn.Module):
         return skipped if skipped is not None else q8_product(x, self.q8)
 
 
+ALL_TO_SHARDED: Final = (AllToShardedLinear, QuantizedAllToShardedLinear)
+"""mlx's layers holding a tensor rank's output rows: a row range of the matrix, held like any matrix."""
+SHARDED_TO_ALL: Final = (ShardedToAllLinear, QuantizedShardedToAllLinear)
+"""mlx's layers holding a tensor rank's input columns, whose partial products are summed over the group."""
+
+
 def _replacement(module: nn.Module, ggml: Ggml) -> nn.Module | None:
+    if isinstance(module, (*ALL_TO_SHARDED, *SHARDED_TO_ALL)) and _fits(module):
+        # Still lazy: this rank's slice is read once (in its stored dtype), then converted a few rows at a time.
+        mx.eval(module.parameters())
+        bias = module.get("bias")
+        if isinstance(module, SHARDED_TO_ALL):
+            return Q8ShardedToAllLinear(q8_from(module, ggml), bias, module.group)
+        return Q8Linear(q8_from(module, ggml), bias)
     if isinstance(module, (nn.Linear, nn.QuantizedLinear)) and _fits(module):
         return Q8Linear(q8_from(module, ggml), module.get("bias"))
     if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)) and _fits(module):
@@ -187,7 +227,9 @@ def _replacement(module: nn.Module, ggml: Ggml) -> nn.Module | None:
 def quantize_model_q8(model: nn.Module, ggml: Ggml) -> int:
     """Replace every Linear, QuantizedLinear, Embedding and QuantizedEmbedding inside `model` whose rows split into
     Q8_0 blocks with its Q8_0 form, one matrix at a time (each original is released as soon as it is replaced);
-    returns how many were replaced. Other parameters are left as they are (the caller sets their dtype)."""
+    returns how many were replaced. A tensor rank's sharded layers (mlx's all-to-sharded and sharded-to-all linears,
+    quantized or not) become Q8_0 blocks of this rank's slice; a sharded-to-all slice whose width is not a multiple
+    of 32 stays mlx's float32 layer. Other parameters are left as they are (the caller sets their dtype)."""
     replaced = replace_modules(model, lambda module: _replacement(module, ggml))
     share_sibling_inputs(model)
     fuse_swiglu_mlps(model)
@@ -228,8 +270,8 @@ def share_sibling_inputs(model: nn.Module) -> int:
 
 
 def _fits(module: nn.Module) -> bool:
-    """Whether a matrix module's rows split into whole Q8_0 blocks (every real model's do; a matrix that does not
-    stays float32)."""
+    """Whether a matrix module's rows split into whole Q8_0 blocks (every real model's do, and a tensor rank's
+    column slice does where the width each rank takes is a multiple of 32; a matrix that does not stays float32)."""
     return int(float32_rows(module, 0, 1).shape[-1]) % Q8_0_BLOCK == 0
 
 
@@ -246,7 +288,9 @@ the only ones `fuse_swiglu_mlps` replaces)."""
 class SwiGluMlp(nn.Module):
     """An mlx-lm SwiGLU MLP whose three matrices are ggml layers: over at most `CACHED_ROWS` rows (decode steps) the
     whole MLP is one ggml graph (`GgmlSwiGluMlp`: one `mx.eval` of its input, one compute call), where the layers
-    apart pay two of each a step; over more rows (prefill) it calls its layers and SwiGLU as the original MLP does.
+    apart pay two of each a step (on a tensor rank, whose down_proj is a `Q8ShardedToAllLinear`, the graph's partial
+    product is then summed over the group); over more rows (prefill) it calls its layers and SwiGLU as the original
+    MLP does.
     Keeps the layers as its children under their names (`gate_proj`, `up_proj`, `down_proj`): thread settings, byte
     counts and module paths see them as before."""
 
@@ -267,7 +311,9 @@ class SwiGluMlp(nn.Module):
             return self.down_proj(activations.swiglu(self.gate_proj(x), self.up_proj(x)))
         down = self.down_proj.q8
         threads = down.threads
-        return as_mlx(self.graph.product(activation_rows(x), threads, down.pool_for(threads)), x)
+        product = as_mlx(self.graph.product(activation_rows(x), threads, down.pool_for(threads)), x)
+        # On a tensor rank the graph gives this rank's partial product: the group's sum is the MLP's output.
+        return self.down_proj.all_sum(product) if isinstance(self.down_proj, Q8ShardedToAllLinear) else product
 
 
 def fuse_swiglu_mlps(model: nn.Module) -> int:
