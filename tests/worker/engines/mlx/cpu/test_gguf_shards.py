@@ -60,3 +60,21 @@ def test_a_column_range_of_no_whole_q8_0_blocks_is_left_float32(ggml: Ggml, q4_k
 def test_a_matrix_that_does_not_split_evenly_is_refused(ggml: Ggml, q4_k: GgmlMatrix) -> None:
     with pytest.raises(ModelLoadError, match="do not split by 3"):
         shard_blocks(ggml, q4_k.blocks, "Q4_K", COLUMNS, kind="rows", rank=0, size=3)
+
+
+def test_two_ranks_column_halves_sum_to_the_whole_product_within_float32_rounding(ggml: Ggml) -> None:
+    """What a 2-rank split's sharded-to-all layer computes: each rank's product by its half of the blocks (with its
+    half of the input, quantized to the same Q8_0 blocks as the whole input's), then their sum."""
+    rng = np.random.default_rng(1)
+    whole = GgmlMatrix(ggml, "Q8_0", 64, COLUMNS)
+    whole.fill(0, rng.standard_normal((64, COLUMNS)).astype(np.float32))
+    x = rng.standard_normal((3, COLUMNS)).astype(np.float32)
+    pool = ggml.shared_threadpool(1, 0)
+    summed = np.zeros((3, 64), dtype=np.float32)
+    for rank in (0, 1):
+        half = shard_blocks(ggml, whole.blocks, "Q8_0", COLUMNS, kind="columns", rank=rank, size=2)
+        assert half is not None
+        np.testing.assert_array_equal(half.blocks, whole.blocks[:, rank * 272 : (rank + 1) * 272])  # 8 blocks of 34
+        summed += half.product(np.ascontiguousarray(x[:, rank * 256 : (rank + 1) * 256]), 1, pool)
+    expected = whole.product(x, 1, pool)
+    assert float(np.abs(summed - expected).max()) < 1e-5 * float(np.abs(expected).max())
