@@ -3,14 +3,16 @@
 Loads the model as a runner does (exo's `load_model` under `CpuKernels`, the BLAS the node preloads, MKL on one
 thread as a runner serving ggml weights sets it), fills a cache with a prompt of each `--context` length, then times
 `--steps` one-token decode steps, each setting taking its turn in every round (in the reverse order every other
-round). `--fusion off` swaps each fused MLP for one the bench builds from the same three layers, called apart (the
-product code carries no switch for it). Timers wrap, for the step's duration:
-the `mx.eval` that runs mlx's pending work before each ggml product (norms, rope, attention, SwiGLU, the hand-off to
-mlx's CPU stream), `ggml_graph_compute`, the rest of the ggml product call (ctypes, copies in and out, numpy and
+round). `--decode-attention mlx` sends the step's attention to mlx-lm's (mlx's sdpa) where the engine's numpy
+softmax would take it (kernels.MIN_DECODE_CONTEXT raised past the context). `--fusion off` swaps each fused MLP
+for one the bench builds from the same three layers, called apart (the product code carries no switch for it).
+Timers wrap, for the step's duration: the `mx.eval` that runs mlx's pending work before each ggml product (norms,
+rope, attention, SwiGLU, the hand-off to mlx's CPU stream; the numpy attention's own evaluation of its scores falls
+to the last column), `ggml_graph_compute`, the rest of the ggml product call (ctypes, copies in and out, numpy and
 `mx.array` conversions) and, as what is left, Python building mlx's graph plus the step's last evaluation. Not a test.
 
 `uv run python -m bench.decode_breakdown [--model SPEC] [--weights q8_0,gguf] [--context 100,2000] [--steps 16]
-[--rounds 3] [--fusion on,off] [--ggml-threads auto,1]`
+[--rounds 3] [--fusion on,off] [--ggml-threads auto,1] [--decode-attention numpy,mlx]`
 """
 
 import argparse
@@ -35,6 +37,7 @@ def _worker(
     *,
     fusion: list[str],
     ggml_threads: list[str],
+    decode_attention: list[str],
 ) -> None:
     import mlx.core as mx
     from mlx import nn
@@ -45,7 +48,7 @@ def _worker(
     from exo.models.resolve import resolve_model
     from exo.shared.types.cpu_kernels import CpuWeightsSetting
     from exo.shared.types.worker.shards import ShardAssignment
-    from exo.worker.engines.mlx.cpu import ggml_library, q8_layers, shared_input
+    from exo.worker.engines.mlx.cpu import ggml_library, kernels, q8_layers, shared_input
     from exo.worker.engines.mlx.cpu.blas_check import set_blas_threads
     from exo.worker.engines.mlx.cpu.core_share import core_share
     from exo.worker.engines.mlx.cpu.engine import CpuKernels
@@ -115,6 +118,7 @@ def _worker(
     }
     fusable = {weights: any(isinstance(m, SwiGluMlp) for m in found) for weights, found in mlps.items()}
     results: dict[str, list[dict[str, float]]] = {}
+    default_decode_context = kernels.MIN_DECODE_CONTEXT
     for round_number in range(rounds):
         for weights, model in models.items():
             for context in contexts:
@@ -122,9 +126,10 @@ def _worker(
                 prompt = mx.array([[(index * 7) % 5000 + 100 for index in range(context)]])
                 for start in range(0, context, 512):
                     original_eval(model(prompt[:, start : start + 512], cache=cache))
-                settings = [(f, t) for f in fusion for t in ggml_threads]
+                settings = [(f, t, a) for f in fusion for t in ggml_threads for a in decode_attention]
                 # Each round takes the settings in the other order: the first after the prefill is not always one.
-                for fused, threads in settings if round_number % 2 == 0 else settings[::-1]:
+                for fused, threads, attention in settings if round_number % 2 == 0 else settings[::-1]:
+                    kernels.MIN_DECODE_CONTEXT = default_decode_context if attention == "numpy" else 1 << 40
                     for layer, mlp, apart in zip(layers[weights], mlps[weights], separate[weights], strict=True):
                         layer.mlp = mlp if fused == "on" else apart
                     for _, module in model.named_modules():
@@ -144,7 +149,8 @@ def _worker(
                     step = {
                         part: totals[part] * (1 if part in ("evals", "computes") else 1000) / steps for part in PARTS
                     }
-                    label = f"{weights}, {fused if fusable[weights] else 'none'}, ggml {threads}, {context}"
+                    mlp = fused if fusable[weights] else "none"
+                    label = f"{weights}, {mlp}, ggml {threads}, {attention}, {context}"
                     results.setdefault(label, []).append(step)
                     share = core_share()
                     chosen = f" (now {share.threads()}, others {share.others:.2f} cores)" if threads == "auto" else ""
@@ -183,12 +189,19 @@ def main() -> None:
         default="auto",
         help="comma-separated ggml pool sizes; auto: the engine's (the cores other processes leave, core_share.py)",
     )
+    parser.add_argument(
+        "--decode-attention",
+        default="numpy",
+        help="comma-separated: numpy (the engine's, over a long cache), mlx (mlx-lm's sdpa at every context)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     formats = arguments.weights.split(",")
     contexts = [int(value) for value in arguments.context.split(",")]
     if unknown := set(arguments.fusion.split(",")) - {"on", "off"}:
         parser.error(f"--fusion takes on and/or off, not {', '.join(sorted(unknown))}")
+    if unknown := set(arguments.decode_attention.split(",")) - {"numpy", "mlx"}:
+        parser.error(f"--decode-attention takes numpy and/or mlx, not {', '.join(sorted(unknown))}")
     if arguments.worker:
         _worker(
             arguments.model,
@@ -198,13 +211,15 @@ def main() -> None:
             arguments.rounds,
             fusion=arguments.fusion.split(","),
             ggml_threads=arguments.ggml_threads.split(","),
+            decode_attention=arguments.decode_attention.split(","),
         )
         return
     run = run_bench_worker("bench.decode_breakdown")
     results = cast(dict[str, list[dict[str, float]]], json.loads(run.stdout.strip().splitlines()[-1]))
     print(run.header)
     print(
-        "| weights, MLP fusion, ggml threads, context | step (wall) | `mx.eval` before products (mlx's ops) "
+        "| weights, MLP fusion, ggml threads, decode attention, context | step (wall) "
+        "| `mx.eval` before products (mlx's ops) "
         "| `ggml_graph_compute` "
         "| rest of the product calls (ctypes, copies, conversions) | Python graph building + last eval "
         "| evals / computes a step |"

@@ -6,9 +6,12 @@ there mlx's softmax costs several times the two matmuls around it: it is most of
 agent's first request, with its 7k-token system prompt). The MLP's `silu(gate) * up` over chunk × intermediate
 values is the next largest. numpy's vectorised loops do both, on the same float32 values, faster (measured figures,
 per step and machine, are in docs/PERFORMANCE.md and docs/OPERATIONS.md).
-The matmuls stay in mlx; the softmax is written into the scores' own buffer, so nothing is copied. Decode steps,
-small chunks and what these paths do not cover (array masks, attention sinks, quantized caches, other dtypes)
-keep mlx's kernels.
+The matmuls stay in mlx; the softmax is written into the scores' own buffer, so nothing is copied.
+A decode step (a few query rows) over a long cache takes the same path: there mlx's softmax over heads × context
+scores is most of its attention (0.47 of 0.79 ms a layer at 2,000 cached tokens, numpy's 0.02 ms; measured in
+docs/PERFORMANCE.md, "Decode attention over a long context"). Short contexts, small prefill chunks and what these
+paths do not cover (array masks, so a left-padded batch; attention sinks, quantized caches, other dtypes) keep
+mlx's kernels.
 """
 
 import sys
@@ -21,8 +24,12 @@ from mlx_lm.models import activations, base
 
 from exo.shared.types.cpu_kernels import Replacement
 
-# Below this many values mlx's own kernels are as fast (and a decode step never comes here: one row).
+# Below this many values mlx's own kernels are as fast (a prefill chunk's scores).
 MIN_SCORES = 1 << 20
+# A decode step (at most DECODE_ROWS query rows: one token, a speculation's verify) comes here from this many cached
+# tokens on: at 100 mlx's sdpa was as fast, from 256 on numpy's softmax was (docs/PERFORMANCE.md).
+DECODE_ROWS = 16
+MIN_DECODE_CONTEXT = 256
 MIN_GATE_VALUES = 1 << 20
 # mlx-lm's own functions, kept before any module is re-pointed (also `activations`, whose SwiGLU layer uses it).
 MLX_ATTENTION = base.scaled_dot_product_attention
@@ -61,7 +68,10 @@ def _covers(queries: mx.array, keys: mx.array, cache: Any, mask: Any, sinks: Any
     if queries.dtype != mx.float32 or keys.dtype != mx.float32 or queries.shape[1] % keys.shape[1]:
         return False
     batch, heads, length, _ = queries.shape
-    return length > 1 and batch * heads * length * keys.shape[2] >= MIN_SCORES
+    context = keys.shape[2]
+    if length > 1 and batch * heads * length * context >= MIN_SCORES:
+        return True
+    return length <= DECODE_ROWS and context >= MIN_DECODE_CONTEXT
 
 
 def scaled_dot_product_attention(  # noqa: PLR0917 - mlx-lm's models call it with these positional arguments
