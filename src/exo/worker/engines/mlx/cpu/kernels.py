@@ -7,11 +7,11 @@ agent's first request, with its 7k-token system prompt). The MLP's `silu(gate) *
 values is the next largest. numpy's vectorised loops do both, on the same float32 values, faster (measured figures,
 per step and machine, are in docs/PERFORMANCE.md and docs/OPERATIONS.md).
 The matmuls stay in mlx; the softmax is written into the scores' own buffer, so nothing is copied.
-A decode step (a few query rows) over a long cache takes the same path: there mlx's softmax over heads × context
-scores is most of its attention (0.47 of 0.79 ms a layer at 2,000 cached tokens, numpy's 0.02 ms; measured in
-docs/PERFORMANCE.md, "Decode attention over a long context"). Short contexts, small prefill chunks and what these
-paths do not cover (array masks, so a left-padded batch; attention sinks, quantized caches, other dtypes) keep
-mlx's kernels.
+A decode step (a few query rows, one stream's or a left-padded batch's) over a long cache takes the same path:
+there mlx's softmax over heads × context scores is most of its attention (0.47 of 0.79 ms a layer at 2,000 cached
+tokens, numpy's 0.02 ms; measured in docs/PERFORMANCE.md, "Decode attention over a long context"). Short contexts,
+small prefill chunks and what these paths do not cover (a prefill's array masks, a decode step's additive ones;
+attention sinks, quantized caches, other dtypes) keep mlx's kernels.
 """
 
 import sys
@@ -38,40 +38,64 @@ _LOWEST = float(np.finfo(np.float32).min)
 
 
 def numpy_softmax_attention(
-    queries: mx.array, keys: mx.array, values: mx.array, scale: float, *, causal: bool
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    scale: float,
+    *,
+    causal: bool,
+    allowed: mx.array | None = None,
 ) -> mx.array:
     """softmax(q·kᵀ·scale [+ causal mask]) · v for float32 (batch, heads, length, dim) arrays, grouped-query too.
 
-    The causal mask is mlx's: query i of L sees the keys up to position S − L + i of S.
+    The causal mask is mlx's: query i of L sees the keys up to position S − L + i of S. `allowed`, a boolean mask
+    of shape (length, S) or (batch or 1, 1, length, S) (mlx-lm's batch caches' left padding), hides the keys where
+    it is False.
     """
     batch, query_heads, length, dim = queries.shape
     kv_heads, context = keys.shape[1], keys.shape[2]
     groups = query_heads // kv_heads
     grouped = (queries * scale).reshape(batch, kv_heads, groups * length, dim)
     scores = grouped @ keys.swapaxes(-1, -2)
-    mx.eval(scores)
+    mx.eval(scores) if allowed is None else mx.eval(scores, allowed)
     # A view of the freshly evaluated scores, which nothing else holds: the softmax replaces them in place.
     view = np.asarray(scores).reshape(batch, kv_heads, groups, length, context)
     if causal and length > 1:
         rows, columns = np.triu_indices(length, 1)
         view[..., rows, context - length + columns] = _LOWEST
+    if allowed is not None:
+        hidden = np.logical_not(np.asarray(allowed))
+        np.copyto(view, _LOWEST, where=hidden if hidden.ndim == 2 else hidden[:, :, None])
     np.subtract(view, view.max(axis=-1, keepdims=True), out=view)
     np.exp(view, out=view)
     np.divide(view, view.sum(axis=-1, keepdims=True), out=view)
     return (scores @ values).reshape(batch, query_heads, length, dim)
 
 
+def _boolean_mask(mask: Any, queries: mx.array, keys: mx.array) -> bool:
+    """Whether `mask` is a boolean array numpy_softmax_attention takes: (L, S), or (B or 1, 1, L, S) as mlx-lm's
+    batch caches make it (their left padding)."""
+    if not isinstance(mask, mx.array) or mask.dtype != mx.bool_:
+        return False
+    length, context = queries.shape[2], keys.shape[2]
+    if mask.ndim == 2:
+        return mask.shape == (length, context)
+    return mask.ndim == 4 and mask.shape[0] in {1, queries.shape[0]} and mask.shape[1:] == (1, length, context)
+
+
 def _covers(queries: mx.array, keys: mx.array, cache: Any, mask: Any, sinks: Any) -> bool:
     causal_or_none = mask is None or (isinstance(mask, str) and mask == "causal")
-    if sinks is not None or hasattr(cache, "bits") or not causal_or_none:
+    if sinks is not None or hasattr(cache, "bits"):
         return False
     if queries.dtype != mx.float32 or keys.dtype != mx.float32 or queries.shape[1] % keys.shape[1]:
         return False
     batch, heads, length, _ = queries.shape
     context = keys.shape[2]
-    if length > 1 and batch * heads * length * context >= MIN_SCORES:
+    if causal_or_none and length > 1 and batch * heads * length * context >= MIN_SCORES:
         return True
-    return length <= DECODE_ROWS and context >= MIN_DECODE_CONTEXT
+    # A decode step: one stream's (no mask, or causal over a verify's rows) or a batch's (its padding mask).
+    few_rows = length <= DECODE_ROWS and context >= MIN_DECODE_CONTEXT
+    return few_rows and (causal_or_none or _boolean_mask(mask, queries, keys))
 
 
 def scaled_dot_product_attention(  # noqa: PLR0917 - mlx-lm's models call it with these positional arguments
@@ -85,6 +109,8 @@ def scaled_dot_product_attention(  # noqa: PLR0917 - mlx-lm's models call it wit
 ) -> mx.array:
     """mlx-lm's `scaled_dot_product_attention`, with the numpy softmax where it covers the call."""
     if _covers(queries, keys, cache, mask, sinks):
+        if isinstance(mask, mx.array):
+            return numpy_softmax_attention(queries, keys, values, scale, causal=False, allowed=mask)
         return numpy_softmax_attention(queries, keys, values, scale, causal=mask is not None)
     return MLX_ATTENTION(queries, keys, values, cache, scale, mask, sinks)
 
