@@ -27,9 +27,10 @@ from exo.shared.types.cpu_kernels import Replacement
 # Below this many values mlx's own kernels are as fast (a prefill chunk's scores).
 MIN_SCORES = 1 << 20
 # A decode step (at most DECODE_ROWS query rows: one token, a speculation's verify) comes here from this many cached
-# tokens on: at 100 mlx's sdpa was as fast, from 256 on numpy's softmax was (docs/PERFORMANCE.md).
+# tokens on. The attention alone gains from 256 on, but a whole gguf step (the extra evaluation of the scores in the
+# middle of the layer) measured even at 500 and 2,000 and faster at 4,000 and 8,000 (docs/PERFORMANCE.md).
 DECODE_ROWS = 16
-MIN_DECODE_CONTEXT = 256
+MIN_DECODE_CONTEXT = 2048
 MIN_GATE_VALUES = 1 << 20
 # mlx-lm's own functions, kept before any module is re-pointed (also `activations`, whose SwiGLU layer uses it).
 MLX_ATTENTION = base.scaled_dot_product_attention
