@@ -98,6 +98,10 @@ def test_a_poll_that_progresses_goes_through() -> None:
         "Offset 10 is out of range for this file (2 lines)",
         "File not found: /tmp/project/calc.py",
         "ls: cannot access 'build': No such file or directory",
+        # opencode's webfetch and skill tools without a network (captured with qwen2.5-coder-1.5b-instruct).
+        "Transport error (GET https://opencode.ai/docs/faq)",
+        "ripgrep execution failed",
+        "Request failed with status code 503",
     ],
 )
 def test_a_retry_after_an_error_result_goes_through(error: str) -> None:
@@ -208,6 +212,8 @@ def test_identical_results_that_are_no_error_still_loop_at_the_third_call() -> N
         '{"error": null, "status": "running"}',
         "No errors found",
         "0 failed",
+        "src/error.py: 3 functions",
+        "No network errors, 0 failed requests",
         # Only the first line is read for failure words: output that mentions one further down is no error.
         "12 files\nsrc/cannot_fail.py: 3 tests, none invalid",
     ],

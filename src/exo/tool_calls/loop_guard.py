@@ -202,10 +202,14 @@ _ERROR_OPENING: Final = re.compile(
     r"^[\s*_#>\[(!-]*(?:error|exception|traceback|fatal|failed|failure)\b", re.IGNORECASE
 )
 # Tools that report a failure in plain words (opencode sends a failed tool's message as the result, with no flag and no
-# "Error" in front: "File not found: …", "Offset 10 is out of range for this file (2 lines)").
+# "Error" in front: "File not found: …", "Offset 10 is out of range for this file (2 lines)", its web fetch's
+# "Transport error (GET …)", its skill tool's "ripgrep execution failed"). What failed is named before "error" or
+# "failed", so a count such as "0 failed" or a file such as error.py is no failure.
 _FAILURE_PHRASE: Final = re.compile(
     r"\b(?:not found|out of range|no such file|does not exist|doesn't exist|permission denied|not permitted|"
-    r"cannot|can't|could not|couldn't|unable to|timed out|connection refused|invalid)\b",
+    r"cannot|can't|could not|couldn't|unable to|timed out|connection refused|invalid|"
+    r"(?:transport|network|connection|request|http|execution|runtime|internal|server|fetch|command) "
+    r"(?:error|failed|failure))\b",
     re.IGNORECASE,
 )
 _EXIT_CODE_OPENING: Final = re.compile(r"^\s*(?:exit code|process exited with code)\W*(-?\d+)", re.IGNORECASE)
@@ -225,7 +229,9 @@ def error_result(text: str) -> bool:
     - it opens with error, exception, traceback, fatal, failed or failure (any case, after markup such as `**`,
       `#` or `[`);
     - its first line says a failure in words: not found, out of range, no such file, does not exist, permission
-      denied, not permitted, cannot, could not, unable to, timed out, connection refused, invalid;
+      denied, not permitted, cannot, could not, unable to, timed out, connection refused, invalid, or a transport,
+      network, connection, request, HTTP, execution, runtime, internal, server, fetch or command error (or
+      failed, failure);
     - it opens with a non-zero "Exit code: N" or "Process exited with code N" (Codex's shell output);
     - it is a JSON object with a truthy `error`, `"is_error": true`, `"success": false`, `"ok": false`, or a non-zero
       `exit_code` / `exitCode` / `returncode` at its top level or in its `metadata`.
