@@ -36,10 +36,10 @@ from exo.worker.engines.mlx.cpu.q8_layers import (
     SHARDED_TO_ALL,
     Q8Embedding,
     Q8Linear,
-    Q8ShardedToAllLinear,
     Q8Weights,
     fuse_swiglu_mlps,
     mark_output_head,
+    sharded_linear,
     share_sibling_inputs,
 )
 
@@ -71,18 +71,19 @@ def gguf_matrix(tensor: GgufTensor, file: Path, ggml: Ggml, rotary_heads: int | 
     """The blocks of `tensor` (of the GGUF `file`) in a ggml matrix, as stored (`rotary_heads`: a llama q/k matrix's
     heads, whose rows the GGUF interleaves and mlx-lm does not: its rows are put back, blocks untouched). Raises
     ModelLoadError for a type ggml's products are not wired for here."""
+    rows = gguf_rows(tensor, file, rotary_heads)
+    in_features, out_features = tensor.shape
+    return GgmlMatrix.from_blocks(ggml, tensor.type, out_features, in_features, rows)
+
+
+def gguf_rows(tensor: GgufTensor, file: Path, rotary_heads: int | None = None) -> npt.NDArray[np.uint8]:
+    """The raw blocks of a matrix `tensor` of the GGUF `file`, one row of blocks per output row (`rotary_heads`: as
+    `gguf_matrix`). Raises ModelLoadError for a type ggml's products are not wired for here."""
     if tensor.type not in GGML_TYPES or len(tensor.shape) != 2:
         raise ModelLoadError(
             f"--cpu-weights gguf cannot serve tensor {tensor.name}: {tensor.type} {list(tensor.shape)} is not a "
             f"matrix of a type exo multiplies by (served: {', '.join(GGML_TYPES)})"
         )
-    in_features, out_features = tensor.shape
-    return GgmlMatrix.from_blocks(ggml, tensor.type, out_features, in_features, gguf_rows(tensor, file, rotary_heads))
-
-
-def gguf_rows(tensor: GgufTensor, file: Path, rotary_heads: int | None = None) -> npt.NDArray[np.uint8]:
-    """The raw blocks of a matrix `tensor` of the GGUF `file`, one row of blocks per output row (`rotary_heads`: as
-    `gguf_matrix`)."""
     _, out_features = tensor.shape
     raw = np.fromfile(file, dtype=np.uint8, count=tensor.nbytes, offset=tensor.offset)
     rows = raw.reshape(out_features, -1)
@@ -145,10 +146,8 @@ def _sharded_replacement(
 ) -> nn.Module | None:
     """A tensor rank's slice of `tensor` for the sharded layer at `path` (None: its columns do not fall on Q8_0
     blocks either, and mlx's layer keeps serving the imported slice, in float32)."""
-    if tensor.type not in GGML_TYPES or len(tensor.shape) != 2:
-        gguf_matrix(tensor, source.path, ggml)  # raises the same ModelLoadError as a whole model's matrix
-    group = cast(mx.distributed.Group, module.group)
     rows = gguf_rows(tensor, source.path, source.rotary_heads(path))
+    group = cast(mx.distributed.Group, module.group)
     in_features, _ = tensor.shape
     kind: ShardKind = "columns" if isinstance(module, SHARDED_TO_ALL) else "rows"
     matrix = shard_blocks(ggml, rows, tensor.type, in_features, kind=kind, rank=group.rank(), size=group.size())
@@ -160,10 +159,7 @@ def _sharded_replacement(
         raise ModelLoadError(
             f"{source.path}: this rank's slice of {tensor.name} is {matrix.shape}, {path} expects {expected}"
         )
-    bias = module.get("bias")
-    if kind == "columns":
-        return Q8ShardedToAllLinear(Q8Weights(matrix), bias, group)
-    return Q8Linear(Q8Weights(matrix), bias)
+    return sharded_linear(module, Q8Weights(matrix))
 
 
 def load_gguf_matrices(model: nn.Module, source: GgufModelSource, ggml: Ggml) -> int:

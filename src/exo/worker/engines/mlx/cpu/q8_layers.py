@@ -209,14 +209,20 @@ SHARDED_TO_ALL: Final = (ShardedToAllLinear, QuantizedShardedToAllLinear)
 """mlx's layers holding a tensor rank's input columns, whose partial products are summed over the group."""
 
 
+def sharded_linear(module: nn.Module, weights: Q8Weights) -> Q8Linear:
+    """The ggml layer serving mlx's sharded `module` (one of ALL_TO_SHARDED or SHARDED_TO_ALL) from `weights`, this
+    rank's slice of its matrix: a sharded-to-all layer's partial product is summed over the module's group."""
+    bias = module.get("bias")
+    if isinstance(module, SHARDED_TO_ALL):
+        return Q8ShardedToAllLinear(weights, bias, module.group)
+    return Q8Linear(weights, bias)
+
+
 def _replacement(module: nn.Module, ggml: Ggml) -> nn.Module | None:
     if isinstance(module, (*ALL_TO_SHARDED, *SHARDED_TO_ALL)) and _fits(module):
         # Still lazy: this rank's slice is read once (in its stored dtype), then converted a few rows at a time.
         mx.eval(module.parameters())
-        bias = module.get("bias")
-        if isinstance(module, SHARDED_TO_ALL):
-            return Q8ShardedToAllLinear(q8_from(module, ggml), bias, module.group)
-        return Q8Linear(q8_from(module, ggml), bias)
+        return sharded_linear(module, q8_from(module, ggml))
     if isinstance(module, (nn.Linear, nn.QuantizedLinear)) and _fits(module):
         return Q8Linear(q8_from(module, ggml), module.get("bias"))
     if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)) and _fits(module):
