@@ -42,6 +42,9 @@ TARGET_PREFILL_SECONDS = 3 * KEEP_ALIVE_SECONDS
 CALIBRATION_SENTENCES = 800
 # The most sentences a prompt may hold within CONTEXT_LENGTH, room left for the answer (a sentence is 11 tokens).
 LONGEST_PROMPT_SENTENCES = (CONTEXT_LENGTH - 2048) // 11
+# Enough answer for /state to be seen decoding: the fixture model decodes about 550 tokens a second at this length
+# (200 tokens once ended between two polls of a loaded machine's /state); room for it is left by the prompt's bound.
+DECODE_TOKENS = 1500
 # Slack for a busy machine between the node writing a keep-alive and this process reading it.
 READ_SLACK_SECONDS = 3.0
 
@@ -246,7 +249,7 @@ class StateWatcher:
         self._thread.join()
 
     def _watch(self) -> None:
-        while not self._stop.wait(0.2):
+        while not self._stop.wait(0.1):
             self.seen += running_tasks(self._server)
 
 
@@ -256,7 +259,7 @@ def test_an_openai_stream_gets_headers_at_once_keep_alives_through_a_long_prefil
     client, transport = recorded_openai(node.server)
     with StateWatcher(node.server) as watcher:
         stream = client.chat.completions.create(
-            model=MODEL, messages=[user("openai", node.sentences)], max_tokens=200, stream=True
+            model=MODEL, messages=[user("openai", node.sentences)], max_tokens=DECODE_TOKENS, stream=True
         )
         first_output_at: float | None = None
         text: list[str] = []
