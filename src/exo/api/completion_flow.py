@@ -8,13 +8,14 @@ when the client goes away, and log one line for the request (request_log.py).
 """
 
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import anyio
 from fastapi import Request
 
-from exo.api.errors import ApiError, placement_error
+from exo.api.errors import UNAVAILABLE_RETRY_AFTER_SECONDS, ApiError, placement_error
 from exo.api.model_availability import unavailable_error
 from exo.api.request_log import RequestTimeline
 from exo.master.client import MasterClient, TaskHandle
@@ -33,6 +34,13 @@ T = TypeVar("T")
 # nginx's "client closed request": nobody reads it, but logs and tests see why the request ended.
 CLIENT_CLOSED_REQUEST = 499
 _ENDED: frozenset[PreparationPhase] = frozenset({"ready", "failed"})
+# A request for a model still being downloaded, imported or loaded waits for it this long (a model ready by then is
+# served as if it had been all along, as Ollama does), then gets the 503 `model_loading`. The default model's first
+# import takes about a minute on 2 cores; a client sending its first request right after `exo` starts should not
+# have to retry.
+PREPARING_WAIT_SECONDS: Final = 300.0
+_PREPARING_POLL_SECONDS: Final = 0.25
+MODEL_LOADING: Final = "model_loading"
 
 
 def served_model(state: State, requested: str | None) -> ModelId:
@@ -54,7 +62,13 @@ def served_model(state: State, requested: str | None) -> ModelId:
         )
     }
     if label in preparing or (not requested and preparing):
-        raise ApiError(503, f"model '{label}' is still being prepared; retry shortly", error_type="server_error")
+        raise ApiError(
+            503,
+            f"model '{label}' is still being prepared; retry shortly",
+            error_type="server_error",
+            code=MODEL_LOADING,
+            headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_SECONDS)},
+        )
     only_pending = list(state.pending_placements) if not served and len(state.pending_placements) == 1 else [None]
     unavailable = unavailable_error(state, requested or only_pending[0] or "")
     if unavailable is not None:
@@ -69,6 +83,23 @@ def served_model(state: State, requested: str | None) -> ModelId:
         param="model",
         code="model_not_found",
     )
+
+
+async def served_once_prepared(
+    master: MasterClient, http_request: Request, pick: Callable[[State], ModelId]
+) -> ModelId:
+    """`pick`'s model from the cluster's state, waiting up to PREPARING_WAIT_SECONDS while it says the model is being
+    prepared (its 503 `model_loading`), and no longer than the client stays."""
+    deadline = time.monotonic() + PREPARING_WAIT_SECONDS
+    while True:
+        try:
+            return pick(master.state)
+        except ApiError as error:
+            if error.body.error.code != MODEL_LOADING or time.monotonic() >= deadline:
+                raise
+        if await http_request.is_disconnected():
+            raise ApiError(CLIENT_CLOSED_REQUEST, "the client closed the request", code="client_closed_request")
+        await anyio.sleep(_PREPARING_POLL_SECONDS)
 
 
 def model_description(state: State, model_id: ModelId) -> ModelDescription | None:

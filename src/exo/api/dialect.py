@@ -16,7 +16,13 @@ from pydantic import BaseModel
 
 from exo.api.adapters.protocol_events import AnswerWriter, fold
 from exo.api.answer_stream import AnswerStream
-from exo.api.completion_flow import CLIENT_CLOSED_REQUEST, collect, model_description, submit
+from exo.api.completion_flow import (
+    CLIENT_CLOSED_REQUEST,
+    collect,
+    model_description,
+    served_once_prepared,
+    submit,
+)
 from exo.api.error_shapes import ErrorShape
 from exo.api.loop_guard_header import header_policy, with_header_policy
 from exo.api.request_log import RequestTimeline
@@ -66,7 +72,7 @@ async def serve(
     """Generate the answer to `request` in `dialect`: streamed, or whole when the request does not stream."""
     received_at = time.monotonic()
     guard = header_policy(http_request)
-    model_id = dialect.served_model(master.state, request)
+    model_id = await served_once_prepared(master, http_request, lambda state: dialect.served_model(state, request))
     command = dialect.command(request, model_id, model_description(master.state, model_id))
     command = with_header_policy(command, guard)
     handle = await submit(master, command, http_request)

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
 from exo.api.adapters.protocol_events import AnswerWriter
+from exo.api.completion_flow import served_once_prepared
 from exo.api.dialect import serve
 from exo.api.error_shapes import ErrorShape, documented_errors, shaped_route
 from exo.api.errors import ApiError
@@ -100,8 +101,11 @@ def ollama_router(master: MasterClient) -> APIRouter:
     @router.post("/api/generate", response_model=None, responses=_ERRORS)
     async def generate(request: OllamaGenerateRequest, http_request: Request) -> BaseModel | Response:
         if not request.prompt and not request.system:
-            # Ollama answers an empty prompt by loading the model; exo's served models are loaded already.
-            return OllamaLoaded(model=served_ollama_model(master.state, request.model), created_at=created_at())
+            # Ollama answers an empty prompt by loading the model: here, once the model is ready.
+            model_id = await served_once_prepared(
+                master, http_request, lambda state: served_ollama_model(state, request.model)
+            )
+            return OllamaLoaded(model=model_id, created_at=created_at())
         return await serve(master, generate_dialect, request, http_request)
 
     @router.get("/api/tags", responses=_ERRORS)

@@ -11,7 +11,7 @@ from exo.api.adapters.messages_request import count_command, to_command
 from exo.api.adapters.messages_stream import MessageStreamEncoder
 from exo.api.adapters.protocol_events import AnswerWriter, NamedEventWriter
 from exo.api.adapters.token_count import collect_prompt_tokens
-from exo.api.completion_flow import CLIENT_CLOSED_REQUEST, collect, served_model, submit
+from exo.api.completion_flow import CLIENT_CLOSED_REQUEST, collect, served_model, served_once_prepared, submit
 from exo.api.dialect import serve
 from exo.api.error_shapes import ErrorShape, documented_errors, shaped_route
 from exo.api.types.anthropic_messages import (
@@ -68,7 +68,7 @@ def messages_router(master: MasterClient) -> APIRouter:
     @router.post(f"{MESSAGES_PATH_PREFIX}/count_tokens", response_model=None, responses=_ERRORS)
     async def count_tokens(request: CountTokensRequest, http_request: Request) -> TokenCount | Response:
         """The prompt's tokens, counted by the model's runner with the model's own template and tokenizer."""
-        model_id = served_model(master.state, request.model)
+        model_id = await served_once_prepared(master, http_request, lambda state: served_model(state, request.model))
         handle = await submit(master, count_command(request, model_id), http_request)
         count = await collect(master, handle, http_request, collect_prompt_tokens)
         return TokenCount(input_tokens=count) if count is not None else Response(status_code=CLIENT_CLOSED_REQUEST)
