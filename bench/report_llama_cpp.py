@@ -1,4 +1,7 @@
-"""Markdown for `bench.llama_cpp`: one row per measure, one column per system, and each exo system ÷ llama.cpp."""
+"""Markdown for `bench.llama_cpp`: one row per measure, one column per system, and each exo system ÷ llama.cpp.
+
+A system asked for that did not start keeps its column, `not started` in every cell, and a bold line says why: a
+reader of the table sees what was missing, not a comparison that quietly shrank."""
 
 import statistics
 
@@ -13,6 +16,8 @@ from bench.llama_cpp import (
     SystemFigures,
 )
 from bench.markdown import markdown_table
+
+NOT_STARTED = "not started"
 
 
 def _load(values: tuple[float, float, float]) -> str:
@@ -64,20 +69,24 @@ def render_llama_cpp(report: LlamaCppReport) -> list[str]:
         ),
         ("resident memory of the server's processes (GB)", [_memory(f) for f in figures.values()], True),
     ]
-    header = ["Measure", *names, *(f"{name} ÷ llama.cpp" for name in compared)]
+    absent = [name for name in report.not_started if name not in figures]
+    header = ["Measure", *names, *absent, *(f"{name} ÷ llama.cpp" for name in compared)]
     rows: list[list[str]] = []
     for label, values, lower_is_better in measures:
         llama_runs = values[names.index(LLAMA_CPP)] if compared else []
         ratio = [_ratio(values[names.index(name)], llama_runs, lower_is_better=lower_is_better) for name in compared]
-        rows.append([label, *(_runs(value) for value in values), *ratio])
+        rows.append([label, *(_runs(value) for value in values), *(NOT_STARTED for _ in absent), *ratio])
     rows.append(
         [
             f'valid tool calls, `tool_choice: "auto"`, the corpus\'s first {report.tool_prompts} prompts',
             *(_tools(figure, report.tool_prompts) for figure in figures.values()),
+            *(NOT_STARTED for _ in absent),
             *([""] * len(compared)),
         ]
     )
     run = report.run
+    size = f"{(report.gguf_bytes or 0) / 1e9:.2f} GB"
+    gguf = f"GGUF `{report.gguf}` ({size})" if report.gguf is not None else "no GGUF found"
     flags = f" ({report.cpu_flags})" if report.cpu_flags else ""
     lines = [
         f"Run: commit {run.exo_commit}, {run.cpu}{flags}; load average (1, 5, 15 min) "
@@ -85,21 +94,20 @@ def render_llama_cpp(report: LlamaCppReport) -> list[str]:
         f"command `{run.command}`; "
         f"{report.rounds} round(s), the systems taking turns.",
         "",
-        f"Model {report.model_id}; GGUF `{report.gguf}` ({(report.gguf_bytes or 0) / 1e9:.2f} GB); "
-        + ", ".join(f"{figure.system} served {figure.served}" for figure in figures.values())
+        f"Model {report.model_id}; {gguf}"
+        + "".join(f"; {figure.system} served {figure.served}" for figure in figures.values())
         + ".",
         "",
     ]
-    if report.llama_server is not None:
+    lines += [line for name, why in report.not_started.items() for line in (f"**{name} not started**: {why}.", "")]
+    if LLAMA_CPP in figures:
         lines += [
             f"llama-server ran with `--threads {LLAMA_THREADS} --ctx-size {LLAMA_CONTEXT} --parallel "
             f"{report.llama_slots} --jinja`.",
             "",
         ]
-    if report.llama_server_settings:
+    if report.llama_server_settings and LLAMA_CPP in figures:
         lines += [f"llama-server's environment options: {', '.join(report.llama_server_settings)}.", ""]
-    if report.llama_server_missing is not None:
-        lines += [f"**llama.cpp not measured**: {report.llama_server_missing}.", ""]
     lines += markdown_table(header, rows)
     if compared:
         lines += [

@@ -1,17 +1,20 @@
 """The llama.cpp side-by-side section without llama.cpp: its command lines, memory reading, request shapes and
-Markdown, including the report of a run where llama-server was not built."""
+Markdown, including the report of a run where llama-server was not built or did not start, and which GGUF it serves."""
 
 import argparse
 import os
+import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from bench.__main__ import build_parser as bench_parser
 from bench.__main__ import standalone_command
-from bench.joined_gguf import joined_gguf
+from bench.joined_gguf import joined_gguf, served_gguf
 from bench.llama_cpp import (
     EXO,
+    EXO_GGUF,
     EXO_INT8,
     LLAMA_CPP,
     MLX_LM,
@@ -24,10 +27,13 @@ from bench.llama_cpp import (
     prefill_rate,
     process_tree_rss,
     resident_bytes,
+    start_server,
 )
 from bench.report_llama_cpp import render_llama_cpp
 from bench.results import SectionRun, StreamMeasurement
+from bench.servers import free_port, serving
 from bench.stream_client import StreamOutcome
+from exo.models.gguf_source import KEPT_GGUF_NAME, record_gguf
 
 
 def test_llama_server_is_started_on_the_gguf_with_its_template_and_two_threads() -> None:
@@ -140,7 +146,6 @@ def test_side_by_side_table_with_ratios() -> None:
         gguf="/g/m.gguf",
         gguf_bytes=491_400_064,
         llama_server="/b/llama-server",
-        llama_server_missing=None,
         llama_server_settings=["LLAMA_ARG_REPACK=0"],
         rounds=2,
         tool_prompts=12,
@@ -167,15 +172,76 @@ def test_a_run_without_llama_server_says_why_and_shows_the_rest() -> None:
         gguf=None,
         gguf_bytes=None,
         llama_server=None,
-        llama_server_missing="llama-server 11434.0.0 is not built",
+        not_started={LLAMA_CPP: "llama-server 11434.0.0 is not built"},
         rounds=1,
         tool_prompts=4,
         systems=[SystemFigures(system=EXO, served="its import", decode_tokens_per_s=[6.0]), mlx_lm],
     )
     text = "\n".join(render_llama_cpp(report))
-    assert "**llama.cpp not measured**: llama-server 11434.0.0 is not built." in text
-    assert "| decode, one stream (tok/s) | 6.0 | 6.5 |" in text
+    assert "**llama.cpp not started**: llama-server 11434.0.0 is not built." in text
+    assert "| Measure | exo | mlx_lm.server | llama.cpp |" in text
+    assert "| decode, one stream (tok/s) | 6.0 | 6.5 | not started |" in text
+    assert "(of 4) | not started |" in text
     assert "exo ÷ llama.cpp" not in text
+    assert "no GGUF found" in text
+    assert "llama-server ran with" not in text  # it never ran: the report says only what ran
+
+
+def test_a_built_llama_server_that_did_not_start_is_not_said_to_have_run() -> None:
+    report = LlamaCppReport(
+        run=_run(),
+        load_at_start=(1.0, 1.0, 1.0),
+        model_id="qwen2.5-coder-1.5b-instruct",
+        gguf=None,
+        gguf_bytes=None,
+        llama_server="/b/llama-server",
+        llama_server_settings=["LLAMA_ARG_REPACK=0"],
+        not_started={LLAMA_CPP: "m kept no GGUF from its import, and the GGUF pieces are not installed"},
+        rounds=1,
+        tool_prompts=4,
+        systems=[SystemFigures(system=EXO_GGUF, served="its import", decode_tokens_per_s=[13.9])],
+    )
+    text = "\n".join(render_llama_cpp(report))
+    assert "| Measure | exo gguf | llama.cpp |" in text
+    assert "| decode, one stream (tok/s) | 13.9 | not started |" in text
+    assert "**llama.cpp not started**: m kept no GGUF" in text
+    assert "llama-server ran with" not in text
+    assert "LLAMA_ARG_REPACK" not in text
+
+
+def test_a_model_directory_with_its_kept_gguf_serves_that_file_to_llama_cpp(tmp_path: Path) -> None:
+    # The 1.5B's pieces were not installed, but its directory kept the GGUF exo gguf serves: llama.cpp gets it too.
+    model_dir = tmp_path / "qwen2.5-coder-1.5b-instruct"
+    model_dir.mkdir()
+    scratch = model_dir / "scratch.gguf"
+    scratch.write_bytes(b"GGUF" + bytes(60))
+    record_gguf(model_dir, scratch, {}, move=True)
+    path, reason = served_gguf(model_dir, "some-local-model", tmp_path / "joined")
+    assert (path, reason) == (model_dir / KEPT_GGUF_NAME, None)
+    assert not (tmp_path / "joined").exists()  # nothing joined or copied
+    (model_dir / KEPT_GGUF_NAME).write_bytes(b"GGUF changed")  # no longer the version imported
+    path, reason = served_gguf(model_dir, "some-local-model", tmp_path / "joined")
+    assert path is None
+    assert reason is not None
+    assert "kept no GGUF" in reason
+    assert "not a catalogue model" in reason
+
+
+def test_a_server_that_exits_at_start_is_recorded_as_not_started(tmp_path: Path) -> None:
+    not_started: dict[str, str] = {}
+    with ExitStack() as stack:
+        server = serving(
+            name=LLAMA_CPP,
+            arguments=[sys.executable, "-c", "import sys; print('error: cannot load model'); sys.exit(3)"],
+            env=dict(os.environ),
+            log_dir=tmp_path,
+            port=free_port(),
+            ready=lambda _url, _log: False,
+        )
+        assert start_server(stack, LLAMA_CPP, server, not_started) is None
+    assert list(not_started) == [LLAMA_CPP]
+    assert "server exited with 3" in not_started[LLAMA_CPP]
+    assert "error: cannot load model" in not_started[LLAMA_CPP]
 
 
 def test_llama_settings_are_the_llama_arg_variables() -> None:
@@ -197,7 +263,6 @@ def test_both_exo_weight_formats_get_a_ratio_to_llama_cpp() -> None:
         gguf="/g/m.gguf",
         gguf_bytes=491_400_064,
         llama_server="/b/llama-server",
-        llama_server_missing=None,
         llama_slots=4,
         rounds=1,
         tool_prompts=2,
