@@ -17,12 +17,14 @@ from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.runner_response import (
     CancelTask,
+    GgmlThreadsReport,
     RunnerRequest,
     RunTask,
     Shutdown,
     TaskChunk,
     TaskDone,
 )
+from exo.worker.engines.mlx.cpu.core_share import current_ggml_threads
 from exo.worker.runner.channel import RunnerChannel
 from exo.worker.runner.idle_snapshots import write_snapshots_while_idle
 from exo.worker.runner.pipeline_link import PipelineLink
@@ -84,7 +86,10 @@ def _serve_leader(
                     pass
         if not leader.busy:
             continue
-        send_step(channel, leader.step())
+        updates = leader.step()
+        # ggml's thread count goes with each task's end, as a single node's runner sends it (None without ggml).
+        threads = current_ggml_threads() if any(update.done for update in updates) else None
+        send_step(channel, updates, ggml_threads=threads)
         if leader.broken is not None:
             return leader.broken
 
@@ -132,6 +137,8 @@ def _serve_follower(
         match message:
             case BatchStep():
                 follower.apply(message)
+                if message.leaves and (threads := current_ggml_threads()) is not None:
+                    channel.send(GgmlThreadsReport(threads=threads))
             case EndPipeline():
                 return None
             case _:

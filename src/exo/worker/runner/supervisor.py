@@ -36,6 +36,7 @@ from exo.shared.types.state import TaskOutcome, TaskPhase, TaskSummary
 from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.runner_response import (
     CancelTask,
+    GgmlThreadsReport,
     MatmulPlanRefined,
     ModelDescription,
     ModelMetadata,
@@ -306,6 +307,8 @@ class RunnerSupervisor:
                 self.status = "ready"
                 self._load_failures = 0
                 self._dispatch_next()
+            case GgmlThreadsReport(threads=threads):  # a follower rank's, as a TaskDone carries rank 0's
+                self.ggml_threads = threads
             case MatmulPlanRefined(report=report):
                 if self.metadata is not None:  # /state shows the plan as refined from now on
                     self.metadata = self.metadata.model_copy(update={"matmul_plan": report})

@@ -222,8 +222,23 @@ class MatmulPlanRefined(FrozenModel):
     report: MatmulPlanReport
 
 
+class GgmlThreadsReport(FrozenModel):
+    """ggml's thread count when a task left the batch, from a pipeline or tensor rank other than 0: such a rank
+    ends no task of its own with its supervisor (rank 0 sends the TaskDones), so it reports the count alone."""
+
+    kind: Literal["ggml_threads"] = "ggml_threads"
+    threads: int
+
+
 RunnerResponse = Annotated[
-    RunnerDescribed | RunnerReady | RunnerLoadFailed | TaskChunk | TaskDone | StepOutput | MatmulPlanRefined,
+    RunnerDescribed
+    | RunnerReady
+    | RunnerLoadFailed
+    | TaskChunk
+    | TaskDone
+    | StepOutput
+    | MatmulPlanRefined
+    | GgmlThreadsReport,
     Field(discriminator="kind"),
 ]
 RunnerResponseAdapter: TypeAdapter[RunnerResponse] = TypeAdapter(RunnerResponse)
