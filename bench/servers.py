@@ -109,6 +109,17 @@ def serving(
         _stop(process)
 
 
+FLOAT32_WEIGHTS = ("--cpu-weights", "float32")
+"""What every published `exo` figure was measured with before `--cpu-weights auto` (Q8_0 or the kept GGUF where ggml
+is built) became the default: a run that does not choose its weights keeps these, so a table's `exo` stays float32."""
+
+
+def with_weights(flags: Sequence[str]) -> list[str]:
+    """`flags`, plus `--cpu-weights float32` unless they choose the weights."""
+    chosen = any(flag.startswith("--cpu-weights") for flag in flags)
+    return list(flags) if chosen else [*flags, *FLOAT32_WEIGHTS]
+
+
 @contextmanager
 def running_exo(
     model_path: Path, work_dir: Path, flags: Sequence[str] = (), name: str = "exo", home: Path | None = None
@@ -117,7 +128,7 @@ def running_exo(
 
     `home` is its `EXO_HOME` (a fresh one in `work_dir` when None): the same one again is a restart."""
     port = free_port()
-    arguments = [sys.executable, "-m", "exo", "--api-port", str(port), "--model", str(model_path), *flags]
+    arguments = [sys.executable, "-m", "exo", "--api-port", str(port), "--model", str(model_path), *with_weights(flags)]
     arguments += ["--models-dir", str(work_dir / "exo-models")]
     # A node of its own (identity, cluster port and name, no scouting), so a node the user runs never joins in.
     arguments += ["--listen", f"tcp/127.0.0.1:{free_port()}", "--cluster", f"bench-{port}", "--no-discovery"]

@@ -19,12 +19,15 @@ import pytest
 from exo.main import build_parser, config_from_args
 from exo.node_shutdown import SHUTDOWN_GRACE_SECONDS, SHUTDOWN_MESSAGE
 from exo.shared.types.cpu_kernels import CpuKernelsReport
+from exo.shared.types.footprint import held_bytes
 from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
+from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
 from exo.worker.runner.idle_snapshots import SHUTDOWN_SNAPSHOT_SECONDS
 from tests.exo_server import ExoServer, fixture_model, running_exo
 from tests.fixtures.endless_model import MODEL as ENDLESS
 from tests.fixtures.endless_model import endless_copy
 from tests.fixtures.fixture_specs import GREETING_REPLY, user
+from tests.machine_skips import skip_for_machine
 
 MODEL = "tiny-qwen-tools"
 
@@ -121,8 +124,9 @@ def test_the_cpu_kernels_are_auto_by_default_and_off_on_request() -> None:
         build_parser().parse_args(["--cpu-kernels", "on"])
 
 
-def test_cpu_weights_are_float32_by_default_and_int8_on_request() -> None:
-    assert config_from_args(build_parser().parse_args([])).cpu_weights == "float32"
+def test_cpu_weights_are_auto_by_default_and_int8_on_request() -> None:
+    assert config_from_args(build_parser().parse_args([])).cpu_weights == "auto"
+    assert config_from_args(build_parser().parse_args(["--cpu-weights", "float32"])).cpu_weights == "float32"
     assert config_from_args(build_parser().parse_args(["--cpu-weights", "int8"])).cpu_weights == "int8"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--cpu-weights", "int4"])
@@ -152,6 +156,51 @@ def test_cpu_weights_int8_serves_and_says_so_in_the_ready_line_and_state(tmp_pat
     assert "int8 weights (MKL s8u8s32)" in log
     assert isinstance(nodes, dict)
     assert [node["facts"]["cpu_weights"] for node in nodes.values()] == ["int8"]  # pyright: ignore[reportUnknownVariableType, reportIndexIssue]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the CPU engine applies on a Linux CPU machine")
+@pytest.mark.parametrize("ggml", ["found", "missing"])
+def test_cpu_weights_auto_serves_q8_0_where_ggml_is_found_and_float32_saying_how_to_build_it_where_not(
+    tmp_path: Path, ggml: str
+) -> None:
+    """The default: the runner resolves `auto` (its report and /state say q8_0 or float32, never `auto`), the node
+    publishes what it plans memory with, /v1/models reports the memory of what is held, and without ggml the
+    startup log and the runner's ready line and report name the command that turns the quantized path on."""
+    library = find_ggml_library()
+    if ggml == "found" and library is None:
+        skip_for_machine(ggml_missing_reason())
+    # The test node's own EXO_HOME has no ggml build cache: point at the library, or at a folder without it.
+    where = str(library) if ggml == "found" and library is not None else str(tmp_path / "no-ggml")
+    arguments = ["--cpu-weights", "auto"]
+    with running_exo([fixture_model(MODEL)], tmp_path, arguments, {"EXO_GGML_DIR": where}, ready_timeout=300) as server:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello!"}]}
+        answer = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
+        assert answer.json()["choices"][0]["message"]["content"] == GREETING_REPLY
+        metadata = server.runner()["metadata"]
+        nodes = server.state()["nodes"]
+        cards = httpx.get(f"{server.base_url}/v1/models", timeout=30).json()["data"]
+        log = server.log()
+    held, node = ("q8_0", "gguf_or_q8_0") if ggml == "found" else ("float32", "float32")
+    assert isinstance(metadata, dict)
+    assert metadata["dtype"] == held
+    report = CpuKernelsReport.model_validate(metadata["cpu_kernels"])
+    assert (report.weights, report.weights_setting) == (held, "auto")
+    assert isinstance(nodes, dict)
+    assert [node["facts"]["cpu_weights"] for node in nodes.values()] == [node]  # pyright: ignore[reportUnknownVariableType, reportIndexIssue]
+    parameters = metadata["checkpoint"]["parameter_count"]  # pyright: ignore[reportIndexIssue, reportUnknownVariableType, reportCallIssue, reportArgumentType]
+    assert isinstance(parameters, int)
+    [card] = [card for card in cards if card["id"] == MODEL]  # pyright: ignore[reportUnknownVariableType]
+    assert card["weights_in_memory"] == held
+    assert card["memory_bytes"] == held_bytes(parameters, 0, weights=held)
+    if ggml == "found":
+        assert report.weights_note is None
+        assert "quantized weights off" not in log
+        assert "Q8_0 weights (ggml)" in log
+    else:
+        assert report.weights_note is not None
+        assert "`uv run exo ggml build`" in report.weights_note
+        # Once at start (the node's warning) and once in the runner's ready line.
+        assert log.count(report.weights_note) == 2, log
 
 
 def test_cpu_kernels_off_serves_and_says_so_in_the_ready_line_and_state(tmp_path: Path) -> None:

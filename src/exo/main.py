@@ -190,8 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--cpu-weights",
         choices=get_args(CpuWeightsSetting),
         default=DEFAULT_CPU_WEIGHTS,
-        help="what the CPU engine holds the weights as (under --cpu-kernels auto on a Linux CPU machine): float32 "
-        f"(default {DEFAULT_CPU_WEIGHTS}) expands every matrix for float32 BLAS; int8 keeps one byte a weight with a "
+        help="what the CPU engine holds the weights as (under --cpu-kernels auto on a Linux CPU machine): auto "
+        f"(default {DEFAULT_CPU_WEIGHTS}) is gguf for a model whose GGUF was kept at import, else q8_0, where ggml's "
+        "CPU library is built (once: `uv run exo ggml build`), and float32 where it is not (the node says so at "
+        "start); float32 expands every matrix for float32 BLAS; int8 keeps one byte a weight with a "
         "float32 scale per output row and multiplies with MKL's integer GEMM (a quarter of the memory); q8_0 keeps "
         "ggml's Q8_0 blocks (34 bytes per 32 weights) and multiplies with ggml's kernels, as llama.cpp does: it needs "
         "ggml's CPU library (`uv run exo ggml build`; the runner refuses to load without it); gguf serves the blocks "
@@ -338,6 +340,7 @@ async def serve(config: "NodeConfig") -> int | None:
     from exo.node_shutdown import STOP_SIGNALS, NodeShutdown
     from exo.worker.engines.mlx.cpu.blas import blas_advice, blas_environment
     from exo.worker.engines.mlx.cpu.switch import why_off
+    from exo.worker.engines.mlx.cpu.weights_choice import auto_fallback_note, node_weights
 
     if why_off(config.cpu_kernels) is None:
         # The runner subprocesses inherit this environment: the optimized BLAS must be preloaded before mlx loads.
@@ -345,6 +348,13 @@ async def serve(config: "NodeConfig") -> int | None:
         advice = blas_advice(os.environ)
         if advice:
             logger.warning(advice)
+        weights_note = auto_fallback_note(config.cpu_weights, config.cpu_kernels)
+        if weights_note is not None:
+            logger.warning(weights_note)
+        else:
+            weights = node_weights(config.cpu_weights, config.cpu_kernels)
+            held = "each model's kept GGUF, else Q8_0" if weights == "gguf_or_q8_0" else weights
+            logger.info("CPU weights: %s (--cpu-weights %s)", held, config.cpu_weights)
     if config.host not in LOOPBACK_HOSTS and not config.api_key:
         logger.warning("listening on %s without an API key: anyone on the network can use this node", config.host)
     if config.cluster.reachable_from_network and config.cluster.key is None:

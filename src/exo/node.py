@@ -40,12 +40,13 @@ from exo.models.progress_display import ConsoleProgress
 from exo.shared.api_key_hash import make_verifier
 from exo.shared.local_backend import local_weights_in_memory
 from exo.shared.types.common import ModelId
-from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting
+from exo.shared.types.cpu_kernels import CpuKernelsSetting, CpuWeightsSetting
 from exo.shared.types.instances import PlacedInstance
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.request_record import RequestRecord
 from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.shared.types.worker.shards import ParallelChoice
+from exo.worker.engines.mlx.cpu.weights_choice import node_weights
 from exo.worker.instance_ranks import InstanceRanks, RankHost
 from exo.worker.main import Worker
 from exo.worker.runner.runner_config import RunnerConfig
@@ -68,7 +69,8 @@ class NodeConfig:
     queue_limit: int = 64
     decode: DecodeSettings = field(default_factory=DecodeSettings)
     cpu_kernels: CpuKernelsSetting = "auto"
-    cpu_weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS
+    # The command line's default is `auto`; a node built in code holds float32 unless it says otherwise.
+    cpu_weights: CpuWeightsSetting = "float32"
     prefix_cache_bytes: int = 2 * 1024**3
     # KV snapshots of prompt prefixes under `$EXO_HOME/prefix-cache`, per model; 0 keeps none.
     prefix_cache_disk_bytes: int = 8 * 1024**3
@@ -105,7 +107,9 @@ def api_settings(config: NodeConfig) -> ApiSettings:
         config.models_dir,
         show_model_paths=config.show_model_paths,
         max_request_messages=config.max_request_messages,
-        weights_in_memory=local_weights_in_memory(config.cpu_kernels, config.cpu_weights),
+        weights_in_memory=local_weights_in_memory(
+            config.cpu_kernels, node_weights(config.cpu_weights, config.cpu_kernels)
+        ),
     )
 
 
@@ -200,7 +204,7 @@ class Node:
             started_at=self._started_at,
             api_key_verifier=make_verifier(config.api_key) if config.api_key else None,
             cpu_kernels=config.cpu_kernels,
-            cpu_weights=config.cpu_weights,
+            cpu_weights=node_weights(config.cpu_weights, config.cpu_kernels),
             links=parts.links.measurements,
         )
         self._worker = worker = Worker(

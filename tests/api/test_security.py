@@ -24,7 +24,7 @@ from exo.node import NodeConfig
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.model_loader import load_model
 from tests.api.inprocess_app import SCRIPTED_MODEL, SCRIPTED_REPLY, ResponseLike, ScriptedMaster, scripted_app
-from tests.exo_server import fixture_model, free_port, isolation, running_exo
+from tests.exo_server import fixture_model, free_port, held_weights, isolation, running_exo
 from tests.fixtures.fixture_specs import GREETING_REPLY
 
 API_KEY = "sk-test-0123456789"
@@ -182,7 +182,7 @@ def exo_process(arguments: list[str], tmp_path: Path, env: dict[str, str] | None
     isolating_arguments, isolating_env = isolation(tmp_path / f"home-{port}")
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [*command, *isolating_arguments, *arguments],
+            [*command, *isolating_arguments, *held_weights(arguments), *arguments],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **isolating_env, **(env or {})},

@@ -21,7 +21,7 @@ import httpx
 
 from exo.shared.types.cluster_api import InstanceList, PlacedInstanceView
 from exo.shared.types.worker.shards import Parallelism
-from tests.exo_server import free_port
+from tests.exo_server import free_port, held_weights
 
 T = TypeVar("T")
 
@@ -144,7 +144,7 @@ class LocalCluster:
         arguments += [argument for model in models for argument in ("--model", str(model))] or ["--no-model"]
         arguments += [argument for peer in peers for argument in ("--peer", peer.endpoint)]
         arguments += [] if discovery else ["--no-discovery"]
-        arguments += extra_arguments
+        arguments += held_weights(extra_arguments) + list(extra_arguments)
         environment = {**os.environ, "EXO_HOME": str(home)}
         environment.pop("EXO_PEERS", None)
         with log_path.open("ab") as log:

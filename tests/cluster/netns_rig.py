@@ -30,6 +30,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from tests.exo_server import held_weights
+
 T = TypeVar("T")
 
 SUBNET = "10.77.0"
@@ -194,7 +196,7 @@ class NetnsRig:
         arguments += ["--listen", node.endpoint, "--cluster", self.cluster_name]
         arguments += ["--models-dir", str(self.work_dir / f"models-{node.name}")]
         arguments += [argument for model in node.models for argument in ("--model", str(model))] or ["--no-model"]
-        arguments += extra_arguments
+        arguments += held_weights(extra_arguments) + list(extra_arguments)
         environment = {**os.environ, "EXO_HOME": str(node.home)}
         environment.pop("EXO_PEERS", None)
         with node.log_path.open("ab") as log:

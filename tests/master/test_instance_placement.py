@@ -68,6 +68,25 @@ def test_placement_plans_int8_weights_from_a_node_started_with_cpu_weights_int8(
     assert off.nodes[NODE_A].facts.weights_in_memory == "stored"
 
 
+def test_placement_plans_q8_0_or_the_kept_gguf_from_a_node_whose_auto_found_ggml() -> None:
+    """`--cpu-weights auto` with ggml's library found (the node publishes `gguf_or_q8_0`): a model without a kept GGUF
+    is planned at Q8_0's 34 bytes per 32 weights (0.98 GiB here, where float32 would need 3.94 GiB), one with its
+    GGUF at the file's tensor bytes; a node without ggml publishes float32 and plans so."""
+    auto = fold((reported(NODE_A, available_gib=3, cpu_weights="gguf_or_q8_0"), NODE_A))
+    assert auto.nodes[NODE_A].facts.weights_in_memory == "gguf_or_q8_0"
+    instance = place(auto, place_request(1))
+    assert [rank.planned_bytes for rank in instance.ranks] == [rank_need(FOOTPRINT, 0, 8, weights="q8_0")]
+    kept = FOOTPRINT.model_copy(update={"layer_gguf_bytes": (60_000_000,) * 8, "shared_gguf_bytes": 80_000_000})
+    assert rank_need(kept, 0, 8, weights="gguf_or_q8_0") == rank_need(kept, 0, 8, weights="gguf")
+    assert rank_need(kept, 0, 8, weights="gguf") < rank_need(FOOTPRINT, 0, 8, weights="q8_0")
+    small = fold((reported(NODE_A, available_gib=0.5, cpu_weights="gguf_or_q8_0"), NODE_A))
+    with pytest.raises(PlacementError, match="with its weights held as q8_0"):
+        place(small, place_request(1))
+    without = fold((reported(NODE_A, available_gib=3, cpu_weights="float32"), NODE_A))
+    with pytest.raises(PlacementError, match=r"needs 3\.94 GiB"):
+        place(without, place_request(1))
+
+
 def test_a_node_that_is_down_is_not_placed_on() -> None:
     state = fold(
         (reported(NODE_A, available_gib=8), NODE_A),

@@ -21,7 +21,7 @@ from exo.models.catalog import DEFAULT_MODEL_ID, QWEN25_CODER_05B
 from exo.models.errors import ModelLoadError
 from exo.models.resolve import resolve_model
 from exo.node import NodeConfig
-from tests.exo_server import ExoServer, fixture_model, free_port, isolation
+from tests.exo_server import ExoServer, fixture_model, free_port, held_weights, isolation
 from tests.fixtures.fixture_specs import GREETING_REPLY
 from tests.in_process_node import in_process_node
 from tests.models.tiny_gguf import build_model, build_tokenizer, write_gguf
@@ -38,7 +38,7 @@ def exo_node(models: Sequence[str], tmp_path: Path) -> Generator[ExoServer]:
     isolating_arguments, isolating_env = isolation(tmp_path / f"home-{port}")
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            arguments + isolating_arguments,
+            arguments + isolating_arguments + held_weights(()),
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **isolating_env},

@@ -13,6 +13,8 @@ from rich.filesize import decimal
 from exo.models.catalog import CATALOG
 from exo.models.catalog_api import NodeCatalogModel
 from exo.shared.local_backend import local_weights_in_memory
+from exo.shared.types.footprint import held_as
+from exo.worker.engines.mlx.cpu.weights_choice import node_weights
 
 pytestmark = pytest.mark.slow  # a process per call: about 6 s each
 
@@ -31,7 +33,9 @@ def test_the_memory_column_is_for_the_weights_format_the_node_would_hold(
     tmp_path: Path, arguments: tuple[str, ...]
 ) -> None:
     kernels = "off" if "off" in arguments else "auto"
-    weights = local_weights_in_memory(kernels, "int8" if "int8" in arguments else "float32")
+    # No --cpu-weights is `auto`: every catalog import keeps its GGUF, so gguf where ggml is built, else float32.
+    node = node_weights("int8" if "int8" in arguments else "auto", kernels)
+    weights = held_as(local_weights_in_memory(kernels, node), gguf_kept=True)
     shown = _exo_models(tmp_path, *arguments)
     header, *rows = shown.stdout.splitlines()
     cells = [[cell for cell in row.split("  ") if cell] for row in rows]
@@ -50,7 +54,7 @@ def test_the_memory_column_is_for_the_weights_format_the_node_would_hold(
 
 @pytest.mark.skipif(local_weights_in_memory() == "stored", reason="the CPU engine converts weights on a CPU only")
 def test_on_a_linux_cpu_int8_shows_about_a_quarter_of_float32(tmp_path: Path) -> None:
-    float32 = _MODELS.validate_json(_exo_models(tmp_path, "--json").stdout)
+    float32 = _MODELS.validate_json(_exo_models(tmp_path, "--json", "--cpu-weights", "float32").stdout)
     int8 = _MODELS.validate_json(_exo_models(tmp_path, "--json", "--cpu-weights", "int8").stdout)
     for wide, narrow in zip(float32, int8, strict=True):
         assert 3.8 < wide.memory_bytes / narrow.memory_bytes < 4.0

@@ -2,7 +2,7 @@
 
 from exo.shared.apply import apply
 from exo.shared.types.common import InstanceId, ModelId, NodeId, RunnerId, TaskId
-from exo.shared.types.cpu_kernels import CpuKernelsSetting, CpuWeightsSetting
+from exo.shared.types.cpu_kernels import CpuKernelsSetting, NodeCpuWeights
 from exo.shared.types.event_log import IndexedEvent
 from exo.shared.types.events import Event, NodeReported
 from exo.shared.types.runner_status import RunnerStatus
@@ -30,7 +30,7 @@ def facts(
     total_gib: int = 16,
     available_gib: float = 8,
     cpu_kernels: CpuKernelsSetting = "auto",
-    cpu_weights: CpuWeightsSetting = "float32",
+    cpu_weights: NodeCpuWeights = "float32",
 ) -> NodeFacts:
     return NodeFacts(
         node_id=node_id,
@@ -105,7 +105,7 @@ def reported(
     tasks: tuple[TaskInfo, ...] = (),
     available_gib: float = 8,
     cpu_kernels: CpuKernelsSetting = "auto",
-    cpu_weights: CpuWeightsSetting = "float32",
+    cpu_weights: NodeCpuWeights = "float32",
 ) -> NodeReported:
     node_facts = facts(node_id, available_gib=available_gib, cpu_kernels=cpu_kernels, cpu_weights=cpu_weights)
     return NodeReported(facts=node_facts, runners=runners, tasks=tasks)

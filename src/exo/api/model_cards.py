@@ -6,7 +6,7 @@ import time
 from exo.master.placement import served_model_ids
 from exo.shared.types.api import ModelCard
 from exo.shared.types.common import ModelId
-from exo.shared.types.footprint import WeightsInMemory, held_bytes
+from exo.shared.types.footprint import WeightsInMemory, held_as, held_bytes
 from exo.shared.types.state import RunnerInfo, State
 
 
@@ -71,6 +71,7 @@ def weights_memory(state: State, runner: RunnerInfo) -> tuple[WeightsInMemory | 
         held: list[WeightsInMemory] = [node.facts.weights_in_memory for node in nodes if node is not None]
         if len(held) != len(instance.ranks):
             return None, None
+        held = [instance.footprint.held_as(weights) for weights in held]  # `auto` resolved for this model
         memory = sum(
             instance.footprint.rank_bytes(rank.start_layer, rank.end_layer, weights=weights)
             for rank, weights in zip(instance.ranks, held, strict=True)
@@ -82,5 +83,5 @@ def weights_memory(state: State, runner: RunnerInfo) -> tuple[WeightsInMemory | 
     checkpoint = description.checkpoint if description is not None else None
     if node is None or checkpoint is None:
         return None, None
-    weights = node.facts.weights_in_memory
+    weights = held_as(node.facts.weights_in_memory, gguf_kept=checkpoint.gguf_bytes is not None)
     return weights, held_bytes(checkpoint.parameter_count, checkpoint.stored_bytes(weights), weights=weights)

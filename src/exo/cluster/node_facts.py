@@ -20,7 +20,7 @@ import psutil
 from exo.shared.local_backend import mlx_backend
 from exo.shared.types.api_key import ApiKeyVerifier
 from exo.shared.types.common import NodeId
-from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting
+from exo.shared.types.cpu_kernels import CpuKernelsSetting, NodeCpuWeights
 from exo.shared.types.links import LinkMeasurement
 from exo.shared.types.state import MlxBackend, NodeFacts, NodeMemory
 
@@ -84,8 +84,8 @@ class NodeDescriber:
     dropped_messages: Callable[[], int] = lambda: 0
     # `--cpu-kernels`: published so placement plans the memory of what this node's runners load.
     cpu_kernels: CpuKernelsSetting = "auto"
-    # `--cpu-weights`: float32 or int8 weights where the CPU engine applies (placement plans their size).
-    cpu_weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS
+    # `--cpu-weights` with `auto` resolved for this machine (`weights_choice.node_weights`): placement plans the size.
+    cpu_weights: NodeCpuWeights = "float32"
     started_at: float = field(default_factory=time.time)
     # Published so that every node of the cluster requires a key once one node has one (api/cluster_keys.py).
     api_key_verifier: ApiKeyVerifier | None = None

@@ -18,15 +18,16 @@ RUNTIME_OVERHEAD_FRACTION: Final = 0.10
 RUNTIME_OVERHEAD_BYTES: Final = 256 * 1024 * 1024
 _GIB: Final = 1024**3
 # Largest first: a refusal names the smallest need among the nodes (the last of these any of them has).
-_HELD_ORDER: Final[tuple[WeightsInMemory, ...]] = ("float32", "q8_0", "int8", "stored", "gguf")
+# (`gguf_or_q8_0` is resolved for the model first: `ModelFootprint.held_as`.)
+_HELD_ORDER: Final[tuple[WeightsInMemory, ...]] = ("float32", "q8_0", "gguf_or_q8_0", "int8", "stored", "gguf")
 
 
 class NodeCapacity(FrozenModel):
     node_id: NodeId
     available_bytes: int
     # How this node's runners hold the weights (a CPU node under `--cpu-kernels auto` converts every checkpoint to
-    # float32, or to int8 / Q8_0 / the GGUF's blocks under `--cpu-weights int8` / `q8_0` / `gguf`;
-    # NodeFacts.weights_in_memory).
+    # float32, or to int8 / Q8_0 / the GGUF's blocks under `--cpu-weights int8` / `q8_0` / `gguf`, or under `auto`
+    # with ggml found to the GGUF the model kept, else Q8_0; NodeFacts.weights_in_memory).
     weights: WeightsInMemory = "float32"
 
 
@@ -100,7 +101,7 @@ def _fit(footprint: ModelFootprint, chosen: Sequence[NodeCapacity]) -> PipelineP
 
 def _refuse(model: str, footprint: ModelFootprint, ranked: Sequence[NodeCapacity], min_nodes: int) -> PipelinePlan:
     # The smallest need any of them has (float32 only where every node holds weights so).
-    held: list[WeightsInMemory] = [node.weights for node in ranked]
+    held: list[WeightsInMemory] = [footprint.held_as(node.weights) for node in ranked]
     weights = max(held, key=_HELD_ORDER.index) if held else "float32"
     whole = rank_need(footprint, 0, footprint.num_layers, weights=weights)
     shared = rank_need(footprint, 0, 0, weights=weights)

@@ -10,7 +10,7 @@ from typing import Literal
 from rich.filesize import decimal
 
 from exo.shared.types.common import FrozenModel, ModelId
-from exo.shared.types.footprint import WeightsInMemory, held_bytes
+from exo.shared.types.footprint import WeightsInMemory, held_as, held_bytes
 from exo.tool_calls.names import ToolFormatName
 
 
@@ -69,6 +69,7 @@ class CatalogEntry(FrozenModel):
         """Memory the weights take once loaded as `weights` (a node's `NodeFacts.weights_in_memory`); under gguf the
         GGUF's bytes (its tensors and, a few MB more, its metadata and tokenizer: the catalog knows the file's size
         before it is downloaded; a downloaded model's footprint counts the tensors alone)."""
+        weights = held_as(weights, gguf_kept=True)  # a catalog import keeps its GGUF
         stored = self.source.gguf_size if weights == "gguf" else self.weights_file_bytes
         return held_bytes(self.weight_values, stored, weights=weights)
 
@@ -215,5 +216,5 @@ def describe_size(entry: CatalogEntry, weights: WeightsInMemory) -> str:
 
 def weights_label(weights: WeightsInMemory) -> str:
     """`float32`, `int8`, `q8_0`, `gguf`, or `stored weights` (as the checkpoint stores them: float16 for a catalog
-    import)."""
-    return "stored weights" if weights == "stored" else weights
+    import); `gguf_or_q8_0` (a catalog import keeps its GGUF) is `gguf`."""
+    return "stored weights" if weights == "stored" else held_as(weights, gguf_kept=True)

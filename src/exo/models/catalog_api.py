@@ -7,7 +7,7 @@ from pydantic import Field
 from exo.models.catalog import CatalogListing
 from exo.shared.types.api import ErrorBody
 from exo.shared.types.common import FrozenModel, ModelId
-from exo.shared.types.footprint import WeightsInMemory
+from exo.shared.types.footprint import WeightsInMemory, held_as
 from exo.shared.types.preparation import ModelPreparation
 
 
@@ -15,15 +15,16 @@ class NodeCatalogModel(FrozenModel):
     """A catalog entry on this node: whether it is downloaded, and the memory it needs to be served here."""
 
     listing: CatalogListing
-    # How this node's runners hold weights: float32 or int8 (`--cpu-weights`) on a Linux CPU under `--cpu-kernels
-    # auto`, else as stored (a catalog import is float16).
+    # How this node's runners hold this model's weights: per `--cpu-weights` on a Linux CPU under `--cpu-kernels
+    # auto` (`auto` resolved: a catalog import keeps its GGUF), else as stored (a catalog import is float16).
     weights_in_memory: WeightsInMemory
     # The weights' memory held that way (`CatalogEntry.memory_bytes`); serving needs room beyond it for the KV cache.
     memory_bytes: int
 
     @classmethod
     def of(cls, listing: CatalogListing, weights: WeightsInMemory) -> "NodeCatalogModel":
-        return cls(listing=listing, weights_in_memory=weights, memory_bytes=listing.entry.memory_bytes(weights))
+        held = held_as(weights, gguf_kept=True)
+        return cls(listing=listing, weights_in_memory=held, memory_bytes=listing.entry.memory_bytes(held))
 
 
 class NodeCatalog(FrozenModel):

@@ -2,9 +2,9 @@
 
 `exo models` prints one row per model (id, family, parameters, download, disk, memory, tool format, source,
 whether it is downloaded); `--json` prints the same as JSON. The memory is the weights' as a node on this machine
-started with the same `--cpu-kernels` and `--cpu-weights` holds them (float32 or int8 on a Linux CPU, as stored
-elsewhere). `exo models download ID` fetches and imports a model with a progress bar, so a later `exo --model ID`
-starts at once.
+started with the same `--cpu-kernels` and `--cpu-weights` holds them (on a Linux CPU: under the default `auto`, the
+GGUF each catalog import keeps where ggml's CPU library is built, else float32; as stored elsewhere).
+`exo models download ID` fetches and imports a model with a progress bar, so a later `exo --model ID` starts at once.
 """
 
 import argparse
@@ -26,7 +26,8 @@ from exo.shared.errors import ExoModelError
 from exo.shared.local_backend import local_weights_in_memory
 from exo.shared.types.common import ModelId
 from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuWeightsSetting
-from exo.shared.types.footprint import WeightsInMemory
+from exo.shared.types.footprint import WeightsInMemory, held_as
+from exo.worker.engines.mlx.cpu.weights_choice import auto_fallback_note, node_weights
 
 _MODELS_ADAPTER = TypeAdapter(list[NodeCatalogModel])
 _HEADERS = ("ID", "FAMILY", "PARAMS", "DOWNLOAD", "DISK", "MEMORY ({weights})", "TOOLS", "SOURCE", "DOWNLOADED")
@@ -48,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--cpu-weights",
         choices=get_args(CpuWeightsSetting),
         default=DEFAULT_CPU_WEIGHTS,
-        help=f"show memory as a node started with this --cpu-weights holds the weights (default {DEFAULT_CPU_WEIGHTS})",
+        help=f"show memory as a node started with this --cpu-weights holds the weights (default {DEFAULT_CPU_WEIGHTS}: "
+        "the GGUF each catalog import keeps where ggml's CPU library is built, else float32)",
     )
     commands = parser.add_subparsers(dest="command")
     download = commands.add_parser("download", help="fetch and import a catalog model now")
@@ -120,7 +122,9 @@ def main(argv: Sequence[str]) -> int:
     """Run `exo models` with `argv` (the arguments after `models`); returns the exit status."""
     arguments = build_parser().parse_args(argv)
     models_dir: Path = arguments.models_dir or default_models_dir()
-    weights = local_weights_in_memory(arguments.cpu_kernels, arguments.cpu_weights)
+    node = node_weights(arguments.cpu_weights, arguments.cpu_kernels)
+    # Every catalog import keeps its GGUF: `auto` with ggml found holds each catalog model as its GGUF.
+    weights = held_as(local_weights_in_memory(arguments.cpu_kernels, node), gguf_kept=True)
     if arguments.command == "download":
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per piece fetched: noise here
@@ -136,4 +140,7 @@ def main(argv: Sequence[str]) -> int:
             "before the KV cache",
             file=sys.stderr,
         )
+        note = auto_fallback_note(arguments.cpu_weights, arguments.cpu_kernels)
+        if note is not None:
+            print(note, file=sys.stderr)
     return 0

@@ -12,7 +12,7 @@ import struct
 from pathlib import Path
 from typing import Final, cast
 
-from exo.models.gguf_source import gguf_tensor_bytes
+from exo.models.gguf_source import gguf_tensor_bytes, kept_gguf
 from exo.models.shard_files import WEIGHT_FILE_PATTERN
 from exo.shared.types.footprint import ModelFootprint
 
@@ -92,9 +92,10 @@ def read_footprint(model_dir: Path) -> ModelFootprint:
 
 
 def _gguf_bytes(model_dir: Path, layer_count: int) -> tuple[tuple[int, ...] | None, int | None]:
-    """The kept GGUF's tensor bytes per layer and outside any layer (None, None without a kept GGUF's record)."""
+    """The kept GGUF's tensor bytes per layer and outside any layer (None, None without a kept GGUF: no record, or
+    the file gone or changed since the import, as a runner under `--cpu-weights auto` then holds Q8_0)."""
     tensor_bytes = gguf_tensor_bytes(model_dir)
-    if tensor_bytes is None:
+    if tensor_bytes is None or kept_gguf(model_dir) is None:
         return None, None
     layers = [0] * layer_count
     shared = 0

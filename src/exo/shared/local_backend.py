@@ -6,7 +6,7 @@ import platform
 import sys
 from functools import cache
 
-from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting
+from exo.shared.types.cpu_kernels import CpuKernelsSetting, NodeCpuWeights
 from exo.shared.types.footprint import WeightsInMemory, weights_in_memory
 from exo.shared.types.state import MlxBackend
 
@@ -21,7 +21,8 @@ def mlx_backend() -> MlxBackend:
 
 
 def local_weights_in_memory(
-    cpu_kernels: CpuKernelsSetting = "auto", cpu_weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS
+    cpu_kernels: CpuKernelsSetting = "auto", cpu_weights: NodeCpuWeights = "float32"
 ) -> WeightsInMemory:
-    """How a node on this machine started with these settings holds weights (what its memory figures are for)."""
+    """How a node on this machine started with these settings holds weights (what its memory figures are for);
+    `cpu_weights` with `auto` resolved (`engines/mlx/cpu/weights_choice.node_weights`)."""
     return weights_in_memory(mlx_backend(), cpu_kernels, cpu_weights)

@@ -8,7 +8,7 @@ import anyio
 
 from exo.shared.types.chunks import Chunk, PrefillProgressChunk, ToolCallChunk
 from exo.shared.types.common import ModelId, new_command_id, new_runner_id, new_task_id
-from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuWeightsSetting
+from exo.shared.types.cpu_kernels import CpuWeightsSetting
 from exo.shared.types.tasks import (
     GenerationParams,
     GenerationTask,
@@ -75,7 +75,7 @@ async def running_ranks(
     shards: Sequence[ShardAssignment],
     *,
     ready_within: float = 300,
-    cpu_weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS,
+    cpu_weights: CpuWeightsSetting = "float32",
 ) -> AsyncGenerator[list[RunnerSupervisor]]:
     """One supervisor (and runner process) per shard, all ready, each holding weights as `cpu_weights`; stopped on
     exit."""

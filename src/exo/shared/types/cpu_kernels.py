@@ -8,15 +8,44 @@ from exo.shared.types.common import FrozenModel
 CpuKernelsSetting = Literal["auto", "off"]
 """`auto`: every replacement on a Linux CPU machine, none elsewhere; `off`: none anywhere (stock mlx-lm)."""
 
-CpuWeightsSetting = Literal["float32", "int8", "q8_0", "gguf"]
-"""What the CPU engine holds the weights as (`--cpu-weights`; it applies where the replacements do): `float32`, every
-matrix expanded (float32 BLAS); `int8`, one byte a weight with a float32 scale per output row (MKL's integer
-GEMM; `engines/mlx/cpu/int8_layers.py`); or `q8_0`, ggml's Q8_0 blocks (a float16 scale and 32 int8 values, 34
-bytes per 32 weights) multiplied by ggml's block kernels (`engines/mlx/cpu/q8_layers.py`; needs the ggml library);
-or `gguf`, the blocks of the GGUF the model was imported from, each tensor in its own type (Q4_K, Q5_0, Q6_K...),
-through the same kernels (`engines/mlx/cpu/gguf_layers.py`; needs the ggml library and the kept GGUF)."""
+CpuWeights = Literal["float32", "int8", "q8_0", "gguf"]
+"""What the CPU engine holds the weights as where its replacements apply: `float32`, every matrix expanded (float32
+BLAS); `int8`, one byte a weight with a float32 scale per output row (MKL's integer GEMM;
+`engines/mlx/cpu/int8_layers.py`); `q8_0`, ggml's Q8_0 blocks (a float16 scale and 32 int8 values, 34 bytes per 32
+weights) multiplied by ggml's block kernels (`engines/mlx/cpu/q8_layers.py`; needs the ggml library); or `gguf`, the
+blocks of the GGUF the model was imported from, each tensor in its own type (Q4_K, Q5_0, Q6_K...), through the same
+kernels (`engines/mlx/cpu/gguf_layers.py`; needs the ggml library and the kept GGUF)."""
 
-DEFAULT_CPU_WEIGHTS: CpuWeightsSetting = "float32"
+CpuWeightsSetting = Literal["auto", "float32", "int8", "q8_0", "gguf"]
+"""`--cpu-weights`: one of `CpuWeights`, or `auto` (the command line's default): the fastest this machine has, decided
+once the node knows whether ggml's CPU library is built (`resolve_node_weights`) and each model whether it kept its
+GGUF (`resolve_model_weights`)."""
+
+NodeCpuWeights = Literal["float32", "int8", "q8_0", "gguf", "gguf_or_q8_0"]
+"""A node's `--cpu-weights` with `auto` resolved for the machine (what its facts report and placement plans with):
+`gguf_or_q8_0` is `auto` where ggml's library was found: each model's kept GGUF, else Q8_0."""
+
+DEFAULT_CPU_WEIGHTS: CpuWeightsSetting = "auto"
+"""The command line's default (`exo`, `exo models`). Code that starts a node or runner itself holds float32 unless it
+says otherwise (`NodeConfig`, `RunnerConfig`)."""
+
+
+def resolve_node_weights(setting: CpuWeightsSetting, *, applies: bool, ggml_found: bool) -> NodeCpuWeights:
+    """`setting` on a node where the CPU replacements do or do not apply and ggml's library is or is not found: an
+    explicit format as given (q8_0 and gguf still refuse to load without ggml); `auto`, the quantized path where it
+    applies and ggml is found, else float32 (elsewhere, Metal or `--cpu-kernels off`, the format changes nothing)."""
+    if setting != "auto":
+        return setting
+    return "gguf_or_q8_0" if applies and ggml_found else "float32"
+
+
+def resolve_model_weights(weights: NodeCpuWeights, *, gguf_kept: bool) -> CpuWeights:
+    """What a runner of a node holding `weights` holds one model as: `gguf_or_q8_0` is the model's GGUF where its
+    import kept it, else Q8_0."""
+    if weights == "gguf_or_q8_0":
+        return "gguf" if gguf_kept else "q8_0"
+    return weights
+
 
 Replacement = Literal[
     "float32",
@@ -57,8 +86,12 @@ class CpuKernelsReport(FrozenModel):
 
     setting: CpuKernelsSetting
     replacements: tuple[ReplacementState, ...]
-    # `--cpu-weights`, as the runner was started with (the replacements say what it holds).
-    weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS
+    # What the runner holds the weights as (`--cpu-weights`, with `auto` resolved for this machine and model).
+    weights: CpuWeights = "float32"
+    # `--cpu-weights` as the runner was started with (`auto` or the format itself).
+    weights_setting: CpuWeightsSetting = "float32"
+    # Why `auto` holds float32 where the quantized path would apply (no ggml library), with the command that builds it.
+    weights_note: str | None = None
 
     def describe(self) -> str:
         """One line for the log: `auto: on: float32 weights, …; off: numpy SwiGLU (mlx-lm's swiglu is (x), …)`."""
@@ -70,4 +103,6 @@ class CpuKernelsReport(FrozenModel):
         parts = [f"on: {', '.join(on)}"] if on else []
         if off:
             parts.append("off: " + ", ".join(f"{DESCRIPTIONS[state.name]} ({state.why_off})" for state in off))
+        if self.weights_note is not None:
+            parts.append(self.weights_note)
         return f"{self.setting}: " + "; ".join(parts)

@@ -5,12 +5,14 @@ from typing import Literal
 from pydantic import model_validator
 
 from exo.shared.types.common import FrozenModel
-from exo.shared.types.cpu_kernels import CpuKernelsSetting, CpuWeightsSetting
+from exo.shared.types.cpu_kernels import CpuKernelsSetting, NodeCpuWeights
 
-WeightsInMemory = Literal["stored", "float32", "int8", "q8_0", "gguf"]
+WeightsInMemory = Literal["stored", "float32", "int8", "q8_0", "gguf", "gguf_or_q8_0"]
 """How a runner holds the weights: as the checkpoint stores them, expanded to float32 (a Linux CPU's float32
 engine), as int8 with per-row scales (`--cpu-weights int8`), as ggml's Q8_0 blocks (`--cpu-weights q8_0`), or as the
-blocks of the GGUF the model was imported from (`--cpu-weights gguf`: the file's tensor bytes)."""
+blocks of the GGUF the model was imported from (`--cpu-weights gguf`: the file's tensor bytes). `gguf_or_q8_0` is a
+node's `--cpu-weights auto` with ggml found: each model is held as its kept GGUF, else as Q8_0 (`held_as` resolves it
+for one model)."""
 
 INT8_OVERHEAD = 1 / 32
 """Beyond one byte a parameter: each matrix's float32 scale per output row (4 bytes per row of at least 128 weights
@@ -20,15 +22,21 @@ Q8_0_BYTES_PER_WEIGHT = 34 / 32
 thousandths of a model's parameters (the default model: 0.05 %), within the rounding of this figure."""
 
 
-def weights_in_memory(
-    mlx_backend: str, cpu_kernels: CpuKernelsSetting, cpu_weights: CpuWeightsSetting
-) -> WeightsInMemory:
+def weights_in_memory(mlx_backend: str, cpu_kernels: CpuKernelsSetting, cpu_weights: NodeCpuWeights) -> WeightsInMemory:
     """How a node's runners hold weights: converted by the CPU engine (to float32, or int8 / Q8_0 / the GGUF's blocks
     under `--cpu-weights int8` / `q8_0` / `gguf`) on the CPU backend unless the node runs `--cpu-kernels off`; else
     as the checkpoint stores them (Metal and CUDA keep an mlx-community 4/8-bit checkpoint quantized)."""
     if mlx_backend == "cpu" and cpu_kernels == "auto":
         return cpu_weights
     return "stored"
+
+
+def held_as(weights: WeightsInMemory, *, gguf_kept: bool) -> WeightsInMemory:
+    """How one model is held on a node holding `weights`: `gguf_or_q8_0` as its GGUF where its import kept one, else
+    as Q8_0 (what that node's runner resolves `--cpu-weights auto` to); any other as it is."""
+    if weights == "gguf_or_q8_0":
+        return "gguf" if gguf_kept else "q8_0"
+    return weights
 
 
 def held_bytes(parameters: int, stored_bytes: int, *, weights: WeightsInMemory) -> int:
@@ -38,11 +46,12 @@ def held_bytes(parameters: int, stored_bytes: int, *, weights: WeightsInMemory) 
     4 bytes a parameter in float32, about one as int8 (plus INT8_OVERHEAD for scales and norms), 34 bytes per 32
     as Q8_0, else `stored_bytes`: under gguf the caller passes the GGUF's tensor bytes where it knows them
     (`ModelFootprint.gguf_bytes`), the imported files' bytes otherwise (a model without a kept GGUF is refused under
-    gguf; planning it so never under-counts).
+    gguf; planning it so never under-counts). `gguf_or_q8_0` is resolved for the model first (`held_as`); a caller
+    that cannot gets Q8_0's figure.
     """
     if weights == "float32":
         return 4 * parameters
-    if weights == "q8_0":
+    if weights in ("q8_0", "gguf_or_q8_0"):
         return int(parameters * Q8_0_BYTES_PER_WEIGHT)
     if weights == "int8":
         return int(parameters * (1 + INT8_OVERHEAD))
@@ -81,8 +90,17 @@ class ModelFootprint(FrozenModel):
     def num_layers(self) -> int:
         return len(self.layer_parameters)
 
+    @property
+    def gguf_kept(self) -> bool:
+        return self.layer_gguf_bytes is not None and self.shared_gguf_bytes is not None
+
+    def held_as(self, weights: WeightsInMemory) -> WeightsInMemory:
+        """How a node holding `weights` holds this model (`footprint.held_as`)."""
+        return held_as(weights, gguf_kept=self.gguf_kept)
+
     def rank_bytes(self, start: int, end: int, *, weights: WeightsInMemory) -> int:
         """Memory for the shared weights plus layers [start, end) held as `weights` (`held_bytes`)."""
+        weights = self.held_as(weights)
         parameters = self.shared_parameters + sum(self.layer_parameters[start:end])
         stored = self.shared_file_bytes + sum(self.layer_file_bytes[start:end])
         if weights == "gguf" and self.layer_gguf_bytes is not None and self.shared_gguf_bytes is not None:
@@ -99,6 +117,7 @@ class ModelFootprint(FrozenModel):
         Q8_0 blocks like any matrix; under gguf its slice of the file's blocks, or of a matrix whose column slices do
         not fall on the file's blocks (a K-quant's 256) that slice re-quantized to Q8_0, so a gguf rank is planned at
         the larger of the two; the int8 conversion leaves them alone (its layers are held in float32)."""
+        weights = self.held_as(weights)
         shared = self.rank_bytes(0, 0, weights=weights)
         layer_weights: tuple[WeightsInMemory, ...] = (weights,)
         if weights == "int8":

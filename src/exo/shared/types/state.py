@@ -11,7 +11,7 @@ from pydantic import Field
 
 from exo.shared.types.api_key import ApiKeyVerifier
 from exo.shared.types.common import FrozenModel, InstanceId, ModelId, NodeId, RunnerId, TaskId
-from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting
+from exo.shared.types.cpu_kernels import CpuKernelsSetting, NodeCpuWeights
 from exo.shared.types.footprint import WeightsInMemory, weights_in_memory
 from exo.shared.types.instances import PendingPlacement, PlacedInstance
 from exo.shared.types.links import LinkMeasurement
@@ -60,8 +60,10 @@ class NodeFacts(FrozenModel):
     api_key_verifier: ApiKeyVerifier | None = None
     # The node's `--cpu-kernels` setting, which its runners load models under (placement plans with it).
     cpu_kernels: CpuKernelsSetting = "auto"
-    # The node's `--cpu-weights` setting: float32 or int8 where the CPU engine applies (placement plans with it).
-    cpu_weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS
+    # The node's `--cpu-weights` with `auto` resolved for this machine (`gguf_or_q8_0`: ggml found, each model's kept
+    # GGUF else Q8_0; float32 without ggml): what its runners hold where the CPU engine applies (placement plans with
+    # it; each runner's report says what it holds).
+    cpu_weights: NodeCpuWeights = "float32"
     # The round trip to each peer this node measured (cluster/link_probe.py): what `auto` weighs a split's
     # exchanges with. A peer not measured yet (just joined) is absent.
     links: dict[NodeId, LinkMeasurement] = Field(default_factory=dict[NodeId, LinkMeasurement])

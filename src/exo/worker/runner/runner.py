@@ -321,7 +321,7 @@ def _load(
     from exo.worker.engines.mlx.model_loader import load_model, load_model_tokenizer
 
     model_path = Path(bootstrap.model_path)
-    kernels = CpuKernels(bootstrap.cpu_kernels, weights=bootstrap.cpu_weights)
+    kernels = CpuKernels(bootstrap.cpu_kernels, weights=bootstrap.cpu_weights, model_path=model_path)
     blas = blas_report()  # before the model takes the memory bandwidth; a fraction of a second
     try:
         tokenizer = load_model_tokenizer(model_path, trust_remote_code=bootstrap.trust_remote_code)

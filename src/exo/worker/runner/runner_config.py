@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exo.shared.types.common import ModelId
-from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting
+from exo.shared.types.cpu_kernels import CpuKernelsSetting, CpuWeightsSetting
 from exo.shared.types.tls_link import TlsLinkConfig
 from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.shared.types.worker.shards import ShardAssignment
@@ -28,7 +28,7 @@ class RunnerConfig:
     """How the runner decodes, handed to it whole (it may allow a smaller batch for a model that cannot batch)."""
     cpu_kernels: CpuKernelsSetting = "auto"
     """The CPU engine's replacements (engines/mlx/cpu): `auto` on a Linux CPU machine, `off` nowhere."""
-    cpu_weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS
+    cpu_weights: CpuWeightsSetting = "float32"  # `auto` is resolved by the runner, for its model
     """How the CPU engine holds the weights: float32, or int8 with a scale per output row."""
     pipeline_tls: TlsLinkConfig | None = field(default=None, repr=False)
     """A keyed cluster's certificates, for a pipeline rank's TLS relay (None: the ranks' sockets are plain TCP)."""

@@ -7,7 +7,7 @@ from pydantic import Field, TypeAdapter
 from exo.shared.types.blas import BlasReport, MatmulPlanReport
 from exo.shared.types.chunks import Chunk, Usage
 from exo.shared.types.common import FinishReason, FrozenModel, TaskId
-from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsReport, CpuKernelsSetting, CpuWeightsSetting
+from exo.shared.types.cpu_kernels import CpuKernelsReport, CpuKernelsSetting, CpuWeightsSetting
 from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.tls_link import TlsLinkConfig
 from exo.shared.types.worker.decode_settings import DecodeSettings
@@ -91,8 +91,9 @@ class RunnerBootstrap(FrozenModel):
     decode: DecodeSettings = DecodeSettings()
     cpu_kernels: CpuKernelsSetting = "auto"
     """The CPU engine's replacements: `auto` on a Linux CPU machine, `off` nowhere (engines/mlx/cpu)."""
-    cpu_weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS
-    """What the CPU engine holds the weights as where its replacements apply: float32 or int8 (`--cpu-weights`)."""
+    cpu_weights: CpuWeightsSetting = "float32"
+    """What the CPU engine holds the weights as where its replacements apply (`--cpu-weights`; the runner resolves
+    `auto` for this machine and model, and its CpuKernelsReport says what it chose)."""
     pipeline_tls: TlsLinkConfig | None = None
     """A keyed cluster's certificates: a pipeline rank's sockets to the other ranks then go through a TLS relay."""
 

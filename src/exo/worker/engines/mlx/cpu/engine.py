@@ -15,13 +15,15 @@ from exo.models.catalog import CATALOG
 from exo.models.errors import ModelLoadError
 from exo.models.gguf_source import gguf_missing_reason, kept_gguf, read_gguf_source
 from exo.shared.types.cpu_kernels import (
-    DEFAULT_CPU_WEIGHTS,
     REPLACEMENTS,
     CpuKernelsReport,
     CpuKernelsSetting,
+    CpuWeights,
     CpuWeightsSetting,
     Replacement,
     ReplacementState,
+    resolve_model_weights,
+    resolve_node_weights,
 )
 from exo.worker.engines.mlx.cpu.blas import find_pypi_mkl
 from exo.worker.engines.mlx.cpu.core_share import core_share
@@ -32,6 +34,7 @@ from exo.worker.engines.mlx.cpu.kernels import use_numpy_kernels
 from exo.worker.engines.mlx.cpu.q8_layers import ggml_library, q8_bytes, quantize_model_q8
 from exo.worker.engines.mlx.cpu.signatures import MISMATCHES
 from exo.worker.engines.mlx.cpu.switch import preload_state, why_off
+from exo.worker.engines.mlx.cpu.weights_choice import quantized_off_note
 
 
 class CpuKernels:
@@ -42,17 +45,24 @@ class CpuKernels:
         self,
         setting: CpuKernelsSetting = "auto",
         environment: Mapping[str, str] | None = None,
-        weights: CpuWeightsSetting = DEFAULT_CPU_WEIGHTS,
+        weights: CpuWeightsSetting = "float32",
+        model_path: Path | None = None,
     ) -> None:
+        """`weights` `auto` is resolved here, once, for this machine and the model at `model_path` (whether its
+        import kept its GGUF): the report then says what the runner holds, and why float32 where ggml is missing."""
         self.setting: CpuKernelsSetting = setting
-        self.weights: CpuWeightsSetting = weights
         gate = why_off(setting)
+        self.weights_setting: CpuWeightsSetting = weights
+        self.weights_note: str | None = None
+        if weights == "auto":
+            weights, self.weights_note = _resolve_auto(applies=gate is None, model_path=model_path)
+        self.weights: CpuWeights = weights
         self._why_off: dict[Replacement, str | None] = {name: gate or MISMATCHES.get(name) for name in REPLACEMENTS}
         preload = preload_state(setting, os.environ if environment is None else environment)
         self._why_off["blas_preload"] = preload.why_off
         self._ggml_dir: Path | None = None
         self._ggml_missing: str | None = None
-        chosen = f"--cpu-weights {weights}"
+        chosen = f"--cpu-weights {weights}" if self.weights_setting != "auto" else f"--cpu-weights auto ({weights})"
         if weights == "float32":
             self._turn_off(("int8_weights", "q8_0_weights", "gguf_weights"), chosen)
         elif weights in ("q8_0", "gguf"):
@@ -131,7 +141,13 @@ class CpuKernels:
         states = tuple(
             ReplacementState(name=name, on=reason is None, why_off=reason) for name, reason in self._why_off.items()
         )
-        return CpuKernelsReport(setting=self.setting, replacements=states, weights=self.weights)
+        return CpuKernelsReport(
+            setting=self.setting,
+            replacements=states,
+            weights=self.weights,
+            weights_setting=self.weights_setting,
+            weights_note=self.weights_note,
+        )
 
     @property
     def ggml_dir(self) -> Path | None:
@@ -143,6 +159,16 @@ class CpuKernels:
         for name in names:
             if self._why_off[name] is None and name != keep:
                 self._why_off[name] = reason
+
+
+def _resolve_auto(*, applies: bool, model_path: Path | None) -> tuple[CpuWeights, str | None]:
+    """`auto` for a runner: the GGUF its model kept, else Q8_0, where the replacements apply and ggml is found; else
+    float32, with the note saying why where they apply."""
+    ggml_found = applies and find_ggml_library() is not None
+    gguf_kept = model_path is not None and kept_gguf(model_path) is not None
+    node = resolve_node_weights("auto", applies=applies, ggml_found=ggml_found)
+    held = resolve_model_weights(node, gguf_kept=gguf_kept)
+    return held, quantized_off_note() if applies and not ggml_found else None
 
 
 def _gguf_source(model_path: Path | None, first_layer: int) -> GgufModelSource:
