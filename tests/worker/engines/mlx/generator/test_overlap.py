@@ -1,7 +1,8 @@
 """Overlap: a request decoding alone launches its next step on the lazily sampled token of the step in flight, before
 that token is accepted (under a grammar, the forward pass alone: its mask follows once the token is accepted); a batch
 step with a constrained member launches its forward pass before the members' masks, computed once its tokens were
-accepted. Real
+accepted; a member joining the batch has its first forward pass launched before its first mask, and its first token
+read after the running members' masks. Real
 forward passes of the tiny-qwen-tools fixture through the runner's GenerationScheduler, each run twice, overlap on and
 off (`DecodeSettings.overlap`): the chunks are the same, and so is the KV cache a request hands back when it ends or
 is cancelled (its token count, and what a follow-up request finds cached).
@@ -13,6 +14,7 @@ from typing import cast
 
 import mlx.core as mx
 import pytest
+from mlx_lm.generate import PromptProcessingBatch
 from pydantic import JsonValue
 
 from exo.shared.types.chunks import ToolCallChunk
@@ -23,10 +25,11 @@ from exo.shared.types.worker.shards import ShardAssignment
 from exo.tool_calls.grammar.policy import RequestTools, constraint_spec
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, held_token_count
 from exo.worker.engines.mlx.constrained import make_logits_processor
+from exo.worker.engines.mlx.generator.batch_step import LazyLogprobsBatch
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.request_context import EngineContext
-from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
+from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler, RequestUpdate
 from exo.worker.engines.mlx.loaded_model import LoadedModel
 from exo.worker.engines.mlx.model_loader import load_model
 from tests.fixtures.fixture_specs import (
@@ -84,6 +87,7 @@ class _Run:
     chained_steps: int
     chained_grammar_steps: int
     batch_grammar_steps: int
+    batch_grammar_joins: int
     drafted: int
     """Draft tokens verified."""
 
@@ -130,6 +134,7 @@ def _run(
         chained_steps=scheduler.chained_steps,
         chained_grammar_steps=scheduler.chained_grammar_steps,
         batch_grammar_steps=scheduler.batch_grammar_steps,
+        batch_grammar_joins=scheduler.batch_grammar_joins,
         drafted=scheduler.speculation.drafted,
     )
 
@@ -160,7 +165,7 @@ def _same_with_and_without(
         )
         for overlap in (False, True)
     )
-    assert off.chained_steps == off.chained_grammar_steps == off.batch_grammar_steps == 0
+    assert off.chained_steps == off.chained_grammar_steps == off.batch_grammar_steps == off.batch_grammar_joins == 0
     assert [outcome.normalised() for outcome in on.outcomes] == [outcome.normalised() for outcome in off.outcomes]
     assert on.held == off.held
     assert all(held is not None for held in on.held)
@@ -452,7 +457,8 @@ def test_a_batch_with_constrained_members_is_the_same_with_overlap(
     off, on = runs[False], runs[True]
     assert [outcome.normalised() for outcome in on.outcomes] == [outcome.normalised() for outcome in off.outcomes]
     assert on.held == off.held
-    assert off.batch_grammar_steps == 0
+    assert off.batch_grammar_steps == off.batch_grammar_joins == 0
+    assert on.batch_grammar_joins >= 1  # a prompt read sooner joins first, the others join it
     finishes = [assert_ended(outcome) for outcome in on.outcomes]
     constrained = [finish for finish, shape in zip(finishes, shapes, strict=True) if shape not in UNCONSTRAINED]
     # Every batch step but the joining one (mlx-lm's own) had its masks computed while its forward pass ran.
@@ -498,3 +504,164 @@ def test_a_member_ending_while_constrained_ones_continue_is_the_same_with_overla
     longest = max(finish.usage.completion_tokens for finish in finishes[1:3])
     assert longest > finishes[3].usage.completion_tokens > 5
     assert on.batch_grammar_steps >= longest - 2
+
+
+JOIN_STEP = 6
+"""When the newcomers arrive: the first requests' prompts are in and they decode in the batch."""
+JOINS = {
+    "json_schema joins required + named": (("tool_choice required", "tool_choice named"), ("response_format",)),
+    "required + lazy auto join json_schema + plain": (
+        ("response_format", "greeting"),
+        ("tool_choice required", "call"),
+    ),
+    "named joins json_schema + penalty": (("response_format", "repetition penalty"), ("tool_choice named",)),
+}
+
+
+def _joining(first: Sequence[str], newcomers: Sequence[str], *, at: int = JOIN_STEP) -> Arrivals:
+    return lambda: {
+        0: [task(SHAPES[shape]) for shape in first],
+        at: [task(SHAPES[shape]) for shape in newcomers],
+    }
+
+
+class _JoinOrder:
+    """Per scheduler step, in order: each batch settle that launched a sample, each read of joining members' first
+    tokens that found some, and each filter of mlx-lm's prompt batch (its `split` filters, which waits for the
+    passes in flight)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.steps: list[list[str]] = []
+        step, settle, take_joined = GenerationScheduler.step, LazyLogprobsBatch.settle, LazyLogprobsBatch.take_joined
+        prompt_filter = PromptProcessingBatch.filter
+
+        def filtering(batch: PromptProcessingBatch, keep: list[int]) -> None:
+            self.steps[-1].append("prompts filtered")
+            prompt_filter(batch, keep)
+
+        monkeypatch.setattr(PromptProcessingBatch, "filter", filtering)
+
+        def stepping(scheduler: GenerationScheduler) -> list[RequestUpdate]:
+            self.steps.append([])
+            return step(scheduler)
+
+        def settling(batch: LazyLogprobsBatch) -> bool:
+            settled = settle(batch)
+            if settled:
+                self.steps[-1].append("settled")
+            return settled
+
+        def taking(batch: LazyLogprobsBatch) -> list[tuple[int, int]]:
+            joined = take_joined(batch)
+            if joined:
+                self.steps[-1].append("joined")
+            return joined
+
+        monkeypatch.setattr(GenerationScheduler, "step", stepping)
+        monkeypatch.setattr(LazyLogprobsBatch, "settle", settling)
+        monkeypatch.setattr(LazyLogprobsBatch, "take_joined", taking)
+
+
+@pytest.mark.parametrize(("first", "newcomers"), list(JOINS.values()), ids=list(JOINS))
+def test_constrained_members_joining_a_running_batch_are_the_same_with_overlap(
+    loaded: LoadedModel, first: tuple[str, ...], newcomers: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first requests decode in the batch when the newcomers' prompts are in: a newcomer's first forward pass is
+    # launched before its processors compute its first mask (from its prompt alone), then masked and sampled.
+    feeds: dict[bool, list[tuple[list[int], list[int]]]] = {}
+    runs: dict[bool, _Run] = {}
+    order: list[list[str]] = []
+    for overlap in (False, True):
+        with pytest.MonkeyPatch.context() as spying:
+            grammar_feeds = _GrammarFeeds(spying)
+            join_order = _JoinOrder(spying)
+            order = join_order.steps
+            runs[overlap] = _run(
+                loaded,
+                PLAIN.model_copy(update={"overlap": overlap}),
+                _joining(first, newcomers),
+                monkeypatch,
+                cancel_at=None,
+                processors=None,
+                rewinds=False,
+                prepare=None,
+            )
+            feeds[overlap] = grammar_feeds.fed()
+    off, on = runs[False], runs[True]
+    assert [outcome.normalised() for outcome in on.outcomes] == [outcome.normalised() for outcome in off.outcomes]
+    assert on.held == off.held
+    assert off.batch_grammar_joins == 0
+    # The first requests joining the empty batch together, then the newcomers joining them.
+    assert on.batch_grammar_joins == (2 if any(shape not in UNCONSTRAINED for shape in first) else 1)
+    for outcome in on.outcomes:
+        assert_ended(outcome)
+    # In the step the newcomers join a running constrained batch, the running members' masks are computed (and their
+    # sample launched) before the newcomers' first tokens are read: while the two passes run.
+    sampled = [[event for event in step if event != "prompts filtered"] for step in order]
+    assert ["settled", "joined"] in sampled
+    assert ["joined", "settled"] not in sampled
+    # Nothing on the way waits for the running members' pass: the newcomers move on without a filter of the prompts.
+    assert not any("prompts filtered" in step for step in order)
+    # Each grammar was fed its own request's tokens (a mask computed for another row would have fed it another's).
+    for fed_on, generated in feeds[True]:
+        assert fed_on == generated[: len(fed_on)]
+        assert len(fed_on) in (len(generated), len(generated) - 1)
+
+
+@pytest.mark.parametrize("step", [JOIN_STEP + 1, JOIN_STEP + 2, JOIN_STEP + 4])
+def test_a_constrained_newcomer_cancelled_as_it_joins_is_the_same_with_overlap(
+    loaded: LoadedModel, step: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The newcomer is cancelled as its prompt is read, in the step it joins, or a few tokens after.
+    first, newcomers = ("tool_choice required", "response_format"), ("tool_choice named",)
+
+    def cancel(arrivals: Mapping[int, Sequence[GenerationTask]]) -> dict[int, list[TaskId]]:
+        return {step: [arrivals[JOIN_STEP][0].task_id]}
+
+    outcomes, on = _same_with_and_without(loaded, PLAIN, _joining(first, newcomers), monkeypatch, cancel_at=cancel)
+    assert on.batch_grammar_steps > 0
+    assert not any(chunk.model_dump().get("finish_reason") for chunk in outcomes[2].chunks)
+    for index in (0, 1):
+        assert_ended(outcomes[index])
+
+
+@pytest.mark.parametrize("settings", [FAST_FORWARD, DecodeSettings(speculation=LookupSettings(adaptive=False))])
+def test_a_speculating_request_joining_a_batch_is_the_same_with_overlap(
+    loaded: LoadedModel, settings: DecodeSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The structured answer decodes alone and verifies drafts; the named call arrives, and the answer moves into the
+    # batch with its cache (joining it under its grammar, at the state it reached alone) beside the newcomer; when
+    # one ends, the other moves back out to speculate alone.
+    outcomes, on = _same_with_and_without(
+        loaded, settings, _joining(("response_format",), ("response_format",), at=2), monkeypatch
+    )
+    assert on.drafted > 0
+    assert on.chained_grammar_steps > 0  # alone, under its grammar
+    assert on.batch_grammar_joins >= 1
+    for outcome in outcomes:
+        assert_ended(outcome)
+
+
+@pytest.mark.parametrize("policy", ["answer", "block"])
+def test_the_loop_guards_take_back_in_a_batch_rejoins_the_same_with_overlap(
+    loaded: LoadedModel, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The looping request writes its repeated call under the lazy grammar in a batch beside a structured answer; the
+    # guard takes the call back, the request leaves the batch and joins it again from before the call.
+    body: JsonBody = {"messages": PARIS_LOOP, "tools": [GET_WEATHER_TOOL], "loop_guard": policy, "max_tokens": 24}
+    lazy_pushed = _lazy_grammar_pushed(PARIS_CALL)
+
+    def pushed(context: EngineContext, one: GenerationTask) -> RequestProcessors | None:
+        return lazy_pushed(context, one) if one.params.messages[-1].content == PARIS_WEATHER_RESULT else None
+
+    outcomes, on = _same_with_and_without(
+        loaded,
+        PLAIN,
+        lambda: {0: [task(body), task(SHAPES["tool_choice required"])]},
+        monkeypatch,
+        processors=pushed,
+        rewinds=True,
+    )
+    finishes = [assert_ended(outcome) for outcome in outcomes]
+    assert finishes[0].usage.withdrawn_tool_calls == 1
+    assert on.batch_grammar_joins >= 2  # together into the batch, then the looping request again

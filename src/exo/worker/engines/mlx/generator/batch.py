@@ -20,7 +20,7 @@ from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, generation_st
 
 from exo.shared.types.common import TaskId
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache
-from exo.worker.engines.mlx.generator.batch_step import LazyLogprobsBatch
+from exo.worker.engines.mlx.generator.batch_step import JoinPrompts, LazyLogprobsBatch
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import Sampler
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK, StepPart
@@ -112,6 +112,12 @@ class BatchDecoder:
         # `overlap` a step with a constrained member launched before its masks (`settle`).
         self._batch = LazyLogprobsBatch.for_decoding(model, self._generator.sampler, overlap=overlap)
         self._generator._generation_batch = self._batch  # pyright: ignore[reportPrivateUsage]
+        # The prompts being read, from which newcomers join: with `overlap`, a newcomer's first forward pass is
+        # launched before its processors compute its first mask.
+        self._prompts = JoinPrompts.for_joining(
+            model, self._generator.sampler, prefill_step_size=prefill_step_size, overlap=overlap
+        )
+        self._generator._prompt_batch = self._prompts  # pyright: ignore[reportPrivateUsage]
         self._uids: dict[TaskId, int] = {}
         self._task_ids: dict[int, TaskId] = {}
         self._tokens_out: dict[int, int] = {}
@@ -142,8 +148,7 @@ class BatchDecoder:
 
     def step(self) -> list[tuple[TaskId, int]]:
         """One generation step (plus one prefill chunk for members still reading their prompts): each decoding
-        member's next token, and the first token of each member that joined in this step (sampled by its joining
-        pass: handing it out now saves a newcomer a whole batch step before its first token)."""
+        member's next token. The members that joined in this step have theirs from `take_joined`."""
         _, responses = self._generator.next()
         tokens: list[tuple[TaskId, int]] = []
         for response in responses:
@@ -156,6 +161,14 @@ class BatchDecoder:
                     )
                 continue
             tokens.append((self._task_ids[response.uid], response.token))
+        return tokens
+
+    def take_joined(self) -> list[tuple[TaskId, int]]:
+        """The first token of each member that joined in the last `step`, sampled by its joining pass: handing it out
+        now saves a newcomer a whole batch step before its first token. Reading it waits for that pass (and, on the
+        device's one stream, for the running members' pass launched before it): taken after `settle`, so the running
+        members' tokens are accepted and their masks computed while both passes run."""
+        tokens: list[tuple[TaskId, int]] = []
         for uid, token in self._batch.take_joined():
             if uid in self._task_ids:
                 self._handed_early[uid] = token
@@ -168,6 +181,11 @@ class BatchDecoder:
         their tokens and launch the sample (the masks computed while the pass runs). False where nothing waited."""
         with mx.stream(generation_stream):
             return self._batch.settle()
+
+    @property
+    def constrained_joins(self) -> int:
+        """Joins with a constrained newcomer whose first forward pass was launched before its first mask."""
+        return self._prompts.launches.constrained
 
     def decoding(self, task_id: TaskId) -> bool:
         """Whether mlx-lm's step has returned a token for the member (its prompt is behind it, its cache ends at its

@@ -11,6 +11,15 @@ merges that into this one): one normalization of the newcomers' rows per join, n
 already sampled each newcomer's first token when it joins; the batch keeps it (`take_joined`) so it can be handed
 out at once rather than a whole batch step later, when mlx-lm's own step returns it.
 
+Overlap of a join (`JoinPrompts`, with `overlap` on): mlx-lm moves the newcomers out of its prompt batch with a
+`split` whose cache filter reads the padding back (a wait for the running members' pass, launched just before), then
+builds the newcomers' first forward pass, calls their processors, and launches pass, masks and sample together. Here
+a split that moves every member hands the batch over without that filter, and the newcomers' pass is launched as
+soon as it is built (`_LaunchedPass`), so a grammar's first mask (which needs only the prompt, never that pass) is
+computed while both passes run. The arithmetic is mlx-lm's own, so the newcomers' first tokens are the same. The
+scheduler reads those tokens only after `settle` (`BatchDecoder.take_joined`), so that reading's wait comes after
+the running members' masks.
+
 Overlap under a grammar: mlx-lm builds a step's forward pass, then calls each member's processors on the token that
 pass feeds, then launches pass, masks and sample together. A grammar reads that token (the sample of the step before,
 so it waits for it) and computes its mask on the host before anything of the step is launched: the device idles while
@@ -22,12 +31,13 @@ back with them, so a grammar is never fed the token that ended its request (as `
 that join in between (sampled by their own first step) keep their tokens; members taken out lose their rows.
 """
 
+import copy
 from dataclasses import dataclass
 from typing import cast
 
 import mlx.core as mx
 from mlx import nn
-from mlx_lm.generate import GenerationBatch
+from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import GREEDY, Sampler
@@ -42,6 +52,83 @@ class _Unsampled:
     """The pass's last-position logits, one row per member, before any processor."""
     inputs: mx.array
     """The token each row fed (evaluated: already handed back)."""
+
+
+class _LaunchedPass(nn.Module):
+    """The model, its output launched (`mx.async_eval`) as soon as the pass is built: the processors mlx-lm calls
+    next compute their masks on the host while the pass runs."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.inner = model
+
+    def __call__(self, inputs: mx.array, cache: list[object]) -> mx.array:
+        logits = cast(mx.array, self.inner(inputs, cache=cache))
+        with STEP_CLOCK.part("launch"):
+            mx.async_eval(logits)
+        return logits
+
+
+@dataclass
+class JoinLaunches:
+    constrained: int = 0
+    """Joins with a constrained newcomer whose first forward pass was launched before the newcomers' masks."""
+
+
+class JoinPrompts(PromptProcessingBatch):
+    """mlx-lm's batch of prompts being read, whose newcomers' first step (`generate`) launches its forward pass before
+    the newcomers' processors are called, where `overlap` is on and a newcomer has any (see the module's docstring)."""
+
+    overlap: bool = False
+    launches: "JoinLaunches"
+    """Shared with the batches `split` copies off this one (mlx-lm generates from those)."""
+
+    @classmethod
+    def for_joining(
+        cls, model: nn.Module, fallback_sampler: Sampler, *, prefill_step_size: int, overlap: bool
+    ) -> "JoinPrompts":
+        batch = cls.empty(model, fallback_sampler, prefill_step_size=prefill_step_size)
+        batch.overlap = overlap
+        batch.launches = JoinLaunches()
+        return batch
+
+    def _copy(self) -> "JoinPrompts":
+        # mlx-lm's `split` copies the batch (its own attributes only) and generates from the copy.
+        copy = cast(JoinPrompts, super()._copy())  # pyright: ignore[reportUnknownMemberType]
+        copy.overlap = self.overlap
+        copy.launches = self.launches
+        return copy
+
+    def split(self, indices: list[int]) -> "JoinPrompts":
+        if not self.overlap or sorted(indices) != list(range(len(self.uids))):
+            return cast(JoinPrompts, super().split(indices))
+        # Every member moves on to decode (exo's members join with only their last token left): the batch is handed
+        # over whole. mlx-lm would copy it and filter the copy to all of its rows, and that filter reads the caches'
+        # padding back (`tolist`): it waits for the running members' forward pass, launched just before, so the
+        # newcomers' first step, and their masks, would start only once that pass is done.
+        moved = copy.copy(self)
+        self.uids, self.prompt_cache, self.tokens = [], [], []
+        self.samplers, self.logits_processors, self.max_tokens, self.stop_sequences = [], [], [], []
+        return moved
+
+    def generate(self, tokens: list[list[int]]) -> GenerationBatch:
+        # Only a last token per newcomer: with more, mlx-lm first reads the rest as prompt, whose logits nobody reads.
+        processors = cast(list[list[object]], self.logits_processors)
+        if not self.overlap or not any(processors) or any(len(last) != 1 for last in tokens):
+            return super().generate(tokens)
+        model = self.model
+        self.model = _LaunchedPass(model)
+        try:
+            generation = super().generate(tokens)
+        finally:
+            self.model = model
+        if any(
+            isinstance(processor, RequestProcessors) and processor.constrained
+            for member in processors
+            for processor in member
+        ):
+            self.launches.constrained += 1
+        return generation
 
 
 class LazyLogprobsBatch(GenerationBatch):

@@ -104,6 +104,9 @@ class GenerationScheduler:
         self.batch_grammar_steps = 0
         """Batch steps with a constrained member whose forward pass was launched before the members' masks: each
         grammar was fed its token and computed its mask while the pass ran (`BatchDecoder.settle`)."""
+        self.batch_grammar_joins = 0
+        """Joins with a constrained newcomer whose first forward pass was launched before the newcomers' first masks,
+        computed while it ran (`JoinPrompts`)."""
         self.step_costs = StepCosts()
         """What solo forward passes cost here, by tokens fed: whether a draft is worth verifying."""
 
@@ -375,16 +378,39 @@ class GenerationScheduler:
 
     def _batch_step(self) -> list[RequestUpdate]:
         assert self._batch is not None
+        joins = self._batch.constrained_joins
         try:
             tokens = self._batch.step()
         except Exception as error:
             logger.exception("batch step failed for tasks %s", sorted(self._batched))
             return self.fail_all(error)
+        self.batch_grammar_joins += self._batch.constrained_joins - joins
+        updates = self._accept_batch(tokens, decoding=True)
+        # The members that ended or went back are out: the others' grammars are fed their tokens now, and compute
+        # their masks while the step's forward pass runs (where it was launched before them).
+        settled = self._batch.settle()
+        # The first tokens of the members that joined in this step: reading them waits for the passes, so only now.
+        updates += self._accept_batch(self._batch.take_joined(), decoding=False)
+        if settled:
+            self.batch_grammar_steps += 1
+            for task_id, request in list(self._batched.items()):
+                if request.processors.error is not None:  # its grammar refused the token just accepted
+                    del self._batched[task_id]
+                    updates.append(self._ended(request, [], self._batch.remove(task_id).cache))
+        return updates
+
+    def _accept_batch(self, tokens: list[tuple[TaskId, int]], *, decoding: bool) -> list[RequestUpdate]:
+        """Hand batch members their new tokens, and with `decoding` every member past its first token a check of its
+        processors (a member that just joined waits for its first token: its first mask may have failed); those that
+        ended or went back leave the batch."""
+        assert self._batch is not None
         produced: dict[TaskId, list[int]] = {}
         for task_id, token in tokens:
             produced.setdefault(task_id, []).append(token)
         updates: list[RequestUpdate] = []
         for task_id, request in list(self._batched.items()):
+            if task_id not in produced and not (decoding and self._batch.decoding(task_id)):
+                continue
             new_tokens = produced.get(task_id, [])
             with STEP_CLOCK.part("parse"):
                 chunks = request.accept(new_tokens)
@@ -400,14 +426,6 @@ class GenerationScheduler:
                 updates.append(
                     RequestUpdate(request.task_id, chunks, done=False, generated_tokens=len(request.generated))
                 )
-        # The members that ended or went back are out: the others' grammars are fed their tokens now, and compute
-        # their masks while the step's forward pass runs (where it was launched before them).
-        if self._batch.settle():
-            self.batch_grammar_steps += 1
-            for task_id, request in list(self._batched.items()):
-                if request.processors.error is not None:  # its grammar refused the token just accepted
-                    del self._batched[task_id]
-                    updates.append(self._ended(request, [], self._batch.remove(task_id).cache))
         return updates
 
     def _rewind(self, request: ChatRequest, cache: PromptCache, sequence: list[int], kept: int, *, cached: int) -> None:
