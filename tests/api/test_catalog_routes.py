@@ -12,7 +12,7 @@ from exo.models.catalog import CATALOG, DEFAULT_MODEL_ID
 from exo.models.catalog_api import DownloadDone, NodeCatalog
 from exo.node import NodeConfig
 from exo.shared.local_backend import local_weights_in_memory, mlx_backend
-from exo.shared.types.cpu_kernels import CpuKernelsSetting, CpuWeightsSetting
+from exo.shared.types.cpu_kernels import CpuKernelsSetting, CpuWeights
 from exo.shared.types.footprint import INT8_OVERHEAD, weights_in_memory
 from tests.api.inprocess_app import scripted_app
 
@@ -64,7 +64,7 @@ def test_the_catalog_lists_every_entry_with_its_memory_and_whether_it_is_downloa
     ("cpu_kernels", "cpu_weights"), [("auto", "float32"), ("auto", "int8"), ("off", "int8")], ids=str
 )
 def test_the_catalog_memory_is_for_the_weights_the_node_is_started_to_hold(
-    models_dir: Path, cpu_kernels: CpuKernelsSetting, cpu_weights: CpuWeightsSetting
+    models_dir: Path, cpu_kernels: CpuKernelsSetting, cpu_weights: CpuWeights
 ) -> None:
     """The dashboard's and the MCP tools' memory figure: int8 under `--cpu-weights int8` on a CPU machine, float32
     under the default, as stored (float16) under `--cpu-kernels off` or on a GPU."""

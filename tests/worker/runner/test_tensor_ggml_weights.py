@@ -17,7 +17,7 @@ import pytest
 
 from exo.models.footprint import read_footprint
 from exo.shared.types.chunks import ToolCallChunk
-from exo.shared.types.cpu_kernels import CpuWeightsSetting
+from exo.shared.types.cpu_kernels import CpuWeights
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
 from tests.exo_server import fixture_model
@@ -30,20 +30,20 @@ from tests.worker.runner.test_pipeline_runner import cases
 
 pytestmark = pytest.mark.slow
 
-MODELS: dict[CpuWeightsSetting, tuple[FixtureModelName, int]] = {
+MODELS: dict[CpuWeights, tuple[FixtureModelName, int]] = {
     "q8_0": ("tiny-qwen-tools-deep", 4),
     "gguf": ("tiny-qwen-tools", 2),  # the GGUF export reads one safetensors file; the deep model has several
 }
 """Each setting's fixture model and its layer count."""
 CASES = ("plain text", "streamed tool call", "two parallel calls", "json_schema")
-SHARE_OF_FLOAT32: dict[CpuWeightsSetting, float] = {"q8_0": 1 / 3, "gguf": 1 / 2}
+SHARE_OF_FLOAT32: dict[CpuWeights, float] = {"q8_0": 1 / 3, "gguf": 1 / 2}
 """The most a rank may hold of what a float32 rank is planned: Q8_0 is 34 bytes per 128 of float32; the GGUF export
 keeps o_proj and down_proj in 16 bits."""
 
 
 @pytest.mark.parametrize("weights", list(SHARE_OF_FLOAT32))
 async def test_a_tensor_split_holds_its_slices_in_ggml_blocks_and_answers_as_one_runner(
-    weights: CpuWeightsSetting, tmp_path: Path
+    weights: CpuWeights, tmp_path: Path
 ) -> None:
     require_linux_cpu()
     if find_ggml_library() is None:
