@@ -423,8 +423,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(conformance_main(command_line[1:]))
     if command_line[:1] == ["models"]:
         from exo.models.cli import main as models_main
+        from exo.worker.engines.mlx.cpu.weights_choice import auto_fallback_note, node_weights
 
-        sys.exit(models_main(command_line[1:]))
+        sys.exit(
+            models_main(
+                command_line[1:],
+                lambda weights, kernels: (node_weights(weights, kernels), auto_fallback_note(weights, kernels)),
+            )
+        )
     if command_line[:1] == ["launch"]:
         from exo.launch.cli import main as launch_main
 

@@ -10,7 +10,7 @@ GGUF each catalog import keeps where ggml's CPU library is built, else float32; 
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import get_args
 
@@ -25,9 +25,8 @@ from exo.models.progress_display import ConsoleProgress
 from exo.shared.errors import ExoModelError
 from exo.shared.local_backend import local_weights_in_memory
 from exo.shared.types.common import ModelId
-from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuWeightsSetting
+from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting, NodeCpuWeights
 from exo.shared.types.footprint import WeightsInMemory, held_as
-from exo.worker.engines.mlx.cpu.weights_choice import auto_fallback_note, node_weights
 
 _MODELS_ADAPTER = TypeAdapter(list[NodeCatalogModel])
 _HEADERS = ("ID", "FAMILY", "PARAMS", "DOWNLOAD", "DISK", "MEMORY ({weights})", "TOOLS", "SOURCE", "DOWNLOADED")
@@ -118,11 +117,17 @@ def _download(model_id: ModelId, models_dir: Path, weights: WeightsInMemory, *, 
     return 0
 
 
-def main(argv: Sequence[str]) -> int:
+MachineWeights = Callable[[CpuWeightsSetting, CpuKernelsSetting], tuple[NodeCpuWeights, str | None]]
+"""How a node on this machine would hold weights under `--cpu-weights`/`--cpu-kernels` (`auto` resolved), and the note
+`auto` gives where ggml's library is missing. Passed in by `exo` (the worker's ggml lookup), so this package never
+imports the worker's."""
+
+
+def main(argv: Sequence[str], machine_weights: MachineWeights) -> int:
     """Run `exo models` with `argv` (the arguments after `models`); returns the exit status."""
     arguments = build_parser().parse_args(argv)
     models_dir: Path = arguments.models_dir or default_models_dir()
-    node = node_weights(arguments.cpu_weights, arguments.cpu_kernels)
+    node, note = machine_weights(arguments.cpu_weights, arguments.cpu_kernels)
     # Every catalog import keeps its GGUF: `auto` with ggml found holds each catalog model as its GGUF.
     weights = held_as(local_weights_in_memory(arguments.cpu_kernels, node), gguf_kept=True)
     if arguments.command == "download":
@@ -140,7 +145,6 @@ def main(argv: Sequence[str]) -> int:
             "before the KV cache",
             file=sys.stderr,
         )
-        note = auto_fallback_note(arguments.cpu_weights, arguments.cpu_kernels)
         if note is not None:
             print(note, file=sys.stderr)
     return 0
