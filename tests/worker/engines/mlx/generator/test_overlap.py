@@ -10,7 +10,7 @@ is cancelled (its token count, and what a follow-up request finds cached).
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import TypeVar, cast
 
 import mlx.core as mx
 import pytest
@@ -384,6 +384,34 @@ def test_the_loop_guards_take_back_under_the_lazy_grammar_is_the_same_with_overl
         assert finish.usage.withdrawn_tool_calls == (0 if policy == "off" else 1)
 
 
+Spy = TypeVar("Spy")
+
+
+def _off_and_on(
+    loaded: LoadedModel,
+    arrivals: Arrivals,
+    monkeypatch: pytest.MonkeyPatch,
+    spy: Callable[[pytest.MonkeyPatch], Spy],
+) -> tuple[dict[bool, _Run], dict[bool, Spy]]:
+    """`arrivals` run with overlap off then on, each under its own `spy` (installed for that run only)."""
+    runs: dict[bool, _Run] = {}
+    spies: dict[bool, Spy] = {}
+    for overlap in (False, True):
+        with pytest.MonkeyPatch.context() as spying:
+            spies[overlap] = spy(spying)
+            runs[overlap] = _run(
+                loaded,
+                PLAIN.model_copy(update={"overlap": overlap}),
+                arrivals,
+                monkeypatch,
+                cancel_at=None,
+                processors=None,
+                rewinds=False,
+                prepare=None,
+            )
+    return runs, spies
+
+
 class _GrammarFeeds:
     """The tokens each admitted constrained request's processors were shown (the last of each call's context), and
     the request, to compare with what it generated."""
@@ -438,22 +466,8 @@ def test_a_batch_with_constrained_members_is_the_same_with_overlap(
 ) -> None:
     # The requests prefill together and decode in one batch: each step with a constrained member launches the forward
     # pass before the masks, which are computed once the step's tokens were accepted (and the ended members left).
-    feeds: dict[bool, list[tuple[list[int], list[int]]]] = {}
-    runs: dict[bool, _Run] = {}
-    for overlap in (False, True):
-        with pytest.MonkeyPatch.context() as spying:
-            grammar_feeds = _GrammarFeeds(spying)
-            runs[overlap] = _run(
-                loaded,
-                PLAIN.model_copy(update={"overlap": overlap}),
-                _batched(*shapes),
-                monkeypatch,
-                cancel_at=None,
-                processors=None,
-                rewinds=False,
-                prepare=None,
-            )
-            feeds[overlap] = grammar_feeds.fed()
+    runs, spies = _off_and_on(loaded, _batched(*shapes), monkeypatch, _GrammarFeeds)
+    feeds = {overlap: spy.fed() for overlap, spy in spies.items()}
     off, on = runs[False], runs[True]
     assert [outcome.normalised() for outcome in on.outcomes] == [outcome.normalised() for outcome in off.outcomes]
     assert on.held == off.held
@@ -568,25 +582,11 @@ def test_constrained_members_joining_a_running_batch_are_the_same_with_overlap(
 ) -> None:
     # The first requests decode in the batch when the newcomers' prompts are in: a newcomer's first forward pass is
     # launched before its processors compute its first mask (from its prompt alone), then masked and sampled.
-    feeds: dict[bool, list[tuple[list[int], list[int]]]] = {}
-    runs: dict[bool, _Run] = {}
-    order: list[list[str]] = []
-    for overlap in (False, True):
-        with pytest.MonkeyPatch.context() as spying:
-            grammar_feeds = _GrammarFeeds(spying)
-            join_order = _JoinOrder(spying)
-            order = join_order.steps
-            runs[overlap] = _run(
-                loaded,
-                PLAIN.model_copy(update={"overlap": overlap}),
-                _joining(first, newcomers),
-                monkeypatch,
-                cancel_at=None,
-                processors=None,
-                rewinds=False,
-                prepare=None,
-            )
-            feeds[overlap] = grammar_feeds.fed()
+    runs, spies = _off_and_on(
+        loaded, _joining(first, newcomers), monkeypatch, lambda spying: (_GrammarFeeds(spying), _JoinOrder(spying))
+    )
+    feeds = {overlap: grammar_feeds.fed() for overlap, (grammar_feeds, _) in spies.items()}
+    order = spies[True][1].steps
     off, on = runs[False], runs[True]
     assert [outcome.normalised() for outcome in on.outcomes] == [outcome.normalised() for outcome in off.outcomes]
     assert on.held == off.held
