@@ -5,7 +5,7 @@ from typing import Literal
 from pydantic import model_validator
 
 from exo.shared.types.common import FrozenModel
-from exo.shared.types.cpu_kernels import CpuKernelsSetting, NodeCpuWeights
+from exo.shared.types.cpu_kernels import CpuKernelsSetting, NodeCpuWeights, resolve_model_weights
 
 WeightsInMemory = Literal["stored", "float32", "int8", "q8_0", "gguf", "gguf_or_q8_0"]
 """How a runner holds the weights: as the checkpoint stores them, expanded to float32 (a Linux CPU's float32
@@ -34,9 +34,7 @@ def weights_in_memory(mlx_backend: str, cpu_kernels: CpuKernelsSetting, cpu_weig
 def held_as(weights: WeightsInMemory, *, gguf_kept: bool) -> WeightsInMemory:
     """How one model is held on a node holding `weights`: `gguf_or_q8_0` as its GGUF where its import kept one, else
     as Q8_0 (what that node's runner resolves `--cpu-weights auto` to); any other as it is."""
-    if weights == "gguf_or_q8_0":
-        return "gguf" if gguf_kept else "q8_0"
-    return weights
+    return weights if weights == "stored" else resolve_model_weights(weights, gguf_kept=gguf_kept)
 
 
 def held_bytes(parameters: int, stored_bytes: int, *, weights: WeightsInMemory) -> int:
