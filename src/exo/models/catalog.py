@@ -69,7 +69,7 @@ class CatalogEntry(FrozenModel):
         """Memory the weights take once loaded as `weights` (a node's `NodeFacts.weights_in_memory`); under gguf the
         GGUF's bytes (its tensors and, a few MB more, its metadata and tokenizer: the catalog knows the file's size
         before it is downloaded; a downloaded model's footprint counts the tensors alone)."""
-        weights = held_as(weights, gguf_kept=True)  # a catalog import keeps its GGUF
+        weights = catalog_held_as(weights)
         stored = self.source.gguf_size if weights == "gguf" else self.weights_file_bytes
         return held_bytes(self.weight_values, stored, weights=weights)
 
@@ -217,4 +217,10 @@ def describe_size(entry: CatalogEntry, weights: WeightsInMemory) -> str:
 def weights_label(weights: WeightsInMemory) -> str:
     """`float32`, `int8`, `q8_0`, `gguf`, or `stored weights` (as the checkpoint stores them: float16 for a catalog
     import); `gguf_or_q8_0` (a catalog import keeps its GGUF) is `gguf`."""
-    return "stored weights" if weights == "stored" else held_as(weights, gguf_kept=True)
+    return "stored weights" if weights == "stored" else catalog_held_as(weights)
+
+
+def catalog_held_as(weights: WeightsInMemory) -> WeightsInMemory:
+    """How a node holding `weights` holds a catalog model: every catalog import keeps its GGUF, so `gguf_or_q8_0` is
+    `gguf`."""
+    return held_as(weights, gguf_kept=True)

@@ -4,10 +4,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from exo.models.catalog import CatalogListing
+from exo.models.catalog import CatalogListing, catalog_held_as
 from exo.shared.types.api import ErrorBody
 from exo.shared.types.common import FrozenModel, ModelId
-from exo.shared.types.footprint import WeightsInMemory, held_as
+from exo.shared.types.footprint import WeightsInMemory
 from exo.shared.types.preparation import ModelPreparation
 
 
@@ -23,7 +23,7 @@ class NodeCatalogModel(FrozenModel):
 
     @classmethod
     def of(cls, listing: CatalogListing, weights: WeightsInMemory) -> "NodeCatalogModel":
-        held = held_as(weights, gguf_kept=True)
+        held = catalog_held_as(weights)
         return cls(listing=listing, weights_in_memory=held, memory_bytes=listing.entry.memory_bytes(held))
 
 

@@ -17,7 +17,14 @@ from typing import get_args
 from pydantic import TypeAdapter
 from rich.filesize import decimal
 
-from exo.models.catalog import CATALOG, CatalogListing, catalog_listing, describe_size, weights_label
+from exo.models.catalog import (
+    CATALOG,
+    CatalogListing,
+    catalog_held_as,
+    catalog_listing,
+    describe_size,
+    weights_label,
+)
 from exo.models.catalog_api import NodeCatalogModel
 from exo.models.paths import default_models_dir
 from exo.models.progress import PreparationTracker
@@ -26,7 +33,7 @@ from exo.shared.errors import ExoModelError
 from exo.shared.local_backend import local_weights_in_memory
 from exo.shared.types.common import ModelId
 from exo.shared.types.cpu_kernels import DEFAULT_CPU_WEIGHTS, CpuKernelsSetting, CpuWeightsSetting, NodeCpuWeights
-from exo.shared.types.footprint import WeightsInMemory, held_as
+from exo.shared.types.footprint import WeightsInMemory
 
 _MODELS_ADAPTER = TypeAdapter(list[NodeCatalogModel])
 _HEADERS = ("ID", "FAMILY", "PARAMS", "DOWNLOAD", "DISK", "MEMORY ({weights})", "TOOLS", "SOURCE", "DOWNLOADED")
@@ -128,8 +135,7 @@ def main(argv: Sequence[str], machine_weights: MachineWeights) -> int:
     arguments = build_parser().parse_args(argv)
     models_dir: Path = arguments.models_dir or default_models_dir()
     node, note = machine_weights(arguments.cpu_weights, arguments.cpu_kernels)
-    # Every catalog import keeps its GGUF: `auto` with ggml found holds each catalog model as its GGUF.
-    weights = held_as(local_weights_in_memory(arguments.cpu_kernels, node), gguf_kept=True)
+    weights = catalog_held_as(local_weights_in_memory(arguments.cpu_kernels, node))
     if arguments.command == "download":
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per piece fetched: noise here
