@@ -18,7 +18,8 @@ stops within a second). The first folder's request is always read whole: it is w
 
     uv run python -m bench.claude_code_folders --model ~/.cache/exo/models/qwen2.5-coder-0.5b-instruct
 
-`--layout` measures one layout only. Prints a markdown report with the run's commit, CPU, load and command.
+`--layout` measures one layout only; `--cpu-weights` sets the node's weight format (float32 unless named). Prints a
+markdown report with the run's commit, CPU, load and command.
 """
 
 import argparse
@@ -125,9 +126,11 @@ def _send(server: RunningServer, layout: str, folder: str, phase: Phase, model: 
     return row
 
 
-def measure_layout(model_path: Path, scratch: Path, layout: str, *, lookup_only: bool) -> list[FolderRow]:
+def measure_layout(
+    model_path: Path, scratch: Path, layout: str, *, lookup_only: bool, cpu_weights: str = "float32"
+) -> list[FolderRow]:
     home = scratch / f"home-{layout}"
-    flags = [*NODE_FLAGS, "--prompt-layout", layout]
+    flags = [*NODE_FLAGS, "--prompt-layout", layout, "--cpu-weights", cpu_weights]
     model = model_path.name
     with running_exo(model_path, scratch, flags, name=f"exo-{layout}", home=home) as server:
         rows = [
@@ -176,6 +179,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=[],
         help="for this layout, read the second and third folders' requests only until the cache lookup is known",
     )
+    parser.add_argument(
+        "--cpu-weights",
+        choices=("float32", "q8_0", "gguf", "auto"),
+        default="float32",
+        help="the node's --cpu-weights (float32 unless named, so a report says which format it measured)",
+    )
     parser.add_argument("--out", type=Path)
     command = list(sys.argv[1:] if argv is None else argv)
     arguments = parser.parse_args(command)
@@ -184,7 +193,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows: list[FolderRow] = []
     with tempfile.TemporaryDirectory(prefix="bench-claude-code-folders-") as scratch:
         for layout in arguments.layout or LAYOUTS:
-            rows += measure_layout(model_path, Path(scratch), layout, lookup_only=layout in arguments.lookup_only)
+            lookup_only = layout in arguments.lookup_only
+            rows += measure_layout(
+                model_path, Path(scratch), layout, lookup_only=lookup_only, cpu_weights=arguments.cpu_weights
+            )
     report = Report(
         run=section_run(command, program="uv run python -m bench.claude_code_folders"),
         load_at_start=load_at_start,
