@@ -25,7 +25,7 @@ from typing import Literal, cast
 
 from pydantic import BaseModel
 
-from bench.machine import checkout_commit, cpu_model
+from bench.machine import cpu_model, exo_commit, record_start_commit
 from bench.tool_corpus import CORPUS, PROSE, TOOLS
 
 Format = Literal["float32", "int8", "q8_0", "gguf"]
@@ -187,6 +187,7 @@ def _run_worker(model: Path, weights: Format, tokens: int, tool_prompts: int, re
 
 
 def main() -> None:
+    record_start_commit()
     parser = argparse.ArgumentParser(
         description="int8, Q8_0 or GGUF blocks against float32 weights on a CPU (--cpu-weights)"
     )
@@ -237,7 +238,7 @@ def _report(  # noqa: PLR0917 - one call site, the run's figures in order
     same_text = sum(f.tokens == i.tokens for f, i in tool_pairs)
     loads = ", ".join(f"{value:.2f}" for value in load_start), ", ".join(f"{value:.2f}" for value in load_end)
     print(
-        f"Run: commit {checkout_commit()}, {os.cpu_count()} × {cpu_model()}; load average (1, 5, 15 min) {loads[0]} "
+        f"Run: commit {exo_commit()}, {os.cpu_count()} × {cpu_model()}; load average (1, 5, 15 min) {loads[0]} "
         f"at the start, {loads[1]} at the end ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}); command "
         f"`uv run python -m bench.cpu_weights {' '.join(arguments)}`; model {model_id}.\n"
     )

@@ -42,7 +42,7 @@ import httpx
 from pydantic import BaseModel
 
 from bench.llama_cpp_build import BUILD_ROOT, find_llama_server
-from bench.machine import cpu_flags, section_run
+from bench.machine import cpu_flags, record_start_commit, section_run
 from bench.results import SectionRun
 from bench.servers import FLOAT32_WEIGHTS, RunningServer, free_port, running_exo, running_mlx_lm_server, serving
 from bench.stream_client import StreamOutcome, request_body, stream_chat
@@ -408,6 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     from bench.report_llama_cpp import render_llama_cpp
 
+    record_start_commit()
     command = list(sys.argv[1:] if argv is None else argv)
     arguments = build_parser().parse_args(command)
     report = measure(
