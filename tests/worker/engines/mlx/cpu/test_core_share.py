@@ -135,24 +135,6 @@ def test_a_core_share_reads_at_most_every_window_and_changes_with_hysteresis() -
     assert share.changes == 2
 
 
-def test_a_one_row_product_leaves_a_core_to_mlx_while_the_count_follows_the_cores() -> None:
-    proc = _FakeProc()
-    share = CoreShare({0, 1, 2, 3}, read=proc.read, clock=proc.clock)
-    assert [share.threads_for_rows(rows) for rows in (1, 2, 8, 512)] == [3, 4, 4, 4]
-    proc.advance(WINDOW_SECONDS, others=3.0, own=0.5)  # others hold three cores: one thread, none to give up
-    assert share.threads() == 1
-    assert share.threads_for_rows(1) == 1
-    fixed = CoreShare({0, 1, 2, 3}, fixed=2)
-    assert [fixed.threads_for_rows(rows) for rows in (1, 8)] == [2, 2]  # EXO_GGML_THREADS is used as it is
-
-
-def test_a_one_row_product_runs_on_one_thread_fewer_than_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
-    proc = _FakeProc()
-    share = CoreShare({0, 1}, read=proc.read, clock=proc.clock)
-    monkeypatch.setattr(q8_layers, "core_share", lambda: share)
-    assert (q8_layers.ggml_threads(1), q8_layers.ggml_threads(4)) == (1, 2)
-
-
 def test_without_proc_the_count_is_every_allowed_core(tmp_path: Path) -> None:
     assert read_snapshot({0, 1}, tmp_path) is None
     share = CoreShare({0, 1, 2}, read=lambda cores: read_snapshot(cores, tmp_path))
@@ -222,10 +204,6 @@ class _Flipping:
         self.calls += 1
         return 1 + self.calls % 2
 
-    def threads_for_rows(self, rows: int) -> int:
-        del rows
-        return self.threads()
-
 
 def _decode_logits(model: nn.Module, steps: int) -> list[np.ndarray]:
     return greedy_step_logits(model, mx.array([[(index * 11) % 200 + 3 for index in range(24)]]), steps)
@@ -263,9 +241,9 @@ def test_use_threads_fixes_a_matrix_count_over_the_process_share(ggml: Ggml, mon
     weights = Q8Weights(matrix)
     flipping = _Flipping()
     monkeypatch.setattr(q8_layers, "core_share", lambda: flipping)
-    assert [weights.threads(2) for _ in range(3)] == [2, 1, 2]
+    assert [weights.threads for _ in range(3)] == [2, 1, 2]
     weights.use_threads(3)
-    assert [weights.threads(rows) for rows in (1, 2, 3)] == [3, 3, 3]
+    assert [weights.threads for _ in range(3)] == [3, 3, 3]
     x = np.random.default_rng(1).normal(size=(2, 64)).astype(np.float32)
     np.testing.assert_array_equal(weights.product(x), matrix.product(x, 1, ggml.shared_threadpool(1, 0)))
 
@@ -277,8 +255,7 @@ def test_the_process_share_reads_exo_ggml_threads(monkeypatch: pytest.MonkeyPatc
         share = core_share_module.core_share()
         assert not share.adaptive
         assert share.threads() == 1
-        assert q8_layers.ggml_threads(1) == 1
-        assert q8_layers.ggml_threads(8) == 1
+        assert q8_layers.ggml_threads() == 1
         core_share_module.core_share.cache_clear()
         monkeypatch.setenv("EXO_GGML_THREADS", "many")
         with pytest.raises(ValueError, match="EXO_GGML_THREADS"):

@@ -136,7 +136,7 @@ def test_q5_0_layers_and_sibling_groups_use_the_dequantized_gemm_from_prefill_ro
     exact = [np.asarray(x[0]).astype(np.float64) @ reference.T for reference in references]
     layer = Q8Linear(Q8Weights(matrices[0]), None)
     group = SharedInputProducts(matrices)
-    threads = ggml_threads(rows)
+    threads = ggml_threads()
     pool = ggml.shared_threadpool(threads, 0)
     results = [np.asarray(layer(x))[0]] + [np.asarray(group.product(x, member, threads, pool))[0] for member in (0, 1)]
     errors = [_relative(result, reference) for result, reference in zip(results, [exact[0], *exact], strict=True)]

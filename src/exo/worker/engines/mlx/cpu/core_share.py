@@ -221,16 +221,6 @@ class CoreShare:
             self._update(now)
         return self._threads
 
-    def threads_for_rows(self, rows: int) -> int:
-        """The thread count for a product over `rows` rows: `threads()`, less one for a one-row product (a decode
-        step of one sequence) while the count follows the cores. Such a step alternates 73 small ggml products
-        with mlx's own operations, which run on mlx's stream thread: a second pool thread woken on that thread's
-        core cost more in mlx's evaluations than it saved in the products (served on a quiet 2-core machine: one
-        stream decoded 1.28x faster with one thread, while prefill and batches were faster with two;
-        docs/PERFORMANCE.md section 12). A count `EXO_GGML_THREADS` fixes is used as it is."""
-        threads = self.threads()
-        return threads - 1 if self.adaptive and rows == 1 and threads > 1 else threads
-
     def _update(self, now: float) -> None:
         snapshot = self._read(self._cores)
         if snapshot is None or self._last is None:

@@ -14,7 +14,6 @@ norms and everything that is not a matrix product stay in mlx, in float32. An em
 rows it looks up; the tied output projection (`as_linear`) is a ggml product.
 """
 
-import math
 from functools import cache
 from pathlib import Path
 from typing import Final, cast
@@ -47,14 +46,14 @@ from exo.worker.engines.mlx.cpu.shared_input import SharedInputProducts, activat
 from exo.worker.engines.mlx.discarded_logits import discarded_logits
 
 
-def ggml_threads(rows: int) -> int:
-    """ggml's threads for a product over `rows` rows now: the process's `core_share` count, every core this process
-    may run on while other processes leave them free (llama-server's default), fewer while they hold some, one fewer
-    for a one-row product (`CoreShare.threads_for_rows`), or the count `EXO_GGML_THREADS` fixes. Measured on the
-    2-core AMD EPYC (docs/PERFORMANCE.md section 12): 1.3-1.7x faster with two threads than one at 8 rows, where the
-    products are compute-bound; at one row one thread, served, decoded a stream 1.28x faster; with other processes
-    busy, two threads 10-20x slower than one (each barrier waits for the descheduled thread)."""
-    return core_share().threads_for_rows(rows)
+def ggml_threads() -> int:
+    """ggml's threads for a product now: the process's `core_share` count, every core this process may run on while
+    other processes leave them free (llama-server's default), fewer while they hold some (`core_share.py`), or the
+    count `EXO_GGML_THREADS` fixes. Measured on the 2-core AMD EPYC (docs/PERFORMANCE.md section 12): quiet, two
+    threads as fast as one or faster at one row in five of six paired comparisons (69-73 against 74-78 ms a decode
+    step) and 1.3-1.7x faster at 8 rows, where the products are compute-bound; with other processes busy, two
+    threads 10-20x slower than one (each barrier waits for the descheduled thread)."""
+    return core_share().threads()
 
 
 BLAS_THREADS: Final = 1
@@ -73,7 +72,7 @@ def ggml_library(library_dir: Path) -> Ggml:
 
 
 class Q8Weights:
-    """One matrix held as Q8_0 in ggml, and the thread pool its products run on: `ggml_threads(rows)` threads, read
+    """One matrix held as Q8_0 in ggml, and the thread pool its products run on: `ggml_threads()` threads, read
     at each product (the count follows the cores other processes leave), unless `use_threads` fixes a count (the
     bench compares counts)."""
 
@@ -90,12 +89,13 @@ class Q8Weights:
         return self.matrix.nbytes
 
     def use_threads(self, threads: int | None) -> None:
-        """Run this matrix's products on `threads` threads from now on (None: `ggml_threads` at each product)."""
+        """Run this matrix's products on `threads` threads from now on (None: `ggml_threads()` at each product)."""
         self.fixed_threads = threads
 
-    def threads(self, rows: int) -> int:
-        """The thread count of the next product, over `rows` rows."""
-        return ggml_threads(rows) if self.fixed_threads is None else self.fixed_threads
+    @property
+    def threads(self) -> int:
+        """The thread count of the next product."""
+        return ggml_threads() if self.fixed_threads is None else self.fixed_threads
 
     def pool_for(self, threads: int) -> int:
         """The process's ggml pool of `threads` threads (one per count, made on first use)."""
@@ -104,7 +104,7 @@ class Q8Weights:
     def product(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """x (rows × in) · Wᵀ: ggml's block kernels, or over a prefill's rows the dequantized matrix times a float32
         GEMM (`dequant_gemm.takes_dequantized`)."""
-        threads = self.threads(x.shape[0])
+        threads = self.threads
         if takes_dequantized([self.matrix], x.shape[0]):
             return dequantized_gemm().products([self.matrix], x, threads)[0]
         return self.matrix.product(x, threads, self.pool_for(threads))
@@ -161,7 +161,7 @@ class Q8Linear(nn.Module):
         """x · Wᵀ without the bias (alone, or from the sibling layers' one graph)."""
         if self.shared is None:
             return q8_product(x, self.q8)
-        threads = self.q8.threads(math.prod(x.shape[:-1]))
+        threads = self.q8.threads
         return self.shared.group.product(x, self.shared.member, threads, self.q8.pool_for(threads))
 
 
@@ -316,7 +316,7 @@ class SwiGluMlp(nn.Module):
             # this one is imported, and prefill must compute as mlx-lm's own MLP does.
             return self.down_proj(activations.swiglu(self.gate_proj(x), self.up_proj(x)))
         down = self.down_proj.q8
-        threads = down.threads(rows)
+        threads = down.threads
         product = as_mlx(self.graph.product(activation_rows(x), threads, down.pool_for(threads)), x)
         # On a tensor rank the graph gives this rank's partial product: the group's sum is the MLP's output.
         return self.down_proj.all_sum(product) if isinstance(self.down_proj, Q8ShardedToAllLinear) else product
