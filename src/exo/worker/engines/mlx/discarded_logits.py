@@ -32,3 +32,8 @@ def discarded_logits(x: mx.array, out_features: int) -> mx.array | None:
     if not _LOGITS_DISCARDED.get():
         return None
     return mx.zeros((*x.shape[:-1], out_features), dtype=mx.float32)
+
+
+def logits_are_discarded() -> bool:
+    """Whether this context is inside `logits_discarded`."""
+    return _LOGITS_DISCARDED.get()

@@ -1,0 +1,79 @@
+"""ggml's graph operations beyond the matrix products (`ggml_library.py`), through ctypes: what a whole decoder step
+needs to run as one ggml graph (`one_row_step.py`), as llama.cpp builds its own: norms, element-wise arithmetic,
+views, rotary embeddings, softmax, row lookups. Signatures are those of ggml.h; this module never imports mlx.
+"""
+
+import ctypes
+from typing import Final
+
+from exo.worker.engines.mlx.cpu.ggml_library import Ggml
+
+ROPE_NEOX: Final = 2
+"""`GGML_ROPE_TYPE_NEOX`: the rotary embedding that rotates a head's first half against its second (mlx's
+`traditional=False`), as qwen2 and llama models in mlx-lm apply it."""
+_TENSOR_DATA_OFFSET: Final = 248
+"""Byte offset of `data` in `struct ggml_tensor` (ggml.h, 64-bit: type and padding, buffer, ne[4], nb[4], op,
+op_params[16], flags, src[10], view_src, view_offs); checked against `ggml_get_data` when the ops are loaded."""
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+class GgmlGraphOps:
+    """The graph operations of one ggml build (the libraries `ggml` loaded). Every op takes and returns tensor
+    addresses as ints, as ggml's C functions do."""
+
+    def __init__(self, ggml: Ggml) -> None:
+        self.ggml = ggml
+        base = ctypes.CDLL(str(ggml.library_dir / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+        p, i, w, f, s = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_size_t
+
+        def bind(name: str, restype: object, *argtypes: object) -> "ctypes._CFuncPtr":  # pyright: ignore[reportPrivateUsage]
+            function = getattr(base, name)
+            function.restype, function.argtypes = restype, list(argtypes)
+            return function
+
+        self._init = bind("ggml_init", p, _InitParams)
+        self.free = bind("ggml_free", None, p)
+        self.new_tensor_1d = bind("ggml_new_tensor_1d", p, p, i, w)
+        self.new_tensor_3d = bind("ggml_new_tensor_3d", p, p, i, w, w, w)
+        self.rms_norm = bind("ggml_rms_norm", p, p, p, f)
+        self.mul = bind("ggml_mul", p, p, p, p)
+        self.add = bind("ggml_add", p, p, p, p)
+        self.mul_mat = bind("ggml_mul_mat", p, p, p, p)
+        self.out_prod = bind("ggml_out_prod", p, p, p, p)
+        self.swiglu_split = bind("ggml_swiglu_split", p, p, p, p)
+        self.reshape_2d = bind("ggml_reshape_2d", p, p, p, w, w)
+        self.reshape_3d = bind("ggml_reshape_3d", p, p, p, w, w, w)
+        self.view_3d = bind("ggml_view_3d", p, p, p, w, w, w, s, s, s)
+        self.concat = bind("ggml_concat", p, p, p, p, i)
+        self.soft_max_ext = bind("ggml_soft_max_ext", p, p, p, p, f, f)
+        self.rope_ext = bind("ggml_rope_ext", p, p, p, p, p, i, i, i, f, f, f, f, f, f)
+        self.get_rows = bind("ggml_get_rows", p, p, p, p)
+        self.new_graph_custom = bind("ggml_new_graph_custom", p, p, s, ctypes.c_bool)
+        self.get_data = ggml.get_data
+        self.build_forward_expand = ggml.build_forward_expand
+        self._check_data_offset()
+
+    def context(self, size: int, buffer: int | None = None, *, allocates: bool = True) -> int:
+        """A new context of `size` bytes (in `buffer`, which it does not own, when given); without `allocates` its
+        tensors get no data (`set_data` points them at memory the caller holds)."""
+        context = self._init(_InitParams(mem_size=size, mem_buffer=buffer, no_alloc=not allocates))
+        if not context:
+            raise MemoryError(f"ggml_init could not set up a context of {size} bytes")
+        return int(context)
+
+    def set_data(self, tensor: int, address: int) -> None:
+        """Point a tensor of a non-allocating context at `address` (memory that must outlive every use)."""
+        ctypes.c_void_p.from_address(tensor + _TENSOR_DATA_OFFSET).value = address
+
+    def _check_data_offset(self) -> None:
+        context = self.context(1024 + int(self.ggml.tensor_overhead()))
+        try:
+            tensor = int(self.new_tensor_1d(context, 0, 4))
+            stored = ctypes.c_void_p.from_address(tensor + _TENSOR_DATA_OFFSET).value
+            if stored != self.get_data(tensor):
+                raise RuntimeError("this ggml build's struct ggml_tensor does not keep `data` where exo expects it")
+        finally:
+            self.free(context)

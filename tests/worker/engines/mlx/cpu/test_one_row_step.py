@@ -1,0 +1,185 @@
+"""A one-token decode step as one ggml graph (`one_row_step.py`, issue 33): installed where the CPU engine holds a
+qwen2 model's matrices in ggml, it writes the same greedy tokens as mlx-lm's model with ggml's products inside, its
+logits within the products' quantization error, and leaves each layer's KV cache as that model's step does, so
+that trimming a step, a later prefill and every cache built on mlx-lm's see the same; any other call (prefill, a
+draft's verification, a batch) is the model's own.
+
+These tests need ggml's CPU library (`uv run exo ggml build`, or EXO_GGML_DIR): without it they skip for a reason of
+the machine, a failure under EXO_STRICT_SKIPS=1.
+"""
+
+from pathlib import Path
+from typing import cast
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx import nn
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache, trim_prompt_cache
+
+from exo.shared.types.cpu_kernels import CpuWeightsSetting
+from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.engines.mlx.cpu import engine
+from exo.worker.engines.mlx.cpu.engine import ONE_ROW_GRAPH_VARIABLE, CpuKernels
+from exo.worker.engines.mlx.cpu.one_row_step import OneRowStep, one_row_step_of
+from exo.worker.engines.mlx.discarded_logits import logits_discarded
+from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
+from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
+from tests.worker.engines.mlx.cpu.gguf_export import export_fixture
+from tests.worker.engines.mlx.cpu.weight_formats import loaded_fixture, mismatched_trained_cases
+
+PROMPT = [(index * 13) % 200 + 5 for index in range(40)]
+
+
+class _Counting:
+    """Counts the graph's steps (wraps an installed step's `logits`)."""
+
+    def __init__(self, step: OneRowStep, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        original = step.logits
+
+        def counted(token: int, caches: list[KVCache]) -> mx.array | None:
+            self.calls += 1
+            return original(token, caches)
+
+        monkeypatch.setattr(step, "logits", counted)
+
+
+def _models(
+    name: FixtureModelName, weights: CpuWeightsSetting, monkeypatch: pytest.MonkeyPatch, directory: Path
+) -> tuple[nn.Module, nn.Module]:
+    """The fixture as the engine loads it (the graph installed), and loaded with the graph off (under `gguf`, from
+    its export to a GGUF in `directory`: matrices of several block types)."""
+    source = export_fixture(name, directory / name) if weights == "gguf" else None
+    graph = loaded_fixture(name, weights, source).model
+    monkeypatch.setenv(ONE_ROW_GRAPH_VARIABLE, "off")
+    plain = loaded_fixture(name, weights, source).model
+    monkeypatch.delenv(ONE_ROW_GRAPH_VARIABLE)
+    return graph, plain
+
+
+def _decode(model: nn.Module, cache: list[KVCache], first: int, steps: int) -> tuple[list[np.ndarray], list[int]]:
+    """`steps` greedy one-token steps from `first`: each step's logits and the tokens chosen."""
+    outputs: list[np.ndarray] = []
+    tokens: list[int] = []
+    token = first
+    for _ in range(steps):
+        logits = model(mx.array([[token]]), cache=cache)
+        mx.eval(logits)
+        outputs.append(np.array(logits).reshape(-1))
+        token = int(np.argmax(outputs[-1]))
+        tokens.append(token)
+    return outputs, tokens
+
+
+def _prefilled(model: nn.Module, prompt: list[int]) -> tuple[list[KVCache], int]:
+    cache = cast(list[KVCache], make_prompt_cache(model))
+    logits = model(mx.array([prompt]), cache=cache)
+    mx.eval(logits)
+    return cache, int(mx.argmax(logits[0, -1]).item())
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> None:
+    # Both quantize each product's input to the blocks' dot-product format; the norms, rope and softmax computed by
+    # ggml instead of mlx round apart, which can move a quantized input by one step.
+    assert float(np.abs(a - b).max()) < 5e-2 * float(np.abs(b).max())
+
+
+@pytest.mark.usefixtures("ggml")
+@pytest.mark.parametrize("weights", ["q8_0", "gguf"])
+@pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])
+def test_a_model_decodes_one_token_a_graph_as_mlx_lms_model_does(
+    name: FixtureModelName, weights: CpuWeightsSetting, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    graph, plain = _models(name, weights, monkeypatch, tmp_path)
+    step = one_row_step_of(graph)
+    assert step is not None and one_row_step_of(plain) is None
+    counting = _Counting(step, monkeypatch)
+    graph_cache, first = _prefilled(graph, PROMPT)
+    plain_cache, plain_first = _prefilled(plain, PROMPT)
+    assert counting.calls == 0  # prefill (40 rows) is the model's own
+    assert first == plain_first
+    graph_logits, graph_tokens = _decode(graph, graph_cache, first, steps=8)
+    plain_logits, plain_tokens = _decode(plain, plain_cache, first, steps=8)
+    assert counting.calls == 8
+    assert graph_tokens == plain_tokens
+    for a, b in zip(graph_logits, plain_logits, strict=True):
+        _close(a, b)
+    # The caches hold what mlx-lm's steps leave: the same positions, the same keys and values.
+    for ours, theirs in zip(graph_cache, plain_cache, strict=True):
+        assert ours.offset == theirs.offset == len(PROMPT) + 8
+        assert ours.keys is not None and theirs.keys is not None
+        assert ours.values is not None and theirs.values is not None
+        held = ours.offset
+        keys, expected_keys = np.array(ours.keys[..., :held, :]), np.array(theirs.keys[..., :held, :])
+        np.testing.assert_array_equal(keys[..., : len(PROMPT), :], expected_keys[..., : len(PROMPT), :])
+        _close(keys, expected_keys)
+        _close(np.array(ours.values[..., :held, :]), np.array(theirs.values[..., :held, :]))
+
+
+@pytest.mark.usefixtures("ggml")
+def test_a_trimmed_step_and_a_later_prefill_see_what_mlx_lms_steps_leave(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    graph, plain = _models("tiny-qwen-tools", "gguf", monkeypatch, tmp_path)
+    results: list[list[int]] = []
+    for model in (graph, plain):
+        cache, first = _prefilled(model, PROMPT)
+        _, tokens = _decode(model, cache, first, steps=5)
+        assert trim_prompt_cache(cast(list[object], cache), 3) == 3  # a discarded chained step, a rejected draft
+        # Several rows after the graph's steps: a draft verified, a follow-up prompt prefilled.
+        logits = model(mx.array([[tokens[1], tokens[2], 7, 9]]), cache=cache)
+        mx.eval(logits)
+        _, more = _decode(model, cache, int(mx.argmax(logits[0, -1]).item()), steps=6)
+        results.append(tokens[:2] + more)
+        assert cache[0].offset == len(PROMPT) + 5 - 3 + 4 + 6
+    assert results[0] == results[1]
+
+
+@pytest.mark.usefixtures("ggml")
+def test_other_calls_are_the_models_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    graph = loaded_fixture("tiny-qwen-tools", "q8_0").model
+    step = one_row_step_of(graph)
+    assert step is not None
+    counting = _Counting(step, monkeypatch)
+    cache, first = _prefilled(graph, PROMPT)
+    mx.eval(graph(mx.array([[first, 5]]), cache=cache))  # two rows: a draft's verification
+    with logits_discarded():  # a prefill piece whose logits are thrown away
+        mx.eval(graph(mx.array([[first]]), cache=cache))
+    mx.eval(graph(mx.array([[first]])))  # no cache
+    batch = BatchKVCache(left_padding=[0])
+    mx.eval(graph(mx.array([[1, 2, 3]]), cache=[BatchKVCache(left_padding=[0]) for _ in cache]))
+    del batch
+    assert counting.calls == 0
+    mx.eval(graph(mx.array([[first]]), cache=cache))
+    assert counting.calls == 1
+
+
+@pytest.mark.usefixtures("ggml")
+@pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-qwen-agent"])
+def test_fixture_models_keep_their_trained_answers_through_the_graph(name: FixtureModelName) -> None:
+    assert one_row_step_of(loaded_fixture(name, "q8_0").model) is not None
+    assert mismatched_trained_cases(name, "q8_0") == []
+
+
+def _report_line(name: FixtureModelName) -> tuple[bool, str]:
+    """Whether the fixture, loaded as a runner loads it under `--cpu-weights q8_0`, has the graph, and the
+    runner's report line."""
+    kernels = CpuKernels("auto", weights="q8_0")
+    model = exo_load_model(FIXTURE_MODELS_DIR / name, ShardAssignment(), cpu_kernels=kernels).model
+    return one_row_step_of(model) is not None, kernels.report().describe()
+
+
+@pytest.mark.usefixtures("ggml")
+def test_the_report_says_where_the_graph_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    installed, line = _report_line("tiny-qwen-tools")
+    assert installed and "one-token decode step as one ggml graph" in line.split("; off:")[0]
+    # A model the graph does not compute (a qwen3's q/k norms, a scaled rope, a pipeline stage) keeps mlx-lm's steps.
+    monkeypatch.setattr(engine, "one_row_step_for", lambda model, ggml: None)
+    installed, line = _report_line("tiny-qwen-tools")
+    assert not installed
+    assert "one-token decode step as one ggml graph (not built for a qwen2 model held this way)" in line
+    monkeypatch.undo()
+    monkeypatch.setenv(ONE_ROW_GRAPH_VARIABLE, "off")
+    installed, line = _report_line("tiny-qwen-tools")
+    assert not installed and f"one-token decode step as one ggml graph ({ONE_ROW_GRAPH_VARIABLE}=off)" in line
