@@ -4,15 +4,17 @@ Loads the model as a runner does (exo's `load_model` under `CpuKernels`, the BLA
 thread as a runner serving ggml weights sets it), fills a cache with a prompt of each `--context` length, then times
 `--steps` one-token decode steps, each setting taking its turn in every round (in the reverse order every other
 round). `--decode-attention mlx` sends the step's attention to mlx-lm's (mlx's sdpa) where the engine's numpy
-softmax would take it (kernels.MIN_DECODE_CONTEXT raised past the context). `--fusion off` swaps each fused MLP
-for one the bench builds from the same three layers, called apart (the product code carries no switch for it).
+softmax would take it (kernels.MIN_DECODE_CONTEXT raised past the context). `--fusion step` (the engine's default)
+runs each step as one ggml graph (`decode_graph.py`: its time is all `ggml_graph_compute` but the Python building
+it), `on` through mlx-lm's model with the ggml products inside, `off` swaps each fused MLP for one the bench builds
+from the same three layers, called apart (the product code carries no switch for it).
 Timers wrap, for the step's duration: the `mx.eval` that runs mlx's pending work before each ggml product (norms,
 rope, attention, SwiGLU, the hand-off to mlx's CPU stream; the numpy attention's own evaluation of its scores falls
 to the last column), `ggml_graph_compute`, the rest of the ggml product call (ctypes, copies in and out, numpy and
 `mx.array` conversions) and, as what is left, Python building mlx's graph plus the step's last evaluation. Not a test.
 
 `uv run python -m bench.decode_breakdown [--model SPEC] [--weights q8_0,gguf] [--context 100,2000] [--steps 16]
-[--rounds 3] [--fusion on,off] [--ggml-threads auto,1] [--decode-attention numpy,mlx]`
+[--rounds 3] [--fusion step,on,off] [--ggml-threads auto,1] [--decode-attention numpy,mlx]`
 """
 
 import argparse
@@ -51,6 +53,7 @@ def _worker(
     from exo.worker.engines.mlx.cpu import ggml_library, kernels, q8_layers, shared_input
     from exo.worker.engines.mlx.cpu.blas_check import set_blas_threads
     from exo.worker.engines.mlx.cpu.core_share import core_share
+    from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_of
     from exo.worker.engines.mlx.cpu.engine import CpuKernels
     from exo.worker.engines.mlx.cpu.q8_layers import Q8Embedding, Q8Linear, SwiGluMlp
     from exo.worker.engines.mlx.model_loader import load_model
@@ -117,6 +120,13 @@ def _worker(
         weights: [SeparateMlp(m) if isinstance(m, SwiGluMlp) else m for m in found] for weights, found in mlps.items()
     }
     fusable = {weights: any(isinstance(m, SwiGluMlp) for m in found) for weights, found in mlps.items()}
+    step_classes = {weights: type(model) for weights, model in models.items()}
+    plain_classes = {
+        weights: type(model).__bases__[-1] if decode_graph_of(model) is not None else type(model)
+        for weights, model in models.items()
+    }
+    if "step" in fusion and (missing := [w for w, model in models.items() if decode_graph_of(model) is None]):
+        raise SystemExit(f"--fusion step: the decode graph is not installed for {', '.join(missing)}")
     results: dict[str, list[dict[str, float]]] = {}
     default_decode_context = kernels.MIN_DECODE_CONTEXT
     for round_number in range(rounds):
@@ -131,7 +141,9 @@ def _worker(
                 for fused, threads, attention in settings if round_number % 2 == 0 else settings[::-1]:
                     kernels.MIN_DECODE_CONTEXT = default_decode_context if attention == "numpy" else 1 << 40
                     for layer, mlp, apart in zip(layers[weights], mlps[weights], separate[weights], strict=True):
-                        layer.mlp = mlp if fused == "on" else apart
+                        layer.mlp = apart if fused == "off" else mlp
+                    # `step`: the decode step as one ggml graph (the engine's default); else mlx-lm's model.
+                    model.__class__ = step_classes[weights] if fused == "step" else plain_classes[weights]
                     for _, module in model.named_modules():
                         if isinstance(module, (Q8Linear, Q8Embedding)):
                             module.q8.use_threads(None if threads == "auto" else int(threads))
@@ -183,7 +195,12 @@ def main() -> None:
     parser.add_argument("--context", default="100,2000")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--fusion", default="on", help="comma-separated: on (the MLP one ggml graph), off (as before)")
+    parser.add_argument(
+        "--fusion",
+        default="step,on",
+        help="comma-separated: step (the whole decode step one ggml graph, the engine's default), on (mlx-lm's "
+        "model, the MLP one ggml graph), off (mlx-lm's model, every product apart)",
+    )
     parser.add_argument(
         "--ggml-threads",
         default="auto",
@@ -198,8 +215,8 @@ def main() -> None:
     arguments = parser.parse_args()
     formats = arguments.weights.split(",")
     contexts = [int(value) for value in arguments.context.split(",")]
-    if unknown := set(arguments.fusion.split(",")) - {"on", "off"}:
-        parser.error(f"--fusion takes on and/or off, not {', '.join(sorted(unknown))}")
+    if unknown := set(arguments.fusion.split(",")) - {"step", "on", "off"}:
+        parser.error(f"--fusion takes step, on and/or off, not {', '.join(sorted(unknown))}")
     if unknown := set(arguments.decode_attention.split(",")) - {"numpy", "mlx"}:
         parser.error(f"--decode-attention takes numpy and/or mlx, not {', '.join(sorted(unknown))}")
     if arguments.worker:

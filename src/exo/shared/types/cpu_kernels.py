@@ -56,7 +56,7 @@ Replacement = Literal[
     "numpy_swiglu",
     "matmul_plan",
     "blas_preload",
-    "one_row_graph",
+    "decode_graph",
 ]
 
 REPLACEMENTS: tuple[Replacement, ...] = get_args(Replacement)
@@ -71,7 +71,7 @@ DESCRIPTIONS: dict[Replacement, str] = {
     "numpy_swiglu": "numpy SwiGLU",
     "matmul_plan": "few-row matmul plan",
     "blas_preload": "optimized BLAS preload",
-    "one_row_graph": "one-token decode step as one ggml graph",
+    "decode_graph": "decode steps as one ggml graph",
 }
 
 

@@ -175,7 +175,7 @@ def test_a_prefill_pass_inside_logits_discarded_skips_the_head_and_fills_the_sam
     for before, after in zip(plain_cache, skipped_cache, strict=True):
         for left, right in zip(before.state, after.state, strict=True):
             np.testing.assert_array_equal(np.asarray(left), np.asarray(right))
-    again = model(tokens[:, -2:], cache=skipped_cache)  # two rows: one is the one-token graph's (its own head)
+    again = model(tokens[:, -2:], cache=skipped_cache)  # two positions: one is the decode graph's (its own head)
     assert calls == [2]
     assert bool(mx.any(again != 0).item())
 

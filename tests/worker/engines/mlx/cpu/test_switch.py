@@ -148,6 +148,6 @@ def test_the_matmul_plan_and_blas_preload_say_why_they_are_off() -> None:
         "gguf_weights": "--cpu-weights float32",
         "matmul_plan": "--no-matmul-plan",
         "blas_preload": "EXO_NO_BLAS_PRELOAD=1",
-        "one_row_graph": "--cpu-weights float32",
+        "decode_graph": "--cpu-weights float32",
     }
     assert report.describe().startswith("auto: on: float32 weights, numpy attention softmax, numpy SwiGLU; off: ")

@@ -27,21 +27,20 @@ from exo.shared.types.cpu_kernels import (
 )
 from exo.worker.engines.mlx.cpu.blas import find_pypi_mkl
 from exo.worker.engines.mlx.cpu.core_share import core_share
-from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
+from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_for, install_decode_graph
 from exo.worker.engines.mlx.cpu.ggml_library import Ggml
+from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
 from exo.worker.engines.mlx.cpu.gguf_layers import GgufModelSource, load_gguf_matrices
 from exo.worker.engines.mlx.cpu.int8_layers import int8_bytes, quantize_model
 from exo.worker.engines.mlx.cpu.kernels import use_numpy_kernels
-from exo.worker.engines.mlx.cpu.one_row_step import install_one_row_step, one_row_step_for
 from exo.worker.engines.mlx.cpu.q8_layers import ggml_library, q8_bytes, quantize_model_q8
 from exo.worker.engines.mlx.cpu.signatures import MISMATCHES
 from exo.worker.engines.mlx.cpu.switch import preload_state, why_off
 from exo.worker.engines.mlx.cpu.weights_choice import quantized_off_note
 
-
-ONE_ROW_GRAPH_VARIABLE = "EXO_ONE_ROW_GRAPH"
-"""`off` keeps one-token decode steps in mlx-lm's model with ggml's products inside (for comparison): by default
-they run as one ggml graph (`one_row_step.py`)."""
+DECODE_GRAPH_VARIABLE = "EXO_DECODE_GRAPH"
+"""`off` keeps decode steps in mlx-lm's model with ggml's products inside (for comparison): by default
+they run as one ggml graph (`decode_graph.py`)."""
 
 
 class CpuKernels:
@@ -71,9 +70,9 @@ class CpuKernels:
         self._ggml_missing: str | None = None
         chosen = f"--cpu-weights {weights}" if self.weights_setting != "auto" else f"--cpu-weights auto ({weights})"
         if weights not in ("q8_0", "gguf"):
-            self._turn_off(("one_row_graph",), chosen)
-        elif (os.environ if environment is None else environment).get(ONE_ROW_GRAPH_VARIABLE, "").strip() == "off":
-            self._turn_off(("one_row_graph",), f"{ONE_ROW_GRAPH_VARIABLE}=off")
+            self._turn_off(("decode_graph",), chosen)
+        elif (os.environ if environment is None else environment).get(DECODE_GRAPH_VARIABLE, "").strip() == "off":
+            self._turn_off(("decode_graph",), f"{DECODE_GRAPH_VARIABLE}=off")
         if weights == "float32":
             self._turn_off(("int8_weights", "q8_0_weights", "gguf_weights"), chosen)
         elif weights in ("q8_0", "gguf"):
@@ -117,13 +116,13 @@ class CpuKernels:
             load_gguf_matrices(model, _gguf_source(model_path, first_layer), ggml_library(self._ggml_dir))
             model.set_dtype(mx.float32)
             use_numpy_kernels([name for name in ("numpy_attention", "numpy_swiglu") if self.on(name)])
-            self._install_one_row_step(model, ggml_library(self._ggml_dir))
+            self._install_decode_graph(model, ggml_library(self._ggml_dir))
             return "gguf"
         if self.on("q8_0_weights") and self._ggml_dir is not None:
             quantize_model_q8(model, ggml_library(self._ggml_dir))
             model.set_dtype(mx.float32)
             use_numpy_kernels([name for name in ("numpy_attention", "numpy_swiglu") if self.on(name)])
-            self._install_one_row_step(model, ggml_library(self._ggml_dir))
+            self._install_decode_graph(model, ggml_library(self._ggml_dir))
             return "q8_0"
         if self.on("int8_weights"):
             # One matrix at a time, before anything else is expanded: loading never holds the model in float32.
@@ -141,16 +140,16 @@ class CpuKernels:
         use_numpy_kernels([name for name in ("numpy_attention", "numpy_swiglu") if self.on(name)])
         return "float32"
 
-    def _install_one_row_step(self, model: nn.Module, ggml: Ggml) -> None:
-        """Run the model's one-token decode steps as one ggml graph where it is a model that graph computes."""
-        if not self.on("one_row_graph"):
+    def _install_decode_graph(self, model: nn.Module, ggml: Ggml) -> None:
+        """Run the model's decode steps as one ggml graph where it is a model that graph computes."""
+        if not self.on("decode_graph"):
             return
-        step = one_row_step_for(model, ggml)
+        step = decode_graph_for(model, ggml)
         if step is None:
             architecture = getattr(getattr(model, "args", None), "model_type", "this")
-            self._turn_off(("one_row_graph",), f"not built for a {architecture} model held this way")
+            self._turn_off(("decode_graph",), f"not built for a {architecture} model held this way")
             return
-        install_one_row_step(model, step)
+        install_decode_graph(model, step)
 
     def allow_matmul_plan(self, requested: bool, dtype: str) -> bool:
         """Whether to plan decoding's few-row products: asked for (`--no-matmul-plan` not given), weights in float32

@@ -1,10 +1,11 @@
 """ggml's graph operations beyond the matrix products (`ggml_library.py`), through ctypes: what a whole decoder step
-needs to run as one ggml graph (`one_row_step.py`), as llama.cpp builds its own: norms, element-wise arithmetic,
+needs to run as one ggml graph (`decode_graph.py`), as llama.cpp builds its own: norms, element-wise arithmetic,
 views, rotary embeddings, softmax, row lookups. Signatures are those of ggml.h; this module never imports mlx.
 """
 
 import ctypes
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final
 
 from exo.worker.engines.mlx.cpu.ggml_library import Ggml
 
@@ -29,7 +30,7 @@ class GgmlGraphOps:
         base = ctypes.CDLL(str(ggml.library_dir / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
         p, i, w, f, s = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_size_t
 
-        def bind(name: str, restype: object, *argtypes: object) -> "ctypes._CFuncPtr":  # pyright: ignore[reportPrivateUsage]
+        def bind(name: str, restype: object, *argtypes: object) -> Callable[..., Any]:
             function = getattr(base, name)
             function.restype, function.argtypes = restype, list(argtypes)
             return function

@@ -1,13 +1,14 @@
-"""A one-token decode step as one ggml graph (`one_row_step.py`, issue 33): installed where the CPU engine holds a
-qwen2 model's matrices in ggml, it writes the same greedy tokens as mlx-lm's model with ggml's products inside, its
-logits within the products' quantization error, and leaves each layer's KV cache as that model's step does, so
-that trimming a step, a later prefill and every cache built on mlx-lm's see the same; any other call (prefill, a
-draft's verification, a batch) is the model's own.
+"""A decode step as one ggml graph (`decode_graph.py`, issue 33): installed where the CPU engine holds a qwen2 or
+llama model's matrices in ggml, it writes the same greedy tokens as mlx-lm's model with ggml's products inside,
+alone and batched, its logits within the products' quantization error, and leaves each layer's KV cache as that
+model's step does, so that trimming a step, a later prefill and every cache built on mlx-lm's see the same; any
+other call (prefill, a draft's verification, no cache) is the model's own.
 
 These tests need ggml's CPU library (`uv run exo ggml build`, or EXO_GGML_DIR): without it they skip for a reason of
 the machine, a failure under EXO_STRICT_SKIPS=1.
 """
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
@@ -20,8 +21,8 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache, trim_p
 from exo.shared.types.cpu_kernels import CpuWeightsSetting
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cpu import engine
-from exo.worker.engines.mlx.cpu.engine import ONE_ROW_GRAPH_VARIABLE, CpuKernels
-from exo.worker.engines.mlx.cpu.one_row_step import OneRowStep, one_row_step_of
+from exo.worker.engines.mlx.cpu.decode_graph import DecodeGraph, decode_graph_of
+from exo.worker.engines.mlx.cpu.engine import DECODE_GRAPH_VARIABLE, CpuKernels
 from exo.worker.engines.mlx.discarded_logits import logits_discarded
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
@@ -34,13 +35,13 @@ PROMPT = [(index * 13) % 200 + 5 for index in range(40)]
 class _Counting:
     """Counts the graph's steps (wraps an installed step's `logits`)."""
 
-    def __init__(self, step: OneRowStep, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, step: DecodeGraph, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
         original = step.logits
 
-        def counted(token: int, caches: list[KVCache]) -> mx.array | None:
+        def counted(tokens: Sequence[int], caches: Sequence[KVCache] | Sequence[BatchKVCache]) -> mx.array | None:
             self.calls += 1
-            return original(token, caches)
+            return original(tokens, caches)
 
         monkeypatch.setattr(step, "logits", counted)
 
@@ -52,9 +53,9 @@ def _models(
     its export to a GGUF in `directory`: matrices of several block types)."""
     source = export_fixture(name, directory / name) if weights == "gguf" else None
     graph = loaded_fixture(name, weights, source).model
-    monkeypatch.setenv(ONE_ROW_GRAPH_VARIABLE, "off")
+    monkeypatch.setenv(DECODE_GRAPH_VARIABLE, "off")
     plain = loaded_fixture(name, weights, source).model
-    monkeypatch.delenv(ONE_ROW_GRAPH_VARIABLE)
+    monkeypatch.delenv(DECODE_GRAPH_VARIABLE)
     return graph, plain
 
 
@@ -76,7 +77,7 @@ def _prefilled(model: nn.Module, prompt: list[int]) -> tuple[list[KVCache], int]
     cache = cast(list[KVCache], make_prompt_cache(model))
     logits = model(mx.array([prompt]), cache=cache)
     mx.eval(logits)
-    return cache, int(mx.argmax(logits[0, -1]).item())
+    return cache, int(np.argmax(np.array(logits[0, -1])))
 
 
 def _close(a: np.ndarray, b: np.ndarray) -> None:
@@ -92,8 +93,9 @@ def test_a_model_decodes_one_token_a_graph_as_mlx_lms_model_does(
     name: FixtureModelName, weights: CpuWeightsSetting, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     graph, plain = _models(name, weights, monkeypatch, tmp_path)
-    step = one_row_step_of(graph)
-    assert step is not None and one_row_step_of(plain) is None
+    step = decode_graph_of(graph)
+    assert step is not None
+    assert decode_graph_of(plain) is None
     counting = _Counting(step, monkeypatch)
     graph_cache, first = _prefilled(graph, PROMPT)
     plain_cache, plain_first = _prefilled(plain, PROMPT)
@@ -108,8 +110,10 @@ def test_a_model_decodes_one_token_a_graph_as_mlx_lms_model_does(
     # The caches hold what mlx-lm's steps leave: the same positions, the same keys and values.
     for ours, theirs in zip(graph_cache, plain_cache, strict=True):
         assert ours.offset == theirs.offset == len(PROMPT) + 8
-        assert ours.keys is not None and theirs.keys is not None
-        assert ours.values is not None and theirs.values is not None
+        assert ours.keys is not None
+        assert ours.values is not None
+        assert theirs.keys is not None
+        assert theirs.values is not None
         held = ours.offset
         keys, expected_keys = np.array(ours.keys[..., :held, :]), np.array(theirs.keys[..., :held, :])
         np.testing.assert_array_equal(keys[..., : len(PROMPT), :], expected_keys[..., : len(PROMPT), :])
@@ -130,7 +134,7 @@ def test_a_trimmed_step_and_a_later_prefill_see_what_mlx_lms_steps_leave(
         # Several rows after the graph's steps: a draft verified, a follow-up prompt prefilled.
         logits = model(mx.array([[tokens[1], tokens[2], 7, 9]]), cache=cache)
         mx.eval(logits)
-        _, more = _decode(model, cache, int(mx.argmax(logits[0, -1]).item()), steps=6)
+        _, more = _decode(model, cache, int(np.argmax(np.array(logits[0, -1]))), steps=6)
         results.append(tokens[:2] + more)
         assert cache[0].offset == len(PROMPT) + 5 - 3 + 4 + 6
     assert results[0] == results[1]
@@ -139,7 +143,7 @@ def test_a_trimmed_step_and_a_later_prefill_see_what_mlx_lms_steps_leave(
 @pytest.mark.usefixtures("ggml")
 def test_other_calls_are_the_models_own(monkeypatch: pytest.MonkeyPatch) -> None:
     graph = loaded_fixture("tiny-qwen-tools", "q8_0").model
-    step = one_row_step_of(graph)
+    step = decode_graph_of(graph)
     assert step is not None
     counting = _Counting(step, monkeypatch)
     cache, first = _prefilled(graph, PROMPT)
@@ -147,9 +151,9 @@ def test_other_calls_are_the_models_own(monkeypatch: pytest.MonkeyPatch) -> None
     with logits_discarded():  # a prefill piece whose logits are thrown away
         mx.eval(graph(mx.array([[first]]), cache=cache))
     mx.eval(graph(mx.array([[first]])))  # no cache
-    batch = BatchKVCache(left_padding=[0])
+    # A batch's prefill (three positions), then one whose caches are empty: the model's own.
     mx.eval(graph(mx.array([[1, 2, 3]]), cache=[BatchKVCache(left_padding=[0]) for _ in cache]))
-    del batch
+    mx.eval(graph(mx.array([[1]]), cache=[BatchKVCache(left_padding=[0]) for _ in cache]))
     assert counting.calls == 0
     mx.eval(graph(mx.array([[first]]), cache=cache))
     assert counting.calls == 1
@@ -158,7 +162,7 @@ def test_other_calls_are_the_models_own(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.usefixtures("ggml")
 @pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-qwen-agent"])
 def test_fixture_models_keep_their_trained_answers_through_the_graph(name: FixtureModelName) -> None:
-    assert one_row_step_of(loaded_fixture(name, "q8_0").model) is not None
+    assert decode_graph_of(loaded_fixture(name, "q8_0").model) is not None
     assert mismatched_trained_cases(name, "q8_0") == []
 
 
@@ -167,19 +171,67 @@ def _report_line(name: FixtureModelName) -> tuple[bool, str]:
     runner's report line."""
     kernels = CpuKernels("auto", weights="q8_0")
     model = exo_load_model(FIXTURE_MODELS_DIR / name, ShardAssignment(), cpu_kernels=kernels).model
-    return one_row_step_of(model) is not None, kernels.report().describe()
+    return decode_graph_of(model) is not None, kernels.report().describe()
 
 
 @pytest.mark.usefixtures("ggml")
 def test_the_report_says_where_the_graph_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
     installed, line = _report_line("tiny-qwen-tools")
-    assert installed and "one-token decode step as one ggml graph" in line.split("; off:")[0]
+    assert installed
+    assert "decode steps as one ggml graph" in line.split("; off:")[0]
     # A model the graph does not compute (a qwen3's q/k norms, a scaled rope, a pipeline stage) keeps mlx-lm's steps.
-    monkeypatch.setattr(engine, "one_row_step_for", lambda model, ggml: None)
+    monkeypatch.setattr(engine, "decode_graph_for", lambda *_: None)
     installed, line = _report_line("tiny-qwen-tools")
     assert not installed
-    assert "one-token decode step as one ggml graph (not built for a qwen2 model held this way)" in line
+    assert "decode steps as one ggml graph (not built for a qwen2 model held this way)" in line
     monkeypatch.undo()
-    monkeypatch.setenv(ONE_ROW_GRAPH_VARIABLE, "off")
+    monkeypatch.setenv(DECODE_GRAPH_VARIABLE, "off")
     installed, line = _report_line("tiny-qwen-tools")
-    assert not installed and f"one-token decode step as one ggml graph ({ONE_ROW_GRAPH_VARIABLE}=off)" in line
+    assert not installed
+    assert f"decode steps as one ggml graph ({DECODE_GRAPH_VARIABLE}=off)" in line
+
+
+def _batched(model: nn.Module, prompts: list[list[int]], steps: int) -> tuple[list[np.ndarray], list[list[int]]]:
+    """The prompts prefilled as one left-padded batch, then `steps` greedy steps of the batch: each step's logits
+    (sequences × vocabulary) and each sequence's tokens."""
+    longest = max(len(prompt) for prompt in prompts)
+    padding = [longest - len(prompt) for prompt in prompts]
+    cache = [BatchKVCache(left_padding=padding) for _ in range(len(cast(list[nn.Module], model["model"]["layers"])))]
+    rows = mx.array([[0] * pad + prompt for pad, prompt in zip(padding, prompts, strict=True)])
+    logits = model(rows, cache=cache)
+    mx.eval(logits)
+    tokens = np.argmax(np.array(logits[:, -1]), axis=-1)
+    outputs: list[np.ndarray] = []
+    chosen: list[list[int]] = [[] for _ in prompts]
+    for _ in range(steps):
+        logits = model(mx.array(tokens.reshape(-1, 1)), cache=cache)
+        mx.eval(logits)
+        outputs.append(np.array(logits).reshape(len(prompts), -1))
+        tokens = np.argmax(outputs[-1], axis=-1)
+        for row, token in zip(chosen, tokens.tolist(), strict=True):
+            row.append(int(token))
+    return outputs, chosen
+
+
+@pytest.mark.usefixtures("ggml")
+@pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])
+def test_a_batch_of_different_lengths_decodes_as_mlx_lms_model_does(
+    name: FixtureModelName, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    graph, plain = _models(name, "q8_0", monkeypatch, tmp_path)
+    step = decode_graph_of(graph)
+    assert step is not None
+    counting = _Counting(step, monkeypatch)
+    prompts = [PROMPT, PROMPT[:17], [9, 8, 7, *PROMPT[5:30]]]  # left padding 0, 23 and 12
+    graph_logits, graph_tokens = _batched(graph, prompts, steps=6)
+    plain_logits, plain_tokens = _batched(plain, prompts, steps=6)
+    assert counting.calls == 6
+    assert graph_tokens == plain_tokens
+    for a, b in zip(graph_logits, plain_logits, strict=True):
+        for row_a, row_b in zip(a, b, strict=True):
+            _close(row_a, row_b)
+    # Each sequence of the batch decodes as it does alone.
+    for prompt, tokens in zip(prompts, graph_tokens, strict=True):
+        cache, first = _prefilled(graph, prompt)
+        _, alone = _decode(graph, cache, first, steps=6)
+        assert alone == tokens

@@ -1,0 +1,516 @@
+"""A decode step (one new token for each of one or more sequences) of a whole qwen2/llama model as one ggml graph
+(issue 33), as llama.cpp computes a step.
+
+With ggml's products inside mlx-lm's model a one-token step hands the activations between mlx and ggml 73 times
+(the default model: q/k/v, o_proj and the MLP of 24 layers, and the logits), each behind an `mx.eval` of mlx's
+small operations in between (norms, rope, attention); measured on a quiet 2-core EPYC the products took 16-18 ms of
+a 31-35 ms step, and llama-server's whole step on the same file 18 ms (docs/PERFORMANCE.md). Here the embedding
+lookup, every layer (norms, q/k/v with their biases, rope, attention, o_proj, the residual adds, the SwiGLU MLP),
+the final norm and the logits are one graph over the model's own ggml matrices: one compute call a step, the
+products over all the sequences' rows at once, attention per sequence.
+
+The KV cache stays mlx-lm's (`KVCache` for one sequence, `BatchKVCache` for a batch), so everything built on it
+(the prefix caches and their snapshots, trimming a discarded step, a batch's joins and filters) sees what mlx-lm's
+own step leaves: the graph reads each layer's cached keys and values where mlx holds them (never writing there),
+attends to them and to the step's new key and value (the scores of both under one softmax, the weighted values
+summed), and the new keys and values are then appended through `update_and_fetch`, lazily, as mlx-lm's attention
+appends them.
+"""
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, cast
+
+import mlx.core as mx
+import numpy as np
+import numpy.typing as npt
+from mlx import nn
+from mlx_lm.models.cache import BatchKVCache, KVCache
+
+from exo.worker.engines.mlx.cpu.ggml_graph_ops import ROPE_NEOX, GgmlGraphOps
+from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
+from exo.worker.engines.mlx.cpu.q8_layers import GGML_POLL, Q8Embedding, Q8Linear, Q8Weights, SwiGluMlp
+from exo.worker.engines.mlx.discarded_logits import logits_are_discarded
+
+ARCHITECTURES: Final = frozenset({"qwen2", "llama"})
+"""mlx-lm model types whose decoder layer is exactly the one built here (read in their source): pre-norm RMSNorm,
+attention with optional q/k/v biases and NeoX-style rope, a SwiGLU MLP, residual adds."""
+MAX_SEQUENCES: Final = 64
+"""Batches up to this size run as the graph (its nodes grow with the sequences: attention is per sequence)."""
+_F32: Final = GGML_TYPES["F32"]
+_I32: Final = 26
+"""`GGML_TYPE_I32` (ggml.h)."""
+_LAYER_NODES: Final = 40
+"""Graph nodes a layer makes besides attention (about 30), and attention's per sequence (about 12) is added."""
+
+
+@dataclass(frozen=True)
+class _Layer:
+    input_norm: int
+    post_norm: int
+    q: GgmlMatrix
+    k: GgmlMatrix
+    v: GgmlMatrix
+    q_bias: int | None
+    k_bias: int | None
+    v_bias: int | None
+    o: GgmlMatrix
+    gate: GgmlMatrix
+    up: GgmlMatrix
+    down: GgmlMatrix
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the graph needs of the model's configuration."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    norm_eps: float
+    rope_base: float
+    scale: float
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Where each sequence of a step stands in its layers' caches (the same in every layer)."""
+
+    starts: tuple[int, ...]
+    """Each sequence's first cached position in the cache's buffer (a batch's left padding)."""
+    held: tuple[int, ...]
+    """How many positions each sequence has cached: its new token's position (rope) too."""
+
+    @classmethod
+    def of(cls, caches: Sequence[KVCache] | Sequence[BatchKVCache]) -> "Sequences":
+        first = caches[0]
+        if isinstance(first, KVCache):
+            return cls(starts=(0,), held=(first.offset,))
+        end = cast(int, first._idx)  # pyright: ignore[reportPrivateUsage]
+        padding = cast(list[int], first.left_padding.tolist())
+        return cls(starts=tuple(padding), held=tuple(end - start for start in padding))
+
+
+class DecodeGraph:
+    """A model's decode step as one ggml graph; `logits` runs it. Built by `decode_graph_for`, which checks the
+    model is one this graph computes exactly."""
+
+    def __init__(
+        self,
+        ggml: Ggml,
+        *,
+        shape: Shape,
+        layers: Sequence[_Layer],
+        embedding: GgmlMatrix,
+        norm: int,
+        head: Q8Weights,
+        parameters: int,
+    ) -> None:
+        self._ops = GgmlGraphOps(ggml)
+        self._shape = shape
+        self._layers = tuple(layers)
+        self._embedding = embedding
+        self._norm = norm
+        self._head = head.matrix
+        self._threads = head
+        self._parameters = parameters
+        """The context holding the norms' weights and the biases in float32 (freed with this object)."""
+        self._arena: ctypes.Array[ctypes.c_char] | None = None
+        self._work: ctypes.Array[ctypes.c_char] | None = None
+
+    @property
+    def layers(self) -> int:
+        return len(self._layers)
+
+    def close(self) -> None:
+        self._ops.free(self._parameters)
+
+    def logits(self, tokens: Sequence[int], caches: Sequence[KVCache] | Sequence[BatchKVCache]) -> mx.array | None:
+        """The logits (sequences × 1 × vocabulary) of feeding each sequence its token after what `caches` hold
+        (every layer's cache, evaluated, float32: one sequence's KVCache or a batch's BatchKVCache); the step's
+        keys and values are appended to them (lazily). None, with nothing done, where a cache's memory is not laid
+        out as mlx-lm's steps leave it (each position's values side by side)."""
+        ops, shape = self._ops, self._shape
+        sequences = Sequences.of(caches)
+        views = [(np.asarray(cache.keys), np.asarray(cache.values)) for cache in caches]
+        if not all(self._fits(array, sequences, len(tokens)) for pair in views for array in pair):
+            return None
+        count = len(tokens)
+        arena_size = self._arena_bytes(sequences)
+        if self._arena is None or len(self._arena) < arena_size:
+            self._arena = ctypes.create_string_buffer(arena_size)
+        context = ops.context(arena_size, ctypes.addressof(self._arena))
+        outside = ops.context(int(self._ops.ggml.tensor_overhead()) * (2 * len(caches) + 4), allocates=False)
+        try:
+            ids = _int32_tensor(ops, context, tokens)
+            positions = _int32_tensor(ops, context, sequences.held)
+            x = ops.get_rows(context, self._embedding.tensor, ids)
+            appended: list[tuple[int, int]] = []
+            for layer, (keys, values) in zip(self._layers, views, strict=True):
+                cached = (self._whole(outside, keys), keys), (self._whole(outside, values), values)
+                x, new_keys, new_values = self._layer(
+                    context, layer, x, positions=positions, cached=cached, sequences=sequences
+                )
+                appended.append((new_keys, new_values))
+            x = ops.mul(context, ops.rms_norm(context, x, shape.norm_eps), self._norm)
+            logits = ops.mul_mat(context, self._head.tensor, x)
+            nodes = len(self._layers) * (_LAYER_NODES + 16 * count) + 64
+            graph = ops.new_graph_custom(context, nodes, False)
+            ops.build_forward_expand(graph, logits)
+            for new_keys, new_values in appended:
+                ops.build_forward_expand(graph, new_keys)
+                ops.build_forward_expand(graph, new_values)
+            self._compute(graph)
+            vocabulary = self._head.shape[0]
+            result = _read(ops.get_data(logits), count * vocabulary).reshape(count, 1, vocabulary)
+            kv = [
+                (_read(ops.get_data(k), count * shape.kv_width), _read(ops.get_data(v), count * shape.kv_width))
+                for k, v in appended
+            ]
+        finally:
+            ops.free(outside)
+            ops.free(context)
+        del views
+        for cache, (k, v) in zip(caches, kv, strict=True):
+            cache.update_and_fetch(_heads(k, shape, count), _heads(v, shape, count))
+        return mx.array(result)
+
+    def _fits(self, array: npt.NDArray[np.float32], sequences: Sequences, count: int) -> bool:
+        shape = self._shape
+        return (
+            array.dtype == np.float32
+            and array.shape[:2] == (count, shape.kv_heads)
+            and array.shape[2]
+            >= max(start + held for start, held in zip(sequences.starts, sequences.held, strict=True))
+            and array.shape[3] == shape.head_dim
+            and array.strides[3] == 4
+            and min(array.strides[:3]) >= 4 * shape.head_dim
+            and min(sequences.held) > 0
+        )
+
+    def _arena_bytes(self, sequences: Sequences) -> int:
+        shape, count = self._shape, len(sequences.held)
+        hidden, ffn = self._embedding.shape[1], self._layers[0].gate.shape[0]
+        per_layer = count * (16 * hidden + 4 * ffn + 12 * shape.heads * shape.head_dim)
+        per_layer += 4 * shape.heads * sum(held + 2 for held in sequences.held)
+        floats = len(self._layers) * per_layer + count * (self._head.shape[0] + 4 * hidden)
+        tensors = len(self._layers) * (_LAYER_NODES + 16 * count) + 64
+        overhead = tensors * int(self._ops.ggml.tensor_overhead()) + 2 * int(self._ops.ggml.graph_overhead())
+        return 4 * floats + overhead + tensors * 64 + (1 << 20)
+
+    def _whole(self, outside: int, array: npt.NDArray[np.float32]) -> int:
+        """A flat float32 tensor over the memory of one layer's cached keys or values (mlx's sequences × kv heads ×
+        capacity × head dim buffer, or a view of a larger one), for the views attention reads."""
+        extent = sum((size - 1) * stride for size, stride in zip(array.shape, array.strides, strict=True)) + 4
+        whole = self._ops.new_tensor_1d(outside, _F32, extent // 4)
+        self._ops.set_data(whole, array.ctypes.data)
+        return whole
+
+    def _layer(
+        self,
+        context: int,
+        layer: _Layer,
+        x: int,
+        *,
+        positions: int,
+        cached: tuple[tuple[int, npt.NDArray[np.float32]], tuple[int, npt.NDArray[np.float32]]],
+        sequences: Sequences,
+    ) -> tuple[int, int, int]:
+        """One decoder layer on the hidden states `x` (hidden × sequences): the layer's output, and the step's keys
+        and values (after rope) for the caches."""
+        ops, shape = self._ops, self._shape
+        count = len(sequences.held)
+        h = ops.mul(context, ops.rms_norm(context, x, shape.norm_eps), layer.input_norm)
+        q = _biased(ops, context, ops.mul_mat(context, layer.q.tensor, h), layer.q_bias)
+        k = _biased(ops, context, ops.mul_mat(context, layer.k.tensor, h), layer.k_bias)
+        v = _biased(ops, context, ops.mul_mat(context, layer.v.tensor, h), layer.v_bias)
+        q = self._rope(context, ops.reshape_3d(context, q, shape.head_dim, shape.heads, count), positions)
+        k = self._rope(context, ops.reshape_3d(context, k, shape.head_dim, shape.kv_heads, count), positions)
+        attended: int | None = None
+        for index in range(count):
+            one = self._attention(context, q=q, k=k, v=v, cached=cached, sequences=sequences, index=index)
+            attended = one if attended is None else ops.concat(context, attended, one, 1)
+        assert attended is not None
+        x = ops.add(context, x, ops.mul_mat(context, layer.o.tensor, attended))
+        h = ops.mul(context, ops.rms_norm(context, x, shape.norm_eps), layer.post_norm)
+        gated = ops.swiglu_split(
+            context, ops.mul_mat(context, layer.gate.tensor, h), ops.mul_mat(context, layer.up.tensor, h)
+        )
+        x = ops.add(context, x, ops.mul_mat(context, layer.down.tensor, gated))
+        return x, k, v
+
+    def _attention(
+        self,
+        context: int,
+        *,
+        q: int,
+        k: int,
+        v: int,
+        cached: tuple[tuple[int, npt.NDArray[np.float32]], tuple[int, npt.NDArray[np.float32]]],
+        sequences: Sequences,
+        index: int,
+    ) -> int:
+        """Sequence `index`'s attention output (heads · head dim × 1): its query heads against its cached keys and
+        its new key (a query head reads kv head h // (heads / kv heads), as mlx's grouped attention), one softmax
+        over both, then each part's weighted values."""
+        ops, shape = self._ops, self._shape
+        heads, kv_heads, head_dim = shape.heads, shape.kv_heads, shape.head_dim
+        width = 4 * head_dim
+        q_heads = ops.view_3d(context, q, head_dim, 1, heads, width, width, index * heads * width)
+        k_heads = ops.view_3d(context, k, head_dim, 1, kv_heads, width, width, index * kv_heads * width)
+        v_heads = ops.view_3d(context, v, 1, head_dim, kv_heads, 4, width, index * kv_heads * width)
+        (keys, keys_array), (values, values_array) = cached
+        start, held = sequences.starts[index], sequences.held[index]
+        cached_keys = _cached(ops, context, keys, keys_array, index=index, start=start, held=held)
+        cached_values = _cached(ops, context, values, values_array, index=index, start=start, held=held)
+        scores = ops.concat(
+            context, ops.mul_mat(context, cached_keys, q_heads), ops.mul_mat(context, k_heads, q_heads), 0
+        )
+        weights = ops.soft_max_ext(context, scores, None, shape.scale, 0.0)
+        row = 4 * (held + 1)
+        weights_cached = ops.view_3d(context, weights, 1, held, heads, 4, row, 0)
+        weights_new = ops.view_3d(context, weights, 1, 1, heads, 4, row, 4 * held)
+        attended = ops.add(
+            context,
+            ops.out_prod(context, cached_values, weights_cached),
+            ops.mul_mat(context, v_heads, weights_new),
+        )
+        return ops.reshape_2d(context, attended, head_dim * heads, 1)
+
+    def _rope(self, context: int, heads: int, positions: int) -> int:
+        shape = self._shape
+        return self._ops.rope_ext(
+            context, heads, positions, None, shape.head_dim, ROPE_NEOX, 0, shape.rope_base, 1.0, 0.0, 1.0, 0.0, 0.0
+        )
+
+    def _compute(self, graph: int) -> None:
+        ggml = self._ops.ggml
+        # The output head's count: `ggml_threads()`, or what the bench fixed for every matrix (`use_threads`).
+        threads = self._threads.threads
+        pool = ggml.shared_threadpool(threads, GGML_POLL)
+        plan = ggml.graph_plan(graph, threads, pool)
+        size = max(int(plan.work_size), 1)
+        if self._work is None or len(self._work) < size:
+            self._work = ctypes.create_string_buffer(size)
+        plan.work_data = ctypes.addressof(self._work)
+        status = ggml.graph_compute(graph, ctypes.byref(plan))
+        if status != 0:
+            raise RuntimeError(f"ggml_graph_compute returned {status}")
+
+
+def _cached(
+    ops: GgmlGraphOps, context: int, whole: int, array: npt.NDArray[np.float32], *, index: int, start: int, held: int
+) -> int:
+    """Sequence `index`'s `held` cached positions from `start` in one layer's keys or values, as a view [head dim,
+    held, kv heads] of mlx's memory."""
+    _, kv_heads, _, head_dim = array.shape
+    offset = index * array.strides[0] + start * array.strides[2]
+    return ops.view_3d(context, whole, head_dim, held, kv_heads, array.strides[2], array.strides[1], offset)
+
+
+def _biased(ops: GgmlGraphOps, context: int, product: int, bias: int | None) -> int:
+    return product if bias is None else ops.add(context, product, bias)
+
+
+def _int32_tensor(ops: GgmlGraphOps, context: int, values: Sequence[int]) -> int:
+    tensor = ops.new_tensor_1d(context, _I32, len(values))
+    (ctypes.c_int32 * len(values)).from_address(ops.get_data(tensor))[:] = list(values)
+    return tensor
+
+
+def _read(address: int, count: int) -> npt.NDArray[np.float32]:
+    values = np.empty(count, dtype=np.float32)
+    ctypes.memmove(values.ctypes.data, address, 4 * count)
+    return values
+
+
+def _heads(values: npt.NDArray[np.float32], shape: Shape, count: int) -> mx.array:
+    """Each sequence's new keys or values as mlx-lm's caches take them: sequences × kv heads × 1 × head dim."""
+    return mx.array(values.reshape(count, shape.kv_heads, 1, shape.head_dim))
+
+
+def _f32_tensor(ops: GgmlGraphOps, context: int, array: mx.array) -> int:
+    values = np.ascontiguousarray(np.asarray(array.astype(mx.float32)), dtype=np.float32).reshape(-1)
+    tensor = int(ops.new_tensor_1d(context, _F32, values.size))
+    ctypes.memmove(ops.get_data(tensor), values.ctypes.data, values.nbytes)
+    return tensor
+
+
+def decode_graph_for(model: nn.Module, ggml: Ggml) -> DecodeGraph | None:
+    """The whole-step graph of `model` when it is one this module computes exactly (a qwen2 or llama model of
+    mlx-lm with every matrix a ggml layer, not split across nodes, NeoX rope without scaling), else None."""
+    args = getattr(model, "args", None)
+    inner = model.get("model")
+    if args is None or getattr(args, "model_type", None) not in ARCHITECTURES or not isinstance(inner, nn.Module):
+        return None
+    embedding = inner.get("embed_tokens")
+    layers = cast(list[nn.Module], inner.get("layers") or [])
+    if not isinstance(embedding, Q8Embedding) or not layers or len(layers) != getattr(args, "num_hidden_layers", -1):
+        return None
+    head_module = model.get("lm_head")
+    head = embedding.q8 if head_module is None else _weights(head_module)
+    if head is None:
+        return None
+    first = layers[0]["self_attn"]
+    rope = first.get("rope")
+    if not isinstance(rope, nn.RoPE) or rope.traditional or rope.scale != 1.0:
+        return None
+    heads, kv_heads = int(first.n_heads), int(first.n_kv_heads)
+    head_dim = int(rope.dims)
+    shape = Shape(
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        norm_eps=float(inner["norm"].eps),
+        rope_base=float(rope.base),
+        scale=float(first.scale),
+    )
+    q_proj = first.get("q_proj")
+    if heads % kv_heads or not isinstance(q_proj, Q8Linear) or head_dim * heads != q_proj.q8.shape[0]:
+        return None
+    ops = GgmlGraphOps(ggml)
+    hidden = embedding.q8.shape[1]
+    floats = len(layers) * (2 * hidden + 2 * (heads + kv_heads) * head_dim) + hidden
+    parameters = ops.context(4 * floats + (6 * len(layers) + 4) * int(ggml.tensor_overhead()) + 4096)
+    try:
+        built = [_layer_for(layer, ops, parameters, shape) for layer in layers]
+        if any(layer is None for layer in built):
+            ops.free(parameters)
+            return None
+        norm = _f32_tensor(ops, parameters, inner["norm"].weight)
+    except Exception:
+        ops.free(parameters)
+        raise
+    return DecodeGraph(
+        ggml,
+        shape=shape,
+        layers=[layer for layer in built if layer is not None],
+        embedding=embedding.q8.matrix,
+        norm=norm,
+        head=head,
+        parameters=parameters,
+    )
+
+
+def _weights(module: object) -> Q8Weights | None:
+    """A bias-free ggml layer's weights (the untied output head)."""
+    if type(module) is not Q8Linear or "bias" in module:
+        return None
+    return module.q8
+
+
+def _layer_for(layer: nn.Module, ops: GgmlGraphOps, context: int, shape: Shape) -> _Layer | None:
+    attention, mlp = layer.get("self_attn"), layer.get("mlp")
+    if not isinstance(attention, nn.Module) or not isinstance(mlp, SwiGluMlp):
+        return None
+    rope = attention.get("rope")
+    if not isinstance(rope, nn.RoPE) or rope.traditional or rope.scale != 1.0 or float(rope.base) != shape.rope_base:
+        return None
+    projections = [attention.get(name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    if not all(isinstance(p, Q8Linear) and type(p) is Q8Linear for p in projections):
+        return None
+    q, k, v, o = cast(list[Q8Linear], projections)
+    if "bias" in o or type(mlp.down_proj) is not Q8Linear:
+        return None
+
+    def bias(linear: Q8Linear) -> int | None:
+        return _f32_tensor(ops, context, linear["bias"]) if "bias" in linear else None
+
+    return _Layer(
+        input_norm=_f32_tensor(ops, context, layer["input_layernorm"].weight),
+        post_norm=_f32_tensor(ops, context, layer["post_attention_layernorm"].weight),
+        q=q.q8.matrix,
+        k=k.q8.matrix,
+        v=v.q8.matrix,
+        q_bias=bias(q),
+        k_bias=bias(k),
+        v_bias=bias(v),
+        o=o.q8.matrix,
+        gate=mlp.gate_proj.q8.matrix,
+        up=mlp.up_proj.q8.matrix,
+        down=mlp.down_proj.q8.matrix,
+    )
+
+
+class _DecodeGraphCall(nn.Module):
+    """The call of a model with a `DecodeGraph` installed (`install_decode_graph` makes the model an instance of a
+    subclass of its own class and this): a decode step (one token for each sequence) over mlx-lm KV caches runs as
+    the one graph; every other call (prefill, verifying a draft, no cache) is the model's own."""
+
+    decode_graph: DecodeGraph
+
+    def __call__(self, inputs: mx.array, cache: object = None, *args: object, **kwargs: object) -> mx.array:
+        caches = _decode_caches(inputs, cache, args, kwargs, self.decode_graph.layers)
+        if caches is not None:
+            mx.eval(inputs, *[array for layer in caches for array in (layer.keys, layer.values)])
+            tokens = cast(list[int], np.asarray(inputs).reshape(-1).tolist())
+            logits = self.decode_graph.logits(tokens, caches)
+            if logits is not None:
+                return logits
+        return cast(mx.array, super().__call__(inputs, cache, *args, **kwargs))  # pyright: ignore[reportUnknownMemberType]
+
+
+_SUBCLASSES: dict[type, type] = {}
+
+
+def install_decode_graph(model: nn.Module, graph: DecodeGraph) -> None:
+    """Make `model`'s decode steps run as `graph` (its class becomes a subclass of its own that dispatches them:
+    isinstance checks and every attribute stay as they were)."""
+    base = type(model)
+    if base not in _SUBCLASSES:
+        _SUBCLASSES[base] = type(base.__name__, (_DecodeGraphCall, base), {"__module__": base.__module__})
+    model.__class__ = _SUBCLASSES[base]
+    cast(_DecodeGraphCall, model).decode_graph = graph
+
+
+def decode_graph_of(model: nn.Module) -> DecodeGraph | None:
+    """The graph installed on `model`, if any."""
+    return model.decode_graph if isinstance(model, _DecodeGraphCall) else None
+
+
+def _decode_caches(
+    inputs: mx.array, cache: object, args: tuple[object, ...], kwargs: dict[str, object], layers: int
+) -> list[KVCache] | list[BatchKVCache] | None:
+    """The caches of a call the graph computes: one token for each sequence, no input embeddings, its logits
+    wanted, every layer's cache an mlx-lm KVCache (one sequence) or BatchKVCache (a batch, not mid-prefill), in
+    float32, all at the same place (else None)."""
+    if args or any(value is not None for value in kwargs.values()) or logits_are_discarded():
+        return None
+    if inputs.ndim != 2 or inputs.shape[1] != 1 or not 0 < inputs.shape[0] <= MAX_SEQUENCES:
+        return None
+    if not isinstance(cache, list) or len(cast(list[object], cache)) != layers:
+        return None
+    caches = cast(list[object], cache)
+    kind = type(caches[0])
+    if kind not in (KVCache, BatchKVCache) or not all(type(layer) is kind for layer in caches):
+        return None
+    if kind is KVCache:
+        return _single(cast(list[KVCache], caches)) if inputs.shape[0] == 1 else None
+    return _batch(cast(list[BatchKVCache], caches), inputs.shape[0])
+
+
+def _single(caches: list[KVCache]) -> list[KVCache] | None:
+    offset = caches[0].offset
+    for layer in caches:
+        keys, values = layer.keys, layer.values
+        if keys is None or values is None or layer.offset != offset or offset <= 0:
+            return None
+        if keys.dtype != mx.float32 or values.dtype != mx.float32:
+            return None
+    return caches
+
+
+def _batch(caches: list[BatchKVCache], count: int) -> list[BatchKVCache] | None:
+    end = caches[0]._idx  # pyright: ignore[reportPrivateUsage]
+    for layer in caches:
+        keys, values = layer.keys, layer.values
+        if keys is None or values is None or layer._idx != end or layer._right_padding is not None:  # pyright: ignore[reportPrivateUsage]
+            return None
+        if keys.dtype != mx.float32 or values.dtype != mx.float32 or keys.shape[0] != count:
+            return None
+    return caches
