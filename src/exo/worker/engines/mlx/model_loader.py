@@ -140,7 +140,7 @@ def _loaded(
     """Finish loading: the CPU engine's replacements, weights materialised, and what the runner reports."""
     # A layer-range stage numbers its kept layers from 0; mlx-lm's own pipeline keeps their numbers.
     first_layer = shard.start_layer if strategy == "layer-range" else 0
-    dtype = kernels.prepare_model(model, path, first_layer)
+    dtype = kernels.prepare_model(model, path, first_layer, split=shard.world_size > 1)
     mx.eval(model.parameters())
     return LoadedModel(
         model=model,

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from mlx import nn
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.utils import load_model as mlx_lm_load_model
 
 from exo.shared.types.cpu_kernels import CpuWeightsSetting
 from exo.shared.types.worker.shards import ShardAssignment
@@ -235,3 +236,14 @@ def test_a_batch_of_different_lengths_decodes_as_mlx_lms_model_does(
         cache, first = _prefilled(graph, prompt)
         _, alone = _decode(graph, cache, first, steps=6)
         assert alone == tokens
+
+
+@pytest.mark.usefixtures("ggml")
+def test_a_rank_of_a_split_model_keeps_mlx_lms_steps() -> None:
+    # A pipeline stage or tensor rank passes its steps through the other ranks: the graph would compute alone.
+    path = FIXTURE_MODELS_DIR / "tiny-qwen-tools"
+    model, _ = mlx_lm_load_model(path, lazy=True)
+    kernels = CpuKernels("auto", weights="q8_0")
+    assert kernels.prepare_model(model, path, split=True) == "q8_0"
+    assert decode_graph_of(model) is None
+    assert "decode steps as one ggml graph (a rank of a split model)" in kernels.report().describe()

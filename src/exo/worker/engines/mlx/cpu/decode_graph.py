@@ -348,6 +348,8 @@ def decode_graph_for(model: nn.Module, ggml: Ggml) -> DecodeGraph | None:
     inner = model.get("model")
     if args is None or getattr(args, "model_type", None) not in ARCHITECTURES or not isinstance(inner, nn.Module):
         return None
+    if getattr(inner, "pipeline_size", 1) != 1:  # one stage of mlx-lm's own pipeline: its steps pass other ranks
+        return None
     embedding = inner.get("embed_tokens")
     layers = cast(list[nn.Module], inner.get("layers") or [])
     if not isinstance(embedding, Q8Embedding) or not layers or len(layers) != getattr(args, "num_hidden_layers", -1):

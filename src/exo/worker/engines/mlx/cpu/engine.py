@@ -100,11 +100,14 @@ class CpuKernels:
     def on(self, name: Replacement) -> bool:
         return self._why_off[name] is None
 
-    def prepare_model(self, model: nn.Module, model_path: Path | None = None, first_layer: int = 0) -> str:
+    def prepare_model(
+        self, model: nn.Module, model_path: Path | None = None, first_layer: int = 0, *, split: bool = False
+    ) -> str:
         """Apply the model's replacements; returns the dtype it is served in (`native`: as stored; `int8`, `q8_0` or
         `gguf`: int8 matrices, Q8_0 blocks or the GGUF's own blocks, everything else float32). Raises ModelLoadError
         under `--cpu-weights q8_0` / `gguf` where the replacements apply but no ggml library is built, and under
-        `gguf` where `model_path` kept no GGUF (`first_layer`: the first of its layers a pipeline stage numbers 0)."""
+        `gguf` where `model_path` kept no GGUF (`first_layer`: the first of its layers a pipeline stage numbers 0; `split`:
+        the model is one rank's part of a pipeline or tensor split, whose steps pass through the other ranks)."""
         if self._ggml_missing is not None:
             raise ModelLoadError(f"--cpu-weights {self.weights} needs ggml's CPU library: {self._ggml_missing}")
         if self._ggml_dir is not None and (self.on("gguf_weights") or self.on("q8_0_weights")):
@@ -116,13 +119,13 @@ class CpuKernels:
             load_gguf_matrices(model, _gguf_source(model_path, first_layer), ggml_library(self._ggml_dir))
             model.set_dtype(mx.float32)
             use_numpy_kernels([name for name in ("numpy_attention", "numpy_swiglu") if self.on(name)])
-            self._install_decode_graph(model, ggml_library(self._ggml_dir))
+            self._install_decode_graph(model, ggml_library(self._ggml_dir), split=split)
             return "gguf"
         if self.on("q8_0_weights") and self._ggml_dir is not None:
             quantize_model_q8(model, ggml_library(self._ggml_dir))
             model.set_dtype(mx.float32)
             use_numpy_kernels([name for name in ("numpy_attention", "numpy_swiglu") if self.on(name)])
-            self._install_decode_graph(model, ggml_library(self._ggml_dir))
+            self._install_decode_graph(model, ggml_library(self._ggml_dir), split=split)
             return "q8_0"
         if self.on("int8_weights"):
             # One matrix at a time, before anything else is expanded: loading never holds the model in float32.
@@ -140,9 +143,12 @@ class CpuKernels:
         use_numpy_kernels([name for name in ("numpy_attention", "numpy_swiglu") if self.on(name)])
         return "float32"
 
-    def _install_decode_graph(self, model: nn.Module, ggml: Ggml) -> None:
+    def _install_decode_graph(self, model: nn.Module, ggml: Ggml, *, split: bool) -> None:
         """Run the model's decode steps as one ggml graph where it is a model that graph computes."""
         if not self.on("decode_graph"):
+            return
+        if split:
+            self._turn_off(("decode_graph",), "a rank of a split model")
             return
         step = decode_graph_for(model, ggml)
         if step is None:
