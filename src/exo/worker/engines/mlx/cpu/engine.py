@@ -106,8 +106,8 @@ class CpuKernels:
         """Apply the model's replacements; returns the dtype it is served in (`native`: as stored; `int8`, `q8_0` or
         `gguf`: int8 matrices, Q8_0 blocks or the GGUF's own blocks, everything else float32). Raises ModelLoadError
         under `--cpu-weights q8_0` / `gguf` where the replacements apply but no ggml library is built, and under
-        `gguf` where `model_path` kept no GGUF (`first_layer`: the first of its layers a pipeline stage numbers 0; `split`:
-        the model is one rank's part of a pipeline or tensor split, whose steps pass through the other ranks)."""
+        `gguf` where `model_path` kept no GGUF (`first_layer`: the first of its layers a pipeline stage numbers 0;
+        `split`: the model is one rank's part of a pipeline or tensor split, whose steps pass through the others)."""
         if self._ggml_missing is not None:
             raise ModelLoadError(f"--cpu-weights {self.weights} needs ggml's CPU library: {self._ggml_missing}")
         if self._ggml_dir is not None and (self.on("gguf_weights") or self.on("q8_0_weights")):
