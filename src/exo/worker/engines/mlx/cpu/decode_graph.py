@@ -255,31 +255,33 @@ class DecodeGraph:
         sequences: Sequences,
         index: int,
     ) -> int:
-        """Sequence `index`'s attention output (heads · head dim × 1): its query heads against its cached keys and
-        its new key (a query head reads kv head h // (heads / kv heads), as mlx's grouped attention), one softmax
-        over both, then each part's weighted values."""
+        """Sequence `index`'s attention output (heads · head dim × 1): each kv head's group of query heads (query
+        head h reads kv head h // (heads / kv heads), as mlx's grouped attention) against its cached keys, read once
+        for the group, and its new key; one softmax over both; then each part's weighted values."""
         ops, shape = self._ops, self._shape
         heads, kv_heads, head_dim = shape.heads, shape.kv_heads, shape.head_dim
-        width = 4 * head_dim
-        q_heads = ops.view_3d(context, q, head_dim, 1, heads, width, width, index * heads * width)
-        k_heads = ops.view_3d(context, k, head_dim, 1, kv_heads, width, width, index * kv_heads * width)
-        v_heads = ops.view_3d(context, v, 1, head_dim, kv_heads, 4, width, index * kv_heads * width)
+        group, width = heads // kv_heads, 4 * head_dim
+        queries = ops.view_3d(context, q, head_dim, group, kv_heads, width, group * width, index * heads * width)
+        new_key = ops.view_3d(context, k, head_dim, 1, kv_heads, width, width, index * kv_heads * width)
+        new_value = ops.view_3d(context, v, 1, head_dim, kv_heads, 4, width, index * kv_heads * width)
         (keys, keys_array), (values, values_array) = cached
         start, held = sequences.starts[index], sequences.held[index]
         cached_keys = _cached(ops, context, keys, keys_array, index=index, start=start, held=held)
         cached_values = _cached(ops, context, values, values_array, index=index, start=start, held=held)
         scores = ops.concat(
-            context, ops.mul_mat(context, cached_keys, q_heads), ops.mul_mat(context, k_heads, q_heads), 0
-        )
+            context, ops.mul_mat(context, cached_keys, queries), ops.mul_mat(context, new_key, queries), 0
+        )  # positions + 1 × group × kv heads
         weights = ops.soft_max_ext(context, scores, None, shape.scale, 0.0)
         row = 4 * (held + 1)
-        weights_cached = ops.view_3d(context, weights, 1, held, heads, 4, row, 0)
-        weights_new = ops.view_3d(context, weights, 1, 1, heads, 4, row, 4 * held)
+        weights_cached = ops.transpose(
+            context, ops.view_3d(context, weights, held, group, kv_heads, row, group * row, 0)
+        )
+        weights_new = ops.view_3d(context, weights, 1, group, kv_heads, row, group * row, 4 * held)
         attended = ops.add(
             context,
             ops.out_prod(context, cached_values, weights_cached),
-            ops.mul_mat(context, v_heads, weights_new),
-        )
+            ops.mul_mat(context, new_value, weights_new),
+        )  # head dim × group × kv heads: the heads in order
         return ops.reshape_2d(context, attended, head_dim * heads, 1)
 
     def _rope(self, context: int, heads: int, positions: int) -> int:

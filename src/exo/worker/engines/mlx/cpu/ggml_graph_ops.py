@@ -49,6 +49,7 @@ class GgmlGraphOps:
         self.reshape_3d = bind("ggml_reshape_3d", p, p, p, w, w, w)
         self.view_3d = bind("ggml_view_3d", p, p, p, w, w, w, s, s, s)
         self.concat = bind("ggml_concat", p, p, p, p, i)
+        self.transpose = bind("ggml_transpose", p, p, p)
         self.soft_max_ext = bind("ggml_soft_max_ext", p, p, p, p, f, f)
         self.rope_ext = bind("ggml_rope_ext", p, p, p, p, p, i, i, i, f, f, f, f, f, f)
         self.get_rows = bind("ggml_get_rows", p, p, p, p)
