@@ -41,6 +41,7 @@ MAX_SEQUENCES: Final = 64
 _F32: Final = GGML_TYPES["F32"]
 _I32: Final = 26
 """`GGML_TYPE_I32` (ggml.h)."""
+_ARENA_POSITIONS: Final = 256
 _LAYER_NODES: Final = 40
 """Graph nodes a layer makes besides attention (about 30), and attention's per sequence (about 12) is added."""
 
@@ -197,7 +198,10 @@ class DecodeGraph:
         shape, count = self._shape, len(sequences.held)
         hidden, ffn = self._embedding.shape[1], self._layers[0].gate.shape[0]
         per_layer = count * (16 * hidden + 4 * ffn + 12 * shape.heads * shape.head_dim)
-        per_layer += 4 * shape.heads * sum(held + 2 for held in sequences.held)
+        # Sized for the next multiple of `_ARENA_POSITIONS` positions: the arena is not grown at every step.
+        per_layer += (
+            4 * shape.heads * sum(-(-(held + 2) // _ARENA_POSITIONS) * _ARENA_POSITIONS for held in sequences.held)
+        )
         floats = len(self._layers) * per_layer + count * (self._head.shape[0] + 4 * hidden)
         tensors = len(self._layers) * (_LAYER_NODES + 16 * count) + 64
         overhead = tensors * int(self._ops.ggml.tensor_overhead()) + 2 * int(self._ops.ggml.graph_overhead())
