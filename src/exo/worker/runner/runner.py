@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
     from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
     from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
+    from exo.worker.engines.mlx.generator.draft_policy import StepCosts
     from exo.worker.engines.mlx.generator.request_context import EngineContext
     from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 
@@ -94,6 +95,7 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
             logger.exception("cannot load %s", bootstrap.model_path)
         channel.send(RunnerLoadFailed(message=reason))
         return
+    step_costs = _measured_step_costs(context) if link is None else None
     channel.send(RunnerReady(metadata=metadata))
     logger.info(
         "loaded %s (tool format %s, dtype %s, weights %.2f GB, batches up to %d requests, prompt-lookup "
@@ -106,7 +108,7 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
         "on" if bootstrap.decode.speculation is not None else "off",
     )
     if link is None:
-        _serve(channel, context)
+        _serve(channel, context, step_costs)
         return
     reason = serve_pipeline(channel, context, link, lambda wait: _incoming(channel, wait=wait))
     link.close()
@@ -139,7 +141,22 @@ def _load_failed_exit(channel: RunnerChannel) -> Callable[[str], NoReturn]:
     return give_up
 
 
-def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
+def _measured_step_costs(context: "EngineContext") -> "StepCosts | None":
+    """Pass costs measured before serving where a one-token step is the CPU engine's decode graph and a longer pass
+    is not (`step_cost_probe.py`): the draft policy knows them before the first request's first draft."""
+    from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_of
+    from exo.worker.engines.mlx.generator.draft_policy import StepCosts
+    from exo.worker.engines.mlx.generator.step_cost_probe import measure_step_costs
+
+    speculation = context.decode.speculation
+    if speculation is None or not speculation.adaptive or decode_graph_of(context.loaded.model) is None:
+        return None
+    costs = StepCosts()
+    measure_step_costs(context.loaded.model, costs, speculation.max_draft_tokens + 1)
+    return costs
+
+
+def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCosts | None" = None) -> None:
     """Admit tasks, cancel them and advance every active one a token at a time until told to shut down.
 
     Messages are read between decode steps, so a task arriving while others decode joins them at the next token and
@@ -149,6 +166,8 @@ def _serve(channel: RunnerChannel, context: "EngineContext") -> None:
     from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 
     scheduler = GenerationScheduler(context.loaded.model, context.decode)
+    if step_costs is not None:
+        scheduler.step_costs = step_costs
     meter = StepMeter()
     window = ArrivalWindow()
     meter.begin()
