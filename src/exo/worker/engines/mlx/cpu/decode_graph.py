@@ -18,6 +18,7 @@ appends them.
 """
 
 import ctypes
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, cast
@@ -41,7 +42,6 @@ MAX_SEQUENCES: Final = 64
 _F32: Final = GGML_TYPES["F32"]
 _I32: Final = 26
 """`GGML_TYPE_I32` (ggml.h)."""
-_ARENA_POSITIONS: Final = 256
 _LAYER_NODES: Final = 40
 """Graph nodes a layer makes besides attention (about 30), and attention's per sequence (about 12) is added."""
 
@@ -122,14 +122,20 @@ class DecodeGraph:
         self._parameters = parameters
         """The context holding the norms' weights and the biases in float32 (freed with this object)."""
         self._arena: ctypes.Array[ctypes.c_char] | None = None
+        """The tensors' and graph's descriptions (their data is the allocator's)."""
+        self._allocator = int(self._ops.gallocr_new(self._ops.cpu_buffer_type()))
+        """ggml-alloc's graph allocator: the step's intermediate tensors in one buffer, reused from node to node as
+        llama.cpp allocates its graphs (kept: it grows to the largest step and is reused)."""
         self._work: ctypes.Array[ctypes.c_char] | None = None
+        self._finalizer = weakref.finalize(self, _free, self._ops, parameters, self._allocator)
 
     @property
     def layers(self) -> int:
         return len(self._layers)
 
     def close(self) -> None:
-        self._ops.free(self._parameters)
+        """Free the parameters' context and the allocator's buffer now (else when this object is collected)."""
+        self._finalizer()
 
     def logits(self, tokens: Sequence[int], caches: Sequence[KVCache] | Sequence[BatchKVCache]) -> mx.array | None:
         """The logits (sequences × 1 × vocabulary) of feeding each sequence its token after what `caches` hold
@@ -145,11 +151,13 @@ class DecodeGraph:
         arena_size = self._arena_bytes(sequences)
         if self._arena is None or len(self._arena) < arena_size:
             self._arena = ctypes.create_string_buffer(arena_size)
-        context = ops.context(arena_size, ctypes.addressof(self._arena))
+        context = ops.context(arena_size, ctypes.addressof(self._arena), allocates=False)
         outside = ops.context(int(self._ops.ggml.tensor_overhead()) * (2 * len(caches) + 4), allocates=False)
         try:
-            ids = _int32_tensor(ops, context, tokens)
-            positions = _int32_tensor(ops, context, sequences.held)
+            ids = ops.new_tensor_1d(context, _I32, count)
+            positions = ops.new_tensor_1d(context, _I32, count)
+            ops.set_input(ids)
+            ops.set_input(positions)
             x = ops.get_rows(context, self._embedding.tensor, ids)
             appended: list[tuple[int, int]] = []
             for layer, (keys, values) in zip(self._layers, views, strict=True):
@@ -162,10 +170,13 @@ class DecodeGraph:
             logits = ops.mul_mat(context, self._head.tensor, x)
             nodes = len(self._layers) * (_LAYER_NODES + 16 * count) + 64
             graph = ops.new_graph_custom(context, nodes, False)
-            ops.build_forward_expand(graph, logits)
-            for new_keys, new_values in appended:
-                ops.build_forward_expand(graph, new_keys)
-                ops.build_forward_expand(graph, new_values)
+            for output in (logits, *[tensor for pair in appended for tensor in pair]):
+                ops.set_output(output)
+                ops.build_forward_expand(graph, output)
+            if not ops.gallocr_alloc_graph(self._allocator, graph):
+                raise MemoryError("ggml could not allocate the decode graph's tensors")
+            _write_int32(ops.get_data(ids), tokens)
+            _write_int32(ops.get_data(positions), sequences.held)
             self._compute(graph)
             vocabulary = self._head.shape[0]
             result = _read(ops.get_data(logits), count * vocabulary).reshape(count, 1, vocabulary)
@@ -195,17 +206,10 @@ class DecodeGraph:
         )
 
     def _arena_bytes(self, sequences: Sequences) -> int:
-        shape, count = self._shape, len(sequences.held)
-        hidden, ffn = self._embedding.shape[1], self._layers[0].gate.shape[0]
-        per_layer = count * (16 * hidden + 4 * ffn + 12 * shape.heads * shape.head_dim)
-        # Sized for the next multiple of `_ARENA_POSITIONS` positions: the arena is not grown at every step.
-        per_layer += (
-            4 * shape.heads * sum(-(-(held + 2) // _ARENA_POSITIONS) * _ARENA_POSITIONS for held in sequences.held)
-        )
-        floats = len(self._layers) * per_layer + count * (self._head.shape[0] + 4 * hidden)
-        tensors = len(self._layers) * (_LAYER_NODES + 16 * count) + 64
+        """Room for the step's tensor and graph descriptions (no data: the allocator holds it)."""
+        tensors = len(self._layers) * (_LAYER_NODES + 16 * len(sequences.held)) + 64
         overhead = tensors * int(self._ops.ggml.tensor_overhead()) + 2 * int(self._ops.ggml.graph_overhead())
-        return 4 * floats + overhead + tensors * 64 + (1 << 20)
+        return overhead + tensors * 64 + (1 << 16)
 
     def _whole(self, outside: int, array: npt.NDArray[np.float32]) -> int:
         """A flat float32 tensor over the memory of one layer's cached keys or values (mlx's sequences × kv heads ×
@@ -323,10 +327,13 @@ def _biased(ops: GgmlGraphOps, context: int, product: int, bias: int | None) -> 
     return product if bias is None else ops.add(context, product, bias)
 
 
-def _int32_tensor(ops: GgmlGraphOps, context: int, values: Sequence[int]) -> int:
-    tensor = ops.new_tensor_1d(context, _I32, len(values))
-    (ctypes.c_int32 * len(values)).from_address(ops.get_data(tensor))[:] = list(values)
-    return tensor
+def _free(ops: GgmlGraphOps, parameters: int, allocator: int) -> None:
+    ops.free(parameters)
+    ops.gallocr_free(allocator)
+
+
+def _write_int32(address: int, values: Sequence[int]) -> None:
+    (ctypes.c_int32 * len(values)).from_address(address)[:] = list(values)
 
 
 def _read(address: int, count: int) -> npt.NDArray[np.float32]:

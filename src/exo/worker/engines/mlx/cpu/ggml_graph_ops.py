@@ -54,6 +54,13 @@ class GgmlGraphOps:
         self.rope_ext = bind("ggml_rope_ext", p, p, p, p, p, i, i, i, f, f, f, f, f, f)
         self.get_rows = bind("ggml_get_rows", p, p, p, p)
         self.new_graph_custom = bind("ggml_new_graph_custom", p, p, s, ctypes.c_bool)
+        self.set_input = bind("ggml_set_input", None, p)
+        self.set_output = bind("ggml_set_output", None, p)
+        # ggml-alloc's graph allocator: a graph's intermediate tensors share one buffer, reused between nodes.
+        self.cpu_buffer_type = bind("ggml_backend_cpu_buffer_type", p)
+        self.gallocr_new = bind("ggml_gallocr_new", p, p)
+        self.gallocr_alloc_graph = bind("ggml_gallocr_alloc_graph", ctypes.c_bool, p, p)
+        self.gallocr_free = bind("ggml_gallocr_free", None, p)
         self.get_data = ggml.get_data
         self.build_forward_expand = ggml.build_forward_expand
         self._check_data_offset()
