@@ -29,7 +29,7 @@ import numpy.typing as npt
 from mlx import nn
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from exo.worker.engines.mlx.cpu.ggml_graph_ops import ROPE_NEOX, GgmlGraphOps
+from exo.worker.engines.mlx.cpu.ggml_graph_ops import ROPE_NEOX, GgmlGraphOps, graph_ops
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.q8_layers import GGML_POLL, Q8Embedding, Q8Linear, Q8Weights, SwiGluMlp
 from exo.worker.engines.mlx.discarded_logits import logits_are_discarded
@@ -103,7 +103,7 @@ class DecodeGraph:
 
     def __init__(
         self,
-        ggml: Ggml,
+        ops: GgmlGraphOps,
         *,
         shape: Shape,
         layers: Sequence[_Layer],
@@ -112,7 +112,7 @@ class DecodeGraph:
         head: Q8Weights,
         parameters: int,
     ) -> None:
-        self._ops = GgmlGraphOps(ggml)
+        self._ops = ops
         self._shape = shape
         self._layers = tuple(layers)
         self._embedding = embedding
@@ -121,8 +121,6 @@ class DecodeGraph:
         self._threads = head
         self._parameters = parameters
         """The context holding the norms' weights and the biases in float32 (freed with this object)."""
-        self._arena: ctypes.Array[ctypes.c_char] | None = None
-        """The tensors' and graph's descriptions (their data is the allocator's)."""
         self._allocator = int(self._ops.gallocr_new(self._ops.cpu_buffer_type()))
         """ggml-alloc's graph allocator: the step's intermediate tensors in one buffer, reused from node to node as
         llama.cpp allocates its graphs (kept: it grows to the largest step and is reused)."""
@@ -148,11 +146,11 @@ class DecodeGraph:
         if not all(self._fits(array, sequences, len(tokens)) for pair in views for array in pair):
             return None
         count = len(tokens)
-        arena_size = self._arena_bytes(sequences)
-        if self._arena is None or len(self._arena) < arena_size:
-            self._arena = ctypes.create_string_buffer(arena_size)
-        context = ops.context(arena_size, ctypes.addressof(self._arena), allocates=False)
-        outside = ops.context(int(self._ops.ggml.tensor_overhead()) * (2 * len(caches) + 4), allocates=False)
+        nodes = len(self._layers) * (_LAYER_NODES + 16 * count) + 64
+        # The tensors' and graph's descriptions only: their data is the allocator's, or mlx's (the caches).
+        overhead = nodes * int(ops.ggml.tensor_overhead()) + 2 * int(ops.ggml.graph_overhead())
+        context = ops.new_context(overhead, allocates=False)
+        outside = ops.new_context(int(ops.ggml.tensor_overhead()) * (2 * len(caches) + 4), allocates=False)
         try:
             ids = ops.new_tensor_1d(context, _I32, count)
             positions = ops.new_tensor_1d(context, _I32, count)
@@ -168,7 +166,6 @@ class DecodeGraph:
                 appended.append((new_keys, new_values))
             x = ops.mul(context, ops.rms_norm(context, x, shape.norm_eps), self._norm)
             logits = ops.mul_mat(context, self._head.tensor, x)
-            nodes = len(self._layers) * (_LAYER_NODES + 16 * count) + 64
             graph = ops.new_graph_custom(context, nodes, False)
             for output in (logits, *[tensor for pair in appended for tensor in pair]):
                 ops.set_output(output)
@@ -204,12 +201,6 @@ class DecodeGraph:
             and min(array.strides[:3]) >= 4 * shape.head_dim
             and min(sequences.held) > 0
         )
-
-    def _arena_bytes(self, sequences: Sequences) -> int:
-        """Room for the step's tensor and graph descriptions (no data: the allocator holds it)."""
-        tensors = len(self._layers) * (_LAYER_NODES + 16 * len(sequences.held)) + 64
-        overhead = tensors * int(self._ops.ggml.tensor_overhead()) + 2 * int(self._ops.ggml.graph_overhead())
-        return overhead + tensors * 64 + (1 << 16)
 
     def _whole(self, outside: int, array: npt.NDArray[np.float32]) -> int:
         """A flat float32 tensor over the memory of one layer's cached keys or values (mlx's sequences × kv heads ×
@@ -388,10 +379,10 @@ def decode_graph_for(model: nn.Module, ggml: Ggml) -> DecodeGraph | None:
     q_proj = first.get("q_proj")
     if heads % kv_heads or not isinstance(q_proj, Q8Linear) or head_dim * heads != q_proj.q8.shape[0]:
         return None
-    ops = GgmlGraphOps(ggml)
+    ops = graph_ops(ggml)
     hidden = embedding.q8.shape[1]
     floats = len(layers) * (2 * hidden + 2 * (heads + kv_heads) * head_dim) + hidden
-    parameters = ops.context(4 * floats + (6 * len(layers) + 4) * int(ggml.tensor_overhead()) + 4096)
+    parameters = ops.new_context(4 * floats + (6 * len(layers) + 4) * int(ggml.tensor_overhead()) + 4096)
     try:
         built = [_layer_for(layer, ops, parameters, shape) for layer in layers]
         if any(layer is None for layer in built):
@@ -402,7 +393,7 @@ def decode_graph_for(model: nn.Module, ggml: Ggml) -> DecodeGraph | None:
         ops.free(parameters)
         raise
     return DecodeGraph(
-        ggml,
+        ops,
         shape=shape,
         layers=[layer for layer in built if layer is not None],
         embedding=embedding.q8.matrix,

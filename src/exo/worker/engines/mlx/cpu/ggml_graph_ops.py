@@ -5,6 +5,7 @@ views, rotary embeddings, softmax, row lookups. Signatures are those of ggml.h; 
 
 import ctypes
 from collections.abc import Callable
+from functools import cache
 from typing import Any, Final
 
 from exo.worker.engines.mlx.cpu.ggml_library import Ggml
@@ -17,8 +18,10 @@ _TENSOR_DATA_OFFSET: Final = 248
 op_params[16], flags, src[10], view_src, view_offs); checked against `ggml_get_data` when the ops are loaded."""
 
 
-class _InitParams(ctypes.Structure):
-    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+@cache
+def graph_ops(ggml: Ggml) -> "GgmlGraphOps":
+    """The process's one set of graph operations of a ggml build (bound, and its tensor layout checked, once)."""
+    return GgmlGraphOps(ggml)
 
 
 class GgmlGraphOps:
@@ -35,16 +38,12 @@ class GgmlGraphOps:
             function.restype, function.argtypes = restype, list(argtypes)
             return function
 
-        self._init = bind("ggml_init", p, _InitParams)
-        self.free = bind("ggml_free", None, p)
         self.new_tensor_1d = bind("ggml_new_tensor_1d", p, p, i, w)
         self.new_tensor_3d = bind("ggml_new_tensor_3d", p, p, i, w, w, w)
         self.rms_norm = bind("ggml_rms_norm", p, p, p, f)
         self.mul = bind("ggml_mul", p, p, p, p)
         self.add = bind("ggml_add", p, p, p, p)
-        self.mul_mat = bind("ggml_mul_mat", p, p, p, p)
         self.out_prod = bind("ggml_out_prod", p, p, p, p)
-        self.swiglu_split = bind("ggml_swiglu_split", p, p, p, p)
         self.reshape_2d = bind("ggml_reshape_2d", p, p, p, w, w)
         self.reshape_3d = bind("ggml_reshape_3d", p, p, p, w, w, w)
         self.view_3d = bind("ggml_view_3d", p, p, p, w, w, w, s, s, s)
@@ -61,24 +60,21 @@ class GgmlGraphOps:
         self.gallocr_new = bind("ggml_gallocr_new", p, p)
         self.gallocr_alloc_graph = bind("ggml_gallocr_alloc_graph", ctypes.c_bool, p, p)
         self.gallocr_free = bind("ggml_gallocr_free", None, p)
+        # Those `Ggml` binds already: the same functions, not bound twice.
+        self.new_context = ggml.new_context
+        self.free = ggml.free
+        self.mul_mat = ggml.mul_mat
+        self.swiglu_split = ggml.swiglu_split
         self.get_data = ggml.get_data
         self.build_forward_expand = ggml.build_forward_expand
         self._check_data_offset()
-
-    def context(self, size: int, buffer: int | None = None, *, allocates: bool = True) -> int:
-        """A new context of `size` bytes (in `buffer`, which it does not own, when given); without `allocates` its
-        tensors get no data (`set_data` points them at memory the caller holds)."""
-        context = self._init(_InitParams(mem_size=size, mem_buffer=buffer, no_alloc=not allocates))
-        if not context:
-            raise MemoryError(f"ggml_init could not set up a context of {size} bytes")
-        return int(context)
 
     def set_data(self, tensor: int, address: int) -> None:
         """Point a tensor of a non-allocating context at `address` (memory that must outlive every use)."""
         ctypes.c_void_p.from_address(tensor + _TENSOR_DATA_OFFSET).value = address
 
     def _check_data_offset(self) -> None:
-        context = self.context(1024 + int(self.ggml.tensor_overhead()))
+        context = self.new_context(1024 + int(self.ggml.tensor_overhead()))
         try:
             tensor = int(self.new_tensor_1d(context, 0, 4))
             stored = ctypes.c_void_p.from_address(tensor + _TENSOR_DATA_OFFSET).value

@@ -187,8 +187,10 @@ class Ggml:
             self._pools[key] = self.new_threadpool(threads, poll)
         return self._pools[key]
 
-    def new_context(self, size: int) -> int:
-        context = self.init(_InitParams(mem_size=size + _HEADROOM_BYTES, mem_buffer=None, no_alloc=False))
+    def new_context(self, size: int, *, allocates: bool = True) -> int:
+        """A context of `size` bytes (plus headroom); without `allocates` its tensors get no data (a graph
+        allocator's, or memory the caller points them at)."""
+        context = self.init(_InitParams(mem_size=size + _HEADROOM_BYTES, mem_buffer=None, no_alloc=not allocates))
         if not context:
             raise MemoryError(f"ggml_init could not allocate {size} bytes")
         return int(context)
