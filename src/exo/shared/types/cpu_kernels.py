@@ -57,6 +57,7 @@ Replacement = Literal[
     "matmul_plan",
     "blas_preload",
     "decode_graph",
+    "layer_graph",
 ]
 
 REPLACEMENTS: tuple[Replacement, ...] = get_args(Replacement)
@@ -72,6 +73,7 @@ DESCRIPTIONS: dict[Replacement, str] = {
     "matmul_plan": "few-row matmul plan",
     "blas_preload": "optimized BLAS preload",
     "decode_graph": "decode steps as one ggml graph",
+    "layer_graph": "prefill and verification passes as one ggml graph a layer",
 }
 
 

@@ -34,7 +34,7 @@ from exo.worker.engines.mlx.cpu.core_share import (
     read_snapshot,
     threads_for,
 )
-from exo.worker.engines.mlx.cpu.engine import DECODE_GRAPH_VARIABLE
+from exo.worker.engines.mlx.cpu.engine import DECODE_GRAPH_VARIABLE, LAYER_GRAPH_VARIABLE
 from exo.worker.engines.mlx.cpu.ggml_library import Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.q8_layers import Q8Embedding, Q8Linear, Q8Weights
 from tests.worker.engines.mlx.cpu.weight_formats import greedy_step_logits, loaded_fixture
@@ -220,8 +220,9 @@ def _set_threads(model: nn.Module, threads: int | None) -> None:
 def test_a_models_products_are_the_same_whatever_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
     """Prefill and decode steps (fused MLPs, grouped siblings, the output head) on 1 or 2 threads, fixed, or with the
     count changing between products: the same logits, bit for bit (ggml splits rows between threads, each row's
-    dot products computed the same way). The decode steps are mlx-lm's model's here (the decode graph off)."""
+    dot products computed the same way). The passes are mlx-lm's model's here (the decode and layer graphs off)."""
     monkeypatch.setenv(DECODE_GRAPH_VARIABLE, "off")
+    monkeypatch.setenv(LAYER_GRAPH_VARIABLE, "off")
     model = loaded_fixture("tiny-qwen-tools", "q8_0").model
     _set_threads(model, 1)
     one = _decode_logits(model, steps=4)

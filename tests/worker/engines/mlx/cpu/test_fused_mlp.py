@@ -19,7 +19,7 @@ from mlx import nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from exo.worker.engines.mlx.cpu import kernels
-from exo.worker.engines.mlx.cpu.engine import DECODE_GRAPH_VARIABLE
+from exo.worker.engines.mlx.cpu.engine import DECODE_GRAPH_VARIABLE, LAYER_GRAPH_VARIABLE
 from exo.worker.engines.mlx.cpu.ggml_library import CACHED_ROWS, Ggml, GgmlMatrix, GgmlSwiGluMlp
 from exo.worker.engines.mlx.cpu.kernels import swiglu as numpy_swiglu
 from exo.worker.engines.mlx.cpu.q8_layers import SwiGluMlp, fuse_swiglu_mlps
@@ -107,6 +107,7 @@ def test_a_fixture_models_mlps_are_fused_in_decode_and_unchanged_in_prefill(
     name: FixtureModelName, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(DECODE_GRAPH_VARIABLE, "off")  # decode steps inside mlx-lm's model, as over a few rows
+    monkeypatch.setenv(LAYER_GRAPH_VARIABLE, "off")  # and prefill
     model = loaded_fixture(name, "q8_0").model
     mlps = [module for _, module in model.named_modules() if isinstance(module, SwiGluMlp)]
     assert len(mlps) == len(cast(list[nn.Module], model["model"]["layers"]))

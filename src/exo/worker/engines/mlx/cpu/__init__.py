@@ -11,7 +11,9 @@ element-wise kernels run one element at a time, and the wheel's BLAS is a refere
   the layout this machine's BLAS measured fastest, checked in whole forward passes;
 - `blas_preload` (`blas.py`, checked by `blas_check.py`): an optimized BLAS preloaded into the runner;
 - `decode_graph` (`decode_graph.py`, its ops in `ggml_graph_ops.py`): with ggml-held weights (`q8_0`, `gguf`), each
-  decode step of a qwen2/llama model (one token for each sequence) as one ggml graph, as llama.cpp runs a step.
+  decode step of a qwen2/llama model (one token for each sequence) as one ggml graph, as llama.cpp runs a step;
+- `layer_graph` (`layer_graph.py`): with those weights, each decoder layer's pass over several tokens (a prefill
+  piece, a draft's verification, a group prefill) as one ggml graph, attention included.
 
 `--cpu-kernels off` turns all of them off (stock mlx-lm); `auto` (the default) turns them on for a Linux CPU only
 (`switch.py`). Each replaced function is checked against the signature it was written for when `signatures.py` is

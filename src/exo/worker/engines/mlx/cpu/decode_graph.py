@@ -19,7 +19,7 @@ appends them.
 
 import ctypes
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, cast
 
@@ -44,6 +44,10 @@ _I32: Final = 26
 """`GGML_TYPE_I32` (ggml.h)."""
 _LAYER_NODES: Final = 40
 """Graph nodes a layer makes besides attention (about 30), and attention's per sequence (about 12) is added."""
+
+
+_Cached = tuple[tuple[int, npt.NDArray[np.float32]], tuple[int, npt.NDArray[np.float32]]]
+"""One layer's cached keys and values: a flat ggml tensor over each buffer's memory, and the buffer (numpy)."""
 
 
 @dataclass(frozen=True)
@@ -158,10 +162,14 @@ class DecodeGraph:
             ops.set_input(positions)
             x = ops.get_rows(context, self._embedding.tensor, ids)
             appended: list[tuple[int, int]] = []
-            for layer, (keys, values) in zip(self._layers, views, strict=True):
+            for index, (keys, values) in enumerate(views):
                 cached = (self._whole(outside, keys), keys), (self._whole(outside, values), values)
-                x, new_keys, new_values = self._layer(
-                    context, layer, x, positions=positions, cached=cached, sequences=sequences
+
+                def attend(q: int, k: int, v: int, cached: _Cached = cached) -> int:
+                    return self._step_attention(context, q=q, k=k, v=v, cached=cached, sequences=sequences)
+
+                x, new_keys, new_values = self.layer(
+                    context, index, x, tokens=count, positions=positions, attend=attend
                 )
                 appended.append((new_keys, new_values))
             x = ops.mul(context, ops.rms_norm(context, x, shape.norm_eps), self._norm)
@@ -170,11 +178,10 @@ class DecodeGraph:
             for output in (logits, *[tensor for pair in appended for tensor in pair]):
                 ops.set_output(output)
                 ops.build_forward_expand(graph, output)
-            if not ops.gallocr_alloc_graph(self._allocator, graph):
-                raise MemoryError("ggml could not allocate the decode graph's tensors")
+            self.allocate(graph)
             _write_int32(ops.get_data(ids), tokens)
             _write_int32(ops.get_data(positions), sequences.held)
-            self._compute(graph)
+            self.compute(graph)
             vocabulary = self._head.shape[0]
             result = _read(ops.get_data(logits), count * vocabulary).reshape(count, 1, vocabulary)
             kv = [
@@ -210,32 +217,30 @@ class DecodeGraph:
         self._ops.set_data(whole, array.ctypes.data)
         return whole
 
-    def _layer(
+    def layer(
         self,
         context: int,
-        layer: _Layer,
+        index: int,
         x: int,
         *,
+        tokens: int,
         positions: int,
-        cached: tuple[tuple[int, npt.NDArray[np.float32]], tuple[int, npt.NDArray[np.float32]]],
-        sequences: Sequences,
+        attend: Callable[[int, int, int], int],
     ) -> tuple[int, int, int]:
-        """One decoder layer on the hidden states `x` (hidden × sequences): the layer's output, and the step's keys
-        and values (after rope) for the caches."""
+        """Decoder layer `index` on the hidden states `x` (hidden × `tokens`, `positions` theirs): the layer's output,
+        and the tokens' keys (after rope; head dim × kv heads × tokens) and values (kv heads · head dim × tokens)
+        for the caches. `attend(q, k, v)` is the attention over them (q after rope: head dim × heads × tokens),
+        returning heads · head dim × tokens."""
         ops, shape = self._ops, self._shape
-        count = len(sequences.held)
+        layer = self._layers[index]
+        count = tokens
         h = ops.mul(context, ops.rms_norm(context, x, shape.norm_eps), layer.input_norm)
         q = _biased(ops, context, ops.mul_mat(context, layer.q.tensor, h), layer.q_bias)
         k = _biased(ops, context, ops.mul_mat(context, layer.k.tensor, h), layer.k_bias)
         v = _biased(ops, context, ops.mul_mat(context, layer.v.tensor, h), layer.v_bias)
         q = self._rope(context, ops.reshape_3d(context, q, shape.head_dim, shape.heads, count), positions)
         k = self._rope(context, ops.reshape_3d(context, k, shape.head_dim, shape.kv_heads, count), positions)
-        attended: int | None = None
-        for index in range(count):
-            one = self._attention(context, q=q, k=k, v=v, cached=cached, sequences=sequences, index=index)
-            attended = one if attended is None else ops.concat(context, attended, one, 1)
-        assert attended is not None
-        x = ops.add(context, x, ops.mul_mat(context, layer.o.tensor, attended))
+        x = ops.add(context, x, ops.mul_mat(context, layer.o.tensor, attend(q, k, v)))
         h = ops.mul(context, ops.rms_norm(context, x, shape.norm_eps), layer.post_norm)
         gated = ops.swiglu_split(
             context, ops.mul_mat(context, layer.gate.tensor, h), ops.mul_mat(context, layer.up.tensor, h)
@@ -243,16 +248,18 @@ class DecodeGraph:
         x = ops.add(context, x, ops.mul_mat(context, layer.down.tensor, gated))
         return x, k, v
 
+    def _step_attention(self, context: int, *, q: int, k: int, v: int, cached: _Cached, sequences: Sequences) -> int:
+        """A decode step's attention: each sequence's own (its one query against its cached and new key), side by
+        side (heads · head dim × sequences)."""
+        attended: int | None = None
+        for index in range(len(sequences.held)):
+            one = self._attention(context, q=q, k=k, v=v, cached=cached, sequences=sequences, index=index)
+            attended = one if attended is None else self._ops.concat(context, attended, one, 1)
+        assert attended is not None
+        return attended
+
     def _attention(
-        self,
-        context: int,
-        *,
-        q: int,
-        k: int,
-        v: int,
-        cached: tuple[tuple[int, npt.NDArray[np.float32]], tuple[int, npt.NDArray[np.float32]]],
-        sequences: Sequences,
-        index: int,
+        self, context: int, *, q: int, k: int, v: int, cached: _Cached, sequences: Sequences, index: int
     ) -> int:
         """Sequence `index`'s attention output (heads · head dim × 1): each kv head's group of query heads (query
         head h reads kv head h // (heads / kv heads), as mlx's grouped attention) against its cached keys, read once
@@ -289,7 +296,21 @@ class DecodeGraph:
             context, heads, positions, None, shape.head_dim, ROPE_NEOX, 0, shape.rope_base, 1.0, 0.0, 1.0, 0.0, 0.0
         )
 
-    def _compute(self, graph: int) -> None:
+    @property
+    def ops(self) -> GgmlGraphOps:
+        return self._ops
+
+    @property
+    def shape(self) -> Shape:
+        return self._shape
+
+    def allocate(self, graph: int) -> None:
+        """Place `graph`'s intermediate tensors in the allocator's buffer (grown where the graph needs more)."""
+        if not self._ops.gallocr_alloc_graph(self._allocator, graph):
+            raise MemoryError("ggml could not allocate a graph's tensors")
+
+    def compute(self, graph: int) -> None:
+        """Run an allocated graph on the model's ggml thread pool."""
         ggml = self._ops.ggml
         # The output head's count: `ggml_threads()`, or what the bench fixed for every matrix (`use_threads`).
         threads = self._threads.threads

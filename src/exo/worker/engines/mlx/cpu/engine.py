@@ -33,6 +33,7 @@ from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missi
 from exo.worker.engines.mlx.cpu.gguf_layers import GgufModelSource, load_gguf_matrices
 from exo.worker.engines.mlx.cpu.int8_layers import int8_bytes, quantize_model
 from exo.worker.engines.mlx.cpu.kernels import use_numpy_kernels
+from exo.worker.engines.mlx.cpu.layer_graph import install_layer_passes
 from exo.worker.engines.mlx.cpu.q8_layers import ggml_library, q8_bytes, quantize_model_q8
 from exo.worker.engines.mlx.cpu.signatures import MISMATCHES
 from exo.worker.engines.mlx.cpu.switch import preload_state, why_off
@@ -41,6 +42,9 @@ from exo.worker.engines.mlx.cpu.weights_choice import quantized_off_note
 DECODE_GRAPH_VARIABLE = "EXO_DECODE_GRAPH"
 """`off` keeps decode steps in mlx-lm's model with ggml's products inside (for comparison): by default
 they run as one ggml graph (`decode_graph.py`)."""
+LAYER_GRAPH_VARIABLE = "EXO_LAYER_GRAPH"
+"""`off` keeps multi-token passes (prefill, verification) in mlx-lm's layers with ggml's products inside (for
+comparison): by default each layer's runs as one ggml graph (`layer_graph.py`)."""
 
 
 class CpuKernels:
@@ -69,10 +73,12 @@ class CpuKernels:
         self._ggml_dir: Path | None = None
         self._ggml_missing: str | None = None
         chosen = f"--cpu-weights {weights}" if self.weights_setting != "auto" else f"--cpu-weights auto ({weights})"
+        variables = os.environ if environment is None else environment
         if weights not in ("q8_0", "gguf"):
-            self._turn_off(("decode_graph",), chosen)
-        elif (os.environ if environment is None else environment).get(DECODE_GRAPH_VARIABLE, "").strip() == "off":
-            self._turn_off(("decode_graph",), f"{DECODE_GRAPH_VARIABLE}=off")
+            self._turn_off(("decode_graph", "layer_graph"), chosen)
+        for name, variable in (("decode_graph", DECODE_GRAPH_VARIABLE), ("layer_graph", LAYER_GRAPH_VARIABLE)):
+            if variables.get(variable, "").strip() == "off":
+                self._turn_off((name,), f"{variable}=off")
         if weights == "float32":
             self._turn_off(("int8_weights", "q8_0_weights", "gguf_weights"), chosen)
         elif weights in ("q8_0", "gguf"):
@@ -144,18 +150,23 @@ class CpuKernels:
         return "float32"
 
     def _install_decode_graph(self, model: nn.Module, ggml: Ggml, *, split: bool) -> None:
-        """Run the model's decode steps as one ggml graph where it is a model that graph computes."""
-        if not self.on("decode_graph"):
+        """Run the model's decode steps, and its layers' multi-token passes, as ggml graphs where it is a model those
+        graphs compute."""
+        graphs: tuple[Replacement, ...] = tuple(name for name in ("decode_graph", "layer_graph") if self.on(name))
+        if not graphs:
             return
         if split:
-            self._turn_off(("decode_graph",), "a rank of a split model")
+            self._turn_off(graphs, "a rank of a split model")
             return
         step = decode_graph_for(model, ggml)
         if step is None:
             architecture = getattr(getattr(model, "args", None), "model_type", "this")
-            self._turn_off(("decode_graph",), f"not built for a {architecture} model held this way")
+            self._turn_off(graphs, f"not built for a {architecture} model held this way")
             return
-        install_decode_graph(model, step)
+        if self.on("decode_graph"):
+            install_decode_graph(model, step)
+        if self.on("layer_graph"):
+            install_layer_passes(model, step)
 
     def allow_matmul_plan(self, requested: bool, dtype: str) -> bool:
         """Whether to plan decoding's few-row products: asked for (`--no-matmul-plan` not given), weights in float32

@@ -1,0 +1,361 @@
+"""A decoder layer's pass over several tokens — a prefill piece, a draft's verification, a group prefill's batch —
+as one ggml graph (issue 33), as llama.cpp computes a prompt.
+
+Through mlx-lm's layer with ggml's products inside, a 512-token prefill piece of the default model spent most of its
+time outside the products (measured on a 2-core EPYC: the numpy softmax attention 40%, mlx's evaluation of norms and
+rope before each product 20%, the products 35%; docs/PERFORMANCE.md). Here the whole layer — norms, q/k/v with
+their biases, rope, attention over the cached and new positions under the pass's mask, o_proj, the SwiGLU MLP, the
+residual adds — is one graph over the model's own ggml matrices (`DecodeGraph.layer`, shared with the decode step),
+with attention as llama.cpp builds it without flash attention: the scores of every query row against every key in
+one product per kv head group, one masked softmax, one product with the values.
+
+The model's forward still calls its layers one by one, so a prefill pass still pauses between layers
+(`layer_steps.py`), and the KV cache stays mlx-lm's: the graph reads each layer's cached keys and values where mlx
+holds them, and the pass's new ones are appended through `update_and_fetch` after, as mlx-lm's attention appends
+them.
+"""
+
+import ctypes
+from typing import Final, cast
+
+import mlx.core as mx
+import numpy as np
+import numpy.typing as npt
+from mlx import nn
+from mlx_lm.models.cache import BatchKVCache, KVCache
+
+from exo.worker.engines.mlx.cpu.decode_graph import DecodeGraph, Shape
+from exo.worker.engines.mlx.cpu.ggml_graph_ops import GgmlGraphOps
+
+SCORES_BYTES: Final = 64 << 20
+"""The most attention scores (float32) one block of query rows holds: a long pass's rows are split into blocks."""
+_F32: Final = 0
+_I32: Final = 26
+_HIDDEN: Final = float(np.finfo(np.float32).min)
+"""What a masked score becomes: mlx's own value, so a row with every key masked (a batch's left padding) is a
+uniform softmax, as mlx computes it, not NaN."""
+_NODES_PER_BLOCK: Final = 16
+_LAYER_NODES: Final = 48
+
+
+class LayerPass:
+    """Layer `index` of a model's `DecodeGraph` over any number of tokens of one sequence (mlx-lm's `KVCache`) or
+    several (a left-padded `BatchKVCache`)."""
+
+    def __init__(self, graph: DecodeGraph, index: int) -> None:
+        self._graph = graph
+        self._index = index
+
+    def __call__(self, x: mx.array, mask: object, cache: object) -> mx.array | None:
+        """The layer's output for hidden states `x` (batch × tokens × hidden, float32), with the tokens' keys and
+        values appended to `cache`; None, with nothing done, where this pass does not compute the call exactly as
+        mlx-lm's layer would (another cache or mask kind, another dtype)."""
+        inputs = _inputs(x, mask, cache, self._graph.shape.heads)
+        if inputs is None:
+            return None
+        ops, shape = self._graph.ops, self._graph.shape
+        batch, tokens, hidden = x.shape
+        count = batch * tokens
+        keys, values = inputs.keys, inputs.values
+        blocks = _blocks(inputs, shape.heads)
+        keys_count = inputs.context
+        nodes = _LAYER_NODES + _NODES_PER_BLOCK * len(blocks) + 16
+        context = ops.new_context(
+            nodes * int(ops.ggml.tensor_overhead()) + int(ops.ggml.graph_overhead()), allocates=False
+        )
+        outside = ops.new_context(8 * int(ops.ggml.tensor_overhead()), allocates=False)
+        try:
+            hidden_in = ops.new_tensor_1d(outside, _F32, count * hidden)
+            ops.set_data(hidden_in, inputs.hidden.ctypes.data)
+            x_in = ops.reshape_2d(context, hidden_in, hidden, count)
+            positions = ops.new_tensor_1d(context, _I32, count)
+            ops.set_input(positions)
+            mask_tensor = None
+            if inputs.mask is not None:
+                rows = inputs.mask.shape[-2]
+                mask_tensor = ops.new_tensor_4d(outside, _F32, inputs.context, rows, 1, inputs.mask.shape[0])
+                ops.set_data(mask_tensor, inputs.mask.ctypes.data)
+            cached = None
+            if keys is not None and values is not None:
+                cached = (
+                    _view(ops, context, outside, keys, inputs.held),
+                    _view(ops, context, outside, values, inputs.held),
+                )
+
+            def attend(q: int, k: int, v: int) -> int:
+                return _attention(
+                    self._graph,
+                    context,
+                    q=q,
+                    k=k,
+                    v=v,
+                    cached=cached,
+                    mask=mask_tensor,
+                    batch=batch,
+                    tokens=tokens,
+                    keys_count=keys_count,
+                    blocks=blocks,
+                )
+
+            out, new_keys, new_values = self._graph.layer(
+                context, self._index, x_in, tokens=count, positions=positions, attend=attend
+            )
+            graph = ops.new_graph_custom(context, nodes, False)
+            for output in (out, new_keys, new_values):
+                ops.set_output(output)
+                ops.build_forward_expand(graph, output)
+            self._graph.allocate(graph)
+            _write_int32(ops.get_data(positions), inputs.positions)
+            self._graph.compute(graph)
+            result = _read(ops.get_data(out), count * hidden).reshape(batch, tokens, hidden)
+            k = _read(ops.get_data(new_keys), count * shape.kv_width)
+            v = _read(ops.get_data(new_values), count * shape.kv_width)
+        finally:
+            ops.free(outside)
+            ops.free(context)
+        del inputs
+        cache_ = cast(KVCache | BatchKVCache, cache)
+        cache_.update_and_fetch(_heads(k, batch, tokens, shape), _heads(v, batch, tokens, shape))
+        return mx.array(result)
+
+
+class _Inputs:
+    """A call's arrays as the graph reads them (numpy views of mlx's memory where they can be)."""
+
+    def __init__(
+        self,
+        *,
+        hidden: npt.NDArray[np.float32],
+        keys: npt.NDArray[np.float32] | None,
+        values: npt.NDArray[np.float32] | None,
+        held: int,
+        positions: list[int],
+        mask: npt.NDArray[np.float32] | None,
+        tokens: int,
+    ) -> None:
+        self.hidden = hidden
+        self.keys = keys
+        self.values = values
+        self.held = held
+        """Positions the cache holds before the pass (a batch's left padding included)."""
+        self.positions = positions
+        self.mask = mask
+        """Additive, batch (or 1) × 1 × tokens × context, or None (every key visible)."""
+        self.tokens = tokens
+
+    @property
+    def context(self) -> int:
+        return self.held + self.tokens
+
+
+def _inputs(x: mx.array, mask: object, cache: object, heads: int) -> _Inputs | None:
+    if x.ndim != 3 or x.dtype != mx.float32 or type(cache) not in (KVCache, BatchKVCache):
+        return None
+    batch, tokens, _ = x.shape
+    if type(cache) is KVCache:
+        single = cast(KVCache, cache)
+        if batch != 1:
+            return None
+        held = single.offset
+        starts = [held]
+    else:
+        many = cast(BatchKVCache, cache)
+        held = cast(int, many._idx)  # pyright: ignore[reportPrivateUsage]
+        starts = cast(list[int], cast(mx.array, many.offset).tolist())
+        if len(starts) != batch:
+            return None
+    layer_cache = cast(KVCache | BatchKVCache, cache)
+    keys, values = layer_cache.keys, layer_cache.values
+    if held > 0 and (keys is None or values is None):
+        return None
+    additive = _additive_mask(mask, batch=batch, tokens=tokens, held=held)
+    if isinstance(additive, bool):
+        return None
+    if batch > 1 and 4 * (held + tokens) * tokens * heads * batch > SCORES_BYTES:
+        return None  # a batch's rows are not split into blocks (its mask is per sequence)
+    if held > 0 and keys is not None and values is not None:
+        mx.eval(x, keys, values)
+        key_view, value_view = np.asarray(keys), np.asarray(values)
+        if not (_fits(key_view, batch, held) and _fits(value_view, batch, held)):
+            return None
+    else:
+        mx.eval(x)
+        key_view = value_view = None
+    hidden = np.ascontiguousarray(np.asarray(x), dtype=np.float32)
+    positions = [start + t for start in starts for t in range(tokens)]
+    return _Inputs(
+        hidden=hidden,
+        keys=key_view,
+        values=value_view,
+        held=held,
+        positions=positions,
+        mask=additive,
+        tokens=tokens,
+    )
+
+
+def _fits(array: npt.NDArray[np.float32], batch: int, held: int) -> bool:
+    """mlx's cache buffer as the graph reads it: float32, batch × kv heads × capacity × head dim, each position's
+    values side by side."""
+    return (
+        array.dtype == np.float32
+        and array.ndim == 4
+        and array.shape[0] == batch
+        and array.shape[2] >= held
+        and array.strides[3] == 4
+        and min(array.strides[:3]) >= 4 * array.shape[3]
+    )
+
+
+def _additive_mask(mask: object, *, batch: int, tokens: int, held: int) -> npt.NDArray[np.float32] | bool | None:
+    """mlx-lm's mask as an additive float32 array (batch or 1) × 1 × tokens × context; None for no mask; False
+    for a mask this pass does not take."""
+    context = held + tokens
+    if mask is None:
+        return None
+    if isinstance(mask, str):
+        if mask != "causal":
+            return False
+        rows = np.arange(tokens)[:, None]
+        columns = np.arange(context)[None, :]
+        return np.where(columns > held + rows, _HIDDEN, 0.0).astype(np.float32).reshape(1, 1, tokens, context)
+    if not isinstance(mask, mx.array) or mask.dtype != mx.bool_:
+        return False
+    if mask.ndim == 2 and mask.shape == (tokens, context):
+        allowed = np.asarray(mask).reshape(1, 1, tokens, context)
+    elif mask.ndim == 4 and mask.shape[0] in (1, batch) and mask.shape[1:] == (1, tokens, context):
+        allowed = np.asarray(mask)
+    else:
+        return False
+    return np.where(allowed, 0.0, _HIDDEN).astype(np.float32)
+
+
+def _blocks(inputs: _Inputs, heads: int) -> list[tuple[int, int]]:
+    """The query rows' blocks (first row, rows): one, or as many as keep each block's scores under SCORES_BYTES."""
+    per_row = 4 * inputs.context * heads
+    rows = max(1, SCORES_BYTES // per_row)
+    return [(first, min(rows, inputs.tokens - first)) for first in range(0, inputs.tokens, rows)]
+
+
+def _view(ops: GgmlGraphOps, context: int, outside: int, array: npt.NDArray[np.float32], held: int) -> int:
+    """The first `held` positions of mlx's batch × kv heads × capacity × head dim buffer, as a ggml view [head dim,
+    held, kv heads, batch] of its memory."""
+    extent = sum((size - 1) * stride for size, stride in zip(array.shape, array.strides, strict=True)) + 4
+    whole = ops.new_tensor_1d(outside, _F32, extent // 4)
+    ops.set_data(whole, array.ctypes.data)
+    batch, kv_heads, _, head_dim = array.shape
+    strides = array.strides
+    return ops.view_4d(context, whole, head_dim, held, kv_heads, batch, strides[2], strides[1], strides[0], 0)
+
+
+def _attention(
+    graph: DecodeGraph,
+    context: int,
+    *,
+    q: int,
+    k: int,
+    v: int,
+    cached: tuple[int, int] | None,
+    mask: int | None,
+    batch: int,
+    tokens: int,
+    keys_count: int,
+    blocks: list[tuple[int, int]],
+) -> int:
+    """softmax(q·kᵀ·scale + mask)·v over the cached positions and the pass's own (heads · head dim × tokens): the
+    keys [head dim, context, kv heads, batch] and the values transposed [context, head dim, kv heads, batch] made
+    whole once, then per block of query rows one product for the scores (query head h reads kv head h // group,
+    ggml's broadcast, as mlx's grouped attention), one softmax, one product with the values."""
+    ops, shape = graph.ops, graph.shape
+    head_dim, heads, kv_heads = shape.head_dim, shape.heads, shape.kv_heads
+    new_keys = ops.permute(context, ops.reshape_4d(context, k, head_dim, kv_heads, tokens, batch), 0, 2, 1, 3)
+    values = ops.reshape_4d(context, v, head_dim, kv_heads, tokens, batch)
+    new_values = ops.transpose(context, ops.permute(context, values, 0, 2, 1, 3))  # tokens, head dim, kv, batch
+    if cached is None:
+        all_keys = ops.cont(context, new_keys)
+        all_values = ops.cont(context, new_values)
+    else:
+        cached_keys, cached_values = cached
+        all_keys = ops.concat(context, cached_keys, new_keys, 1)
+        all_values = ops.concat(context, ops.transpose(context, cached_values), new_values, 0)
+    # head dim × tokens × heads × batch, a view: each row's heads lie side by side in q.
+    queries = ops.permute(context, ops.reshape_4d(context, q, head_dim, heads, tokens, batch), 0, 2, 1, 3)
+    row_bytes, head_bytes = 4 * head_dim * heads, 4 * head_dim
+    attended: int | None = None
+    for first, rows in blocks:
+        block, block_mask = queries, mask
+        if len(blocks) > 1:  # one sequence's rows [first, first + rows)
+            block = ops.view_4d(
+                context, queries, head_dim, rows, heads, 1, row_bytes, head_bytes, row_bytes * tokens, row_bytes * first
+            )
+            if mask is not None:
+                mask_bytes = 4 * keys_count
+                block_mask = ops.view_4d(
+                    context,
+                    mask,
+                    keys_count,
+                    rows,
+                    1,
+                    1,
+                    mask_bytes,
+                    mask_bytes * rows,
+                    mask_bytes * rows,
+                    mask_bytes * first,
+                )
+        scores = ops.mul_mat(context, all_keys, block)  # context × rows × heads × batch
+        weights = ops.soft_max_ext_inplace(context, scores, block_mask, shape.scale, 0.0)
+        out = ops.mul_mat(context, all_values, weights)  # head dim × rows × heads × batch
+        merged = ops.reshape_2d(
+            context, ops.cont(context, ops.permute(context, out, 0, 2, 1, 3)), head_dim * heads, rows * batch
+        )
+        attended = merged if attended is None else ops.concat(context, attended, merged, 1)
+    assert attended is not None
+    return attended
+
+
+def _write_int32(address: int, values: list[int]) -> None:
+    (ctypes.c_int32 * len(values)).from_address(address)[:] = values
+
+
+def _read(address: int, count: int) -> npt.NDArray[np.float32]:
+    values = np.empty(count, dtype=np.float32)
+    ctypes.memmove(values.ctypes.data, address, 4 * count)
+    return values
+
+
+def _heads(values: npt.NDArray[np.float32], batch: int, tokens: int, shape: Shape) -> mx.array:
+    """The pass's new keys or values as mlx-lm's caches take them: batch × kv heads × tokens × head dim."""
+    return mx.array(values.reshape(batch, tokens, shape.kv_heads, shape.head_dim).transpose(0, 2, 1, 3))
+
+
+class _LayerGraphCall(nn.Module):
+    """The call of a decoder layer with a `LayerPass` installed (`install_layer_passes`): a pass the graph computes
+    runs as it; any other call is the layer's own."""
+
+    layer_pass: LayerPass
+
+    def __call__(self, x: mx.array, mask: object = None, cache: object = None) -> mx.array:
+        out = self.layer_pass(x, mask, cache)
+        if out is not None:
+            return out
+        return cast(mx.array, super().__call__(x, mask, cache))  # pyright: ignore[reportUnknownMemberType]
+
+
+_SUBCLASSES: dict[type, type] = {}
+
+
+def install_layer_passes(model: nn.Module, graph: DecodeGraph) -> int:
+    """Make each decoder layer of `model` run its multi-token passes as `graph`'s layer (its class becomes a
+    subclass of its own that dispatches them: isinstance checks, parameter names and the layer-step pauses stay);
+    returns how many layers were."""
+    inner = model.get("model")
+    layers = cast(list[nn.Module], inner.get("layers") if isinstance(inner, nn.Module) else [])
+    if len(layers) != graph.layers:
+        return 0
+    for index, layer in enumerate(layers):
+        base = type(layer)
+        if base not in _SUBCLASSES:
+            _SUBCLASSES[base] = type(base.__name__, (_LayerGraphCall, base), {"__module__": base.__module__})
+        layer.__class__ = _SUBCLASSES[base]
+        cast(_LayerGraphCall, layer).layer_pass = LayerPass(graph, index)
+    return len(layers)
