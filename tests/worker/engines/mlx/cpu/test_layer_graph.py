@@ -1,6 +1,6 @@
 """A decoder layer's pass over several tokens as one ggml graph (`layer_graph.py`, issue 33): installed where the CPU
 engine holds a qwen2 or llama model's matrices in ggml, a prompt prefilled through it (cold or on top of a cache,
-alone or as a left-padded batch, its query rows whole or split into blocks, paused between layers) leaves the logits
+alone or as a left-padded batch, paused between layers) leaves the logits
 and the KV cache mlx-lm's layers leave, within the products' quantization error, and the greedy tokens after it are
 the same; a call it does not compute exactly is the layer's own.
 
@@ -146,21 +146,6 @@ def test_a_left_padded_batch_prefills_as_mlx_lms_layers_do(
         # Each sequence's next token is the one it gets prefilled alone.
         _, alone = _pieces(graph, prompt, cuts=[])
         assert int(np.argmax(row_ours)) == int(np.argmax(alone[-1]))
-
-
-@pytest.mark.usefixtures("ggml")
-def test_query_rows_split_into_blocks_give_the_same_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    model = loaded_fixture("tiny-qwen-tools", "q8_0").model
-    whole_cache, whole = _pieces(model, PROMPT, cuts=[25])
-    heads = cast(int, _layers(model)[0]["self_attn"].n_heads)
-    # Blocks of 4 query rows: the scores of one block at 40 positions.
-    monkeypatch.setattr(layer_graph, "SCORES_BYTES", 4 * 4 * len(PROMPT) * heads)
-    counting = _Counting(monkeypatch)
-    split_cache, split = _pieces(model, PROMPT, cuts=[25])
-    assert counting.computed == 2 * len(_layers(model))
-    np.testing.assert_allclose(split, whole, rtol=1e-5, atol=1e-5 * float(np.abs(whole).max()))
-    for a, b in zip(split_cache, whole_cache, strict=True):
-        np.testing.assert_array_equal(np.array(a.keys), np.array(b.keys))  # the keys come before attention
 
 
 @pytest.mark.usefixtures("ggml")

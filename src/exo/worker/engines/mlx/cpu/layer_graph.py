@@ -6,8 +6,10 @@ time outside the products (measured on a 2-core EPYC: the numpy softmax attentio
 rope before each product 20%, the products 35%; docs/PERFORMANCE.md). Here the whole layer — norms, q/k/v with
 their biases, rope, attention over the cached and new positions under the pass's mask, o_proj, the SwiGLU MLP, the
 residual adds — is one graph over the model's own ggml matrices (`DecodeGraph.layer`, shared with the decode step),
-with attention as llama.cpp builds it without flash attention: the scores of every query row against every key in
-one product per kv head group, one masked softmax, one product with the values.
+with attention as ggml's flash attention (`ggml_flash_attn_ext`, as llama-server runs it on a CPU), over float32
+keys and values: the scores are never written out whole, so a long context costs no memory for them (measured on
+the 2-core EPYC, one layer's attention for 512 new tokens after 4,096 cached took 118 ms, against 310 ms as a
+masked softmax between two float32 products; docs/PERFORMANCE.md).
 
 The model's forward still calls its layers one by one, so a prefill pass still pauses between layers
 (`layer_steps.py`), and the KV cache stays mlx-lm's: the graph reads each layer's cached keys and values where mlx
@@ -27,15 +29,11 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 from exo.worker.engines.mlx.cpu.decode_graph import DecodeGraph, Shape
 from exo.worker.engines.mlx.cpu.ggml_graph_ops import GgmlGraphOps
 
-SCORES_BYTES: Final = 64 << 20
-"""The most attention scores (float32) one block of query rows holds: a long pass's rows are split into blocks."""
 _F32: Final = 0
+_F16: Final = 1
 _I32: Final = 26
-_HIDDEN: Final = float(np.finfo(np.float32).min)
-"""What a masked score becomes: mlx's own value, so a row with every key masked (a batch's left padding) is a
-uniform softmax, as mlx computes it, not NaN."""
-_NODES_PER_BLOCK: Final = 16
-_LAYER_NODES: Final = 48
+_LAYER_NODES: Final = 64
+"""Graph nodes a layer's pass makes (about 40)."""
 
 
 class LayerPass:
@@ -50,16 +48,14 @@ class LayerPass:
         """The layer's output for hidden states `x` (batch × tokens × hidden, float32), with the tokens' keys and
         values appended to `cache`; None, with nothing done, where this pass does not compute the call exactly as
         mlx-lm's layer would (another cache or mask kind, another dtype)."""
-        inputs = _inputs(x, mask, cache, self._graph.shape.heads)
+        inputs = _inputs(x, mask, cache)
         if inputs is None:
             return None
         ops, shape = self._graph.ops, self._graph.shape
         batch, tokens, hidden = x.shape
         count = batch * tokens
         keys, values = inputs.keys, inputs.values
-        blocks = _blocks(inputs, shape.heads)
-        keys_count = inputs.context
-        nodes = _LAYER_NODES + _NODES_PER_BLOCK * len(blocks) + 16
+        nodes = _LAYER_NODES
         context = ops.new_context(
             nodes * int(ops.ggml.tensor_overhead()) + int(ops.ggml.graph_overhead()), allocates=False
         )
@@ -73,7 +69,7 @@ class LayerPass:
             mask_tensor = None
             if inputs.mask is not None:
                 rows = inputs.mask.shape[-2]
-                mask_tensor = ops.new_tensor_4d(outside, _F32, inputs.context, rows, 1, inputs.mask.shape[0])
+                mask_tensor = ops.new_tensor_4d(outside, _F16, inputs.context, rows, 1, inputs.mask.shape[0])
                 ops.set_data(mask_tensor, inputs.mask.ctypes.data)
             cached = None
             if keys is not None and values is not None:
@@ -93,8 +89,6 @@ class LayerPass:
                     mask=mask_tensor,
                     batch=batch,
                     tokens=tokens,
-                    keys_count=keys_count,
-                    blocks=blocks,
                 )
 
             out, new_keys, new_values = self._graph.layer(
@@ -130,7 +124,7 @@ class _Inputs:
         values: npt.NDArray[np.float32] | None,
         held: int,
         positions: list[int],
-        mask: npt.NDArray[np.float32] | None,
+        mask: npt.NDArray[np.float16] | None,
         tokens: int,
     ) -> None:
         self.hidden = hidden
@@ -140,7 +134,7 @@ class _Inputs:
         """Positions the cache holds before the pass (a batch's left padding included)."""
         self.positions = positions
         self.mask = mask
-        """Additive, batch (or 1) × 1 × tokens × context, or None (every key visible)."""
+        """Additive float16 (0 or -inf), batch (or 1) × 1 × tokens × context, or None (every key visible)."""
         self.tokens = tokens
 
     @property
@@ -148,7 +142,7 @@ class _Inputs:
         return self.held + self.tokens
 
 
-def _inputs(x: mx.array, mask: object, cache: object, heads: int) -> _Inputs | None:
+def _inputs(x: mx.array, mask: object, cache: object) -> _Inputs | None:
     if x.ndim != 3 or x.dtype != mx.float32 or type(cache) not in (KVCache, BatchKVCache):
         return None
     batch, tokens, _ = x.shape
@@ -171,8 +165,6 @@ def _inputs(x: mx.array, mask: object, cache: object, heads: int) -> _Inputs | N
     additive = _additive_mask(mask, batch=batch, tokens=tokens, held=held)
     if isinstance(additive, bool):
         return None
-    if batch > 1 and 4 * (held + tokens) * tokens * heads * batch > SCORES_BYTES:
-        return None  # a batch's rows are not split into blocks (its mask is per sequence)
     if held > 0 and keys is not None and values is not None:
         mx.eval(x, keys, values)
         key_view, value_view = np.asarray(keys), np.asarray(values)
@@ -207,9 +199,11 @@ def _fits(array: npt.NDArray[np.float32], batch: int, held: int) -> bool:
     )
 
 
-def _additive_mask(mask: object, *, batch: int, tokens: int, held: int) -> npt.NDArray[np.float32] | bool | None:
-    """mlx-lm's mask as an additive float32 array (batch or 1) × 1 × tokens × context; None for no mask; False
-    for a mask this pass does not take."""
+def _additive_mask(mask: object, *, batch: int, tokens: int, held: int) -> npt.NDArray[np.float16] | bool | None:
+    """mlx-lm's mask as flash attention takes it: float16, 0 where a key is seen and -inf where not, (batch or 1) × 1
+    × tokens × context; None for no mask; False for a mask this pass does not take. (A row with every key hidden, a
+    batch's left padding, comes out zero where mlx averages the values: no position of a sequence attends to its
+    padding, so nothing reads either.)"""
     context = held + tokens
     if mask is None:
         return None
@@ -218,23 +212,16 @@ def _additive_mask(mask: object, *, batch: int, tokens: int, held: int) -> npt.N
             return False
         rows = np.arange(tokens)[:, None]
         columns = np.arange(context)[None, :]
-        return np.where(columns > held + rows, _HIDDEN, 0.0).astype(np.float32).reshape(1, 1, tokens, context)
-    if not isinstance(mask, mx.array) or mask.dtype != mx.bool_:
+        allowed = (columns <= held + rows).reshape(1, 1, tokens, context)
+    elif not isinstance(mask, mx.array) or mask.dtype != mx.bool_:
         return False
-    if mask.ndim == 2 and mask.shape == (tokens, context):
+    elif mask.ndim == 2 and mask.shape == (tokens, context):
         allowed = np.asarray(mask).reshape(1, 1, tokens, context)
     elif mask.ndim == 4 and mask.shape[0] in (1, batch) and mask.shape[1:] == (1, tokens, context):
         allowed = np.asarray(mask)
     else:
         return False
-    return np.where(allowed, 0.0, _HIDDEN).astype(np.float32)
-
-
-def _blocks(inputs: _Inputs, heads: int) -> list[tuple[int, int]]:
-    """The query rows' blocks (first row, rows): one, or as many as keep each block's scores under SCORES_BYTES."""
-    per_row = 4 * inputs.context * heads
-    rows = max(1, SCORES_BYTES // per_row)
-    return [(first, min(rows, inputs.tokens - first)) for first in range(0, inputs.tokens, rows)]
+    return np.where(allowed, np.float16(0), np.float16(-np.inf))
 
 
 def _view(ops: GgmlGraphOps, context: int, outside: int, array: npt.NDArray[np.float32], held: int) -> int:
@@ -259,58 +246,24 @@ def _attention(
     mask: int | None,
     batch: int,
     tokens: int,
-    keys_count: int,
-    blocks: list[tuple[int, int]],
 ) -> int:
-    """softmax(q·kᵀ·scale + mask)·v over the cached positions and the pass's own (heads · head dim × tokens): the
-    keys [head dim, context, kv heads, batch] and the values transposed [context, head dim, kv heads, batch] made
-    whole once, then per block of query rows one product for the scores (query head h reads kv head h // group,
-    ggml's broadcast, as mlx's grouped attention), one softmax, one product with the values."""
+    """softmax(q·kᵀ·scale + mask)·v over the cached positions and the pass's own (heads · head dim × tokens), as
+    ggml's flash attention: the keys and values [head dim, context, kv heads, batch] joined once (the cached ones
+    read where mlx holds them), query head h reading kv head h // group (ggml's broadcast, as mlx's grouped
+    attention)."""
     ops, shape = graph.ops, graph.shape
     head_dim, heads, kv_heads = shape.head_dim, shape.heads, shape.kv_heads
     new_keys = ops.permute(context, ops.reshape_4d(context, k, head_dim, kv_heads, tokens, batch), 0, 2, 1, 3)
-    values = ops.reshape_4d(context, v, head_dim, kv_heads, tokens, batch)
-    new_values = ops.transpose(context, ops.permute(context, values, 0, 2, 1, 3))  # tokens, head dim, kv, batch
+    new_values = ops.permute(context, ops.reshape_4d(context, v, head_dim, kv_heads, tokens, batch), 0, 2, 1, 3)
     if cached is None:
-        all_keys = ops.cont(context, new_keys)
-        all_values = ops.cont(context, new_values)
+        all_keys, all_values = new_keys, new_values
     else:
         cached_keys, cached_values = cached
         all_keys = ops.concat(context, cached_keys, new_keys, 1)
-        all_values = ops.concat(context, ops.transpose(context, cached_values), new_values, 0)
-    # head dim × tokens × heads × batch, a view: each row's heads lie side by side in q.
+        all_values = ops.concat(context, cached_values, new_values, 1)
     queries = ops.permute(context, ops.reshape_4d(context, q, head_dim, heads, tokens, batch), 0, 2, 1, 3)
-    row_bytes, head_bytes = 4 * head_dim * heads, 4 * head_dim
-    attended: int | None = None
-    for first, rows in blocks:
-        block, block_mask = queries, mask
-        if len(blocks) > 1:  # one sequence's rows [first, first + rows)
-            block = ops.view_4d(
-                context, queries, head_dim, rows, heads, 1, row_bytes, head_bytes, row_bytes * tokens, row_bytes * first
-            )
-            if mask is not None:
-                mask_bytes = 4 * keys_count
-                block_mask = ops.view_4d(
-                    context,
-                    mask,
-                    keys_count,
-                    rows,
-                    1,
-                    1,
-                    mask_bytes,
-                    mask_bytes * rows,
-                    mask_bytes * rows,
-                    mask_bytes * first,
-                )
-        scores = ops.mul_mat(context, all_keys, block)  # context × rows × heads × batch
-        weights = ops.soft_max_ext_inplace(context, scores, block_mask, shape.scale, 0.0)
-        out = ops.mul_mat(context, all_values, weights)  # head dim × rows × heads × batch
-        merged = ops.reshape_2d(
-            context, ops.cont(context, ops.permute(context, out, 0, 2, 1, 3)), head_dim * heads, rows * batch
-        )
-        attended = merged if attended is None else ops.concat(context, attended, merged, 1)
-    assert attended is not None
-    return attended
+    attended = ops.flash_attn_ext(context, queries, all_keys, all_values, mask, shape.scale, 0.0, 0.0)
+    return ops.reshape_2d(context, attended, head_dim * heads, tokens * batch)  # head dim × heads × tokens × batch
 
 
 def _write_int32(address: int, values: list[int]) -> None:
