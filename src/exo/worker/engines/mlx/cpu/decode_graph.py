@@ -7,14 +7,16 @@ small operations in between (norms, rope, attention); measured on a quiet 2-core
 a 31-35 ms step, and llama-server's whole step on the same file 18 ms (docs/PERFORMANCE.md). Here the embedding
 lookup, every layer (norms, q/k/v with their biases, rope, attention, o_proj, the residual adds, the SwiGLU MLP),
 the final norm and the logits are one graph over the model's own ggml matrices: one compute call a step, the
-products over all the sequences' rows at once, attention per sequence.
+products over all the sequences' rows at once, attention per sequence (over views of the cache: ggml's flash
+attention, which `layer_graph.py` uses for passes over several tokens, needs the new key joined to the cached ones,
+a copy of the whole cache every step, measured slower from a few thousand cached tokens on).
 
 The KV cache stays mlx-lm's (`KVCache` for one sequence, `BatchKVCache` for a batch), so everything built on it
 (the prefix caches and their snapshots, trimming a discarded step, a batch's joins and filters) sees what mlx-lm's
 own step leaves: the graph reads each layer's cached keys and values where mlx holds them (never writing there),
 attends to them and to the step's new key and value (the scores of both under one softmax, the weighted values
 summed), and the new keys and values are then appended through `update_and_fetch`, lazily, as mlx-lm's attention
-appends them.
+appends them. `layer_graph.py` runs the same layers over several tokens a sequence (prefill, verification).
 """
 
 import ctypes
@@ -42,6 +44,7 @@ MAX_SEQUENCES: Final = 64
 _F32: Final = GGML_TYPES["F32"]
 _I32: Final = 26
 """`GGML_TYPE_I32` (ggml.h)."""
+_F16: Final = GGML_TYPES["F16"]
 _LAYER_NODES: Final = 40
 """Graph nodes a layer makes besides attention (about 30), and attention's per sequence (about 12) is added."""
 
@@ -212,10 +215,7 @@ class DecodeGraph:
     def _whole(self, outside: int, array: npt.NDArray[np.float32]) -> int:
         """A flat float32 tensor over the memory of one layer's cached keys or values (mlx's sequences × kv heads ×
         capacity × head dim buffer, or a view of a larger one), for the views attention reads."""
-        extent = sum((size - 1) * stride for size, stride in zip(array.shape, array.strides, strict=True)) + 4
-        whole = self._ops.new_tensor_1d(outside, _F32, extent // 4)
-        self._ops.set_data(whole, array.ctypes.data)
-        return whole
+        return _flat(self._ops, outside, array)
 
     def layer(
         self,
@@ -290,6 +290,37 @@ class DecodeGraph:
         )  # head dim × group × kv heads: the heads in order
         return ops.reshape_2d(context, attended, head_dim * heads, 1)
 
+    def attention(
+        self,
+        context: int,
+        *,
+        q: int,
+        k: int,
+        v: int,
+        cached: tuple[int, int] | None,
+        mask: int | None,
+        batch: int,
+        tokens: int,
+    ) -> int:
+        """softmax(q·kᵀ·scale + mask)·v over the cached positions and the new ones (heads · head dim × tokens ·
+        batch), as ggml's flash attention (llama-server's on a CPU): the keys and values [head dim, context, kv
+        heads, batch] joined once (`cached`: views of mlx's buffers, `cache_view`), query head h reading kv head
+        h // group (ggml's broadcast, as mlx's grouped attention); the scores are never written out whole. `mask`:
+        float16, 0 or -inf, [context, tokens, 1, batch or 1]; None where every query sees every key."""
+        ops, shape = self._ops, self._shape
+        head_dim, heads, kv_heads = shape.head_dim, shape.heads, shape.kv_heads
+        new_keys = ops.permute(context, ops.reshape_4d(context, k, head_dim, kv_heads, tokens, batch), 0, 2, 1, 3)
+        new_values = ops.permute(context, ops.reshape_4d(context, v, head_dim, kv_heads, tokens, batch), 0, 2, 1, 3)
+        if cached is None:
+            all_keys, all_values = new_keys, new_values
+        else:
+            cached_keys, cached_values = cached
+            all_keys = ops.concat(context, cached_keys, new_keys, 1)
+            all_values = ops.concat(context, cached_values, new_values, 1)
+        queries = ops.permute(context, ops.reshape_4d(context, q, head_dim, heads, tokens, batch), 0, 2, 1, 3)
+        attended = ops.flash_attn_ext(context, queries, all_keys, all_values, mask, shape.scale, 0.0, 0.0)
+        return ops.reshape_2d(context, attended, head_dim * heads, tokens * batch)  # head dim × heads × tokens × batch
+
     def _rope(self, context: int, heads: int, positions: int) -> int:
         shape = self._shape
         return self._ops.rope_ext(
@@ -333,6 +364,23 @@ def _cached(
     _, kv_heads, _, head_dim = array.shape
     offset = index * array.strides[0] + start * array.strides[2]
     return ops.view_3d(context, whole, head_dim, held, kv_heads, array.strides[2], array.strides[1], offset)
+
+
+def cache_view(ops: GgmlGraphOps, context: int, outside: int, array: npt.NDArray[np.float32], held: int) -> int:
+    """The first `held` positions of mlx's batch × kv heads × capacity × head dim cache buffer (numpy's view of it),
+    as a ggml view [head dim, held, kv heads, batch] of its memory (a flat tensor over it made in `outside`)."""
+    batch, kv_heads, _, head_dim = array.shape
+    strides = array.strides
+    flat = _flat(ops, outside, array)
+    return ops.view_4d(context, flat, head_dim, held, kv_heads, batch, strides[2], strides[1], strides[0], 0)
+
+
+def _flat(ops: GgmlGraphOps, outside: int, array: npt.NDArray[np.float32]) -> int:
+    """A flat float32 tensor (made in `outside`, a context that allocates nothing) over all of `array`'s memory."""
+    extent = sum((size - 1) * stride for size, stride in zip(array.shape, array.strides, strict=True)) + 4
+    flat = ops.new_tensor_1d(outside, _F32, extent // 4)
+    ops.set_data(flat, array.ctypes.data)
+    return flat
 
 
 def _biased(ops: GgmlGraphOps, context: int, product: int, bias: int | None) -> int:

@@ -26,8 +26,7 @@ import numpy.typing as npt
 from mlx import nn
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from exo.worker.engines.mlx.cpu.decode_graph import DecodeGraph, Shape
-from exo.worker.engines.mlx.cpu.ggml_graph_ops import GgmlGraphOps
+from exo.worker.engines.mlx.cpu.decode_graph import DecodeGraph, Shape, cache_view
 
 _F32: Final = 0
 _F16: Final = 1
@@ -74,13 +73,12 @@ class LayerPass:
             cached = None
             if keys is not None and values is not None:
                 cached = (
-                    _view(ops, context, outside, keys, inputs.held),
-                    _view(ops, context, outside, values, inputs.held),
+                    cache_view(ops, context, outside, keys, inputs.held),
+                    cache_view(ops, context, outside, values, inputs.held),
                 )
 
             def attend(q: int, k: int, v: int) -> int:
-                return _attention(
-                    self._graph,
+                return self._graph.attention(
                     context,
                     q=q,
                     k=k,
@@ -222,48 +220,6 @@ def _additive_mask(mask: object, *, batch: int, tokens: int, held: int) -> npt.N
     else:
         return False
     return np.where(allowed, np.float16(0), np.float16(-np.inf))
-
-
-def _view(ops: GgmlGraphOps, context: int, outside: int, array: npt.NDArray[np.float32], held: int) -> int:
-    """The first `held` positions of mlx's batch × kv heads × capacity × head dim buffer, as a ggml view [head dim,
-    held, kv heads, batch] of its memory."""
-    extent = sum((size - 1) * stride for size, stride in zip(array.shape, array.strides, strict=True)) + 4
-    whole = ops.new_tensor_1d(outside, _F32, extent // 4)
-    ops.set_data(whole, array.ctypes.data)
-    batch, kv_heads, _, head_dim = array.shape
-    strides = array.strides
-    return ops.view_4d(context, whole, head_dim, held, kv_heads, batch, strides[2], strides[1], strides[0], 0)
-
-
-def _attention(
-    graph: DecodeGraph,
-    context: int,
-    *,
-    q: int,
-    k: int,
-    v: int,
-    cached: tuple[int, int] | None,
-    mask: int | None,
-    batch: int,
-    tokens: int,
-) -> int:
-    """softmax(q·kᵀ·scale + mask)·v over the cached positions and the pass's own (heads · head dim × tokens), as
-    ggml's flash attention: the keys and values [head dim, context, kv heads, batch] joined once (the cached ones
-    read where mlx holds them), query head h reading kv head h // group (ggml's broadcast, as mlx's grouped
-    attention)."""
-    ops, shape = graph.ops, graph.shape
-    head_dim, heads, kv_heads = shape.head_dim, shape.heads, shape.kv_heads
-    new_keys = ops.permute(context, ops.reshape_4d(context, k, head_dim, kv_heads, tokens, batch), 0, 2, 1, 3)
-    new_values = ops.permute(context, ops.reshape_4d(context, v, head_dim, kv_heads, tokens, batch), 0, 2, 1, 3)
-    if cached is None:
-        all_keys, all_values = new_keys, new_values
-    else:
-        cached_keys, cached_values = cached
-        all_keys = ops.concat(context, cached_keys, new_keys, 1)
-        all_values = ops.concat(context, cached_values, new_values, 1)
-    queries = ops.permute(context, ops.reshape_4d(context, q, head_dim, heads, tokens, batch), 0, 2, 1, 3)
-    attended = ops.flash_attn_ext(context, queries, all_keys, all_values, mask, shape.scale, 0.0, 0.0)
-    return ops.reshape_2d(context, attended, head_dim * heads, tokens * batch)  # head dim × heads × tokens × batch
 
 
 def _write_int32(address: int, values: list[int]) -> None:
