@@ -22,7 +22,7 @@ from mlx_lm.utils import load_model as mlx_lm_load_model
 from exo.shared.types.cpu_kernels import CpuWeightsSetting
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cpu import engine
-from exo.worker.engines.mlx.cpu.decode_graph import DecodeGraph, decode_graph_of
+from exo.worker.engines.mlx.cpu.decode_graph import MAX_PASS_TOKENS, DecodeGraph, decode_graph_of
 from exo.worker.engines.mlx.cpu.engine import DECODE_GRAPH_VARIABLE, CpuKernels
 from exo.worker.engines.mlx.discarded_logits import logits_discarded
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
@@ -40,9 +40,11 @@ class _Counting:
         self.calls = 0
         original = step.logits
 
-        def counted(tokens: Sequence[int], caches: Sequence[KVCache] | Sequence[BatchKVCache]) -> mx.array | None:
+        def counted(
+            tokens: Sequence[int], caches: Sequence[KVCache] | Sequence[BatchKVCache], *, rows: int = 1
+        ) -> mx.array | None:
             self.calls += 1
-            return original(tokens, caches)
+            return original(tokens, caches, rows=rows)
 
         monkeypatch.setattr(step, "logits", counted)
 
@@ -148,7 +150,7 @@ def test_other_calls_are_the_models_own(monkeypatch: pytest.MonkeyPatch) -> None
     assert step is not None
     counting = _Counting(step, monkeypatch)
     cache, first = _prefilled(graph, PROMPT)
-    mx.eval(graph(mx.array([[first, 5]]), cache=cache))  # two rows: a draft's verification
+    mx.eval(graph(mx.array([[first] * (MAX_PASS_TOKENS + 1)]), cache=cache))  # more rows than a verification
     with logits_discarded():  # a prefill piece whose logits are thrown away
         mx.eval(graph(mx.array([[first]]), cache=cache))
     mx.eval(graph(mx.array([[first]])))  # no cache
@@ -247,3 +249,39 @@ def test_a_rank_of_a_split_model_keeps_mlx_lms_steps() -> None:
     assert kernels.prepare_model(model, path, split=True) == "q8_0"
     assert decode_graph_of(model) is None
     assert "decode steps as one ggml graph (a rank of a split model)" in kernels.report().describe()
+
+
+@pytest.mark.usefixtures("ggml")
+@pytest.mark.parametrize("weights", ["q8_0", "gguf"])
+@pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])
+def test_a_drafts_verification_is_one_graph_with_mlx_lms_logits_and_cache(
+    name: FixtureModelName, weights: CpuWeightsSetting, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Several rows of one sequence (a draft's verification: each row sees the rows before it) run as one graph:
+    every row's logits and the keys and values it leaves are those of the model with the graph off (its layers' own
+    passes), within the products' rounding."""
+    graph, plain = _models(name, weights, monkeypatch, tmp_path)
+    step = decode_graph_of(graph)
+    assert step is not None
+    graph_cache, first = _prefilled(graph, PROMPT)
+    plain_cache, _ = _prefilled(plain, PROMPT)
+    counting = _Counting(step, monkeypatch)
+    draft = [first, *PROMPT[3:8]]
+    ours = np.array(graph(mx.array([draft]), cache=graph_cache))
+    assert counting.calls == 1
+    theirs = np.array(plain(mx.array([draft]), cache=plain_cache))
+    assert ours.shape == theirs.shape == (1, len(draft), theirs.shape[-1])
+    for row_ours, row_theirs in zip(ours[0], theirs[0], strict=True):
+        _close(row_ours, row_theirs)
+        assert int(np.argmax(row_ours)) == int(np.argmax(row_theirs))
+    for a, b in zip(graph_cache, plain_cache, strict=True):
+        assert a.offset == b.offset == len(PROMPT) + len(draft)
+        assert a.keys is not None
+        assert b.keys is not None
+        _close(np.array(a.keys[..., : a.offset, :]), np.array(b.keys[..., : b.offset, :]))
+    # A rejected tail is trimmed as after mlx-lm's pass, and the next step sees what it left.
+    trim_prompt_cache(graph_cache, 3)
+    trim_prompt_cache(plain_cache, 3)
+    _, graph_tokens = _decode(graph, graph_cache, draft[2], steps=4)
+    _, plain_tokens = _decode(plain, plain_cache, draft[2], steps=4)
+    assert graph_tokens == plain_tokens

@@ -41,6 +41,9 @@ ARCHITECTURES: Final = frozenset({"qwen2", "llama"})
 attention with optional q/k/v biases and NeoX-style rope, a SwiGLU MLP, residual adds."""
 MAX_SEQUENCES: Final = 64
 """Batches up to this size run as the graph (its nodes grow with the sequences: attention is per sequence)."""
+MAX_PASS_TOKENS: Final = 16
+"""One sequence's pass over up to this many tokens (a draft's verification) runs as the graph too; longer ones (a
+prefill piece) run a layer at a time (`layer_graph.py`), pausing between layers."""
 _F32: Final = GGML_TYPES["F32"]
 _I32: Final = 26
 """`GGML_TYPE_I32` (ggml.h)."""
@@ -142,18 +145,25 @@ class DecodeGraph:
         """Free the parameters' context and the allocator's buffer now (else when this object is collected)."""
         self._finalizer()
 
-    def logits(self, tokens: Sequence[int], caches: Sequence[KVCache] | Sequence[BatchKVCache]) -> mx.array | None:
-        """The logits (sequences × 1 × vocabulary) of feeding each sequence its token after what `caches` hold
-        (every layer's cache, evaluated, float32: one sequence's KVCache or a batch's BatchKVCache); the step's
+    def logits(
+        self, tokens: Sequence[int], caches: Sequence[KVCache] | Sequence[BatchKVCache], *, rows: int = 1
+    ) -> mx.array | None:
+        """The logits (sequences × rows × vocabulary) of feeding each sequence its `rows` tokens (`tokens`, sequence
+        by sequence) after what `caches` hold (every layer's cache, evaluated, float32: one sequence's KVCache or a
+        batch's BatchKVCache; several rows for one sequence only, each row seeing the rows before it); the step's
         keys and values are appended to them (lazily). None, with nothing done, where a cache's memory is not laid
         out as mlx-lm's steps leave it (each position's values side by side)."""
         ops, shape = self._ops, self._shape
         sequences = Sequences.of(caches)
+        batch = len(tokens) // rows
+        if rows > 1 and batch != 1:
+            raise ValueError("several rows a step are for one sequence")
         views = [(np.asarray(cache.keys), np.asarray(cache.values)) for cache in caches]
-        if not all(self._fits(array, sequences, len(tokens)) for pair in views for array in pair):
+        if not all(self._fits(array, sequences, batch) for pair in views for array in pair):
             return None
         count = len(tokens)
-        nodes = len(self._layers) * (_LAYER_NODES + 16 * count) + 64
+        causal = _causal_mask(sequences.held[0], rows, shape.heads // shape.kv_heads) if rows > 1 else None
+        nodes = len(self._layers) * (_LAYER_NODES + 16 * batch) + 64
         # The tensors' and graph's descriptions only: their data is the allocator's, or mlx's (the caches).
         overhead = nodes * int(ops.ggml.tensor_overhead()) + 2 * int(ops.ggml.graph_overhead())
         context = ops.new_context(overhead, allocates=False)
@@ -163,13 +173,19 @@ class DecodeGraph:
             positions = ops.new_tensor_1d(context, _I32, count)
             ops.set_input(ids)
             ops.set_input(positions)
+            mask = None
+            if causal is not None:
+                mask = ops.new_tensor_4d(outside, _F32, *reversed(causal.shape))
+                ops.set_data(mask, causal.ctypes.data)
             x = ops.get_rows(context, self._embedding.tensor, ids)
             appended: list[tuple[int, int]] = []
             for index, (keys, values) in enumerate(views):
                 cached = (self._whole(outside, keys), keys), (self._whole(outside, values), values)
 
                 def attend(q: int, k: int, v: int, cached: _Cached = cached) -> int:
-                    return self._step_attention(context, q=q, k=k, v=v, cached=cached, sequences=sequences)
+                    return self._step_attention(
+                        context, q=q, k=k, v=v, cached=cached, sequences=sequences, rows=rows, mask=mask
+                    )
 
                 x, new_keys, new_values = self.layer(
                     context, index, x, tokens=count, positions=positions, attend=attend
@@ -183,10 +199,10 @@ class DecodeGraph:
                 ops.build_forward_expand(graph, output)
             self.allocate(graph)
             _write_int32(ops.get_data(ids), tokens)
-            _write_int32(ops.get_data(positions), sequences.held)
+            _write_int32(ops.get_data(positions), [held + row for held in sequences.held for row in range(rows)])
             self.compute(graph)
             vocabulary = self._head.shape[0]
-            result = _read(ops.get_data(logits), count * vocabulary).reshape(count, 1, vocabulary)
+            result = _read(ops.get_data(logits), count * vocabulary).reshape(batch, rows, vocabulary)
             kv = [
                 (_read(ops.get_data(k), count * shape.kv_width), _read(ops.get_data(v), count * shape.kv_width))
                 for k, v in appended
@@ -196,7 +212,7 @@ class DecodeGraph:
             ops.free(context)
         del views
         for cache, (k, v) in zip(caches, kv, strict=True):
-            cache.update_and_fetch(_heads(k, shape, count), _heads(v, shape, count))
+            cache.update_and_fetch(for_cache(k, shape, batch, rows), for_cache(v, shape, batch, rows))
         return mx.array(result)
 
     def _fits(self, array: npt.NDArray[np.float32], sequences: Sequences, count: int) -> bool:
@@ -248,47 +264,82 @@ class DecodeGraph:
         x = ops.add(context, x, ops.mul_mat(context, layer.down.tensor, gated))
         return x, k, v
 
-    def _step_attention(self, context: int, *, q: int, k: int, v: int, cached: _Cached, sequences: Sequences) -> int:
-        """A decode step's attention: each sequence's own (its one query against its cached and new key), side by
-        side (heads · head dim × sequences)."""
+    def _step_attention(
+        self,
+        context: int,
+        *,
+        q: int,
+        k: int,
+        v: int,
+        cached: _Cached,
+        sequences: Sequences,
+        rows: int,
+        mask: int | None,
+    ) -> int:
+        """A step's attention: each sequence's own (its rows' queries against its cached and new keys), side by
+        side (heads · head dim × tokens)."""
         attended: int | None = None
         for index in range(len(sequences.held)):
-            one = self._attention(context, q=q, k=k, v=v, cached=cached, sequences=sequences, index=index)
+            one = self._attention(
+                context, q=q, k=k, v=v, cached=cached, sequences=sequences, index=index, rows=rows, mask=mask
+            )
             attended = one if attended is None else self._ops.concat(context, attended, one, 1)
         assert attended is not None
         return attended
 
     def _attention(
-        self, context: int, *, q: int, k: int, v: int, cached: _Cached, sequences: Sequences, index: int
+        self,
+        context: int,
+        *,
+        q: int,
+        k: int,
+        v: int,
+        cached: _Cached,
+        sequences: Sequences,
+        index: int,
+        rows: int,
+        mask: int | None,
     ) -> int:
-        """Sequence `index`'s attention output (heads · head dim × 1): each kv head's group of query heads (query
+        """Sequence `index`'s attention output (heads · head dim × rows): each kv head's group of query heads (query
         head h reads kv head h // (heads / kv heads), as mlx's grouped attention) against its cached keys, read once
-        for the group, and its new key; one softmax over both; then each part's weighted values."""
+        for the group where mlx holds them, and its new keys (`mask`: each row sees the new rows up to its own); one
+        softmax over both; then each part's weighted values."""
         ops, shape = self._ops, self._shape
         heads, kv_heads, head_dim = shape.heads, shape.kv_heads, shape.head_dim
         group, width = heads // kv_heads, 4 * head_dim
-        queries = ops.view_3d(context, q, head_dim, group, kv_heads, width, group * width, index * heads * width)
-        new_key = ops.view_3d(context, k, head_dim, 1, kv_heads, width, width, index * kv_heads * width)
-        new_value = ops.view_3d(context, v, 1, head_dim, kv_heads, 4, width, index * kv_heads * width)
-        (keys, keys_array), (values, values_array) = cached
+        first = index * rows  # the sequence's first token among the step's
+        queries = ops.view_4d(
+            context, q, head_dim, group, kv_heads, rows, width, group * width, heads * width, first * heads * width
+        )  # head dim × group × kv heads × rows
+        new_keys = ops.view_3d(
+            context, k, head_dim, rows, kv_heads, kv_heads * width, width, first * kv_heads * width
+        )  # head dim × rows × kv heads
+        if rows == 1:
+            new_values = ops.view_3d(context, v, 1, head_dim, kv_heads, 4, width, index * kv_heads * width)
+        else:  # rows × head dim × kv heads (one sequence: the whole of v)
+            values = ops.reshape_3d(context, v, head_dim, kv_heads, rows)
+            new_values = ops.cont(context, ops.permute(context, values, 1, 2, 0, 3))
+        (keys, keys_array), (values_whole, values_array) = cached
         start, held = sequences.starts[index], sequences.held[index]
         cached_keys = _cached(ops, context, keys, keys_array, index=index, start=start, held=held)
-        cached_values = _cached(ops, context, values, values_array, index=index, start=start, held=held)
+        cached_values = _cached(ops, context, values_whole, values_array, index=index, start=start, held=held)
         scores = ops.concat(
-            context, ops.mul_mat(context, cached_keys, queries), ops.mul_mat(context, new_key, queries), 0
-        )  # positions + 1 × group × kv heads
-        weights = ops.soft_max_ext(context, scores, None, shape.scale, 0.0)
-        row = 4 * (held + 1)
+            context, ops.mul_mat(context, cached_keys, queries), ops.mul_mat(context, new_keys, queries), 0
+        )  # positions + rows × group × kv heads × rows
+        weights = ops.soft_max_ext(context, scores, mask, shape.scale, 0.0)
+        row = 4 * (held + rows)
         weights_cached = ops.transpose(
-            context, ops.view_3d(context, weights, held, group, kv_heads, row, group * row, 0)
+            context, ops.view_4d(context, weights, held, group, kv_heads, rows, row, group * row, heads * row, 0)
         )
-        weights_new = ops.view_3d(context, weights, 1, group, kv_heads, row, group * row, 4 * held)
+        weights_new = ops.view_4d(
+            context, weights, rows, group, kv_heads, rows, row, group * row, heads * row, 4 * held
+        )
         attended = ops.add(
             context,
             ops.out_prod(context, cached_values, weights_cached),
-            ops.mul_mat(context, new_value, weights_new),
-        )  # head dim × group × kv heads: the heads in order
-        return ops.reshape_2d(context, attended, head_dim * heads, 1)
+            ops.mul_mat(context, new_values, weights_new),
+        )  # head dim × group × kv heads × rows: each row's heads in order
+        return ops.reshape_2d(context, attended, head_dim * heads, rows)
 
     def attention(
         self,
@@ -402,9 +453,19 @@ def _read(address: int, count: int) -> npt.NDArray[np.float32]:
     return values
 
 
-def _heads(values: npt.NDArray[np.float32], shape: Shape, count: int) -> mx.array:
-    """Each sequence's new keys or values as mlx-lm's caches take them: sequences × kv heads × 1 × head dim."""
-    return mx.array(values.reshape(count, shape.kv_heads, 1, shape.head_dim))
+def for_cache(values: npt.NDArray[np.float32], shape: Shape, batch: int, rows: int) -> mx.array:
+    """A step's new keys or values (token by token, sequence by sequence) as mlx-lm's caches take them: sequences ×
+    kv heads × rows × head dim."""
+    return mx.array(values.reshape(batch, rows, shape.kv_heads, shape.head_dim).transpose(0, 2, 1, 3))
+
+
+def _causal_mask(held: int, rows: int, group: int) -> npt.NDArray[np.float32]:
+    """Several rows' mask over the positions held and the rows (rows × 1 × group × positions): row r sees the new
+    rows up to its own."""
+    columns = np.arange(held + rows)[None, :]
+    hidden = columns > held + np.arange(rows)[:, None]
+    mask = np.where(hidden, np.float32(-np.inf), np.float32(0))
+    return np.ascontiguousarray(np.broadcast_to(mask[:, None, None, :], (rows, 1, group, held + rows)))
 
 
 def _f32_tensor(ops: GgmlGraphOps, context: int, array: mx.array) -> int:
@@ -524,7 +585,7 @@ class _DecodeGraphCall(nn.Module):
         if caches is not None:
             mx.eval(inputs, *[array for layer in caches for array in (layer.keys, layer.values)])
             tokens = cast(list[int], np.asarray(inputs).reshape(-1).tolist())
-            logits = self.decode_graph.logits(tokens, caches)
+            logits = self.decode_graph.logits(tokens, caches, rows=inputs.shape[1])
             if logits is not None:
                 return logits
         return cast(mx.array, super().__call__(inputs, cache, *args, **kwargs))  # pyright: ignore[reportUnknownMemberType]
@@ -551,12 +612,14 @@ def decode_graph_of(model: nn.Module) -> DecodeGraph | None:
 def _decode_caches(
     inputs: mx.array, cache: object, args: tuple[object, ...], kwargs: dict[str, object], layers: int
 ) -> list[KVCache] | list[BatchKVCache] | None:
-    """The caches of a call the graph computes: one token for each sequence, no input embeddings, its logits
-    wanted, every layer's cache an mlx-lm KVCache (one sequence) or BatchKVCache (a batch, not mid-prefill), in
-    float32, all at the same place (else None)."""
+    """The caches of a call the graph computes: one token for each sequence (or up to MAX_PASS_TOKENS of one), no
+    input embeddings, its logits wanted, every layer's cache an mlx-lm KVCache (one sequence) or BatchKVCache (a
+    batch, not mid-prefill), in float32, all at the same place (else None)."""
     if args or any(value is not None for value in kwargs.values()) or logits_are_discarded():
         return None
-    if inputs.ndim != 2 or inputs.shape[1] != 1 or not 0 < inputs.shape[0] <= MAX_SEQUENCES:
+    if inputs.ndim != 2 or not 0 < inputs.shape[0] <= MAX_SEQUENCES:
+        return None
+    if not (inputs.shape[1] == 1 or (inputs.shape[0] == 1 and 1 < inputs.shape[1] <= MAX_PASS_TOKENS)):
         return None
     if not isinstance(cache, list) or len(cast(list[object], cache)) != layers:
         return None
@@ -566,7 +629,7 @@ def _decode_caches(
         return None
     if kind is KVCache:
         return _single(cast(list[KVCache], caches)) if inputs.shape[0] == 1 else None
-    return _batch(cast(list[BatchKVCache], caches), inputs.shape[0])
+    return _batch(cast(list[BatchKVCache], caches), inputs.shape[0]) if inputs.shape[1] == 1 else None
 
 
 def _single(caches: list[KVCache]) -> list[KVCache] | None:

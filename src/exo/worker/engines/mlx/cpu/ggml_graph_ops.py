@@ -51,6 +51,7 @@ class GgmlGraphOps:
         self.view_3d = bind("ggml_view_3d", p, p, p, w, w, w, s, s, s)
         self.view_4d = bind("ggml_view_4d", p, p, p, w, w, w, w, s, s, s, s)
         self.permute = bind("ggml_permute", p, p, p, i, i, i, i)
+        self.cont = bind("ggml_cont", p, p, p)
         self.concat = bind("ggml_concat", p, p, p, p, i)
         self.transpose = bind("ggml_transpose", p, p, p)
         self.soft_max_ext = bind("ggml_soft_max_ext", p, p, p, p, f, f)

@@ -26,7 +26,7 @@ import numpy.typing as npt
 from mlx import nn
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from exo.worker.engines.mlx.cpu.decode_graph import DecodeGraph, Shape, cache_view
+from exo.worker.engines.mlx.cpu.decode_graph import DecodeGraph, cache_view, for_cache
 
 _F32: Final = 0
 _F16: Final = 1
@@ -107,7 +107,7 @@ class LayerPass:
             ops.free(context)
         del inputs
         cache_ = cast(KVCache | BatchKVCache, cache)
-        cache_.update_and_fetch(_heads(k, batch, tokens, shape), _heads(v, batch, tokens, shape))
+        cache_.update_and_fetch(for_cache(k, shape, batch, tokens), for_cache(v, shape, batch, tokens))
         return mx.array(result)
 
 
@@ -230,11 +230,6 @@ def _read(address: int, count: int) -> npt.NDArray[np.float32]:
     values = np.empty(count, dtype=np.float32)
     ctypes.memmove(values.ctypes.data, address, 4 * count)
     return values
-
-
-def _heads(values: npt.NDArray[np.float32], batch: int, tokens: int, shape: Shape) -> mx.array:
-    """The pass's new keys or values as mlx-lm's caches take them: batch × kv heads × tokens × head dim."""
-    return mx.array(values.reshape(batch, tokens, shape.kv_heads, shape.head_dim).transpose(0, 2, 1, 3))
 
 
 class _LayerGraphCall(nn.Module):
