@@ -198,13 +198,16 @@ class DecodeGraph:
                 ops.set_output(output)
                 ops.build_forward_expand(graph, output)
             self.allocate(graph)
-            _write_int32(ops.get_data(ids), tokens)
-            _write_int32(ops.get_data(positions), [held + row for held in sequences.held for row in range(rows)])
+            write_int32(ops.get_data(ids), tokens)
+            write_int32(ops.get_data(positions), [held + row for held in sequences.held for row in range(rows)])
             self.compute(graph)
             vocabulary = self._head.shape[0]
-            result = _read(ops.get_data(logits), count * vocabulary).reshape(batch, rows, vocabulary)
+            result = read_floats(ops.get_data(logits), count * vocabulary).reshape(batch, rows, vocabulary)
             kv = [
-                (_read(ops.get_data(k), count * shape.kv_width), _read(ops.get_data(v), count * shape.kv_width))
+                (
+                    read_floats(ops.get_data(k), count * shape.kv_width),
+                    read_floats(ops.get_data(v), count * shape.kv_width),
+                )
                 for k, v in appended
             ]
         finally:
@@ -443,11 +446,11 @@ def _free(ops: GgmlGraphOps, parameters: int, allocator: int) -> None:
     ops.gallocr_free(allocator)
 
 
-def _write_int32(address: int, values: Sequence[int]) -> None:
+def write_int32(address: int, values: Sequence[int]) -> None:
     (ctypes.c_int32 * len(values)).from_address(address)[:] = list(values)
 
 
-def _read(address: int, count: int) -> npt.NDArray[np.float32]:
+def read_floats(address: int, count: int) -> npt.NDArray[np.float32]:
     values = np.empty(count, dtype=np.float32)
     ctypes.memmove(values.ctypes.data, address, 4 * count)
     return values

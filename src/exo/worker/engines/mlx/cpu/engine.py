@@ -76,7 +76,11 @@ class CpuKernels:
         variables = os.environ if environment is None else environment
         if weights not in ("q8_0", "gguf"):
             self._turn_off(("decode_graph", "layer_graph"), chosen)
-        for name, variable in (("decode_graph", DECODE_GRAPH_VARIABLE), ("layer_graph", LAYER_GRAPH_VARIABLE)):
+        graph_variables: tuple[tuple[Replacement, str], ...] = (
+            ("decode_graph", DECODE_GRAPH_VARIABLE),
+            ("layer_graph", LAYER_GRAPH_VARIABLE),
+        )
+        for name, variable in graph_variables:
             if variables.get(variable, "").strip() == "off":
                 self._turn_off((name,), f"{variable}=off")
         if weights == "float32":

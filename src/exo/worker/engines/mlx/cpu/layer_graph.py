@@ -17,7 +17,7 @@ holds them, and the pass's new ones are appended through `update_and_fetch` afte
 them.
 """
 
-import ctypes
+from dataclasses import dataclass
 from typing import Final, cast
 
 import mlx.core as mx
@@ -26,7 +26,7 @@ import numpy.typing as npt
 from mlx import nn
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from exo.worker.engines.mlx.cpu.decode_graph import DecodeGraph, cache_view, for_cache
+from exo.worker.engines.mlx.cpu.decode_graph import DecodeGraph, cache_view, for_cache, read_floats, write_int32
 
 _F32: Final = 0
 _F16: Final = 1
@@ -97,11 +97,11 @@ class LayerPass:
                 ops.set_output(output)
                 ops.build_forward_expand(graph, output)
             self._graph.allocate(graph)
-            _write_int32(ops.get_data(positions), inputs.positions)
+            write_int32(ops.get_data(positions), inputs.positions)
             self._graph.compute(graph)
-            result = _read(ops.get_data(out), count * hidden).reshape(batch, tokens, hidden)
-            k = _read(ops.get_data(new_keys), count * shape.kv_width)
-            v = _read(ops.get_data(new_values), count * shape.kv_width)
+            result = read_floats(ops.get_data(out), count * hidden).reshape(batch, tokens, hidden)
+            k = read_floats(ops.get_data(new_keys), count * shape.kv_width)
+            v = read_floats(ops.get_data(new_values), count * shape.kv_width)
         finally:
             ops.free(outside)
             ops.free(context)
@@ -111,29 +111,19 @@ class LayerPass:
         return mx.array(result)
 
 
+@dataclass(frozen=True)
 class _Inputs:
     """A call's arrays as the graph reads them (numpy views of mlx's memory where they can be)."""
 
-    def __init__(
-        self,
-        *,
-        hidden: npt.NDArray[np.float32],
-        keys: npt.NDArray[np.float32] | None,
-        values: npt.NDArray[np.float32] | None,
-        held: int,
-        positions: list[int],
-        mask: npt.NDArray[np.float16] | None,
-        tokens: int,
-    ) -> None:
-        self.hidden = hidden
-        self.keys = keys
-        self.values = values
-        self.held = held
-        """Positions the cache holds before the pass (a batch's left padding included)."""
-        self.positions = positions
-        self.mask = mask
-        """Additive float16 (0 or -inf), batch (or 1) × 1 × tokens × context, or None (every key visible)."""
-        self.tokens = tokens
+    hidden: npt.NDArray[np.float32]
+    keys: npt.NDArray[np.float32] | None
+    values: npt.NDArray[np.float32] | None
+    held: int
+    """Positions the cache holds before the pass (a batch's left padding included)."""
+    positions: list[int]
+    mask: npt.NDArray[np.float16] | None
+    """Float16, 0 or -inf, batch (or 1) × 1 × tokens × context, or None (every key visible)."""
+    tokens: int
 
     @property
     def context(self) -> int:
@@ -141,23 +131,22 @@ class _Inputs:
 
 
 def _inputs(x: mx.array, mask: object, cache: object) -> _Inputs | None:
-    if x.ndim != 3 or x.dtype != mx.float32 or type(cache) not in (KVCache, BatchKVCache):
+    if x.ndim != 3 or x.dtype != mx.float32:
         return None
     batch, tokens, _ = x.shape
     if type(cache) is KVCache:
-        single = cast(KVCache, cache)
         if batch != 1:
             return None
-        held = single.offset
+        held = cache.offset
         starts = [held]
-    else:
-        many = cast(BatchKVCache, cache)
-        held = cast(int, many._idx)  # pyright: ignore[reportPrivateUsage]
-        starts = cast(list[int], cast(mx.array, many.offset).tolist())
+    elif type(cache) is BatchKVCache:
+        held = cast(int, cache._idx)  # pyright: ignore[reportPrivateUsage]
+        starts = cast(list[int], cast(mx.array, cache.offset).tolist())
         if len(starts) != batch:
             return None
-    layer_cache = cast(KVCache | BatchKVCache, cache)
-    keys, values = layer_cache.keys, layer_cache.values
+    else:
+        return None
+    keys, values = cache.keys, cache.values
     if held > 0 and (keys is None or values is None):
         return None
     additive = _additive_mask(mask, batch=batch, tokens=tokens, held=held)
@@ -220,16 +209,6 @@ def _additive_mask(mask: object, *, batch: int, tokens: int, held: int) -> npt.N
     else:
         return False
     return np.where(allowed, np.float16(0), np.float16(-np.inf))
-
-
-def _write_int32(address: int, values: list[int]) -> None:
-    (ctypes.c_int32 * len(values)).from_address(address)[:] = values
-
-
-def _read(address: int, count: int) -> npt.NDArray[np.float32]:
-    values = np.empty(count, dtype=np.float32)
-    ctypes.memmove(values.ctypes.data, address, 4 * count)
-    return values
 
 
 class _LayerGraphCall(nn.Module):
