@@ -45,9 +45,8 @@ MAX_PASS_TOKENS: Final = 16
 """One sequence's pass over up to this many tokens (a draft's verification) runs as the graph too; longer ones (a
 prefill piece) run a layer at a time (`layer_graph.py`), pausing between layers."""
 _F32: Final = GGML_TYPES["F32"]
-_I32: Final = 26
-"""`GGML_TYPE_I32` (ggml.h)."""
-_F16: Final = GGML_TYPES["F16"]
+I32: Final = 26
+"""`GGML_TYPE_I32` (ggml.h): token ids and positions."""
 _LAYER_NODES: Final = 40
 """Graph nodes a layer makes besides attention (about 30), and attention's per sequence (about 12) is added."""
 
@@ -169,8 +168,8 @@ class DecodeGraph:
         context = ops.new_context(overhead, allocates=False)
         outside = ops.new_context(int(ops.ggml.tensor_overhead()) * (2 * len(caches) + 4), allocates=False)
         try:
-            ids = ops.new_tensor_1d(context, _I32, count)
-            positions = ops.new_tensor_1d(context, _I32, count)
+            ids = ops.new_tensor_1d(context, I32, count)
+            positions = ops.new_tensor_1d(context, I32, count)
             ops.set_input(ids)
             ops.set_input(positions)
             mask = None
@@ -594,16 +593,22 @@ class _DecodeGraphCall(nn.Module):
         return cast(mx.array, super().__call__(inputs, cache, *args, **kwargs))  # pyright: ignore[reportUnknownMemberType]
 
 
-_SUBCLASSES: dict[type, type] = {}
+_SUBCLASSES: dict[tuple[type, type], type] = {}
+"""Each (mixin, module class) to the subclass of both `mix_in` made, once."""
+
+
+def mix_in(module: nn.Module, mixin: type) -> None:
+    """Make `module` an instance of a subclass of `mixin` and of its own class, so the mixin's `__call__` runs
+    first: isinstance checks, parameter names and every attribute stay as they were."""
+    base = type(module)
+    if (mixin, base) not in _SUBCLASSES:
+        _SUBCLASSES[mixin, base] = type(base.__name__, (mixin, base), {"__module__": base.__module__})
+    module.__class__ = _SUBCLASSES[mixin, base]
 
 
 def install_decode_graph(model: nn.Module, graph: DecodeGraph) -> None:
-    """Make `model`'s decode steps run as `graph` (its class becomes a subclass of its own that dispatches them:
-    isinstance checks and every attribute stay as they were)."""
-    base = type(model)
-    if base not in _SUBCLASSES:
-        _SUBCLASSES[base] = type(base.__name__, (_DecodeGraphCall, base), {"__module__": base.__module__})
-    model.__class__ = _SUBCLASSES[base]
+    """Make `model`'s decode steps run as `graph` (a subclass of its own class that dispatches them, `mix_in`)."""
+    mix_in(model, _DecodeGraphCall)
     cast(_DecodeGraphCall, model).decode_graph = graph
 
 

@@ -26,11 +26,19 @@ import numpy.typing as npt
 from mlx import nn
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from exo.worker.engines.mlx.cpu.decode_graph import DecodeGraph, cache_view, for_cache, read_floats, write_int32
+from exo.worker.engines.mlx.cpu.decode_graph import (
+    I32,
+    DecodeGraph,
+    cache_view,
+    for_cache,
+    mix_in,
+    read_floats,
+    write_int32,
+)
+from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES
 
-_F32: Final = 0
-_F16: Final = 1
-_I32: Final = 26
+_F32: Final = GGML_TYPES["F32"]
+_F16: Final = GGML_TYPES["F16"]
 _LAYER_NODES: Final = 64
 """Graph nodes a layer's pass makes (about 40)."""
 
@@ -54,16 +62,15 @@ class LayerPass:
         batch, tokens, hidden = x.shape
         count = batch * tokens
         keys, values = inputs.keys, inputs.values
-        nodes = _LAYER_NODES
         context = ops.new_context(
-            nodes * int(ops.ggml.tensor_overhead()) + int(ops.ggml.graph_overhead()), allocates=False
+            _LAYER_NODES * int(ops.ggml.tensor_overhead()) + int(ops.ggml.graph_overhead()), allocates=False
         )
         outside = ops.new_context(8 * int(ops.ggml.tensor_overhead()), allocates=False)
         try:
             hidden_in = ops.new_tensor_1d(outside, _F32, count * hidden)
             ops.set_data(hidden_in, inputs.hidden.ctypes.data)
             x_in = ops.reshape_2d(context, hidden_in, hidden, count)
-            positions = ops.new_tensor_1d(context, _I32, count)
+            positions = ops.new_tensor_1d(context, I32, count)
             ops.set_input(positions)
             mask_tensor = None
             if inputs.mask is not None:
@@ -92,7 +99,7 @@ class LayerPass:
             out, new_keys, new_values = self._graph.layer(
                 context, self._index, x_in, tokens=count, positions=positions, attend=attend
             )
-            graph = ops.new_graph_custom(context, nodes, False)
+            graph = ops.new_graph_custom(context, _LAYER_NODES, False)
             for output in (out, new_keys, new_values):
                 ops.set_output(output)
                 ops.build_forward_expand(graph, output)
@@ -224,9 +231,6 @@ class _LayerGraphCall(nn.Module):
         return cast(mx.array, super().__call__(x, mask, cache))  # pyright: ignore[reportUnknownMemberType]
 
 
-_SUBCLASSES: dict[type, type] = {}
-
-
 def install_layer_passes(model: nn.Module, graph: DecodeGraph) -> int:
     """Make each decoder layer of `model` run its multi-token passes as `graph`'s layer (its class becomes a
     subclass of its own that dispatches them: isinstance checks, parameter names and the layer-step pauses stay);
@@ -236,9 +240,6 @@ def install_layer_passes(model: nn.Module, graph: DecodeGraph) -> int:
     if len(layers) != graph.layers:
         return 0
     for index, layer in enumerate(layers):
-        base = type(layer)
-        if base not in _SUBCLASSES:
-            _SUBCLASSES[base] = type(base.__name__, (_LayerGraphCall, base), {"__module__": base.__module__})
-        layer.__class__ = _SUBCLASSES[base]
+        mix_in(layer, _LayerGraphCall)
         cast(_LayerGraphCall, layer).layer_pass = LayerPass(graph, index)
     return len(layers)
