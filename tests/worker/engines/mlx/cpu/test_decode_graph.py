@@ -27,8 +27,12 @@ from exo.worker.engines.mlx.cpu.engine import DECODE_GRAPH_VARIABLE, CpuKernels
 from exo.worker.engines.mlx.discarded_logits import logits_discarded
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
-from tests.worker.engines.mlx.cpu.gguf_export import export_fixture
-from tests.worker.engines.mlx.cpu.weight_formats import loaded_fixture, mismatched_trained_cases
+from tests.worker.engines.mlx.cpu.weight_formats import (
+    assert_within_product_rounding,
+    graph_and_plain,
+    loaded_fixture,
+    mismatched_trained_cases,
+)
 
 PROMPT = [(index * 13) % 200 + 5 for index in range(40)]
 
@@ -47,19 +51,6 @@ class _Counting:
             return original(tokens, caches, rows=rows)
 
         monkeypatch.setattr(step, "logits", counted)
-
-
-def _models(
-    name: FixtureModelName, weights: CpuWeightsSetting, monkeypatch: pytest.MonkeyPatch, directory: Path
-) -> tuple[nn.Module, nn.Module]:
-    """The fixture as the engine loads it (the graph installed), and loaded with the graph off (under `gguf`, from
-    its export to a GGUF in `directory`: matrices of several block types)."""
-    source = export_fixture(name, directory / name) if weights == "gguf" else None
-    graph = loaded_fixture(name, weights, source).model
-    monkeypatch.setenv(DECODE_GRAPH_VARIABLE, "off")
-    plain = loaded_fixture(name, weights, source).model
-    monkeypatch.delenv(DECODE_GRAPH_VARIABLE)
-    return graph, plain
 
 
 def _decode(model: nn.Module, cache: list[KVCache], first: int, steps: int) -> tuple[list[np.ndarray], list[int]]:
@@ -83,19 +74,13 @@ def _prefilled(model: nn.Module, prompt: list[int]) -> tuple[list[KVCache], int]
     return cache, int(np.argmax(np.array(logits[0, -1])))
 
 
-def _close(a: np.ndarray, b: np.ndarray) -> None:
-    # Both quantize each product's input to the blocks' dot-product format; the norms, rope and softmax computed by
-    # ggml instead of mlx round apart, which can move a quantized input by one step.
-    assert float(np.abs(a - b).max()) < 5e-2 * float(np.abs(b).max())
-
-
 @pytest.mark.usefixtures("ggml")
 @pytest.mark.parametrize("weights", ["q8_0", "gguf"])
 @pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])
 def test_a_model_decodes_one_token_a_graph_as_mlx_lms_model_does(
     name: FixtureModelName, weights: CpuWeightsSetting, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    graph, plain = _models(name, weights, monkeypatch, tmp_path)
+    graph, plain = graph_and_plain(name, weights, monkeypatch, tmp_path, off=(DECODE_GRAPH_VARIABLE,))
     step = decode_graph_of(graph)
     assert step is not None
     assert decode_graph_of(plain) is None
@@ -109,7 +94,7 @@ def test_a_model_decodes_one_token_a_graph_as_mlx_lms_model_does(
     assert counting.calls == 8
     assert graph_tokens == plain_tokens
     for a, b in zip(graph_logits, plain_logits, strict=True):
-        _close(a, b)
+        assert_within_product_rounding(a, b)
     # The caches hold what mlx-lm's steps leave: the same positions, the same keys and values.
     for ours, theirs in zip(graph_cache, plain_cache, strict=True):
         assert ours.offset == theirs.offset == len(PROMPT) + 8
@@ -120,15 +105,15 @@ def test_a_model_decodes_one_token_a_graph_as_mlx_lms_model_does(
         held = ours.offset
         keys, expected_keys = np.array(ours.keys[..., :held, :]), np.array(theirs.keys[..., :held, :])
         np.testing.assert_array_equal(keys[..., : len(PROMPT), :], expected_keys[..., : len(PROMPT), :])
-        _close(keys, expected_keys)
-        _close(np.array(ours.values[..., :held, :]), np.array(theirs.values[..., :held, :]))
+        assert_within_product_rounding(keys, expected_keys)
+        assert_within_product_rounding(np.array(ours.values[..., :held, :]), np.array(theirs.values[..., :held, :]))
 
 
 @pytest.mark.usefixtures("ggml")
 def test_a_trimmed_step_and_a_later_prefill_see_what_mlx_lms_steps_leave(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    graph, plain = _models("tiny-qwen-tools", "gguf", monkeypatch, tmp_path)
+    graph, plain = graph_and_plain("tiny-qwen-tools", "gguf", monkeypatch, tmp_path, off=(DECODE_GRAPH_VARIABLE,))
     results: list[list[int]] = []
     for model in (graph, plain):
         cache, first = _prefilled(model, PROMPT)
@@ -221,7 +206,7 @@ def _batched(model: nn.Module, prompts: list[list[int]], steps: int) -> tuple[li
 def test_a_batch_of_different_lengths_decodes_as_mlx_lms_model_does(
     name: FixtureModelName, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    graph, plain = _models(name, "q8_0", monkeypatch, tmp_path)
+    graph, plain = graph_and_plain(name, "q8_0", monkeypatch, tmp_path, off=(DECODE_GRAPH_VARIABLE,))
     step = decode_graph_of(graph)
     assert step is not None
     counting = _Counting(step, monkeypatch)
@@ -232,7 +217,7 @@ def test_a_batch_of_different_lengths_decodes_as_mlx_lms_model_does(
     assert graph_tokens == plain_tokens
     for a, b in zip(graph_logits, plain_logits, strict=True):
         for row_a, row_b in zip(a, b, strict=True):
-            _close(row_a, row_b)
+            assert_within_product_rounding(row_a, row_b)
     # Each sequence of the batch decodes as it does alone.
     for prompt, tokens in zip(prompts, graph_tokens, strict=True):
         cache, first = _prefilled(graph, prompt)
@@ -260,7 +245,7 @@ def test_a_drafts_verification_is_one_graph_with_mlx_lms_logits_and_cache(
     """Several rows of one sequence (a draft's verification: each row sees the rows before it) run as one graph:
     every row's logits and the keys and values it leaves are those of the model with the graph off (its layers' own
     passes), within the products' rounding."""
-    graph, plain = _models(name, weights, monkeypatch, tmp_path)
+    graph, plain = graph_and_plain(name, weights, monkeypatch, tmp_path, off=(DECODE_GRAPH_VARIABLE,))
     step = decode_graph_of(graph)
     assert step is not None
     graph_cache, first = _prefilled(graph, PROMPT)
@@ -272,13 +257,13 @@ def test_a_drafts_verification_is_one_graph_with_mlx_lms_logits_and_cache(
     theirs = np.array(plain(mx.array([draft]), cache=plain_cache))
     assert ours.shape == theirs.shape == (1, len(draft), theirs.shape[-1])
     for row_ours, row_theirs in zip(ours[0], theirs[0], strict=True):
-        _close(row_ours, row_theirs)
+        assert_within_product_rounding(row_ours, row_theirs)
         assert int(np.argmax(row_ours)) == int(np.argmax(row_theirs))
     for a, b in zip(graph_cache, plain_cache, strict=True):
         assert a.offset == b.offset == len(PROMPT) + len(draft)
         assert a.keys is not None
         assert b.keys is not None
-        _close(np.array(a.keys[..., : a.offset, :]), np.array(b.keys[..., : b.offset, :]))
+        assert_within_product_rounding(np.array(a.keys[..., : a.offset, :]), np.array(b.keys[..., : b.offset, :]))
     # A rejected tail is trimmed as after mlx-lm's pass, and the next step sees what it left.
     trim_prompt_cache(graph_cache, 3)
     trim_prompt_cache(plain_cache, 3)

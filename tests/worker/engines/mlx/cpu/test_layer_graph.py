@@ -27,7 +27,12 @@ from exo.worker.engines.mlx.generator.layer_steps import SteppedPass, install_la
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
 from tests.worker.engines.mlx.cpu.gguf_export import export_fixture
-from tests.worker.engines.mlx.cpu.weight_formats import loaded_fixture, mismatched_trained_cases
+from tests.worker.engines.mlx.cpu.weight_formats import (
+    assert_within_product_rounding,
+    graph_and_plain,
+    loaded_fixture,
+    mismatched_trained_cases,
+)
 
 PROMPT = [(index * 13) % 200 + 5 for index in range(40)]
 
@@ -47,29 +52,8 @@ class _Counting:
         monkeypatch.setattr(LayerPass, "__call__", counted)
 
 
-def _models(
-    name: FixtureModelName, weights: CpuWeightsSetting, monkeypatch: pytest.MonkeyPatch, directory: Path
-) -> tuple[nn.Module, nn.Module]:
-    """The fixture as the engine loads it (both graphs installed), and with both graphs off: mlx-lm's model with
-    ggml's products inside (under `gguf`, from its export to a GGUF in `directory`: several block types)."""
-    source = export_fixture(name, directory / name) if weights == "gguf" else None
-    graph = loaded_fixture(name, weights, source).model
-    monkeypatch.setenv(DECODE_GRAPH_VARIABLE, "off")
-    monkeypatch.setenv(LAYER_GRAPH_VARIABLE, "off")
-    plain = loaded_fixture(name, weights, source).model
-    monkeypatch.delenv(DECODE_GRAPH_VARIABLE)
-    monkeypatch.delenv(LAYER_GRAPH_VARIABLE)
-    return graph, plain
-
-
 def _layers(model: nn.Module) -> list[nn.Module]:
     return cast(list[nn.Module], model["model"]["layers"])
-
-
-def _close(a: np.ndarray, b: np.ndarray) -> None:
-    # Both quantize each product's input to the blocks' dot-product format; ggml's norms, rope and softmax round
-    # apart from mlx's, which can move a quantized input by one step.
-    assert float(np.abs(a - b).max()) < 5e-2 * float(np.abs(b).max())
 
 
 def _pieces(model: nn.Module, prompt: list[int], cuts: list[int]) -> tuple[list[KVCache], np.ndarray]:
@@ -96,7 +80,9 @@ def _greedy(model: nn.Module, cache: list[KVCache], first: int, steps: int) -> l
 def test_a_prompt_prefills_a_graph_a_layer_as_mlx_lms_layers_do(
     name: FixtureModelName, weights: CpuWeightsSetting, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    graph, plain = _models(name, weights, monkeypatch, tmp_path)
+    graph, plain = graph_and_plain(
+        name, weights, monkeypatch, tmp_path, off=(DECODE_GRAPH_VARIABLE, LAYER_GRAPH_VARIABLE)
+    )
     counting = _Counting(monkeypatch)
     ours, our_logits = _pieces(graph, PROMPT, cuts=[20])  # a cold piece, then one on top of the cache
     assert counting.computed == 2 * len(_layers(graph))
@@ -104,13 +90,13 @@ def test_a_prompt_prefills_a_graph_a_layer_as_mlx_lms_layers_do(
     theirs, their_logits = _pieces(plain, PROMPT, cuts=[20])
     assert counting.computed == 0
     for row_ours, row_theirs in zip(our_logits, their_logits, strict=True):
-        _close(row_ours, row_theirs)
+        assert_within_product_rounding(row_ours, row_theirs)
     for layer_ours, layer_theirs in zip(ours, theirs, strict=True):
         assert layer_ours.offset == layer_theirs.offset == len(PROMPT)
         for a, b in ((layer_ours.keys, layer_theirs.keys), (layer_ours.values, layer_theirs.values)):
             assert a is not None
             assert b is not None
-            _close(np.array(a[..., : len(PROMPT), :]), np.array(b[..., : len(PROMPT), :]))
+            assert_within_product_rounding(np.array(a[..., : len(PROMPT), :]), np.array(b[..., : len(PROMPT), :]))
     first = int(np.argmax(our_logits[-1]))
     assert first == int(np.argmax(their_logits[-1]))
     assert _greedy(graph, ours, first, steps=6) == _greedy(plain, theirs, first, steps=6)
@@ -135,14 +121,16 @@ def _batch_prefill(model: nn.Module, prompts: list[list[int]]) -> np.ndarray:
 def test_a_left_padded_batch_prefills_as_mlx_lms_layers_do(
     name: FixtureModelName, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    graph, plain = _models(name, "q8_0", monkeypatch, tmp_path)
+    graph, plain = graph_and_plain(
+        name, "q8_0", monkeypatch, tmp_path, off=(DECODE_GRAPH_VARIABLE, LAYER_GRAPH_VARIABLE)
+    )
     counting = _Counting(monkeypatch)
     prompts = [PROMPT, PROMPT[:17], [9, 8, 7, *PROMPT[5:30]]]  # left padding 0, 23 and 12
     ours = _batch_prefill(graph, prompts)
     assert counting.computed == 2 * len(_layers(graph))
     theirs = _batch_prefill(plain, prompts)
     for prompt, row_ours, row_theirs in zip(prompts, ours, theirs, strict=True):
-        _close(row_ours, row_theirs)
+        assert_within_product_rounding(row_ours, row_theirs)
         # Each sequence's next token is the one it gets prefilled alone.
         _, alone = _pieces(graph, prompt, cuts=[])
         assert int(np.argmax(row_ours)) == int(np.argmax(alone[-1]))

@@ -1,11 +1,13 @@
 """What the int8 and Q8_0 weight-format tests share: the error measure, a real trained matrix, and the check that a
 fixture model loaded in a format answers its trained prompts exactly."""
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
 import mlx.core as mx
 import numpy as np
+import pytest
 from mlx import nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
@@ -24,6 +26,7 @@ from tests.fixtures.fixture_specs import (
     FixtureModelName,
 )
 from tests.fixtures.model_builder.verify import LoadedModel, greedy_generate, load_model
+from tests.worker.engines.mlx.cpu.gguf_export import export_fixture
 
 # Every fixture model with the table it was trained on (tiny-qwen-tools-deep is tiny-qwen-tools' table on a deeper
 # model split into five files; tiny-qwen-mcp and tiny-qwen-codex are trained on captured client requests).
@@ -84,3 +87,28 @@ def greedy_step_logits(model: nn.Module, tokens: mx.array, steps: int) -> list[n
         outputs.append(np.array(logits))
         tokens = logits[:, -1].argmax(-1)[:, None]
     return outputs
+
+
+def graph_and_plain(
+    name: FixtureModelName,
+    weights: CpuWeightsSetting,
+    monkeypatch: pytest.MonkeyPatch,
+    directory: Path,
+    off: Sequence[str],
+) -> tuple[nn.Module, nn.Module]:
+    """The fixture as the engine loads it, and loaded again with each variable of `off` set to `off` (the ggml
+    graphs they name left out); under `gguf`, both from its export to a GGUF in `directory` (several block types)."""
+    source = export_fixture(name, directory / name) if weights == "gguf" else None
+    graph = loaded_fixture(name, weights, source).model
+    with monkeypatch.context() as switched:
+        for variable in off:
+            switched.setenv(variable, "off")
+        plain = loaded_fixture(name, weights, source).model
+    return graph, plain
+
+
+def assert_within_product_rounding(a: np.ndarray, b: np.ndarray) -> None:
+    """Two ggml paths' outputs agree within what quantizing each product's input adds: both quantize it to the
+    blocks' dot-product format, and norms, rope and softmax computed apart round apart, which can move a quantized
+    input by one step."""
+    assert float(np.abs(a - b).max()) < 5e-2 * float(np.abs(b).max())
