@@ -21,8 +21,8 @@ from mlx_lm.utils import load_model as mlx_lm_load_model
 
 from exo.shared.types.cpu_kernels import CpuWeightsSetting
 from exo.shared.types.worker.shards import ShardAssignment
-from exo.worker.engines.mlx.cpu import engine
-from exo.worker.engines.mlx.cpu.decode_graph import MAX_PASS_TOKENS, DecodeGraph, decode_graph_of
+from exo.worker.engines.mlx.cpu import decode_graph, engine
+from exo.worker.engines.mlx.cpu.decode_graph import MAX_PASS_TOKENS, SPAN_STEP, DecodeGraph, decode_graph_of
 from exo.worker.engines.mlx.cpu.engine import DECODE_GRAPH_VARIABLE, CpuKernels
 from exo.worker.engines.mlx.discarded_logits import logits_discarded
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
@@ -270,3 +270,79 @@ def test_a_drafts_verification_is_one_graph_with_mlx_lms_logits_and_cache(
     _, graph_tokens = _decode(graph, graph_cache, draft[2], steps=4)
     _, plain_tokens = _decode(plain, plain_cache, draft[2], steps=4)
     assert graph_tokens == plain_tokens
+
+
+def _scripted(model: nn.Module, first: int, tokens: Sequence[int] | None) -> tuple[list[np.ndarray], list[int]]:
+    """A session past a step graph's reuse boundaries: the prompt prefilled (buffers of 256 positions), steps to 130
+    held, a 17-token pass between steps (a layer pass, through the other allocator), a few steps, 4 of them trimmed
+    (a rejected draft), then steps on past 256 held (mlx grows the buffers). Greedy where `tokens` is None, else fed
+    `tokens` (another run's choices, in the order fed): every step's last logits and the tokens fed."""
+    cache, token = _prefilled(model, PROMPT)
+    assert token == first
+    fed: list[int] = []
+    outputs: list[np.ndarray] = []
+
+    def feed(rows: list[int]) -> None:
+        logits = model(mx.array([rows]), cache=cache)
+        mx.eval(logits)
+        outputs.append(np.array(logits[0, -1]))
+        fed.extend(rows)
+
+    def chosen(rows: list[int]) -> list[int]:
+        return rows if tokens is None else list(tokens[len(fed) : len(fed) + len(rows)])
+
+    def next_token() -> list[int]:
+        return chosen([int(np.argmax(outputs[-1])) if outputs else first])
+
+    for _ in range(90):
+        feed(next_token())
+    feed(chosen([*PROMPT[:16], *next_token()]))
+    for _ in range(5):
+        feed(next_token())
+    assert trim_prompt_cache(cast(list[object], cache), 4) == 4
+    for _ in range(200):
+        feed(next_token())
+    assert cache[0].offset == len(PROMPT) + len(fed) - 4 == 40 + 90 + 17 + 1 + 200
+    return outputs, fed
+
+
+@pytest.mark.usefixtures("ggml")
+@pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])
+def test_a_step_graph_is_kept_for_the_next_steps_and_reads_only_what_the_cache_holds(
+    name: FixtureModelName, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Steps run one kept graph until its views' span ends or mlx moves the buffers. Across a layer pass, a trim
+    (its dropped positions masked, as the zeros past what is held) and the buffers' growth, each step's logits are
+    bit for bit those of a graph built for that step alone over exactly the positions held (masking nothing), and
+    within the products' rounding of the model with the graph off fed the same tokens."""
+    graph, plain = graph_and_plain(name, "gguf", monkeypatch, tmp_path, off=(DECODE_GRAPH_VARIABLE,))
+    step = decode_graph_of(graph)
+    assert step is not None
+    builds = 0
+    build = step._build_step  # pyright: ignore[reportPrivateUsage]
+
+    def counted(*args: object, **kwargs: object) -> object:
+        nonlocal builds
+        builds += 1
+        return build(*args, **kwargs)  # pyright: ignore[reportArgumentType]
+
+    monkeypatch.setattr(step, "_build_step", counted)
+    _, first = _prefilled(plain, PROMPT)
+    kept, fed = _scripted(graph, first, None)
+    assert len(kept) == 90 + 1 + 5 + 200
+    # 344 positions held at the end: a graph every SPAN_STEP positions, one more where the buffers grew at 256.
+    assert 300 // SPAN_STEP <= builds <= 344 // SPAN_STEP + 2
+
+    def held_exactly(sequences: decode_graph.Sequences, *, capacity: int) -> int:
+        assert capacity >= sequences.starts[0] + sequences.held[0]
+        return sequences.starts[0] + sequences.held[0]
+
+    with monkeypatch.context() as exact:
+        exact.setattr(decode_graph, "_span_end", held_exactly)
+        exact.setattr(decode_graph._StepGraph, "serves", lambda *_: False)  # pyright: ignore[reportPrivateUsage]
+        alone, _ = _scripted(graph, first, fed)
+    for a, b in zip(kept, alone, strict=True):
+        np.testing.assert_array_equal(a, b)
+    theirs, _ = _scripted(plain, first, fed)
+    for a, b in zip(kept[:100], theirs[:100], strict=True):
+        assert_within_product_rounding(a, b)

@@ -17,6 +17,13 @@ own step leaves: the graph reads each layer's cached keys and values where mlx h
 attends to them and to the step's new key and value (the scores of both under one softmax, the weighted values
 summed), and the new keys and values are then appended through `update_and_fetch`, lazily, as mlx-lm's attention
 appends them. `layer_graph.py` runs the same layers over several tokens a sequence (prefill, verification).
+
+A step's graph is kept and run again for the next steps, as llama.cpp reuses its graphs: building one through
+ctypes cost about 2 ms of the default model's 24 ms step on a 2-core EPYC. Only its inputs change from step to
+step (token ids, positions, each sequence's mask); its views of the cache reach past what is held to the next
+multiple of SPAN_STEP positions, the positions not yet held masked out, and mlx keeps a cache's buffer in place from
+step to step (a slice update donates it) until it grows it, so a graph is built again every SPAN_STEP steps, when
+the buffers move, or when the batch changes.
 """
 
 import ctypes
@@ -47,6 +54,11 @@ prefill piece) run a layer at a time (`layer_graph.py`), pausing between layers.
 _F32: Final = GGML_TYPES["F32"]
 I32: Final = 26
 """`GGML_TYPE_I32` (ggml.h): token ids and positions."""
+SPAN_STEP: Final = 32
+"""A step graph is kept and run again while its sequences stay in the same buffers: its views of the cache reach
+the next multiple of this many positions (those not yet held masked out), so one is built every this many steps
+(building one from Python costs about 2 ms, a tenth of the default model's step) and attention reads at most this
+many masked positions more."""
 _LAYER_NODES: Final = 40
 """Graph nodes a layer makes besides attention (about 30), and attention's per sequence (about 12) is added."""
 
@@ -134,7 +146,10 @@ class DecodeGraph:
         """ggml-alloc's graph allocator: the step's intermediate tensors in one buffer, reused from node to node as
         llama.cpp allocates its graphs (kept: it grows to the largest step and is reused)."""
         self._work: ctypes.Array[ctypes.c_char] | None = None
-        self._finalizer = weakref.finalize(self, _free, self._ops, parameters, self._allocator)
+        self._steps = _Steps(ops)
+        """The step graph kept for the next steps, with an allocator of its own (a layer pass between two steps
+        places its tensors in `_allocator` without moving the step's)."""
+        self._finalizer = weakref.finalize(self, _free, self._ops, parameters, self._allocator, self._steps)
 
     @property
     def layers(self) -> int:
@@ -160,22 +175,55 @@ class DecodeGraph:
         views = [(np.asarray(cache.keys), np.asarray(cache.values)) for cache in caches]
         if not all(self._fits(array, sequences, batch) for pair in views for array in pair):
             return None
-        count = len(tokens)
-        causal = _causal_mask(sequences.held[0], rows, shape.heads // shape.kv_heads) if rows > 1 else None
+        step = self._steps.current
+        key = _StepKey.of(views, sequences, rows)
+        if step is None or not step.serves(key, sequences):
+            step = self._steps.replace(self._build_step(views, sequences, key))
+        step.write(tokens, sequences)
+        self.compute(step.graph)
+        count, vocabulary = len(tokens), self._head.shape[0]
+        # Copied out (mx.array copies) before the graph runs again.
+        logits = mx.array(_floats_at(ops.get_data(step.logits), count * vocabulary).reshape(batch, rows, vocabulary))
+        kv = [
+            (
+                for_cache(_floats_at(ops.get_data(k), count * shape.kv_width), shape, batch, rows),
+                for_cache(_floats_at(ops.get_data(v), count * shape.kv_width), shape, batch, rows),
+            )
+            for k, v in step.appended
+        ]
+        del views
+        for cache, (k, v) in zip(caches, kv, strict=True):
+            cache.update_and_fetch(k, v)
+        return logits
+
+    def _build_step(
+        self,
+        views: Sequence[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]],
+        sequences: Sequences,
+        key: "_StepKey",
+    ) -> "_StepGraph":
+        """The step graph for `key` (its sequences' buffers and places), its views of the cache reaching `end`."""
+        ops, shape = self._ops, self._shape
+        rows, batch = key.rows, len(sequences.starts)
+        count = batch * rows
+        end = _span_end(sequences, capacity=min(array.shape[2] for pair in views for array in pair))
+        spans = [end - start for start in sequences.starts]
+        group = shape.heads // shape.kv_heads
+        masks = [_new_rows_mask(span, rows, group) for span in spans]
         nodes = len(self._layers) * (_LAYER_NODES + 16 * batch) + 64
         # The tensors' and graph's descriptions only: their data is the allocator's, or mlx's (the caches).
         overhead = nodes * int(ops.ggml.tensor_overhead()) + 2 * int(ops.ggml.graph_overhead())
         context = ops.new_context(overhead, allocates=False)
-        outside = ops.new_context(int(ops.ggml.tensor_overhead()) * (2 * len(caches) + 4), allocates=False)
+        outside = ops.new_context(int(ops.ggml.tensor_overhead()) * (2 * len(views) + batch + 4), allocates=False)
         try:
             ids = ops.new_tensor_1d(context, I32, count)
             positions = ops.new_tensor_1d(context, I32, count)
             ops.set_input(ids)
             ops.set_input(positions)
-            mask = None
-            if causal is not None:
-                mask = ops.new_tensor_4d(outside, _F32, *reversed(causal.shape))
-                ops.set_data(mask, causal.ctypes.data)
+            mask_tensors: list[int] = []
+            for mask in masks:
+                mask_tensors.append(ops.new_tensor_4d(outside, _F32, *reversed(mask.shape)))
+                ops.set_data(mask_tensors[-1], mask.ctypes.data)
             x = ops.get_rows(context, self._embedding.tensor, ids)
             appended: list[tuple[int, int]] = []
             for index, (keys, values) in enumerate(views):
@@ -183,7 +231,15 @@ class DecodeGraph:
 
                 def attend(q: int, k: int, v: int, cached: _Cached = cached) -> int:
                     return self._step_attention(
-                        context, q=q, k=k, v=v, cached=cached, sequences=sequences, rows=rows, mask=mask
+                        context,
+                        q=q,
+                        k=k,
+                        v=v,
+                        cached=cached,
+                        starts=sequences.starts,
+                        spans=spans,
+                        rows=rows,
+                        masks=mask_tensors,
                     )
 
                 x, new_keys, new_values = self.layer(
@@ -196,26 +252,23 @@ class DecodeGraph:
             for output in (logits, *[tensor for pair in appended for tensor in pair]):
                 ops.set_output(output)
                 ops.build_forward_expand(graph, output)
-            self.allocate(graph)
-            write_int32(ops.get_data(ids), tokens)
-            write_int32(ops.get_data(positions), [held + row for held in sequences.held for row in range(rows)])
-            self.compute(graph)
-            vocabulary = self._head.shape[0]
-            result = read_floats(ops.get_data(logits), count * vocabulary).reshape(batch, rows, vocabulary)
-            kv = [
-                (
-                    read_floats(ops.get_data(k), count * shape.kv_width),
-                    read_floats(ops.get_data(v), count * shape.kv_width),
-                )
-                for k, v in appended
-            ]
-        finally:
+            if not ops.gallocr_alloc_graph(self._steps.allocator, graph):
+                raise MemoryError("ggml could not allocate a decode step's tensors")
+        except BaseException:
             ops.free(outside)
             ops.free(context)
-        del views
-        for cache, (k, v) in zip(caches, kv, strict=True):
-            cache.update_and_fetch(for_cache(k, shape, batch, rows), for_cache(v, shape, batch, rows))
-        return mx.array(result)
+            raise
+        return _StepGraph(
+            key=key,
+            end=end,
+            contexts=(context, outside),
+            graph=graph,
+            ids=ops.get_data(ids),
+            positions=ops.get_data(positions),
+            masks=masks,
+            logits=logits,
+            appended=appended,
+        )
 
     def _fits(self, array: npt.NDArray[np.float32], sequences: Sequences, count: int) -> bool:
         shape = self._shape
@@ -274,16 +327,17 @@ class DecodeGraph:
         k: int,
         v: int,
         cached: _Cached,
-        sequences: Sequences,
+        starts: Sequence[int],
+        spans: Sequence[int],
         rows: int,
-        mask: int | None,
+        masks: Sequence[int],
     ) -> int:
         """A step's attention: each sequence's own (its rows' queries against its cached and new keys), side by
         side (heads · head dim × tokens)."""
         attended: int | None = None
-        for index in range(len(sequences.held)):
+        for index, (start, span, mask) in enumerate(zip(starts, spans, masks, strict=True)):
             one = self._attention(
-                context, q=q, k=k, v=v, cached=cached, sequences=sequences, index=index, rows=rows, mask=mask
+                context, q=q, k=k, v=v, cached=cached, index=index, start=start, span=span, rows=rows, mask=mask
             )
             attended = one if attended is None else self._ops.concat(context, attended, one, 1)
         assert attended is not None
@@ -297,15 +351,17 @@ class DecodeGraph:
         k: int,
         v: int,
         cached: _Cached,
-        sequences: Sequences,
         index: int,
+        start: int,
+        span: int,
         rows: int,
-        mask: int | None,
+        mask: int,
     ) -> int:
         """Sequence `index`'s attention output (heads · head dim × rows): each kv head's group of query heads (query
-        head h reads kv head h // (heads / kv heads), as mlx's grouped attention) against its cached keys, read once
-        for the group where mlx holds them, and its new keys (`mask`: each row sees the new rows up to its own); one
-        softmax over both; then each part's weighted values."""
+        head h reads kv head h // (heads / kv heads), as mlx's grouped attention) against its `span` cached
+        positions from `start`, read once for the group where mlx holds them, and its new keys (`mask`, [span +
+        rows, group, 1, rows]: the positions held, and each row sees the new rows up to its own); one softmax over
+        both; then each part's weighted values."""
         ops, shape = self._ops, self._shape
         heads, kv_heads, head_dim = shape.heads, shape.kv_heads, shape.head_dim
         group, width = heads // kv_heads, 4 * head_dim
@@ -322,19 +378,18 @@ class DecodeGraph:
             values = ops.reshape_3d(context, v, head_dim, kv_heads, rows)
             new_values = ops.cont(context, ops.permute(context, values, 1, 2, 0, 3))
         (keys, keys_array), (values_whole, values_array) = cached
-        start, held = sequences.starts[index], sequences.held[index]
-        cached_keys = _cached(ops, context, keys, keys_array, index=index, start=start, held=held)
-        cached_values = _cached(ops, context, values_whole, values_array, index=index, start=start, held=held)
+        cached_keys = _cached(ops, context, keys, keys_array, index=index, start=start, held=span)
+        cached_values = _cached(ops, context, values_whole, values_array, index=index, start=start, held=span)
         scores = ops.concat(
             context, ops.mul_mat(context, cached_keys, queries), ops.mul_mat(context, new_keys, queries), 0
         )  # positions + rows × group × kv heads × rows
         weights = ops.soft_max_ext(context, scores, mask, shape.scale, 0.0)
-        row = 4 * (held + rows)
+        row = 4 * (span + rows)
         weights_cached = ops.transpose(
-            context, ops.view_4d(context, weights, held, group, kv_heads, rows, row, group * row, heads * row, 0)
+            context, ops.view_4d(context, weights, span, group, kv_heads, rows, row, group * row, heads * row, 0)
         )
         weights_new = ops.view_4d(
-            context, weights, rows, group, kv_heads, rows, row, group * row, heads * row, 4 * held
+            context, weights, rows, group, kv_heads, rows, row, group * row, heads * row, 4 * span
         )
         attended = ops.add(
             context,
@@ -440,7 +495,8 @@ def _biased(ops: GgmlGraphOps, context: int, product: int, bias: int | None) -> 
     return product if bias is None else ops.add(context, product, bias)
 
 
-def _free(ops: GgmlGraphOps, parameters: int, allocator: int) -> None:
+def _free(ops: GgmlGraphOps, parameters: int, allocator: int, steps: "_Steps") -> None:
+    steps.close()
     ops.free(parameters)
     ops.gallocr_free(allocator)
 
@@ -461,13 +517,107 @@ def for_cache(values: npt.NDArray[np.float32], shape: Shape, batch: int, rows: i
     return mx.array(values.reshape(batch, rows, shape.kv_heads, shape.head_dim).transpose(0, 2, 1, 3))
 
 
-def _causal_mask(held: int, rows: int, group: int) -> npt.NDArray[np.float32]:
-    """Several rows' mask over the positions held and the rows (rows × 1 × group × positions): row r sees the new
-    rows up to its own."""
-    columns = np.arange(held + rows)[None, :]
-    hidden = columns > held + np.arange(rows)[:, None]
-    mask = np.where(hidden, np.float32(-np.inf), np.float32(0))
-    return np.ascontiguousarray(np.broadcast_to(mask[:, None, None, :], (rows, 1, group, held + rows)))
+def _floats_at(address: int, count: int) -> npt.NDArray[np.float32]:
+    """`count` float32 values at `address`, as a numpy view (no copy: valid until the memory is reused)."""
+    return np.ctypeslib.as_array((ctypes.c_float * count).from_address(address))
+
+
+def _span_end(sequences: Sequences, *, capacity: int) -> int:
+    """Where a new step graph's views of the cache end in its buffers: the next multiple of SPAN_STEP after the
+    positions held (within the buffers' capacity)."""
+    held_to = sequences.starts[0] + sequences.held[0]
+    return min(held_to - held_to % SPAN_STEP + SPAN_STEP, capacity)
+
+
+def _new_rows_mask(span: int, rows: int, group: int) -> npt.NDArray[np.float32]:
+    """A sequence's mask over `span` cached positions and `rows` new ones (rows × 1 × group × span + rows), its new
+    rows' part written: row r sees the new rows up to its own. `_StepGraph.write` masks the cached positions."""
+    mask = np.zeros((rows, 1, group, span + rows), dtype=np.float32)
+    hidden = np.arange(rows)[None, :] > np.arange(rows)[:, None]
+    mask[:, 0, :, span:] = np.where(hidden, np.float32(-np.inf), np.float32(0))[:, None, :]
+    return mask
+
+
+@dataclass(frozen=True)
+class _StepKey:
+    """What a step graph is built for: the rows a sequence, where each sequence starts in its buffers, and the
+    buffers themselves (mlx keeps a cache's buffer in place from step to step until it grows it)."""
+
+    rows: int
+    starts: tuple[int, ...]
+    buffers: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
+
+    @classmethod
+    def of(
+        cls,
+        views: Sequence[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]],
+        sequences: Sequences,
+        rows: int,
+    ) -> "_StepKey":
+        buffers = tuple(
+            (int(array.__array_interface__["data"][0]), array.shape, array.strides) for pair in views for array in pair
+        )
+        return cls(rows=rows, starts=sequences.starts, buffers=buffers)
+
+
+@dataclass(frozen=True)
+class _StepGraph:
+    """A built and allocated step graph, run again for each step its key and span serve."""
+
+    key: _StepKey
+    end: int
+    """Where its views of the cache end in the buffers."""
+    contexts: tuple[int, int]
+    graph: int
+    ids: int
+    """The address of the token ids' input; `positions` likewise."""
+    positions: int
+    masks: Sequence[npt.NDArray[np.float32]]
+    """Each sequence's attention mask (the graph reads this memory)."""
+    logits: int
+    appended: Sequence[tuple[int, int]]
+    """Each layer's new keys and values (outputs)."""
+
+    def serves(self, key: _StepKey, sequences: Sequences) -> bool:
+        """Whether this graph computes a step of `key` with `sequences` held: its views reach them, masking at most
+        SPAN_STEP positions (a trimmed cache gets a new graph rather than attention over what it dropped)."""
+        held_to = sequences.starts[0] + sequences.held[0]
+        return key == self.key and self.end - SPAN_STEP <= held_to <= self.end
+
+    def write(self, tokens: Sequence[int], sequences: Sequences) -> None:
+        """The step's inputs: token ids, positions, and each mask's cached part (0 where held, -inf past it)."""
+        rows = self.key.rows
+        write_int32(self.ids, tokens)
+        write_int32(self.positions, [held + row for held in sequences.held for row in range(rows)])
+        for mask, start, held in zip(self.masks, sequences.starts, sequences.held, strict=True):
+            span = self.end - start
+            mask[..., :held] = 0
+            mask[..., held:span] = -np.inf
+
+
+class _Steps:
+    """The step graph kept between steps (one: the batch's shape changes rarely), and its allocator."""
+
+    def __init__(self, ops: GgmlGraphOps) -> None:
+        self._ops = ops
+        self.allocator = int(ops.gallocr_new(ops.cpu_buffer_type()))
+        self.current: _StepGraph | None = None
+
+    def replace(self, step: _StepGraph) -> _StepGraph:
+        """Keep `step` (allocated after the one it replaces, whose tensors' places it took), freeing the old."""
+        self._release()
+        self.current = step
+        return step
+
+    def close(self) -> None:
+        self._release()
+        self._ops.gallocr_free(self.allocator)
+
+    def _release(self) -> None:
+        if self.current is not None:
+            for context in self.current.contexts:
+                self._ops.free(context)
+            self.current = None
 
 
 def _f32_tensor(ops: GgmlGraphOps, context: int, array: mx.array) -> int:
