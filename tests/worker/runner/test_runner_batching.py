@@ -6,6 +6,7 @@ max_tokens and several are certainly running at once.
 """
 
 import multiprocessing
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from exo.shared.types.worker.runner_response import (
 )
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.runner.runner import runner_main
+from exo.worker.runner.step_sender import STREAM_WINDOW_SECONDS
 from tests.fixtures.endless_model import endless_copy
 from tests.worker.runner.tasks import chat_task
 from tests.worker.runner.test_runner import RunnerUnderTest
@@ -148,3 +150,25 @@ def test_a_batched_step_sends_one_message_for_all_its_streams(runner: RunnerUnde
     last_done = ends[-1]
     assert last_done.step_times is not None
     assert last_done.step_times[len(tasks)].steps >= tokens - len(tasks)
+
+
+def test_a_fast_models_steps_share_messages_at_most_a_window_apart(runner: RunnerUnderTest) -> None:
+    """A stream's chunks travel in a message at most every STREAM_WINDOW_SECONDS (its first token and its end at
+    once), not one message a step: every token still arrives, in order, the end last."""
+    task = chat_task("Tell me a story.", max_tokens=LONG)
+    read_before = len(runner.pipe_messages)
+    start = time.monotonic()
+    runner.send(RunTask(task=task))
+    messages = run_until_all_done(runner, {task.task_id})
+    elapsed = time.monotonic() - start
+    steps = [m for m in runner.pipe_messages[read_before:] if isinstance(m, StepOutput)]
+    done = messages[-1]
+    assert isinstance(done, TaskDone)
+    assert done.generated_tokens == LONG
+    assert isinstance(messages[-2], TaskChunk)
+    assert isinstance(messages[-2].chunk, FinishChunk)
+    counts = [stream.generated_tokens for step in steps for stream in step.streams]
+    assert counts == sorted(counts)
+    assert counts[-1] == LONG
+    # Each message but the first token's and the end's waited a window after the one before it.
+    assert 2 <= len(steps) <= elapsed / STREAM_WINDOW_SECONDS + 2

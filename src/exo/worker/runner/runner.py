@@ -40,7 +40,8 @@ from exo.worker.runner.idle_snapshots import write_snapshots_before_stopping, wr
 from exo.worker.runner.pipeline_link import PipelineLink
 from exo.worker.runner.pipeline_serving import serve_pipeline
 from exo.worker.runner.step_meter import StepMeter
-from exo.worker.runner.task_replies import report_cancel, send_step
+from exo.worker.runner.step_sender import StepSender
+from exo.worker.runner.task_replies import report_cancel
 
 if TYPE_CHECKING:
     from mlx import nn
@@ -170,6 +171,7 @@ def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCo
         scheduler.step_costs = step_costs
     meter = StepMeter()
     window = ArrivalWindow()
+    sender = StepSender(channel)
     meter.begin()
     while True:
         if scheduler.active == 0 and context.prefix_cache is not None:
@@ -181,6 +183,8 @@ def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCo
             incoming = _incoming(channel, wait=idle)
         if idle:
             meter.begin()  # the wait for a message was idle time, not part of a step
+        if incoming:
+            sender.flush()  # what the steps made goes before a cancel's reply or a new task's first message
         if not _handle(channel, context, scheduler, incoming):
             return
         if idle and scheduler.active > 0 and context.decode.batch_size > 1:
@@ -207,15 +211,14 @@ def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCo
         meter.begin()
         with STEP_CLOCK.part("send"):
             if any(update.done for update in updates):  # the totals travel with a task's end only
-                send_step(
-                    channel,
+                sender.step(
                     updates,
                     meter.totals,
                     dict(scheduler.prefill_stats.by_prompts),
                     ggml_threads=current_ggml_threads(),
                 )
             else:
-                send_step(channel, updates)
+                sender.step(updates, quick_next=scheduler.active == scheduler.decoding)
 
 
 def _handle(

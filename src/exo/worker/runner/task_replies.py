@@ -2,22 +2,35 @@
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from exo.shared.types.chunks import Usage
+from exo.shared.types.chunks import Chunk, Usage
 from exo.shared.types.common import TaskId
 from exo.shared.types.worker.runner_response import StepOutput, StepTimes, StreamChunks, TaskDone
 from exo.worker.runner.channel import RunnerChannel
 
-if TYPE_CHECKING:
-    from exo.worker.engines.mlx.generator.scheduler import RequestUpdate
-
 logger = logging.getLogger(__name__)
+
+
+class StepUpdate(Protocol):
+    """What a step produced for one task (the scheduler's `RequestUpdate`, or several steps' gathered)."""
+
+    @property
+    def task_id(self) -> TaskId: ...
+    @property
+    def chunks(self) -> Sequence[Chunk]: ...
+    @property
+    def done(self) -> bool:
+        """The last chunk is the task's Finish or Error chunk."""
+        ...
+
+    @property
+    def generated_tokens(self) -> int: ...
 
 
 def send_step(
     channel: RunnerChannel,
-    updates: Sequence["RequestUpdate"],
+    updates: Sequence[StepUpdate],
     step_times: dict[int, StepTimes] | None = None,
     prefill_pieces: dict[int, int] | None = None,
     ggml_threads: int | None = None,
@@ -27,7 +40,7 @@ def send_step(
     `prefill_pieces` (prompt pieces fed so far, by prompts fed together) and `ggml_threads` (ggml's thread count now)
     go with each end."""
     streams = [
-        StreamChunks(task_id=update.task_id, chunks=update.chunks, generated_tokens=update.generated_tokens)
+        StreamChunks(task_id=update.task_id, chunks=list(update.chunks), generated_tokens=update.generated_tokens)
         for update in updates
         if update.chunks
     ]
