@@ -20,9 +20,11 @@ from exo.shared.types.worker.runner_response import StepTimes
 from exo.worker.runner.channel import RunnerChannel
 from exo.worker.runner.task_replies import StepUpdate, send_step
 
-STREAM_WINDOW_SECONDS: Final = 0.02
-"""The longest a streamed chunk waits for the chunks of later steps (a message every 20 ms at most, 50 a second:
-smooth to a reader; a model stepping in 3 ms sends every 6 or 7 steps; one stepping in 20 ms or more, every step)."""
+STREAM_WINDOW_SECONDS: Final = 0.05
+"""The longest a streamed chunk waits for the chunks of later steps: a message every 50 ms at most, 20 a second, still
+a smooth stream to a reader (a person reads a few words a second). A model stepping in 3 ms sends every 16 or 17
+steps; one stepping in 25 ms (the default model on a 2-core CPU) every second step, which halves the wake-ups of
+the supervisor's process on the cores ggml's threads compute on; one stepping in 50 ms or more, every step."""
 
 
 @dataclass(frozen=True)
