@@ -58,6 +58,7 @@ Replacement = Literal[
     "blas_preload",
     "decode_graph",
     "layer_graph",
+    "repacked_blocks",
 ]
 
 REPLACEMENTS: tuple[Replacement, ...] = get_args(Replacement)
@@ -74,6 +75,7 @@ DESCRIPTIONS: dict[Replacement, str] = {
     "blas_preload": "optimized BLAS preload",
     "decode_graph": "decode steps as one ggml graph",
     "layer_graph": "prefill and verification passes as one ggml graph a layer",
+    "repacked_blocks": "GGUF blocks interleaved for ggml's CPU kernels (CPU_REPACK)",
 }
 
 

@@ -30,6 +30,7 @@ from exo.worker.engines.mlx.cpu.core_share import core_share
 from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_for, install_decode_graph
 from exo.worker.engines.mlx.cpu.ggml_library import Ggml
 from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
+from exo.worker.engines.mlx.cpu.ggml_repack import ggml_repack
 from exo.worker.engines.mlx.cpu.gguf_layers import GgufModelSource, load_gguf_matrices
 from exo.worker.engines.mlx.cpu.int8_layers import int8_bytes, quantize_model
 from exo.worker.engines.mlx.cpu.kernels import use_numpy_kernels
@@ -42,6 +43,11 @@ from exo.worker.engines.mlx.cpu.weights_choice import quantized_off_note
 DECODE_GRAPH_VARIABLE = "EXO_DECODE_GRAPH"
 """`off` keeps decode steps in mlx-lm's model with ggml's products inside (for comparison): by default
 they run as one ggml graph (`decode_graph.py`)."""
+REPACK_VARIABLE = "EXO_GGML_REPACK"
+"""`on` holds a GGUF layer's matrices of a type ggml repacks for this CPU (Q4_0, Q4_K, IQ4_NL with AVX2 on x86)
+interleaved, as llama.cpp holds them (`ggml_repack.py`). Off by default: on the 1.5B (mostly Q4_K) a decode step
+took 36–47 ms against 48–49 as stored, but a 512-token prefill piece ran at 91–99 tok/s against 140–146, a loss for
+an agent's turns (a prompt's new tokens outnumber the answer's)."""
 LAYER_GRAPH_VARIABLE = "EXO_LAYER_GRAPH"
 """`off` keeps multi-token passes (prefill, verification) in mlx-lm's layers with ggml's products inside (for
 comparison): by default each layer's runs as one ggml graph (`layer_graph.py`)."""
@@ -76,6 +82,8 @@ class CpuKernels:
         variables = os.environ if environment is None else environment
         if weights not in ("q8_0", "gguf"):
             self._turn_off(("decode_graph", "layer_graph"), chosen)
+        if weights != "gguf":
+            self._turn_off(("repacked_blocks",), chosen)
         graph_variables: tuple[tuple[Replacement, str], ...] = (
             ("decode_graph", DECODE_GRAPH_VARIABLE),
             ("layer_graph", LAYER_GRAPH_VARIABLE),
@@ -83,6 +91,8 @@ class CpuKernels:
         for name, variable in graph_variables:
             if variables.get(variable, "").strip() == "off":
                 self._turn_off((name,), f"{variable}=off")
+        if variables.get(REPACK_VARIABLE, "").strip() != "on":
+            self._turn_off(("repacked_blocks",), f"{REPACK_VARIABLE} not on")
         if weights == "float32":
             self._turn_off(("int8_weights", "q8_0_weights", "gguf_weights"), chosen)
         elif weights in ("q8_0", "gguf"):
@@ -92,7 +102,7 @@ class CpuKernels:
             if gate is None and self._ggml_dir is None:
                 # Refused at load (`prepare_model`), not served as float32: the node plans memory for these blocks.
                 self._ggml_missing = ggml_missing_reason()
-                self._turn_off((served,), "no ggml library")
+                self._turn_off((served, "repacked_blocks"), "no ggml library")
             self._turn_off(("float32",), chosen)
         elif find_pypi_mkl() is None:
             # Without MKL's integer GEMM the weights stay float32: said in the report, not an error.
@@ -126,7 +136,12 @@ class CpuKernels:
             except ValueError as error:
                 raise ModelLoadError(str(error)) from error
         if self.on("gguf_weights") and self._ggml_dir is not None:
-            load_gguf_matrices(model, _gguf_source(model_path, first_layer), ggml_library(self._ggml_dir))
+            ggml = ggml_library(self._ggml_dir)
+            repack = self.on("repacked_blocks")
+            if repack and ggml_repack(ggml.library_dir) is None:
+                self._turn_off(("repacked_blocks",), "not offered by this ggml build")
+                repack = False
+            load_gguf_matrices(model, _gguf_source(model_path, first_layer), ggml, repack=repack)
             model.set_dtype(mx.float32)
             use_numpy_kernels([name for name in ("numpy_attention", "numpy_swiglu") if self.on(name)])
             self._install_decode_graph(model, ggml_library(self._ggml_dir), split=split)

@@ -18,6 +18,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from exo.worker.engines.mlx.cpu.ggml_repack import GgmlRepack, ggml_repack
+
 GGML_TYPES: Final[dict[str, int]] = {
     "F32": 0,
     "F16": 1,
@@ -300,7 +302,10 @@ class GgmlMatrix:
     Filled a slice of rows at a time (`fill`) from float32, so the caller never holds the whole matrix in float32.
     """
 
-    def __init__(self, ggml: Ggml, type_name: str, out_features: int, in_features: int) -> None:
+    def __init__(
+        self, ggml: Ggml, type_name: str, out_features: int, in_features: int, *, repack: GgmlRepack | None = None
+    ) -> None:
+        """An empty matrix in its own context, or (`repack`) in a buffer of ggml's repack type (`repacked`)."""
         if not ggml.fits(type_name, in_features):
             raise ValueError(f"{type_name} blocks do not divide rows of {in_features} values")
         self.ggml = ggml
@@ -309,12 +314,19 @@ class GgmlMatrix:
         self.shape = (out_features, in_features)
         self.row_bytes = int(ggml.row_size(self.type, in_features))
         self.nbytes = self.row_bytes * out_features
-        self._context = ggml.new_context(self.nbytes + ggml.tensor_overhead())
+        self.repacked = repack is not None
+        """Held interleaved for ggml's kernels (`ggml_repack.py`): products only, no blocks to read."""
+        size = ggml.tensor_overhead() + (0 if repack else self.nbytes)
+        self._context = ggml.new_context(size, allocates=repack is None)
         self._weight = int(ggml.new_tensor_2d(self._context, self.type, in_features, out_features))
+        self._buffer = 0 if repack is None else repack.allocate(self._context)
+        if repack is not None and not self._buffer:
+            ggml.free(self._context)
+            raise MemoryError(f"ggml could not allocate a repacked {type_name} matrix of {self.nbytes} bytes")
         self._data = int(ggml.get_data(self._weight))
         self._graphs: dict[int, _Graph] = {}
-        # The context owns the weights; freed with this object (its graphs first).
-        self._finalizer = weakref.finalize(self, _free_all, ggml, self._graphs, self._context)
+        # The context (and the repack buffer) own the weights; freed with this object (its graphs first).
+        self._finalizer = weakref.finalize(self, _free_all, ggml, self._graphs, self._context, self._buffer, repack)
 
     @classmethod
     def from_blocks(
@@ -333,14 +345,34 @@ class GgmlMatrix:
         ctypes.memmove(matrix._data, raw.ctypes.data, raw.nbytes)
         return matrix
 
+    @classmethod
+    def repacked_from_blocks(
+        cls, ggml: Ggml, type_name: str, out_features: int, in_features: int, blocks: npt.NDArray[np.uint8]
+    ) -> "GgmlMatrix | None":
+        """A matrix of `blocks` (as `from_blocks` takes them) held interleaved for ggml's kernels, the way llama.cpp
+        holds it; None where ggml has no such layout for this type and row count on this CPU, or no repack buffer
+        type (the caller holds the blocks as stored)."""
+        repack = ggml_repack(ggml.library_dir)
+        if repack is None:
+            return None
+        matrix = cls(ggml, type_name, out_features, in_features, repack=repack)
+        raw = np.ascontiguousarray(blocks).view(np.uint8).reshape(-1)
+        if not repack.chose_layout(matrix._weight) or raw.nbytes != matrix.nbytes:
+            matrix.close()
+            return None
+        repack.set(matrix._weight, raw.ctypes.data, raw.nbytes)
+        return matrix
+
     @property
     def blocks(self) -> npt.NDArray[np.uint8]:
         """The stored blocks, a view (out × row_bytes) into the context: valid while this object lives."""
+        self._refuse_if_repacked("its blocks read")
         buffer = (ctypes.c_uint8 * self.nbytes).from_address(self._data)
         return np.ctypeslib.as_array(buffer).reshape(self.shape[0], self.row_bytes)
 
     def fill(self, start: int, rows: npt.NDArray[np.float32]) -> None:
         """Quantize float32 rows into rows [start, start + len(rows)) of the matrix."""
+        self._refuse_if_repacked("filled")
         source = np.ascontiguousarray(rows, dtype=np.float32)
         count, width = source.shape
         if width != self.shape[1] or not 0 <= start <= self.shape[0] - count:
@@ -351,6 +383,7 @@ class GgmlMatrix:
     def dequantize(self, start: int, stop: int, out: npt.NDArray[np.float32]) -> None:
         """Rows [start, stop) of the matrix in float32 into `out` (C-contiguous, at least (stop - start) × in values),
         by ggml's own dequantizer of the type (a copy for F32): exactly the values its blocks hold."""
+        self._refuse_if_repacked("dequantized")
         count = stop - start
         values = count * self.shape[1]
         if not 0 <= start <= stop <= self.shape[0] or out.dtype != np.float32 or out.size < values:
@@ -375,6 +408,10 @@ class GgmlMatrix:
     def close(self) -> None:
         """Free the context now (else when this object is collected); the matrix is unusable afterwards."""
         self._finalizer()
+
+    def _refuse_if_repacked(self, what: str) -> None:
+        if self.repacked:
+            raise ValueError(f"a repacked {self.type_name} matrix cannot be {what}: it holds no blocks as stored")
 
 
 class GgmlProducts:
@@ -438,6 +475,8 @@ def _free_graphs(graphs: dict[int, _Graph]) -> None:
     graphs.clear()
 
 
-def _free_all(ggml: Ggml, graphs: dict[int, _Graph], context: int) -> None:
+def _free_all(ggml: Ggml, graphs: dict[int, _Graph], context: int, buffer: int, repack: GgmlRepack | None) -> None:
     _free_graphs(graphs)
+    if repack is not None and buffer:
+        repack.free(buffer)
     ggml.free(context)

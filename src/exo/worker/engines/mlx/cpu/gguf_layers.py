@@ -67,13 +67,17 @@ class GgufEmbedding(Q8Embedding):
         return mx.array(values.astype(np.float32, copy=False).reshape(*rows.shape, self.q8.shape[1]))
 
 
-def gguf_matrix(tensor: GgufTensor, file: Path, ggml: Ggml, rotary_heads: int | None = None) -> GgmlMatrix:
+def gguf_matrix(
+    tensor: GgufTensor, file: Path, ggml: Ggml, rotary_heads: int | None = None, *, repack: bool = False
+) -> GgmlMatrix:
     """The blocks of `tensor` (of the GGUF `file`) in a ggml matrix, as stored (`rotary_heads`: a llama q/k matrix's
-    heads, whose rows the GGUF interleaves and mlx-lm does not: its rows are put back, blocks untouched). Raises
+    heads, whose rows the GGUF interleaves and mlx-lm does not: its rows are put back, blocks untouched); with
+    `repack`, interleaved for ggml's kernels where ggml has a layout for it (`ggml_repack.py`: products only). Raises
     ModelLoadError for a type ggml's products are not wired for here."""
     rows = gguf_rows(tensor, file, rotary_heads)
     in_features, out_features = tensor.shape
-    return GgmlMatrix.from_blocks(ggml, tensor.type, out_features, in_features, rows)
+    repacked = GgmlMatrix.repacked_from_blocks(ggml, tensor.type, out_features, in_features, rows) if repack else None
+    return repacked or GgmlMatrix.from_blocks(ggml, tensor.type, out_features, in_features, rows)
 
 
 def gguf_rows(tensor: GgufTensor, file: Path, rotary_heads: int | None = None) -> npt.NDArray[np.uint8]:
@@ -123,7 +127,9 @@ class GgufModelSource:
         return None
 
 
-def _replacement(path: str, module: nn.Module, source: GgufModelSource, ggml: Ggml) -> nn.Module | None:
+def _replacement(
+    path: str, module: nn.Module, source: GgufModelSource, ggml: Ggml, *, repack: bool
+) -> nn.Module | None:
     if not isinstance(module, (nn.Linear, nn.Embedding, *ALL_TO_SHARDED, *SHARDED_TO_ALL)):
         return None
     tensor = source.tensor(path)
@@ -132,7 +138,9 @@ def _replacement(path: str, module: nn.Module, source: GgufModelSource, ggml: Gg
         return None
     if isinstance(module, (*ALL_TO_SHARDED, *SHARDED_TO_ALL)):
         return _sharded_replacement(path, module, tensor, source, ggml)
-    weights = Q8Weights(gguf_matrix(tensor, source.path, ggml, source.rotary_heads(path)))
+    # An embedding table's rows are read as blocks (a lookup): only a layer's product matrices are repacked.
+    repack_this = repack and not isinstance(module, nn.Embedding)
+    weights = Q8Weights(gguf_matrix(tensor, source.path, ggml, source.rotary_heads(path), repack=repack_this))
     if weights.shape != tuple(module["weight"].shape):
         expected = tuple(module["weight"].shape)
         raise ModelLoadError(f"{source.path}: tensor {tensor.name} is {weights.shape}, {path} expects {expected}")
@@ -162,12 +170,15 @@ def _sharded_replacement(
     return sharded_linear(module, Q8Weights(matrix))
 
 
-def load_gguf_matrices(model: nn.Module, source: GgufModelSource, ggml: Ggml) -> int:
+def load_gguf_matrices(model: nn.Module, source: GgufModelSource, ggml: Ggml, *, repack: bool = False) -> int:
     """Replace every Linear and Embedding of `model` (built lazily, its weights never read) by its GGUF tensor's
     blocks, one at a time, and a tensor rank's sharded layers by this rank's slice of them; returns how many. Others
-    stay as they are (the caller sets their dtype). Sibling layers (q/k/v, gate/up) then share one ggml graph, as
-    under q8_0 (their types may differ: one graph holds them all)."""
-    replaced = replace_named_modules(model, lambda path, module: _replacement(path, module, source, ggml))
+    stay as they are (the caller sets their dtype; `repack`: a layer's matrices of a type ggml repacks for this CPU
+    are held interleaved). Sibling layers (q/k/v, gate/up) then share one ggml graph, as under q8_0 (their types may
+    differ: one graph holds them all)."""
+    replaced = replace_named_modules(
+        model, lambda path, module: _replacement(path, module, source, ggml, repack=repack)
+    )
     share_sibling_inputs(model)
     fuse_swiglu_mlps(model)
     mark_output_head(model)
