@@ -378,8 +378,8 @@ class DecodeGraph:
             values = ops.reshape_3d(context, v, head_dim, kv_heads, rows)
             new_values = ops.cont(context, ops.permute(context, values, 1, 2, 0, 3))
         (keys, keys_array), (values_whole, values_array) = cached
-        cached_keys = _cached(ops, context, keys, keys_array, index=index, start=start, held=span)
-        cached_values = _cached(ops, context, values_whole, values_array, index=index, start=start, held=span)
+        cached_keys = _cached(ops, context, keys, keys_array, index=index, start=start, count=span)
+        cached_values = _cached(ops, context, values_whole, values_array, index=index, start=start, count=span)
         scores = ops.concat(
             context, ops.mul_mat(context, cached_keys, queries), ops.mul_mat(context, new_keys, queries), 0
         )  # positions + rows × group × kv heads × rows
@@ -465,13 +465,13 @@ class DecodeGraph:
 
 
 def _cached(
-    ops: GgmlGraphOps, context: int, whole: int, array: npt.NDArray[np.float32], *, index: int, start: int, held: int
+    ops: GgmlGraphOps, context: int, whole: int, array: npt.NDArray[np.float32], *, index: int, start: int, count: int
 ) -> int:
-    """Sequence `index`'s `held` cached positions from `start` in one layer's keys or values, as a view [head dim,
-    held, kv heads] of mlx's memory."""
+    """Sequence `index`'s `count` cached positions from `start` in one layer's keys or values, as a view [head dim,
+    count, kv heads] of mlx's memory."""
     _, kv_heads, _, head_dim = array.shape
     offset = index * array.strides[0] + start * array.strides[2]
-    return ops.view_3d(context, whole, head_dim, held, kv_heads, array.strides[2], array.strides[1], offset)
+    return ops.view_3d(context, whole, head_dim, count, kv_heads, array.strides[2], array.strides[1], offset)
 
 
 def cache_view(ops: GgmlGraphOps, context: int, outside: int, array: npt.NDArray[np.float32], held: int) -> int:
