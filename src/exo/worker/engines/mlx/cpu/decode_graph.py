@@ -117,6 +117,11 @@ class Sequences:
         padding = cast(list[int], first.left_padding.tolist())
         return cls(starts=tuple(padding), held=tuple(end - start for start in padding))
 
+    @property
+    def end(self) -> int:
+        """Where every sequence's cached positions end in the buffers (a batch's left padding lines them up)."""
+        return self.starts[0] + self.held[0]
+
 
 class DecodeGraph:
     """A model's decode step as one ggml graph; `logits` runs it. Built by `decode_graph_for`, which checks the
@@ -227,7 +232,7 @@ class DecodeGraph:
             x = ops.get_rows(context, self._embedding.tensor, ids)
             appended: list[tuple[int, int]] = []
             for index, (keys, values) in enumerate(views):
-                cached = (self._whole(outside, keys), keys), (self._whole(outside, values), values)
+                cached = (_flat(ops, outside, keys), keys), (_flat(ops, outside, values), values)
 
                 def attend(q: int, k: int, v: int, cached: _Cached = cached) -> int:
                     return self._step_attention(
@@ -275,18 +280,12 @@ class DecodeGraph:
         return (
             array.dtype == np.float32
             and array.shape[:2] == (count, shape.kv_heads)
-            and array.shape[2]
-            >= max(start + held for start, held in zip(sequences.starts, sequences.held, strict=True))
+            and array.shape[2] >= sequences.end
             and array.shape[3] == shape.head_dim
             and array.strides[3] == 4
             and min(array.strides[:3]) >= 4 * shape.head_dim
             and min(sequences.held) > 0
         )
-
-    def _whole(self, outside: int, array: npt.NDArray[np.float32]) -> int:
-        """A flat float32 tensor over the memory of one layer's cached keys or values (mlx's sequences × kv heads ×
-        capacity × head dim buffer, or a view of a larger one), for the views attention reads."""
-        return _flat(self._ops, outside, array)
 
     def layer(
         self,
@@ -525,8 +524,8 @@ def _floats_at(address: int, count: int) -> npt.NDArray[np.float32]:
 def _span_end(sequences: Sequences, *, capacity: int) -> int:
     """Where a new step graph's views of the cache end in its buffers: the next multiple of SPAN_STEP after the
     positions held (within the buffers' capacity)."""
-    held_to = sequences.starts[0] + sequences.held[0]
-    return min(held_to - held_to % SPAN_STEP + SPAN_STEP, capacity)
+    end = sequences.end
+    return min(end - end % SPAN_STEP + SPAN_STEP, capacity)
 
 
 def _new_rows_mask(span: int, rows: int, group: int) -> npt.NDArray[np.float32]:
@@ -581,8 +580,7 @@ class _StepGraph:
     def serves(self, key: _StepKey, sequences: Sequences) -> bool:
         """Whether this graph computes a step of `key` with `sequences` held: its views reach them, masking at most
         SPAN_STEP positions (a trimmed cache gets a new graph rather than attention over what it dropped)."""
-        held_to = sequences.starts[0] + sequences.held[0]
-        return key == self.key and self.end - SPAN_STEP <= held_to <= self.end
+        return key == self.key and self.end - SPAN_STEP <= sequences.end <= self.end
 
     def write(self, tokens: Sequence[int], sequences: Sequences) -> None:
         """The step's inputs: token ids, positions, and each mask's cached part (0 where held, -inf past it)."""

@@ -144,7 +144,7 @@ class CpuKernels:
             load_gguf_matrices(model, _gguf_source(model_path, first_layer), ggml, repack=repack)
             model.set_dtype(mx.float32)
             use_numpy_kernels([name for name in ("numpy_attention", "numpy_swiglu") if self.on(name)])
-            self._install_decode_graph(model, ggml_library(self._ggml_dir), split=split)
+            self._install_decode_graph(model, ggml, split=split)
             return "gguf"
         if self.on("q8_0_weights") and self._ggml_dir is not None:
             quantize_model_q8(model, ggml_library(self._ggml_dir))
