@@ -14,7 +14,6 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exo.api.adapters.messages_errors import anthropic_error
-from exo.api.body_budget import map_large_allocations
 from exo.api.cluster_keys import ClusterKeys, cluster_verifiers, without_key_verifiers
 from exo.api.cluster_routes import cluster_router
 from exo.api.error_shapes import documented_errors
@@ -39,6 +38,7 @@ from exo.dashboard.routes import is_dashboard_asset, mount_dashboard
 from exo.master.client import MasterClient
 from exo.models.paths import default_models_dir, exo_home
 from exo.models.progress import PreparationSink
+from exo.shared.freed_memory import map_large_allocations
 from exo.shared.local_backend import local_weights_in_memory
 from exo.shared.types.api import ErrorResponse, ModelList
 from exo.shared.types.footprint import WeightsInMemory

@@ -9,49 +9,17 @@ wait. When the last large request has given its bytes back, the allocator is ask
 system (glibc keeps it otherwise, and the process would stay at its peak).
 """
 
-import ctypes
-import ctypes.util
-import gc
 import logging
 from typing import Final
 
 import anyio
 
+from exo.shared.freed_memory import collect_and_trim
+
 logger = logging.getLogger(__name__)
 
 LARGE_BODY_BYTES: Final = 1024 * 1024
 """Bodies above this share the budget; below it (every ordinary request, agent contexts included) they never wait."""
-
-# glibc's mallopt parameter: allocations above this size get their own mapping, unmapped when freed.
-_M_MMAP_THRESHOLD: Final = -3
-_MMAP_THRESHOLD_BYTES: Final = 256 * 1024
-
-
-def _glibc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    libc = ctypes.CDLL(name)
-    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
-
-
-_LIBC: Final = _glibc()
-
-
-def map_large_allocations() -> None:
-    """Give every allocation over 256 KiB its own mapping (glibc only): a large body's buffers then go back to the
-    system when freed instead of growing the heap for good (glibc otherwise raises this threshold to the size of the
-    largest block freed, which puts the next bodies on the heap)."""
-    if _LIBC is not None:
-        _LIBC.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
-
-
-def _collect_and_trim() -> None:
-    # A refused request's exception holds its frames, and so its parsed body, in a reference cycle until the
-    # cyclic collector runs: collect first, or the body stays until the collector's own schedule gets to it.
-    gc.collect()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
 
 
 class BodyBudget:
@@ -85,4 +53,4 @@ class BodyBudget:
         """Once no large body is in flight, free what the large requests left in reference cycles and hand the
         memory back to the system (called as a large request ends, when what it sent on is done with too)."""
         if self._used == 0:
-            await anyio.to_thread.run_sync(_collect_and_trim)
+            await anyio.to_thread.run_sync(collect_and_trim)

@@ -165,6 +165,7 @@ def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCo
     for the tasks sent with it, so they are prefilled together.
     """
     from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
+    from exo.worker.runner.idle_memory import IdleMemory
 
     scheduler = GenerationScheduler(context.loaded.model, context.decode)
     if step_costs is not None:
@@ -173,9 +174,12 @@ def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCo
     window = ArrivalWindow()
     sender = StepSender(channel)
     meter.begin()
+    memory = IdleMemory()
     while True:
         if scheduler.active == 0 and context.prefix_cache is not None:
             write_snapshots_while_idle(context.prefix_cache, channel.poll)
+        if scheduler.active == 0:
+            memory.idle()
         if scheduler.active == 0 and context.matmul_planner is not None:
             _refine_while_idle(channel, context.matmul_planner)
         idle = scheduler.active == 0
@@ -196,6 +200,8 @@ def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCo
                     return
                 deadline = window.deadline(first, time.monotonic())
         decoding = scheduler.decoding
+        if scheduler.active > 0:
+            memory.busy()
         try:
             updates = scheduler.step()
         except Exception as error:
