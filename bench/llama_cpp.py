@@ -16,7 +16,8 @@ once, and the systems take turns request by request, so load from other processe
   the time to the first token;
 - decode: one stream of free text, tokens after the first over the time after the first;
 - 1, 4 and 8 streams at once (48 tokens each, prefill included): all tokens over the wall time;
-- resident memory of each server's process tree (exo's runner included) after the runs;
+- resident memory of each server's process tree (exo's runner included) after the runs, and of its largest process
+  (exo's runner, llama-server itself);
 - tool-call validity: the bench's corpus (bench/tool_corpus.py) under `tool_choice: "auto"`, each reply's calls
   checked against the offered schemas.
 
@@ -84,6 +85,8 @@ class SystemFigures(BaseModel):
     decode_tokens_per_s: list[float] = []
     streams_tokens_per_s: dict[int, list[float]] = {}
     resident_bytes: int | None = None
+    largest_resident_bytes: int | None = None
+    """The tree's largest process: exo's runner (the model's weights and KV cache), llama-server itself."""
     valid: int = 0
     invalid: int = 0
     no_call: int = 0
@@ -181,6 +184,11 @@ def start_server(
 
 def process_tree_rss(pid: int, proc: Path = Path("/proc")) -> int:
     """Resident bytes of `pid` and all its descendants (exo serves from a runner child process)."""
+    return sum(process_tree_residents(pid, proc))
+
+
+def process_tree_residents(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """Resident bytes of `pid` and of each of its descendants, one entry a process."""
     children: dict[int, list[int]] = {}
     for stat in proc.glob("[0-9]*/stat"):
         try:
@@ -188,12 +196,13 @@ def process_tree_rss(pid: int, proc: Path = Path("/proc")) -> int:
         except OSError:
             continue  # the process ended meanwhile
         children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    total, pending = 0, [pid]
+    residents: list[int] = []
+    pending = [pid]
     while pending:
         current = pending.pop()
         pending += children.get(current, [])
-        total += resident_bytes(proc / str(current) / "status")
-    return total
+        residents.append(resident_bytes(proc / str(current) / "status"))
+    return residents
 
 
 def resident_bytes(status: Path) -> int:
@@ -275,7 +284,9 @@ async def _measure(
                     _progress(f"round {round_number}, {name}: {level} streams {rate:.1f} tok/s")
         for name, (server, _) in servers.items():
             if server.pid is not None:
-                figures[name].resident_bytes = process_tree_rss(server.pid)
+                residents = process_tree_residents(server.pid)
+                figures[name].resident_bytes = sum(residents)
+                figures[name].largest_resident_bytes = max(residents)
         for number, item in enumerate(CORPUS[:tool_prompts], 1):  # turns per prompt, as above
             for name, (server, model) in servers.items():
                 response = await client.post(

@@ -42,6 +42,10 @@ def _memory(figure: SystemFigures) -> list[float]:
     return [figure.resident_bytes / 1e9] if figure.resident_bytes else []
 
 
+def _largest(figure: SystemFigures) -> list[float]:
+    return [figure.largest_resident_bytes / 1e9] if figure.largest_resident_bytes else []
+
+
 def _tools(figure: SystemFigures, asked: int) -> str:
     return f"{figure.valid} valid, {figure.invalid} invalid, {figure.no_call} without a call (of {asked})"
 
@@ -68,6 +72,11 @@ def render_llama_cpp(report: LlamaCppReport) -> list[str]:
             for level in STREAM_LEVELS
         ),
         ("resident memory of the server's processes (GB)", [_memory(f) for f in figures.values()], True),
+        (
+            "resident memory of its largest process: exo's runner, llama-server (GB)",
+            [_largest(f) for f in figures.values()],
+            True,
+        ),
     ]
     absent = [name for name in report.not_started if name not in figures]
     header = ["Measure", *names, *absent, *(f"{name} ÷ llama.cpp" for name in compared)]

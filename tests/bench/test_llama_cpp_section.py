@@ -3,7 +3,9 @@ Markdown, including the report of a run where llama-server was not built or did 
 
 import argparse
 import os
+import subprocess
 import sys
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from bench.llama_cpp import (
     parse_systems,
     prefill_messages,
     prefill_rate,
+    process_tree_residents,
     process_tree_rss,
     resident_bytes,
     start_server,
@@ -54,6 +57,20 @@ def test_resident_memory_of_this_process_tree(tmp_path: Path) -> None:
     own = resident_bytes(Path(f"/proc/{os.getpid()}/status"))
     assert own > 10_000_000  # a Python process with pytest loaded
     assert process_tree_rss(os.getpid()) >= own
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        residents: list[int] = []
+        for _ in range(100):  # until the child's interpreter is resident
+            residents = process_tree_residents(os.getpid())
+            if len(residents) >= 2 and min(residents) > 1_000_000:
+                break
+            time.sleep(0.05)
+        assert len(residents) >= 2  # this process, then its descendants
+        assert residents[0] > 10_000_000
+        assert min(residents) > 1_000_000
+    finally:
+        child.kill()
+        child.wait()
     status = tmp_path / "status"
     status.write_text("Name:\tx\nVmRSS:\t  2048 kB\n")
     assert resident_bytes(status) == 2048 * 1024
