@@ -31,7 +31,7 @@ from exo.shared.types.worker.runner_response import (
     TaskChunk,
     TaskDone,
 )
-from exo.worker.engines.mlx.cpu.core_share import current_ggml_threads
+from exo.worker.engines.mlx.cpu.core_share import current_ggml_threads, start_ggml_window
 from exo.worker.engines.mlx.cpu.rank_threads import idle_threads_sleep
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 from exo.worker.runner.arrival_window import ArrivalWindow
@@ -191,6 +191,8 @@ def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCo
             sender.flush()  # what the steps made goes before a cancel's reply or a new task's first message
         if not _handle(channel, context, scheduler, incoming):
             return
+        if idle and scheduler.active > 0:
+            start_ggml_window()  # what other processes did while this runner waited says nothing of its work
         if idle and scheduler.active > 0 and context.decode.batch_size > 1:
             # The first request at an idle runner: admit the ones sent with it before anything is prefilled.
             first = time.monotonic()

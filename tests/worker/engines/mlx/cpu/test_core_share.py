@@ -324,3 +324,24 @@ def test_this_machine_s_quota_reads_without_error() -> None:
     # Whatever the machine running the tests has: a whole number of cores or none, never an exception.
     quota = quota_cores()
     assert quota is None or quota >= 1
+
+
+def test_work_after_idle_measures_its_own_window_not_what_others_did_meanwhile() -> None:
+    proc = _FakeProc()
+    share = CoreShare({0, 1}, read=proc.read, clock=proc.clock)
+    assert share.threads() == 2
+    proc.advance(3 * WINDOW_SECONDS, others=1.5, own=0.0)  # idle here while another process took the cores
+    share.start_window()  # work arrives: others are done by now
+    assert share.threads() == 2
+    proc.advance(WINDOW_SECONDS, others=0.0, own=2.0)
+    assert share.threads() == 2
+    assert share.changes == 0
+    # Without the new window, the same history costs the work a thread.
+    unaware = CoreShare({0, 1}, read=proc.read, clock=proc.clock)
+    assert unaware.threads() == 2
+    proc.advance(3 * WINDOW_SECONDS, others=1.5, own=0.0)
+    assert unaware.threads() == 1
+    # Others still busy once the work runs: its first window drops the thread as before.
+    share.start_window()
+    proc.advance(WINDOW_SECONDS, others=1.5, own=0.5)
+    assert share.threads() == 1

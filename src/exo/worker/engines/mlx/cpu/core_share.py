@@ -221,6 +221,17 @@ class CoreShare:
             self._update(now)
         return self._threads
 
+    def start_window(self) -> None:
+        """Start the next window now, keeping the count: called as the process turns from idle to work, so the first
+        window of that work measures others while it runs, not what they did while this process waited (an agent's
+        tool, or another server taking its turn, busy right before the request came would otherwise cost this work a
+        thread for a whole window)."""
+        if self._last is None:
+            return
+        snapshot = self._read(self._cores)
+        if snapshot is not None:
+            self._last, self._last_at = snapshot, self._clock()
+
     def _update(self, now: float) -> None:
         snapshot = self._read(self._cores)
         if snapshot is None or self._last is None:
@@ -244,6 +255,12 @@ def current_ggml_threads() -> int | None:
     """ggml's thread count now where this process runs ggml's products (its `core_share` was made: the model loaded
     with ggml weights), else None. Never reads /proc for a process without ggml weights."""
     return core_share().threads() if core_share.cache_info().currsize else None
+
+
+def start_ggml_window() -> None:
+    """`CoreShare.start_window` where this process runs ggml's products (else nothing: no /proc read)."""
+    if core_share.cache_info().currsize:
+        core_share().start_window()
 
 
 @cache
