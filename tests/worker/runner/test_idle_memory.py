@@ -1,7 +1,11 @@
 """A runner hands freed memory back once each time it goes idle after work."""
 
+import gc
+import weakref
+
 import mlx.core as mx
 
+from exo.shared.freed_memory import freeze_long_lived
 from exo.worker.runner.idle_memory import IdleMemory, release_freed_memory
 
 
@@ -27,3 +31,24 @@ def test_releasing_empties_mlxs_buffer_cache() -> None:
     assert mx.get_cache_memory() >= 4 * 1024 * 1024
     release_freed_memory()
     assert mx.get_cache_memory() == 0
+
+
+def test_freezing_collects_garbage_first_and_exempts_what_is_left() -> None:
+    class Node:
+        def __init__(self) -> None:
+            self.other: Node | None = None
+
+    kept, garbage = Node(), Node()
+    garbage.other = Node()
+    garbage.other.other = garbage  # a cycle only the collector frees
+    gone = weakref.ref(garbage)
+    del garbage
+    frozen_before = gc.get_freeze_count()
+    try:
+        freeze_long_lived()
+        assert gone() is None  # collected, not frozen for the runner's life
+        assert gc.get_freeze_count() > frozen_before
+        assert not any(candidate is kept for candidate in gc.get_objects())  # out of the collector's generations
+    finally:
+        gc.unfreeze()
+    assert any(candidate is kept for candidate in gc.get_objects())

@@ -1,10 +1,11 @@
 """Memory a runner hands back to the system when its last task ends.
 
 A prompt's prefill and a task's end leave freed buffers behind: mlx keeps freed arrays in its buffer cache and glibc
-keeps freed memory in its heap, so without this the runner stays at its peak until a later request reuses them (a
-5,508-token prompt left the default model's runner at 1.1 GB, 0.16 GB of it free memory). When the runner goes idle
-it empties mlx's cache and trims the heap, once per busy spell; the next request allocates again (page faults:
-milliseconds, against its prefill's seconds).
+keeps freed memory in its heap, so without this the runner stays at its peak until a later request reuses them.
+When the runner goes idle it empties mlx's cache and trims the heap, once per busy spell (3-8 ms on the default
+model after a prefill, the loaded objects frozen out of the collector's pass: `freeze_long_lived`); the next request
+allocates again (page faults: milliseconds, against its prefill's seconds). With the tokenizer's copies dropped
+(`tokenizer_memory.py`), a 5,508-token prompt left the default model's runner at 968 MB, 1,133 MB before.
 """
 
 from collections.abc import Callable

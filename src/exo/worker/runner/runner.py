@@ -14,6 +14,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from exo.shared.freed_memory import freeze_long_lived
 from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.runner_response import (
@@ -97,6 +98,7 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
         channel.send(RunnerLoadFailed(message=reason))
         return
     step_costs = _measured_step_costs(context) if link is None else None
+    freeze_long_lived()  # what the load made lives as long as the runner: no collection need walk it again
     channel.send(RunnerReady(metadata=metadata))
     logger.info(
         "loaded %s (tool format %s, dtype %s, weights %.2f GB, batches up to %d requests, prompt-lookup "
