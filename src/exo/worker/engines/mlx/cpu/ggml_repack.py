@@ -26,9 +26,9 @@ _MAX_NAME: Final = 64
 class GgmlRepack:
     """The CPU_REPACK buffer type of one ggml build and the calls that place a matrix in it."""
 
-    def __init__(self, library_dir: Path, buffer_type: int) -> None:
+    def __init__(self, base: ctypes.CDLL, buffer_type: int) -> None:
+        """`base`: the build's libggml-base, as `ggml_repack` opened it."""
         pointer, size = ctypes.c_void_p, ctypes.c_size_t
-        base = ctypes.CDLL(str(library_dir / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
         self.buffer_type = buffer_type
         self._allocate = base.ggml_backend_alloc_ctx_tensors_from_buft
         self._allocate.restype, self._allocate.argtypes = pointer, [pointer, pointer]
@@ -83,6 +83,6 @@ def ggml_repack(library_dir: Path) -> GgmlRepack | None:
     while extra_types and extra_types[index]:
         buffer_type = int(extra_types[index] or 0)
         if name_of(buffer_type) == _REPACK_NAME:
-            return GgmlRepack(library_dir, buffer_type)
+            return GgmlRepack(base, buffer_type)
         index += 1
     return None
