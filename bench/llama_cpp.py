@@ -182,13 +182,9 @@ def start_server(
         return None
 
 
-def process_tree_rss(pid: int, proc: Path = Path("/proc")) -> int:
-    """Resident bytes of `pid` and all its descendants (exo serves from a runner child process)."""
-    return sum(process_tree_residents(pid, proc))
-
-
 def process_tree_residents(pid: int, proc: Path = Path("/proc")) -> list[int]:
-    """Resident bytes of `pid` and of each of its descendants, one entry a process."""
+    """Resident bytes of `pid` and of each of its descendants (exo serves from a runner child process), one entry a
+    process."""
     children: dict[int, list[int]] = {}
     for stat in proc.glob("[0-9]*/stat"):
         try:
