@@ -1,4 +1,5 @@
-"""A runner hands freed memory back once each time it goes idle after work."""
+"""A serving loop hands freed memory back once each time it goes idle after work, and starts a new window of ggml's
+thread count once each time it goes back to work."""
 
 import gc
 import weakref
@@ -6,21 +7,36 @@ import weakref
 import mlx.core as mx
 
 from exo.shared.freed_memory import freeze_long_lived
-from exo.worker.runner.idle_memory import IdleMemory, release_freed_memory
+from exo.worker.runner.idle_turns import IdleTurns, release_freed_memory
 
 
 def test_memory_is_released_once_per_busy_spell_and_once_after_loading() -> None:
     released: list[int] = []
-    memory = IdleMemory(lambda: released.append(1))
-    memory.idle()  # just loaded: the load's freed buffers go
-    memory.idle()
+    turns = IdleTurns(lambda: released.append(1), lambda: None)
+    turns.idle()  # just loaded: the load's freed buffers go
+    turns.idle()
     assert len(released) == 1
-    memory.busy()
-    memory.busy()
+    turns.working()
+    turns.working()
     assert len(released) == 1
-    memory.idle()
-    memory.idle()
+    turns.idle()
+    turns.idle()
     assert len(released) == 2
+
+
+def test_work_after_idle_resumes_once_a_turn_and_not_right_after_loading() -> None:
+    resumed: list[int] = []
+    turns = IdleTurns(lambda: None, lambda: resumed.append(1))
+    turns.working()  # just loaded: no idle wait to leave behind
+    assert resumed == []
+    turns.idle()
+    turns.working()
+    turns.working()
+    assert len(resumed) == 1
+    turns.idle()
+    turns.idle()
+    turns.working()
+    assert len(resumed) == 2
 
 
 def test_releasing_empties_mlxs_buffer_cache() -> None:

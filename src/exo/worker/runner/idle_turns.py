@@ -1,11 +1,14 @@
-"""Memory a runner hands back to the system when its last task ends.
+"""What a serving loop does as it turns idle and as it turns back to work, once per turn.
 
-A prompt's prefill and a task's end leave freed buffers behind: mlx keeps freed arrays in its buffer cache and glibc
-keeps freed memory in its heap, so without this the runner stays at its peak until a later request reuses them.
-When the runner goes idle it empties mlx's cache and trims the heap, once per busy spell (3-8 ms on the default
-model after a prefill, the loaded objects frozen out of the collector's pass: `freeze_long_lived`); the next request
-allocates again (page faults: milliseconds, against its prefill's seconds). With the tokenizer's copies dropped
-(`tokenizer_memory.py`), a 5,508-token prompt left the default model's runner at 968 MB, 1,133 MB before.
+Turning idle, it hands freed memory back to the system. A prompt's prefill and a task's end leave freed buffers
+behind: mlx keeps freed arrays in its buffer cache and glibc keeps freed memory in its heap, so without this the
+runner stays at its peak until a later request reuses them. It empties mlx's cache and trims the heap (3-8 ms on the
+default model after a prefill, the loaded objects frozen out of the collector's pass: `freeze_long_lived`); the next
+request allocates again (page faults: milliseconds, against its prefill's seconds). With the tokenizer's copies
+dropped (`tokenizer_memory.py`), a 5,508-token prompt left the default model's runner at 968 MB, 1,133 MB before.
+
+Turning back to work, it starts a new window of ggml's thread count (`start_ggml_window`): what other processes did
+while the runner waited says nothing of the cores during its work.
 """
 
 from collections.abc import Callable
@@ -13,6 +16,7 @@ from collections.abc import Callable
 import mlx.core as mx
 
 from exo.shared.freed_memory import collect_and_trim
+from exo.worker.engines.mlx.cpu.core_share import start_ggml_window
 
 
 def release_freed_memory() -> None:
@@ -21,20 +25,25 @@ def release_freed_memory() -> None:
     collect_and_trim()
 
 
-class IdleMemory:
-    """Releases freed memory (`release`) the first time the runner is idle after being busy; a runner that has just
-    loaded counts as busy (the load leaves its own freed buffers)."""
+class IdleTurns:
+    """Calls `release` the first time the loop is idle after work and `resume` the first time it works after being
+    idle; a runner that has just loaded counts as working (the load leaves its own freed buffers)."""
 
-    def __init__(self, release: Callable[[], None] = release_freed_memory) -> None:
+    def __init__(
+        self, release: Callable[[], None] = release_freed_memory, resume: Callable[[], None] = start_ggml_window
+    ) -> None:
         self._release = release
-        self._held = True
+        self._resume = resume
+        self._working = True
 
-    def busy(self) -> None:
-        """A step ran: its buffers may be freed when the runner next goes idle."""
-        self._held = True
+    def working(self) -> None:
+        """The loop is about to run a step: back from idle, `resume` (nothing if it was working already)."""
+        if not self._working:
+            self._resume()
+            self._working = True
 
     def idle(self) -> None:
-        """The runner has nothing to run: release what the busy spell freed (nothing the second time)."""
-        if self._held:
+        """The loop has nothing to run: release what the work freed (nothing if it was idle already)."""
+        if self._working:
             self._release()
-            self._held = False
+            self._working = False

@@ -24,7 +24,7 @@ from exo.shared.types.worker.runner_response import (
     TaskChunk,
     TaskDone,
 )
-from exo.worker.engines.mlx.cpu.core_share import current_ggml_threads, start_ggml_window
+from exo.worker.engines.mlx.cpu.core_share import current_ggml_threads
 from exo.worker.runner.channel import RunnerChannel
 from exo.worker.runner.idle_snapshots import write_snapshots_while_idle
 from exo.worker.runner.pipeline_link import PipelineLink
@@ -60,17 +60,16 @@ def _serve_leader(
     """
     from exo.worker.engines.mlx.distributed.batch_leader import PipelineBatchLeader
     from exo.worker.engines.mlx.distributed.task_channel import EndPipeline, PeerLostError, send_message
-    from exo.worker.runner.idle_memory import IdleMemory
+    from exo.worker.runner.idle_turns import IdleTurns
 
     leader = PipelineBatchLeader(context.loaded, link.connections, prefill_step_size=context.decode.prefill_step_size)
     followers = list(link.connections.values())
-    memory = IdleMemory()
+    turns = IdleTurns()
     while True:
-        idle = not leader.busy
-        if idle:
+        if not leader.busy:
             if context.prefix_cache is not None:
                 write_snapshots_while_idle(context.prefix_cache, channel.poll)
-            memory.idle()
+            turns.idle()
             ready = wait([channel.fileno(), *followers])
             lost = [rank for rank, connection in link.connections.items() if connection in ready]
             if lost:
@@ -90,9 +89,7 @@ def _serve_leader(
                     pass
         if not leader.busy:
             continue
-        if idle:
-            start_ggml_window()  # what other processes did while this rank waited says nothing of its work
-        memory.busy()
+        turns.working()
         updates = leader.step()
         # ggml's thread count goes with each task's end, as a single node's runner sends it (None without ggml).
         threads = current_ggml_threads() if any(update.done for update in updates) else None
@@ -126,16 +123,16 @@ def _serve_follower(
 ) -> str | None:
     from exo.worker.engines.mlx.distributed.batch_follower import PipelineBatchFollower
     from exo.worker.engines.mlx.distributed.task_channel import BatchStep, EndPipeline, PeerLostError, receive_message
-    from exo.worker.runner.idle_memory import IdleMemory
+    from exo.worker.runner.idle_turns import IdleTurns
 
     follower = PipelineBatchFollower(context.loaded, context.prefix_cache)
     leader = link.connections[0]
-    memory = IdleMemory()
+    turns = IdleTurns()
     while True:
         if context.prefix_cache is not None and follower.active == 0:
             write_snapshots_while_idle(context.prefix_cache, lambda: channel.poll() or leader.poll())
         if follower.active == 0:
-            memory.idle()
+            turns.idle()
         ready = wait([channel.fileno(), leader])
         if channel.fileno() in ready and any(isinstance(request, Shutdown) for request in incoming(False)):
             return None
@@ -147,9 +144,7 @@ def _serve_follower(
             return "rank 0 left the pipeline"
         match message:
             case BatchStep():
-                if follower.active == 0:
-                    start_ggml_window()
-                memory.busy()
+                turns.working()
                 follower.apply(message)
                 if message.leaves and (threads := current_ggml_threads()) is not None:
                     channel.send(GgmlThreadsReport(threads=threads))

@@ -32,7 +32,7 @@ from exo.shared.types.worker.runner_response import (
     TaskChunk,
     TaskDone,
 )
-from exo.worker.engines.mlx.cpu.core_share import current_ggml_threads, start_ggml_window
+from exo.worker.engines.mlx.cpu.core_share import current_ggml_threads
 from exo.worker.engines.mlx.cpu.rank_threads import idle_threads_sleep
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 from exo.worker.runner.arrival_window import ArrivalWindow
@@ -167,7 +167,7 @@ def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCo
     for the tasks sent with it, so they are prefilled together.
     """
     from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
-    from exo.worker.runner.idle_memory import IdleMemory
+    from exo.worker.runner.idle_turns import IdleTurns
 
     scheduler = GenerationScheduler(context.loaded.model, context.decode)
     if step_costs is not None:
@@ -176,12 +176,12 @@ def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCo
     window = ArrivalWindow()
     sender = StepSender(channel)
     meter.begin()
-    memory = IdleMemory()
+    turns = IdleTurns()
     while True:
         if scheduler.active == 0 and context.prefix_cache is not None:
             write_snapshots_while_idle(context.prefix_cache, channel.poll)
         if scheduler.active == 0:
-            memory.idle()
+            turns.idle()
         if scheduler.active == 0 and context.matmul_planner is not None:
             _refine_while_idle(channel, context.matmul_planner)
         idle = scheduler.active == 0
@@ -193,8 +193,6 @@ def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCo
             sender.flush()  # what the steps made goes before a cancel's reply or a new task's first message
         if not _handle(channel, context, scheduler, incoming):
             return
-        if idle and scheduler.active > 0:
-            start_ggml_window()  # what other processes did while this runner waited says nothing of its work
         if idle and scheduler.active > 0 and context.decode.batch_size > 1:
             # The first request at an idle runner: admit the ones sent with it before anything is prefilled.
             first = time.monotonic()
@@ -205,7 +203,7 @@ def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCo
                 deadline = window.deadline(first, time.monotonic())
         decoding = scheduler.decoding
         if scheduler.active > 0:
-            memory.busy()
+            turns.working()
         try:
             updates = scheduler.step()
         except Exception as error:
