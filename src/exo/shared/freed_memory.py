@@ -33,12 +33,17 @@ def map_large_allocations() -> None:
         _LIBC.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
 
 
+def trim_heap() -> None:
+    """Return the heap's free pages to the system (glibc only)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
 def collect_and_trim() -> None:
     """Free what reference cycles hold, then return the heap's free pages to the system (glibc only)."""
     # An exception holds its frames, and so whatever they reference, in a cycle until the cyclic collector runs.
     gc.collect()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
+    trim_heap()
 
 
 def freeze_long_lived() -> None:

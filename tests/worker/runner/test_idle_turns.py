@@ -49,6 +49,20 @@ def test_releasing_empties_mlxs_buffer_cache() -> None:
     assert mx.get_cache_memory() == 0
 
 
+def test_releasing_also_empties_what_the_collector_frees_into_mlxs_cache() -> None:
+    class Holder:
+        def __init__(self) -> None:
+            self.array = mx.zeros((1024, 1024)) + 1
+            self.me = self  # a cycle: only the collector frees the array
+
+    mx.clear_cache()
+    holder = Holder()
+    mx.eval(holder.array)
+    del holder
+    release_freed_memory()
+    assert mx.get_cache_memory() == 0
+
+
 def test_freezing_collects_garbage_first_and_exempts_what_is_left() -> None:
     class Node:
         def __init__(self) -> None:

@@ -11,18 +11,21 @@ Turning back to work, it starts a new window of ggml's thread count (`start_ggml
 while the runner waited says nothing of the cores during its work.
 """
 
+import gc
 from collections.abc import Callable
 
 import mlx.core as mx
 
-from exo.shared.freed_memory import collect_and_trim
+from exo.shared.freed_memory import trim_heap
 from exo.worker.engines.mlx.cpu.core_share import start_ggml_window
 
 
 def release_freed_memory() -> None:
-    """Empty mlx's buffer cache, then free reference cycles and trim the heap."""
+    """Free reference cycles, empty mlx's buffer cache, then trim the heap."""
+    # The collector first: arrays it frees (an exception's frames hold them in a cycle) go to mlx's cache.
+    gc.collect()
     mx.clear_cache()
-    collect_and_trim()
+    trim_heap()
 
 
 class IdleTurns:
