@@ -4,12 +4,14 @@ llama q/k row order)."""
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
 import gguf
 import mlx.core as mx
 import numpy as np
+import numpy.typing as npt
 from gguf import GGMLQuantizationType
 
 from exo.models.gguf_import import gguf_tensors, tensor_record
@@ -23,15 +25,23 @@ MATRIX_TYPES: dict[str, GGMLQuantizationType] = {
 }
 """Each 2-D tensor's type by its GGUF name's end; the others Q8_0 (the trained prompts' margins hold under these)."""
 
+Quantizer = Callable[[npt.NDArray[np.float32], GGMLQuantizationType], npt.NDArray[np.uint8]]
+
 
 def export_fixture(name: FixtureModelName, target: Path) -> Path:
     """A copy of fixture model `name` at `target` with its weights also written as a GGUF kept beside them (matrices
     Q8_0, F16 or BF16 per MATRIX_TYPES, vectors F32); returns `target`."""
-    shutil.copytree(FIXTURE_MODELS_DIR / name, target)
+    return export_model(FIXTURE_MODELS_DIR / name, target)
+
+
+def export_model(source: Path, target: Path, quantize: Quantizer | None = None) -> Path:
+    """`export_fixture` for any model directory `source` (`quantize`: for the block types gguf's own Python does not
+    quantize, such as the K-quants: values and type to the blocks)."""
+    shutil.copytree(source, target)
     config = json.loads((target / "config.json").read_text())
     architecture = str(config["model_type"])
     weights = cast(dict[str, mx.array], mx.load(str(target / "model.safetensors")))
-    path = target.parent / f"{name}.gguf"
+    path = target.parent / f"{source.name}.gguf"
     writer = gguf.GGUFWriter(path, architecture)
     writer.add_head_count(int(config["num_attention_heads"]))
     writer.add_head_count_kv(int(config["num_key_value_heads"]))
@@ -46,7 +56,8 @@ def export_fixture(name: FixtureModelName, target: Path) -> Path:
             qtype = next(
                 (kind for suffix, kind in MATRIX_TYPES.items() if tensor.endswith(suffix)), GGMLQuantizationType.Q8_0
             )
-        writer.add_tensor(tensor, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+        blocks = quantize(values, qtype) if quantize is not None else gguf.quants.quantize(values, qtype)
+        writer.add_tensor(tensor, blocks, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

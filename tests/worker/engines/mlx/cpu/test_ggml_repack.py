@@ -1,7 +1,9 @@
-"""A GGUF's matrices held in ggml's repacked layout (`ggml_repack.py`, `EXO_GGML_REPACK=on`, issue 33): where ggml
+"""A GGUF's matrices held in ggml's repacked layout (`ggml_repack.py`, `EXO_GGML_REPACK`, issue 33): where ggml
 chooses an interleaved layout for a matrix on this CPU (Q4_0 and Q4_K with AVX2 on x86), its products over 1 to 64
 rows are those of the blocks as stored; where it chooses none, the matrix is held as stored; a repacked matrix refuses
-every read of its blocks; and a model served with it decodes as with the blocks as stored.
+every read of its blocks but a Q4_K matrix's read-back, which gives exactly the blocks it was given; a model served
+with it decodes as with the blocks as stored, and its passes over many rows (read back) compute exactly what the
+stored blocks compute.
 
 These tests need ggml's CPU library (`uv run exo ggml build`, or EXO_GGML_DIR), and the repacked layouts an x86 CPU
 with AVX2: elsewhere they skip for a reason of the machine, a failure under EXO_STRICT_SKIPS=1.
@@ -15,10 +17,15 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
+from bench.random_model import ReducedShape, write_random_model
+from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cpu import engine
 from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_of
 from exo.worker.engines.mlx.cpu.ggml_library import Ggml, GgmlMatrix
+from exo.worker.engines.mlx.cpu.ggml_repack import READ_BACK_ROWS, q4_k_from_8x8
 from exo.worker.engines.mlx.cpu.q8_layers import Q8Linear
+from exo.worker.engines.mlx.model_loader import load_model
+from tests.exo_server import fixture_model
 from tests.machine_skips import skip_for_machine
 from tests.worker.engines.mlx.cpu import gguf_export
 from tests.worker.engines.mlx.cpu.weight_formats import assert_within_product_rounding, loaded_fixture
@@ -81,14 +88,103 @@ def test_a_repacked_matrix_refuses_to_be_read_as_blocks(repacking: Ggml) -> None
         repacked.fill(0, np.zeros((1, 256), dtype=np.float32))
 
 
-def _repacked_layers(model: object) -> int:
+@pytest.mark.parametrize(("rows", "width"), [(8, 256), (64, 512), (24, 1536)])
+def test_a_repacked_q4_k_matrix_reads_back_exactly_the_blocks_it_was_given(
+    repacking: Ggml, rows: int, width: int
+) -> None:
+    stored = _stored(repacking, "Q4_K", rows, width, seed=rows)
+    repacked = GgmlMatrix.repacked_from_blocks(repacking, "Q4_K", rows, width, stored.blocks, readable_only=True)
+    assert repacked is not None
+    assert repacked.reads_back
+    restored = np.zeros_like(stored.blocks)
+    repacked.read_back(restored)
+    np.testing.assert_array_equal(restored, stored.blocks)
+
+
+def test_only_layouts_exo_reads_back_are_kept_when_asked_for_those_alone(repacking: Ggml) -> None:
+    q4_0 = _stored(repacking, "Q4_0", 16, 256, seed=5)
+    assert GgmlMatrix.repacked_from_blocks(repacking, "Q4_0", 16, 256, q4_0.blocks, readable_only=True) is None
+    kept = GgmlMatrix.repacked_from_blocks(repacking, "Q4_0", 16, 256, q4_0.blocks)
+    assert kept is not None
+    assert kept.repacked
+    assert not kept.reads_back
+    with pytest.raises(ValueError, match="reads back"):
+        kept.read_back(np.empty_like(q4_0.blocks))
+
+
+def test_reading_back_refuses_bytes_of_another_shape() -> None:
+    with pytest.raises(ValueError, match="block_q4_Kx8"):
+        q4_k_from_8x8(np.zeros(6 * 144, dtype=np.uint8), np.zeros((6, 144), dtype=np.uint8))  # 6 rows: no group of 8
+    with pytest.raises(ValueError, match="block_q4_Kx8"):
+        q4_k_from_8x8(np.zeros(8 * 144, dtype=np.uint8), np.zeros((8, 288), dtype=np.uint8))
+
+
+def _repacked_matrices(model: object) -> list[GgmlMatrix]:
     layers = model["model"]["layers"]  # pyright: ignore[reportIndexIssue, reportUnknownVariableType]
-    return sum(
-        1
+    return [
+        module.q8.matrix
         for layer in layers  # pyright: ignore[reportUnknownVariableType]
         for _, module in layer.named_modules()  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
         if isinstance(module, Q8Linear) and module.q8.matrix.repacked
-    )
+    ]
+
+
+def _repacked_layers(model: object) -> int:
+    return len(_repacked_matrices(model))
+
+
+def test_a_long_pass_reads_q4_k_matrices_back_and_computes_exactly_what_the_stored_blocks_compute(
+    repacking: Ggml, tmp_path: Path
+) -> None:
+    """A random model wide enough for Q4_K (256), exported with Q4_K matrices, loaded three ways: by default its
+    layers' matrices are held repacked and read back; a prefill of more than `READ_BACK_ROWS` tokens then gives
+    bit for bit the logits of the same file held as stored (`off`: the same bytes, the same kernels), and `on`
+    (repacked kernels over the long pass too) within the products' rounding; decode steps (repacked kernels) agree
+    within that rounding."""
+    wide = tmp_path / "wide"
+    shape = ReducedShape(layers=2, hidden_size=256, intermediate_size=512, attention_heads=4, key_value_heads=2)
+    write_random_model(fixture_model("tiny-qwen-tools"), wide, "float32", shape)
+
+    def quantize(values: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+        if qtype != gguf.GGMLQuantizationType.Q4_K:
+            return gguf.quants.quantize(values, qtype)
+        matrix = GgmlMatrix(repacking, "Q4_K", *values.shape)
+        matrix.fill(0, values.astype(np.float32))
+        return matrix.blocks.copy()
+
+    gguf_export.MATRIX_TYPES, kept_types = {"weight": gguf.GGMLQuantizationType.Q4_K}, gguf_export.MATRIX_TYPES
+    try:
+        exported = gguf_export.export_model(wide, tmp_path / "exported", quantize)
+    finally:
+        gguf_export.MATRIX_TYPES = kept_types
+
+    def loaded(setting: str) -> object:
+        kernels = engine.CpuKernels("auto", environment={engine.REPACK_VARIABLE: setting}, weights="gguf")
+        return load_model(exported, ShardAssignment(), cpu_kernels=kernels).model
+
+    models = {setting: loaded(setting) for setting in ("", "off", "on")}
+    read_back = _repacked_matrices(models[""])
+    assert len(read_back) == 2 * 7
+    assert all(matrix.reads_back for matrix in read_back)
+    assert not _repacked_matrices(models["off"])
+    assert len(_repacked_matrices(models["on"])) == 2 * 7
+    prompt = mx.array([[(index * 7) % 150 + 3 for index in range(READ_BACK_ROWS + 44)]])
+    outputs: dict[str, list[np.ndarray]] = {}
+    for setting, model in models.items():
+        cache = make_prompt_cache(model)  # pyright: ignore[reportArgumentType]
+        logits = model(prompt, cache=cache)  # pyright: ignore[reportCallIssue, reportUnknownVariableType]
+        steps = [np.array(logits[0, -1])]  # pyright: ignore[reportUnknownArgumentType]
+        for token in (5, 9, 11, 13):  # the same steps for every model: each one's own argmax could part at a tie
+            logits = model(mx.array([[token]]), cache=cache)  # pyright: ignore[reportCallIssue, reportUnknownVariableType]
+            steps.append(np.array(logits[0, -1]))  # pyright: ignore[reportUnknownArgumentType]
+        outputs[setting] = steps
+    graph = decode_graph_of(models[""])  # pyright: ignore[reportArgumentType]
+    assert graph is not None
+    assert graph.read_back_bytes >= max(matrix.nbytes for matrix in read_back)
+    np.testing.assert_array_equal(outputs[""][0], outputs["off"][0])
+    assert_within_product_rounding(outputs["on"][0], outputs["off"][0])
+    for ours, theirs in zip(outputs[""][1:], outputs["off"][1:], strict=True):
+        assert_within_product_rounding(ours, theirs)
 
 
 @pytest.mark.usefixtures("repacking")

@@ -41,6 +41,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 from exo.worker.engines.mlx.cpu.ggml_graph_ops import ROPE_NEOX, GgmlGraphOps, graph_ops
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.q8_layers import GGML_POLL, Q8Embedding, Q8Linear, Q8Weights, SwiGluMlp
+from exo.worker.engines.mlx.cpu.stored_layout import StoredLayout
 from exo.worker.engines.mlx.discarded_logits import logits_are_discarded
 
 ARCHITECTURES: Final = frozenset({"qwen2", "llama"})
@@ -81,6 +82,10 @@ class _Layer:
     gate: GgmlMatrix
     up: GgmlMatrix
     down: GgmlMatrix
+
+    @property
+    def matrices(self) -> tuple[GgmlMatrix, ...]:
+        return (self.q, self.k, self.v, self.o, self.gate, self.up, self.down)
 
 
 @dataclass(frozen=True)
@@ -152,6 +157,8 @@ class DecodeGraph:
         llama.cpp allocates its graphs (kept: it grows to the largest step and is reused)."""
         self._work: ctypes.Array[ctypes.c_char] | None = None
         self._steps = _Steps(ops)
+        self._stored = StoredLayout()
+        """The buffer a pass over many rows reads its layer's repacked matrices back into (`layer`'s `stored_in`)."""
         """The step graph kept for the next steps, with an allocator of its own (a layer pass between two steps
         places its tensors in `_allocator` without moving the step's)."""
         self._finalizer = weakref.finalize(self, _free, self._ops, parameters, self._allocator, self._steps)
@@ -159,6 +166,11 @@ class DecodeGraph:
     @property
     def layers(self) -> int:
         return len(self._layers)
+
+    @property
+    def read_back_bytes(self) -> int:
+        """Bytes of the buffer passes over many rows read repacked matrices back into (0 until one has)."""
+        return self._stored.nbytes
 
     def close(self) -> None:
         """Free the parameters' context and the allocator's buffer now (else when this object is collected)."""
@@ -296,26 +308,34 @@ class DecodeGraph:
         tokens: int,
         positions: int,
         attend: Callable[[int, int, int], int],
+        stored_in: int | None = None,
     ) -> tuple[int, int, int]:
         """Decoder layer `index` on the hidden states `x` (hidden × `tokens`, `positions` theirs): the layer's output,
         and the tokens' keys (after rope; head dim × kv heads × tokens) and values (kv heads · head dim × tokens)
         for the caches. `attend(q, k, v)` is the attention over them (q after rope: head dim × heads × tokens),
-        returning heads · head dim × tokens."""
+        returning heads · head dim × tokens. `stored_in`: a context (allocating nothing) for tensors over the
+        layer's repacked matrices read back into their stored layout (`stored_layout.py`), whose products over
+        many rows are the faster; None multiplies the matrices as held."""
         ops, shape = self._ops, self._shape
         layer = self._layers[index]
+        read_back = {} if stored_in is None else self._stored.tensors(ops, stored_in, layer.matrices)
+
+        def weight(matrix: GgmlMatrix) -> int:
+            return read_back.get(id(matrix), matrix.tensor)
+
         count = tokens
         h = ops.mul(context, ops.rms_norm(context, x, shape.norm_eps), layer.input_norm)
-        q = _biased(ops, context, ops.mul_mat(context, layer.q.tensor, h), layer.q_bias)
-        k = _biased(ops, context, ops.mul_mat(context, layer.k.tensor, h), layer.k_bias)
-        v = _biased(ops, context, ops.mul_mat(context, layer.v.tensor, h), layer.v_bias)
+        q = _biased(ops, context, ops.mul_mat(context, weight(layer.q), h), layer.q_bias)
+        k = _biased(ops, context, ops.mul_mat(context, weight(layer.k), h), layer.k_bias)
+        v = _biased(ops, context, ops.mul_mat(context, weight(layer.v), h), layer.v_bias)
         q = self._rope(context, ops.reshape_3d(context, q, shape.head_dim, shape.heads, count), positions)
         k = self._rope(context, ops.reshape_3d(context, k, shape.head_dim, shape.kv_heads, count), positions)
-        x = ops.add(context, x, ops.mul_mat(context, layer.o.tensor, attend(q, k, v)))
+        x = ops.add(context, x, ops.mul_mat(context, weight(layer.o), attend(q, k, v)))
         h = ops.mul(context, ops.rms_norm(context, x, shape.norm_eps), layer.post_norm)
         gated = ops.swiglu_split(
-            context, ops.mul_mat(context, layer.gate.tensor, h), ops.mul_mat(context, layer.up.tensor, h)
+            context, ops.mul_mat(context, weight(layer.gate), h), ops.mul_mat(context, weight(layer.up), h)
         )
-        x = ops.add(context, x, ops.mul_mat(context, layer.down.tensor, gated))
+        x = ops.add(context, x, ops.mul_mat(context, weight(layer.down), gated))
         return x, k, v
 
     def _step_attention(

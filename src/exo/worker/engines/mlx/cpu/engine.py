@@ -4,7 +4,7 @@ the report its ready line and /state show."""
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import cast
+from typing import Final, cast
 
 import mlx.core as mx
 from mlx import nn
@@ -30,7 +30,7 @@ from exo.worker.engines.mlx.cpu.core_share import core_share
 from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_for, install_decode_graph
 from exo.worker.engines.mlx.cpu.ggml_library import Ggml
 from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
-from exo.worker.engines.mlx.cpu.ggml_repack import ggml_repack
+from exo.worker.engines.mlx.cpu.ggml_repack import RepackPolicy, ggml_repack
 from exo.worker.engines.mlx.cpu.gguf_layers import GgufModelSource, load_gguf_matrices
 from exo.worker.engines.mlx.cpu.int8_layers import int8_bytes, quantize_model
 from exo.worker.engines.mlx.cpu.kernels import use_numpy_kernels
@@ -44,10 +44,15 @@ DECODE_GRAPH_VARIABLE = "EXO_DECODE_GRAPH"
 """`off` keeps decode steps in mlx-lm's model with ggml's products inside (for comparison): by default
 they run as one ggml graph (`decode_graph.py`)."""
 REPACK_VARIABLE = "EXO_GGML_REPACK"
-"""`on` holds a GGUF layer's matrices of a type ggml repacks for this CPU (Q4_0, Q4_K, IQ4_NL with AVX2 on x86)
-interleaved, as llama.cpp holds them (`ggml_repack.py`). Off by default: on the 1.5B (mostly Q4_K) a decode step
-took 36–47 ms against 48–49 as stored, but a 512-token prefill piece ran at 91–99 tok/s against 140–146, a loss for
-an agent's turns (a prompt's new tokens outnumber the answer's)."""
+"""Which of a GGUF layer's matrices are held interleaved for ggml's kernels, as llama.cpp holds them
+(`ggml_repack.py`; ggml repacks Q4_0, Q4_K and IQ4_NL with AVX2 on x86). By default those whose layout exo reads
+back into the stored blocks (Q4_K): decode steps and small batches take the repacked kernels (a decode step of the
+1.5B, mostly Q4_K, 34-37 ms against 41-44 as stored), passes over many rows read the layer back and take the stored
+layout's (a 512-token piece at 134-146 tok/s against 142-158 stored; through the repacked kernels 95-99). `on`:
+every matrix ggml repacks, those exo cannot read back (Q4_0, IQ4_NL) taking the repacked kernels in long passes too;
+`off`: none."""
+REPACK_SETTINGS: Final[dict[str, RepackPolicy]] = {"on": "all", "off": "none"}
+"""`EXO_GGML_REPACK`'s values other than the default (`readable`)."""
 LAYER_GRAPH_VARIABLE = "EXO_LAYER_GRAPH"
 """`off` keeps multi-token passes (prefill, verification) in mlx-lm's layers with ggml's products inside (for
 comparison): by default each layer's runs as one ggml graph (`layer_graph.py`)."""
@@ -91,8 +96,9 @@ class CpuKernels:
         for name, variable in graph_variables:
             if variables.get(variable, "").strip() == "off":
                 self._turn_off((name,), f"{variable}=off")
-        if variables.get(REPACK_VARIABLE, "").strip() != "on":
-            self._turn_off(("repacked_blocks",), f"{REPACK_VARIABLE} not on")
+        self.repack: RepackPolicy = REPACK_SETTINGS.get(variables.get(REPACK_VARIABLE, "").strip(), "readable")
+        if self.repack == "none":
+            self._turn_off(("repacked_blocks",), f"{REPACK_VARIABLE}=off")
         if weights == "float32":
             self._turn_off(("int8_weights", "q8_0_weights", "gguf_weights"), chosen)
         elif weights in ("q8_0", "gguf"):
@@ -137,10 +143,10 @@ class CpuKernels:
                 raise ModelLoadError(str(error)) from error
         if self.on("gguf_weights") and self._ggml_dir is not None:
             ggml = ggml_library(self._ggml_dir)
-            repack = self.on("repacked_blocks")
-            if repack and ggml_repack(ggml.library_dir) is None:
+            repack: RepackPolicy = self.repack if self.on("repacked_blocks") else "none"
+            if repack != "none" and ggml_repack(ggml.library_dir) is None:
                 self._turn_off(("repacked_blocks",), "not offered by this ggml build")
-                repack = False
+                repack = "none"
             load_gguf_matrices(model, _gguf_source(model_path, first_layer), ggml, repack=repack)
             model.set_dtype(mx.float32)
             use_numpy_kernels([name for name in ("numpy_attention", "numpy_swiglu") if self.on(name)])

@@ -10,6 +10,7 @@ This module never imports mlx: numpy and ctypes only.
 """
 
 import ctypes
+import logging
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from exo.worker.engines.mlx.cpu.ggml_repack import GgmlRepack, ggml_repack
+from exo.worker.engines.mlx.cpu.ggml_repack import READ_BACKS, GgmlRepack, ggml_repack
 
 GGML_TYPES: Final[dict[str, int]] = {
     "F32": 0,
@@ -47,6 +48,22 @@ _MAX_THREADS: Final = 512
 """GGML_MAX_N_THREADS: the length of a thread pool's cpumask."""
 _HEADROOM_BYTES: Final = 64 * 1024
 """Room in a context beyond its tensors' data and the graph (ggml aligns each object)."""
+_LOG_WARN: Final = 3
+"""`GGML_LOG_LEVEL_WARN` (ggml.h): below it, debug and info lines (one per matrix repacked at load) are dropped."""
+_LOG_CONT: Final = 5
+_LOG_CALLBACK: Final = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+
+logger = logging.getLogger(__name__)
+
+
+@_LOG_CALLBACK
+def _ggml_log(level: int, text: bytes | None, _: object) -> None:
+    """ggml's warnings and errors into the runner's log; its debug and info lines (ggml prints every level to
+    stderr by default) nowhere."""
+    if _LOG_WARN <= level < _LOG_CONT and text:
+        logger.warning("ggml: %s", text.decode(errors="replace").rstrip())
+
+
 CACHED_ROWS: Final = 16
 """Products over at most this many rows keep their graph (decode steps); longer ones (prefill) build one per call,
 whose input and output would otherwise stay allocated for every matrix."""
@@ -141,6 +158,8 @@ class Ggml:
         self.threadpool_params_init = base.ggml_threadpool_params_init
         self.threadpool_params_init.restype = None
         self.threadpool_params_init.argtypes = [ctypes.POINTER(_ThreadpoolParams), integer]
+        base.ggml_log_set.restype, base.ggml_log_set.argtypes = None, [_LOG_CALLBACK, ctypes.c_void_p]
+        base.ggml_log_set(_ggml_log, None)
         cpu.ggml_cpu_init.restype, cpu.ggml_cpu_init.argtypes = None, []
         cpu.ggml_cpu_init()
         self.threadpool_new = cpu.ggml_threadpool_new
@@ -315,7 +334,9 @@ class GgmlMatrix:
         self.row_bytes = int(ggml.row_size(self.type, in_features))
         self.nbytes = self.row_bytes * out_features
         self.repacked = repack is not None
-        """Held interleaved for ggml's kernels (`ggml_repack.py`): products only, no blocks to read."""
+        """Held interleaved for ggml's kernels (`ggml_repack.py`): products, and `read_back` where `reads_back`."""
+        self.reads_back = False
+        """Repacked in a layout `read_back` restores exactly (checked on the file's own blocks at load)."""
         size = ggml.tensor_overhead() + (0 if repack else self.nbytes)
         self._context = ggml.new_context(size, allocates=repack is None)
         self._weight = int(ggml.new_tensor_2d(self._context, self.type, in_features, out_features))
@@ -347,11 +368,19 @@ class GgmlMatrix:
 
     @classmethod
     def repacked_from_blocks(
-        cls, ggml: Ggml, type_name: str, out_features: int, in_features: int, blocks: npt.NDArray[np.uint8]
+        cls,
+        ggml: Ggml,
+        type_name: str,
+        out_features: int,
+        in_features: int,
+        blocks: npt.NDArray[np.uint8],
+        *,
+        readable_only: bool = False,
     ) -> "GgmlMatrix | None":
         """A matrix of `blocks` (as `from_blocks` takes them) held interleaved for ggml's kernels, the way llama.cpp
         holds it; None where ggml has no such layout for this type and row count on this CPU, or no repack buffer
-        type (the caller holds the blocks as stored)."""
+        type, or (`readable_only`) where the layout cannot be read back into exactly these blocks (the caller holds
+        the blocks as stored)."""
         repack = ggml_repack(ggml.library_dir)
         if repack is None:
             return None
@@ -361,7 +390,33 @@ class GgmlMatrix:
             matrix.close()
             return None
         repack.set(matrix._weight, raw.ctypes.data, raw.nbytes)
+        matrix.reads_back = matrix._reads_back_as(raw)
+        if readable_only and not matrix.reads_back:
+            matrix.close()
+            return None
         return matrix
+
+    def _reads_back_as(self, raw: npt.NDArray[np.uint8]) -> bool:
+        """Whether the type's read-back turns the repacked bytes into exactly `raw`, the blocks as stored."""
+        read_back = READ_BACKS.get(self.type_name)
+        if read_back is None:
+            return False
+        restored = np.empty((self.shape[0], self.row_bytes), dtype=np.uint8)
+        try:
+            read_back(self._bytes(), restored)
+        except ValueError:
+            return False
+        return bool(np.array_equal(restored.reshape(-1), raw))
+
+    def read_back(self, out: npt.NDArray[np.uint8]) -> None:
+        """A repacked matrix's blocks as stored into `out` (out × row_bytes, C-contiguous); only where
+        `reads_back`."""
+        if not self.reads_back:
+            raise ValueError(f"this {self.type_name} matrix is not held in a layout exo reads back")
+        READ_BACKS[self.type_name](self._bytes(), out)
+
+    def _bytes(self) -> npt.NDArray[np.uint8]:
+        return np.ctypeslib.as_array((ctypes.c_uint8 * self.nbytes).from_address(self._data))
 
     @property
     def blocks(self) -> npt.NDArray[np.uint8]:

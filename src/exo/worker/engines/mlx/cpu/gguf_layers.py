@@ -29,6 +29,7 @@ from exo.models.errors import ModelLoadError
 from exo.models.gguf_import import unpermute_rotary
 from exo.models.gguf_source import GgufSource, GgufTensor
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
+from exo.worker.engines.mlx.cpu.ggml_repack import RepackPolicy
 from exo.worker.engines.mlx.cpu.gguf_shards import ShardKind, shard_blocks
 from exo.worker.engines.mlx.cpu.matrix_replacement import replace_named_modules
 from exo.worker.engines.mlx.cpu.q8_layers import (
@@ -68,15 +69,21 @@ class GgufEmbedding(Q8Embedding):
 
 
 def gguf_matrix(
-    tensor: GgufTensor, file: Path, ggml: Ggml, rotary_heads: int | None = None, *, repack: bool = False
+    tensor: GgufTensor, file: Path, ggml: Ggml, rotary_heads: int | None = None, *, repack: RepackPolicy = "none"
 ) -> GgmlMatrix:
     """The blocks of `tensor` (of the GGUF `file`) in a ggml matrix, as stored (`rotary_heads`: a llama q/k matrix's
-    heads, whose rows the GGUF interleaves and mlx-lm does not: its rows are put back, blocks untouched); with
-    `repack`, interleaved for ggml's kernels where ggml has a layout for it (`ggml_repack.py`: products only). Raises
-    ModelLoadError for a type ggml's products are not wired for here."""
+    heads, whose rows the GGUF interleaves and mlx-lm does not: its rows are put back, blocks untouched); under
+    `repack`, interleaved for ggml's kernels where ggml has a layout for it (`ggml_repack.py`: products only, and
+    read back where the layout allows). Raises ModelLoadError for a type ggml's products are not wired for here."""
     rows = gguf_rows(tensor, file, rotary_heads)
     in_features, out_features = tensor.shape
-    repacked = GgmlMatrix.repacked_from_blocks(ggml, tensor.type, out_features, in_features, rows) if repack else None
+    repacked = (
+        GgmlMatrix.repacked_from_blocks(
+            ggml, tensor.type, out_features, in_features, rows, readable_only=repack == "readable"
+        )
+        if repack != "none"
+        else None
+    )
     return repacked or GgmlMatrix.from_blocks(ggml, tensor.type, out_features, in_features, rows)
 
 
@@ -128,7 +135,7 @@ class GgufModelSource:
 
 
 def _replacement(
-    path: str, module: nn.Module, source: GgufModelSource, ggml: Ggml, *, repack: bool
+    path: str, module: nn.Module, source: GgufModelSource, ggml: Ggml, *, repack: RepackPolicy
 ) -> nn.Module | None:
     if not isinstance(module, (nn.Linear, nn.Embedding, *ALL_TO_SHARDED, *SHARDED_TO_ALL)):
         return None
@@ -139,7 +146,7 @@ def _replacement(
     if isinstance(module, (*ALL_TO_SHARDED, *SHARDED_TO_ALL)):
         return _sharded_replacement(path, module, tensor, source, ggml)
     # An embedding table's rows are read as blocks (a lookup): only a layer's product matrices are repacked.
-    repack_this = repack and not isinstance(module, nn.Embedding)
+    repack_this: RepackPolicy = "none" if isinstance(module, nn.Embedding) else repack
     weights = Q8Weights(gguf_matrix(tensor, source.path, ggml, source.rotary_heads(path), repack=repack_this))
     if weights.shape != tuple(module["weight"].shape):
         expected = tuple(module["weight"].shape)
@@ -170,12 +177,12 @@ def _sharded_replacement(
     return sharded_linear(module, Q8Weights(matrix))
 
 
-def load_gguf_matrices(model: nn.Module, source: GgufModelSource, ggml: Ggml, *, repack: bool = False) -> int:
+def load_gguf_matrices(model: nn.Module, source: GgufModelSource, ggml: Ggml, *, repack: RepackPolicy = "none") -> int:
     """Replace every Linear and Embedding of `model` (built lazily, its weights never read) by its GGUF tensor's
     blocks, one at a time, and a tensor rank's sharded layers by this rank's slice of them; returns how many. Others
-    stay as they are (the caller sets their dtype; `repack`: a layer's matrices of a type ggml repacks for this CPU
-    are held interleaved). Sibling layers (q/k/v, gate/up) then share one ggml graph, as under q8_0 (their types may
-    differ: one graph holds them all)."""
+    stay as they are (the caller sets their dtype; `repack`: which of a layer's matrices of a type ggml repacks for
+    this CPU are held interleaved). Sibling layers (q/k/v, gate/up) then share one ggml graph, as under q8_0 (their
+    types may differ: one graph holds them all)."""
     replaced = replace_named_modules(
         model, lambda path, module: _replacement(path, module, source, ggml, repack=repack)
     )

@@ -36,11 +36,15 @@ from exo.worker.engines.mlx.cpu.decode_graph import (
     write_int32,
 )
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES
+from exo.worker.engines.mlx.cpu.ggml_repack import READ_BACK_ROWS
 
 _F32: Final = GGML_TYPES["F32"]
 _F16: Final = GGML_TYPES["F16"]
 _LAYER_NODES: Final = 64
 """Graph nodes a layer's pass makes (about 40)."""
+_OUTSIDE_TENSORS: Final = 16
+"""Tensors over memory the graph does not allocate: the input, the mask, the cache views and up to seven matrices
+read back (`stored_layout.py`)."""
 
 
 class LayerPass:
@@ -65,7 +69,7 @@ class LayerPass:
         context = ops.new_context(
             _LAYER_NODES * int(ops.ggml.tensor_overhead()) + int(ops.ggml.graph_overhead()), allocates=False
         )
-        outside = ops.new_context(8 * int(ops.ggml.tensor_overhead()), allocates=False)
+        outside = ops.new_context(_OUTSIDE_TENSORS * int(ops.ggml.tensor_overhead()), allocates=False)
         try:
             hidden_in = ops.new_tensor_1d(outside, _F32, count * hidden)
             ops.set_data(hidden_in, inputs.hidden.ctypes.data)
@@ -97,7 +101,13 @@ class LayerPass:
                 )
 
             out, new_keys, new_values = self._graph.layer(
-                context, self._index, x_in, tokens=count, positions=positions, attend=attend
+                context,
+                self._index,
+                x_in,
+                tokens=count,
+                positions=positions,
+                attend=attend,
+                stored_in=outside if count >= READ_BACK_ROWS else None,
             )
             graph = ops.new_graph_custom(context, _LAYER_NODES, False)
             for output in (out, new_keys, new_values):
