@@ -19,7 +19,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from bench.random_model import ReducedShape, write_random_model
 from exo.shared.types.worker.shards import ShardAssignment
-from exo.worker.engines.mlx.cpu import engine
+from exo.worker.engines.mlx.cpu import engine, ggml_repack
 from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_of
 from exo.worker.engines.mlx.cpu.ggml_library import Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.ggml_repack import READ_BACK_ROWS, q4_k_from_8x8
@@ -93,7 +93,7 @@ def test_a_repacked_q4_k_matrix_reads_back_exactly_the_blocks_it_was_given(
     repacking: Ggml, rows: int, width: int
 ) -> None:
     stored = _stored(repacking, "Q4_K", rows, width, seed=rows)
-    repacked = GgmlMatrix.repacked_from_blocks(repacking, "Q4_K", rows, width, stored.blocks, readable_only=True)
+    repacked = GgmlMatrix.repacked_from_blocks(repacking, "Q4_K", rows, width, stored.blocks, measured_only=True)
     assert repacked is not None
     assert repacked.reads_back
     restored = np.zeros_like(stored.blocks)
@@ -101,15 +101,26 @@ def test_a_repacked_q4_k_matrix_reads_back_exactly_the_blocks_it_was_given(
     np.testing.assert_array_equal(restored, stored.blocks)
 
 
-def test_only_layouts_exo_reads_back_are_kept_when_asked_for_those_alone(repacking: Ggml) -> None:
-    q4_0 = _stored(repacking, "Q4_0", 16, 256, seed=5)
-    assert GgmlMatrix.repacked_from_blocks(repacking, "Q4_0", 16, 256, q4_0.blocks, readable_only=True) is None
-    kept = GgmlMatrix.repacked_from_blocks(repacking, "Q4_0", 16, 256, q4_0.blocks)
+def test_a_layout_that_does_not_read_back_exactly_is_not_kept_where_only_measured_layouts_are(
+    repacking: Ggml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The load-time check: a Q4_K layout whose read-back does not give the file's blocks (as another CPU's layout
+    would) is refused under the measured policy and kept, unread, under `all`; Q4_0, measured faster repacked at
+    every row count, is kept without a read-back."""
+    q4_k = _stored(repacking, "Q4_K", 16, 256, seed=6)
+    monkeypatch.setitem(ggml_repack.READ_BACKS, "Q4_K", lambda _, out: out.fill(0))
+    assert GgmlMatrix.repacked_from_blocks(repacking, "Q4_K", 16, 256, q4_k.blocks, measured_only=True) is None
+    kept = GgmlMatrix.repacked_from_blocks(repacking, "Q4_K", 16, 256, q4_k.blocks)
     assert kept is not None
     assert kept.repacked
     assert not kept.reads_back
     with pytest.raises(ValueError, match="reads back"):
-        kept.read_back(np.empty_like(q4_0.blocks))
+        kept.read_back(np.empty_like(q4_k.blocks))
+    q4_0 = _stored(repacking, "Q4_0", 16, 256, seed=5)
+    throughout = GgmlMatrix.repacked_from_blocks(repacking, "Q4_0", 16, 256, q4_0.blocks, measured_only=True)
+    assert throughout is not None
+    assert throughout.repacked
+    assert not throughout.reads_back
 
 
 def test_reading_back_refuses_bytes_of_another_shape() -> None:
@@ -191,13 +202,15 @@ def test_a_long_pass_reads_q4_k_matrices_back_and_computes_exactly_what_the_stor
 def test_a_model_served_repacked_decodes_as_with_its_blocks_as_stored(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The fixture exported with Q4_0 matrices (of rows ggml interleaves): under EXO_GGML_REPACK=on its layers'
-    matrices are held repacked (its embedding never: lookups read blocks) and the report says so; prefill and greedy
-    steps through the decode graph give the logits of the same file served as stored."""
+    """The fixture exported with Q4_0 matrices (of rows ggml interleaves): by default its layers' matrices are held
+    repacked (its embedding never: lookups read blocks; EXO_GGML_REPACK=off holds them as stored) and the report
+    says so; prefill and greedy steps through the decode graph give the logits of the same file served as stored."""
     monkeypatch.setattr(gguf_export, "MATRIX_TYPES", {"weight": gguf.GGMLQuantizationType.Q4_0})
     source = gguf_export.export_fixture("tiny-qwen-tools", tmp_path / "tiny-qwen-tools")
+    monkeypatch.setenv(engine.REPACK_VARIABLE, "off")
+    assert not engine.CpuKernels("auto", weights="gguf").on("repacked_blocks")
     stored = loaded_fixture("tiny-qwen-tools", "gguf", source).model
-    monkeypatch.setenv(engine.REPACK_VARIABLE, "on")
+    monkeypatch.delenv(engine.REPACK_VARIABLE)  # the default: Q4_0 is measured to pay repacked
     kernels = engine.CpuKernels("auto", weights="gguf")
     assert kernels.on("repacked_blocks")
     repacked = loaded_fixture("tiny-qwen-tools", "gguf", source).model

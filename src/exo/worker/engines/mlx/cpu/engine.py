@@ -45,14 +45,13 @@ DECODE_GRAPH_VARIABLE = "EXO_DECODE_GRAPH"
 they run as one ggml graph (`decode_graph.py`)."""
 REPACK_VARIABLE = "EXO_GGML_REPACK"
 """Which of a GGUF layer's matrices are held interleaved for ggml's kernels, as llama.cpp holds them
-(`ggml_repack.py`; ggml repacks Q4_0, Q4_K and IQ4_NL with AVX2 on x86). By default those whose layout exo reads
-back into the stored blocks (Q4_K): decode steps and small batches take the repacked kernels (a decode step of the
-1.5B, mostly Q4_K, 34-37 ms against 41-44 as stored), passes over many rows read the layer back and take the stored
-layout's (a 512-token piece at 134-146 tok/s against 142-158 stored; through the repacked kernels 95-99). `on`:
-every matrix ggml repacks, those exo cannot read back (Q4_0, IQ4_NL) taking the repacked kernels in long passes too;
-`off`: none."""
+(`ggml_repack.py`; ggml repacks Q4_0, Q4_K and IQ4_NL with AVX2 on x86). By default those of a type measured to pay:
+Q4_0, whose repacked kernels were faster at every row count, and Q4_K, read back into the stored blocks for passes
+over many rows (a decode step of the 1.5B, mostly Q4_K, 34-37 ms against 41-44 as stored; a 512-token piece at
+134-146 tok/s read back against 142-158 stored, 95-99 through the repacked kernels). `on`: every matrix ggml
+repacks; `off`: none."""
 REPACK_SETTINGS: Final[dict[str, RepackPolicy]] = {"on": "all", "off": "none"}
-"""`EXO_GGML_REPACK`'s values other than the default (`readable`)."""
+"""`EXO_GGML_REPACK`'s values other than the default (`measured`)."""
 LAYER_GRAPH_VARIABLE = "EXO_LAYER_GRAPH"
 """`off` keeps multi-token passes (prefill, verification) in mlx-lm's layers with ggml's products inside (for
 comparison): by default each layer's runs as one ggml graph (`layer_graph.py`)."""
@@ -96,7 +95,7 @@ class CpuKernels:
         for name, variable in graph_variables:
             if variables.get(variable, "").strip() == "off":
                 self._turn_off((name,), f"{variable}=off")
-        self.repack: RepackPolicy = REPACK_SETTINGS.get(variables.get(REPACK_VARIABLE, "").strip(), "readable")
+        self.repack: RepackPolicy = REPACK_SETTINGS.get(variables.get(REPACK_VARIABLE, "").strip(), "measured")
         if self.repack == "none":
             self._turn_off(("repacked_blocks",), f"{REPACK_VARIABLE}=off")
         if weights == "float32":

@@ -19,7 +19,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from exo.worker.engines.mlx.cpu.ggml_repack import READ_BACKS, GgmlRepack, ggml_repack
+from exo.worker.engines.mlx.cpu.ggml_repack import READ_BACKS, REPACKED_THROUGHOUT, GgmlRepack, ggml_repack
 
 GGML_TYPES: Final[dict[str, int]] = {
     "F32": 0,
@@ -375,12 +375,12 @@ class GgmlMatrix:
         in_features: int,
         blocks: npt.NDArray[np.uint8],
         *,
-        readable_only: bool = False,
+        measured_only: bool = False,
     ) -> "GgmlMatrix | None":
         """A matrix of `blocks` (as `from_blocks` takes them) held interleaved for ggml's kernels, the way llama.cpp
         holds it; None where ggml has no such layout for this type and row count on this CPU, or no repack buffer
-        type, or (`readable_only`) where the layout cannot be read back into exactly these blocks (the caller holds
-        the blocks as stored)."""
+        type, or (`measured_only`) where the type is not one measured to pay repacked throughout and its layout
+        cannot be read back into exactly these blocks (the caller holds the blocks as stored)."""
         repack = ggml_repack(ggml.library_dir)
         if repack is None:
             return None
@@ -391,7 +391,7 @@ class GgmlMatrix:
             return None
         repack.set(matrix._weight, raw.ctypes.data, raw.nbytes)
         matrix.reads_back = matrix._reads_back_as(raw)
-        if readable_only and not matrix.reads_back:
+        if measured_only and not (matrix.reads_back or type_name in REPACKED_THROUGHOUT):
             matrix.close()
             return None
         return matrix

@@ -11,12 +11,15 @@ layer's product matrices are held this way. Whether ggml repacks a matrix (its t
 ggml's choice, read from the tensor once the buffer type has initialized it (`tensor->extra`: its repack traits,
 NULL for none), so nothing here restates ggml's rules.
 
-ggml offers no way back (the buffer type has no `get_tensor`), so `q4_k_from_8x8` reads a Q4_K matrix's interleaved
-blocks back into the blocks the file stored, for the passes over many rows where ggml's kernels of the stored layout
-are the faster ones (`READ_BACK_ROWS`). Its layout is ggml's `block_q4_Kx8` (ggml-cpu's `repack.cpp`,
-`make_block_q4_Kx8` with 8-byte interleaving, which ggml picks with AVX2 on x86); a matrix is read back only where
-reading it back after loading gave exactly the file's blocks (`GgmlMatrix.repacked_from_blocks`), so another layout
-(another CPU, another ggml) is never misread.
+Which layouts pay was measured per type on the 2-core AVX-512 EPYC (docs/PERFORMANCE.md section 12): a Q4_0 matrix's
+repacked kernels were 1.4-1.8x faster than the stored layout's at every row count from 1 to 512, a Q4_K matrix's
+1.45-1.69x faster up to 16 rows and 1.4x slower at 512. ggml offers no way back from a repacked layout (the buffer
+type has no `get_tensor`), so `q4_k_from_8x8` reads a Q4_K matrix's interleaved blocks back into the blocks the file
+stored, for the passes over many rows where the stored layout's kernels are the faster ones (`READ_BACK_ROWS`). Its
+layout is ggml's `block_q4_Kx8` (ggml-cpu's `repack.cpp`, `make_block_q4_Kx8` with 8-byte interleaving, which ggml
+picks with AVX2 on x86 and with int8 matrix multiply on ARM); a matrix is read back only where reading it back after
+loading gave exactly the file's blocks (`GgmlMatrix.repacked_from_blocks`), so another layout (another CPU, another
+ggml) is never misread.
 """
 
 import ctypes
@@ -34,10 +37,14 @@ _MAX_NAME: Final = 64
 """GGML_MAX_NAME (ggml.h): `struct ggml_tensor`'s `extra` follows its `name`."""
 
 
-RepackPolicy = Literal["none", "readable", "all"]
-"""Which matrices a load holds repacked where ggml has a layout for them: none; those whose layout exo reads back
-(`READ_BACKS`), so passes over many rows keep the stored layout's kernels; all (the others' long passes then run
+RepackPolicy = Literal["none", "measured", "all"]
+"""Which matrices a load holds repacked where ggml has a layout for them: none; those of a type measured to pay
+(`REPACKED_THROUGHOUT`, and Q4_K where its layout reads back: `READ_BACKS`); all (the others' long passes then run
 ggml's repacked kernels, as llama.cpp's do)."""
+
+REPACKED_THROUGHOUT: Final = frozenset({"Q4_0"})
+"""Types whose repacked kernels were measured faster at every row count (Q4_0: 1.4-1.8x from 1 to 512 rows), held
+repacked with nothing read back."""
 
 READ_BACK_ROWS: Final = 256
 """Passes over at least this many rows multiply a read-back matrix in the file's layout. Measured on the 2-core

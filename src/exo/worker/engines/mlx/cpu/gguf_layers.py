@@ -79,7 +79,7 @@ def gguf_matrix(
     in_features, out_features = tensor.shape
     repacked = (
         GgmlMatrix.repacked_from_blocks(
-            ggml, tensor.type, out_features, in_features, rows, readable_only=repack == "readable"
+            ggml, tensor.type, out_features, in_features, rows, measured_only=repack == "measured"
         )
         if repack != "none"
         else None
