@@ -157,10 +157,10 @@ class DecodeGraph:
         llama.cpp allocates its graphs (kept: it grows to the largest step and is reused)."""
         self._work: ctypes.Array[ctypes.c_char] | None = None
         self._steps = _Steps(ops)
-        self._stored = StoredLayout()
-        """The buffer a pass over many rows reads its layer's repacked matrices back into (`layer`'s `stored_in`)."""
         """The step graph kept for the next steps, with an allocator of its own (a layer pass between two steps
         places its tensors in `_allocator` without moving the step's)."""
+        self._stored = StoredLayout()
+        """The buffer a pass over many rows reads its layer's repacked matrices back into (`layer`'s `stored_in`)."""
         self._finalizer = weakref.finalize(self, _free, self._ops, parameters, self._allocator, self._steps)
 
     @property

@@ -4,7 +4,7 @@ Held repacked (`ggml_repack.py`), a Q4_K matrix multiplies one to 16 rows 1.45-1
 hundreds of rows 1.4x slower (ggml's repacked kernels against its stored layout's, on the 2-core AVX-512 EPYC). So
 a pass of `READ_BACK_ROWS` rows or more (a prefill piece, a group prefill's batch) reads each of its layer's
 readable matrices back into one reused buffer and multiplies tensors over it in the stored layout: the 1.5B's 26 MB
-of a layer in about 7 ms, against the 57 ms its products gain at 512 rows. Nothing but that buffer is held twice, and it
+of a layer in about 7 ms, against the 66 ms its products gain at 512 rows. Nothing but that buffer is held twice, and it
 holds one layer's matrices at a time.
 """
 
