@@ -79,19 +79,7 @@ async def running_ranks(
 ) -> AsyncGenerator[list[RunnerSupervisor]]:
     """One supervisor (and runner process) per shard, all ready, each holding weights as `cpu_weights`; stopped on
     exit."""
-    supervisors = [
-        RunnerSupervisor(
-            new_runner_id(),
-            RunnerConfig(
-                model_id=DEEP_MODEL,
-                model_path=model_path,
-                shard=shard,
-                prefix_cache_bytes=PREFIX_CACHE_BYTES,
-                cpu_weights=cpu_weights,
-            ),
-        )
-        for shard in shards
-    ]
+    supervisors = [rank_supervisor(model_path, shard, cpu_weights) for shard in shards]
     async with anyio.create_task_group() as group:
         for supervisor in supervisors:
             group.start_soon(supervisor.run)
@@ -106,6 +94,20 @@ async def running_ranks(
                 for supervisor in supervisors:
                     stopping.start_soon(supervisor.stop)
             group.cancel_scope.cancel()
+
+
+def rank_supervisor(
+    model_path: Path, shard: ShardAssignment, cpu_weights: CpuWeightsSetting = "float32"
+) -> RunnerSupervisor:
+    """A supervisor (not started) of one rank's runner, as `running_ranks` makes them."""
+    config = RunnerConfig(
+        model_id=DEEP_MODEL,
+        model_path=model_path,
+        shard=shard,
+        prefix_cache_bytes=PREFIX_CACHE_BYTES,
+        cpu_weights=cpu_weights,
+    )
+    return RunnerSupervisor(new_runner_id(), config)
 
 
 def pipeline_of(layer_counts: Sequence[int]) -> list[ShardAssignment]:

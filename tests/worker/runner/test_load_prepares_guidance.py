@@ -1,7 +1,5 @@
 """Loading a model builds llguidance's tokenizer, so the first constrained request after the load builds nothing."""
 
-from typing import NoReturn
-
 from exo.shared.types.common import ModelId, new_command_id, new_task_id
 from exo.shared.types.tasks import GenerationParams, GenerationTask, PromptMessage, SamplingParams, ToolPolicy
 from exo.shared.types.worker.runner_response import RunnerBootstrap
@@ -15,14 +13,10 @@ from tests.worker.runner.pipelines import WEATHER
 MODEL = ModelId("tiny-qwen-tools")
 
 
-def _no_ring(reason: str) -> NoReturn:
-    raise AssertionError(f"a whole-model load joins no ring: {reason}")
-
-
 def test_the_first_constrained_request_after_a_load_builds_no_llguidance_tokenizer() -> None:
     before = guidance_tokenizer.cache_info().misses
     bootstrap = RunnerBootstrap(model_path=str(fixture_model(MODEL)), shard=ShardAssignment())
-    context, _, link = _load(bootstrap, _no_ring, lambda _description: None)
+    context, _, link = _load(bootstrap, lambda _description: None)
     assert link is None
     assert guidance_tokenizer.cache_info().misses == before + 1, "the load built the model's llguidance tokenizer"
 

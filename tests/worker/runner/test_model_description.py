@@ -1,8 +1,6 @@
 """A runner describes its model (context length, tool format, reasoning, checkpoint) from its tokenizer and files
 before the weights load, and the description is what the loaded runner then reports."""
 
-from typing import NoReturn
-
 import anyio
 import pytest
 
@@ -19,15 +17,11 @@ from tests.worker.runner.tasks import until_ready
 DESCRIBED_FIELDS = set(ModelDescription.model_fields)
 
 
-def _no_ring(reason: str) -> NoReturn:
-    raise AssertionError(f"a whole-model load joins no ring: {reason}")
-
-
 @pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])
 def test_the_description_agrees_with_what_the_loaded_runner_reports(name: str) -> None:
     described: list[ModelDescription] = []
     bootstrap = RunnerBootstrap(model_path=str(fixture_model(ModelId(name))), shard=ShardAssignment())
-    context, metadata, _ = _load(bootstrap, _no_ring, described.append)
+    context, metadata, _ = _load(bootstrap, described.append)
     assert len(described) == 1
     description = described[0]
     assert description == ModelDescription.model_validate(metadata.model_dump(include=DESCRIBED_FIELDS))

@@ -2,8 +2,10 @@
 
 A cancel stops every rank within a token and the next request runs. A rank killed while two requests decode together
 ends each of them with one error within 10 s; the surviving rank's process exits rather than spin, the supervisors
-start both anew, the ranks find each other again and the next request succeeds. The model is tiny-qwen-tools-deep
-without end-of-sequence ids, so a request lasts as long as the test needs.
+start both anew, the ranks find each other again and the next request succeeds. A rank whose peer starts only after
+its ring deadline ends (mlx waits holding the GIL: the kernel's alarm ends it) and is started again, not counted as
+a load failure, until the pipeline forms. The model is tiny-qwen-tools-deep without end-of-sequence ids, so a
+request lasts as long as the test needs.
 """
 
 import os
@@ -19,9 +21,18 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishChunk, TokenChunk
 from exo.shared.types.tasks import SamplingParams
 from exo.shared.types.worker.shards import Parallelism, ShardAssignment
+from exo.worker.ring_deadline import RING_JOIN_TIMEOUT_VARIABLE
 from exo.worker.runner.supervisor import RunnerSupervisor
 from tests.fixtures.endless_model import endless_copy
-from tests.worker.runner.pipelines import pipeline_of, run_task, running_ranks, task, tensor_split_of
+from tests.worker.runner.pipelines import (
+    pipeline_of,
+    rank_supervisor,
+    run_task,
+    running_ranks,
+    task,
+    tensor_split_of,
+)
+from tests.worker.runner.tasks import until_ready
 
 ENDLESS = SamplingParams(max_tokens=4000)
 SHORT = SamplingParams(max_tokens=8)
@@ -146,3 +157,33 @@ async def test_a_rank_killed_while_idle_makes_the_other_leave_at_once_and_the_pi
         for supervisor, pid in zip(supervisors, pids, strict=True):
             await _replaced(supervisor, pid)
         await _assert_serves(leader)
+
+
+async def test_a_rank_whose_peer_starts_after_its_ring_deadline_is_started_again_until_the_pipeline_forms(
+    endless_deep: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The follower alone first (as when the leader's node is still copying the model's files): its ring does not
+    form within the deadline, its process ends and its supervisor starts it again, neither giving up nor counting a
+    load failure; once the leader starts, the ring forms and the pipeline answers."""
+    monkeypatch.setenv(RING_JOIN_TIMEOUT_VARIABLE, "8")
+    leader_shard, follower_shard = pipeline_of((3, 1))
+    leader, follower = rank_supervisor(endless_deep, leader_shard), rank_supervisor(endless_deep, follower_shard)
+    async with anyio.create_task_group() as group:
+        group.start_soon(follower.run)
+        with anyio.fail_after(120):
+            while follower.waited_for_ring < 1:
+                await anyio.sleep(0.2)
+        assert not follower.gave_up
+        assert "had not joined its ring" in (follower.last_error or "")
+        group.start_soon(leader.run)
+        try:
+            with anyio.fail_after(240):
+                await until_ready(leader)
+                await until_ready(follower)
+            await _assert_serves(leader)
+            assert not follower.gave_up
+        finally:
+            async with anyio.create_task_group() as stopping:
+                stopping.start_soon(leader.stop)
+                stopping.start_soon(follower.stop)
+            group.cancel_scope.cancel()

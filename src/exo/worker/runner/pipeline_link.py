@@ -11,10 +11,9 @@ task connections are made on loopback, to the relay, and only the relays' mutual
 
 import logging
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from exo.shared.types.tls_link import TlsLinkConfig
 from exo.shared.types.worker.shards import PipelinePeers, ShardAssignment
@@ -50,10 +49,9 @@ class PipelineLink:
         return self.shard.rank == 0
 
     @classmethod
-    def join(
-        cls, shard: ShardAssignment, on_timeout: Callable[[str], NoReturn], tls: TlsLinkConfig | None = None
-    ) -> "PipelineLink":
-        """Listen for task connections (rank 0), then join the ring; `on_timeout` ends the process if it never forms.
+    def join(cls, shard: ShardAssignment, tls: TlsLinkConfig | None = None) -> "PipelineLink":
+        """Listen for task connections (rank 0), then join the ring (`join_ring`: the process ends, or
+        RingNotFormedError is raised, if it does not form in time).
         With `tls` (a keyed cluster), start this rank's TLS relay first and make every connection through it."""
         from exo.worker.engines.mlx.distributed.ring import join_ring
         from exo.worker.engines.mlx.distributed.task_channel import listen
@@ -65,7 +63,7 @@ class PipelineLink:
             local_peers = shard.peers
             if tls is not None:
                 relay, local_peers = _start_relay(shard, tls, listener)
-            group = join_ring(shard.model_copy(update={"peers": local_peers}), on_timeout)
+            group = join_ring(shard.model_copy(update={"peers": local_peers}))
         except BaseException:
             if listener is not None:
                 listener.close()

@@ -7,12 +7,13 @@ It talks to its supervisor over a multiprocessing Connection, exchanging only ty
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from exo.shared.freed_memory import freeze_long_lived
 from exo.shared.types.chunks import Chunk, ErrorChunk
@@ -35,6 +36,7 @@ from exo.shared.types.worker.runner_response import (
 from exo.worker.engines.mlx.cpu.core_share import current_ggml_threads
 from exo.worker.engines.mlx.cpu.rank_threads import idle_threads_sleep
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
+from exo.worker.ring_deadline import RING_NOT_FORMED_EXIT_CODE, RingNotFormedError
 from exo.worker.runner.arrival_window import ArrivalWindow
 from exo.worker.runner.channel import RunnerChannel, UnreadableRequestError
 from exo.worker.runner.idle_snapshots import write_snapshots_before_stopping, write_snapshots_while_idle
@@ -82,10 +84,12 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
         idle_threads_sleep(os.environ)  # before the first BLAS call (the load's self-check)
     try:
         context, metadata, link = _load(
-            bootstrap,
-            _load_failed_exit(channel),
-            lambda description: channel.send(RunnerDescribed(description=description)),
+            bootstrap, lambda description: channel.send(RunnerDescribed(description=description))
         )
+    except RingNotFormedError as error:
+        # Not the model's fault: the other ranks are not up yet (or gone). The supervisor starts this one again.
+        logger.warning("%s; exiting to be started again", error)
+        sys.exit(RING_NOT_FORMED_EXIT_CODE)
     except Exception as error:
         # Whatever breaks while loading (unreadable weights, a template the detector rejects, a bad override) is a
         # load failure with a reason, not a crash: a crash would be retried and fail the same way again.
@@ -131,17 +135,6 @@ def _exit_when_orphaned() -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
-
-
-def _load_failed_exit(channel: RunnerChannel) -> Callable[[str], NoReturn]:
-    """Report a load failure from any thread, then end the process (a ring that never forms blocks the loader)."""
-
-    def give_up(reason: str) -> NoReturn:
-        logger.error("%s", reason)
-        channel.send(RunnerLoadFailed(message=reason))
-        os._exit(1)
-
-    return give_up
 
 
 def _measured_step_costs(context: "EngineContext") -> "StepCosts | None":
@@ -330,7 +323,6 @@ class _LoadFailedError(Exception):
 
 def _load(
     bootstrap: RunnerBootstrap,
-    on_ring_timeout: Callable[[str], NoReturn],
     on_described: Callable[[ModelDescription], None],
 ) -> tuple["EngineContext", ModelMetadata, PipelineLink | None]:
     """Load the model: read its tokenizer and describe it (`on_described`, before the weights load), then load it (a
@@ -361,11 +353,7 @@ def _load(
     except Exception as error:
         raise _LoadFailedError(f"cannot load model from {model_path}: {type(error).__name__}: {error}") from error
     on_described(description)
-    link = (
-        PipelineLink.join(bootstrap.shard, on_ring_timeout, bootstrap.pipeline_tls)
-        if bootstrap.shard.peers is not None
-        else None
-    )
+    link = PipelineLink.join(bootstrap.shard, bootstrap.pipeline_tls) if bootstrap.shard.peers is not None else None
     try:
         loaded = load_model(
             model_path,

@@ -54,6 +54,7 @@ from exo.shared.types.worker.runner_response import (
     TaskChunk,
     TaskDone,
 )
+from exo.worker.ring_deadline import ended_waiting_for_ring
 from exo.worker.runner.idle_snapshots import SHUTDOWN_SNAPSHOT_SECONDS
 from exo.worker.runner.pending_task import PendingTask
 from exo.worker.runner.response_reader import read_responses
@@ -78,7 +79,9 @@ def restart_delay(consecutive_crashes: int) -> float:
 
 
 class _ProcessGoneError(Exception):
-    pass
+    def __init__(self, exit_code: int | None) -> None:
+        super().__init__(f"runner process exited with code {exit_code}")
+        self.exit_code = exit_code
 
 
 class RunnerSupervisor:
@@ -107,6 +110,8 @@ class RunnerSupervisor:
         self._process: BaseProcess | None = None
         self._stopping = False
         self._load_failures = 0
+        self.waited_for_ring = 0
+        """Times this runner ended waiting for its pipeline's other ranks and was started again."""
         self._consecutive_crashes = 0
         self._recent: deque[TaskSummary] = deque(maxlen=RECENT_TASKS_KEPT)
         # A cancelled task's usage so far (its stream has no FinishChunk to carry it), until its stream's reader takes
@@ -187,7 +192,7 @@ class RunnerSupervisor:
             try:
                 await self._pump_messages()
             except _ProcessGoneError as gone:
-                self._on_process_gone(str(gone))
+                self._on_process_gone(str(gone), gone.exit_code)
             if self._stopping or self.gave_up:
                 break
             await anyio.sleep(restart_delay(self._consecutive_crashes))
@@ -260,7 +265,7 @@ class RunnerSupervisor:
         read = functools.partial(read_responses, connection, process, self._handle, str(self.runner_id))
         await anyio.to_thread.run_sync(read, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
         process.join(timeout=1.0)
-        raise _ProcessGoneError(f"runner process exited with code {process.exitcode}")
+        raise _ProcessGoneError(process.exitcode)
 
     def _send(self, message: RunnerRequest) -> bool:
         """Write a control message (bootstrap, cancel, shutdown); False when the runner could not be reached."""
@@ -416,7 +421,7 @@ class RunnerSupervisor:
                     ),
                 )
 
-    def _on_process_gone(self, reason: str) -> None:
+    def _on_process_gone(self, reason: str, exit_code: int | None = None) -> None:
         if self._stopping:
             logger.info("runner %s for %s stopped (%s)", self.runner_id, self.config.model_id, reason)
             return  # stop() fails what is left and reports the runner shut down
@@ -424,6 +429,14 @@ class RunnerSupervisor:
         # After reporting a load failure the runner exits on purpose; last_error already holds the reason.
         expected_exit = self.gave_up
         self.status = "failed"
+        if crashed_while_loading and ended_waiting_for_ring(exit_code):
+            # The other ranks were not up yet (a node still copying the files, a rank still loading): no fault of
+            # this model, so neither a load failure nor a crash to back off from; started again at once.
+            self.waited_for_ring += 1
+            self.last_error = f"the pipeline's other ranks had not joined its ring ({reason}); waiting for them again"
+            logger.warning("runner %s for %s: %s", self.runner_id, self.config.model_id, self.last_error)
+            self._on_change()
+            return
         if not expected_exit:
             self._consecutive_crashes += 1
             when = "while loading" if crashed_while_loading else "while serving"

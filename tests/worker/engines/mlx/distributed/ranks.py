@@ -1,11 +1,10 @@
 """Run a function on every rank of a real mlx.distributed ring of local processes (127.0.0.1, free ports)."""
 
 import multiprocessing
-import os
 import queue
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from exo.shared.types.worker.shards import Parallelism, PipelinePeers, ShardAssignment, pipeline_shards
 from tests.ports import free_port
@@ -26,17 +25,12 @@ def local_peers(layer_counts: Sequence[int], parallel: Parallelism = "pipeline")
     )
 
 
-def _give_up(reason: str) -> NoReturn:
-    print(reason, flush=True)
-    os._exit(3)
-
-
 def _rank_main(
     function: RankFunction, shard: ShardAssignment, model_dir: Path, results: "queue.Queue[tuple[int, object]]"
 ) -> None:
     from exo.worker.engines.mlx.distributed.ring import join_ring
 
-    group = join_ring(shard, _give_up, timeout=60)
+    group = join_ring(shard, timeout=60)
     results.put((shard.rank, function(shard, model_dir, group)))
 
 

@@ -1,26 +1,25 @@
 """Joining the mlx.distributed ring of one pipeline instance.
 
 The ring backend reads its peers from a hostfile (a JSON array of "ip:port" lists, indexed by rank) and the rank from
-the environment, then blocks until every neighbour has connected. A rank whose peers never come would wait forever
-(without using the CPU), so the join runs under a deadline.
+the environment, then blocks until every neighbour has connected, holding the GIL. A rank whose peers never come
+would wait forever (without using the CPU), so the join runs under the kernel's deadline (`exo.worker.ring_deadline`:
+SIGALRM ends the process) and mlx giving up earlier raises `RingNotFormedError`.
 """
 
 import json
 import logging
 import os
+import signal
 import tempfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
 
 import mlx.core as mx
 
 from exo.shared.types.worker.shards import PipelinePeers, ShardAssignment
+from exo.worker.ring_deadline import RingNotFormedError, ring_join_timeout
 
 logger = logging.getLogger(__name__)
-
-RING_JOIN_TIMEOUT_SECONDS = 120.0
 
 
 def hostfile_entries(peers: PipelinePeers) -> list[list[str]]:
@@ -28,36 +27,45 @@ def hostfile_entries(peers: PipelinePeers) -> list[list[str]]:
     return [[address] for address in peers.ring_addresses]
 
 
-def join_ring(
-    shard: ShardAssignment,
-    on_timeout: Callable[[str], NoReturn],
-    timeout: float = RING_JOIN_TIMEOUT_SECONDS,
-) -> mx.distributed.Group:
-    """Connect this rank to the others of its pipeline; `on_timeout(reason)` ends the process if they do not come.
+def join_ring(shard: ShardAssignment, timeout: float | None = None) -> mx.distributed.Group:
+    """Connect this rank to the others of its pipeline within `timeout` seconds (default `ring_join_timeout()`):
+    past it the process ends (SIGALRM; only where this runs on the main thread, as a runner's load does), and mlx
+    giving up first raises RingNotFormedError.
 
     A group is formed once per process (mlx allows no second one), so a runner whose ring breaks must exit.
     """
     peers = shard.peers
     if peers is None:
         raise ValueError("only a pipeline shard joins a ring")
+    seconds = ring_join_timeout() if timeout is None else timeout
+    on_main_thread = threading.current_thread() is threading.main_thread()
     with tempfile.TemporaryDirectory(prefix="exo-ring-") as folder:
         hostfile = Path(folder) / "hostfile.json"
         hostfile.write_text(json.dumps(hostfile_entries(peers)))
         os.environ["MLX_HOSTFILE"] = str(hostfile)
         os.environ["MLX_RANK"] = str(shard.rank)
-        reason = (
-            f"rank {shard.rank} of {shard.world_size}: the other ranks ({', '.join(peers.ring_addresses)}) did not "
-            f"all join the ring within {timeout:.0f} s"
+        logger.info(
+            "rank %d of %d joining the ring (%s); this runner ends if the others have not joined within %.0f s",
+            shard.rank,
+            shard.world_size,
+            ", ".join(peers.ring_addresses),
+            seconds,
         )
-        watchdog = threading.Timer(timeout, on_timeout, args=(reason,))
-        watchdog.daemon = True
-        watchdog.start()
+        if on_main_thread:
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.setitimer(signal.ITIMER_REAL, seconds)
         try:
             group = mx.distributed.init(strict=True, backend="ring")
             # Every rank is connected only once a collective has gone round the whole ring.
             mx.eval(mx.distributed.all_sum(mx.array(1), group=group, stream=mx.cpu))
+        except RuntimeError as error:
+            raise RingNotFormedError(
+                f"rank {shard.rank} of {shard.world_size}: the other ranks ({', '.join(peers.ring_addresses)}) did "
+                f"not all join the ring: {error}"
+            ) from error
         finally:
-            watchdog.cancel()
+            if on_main_thread:
+                signal.setitimer(signal.ITIMER_REAL, 0)
     if (group.rank(), group.size()) != (shard.rank, shard.world_size):
         expected = f"{shard.rank} of {shard.world_size}"
         raise RuntimeError(f"joined as rank {group.rank()} of {group.size()}, expected {expected}")
