@@ -428,15 +428,16 @@ class RunnerSupervisor:
         crashed_while_loading = self.status == "loading"
         # After reporting a load failure the runner exits on purpose; last_error already holds the reason.
         expected_exit = self.gave_up
-        self.status = "failed"
         if crashed_while_loading and ended_waiting_for_ring(exit_code):
             # The other ranks were not up yet (a node still copying the files, a rank still loading): no fault of
-            # this model, so neither a load failure nor a crash to back off from; started again at once.
+            # this model, so neither a load failure nor a crash to back off from; started again at once, and still
+            # loading meanwhile (a failed rank would make the master place a replacement instance anew).
             self.waited_for_ring += 1
             self.last_error = f"the pipeline's other ranks had not joined its ring ({reason}); waiting for them again"
             logger.warning("runner %s for %s: %s", self.runner_id, self.config.model_id, self.last_error)
             self._on_change()
             return
+        self.status = "failed"
         if not expected_exit:
             self._consecutive_crashes += 1
             when = "while loading" if crashed_while_loading else "while serving"
