@@ -135,7 +135,7 @@ def main(setup_json: str) -> None:
     setup = OverlapSetup.model_validate_json(setup_json)
     shard = pipeline_shards(setup.peers)[setup.rank]
     listener = socket.create_server(_host_port(setup.peers.task_address)) if setup.rank == 0 else None
-    group = join_ring(shard, sys.exit)
+    group = join_ring(shard)
     stage = _Stage(setup, group)
     if listener is not None:
         client, _ = listener.accept()
