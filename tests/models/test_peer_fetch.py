@@ -84,6 +84,27 @@ def test_a_rank_fetches_its_layer_files_and_the_shared_ones_intact(
     ]
 
 
+def test_a_rank_copies_the_gguf_an_import_kept_and_no_other(tmp_path: Path, source: Path) -> None:
+    """Without the kept GGUF a rank would serve its layers as Q8_0 where the node it copied from serves the file's
+    blocks; any other .gguf (a user's stray file) stays behind."""
+    (source / "model.gguf").write_bytes(bytes(range(256)) * 4096)
+    (source / "other.gguf").write_bytes(b"not served")
+    endpoint = f"tcp/127.0.0.1:{free_port()}"
+    server_session, client = _session(endpoint, None), _session(None, endpoint)
+    server = ModelFileServer(server_session, ROOT, SERVER)
+    try:
+        server.serve(MODEL, source)
+        _wait_until_reachable(client)
+        copied = fetch_model_files(PeerFiles(client, ROOT, SERVER, MODEL), tmp_path / "target", 3, 4)
+    finally:
+        server.close()
+        client.close()
+        server_session.close()
+    assert "model.gguf" in copied
+    assert "other.gguf" not in copied
+    assert (tmp_path / "target" / "model.gguf").read_bytes() == (source / "model.gguf").read_bytes()
+
+
 def test_a_file_that_does_not_match_its_checksum_is_not_kept(
     sessions: tuple[ModelFileServer, zenoh.Session], source: Path, tmp_path: Path
 ) -> None:

@@ -18,6 +18,7 @@ from typing import Final
 import zenoh
 from pydantic import ValidationError
 
+from exo.models.gguf_source import KEPT_GGUF_NAME
 from exo.shared.types.common import ModelId, NodeId
 from exo.shared.types.model_files import (
     ChunkRequest,
@@ -29,8 +30,11 @@ from exo.shared.types.model_files import (
 
 logger = logging.getLogger(__name__)
 
-# What a model directory holds that a peer may need: weights, configs and index, tokenizer and template files.
+# What a model directory holds that a peer may need: weights, configs and index, tokenizer and template files, and the
+# GGUF an import kept: without it a rank would serve its layers re-quantized to Q8_0 (about twice the GGUF's Q4 bytes
+# the placement planned) where the node it copied from serves the file's own blocks.
 SERVED_SUFFIXES: Final = (".safetensors", ".json", ".jinja", ".txt", ".model", ".tiktoken", ".jsonl")
+SERVED_NAMES: Final = frozenset({KEPT_GGUF_NAME})
 MAX_CHUNK_BYTES: Final = 16 * 1024 * 1024
 _HASH_BLOCK: Final = 4 * 1024 * 1024
 
@@ -55,7 +59,7 @@ def build_manifest(model_id: ModelId, model_dir: Path) -> ModelManifest:
         if path.is_file()
         and not path.is_symlink()
         and not path.name.startswith(".")
-        and path.name.endswith(SERVED_SUFFIXES)
+        and (path.name.endswith(SERVED_SUFFIXES) or path.name in SERVED_NAMES)
     ]
     return ModelManifest(model_id=model_id, files=tuple(entries))
 
