@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import zenoh
 
+from exo.models.gguf_source import kept_gguf, record_gguf
 from exo.models.peer_fetch import PeerFetchError, PeerFiles, fetch_model_files
 from exo.models.peer_files import ModelFileServer, files_key
 from exo.shared.types.common import ModelId, NodeId
@@ -87,7 +88,9 @@ def test_a_rank_fetches_its_layer_files_and_the_shared_ones_intact(
 def test_a_rank_copies_the_gguf_an_import_kept_and_no_other(tmp_path: Path, source: Path) -> None:
     """Without the kept GGUF a rank would serve its layers as Q8_0 where the node it copied from serves the file's
     blocks; any other .gguf (a user's stray file) stays behind."""
-    (source / "model.gguf").write_bytes(bytes(range(256)) * 4096)
+    scratch = tmp_path / "scratch.gguf"
+    scratch.write_bytes(bytes(range(256)) * 4096)
+    record_gguf(source, scratch, {}, move=True)  # as a catalog import keeps it: model.gguf and its record
     (source / "other.gguf").write_bytes(b"not served")
     endpoint = f"tcp/127.0.0.1:{free_port()}"
     server_session, client = _session(endpoint, None), _session(None, endpoint)
@@ -103,6 +106,8 @@ def test_a_rank_copies_the_gguf_an_import_kept_and_no_other(tmp_path: Path, sour
     assert "model.gguf" in copied
     assert "other.gguf" not in copied
     assert (tmp_path / "target" / "model.gguf").read_bytes() == (source / "model.gguf").read_bytes()
+    # The copy is the GGUF its record names (a new file's own time would not be): the rank serves its blocks.
+    assert kept_gguf(tmp_path / "target") == tmp_path / "target" / "model.gguf"
 
 
 def test_a_file_that_does_not_match_its_checksum_is_not_kept(

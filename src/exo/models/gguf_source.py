@@ -91,6 +91,20 @@ def kept_gguf(model_dir: Path) -> Path | None:
     return path if (stat.st_size, stat.st_mtime_ns) == (source.size, source.mtime_ns) else None
 
 
+def date_copied_gguf(model_dir: Path) -> Path | None:
+    """Give a copied model directory's `model.gguf` the modification time its record names, where its size matches
+    (a copy checked byte for byte against the original's checksum, as a peer's is: the record then keeps it);
+    returns the file, or None where the record names no such file."""
+    source = read_gguf_source(model_dir)
+    if source is None or source.path != KEPT_GGUF_NAME:
+        return None
+    path = model_dir / KEPT_GGUF_NAME
+    if not path.is_file() or path.stat().st_size != source.size:
+        return None
+    os.utime(path, ns=(source.mtime_ns, source.mtime_ns))
+    return path
+
+
 def gguf_missing_reason(model_dir: Path, catalog_ids: tuple[str, ...]) -> str:
     """Why `model_dir` has no usable GGUF, and how to import it again with one (`catalog_ids`: the catalog's model
     ids, whose directories bear their names)."""

@@ -16,6 +16,7 @@ from typing import Final
 
 import zenoh
 
+from exo.models.gguf_source import date_copied_gguf
 from exo.models.peer_files import files_key, sha256_of
 from exo.models.progress import ByteCounter, ProgressCallback, no_progress
 from exo.models.shard_files import WEIGHT_INDEX_FILE, files_for_layers
@@ -80,6 +81,8 @@ def fetch_model_files(
     counter = ByteCounter("downloading", sum(entry.size for entry in missing), progress)
     for entry in missing:
         _copy(peer, entry, target_dir, counter)
+    # The kept GGUF's record names its modification time; the copy (checked against the peer's checksum) gets it.
+    date_copied_gguf(target_dir)
     return [entry.name for entry in missing]
 
 
