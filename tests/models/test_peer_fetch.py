@@ -3,7 +3,8 @@
 import json
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -46,18 +47,27 @@ def source(tmp_path: Path) -> Path:
     return copy
 
 
-@pytest.fixture
-def sessions(source: Path) -> Iterator[tuple[ModelFileServer, zenoh.Session]]:
+@contextmanager
+def _serving(source: Path) -> Generator[tuple[ModelFileServer, zenoh.Session]]:
+    """A file server with `source` registered, and a client session that reaches it."""
     endpoint = f"tcp/127.0.0.1:{free_port()}"
     server_session = _session(endpoint, None)
     client_session = _session(None, endpoint)
     server = ModelFileServer(server_session, ROOT, SERVER)
-    server.serve(MODEL, source)
-    _wait_until_reachable(client_session)
-    yield server, client_session
-    server.close()
-    client_session.close()
-    server_session.close()
+    try:
+        server.serve(MODEL, source)
+        _wait_until_reachable(client_session)
+        yield server, client_session
+    finally:
+        server.close()
+        client_session.close()
+        server_session.close()
+
+
+@pytest.fixture
+def sessions(source: Path) -> Iterator[tuple[ModelFileServer, zenoh.Session]]:
+    with _serving(source) as served:
+        yield served
 
 
 def test_a_rank_fetches_its_layer_files_and_the_shared_ones_intact(
@@ -92,17 +102,8 @@ def test_a_rank_copies_the_gguf_an_import_kept_and_no_other(tmp_path: Path, sour
     scratch.write_bytes(bytes(range(256)) * 4096)
     record_gguf(source, scratch, {}, move=True)  # as a catalog import keeps it: model.gguf and its record
     (source / "other.gguf").write_bytes(b"not served")
-    endpoint = f"tcp/127.0.0.1:{free_port()}"
-    server_session, client = _session(endpoint, None), _session(None, endpoint)
-    server = ModelFileServer(server_session, ROOT, SERVER)
-    try:
-        server.serve(MODEL, source)
-        _wait_until_reachable(client)
+    with _serving(source) as (_, client):  # registered after the files are written: its manifest lists them
         copied = fetch_model_files(PeerFiles(client, ROOT, SERVER, MODEL), tmp_path / "target", 3, 4)
-    finally:
-        server.close()
-        client.close()
-        server_session.close()
     assert "model.gguf" in copied
     assert "other.gguf" not in copied
     assert (tmp_path / "target" / "model.gguf").read_bytes() == (source / "model.gguf").read_bytes()
