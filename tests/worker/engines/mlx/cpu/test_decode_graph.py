@@ -129,6 +129,39 @@ def test_a_trimmed_step_and_a_later_prefill_see_what_mlx_lms_steps_leave(
 
 
 @pytest.mark.usefixtures("ggml")
+def test_steps_past_the_caches_capacity_grow_it_as_mlx_lms_steps_do(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The graph appends a step's keys and values in place while the buffers have room, and through mlx-lm's
+    `update_and_fetch` (which grows them) at their end: decoding across a buffer's end leaves what mlx-lm's steps do."""
+    graph, plain = graph_and_plain("tiny-qwen-tools", "gguf", monkeypatch, tmp_path, off=(DECODE_GRAPH_VARIABLE,))
+    step = decode_graph_of(graph)
+    assert step is not None
+    counting = _Counting(step, monkeypatch)
+    prompt = [(index * 7) % 200 + 5 for index in range(KVCache.step - 4)]
+    results: list[tuple[list[int], list[KVCache]]] = []
+    for model in (graph, plain):
+        cache, first = _prefilled(model, prompt)
+        capacity = cache[0].keys.shape[2] if cache[0].keys is not None else 0
+        assert capacity == KVCache.step
+        _, tokens = _decode(model, cache, first, steps=8)  # 4 with room, the 5th grows the buffers
+        results.append((tokens, cache))
+    assert counting.calls == 8
+    (graph_tokens, graph_cache), (plain_tokens, plain_cache) = results
+    assert graph_tokens == plain_tokens
+    for ours, theirs in zip(graph_cache, plain_cache, strict=True):
+        assert ours.offset == theirs.offset == len(prompt) + 8
+        assert ours.keys is not None
+        assert theirs.keys is not None
+        assert ours.values is not None
+        assert theirs.values is not None
+        assert ours.keys.shape == theirs.keys.shape == (1, ours.keys.shape[1], 2 * KVCache.step, ours.keys.shape[3])
+        held = ours.offset
+        assert_within_product_rounding(np.array(ours.keys[..., :held, :]), np.array(theirs.keys[..., :held, :]))
+        assert_within_product_rounding(np.array(ours.values[..., :held, :]), np.array(theirs.values[..., :held, :]))
+
+
+@pytest.mark.usefixtures("ggml")
 def test_other_calls_are_the_models_own(monkeypatch: pytest.MonkeyPatch) -> None:
     graph = loaded_fixture("tiny-qwen-tools", "q8_0").model
     step = decode_graph_of(graph)

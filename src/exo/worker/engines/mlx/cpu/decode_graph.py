@@ -15,8 +15,9 @@ The KV cache stays mlx-lm's (`KVCache` for one sequence, `BatchKVCache` for a ba
 (the prefix caches and their snapshots, trimming a discarded step, a batch's joins and filters) sees what mlx-lm's
 own step leaves: the graph reads each layer's cached keys and values where mlx holds them (never writing there),
 attends to them and to the step's new key and value (the scores of both under one softmax, the weighted values
-summed), and the new keys and values are then appended through `update_and_fetch`, lazily, as mlx-lm's attention
-appends them. `layer_graph.py` runs the same layers over several tokens a sequence (prefill, verification).
+summed), and the new keys and values are then appended lazily, as mlx-lm's attention appends them (the slice
+assignment its `update_and_fetch` makes, which mlx does in place where nothing else holds the buffer).
+`layer_graph.py` runs the same layers over several tokens a sequence (prefill, verification).
 
 A step's graph is kept and run again for the next steps, as llama.cpp reuses its graphs: building one through
 ctypes cost about 2 ms of the default model's 24 ms step on a 2-core EPYC. Only its inputs change from step to
@@ -190,11 +191,14 @@ class DecodeGraph:
         if rows > 1 and batch != 1:
             raise ValueError("several rows a step are for one sequence")
         views = [(np.asarray(cache.keys), np.asarray(cache.values)) for cache in caches]
-        if not all(self._fits(array, sequences, batch) for pair in views for array in pair):
+        if min(sequences.held) <= 0:
             return None
         step = self._steps.current
         key = _StepKey.of(views, sequences, rows)
         if step is None or not step.serves(key, sequences):
+            # The kept graph was built for buffers that fit (`_fits`); a step it serves has the same ones.
+            if not all(self._fits(array, sequences, batch) for pair in views for array in pair):
+                return None
             step = self._steps.replace(self._build_step(views, sequences, key))
         step.write(tokens, sequences)
         self.compute(step.graph)
@@ -210,7 +214,7 @@ class DecodeGraph:
         ]
         del views
         for cache, (k, v) in zip(caches, kv, strict=True):
-            cache.update_and_fetch(k, v)
+            _append(cache, k, v, rows)
         return logits
 
     def _build_step(
@@ -296,7 +300,6 @@ class DecodeGraph:
             and array.shape[3] == shape.head_dim
             and array.strides[3] == 4
             and min(array.strides[:3]) >= 4 * shape.head_dim
-            and min(sequences.held) > 0
         )
 
     def layer(
@@ -483,6 +486,20 @@ class DecodeGraph:
             raise RuntimeError(f"ggml_graph_compute returned {status}")
 
 
+def _append(cache: KVCache | BatchKVCache, keys: mx.array, values: mx.array, rows: int) -> None:
+    """Append a step's keys and values to `cache`: `update_and_fetch`, less the views of the whole cache it returns
+    (unused here), where one sequence's buffers have room (the assignment mlx-lm's KVCache makes then)."""
+    held_keys, held_values = cache.keys, cache.values
+    if type(cache) is KVCache and held_keys is not None and held_values is not None:
+        start = cache.offset
+        if start + rows <= held_keys.shape[2]:
+            cache.offset = start + rows
+            held_keys[..., start : cache.offset, :] = keys
+            held_values[..., start : cache.offset, :] = values
+            return
+    cache.update_and_fetch(keys, values)
+
+
 def _cached(
     ops: GgmlGraphOps, context: int, whole: int, array: npt.NDArray[np.float32], *, index: int, start: int, count: int
 ) -> int:
@@ -573,9 +590,7 @@ class _StepKey:
         sequences: Sequences,
         rows: int,
     ) -> "_StepKey":
-        buffers = tuple(
-            (int(array.__array_interface__["data"][0]), array.shape, array.strides) for pair in views for array in pair
-        )
+        buffers = tuple((int(array.ctypes.data), array.shape, array.strides) for pair in views for array in pair)
         return cls(rows=rows, starts=sequences.starts, buffers=buffers)
 
 
