@@ -8,6 +8,7 @@ These tests need ggml's CPU library (`uv run exo ggml build`, or EXO_GGML_DIR): 
 the machine, a failure under EXO_STRICT_SKIPS=1.
 """
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
@@ -21,6 +22,7 @@ from mlx_lm.utils import load_model as mlx_lm_load_model
 
 from exo.shared.types.cpu_kernels import CpuWeightsSetting
 from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.engines.mlx.cache.owned_kv_cache import buffers_of, state
 from exo.worker.engines.mlx.cpu import decode_graph, engine
 from exo.worker.engines.mlx.cpu.decode_graph import MAX_PASS_TOKENS, SPAN_STEP, DecodeGraph, decode_graph_of
 from exo.worker.engines.mlx.cpu.engine import DECODE_GRAPH_VARIABLE, CpuKernels
@@ -35,6 +37,7 @@ from tests.worker.engines.mlx.cpu.weight_formats import (
 )
 
 PROMPT = [(index * 13) % 200 + 5 for index in range(40)]
+OTHER_TOKEN = 7
 
 
 class _Counting:
@@ -159,6 +162,57 @@ def test_steps_past_the_caches_capacity_grow_it_as_mlx_lms_steps_do(
         held = ours.offset
         assert_within_product_rounding(np.array(ours.keys[..., :held, :]), np.array(theirs.keys[..., :held, :]))
         assert_within_product_rounding(np.array(ours.values[..., :held, :]), np.array(theirs.values[..., :held, :]))
+
+
+@pytest.mark.usefixtures("ggml")
+@pytest.mark.parametrize("taken", ["deep copy", "view"])
+def test_copies_and_views_taken_between_steps_keep_what_they_held(
+    taken: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Once a cache owns its buffers the graph writes steps into them in place (`owned_kv_cache.py`). A deep copy (the
+    prefix cache's lease of a stored entry: mlx's deep copy shares the buffers) or a view taken between steps keeps
+    what it held while the original, trimmed, decodes other tokens into those positions; the copy then decodes on
+    its own; the tokens are the model's without the graph."""
+    graph, plain = graph_and_plain("tiny-qwen-tools", "gguf", monkeypatch, tmp_path, off=(DECODE_GRAPH_VARIABLE,))
+    cache, first = _prefilled(graph, PROMPT)
+    _, tokens = _decode(graph, cache, first, steps=4)
+    assert all(state(layer) == "owned" for layer in cache)  # the steps after the first wrote in place
+    assert tokens[0] != OTHER_TOKEN
+    held = cache[0].offset
+
+    # What each holder held, read without counting as an outside use (the copy or view itself is the only one).
+    snapshot = copy.deepcopy(cache) if taken == "deep copy" else None
+    view = cache[-1].keys[..., :held, :] if taken == "view" and cache[-1].keys is not None else None
+    holders = snapshot if snapshot is not None else []
+    expected = [tuple(np.array(array) for array in buffers_of(layer)) for layer in holders]
+    expected_view = None if view is None else np.array(view)
+
+    assert trim_prompt_cache(cast(list[object], cache), 3) == 3
+    # Another token where the trimmed ones were: new keys at positions the copy or the view holds.
+    _, more = _decode(graph, cache, OTHER_TOKEN, steps=6)
+    if view is not None:
+        np.testing.assert_array_equal(np.array(view), expected_view)
+    for layer, arrays in zip(holders, expected, strict=True):
+        for array, before in zip(buffers_of(layer), arrays, strict=True):
+            np.testing.assert_array_equal(np.array(array)[..., :held, :], before[..., :held, :])
+    copied_more = _decode(graph, snapshot, tokens[-1], steps=6)[1] if snapshot is not None else []
+
+    plain_cache, _ = _prefilled(plain, PROMPT)
+    _, plain_tokens = _decode(plain, plain_cache, first, steps=4)
+    plain_copy = copy.deepcopy(plain_cache)
+    assert trim_prompt_cache(cast(list[object], plain_cache), 3) == 3
+    _, plain_more = _decode(plain, plain_cache, OTHER_TOKEN, steps=6)
+    plain_copied_more = _decode(plain, plain_copy, tokens[-1], steps=6)[1] if snapshot is not None else []
+    assert (tokens, more, copied_more) == (plain_tokens, plain_more, plain_copied_more)
+    for ours, theirs in zip(cache, plain_cache, strict=True):
+        offset = ours.offset
+        assert offset == theirs.offset == len(PROMPT) + 4 - 3 + 6
+        keys, expected_keys = np.array(buffers_of(ours)[0])[..., :offset, :], np.array(theirs.keys)[..., :offset, :]
+        assert_within_product_rounding(keys, expected_keys)
+    for layer, arrays in zip(holders, expected, strict=True):  # the copy's own steps kept what it held too
+        assert layer.offset == held + 6
+        for array, before in zip(buffers_of(layer), arrays, strict=True):
+            np.testing.assert_array_equal(np.array(array)[..., :held, :], before[..., :held, :])
 
 
 @pytest.mark.usefixtures("ggml")
@@ -363,8 +417,10 @@ def test_a_step_graph_is_kept_for_the_next_steps_and_reads_only_what_the_cache_h
     _, first = _prefilled(plain, PROMPT)
     kept, fed = _scripted(graph, first, None)
     assert len(kept) == 90 + 1 + 5 + 200
-    # 344 positions held at the end: a graph every SPAN_STEP positions, one more where the buffers grew at 256.
-    assert 300 // SPAN_STEP <= builds <= 344 // SPAN_STEP + 2
+    # 344 positions held at the end: a graph every SPAN_STEP positions, one more where the buffers grew at 256, and
+    # one more after each outside use of the buffers (the prefill, the layer pass, the growth): its step appends
+    # through mlx, the next writes into the buffers the cache then owns (`owned_kv_cache.py`).
+    assert 300 // SPAN_STEP <= builds <= 344 // SPAN_STEP + 2 + 3
 
     def held_exactly(sequences: decode_graph.Sequences, *, capacity: int) -> int:
         assert capacity >= sequences.end

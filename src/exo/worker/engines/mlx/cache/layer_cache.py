@@ -8,7 +8,9 @@ from typing import Protocol, TypeAlias
 
 import mlx.core as mx
 from mlx import nn
-from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+from exo.worker.engines.mlx.cache.owned_kv_cache import is_plain_kv_cache
 
 
 class LayerCache(Protocol):
@@ -76,7 +78,7 @@ def compact(cache: PromptCache) -> None:
     does. The copy is evaluated later with the rest of the cache (`materialize`).
     """
     for layer in cache:
-        if type(layer) is not KVCache:
+        if not is_plain_kv_cache(layer):
             continue
         keys: mx.array | None = layer.keys
         values: mx.array | None = layer.values

@@ -39,6 +39,15 @@ import numpy.typing as npt
 from mlx import nn
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from exo.worker.engines.mlx.cache.owned_kv_cache import (
+    OwnedKVCache,
+    adopt,
+    append_through_mlx,
+    buffers_of,
+    is_plain_kv_cache,
+    settle,
+    state,
+)
 from exo.worker.engines.mlx.cpu.ggml_graph_ops import ROPE_NEOX, GgmlGraphOps, graph_ops
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.q8_layers import GGML_POLL, Q8Embedding, Q8Linear, Q8Weights, SwiGluMlp
@@ -56,6 +65,8 @@ prefill piece) run a layer at a time (`layer_graph.py`), pausing between layers.
 _F32: Final = GGML_TYPES["F32"]
 I32: Final = 26
 """`GGML_TYPE_I32` (ggml.h): token ids and positions."""
+_I64: Final = 27
+"""`GGML_TYPE_I64`: the cache rows a step writes its keys and values into (`ggml_set_rows`)."""
 SPAN_STEP: Final = 32
 """A step graph is kept and run again while its sequences stay in the same buffers: its views of the cache reach
 the next multiple of this many positions (those not yet held masked out), so one is built every this many steps
@@ -190,11 +201,16 @@ class DecodeGraph:
         batch = len(tokens) // rows
         if rows > 1 and batch != 1:
             raise ValueError("several rows a step are for one sequence")
-        views = [(np.asarray(cache.keys), np.asarray(cache.values)) for cache in caches]
         if min(sequences.held) <= 0:
             return None
+        singles = [adopt(cache) for cache in caches if is_plain_kv_cache(cache)]
+        views = [_arrays(cache) for cache in caches]
+        in_place = len(singles) == len(caches) and all(
+            state(cache) == "owned" and _writable(pair, sequences.end + rows)
+            for cache, pair in zip(singles, views, strict=True)
+        )
         step = self._steps.current
-        key = _StepKey.of(views, sequences, rows)
+        key = _StepKey.of(views, sequences, rows, in_place=in_place)
         if step is None or not step.serves(key, sequences):
             # The kept graph was built for buffers that fit (`_fits`); a step it serves has the same ones.
             if not all(self._fits(array, sequences, batch) for pair in views for array in pair):
@@ -205,6 +221,10 @@ class DecodeGraph:
         count, vocabulary = len(tokens), self._head.shape[0]
         # Copied out (mx.array copies) before the graph runs again.
         logits = mx.array(_floats_at(ops.get_data(step.logits), count * vocabulary).reshape(batch, rows, vocabulary))
+        if in_place:  # the graph wrote the step's keys and values into the buffers
+            for cache in singles:
+                cache.offset += rows
+            return logits
         kv = [
             (
                 for_cache(_floats_at(ops.get_data(k), count * shape.kv_width), shape, batch, rows),
@@ -231,11 +251,11 @@ class DecodeGraph:
         spans = [end - start for start in sequences.starts]
         group = shape.heads // shape.kv_heads
         masks = [_new_rows_mask(span, rows, group) for span in spans]
-        nodes = len(self._layers) * (_LAYER_NODES + 16 * batch) + 64
+        nodes = len(self._layers) * (_LAYER_NODES + 16 * batch + 4) + 64
         # The tensors' and graph's descriptions only: their data is the allocator's, or mlx's (the caches).
         overhead = nodes * int(ops.ggml.tensor_overhead()) + 2 * int(ops.ggml.graph_overhead())
         context = ops.new_context(overhead, allocates=False)
-        outside = ops.new_context(int(ops.ggml.tensor_overhead()) * (2 * len(views) + batch + 4), allocates=False)
+        outside = ops.new_context(int(ops.ggml.tensor_overhead()) * (4 * len(views) + batch + 4), allocates=False)
         try:
             ids = ops.new_tensor_1d(context, I32, count)
             positions = ops.new_tensor_1d(context, I32, count)
@@ -269,8 +289,19 @@ class DecodeGraph:
                 appended.append((new_keys, new_values))
             x = ops.mul(context, ops.rms_norm(context, x, shape.norm_eps), self._norm)
             logits = ops.mul_mat(context, self._head.tensor, x)
+            rows_tensor, written = None, list[int]()
+            if key.in_place:
+                rows_tensor = ops.new_tensor_1d(context, _I64, shape.kv_heads * count)
+                ops.set_input(rows_tensor)
+                for (keys, values), new in zip(views, appended, strict=True):
+                    written += [
+                        _write_rows(
+                            ops, context, outside, array=array, new=tensor, rows=rows_tensor, shape=shape, count=count
+                        )
+                        for array, tensor in zip((keys, values), new, strict=True)
+                    ]
             graph = ops.new_graph_custom(context, nodes, False)
-            for output in (logits, *[tensor for pair in appended for tensor in pair]):
+            for output in (logits, *[tensor for pair in appended for tensor in pair], *written):
                 ops.set_output(output)
                 ops.build_forward_expand(graph, output)
             if not ops.gallocr_alloc_graph(self._steps.allocator, graph):
@@ -289,6 +320,7 @@ class DecodeGraph:
             masks=masks,
             logits=logits,
             appended=appended,
+            cache_rows=0 if rows_tensor is None else ops.get_data(rows_tensor),
         )
 
     def _fits(self, array: npt.NDArray[np.float32], sequences: Sequences, count: int) -> bool:
@@ -487,17 +519,32 @@ class DecodeGraph:
 
 
 def _append(cache: KVCache | BatchKVCache, keys: mx.array, values: mx.array, rows: int) -> None:
-    """Append a step's keys and values to `cache`: `update_and_fetch`, less the views of the whole cache it returns
-    (unused here), where one sequence's buffers have room (the assignment mlx-lm's KVCache makes then)."""
-    held_keys, held_values = cache.keys, cache.values
-    if type(cache) is KVCache and held_keys is not None and held_values is not None:
-        start = cache.offset
-        if start + rows <= held_keys.shape[2]:
-            cache.offset = start + rows
-            held_keys[..., start : cache.offset, :] = keys
-            held_values[..., start : cache.offset, :] = values
-            return
+    """Append a step's keys and values to `cache` through mlx: `update_and_fetch`, or where one sequence's buffers
+    have room the assignment it makes then, into new arrays (`append_through_mlx`), which settle the buffers as the
+    cache's own."""
+    held_keys, _ = buffers_of(cache) if isinstance(cache, KVCache) else (None, None)
+    if type(cache) is OwnedKVCache and held_keys is not None and cache.offset + rows <= held_keys.shape[2]:
+        append_through_mlx(cache, keys, values)
+        return
     cache.update_and_fetch(keys, values)
+
+
+def _arrays(cache: KVCache | BatchKVCache) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """numpy views of a cache's key and value buffers (read without counting as an outside use)."""
+    keys, values = buffers_of(cache) if isinstance(cache, KVCache) else (cache.keys, cache.values)
+    return np.asarray(keys), np.asarray(values)
+
+
+def _writable(pair: tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]], end: int) -> bool:
+    """Whether a step can write one sequence's positions up to `end` into these buffers as rows of head dim values
+    (kv heads × capacity rows, in that order)."""
+    return all(
+        array.shape[0] == 1
+        and end <= array.shape[2]
+        and array.strides[2] == 4 * array.shape[3]
+        and array.strides[1] == array.strides[2] * array.shape[2]
+        for array in pair
+    )
 
 
 def _cached(
@@ -525,6 +572,26 @@ def _flat(ops: GgmlGraphOps, outside: int, array: npt.NDArray[np.float32]) -> in
     flat = ops.new_tensor_1d(outside, _F32, extent // 4)
     ops.set_data(flat, array.ctypes.data)
     return flat
+
+
+def _write_rows(
+    ops: GgmlGraphOps,
+    context: int,
+    outside: int,
+    *,
+    array: npt.NDArray[np.float32],
+    new: int,
+    rows: int,
+    shape: Shape,
+    count: int,
+) -> int:
+    """Write a step's new keys or values (head dim × kv heads × tokens) into mlx's buffer `array` ([1, kv heads,
+    capacity, head dim], one sequence) at the rows `rows` names (`_StepGraph.write`)."""
+    _, kv_heads, capacity, head_dim = array.shape
+    destination = ops.new_tensor_2d(outside, _F32, head_dim, kv_heads * capacity)
+    ops.set_data(destination, array.ctypes.data)
+    source = ops.reshape_2d(context, new, shape.head_dim, shape.kv_heads * count)
+    return ops.set_rows(context, destination, source, rows)
 
 
 def _biased(ops: GgmlGraphOps, context: int, product: int, bias: int | None) -> int:
@@ -582,6 +649,8 @@ class _StepKey:
     rows: int
     starts: tuple[int, ...]
     buffers: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
+    in_place: bool
+    """The graph writes the step's keys and values into the buffers (one sequence whose cache owns them)."""
 
     @classmethod
     def of(
@@ -589,9 +658,11 @@ class _StepKey:
         views: Sequence[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]],
         sequences: Sequences,
         rows: int,
+        *,
+        in_place: bool,
     ) -> "_StepKey":
         buffers = tuple((int(array.ctypes.data), array.shape, array.strides) for pair in views for array in pair)
-        return cls(rows=rows, starts=sequences.starts, buffers=buffers)
+        return cls(rows=rows, starts=sequences.starts, buffers=buffers, in_place=in_place)
 
 
 @dataclass(frozen=True)
@@ -611,6 +682,8 @@ class _StepGraph:
     logits: int
     appended: Sequence[tuple[int, int]]
     """Each layer's new keys and values (outputs)."""
+    cache_rows: int
+    """The address of the cache rows an in-place step writes (`_StepKey.in_place`; 0 otherwise)."""
 
     def serves(self, key: _StepKey, sequences: Sequences) -> bool:
         """Whether this graph computes a step of `key` with `sequences` held: its views reach them, masking at most
@@ -626,6 +699,11 @@ class _StepGraph:
             span = self.end - start
             mask[..., :held] = 0
             mask[..., held:span] = -np.inf
+        if self.key.in_place:  # row h · capacity + position of kv head h's keys (one sequence, buffers [1, h, c, d])
+            _, kv_heads, capacity, _ = self.key.buffers[0][1]
+            first = sequences.held[0]
+            rows_written = [head * capacity + first + row for row in range(rows) for head in range(kv_heads)]
+            (ctypes.c_int64 * len(rows_written)).from_address(self.cache_rows)[:] = rows_written
 
 
 class _Steps:
@@ -768,7 +846,9 @@ class _DecodeGraphCall(nn.Module):
     def __call__(self, inputs: mx.array, cache: object = None, *args: object, **kwargs: object) -> mx.array:
         caches = _decode_caches(inputs, cache, args, kwargs, self.decode_graph.layers)
         if caches is not None:
-            mx.eval(inputs, *[array for layer in caches for array in (layer.keys, layer.values)])
+            mx.eval(inputs, *[array for layer in caches for array in _held_arrays(layer)])
+            for layer in caches:
+                settle(layer)
             tokens = cast(list[int], np.asarray(inputs).reshape(-1).tolist())
             logits = self.decode_graph.logits(tokens, caches, rows=inputs.shape[1])
             if logits is not None:
@@ -815,18 +895,26 @@ def _decode_caches(
     if not isinstance(cache, list) or len(cast(list[object], cache)) != layers:
         return None
     caches = cast(list[object], cache)
-    kind = type(caches[0])
-    if kind not in (KVCache, BatchKVCache) or not all(type(layer) is kind for layer in caches):
+    if all(is_plain_kv_cache(layer) for layer in caches):
+        kind: type = KVCache
+    elif all(type(layer) is BatchKVCache for layer in caches):
+        kind = BatchKVCache
+    else:
         return None
     if kind is KVCache:
         return _single(cast(list[KVCache], caches)) if inputs.shape[0] == 1 else None
     return _batch(cast(list[BatchKVCache], caches), inputs.shape[0]) if inputs.shape[1] == 1 else None
 
 
+def _held_arrays(layer: KVCache | BatchKVCache) -> tuple[mx.array, ...]:
+    keys, values = buffers_of(layer) if isinstance(layer, KVCache) else (layer.keys, layer.values)
+    return tuple(array for array in (keys, values) if array is not None)
+
+
 def _single(caches: list[KVCache]) -> list[KVCache] | None:
     offset = caches[0].offset
     for layer in caches:
-        keys, values = layer.keys, layer.values
+        keys, values = buffers_of(layer)
         if keys is None or values is None or layer.offset != offset or offset <= 0:
             return None
         if keys.dtype != mx.float32 or values.dtype != mx.float32:

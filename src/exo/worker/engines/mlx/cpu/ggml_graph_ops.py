@@ -39,6 +39,7 @@ class GgmlGraphOps:
             return function
 
         self.new_tensor_1d = bind("ggml_new_tensor_1d", p, p, i, w)
+        self.new_tensor_2d = bind("ggml_new_tensor_2d", p, p, i, w, w)
         self.new_tensor_3d = bind("ggml_new_tensor_3d", p, p, i, w, w, w)
         self.new_tensor_4d = bind("ggml_new_tensor_4d", p, p, i, w, w, w, w)
         self.rms_norm = bind("ggml_rms_norm", p, p, p, f)
@@ -58,6 +59,7 @@ class GgmlGraphOps:
         self.flash_attn_ext = bind("ggml_flash_attn_ext", p, p, p, p, p, p, f, f, f)
         self.rope_ext = bind("ggml_rope_ext", p, p, p, p, p, i, i, i, f, f, f, f, f, f)
         self.get_rows = bind("ggml_get_rows", p, p, p, p)
+        self.set_rows = bind("ggml_set_rows", p, p, p, p, p)
         self.new_graph_custom = bind("ggml_new_graph_custom", p, p, s, ctypes.c_bool)
         self.set_input = bind("ggml_set_input", None, p)
         self.set_output = bind("ggml_set_output", None, p)

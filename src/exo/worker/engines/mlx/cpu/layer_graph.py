@@ -26,6 +26,7 @@ import numpy.typing as npt
 from mlx import nn
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from exo.worker.engines.mlx.cache.owned_kv_cache import is_plain_kv_cache
 from exo.worker.engines.mlx.cpu.decode_graph import (
     I32,
     DecodeGraph,
@@ -151,7 +152,7 @@ def _inputs(x: mx.array, mask: object, cache: object) -> _Inputs | None:
     if x.ndim != 3 or x.dtype != mx.float32:
         return None
     batch, tokens, _ = x.shape
-    if type(cache) is KVCache:
+    if is_plain_kv_cache(cache):
         if batch != 1:
             return None
         held = cache.offset
