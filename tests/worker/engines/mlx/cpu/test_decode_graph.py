@@ -216,6 +216,39 @@ def test_copies_and_views_taken_between_steps_keep_what_they_held(
 
 
 @pytest.mark.usefixtures("ggml")
+def test_one_row_steps_and_a_drafts_passes_keep_their_graphs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A request verifying drafts alternates one-row steps with passes of a few rows: each kind's graph is kept for
+    the next time (`KEPT_STEPS`), not rebuilt at every switch, and the tokens are the model's without the graph."""
+    graph, plain = graph_and_plain("tiny-qwen-tools", "gguf", monkeypatch, tmp_path, off=(DECODE_GRAPH_VARIABLE,))
+    step = decode_graph_of(graph)
+    assert step is not None
+    builds = 0
+    build = step._build_step  # pyright: ignore[reportPrivateUsage]
+
+    def counted(*args: object, **kwargs: object) -> object:
+        nonlocal builds
+        builds += 1
+        return build(*args, **kwargs)  # pyright: ignore[reportArgumentType]
+
+    monkeypatch.setattr(step, "_build_step", counted)
+    chosen: list[list[int]] = []
+    for model in (graph, plain):
+        cache, token = _prefilled(model, PROMPT)
+        tokens: list[int] = []
+        for _ in range(6):  # a step, then a 3-row pass of which one row is kept (a draft rejected after one token)
+            logits = model(mx.array([[token]]), cache=cache)
+            token = int(np.argmax(np.array(logits[0, -1])))
+            logits = model(mx.array([[token, 5, 6]]), cache=cache)
+            assert trim_prompt_cache(cast(list[object], cache), 2) == 2
+            token = int(np.argmax(np.array(logits[0, 0])))
+            tokens.append(token)
+        chosen.append(tokens)
+    assert chosen[0] == chosen[1]
+    # The first step's graph (its buffers shared after the prefill), then one graph of each kind writing in place.
+    assert builds == 3
+
+
+@pytest.mark.usefixtures("ggml")
 def test_other_calls_are_the_models_own(monkeypatch: pytest.MonkeyPatch) -> None:
     graph = loaded_fixture("tiny-qwen-tools", "q8_0").model
     step = decode_graph_of(graph)

@@ -72,6 +72,8 @@ SPAN_STEP: Final = 32
 the next multiple of this many positions (those not yet held masked out), so one is built every this many steps
 (building one from Python costs about 2 ms, a tenth of the default model's step) and attention reads at most this
 many masked positions more."""
+KEPT_STEPS: Final = 3
+"""Step graphs kept at once (`_Steps`): one-row steps and a draft's verification passes of a few rows."""
 _LAYER_NODES: Final = 40
 """Graph nodes a layer makes besides attention (about 30), and attention's per sequence (about 12) is added."""
 
@@ -169,8 +171,8 @@ class DecodeGraph:
         llama.cpp allocates its graphs (kept: it grows to the largest step and is reused)."""
         self._work: ctypes.Array[ctypes.c_char] | None = None
         self._steps = _Steps(ops)
-        """The step graph kept for the next steps, with an allocator of its own (a layer pass between two steps
-        places its tensors in `_allocator` without moving the step's)."""
+        """The step graphs kept for the next steps, each with an allocator of its own (a layer pass between two steps
+        places its tensors in `_allocator` without moving theirs)."""
         self._stored = StoredLayout()
         """The buffer a pass over many rows reads its layer's repacked matrices back into (`layer`'s `stored_in`)."""
         self._finalizer = weakref.finalize(self, _free, self._ops, parameters, self._allocator, self._steps)
@@ -209,13 +211,13 @@ class DecodeGraph:
             state(cache) == "owned" and _writable(pair, sequences.end + rows)
             for cache, pair in zip(singles, views, strict=True)
         )
-        step = self._steps.current
         key = _StepKey.of(views, sequences, rows, in_place=in_place)
-        if step is None or not step.serves(key, sequences):
-            # The kept graph was built for buffers that fit (`_fits`); a step it serves has the same ones.
+        step = self._steps.find(key, sequences)
+        if step is None:
+            # A kept graph was built for buffers that fit (`_fits`); a step it serves has the same ones.
             if not all(self._fits(array, sequences, batch) for pair in views for array in pair):
                 return None
-            step = self._steps.replace(self._build_step(views, sequences, key))
+            step = self._steps.keep(self._build_step(views, sequences, key))
         step.write(tokens, sequences)
         self.compute(step.graph)
         count, vocabulary = len(tokens), self._head.shape[0]
@@ -256,6 +258,7 @@ class DecodeGraph:
         overhead = nodes * int(ops.ggml.tensor_overhead()) + 2 * int(ops.ggml.graph_overhead())
         context = ops.new_context(overhead, allocates=False)
         outside = ops.new_context(int(ops.ggml.tensor_overhead()) * (4 * len(views) + batch + 4), allocates=False)
+        allocator = self._steps.new_allocator()
         try:
             ids = ops.new_tensor_1d(context, I32, count)
             positions = ops.new_tensor_1d(context, I32, count)
@@ -304,11 +307,12 @@ class DecodeGraph:
             for output in (logits, *[tensor for pair in appended for tensor in pair], *written):
                 ops.set_output(output)
                 ops.build_forward_expand(graph, output)
-            if not ops.gallocr_alloc_graph(self._steps.allocator, graph):
+            if not ops.gallocr_alloc_graph(allocator, graph):
                 raise MemoryError("ggml could not allocate a decode step's tensors")
         except BaseException:
             ops.free(outside)
             ops.free(context)
+            ops.gallocr_free(allocator)
             raise
         return _StepGraph(
             key=key,
@@ -321,6 +325,7 @@ class DecodeGraph:
             logits=logits,
             appended=appended,
             cache_rows=0 if rows_tensor is None else ops.get_data(rows_tensor),
+            allocator=allocator,
         )
 
     def _fits(self, array: npt.NDArray[np.float32], sequences: Sequences, count: int) -> bool:
@@ -684,6 +689,8 @@ class _StepGraph:
     """Each layer's new keys and values (outputs)."""
     cache_rows: int
     """The address of the cache rows an in-place step writes (`_StepKey.in_place`; 0 otherwise)."""
+    allocator: int
+    """ggml-alloc's allocator whose buffer holds this graph's intermediate tensors (its own)."""
 
     def serves(self, key: _StepKey, sequences: Sequences) -> bool:
         """Whether this graph computes a step of `key` with `sequences` held: its views reach them, masking at most
@@ -707,28 +714,43 @@ class _StepGraph:
 
 
 class _Steps:
-    """The step graph kept between steps (one: the batch's shape changes rarely), and its allocator."""
+    """The step graphs kept between steps, most recently used last: a batch's shape changes rarely, but a request
+    verifying drafts alternates one-row steps with passes of a few rows, and building a graph costs about 2 ms."""
 
     def __init__(self, ops: GgmlGraphOps) -> None:
         self._ops = ops
-        self.allocator = int(ops.gallocr_new(ops.cpu_buffer_type()))
-        self.current: _StepGraph | None = None
+        self._kept: list[_StepGraph] = []
 
-    def replace(self, step: _StepGraph) -> _StepGraph:
-        """Keep `step` (allocated after the one it replaces, whose tensors' places it took), freeing the old."""
-        self._release()
-        self.current = step
+    def find(self, key: _StepKey, sequences: Sequences) -> _StepGraph | None:
+        """A kept graph that computes a step of `key` with `sequences` held (`_StepGraph.serves`)."""
+        for index, step in enumerate(self._kept):
+            if step.serves(key, sequences):
+                self._kept.append(self._kept.pop(index))
+                return step
+        return None
+
+    def new_allocator(self) -> int:
+        return int(self._ops.gallocr_new(self._ops.cpu_buffer_type()))
+
+    def keep(self, step: _StepGraph) -> _StepGraph:
+        """Keep `step`, freeing a graph of the same key (its span passed) and the least recently used past
+        KEPT_STEPS."""
+        for old in [kept for kept in self._kept if kept.key == step.key]:
+            self._kept.remove(old)
+            self._free(old)
+        self._kept.append(step)
+        while len(self._kept) > KEPT_STEPS:
+            self._free(self._kept.pop(0))
         return step
 
     def close(self) -> None:
-        self._release()
-        self._ops.gallocr_free(self.allocator)
+        while self._kept:
+            self._free(self._kept.pop())
 
-    def _release(self) -> None:
-        if self.current is not None:
-            for context in self.current.contexts:
-                self._ops.free(context)
-            self.current = None
+    def _free(self, step: _StepGraph) -> None:
+        for context in step.contexts:
+            self._ops.free(context)
+        self._ops.gallocr_free(step.allocator)
 
 
 def _f32_tensor(ops: GgmlGraphOps, context: int, array: mx.array) -> int:
