@@ -56,6 +56,20 @@ class _Counting:
         monkeypatch.setattr(step, "logits", counted)
 
 
+class _CountedBuilds:
+    """Counts the step graphs a graph builds (wraps its `_build_step`)."""
+
+    def __init__(self, step: DecodeGraph, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.builds = 0
+        build = step._build_step  # pyright: ignore[reportPrivateUsage]
+
+        def counted(*args: object, **kwargs: object) -> object:
+            self.builds += 1
+            return build(*args, **kwargs)  # pyright: ignore[reportArgumentType]
+
+        monkeypatch.setattr(step, "_build_step", counted)
+
+
 def _decode(model: nn.Module, cache: list[KVCache], first: int, steps: int) -> tuple[list[np.ndarray], list[int]]:
     """`steps` greedy one-token steps from `first`: each step's logits and the tokens chosen."""
     outputs: list[np.ndarray] = []
@@ -222,15 +236,7 @@ def test_one_row_steps_and_a_drafts_passes_keep_their_graphs(monkeypatch: pytest
     graph, plain = graph_and_plain("tiny-qwen-tools", "gguf", monkeypatch, tmp_path, off=(DECODE_GRAPH_VARIABLE,))
     step = decode_graph_of(graph)
     assert step is not None
-    builds = 0
-    build = step._build_step  # pyright: ignore[reportPrivateUsage]
-
-    def counted(*args: object, **kwargs: object) -> object:
-        nonlocal builds
-        builds += 1
-        return build(*args, **kwargs)  # pyright: ignore[reportArgumentType]
-
-    monkeypatch.setattr(step, "_build_step", counted)
+    built = _CountedBuilds(step, monkeypatch)
     chosen: list[list[int]] = []
     for model in (graph, plain):
         cache, token = _prefilled(model, PROMPT)
@@ -245,7 +251,7 @@ def test_one_row_steps_and_a_drafts_passes_keep_their_graphs(monkeypatch: pytest
         chosen.append(tokens)
     assert chosen[0] == chosen[1]
     # The first step's graph (its buffers shared after the prefill), then one graph of each kind writing in place.
-    assert builds == 3
+    assert built.builds == 3
 
 
 @pytest.mark.usefixtures("ggml")
@@ -438,22 +444,14 @@ def test_a_step_graph_is_kept_for_the_next_steps_and_reads_only_what_the_cache_h
     graph, plain = graph_and_plain(name, "gguf", monkeypatch, tmp_path, off=(DECODE_GRAPH_VARIABLE,))
     step = decode_graph_of(graph)
     assert step is not None
-    builds = 0
-    build = step._build_step  # pyright: ignore[reportPrivateUsage]
-
-    def counted(*args: object, **kwargs: object) -> object:
-        nonlocal builds
-        builds += 1
-        return build(*args, **kwargs)  # pyright: ignore[reportArgumentType]
-
-    monkeypatch.setattr(step, "_build_step", counted)
+    built = _CountedBuilds(step, monkeypatch)
     _, first = _prefilled(plain, PROMPT)
     kept, fed = _scripted(graph, first, None)
     assert len(kept) == 90 + 1 + 5 + 200
     # 344 positions held at the end: a graph every SPAN_STEP positions, one more where the buffers grew at 256, and
     # one more after each outside use of the buffers (the prefill, the layer pass, the growth): its step appends
     # through mlx, the next writes into the buffers the cache then owns (`owned_kv_cache.py`).
-    assert 300 // SPAN_STEP <= builds <= 344 // SPAN_STEP + 2 + 3
+    assert 300 // SPAN_STEP <= built.builds <= 344 // SPAN_STEP + 2 + 3
 
     def held_exactly(sequences: decode_graph.Sequences, *, capacity: int) -> int:
         assert capacity >= sequences.end

@@ -28,28 +28,25 @@ _VALUES: Final = "_exo_values"
 _STATE: Final = "_exo_state"
 
 
+def _counted(slot: str) -> property:
+    """A cache's `keys` or `values`, held in `slot`: reading or assigning it is an outside use of the buffers."""
+
+    def read(cache: KVCache) -> mx.array | None:
+        cache.__dict__[_STATE] = "shared"
+        return cache.__dict__.get(slot)
+
+    def assign(cache: KVCache, array: mx.array | None) -> None:
+        cache.__dict__[_STATE] = "shared"
+        cache.__dict__[slot] = array
+
+    return property(read, assign)
+
+
 class OwnedKVCache(KVCache):
     """mlx-lm's KVCache, counting outside uses of its buffers (module docstring). Made by `adopt`."""
 
-    @property
-    def keys(self) -> mx.array | None:  # pyright: ignore[reportIncompatibleVariableOverride]
-        self.__dict__[_STATE] = "shared"
-        return self.__dict__.get(_KEYS)
-
-    @keys.setter
-    def keys(self, array: mx.array | None) -> None:  # pyright: ignore[reportIncompatibleVariableOverride]
-        self.__dict__[_STATE] = "shared"
-        self.__dict__[_KEYS] = array
-
-    @property
-    def values(self) -> mx.array | None:  # pyright: ignore[reportIncompatibleVariableOverride]
-        self.__dict__[_STATE] = "shared"
-        return self.__dict__.get(_VALUES)
-
-    @values.setter
-    def values(self, array: mx.array | None) -> None:  # pyright: ignore[reportIncompatibleVariableOverride]
-        self.__dict__[_STATE] = "shared"
-        self.__dict__[_VALUES] = array
+    keys = _counted(_KEYS)  # pyright: ignore[reportIncompatibleVariableOverride, reportAssignmentType]
+    values = _counted(_VALUES)  # pyright: ignore[reportIncompatibleVariableOverride, reportAssignmentType]
 
     def __copy__(self) -> "OwnedKVCache":
         self.__dict__[_STATE] = "shared"
