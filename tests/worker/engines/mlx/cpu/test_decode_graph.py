@@ -352,6 +352,23 @@ def test_a_batch_of_different_lengths_decodes_as_mlx_lms_model_does(
 
 
 @pytest.mark.usefixtures("ggml")
+def test_one_batch_graph_is_kept_beside_one_sequences_graphs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A batch's graph holds a buffer of sequences × vocabulary logits: a graph for another batch replaces it rather
+    than joining it, while one sequence's graphs are kept beside it."""
+    graph, _ = graph_and_plain("tiny-qwen-tools", "gguf", monkeypatch, tmp_path, off=(DECODE_GRAPH_VARIABLE,))
+    step = decode_graph_of(graph)
+    assert step is not None
+    cache, first = _prefilled(graph, PROMPT)
+    _decode(graph, cache, first, steps=3)
+    _batched(graph, [PROMPT, PROMPT[:17], PROMPT[3:30]], steps=2)
+    _batched(graph, [PROMPT, PROMPT[:20]], steps=2)
+    kept = step._steps._kept  # pyright: ignore[reportPrivateUsage]
+    batches = [len(graph.key.starts) for graph in kept]
+    assert batches.count(1) >= 1
+    assert [count for count in batches if count > 1] == [2]
+
+
+@pytest.mark.usefixtures("ggml")
 def test_a_rank_of_a_split_model_keeps_mlx_lms_steps() -> None:
     # A pipeline stage or tensor rank passes its steps through the other ranks: the graph would compute alone.
     path = FIXTURE_MODELS_DIR / "tiny-qwen-tools"

@@ -13,18 +13,22 @@ a copy of the whole cache every step, measured slower from a few thousand cached
 
 The KV cache stays mlx-lm's (`KVCache` for one sequence, `BatchKVCache` for a batch), so everything built on it
 (the prefix caches and their snapshots, trimming a discarded step, a batch's joins and filters) sees what mlx-lm's
-own step leaves: the graph reads each layer's cached keys and values where mlx holds them (never writing there),
-attends to them and to the step's new key and value (the scores of both under one softmax, the weighted values
-summed), and the new keys and values are then appended lazily, as mlx-lm's attention appends them (the slice
-assignment its `update_and_fetch` makes, which mlx does in place where nothing else holds the buffer).
-`layer_graph.py` runs the same layers over several tokens a sequence (prefill, verification).
+own step leaves: the graph reads each layer's cached keys and values where mlx holds them, attends to them and to
+the step's new key and value (the scores of both under one softmax, the weighted values summed), and the new keys and
+values are appended as mlx-lm's attention appends them. For one sequence whose cache owns its buffers
+(`owned_kv_cache.py`: nothing else has used them since a step appended through mlx) the graph writes them into the
+buffers itself (`ggml_set_rows`, as llama.cpp writes its cache); otherwise, and for a batch, they are appended
+through mlx (the slice assignment `update_and_fetch` makes, which mlx does in place where nothing else holds the
+buffer, and as a copy where something does). `layer_graph.py` runs the same layers over several tokens a sequence
+(prefill, verification).
 
 A step's graph is kept and run again for the next steps, as llama.cpp reuses its graphs: building one through
 ctypes cost about 2 ms of the default model's 24 ms step on a 2-core EPYC. Only its inputs change from step to
-step (token ids, positions, each sequence's mask); its views of the cache reach past what is held to the next
-multiple of SPAN_STEP positions, the positions not yet held masked out, and mlx keeps a cache's buffer in place from
-step to step (a slice update donates it) until it grows it, so a graph is built again every SPAN_STEP steps, when
-the buffers move, or when the batch changes.
+step (token ids, positions, each sequence's mask, the rows an in-place step writes); its views of the cache reach
+past what is held to the next multiple of SPAN_STEP positions, the positions not yet held masked out, and mlx keeps a
+cache's buffer in place from step to step (a slice update donates it) until it grows it, so a graph is built again
+every SPAN_STEP steps, when the buffers move, or when the batch changes. A few graphs are kept (`KEPT_STEPS`): one
+sequence verifying drafts alternates one-token steps with passes of a few tokens.
 """
 
 import ctypes
@@ -733,9 +737,11 @@ class _Steps:
         return int(self._ops.gallocr_new(self._ops.cpu_buffer_type()))
 
     def keep(self, step: _StepGraph) -> _StepGraph:
-        """Keep `step`, freeing a graph of the same key (its span passed) and the least recently used past
+        """Keep `step`, freeing a graph of the same key (its span passed), another batch's (a batch's logits alone
+        take a buffer of sequences × vocabulary floats: one batch graph is kept) and the least recently used past
         KEPT_STEPS."""
-        for old in [kept for kept in self._kept if kept.key == step.key]:
+        batch = len(step.key.starts) > 1
+        for old in [kept for kept in self._kept if kept.key == step.key or (batch and len(kept.key.starts) > 1)]:
             self._kept.remove(old)
             self._free(old)
         self._kept.append(step)
