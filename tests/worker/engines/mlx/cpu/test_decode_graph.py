@@ -84,6 +84,26 @@ def _decode(model: nn.Module, cache: list[KVCache], first: int, steps: int) -> t
     return outputs, tokens
 
 
+def _held_alike(
+    ours: list[KVCache], theirs: list[KVCache], offset: int
+) -> list[tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]]:
+    """Both caches hold `offset` positions in every layer, our keys and values within the products' rounding of
+    theirs; each layer's (keys, values) held, ours then theirs."""
+    held: list[tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]] = []
+    for mine, other in zip(ours, theirs, strict=True):
+        assert mine.offset == other.offset == offset
+        pairs: list[tuple[np.ndarray, np.ndarray]] = []
+        for layer in (mine, other):
+            keys, values = buffers_of(layer)
+            assert keys is not None
+            assert values is not None
+            pairs.append((np.array(keys[..., :offset, :]), np.array(values[..., :offset, :])))
+        for a, b in zip(*pairs, strict=True):
+            assert_within_product_rounding(a, b)
+        held.append((pairs[0], pairs[1]))
+    return held
+
+
 def _prefilled(model: nn.Module, prompt: list[int]) -> tuple[list[KVCache], int]:
     cache = cast(list[KVCache], make_prompt_cache(model))
     logits = model(mx.array([prompt]), cache=cache)
@@ -113,17 +133,8 @@ def test_a_model_decodes_one_token_a_graph_as_mlx_lms_model_does(
     for a, b in zip(graph_logits, plain_logits, strict=True):
         assert_within_product_rounding(a, b)
     # The caches hold what mlx-lm's steps leave: the same positions, the same keys and values.
-    for ours, theirs in zip(graph_cache, plain_cache, strict=True):
-        assert ours.offset == theirs.offset == len(PROMPT) + 8
-        assert ours.keys is not None
-        assert ours.values is not None
-        assert theirs.keys is not None
-        assert theirs.values is not None
-        held = ours.offset
-        keys, expected_keys = np.array(ours.keys[..., :held, :]), np.array(theirs.keys[..., :held, :])
-        np.testing.assert_array_equal(keys[..., : len(PROMPT), :], expected_keys[..., : len(PROMPT), :])
-        assert_within_product_rounding(keys, expected_keys)
-        assert_within_product_rounding(np.array(ours.values[..., :held, :]), np.array(theirs.values[..., :held, :]))
+    for ours, theirs in _held_alike(graph_cache, plain_cache, len(PROMPT) + 8):
+        np.testing.assert_array_equal(ours[0][..., : len(PROMPT), :], theirs[0][..., : len(PROMPT), :])
 
 
 @pytest.mark.usefixtures("ggml")
@@ -166,16 +177,11 @@ def test_steps_past_the_caches_capacity_grow_it_as_mlx_lms_steps_do(
     assert counting.calls == 8
     (graph_tokens, graph_cache), (plain_tokens, plain_cache) = results
     assert graph_tokens == plain_tokens
+    _held_alike(graph_cache, plain_cache, len(prompt) + 8)
     for ours, theirs in zip(graph_cache, plain_cache, strict=True):
-        assert ours.offset == theirs.offset == len(prompt) + 8
         assert ours.keys is not None
         assert theirs.keys is not None
-        assert ours.values is not None
-        assert theirs.values is not None
         assert ours.keys.shape == theirs.keys.shape == (1, ours.keys.shape[1], 2 * KVCache.step, ours.keys.shape[3])
-        held = ours.offset
-        assert_within_product_rounding(np.array(ours.keys[..., :held, :]), np.array(theirs.keys[..., :held, :]))
-        assert_within_product_rounding(np.array(ours.values[..., :held, :]), np.array(theirs.values[..., :held, :]))
 
 
 @pytest.mark.usefixtures("ggml")
@@ -218,11 +224,7 @@ def test_copies_and_views_taken_between_steps_keep_what_they_held(
     _, plain_more = _decode(plain, plain_cache, OTHER_TOKEN, steps=6)
     plain_copied_more = _decode(plain, plain_copy, tokens[-1], steps=6)[1] if snapshot is not None else []
     assert (tokens, more, copied_more) == (plain_tokens, plain_more, plain_copied_more)
-    for ours, theirs in zip(cache, plain_cache, strict=True):
-        offset = ours.offset
-        assert offset == theirs.offset == len(PROMPT) + 4 - 3 + 6
-        keys, expected_keys = np.array(buffers_of(ours)[0])[..., :offset, :], np.array(theirs.keys)[..., :offset, :]
-        assert_within_product_rounding(keys, expected_keys)
+    _held_alike(cache, plain_cache, len(PROMPT) + 4 - 3 + 6)
     for layer, arrays in zip(holders, expected, strict=True):  # the copy's own steps kept what it held too
         assert layer.offset == held + 6
         for array, before in zip(buffers_of(layer), arrays, strict=True):

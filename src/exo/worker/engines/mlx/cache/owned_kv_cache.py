@@ -19,7 +19,7 @@ import copy
 from typing import Final, Literal, TypeGuard, cast
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import BatchKVCache, KVCache
 
 BufferState = Literal["shared", "pending", "owned"]
 
@@ -87,11 +87,18 @@ def adopt(cache: KVCache) -> OwnedKVCache:
     return cast(OwnedKVCache, cache)
 
 
-def buffers_of(cache: KVCache) -> tuple[mx.array | None, mx.array | None]:
-    """The cache's keys and values, read by the decode graph (not an outside use)."""
+def buffers_of(cache: KVCache | BatchKVCache) -> tuple[mx.array | None, mx.array | None]:
+    """The cache's keys and values, read by the decode graph (not an outside use; any other cache's as it holds
+    them)."""
     if type(cache) is OwnedKVCache:
         return cache.__dict__.get(_KEYS), cache.__dict__.get(_VALUES)
     return cache.keys, cache.values
+
+
+def has_room(cache: KVCache, rows: int) -> bool:
+    """Whether the cache's buffers hold `rows` more positions after those it holds (else mlx-lm grows them)."""
+    keys, values = buffers_of(cache)
+    return keys is not None and values is not None and cache.offset + rows <= keys.shape[2]
 
 
 def state(cache: KVCache) -> BufferState:
@@ -103,7 +110,7 @@ def append_through_mlx(cache: OwnedKVCache, keys: mx.array, values: mx.array) ->
     array holds, else it writes in place): pending until evaluated. Raises ValueError where there is no room."""
     held_keys, held_values = buffers_of(cache)
     start, rows = cache.offset, keys.shape[2]
-    if held_keys is None or held_values is None or start + rows > held_keys.shape[2]:
+    if held_keys is None or held_values is None or not has_room(cache, rows):
         raise ValueError("the cache's buffers have no room for the step")
     at = mx.array([start])
     cache.__dict__[_KEYS] = mx.slice_update(held_keys, keys, at, [2])

@@ -48,6 +48,7 @@ from exo.worker.engines.mlx.cache.owned_kv_cache import (
     adopt,
     append_through_mlx,
     buffers_of,
+    has_room,
     is_plain_kv_cache,
     settle,
     state,
@@ -531,8 +532,7 @@ def _append(cache: KVCache | BatchKVCache, keys: mx.array, values: mx.array, row
     """Append a step's keys and values to `cache` through mlx: `update_and_fetch`, or where one sequence's buffers
     have room the assignment it makes then, into new arrays (`append_through_mlx`), which settle the buffers as the
     cache's own."""
-    held_keys, _ = buffers_of(cache) if isinstance(cache, KVCache) else (None, None)
-    if type(cache) is OwnedKVCache and held_keys is not None and cache.offset + rows <= held_keys.shape[2]:
+    if type(cache) is OwnedKVCache and has_room(cache, rows):
         append_through_mlx(cache, keys, values)
         return
     cache.update_and_fetch(keys, values)
@@ -540,7 +540,7 @@ def _append(cache: KVCache | BatchKVCache, keys: mx.array, values: mx.array, row
 
 def _arrays(cache: KVCache | BatchKVCache) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """numpy views of a cache's key and value buffers (read without counting as an outside use)."""
-    keys, values = buffers_of(cache) if isinstance(cache, KVCache) else (cache.keys, cache.values)
+    keys, values = buffers_of(cache)
     return np.asarray(keys), np.asarray(values)
 
 
@@ -935,8 +935,7 @@ def _decode_caches(
 
 
 def _held_arrays(layer: KVCache | BatchKVCache) -> tuple[mx.array, ...]:
-    keys, values = buffers_of(layer) if isinstance(layer, KVCache) else (layer.keys, layer.values)
-    return tuple(array for array in (keys, values) if array is not None)
+    return tuple(array for array in buffers_of(layer) if array is not None)
 
 
 def _single(caches: list[KVCache]) -> list[KVCache] | None:
