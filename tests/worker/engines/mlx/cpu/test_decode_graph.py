@@ -9,6 +9,8 @@ the machine, a failure under EXO_STRICT_SKIPS=1.
 """
 
 import copy
+import gc
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
@@ -41,19 +43,25 @@ OTHER_TOKEN = 7
 
 
 class _Counting:
-    """Counts the graph's steps (wraps an installed step's `logits`)."""
+    """Counts the steps the graph computes (wraps an installed graph's `_run`), and those it resumed over the caches
+    the step before it wrote (its `resume`)."""
 
     def __init__(self, step: DecodeGraph, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
-        original = step.logits
+        self.resumed = 0
+        run, resume = step._run, step.resume  # pyright: ignore[reportPrivateUsage]
 
-        def counted(
-            tokens: Sequence[int], caches: Sequence[KVCache] | Sequence[BatchKVCache], *, rows: int = 1
-        ) -> mx.array | None:
+        def counted_run(*args: object, **kwargs: object) -> mx.array:
             self.calls += 1
-            return original(tokens, caches, rows=rows)
+            return run(*args, **kwargs)  # pyright: ignore[reportArgumentType]
 
-        monkeypatch.setattr(step, "logits", counted)
+        def counted_resume(inputs: mx.array, caches: object) -> mx.array | None:
+            logits = resume(inputs, caches)
+            self.resumed += logits is not None
+            return logits
+
+        monkeypatch.setattr(step, "_run", counted_run)
+        monkeypatch.setattr(step, "resume", counted_resume)
 
 
 class _CountedBuilds:
@@ -129,6 +137,9 @@ def test_a_model_decodes_one_token_a_graph_as_mlx_lms_model_does(
     graph_logits, graph_tokens = _decode(graph, graph_cache, first, steps=8)
     plain_logits, plain_tokens = _decode(plain, plain_cache, first, steps=8)
     assert counting.calls == 8
+    # The first step appends through mlx (the prefill shares the buffers), the second writes in place, and the six
+    # after it resume the one before (`DecodeGraph.resume`).
+    assert counting.resumed == 6
     assert graph_tokens == plain_tokens
     for a, b in zip(graph_logits, plain_logits, strict=True):
         assert_within_product_rounding(a, b)
@@ -154,6 +165,53 @@ def test_a_trimmed_step_and_a_later_prefill_see_what_mlx_lms_steps_leave(
         results.append(tokens[:2] + more)
         assert cache[0].offset == len(PROMPT) + 5 - 3 + 4 + 6
     assert results[0] == results[1]
+
+
+@pytest.mark.usefixtures("ggml")
+def test_one_token_steps_after_a_trim_write_where_the_trimmed_cache_ends(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A trim touches no buffer (the cache still owns them), only the count held: the step after it is computed from
+    the cache as it is, not resumed where the step before it ended."""
+    graph, plain = graph_and_plain("tiny-qwen-tools", "gguf", monkeypatch, tmp_path, off=(DECODE_GRAPH_VARIABLE,))
+    step = decode_graph_of(graph)
+    assert step is not None
+    counting = _Counting(step, monkeypatch)
+    results: list[tuple[list[np.ndarray], list[int], list[KVCache]]] = []
+    for model in (graph, plain):
+        cache, first = _prefilled(model, PROMPT)
+        logits, tokens = _decode(model, cache, first, steps=5)
+        assert trim_prompt_cache(cast(list[object], cache), 2) == 2  # a discarded chained step, a rejected draft
+        more_logits, more = _decode(model, cache, tokens[2], steps=5)
+        results.append((logits + more_logits, tokens + more, cache))
+    (graph_logits, graph_tokens, graph_cache), (plain_logits, plain_tokens, plain_cache) = results
+    assert graph_tokens == plain_tokens
+    for a, b in zip(graph_logits, plain_logits, strict=True):
+        assert_within_product_rounding(a, b)
+    _held_alike(graph_cache, plain_cache, len(PROMPT) + 5 - 2 + 5)
+    # Steps 3-5 resume the step before; after the trim the first step is computed anew, the four after it resume.
+    assert (counting.calls, counting.resumed) == (10, 3 + 4)
+
+
+@pytest.mark.usefixtures("ggml")
+def test_the_graph_does_not_keep_a_finished_requests_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record of the caches the last step wrote (`DecodeGraph.resume`) holds them weakly: a finished request's
+    cache, and its buffers, are freed when the request lets go of them."""
+    graph = loaded_fixture("tiny-qwen-tools", "q8_0").model
+    step = decode_graph_of(graph)
+    assert step is not None
+    counting = _Counting(step, monkeypatch)
+    cache, first = _prefilled(graph, PROMPT)
+    _decode(graph, cache, first, steps=4)
+    assert counting.resumed == 2
+    layer = weakref.ref(cache[0])
+    keys = buffers_of(cache[0])[0]
+    assert keys is not None
+    held_keys = weakref.ref(keys)
+    del cache, keys
+    gc.collect()
+    assert layer() is None
+    assert held_keys() is None
 
 
 @pytest.mark.usefixtures("ggml")

@@ -34,7 +34,7 @@ sequence verifying drafts alternates one-token steps with passes of a few tokens
 import ctypes
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, cast
 
 import mlx.core as mx
@@ -54,7 +54,7 @@ from exo.worker.engines.mlx.cache.owned_kv_cache import (
     state,
 )
 from exo.worker.engines.mlx.cpu.ggml_graph_ops import ROPE_NEOX, GgmlGraphOps, graph_ops
-from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
+from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, ComputePlan, Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.q8_layers import GGML_POLL, Q8Embedding, Q8Linear, Q8Weights, SwiGluMlp
 from exo.worker.engines.mlx.cpu.stored_layout import StoredLayout
 from exo.worker.engines.mlx.discarded_logits import logits_are_discarded
@@ -180,6 +180,8 @@ class DecodeGraph:
         places its tensors in `_allocator` without moving theirs)."""
         self._stored = StoredLayout()
         """The buffer a pass over many rows reads its layer's repacked matrices back into (`layer`'s `stored_in`)."""
+        self._written: _Written | None = None
+        """What the last in-place step left, for `resume`."""
         self._finalizer = weakref.finalize(self, _free, self._ops, parameters, self._allocator, self._steps)
 
     @property
@@ -203,7 +205,8 @@ class DecodeGraph:
         batch's BatchKVCache; several rows for one sequence only, each row seeing the rows before it); the step's
         keys and values are appended to them (lazily). None, with nothing done, where a cache's memory is not laid
         out as mlx-lm's steps leave it (each position's values side by side)."""
-        ops, shape = self._ops, self._shape
+        self._written = None
+        shape = self._shape
         sequences = Sequences.of(caches)
         batch = len(tokens) // rows
         if rows > 1 and batch != 1:
@@ -223,15 +226,13 @@ class DecodeGraph:
             if not all(self._fits(array, sequences, batch) for pair in views for array in pair):
                 return None
             step = self._steps.keep(self._build_step(views, sequences, key))
-        step.write(tokens, sequences)
-        self.compute(step.graph)
-        count, vocabulary = len(tokens), self._head.shape[0]
-        # Copied out (mx.array copies) before the graph runs again.
-        logits = mx.array(_floats_at(ops.get_data(step.logits), count * vocabulary).reshape(batch, rows, vocabulary))
+        logits = self._run(step, tokens, sequences, batch=batch)
         if in_place:  # the graph wrote the step's keys and values into the buffers
             for cache in singles:
                 cache.offset += rows
+            self._written = _Written(singles, key.buffers, end=sequences.end + rows)
             return logits
+        count, ops = len(tokens), self._ops
         kv = [
             (
                 for_cache(_floats_at(ops.get_data(k), count * shape.kv_width), shape, batch, rows),
@@ -243,6 +244,33 @@ class DecodeGraph:
         for cache, (k, v) in zip(caches, kv, strict=True):
             _append(cache, k, v, rows)
         return logits
+
+    def resume(self, inputs: mx.array, caches: object) -> mx.array | None:
+        """`logits` for one sequence's step over the caches the last in-place step wrote, none of them used since
+        (`_Written.untouched`): its graph, or one kept for as many rows over the same buffers, runs again without
+        reading the caches anew. None, with nothing done, otherwise (or where no kept graph serves the step)."""
+        written, rows = self._written, inputs.shape[1]
+        if written is None or (owned := written.untouched(caches, rows)) is None:
+            return None
+        sequences = Sequences(starts=(0,), held=(written.end,))
+        step = self._steps.find(_StepKey(rows=rows, starts=(0,), buffers=written.buffers, in_place=True), sequences)
+        if step is None:
+            return None
+        mx.eval(inputs)
+        logits = self._run(step, cast(list[int], np.asarray(inputs).reshape(-1).tolist()), sequences, batch=1)
+        for cache in owned:
+            cache.offset += rows
+        written.end += rows
+        return logits
+
+    def _run(self, step: "_StepGraph", tokens: Sequence[int], sequences: Sequences, *, batch: int) -> mx.array:
+        """Run `step` for `tokens`: its logits (batch × rows × vocabulary)."""
+        step.write(tokens, sequences)
+        self.compute(step.graph, step.plans)
+        count, vocabulary = len(tokens), self._head.shape[0]
+        # Copied out (mx.array copies) before the graph runs again.
+        values = _floats_at(self._ops.get_data(step.logits), count * vocabulary)
+        return mx.array(values.reshape(batch, count // batch, vocabulary))
 
     def _build_step(
         self,
@@ -512,13 +540,17 @@ class DecodeGraph:
         if not self._ops.gallocr_alloc_graph(self._allocator, graph):
             raise MemoryError("ggml could not allocate a graph's tensors")
 
-    def compute(self, graph: int) -> None:
-        """Run an allocated graph on the model's ggml thread pool."""
+    def compute(self, graph: int, plans: dict[int, ComputePlan] | None = None) -> None:
+        """Run an allocated graph on the model's ggml thread pool; `plans` keeps its plan for each thread count
+        (a kept step graph's: planning took about 0.14 ms of a step)."""
         ggml = self._ops.ggml
         # The output head's count: `ggml_threads()`, or what the bench fixed for every matrix (`use_threads`).
         threads = self._threads.threads
-        pool = ggml.shared_threadpool(threads, GGML_POLL)
-        plan = ggml.graph_plan(graph, threads, pool)
+        plan = None if plans is None else plans.get(threads)
+        if plan is None:
+            plan = ggml.graph_plan(graph, threads, ggml.shared_threadpool(threads, GGML_POLL))
+            if plans is not None:
+                plans[threads] = plan
         size = max(int(plan.work_size), 1)
         if self._work is None or len(self._work) < size:
             self._work = ctypes.create_string_buffer(size)
@@ -650,6 +682,10 @@ def _new_rows_mask(span: int, rows: int, group: int) -> npt.NDArray[np.float32]:
     return mask
 
 
+_Buffers = tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
+"""Each layer's key and value buffers, in order, as a step graph's key names them: address, shape, strides."""
+
+
 @dataclass(frozen=True)
 class _StepKey:
     """What a step graph is built for: the rows a sequence, where each sequence starts in its buffers, and the
@@ -657,7 +693,7 @@ class _StepKey:
 
     rows: int
     starts: tuple[int, ...]
-    buffers: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
+    buffers: "_Buffers"
     in_place: bool
     """The graph writes the step's keys and values into the buffers (one sequence whose cache owns them)."""
 
@@ -695,6 +731,8 @@ class _StepGraph:
     """The address of the cache rows an in-place step writes (`_StepKey.in_place`; 0 otherwise)."""
     allocator: int
     """ggml-alloc's allocator whose buffer holds this graph's intermediate tensors (its own)."""
+    plans: dict[int, ComputePlan] = field(default_factory=dict[int, ComputePlan])
+    """ggml's plan for running this graph, by thread count (`DecodeGraph.compute`)."""
 
     def serves(self, key: _StepKey, sequences: Sequences) -> bool:
         """Whether this graph computes a step of `key` with `sequences` held: its views reach them, masking at most
@@ -715,6 +753,35 @@ class _StepGraph:
             first = sequences.held[0]
             rows_written = [head * capacity + first + row for row in range(rows) for head in range(kv_heads)]
             (ctypes.c_int64 * len(rows_written)).from_address(self.cache_rows)[:] = rows_written
+
+
+class _Written:
+    """What the last in-place step left: its caches (held weakly: a finished request's cache is not kept alive by
+    this), their buffers' part of a step graph's key, and the positions they hold."""
+
+    def __init__(self, caches: Sequence[OwnedKVCache], buffers: "_Buffers", *, end: int) -> None:
+        self.buffers = buffers
+        self.end = end
+        self._caches = [weakref.ref(cache) for cache in caches]
+        self._capacity = min(shape[2] for _, shape, _ in buffers)
+
+    def untouched(self, caches: object, rows: int) -> list[OwnedKVCache] | None:
+        """`caches` as a list of these caches, where it is them, in order, untouched since: each still owns its
+        buffers and holds `end` positions (a trim changes the count; a read, a copy or new buffers make them shared,
+        and a step through mlx starts in `DecodeGraph.logits`, which forgets this record), with room for `rows`
+        more. Else None."""
+        if type(caches) is not list or len(cast(list[object], caches)) != len(self._caches):
+            return None
+        if self.end + rows > self._capacity:
+            return None
+        owned: list[OwnedKVCache] = []
+        for layer, cache in zip(cast(list[object], caches), self._caches, strict=True):
+            if layer is not cache() or type(layer) is not OwnedKVCache:
+                return None
+            if layer.offset != self.end or state(layer) != "owned":
+                return None
+            owned.append(layer)
+        return owned
 
 
 class _Steps:
@@ -872,6 +939,10 @@ class _DecodeGraphCall(nn.Module):
     decode_graph: DecodeGraph
 
     def __call__(self, inputs: mx.array, cache: object = None, *args: object, **kwargs: object) -> mx.array:
+        if _graph_call(inputs, args, kwargs) and inputs.shape[0] == 1:
+            logits = self.decode_graph.resume(inputs, cache)
+            if logits is not None:
+                return logits
         caches = _decode_caches(inputs, cache, args, kwargs, self.decode_graph.layers)
         if caches is not None:
             mx.eval(inputs, *[array for layer in caches for array in _held_arrays(layer)])
@@ -914,11 +985,7 @@ def _decode_caches(
     """The caches of a call the graph computes: one token for each sequence (or up to MAX_PASS_TOKENS of one), no
     input embeddings, its logits wanted, every layer's cache an mlx-lm KVCache (one sequence) or BatchKVCache (a
     batch, not mid-prefill), in float32, all at the same place (else None)."""
-    if args or any(value is not None for value in kwargs.values()) or logits_are_discarded():
-        return None
-    if inputs.ndim != 2 or not 0 < inputs.shape[0] <= MAX_SEQUENCES:
-        return None
-    if not (inputs.shape[1] == 1 or (inputs.shape[0] == 1 and 1 < inputs.shape[1] <= MAX_PASS_TOKENS)):
+    if not _graph_call(inputs, args, kwargs):
         return None
     if not isinstance(cache, list) or len(cast(list[object], cache)) != layers:
         return None
@@ -932,6 +999,15 @@ def _decode_caches(
     if kind is KVCache:
         return _single(cast(list[KVCache], caches)) if inputs.shape[0] == 1 else None
     return _batch(cast(list[BatchKVCache], caches), inputs.shape[0]) if inputs.shape[1] == 1 else None
+
+
+def _graph_call(inputs: mx.array, args: tuple[object, ...], kwargs: dict[str, object]) -> bool:
+    """Whether a call is of a shape the graph computes, its caches aside (`_decode_caches`)."""
+    if args or any(value is not None for value in kwargs.values()) or logits_are_discarded():
+        return False
+    if inputs.ndim != 2 or not 0 < inputs.shape[0] <= MAX_SEQUENCES:
+        return False
+    return inputs.shape[1] == 1 or (inputs.shape[0] == 1 and 1 < inputs.shape[1] <= MAX_PASS_TOKENS)
 
 
 def _held_arrays(layer: KVCache | BatchKVCache) -> tuple[mx.array, ...]:

@@ -73,7 +73,9 @@ class _InitParams(ctypes.Structure):
     _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
 
 
-class _ComputePlan(ctypes.Structure):
+class ComputePlan(ctypes.Structure):
+    """`struct ggml_cplan`: what `ggml_graph_plan` decides for a graph and a thread count (kept while both are)."""
+
     _fields_ = [
         ("work_size", ctypes.c_size_t),
         ("work_data", ctypes.c_void_p),
@@ -168,9 +170,9 @@ class Ggml:
         self.threadpool_free = cpu.ggml_threadpool_free
         self.threadpool_free.restype, self.threadpool_free.argtypes = None, [pointer]
         self.graph_plan = cpu.ggml_graph_plan
-        self.graph_plan.restype, self.graph_plan.argtypes = _ComputePlan, [pointer, integer, pointer]
+        self.graph_plan.restype, self.graph_plan.argtypes = ComputePlan, [pointer, integer, pointer]
         self.graph_compute = cpu.ggml_graph_compute
-        self.graph_compute.restype, self.graph_compute.argtypes = integer, [pointer, ctypes.POINTER(_ComputePlan)]
+        self.graph_compute.restype, self.graph_compute.argtypes = integer, [pointer, ctypes.POINTER(ComputePlan)]
         self._pools: dict[tuple[int, int | None], int] = {}
 
     def fits(self, type_name: str, in_features: int) -> bool:
@@ -263,7 +265,7 @@ class _Graph:
         ]
         self._work: ctypes.Array[ctypes.c_char] | None = None
         self._plan_key: tuple[int, int] | None = None
-        self._plan = _ComputePlan()
+        self._plan = ComputePlan()
 
     def run(self, x: npt.NDArray[np.float32], threads: int, pool: int) -> list[npt.NDArray[np.float32]]:
         """x (rows × in, C-contiguous float32) times every matrix: one new array (rows × out) per matrix."""
