@@ -19,16 +19,23 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx import nn
+from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.utils import load_model as mlx_lm_load_model
 
 from exo.shared.types.cpu_kernels import CpuWeightsSetting
 from exo.shared.types.worker.shards import ShardAssignment
+from exo.worker.engines.mlx.cache.layer_cache import PromptCache
 from exo.worker.engines.mlx.cache.owned_kv_cache import buffers_of, state
 from exo.worker.engines.mlx.cpu import decode_graph, engine
 from exo.worker.engines.mlx.cpu.decode_graph import MAX_PASS_TOKENS, SPAN_STEP, DecodeGraph, decode_graph_of
 from exo.worker.engines.mlx.cpu.engine import DECODE_GRAPH_VARIABLE, CpuKernels
 from exo.worker.engines.mlx.discarded_logits import logits_discarded
+from exo.worker.engines.mlx.generator import batch_step, sampling
+from exo.worker.engines.mlx.generator.batch_step import LazyLogprobsBatch
+from exo.worker.engines.mlx.generator.processors import RequestProcessors
+from exo.worker.engines.mlx.generator.sampling import GREEDY
+from exo.worker.engines.mlx.generator.solo import SoloDecoder
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
 from tests.worker.engines.mlx.cpu.weight_formats import (
@@ -287,6 +294,58 @@ def test_copies_and_views_taken_between_steps_keep_what_they_held(
         assert layer.offset == held + 6
         for array, before in zip(buffers_of(layer), arrays, strict=True):
             np.testing.assert_array_equal(np.array(array)[..., :held, :], before[..., :held, :])
+
+
+@pytest.mark.usefixtures("ggml")
+def test_a_graphs_greedy_tokens_are_picked_on_the_host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The graph's steps leave their logits on the host: a greedy pick is numpy's there, alone (`SoloDecoder`) and
+    in a batch (`LazyLogprobsBatch`), and the tokens are those mlx's argmax picks without the graph."""
+    graph, plain = graph_and_plain("tiny-qwen-tools", "q8_0", monkeypatch, tmp_path, off=(DECODE_GRAPH_VARIABLE,))
+    picks: list[bool] = []
+    pick = sampling.greedy_rows
+
+    def counted(logits: mx.array, *, on_host: bool = False) -> mx.array:
+        picks.append(on_host)
+        return pick(logits, on_host=on_host)
+
+    monkeypatch.setattr(sampling, "greedy_rows", counted)
+    monkeypatch.setattr(batch_step, "greedy_rows", counted)
+    results: list[tuple[list[int], list[list[int]]]] = []
+    for model in (graph, plain):
+        cache, first = _prefilled(model, PROMPT)
+        decoder = SoloDecoder(
+            model,
+            cast(PromptCache, cache),
+            fed=[],
+            pending=[first],
+            sampler=GREEDY,
+            processors=RequestProcessors([], ()),
+            drafts=None,
+        )
+        alone: list[int] = []
+        for _ in range(6):
+            decoder.launch(0)
+            alone += decoder.collect()
+        results.append((alone, _greedy_batch(model, [PROMPT, PROMPT[:17], PROMPT[5:30]], steps=6)))
+        # Every pick of this model's steps: on the host with the graph, mlx's without.
+        assert picks
+        assert set(picks) == {model is graph}
+        picks.clear()
+    assert results[0] == results[1]
+
+
+def _greedy_batch(model: nn.Module, prompts: list[list[int]], steps: int) -> list[list[int]]:
+    """Each prompt's greedy tokens over `steps` steps of one batch through exo's generation batch."""
+    generator = BatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
+    generator._generation_batch = LazyLogprobsBatch.empty(model, generator.sampler)  # pyright: ignore[reportPrivateUsage]
+    uids = generator.insert(prompts, max_tokens=[steps] * len(prompts), samplers=[GREEDY] * len(prompts))
+    tokens: dict[int, list[int]] = {uid: [] for uid in uids}
+    for _ in range(steps * 3):
+        for response in generator.next_generated():
+            tokens[response.uid].append(response.token)
+    generator.close()
+    assert all(len(member) == steps for member in tokens.values())
+    return [tokens[uid] for uid in uids]
 
 
 @pytest.mark.usefixtures("ggml")

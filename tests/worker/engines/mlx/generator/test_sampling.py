@@ -16,6 +16,7 @@ from exo.worker.engines.mlx.generator.sampling import (
     GREEDY_BELOW_TEMPERATURE,
     InvalidSamplingError,
     check_sampling,
+    greedy_rows,
     make_request_sampler,
     sample_rows,
     sampling_temperature,
@@ -125,11 +126,18 @@ def test_sample_rows_picks_what_sampling_normalized_log_probabilities_picks(load
         normalized = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         greedy = _ids(sample_rows(GREEDY, logits))
         assert greedy == _ids(greedy_sampler(normalized))
+        assert _ids(sample_rows(GREEDY, logits, on_host=True)) == greedy  # numpy's pick, for logits on the host
         assert len(set(greedy)) > 1  # the control: rows that differ
         hot = SamplingParams(temperature=HOT, top_p=0.9, seed=3)
         drawn = _ids(sample_rows(make_request_sampler(hot), logits))
         assert drawn == _ids(make_request_sampler(hot)(normalized))
         assert drawn != greedy  # the control: the seeded draw is not the argmax
+
+
+def test_a_pick_on_the_host_takes_the_first_of_equal_logits_as_mlx_does() -> None:
+    logits = mx.zeros((3, 1000))
+    logits = logits.at[0, 7].add(2.0).at[0, 900].add(2.0).at[1, 999].add(1.0).at[2, 0].add(-1.0)
+    assert _ids(greedy_rows(logits, on_host=True)) == _ids(greedy_rows(logits)) == [7, 999, 1]
 
 
 def _ids(tokens: mx.array) -> list[int]:

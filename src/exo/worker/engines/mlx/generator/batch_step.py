@@ -39,8 +39,9 @@ import mlx.core as mx
 from mlx import nn
 from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 
+from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_of
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
-from exo.worker.engines.mlx.generator.sampling import GREEDY, Sampler
+from exo.worker.engines.mlx.generator.sampling import GREEDY, Sampler, greedy_rows
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 
 
@@ -195,7 +196,9 @@ class LazyLogprobsBatch(GenerationBatch):
         logits, token_context = self._processed(unsampled.logits, unsampled.inputs)
         with STEP_CLOCK.part("graph"):
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # lazy: evaluated only if read
-            sampled = _sample(self._samplers()[:rows], logits, logprobs)
+            sampled = _sample(
+                self._samplers()[:rows], logits, logprobs, on_host=decode_graph_of(self.model) is not None
+            )
             joined = self._next_tokens
             self._next_tokens = sampled if joined is None else mx.concatenate([sampled, joined])
             self._next_logprobs = [*(logprobs[index] for index in range(rows)), *self._next_logprobs]
@@ -247,7 +250,9 @@ class LazyLogprobsBatch(GenerationBatch):
             logits, token_context = self._processed(logits, inputs)
             with STEP_CLOCK.part("graph"):
                 logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # lazy: evaluated only if read
-                self._next_tokens = _sample(self._samplers(), logits, logprobs)
+                self._next_tokens = _sample(
+                    self._samplers(), logits, logprobs, on_host=decode_graph_of(self.model) is not None
+                )
                 self._next_logprobs = [logprobs[index] for index in range(len(self.uids))]
             with STEP_CLOCK.part("launch"):
                 mx.async_eval(self._next_tokens, token_context)
@@ -263,13 +268,16 @@ class LazyLogprobsBatch(GenerationBatch):
         return [self.fallback_sampler if sampler is None else sampler for sampler in given]
 
 
-def _sample(samplers: list[Sampler], logits: mx.array, logprobs: mx.array) -> mx.array:
-    """Each row's token: the argmax of its logits for a greedy member, its sampler on its log-probabilities
-    otherwise; one call for the whole batch when every member shares the sampler (as mlx-lm does)."""
+def _sample(samplers: list[Sampler], logits: mx.array, logprobs: mx.array, *, on_host: bool) -> mx.array:
+    """Each row's token: the argmax of its logits for a greedy member (`greedy_rows`: `on_host` where the model's
+    step runs on the host), its sampler on its log-probabilities otherwise; one call for the whole batch when every
+    member shares the sampler (as mlx-lm does)."""
     if all(sampler is samplers[0] for sampler in samplers):
-        return mx.argmax(logits, axis=-1) if samplers[0] is GREEDY else samplers[0](logprobs)
+        return greedy_rows(logits, on_host=on_host) if samplers[0] is GREEDY else samplers[0](logprobs)
     rows = [
-        mx.argmax(logits[index : index + 1], axis=-1) if sampler is GREEDY else sampler(logprobs[index : index + 1])
+        greedy_rows(logits[index : index + 1], on_host=on_host)
+        if sampler is GREEDY
+        else sampler(logprobs[index : index + 1])
         for index, sampler in enumerate(samplers)
     ]
     return mx.concatenate(rows, axis=0)

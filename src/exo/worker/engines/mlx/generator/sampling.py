@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, greedy_sampler, make_logits_processors
 
 from exo.shared.types.api import MAX_SEED
@@ -103,10 +104,21 @@ def penalty_processors(sampling: SamplingParams) -> Sequence[LogitsProcessor]:
     )
 
 
-def sample_rows(sampler: Sampler, logits: mx.array) -> mx.array:
-    """The next token of each row of `logits` (processed, not normalized): a greedy sampler takes the largest logit,
-    which normalizing (subtracting one constant per row: a `logsumexp` over the vocabulary, several milliseconds per
-    row on mlx's CPU backend) would not change; any other sampler draws from the normalized log-probabilities."""
+def greedy_rows(logits: mx.array, *, on_host: bool = False) -> mx.array:
+    """Each row's largest logit (the first, where several are). `on_host`: the model's step runs on the host
+    synchronously (the CPU engine's decode graph), so its logits are already computed and numpy picks them: mlx's CPU
+    argmax took 0.15 ms over the default model's 151,936 logits, numpy's 0.012 ms. Elsewhere mlx's argmax, lazily,
+    so the pick joins the forward pass on the device."""
+    if on_host:
+        return mx.array(np.argmax(np.asarray(logits), axis=-1).astype(np.uint32))
+    return mx.argmax(logits, axis=-1)
+
+
+def sample_rows(sampler: Sampler, logits: mx.array, *, on_host: bool = False) -> mx.array:
+    """The next token of each row of `logits` (processed, not normalized): a greedy sampler takes the largest logit
+    (`greedy_rows`), which normalizing (subtracting one constant per row: a `logsumexp` over the vocabulary, several
+    milliseconds per row on mlx's CPU backend) would not change; any other sampler draws from the normalized
+    log-probabilities."""
     if sampler is GREEDY:
-        return mx.argmax(logits, axis=-1)
+        return greedy_rows(logits, on_host=on_host)
     return sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))

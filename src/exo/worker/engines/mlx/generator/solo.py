@@ -31,6 +31,7 @@ from mlx import nn
 from mlx_lm.generate import generation_stream
 
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, can_trim, trim_tokens
+from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_of
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, PassTimes, StepCosts
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import Sampler, SeededSampler, sample_rows
@@ -100,6 +101,8 @@ class SoloDecoder:
         if len(pending) != 1:
             raise ValueError(f"a decoder starts from one token to feed, not {len(pending)} (prefill the rest first)")
         self._model = model
+        self._on_host = decode_graph_of(model) is not None
+        """The model's steps run on the host synchronously: a greedy pick reads their logits there (`greedy_rows`)."""
         self.cache = cache
         self.fed: list[int] = list(fed)
         """Tokens the cache holds after the cached prefix, in order: what processors are shown before new ones."""
@@ -182,7 +185,7 @@ class SoloDecoder:
                 fed = [*self.fed, *(previous.inputs if previous.inputs is not None else self.pending)]
                 context = mx.concatenate([mx.array(fed), token])
                 logits = self._processors(context, logits)
-            samples = sample_rows(self._sampler, logits)
+            samples = sample_rows(self._sampler, logits, on_host=self._on_host)
         with STEP_CLOCK.part("launch"):
             mx.async_eval(samples)
         self._launched.append(_LaunchedStep(inputs=None, output=_Sampling(samples), started=started))
@@ -197,7 +200,7 @@ class SoloDecoder:
         if isinstance(step.output, _AwaitingMask):
             with mx.stream(generation_stream), STEP_CLOCK.part("graph"):
                 logits = self._processors(mx.array([*self.fed, *self.pending]), step.output.logits)
-                samples = sample_rows(self._sampler, logits)
+                samples = sample_rows(self._sampler, logits, on_host=self._on_host)
             with STEP_CLOCK.part("launch"):
                 mx.async_eval(samples)
             self._launched[0] = replace(step, output=_Sampling(samples))
@@ -336,4 +339,4 @@ class SoloDecoder:
                 for position in range(len(inputs))
             ]
             logits = mx.concatenate(rows, axis=0)
-        return sample_rows(self._sampler, logits)
+        return sample_rows(self._sampler, logits, on_host=self._on_host)
