@@ -143,7 +143,7 @@ class BusMasterClient:
         self._by_task: dict[TaskId, _Pending] = {}
         # Why new requests are refused once the node began to stop (None while it serves).
         self._closed_because: str | None = None
-        self._replies = bus.subscribe(topics.task_replies(membership.node_id), TaskReplyAdapter)
+        self._replies = bus.subscribe(topics.task_replies(membership.node_id), TaskReplyAdapter, inbox=True)
         membership.on_change(self._on_membership)
 
     @property
