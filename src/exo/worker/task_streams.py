@@ -1,7 +1,8 @@
 """Runs the tasks the master assigns to this node's runners and streams each one's replies to the node that asked.
 
-The requesting node may be this one or another: either way the replies travel over the bus, so a forwarded
-request gets exactly the chunks (tool calls, usage, errors) a local one does. If the requesting node leaves the
+The requesting node may be this one or another: either way the replies are published on the bus, so a forwarded
+request gets exactly the chunks (tool calls, usage, errors) a local one does (a local one's are handed to its
+inbox without zenoh, `Bus.subscribe`). If the requesting node leaves the
 cluster, its tasks are cancelled: nobody is left to read them.
 """
 
