@@ -52,6 +52,19 @@ def test_pieces_stay_within_bounds() -> None:
         PiecePacer(0)
 
 
+def test_a_piece_cut_short_by_the_prompts_end_only_shrinks_the_next() -> None:
+    pacer = PiecePacer(TARGET)
+    pacer.record(20, 0.001, layers=4)  # a short prompt's only piece, fast: says nothing about a longer one
+    assert pacer.size == FIRST_PIECE_TOKENS
+    for _ in range(8):
+        pacer.record(pacer.size, 0.0, layers=4)
+    assert pacer.size == MAX_PIECE_TOKENS
+    pacer.record(20, 0.001, layers=4)  # after a long prompt's pieces, the next long prompt starts where they ended
+    assert pacer.size == MAX_PIECE_TOKENS
+    pacer.record(64, 2 * TARGET * 4, layers=4)  # even 64 tokens took twice the target a layer: shrinks
+    assert pacer.size == MIN_PIECE_TOKENS
+
+
 def test_the_answer_does_not_depend_on_the_piece_sizes() -> None:
     slow = DecodeSettings(batch_size=1, speculation=None, prefill_piece_seconds=1e-6)  # the smallest pieces
     fast = DecodeSettings(batch_size=1, speculation=None, prefill_piece_seconds=60)

@@ -72,11 +72,17 @@ class PiecePacer:
 
     def record(self, tokens: int, seconds: float, layers: int) -> None:
         """A piece of `tokens` took `seconds` (not counting its pauses) over `layers` layers (0: the model could not
-        pause between layers, the pass is one unit): size the next one so a layer takes about the target time."""
+        pause between layers, the pass is one unit): size the next one so a layer takes about the target time. A
+        piece shorter than the size (a prompt's end: an agent's short turn after its cached prefix) can only shrink
+        it: its speed says nothing about a longer piece, and sizing from its length set the next long prompt's
+        pieces back to a few dozen tokens, measured 2-6% slower over a 2,652-token prompt than starting at 128."""
         if tokens <= 0:
             return
         per_unit = seconds / max(layers, 1)
         fitting = tokens * self.target_seconds / max(per_unit, 1e-6)
+        if tokens < self._size:
+            self._size = max(MIN_PIECE_TOKENS, min(self._size, int(fitting)))
+            return
         grown = min(fitting, tokens * MAX_GROWTH, MAX_PIECE_TOKENS)
         self._size = max(MIN_PIECE_TOKENS, int(grown))
 
