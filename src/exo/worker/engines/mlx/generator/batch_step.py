@@ -196,9 +196,7 @@ class LazyLogprobsBatch(GenerationBatch):
         logits, token_context = self._processed(unsampled.logits, unsampled.inputs)
         with STEP_CLOCK.part("graph"):
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # lazy: evaluated only if read
-            sampled = _sample(
-                self._samplers()[:rows], logits, logprobs, on_host=decode_graph_of(self.model) is not None
-            )
+            sampled = _sample(self._samplers()[:rows], logits, logprobs, on_host=self._on_host)
             joined = self._next_tokens
             self._next_tokens = sampled if joined is None else mx.concatenate([sampled, joined])
             self._next_logprobs = [*(logprobs[index] for index in range(rows)), *self._next_logprobs]
@@ -250,9 +248,7 @@ class LazyLogprobsBatch(GenerationBatch):
             logits, token_context = self._processed(logits, inputs)
             with STEP_CLOCK.part("graph"):
                 logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # lazy: evaluated only if read
-                self._next_tokens = _sample(
-                    self._samplers(), logits, logprobs, on_host=decode_graph_of(self.model) is not None
-                )
+                self._next_tokens = _sample(self._samplers(), logits, logprobs, on_host=self._on_host)
                 self._next_logprobs = [logprobs[index] for index in range(len(self.uids))]
             with STEP_CLOCK.part("launch"):
                 mx.async_eval(self._next_tokens, token_context)
@@ -262,6 +258,12 @@ class LazyLogprobsBatch(GenerationBatch):
         for held, token in zip(self.tokens, tokens, strict=True):
             held.append(token)
         return tokens, self._current_logprobs
+
+    @property
+    def _on_host(self) -> bool:
+        """The model's steps run on the host synchronously (the CPU engine's decode graph): a greedy pick reads their
+        logits there (`greedy_rows`)."""
+        return decode_graph_of(self.model) is not None
 
     def _samplers(self) -> list[Sampler]:
         given = cast(list[Sampler | None], self.samplers or [None] * len(self.uids))
