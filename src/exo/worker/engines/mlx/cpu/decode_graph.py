@@ -256,8 +256,7 @@ class DecodeGraph:
         step = self._steps.find(_StepKey(rows=rows, starts=(0,), buffers=written.buffers, in_place=True), sequences)
         if step is None:
             return None
-        mx.eval(inputs)
-        logits = self._run(step, cast(list[int], np.asarray(inputs).reshape(-1).tolist()), sequences, batch=1)
+        logits = self._run(step, _token_ids(inputs), sequences, batch=1)
         for cache in owned:
             cache.offset += rows
         written.end += rows
@@ -939,19 +938,19 @@ class _DecodeGraphCall(nn.Module):
     decode_graph: DecodeGraph
 
     def __call__(self, inputs: mx.array, cache: object = None, *args: object, **kwargs: object) -> mx.array:
-        if _graph_call(inputs, args, kwargs) and inputs.shape[0] == 1:
-            logits = self.decode_graph.resume(inputs, cache)
+        if _graph_call(inputs, args, kwargs):
+            graph = self.decode_graph
+            logits = graph.resume(inputs, cache) if inputs.shape[0] == 1 else None
             if logits is not None:
                 return logits
-        caches = _decode_caches(inputs, cache, args, kwargs, self.decode_graph.layers)
-        if caches is not None:
-            mx.eval(inputs, *[array for layer in caches for array in _held_arrays(layer)])
-            for layer in caches:
-                settle(layer)
-            tokens = cast(list[int], np.asarray(inputs).reshape(-1).tolist())
-            logits = self.decode_graph.logits(tokens, caches, rows=inputs.shape[1])
-            if logits is not None:
-                return logits
+            caches = _decode_caches(inputs, cache, graph.layers)
+            if caches is not None:
+                mx.eval(inputs, *[array for layer in caches for array in _held_arrays(layer)])
+                for layer in caches:
+                    settle(layer)
+                logits = graph.logits(_token_ids(inputs), caches, rows=inputs.shape[1])
+                if logits is not None:
+                    return logits
         return cast(mx.array, super().__call__(inputs, cache, *args, **kwargs))  # pyright: ignore[reportUnknownMemberType]
 
 
@@ -979,14 +978,9 @@ def decode_graph_of(model: nn.Module) -> DecodeGraph | None:
     return model.decode_graph if isinstance(model, _DecodeGraphCall) else None
 
 
-def _decode_caches(
-    inputs: mx.array, cache: object, args: tuple[object, ...], kwargs: dict[str, object], layers: int
-) -> list[KVCache] | list[BatchKVCache] | None:
-    """The caches of a call the graph computes: one token for each sequence (or up to MAX_PASS_TOKENS of one), no
-    input embeddings, its logits wanted, every layer's cache an mlx-lm KVCache (one sequence) or BatchKVCache (a
-    batch, not mid-prefill), in float32, all at the same place (else None)."""
-    if not _graph_call(inputs, args, kwargs):
-        return None
+def _decode_caches(inputs: mx.array, cache: object, layers: int) -> list[KVCache] | list[BatchKVCache] | None:
+    """The caches of a call of a shape the graph computes (`_graph_call`): every layer's cache an mlx-lm KVCache
+    (one sequence) or BatchKVCache (a batch, not mid-prefill), in float32, all at the same place (else None)."""
     if not isinstance(cache, list) or len(cast(list[object], cache)) != layers:
         return None
     caches = cast(list[object], cache)
@@ -1002,12 +996,18 @@ def _decode_caches(
 
 
 def _graph_call(inputs: mx.array, args: tuple[object, ...], kwargs: dict[str, object]) -> bool:
-    """Whether a call is of a shape the graph computes, its caches aside (`_decode_caches`)."""
+    """Whether a call is of a shape the graph computes, its caches aside (`_decode_caches`): one token for each
+    sequence (or up to MAX_PASS_TOKENS of one), no input embeddings, its logits wanted."""
     if args or any(value is not None for value in kwargs.values()) or logits_are_discarded():
         return False
     if inputs.ndim != 2 or not 0 < inputs.shape[0] <= MAX_SEQUENCES:
         return False
     return inputs.shape[1] == 1 or (inputs.shape[0] == 1 and 1 < inputs.shape[1] <= MAX_PASS_TOKENS)
+
+
+def _token_ids(inputs: mx.array) -> list[int]:
+    """A call's token ids, sequence by sequence (numpy's view evaluates them)."""
+    return cast(list[int], np.asarray(inputs).reshape(-1).tolist())
 
 
 def _held_arrays(layer: KVCache | BatchKVCache) -> tuple[mx.array, ...]:
