@@ -19,7 +19,6 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx import nn
-from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.utils import load_model as mlx_lm_load_model
 
@@ -32,7 +31,6 @@ from exo.worker.engines.mlx.cpu.decode_graph import MAX_PASS_TOKENS, SPAN_STEP, 
 from exo.worker.engines.mlx.cpu.engine import DECODE_GRAPH_VARIABLE, CpuKernels
 from exo.worker.engines.mlx.discarded_logits import logits_discarded
 from exo.worker.engines.mlx.generator import batch_step, sampling
-from exo.worker.engines.mlx.generator.batch_step import LazyLogprobsBatch
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import GREEDY
 from exo.worker.engines.mlx.generator.solo import SoloDecoder
@@ -44,6 +42,7 @@ from tests.worker.engines.mlx.cpu.weight_formats import (
     loaded_fixture,
     mismatched_trained_cases,
 )
+from tests.worker.engines.mlx.generator.batch_generation import generate
 
 PROMPT = [(index * 13) % 200 + 5 for index in range(40)]
 OTHER_TOKEN = 7
@@ -326,26 +325,14 @@ def test_a_graphs_greedy_tokens_are_picked_on_the_host(monkeypatch: pytest.Monke
         for _ in range(6):
             decoder.launch(0)
             alone += decoder.collect()
-        results.append((alone, _greedy_batch(model, [PROMPT, PROMPT[:17], PROMPT[5:30]], steps=6)))
+        batched, _ = generate(model, [GREEDY] * 3, lazy=True, prompts=[PROMPT, PROMPT[:17], PROMPT[5:30]], steps=6)
+        assert all(len(member) == 6 for member in batched)
+        results.append((alone, batched))
         # Every pick of this model's steps: on the host with the graph, mlx's without.
         assert picks
         assert set(picks) == {model is graph}
         picks.clear()
     assert results[0] == results[1]
-
-
-def _greedy_batch(model: nn.Module, prompts: list[list[int]], steps: int) -> list[list[int]]:
-    """Each prompt's greedy tokens over `steps` steps of one batch through exo's generation batch."""
-    generator = BatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
-    generator._generation_batch = LazyLogprobsBatch.empty(model, generator.sampler)  # pyright: ignore[reportPrivateUsage]
-    uids = generator.insert(prompts, max_tokens=[steps] * len(prompts), samplers=[GREEDY] * len(prompts))
-    tokens: dict[int, list[int]] = {uid: [] for uid in uids}
-    for _ in range(steps * 3):
-        for response in generator.next_generated():
-            tokens[response.uid].append(response.token)
-    generator.close()
-    assert all(len(member) == steps for member in tokens.values())
-    return [tokens[uid] for uid in uids]
 
 
 @pytest.mark.usefixtures("ggml")

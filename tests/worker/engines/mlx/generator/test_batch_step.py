@@ -5,44 +5,14 @@ Real forward passes of a fixture model through mlx-lm's BatchGenerator, once as 
 exo's `LazyLogprobsBatch` as its generation batch.
 """
 
-from collections.abc import Sequence
-
 import mlx.core as mx
-from mlx import nn
-from mlx_lm.generate import BatchGenerator
 
 from exo.shared.types.tasks import SamplingParams
 from exo.shared.types.worker.shards import ShardAssignment
-from exo.worker.engines.mlx.generator.batch_step import LazyLogprobsBatch
-from exo.worker.engines.mlx.generator.sampling import GREEDY, Sampler, SeededSampler, penalty_processors
+from exo.worker.engines.mlx.generator.sampling import GREEDY, Sampler, SeededSampler
 from exo.worker.engines.mlx.model_loader import load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR
-
-PROMPTS = [[1, 5, 9, 12, 40], [7, 3], [2, 8, 8, 30, 31, 32, 33], [11, 12, 13]]
-STEPS = 12
-
-
-def generate(
-    model: nn.Module, samplers: Sequence[Sampler], *, lazy: bool, penalised: bool = False
-) -> tuple[list[list[int]], list[list[mx.array]]]:
-    """Each prompt's tokens and log-probabilities over `STEPS` steps of one batch."""
-    generator = BatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
-    if lazy:
-        generator._generation_batch = LazyLogprobsBatch.empty(model, generator.sampler)  # pyright: ignore[reportPrivateUsage]
-    processors = [
-        list(penalty_processors(SamplingParams(repetition_penalty=1.5))) if penalised else [] for _ in PROMPTS
-    ]
-    uids = generator.insert(
-        PROMPTS, max_tokens=[STEPS] * len(PROMPTS), samplers=list(samplers), logits_processors=processors
-    )
-    tokens: dict[int, list[int]] = {uid: [] for uid in uids}
-    logprobs: dict[int, list[mx.array]] = {uid: [] for uid in uids}
-    for _ in range(STEPS * 3):
-        for response in generator.next_generated():
-            tokens[response.uid].append(response.token)
-            logprobs[response.uid].append(response.logprobs)
-    generator.close()
-    return [tokens[uid] for uid in uids], [logprobs[uid] for uid in uids]
+from tests.worker.engines.mlx.generator.batch_generation import PROMPTS, STEPS, generate
 
 
 def test_greedy_and_sampled_members_get_the_same_tokens_and_exact_logprobs() -> None:
