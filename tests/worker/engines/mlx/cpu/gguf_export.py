@@ -34,6 +34,21 @@ def export_fixture(name: FixtureModelName, target: Path) -> Path:
     return export_model(FIXTURE_MODELS_DIR / name, target)
 
 
+def export_untied(name: FixtureModelName, target: Path) -> Path:
+    """`export_fixture` of fixture model `name` made untied, as the default model is: an output head of its own
+    (`lm_head`, the GGUF's `output.weight`: a copy of the embedding table, so its answers are the fixture's), so its
+    embedding table is only looked up."""
+    untied = target.parent / f"{name}-untied-source"
+    shutil.copytree(FIXTURE_MODELS_DIR / name, untied)
+    config = json.loads((untied / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    (untied / "config.json").write_text(json.dumps(config))
+    weights = cast(dict[str, mx.array], mx.load(str(untied / "model.safetensors")))
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    mx.save_safetensors(str(untied / "model.safetensors"), weights, metadata={"format": "mlx"})
+    return export_model(untied, target)
+
+
 def export_model(source: Path, target: Path, quantize: Quantizer | None = None) -> Path:
     """`export_fixture` for any model directory `source` (`quantize`: for the block types gguf's own Python does not
     quantize, such as the K-quants: values and type to the blocks)."""

@@ -29,6 +29,7 @@ from exo.worker.engines.mlx.cache.owned_kv_cache import buffers_of, state
 from exo.worker.engines.mlx.cpu import decode_graph, engine
 from exo.worker.engines.mlx.cpu.decode_graph import MAX_PASS_TOKENS, SPAN_STEP, DecodeGraph, decode_graph_of
 from exo.worker.engines.mlx.cpu.engine import DECODE_GRAPH_VARIABLE, CpuKernels
+from exo.worker.engines.mlx.cpu.gguf_layers import FileEmbedding
 from exo.worker.engines.mlx.discarded_logits import logits_discarded
 from exo.worker.engines.mlx.generator import batch_step, sampling
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
@@ -36,6 +37,7 @@ from exo.worker.engines.mlx.generator.sampling import GREEDY
 from exo.worker.engines.mlx.generator.solo import SoloDecoder
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
+from tests.worker.engines.mlx.cpu.gguf_export import export_fixture
 from tests.worker.engines.mlx.cpu.weight_formats import (
     assert_within_product_rounding,
     graph_and_plain,
@@ -152,6 +154,34 @@ def test_a_model_decodes_one_token_a_graph_as_mlx_lms_model_does(
     # The caches hold what mlx-lm's steps leave: the same positions, the same keys and values.
     for ours, theirs in _held_alike(graph_cache, plain_cache, len(PROMPT) + 8):
         np.testing.assert_array_equal(ours[0][..., : len(PROMPT), :], theirs[0][..., : len(PROMPT), :])
+
+
+@pytest.mark.usefixtures("ggml")
+@pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])
+def test_an_untied_models_steps_read_their_embedding_rows_from_the_file(
+    name: FixtureModelName, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The step writes its tokens' rows of a table read from the GGUF: the logits are exactly those of the same
+    blocks held (the tied export, whose head is the same Q8_0 table), and mlx-lm's steps pick the same tokens."""
+    graph, plain = graph_and_plain(name, "gguf", monkeypatch, tmp_path, off=(DECODE_GRAPH_VARIABLE,), untied=True)
+    assert isinstance(graph["model"]["embed_tokens"], FileEmbedding)
+    step = decode_graph_of(graph)
+    assert step is not None
+    counting = _Counting(step, monkeypatch)
+    held = loaded_fixture(name, "gguf", export_fixture(name, tmp_path / "tied" / name)).model
+    assert decode_graph_of(held) is not None
+    graph_cache, first = _prefilled(graph, PROMPT)
+    plain_cache, plain_first = _prefilled(plain, PROMPT)
+    held_cache, held_first = _prefilled(held, PROMPT)
+    assert first == plain_first == held_first
+    graph_logits, graph_tokens = _decode(graph, graph_cache, first, steps=8)
+    plain_logits, plain_tokens = _decode(plain, plain_cache, first, steps=8)
+    held_logits, _ = _decode(held, held_cache, first, steps=8)
+    assert counting.calls == 8
+    assert graph_tokens == plain_tokens
+    for ours, theirs, tied in zip(graph_logits, plain_logits, held_logits, strict=True):
+        assert_within_product_rounding(ours, theirs)
+        np.testing.assert_array_equal(ours, tied)
 
 
 @pytest.mark.usefixtures("ggml")

@@ -30,15 +30,22 @@ from exo.models.gguf_import import tensor_record
 from exo.models.gguf_source import GgufTensor, gguf_missing_reason, kept_gguf, read_gguf_source
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cache.model_identity import model_identity
+from exo.worker.engines.mlx.cpu.embedding_rows import FileRows, HeldRows
 from exo.worker.engines.mlx.cpu.engine import CpuKernels
 from exo.worker.engines.mlx.cpu.engine import held_bytes as loaded_held_bytes
 from exo.worker.engines.mlx.cpu.ggml_library import CACHED_ROWS, Ggml, GgmlMatrix
-from exo.worker.engines.mlx.cpu.gguf_layers import GgufEmbedding, GgufModelSource, gguf_matrix
+from exo.worker.engines.mlx.cpu.gguf_layers import (
+    FileEmbedding,
+    GgufEmbedding,
+    GgufModelSource,
+    file_embedding_bytes,
+    gguf_matrix,
+)
 from exo.worker.engines.mlx.cpu.q8_layers import Q8Linear, Q8Weights, SwiGluMlp, q8_bytes
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
 from tests.fixtures.model_builder.verify import load_model
-from tests.worker.engines.mlx.cpu.gguf_export import export_fixture
+from tests.worker.engines.mlx.cpu.gguf_export import export_fixture, export_untied
 from tests.worker.engines.mlx.cpu.platform_gate import require_linux_cpu
 from tests.worker.engines.mlx.cpu.weight_formats import fixture_matrix, mismatched_trained_cases, relative_error
 
@@ -106,6 +113,48 @@ def test_a_gguf_embedding_looks_up_the_dequantized_rows_and_projects_by_its_bloc
     np.testing.assert_array_equal(np.asarray(looked_up)[0], dequantized[[3, 7, 7, 49]])
     x = mx.random.normal((1, 2, 256), key=mx.random.key(6))
     assert relative_error(embedding.as_linear(x), mx.array(np.asarray(x) @ dequantized.T)) < TOLERANCE
+
+
+@pytest.mark.parametrize("type_name", ["Q5_0", "Q8_0", "Q4_K"])
+def test_rows_read_from_the_file_are_the_held_matrixs_rows(ggml: Ggml, type_name: str, tmp_path: Path) -> None:
+    table = np.asarray(mx.random.normal((40, 256), key=mx.random.key(8)))
+    tensor, record, path = _stored_tensor(ggml, type_name, table, tmp_path)
+    held = HeldRows(gguf_matrix(record, path, ggml))
+    in_features, out_features = record.shape
+    from_file = FileRows(path, record.offset, record.type, (out_features, in_features), held.row_bytes)
+    ids = np.array([0, 39, 7, 7, 12], dtype=np.int64)
+    expected = np.asarray(tensor.data).view(np.uint8).reshape(out_features, -1)[ids]
+    for rows in (held, from_file):
+        np.testing.assert_array_equal(rows.take(ids), expected)
+        written = np.zeros((len(ids), held.row_bytes), dtype=np.uint8)
+        rows.read_into([int(token) for token in ids], written.ctypes.data)
+        np.testing.assert_array_equal(written, expected)
+    with pytest.raises(IndexError, match="outside the embedding table's 40 rows"):
+        from_file.take(np.array([40], dtype=np.int64))
+    with pytest.raises(ValueError, match="ends before"):
+        FileRows(path, record.offset + 1, record.type, (out_features, in_features), held.row_bytes)
+
+
+@pytest.mark.usefixtures("ggml")
+@pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])
+def test_an_untied_models_embedding_is_looked_up_in_its_file_not_held(name: FixtureModelName, tmp_path: Path) -> None:
+    """With an output head of its own (as the default model has), the embedding table is only looked up: its rows
+    are read from the GGUF, no matrix of it is held, and the model still answers its trained prompts."""
+    require_linux_cpu()
+    directory = export_untied(name, tmp_path / name)
+    model = exo_load_model(directory, ShardAssignment(), cpu_kernels=CpuKernels("auto", weights="gguf")).model
+    embedding = model["model"]["embed_tokens"]
+    assert isinstance(embedding, FileEmbedding)
+    source = read_gguf_source(directory)
+    assert source is not None
+    table = source.tensors["model.embed_tokens.weight"].nbytes
+    vectors = sum(size for name, size in source.tensor_bytes.items() if "norm" in name or name.endswith(".bias"))
+    # No block of the table is held: the held matrices are the file's others. It still counts among the weights
+    # the runner serves (`held_bytes`, which placement plans from the file's tensors).
+    assert q8_bytes(model) == sum(source.tensor_bytes.values()) - vectors - table
+    assert file_embedding_bytes(model) == table
+    assert loaded_held_bytes(model) == sum(source.tensor_bytes.values())
+    assert mismatched_trained_cases(name, "gguf", directory) == []
 
 
 @pytest.mark.usefixtures("ggml")

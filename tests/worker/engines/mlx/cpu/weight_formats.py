@@ -26,7 +26,7 @@ from tests.fixtures.fixture_specs import (
     FixtureModelName,
 )
 from tests.fixtures.model_builder.verify import LoadedModel, greedy_generate, load_model
-from tests.worker.engines.mlx.cpu.gguf_export import export_fixture
+from tests.worker.engines.mlx.cpu.gguf_export import export_fixture, export_untied
 
 # Every fixture model with the table it was trained on (tiny-qwen-tools-deep is tiny-qwen-tools' table on a deeper
 # model split into five files; tiny-qwen-mcp and tiny-qwen-codex are trained on captured client requests).
@@ -95,10 +95,14 @@ def graph_and_plain(
     monkeypatch: pytest.MonkeyPatch,
     directory: Path,
     off: Sequence[str],
+    *,
+    untied: bool = False,
 ) -> tuple[nn.Module, nn.Module]:
     """The fixture as the engine loads it, and loaded again with each variable of `off` set to `off` (the ggml
-    graphs they name left out); under `gguf`, both from its export to a GGUF in `directory` (several block types)."""
-    source = export_fixture(name, directory / name) if weights == "gguf" else None
+    graphs they name left out); under `gguf`, both from its export to a GGUF in `directory` (several block types;
+    `untied`: with an output head of its own, `export_untied`)."""
+    export = export_untied if untied else export_fixture
+    source = export(name, directory / name) if weights == "gguf" else None
     graph = loaded_fixture(name, weights, source).model
     with monkeypatch.context() as switched:
         for variable in off:

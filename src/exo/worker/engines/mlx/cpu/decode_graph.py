@@ -53,8 +53,10 @@ from exo.worker.engines.mlx.cache.owned_kv_cache import (
     settle,
     state,
 )
+from exo.worker.engines.mlx.cpu.embedding_rows import EmbeddingRows
 from exo.worker.engines.mlx.cpu.ggml_graph_ops import ROPE_NEOX, GgmlGraphOps, graph_ops
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, ComputePlan, Ggml, GgmlMatrix
+from exo.worker.engines.mlx.cpu.gguf_layers import FileEmbedding
 from exo.worker.engines.mlx.cpu.q8_layers import GGML_POLL, Q8Embedding, Q8Linear, Q8Weights, SwiGluMlp
 from exo.worker.engines.mlx.cpu.stored_layout import StoredLayout
 from exo.worker.engines.mlx.discarded_logits import logits_are_discarded
@@ -157,7 +159,7 @@ class DecodeGraph:
         *,
         shape: Shape,
         layers: Sequence[_Layer],
-        embedding: GgmlMatrix,
+        embedding: EmbeddingRows,
         norm: int,
         head: Q8Weights,
         parameters: int,
@@ -264,7 +266,7 @@ class DecodeGraph:
 
     def _run(self, step: "_StepGraph", tokens: Sequence[int], sequences: Sequences, *, batch: int) -> mx.array:
         """Run `step` for `tokens`: its logits (batch × rows × vocabulary)."""
-        step.write(tokens, sequences)
+        step.write(tokens, sequences, self._embedding)
         self.compute(step.graph, step.plans)
         count, vocabulary = len(tokens), self._head.shape[0]
         # Copied out (mx.array copies) before the graph runs again.
@@ -294,13 +296,18 @@ class DecodeGraph:
         try:
             ids = ops.new_tensor_1d(context, I32, count)
             positions = ops.new_tensor_1d(context, I32, count)
-            ops.set_input(ids)
-            ops.set_input(positions)
+            # The step's own rows of the embedding table, written with its tokens: a table read from the file is
+            # never in memory whole, and a held one is read the same way.
+            embedded = ops.new_tensor_2d(
+                context, GGML_TYPES[self._embedding.type_name], self._embedding.shape[1], count
+            )
+            for tensor in (ids, positions, embedded):
+                ops.set_input(tensor)
             mask_tensors: list[int] = []
             for mask in masks:
                 mask_tensors.append(ops.new_tensor_4d(outside, _F32, *reversed(mask.shape)))
                 ops.set_data(mask_tensors[-1], mask.ctypes.data)
-            x = ops.get_rows(context, self._embedding.tensor, ids)
+            x = ops.get_rows(context, embedded, ids)
             appended: list[tuple[int, int]] = []
             for index, (keys, values) in enumerate(views):
                 cached = (_flat(ops, outside, keys), keys), (_flat(ops, outside, values), values)
@@ -353,6 +360,7 @@ class DecodeGraph:
             graph=graph,
             ids=ops.get_data(ids),
             positions=ops.get_data(positions),
+            embedded=ops.get_data(embedded),
             masks=masks,
             logits=logits,
             appended=appended,
@@ -719,8 +727,10 @@ class _StepGraph:
     contexts: tuple[int, int]
     graph: int
     ids: int
-    """The address of the token ids' input; `positions` likewise."""
+    """The address of the token ids' input (the rows of `embedded` to look up); `positions` likewise."""
     positions: int
+    embedded: int
+    """The address of the step's tokens' rows of the embedding table (blocks, one row a token)."""
     masks: Sequence[npt.NDArray[np.float32]]
     """Each sequence's attention mask (the graph reads this memory)."""
     logits: int
@@ -738,10 +748,12 @@ class _StepGraph:
         SPAN_STEP positions (a trimmed cache gets a new graph rather than attention over what it dropped)."""
         return key == self.key and self.end - SPAN_STEP <= sequences.end <= self.end
 
-    def write(self, tokens: Sequence[int], sequences: Sequences) -> None:
-        """The step's inputs: token ids, positions, and each mask's cached part (0 where held, -inf past it)."""
+    def write(self, tokens: Sequence[int], sequences: Sequences, embedding: EmbeddingRows) -> None:
+        """The step's inputs: its tokens' rows of `embedding`, positions, and each mask's cached part (0 where held,
+        -inf past it)."""
         rows = self.key.rows
-        write_int32(self.ids, tokens)
+        embedding.read_into(tokens, self.embedded)
+        write_int32(self.ids, range(len(tokens)))
         write_int32(self.positions, [held + row for held in sequences.held for row in range(rows)])
         for mask, start, held in zip(self.masks, sequences.starts, sequences.held, strict=True):
             span = self.end - start
@@ -843,10 +855,15 @@ def decode_graph_for(model: nn.Module, ggml: Ggml) -> DecodeGraph | None:
         return None
     embedding = inner.get("embed_tokens")
     layers = cast(list[nn.Module], inner.get("layers") or [])
-    if not isinstance(embedding, Q8Embedding) or not layers or len(layers) != getattr(args, "num_hidden_layers", -1):
+    if not isinstance(embedding, (Q8Embedding, FileEmbedding)) or not layers:
+        return None
+    if len(layers) != getattr(args, "num_hidden_layers", -1):
         return None
     head_module = model.get("lm_head")
-    head = embedding.q8 if head_module is None else _weights(head_module)
+    if head_module is None:
+        head = embedding.q8 if isinstance(embedding, Q8Embedding) else None
+    else:
+        head = _weights(head_module)
     if head is None:
         return None
     first = layers[0]["self_attn"]
@@ -867,7 +884,7 @@ def decode_graph_for(model: nn.Module, ggml: Ggml) -> DecodeGraph | None:
     if heads % kv_heads or not isinstance(q_proj, Q8Linear) or head_dim * heads != q_proj.q8.shape[0]:
         return None
     ops = graph_ops(ggml)
-    hidden = embedding.q8.shape[1]
+    hidden = embedding.rows.shape[1]
     floats = len(layers) * (2 * hidden + 2 * (heads + kv_heads) * head_dim) + hidden
     parameters = ops.new_context(4 * floats + (6 * len(layers) + 4) * int(ggml.tensor_overhead()) + 4096)
     try:
@@ -883,7 +900,7 @@ def decode_graph_for(model: nn.Module, ggml: Ggml) -> DecodeGraph | None:
         ops,
         shape=shape,
         layers=[layer for layer in built if layer is not None],
-        embedding=embedding.q8.matrix,
+        embedding=embedding.rows,
         norm=norm,
         head=head,
         parameters=parameters,

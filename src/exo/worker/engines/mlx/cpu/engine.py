@@ -31,7 +31,7 @@ from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_for, install_de
 from exo.worker.engines.mlx.cpu.ggml_library import Ggml
 from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
 from exo.worker.engines.mlx.cpu.ggml_repack import RepackPolicy, ggml_repack
-from exo.worker.engines.mlx.cpu.gguf_layers import GgufModelSource, load_gguf_matrices
+from exo.worker.engines.mlx.cpu.gguf_layers import GgufModelSource, file_embedding_bytes, load_gguf_matrices
 from exo.worker.engines.mlx.cpu.int8_layers import int8_bytes, quantize_model
 from exo.worker.engines.mlx.cpu.kernels import use_numpy_kernels
 from exo.worker.engines.mlx.cpu.layer_graph import install_layer_passes
@@ -248,7 +248,9 @@ def _gguf_source(model_path: Path | None, first_layer: int) -> GgufModelSource:
 
 
 def held_bytes(model: nn.Module) -> int:
-    """Bytes of all of `model`'s weights as held: its mlx parameters plus its int8 matrices and scales and its
-    Q8_0 or GGUF blocks."""
+    """Bytes of all of `model`'s weights as served: its mlx parameters plus its int8 matrices and scales and its
+    Q8_0 or GGUF blocks, an embedding table looked up in its file included (its rows are read into the page cache,
+    not held: what placement plans from the file's tensors stays an upper bound)."""
     parameters = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
-    return sum(value.nbytes for _, value in parameters) + int8_bytes(model) + q8_bytes(model)
+    held = int8_bytes(model) + q8_bytes(model) + file_embedding_bytes(model)
+    return sum(value.nbytes for _, value in parameters) + held

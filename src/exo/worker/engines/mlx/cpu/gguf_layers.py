@@ -28,6 +28,7 @@ from mlx import nn
 from exo.models.errors import ModelLoadError
 from exo.models.gguf_import import unpermute_rotary
 from exo.models.gguf_source import GgufSource, GgufTensor
+from exo.worker.engines.mlx.cpu.embedding_rows import EmbeddingRows, FileRows
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.ggml_repack import RepackPolicy
 from exo.worker.engines.mlx.cpu.gguf_shards import ShardKind, shard_blocks
@@ -61,11 +62,37 @@ class GgufEmbedding(Q8Embedding):
         self.tensor_type = tensor_type
 
     def __call__(self, ids: mx.array) -> mx.array:
-        mx.eval(ids)
-        rows = np.asarray(ids).astype(np.int64)
-        blocks = self.q8.matrix.blocks[rows.reshape(-1)]
-        values: npt.NDArray[np.float32] = gguf.quants.dequantize(blocks, self.tensor_type)
-        return mx.array(values.astype(np.float32, copy=False).reshape(*rows.shape, self.q8.shape[1]))
+        return looked_up(self.rows, self.tensor_type, ids)
+
+
+class FileEmbedding(nn.Module):
+    """An embedding table only looked up (its model has an output head of its own), its rows read from the GGUF
+    when a lookup needs them (`embedding_rows.FileRows`): none of it is held."""
+
+    def __init__(self, rows: FileRows, tensor_type: gguf.GGMLQuantizationType) -> None:
+        super().__init__()
+        self.rows = rows
+        self.tensor_type = tensor_type
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        return looked_up(self.rows, self.tensor_type, ids)
+
+
+def looked_up(rows: EmbeddingRows, tensor_type: gguf.GGMLQuantizationType, ids: mx.array) -> mx.array:
+    """The rows `ids` of a table of `tensor_type` blocks, dequantized to float32 (ids' shape × hidden)."""
+    mx.eval(ids)
+    tokens = np.asarray(ids).astype(np.int64)
+    values: npt.NDArray[np.float32] = gguf.quants.dequantize(rows.take(tokens.reshape(-1)), tensor_type)
+    return mx.array(values.astype(np.float32, copy=False).reshape(*tokens.shape, rows.shape[1]))
+
+
+def file_embedding_bytes(model: nn.Module) -> int:
+    """Bytes of the embedding tables `model` reads from its file (`FileEmbedding`)."""
+    return sum(
+        module.rows.shape[0] * module.rows.row_bytes
+        for _, module in model.named_modules()
+        if isinstance(module, FileEmbedding)
+    )
 
 
 def gguf_matrix(
@@ -135,7 +162,7 @@ class GgufModelSource:
 
 
 def _replacement(
-    path: str, module: nn.Module, source: GgufModelSource, ggml: Ggml, *, repack: RepackPolicy
+    path: str, module: nn.Module, source: GgufModelSource, ggml: Ggml, *, repack: RepackPolicy, untied: bool
 ) -> nn.Module | None:
     if not isinstance(module, (nn.Linear, nn.Embedding, *ALL_TO_SHARDED, *SHARDED_TO_ALL)):
         return None
@@ -145,6 +172,8 @@ def _replacement(
         return None
     if isinstance(module, (*ALL_TO_SHARDED, *SHARDED_TO_ALL)):
         return _sharded_replacement(path, module, tensor, source, ggml)
+    if isinstance(module, nn.Embedding) and untied:
+        return _file_embedding(path, module, tensor, source, ggml)
     # An embedding table's rows are read as blocks (a lookup): only a layer's product matrices are repacked.
     repack_this: RepackPolicy = "none" if isinstance(module, nn.Embedding) else repack
     weights = Q8Weights(gguf_matrix(tensor, source.path, ggml, source.rotary_heads(path), repack=repack_this))
@@ -154,6 +183,21 @@ def _replacement(
     if isinstance(module, nn.Embedding):
         return GgufEmbedding(weights, gguf.GGMLQuantizationType[tensor.type])
     return Q8Linear(weights, module.get("bias"))
+
+
+def _file_embedding(path: str, module: nn.Module, tensor: GgufTensor, source: GgufModelSource, ggml: Ggml) -> nn.Module:
+    """The embedding at `path`, whose table is only looked up, read from the GGUF row by row."""
+    if tensor.type not in GGML_TYPES or len(tensor.shape) != 2:
+        raise ModelLoadError(f"--cpu-weights gguf cannot look up {tensor.name}: {tensor.type} {list(tensor.shape)}")
+    in_features, out_features = tensor.shape
+    expected = tuple(module["weight"].shape)
+    if (out_features, in_features) != expected:
+        raise ModelLoadError(
+            f"{source.path}: tensor {tensor.name} is {(out_features, in_features)}, {path} expects {expected}"
+        )
+    row_bytes = int(ggml.row_size(GGML_TYPES[tensor.type], in_features))
+    rows = FileRows(source.path, tensor.offset, tensor.type, (out_features, in_features), row_bytes)
+    return FileEmbedding(rows, gguf.GGMLQuantizationType[tensor.type])
 
 
 def _sharded_replacement(
@@ -183,8 +227,10 @@ def load_gguf_matrices(model: nn.Module, source: GgufModelSource, ggml: Ggml, *,
     stay as they are (the caller sets their dtype; `repack`: which of a layer's matrices of a type ggml repacks for
     this CPU are held interleaved). Sibling layers (q/k/v, gate/up) then share one ggml graph, as under q8_0 (their
     types may differ: one graph holds them all)."""
+    # An untied model's embedding is only looked up (its output head is `lm_head`): read from the file, not held.
+    untied = model.get("lm_head") is not None
     replaced = replace_named_modules(
-        model, lambda path, module: _replacement(path, module, source, ggml, repack=repack)
+        model, lambda path, module: _replacement(path, module, source, ggml, repack=repack, untied=untied)
     )
     share_sibling_inputs(model)
     fuse_swiglu_mlps(model)

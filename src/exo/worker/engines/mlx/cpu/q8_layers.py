@@ -32,6 +32,7 @@ from mlx_lm.models import activations
 
 from exo.worker.engines.mlx.cpu.core_share import core_share
 from exo.worker.engines.mlx.cpu.dequant_gemm import dequantized_gemm, takes_dequantized
+from exo.worker.engines.mlx.cpu.embedding_rows import HeldRows
 from exo.worker.engines.mlx.cpu.ggml_library import (
     CACHED_ROWS,
     Q8_0_BLOCK,
@@ -190,11 +191,12 @@ class Q8Embedding(nn.Module):
     def __init__(self, weights: Q8Weights) -> None:
         super().__init__()
         self.q8 = weights
+        self.rows = HeldRows(weights.matrix)
 
     def __call__(self, ids: mx.array) -> mx.array:
         mx.eval(ids)
         rows = np.asarray(ids).astype(np.int64)
-        values = q8_0_to_float32(self.q8.matrix.blocks[rows.reshape(-1)])
+        values = q8_0_to_float32(self.rows.take(rows.reshape(-1)))
         return mx.array(values.reshape(*rows.shape, self.q8.shape[1]))
 
     def as_linear(self, x: mx.array) -> mx.array:
