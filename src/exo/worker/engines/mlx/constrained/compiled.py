@@ -18,6 +18,7 @@ from typing import Final
 import llguidance.hf
 from llguidance import LLMatcher, LLTokenizer
 from mlx_lm.tokenizer_utils import TokenizerWrapper
+from tokenizers import Tokenizer
 
 from exo.tool_calls.grammar.spec import UnsupportedConstraintError
 
@@ -28,15 +29,25 @@ _GRAMMAR_CACHE_SIZE: Final = 32
 
 
 class GuidanceTokenizer:
-    """An llguidance view of one mlx-lm tokenizer."""
+    """An llguidance view of one mlx-lm tokenizer.
+
+    llguidance's own reading of a Hugging Face tokenizer (`llguidance.hf.from_tokenizer`) builds a second Rust
+    tokenizer from its JSON and keeps it: 57 MiB of the default model's runner. That reading only supplies each
+    token's bytes and the special tokens here; the kept LLTokenizer is built from them, and tokenizes text (a forced
+    string of a grammar, at most a few times a request) through the model's own tokenizer (`_SharedTokenizer`).
+    """
 
     def __init__(self, tokenizer: TokenizerWrapper) -> None:
         hf_tokenizer = tokenizer._tokenizer  # pyright: ignore[reportPrivateUsage] -- mlx-lm exposes no accessor
         eos_ids: list[int] = sorted(tokenizer.eos_token_ids)
         try:
-            self.lltokenizer: Final[LLTokenizer] = llguidance.hf.from_tokenizer(hf_tokenizer, eos_token=eos_ids)
+            # Without the slicer's token sets (`slices=[]`): this reading is dropped once its tokens are copied.
+            reading = llguidance.hf.from_tokenizer(hf_tokenizer, eos_token=eos_ids, slices=[])
         except ValueError as error:  # llguidance reads only fast (Rust `tokenizers`) tokenizers
             raise UnsupportedConstraintError(f"tokenizer cannot be used for constrained decoding: {error}") from error
+        shared = _SharedTokenizer(reading, hf_tokenizer.backend_tokenizer, eos_ids[0])
+        del reading
+        self.lltokenizer: Final[LLTokenizer] = LLTokenizer(llguidance.TokenizerWrapper(shared), eos_token=eos_ids)
 
     def special_tokens(self, texts: Iterable[str]) -> dict[str, int]:
         """The texts that are one added token, with their ids.
@@ -50,6 +61,23 @@ class GuidanceTokenizer:
             if len(ids) == 1 and self.lltokenizer.is_special_token(ids[0]):
                 found[text] = ids[0]
         return found
+
+
+class _SharedTokenizer:
+    """What llguidance's TokenizerWrapper reads of a tokenizer: each token's bytes and the special tokens as
+    llguidance read them (`reading`), and text tokenized by the model's own Rust tokenizer (`backend`)."""
+
+    def __init__(self, reading: LLTokenizer, backend: Tokenizer, eos_token_id: int) -> None:
+        self.eos_token_id = eos_token_id
+        self.bos_token_id = None
+        ids = range(reading.vocab_size)
+        self.tokens = [reading.decode_bytes([token]) for token in ids]
+        self.special_token_ids = [token for token in ids if reading.is_special_token(token)]
+        self._backend = backend
+
+    def __call__(self, text: str) -> list[int]:
+        # A str only: the wrapper then passes text as str (it tries bytes first, which `encode` refuses).
+        return self._backend.encode(text, add_special_tokens=False).ids
 
 
 @lru_cache(maxsize=_TOKENIZER_CACHE_SIZE)
