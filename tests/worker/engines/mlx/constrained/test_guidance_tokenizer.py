@@ -33,7 +33,9 @@ def test_the_kept_tokenizer_reads_tokens_as_llguidance_does_and_tokenizes_as_the
     for text in TEXTS:
         assert kept.tokenize_str(text) == hf_tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
     # A grammar's forced text is tokenized by it: the fast-forwarded tokens spell the forced string.
-    matcher = LLMatcher(kept, LLMatcher.grammar_from_lark('start: "{\\"name\\": \\"read_file\\"" /[a-z]+/'), log_level=0)
+    matcher = LLMatcher(
+        kept, LLMatcher.grammar_from_lark('start: "{\\"name\\": \\"read_file\\"" /[a-z]+/'), log_level=0
+    )
     forced = matcher.compute_ff_tokens()
     assert forced
     assert kept.decode_str(forced) == '{"name": "read_file"'[: len(kept.decode_str(forced))]
