@@ -6,7 +6,9 @@ its weights is read, by a `Q8Linear` / `GgufEmbedding` whose `GgmlMatrix` is fil
 (read from the file one tensor at a time, not through its memory map, whose touched pages would count in the
 runner's resident memory until the map is closed), so no float16 or float32 copy of a served matrix is ever
 evaluated: the matrices take what the file's tensors take. Products go through the same ggml path as Q8_0's
-(`q8_layers.py`). An embedding lookup dequantizes the rows it reads with gguf's own dequantizer.
+(`q8_layers.py`). An embedding lookup dequantizes the rows it reads with gguf's own dequantizer; the table of a
+model with an output head of its own, only ever looked up, is not held at all: its rows are read from the GGUF when
+looked up (`FileEmbedding`, `embedding_rows.py`).
 
 On a tensor rank (`--parallel tensor`) each sharded matrix holds this rank's slice of its GGUF tensor
 (`gguf_shards.py`): a row range of the blocks for an all-to-sharded layer, a column range of the blocks for a
