@@ -25,6 +25,7 @@ from exo.worker.engines.mlx.cpu.engine import DECODE_GRAPH_VARIABLE, LAYER_GRAPH
 from exo.worker.engines.mlx.cpu.layer_graph import LayerPass
 from exo.worker.engines.mlx.generator.layer_steps import SteppedPass, install_layer_steps
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
+from exo.worker.runner.idle_turns import release_freed_memory
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
 from tests.worker.engines.mlx.cpu.gguf_export import export_fixture
 from tests.worker.engines.mlx.cpu.weight_formats import (
@@ -100,6 +101,26 @@ def test_a_prompt_prefills_a_graph_a_layer_as_mlx_lms_layers_do(
     first = int(np.argmax(our_logits[-1]))
     assert first == int(np.argmax(their_logits[-1]))
     assert _greedy(graph, ours, first, steps=6) == _greedy(plain, theirs, first, steps=6)
+
+
+@pytest.mark.usefixtures("ggml")
+def test_the_passes_buffer_is_released_when_the_runner_is_idle_and_made_again_by_the_next_pass(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    graph, _ = graph_and_plain("tiny-qwen-tools", "gguf", monkeypatch, tmp_path, off=())
+    step = decode_graph_of(graph)
+    assert step is not None
+    counting = _Counting(monkeypatch)
+    assert step.pass_buffer_bytes == 0
+    _, before = _pieces(graph, PROMPT, cuts=[20])
+    assert counting.computed == 2 * len(_layers(graph))
+    assert step.pass_buffer_bytes > 0
+    release_freed_memory()  # what the serving loop calls as it turns idle
+    assert step.pass_buffer_bytes == 0
+    _, after = _pieces(graph, PROMPT, cuts=[20])
+    assert counting.computed == 4 * len(_layers(graph))
+    assert step.pass_buffer_bytes > 0
+    np.testing.assert_array_equal(after, before)
 
 
 def _batch_prefill(model: nn.Module, prompts: list[list[int]]) -> np.ndarray:

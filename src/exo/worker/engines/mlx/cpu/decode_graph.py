@@ -173,18 +173,18 @@ class DecodeGraph:
         self._threads = head
         self._parameters = parameters
         """The context holding the norms' weights and the biases in float32 (freed with this object)."""
-        self._allocator = int(self._ops.gallocr_new(self._ops.cpu_buffer_type()))
-        """ggml-alloc's graph allocator: the step's intermediate tensors in one buffer, reused from node to node as
-        llama.cpp allocates its graphs (kept: it grows to the largest step and is reused)."""
+        self._passes = _PassAllocator(ops)
+        """Where a layer pass over many rows places its intermediate tensors (released when the runner is idle)."""
         self._work: ctypes.Array[ctypes.c_char] | None = None
         self._steps = _Steps(ops)
         """The step graphs kept for the next steps, each with an allocator of its own (a layer pass between two steps
-        places its tensors in `_allocator` without moving theirs)."""
+        places its tensors in `_passes` without moving theirs)."""
         self._stored = StoredLayout()
         """The buffer a pass over many rows reads its layer's repacked matrices back into (`layer`'s `stored_in`)."""
         self._written: _Written | None = None
         """What the last in-place step left, for `resume`."""
-        self._finalizer = weakref.finalize(self, _free, self._ops, parameters, self._allocator, self._steps)
+        self._finalizer = weakref.finalize(self, _free, self._ops, parameters, self._passes, self._steps)
+        _LIVE.add(self)
 
     @property
     def layers(self) -> int:
@@ -195,8 +195,13 @@ class DecodeGraph:
         """Bytes of the buffer passes over many rows read repacked matrices back into (0 until one has)."""
         return self._stored.nbytes
 
+    @property
+    def pass_buffer_bytes(self) -> int:
+        """Bytes of the buffer layer passes place their tensors in (0 before a pass, and after a release)."""
+        return self._passes.nbytes
+
     def close(self) -> None:
-        """Free the parameters' context and the allocator's buffer now (else when this object is collected)."""
+        """Free the parameters' context and the allocators' buffers now (else when this object is collected)."""
         self._finalizer()
 
     def logits(
@@ -543,9 +548,8 @@ class DecodeGraph:
         return self._shape
 
     def allocate(self, graph: int) -> None:
-        """Place `graph`'s intermediate tensors in the allocator's buffer (grown where the graph needs more)."""
-        if not self._ops.gallocr_alloc_graph(self._allocator, graph):
-            raise MemoryError("ggml could not allocate a graph's tensors")
+        """Place a layer pass's `graph`'s intermediate tensors in the passes' buffer (grown where it needs more)."""
+        self._passes.allocate(graph)
 
     def compute(self, graph: int, plans: dict[int, ComputePlan] | None = None) -> None:
         """Run an allocated graph on the model's ggml thread pool; `plans` keeps its plan for each thread count
@@ -646,10 +650,47 @@ def _biased(ops: GgmlGraphOps, context: int, product: int, bias: int | None) -> 
     return product if bias is None else ops.add(context, product, bias)
 
 
-def _free(ops: GgmlGraphOps, parameters: int, allocator: int, steps: "_Steps") -> None:
+def _free(ops: GgmlGraphOps, parameters: int, passes: "_PassAllocator", steps: "_Steps") -> None:
     steps.close()
     ops.free(parameters)
-    ops.gallocr_free(allocator)
+    passes.release()
+
+
+class _PassAllocator:
+    """ggml-alloc's graph allocator for layer passes over many rows, made at the first pass: its buffer grows to the
+    largest pass (32.5 MiB for a 512-token prefill piece of the default model) and is reused from node to node, as
+    llama.cpp allocates its graphs. Each pass allocates its graph before it runs, so `release` may free the buffer
+    between passes; the next pass makes a new one."""
+
+    def __init__(self, ops: GgmlGraphOps) -> None:
+        self._ops = ops
+        self._allocator = 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._ops.gallocr_get_buffer_size(self._allocator, 0)) if self._allocator else 0
+
+    def allocate(self, graph: int) -> None:
+        if not self._allocator:
+            self._allocator = int(self._ops.gallocr_new(self._ops.cpu_buffer_type()))
+        if not self._ops.gallocr_alloc_graph(self._allocator, graph):
+            raise MemoryError("ggml could not allocate a graph's tensors")
+
+    def release(self) -> None:
+        if self._allocator:
+            self._ops.gallocr_free(self._allocator)
+            self._allocator = 0
+
+
+_LIVE: Final["weakref.WeakSet[DecodeGraph]"] = weakref.WeakSet()
+"""Every decode graph of the process (a runner's model has one; a split model's rank one too)."""
+
+
+def release_pass_buffers() -> None:
+    """Free every decode graph's layer-pass buffer (the runner is idle: a prompt's next piece allocates it again, a
+    few milliseconds against the seconds a piece takes)."""
+    for graph in list(_LIVE):
+        graph._passes.release()  # pyright: ignore[reportPrivateUsage] -- this module's own
 
 
 def write_int32(address: int, values: Sequence[int]) -> None:

@@ -68,6 +68,7 @@ class GgmlGraphOps:
         self.gallocr_new = bind("ggml_gallocr_new", p, p)
         self.gallocr_alloc_graph = bind("ggml_gallocr_alloc_graph", ctypes.c_bool, p, p)
         self.gallocr_free = bind("ggml_gallocr_free", None, p)
+        self.gallocr_get_buffer_size = bind("ggml_gallocr_get_buffer_size", s, p, i)
         # Those `Ggml` binds already: the same functions, not bound twice.
         self.new_context = ggml.new_context
         self.free = ggml.free
