@@ -2,11 +2,13 @@
 
 Turning idle, it hands freed memory back to the system. A prompt's prefill and a task's end leave freed buffers
 behind: mlx keeps freed arrays in its buffer cache and glibc keeps freed memory in its heap, so without this the
-runner stays at its peak until a later request reuses them. It frees the ggml buffer a prefill's layer passes grew
-(32.5 MiB for the default model's 512-token pieces), empties mlx's cache and trims the heap (3-8 ms on the default
-model after a prefill, the loaded objects frozen out of the collector's pass: `freeze_long_lived`); the next
-request allocates again (page faults: milliseconds, against its prefill's seconds). With the tokenizer's copies
-dropped (`tokenizer_memory.py`), a 5,508-token prompt left the default model's runner at 968 MB, 1,133 MB before.
+runner stays at its peak until a later request reuses them. It frees what the decode graph keeps between passes
+(the ggml buffer a prefill's layer passes grew, 32.5 MiB for the default model's 512-token pieces, and the step
+graphs kept for the next steps, 22 MiB after the load's pass-cost probe), empties mlx's cache and trims the heap
+(3-8 ms on the default model after a prefill, the loaded objects frozen out of the collector's pass:
+`freeze_long_lived`); the next request allocates again (page faults: milliseconds, against its prefill's seconds).
+With the tokenizer's copies dropped (`tokenizer_memory.py`), a 5,508-token prompt left the default model's runner at
+968 MB, 1,133 MB before.
 
 Turning back to work, it starts a new window of ggml's thread count (`start_ggml_window`): what other processes did
 while the runner waited says nothing of the cores during its work.
@@ -19,14 +21,14 @@ import mlx.core as mx
 
 from exo.shared.freed_memory import trim_heap
 from exo.worker.engines.mlx.cpu.core_share import start_ggml_window
-from exo.worker.engines.mlx.cpu.decode_graph import release_pass_buffers
+from exo.worker.engines.mlx.cpu.decode_graph import release_idle_buffers
 
 
 def release_freed_memory() -> None:
-    """Free reference cycles and the decode graphs' layer-pass buffers, empty mlx's buffer cache, then trim the heap."""
+    """Free reference cycles and what the decode graphs keep between passes, empty mlx's cache, then trim the heap."""
     # The collector first: arrays it frees (an exception's frames hold them in a cycle) go to mlx's cache.
     gc.collect()
-    release_pass_buffers()
+    release_idle_buffers()
     mx.clear_cache()
     trim_heap()
 

@@ -104,23 +104,29 @@ def test_a_prompt_prefills_a_graph_a_layer_as_mlx_lms_layers_do(
 
 
 @pytest.mark.usefixtures("ggml")
-def test_the_passes_buffer_is_released_when_the_runner_is_idle_and_made_again_by_the_next_pass(
+def test_what_the_graph_keeps_between_passes_is_released_when_idle_and_made_again(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """The layer passes' buffer and the kept step graphs go when the runner turns idle; the next prompt's passes and
+    steps make them again and compute what they computed before."""
     graph, _ = graph_and_plain("tiny-qwen-tools", "gguf", monkeypatch, tmp_path, off=())
     step = decode_graph_of(graph)
     assert step is not None
     counting = _Counting(monkeypatch)
-    assert step.pass_buffer_bytes == 0
-    _, before = _pieces(graph, PROMPT, cuts=[20])
+    assert (step.pass_buffer_bytes, step.kept_steps) == (0, 0)
+    cache, before = _pieces(graph, PROMPT, cuts=[20])
+    tokens_before = _greedy(graph, cache, int(np.argmax(before[-1])), steps=4)
     assert counting.computed == 2 * len(_layers(graph))
     assert step.pass_buffer_bytes > 0
+    assert step.kept_steps > 0
     release_freed_memory()  # what the serving loop calls as it turns idle
-    assert step.pass_buffer_bytes == 0
-    _, after = _pieces(graph, PROMPT, cuts=[20])
+    assert (step.pass_buffer_bytes, step.kept_steps) == (0, 0)
+    cache, after = _pieces(graph, PROMPT, cuts=[20])
     assert counting.computed == 4 * len(_layers(graph))
     assert step.pass_buffer_bytes > 0
     np.testing.assert_array_equal(after, before)
+    assert _greedy(graph, cache, int(np.argmax(after[-1])), steps=4) == tokens_before
+    assert step.kept_steps > 0
 
 
 def _batch_prefill(model: nn.Module, prompts: list[list[int]]) -> np.ndarray:

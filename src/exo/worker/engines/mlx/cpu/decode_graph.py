@@ -196,6 +196,11 @@ class DecodeGraph:
         return self._stored.nbytes
 
     @property
+    def kept_steps(self) -> int:
+        """How many step graphs are kept for the next steps."""
+        return len(self._steps)
+
+    @property
     def pass_buffer_bytes(self) -> int:
         """Bytes of the buffer layer passes place their tensors in (0 before a pass, and after a release)."""
         return self._passes.nbytes
@@ -551,6 +556,12 @@ class DecodeGraph:
         """Place a layer pass's `graph`'s intermediate tensors in the passes' buffer (grown where it needs more)."""
         self._passes.allocate(graph)
 
+    def _release_buffers(self) -> None:
+        self._written = None
+        self._steps.close()
+        self._passes.release()
+        self._stored.release()
+
     def compute(self, graph: int, plans: dict[int, ComputePlan] | None = None) -> None:
         """Run an allocated graph on the model's ggml thread pool; `plans` keeps its plan for each thread count
         (a kept step graph's: planning took about 0.14 ms of a step)."""
@@ -686,11 +697,13 @@ _LIVE: Final["weakref.WeakSet[DecodeGraph]"] = weakref.WeakSet()
 """Every decode graph of the process (a runner's model has one; a split model's rank one too)."""
 
 
-def release_pass_buffers() -> None:
-    """Free every decode graph's layer-pass buffer (the runner is idle: a prompt's next piece allocates it again, a
-    few milliseconds against the seconds a piece takes)."""
+def release_idle_buffers() -> None:
+    """Free what every decode graph keeps from one pass or step to the next: the layer passes' buffer, the read-back
+    buffer and the kept step graphs. For a runner with no request running: a kept step graph serves only the caches it
+    was built for, which a finished request took with it, and the next prompt's first piece and first steps allocate
+    and build again (milliseconds, against the seconds a piece takes)."""
     for graph in list(_LIVE):
-        graph._passes.release()  # pyright: ignore[reportPrivateUsage] -- this module's own
+        graph._release_buffers()  # pyright: ignore[reportPrivateUsage] -- this module's own
 
 
 def write_int32(address: int, values: Sequence[int]) -> None:
@@ -867,6 +880,9 @@ class _Steps:
         while len(self._kept) > KEPT_STEPS:
             self._free(self._kept.pop(0))
         return step
+
+    def __len__(self) -> int:
+        return len(self._kept)
 
     def close(self) -> None:
         while self._kept:

@@ -27,6 +27,10 @@ class StoredLayout:
     def nbytes(self) -> int:
         return 0 if self._buffer is None else int(self._buffer.nbytes)
 
+    def release(self) -> None:
+        """Drop the buffer (the next pass that reads matrices back allocates it again)."""
+        self._buffer = None
+
     def tensors(self, ops: GgmlGraphOps, context: int, matrices: Sequence[GgmlMatrix]) -> dict[int, int]:
         """Tensors in `context` (a context that allocates nothing) over `matrices`' blocks as stored, by the
         matrix's id, for those that read back (the others keep their own tensors); valid until the next call."""
