@@ -10,7 +10,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
 
 from exo.worker.engines.mlx.model_loader import load_model_tokenizer
-from exo.worker.engines.mlx.tokenizer_memory import drop_construction_copies
+from exo.worker.engines.mlx.tokenizer_memory import BackendTokens, drop_construction_copies
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "models"
 
@@ -70,6 +70,20 @@ def test_a_loaded_tokenizer_reads_and_writes_as_the_stock_one(model: str) -> Non
     for text in TEXTS:
         assert guided.tokenize_str(text, parse_special=True) == stock_guided.tokenize_str(text, parse_special=True)
     assert guided.vocab_size == stock_guided.vocab_size
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen-tools", "tiny-llama31-tools"])
+def test_the_streaming_detokenizer_reads_token_strings_from_the_backend(model: str) -> None:
+    path = FIXTURES / model
+    stock, loaded = _stock(path), load_model_tokenizer(path)
+    stock_tokens = cast(Any, stock._detokenizer).tokenmap  # pyright: ignore[reportPrivateUsage]
+    tokens = cast(Any, loaded._detokenizer).tokenmap  # pyright: ignore[reportPrivateUsage]
+    assert isinstance(stock_tokens, list)
+    assert isinstance(tokens, BackendTokens)
+    assert len(tokens) == len(stock_tokens)
+    assert [tokens[token] for token in range(len(tokens))] == stock_tokens
+    with pytest.raises(IndexError):
+        tokens[len(tokens)]
 
 
 def test_the_qwen_tokenizer_loads_without_its_vocabulary_and_merges_copies() -> None:

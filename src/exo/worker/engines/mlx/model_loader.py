@@ -18,7 +18,7 @@ from exo.worker.engines.mlx.cpu.engine import CpuKernels
 from exo.worker.engines.mlx.distributed.layer_split import split_layers
 from exo.worker.engines.mlx.distributed.tensor_split import shard_matrices
 from exo.worker.engines.mlx.loaded_model import LoadedModel
-from exo.worker.engines.mlx.tokenizer_memory import drop_construction_copies
+from exo.worker.engines.mlx.tokenizer_memory import drop_construction_copies, share_detokenizer_tokens
 
 DEFAULT_CONTEXT_LENGTH = 4096
 
@@ -83,14 +83,16 @@ def load_model(
 
 def load_model_tokenizer(path: Path, *, trust_remote_code: bool = False) -> TokenizerWrapper:
     """`path`'s tokenizer as mlx-lm wraps it (its end-of-sequence ids from config.json, as mlx-lm's `load` does),
-    without the Python copies transformers keeps of what it built the Rust backend from (`tokenizer_memory.py`);
-    raises ModelLoadError naming the path and the cause."""
+    without the Python copies transformers keeps of what it built the Rust backend from, its streaming detokenizer
+    reading token strings from the backend (`tokenizer_memory.py`); raises ModelLoadError naming the path and the
+    cause."""
     try:
         eos_token_ids = _read_config(path).get("eos_token_id")
         tokenizer = load_tokenizer(path, {"trust_remote_code": trust_remote_code}, eos_token_ids=eos_token_ids)
     except Exception as error:
         raise ModelLoadError(f"cannot load the tokenizer of {path}: {type(error).__name__}: {error}") from error
     drop_construction_copies(tokenizer)
+    share_detokenizer_tokens(tokenizer)
     return tokenizer
 
 
