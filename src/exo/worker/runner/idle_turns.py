@@ -7,8 +7,8 @@ runner stays at its peak until a later request reuses them. It frees what the de
 graphs kept for the next steps, 22 MiB after the load's pass-cost probe), empties mlx's cache and trims the heap
 (3-8 ms on the default model after a prefill, the loaded objects frozen out of the collector's pass:
 `freeze_long_lived`); the next request allocates again (page faults: milliseconds, against its prefill's seconds).
-With the tokenizer's copies dropped (`tokenizer_memory.py`), a 5,508-token prompt left the default model's runner at
-968 MB, 1,133 MB before.
+After a new 5,531-token prompt the default model's runner holds 811-812 MB, 1.29x its GGUF plus the prompt's KV
+(docs/PERFORMANCE.md section 12).
 
 Turning back to work, it starts a new window of ggml's thread count (`start_ggml_window`): what other processes did
 while the runner waited says nothing of the cores during its work.
