@@ -74,10 +74,15 @@ class FileRows:
         self._offset = offset
         self._descriptor = os.open(file, os.O_RDONLY)
         self._finalizer = weakref.finalize(self, os.close, self._descriptor)
-        end = offset + shape[0] * row_bytes
+        end = offset + self.nbytes
         if os.fstat(self._descriptor).st_size < end:
             self._finalizer()
             raise ValueError(f"{file} ends before its {type_name} table's last row (byte {end})")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole table in the file."""
+        return self.shape[0] * self.row_bytes
 
     def take(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]:
         rows = np.empty((len(ids), self.row_bytes), dtype=np.uint8)

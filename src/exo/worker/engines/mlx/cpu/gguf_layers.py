@@ -30,7 +30,7 @@ from mlx import nn
 from exo.models.errors import ModelLoadError
 from exo.models.gguf_import import unpermute_rotary
 from exo.models.gguf_source import GgufSource, GgufTensor
-from exo.worker.engines.mlx.cpu.embedding_rows import EmbeddingRows, FileRows
+from exo.worker.engines.mlx.cpu.embedding_rows import FileRows
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.ggml_repack import RepackPolicy
 from exo.worker.engines.mlx.cpu.gguf_shards import ShardKind, shard_blocks
@@ -38,10 +38,12 @@ from exo.worker.engines.mlx.cpu.matrix_replacement import replace_named_modules
 from exo.worker.engines.mlx.cpu.q8_layers import (
     ALL_TO_SHARDED,
     SHARDED_TO_ALL,
+    BlockDequantizer,
     Q8Embedding,
     Q8Linear,
     Q8Weights,
     fuse_swiglu_mlps,
+    looked_up,
     mark_output_head,
     sharded_linear,
     share_sibling_inputs,
@@ -62,9 +64,10 @@ class GgufEmbedding(Q8Embedding):
     def __init__(self, weights: Q8Weights, tensor_type: gguf.GGMLQuantizationType) -> None:
         super().__init__(weights)
         self.tensor_type = tensor_type
+        self._dequantize = gguf_dequantizer(tensor_type)
 
     def __call__(self, ids: mx.array) -> mx.array:
-        return looked_up(self.rows, self.tensor_type, ids)
+        return looked_up(self.rows, self._dequantize, ids)
 
 
 class FileEmbedding(nn.Module):
@@ -75,26 +78,20 @@ class FileEmbedding(nn.Module):
         super().__init__()
         self.rows = rows
         self.tensor_type = tensor_type
+        self._dequantize = gguf_dequantizer(tensor_type)
 
     def __call__(self, ids: mx.array) -> mx.array:
-        return looked_up(self.rows, self.tensor_type, ids)
+        return looked_up(self.rows, self._dequantize, ids)
 
 
-def looked_up(rows: EmbeddingRows, tensor_type: gguf.GGMLQuantizationType, ids: mx.array) -> mx.array:
-    """The rows `ids` of a table of `tensor_type` blocks, dequantized to float32 (ids' shape × hidden)."""
-    mx.eval(ids)
-    tokens = np.asarray(ids).astype(np.int64)
-    values: npt.NDArray[np.float32] = gguf.quants.dequantize(rows.take(tokens.reshape(-1)), tensor_type)
-    return mx.array(values.astype(np.float32, copy=False).reshape(*tokens.shape, rows.shape[1]))
+def gguf_dequantizer(tensor_type: gguf.GGMLQuantizationType) -> BlockDequantizer:
+    """gguf's own dequantizer (the numpy port of ggml's) of `tensor_type`'s blocks."""
+    return lambda blocks: gguf.quants.dequantize(blocks, tensor_type)
 
 
 def file_embedding_bytes(model: nn.Module) -> int:
     """Bytes of the embedding tables `model` reads from its file (`FileEmbedding`)."""
-    return sum(
-        module.rows.shape[0] * module.rows.row_bytes
-        for _, module in model.named_modules()
-        if isinstance(module, FileEmbedding)
-    )
+    return sum(module.rows.nbytes for _, module in model.named_modules() if isinstance(module, FileEmbedding))
 
 
 def gguf_matrix(
@@ -116,15 +113,29 @@ def gguf_matrix(
     return repacked or GgmlMatrix.from_blocks(ggml, tensor.type, out_features, in_features, rows)
 
 
-def gguf_rows(tensor: GgufTensor, file: Path, rotary_heads: int | None = None) -> npt.NDArray[np.uint8]:
-    """The raw blocks of a matrix `tensor` of the GGUF `file`, one row of blocks per output row (`rotary_heads`: as
-    `gguf_matrix`). Raises ModelLoadError for a type ggml's products are not wired for here."""
+def matrix_shape(tensor: GgufTensor) -> tuple[int, int]:
+    """A matrix tensor's (out, in) shape as mlx-lm has it (the GGUF lists the row length first). Raises
+    ModelLoadError for a type ggml's products are not wired for here, or a tensor that is no matrix."""
     if tensor.type not in GGML_TYPES or len(tensor.shape) != 2:
         raise ModelLoadError(
             f"--cpu-weights gguf cannot serve tensor {tensor.name}: {tensor.type} {list(tensor.shape)} is not a "
             f"matrix of a type exo multiplies by (served: {', '.join(GGML_TYPES)})"
         )
-    _, out_features = tensor.shape
+    in_features, out_features = tensor.shape
+    return out_features, in_features
+
+
+def _check_fits(source: "GgufModelSource", tensor: GgufTensor, path: str, module: nn.Module, shape: object) -> None:
+    """Raises ModelLoadError where `shape` (what `tensor` holds) is not the weight shape the module at `path` has."""
+    expected = tuple(module["weight"].shape)
+    if shape != expected:
+        raise ModelLoadError(f"{source.path}: tensor {tensor.name} is {shape}, {path} expects {expected}")
+
+
+def gguf_rows(tensor: GgufTensor, file: Path, rotary_heads: int | None = None) -> npt.NDArray[np.uint8]:
+    """The raw blocks of a matrix `tensor` of the GGUF `file`, one row of blocks per output row (`rotary_heads`: as
+    `gguf_matrix`). Raises ModelLoadError for a type ggml's products are not wired for here."""
+    out_features, _ = matrix_shape(tensor)
     raw = np.fromfile(file, dtype=np.uint8, count=tensor.nbytes, offset=tensor.offset)
     rows = raw.reshape(out_features, -1)
     return unpermute_rotary(rows, rotary_heads) if rotary_heads is not None else rows
@@ -179,9 +190,7 @@ def _replacement(
     # An embedding table's rows are read as blocks (a lookup): only a layer's product matrices are repacked.
     repack_this: RepackPolicy = "none" if isinstance(module, nn.Embedding) else repack
     weights = Q8Weights(gguf_matrix(tensor, source.path, ggml, source.rotary_heads(path), repack=repack_this))
-    if weights.shape != tuple(module["weight"].shape):
-        expected = tuple(module["weight"].shape)
-        raise ModelLoadError(f"{source.path}: tensor {tensor.name} is {weights.shape}, {path} expects {expected}")
+    _check_fits(source, tensor, path, module, weights.shape)
     if isinstance(module, nn.Embedding):
         return GgufEmbedding(weights, gguf.GGMLQuantizationType[tensor.type])
     return Q8Linear(weights, module.get("bias"))
@@ -189,16 +198,10 @@ def _replacement(
 
 def _file_embedding(path: str, module: nn.Module, tensor: GgufTensor, source: GgufModelSource, ggml: Ggml) -> nn.Module:
     """The embedding at `path`, whose table is only looked up, read from the GGUF row by row."""
-    if tensor.type not in GGML_TYPES or len(tensor.shape) != 2:
-        raise ModelLoadError(f"--cpu-weights gguf cannot look up {tensor.name}: {tensor.type} {list(tensor.shape)}")
-    in_features, out_features = tensor.shape
-    expected = tuple(module["weight"].shape)
-    if (out_features, in_features) != expected:
-        raise ModelLoadError(
-            f"{source.path}: tensor {tensor.name} is {(out_features, in_features)}, {path} expects {expected}"
-        )
-    row_bytes = int(ggml.row_size(GGML_TYPES[tensor.type], in_features))
-    rows = FileRows(source.path, tensor.offset, tensor.type, (out_features, in_features), row_bytes)
+    shape = matrix_shape(tensor)
+    _check_fits(source, tensor, path, module, shape)
+    row_bytes = int(ggml.row_size(GGML_TYPES[tensor.type], shape[1]))
+    rows = FileRows(source.path, tensor.offset, tensor.type, shape, row_bytes)
     return FileEmbedding(rows, gguf.GGMLQuantizationType[tensor.type])
 
 

@@ -14,6 +14,7 @@ norms and everything that is not a matrix product stay in mlx, in float32. An em
 rows it looks up; the tied output projection (`as_linear`) is a ggml product.
 """
 
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Final, cast
@@ -32,7 +33,7 @@ from mlx_lm.models import activations
 
 from exo.worker.engines.mlx.cpu.core_share import core_share
 from exo.worker.engines.mlx.cpu.dequant_gemm import dequantized_gemm, takes_dequantized
-from exo.worker.engines.mlx.cpu.embedding_rows import HeldRows
+from exo.worker.engines.mlx.cpu.embedding_rows import EmbeddingRows, HeldRows
 from exo.worker.engines.mlx.cpu.ggml_library import (
     CACHED_ROWS,
     Q8_0_BLOCK,
@@ -194,15 +195,24 @@ class Q8Embedding(nn.Module):
         self.rows = HeldRows(weights.matrix)
 
     def __call__(self, ids: mx.array) -> mx.array:
-        mx.eval(ids)
-        rows = np.asarray(ids).astype(np.int64)
-        values = q8_0_to_float32(self.rows.take(rows.reshape(-1)))
-        return mx.array(values.reshape(*rows.shape, self.q8.shape[1]))
+        return looked_up(self.rows, q8_0_to_float32, ids)
 
     def as_linear(self, x: mx.array) -> mx.array:
         """The tied output head: skipped inside `logits_discarded`."""
         skipped = discarded_logits(x, self.q8.shape[0])
         return skipped if skipped is not None else q8_product(x, self.q8)
+
+
+BlockDequantizer = Callable[[npt.NDArray[np.uint8]], npt.NDArray[np.float32]]
+"""Rows of a type's blocks to their float32 values."""
+
+
+def looked_up(rows: EmbeddingRows, dequantize: BlockDequantizer, ids: mx.array) -> mx.array:
+    """The rows `ids` of an embedding table of blocks, `dequantize`d to float32 (ids' shape × hidden)."""
+    mx.eval(ids)
+    tokens = np.asarray(ids).astype(np.int64)
+    values = dequantize(rows.take(tokens.reshape(-1)))
+    return mx.array(values.astype(np.float32, copy=False).reshape(*tokens.shape, rows.shape[1]))
 
 
 ALL_TO_SHARDED: Final = (AllToShardedLinear, QuantizedAllToShardedLinear)
