@@ -65,7 +65,9 @@ def test_refinement_stops_when_its_measuring_budget_is_spent(monkeypatch: pytest
     timer.calls = 0
     ours, _supervisor = Pipe()
 
-    runner._refine_while_idle(RunnerChannel(ours), planner)  # pyright: ignore[reportPrivateUsage]
+    channel = RunnerChannel(ours)
+    runner._refine_while_idle(channel, planner)  # pyright: ignore[reportPrivateUsage]
+    channel.close()  # what the refinement sent is written
 
     assert not planner.refining
     assert timer.calls == 4  # two pairs, then the budget was spent
@@ -90,7 +92,9 @@ def test_the_idle_runner_rests_three_times_as_long_as_each_step_took(monkeypatch
     ours, _supervisor = Pipe()
     started = time.monotonic()
 
-    runner._refine_while_idle(RunnerChannel(ours), planner)  # pyright: ignore[reportPrivateUsage]
+    channel = RunnerChannel(ours)
+    runner._refine_while_idle(channel, planner)  # pyright: ignore[reportPrivateUsage]
+    channel.close()  # what the refinement sent is written
 
     assert not planner.refining
     # Busy at most a quarter of the time: each step is followed by three times its length of rest (the last one's
@@ -106,7 +110,9 @@ def test_an_idle_runner_refines_its_plan_until_nothing_is_left(
     planner, timer = planner_and_timer
     ours, supervisor = Pipe()
 
-    runner._refine_while_idle(RunnerChannel(ours), planner)  # pyright: ignore[reportPrivateUsage]
+    channel = RunnerChannel(ours)
+    runner._refine_while_idle(channel, planner)  # pyright: ignore[reportPrivateUsage]
+    channel.close()  # what the refinement sent is written
 
     assert not planner.refining
     shapes = planner.report().planned_shapes
@@ -123,7 +129,9 @@ def test_a_waiting_message_stops_refinement_before_it_starts(
     ours, supervisor = Pipe()
     supervisor.send_bytes(RunnerRequestAdapter.dump_json(Shutdown()))  # any message will do
 
-    runner._refine_while_idle(RunnerChannel(ours), planner)  # pyright: ignore[reportPrivateUsage]
+    channel = RunnerChannel(ours)
+    runner._refine_while_idle(channel, planner)  # pyright: ignore[reportPrivateUsage]
+    channel.close()  # what the refinement sent is written
 
     assert planner.refining
     assert timer.calls == 0

@@ -32,14 +32,17 @@ class _Wire:
         ours, theirs = multiprocessing.Pipe(duplex=True)
         self._ours, self._theirs = ours, theirs
         self.clock = _Clock()
-        self.sender = StepSender(RunnerChannel(ours), window=0.02, clock=self.clock)
+        self._channel = RunnerChannel(ours)
+        self.sender = StepSender(self._channel, window=0.02, clock=self.clock)
 
     def close(self) -> None:
+        self._channel.close()
         self._ours.close()
         self._theirs.close()
 
     def messages(self) -> list[StepOutput]:
         read: list[StepOutput] = []
+        self._channel.flush()  # the channel's thread writes what was sent
         while self._theirs.poll(0):
             message = RunnerResponseAdapter.validate_json(self._theirs.recv_bytes())
             assert isinstance(message, StepOutput)

@@ -1,6 +1,16 @@
-"""The runner's end of the pipe to its supervisor: typed messages both ways."""
+"""The runner's end of the pipe to its supervisor: typed messages both ways.
+
+A message is encoded on the sender's thread (what it refers to may change once `send` returns) and written to the
+pipe by the channel's own writer thread, in the order sent. A write wakes the supervisor's process, and on a machine
+with few cores that process takes the core the serving loop was on: written by the loop itself, the wake-up held a
+decode step 0.1-0.8 ms (docs/PERFORMANCE.md, issue 36); written here, the loop goes on to its next step meanwhile.
+"""
 
 import json
+import os
+import queue
+import struct
+import threading
 from multiprocessing.connection import Connection
 
 from pydantic import ValidationError
@@ -32,14 +42,75 @@ def _lenient_task_id(payload: bytes) -> TaskId | None:
     return TaskId(task_id) if isinstance(task_id, str) else None
 
 
+def _framed(payload: bytes) -> bytes:
+    """`payload` as `Connection.send_bytes` frames it (its length, then the bytes), read by `recv_bytes`: built
+    before it is queued, so the writer thread holds the interpreter's lock only to hand it to `os.write`."""
+    size = len(payload)
+    header = struct.pack("!i", size) if size <= 0x7FFFFFFF else struct.pack("!iQ", -1, size)
+    return header + payload
+
+
+def _write_all(descriptor: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(descriptor, view) :]
+
+
+class _Stop:
+    """Ends the writer thread once everything queued before it is written."""
+
+
 class RunnerChannel:
-    """Typed wrapper around the runner's end of the pipe."""
+    """Typed wrapper around the runner's end of the pipe; `close` it (or `flush`) before the process ends, so that
+    nothing sent is lost."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
+        self._outgoing: queue.SimpleQueue[bytes | threading.Event | _Stop] = queue.SimpleQueue()
+        self._failure: Exception | None = None
+        self._writer = threading.Thread(target=self._write, name="runner-channel-writer", daemon=True)
+        self._writer.start()
 
     def send(self, message: RunnerResponse) -> None:
-        self._connection.send_bytes(RunnerResponseAdapter.dump_json(message))
+        """Queue `message` for the pipe (written at once after `close`); raises the error that broke the pipe, once
+        a write has failed."""
+        self._raise_failure()
+        payload = RunnerResponseAdapter.dump_json(message)
+        if self._writer.is_alive():
+            self._outgoing.put(_framed(payload))
+        else:
+            self._connection.send_bytes(payload)
+
+    def flush(self) -> None:
+        """Wait until everything sent so far is written; raises the error that broke the pipe, if a write failed."""
+        if self._writer.is_alive():
+            written = threading.Event()
+            self._outgoing.put(written)
+            written.wait()
+        self._raise_failure()
+
+    def close(self) -> None:
+        """Write what is queued, then end the writer thread (the pipe itself stays open)."""
+        if self._writer.is_alive():
+            self._outgoing.put(_Stop())
+            self._writer.join()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def _write(self) -> None:
+        while True:
+            item = self._outgoing.get()
+            if isinstance(item, _Stop):
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+            elif self._failure is None:  # after a failed write nothing more reaches the pipe, as a raise would stop
+                try:
+                    _write_all(self._connection.fileno(), item)
+                except Exception as error:  # kept for the sender's thread to raise: this thread lives on to `close`
+                    self._failure = error
 
     def receive(self) -> RunnerRequest:
         """The next request; raises UnreadableRequestError for one that does not validate, EOFError once the

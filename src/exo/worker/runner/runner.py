@@ -76,6 +76,14 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
     logging.basicConfig(level=log_level, format=f"%(asctime)s runner[{os.getpid()}] %(levelname)s %(message)s")
     _exit_when_orphaned()
     channel = RunnerChannel(connection)
+    try:
+        _run(channel)
+    finally:
+        channel.close()  # what was sent reaches the supervisor before the process ends
+
+
+def _run(channel: RunnerChannel) -> None:
+    """Load the model the bootstrap names, then serve it (alone or as a pipeline rank) until shut down."""
     bootstrap = channel.receive()
     if not isinstance(bootstrap, RunnerBootstrap):
         channel.send(RunnerLoadFailed(message=f"expected a bootstrap message, got {bootstrap.kind}"))
