@@ -1,10 +1,12 @@
 """PrefixCache: reused prefixes give exactly the uncached output, reuse is reported, memory stays in budget."""
 
+import mlx.core as mx
 import pytest
 from mlx import nn
 
 from exo.worker.engines.mlx.cache import PrefixCache
 from exo.worker.engines.mlx.cache.layer_cache import held_token_count
+from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 from tests.worker.engines.mlx.cache.conftest import greedy, greedy_uncached, random_tokens, run_turn
 
 UNLIMITED = 1 << 40
@@ -197,3 +199,18 @@ def test_entry_larger_than_the_whole_budget_is_not_kept(tiny_model: nn.Module) -
 
     assert prefix_cache.entries == 0
     assert prefix_cache.nbytes == 0
+
+
+def test_release_counts_evaluating_the_cache_as_waiting_for_the_device(tiny_model: nn.Module) -> None:
+    prefix_cache = PrefixCache(tiny_model, UNLIMITED)
+    prompt = random_tokens(30, seed=20)
+    lease = prefix_cache.acquire(prompt)
+    generated = greedy(tiny_model, lease.remaining_tokens, lease.cache, NEW_TOKENS)
+    tiny_model(mx.array([generated[-1:]]), cache=lease.cache)  # a step left unevaluated, as one in flight is
+    STEP_CLOCK.begin()
+
+    prefix_cache.release(lease, [*prompt, *generated])
+
+    _, parts = STEP_CLOCK.end()
+    assert parts.get("device", 0.0) > 0.0  # the host-overhead meter does not count the wait as host work
+    assert prefix_cache.entries == 1
