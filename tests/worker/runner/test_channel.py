@@ -3,6 +3,7 @@ them before `close` returns; a message changed after `send` goes as it was; a br
 
 import multiprocessing
 import threading
+import time
 
 import pytest
 
@@ -107,3 +108,21 @@ def test_after_close_a_message_is_written_at_once() -> None:
     channel.send(_chunk(7))
     assert theirs.poll(0)
     assert RunnerResponseAdapter.validate_json(theirs.recv_bytes()) == _chunk(7)
+
+
+def test_poll_sees_a_waiting_message_and_a_closed_pipe() -> None:
+    ours, theirs = multiprocessing.Pipe()
+    channel = RunnerChannel(ours)
+    assert not channel.poll()
+    started = time.monotonic()
+    assert not channel.poll(0.05)
+    assert time.monotonic() - started >= 0.04  # it waited
+    theirs.send_bytes(b"{}")
+    assert channel.poll()
+    ours.recv_bytes()
+    assert not channel.poll()
+    theirs.close()
+    assert channel.poll(1.0)  # a closed pipe reads as ready: the next receive raises EOFError
+    with pytest.raises(EOFError):
+        channel.receive()
+    channel.close()
