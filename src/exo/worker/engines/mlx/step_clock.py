@@ -23,8 +23,9 @@ work, and on an accelerator it overlaps the pass before). launch: in
 `mx.async_eval`, starting the next forward pass (on mlx's CPU backend this call can itself run much of the pass before
 it returns: a batched step measured so, with almost no wait left after it). processors:
 grammar masks and penalties. detokenize: token ids to text. parse: the rest of turning tokens into chunks (tool
-calls, reasoning, stop sequences). send: the runner→API channel (encoding and writing a step's one message, metered
-as the first part of the next step: the message carries the meter's totals through its own step)."""
+calls, reasoning, stop sequences). send: the runner→API channel (encoding a step's one message and queueing it for the
+channel's writer thread, metered as the first part of the next step: the message carries the meter's totals through
+its own step)."""
 
 
 class StepClock:
