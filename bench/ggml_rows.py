@@ -22,7 +22,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from bench.ggml_kernels import GgmlProduct
-from bench.machine import cpu_flags, record_start_commit
+from bench.machine import cpu_flags, cpu_model, record_start_commit
 from exo.worker.engines.mlx.cpu.ggml_library import Ggml
 from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
 
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     timings = measure(Ggml(folder), arguments.types.split(","), arguments.threads, arguments.repeats)
     load_after = os.getloadavg()
     print(
-        f"Run: commit {commit}, {os.cpu_count()} × CPU ({cpu_flags()}); load average {load_before[0]:.2f} "
+        f"Run: commit {commit}, {os.cpu_count()} × {cpu_model()} ({cpu_flags()}); load average {load_before[0]:.2f} "
         f"at the start, {load_after[0]:.2f} at the end; command `uv run python -m bench.ggml_rows --types "
         f"{arguments.types} --threads {arguments.threads} --repeats {arguments.repeats}`.\n"
     )
