@@ -80,11 +80,11 @@ class RunnerChannel:
         """Queue `message` for the pipe (written at once after `close`); raises the error that broke the pipe, once
         a write has failed."""
         self._raise_failure()
-        payload = RunnerResponseAdapter.dump_json(message)
+        frame = _framed(RunnerResponseAdapter.dump_json(message))
         if self._writer.is_alive():
-            self._outgoing.put(_framed(payload))
+            self._outgoing.put(frame)
         else:
-            self._connection.send_bytes(payload)
+            _write_all(self._connection.fileno(), frame)
 
     def flush(self) -> None:
         """Wait until everything sent so far is written; raises the error that broke the pipe, if a write failed."""
