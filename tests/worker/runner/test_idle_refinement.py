@@ -5,6 +5,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing import Pipe
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,13 @@ def planner_and_timer() -> tuple[MatmulPlanner, CountingTimer]:
     return planner, timer
 
 
+def _refine_while_idle(connection: Connection, planner: MatmulPlanner) -> None:
+    """The runner's idle refinement over `connection`; returns once what it sent is written to the pipe."""
+    channel = RunnerChannel(connection)
+    runner._refine_while_idle(channel, planner)  # pyright: ignore[reportPrivateUsage]
+    channel.close()
+
+
 def test_refinement_stops_when_its_measuring_budget_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner, "IDLE_SECONDS_PER_PLAN_REFINEMENT", 0.001)
     monkeypatch.setattr(runner, "IDLE_REST_PER_BUSY_SECOND", 0.0)
@@ -65,9 +73,7 @@ def test_refinement_stops_when_its_measuring_budget_is_spent(monkeypatch: pytest
     timer.calls = 0
     ours, _supervisor = Pipe()
 
-    channel = RunnerChannel(ours)
-    runner._refine_while_idle(channel, planner)  # pyright: ignore[reportPrivateUsage]
-    channel.close()  # what the refinement sent is written
+    _refine_while_idle(ours, planner)
 
     assert not planner.refining
     assert timer.calls == 4  # two pairs, then the budget was spent
@@ -92,9 +98,7 @@ def test_the_idle_runner_rests_three_times_as_long_as_each_step_took(monkeypatch
     ours, _supervisor = Pipe()
     started = time.monotonic()
 
-    channel = RunnerChannel(ours)
-    runner._refine_while_idle(channel, planner)  # pyright: ignore[reportPrivateUsage]
-    channel.close()  # what the refinement sent is written
+    _refine_while_idle(ours, planner)
 
     assert not planner.refining
     # Busy at most a quarter of the time: each step is followed by three times its length of rest (the last one's
@@ -110,9 +114,7 @@ def test_an_idle_runner_refines_its_plan_until_nothing_is_left(
     planner, timer = planner_and_timer
     ours, supervisor = Pipe()
 
-    channel = RunnerChannel(ours)
-    runner._refine_while_idle(channel, planner)  # pyright: ignore[reportPrivateUsage]
-    channel.close()  # what the refinement sent is written
+    _refine_while_idle(ours, planner)
 
     assert not planner.refining
     shapes = planner.report().planned_shapes
@@ -129,9 +131,7 @@ def test_a_waiting_message_stops_refinement_before_it_starts(
     ours, supervisor = Pipe()
     supervisor.send_bytes(RunnerRequestAdapter.dump_json(Shutdown()))  # any message will do
 
-    channel = RunnerChannel(ours)
-    runner._refine_while_idle(channel, planner)  # pyright: ignore[reportPrivateUsage]
-    channel.close()  # what the refinement sent is written
+    _refine_while_idle(ours, planner)
 
     assert planner.refining
     assert timer.calls == 0
