@@ -28,6 +28,7 @@ from exo.worker.engines.mlx.cpu.ggml_locate import (
     holds_ggml,
 )
 from exo.worker.engines.mlx.cpu.llama_cpp_source import VERSION
+from exo.worker.engines.mlx.cpu.rows_kernel import ROWS_LIBRARY, rows_kernel_builds_here
 from tests.machine_skips import skip_for_machine
 
 FAKE_LLAMA_CPP = {
@@ -115,8 +116,9 @@ def test_without_cmake_the_build_says_what_to_install(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_build_then_find_then_build_again(tmp_path: Path) -> None:
-    """The first build compiles the two libraries into the per-CPU cache and prints their folder; `exo ggml path`
-    finds them through $EXO_GGML_DIR; a second build finds the cache and says so without building."""
+    """The first build compiles the two libraries into the per-CPU cache and prints their folder (and, without
+    ggml's header, says exo's multi-row products were not built); `exo ggml path` finds them through $EXO_GGML_DIR;
+    a second build finds the cache and says so without building."""
     require_build_tools()
     root = tmp_path / "root"
     place_fake_sdist(root)
@@ -130,6 +132,9 @@ def test_build_then_find_then_build_again(tmp_path: Path) -> None:
     for step in ("[1/4]", "[2/4]", "[3/4]", "[4/4]", "-DGGML_NATIVE=ON", "built in"):
         assert step in first.stderr
     assert "pip" not in first.stderr  # the archive was there: nothing downloaded
+    if rows_kernel_builds_here():  # the stand-in has no ggml.h: exo's own products are left out, the build succeeds
+        assert "exo's multi-row products were not built (no ggml.h under" in first.stderr
+        assert not (folder / ROWS_LIBRARY).exists()
 
     second = exo_ggml(tmp_path, "build", "--root", str(root))
     assert second.returncode == 0, second.stderr

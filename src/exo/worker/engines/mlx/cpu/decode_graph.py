@@ -58,6 +58,7 @@ from exo.worker.engines.mlx.cpu.ggml_graph_ops import ROPE_NEOX, GgmlGraphOps, g
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, ComputePlan, Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.gguf_layers import FileEmbedding
 from exo.worker.engines.mlx.cpu.q8_layers import GGML_POLL, Q8Embedding, Q8Linear, Q8Weights, SwiGluMlp
+from exo.worker.engines.mlx.cpu.rows_kernel import rows_kernel
 from exo.worker.engines.mlx.cpu.stored_layout import StoredLayout
 from exo.worker.engines.mlx.discarded_logits import logits_are_discarded
 
@@ -183,6 +184,8 @@ class DecodeGraph:
         """The buffer a pass over many rows reads its layer's repacked matrices back into (`layer`'s `stored_in`)."""
         self._written: _Written | None = None
         """What the last in-place step left, for `resume`."""
+        self._rows = rows_kernel(ops.ggml.library_dir)
+        """exo's multi-row products, where built beside this ggml (`rows_kernel.py`): a batch's Q8_0/Q5_0 products."""
         self._finalizer = weakref.finalize(self, _free, self._ops, parameters, self._passes, self._steps)
         _LIVE.add(self)
 
@@ -340,7 +343,7 @@ class DecodeGraph:
                 )
                 appended.append((new_keys, new_values))
             x = ops.mul(context, ops.rms_norm(context, x, shape.norm_eps), self._norm)
-            logits = ops.mul_mat(context, self._head.tensor, x)
+            logits = self._product(context, self._head, self._head.tensor, x, count)
             rows_tensor, written = None, list[int]()
             if key.in_place:
                 rows_tensor = ops.new_tensor_1d(context, _I64, shape.kv_heads * count)
@@ -414,19 +417,29 @@ class DecodeGraph:
             return read_back.get(id(matrix), matrix.tensor)
 
         count = tokens
+
+        def product(matrix: GgmlMatrix, source: int) -> int:
+            return self._product(context, matrix, weight(matrix), source, count)
+
         h = ops.mul(context, ops.rms_norm(context, x, shape.norm_eps), layer.input_norm)
-        q = _biased(ops, context, ops.mul_mat(context, weight(layer.q), h), layer.q_bias)
-        k = _biased(ops, context, ops.mul_mat(context, weight(layer.k), h), layer.k_bias)
-        v = _biased(ops, context, ops.mul_mat(context, weight(layer.v), h), layer.v_bias)
+        q = _biased(ops, context, product(layer.q, h), layer.q_bias)
+        k = _biased(ops, context, product(layer.k, h), layer.k_bias)
+        v = _biased(ops, context, product(layer.v, h), layer.v_bias)
         q = self._rope(context, ops.reshape_3d(context, q, shape.head_dim, shape.heads, count), positions)
         k = self._rope(context, ops.reshape_3d(context, k, shape.head_dim, shape.kv_heads, count), positions)
-        x = ops.add(context, x, ops.mul_mat(context, weight(layer.o), attend(q, k, v)))
+        x = ops.add(context, x, product(layer.o, attend(q, k, v)))
         h = ops.mul(context, ops.rms_norm(context, x, shape.norm_eps), layer.post_norm)
-        gated = ops.swiglu_split(
-            context, ops.mul_mat(context, weight(layer.gate), h), ops.mul_mat(context, weight(layer.up), h)
-        )
-        x = ops.add(context, x, ops.mul_mat(context, weight(layer.down), gated))
+        gated = ops.swiglu_split(context, product(layer.gate, h), product(layer.up, h))
+        x = ops.add(context, x, product(layer.down, gated))
         return x, k, v
+
+    def _product(self, context: int, matrix: GgmlMatrix, weight: int, x: int, rows: int) -> int:
+        """`weight` (the matrix's tensor, or its read-back) times x's `rows` rows: exo's multi-row product where it
+        applies (a batch's rows, a Q8_0 or Q5_0 matrix as stored), else ggml's."""
+        kernel = self._rows
+        if kernel is not None and not matrix.repacked and kernel.applies(matrix.type, matrix.shape[1], rows):
+            return kernel.product(self._ops, context, weight, x, out_features=matrix.shape[0], rows=rows)
+        return self._ops.mul_mat(context, weight, x)
 
     def _step_attention(
         self,

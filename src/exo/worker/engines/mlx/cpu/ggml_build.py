@@ -8,6 +8,10 @@ its `ggml/` folder alone: the source package leaves out the files ggml needs to 
 result lands in `ggml_locate.ggml_cache_dir()`, one folder per release and kind of CPU, where `find_ggml_library`
 looks.
 
+Beside them it compiles exo's own multi-row products (`rows_kernel.cpp`, x86 only: `libexo-rows`), which a
+batched decode step uses for Q8_0 and Q5_0 matrices; where that compile fails the build still succeeds and ggml's
+own products are used.
+
 Steps already done are skipped: the download, the unpacking, and the whole build when the libraries are there.
 Progress goes to stderr; stdout gets only the libraries' folder, so a script can take it
 (`EXO_GGML_DIR="$(uv run exo ggml build --root build/ggml)"`, as .ci/run does).
@@ -35,6 +39,7 @@ from exo.worker.engines.mlx.cpu.ggml_locate import (
     holds_ggml,
 )
 from exo.worker.engines.mlx.cpu.llama_cpp_source import PACKAGE, VERSION, download_command, unpack
+from exo.worker.engines.mlx.cpu.rows_kernel import ROWS_LIBRARY, ROWS_SOURCE, rows_kernel_builds_here
 
 TARGETS: Final = ("ggml-base", "ggml-cpu")
 CMAKE_OPTIONS: Final = (
@@ -91,6 +96,37 @@ def build_command(build_tree: Path, jobs: int) -> list[str]:
     return ["cmake", "--build", str(build_tree), "--target", *TARGETS, f"-j{jobs}"]
 
 
+def rows_kernel_command(compiler: str, include: Path, output: Path) -> list[str]:
+    """Compile exo's multi-row products for this CPU (its SIMD, as ggml's GGML_NATIVE) against ggml's header."""
+    return [
+        compiler, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC",
+        "-I", str(include), str(ROWS_SOURCE), "-o", str(output),
+    ]  # fmt: skip
+
+
+def build_rows_kernel(source: Path, destination: Path, progress: TextIO, which: _Which = shutil.which) -> bool:
+    """`libexo-rows` into `destination` beside ggml's libraries; False (said on `progress`) where it could not be
+    built: ggml's own products serve instead."""
+    compiler = next(
+        (found for name in (os.environ.get("CXX", ""), "c++", "g++", "clang++") if name and (found := which(name))),
+        None,
+    )
+    include = source / "ggml" / "include"
+    if compiler is None or not (include / "ggml.h").is_file():
+        why = "no C++ compiler" if compiler is None else f"no ggml.h under {include}"
+        print(f"exo's multi-row products were not built ({why}): ggml's own are used", file=progress, flush=True)
+        return False
+    partial = destination / (ROWS_LIBRARY + ".partial")
+    try:
+        _run(rows_kernel_command(compiler, include, partial), progress)
+    except GgmlBuildError as error:
+        print(f"exo's multi-row products were not built ({error}): ggml's own are used", file=progress, flush=True)
+        partial.unlink(missing_ok=True)
+        return False
+    partial.rename(destination / ROWS_LIBRARY)
+    return True
+
+
 def _run(command: Sequence[str], progress: TextIO) -> None:
     """Run one build step, its output on stderr (stdout is kept for the libraries' folder)."""
     print("+", " ".join(command), file=progress, flush=True)
@@ -131,6 +167,26 @@ def check_loads(folder: Path) -> None:
         raise GgmlBuildError(f"the built libraries in {folder} do not load: {error}") from None
 
 
+def _source_tree(version_dir: Path, progress: TextIO, *, steps: bool = True) -> Path:
+    """The release's llama.cpp tree: downloaded (once) and unpacked (once) under `version_dir` (`steps`: each step
+    said on `progress` as the build's first two)."""
+    downloads = version_dir / "sdist"
+    downloads.mkdir(parents=True, exist_ok=True)
+    if steps:
+        print(f"[1/4] {PACKAGE} {VERSION} source package, in {downloads}", file=progress, flush=True)
+    if not any(downloads.glob("*.tar.gz")):
+        _run(download_command(downloads), progress)
+    archives = sorted(downloads.glob("*.tar.gz"))
+    if not archives:
+        raise GgmlBuildError(f"the download left no source archive in {downloads}")
+    if steps:
+        print(f"[2/4] unpacking into {version_dir / 'unpacked'}", file=progress, flush=True)
+    try:
+        return unpack(archives[0], version_dir / "unpacked")
+    except (OSError, ValueError) as error:
+        raise GgmlBuildError(f"the source package {archives[0]} could not be unpacked: {error}") from None
+
+
 def build_ggml(root: Path, jobs: int, progress: TextIO = sys.stderr) -> Path:
     """Download (once), unpack (once), configure and build; returns the libraries' folder. Nothing is redone for a
     folder that already holds both libraries."""
@@ -138,25 +194,19 @@ def build_ggml(root: Path, jobs: int, progress: TextIO = sys.stderr) -> Path:
     destination = ggml_cache_dir(root, VERSION, key)
     if holds_ggml(destination):
         print(f"ggml {VERSION} is already built for this CPU ({key}) in {destination}", file=progress, flush=True)
+        if rows_kernel_builds_here() and not (destination / ROWS_LIBRARY).is_file():
+            try:  # a cache from before exo had its own products: they are added, from the kept source
+                source = _source_tree(root / VERSION, progress, steps=False)
+                build_rows_kernel(source, destination, progress)
+            except GgmlBuildError as error:
+                print(f"exo's multi-row products were not built ({error}): ggml's own are used", file=progress)
         return destination
     missing = missing_tools()
     if missing:
         raise GgmlBuildError("building ggml needs " + "; ".join(missing))
     started = time.monotonic()
     version_dir = root / VERSION
-    downloads = version_dir / "sdist"
-    downloads.mkdir(parents=True, exist_ok=True)
-    print(f"[1/4] {PACKAGE} {VERSION} source package, in {downloads}", file=progress, flush=True)
-    if not any(downloads.glob("*.tar.gz")):
-        _run(download_command(downloads), progress)
-    archives = sorted(downloads.glob("*.tar.gz"))
-    if not archives:
-        raise GgmlBuildError(f"the download left no source archive in {downloads}")
-    print(f"[2/4] unpacking into {version_dir / 'unpacked'}", file=progress, flush=True)
-    try:
-        source = unpack(archives[0], version_dir / "unpacked")
-    except (OSError, ValueError) as error:
-        raise GgmlBuildError(f"the source package {archives[0]} could not be unpacked: {error}") from None
+    source = _source_tree(version_dir, progress)
     build_tree = version_dir / key / "cmake"
     print(f"[3/4] configuring ggml for this CPU ({key}) in {build_tree}", file=progress, flush=True)
     try:
@@ -172,6 +222,8 @@ def build_ggml(root: Path, jobs: int, progress: TextIO = sys.stderr) -> Path:
     _run(build_command(build_tree, jobs), progress)
     _collect(build_tree, destination)
     check_loads(destination)
+    if rows_kernel_builds_here():
+        build_rows_kernel(source, destination, progress)
     elapsed = time.monotonic() - started
     print(f"ggml {VERSION} built in {elapsed:.0f} s: {destination}", file=progress, flush=True)
     return destination

@@ -60,6 +60,9 @@ class GgmlGraphOps:
         self.rope_ext = bind("ggml_rope_ext", p, p, p, p, p, i, i, i, f, f, f, f, f, f)
         self.get_rows = bind("ggml_get_rows", p, p, p, p)
         self.set_rows = bind("ggml_set_rows", p, p, p, p, p)
+        self.is_contiguous = bind("ggml_is_contiguous", ctypes.c_bool, p)
+        # (ctx, type, ne0..ne3, args, n_args, fun, n_tasks, userdata): a node computed by `fun` on the pool's threads.
+        self.custom_4d = bind("ggml_custom_4d", p, p, i, w, w, w, w, ctypes.POINTER(p), i, p, i, p)
         self.new_graph_custom = bind("ggml_new_graph_custom", p, p, s, ctypes.c_bool)
         self.set_input = bind("ggml_set_input", None, p)
         self.set_output = bind("ggml_set_output", None, p)

@@ -1,0 +1,284 @@
+// exo's multi-row products for ggml's Q8_0 and Q5_0 blocks on x86 with VNNI (AVX-512 VNNI or AVX-VNNI).
+//
+// ggml's x86 build multiplies a few activation rows (a batched decode step: 2 to 16 sequences) by a Q8_0 or Q5_0
+// matrix with llamafile's tinyBLAS, which spends about seven vector instructions on every 32 multiply-adds of one
+// weight block with one row. Here the rows sit in the lanes of one register: for each four weights of a block, one
+// `vpdpbusd` multiplies them (broadcast) with the same four positions of every row, so a block costs eight
+// `vpdpbusd` for all rows together, plus its scale. `vpdpbusd` multiplies unsigned by signed bytes: the weights are
+// taken plus 128 (their top bit flipped) and the rows, quantized as ggml quantizes them (Q8_0: a scale per 32
+// values, rounded to half precision), stay signed; each row's block sum × 128, computed once with the quantization,
+// is subtracted. Up to 8 rows in a 256-bit register, 16 in a 512-bit one.
+//
+// Called by ggml as a custom operation (ggml_custom_4d, every thread of its pool): dst = W · X, W (out × in) in
+// Q8_0 or Q5_0, X float32 (rows × in), dst float32 (rows × out), as ggml_mul_mat lays them out. Each thread quantizes
+// the rows itself (a few microseconds) and computes its own share of the outputs.
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ggml.h"
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+#define EXO_ROWS_KERNEL 1
+#define EXO_ROWS_MAX 16
+#elif defined(__AVXVNNI__) && defined(__AVX2__) && defined(__F16C__)
+#define EXO_ROWS_KERNEL 1
+#define EXO_ROWS_MAX 8
+#else
+#define EXO_ROWS_KERNEL 0
+#define EXO_ROWS_MAX 0
+#endif
+
+extern "C" {
+// The most activation rows one product takes (0: no kernel for this CPU; ggml_mul_mat is used instead).
+int exo_rows_max(void) { return EXO_ROWS_MAX; }
+void exo_rows_mul_mat(struct ggml_tensor* dst, int ith, int nth, void* userdata);
+}
+
+#if EXO_ROWS_KERNEL
+
+namespace {
+
+constexpr int kBlock = 32;  // values in a Q8_0 or Q5_0 block
+constexpr int kQuads = kBlock / 4;
+
+struct BlockQ8 {
+    uint16_t d;
+    int8_t qs[kBlock];
+};
+struct BlockQ5 {
+    uint16_t d;
+    uint8_t qh[4];
+    uint8_t qs[kBlock / 2];
+};
+static_assert(sizeof(BlockQ8) == 34, "Q8_0 block");
+static_assert(sizeof(BlockQ5) == 22, "Q5_0 block");
+
+inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+inline uint16_t float_to_half(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
+
+// The rows quantized, laid out for the lanes: quads[(block * 8 + quad) * lanes + lane] holds the four signed bytes
+// of one row's positions block * 32 + quad * 4 .. + 3; scales[block * lanes + lane] that row's block scale and
+// offsets[block * lanes + lane] 128 × the sum of its 32 values (what the weights' +128 adds). Spare lanes are zero.
+struct QuantizedRows {
+    uint32_t* quads = nullptr;
+    float* scales = nullptr;
+    int32_t* offsets = nullptr;
+    size_t capacity = 0;  // bytes held
+
+    void reserve(size_t blocks, int lanes) {
+        size_t need = blocks * kQuads * lanes * sizeof(uint32_t) + 2 * blocks * lanes * sizeof(float);
+        if (need <= capacity) return;
+        free(quads);
+        quads = static_cast<uint32_t*>(aligned_alloc(64, (need + 63) / 64 * 64));
+        scales = reinterpret_cast<float*>(quads + blocks * kQuads * lanes);
+        offsets = reinterpret_cast<int32_t*>(scales + blocks * lanes);
+        capacity = need;
+    }
+};
+
+thread_local QuantizedRows t_rows;
+
+// ggml's own quantization of an activation row to Q8_0 (quantize_row_q8_0 on x86): scale amax / 127 kept in half
+// precision, values x · 127 / amax rounded to nearest even.
+void quantize_rows(const char* x, size_t row_stride, int rows, int64_t blocks, int lanes, QuantizedRows& out) {
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    for (int lane = 0; lane < lanes; ++lane) {
+        for (int64_t b = 0; b < blocks; ++b) {
+            uint32_t* quads = out.quads + b * kQuads * lanes + lane;
+            if (lane >= rows) {
+                for (int q = 0; q < kQuads; ++q) quads[q * lanes] = 0;
+                out.scales[b * lanes + lane] = 0.0f;
+                out.offsets[b * lanes + lane] = 0;
+                continue;
+            }
+            const float* v = reinterpret_cast<const float*>(x + lane * row_stride) + b * kBlock;
+            __m256 m = _mm256_andnot_ps(sign_bit, _mm256_loadu_ps(v));
+            for (int i = 8; i < kBlock; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign_bit, _mm256_loadu_ps(v + i)));
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            const float amax = _mm_cvtss_f32(m4);
+            out.scales[b * lanes + lane] = half_to_float(float_to_half(amax / 127.0f));
+            const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+            int32_t sum = 0;
+            for (int i = 0; i < kBlock; i += 8) {
+                alignas(32) int32_t values[8];
+                _mm256_store_si256(reinterpret_cast<__m256i*>(values), _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i), id)));
+                for (int j = 0; j < 8; j += 4) {
+                    quads[((i + j) / 4) * lanes] = uint32_t(uint8_t(values[j])) | uint32_t(uint8_t(values[j + 1])) << 8 |
+                                                   uint32_t(uint8_t(values[j + 2])) << 16 |
+                                                   uint32_t(uint8_t(values[j + 3])) << 24;
+                }
+                for (int j = 0; j < 8; ++j) sum += values[j];
+            }
+            out.offsets[b * lanes + lane] = 128 * sum;
+        }
+    }
+}
+
+// A Q5_0 block's 32 values as signed bytes (-16..15), as ggml's AVX2 code unpacks them.
+inline __m256i unpack_q5(const BlockQ5& block) {
+    const __m128i nibbles = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block.qs));
+    __m256i values = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nibbles, 4), nibbles), _mm256_set1_epi8(0x0F));
+    uint32_t high;
+    memcpy(&high, block.qh, sizeof(high));
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(int(high)),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+    const __m256i bits = _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                                           _mm256_set1_epi64x(-1));
+    return _mm256_or_si256(values, _mm256_andnot_si256(bits, _mm256_set1_epi8(char(0xF0))));
+}
+
+// One register of lanes: 256-bit (8 lanes) or, with AVX-512, 512-bit (16).
+struct Lanes8 {
+    static constexpr int kLanes = 8;
+    using I = __m256i;
+    using F = __m256;
+    static I zero() { return _mm256_setzero_si256(); }
+    static F fzero() { return _mm256_setzero_ps(); }
+    static I load(const uint32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+    static F loadf(const float* p) { return _mm256_load_ps(p); }
+    static I dot(I acc, I rows, const void* four_weights) {  // four_weights: unsigned
+        int32_t w;
+        memcpy(&w, four_weights, sizeof(w));
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+        return _mm256_dpbusd_epi32(acc, _mm256_set1_epi32(w), rows);
+#else
+        return _mm256_dpbusd_avx_epi32(acc, _mm256_set1_epi32(w), rows);
+#endif
+    }
+    // Each row's sum less what the weights' +128 added, as floats.
+    static F corrected(I acc, const int32_t* offsets) {
+        return _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, _mm256_load_si256(reinterpret_cast<const __m256i*>(offsets))));
+    }
+    static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+    static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+    static F set1(float v) { return _mm256_set1_ps(v); }
+    static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+};
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+struct Lanes16 {
+    static constexpr int kLanes = 16;
+    using I = __m512i;
+    using F = __m512;
+    static I zero() { return _mm512_setzero_si512(); }
+    static F fzero() { return _mm512_setzero_ps(); }
+    static I load(const uint32_t* p) { return _mm512_load_si512(p); }
+    static F loadf(const float* p) { return _mm512_load_ps(p); }
+    static I dot(I acc, I rows, const void* four_weights) {  // four_weights: unsigned
+        int32_t w;
+        memcpy(&w, four_weights, sizeof(w));
+        return _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(w), rows);
+    }
+    static F corrected(I acc, const int32_t* offsets) {
+        return _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_load_si512(offsets)));
+    }
+    static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+    static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+    static F set1(float v) { return _mm512_set1_ps(v); }
+    static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+};
+#endif
+
+// Eight output rows at a time share each load of the quantized rows, and their eight chains of `vpdpbusd` keep the
+// unit busy (one chain waits on its own latency, about five cycles an instruction).
+constexpr int kOutputsAtOnce = 8;
+
+template <typename L, typename Block>
+void products(const char* weights, size_t weight_row_bytes, int64_t first, int64_t last, int64_t blocks,
+              const QuantizedRows& rows, int row_count, char* dst, size_t dst_row_stride) {
+    constexpr int lanes = L::kLanes;
+    alignas(64) float sums[kOutputsAtOnce][lanes];
+    alignas(32) int8_t unpacked[kOutputsAtOnce][kBlock];
+    for (int64_t o = first; o < last; o += kOutputsAtOnce) {
+        const int outputs = int(last - o < kOutputsAtOnce ? last - o : kOutputsAtOnce);
+        typename L::F total[kOutputsAtOnce];
+        const Block* row_blocks[kOutputsAtOnce];
+        for (int k = 0; k < kOutputsAtOnce; ++k) {
+            total[k] = L::fzero();
+            row_blocks[k] = reinterpret_cast<const Block*>(weights + (o + (k < outputs ? k : 0)) * weight_row_bytes);
+        }
+        for (int64_t b = 0; b < blocks; ++b) {
+            const uint32_t* quads = rows.quads + b * kQuads * lanes;
+            const typename L::F row_scales = L::loadf(rows.scales + b * lanes);
+            typename L::I acc[kOutputsAtOnce];
+            const int8_t* values[kOutputsAtOnce];  // the block plus 128, as unsigned bytes
+            for (int k = 0; k < kOutputsAtOnce; ++k) {
+                acc[k] = L::zero();
+                __m256i weights_block;
+                if constexpr (sizeof(Block) == sizeof(BlockQ5)) {
+                    weights_block = unpack_q5(row_blocks[k][b]);
+                } else {
+                    weights_block = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row_blocks[k][b].qs));
+                }
+                _mm256_store_si256(reinterpret_cast<__m256i*>(unpacked[k]),
+                                   _mm256_xor_si256(weights_block, _mm256_set1_epi8(char(0x80))));
+                values[k] = unpacked[k];
+            }
+            for (int q = 0; q < kQuads; ++q) {
+                const typename L::I x = L::load(quads + q * lanes);
+                for (int k = 0; k < kOutputsAtOnce; ++k) acc[k] = L::dot(acc[k], x, values[k] + 4 * q);
+            }
+            for (int k = 0; k < kOutputsAtOnce; ++k) {
+                const float weight_scale = half_to_float(row_blocks[k][b].d);
+                total[k] = L::fmadd(L::corrected(acc[k], rows.offsets + b * lanes), L::mul(row_scales, L::set1(weight_scale)), total[k]);
+            }
+        }
+        for (int k = 0; k < outputs; ++k) {
+            L::store(sums[k], total[k]);
+            for (int r = 0; r < row_count; ++r) {
+                reinterpret_cast<float*>(dst + r * dst_row_stride)[o + k] = sums[k][r];
+            }
+        }
+    }
+}
+
+template <typename L>
+void run(const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, int nth) {
+    const int64_t in = w->ne[0];
+    const int64_t out = w->ne[1];
+    const int rows = int(x->ne[1]);
+    const int64_t blocks = in / kBlock;
+    t_rows.reserve(size_t(blocks), L::kLanes);
+    quantize_rows(static_cast<const char*>(x->data), x->nb[1], rows, blocks, L::kLanes, t_rows);
+    // Each thread takes a contiguous share of the outputs, in whole groups of eight.
+    const int64_t groups = (out + kOutputsAtOnce - 1) / kOutputsAtOnce;
+    const int64_t per_thread = (groups + nth - 1) / nth;
+    const int64_t first = ith * per_thread * kOutputsAtOnce;
+    int64_t last = first + per_thread * kOutputsAtOnce;
+    if (last > out) last = out;
+    if (first >= last) return;
+    const char* weights = static_cast<const char*>(w->data);
+    char* result = static_cast<char*>(dst->data);
+    if (w->type == GGML_TYPE_Q8_0) {
+        products<L, BlockQ8>(weights, w->nb[1], first, last, blocks, t_rows, rows, result, dst->nb[1]);
+    } else {
+        products<L, BlockQ5>(weights, w->nb[1], first, last, blocks, t_rows, rows, result, dst->nb[1]);
+    }
+}
+
+}  // namespace
+
+void exo_rows_mul_mat(struct ggml_tensor* dst, int ith, int nth, void* /*userdata*/) {
+    const ggml_tensor* w = dst->src[0];
+    const ggml_tensor* x = dst->src[1];
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+    if (x->ne[1] > 8) {
+        run<Lanes16>(w, x, dst, ith, nth);
+        return;
+    }
+#endif
+    run<Lanes8>(w, x, dst, ith, nth);
+}
+
+#else
+
+void exo_rows_mul_mat(struct ggml_tensor* /*dst*/, int /*ith*/, int /*nth*/, void* /*userdata*/) { abort(); }
+
+#endif

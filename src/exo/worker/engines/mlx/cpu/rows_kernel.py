@@ -1,0 +1,79 @@
+"""exo's multi-row products for Q8_0 and Q5_0 matrices (`rows_kernel.cpp`), as nodes of a ggml graph.
+
+A batched decode step multiplies each matrix by one activation row a sequence. ggml's x86 build does that for Q8_0
+and Q5_0 (the default model's GGUF: 407 of its 489 MB) with kernels whose cost grows almost as fast as the rows;
+`rows_kernel.cpp` multiplies a weight block by every row at once with AVX-512 VNNI or AVX-VNNI. `exo ggml build`
+compiles it beside ggml's libraries (`libexo-rows`); a graph uses it through `ggml_custom_4d` for products of
+`MIN_ROWS` up to the library's own maximum rows (16 with AVX-512, 8 with AVX-VNNI), and ggml's `ggml_mul_mat`
+everywhere else: fewer rows (one sequence's step reads the matrix once either way, and ggml's one-row kernel is
+the faster there), other block types, repacked matrices, prefill. `EXO_ROWS_KERNEL=off` turns it off (to compare).
+"""
+
+import ctypes
+import os
+import platform
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Final
+
+from exo.worker.engines.mlx.cpu.ggml_graph_ops import GgmlGraphOps
+from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES
+
+ROWS_LIBRARY: Final = "libexo-rows.dylib" if sys.platform == "darwin" else "libexo-rows.so"
+ROWS_SOURCE: Final = Path(__file__).with_name("rows_kernel.cpp")
+ROWS_KERNEL_VARIABLE: Final = "EXO_ROWS_KERNEL"
+MIN_ROWS: Final = 8
+"""Fewer rows go to ggml: timed alone on a 2-core AVX-512 EPYC, exo's product took 0.7–1.0× ggml's time at 4 rows
+and 0.4–0.7× at 2 (ggml the faster), 1.2–1.5× less at 8 rows and 1.5–1.9× less at 16 (docs/PERFORMANCE.md)."""
+KERNEL_TYPES: Final = frozenset({GGML_TYPES["Q8_0"], GGML_TYPES["Q5_0"]})
+_BLOCK: Final = 32
+F32: Final = GGML_TYPES["F32"]
+_ALL_THREADS: Final = -1  # GGML_N_TASKS_MAX: every thread of the pool computes a share
+
+
+def rows_kernel_builds_here(machine: str | None = None) -> bool:
+    """Whether `exo ggml build` compiles the kernel on this machine: x86-64 only (its instructions are x86's)."""
+    return (machine or platform.machine()).lower() in ("x86_64", "amd64")
+
+
+class RowsKernel:
+    """The loaded library: `applies` says whether a product goes to it, `product` adds its node to a graph."""
+
+    def __init__(self, library: Path) -> None:
+        self._library = ctypes.CDLL(str(library))
+        self._library.exo_rows_max.restype, self._library.exo_rows_max.argtypes = ctypes.c_int, []
+        self.max_rows = int(self._library.exo_rows_max())
+        self.function = int(ctypes.cast(self._library.exo_rows_mul_mat, ctypes.c_void_p).value or 0)
+        """`exo_rows_mul_mat`'s address: a `ggml_custom_op_t` (dst, ith, nth, userdata)."""
+
+    def applies(self, weight_type: int, in_features: int, rows: int) -> bool:
+        return weight_type in KERNEL_TYPES and in_features % _BLOCK == 0 and MIN_ROWS <= rows <= self.max_rows
+
+    def product(self, ops: GgmlGraphOps, context: int, weight: int, x: int, *, out_features: int, rows: int) -> int:
+        """weight (in × out, a Q8_0/Q5_0 tensor) times x (in × rows, float32): a float32 tensor (out × rows), as
+        `ggml_mul_mat(context, weight, x)` returns it; x is made contiguous first where it is not."""
+        if not ops.is_contiguous(x):
+            x = ops.cont(context, x)
+        args = (ctypes.c_void_p * 2)(weight, x)
+        node = ops.custom_4d(context, F32, out_features, rows, 1, 1, args, 2, self.function, _ALL_THREADS, None)
+        if not node:
+            raise MemoryError("ggml could not add a multi-row product to the graph")
+        return int(node)
+
+
+def rows_kernel(library_dir: Path) -> RowsKernel | None:
+    """The kernel built beside the ggml libraries in `library_dir`, or None: turned off (`EXO_ROWS_KERNEL=off`),
+    not built there (another ggml build), or without the instructions it needs on this CPU."""
+    if os.environ.get(ROWS_KERNEL_VARIABLE, "").lower() in ("off", "0", "false", "no"):
+        return None
+    return _loaded(library_dir)
+
+
+@cache
+def _loaded(library_dir: Path) -> RowsKernel | None:
+    library = library_dir / ROWS_LIBRARY
+    if not library.is_file():
+        return None
+    kernel = RowsKernel(library)
+    return kernel if kernel.max_rows >= MIN_ROWS else None

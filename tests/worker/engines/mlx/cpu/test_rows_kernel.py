@@ -1,0 +1,145 @@
+"""exo's multi-row products for Q8_0 and Q5_0 matrices (`rows_kernel.cpp`, `rows_kernel.py`, issue 33): the same
+products as ggml's `ggml_mul_mat` on the same blocks (both quantize the rows to Q8_0 the same way, so they differ
+only in the order floats are summed), within the blocks' rounding of the float32 product, for every row count the
+kernel takes; and a batched decode step of a fixture model through them writes the greedy tokens and logits it
+writes through ggml's products.
+
+They need ggml built with `uv run exo ggml build` on an x86-64 CPU with AVX-512 VNNI or AVX-VNNI (the build
+compiles the kernel beside ggml); without it they skip for a reason of the machine.
+"""
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_of
+from exo.worker.engines.mlx.cpu.ggml_graph_ops import graph_ops
+from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
+from exo.worker.engines.mlx.cpu.rows_kernel import MIN_ROWS, ROWS_KERNEL_VARIABLE, RowsKernel, rows_kernel
+from tests.fixtures.fixture_specs import FixtureModelName
+from tests.machine_skips import skip_for_machine
+from tests.worker.engines.mlx.cpu.test_decode_graph import PROMPT, _batched  # pyright: ignore[reportPrivateUsage]
+from tests.worker.engines.mlx.cpu.weight_formats import graph_and_plain
+
+THREADS = 2
+
+
+@pytest.fixture
+def kernel(ggml: Ggml) -> RowsKernel:
+    found = rows_kernel(ggml.library_dir)
+    if found is None:
+        skip_for_machine(
+            f"no exo multi-row kernel beside {ggml.library_dir} (`uv run exo ggml build` on x86-64 with VNNI)"
+        )
+    return found
+
+
+def _products(
+    ggml: Ggml, kernel: RowsKernel, matrix: GgmlMatrix, x: npt.NDArray[np.float32]
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """x · Wᵀ by exo's kernel and by ggml_mul_mat, each one node of a graph computed on ggml's pool."""
+    ops = graph_ops(ggml)
+    rows, width = x.shape
+    context = ggml.new_context(
+        8 * rows * (width + matrix.shape[0]) + 8 * ggml.tensor_overhead() + ggml.graph_overhead()
+    )
+    try:
+        source = ggml.new_tensor_2d(context, GGML_TYPES["F32"], width, rows)
+        ctypes.memmove(ggml.get_data(source), x.ctypes.data, x.nbytes)
+        ours = kernel.product(ops, context, matrix.tensor, source, out_features=matrix.shape[0], rows=rows)
+        theirs = ggml.mul_mat(context, matrix.tensor, source)
+        graph = ggml.new_graph(context)
+        for node in (ours, theirs):
+            ggml.build_forward_expand(graph, node)
+        pool = ggml.shared_threadpool(THREADS)
+        plan = ggml.graph_plan(graph, THREADS, pool)
+        work = ctypes.create_string_buffer(max(int(plan.work_size), 1))
+        plan.work_data = ctypes.addressof(work)
+        assert ggml.graph_compute(graph, ctypes.byref(plan)) == 0
+        results: list[npt.NDArray[np.float32]] = []
+        for node in (ours, theirs):
+            result = np.empty((rows, matrix.shape[0]), dtype=np.float32)
+            ctypes.memmove(result.ctypes.data, ggml.get_data(node), result.nbytes)
+            results.append(result)
+        return results[0], results[1]
+    finally:
+        ggml.free(context)
+
+
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q5_0"])
+@pytest.mark.parametrize("out_features", [100, 896])  # 100: the last group of eight outputs is short
+def test_products_are_ggmls_for_every_row_count_the_kernel_takes(
+    ggml: Ggml, kernel: RowsKernel, type_name: str, out_features: int
+) -> None:
+    rng = np.random.default_rng(7)
+    in_features = 256
+    weights = (rng.standard_normal((out_features, in_features)) * 0.05).astype(np.float32)
+    matrix = GgmlMatrix(ggml, type_name, out_features, in_features)
+    try:
+        matrix.fill(0, weights)
+        for rows in range(MIN_ROWS, kernel.max_rows + 1):
+            x = rng.standard_normal((rows, in_features)).astype(np.float32)
+            x[:, 3] *= 40.0  # an outlier channel, as real activations have
+            x[rows // 2, 32:64] = 0.0  # a block of zeros (scale 0)
+            ours, theirs = _products(ggml, kernel, matrix, x)
+            exact = x @ weights.T
+            scale = float(np.abs(exact).max())
+            assert float(np.abs(ours - theirs).max()) < 1e-5 * scale, (type_name, rows)
+            # Within the blocks' rounding of the float32 product (the outlier coarsens its rows' blocks; 5-bit weights
+            # round coarser than 8-bit ones).
+            bound = 0.08 if type_name == "Q5_0" else 0.03
+            assert float(np.abs(ours - exact).max()) < bound * scale, (type_name, rows)
+    finally:
+        matrix.close()
+
+
+def test_the_kernel_takes_a_batchs_q8_0_and_q5_0_products_only(kernel: RowsKernel) -> None:
+    q8, q5, q4 = GGML_TYPES["Q8_0"], GGML_TYPES["Q5_0"], GGML_TYPES["Q4_0"]
+    assert kernel.applies(q8, 896, MIN_ROWS)
+    assert kernel.applies(q5, 896, kernel.max_rows)
+    assert not kernel.applies(q8, 896, MIN_ROWS - 1)
+    assert not kernel.applies(q8, 896, kernel.max_rows + 1)
+    assert not kernel.applies(q4, 896, MIN_ROWS)
+    assert not kernel.applies(q8, 900, MIN_ROWS)
+
+
+def test_the_kernel_is_turned_off_by_its_variable(
+    ggml: Ggml, kernel: RowsKernel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ROWS_KERNEL_VARIABLE, "off")
+    assert rows_kernel(ggml.library_dir) is None
+    monkeypatch.delenv(ROWS_KERNEL_VARIABLE)
+    assert rows_kernel(ggml.library_dir) is kernel
+
+
+@pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize("weights", ["q8_0", "gguf"])
+@pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])
+def test_a_batch_of_nine_decodes_through_the_kernel_as_through_ggmls_products(
+    name: FixtureModelName, weights: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    graph, plain = graph_and_plain(name, weights, monkeypatch, tmp_path, off=(ROWS_KERNEL_VARIABLE,))  # pyright: ignore[reportArgumentType]
+    step, plain_step = decode_graph_of(graph), decode_graph_of(plain)
+    assert step is not None
+    assert plain_step is not None
+    taken = 0
+    product = RowsKernel.product
+
+    def counted(self: RowsKernel, *args: object, **kwargs: object) -> int:
+        nonlocal taken
+        taken += 1
+        return product(self, *args, **kwargs)  # pyright: ignore[reportArgumentType]
+
+    monkeypatch.setattr(RowsKernel, "product", counted)
+    prompts = [PROMPT[offset : offset + 12 + 3 * offset] for offset in range(9)]  # left padding from 0 to 24
+    ours_logits, ours_tokens = _batched(graph, prompts, steps=5)
+    assert taken > 0  # the batch's products went through the kernel
+    taken = 0
+    theirs_logits, theirs_tokens = _batched(plain, prompts, steps=5)
+    assert taken == 0
+    assert ours_tokens == theirs_tokens
+    for ours, theirs in zip(ours_logits, theirs_logits, strict=True):
+        assert float(np.abs(ours - theirs).max()) < 1e-4 * float(np.abs(theirs).max())
