@@ -299,7 +299,11 @@ class DecodeGraph:
         end = _span_end(sequences, capacity=min(array.shape[2] for pair in views for array in pair))
         spans = [end - start for start in sequences.starts]
         group = shape.heads // shape.kv_heads
-        masks = [_new_rows_mask(span, rows, group) for span in spans]
+        if key.batched:  # one mask over the positions from the earliest start, a sequence's padding hidden
+            spans = [end - min(sequences.starts)]
+            masks = [np.zeros((batch, 1, group, spans[0] + 1), dtype=np.float32)]
+        else:
+            masks = [_new_rows_mask(span, rows, group) for span in spans]
         nodes = len(self._layers) * (_LAYER_NODES + 16 * batch + 4) + 64
         # The tensors' and graph's descriptions only: their data is the allocator's, or mlx's (the caches).
         overhead = nodes * int(ops.ggml.tensor_overhead()) + 2 * int(ops.ggml.graph_overhead())
@@ -326,6 +330,11 @@ class DecodeGraph:
                 cached = (_flat(ops, outside, keys), keys), (_flat(ops, outside, values), values)
 
                 def attend(q: int, k: int, v: int, cached: _Cached = cached) -> int:
+                    if key.batched:
+                        first = min(sequences.starts)
+                        return self._batch_attention(
+                            context, q=q, k=k, v=v, cached=cached, first=first, span=spans[0], mask=mask_tensors[0]
+                        )
                     return self._step_attention(
                         context,
                         q=q,
@@ -464,6 +473,45 @@ class DecodeGraph:
             attended = one if attended is None else self._ops.concat(context, attended, one, 1)
         assert attended is not None
         return attended
+
+    def _batch_attention(
+        self, context: int, *, q: int, k: int, v: int, cached: _Cached, first: int, span: int, mask: int
+    ) -> int:
+        """A batch's one-token step attention as one set of nodes for every sequence, as `_attention` computes one
+        sequence's (the sequences along ggml's fourth dimension, where one sequence's rows go): each sequence's
+        query against the `span` cached positions from `first` (the earliest start; `mask`, [span + 1, group, 1,
+        batch], hides a sequence's padding and what is not held) and its new key; one softmax; the weighted values.
+        With a node a sequence, a batch of 8 cost ggml's pool a synchronisation for each of some 2,000 small nodes a
+        step."""
+        ops, shape = self._ops, self._shape
+        heads, kv_heads, head_dim = shape.heads, shape.kv_heads, shape.head_dim
+        group, width = heads // kv_heads, 4 * head_dim
+        (keys, keys_array), (values, values_array) = cached
+        batch = keys_array.shape[0]
+        queries = ops.view_4d(
+            context, q, head_dim, group, kv_heads, batch, width, group * width, heads * width, 0
+        )  # head dim × group × kv heads × sequences
+        new_keys = ops.view_4d(
+            context, k, head_dim, 1, kv_heads, batch, width, width, kv_heads * width, 0
+        )  # head dim × 1 × kv heads × sequences
+        new_values = ops.view_4d(context, v, 1, head_dim, kv_heads, batch, 4, width, kv_heads * width, 0)
+        cached_keys = _batch_cached(ops, context, keys, keys_array, first=first, count=span)
+        cached_values = _batch_cached(ops, context, values, values_array, first=first, count=span)
+        scores = ops.concat(
+            context, ops.mul_mat(context, cached_keys, queries), ops.mul_mat(context, new_keys, queries), 0
+        )  # span + 1 × group × kv heads × sequences
+        weights = ops.soft_max_ext(context, scores, mask, shape.scale, 0.0)
+        row = 4 * (span + 1)
+        weights_cached = ops.transpose(
+            context, ops.view_4d(context, weights, span, group, kv_heads, batch, row, group * row, heads * row, 0)
+        )
+        weights_new = ops.view_4d(context, weights, 1, group, kv_heads, batch, row, group * row, heads * row, 4 * span)
+        attended = ops.add(
+            context,
+            ops.out_prod(context, cached_values, weights_cached),
+            ops.mul_mat(context, new_values, weights_new),
+        )  # head dim × group × kv heads × sequences
+        return ops.reshape_2d(context, attended, head_dim * heads, batch)
 
     def _attention(
         self,
@@ -633,6 +681,17 @@ def _cached(
     return ops.view_3d(context, whole, head_dim, count, kv_heads, array.strides[2], array.strides[1], offset)
 
 
+def _batch_cached(
+    ops: GgmlGraphOps, context: int, whole: int, array: npt.NDArray[np.float32], *, first: int, count: int
+) -> int:
+    """Every sequence's `count` cached positions from `first` in one layer's keys or values, as a view [head dim,
+    count, kv heads, sequences] of mlx's memory."""
+    batch, kv_heads, _, head_dim = array.shape
+    strides = array.strides
+    offset = first * strides[2]
+    return ops.view_4d(context, whole, head_dim, count, kv_heads, batch, strides[2], strides[1], strides[0], offset)
+
+
 def cache_view(ops: GgmlGraphOps, context: int, outside: int, array: npt.NDArray[np.float32], held: int) -> int:
     """The first `held` positions of mlx's batch × kv heads × capacity × head dim cache buffer (numpy's view of it),
     as a ggml view [head dim, held, kv heads, batch] of its memory (a flat tensor over it made in `outside`)."""
@@ -771,6 +830,11 @@ class _StepKey:
     in_place: bool
     """The graph writes the step's keys and values into the buffers (one sequence whose cache owns them)."""
 
+    @property
+    def batched(self) -> bool:
+        """A one-token step of several sequences: their attention is one set of nodes (`_batch_attention`)."""
+        return self.rows == 1 and len(self.starts) > 1
+
     @classmethod
     def of(
         cls,
@@ -822,10 +886,19 @@ class _StepGraph:
         embedding.read_into(tokens, self.embedded)
         write_int32(self.ids, range(len(tokens)))
         write_int32(self.positions, [held + row for held in sequences.held for row in range(rows)])
-        for mask, start, held in zip(self.masks, sequences.starts, sequences.held, strict=True):
-            span = self.end - start
-            mask[..., :held] = 0
-            mask[..., held:span] = -np.inf
+        if self.key.batched:  # sequence i's positions held are [start_i, end) of the buffers
+            mask, first = self.masks[0], min(sequences.starts)
+            span = self.end - first
+            for index, (start, held) in enumerate(zip(sequences.starts, sequences.held, strict=True)):
+                lead = start - first
+                mask[index, ..., :lead] = -np.inf
+                mask[index, ..., lead : lead + held] = 0
+                mask[index, ..., lead + held : span] = -np.inf
+        else:
+            for mask, start, held in zip(self.masks, sequences.starts, sequences.held, strict=True):
+                span = self.end - start
+                mask[..., :held] = 0
+                mask[..., held:span] = -np.inf
         if self.key.in_place:  # row h · capacity + position of kv head h's keys (one sequence, buffers [1, h, c, d])
             _, kv_heads, capacity, _ = self.key.buffers[0][1]
             first = sequences.held[0]
