@@ -116,10 +116,11 @@ def test_the_kernel_is_turned_off_by_its_variable(
 
 
 @pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize("sequences", [6, 9])  # 256-bit lanes up to 8 rows, 512-bit above
 @pytest.mark.parametrize("weights", ["q8_0", "gguf"])
 @pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])
-def test_a_batch_of_nine_decodes_through_the_kernel_as_through_ggmls_products(
-    name: FixtureModelName, weights: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+def test_a_batch_decodes_through_the_kernel_as_through_ggmls_products(
+    name: FixtureModelName, weights: str, sequences: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     graph, plain = graph_and_plain(name, weights, monkeypatch, tmp_path, off=(ROWS_KERNEL_VARIABLE,))  # pyright: ignore[reportArgumentType]
     step, plain_step = decode_graph_of(graph), decode_graph_of(plain)
@@ -134,7 +135,7 @@ def test_a_batch_of_nine_decodes_through_the_kernel_as_through_ggmls_products(
         return product(self, *args, **kwargs)  # pyright: ignore[reportArgumentType]
 
     monkeypatch.setattr(RowsKernel, "product", counted)
-    prompts = [PROMPT[offset : offset + 12 + 3 * offset] for offset in range(9)]  # left padding from 0 to 24
+    prompts = [PROMPT[offset : offset + 12 + 3 * offset] for offset in range(sequences)]  # left padding up to 24
     ours_logits, ours_tokens = _batched(graph, prompts, steps=5)
     assert taken > 0  # the batch's products went through the kernel
     taken = 0

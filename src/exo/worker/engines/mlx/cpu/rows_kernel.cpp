@@ -134,6 +134,21 @@ inline __m256i unpack_q5(const BlockQ5& block) {
     return _mm256_or_si256(values, _mm256_andnot_si256(bits, _mm256_set1_epi8(char(0xF0))));
 }
 
+// A Q5_0 block's 32 values plus 128, as unsigned bytes: value v = nibble + 16 · high bit − 16, so v + 128 is the
+// nibble with 0x80 (high bit set) or 0x70 (clear) in its top half. With AVX-512BW the 32 high bits are the blend's
+// mask as they are stored (bit j for value j).
+inline __m256i unpack_q5_unsigned(const BlockQ5& block) {
+    const __m128i nibbles = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block.qs));
+    const __m256i low = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nibbles, 4), nibbles), _mm256_set1_epi8(0x0F));
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    uint32_t high;
+    memcpy(&high, block.qh, sizeof(high));
+    return _mm256_or_si256(low, _mm256_mask_blend_epi8(__mmask32(high), _mm256_set1_epi8(0x70), _mm256_set1_epi8(char(0x80))));
+#else
+    return _mm256_xor_si256(unpack_q5(block), _mm256_set1_epi8(char(0x80)));
+#endif
+}
+
 // One register of lanes: 256-bit (8 lanes) or, with AVX-512, 512-bit (16).
 struct Lanes8 {
     static constexpr int kLanes = 8;
@@ -143,13 +158,15 @@ struct Lanes8 {
     static F fzero() { return _mm256_setzero_ps(); }
     static I load(const uint32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
     static F loadf(const float* p) { return _mm256_load_ps(p); }
-    static I dot(I acc, I rows, const void* four_weights) {  // four_weights: unsigned
-        int32_t w;
-        memcpy(&w, four_weights, sizeof(w));
+    // The block's four weights `quad` (bytes 4·quad .. +3) in every lane. A permutation from the register, not a
+    // broadcast from a copy in memory: the copy's loads waited on its store (about 17% slower at 8 rows).
+    static I spread(__m256i block, int quad) { return _mm256_permutevar8x32_epi32(block, _mm256_set1_epi32(quad)); }
+    // acc + each lane's four row bytes times the four weights (unsigned) every lane of `weights` holds.
+    static I dot(I acc, I rows, I weights) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-        return _mm256_dpbusd_epi32(acc, _mm256_set1_epi32(w), rows);
+        return _mm256_dpbusd_epi32(acc, weights, rows);
 #else
-        return _mm256_dpbusd_avx_epi32(acc, _mm256_set1_epi32(w), rows);
+        return _mm256_dpbusd_avx_epi32(acc, weights, rows);
 #endif
     }
     // Each row's sum less what the weights' +128 added, as floats.
@@ -171,11 +188,10 @@ struct Lanes16 {
     static F fzero() { return _mm512_setzero_ps(); }
     static I load(const uint32_t* p) { return _mm512_load_si512(p); }
     static F loadf(const float* p) { return _mm512_load_ps(p); }
-    static I dot(I acc, I rows, const void* four_weights) {  // four_weights: unsigned
-        int32_t w;
-        memcpy(&w, four_weights, sizeof(w));
-        return _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(w), rows);
+    static I spread(__m256i block, int quad) {
+        return _mm512_permutexvar_epi32(_mm512_set1_epi32(quad), _mm512_castsi256_si512(block));
     }
+    static I dot(I acc, I rows, I weights) { return _mm512_dpbusd_epi32(acc, weights, rows); }
     static F corrected(I acc, const int32_t* offsets) {
         return _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_load_si512(offsets)));
     }
@@ -195,7 +211,6 @@ void products(const char* weights, size_t weight_row_bytes, int64_t first, int64
               const QuantizedRows& rows, int row_count, char* dst, size_t dst_row_stride) {
     constexpr int lanes = L::kLanes;
     alignas(64) float sums[kOutputsAtOnce][lanes];
-    alignas(32) int8_t unpacked[kOutputsAtOnce][kBlock];
     for (int64_t o = first; o < last; o += kOutputsAtOnce) {
         const int outputs = int(last - o < kOutputsAtOnce ? last - o : kOutputsAtOnce);
         typename L::F total[kOutputsAtOnce];
@@ -208,22 +223,20 @@ void products(const char* weights, size_t weight_row_bytes, int64_t first, int64
             const uint32_t* quads = rows.quads + b * kQuads * lanes;
             const typename L::F row_scales = L::loadf(rows.scales + b * lanes);
             typename L::I acc[kOutputsAtOnce];
-            const int8_t* values[kOutputsAtOnce];  // the block plus 128, as unsigned bytes
+            __m256i block_values[kOutputsAtOnce];  // each output's block plus 128, as unsigned bytes
             for (int k = 0; k < kOutputsAtOnce; ++k) {
                 acc[k] = L::zero();
-                __m256i weights_block;
                 if constexpr (sizeof(Block) == sizeof(BlockQ5)) {
-                    weights_block = unpack_q5(row_blocks[k][b]);
+                    block_values[k] = unpack_q5_unsigned(row_blocks[k][b]);
                 } else {
-                    weights_block = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row_blocks[k][b].qs));
+                    block_values[k] = _mm256_xor_si256(
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row_blocks[k][b].qs)),
+                        _mm256_set1_epi8(char(0x80)));
                 }
-                _mm256_store_si256(reinterpret_cast<__m256i*>(unpacked[k]),
-                                   _mm256_xor_si256(weights_block, _mm256_set1_epi8(char(0x80))));
-                values[k] = unpacked[k];
             }
             for (int q = 0; q < kQuads; ++q) {
                 const typename L::I x = L::load(quads + q * lanes);
-                for (int k = 0; k < kOutputsAtOnce; ++k) acc[k] = L::dot(acc[k], x, values[k] + 4 * q);
+                for (int k = 0; k < kOutputsAtOnce; ++k) acc[k] = L::dot(acc[k], x, L::spread(block_values[k], q));
             }
             for (int k = 0; k < kOutputsAtOnce; ++k) {
                 const float weight_scale = half_to_float(row_blocks[k][b].d);

@@ -5,11 +5,12 @@ and Q5_0 (the default model's GGUF: 407 of its 489 MB) with kernels whose cost g
 `rows_kernel.cpp` multiplies a weight block by every row at once with AVX-512 VNNI or AVX-VNNI. `exo ggml build`
 compiles it beside ggml's libraries (`libexo-rows`); a graph uses it through `ggml_custom_4d` for products of
 `MIN_ROWS` up to the library's own maximum rows (16 with AVX-512, 8 with AVX-VNNI), and ggml's `ggml_mul_mat`
-everywhere else: fewer rows (one sequence's step reads the matrix once either way, and ggml's one-row kernel is
-the faster there), other block types, repacked matrices, prefill. `EXO_ROWS_KERNEL=off` turns it off (to compare).
+everywhere else: fewer rows (ggml's kernels are as fast or faster there), other block types, repacked matrices,
+prefill. `EXO_ROWS_KERNEL=off` turns it off (to compare).
 """
 
 import ctypes
+import hashlib
 import os
 import platform
 import sys
@@ -20,12 +21,17 @@ from typing import Final
 from exo.worker.engines.mlx.cpu.ggml_graph_ops import GgmlGraphOps
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES
 
-ROWS_LIBRARY: Final = "libexo-rows.dylib" if sys.platform == "darwin" else "libexo-rows.so"
 ROWS_SOURCE: Final = Path(__file__).with_name("rows_kernel.cpp")
+ROWS_LIBRARY: Final = (
+    f"libexo-rows-{hashlib.sha256(ROWS_SOURCE.read_bytes()).hexdigest()[:12]}"
+    f"{'.dylib' if sys.platform == 'darwin' else '.so'}"
+)
+"""Named by its source's digest: a build of older source is never loaded, and `exo ggml build` builds this one."""
 ROWS_KERNEL_VARIABLE: Final = "EXO_ROWS_KERNEL"
-MIN_ROWS: Final = 8
-"""Fewer rows go to ggml: timed alone on a 2-core AVX-512 EPYC, exo's product took 0.7–1.0× ggml's time at 4 rows
-and 0.4–0.7× at 2 (ggml the faster), 1.2–1.5× less at 8 rows and 1.5–1.9× less at 16 (docs/PERFORMANCE.md)."""
+MIN_ROWS: Final = 5
+"""Fewer rows go to ggml. Timed alone on a 2-core AVX-512 EPYC (the MLP's 4864×896 and the output head's 151936×896,
+ggml's time over exo's): 0.6–1.0× at 2 rows, 0.9–1.2× at 4, 1.2–2.1× from 5 to 8 (where ggml's tiles fit the rows
+worst), 1.6–2.2× at 12 and 16 (docs/PERFORMANCE.md)."""
 KERNEL_TYPES: Final = frozenset({GGML_TYPES["Q8_0"], GGML_TYPES["Q5_0"]})
 _BLOCK: Final = 32
 F32: Final = GGML_TYPES["F32"]
