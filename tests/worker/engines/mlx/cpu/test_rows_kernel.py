@@ -1,6 +1,7 @@
-"""exo's multi-row products for Q8_0 and Q5_0 matrices (`rows_kernel.cpp`, `rows_kernel.py`, issue 33): the same
-products as ggml's `ggml_mul_mat` on the same blocks (both quantize the rows to Q8_0 the same way, so they differ
-only in the order floats are summed), within the blocks' rounding of the float32 product, for every row count the
+"""exo's multi-row products for Q8_0, Q5_0 and Q6_K matrices (`rows_kernel.cpp`, `rows_kernel.py`, issue 33): the
+same products as ggml's `ggml_mul_mat` on the same blocks (Q8_0 and Q5_0: both quantize the rows to Q8_0 the same
+way, so they differ only in the order floats are summed; Q6_K: exo quantizes the rows per 32 values, ggml per 256),
+within the blocks' rounding of the float32 product and no further from it than ggml's, for every row count the
 kernel takes; and a batched decode step of a fixture model through them writes the greedy tokens and logits it
 writes through ggml's products.
 
@@ -9,6 +10,7 @@ compiles the kernel beside ggml); without it they skip for a reason of the machi
 """
 
 import ctypes
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -69,13 +71,31 @@ def _products(
         ggml.free(context)
 
 
-@pytest.mark.parametrize("type_name", ["Q8_0", "Q5_0"])
+@dataclass(frozen=True)
+class Format:
+    type_name: str
+    in_features: int
+    vs_ggml: float
+    """Largest difference from ggml's product, relative to the product's largest value."""
+    vs_float32: float
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        Format("Q8_0", 256, vs_ggml=1e-5, vs_float32=0.03),
+        Format("Q5_0", 256, vs_ggml=1e-5, vs_float32=0.08),  # 5-bit weights round coarser than 8-bit ones
+        # Q6_K's rows: exo quantizes them per 32 values, ggml per 256 (Q8_K): the two round apart, exo's the closer.
+        Format("Q6_K", 512, vs_ggml=0.06, vs_float32=0.03),
+    ],
+    ids=lambda form: form.type_name,
+)
 @pytest.mark.parametrize("out_features", [100, 896])  # 100: the last group of eight outputs is short
 def test_products_are_ggmls_for_every_row_count_the_kernel_takes(
-    ggml: Ggml, kernel: RowsKernel, type_name: str, out_features: int
+    ggml: Ggml, kernel: RowsKernel, form: Format, out_features: int
 ) -> None:
+    type_name, in_features = form.type_name, form.in_features
     rng = np.random.default_rng(7)
-    in_features = 256
     weights = (rng.standard_normal((out_features, in_features)) * 0.05).astype(np.float32)
     matrix = GgmlMatrix(ggml, type_name, out_features, in_features)
     try:
@@ -87,19 +107,21 @@ def test_products_are_ggmls_for_every_row_count_the_kernel_takes(
             ours, theirs = _products(ggml, kernel, matrix, x)
             exact = x @ weights.T
             scale = float(np.abs(exact).max())
-            assert float(np.abs(ours - theirs).max()) < 1e-5 * scale, (type_name, rows)
-            # Within the blocks' rounding of the float32 product (the outlier coarsens its rows' blocks; 5-bit weights
-            # round coarser than 8-bit ones).
-            bound = 0.08 if type_name == "Q5_0" else 0.03
-            assert float(np.abs(ours - exact).max()) < bound * scale, (type_name, rows)
+            assert float(np.abs(ours - theirs).max()) < form.vs_ggml * scale, (type_name, rows)
+            # Within the blocks' rounding of the float32 product (the outlier coarsens its rows' blocks).
+            error = float(np.abs(ours - exact).max())
+            assert error < form.vs_float32 * scale, (type_name, rows)
+            assert error <= 1.01 * float(np.abs(theirs - exact).max()) + 1e-6 * scale, (type_name, rows)
     finally:
         matrix.close()
 
 
-def test_the_kernel_takes_a_batchs_q8_0_and_q5_0_products_only(kernel: RowsKernel) -> None:
-    q8, q5, q4 = GGML_TYPES["Q8_0"], GGML_TYPES["Q5_0"], GGML_TYPES["Q4_0"]
+def test_the_kernel_takes_a_batchs_q8_0_q5_0_and_q6_k_products_only(kernel: RowsKernel) -> None:
+    q8, q5, q6k, q4 = GGML_TYPES["Q8_0"], GGML_TYPES["Q5_0"], GGML_TYPES["Q6_K"], GGML_TYPES["Q4_0"]
     assert kernel.applies(q8, 896, MIN_ROWS)
     assert kernel.applies(q5, 896, kernel.max_rows)
+    assert kernel.applies(q6k, 4864, MIN_ROWS)
+    assert not kernel.applies(q6k, 896, MIN_ROWS)  # rows of 896 values are not whole 256-value blocks
     assert not kernel.applies(q8, 896, MIN_ROWS - 1)
     assert not kernel.applies(q8, 896, kernel.max_rows + 1)
     assert not kernel.applies(q4, 896, MIN_ROWS)

@@ -1,16 +1,20 @@
-// exo's multi-row products for ggml's Q8_0 and Q5_0 blocks on x86 with VNNI (AVX-512 VNNI or AVX-VNNI).
+// exo's multi-row products for ggml's Q8_0, Q5_0 and Q6_K blocks on x86 with VNNI (AVX-512 VNNI or AVX-VNNI).
 //
 // ggml's x86 build multiplies a few activation rows (a batched decode step: 2 to 16 sequences) by a Q8_0 or Q5_0
 // matrix with llamafile's tinyBLAS, which spends about seven vector instructions on every 32 multiply-adds of one
-// weight block with one row. Here the rows sit in the lanes of one register: for each four weights of a block, one
+// weight block with one row (and a Q6_K one by unpacking it into tiles each call). Here the rows sit in the lanes of one register: for each four weights of a block, one
 // `vpdpbusd` multiplies them (broadcast) with the same four positions of every row, so a block costs eight
 // `vpdpbusd` for all rows together, plus its scale. `vpdpbusd` multiplies unsigned by signed bytes: the weights are
 // taken plus 128 (their top bit flipped) and the rows, quantized as ggml quantizes them (Q8_0: a scale per 32
 // values, rounded to half precision), stay signed; each row's block sum × 128, computed once with the quantization,
 // is subtracted. Up to 8 rows in a 256-bit register, 16 in a 512-bit one.
 //
+// Q6_K's values are unsigned already (q, the value being q − 32): each group of 16 values' row sum × 32 is
+// subtracted, and its own scale applied. Its rows are quantized per 32 values as for the others (ggml's Q8_K
+// quantizes them per 256), so its products round a little differently from ggml's, and closer to float32's.
+//
 // Called by ggml as a custom operation (ggml_custom_4d, every thread of its pool): dst = W · X, W (out × in) in
-// Q8_0 or Q5_0, X float32 (rows × in), dst float32 (rows × out), as ggml_mul_mat lays them out. Each thread quantizes
+// Q8_0, Q5_0 or Q6_K, X float32 (rows × in), dst float32 (rows × out), as ggml_mul_mat lays them out. Each thread quantizes
 // the rows itself (a few microseconds) and computes its own share of the outputs.
 
 #include <immintrin.h>
@@ -54,6 +58,16 @@ struct BlockQ5 {
     uint8_t qh[4];
     uint8_t qs[kBlock / 2];
 };
+// Q6_K: 256 values a block, in 16 groups of 16 each with its own 8-bit scale; value = d · scale · (q − 32), q the
+// 6 bits: 4 in ql, 2 in qh (ggml's dequantize_row_q6_K spells out where).
+constexpr int kSuper = 256;
+struct BlockQ6K {
+    uint8_t ql[kSuper / 2];
+    uint8_t qh[kSuper / 4];
+    int8_t scales[kSuper / 16];
+    uint16_t d;
+};
+static_assert(sizeof(BlockQ6K) == 210, "Q6_K block");
 static_assert(sizeof(BlockQ8) == 34, "Q8_0 block");
 static_assert(sizeof(BlockQ5) == 22, "Q5_0 block");
 
@@ -67,15 +81,17 @@ struct QuantizedRows {
     uint32_t* quads = nullptr;
     float* scales = nullptr;
     int32_t* offsets = nullptr;
+    int32_t* half_sums = nullptr;  // [(block * 2 + half) * lanes + lane]: each 16 values' sum (Q6_K's sub-blocks)
     size_t capacity = 0;  // bytes held
 
     void reserve(size_t blocks, int lanes) {
-        size_t need = blocks * kQuads * lanes * sizeof(uint32_t) + 2 * blocks * lanes * sizeof(float);
+        size_t need = blocks * kQuads * lanes * sizeof(uint32_t) + 4 * blocks * lanes * sizeof(float);
         if (need <= capacity) return;
         free(quads);
         quads = static_cast<uint32_t*>(aligned_alloc(64, (need + 63) / 64 * 64));
         scales = reinterpret_cast<float*>(quads + blocks * kQuads * lanes);
         offsets = reinterpret_cast<int32_t*>(scales + blocks * lanes);
+        half_sums = offsets + blocks * lanes;
         capacity = need;
     }
 };
@@ -93,6 +109,7 @@ void quantize_rows(const char* x, size_t row_stride, int rows, int64_t blocks, i
                 for (int q = 0; q < kQuads; ++q) quads[q * lanes] = 0;
                 out.scales[b * lanes + lane] = 0.0f;
                 out.offsets[b * lanes + lane] = 0;
+                out.half_sums[(b * 2) * lanes + lane] = out.half_sums[(b * 2 + 1) * lanes + lane] = 0;
                 continue;
             }
             const float* v = reinterpret_cast<const float*>(x + lane * row_stride) + b * kBlock;
@@ -104,7 +121,7 @@ void quantize_rows(const char* x, size_t row_stride, int rows, int64_t blocks, i
             const float amax = _mm_cvtss_f32(m4);
             out.scales[b * lanes + lane] = half_to_float(float_to_half(amax / 127.0f));
             const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
-            int32_t sum = 0;
+            int32_t halves[2] = {0, 0};
             for (int i = 0; i < kBlock; i += 8) {
                 alignas(32) int32_t values[8];
                 _mm256_store_si256(reinterpret_cast<__m256i*>(values), _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i), id)));
@@ -113,9 +130,11 @@ void quantize_rows(const char* x, size_t row_stride, int rows, int64_t blocks, i
                                                    uint32_t(uint8_t(values[j + 2])) << 16 |
                                                    uint32_t(uint8_t(values[j + 3])) << 24;
                 }
-                for (int j = 0; j < 8; ++j) sum += values[j];
+                for (int j = 0; j < 8; ++j) halves[i / 16] += values[j];
             }
-            out.offsets[b * lanes + lane] = 128 * sum;
+            out.offsets[b * lanes + lane] = 128 * (halves[0] + halves[1]);
+            out.half_sums[(b * 2) * lanes + lane] = halves[0];
+            out.half_sums[(b * 2 + 1) * lanes + lane] = halves[1];
         }
     }
 }
@@ -149,6 +168,22 @@ inline __m256i unpack_q5_unsigned(const BlockQ5& block) {
 #endif
 }
 
+// The 32 values `part` (0..7) of a Q6_K block, as unsigned bytes q (0..63; the value is q − 32).
+inline __m256i unpack_q6k(const BlockQ6K& block, int part) {
+    const int chunk = part / 4, which = part % 4;  // 128 values a chunk: ql's 64 bytes, qh's 32
+    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.ql + chunk * 64 + (which & 1) * 32));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh + chunk * 32));
+    const __m256i low = which < 2 ? ql : _mm256_srli_epi16(ql, 4);
+    __m256i high;  // bits 2·which .. 2·which + 1 of qh, moved to bits 4..5
+    switch (which) {
+        case 0: high = _mm256_slli_epi16(qh, 4); break;
+        case 1: high = _mm256_slli_epi16(qh, 2); break;
+        case 2: high = qh; break;
+        default: high = _mm256_srli_epi16(qh, 2); break;
+    }
+    return _mm256_or_si256(_mm256_and_si256(low, _mm256_set1_epi8(0x0F)), _mm256_and_si256(high, _mm256_set1_epi8(0x30)));
+}
+
 // One register of lanes: 256-bit (8 lanes) or, with AVX-512, 512-bit (16).
 struct Lanes8 {
     static constexpr int kLanes = 8;
@@ -173,6 +208,10 @@ struct Lanes8 {
     static F corrected(I acc, const int32_t* offsets) {
         return _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, _mm256_load_si256(reinterpret_cast<const __m256i*>(offsets))));
     }
+    static I loadi(const int32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+    static I shift5(I a) { return _mm256_slli_epi32(a, 5); }
+    static I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
+    static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
     static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
     static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
     static F set1(float v) { return _mm256_set1_ps(v); }
@@ -195,6 +234,10 @@ struct Lanes16 {
     static F corrected(I acc, const int32_t* offsets) {
         return _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_load_si512(offsets)));
     }
+    static I loadi(const int32_t* p) { return _mm512_load_si512(p); }
+    static I shift5(I a) { return _mm512_slli_epi32(a, 5); }
+    static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
+    static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
     static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
     static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
     static F set1(float v) { return _mm512_set1_ps(v); }
@@ -252,6 +295,52 @@ void products(const char* weights, size_t weight_row_bytes, int64_t first, int64
     }
 }
 
+// Q6_K: as `products`, each 32 values' two groups of 16 summed apart (each has its own scale), and no +128 (the
+// values are unsigned already: their − 32 is each group's row sum × 32, subtracted).
+template <typename L>
+void products_q6k(const char* weights, size_t weight_row_bytes, int64_t first, int64_t last, int64_t blocks,
+                  const QuantizedRows& rows, int row_count, char* dst, size_t dst_row_stride) {
+    constexpr int lanes = L::kLanes;
+    alignas(64) float sums[kOutputsAtOnce][lanes];
+    for (int64_t o = first; o < last; o += kOutputsAtOnce) {
+        const int outputs = int(last - o < kOutputsAtOnce ? last - o : kOutputsAtOnce);
+        typename L::F total[kOutputsAtOnce];
+        const BlockQ6K* row_blocks[kOutputsAtOnce];
+        for (int k = 0; k < kOutputsAtOnce; ++k) {
+            total[k] = L::fzero();
+            row_blocks[k] = reinterpret_cast<const BlockQ6K*>(weights + (o + (k < outputs ? k : 0)) * weight_row_bytes);
+        }
+        for (int64_t b = 0; b < blocks; ++b) {
+            const int64_t super = b / (kSuper / kBlock);
+            const int part = int(b % (kSuper / kBlock));
+            const uint32_t* quads = rows.quads + b * kQuads * lanes;
+            const typename L::F row_scales = L::loadf(rows.scales + b * lanes);
+            __m256i block_values[kOutputsAtOnce];
+            for (int k = 0; k < kOutputsAtOnce; ++k) block_values[k] = unpack_q6k(row_blocks[k][super], part);
+            for (int half = 0; half < 2; ++half) {
+                typename L::I acc[kOutputsAtOnce];
+                for (int k = 0; k < kOutputsAtOnce; ++k) acc[k] = L::zero();
+                for (int q = half * 4; q < half * 4 + 4; ++q) {
+                    const typename L::I x = L::load(quads + q * lanes);
+                    for (int k = 0; k < kOutputsAtOnce; ++k) acc[k] = L::dot(acc[k], x, L::spread(block_values[k], q));
+                }
+                const typename L::I sums32 = L::shift5(L::loadi(rows.half_sums + (b * 2 + half) * lanes));  // × 32
+                for (int k = 0; k < kOutputsAtOnce; ++k) {
+                    const BlockQ6K& block = row_blocks[k][super];
+                    const float scale = half_to_float(block.d) * float(block.scales[part * 2 + half]);
+                    total[k] = L::fmadd(L::cvt(L::sub(acc[k], sums32)), L::mul(row_scales, L::set1(scale)), total[k]);
+                }
+            }
+        }
+        for (int k = 0; k < outputs; ++k) {
+            L::store(sums[k], total[k]);
+            for (int r = 0; r < row_count; ++r) {
+                reinterpret_cast<float*>(dst + r * dst_row_stride)[o + k] = sums[k][r];
+            }
+        }
+    }
+}
+
 template <typename L>
 void run(const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, int nth) {
     const int64_t in = w->ne[0];
@@ -271,6 +360,8 @@ void run(const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, 
     char* result = static_cast<char*>(dst->data);
     if (w->type == GGML_TYPE_Q8_0) {
         products<L, BlockQ8>(weights, w->nb[1], first, last, blocks, t_rows, rows, result, dst->nb[1]);
+    } else if (w->type == GGML_TYPE_Q6_K) {
+        products_q6k<L>(weights, w->nb[1], first, last, blocks, t_rows, rows, result, dst->nb[1]);
     } else {
         products<L, BlockQ5>(weights, w->nb[1], first, last, blocks, t_rows, rows, result, dst->nb[1]);
     }

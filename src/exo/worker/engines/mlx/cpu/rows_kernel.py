@@ -1,7 +1,7 @@
-"""exo's multi-row products for Q8_0 and Q5_0 matrices (`rows_kernel.cpp`), as nodes of a ggml graph.
+"""exo's multi-row products for Q8_0, Q5_0 and Q6_K matrices (`rows_kernel.cpp`), as nodes of a ggml graph.
 
-A batched decode step multiplies each matrix by one activation row a sequence. ggml's x86 build does that for Q8_0
-and Q5_0 (the default model's GGUF: 407 of its 489 MB) with kernels whose cost grows almost as fast as the rows;
+A batched decode step multiplies each matrix by one activation row a sequence. ggml's x86 build does that for Q8_0,
+Q5_0 and Q6_K (the default model's GGUF: 450 of its 489 MB) with kernels whose cost grows almost as fast as the rows;
 `rows_kernel.cpp` multiplies a weight block by every row at once with AVX-512 VNNI or AVX-VNNI. `exo ggml build`
 compiles it beside ggml's libraries (`libexo-rows`); a graph uses it through `ggml_custom_4d` for products of
 `MIN_ROWS` up to the library's own maximum rows (16 with AVX-512, 8 with AVX-VNNI), and ggml's `ggml_mul_mat`
@@ -32,8 +32,8 @@ MIN_ROWS: Final = 5
 """Fewer rows go to ggml. Timed alone on a 2-core AVX-512 EPYC (the MLP's 4864×896 and the output head's 151936×896,
 ggml's time over exo's): 0.6–1.0× at 2 rows, 0.9–1.2× at 4, 1.2–2.1× from 5 to 8 (where ggml's tiles fit the rows
 worst), 1.6–2.2× at 12 and 16 (docs/PERFORMANCE.md)."""
-KERNEL_TYPES: Final = frozenset({GGML_TYPES["Q8_0"], GGML_TYPES["Q5_0"]})
-_BLOCK: Final = 32
+BLOCK_VALUES: Final = {GGML_TYPES["Q8_0"]: 32, GGML_TYPES["Q5_0"]: 32, GGML_TYPES["Q6_K"]: 256}
+"""The block types the kernel multiplies, and the values of a block (a row is whole blocks)."""
 F32: Final = GGML_TYPES["F32"]
 _ALL_THREADS: Final = -1  # GGML_N_TASKS_MAX: every thread of the pool computes a share
 
@@ -54,11 +54,12 @@ class RowsKernel:
         """`exo_rows_mul_mat`'s address: a `ggml_custom_op_t` (dst, ith, nth, userdata)."""
 
     def applies(self, weight_type: int, in_features: int, rows: int) -> bool:
-        return weight_type in KERNEL_TYPES and in_features % _BLOCK == 0 and MIN_ROWS <= rows <= self.max_rows
+        block = BLOCK_VALUES.get(weight_type)
+        return block is not None and in_features % block == 0 and MIN_ROWS <= rows <= self.max_rows
 
     def product(self, ops: GgmlGraphOps, context: int, weight: int, x: int, *, out_features: int, rows: int) -> int:
-        """weight (in × out, a Q8_0/Q5_0 tensor) times x (in × rows, float32): a float32 tensor (out × rows), as
-        `ggml_mul_mat(context, weight, x)` returns it; x is made contiguous first where it is not."""
+        """weight (in × out, of a type in `BLOCK_VALUES`) times x (in × rows, float32): a float32 tensor (out ×
+        rows), as `ggml_mul_mat(context, weight, x)` returns it; x is made contiguous first where it is not."""
         if not ops.is_contiguous(x):
             x = ops.cont(context, x)
         args = (ctypes.c_void_p * 2)(weight, x)
