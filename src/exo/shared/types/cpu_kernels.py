@@ -59,6 +59,7 @@ Replacement = Literal[
     "decode_graph",
     "layer_graph",
     "repacked_blocks",
+    "rows_kernel",
 ]
 
 REPLACEMENTS: tuple[Replacement, ...] = get_args(Replacement)
@@ -76,6 +77,7 @@ DESCRIPTIONS: dict[Replacement, str] = {
     "decode_graph": "decode steps as one ggml graph",
     "layer_graph": "prefill and verification passes as one ggml graph a layer",
     "repacked_blocks": "GGUF blocks interleaved for ggml's CPU kernels (CPU_REPACK)",
+    "rows_kernel": "exo's multi-row Q8_0/Q5_0/Q6_K products for batched steps",
 }
 
 

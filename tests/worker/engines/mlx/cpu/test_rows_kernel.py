@@ -17,11 +17,14 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_of
+from exo.worker.engines.mlx.cpu.engine import CpuKernels
 from exo.worker.engines.mlx.cpu.ggml_graph_ops import graph_ops
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.rows_kernel import MIN_ROWS, ROWS_KERNEL_VARIABLE, RowsKernel, rows_kernel
-from tests.fixtures.fixture_specs import FixtureModelName
+from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
+from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
 from tests.machine_skips import skip_for_machine
 from tests.worker.engines.mlx.cpu.test_decode_graph import PROMPT, _batched  # pyright: ignore[reportPrivateUsage]
 from tests.worker.engines.mlx.cpu.weight_formats import graph_and_plain
@@ -166,3 +169,26 @@ def test_a_batch_decodes_through_the_kernel_as_through_ggmls_products(
     assert ours_tokens == theirs_tokens
     for ours, theirs in zip(ours_logits, theirs_logits, strict=True):
         assert float(np.abs(ours - theirs).max()) < 1e-4 * float(np.abs(theirs).max())
+
+
+@pytest.mark.usefixtures("kernel")
+def test_the_runners_report_says_whether_its_batches_use_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report a runner logs and serves: on where the kernel is built and the decode graph runs, else why not."""
+
+    def state(setting: str | None) -> str | None:
+        if setting is None:
+            monkeypatch.delenv(ROWS_KERNEL_VARIABLE, raising=False)
+        else:
+            monkeypatch.setenv(ROWS_KERNEL_VARIABLE, setting)
+        kernels = CpuKernels("auto", weights="q8_0")
+        exo_load_model(FIXTURE_MODELS_DIR / "tiny-qwen-tools", ShardAssignment(), cpu_kernels=kernels)
+        return next(
+            item.why_off if not item.on else "on"
+            for item in kernels.report().replacements
+            if item.name == "rows_kernel"
+        )
+
+    assert state(None) == "on"
+    assert state("off") == f"{ROWS_KERNEL_VARIABLE}=off"
+    monkeypatch.delenv(ROWS_KERNEL_VARIABLE)
+    assert not CpuKernels("auto", weights="float32").on("rows_kernel")

@@ -151,5 +151,6 @@ def test_the_matmul_plan_and_blas_preload_say_why_they_are_off() -> None:
         "decode_graph": "--cpu-weights float32",
         "layer_graph": "--cpu-weights float32",
         "repacked_blocks": "--cpu-weights float32",
+        "rows_kernel": "--cpu-weights float32",
     }
     assert report.describe().startswith("auto: on: float32 weights, numpy attention softmax, numpy SwiGLU; off: ")

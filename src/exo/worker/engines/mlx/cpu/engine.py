@@ -36,6 +36,7 @@ from exo.worker.engines.mlx.cpu.int8_layers import int8_bytes, quantize_model
 from exo.worker.engines.mlx.cpu.kernels import use_numpy_kernels
 from exo.worker.engines.mlx.cpu.layer_graph import install_layer_passes
 from exo.worker.engines.mlx.cpu.q8_layers import ggml_library, q8_bytes, quantize_model_q8
+from exo.worker.engines.mlx.cpu.rows_kernel import rows_kernel_missing_reason
 from exo.worker.engines.mlx.cpu.signatures import MISMATCHES
 from exo.worker.engines.mlx.cpu.switch import preload_state, why_off
 from exo.worker.engines.mlx.cpu.weights_choice import quantized_off_note
@@ -85,7 +86,7 @@ class CpuKernels:
         chosen = f"--cpu-weights {weights}" if self.weights_setting != "auto" else f"--cpu-weights auto ({weights})"
         variables = os.environ if environment is None else environment
         if weights not in ("q8_0", "gguf"):
-            self._turn_off(("decode_graph", "layer_graph"), chosen)
+            self._turn_off(("decode_graph", "layer_graph", "rows_kernel"), chosen)
         if weights != "gguf":
             self._turn_off(("repacked_blocks",), chosen)
         graph_variables: tuple[tuple[Replacement, str], ...] = (
@@ -107,7 +108,7 @@ class CpuKernels:
             if gate is None and self._ggml_dir is None:
                 # Refused at load (`prepare_model`), not served as float32: the node plans memory for these blocks.
                 self._ggml_missing = ggml_missing_reason()
-                self._turn_off((served, "repacked_blocks"), "no ggml library")
+                self._turn_off((served, "repacked_blocks", "rows_kernel"), "no ggml library")
             self._turn_off(("float32",), chosen)
         elif find_pypi_mkl() is None:
             # Without MKL's integer GEMM the weights stay float32: said in the report, not an error.
@@ -177,15 +178,20 @@ class CpuKernels:
         """Run the model's decode steps, and its layers' multi-token passes, as ggml graphs where it is a model those
         graphs compute."""
         graphs: tuple[Replacement, ...] = tuple(name for name in ("decode_graph", "layer_graph") if self.on(name))
+        # The multi-row products are nodes of these graphs (`rows_kernel.py` decides, as the report says here).
+        rows_off = rows_kernel_missing_reason(ggml.library_dir)
+        if rows_off is not None:
+            self._turn_off(("rows_kernel",), rows_off)
         if not graphs:
+            self._turn_off(("rows_kernel",), "no ggml graph for decode steps or passes")
             return
         if split:
-            self._turn_off(graphs, "a rank of a split model")
+            self._turn_off((*graphs, "rows_kernel"), "a rank of a split model")
             return
         step = decode_graph_for(model, ggml)
         if step is None:
             architecture = getattr(getattr(model, "args", None), "model_type", "this")
-            self._turn_off(graphs, f"not built for a {architecture} model held this way")
+            self._turn_off((*graphs, "rows_kernel"), f"not built for a {architecture} model held this way")
             return
         if self.on("decode_graph"):
             install_decode_graph(model, step)

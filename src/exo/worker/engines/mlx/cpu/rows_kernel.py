@@ -20,6 +20,7 @@ from typing import Final
 
 from exo.worker.engines.mlx.cpu.ggml_graph_ops import GgmlGraphOps
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES
+from exo.worker.engines.mlx.cpu.ggml_locate import GGML_BUILD_COMMAND
 
 ROWS_SOURCE: Final = Path(__file__).with_name("rows_kernel.cpp")
 ROWS_LIBRARY: Final = (
@@ -75,6 +76,19 @@ def rows_kernel(library_dir: Path) -> RowsKernel | None:
     if os.environ.get(ROWS_KERNEL_VARIABLE, "").lower() in ("off", "0", "false", "no"):
         return None
     return _loaded(library_dir)
+
+
+def rows_kernel_missing_reason(library_dir: Path) -> str | None:
+    """Why `rows_kernel(library_dir)` is None, in words for the runner's report; None where it is not."""
+    if rows_kernel(library_dir) is not None:
+        return None
+    if os.environ.get(ROWS_KERNEL_VARIABLE, "").lower() in ("off", "0", "false", "no"):
+        return f"{ROWS_KERNEL_VARIABLE}=off"
+    if not rows_kernel_builds_here():
+        return "x86-64 only"
+    if not (library_dir / ROWS_LIBRARY).is_file():
+        return f"not built beside this ggml ({GGML_BUILD_COMMAND} builds it)"
+    return "this CPU has neither AVX-512 VNNI nor AVX-VNNI"
 
 
 @cache
