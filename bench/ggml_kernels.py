@@ -2,18 +2,23 @@
 
 The binding itself is the engine's (`exo.worker.engines.mlx.cpu.ggml_library`): one `GgmlProduct` here is one
 `GgmlMatrix` (weights in a GGUF block type, quantized from float32 by ggml) multiplied over a fixed number of rows on
-a thread pool of its own, as the bench compares candidates one at a time.
+a thread pool of its own, as the bench compares candidates one at a time. `RowsProduct` is the same matrix multiplied
+by exo's multi-row kernel (`rows_kernel.py`, built by `exo ggml build` beside exo's ggml of the same release, whose
+tensor layout it shares) as a node of a ggml graph, as the engine's decode graph runs it.
 """
 
+import ctypes
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
+from exo.worker.engines.mlx.cpu.ggml_graph_ops import graph_ops
+from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, ComputePlan, Ggml, GgmlMatrix
+from exo.worker.engines.mlx.cpu.rows_kernel import RowsKernel
 
-__all__ = ["GGML_TYPES", "Ggml", "GgmlProduct", "ggml_library_dir"]
+__all__ = ["GGML_TYPES", "Ggml", "GgmlProduct", "RowsProduct", "ggml_library_dir"]
 
 
 def ggml_library_dir(binary: Path) -> Path:
@@ -53,3 +58,77 @@ class GgmlProduct:
     def close(self) -> None:
         self.matrix.close()
         self.matrix.ggml.threadpool_free(self._pool)
+
+
+@dataclass
+class RowsProduct:
+    """y = x · Wᵀ by exo's multi-row kernel: W in a block type the kernel takes, over `rows` rows, one custom node
+    of a graph built once (its input written and its output read each run)."""
+
+    matrix: GgmlMatrix
+    rows: int
+    _context: int = field(repr=False)
+    _graph: int = field(repr=False)
+    _input: int = field(repr=False)
+    _output: int = field(repr=False)
+    _pool: int = field(repr=False)
+    _plan: ComputePlan = field(repr=False)
+    _work: ctypes.Array[ctypes.c_char] = field(repr=False)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.matrix.nbytes
+
+    @classmethod
+    def create(
+        cls,
+        ggml: Ggml,
+        kernel: RowsKernel,
+        weights: npt.NDArray[np.float32],
+        *,
+        type_name: str,
+        rows: int,
+        threads: int,
+    ) -> "RowsProduct":
+        out_features, in_features = weights.shape
+        matrix = GgmlMatrix(ggml, type_name, out_features, in_features)
+        matrix.fill(0, weights)
+        ops = graph_ops(ggml)
+        floats = 4 * rows * (in_features + out_features)
+        context = ggml.new_context(floats + 4 * int(ggml.tensor_overhead()) + int(ggml.graph_overhead()))
+        source = ggml.new_tensor_2d(context, GGML_TYPES["F32"], in_features, rows)
+        node = kernel.product(ops, context, matrix.tensor, source, out_features=out_features, rows=rows)
+        graph = ggml.new_graph(context)
+        ggml.build_forward_expand(graph, node)
+        pool = ggml.new_threadpool(threads)
+        plan = ggml.graph_plan(graph, threads, pool)
+        work = ctypes.create_string_buffer(max(int(plan.work_size), 1))
+        plan.work_data = ctypes.addressof(work)
+        return cls(
+            matrix=matrix,
+            rows=rows,
+            _context=context,
+            _graph=graph,
+            _input=int(ggml.get_data(source)),
+            _output=int(ggml.get_data(node)),
+            _pool=pool,
+            _plan=plan,
+            _work=work,
+        )
+
+    def run(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        source = np.ascontiguousarray(x, dtype=np.float32)
+        if source.shape != (self.rows, self.matrix.shape[1]):
+            raise ValueError(f"this product takes {self.rows} rows of {self.matrix.shape[1]}, not {source.shape}")
+        ctypes.memmove(self._input, source.ctypes.data, source.nbytes)
+        if self.matrix.ggml.graph_compute(self._graph, ctypes.byref(self._plan)) != 0:
+            raise RuntimeError("ggml_graph_compute failed")
+        result = np.empty((self.rows, self.matrix.shape[0]), dtype=np.float32)
+        ctypes.memmove(result.ctypes.data, self._output, result.nbytes)
+        return result
+
+    def close(self) -> None:
+        ggml = self.matrix.ggml
+        ggml.free(self._context)
+        self.matrix.close()
+        ggml.threadpool_free(self._pool)

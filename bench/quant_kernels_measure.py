@@ -11,11 +11,14 @@ import mlx.core as mx
 import numpy as np
 import numpy.typing as npt
 
-from bench.ggml_kernels import Ggml, GgmlProduct, ggml_library_dir
+from bench.ggml_kernels import Ggml, GgmlProduct, RowsProduct, ggml_library_dir
 from bench.llama_cpp_build import BUILD_ROOT, find_llama_server, server_binary
 from bench.machine import blas_description, cpu_model, exo_commit
 from bench.quant_kernels import GGML_TYPES, KernelReport, KernelResult, time_call
+from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES as GGML_TYPE_IDS
+from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
 from exo.worker.engines.mlx.cpu.int8_gemm import MklInt8, quantize_weights
+from exo.worker.engines.mlx.cpu.rows_kernel import RowsKernel, rows_kernel, rows_kernel_missing_reason
 
 MLX_GROUP_SIZE = 64
 Product = Callable[[npt.NDArray[np.float32]], npt.NDArray[np.float32]]
@@ -72,8 +75,21 @@ def _ggml(ggml: Ggml, weights: npt.NDArray[np.float32], type_name: str, rows: in
     return _Candidate(f"ggml {type_name}", product.weight_bytes, product.run, close=product.close)
 
 
+def _exo_rows(
+    ggml: Ggml, kernel: RowsKernel, weights: npt.NDArray[np.float32], *, type_name: str, rows: int, threads: int
+) -> _Candidate:
+    product = RowsProduct.create(ggml, kernel, weights, type_name=type_name, rows=rows, threads=threads)
+    return _Candidate(f"exo rows {type_name}", product.weight_bytes, product.run, close=product.close)
+
+
 def _candidates(
-    weights: npt.NDArray[np.float32], rows: int, mkl: MklInt8 | None, ggml: Ggml | None, threads: int
+    weights: npt.NDArray[np.float32],
+    rows: int,
+    mkl: MklInt8 | None,
+    ggml: Ggml | None,
+    threads: int,
+    *,
+    rows_kernel: RowsKernel | None,
 ) -> Iterator[_Candidate]:
     """Each candidate for this matrix and row count, made only when its turn comes (the large ones hold GBs)."""
     yield _mlx_float32(weights)
@@ -86,6 +102,8 @@ def _candidates(
         for kind in GGML_TYPES:
             if ggml.fits(kind, weights.shape[1]):
                 yield _ggml(ggml, weights, kind, rows, threads)
+                if rows_kernel is not None and rows_kernel.applies(GGML_TYPE_IDS[kind], weights.shape[1], rows):
+                    yield _exo_rows(ggml, rows_kernel, weights, type_name=kind, rows=rows, threads=threads)
 
 
 def _measured(candidate: _Candidate, weights: npt.NDArray[np.float32], x: npt.NDArray[np.float32]) -> KernelResult:
@@ -108,6 +126,19 @@ def _measured(candidate: _Candidate, weights: npt.NDArray[np.float32], x: npt.ND
         stored_bytes=candidate.stored_bytes or candidate.weight_bytes,
         max_relative_error=error,
     )
+
+
+def _exo_rows_kernel(unavailable: dict[str, str]) -> RowsKernel | None:
+    """exo's multi-row kernel from exo's own ggml build (`exo ggml build`: the same release as the bench's, so the
+    same tensor layout), or None with the reason in `unavailable`."""
+    folder = find_ggml_library()
+    if folder is None:
+        unavailable["exo rows"] = ggml_missing_reason()
+        return None
+    kernel = rows_kernel(folder)
+    if kernel is None:
+        unavailable["exo rows"] = rows_kernel_missing_reason(folder) or "not loaded"
+    return kernel
 
 
 def _progress(message: str) -> None:
@@ -136,13 +167,14 @@ def measure(
     except OSError as error:
         missing = find_llama_server(llama_cpp_root or BUILD_ROOT).missing_reason
         unavailable["ggml"] = f"its libraries did not load from {libraries} ({error}); {missing or ''}".rstrip("; ")
+    rows_kernel = _exo_rows_kernel(unavailable)
     generator = np.random.default_rng(0)
     results: list[KernelResult] = []
     for out_features, in_features in shapes:
         weights = (generator.standard_normal((out_features, in_features)) / np.sqrt(in_features)).astype(np.float32)
         for rows in row_counts:
             x = generator.standard_normal((rows, in_features)).astype(np.float32)
-            for candidate in _candidates(weights, rows, mkl, ggml, threads):
+            for candidate in _candidates(weights, rows, mkl, ggml, threads, rows_kernel=rows_kernel):
                 results.append(_measured(candidate, weights, x))
                 _progress(f"{out_features}x{in_features} rows {rows} {candidate.name}: {results[-1].seconds:.6f} s")
     return KernelReport(

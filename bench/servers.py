@@ -15,6 +15,7 @@ import httpx
 
 from exo.shared.types.state import State
 from exo.worker.engines.mlx.cpu.blas import blas_environment
+from exo.worker.engines.mlx.cpu.ggml_locate import GGML_DIR_VARIABLE, find_ggml_library
 
 STARTUP_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 20.0
@@ -134,10 +135,21 @@ def running_exo(
     arguments += ["--listen", f"tcp/127.0.0.1:{free_port()}", "--cluster", f"bench-{port}", "--no-discovery"]
     # exo sets up its BLAS preload itself; it gets the caller's environment otherwise unchanged, as a user would.
     environment = {**os.environ, "EXO_HOME": str(home or work_dir / f"exo-home-{port}")}
+    environment.update(_ggml_of_the_caller())
     with serving(
         name=name, arguments=arguments, env=environment, log_dir=work_dir, port=port, ready=_exo_ready
     ) as server:
         yield server
+
+
+def _ggml_of_the_caller() -> dict[str, str]:
+    """`EXO_GGML_DIR` naming the ggml build the caller's own node would load (`exo ggml build`'s, in the caller's
+    `EXO_HOME`), where it has one and names none itself: a server's fresh `EXO_HOME` holds no ggml build, and
+    without this it would load the bench's llama-server build, which lacks exo's multi-row kernel."""
+    if os.environ.get(GGML_DIR_VARIABLE):
+        return {}
+    folder = find_ggml_library()
+    return {} if folder is None else {GGML_DIR_VARIABLE: str(folder)}
 
 
 @contextmanager

@@ -1,11 +1,18 @@
-"""The kernel bench's command line and its Markdown, on made-up results (the measuring itself is not a test)."""
+"""The kernel bench's command line and its Markdown, on made-up results (the measuring itself is not a test), and its
+`exo rows` candidate's product."""
 
 import argparse
 
+import numpy as np
 import pytest
 
+from bench.ggml_kernels import GgmlProduct, RowsProduct
 from bench.quant_kernels import KernelReport, KernelResult, build_parser, parse_rows, parse_shape, time_call
 from bench.report_quant_kernels import render_kernels
+from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
+from exo.worker.engines.mlx.cpu.q8_layers import ggml_library
+from exo.worker.engines.mlx.cpu.rows_kernel import rows_kernel, rows_kernel_missing_reason
+from tests.machine_skips import skip_for_machine
 
 
 def test_shapes_and_rows_parse() -> None:
@@ -90,3 +97,29 @@ def test_time_call_repeats_fast_calls_and_times_a_slow_one_once(monkeypatch: pyt
     calls.clear()
     _, repeats = time_call(lambda: calls.append(1))
     assert (repeats, len(calls)) == (1, 1)
+
+
+def test_the_exo_rows_candidate_computes_ggmls_product() -> None:
+    """The kernel bench's `exo rows` candidate (a graph of one custom node, built once and run again) gives ggml's
+    product on the same Q5_0 blocks, run after run."""
+    folder = find_ggml_library()
+    if folder is None:
+        skip_for_machine(ggml_missing_reason())
+    ggml = ggml_library(folder)
+    kernel = rows_kernel(folder)
+    if kernel is None:
+        skip_for_machine(rows_kernel_missing_reason(folder) or "no exo multi-row kernel")
+    generator = np.random.default_rng(3)
+    weights = (generator.standard_normal((200, 256)) * 0.05).astype(np.float32)
+    ours = RowsProduct.create(ggml, kernel, weights, type_name="Q5_0", rows=8, threads=2)
+    theirs = GgmlProduct.create(ggml, weights, "Q5_0", 8, 2)
+    try:
+        for _ in range(2):
+            x = generator.standard_normal((8, 256)).astype(np.float32)
+            expected = theirs.run(x)
+            assert np.abs(ours.run(x) - expected).max() < 1e-5 * np.abs(expected).max()
+        with pytest.raises(ValueError, match="takes 8 rows"):
+            ours.run(np.zeros((4, 256), dtype=np.float32))
+    finally:
+        ours.close()
+        theirs.close()
