@@ -17,6 +17,7 @@ from exo.worker.engines.mlx.cpu.ggml_build import (
     CMAKE_OPTIONS,
     TARGETS,
     build_command,
+    build_rows_kernel,
     configure_command,
     missing_tools,
 )
@@ -161,3 +162,23 @@ def test_path_to_a_folder_without_ggml_names_the_build_command(tmp_path: Path) -
     assert f"{GGML_DIR_VARIABLE}={tmp_path / 'empty'} has no libggml-base" in result.stderr
     assert GGML_BUILD_COMMAND in result.stderr
     assert result.stdout == ""
+
+
+def test_the_multi_row_kernel_is_built_beside_ggml_and_replaces_older_builds(tmp_path: Path) -> None:
+    """`build_rows_kernel` compiles into a `.partial` file renamed when done, and removes builds of earlier source
+    (named by another digest); without ggml's header it builds nothing and says why (a stand-in compiler here)."""
+    compiler = tmp_path / "fake-c++"
+    compiler.write_text('#!/bin/sh\nwhile [ "$1" != "-o" ]; do shift; done\necho built > "$2"\n')
+    compiler.chmod(0o755)
+    source, destination = tmp_path / "llama.cpp", tmp_path / "lib"
+    destination.mkdir()
+    (destination / "libexo-rows-000000000000.so").write_text("older")
+    progress = io.StringIO()
+    assert not build_rows_kernel(source, destination, progress, which=lambda _: str(compiler))
+    assert "no ggml.h under" in progress.getvalue()
+    (source / "ggml" / "include").mkdir(parents=True)
+    (source / "ggml" / "include" / "ggml.h").write_text("")
+    assert build_rows_kernel(source, destination, progress, which=lambda _: str(compiler))
+    assert sorted(path.name for path in destination.iterdir()) == [ROWS_LIBRARY]
+    assert (destination / ROWS_LIBRARY).read_text() == "built\n"
+    assert "-march=native" in progress.getvalue()

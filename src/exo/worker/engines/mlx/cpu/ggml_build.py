@@ -9,7 +9,7 @@ result lands in `ggml_locate.ggml_cache_dir()`, one folder per release and kind 
 looks.
 
 Beside them it compiles exo's own multi-row products (`rows_kernel.cpp`, x86 only: `libexo-rows`), which a
-batched decode step uses for Q8_0 and Q5_0 matrices; where that compile fails the build still succeeds and ggml's
+batched decode step uses for Q8_0, Q5_0 and Q6_K matrices; where that compile fails the build still succeeds and ggml's
 own products are used.
 
 Steps already done are skipped: the download, the unpacking, and the whole build when the libraries are there.
@@ -83,9 +83,17 @@ def missing_tools(which: _Which = shutil.which, environment: Mapping[str, str] |
         missing.append("ninja (apt install ninja-build, brew install ninja, or pip install ninja)")
     if not any(which(name) for name in (env.get("CC", ""), "cc", "gcc", "clang") if name):
         missing.append("a C compiler (apt install build-essential, or xcode-select --install)")
-    if not any(which(name) for name in (env.get("CXX", ""), "c++", "g++", "clang++") if name):
+    if _cxx(which, env) is None:
         missing.append("a C++ compiler (apt install build-essential, or xcode-select --install)")
     return missing
+
+
+def _cxx(which: _Which, environment: Mapping[str, str]) -> str | None:
+    """The C++ compiler: $CXX where set and found, else the first of c++, g++ and clang++ found."""
+    return next(
+        (found for name in (environment.get("CXX", ""), "c++", "g++", "clang++") if name and (found := which(name))),
+        None,
+    )
 
 
 def configure_command(source: Path, build_tree: Path) -> list[str]:
@@ -107,10 +115,7 @@ def rows_kernel_command(compiler: str, include: Path, output: Path) -> list[str]
 def build_rows_kernel(source: Path, destination: Path, progress: TextIO, which: _Which = shutil.which) -> bool:
     """`libexo-rows` into `destination` beside ggml's libraries; False (said on `progress`) where it could not be
     built: ggml's own products serve instead."""
-    compiler = next(
-        (found for name in (os.environ.get("CXX", ""), "c++", "g++", "clang++") if name and (found := which(name))),
-        None,
-    )
+    compiler = _cxx(which, os.environ)
     include = source / "ggml" / "include"
     if compiler is None or not (include / "ggml.h").is_file():
         why = "no C++ compiler" if compiler is None else f"no ggml.h under {include}"
@@ -124,6 +129,9 @@ def build_rows_kernel(source: Path, destination: Path, progress: TextIO, which: 
         partial.unlink(missing_ok=True)
         return False
     partial.rename(destination / ROWS_LIBRARY)
+    for stale in destination.glob("libexo-rows-*"):  # builds of earlier source, never loaded again
+        if stale.name != ROWS_LIBRARY:
+            stale.unlink(missing_ok=True)
     return True
 
 
