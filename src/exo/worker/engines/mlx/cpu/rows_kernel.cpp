@@ -204,10 +204,6 @@ struct Lanes8 {
         return _mm256_dpbusd_avx_epi32(acc, weights, rows);
 #endif
     }
-    // Each row's sum less what the weights' +128 added, as floats.
-    static F corrected(I acc, const int32_t* offsets) {
-        return _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, _mm256_load_si256(reinterpret_cast<const __m256i*>(offsets))));
-    }
     static I loadi(const int32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
     static I shift5(I a) { return _mm256_slli_epi32(a, 5); }
     static I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
@@ -231,9 +227,6 @@ struct Lanes16 {
         return _mm512_permutexvar_epi32(_mm512_set1_epi32(quad), _mm512_castsi256_si512(block));
     }
     static I dot(I acc, I rows, I weights) { return _mm512_dpbusd_epi32(acc, weights, rows); }
-    static F corrected(I acc, const int32_t* offsets) {
-        return _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_load_si512(offsets)));
-    }
     static I loadi(const int32_t* p) { return _mm512_load_si512(p); }
     static I shift5(I a) { return _mm512_slli_epi32(a, 5); }
     static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
@@ -249,10 +242,59 @@ struct Lanes16 {
 // unit busy (one chain waits on its own latency, about five cycles an instruction).
 constexpr int kOutputsAtOnce = 8;
 
+// What `products` needs of a block type: each 32 values of a row's blocks as unsigned bytes, the groups of them that
+// share a scale (Q8_0 and Q5_0: 1, Q6_K: 2 of 16), a group's scale, and what to subtract from a group's sums.
+template <typename Block>
+struct Format;
+
+template <>
+struct Format<BlockQ8> {
+    static constexpr int kGroups = 1;
+    static __m256i values(const BlockQ8* row, int64_t b) {  // plus 128: the top bit flipped
+        return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b].qs)),
+                                _mm256_set1_epi8(char(0x80)));
+    }
+    static float scale(const BlockQ8* row, int64_t b, int /*group*/) { return half_to_float(row[b].d); }
+    template <typename L>
+    static typename L::I offset(const QuantizedRows& rows, int64_t b, int /*group*/) {  // the +128's: 128 × row sum
+        return L::loadi(rows.offsets + b * L::kLanes);
+    }
+};
+
+template <>
+struct Format<BlockQ5> {
+    static constexpr int kGroups = 1;
+    static __m256i values(const BlockQ5* row, int64_t b) { return unpack_q5_unsigned(row[b]); }
+    static float scale(const BlockQ5* row, int64_t b, int /*group*/) { return half_to_float(row[b].d); }
+    template <typename L>
+    static typename L::I offset(const QuantizedRows& rows, int64_t b, int /*group*/) {
+        return L::loadi(rows.offsets + b * L::kLanes);
+    }
+};
+
+// Q6_K: each 32 values' two groups of 16 have their own scale, and the values are unsigned already (q, the value
+// being q − 32: each group's row sum × 32 is subtracted).
+template <>
+struct Format<BlockQ6K> {
+    static constexpr int kGroups = 2;
+    static constexpr int kParts = kSuper / kBlock;
+    static __m256i values(const BlockQ6K* row, int64_t b) { return unpack_q6k(row[b / kParts], int(b % kParts)); }
+    static float scale(const BlockQ6K* row, int64_t b, int group) {
+        const BlockQ6K& block = row[b / kParts];
+        return half_to_float(block.d) * float(block.scales[(b % kParts) * 2 + group]);
+    }
+    template <typename L>
+    static typename L::I offset(const QuantizedRows& rows, int64_t b, int group) {
+        return L::shift5(L::loadi(rows.half_sums + (b * 2 + group) * L::kLanes));
+    }
+};
+
 template <typename L, typename Block>
 void products(const char* weights, size_t weight_row_bytes, int64_t first, int64_t last, int64_t blocks,
               const QuantizedRows& rows, int row_count, char* dst, size_t dst_row_stride) {
+    using F = Format<Block>;
     constexpr int lanes = L::kLanes;
+    constexpr int quads_a_group = kQuads / F::kGroups;
     alignas(64) float sums[kOutputsAtOnce][lanes];
     for (int64_t o = first; o < last; o += kOutputsAtOnce) {
         const int outputs = int(last - o < kOutputsAtOnce ? last - o : kOutputsAtOnce);
@@ -265,70 +307,19 @@ void products(const char* weights, size_t weight_row_bytes, int64_t first, int64
         for (int64_t b = 0; b < blocks; ++b) {
             const uint32_t* quads = rows.quads + b * kQuads * lanes;
             const typename L::F row_scales = L::loadf(rows.scales + b * lanes);
-            typename L::I acc[kOutputsAtOnce];
-            __m256i block_values[kOutputsAtOnce];  // each output's block plus 128, as unsigned bytes
-            for (int k = 0; k < kOutputsAtOnce; ++k) {
-                acc[k] = L::zero();
-                if constexpr (sizeof(Block) == sizeof(BlockQ5)) {
-                    block_values[k] = unpack_q5_unsigned(row_blocks[k][b]);
-                } else {
-                    block_values[k] = _mm256_xor_si256(
-                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row_blocks[k][b].qs)),
-                        _mm256_set1_epi8(char(0x80)));
-                }
-            }
-            for (int q = 0; q < kQuads; ++q) {
-                const typename L::I x = L::load(quads + q * lanes);
-                for (int k = 0; k < kOutputsAtOnce; ++k) acc[k] = L::dot(acc[k], x, L::spread(block_values[k], q));
-            }
-            for (int k = 0; k < kOutputsAtOnce; ++k) {
-                const float weight_scale = half_to_float(row_blocks[k][b].d);
-                total[k] = L::fmadd(L::corrected(acc[k], rows.offsets + b * lanes), L::mul(row_scales, L::set1(weight_scale)), total[k]);
-            }
-        }
-        for (int k = 0; k < outputs; ++k) {
-            L::store(sums[k], total[k]);
-            for (int r = 0; r < row_count; ++r) {
-                reinterpret_cast<float*>(dst + r * dst_row_stride)[o + k] = sums[k][r];
-            }
-        }
-    }
-}
-
-// Q6_K: as `products`, each 32 values' two groups of 16 summed apart (each has its own scale), and no +128 (the
-// values are unsigned already: their − 32 is each group's row sum × 32, subtracted).
-template <typename L>
-void products_q6k(const char* weights, size_t weight_row_bytes, int64_t first, int64_t last, int64_t blocks,
-                  const QuantizedRows& rows, int row_count, char* dst, size_t dst_row_stride) {
-    constexpr int lanes = L::kLanes;
-    alignas(64) float sums[kOutputsAtOnce][lanes];
-    for (int64_t o = first; o < last; o += kOutputsAtOnce) {
-        const int outputs = int(last - o < kOutputsAtOnce ? last - o : kOutputsAtOnce);
-        typename L::F total[kOutputsAtOnce];
-        const BlockQ6K* row_blocks[kOutputsAtOnce];
-        for (int k = 0; k < kOutputsAtOnce; ++k) {
-            total[k] = L::fzero();
-            row_blocks[k] = reinterpret_cast<const BlockQ6K*>(weights + (o + (k < outputs ? k : 0)) * weight_row_bytes);
-        }
-        for (int64_t b = 0; b < blocks; ++b) {
-            const int64_t super = b / (kSuper / kBlock);
-            const int part = int(b % (kSuper / kBlock));
-            const uint32_t* quads = rows.quads + b * kQuads * lanes;
-            const typename L::F row_scales = L::loadf(rows.scales + b * lanes);
-            __m256i block_values[kOutputsAtOnce];
-            for (int k = 0; k < kOutputsAtOnce; ++k) block_values[k] = unpack_q6k(row_blocks[k][super], part);
-            for (int half = 0; half < 2; ++half) {
+            __m256i block_values[kOutputsAtOnce];  // each output's 32 values, as unsigned bytes
+            for (int k = 0; k < kOutputsAtOnce; ++k) block_values[k] = F::values(row_blocks[k], b);
+            for (int group = 0; group < F::kGroups; ++group) {
                 typename L::I acc[kOutputsAtOnce];
                 for (int k = 0; k < kOutputsAtOnce; ++k) acc[k] = L::zero();
-                for (int q = half * 4; q < half * 4 + 4; ++q) {
+                for (int q = group * quads_a_group; q < (group + 1) * quads_a_group; ++q) {
                     const typename L::I x = L::load(quads + q * lanes);
                     for (int k = 0; k < kOutputsAtOnce; ++k) acc[k] = L::dot(acc[k], x, L::spread(block_values[k], q));
                 }
-                const typename L::I sums32 = L::shift5(L::loadi(rows.half_sums + (b * 2 + half) * lanes));  // × 32
+                const typename L::I offset = F::template offset<L>(rows, b, group);
                 for (int k = 0; k < kOutputsAtOnce; ++k) {
-                    const BlockQ6K& block = row_blocks[k][super];
-                    const float scale = half_to_float(block.d) * float(block.scales[part * 2 + half]);
-                    total[k] = L::fmadd(L::cvt(L::sub(acc[k], sums32)), L::mul(row_scales, L::set1(scale)), total[k]);
+                    const float scale = F::scale(row_blocks[k], b, group);
+                    total[k] = L::fmadd(L::cvt(L::sub(acc[k], offset)), L::mul(row_scales, L::set1(scale)), total[k]);
                 }
             }
         }
@@ -361,7 +352,7 @@ void run(const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, 
     if (w->type == GGML_TYPE_Q8_0) {
         products<L, BlockQ8>(weights, w->nb[1], first, last, blocks, t_rows, rows, result, dst->nb[1]);
     } else if (w->type == GGML_TYPE_Q6_K) {
-        products_q6k<L>(weights, w->nb[1], first, last, blocks, t_rows, rows, result, dst->nb[1]);
+        products<L, BlockQ6K>(weights, w->nb[1], first, last, blocks, t_rows, rows, result, dst->nb[1]);
     } else {
         products<L, BlockQ5>(weights, w->nb[1], first, last, blocks, t_rows, rows, result, dst->nb[1]);
     }
