@@ -23,16 +23,23 @@ from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES
 from exo.worker.engines.mlx.cpu.ggml_locate import GGML_BUILD_COMMAND
 
 ROWS_SOURCE: Final = Path(__file__).with_name("rows_kernel.cpp")
-ROWS_LIBRARY: Final = (
-    f"libexo-rows-{hashlib.sha256(ROWS_SOURCE.read_bytes()).hexdigest()[:12]}"
-    f"{'.dylib' if sys.platform == 'darwin' else '.so'}"
-)
+
+
+def _library_name() -> str:
+    try:
+        digest = hashlib.sha256(ROWS_SOURCE.read_bytes()).hexdigest()[:12]
+    except OSError:  # an install without the source: nothing of that name is ever built or found
+        digest = "no-source"
+    return f"libexo-rows-{digest}{'.dylib' if sys.platform == 'darwin' else '.so'}"
+
+
+ROWS_LIBRARY: Final = _library_name()
 """Named by its source's digest: a build of older source is never loaded, and `exo ggml build` builds this one."""
 ROWS_KERNEL_VARIABLE: Final = "EXO_ROWS_KERNEL"
 MIN_ROWS: Final = 5
-"""Fewer rows go to ggml. Timed alone on a 2-core AVX-512 EPYC (the MLP's 4864×896 and the output head's 151936×896,
-ggml's time over exo's): 0.6–1.0× at 2 rows, 0.9–1.2× at 4, 1.2–2.1× from 5 to 8 (where ggml's tiles fit the rows
-worst), 1.6–2.2× at 12 and 16 (docs/PERFORMANCE.md)."""
+"""Fewer rows go to ggml. ggml's time over exo's on a 2-core AVX-512 EPYC (docs/PERFORMANCE.md, the kernel bench
+at dc73611): 0.98–1.76× at 5 rows, 1.25–1.92× at 8, 1.30–2.27× at 16; at 2 and 4 rows a probe timed 0.6–1.2× (exo's
+kernel costs the same for any rows up to 8, ggml's the less the fewer)."""
 BLOCK_VALUES: Final = {GGML_TYPES["Q8_0"]: 32, GGML_TYPES["Q5_0"]: 32, GGML_TYPES["Q6_K"]: 256}
 """The block types the kernel multiplies, and the values of a block (a row is whole blocks)."""
 F32: Final = GGML_TYPES["F32"]
