@@ -2,20 +2,20 @@
 //
 // ggml's x86 build multiplies a few activation rows (a batched decode step: 2 to 16 sequences) by a Q8_0 or Q5_0
 // matrix with llamafile's tinyBLAS, which spends about seven vector instructions on every 32 multiply-adds of one
-// weight block with one row (and a Q6_K one by unpacking it into tiles each call). Here the rows sit in the lanes of one register: for each four weights of a block, one
-// `vpdpbusd` multiplies them (broadcast) with the same four positions of every row, so a block costs eight
-// `vpdpbusd` for all rows together, plus its scale. `vpdpbusd` multiplies unsigned by signed bytes: the weights are
-// taken plus 128 (their top bit flipped) and the rows, quantized as ggml quantizes them (Q8_0: a scale per 32
-// values, rounded to half precision), stay signed; each row's block sum × 128, computed once with the quantization,
-// is subtracted. Up to 8 rows in a 256-bit register, 16 in a 512-bit one.
+// weight block with one row (and a Q6_K one by unpacking it into tiles each call). Here the rows sit in the lanes
+// of one register: for each four weights of a block, one `vpdpbusd` multiplies them (spread to every lane) with the
+// same four positions of every row, so a block costs eight `vpdpbusd` for all rows together, plus its scale.
+// `vpdpbusd` multiplies unsigned by signed bytes: the weights are taken plus 128 (Q8_0's top bit flipped) and the
+// rows, quantized as ggml quantizes them (Q8_0: a scale per 32 values, rounded to half precision), stay signed; each row's block sum × 128 (from its half-block sums, computed
+// with the quantization) is subtracted. Up to 8 rows in a 256-bit register, 16 in a 512-bit one.
 //
 // Q6_K's values are unsigned already (q, the value being q − 32): each group of 16 values' row sum × 32 is
 // subtracted, and its own scale applied. Its rows are quantized per 32 values as for the others (ggml's Q8_K
 // quantizes them per 256), so its products round a little differently from ggml's, and closer to float32's.
 //
 // Called by ggml as a custom operation (ggml_custom_4d, every thread of its pool): dst = W · X, W (out × in) in
-// Q8_0, Q5_0 or Q6_K, X float32 (rows × in), dst float32 (rows × out), as ggml_mul_mat lays them out. Each thread quantizes
-// the rows itself (a few microseconds) and computes its own share of the outputs.
+// Q8_0, Q5_0 or Q6_K, X float32 (rows × in), dst float32 (rows × out), as ggml_mul_mat lays them out. Each thread
+// quantizes the rows itself (a few microseconds) and computes its own share of the outputs.
 
 #include <immintrin.h>
 #include <math.h>
@@ -76,22 +76,21 @@ inline uint16_t float_to_half(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEARE
 
 // The rows quantized, laid out for the lanes: quads[(block * 8 + quad) * lanes + lane] holds the four signed bytes
 // of one row's positions block * 32 + quad * 4 .. + 3; scales[block * lanes + lane] that row's block scale and
-// offsets[block * lanes + lane] 128 × the sum of its 32 values (what the weights' +128 adds). Spare lanes are zero.
+// half_sums[(block * 2 + half) * lanes + lane] the sum of its 16 values of that half (what the weights' offsets add:
+// Q8_0's and Q5_0's +128 over both halves, Q6_K's 32 over each of its 16-value groups). Spare lanes are zero.
 struct QuantizedRows {
     uint32_t* quads = nullptr;
     float* scales = nullptr;
-    int32_t* offsets = nullptr;
-    int32_t* half_sums = nullptr;  // [(block * 2 + half) * lanes + lane]: each 16 values' sum (Q6_K's sub-blocks)
+    int32_t* half_sums = nullptr;
     size_t capacity = 0;  // bytes held
 
     void reserve(size_t blocks, int lanes) {
-        size_t need = blocks * kQuads * lanes * sizeof(uint32_t) + 4 * blocks * lanes * sizeof(float);
+        size_t need = blocks * kQuads * lanes * sizeof(uint32_t) + 3 * blocks * lanes * sizeof(float);
         if (need <= capacity) return;
         free(quads);
         quads = static_cast<uint32_t*>(aligned_alloc(64, (need + 63) / 64 * 64));
         scales = reinterpret_cast<float*>(quads + blocks * kQuads * lanes);
-        offsets = reinterpret_cast<int32_t*>(scales + blocks * lanes);
-        half_sums = offsets + blocks * lanes;
+        half_sums = reinterpret_cast<int32_t*>(scales + blocks * lanes);
         capacity = need;
     }
 };
@@ -108,7 +107,6 @@ void quantize_rows(const char* x, size_t row_stride, int rows, int64_t blocks, i
             if (lane >= rows) {
                 for (int q = 0; q < kQuads; ++q) quads[q * lanes] = 0;
                 out.scales[b * lanes + lane] = 0.0f;
-                out.offsets[b * lanes + lane] = 0;
                 out.half_sums[(b * 2) * lanes + lane] = out.half_sums[(b * 2 + 1) * lanes + lane] = 0;
                 continue;
             }
@@ -132,7 +130,6 @@ void quantize_rows(const char* x, size_t row_stride, int rows, int64_t blocks, i
                 }
                 for (int j = 0; j < 8; ++j) halves[i / 16] += values[j];
             }
-            out.offsets[b * lanes + lane] = 128 * (halves[0] + halves[1]);
             out.half_sums[(b * 2) * lanes + lane] = halves[0];
             out.half_sums[(b * 2 + 1) * lanes + lane] = halves[1];
         }
@@ -157,9 +154,9 @@ inline __m256i unpack_q5(const BlockQ5& block) {
 // nibble with 0x80 (high bit set) or 0x70 (clear) in its top half. With AVX-512BW the 32 high bits are the blend's
 // mask as they are stored (bit j for value j).
 inline __m256i unpack_q5_unsigned(const BlockQ5& block) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
     const __m128i nibbles = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block.qs));
     const __m256i low = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nibbles, 4), nibbles), _mm256_set1_epi8(0x0F));
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
     uint32_t high;
     memcpy(&high, block.qh, sizeof(high));
     return _mm256_or_si256(low, _mm256_mask_blend_epi8(__mmask32(high), _mm256_set1_epi8(0x70), _mm256_set1_epi8(char(0x80))));
@@ -191,7 +188,7 @@ struct Lanes8 {
     using F = __m256;
     static I zero() { return _mm256_setzero_si256(); }
     static F fzero() { return _mm256_setzero_ps(); }
-    static I load(const uint32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+    static I load(const void* p) { return _mm256_load_si256(static_cast<const __m256i*>(p)); }
     static F loadf(const float* p) { return _mm256_load_ps(p); }
     // The block's four weights `quad` (bytes 4·quad .. +3) in every lane. A permutation from the register, not a
     // broadcast from a copy in memory: the copy's loads waited on its store (about 17% slower at 8 rows).
@@ -204,8 +201,9 @@ struct Lanes8 {
         return _mm256_dpbusd_avx_epi32(acc, weights, rows);
 #endif
     }
-    static I loadi(const int32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
-    static I shift5(I a) { return _mm256_slli_epi32(a, 5); }
+    template <int bits>
+    static I shift(I a) { return _mm256_slli_epi32(a, bits); }
+    static I add(I a, I b) { return _mm256_add_epi32(a, b); }
     static I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
     static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
     static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
@@ -221,14 +219,15 @@ struct Lanes16 {
     using F = __m512;
     static I zero() { return _mm512_setzero_si512(); }
     static F fzero() { return _mm512_setzero_ps(); }
-    static I load(const uint32_t* p) { return _mm512_load_si512(p); }
+    static I load(const void* p) { return _mm512_load_si512(p); }
     static F loadf(const float* p) { return _mm512_load_ps(p); }
     static I spread(__m256i block, int quad) {
         return _mm512_permutexvar_epi32(_mm512_set1_epi32(quad), _mm512_castsi256_si512(block));
     }
     static I dot(I acc, I rows, I weights) { return _mm512_dpbusd_epi32(acc, weights, rows); }
-    static I loadi(const int32_t* p) { return _mm512_load_si512(p); }
-    static I shift5(I a) { return _mm512_slli_epi32(a, 5); }
+    template <int bits>
+    static I shift(I a) { return _mm512_slli_epi32(a, bits); }
+    static I add(I a, I b) { return _mm512_add_epi32(a, b); }
     static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
     static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
     static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
@@ -247,29 +246,29 @@ constexpr int kOutputsAtOnce = 8;
 template <typename Block>
 struct Format;
 
-template <>
-struct Format<BlockQ8> {
+// Q8_0 and Q5_0: one scale a block, the weights taken plus 128 (so 128 × the row's block sum is subtracted).
+template <typename Block>
+struct Format32 {
     static constexpr int kGroups = 1;
-    static __m256i values(const BlockQ8* row, int64_t b) {  // plus 128: the top bit flipped
-        return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b].qs)),
-                                _mm256_set1_epi8(char(0x80)));
-    }
-    static float scale(const BlockQ8* row, int64_t b, int /*group*/) { return half_to_float(row[b].d); }
+    static float scale(const Block* row, int64_t b, int /*group*/) { return half_to_float(row[b].d); }
     template <typename L>
-    static typename L::I offset(const QuantizedRows& rows, int64_t b, int /*group*/) {  // the +128's: 128 × row sum
-        return L::loadi(rows.offsets + b * L::kLanes);
+    static typename L::I offset(const QuantizedRows& rows, int64_t b, int /*group*/) {
+        const int32_t* halves = rows.half_sums + b * 2 * L::kLanes;
+        return L::template shift<7>(L::add(L::load(halves), L::load(halves + L::kLanes)));
     }
 };
 
 template <>
-struct Format<BlockQ5> {
-    static constexpr int kGroups = 1;
-    static __m256i values(const BlockQ5* row, int64_t b) { return unpack_q5_unsigned(row[b]); }
-    static float scale(const BlockQ5* row, int64_t b, int /*group*/) { return half_to_float(row[b].d); }
-    template <typename L>
-    static typename L::I offset(const QuantizedRows& rows, int64_t b, int /*group*/) {
-        return L::loadi(rows.offsets + b * L::kLanes);
+struct Format<BlockQ8> : Format32<BlockQ8> {
+    static __m256i values(const BlockQ8* row, int64_t b) {  // plus 128: the top bit flipped
+        return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b].qs)),
+                                _mm256_set1_epi8(char(0x80)));
     }
+};
+
+template <>
+struct Format<BlockQ5> : Format32<BlockQ5> {
+    static __m256i values(const BlockQ5* row, int64_t b) { return unpack_q5_unsigned(row[b]); }
 };
 
 // Q6_K: each 32 values' two groups of 16 have their own scale, and the values are unsigned already (q, the value
@@ -285,7 +284,7 @@ struct Format<BlockQ6K> {
     }
     template <typename L>
     static typename L::I offset(const QuantizedRows& rows, int64_t b, int group) {
-        return L::shift5(L::loadi(rows.half_sums + (b * 2 + group) * L::kLanes));
+        return L::template shift<5>(L::load(rows.half_sums + (b * 2 + group) * L::kLanes));
     }
 };
 
