@@ -9,18 +9,16 @@ They need ggml built with `uv run exo ggml build` on an x86-64 CPU with AVX-512 
 compiles the kernel beside ggml); without it they skip for a reason of the machine.
 """
 
-import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 import pytest
 
+from bench.ggml_kernels import RowsProduct
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_of
 from exo.worker.engines.mlx.cpu.engine import CpuKernels
-from exo.worker.engines.mlx.cpu.ggml_graph_ops import graph_ops
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.rows_kernel import MIN_ROWS, ROWS_KERNEL_VARIABLE, RowsKernel, rows_kernel
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
@@ -40,38 +38,6 @@ def kernel(ggml: Ggml) -> RowsKernel:
             f"no exo multi-row kernel beside {ggml.library_dir} (`uv run exo ggml build` on x86-64 with VNNI)"
         )
     return found
-
-
-def _products(
-    ggml: Ggml, kernel: RowsKernel, matrix: GgmlMatrix, x: npt.NDArray[np.float32]
-) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-    """x · Wᵀ by exo's kernel and by ggml_mul_mat, each one node of a graph computed on ggml's pool."""
-    ops = graph_ops(ggml)
-    rows, width = x.shape
-    context = ggml.new_context(
-        8 * rows * (width + matrix.shape[0]) + 8 * ggml.tensor_overhead() + ggml.graph_overhead()
-    )
-    try:
-        source = ggml.new_tensor_2d(context, GGML_TYPES["F32"], width, rows)
-        ctypes.memmove(ggml.get_data(source), x.ctypes.data, x.nbytes)
-        ours = kernel.product(ops, context, matrix.tensor, source, out_features=matrix.shape[0], rows=rows)
-        theirs = ggml.mul_mat(context, matrix.tensor, source)
-        graph = ggml.new_graph(context)
-        for node in (ours, theirs):
-            ggml.build_forward_expand(graph, node)
-        pool = ggml.shared_threadpool(THREADS)
-        plan = ggml.graph_plan(graph, THREADS, pool)
-        work = ctypes.create_string_buffer(max(int(plan.work_size), 1))
-        plan.work_data = ctypes.addressof(work)
-        assert ggml.graph_compute(graph, ctypes.byref(plan)) == 0
-        results: list[npt.NDArray[np.float32]] = []
-        for node in (ours, theirs):
-            result = np.empty((rows, matrix.shape[0]), dtype=np.float32)
-            ctypes.memmove(result.ctypes.data, ggml.get_data(node), result.nbytes)
-            results.append(result)
-        return results[0], results[1]
-    finally:
-        ggml.free(context)
 
 
 @dataclass(frozen=True)
@@ -107,7 +73,12 @@ def test_products_are_ggmls_for_every_row_count_the_kernel_takes(
             x = rng.standard_normal((rows, in_features)).astype(np.float32)
             x[:, 3] *= 40.0  # an outlier channel, as real activations have
             x[rows // 2, 32:64] = 0.0  # a block of zeros (scale 0)
-            ours, theirs = _products(ggml, kernel, matrix, x)
+            product = RowsProduct.create(ggml, kernel, weights, type_name=type_name, rows=rows, threads=THREADS)
+            try:  # the same blocks: ggml quantizes the same weights the same way
+                ours = product.run(x)
+            finally:
+                product.close()
+            theirs = matrix.product(x, THREADS, ggml.shared_threadpool(THREADS))
             exact = x @ weights.T
             scale = float(np.abs(exact).max())
             assert float(np.abs(ours - theirs).max()) < form.vs_ggml * scale, (type_name, rows)

@@ -185,7 +185,8 @@ class DecodeGraph:
         self._written: _Written | None = None
         """What the last in-place step left, for `resume`."""
         self._rows = rows_kernel(ops.ggml.library_dir)
-        """exo's multi-row products, where built beside this ggml (`rows_kernel.py`): a batch's Q8_0/Q5_0 products."""
+        """exo's multi-row products, where built beside this ggml (`rows_kernel.py`): a batch's Q8_0/Q5_0/Q6_K
+        products."""
         self._finalizer = weakref.finalize(self, _free, self._ops, parameters, self._passes, self._steps)
         _LIVE.add(self)
 
@@ -297,12 +298,12 @@ class DecodeGraph:
         rows, batch = key.rows, len(sequences.starts)
         count = batch * rows
         end = _span_end(sequences, capacity=min(array.shape[2] for pair in views for array in pair))
-        spans = [end - start for start in sequences.starts]
-        group = shape.heads // shape.kv_heads
+        group, first = shape.heads // shape.kv_heads, min(sequences.starts)
         if key.batched:  # one mask over the positions from the earliest start, a sequence's padding hidden
-            spans = [end - min(sequences.starts)]
+            spans = [end - first]
             masks = [np.zeros((batch, 1, group, spans[0] + 1), dtype=np.float32)]
         else:
+            spans = [end - start for start in sequences.starts]
             masks = [_new_rows_mask(span, rows, group) for span in spans]
         nodes = len(self._layers) * (_LAYER_NODES + 16 * batch + 4) + 64
         # The tensors' and graph's descriptions only: their data is the allocator's, or mlx's (the caches).
@@ -331,7 +332,6 @@ class DecodeGraph:
 
                 def attend(q: int, k: int, v: int, cached: _Cached = cached) -> int:
                     if key.batched:
-                        first = min(sequences.starts)
                         return self._batch_attention(
                             context, q=q, k=k, v=v, cached=cached, first=first, span=spans[0], mask=mask_tensors[0]
                         )
@@ -444,7 +444,7 @@ class DecodeGraph:
 
     def _product(self, context: int, matrix: GgmlMatrix, weight: int, x: int, rows: int) -> int:
         """`weight` (the matrix's tensor, or its read-back) times x's `rows` rows: exo's multi-row product where it
-        applies (a batch's rows, a Q8_0 or Q5_0 matrix as stored), else ggml's."""
+        applies (a batch's rows, a Q8_0, Q5_0 or Q6_K matrix as stored), else ggml's."""
         kernel = self._rows
         if kernel is not None and not matrix.repacked and kernel.applies(matrix.type, matrix.shape[1], rows):
             return kernel.product(self._ops, context, weight, x, out_features=matrix.shape[0], rows=rows)

@@ -77,19 +77,21 @@ class RowsKernel:
         return int(node)
 
 
+def _turned_off() -> bool:
+    return os.environ.get(ROWS_KERNEL_VARIABLE, "").lower() in ("off", "0", "false", "no")
+
+
 def rows_kernel(library_dir: Path) -> RowsKernel | None:
     """The kernel built beside the ggml libraries in `library_dir`, or None: turned off (`EXO_ROWS_KERNEL=off`),
     not built there (another ggml build), or without the instructions it needs on this CPU."""
-    if os.environ.get(ROWS_KERNEL_VARIABLE, "").lower() in ("off", "0", "false", "no"):
-        return None
-    return _loaded(library_dir)
+    return None if _turned_off() else _loaded(library_dir)
 
 
 def rows_kernel_missing_reason(library_dir: Path) -> str | None:
     """Why `rows_kernel(library_dir)` is None, in words for the runner's report; None where it is not."""
     if rows_kernel(library_dir) is not None:
         return None
-    if os.environ.get(ROWS_KERNEL_VARIABLE, "").lower() in ("off", "0", "false", "no"):
+    if _turned_off():
         return f"{ROWS_KERNEL_VARIABLE}=off"
     if not rows_kernel_builds_here():
         return "x86-64 only"
