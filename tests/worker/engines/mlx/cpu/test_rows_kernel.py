@@ -20,7 +20,7 @@ from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_of
 from exo.worker.engines.mlx.cpu.engine import CpuKernels
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
-from exo.worker.engines.mlx.cpu.rows_kernel import MIN_ROWS, ROWS_KERNEL_VARIABLE, RowsKernel, rows_kernel
+from exo.worker.engines.mlx.cpu.rows_kernel import ROWS_KERNEL_VARIABLE, RowsKernel, rows_kernel
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
 from tests.machine_skips import skip_for_machine
@@ -59,7 +59,7 @@ class Format:
     ],
     ids=lambda form: form.type_name,
 )
-@pytest.mark.parametrize("out_features", [100, 896])  # 100: the last group of eight outputs is short
+@pytest.mark.parametrize("out_features", [100, 896])  # 100: the last group of 8 or 16 outputs is short
 def test_products_are_ggmls_for_every_row_count_the_kernel_takes(
     ggml: Ggml, kernel: RowsKernel, form: Format, out_features: int
 ) -> None:
@@ -69,7 +69,9 @@ def test_products_are_ggmls_for_every_row_count_the_kernel_takes(
     matrix = GgmlMatrix(ggml, type_name, out_features, in_features)
     try:
         matrix.fill(0, weights)
-        for rows in range(MIN_ROWS, kernel.max_rows + 1):
+        fewest = kernel.min_rows[GGML_TYPES[type_name]]
+        assert fewest > 0
+        for rows in range(fewest, kernel.max_rows + 1):
             x = rng.standard_normal((rows, in_features)).astype(np.float32)
             x[:, 3] *= 40.0  # an outlier channel, as real activations have
             x[rows // 2, 32:64] = 0.0  # a block of zeros (scale 0)
@@ -92,14 +94,24 @@ def test_products_are_ggmls_for_every_row_count_the_kernel_takes(
 
 def test_the_kernel_takes_a_batchs_q8_0_q5_0_and_q6_k_products_only(kernel: RowsKernel) -> None:
     q8, q5, q6k, q4 = GGML_TYPES["Q8_0"], GGML_TYPES["Q5_0"], GGML_TYPES["Q6_K"], GGML_TYPES["Q4_0"]
-    assert kernel.applies(q8, 896, MIN_ROWS)
+    fewest = kernel.min_rows
+    assert kernel.applies(q8, 896, fewest[q8])
     assert kernel.applies(q5, 896, kernel.max_rows)
-    assert kernel.applies(q6k, 4864, MIN_ROWS)
-    assert not kernel.applies(q6k, 896, MIN_ROWS)  # rows of 896 values are not whole 256-value blocks
-    assert not kernel.applies(q8, 896, MIN_ROWS - 1)
+    assert kernel.applies(q6k, 4864, fewest[q6k])
+    assert not kernel.applies(q6k, 896, fewest[q6k])  # rows of 896 values are not whole 256-value blocks
+    for kind in (q8, q5, q6k):
+        assert not kernel.applies(kind, 4864, fewest[kind] - 1)  # one row at least stays ggml's
     assert not kernel.applies(q8, 896, kernel.max_rows + 1)
-    assert not kernel.applies(q4, 896, MIN_ROWS)
-    assert not kernel.applies(q8, 900, MIN_ROWS)
+    assert not kernel.applies(q4, 896, 8)
+    assert not kernel.applies(q8, 900, 8)
+
+
+def test_q8_0_and_q5_0_go_to_the_kernel_from_two_rows_with_avx_512(kernel: RowsKernel) -> None:
+    q8, q5, q6k = GGML_TYPES["Q8_0"], GGML_TYPES["Q5_0"], GGML_TYPES["Q6_K"]
+    if kernel.max_rows == 16:  # AVX-512 VNNI: the outputs-in-lanes products
+        assert (kernel.min_rows[q8], kernel.min_rows[q5], kernel.min_rows[q6k]) == (2, 2, 5)
+    else:  # AVX-VNNI only: the rows-in-lanes products alone
+        assert (kernel.min_rows[q8], kernel.min_rows[q5], kernel.min_rows[q6k]) == (5, 5, 5)
 
 
 def test_the_kernel_is_turned_off_by_its_variable(
@@ -112,7 +124,8 @@ def test_the_kernel_is_turned_off_by_its_variable(
 
 
 @pytest.mark.usefixtures("kernel")
-@pytest.mark.parametrize("sequences", [6, 9])  # 256-bit lanes up to 8 rows, 512-bit above
+# 3: Q8_0 and Q5_0 through the kernel, Q6_K through ggml; Q6_K's rows in 256-bit lanes at 6, 512-bit at 9.
+@pytest.mark.parametrize("sequences", [3, 6, 9])
 @pytest.mark.parametrize("weights", ["q8_0", "gguf"])
 @pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])
 def test_a_batch_decodes_through_the_kernel_as_through_ggmls_products(

@@ -39,6 +39,11 @@
 extern "C" {
 // The most activation rows one product takes (0: no kernel for this CPU; ggml_mul_mat is used instead).
 int exo_rows_max(void) { return EXO_ROWS_MAX; }
+// The fewest rows worth a product of this ggml type here (0: the type is not taken), from the kernel bench
+// (`python -m bench.quant_kernels`): with AVX-512 the outputs-in-lanes products below beat ggml's from 2 rows for
+// Q8_0 and Q5_0; the rows-in-lanes ones from 5. One row stays ggml's: its product streams the matrix in order, at
+// the memory's full speed, where sixteen outputs' blocks read side by side do not.
+int exo_rows_min(int type);
 void exo_rows_mul_mat(struct ggml_tensor* dst, int ith, int nth, void* userdata);
 }
 
@@ -331,6 +336,123 @@ void products(const char* weights, size_t weight_row_bytes, int64_t first, int64
     }
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+// Q8_0 and Q5_0 with the outputs in the lanes instead (AVX-512): 16 outputs' blocks are loaded and transposed so
+// that each of eight registers holds one four-weight group of all 16, and each row's matching four bytes are
+// broadcast from memory by `vpdpbusd` itself. A block then costs eight `vpdpbusd` a row plus its scale, and the
+// loads, unpacking and transposition (about 40 instructions) are shared by every row: cheaper than the lanes-of-rows
+// kernel above from 2 rows on, where that one spends a permutation on every `vpdpbusd` and a full register however
+// few the rows.
+constexpr int kOutputLanes = 16;
+
+// Sixteen outputs' 32 values (plus 128) in, as pairs: halves[j] holds output j's (low 256 bits) and output j + 8's
+// (high); out: quads[k] holds bytes 4k..4k+3 of output l in lane l. Three rounds of `vpermt2d`, each swapping one
+// bit of the register's index with one of the lane's.
+inline void transpose_quads(__m512i halves[kQuads]) {
+    alignas(64) static const int32_t kLow[3][16] = {
+        {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30},
+        {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+        {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}};
+    alignas(64) static const int32_t kHigh[3][16] = {
+        {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31},
+        {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+        {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}};
+    for (int round = 0; round < 3; ++round) {
+        const __m512i low = _mm512_load_si512(kLow[round]);
+        const __m512i high = _mm512_load_si512(kHigh[round]);
+        const int bit = 1 << round;
+        for (int j = 0; j < kQuads; ++j) {
+            if (j & bit) continue;
+            const __m512i a = halves[j], b = halves[j | bit];
+            halves[j] = _mm512_permutex2var_epi32(a, low, b);
+            halves[j | bit] = _mm512_permutex2var_epi32(a, high, b);
+        }
+    }
+}
+
+template <typename Block>
+inline __m256i values_plus_128(const Block* block);
+template <>
+inline __m256i values_plus_128(const BlockQ8* block) {
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block->qs)), _mm256_set1_epi8(char(0x80)));
+}
+template <>
+inline __m256i values_plus_128(const BlockQ5* block) { return unpack_q5_unsigned(*block); }
+
+// `Rows` (1..16) rows times outputs first..last (whole groups of 16 but the matrix's last) of a Q8_0 or Q5_0 matrix.
+template <typename Block, int Rows>
+void products_by_outputs(const char* weights, size_t weight_row_bytes, int64_t first, int64_t last, int64_t blocks,
+                         const QuantizedRows& rows, char* dst, size_t dst_row_stride) {
+    constexpr int lanes = kOutputLanes;  // the rows' layout: quantize_rows with 16 lanes
+    const __m512i strides = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                               _mm512_set1_epi32(int(weight_row_bytes)));
+    for (int64_t o = first; o < last; o += kOutputLanes) {
+        const int outputs = int(last - o < kOutputLanes ? last - o : kOutputLanes);
+        const char* row_of[kOutputLanes];
+        for (int l = 0; l < kOutputLanes; ++l) row_of[l] = weights + (o + (l < outputs ? l : outputs - 1)) * weight_row_bytes;
+        const __m512i gather_index = outputs == kOutputLanes
+                                         ? strides
+                                         : _mm512_min_epi32(strides, _mm512_set1_epi32(int((outputs - 1) * weight_row_bytes)));
+        __m512 total[Rows];
+        for (int r = 0; r < Rows; ++r) total[r] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < blocks; ++b) {
+            __m512i quads[kQuads];
+            for (int j = 0; j < kQuads; ++j) {
+                const __m256i low = values_plus_128(reinterpret_cast<const Block*>(row_of[j]) + b);
+                const __m256i high = values_plus_128(reinterpret_cast<const Block*>(row_of[j + kQuads]) + b);
+                quads[j] = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+            }
+            transpose_quads(quads);
+            // Each output's half-precision scale: the block's first two bytes.
+            const __m512i scale_bits = _mm512_i32gather_epi32(gather_index, row_of[0] + b * sizeof(Block), 1);
+            const __m512 scales = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(scale_bits));
+            const uint32_t* row_quads = rows.quads + b * kQuads * lanes;
+            const float* row_scales = rows.scales + b * lanes;
+            const int32_t* halves = rows.half_sums + b * 2 * lanes;
+            for (int r = 0; r < Rows; ++r) {
+                __m512i acc = _mm512_set1_epi32(-128 * (halves[r] + halves[lanes + r]));
+                for (int k = 0; k < kQuads; ++k) {
+                    acc = _mm512_dpbusd_epi32(acc, quads[k], _mm512_set1_epi32(int(row_quads[k * lanes + r])));
+                }
+                total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(scales, _mm512_set1_ps(row_scales[r])), total[r]);
+            }
+        }
+        const __mmask16 valid = __mmask16((1u << outputs) - 1);
+        for (int r = 0; r < Rows; ++r) {
+            _mm512_mask_storeu_ps(reinterpret_cast<float*>(dst + r * dst_row_stride) + o, valid, total[r]);
+        }
+    }
+}
+
+template <typename Block, int Rows>
+void run_by_outputs(const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, int nth) {
+    const int64_t in = w->ne[0];
+    const int64_t out = w->ne[1];
+    const int64_t blocks = in / kBlock;
+    t_rows.reserve(size_t(blocks), kOutputLanes);
+    quantize_rows(static_cast<const char*>(x->data), x->nb[1], Rows, blocks, kOutputLanes, t_rows);
+    const int64_t groups = (out + kOutputLanes - 1) / kOutputLanes;
+    const int64_t per_thread = (groups + nth - 1) / nth;
+    const int64_t first = ith * per_thread * kOutputLanes;
+    int64_t last = first + per_thread * kOutputLanes;
+    if (last > out) last = out;
+    if (first >= last) return;
+    products_by_outputs<Block, Rows>(static_cast<const char*>(w->data), w->nb[1], first, last, blocks, t_rows,
+                                     static_cast<char*>(dst->data), dst->nb[1]);
+}
+
+template <typename Block, int Rows = 1>
+void dispatch_by_outputs(int rows, const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, int nth) {
+    if constexpr (Rows < kOutputLanes) {
+        if (rows > Rows) {
+            dispatch_by_outputs<Block, Rows + 1>(rows, w, x, dst, ith, nth);
+            return;
+        }
+    }
+    run_by_outputs<Block, Rows>(w, x, dst, ith, nth);
+}
+#endif
+
 template <typename L>
 void run(const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, int nth) {
     const int64_t in = w->ne[0];
@@ -359,10 +481,26 @@ void run(const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, 
 
 }  // namespace
 
+int exo_rows_min(int type) {
+    if (type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q5_0 && type != GGML_TYPE_Q6_K) return 0;
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+    if (type != GGML_TYPE_Q6_K) return 2;
+#endif
+    return 5;
+}
+
 void exo_rows_mul_mat(struct ggml_tensor* dst, int ith, int nth, void* /*userdata*/) {
     const ggml_tensor* w = dst->src[0];
     const ggml_tensor* x = dst->src[1];
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+    if (w->type == GGML_TYPE_Q8_0) {
+        dispatch_by_outputs<BlockQ8>(int(x->ne[1]), w, x, dst, ith, nth);
+        return;
+    }
+    if (w->type == GGML_TYPE_Q5_0) {
+        dispatch_by_outputs<BlockQ5>(int(x->ne[1]), w, x, dst, ith, nth);
+        return;
+    }
     if (x->ne[1] > 8) {
         run<Lanes16>(w, x, dst, ith, nth);
         return;
@@ -373,6 +511,7 @@ void exo_rows_mul_mat(struct ggml_tensor* dst, int ith, int nth, void* /*userdat
 
 #else
 
+int exo_rows_min(int /*type*/) { return 0; }
 void exo_rows_mul_mat(struct ggml_tensor* /*dst*/, int /*ith*/, int /*nth*/, void* /*userdata*/) { abort(); }
 
 #endif

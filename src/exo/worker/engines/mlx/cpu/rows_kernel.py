@@ -3,10 +3,10 @@
 A batched decode step multiplies each matrix by one activation row a sequence. ggml's x86 build does that for Q8_0,
 Q5_0 and Q6_K (the default model's GGUF: 450 of its 489 MB) with kernels whose cost grows almost as fast as the rows;
 `rows_kernel.cpp` multiplies a weight block by every row at once with AVX-512 VNNI or AVX-VNNI. `exo ggml build`
-compiles it beside ggml's libraries (`libexo-rows`); a graph uses it through `ggml_custom_4d` for products of
-`MIN_ROWS` up to the library's own maximum rows (16 with AVX-512, 8 with AVX-VNNI), and ggml's `ggml_mul_mat`
-everywhere else: fewer rows (ggml's kernels are as fast or faster there), other block types, repacked matrices,
-prefill. `EXO_ROWS_KERNEL=off` turns it off (to compare).
+compiles it beside ggml's libraries (`libexo-rows`); a graph uses it through `ggml_custom_4d` for products from the
+library's fewest rows for the block type (`RowsKernel.min_rows`) up to its most (16 with AVX-512, 8 with AVX-VNNI),
+and ggml's `ggml_mul_mat` everywhere else: one row (ggml's streams the matrix at the memory's speed), other block
+types, repacked matrices, prefill. `EXO_ROWS_KERNEL=off` turns it off (to compare).
 """
 
 import ctypes
@@ -36,10 +36,6 @@ def _library_name() -> str:
 ROWS_LIBRARY: Final = _library_name()
 """Named by its source's digest: a build of older source is never loaded, and `exo ggml build` builds this one."""
 ROWS_KERNEL_VARIABLE: Final = "EXO_ROWS_KERNEL"
-MIN_ROWS: Final = 5
-"""Fewer rows go to ggml. ggml's time over exo's on a 2-core AVX-512 EPYC (docs/PERFORMANCE.md, the kernel bench
-at dc73611): 0.98–1.76× at 5 rows, 1.25–1.92× at 8, 1.30–2.27× at 16; at 2 and 4 rows a probe timed 0.6–1.2× (exo's
-kernel costs the same for any rows up to 8, ggml's the less the fewer)."""
 BLOCK_VALUES: Final = {GGML_TYPES["Q8_0"]: 32, GGML_TYPES["Q5_0"]: 32, GGML_TYPES["Q6_K"]: 256}
 """The block types the kernel multiplies, and the values of a block (a row is whole blocks)."""
 F32: Final = GGML_TYPES["F32"]
@@ -57,13 +53,19 @@ class RowsKernel:
     def __init__(self, library: Path) -> None:
         self._library = ctypes.CDLL(str(library))
         self._library.exo_rows_max.restype, self._library.exo_rows_max.argtypes = ctypes.c_int, []
+        self._library.exo_rows_min.restype, self._library.exo_rows_min.argtypes = ctypes.c_int, [ctypes.c_int]
         self.max_rows = int(self._library.exo_rows_max())
+        self.min_rows = {kind: int(self._library.exo_rows_min(kind)) for kind in BLOCK_VALUES}
+        """The fewest rows the library takes a product of each block type for (0: not taken): where its products
+        beat ggml's on the kernel bench (with AVX-512, 2 for Q8_0 and Q5_0 and 5 for Q6_K; 5 for all with AVX-VNNI);
+        fewer rows go to ggml."""
         self.function = int(ctypes.cast(self._library.exo_rows_mul_mat, ctypes.c_void_p).value or 0)
         """`exo_rows_mul_mat`'s address: a `ggml_custom_op_t` (dst, ith, nth, userdata)."""
 
     def applies(self, weight_type: int, in_features: int, rows: int) -> bool:
         block = BLOCK_VALUES.get(weight_type)
-        return block is not None and in_features % block == 0 and MIN_ROWS <= rows <= self.max_rows
+        fewest = self.min_rows.get(weight_type, 0)
+        return block is not None and in_features % block == 0 and 0 < fewest <= rows <= self.max_rows
 
     def product(self, ops: GgmlGraphOps, context: int, weight: int, x: int, *, out_features: int, rows: int) -> int:
         """weight (in × out, of a type in `BLOCK_VALUES`) times x (in × rows, float32): a float32 tensor (out ×
@@ -106,4 +108,4 @@ def _loaded(library_dir: Path) -> RowsKernel | None:
     if not library.is_file():
         return None
     kernel = RowsKernel(library)
-    return kernel if kernel.max_rows >= MIN_ROWS else None
+    return kernel if kernel.max_rows > 0 else None
