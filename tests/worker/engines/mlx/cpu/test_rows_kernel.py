@@ -106,10 +106,10 @@ def test_the_kernel_takes_a_batchs_q8_0_q5_0_and_q6_k_products_only(kernel: Rows
     assert not kernel.applies(q8, 900, 8)
 
 
-def test_q8_0_and_q5_0_go_to_the_kernel_from_two_rows_with_avx_512(kernel: RowsKernel) -> None:
+def test_q8_0_and_q5_0_go_to_the_kernel_from_one_row_with_avx_512(kernel: RowsKernel) -> None:
     q8, q5, q6k = GGML_TYPES["Q8_0"], GGML_TYPES["Q5_0"], GGML_TYPES["Q6_K"]
     if kernel.max_rows == 16:  # AVX-512 VNNI: the outputs-in-lanes products
-        assert (kernel.min_rows[q8], kernel.min_rows[q5], kernel.min_rows[q6k]) == (2, 2, 5)
+        assert (kernel.min_rows[q8], kernel.min_rows[q5], kernel.min_rows[q6k]) == (1, 1, 5)
     else:  # AVX-VNNI only: the rows-in-lanes products alone
         assert (kernel.min_rows[q8], kernel.min_rows[q5], kernel.min_rows[q6k]) == (5, 5, 5)
 
@@ -124,8 +124,8 @@ def test_the_kernel_is_turned_off_by_its_variable(
 
 
 @pytest.mark.usefixtures("kernel")
-# 3: Q8_0 and Q5_0 through the kernel, Q6_K through ggml; Q6_K's rows in 256-bit lanes at 6, 512-bit at 9.
-@pytest.mark.parametrize("sequences", [3, 6, 9])
+# 1 and 3: Q8_0 and Q5_0 through the kernel, Q6_K through ggml; Q6_K's rows in 256-bit lanes at 6, 512-bit at 9.
+@pytest.mark.parametrize("sequences", [1, 3, 6, 9])
 @pytest.mark.parametrize("weights", ["q8_0", "gguf"])
 @pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])
 def test_a_batch_decodes_through_the_kernel_as_through_ggmls_products(

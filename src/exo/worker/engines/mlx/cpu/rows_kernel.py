@@ -4,9 +4,9 @@ A batched decode step multiplies each matrix by one activation row a sequence. g
 Q5_0 and Q6_K (the default model's GGUF: 450 of its 489 MB) with kernels whose cost grows almost as fast as the rows;
 `rows_kernel.cpp` multiplies a weight block by every row at once with AVX-512 VNNI or AVX-VNNI. `exo ggml build`
 compiles it beside ggml's libraries (`libexo-rows`); a graph uses it through `ggml_custom_4d` for products from the
-library's fewest rows for the block type (`RowsKernel.min_rows`) up to its most (16 with AVX-512, 8 with AVX-VNNI),
-and ggml's `ggml_mul_mat` everywhere else: one row (ggml's streams the matrix at the memory's speed), other block
-types, repacked matrices, prefill. `EXO_ROWS_KERNEL=off` turns it off (to compare).
+library's fewest rows for the block type (`RowsKernel.min_rows`: with AVX-512 one row for Q8_0 and Q5_0, whose
+products there read a matrix from memory faster than ggml's) up to its most (16 with AVX-512, 8 with AVX-VNNI),
+and ggml's `ggml_mul_mat` everywhere else: fewer rows, other block types, repacked matrices, prefill. `EXO_ROWS_KERNEL=off` turns it off (to compare).
 """
 
 import ctypes
@@ -57,7 +57,7 @@ class RowsKernel:
         self.max_rows = int(self._library.exo_rows_max())
         self.min_rows = {kind: int(self._library.exo_rows_min(kind)) for kind in BLOCK_VALUES}
         """The fewest rows the library takes a product of each block type for (0: not taken): where its products
-        beat ggml's on the kernel bench (with AVX-512, 2 for Q8_0 and Q5_0 and 5 for Q6_K; 5 for all with AVX-VNNI);
+        beat ggml's on the kernel bench (with AVX-512, 1 for Q8_0 and Q5_0 and 5 for Q6_K; 5 for all with AVX-VNNI);
         fewer rows go to ggml."""
         self.function = int(ctypes.cast(self._library.exo_rows_mul_mat, ctypes.c_void_p).value or 0)
         """`exo_rows_mul_mat`'s address: a `ggml_custom_op_t` (dst, ith, nth, userdata)."""
