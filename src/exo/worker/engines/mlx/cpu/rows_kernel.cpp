@@ -1,24 +1,33 @@
-// exo's multi-row products for ggml's Q8_0, Q5_0 and Q6_K blocks on x86 with VNNI (AVX-512 VNNI or AVX-VNNI).
+// exo's products for ggml's Q8_0, Q5_0 and Q6_K blocks on x86 with VNNI (AVX-512 VNNI or AVX-VNNI).
 //
 // ggml's x86 build multiplies a few activation rows (a batched decode step: 2 to 16 sequences) by a Q8_0 or Q5_0
 // matrix with llamafile's tinyBLAS, which spends about seven vector instructions on every 32 multiply-adds of one
-// weight block with one row (and a Q6_K one by unpacking it into tiles each call). Here the rows sit in the lanes
-// of one register: for each four weights of a block, one `vpdpbusd` multiplies them (spread to every lane) with the
-// same four positions of every row, so a block costs eight `vpdpbusd` for all rows together, plus its scale.
-// `vpdpbusd` multiplies unsigned by signed bytes: the weights are taken plus 128 (Q8_0's top bit flipped) and the
-// rows, quantized as ggml quantizes them (Q8_0: a scale per 32 values, rounded to half precision), stay signed; each row's block sum × 128 (from its half-block sums, computed
-// with the quantization) is subtracted. Up to 8 rows in a 256-bit register, 16 in a 512-bit one.
+// weight block with one row (and a Q6_K one by unpacking it into tiles each call). Two ways here instead, both with
+// `vpdpbusd` (four unsigned bytes times four signed ones, summed into each 32-bit lane):
 //
-// Q6_K's values are unsigned already (q, the value being q − 32): each group of 16 values' row sum × 32 is
-// subtracted, and its own scale applied. Its rows are quantized per 32 values as for the others (ggml's Q8_K
+// - With AVX-512 (any rows, one to a prefill piece's): the outputs in the lanes. Sixteen outputs' blocks are loaded
+//   and transposed so that each of eight registers holds one four-weight group of all sixteen, and each row's
+//   matching four bytes are broadcast from memory by `vpdpbusd` itself: eight `vpdpbusd` a block a row plus its
+//   scale, the loading, unpacking and transposing shared by every row (more than 16 rows: transposed once into a
+//   panel). The next sixteen outputs' blocks are fetched into L2 in order meanwhile, which reads a matrix from
+//   memory faster than ggml's one-row product does.
+// - With AVX-VNNI only (5 to 8 rows): the rows in the lanes of one 256-bit register; for each four weights of a
+//   block one `vpdpbusd` multiplies them (spread to every lane) with the same four positions of every row.
+//
+// `vpdpbusd` multiplies unsigned by signed bytes: the weights are taken plus 128 (Q8_0's top bit flipped; Q5_0's
+// high bit blended in) and the rows, quantized as ggml quantizes them (Q8_0: a scale per 32 values, rounded to half
+// precision), stay signed; each row's block sum × 128 (from its half-block sums, computed with the quantization) is
+// subtracted. Q6_K's values are unsigned already (q, the value being q − 32): each group of 16 values' row sum × 32
+// is subtracted, and its own scale applied. Its rows are quantized per 32 values as for the others (ggml's Q8_K
 // quantizes them per 256), so its products round a little differently from ggml's, and closer to float32's.
 //
 // Called by ggml as a custom operation (ggml_custom_4d, every thread of its pool): dst = W · X, W (out × in) in
 // Q8_0, Q5_0 or Q6_K, X float32 (rows × in), dst float32 (rows × out), as ggml_mul_mat lays them out. Each thread
-// quantizes the rows itself (a few microseconds) and computes its own share of the outputs.
+// quantizes the rows itself and computes its own share of the outputs.
 
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,13 +46,15 @@
 #endif
 
 extern "C" {
-// The most activation rows one product takes (0: no kernel for this CPU; ggml_mul_mat is used instead).
+// The register's lanes: 16 with AVX-512 VNNI, 8 with AVX-VNNI (0: no kernel for this CPU; ggml_mul_mat serves).
 int exo_rows_max(void) { return EXO_ROWS_MAX; }
 // The fewest rows worth a product of this ggml type here (0: the type is not taken), from the kernel bench
-// (`python -m bench.quant_kernels`): with AVX-512 the outputs-in-lanes products below take Q8_0 and Q5_0 from one
-// row (there they read a matrix from memory faster than ggml's: the next sixteen outputs are fetched ahead); the
-// rows-in-lanes ones (Q6_K, or any type with AVX-VNNI only) pay from 5 rows.
+// (`python -m bench.quant_kernels`): with AVX-512 one for Q8_0 and Q5_0 (whose products read a matrix from memory
+// faster than ggml's) and 5 for Q6_K (whose unpacking, shared by fewer rows, costs more than ggml's product); 5 for
+// all with AVX-VNNI only.
 int exo_rows_min(int type);
+// The most rows it takes a product of this type for: any number with AVX-512, the lanes (8) with AVX-VNNI only.
+int exo_rows_most(int type);
 void exo_rows_mul_mat(struct ggml_tensor* dst, int ith, int nth, void* userdata);
 }
 
@@ -217,30 +228,6 @@ struct Lanes8 {
     static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
 };
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
-struct Lanes16 {
-    static constexpr int kLanes = 16;
-    using I = __m512i;
-    using F = __m512;
-    static I zero() { return _mm512_setzero_si512(); }
-    static F fzero() { return _mm512_setzero_ps(); }
-    static I load(const void* p) { return _mm512_load_si512(p); }
-    static F loadf(const float* p) { return _mm512_load_ps(p); }
-    static I spread(__m256i block, int quad) {
-        return _mm512_permutexvar_epi32(_mm512_set1_epi32(quad), _mm512_castsi256_si512(block));
-    }
-    static I dot(I acc, I rows, I weights) { return _mm512_dpbusd_epi32(acc, weights, rows); }
-    template <int bits>
-    static I shift(I a) { return _mm512_slli_epi32(a, bits); }
-    static I add(I a, I b) { return _mm512_add_epi32(a, b); }
-    static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
-    static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
-    static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-    static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-    static F set1(float v) { return _mm512_set1_ps(v); }
-    static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
-};
-#endif
 
 // Eight output rows at a time share each load of the quantized rows, and their eight chains of `vpdpbusd` keep the
 // unit busy (one chain waits on its own latency, about five cycles an instruction).
@@ -371,79 +358,226 @@ inline void transpose_quads(__m512i halves[kQuads]) {
     }
 }
 
+// What the outputs-in-lanes products need of a block type, per 32 values ("part") b of a row: the values as
+// unsigned bytes, how many groups of them share a scale (Q8_0, Q5_0: 1; Q6_K: 2 of 16), what the unsigned values
+// add per value (128; Q6_K: 32), and the 16 outputs' scales of each group, gathered from the blocks at `at` (the
+// first output's block holding part b) `index` bytes apart.
 template <typename Block>
-inline __m256i values_plus_128(const Block* block);
-template <>
-inline __m256i values_plus_128(const BlockQ8* block) {
-    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block->qs)), _mm256_set1_epi8(char(0x80)));
-}
-template <>
-inline __m256i values_plus_128(const BlockQ5* block) { return unpack_q5_unsigned(*block); }
+struct OutputsFormat;
 
-// `Rows` (1..16) rows times outputs first..last (whole groups of 16 but the matrix's last) of a Q8_0 or Q5_0 matrix.
-template <typename Block, int Rows>
-void products_by_outputs(const char* weights, size_t weight_row_bytes, int64_t first, int64_t last, int64_t blocks,
-                         const QuantizedRows& rows, char* dst, size_t dst_row_stride) {
-    constexpr int lanes = Rows;  // the rows' layout: quantize_rows with a lane a row, none spare
-    const __m512i strides = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                               _mm512_set1_epi32(int(weight_row_bytes)));
-    for (int64_t o = first; o < last; o += kOutputLanes) {
-        const int outputs = int(last - o < kOutputLanes ? last - o : kOutputLanes);
-        const char* row_of[kOutputLanes];
+template <>
+struct OutputsFormat<BlockQ8> {
+    static constexpr int kGroups = 1;
+    static constexpr int kOffset = 128;
+    static const char* block(const char* row, int64_t b) { return row + b * sizeof(BlockQ8); }
+    static __m256i values(const char* row, int64_t b) {  // plus 128: the top bit flipped
+        return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const BlockQ8*>(block(row, b))->qs)),
+                                _mm256_set1_epi8(char(0x80)));
+    }
+    static void scales(const char* at, __m512i index, int64_t /*b*/, __m512 out[1]) {
+        out[0] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(index, at, 1)));  // d: the first 2 bytes
+    }
+};
+
+template <>
+struct OutputsFormat<BlockQ5> {
+    static constexpr int kGroups = 1;
+    static constexpr int kOffset = 128;
+    static const char* block(const char* row, int64_t b) { return row + b * sizeof(BlockQ5); }
+    static __m256i values(const char* row, int64_t b) { return unpack_q5_unsigned(*reinterpret_cast<const BlockQ5*>(block(row, b))); }
+    static void scales(const char* at, __m512i index, int64_t /*b*/, __m512 out[1]) {
+        out[0] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(index, at, 1)));
+    }
+};
+
+template <>
+struct OutputsFormat<BlockQ6K> {
+    static constexpr int kGroups = 2;
+    static constexpr int kOffset = 32;
+    static constexpr int kParts = kSuper / kBlock;
+    static const char* block(const char* row, int64_t b) { return row + (b / kParts) * sizeof(BlockQ6K); }
+    static __m256i values(const char* row, int64_t b) {
+        return unpack_q6k(*reinterpret_cast<const BlockQ6K*>(block(row, b)), int(b % kParts));
+    }
+    static void scales(const char* at, __m512i index, int64_t b, __m512 out[2]) {
+        // The four bytes from the part's two 8-bit scales hold them in their low half; the block's last four bytes
+        // (scales 14 and 15, then d) its half-precision d in their high half: no gather reads past the block.
+        const int part = int(b % kParts);
+        const __m512i pair = _mm512_i32gather_epi32(index, at + offsetof(BlockQ6K, scales) + part * 2, 1);
+        const __m512i tail = _mm512_i32gather_epi32(index, at + offsetof(BlockQ6K, d) - 2, 1);
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(tail, 16)));
+        out[0] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(pair, 24), 24)));
+        out[1] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 24)));
+    }
+};
+
+// Where a group of 16 outputs' blocks is read from: the matrix's rows (clamped to the group's last output where the
+// group is short), and each output's offset for gathering its blocks' scales.
+struct Group {
+    const char* row_of[kOutputLanes];
+    __m512i gather_index;
+    const char* ahead;  // the next group's first byte, fetched ahead while this one is read
+    int64_t ahead_lines;
+    int outputs;
+
+    Group(const char* weights, size_t weight_row_bytes, int64_t o, int64_t last) {
+        outputs = int(last - o < kOutputLanes ? last - o : kOutputLanes);
         for (int l = 0; l < kOutputLanes; ++l) row_of[l] = weights + (o + (l < outputs ? l : outputs - 1)) * weight_row_bytes;
-        const __m512i gather_index = outputs == kOutputLanes
-                                         ? strides
-                                         : _mm512_min_epi32(strides, _mm512_set1_epi32(int((outputs - 1) * weight_row_bytes)));
-        __m512 total[Rows];
-        for (int r = 0; r < Rows; ++r) total[r] = _mm512_setzero_ps();
-        // The next group's blocks, read ahead in order across this group's: sixteen outputs' blocks read side by
-        // side do not stream from memory at its full speed (a matrix larger than the caches: the output head).
-        const char* ahead = weights + (o + kOutputLanes) * weight_row_bytes;
-        const int64_t ahead_lines = o + 2 * kOutputLanes <= last ? int64_t(kOutputLanes * weight_row_bytes / 64) : 0;
-        for (int64_t b = 0; b < blocks; ++b) {
-            for (int64_t line = b * ahead_lines / blocks; line < (b + 1) * ahead_lines / blocks; ++line) {
-                _mm_prefetch(ahead + line * 64, _MM_HINT_T1);  // to L2: T0 measured slower, T2 a little
-            }
-            __m512i quads[kQuads];
-            for (int j = 0; j < kQuads; ++j) {
-                const __m256i low = values_plus_128(reinterpret_cast<const Block*>(row_of[j]) + b);
-                const __m256i high = values_plus_128(reinterpret_cast<const Block*>(row_of[j + kQuads]) + b);
-                quads[j] = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
-            }
-            transpose_quads(quads);
-            // Each output's half-precision scale: the block's first two bytes.
-            const __m512i scale_bits = _mm512_i32gather_epi32(gather_index, row_of[0] + b * sizeof(Block), 1);
-            const __m512 scales = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(scale_bits));
-            const uint32_t* row_quads = rows.quads + b * kQuads * lanes;
-            const float* row_scales = rows.scales + b * lanes;
-            const int32_t* halves = rows.half_sums + b * 2 * lanes;
-            for (int r = 0; r < Rows; ++r) {
-                __m512i acc = _mm512_set1_epi32(-128 * (halves[r] + halves[lanes + r]));
-                for (int k = 0; k < kQuads; ++k) {
-                    acc = _mm512_dpbusd_epi32(acc, quads[k], _mm512_set1_epi32(int(row_quads[k * lanes + r])));
-                }
-                total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(scales, _mm512_set1_ps(row_scales[r])), total[r]);
-            }
+        const __m512i strides = _mm512_mullo_epi32(
+            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(int(weight_row_bytes)));
+        gather_index = _mm512_min_epi32(strides, _mm512_set1_epi32(int((outputs - 1) * weight_row_bytes)));
+        // Sixteen outputs' blocks read side by side do not stream from memory at its full speed (a matrix larger
+        // than the caches: the output head); the next group's, fetched in order across this group's, do.
+        ahead = weights + (o + kOutputLanes) * weight_row_bytes;
+        ahead_lines = o + 2 * kOutputLanes <= last ? int64_t(kOutputLanes * weight_row_bytes / 64) : 0;
+    }
+
+    // Part b of the 16 outputs: quads[k] holds their values 4k..4k+3 (unsigned), scales[g] the scales of group g.
+    template <typename Block>
+    void read(int64_t b, int64_t blocks, __m512i quads[kQuads], __m512* scales) const {
+        using F = OutputsFormat<Block>;
+        for (int64_t line = b * ahead_lines / blocks; line < (b + 1) * ahead_lines / blocks; ++line) {
+            _mm_prefetch(ahead + line * 64, _MM_HINT_T1);  // to L2: T0 measured slower, T2 a little
         }
-        const __mmask16 valid = __mmask16((1u << outputs) - 1);
-        for (int r = 0; r < Rows; ++r) {
-            _mm512_mask_storeu_ps(reinterpret_cast<float*>(dst + r * dst_row_stride) + o, valid, total[r]);
+        for (int j = 0; j < kQuads; ++j) {
+            const __m256i low = F::values(row_of[j], b);
+            const __m256i high = F::values(row_of[j + kQuads], b);
+            quads[j] = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+        }
+        transpose_quads(quads);
+        F::scales(F::block(row_of[0], b), gather_index, b, scales);
+    }
+};
+
+// Rows r0..r0 + Rows − 1 (of `lanes` quantized) times one part of a group: added to their totals. Each group's
+// sums lose what the unsigned values added: the offset times the row's sum over the group's values.
+template <typename Block, int Rows>
+inline void multiply_block(const __m512i quads[kQuads], const __m512* scales, const QuantizedRows& rows, int lanes,
+                           int64_t b, int r0, __m512 total[Rows]) {
+    using F = OutputsFormat<Block>;
+    constexpr int quads_a_group = kQuads / F::kGroups;
+    const uint32_t* row_quads = rows.quads + b * kQuads * lanes + r0;
+    const float* row_scales = rows.scales + b * lanes + r0;
+    const int32_t* halves = rows.half_sums + b * 2 * lanes + r0;
+    for (int r = 0; r < Rows; ++r) {
+        const __m512 row_scale = _mm512_set1_ps(row_scales[r]);
+        for (int g = 0; g < F::kGroups; ++g) {
+            const int32_t sum = F::kGroups == 1 ? halves[r] + halves[lanes + r] : halves[g * lanes + r];
+            __m512i acc = _mm512_set1_epi32(-F::kOffset * sum);
+            for (int k = g * quads_a_group; k < (g + 1) * quads_a_group; ++k) {
+                acc = _mm512_dpbusd_epi32(acc, quads[k], _mm512_set1_epi32(int(row_quads[k * lanes + r])));
+            }
+            total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(scales[g], row_scale), total[r]);
         }
     }
 }
 
+template <int Rows>
+inline void store_rows(const __m512 total[Rows], int outputs, int r0, char* dst, size_t dst_row_stride, int64_t o) {
+    const __mmask16 valid = __mmask16((1u << outputs) - 1);
+    for (int r = 0; r < Rows; ++r) {
+        _mm512_mask_storeu_ps(reinterpret_cast<float*>(dst + (r0 + r) * dst_row_stride) + o, valid, total[r]);
+    }
+}
+
+// `Rows` (1..16) rows times outputs first..last (whole groups of 16 but the matrix's last) of a Q8_0 or Q5_0 matrix:
+// each group's blocks read, transposed and multiplied by every row at once.
 template <typename Block, int Rows>
-void run_by_outputs(const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, int nth) {
-    const int64_t in = w->ne[0];
-    const int64_t out = w->ne[1];
-    const int64_t blocks = in / kBlock;
-    t_rows.reserve(size_t(blocks), Rows);
-    quantize_rows(static_cast<const char*>(x->data), x->nb[1], Rows, blocks, Rows, t_rows);
+void products_by_outputs(const char* weights, size_t weight_row_bytes, int64_t first, int64_t last, int64_t blocks,
+                         const QuantizedRows& rows, char* dst, size_t dst_row_stride) {
+    for (int64_t o = first; o < last; o += kOutputLanes) {
+        const Group group(weights, weight_row_bytes, o, last);
+        __m512 total[Rows];
+        for (int r = 0; r < Rows; ++r) total[r] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < blocks; ++b) {
+            __m512i quads[kQuads];
+            __m512 scales[OutputsFormat<Block>::kGroups];
+            group.read<Block>(b, blocks, quads, scales);
+            multiply_block<Block, Rows>(quads, scales, rows, Rows, b, 0, total);
+        }
+        store_rows<Rows>(total, group.outputs, 0, dst, dst_row_stride, o);
+    }
+}
+
+// More than 16 rows (a prefill piece): each group's blocks are transposed once into a panel and multiplied by the
+// rows 16 at a time, a few dozen rows at a time so that their quantized blocks stay in L2.
+constexpr int kPanelRows = 64;
+constexpr int kMostGroups = 2;
+
+struct Panel {
+    __m512i* quads = nullptr;
+    __m512* scales = nullptr;
+    size_t blocks = 0;
+
+    void reserve(size_t need) {
+        if (need <= blocks) return;
+        free(quads);
+        quads = static_cast<__m512i*>(aligned_alloc(64, need * (kQuads + kMostGroups) * sizeof(__m512i)));
+        scales = reinterpret_cast<__m512*>(quads + need * kQuads);  // kMostGroups a part
+        blocks = need;
+    }
+};
+
+thread_local Panel t_panel;
+
+template <typename Block, int Rows>
+void panel_rows(const Panel& panel, int64_t blocks, const QuantizedRows& rows, int lanes, int r0, int outputs,
+                char* dst, size_t dst_row_stride, int64_t o) {
+    __m512 total[Rows];
+    for (int r = 0; r < Rows; ++r) total[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+        multiply_block<Block, Rows>(panel.quads + b * kQuads, panel.scales + b * kMostGroups, rows, lanes, b, r0, total);
+    }
+    store_rows<Rows>(total, outputs, r0, dst, dst_row_stride, o);
+}
+
+template <typename Block, int Rows = 1>
+void panel_rows_dispatch(int count, const Panel& panel, int64_t blocks, const QuantizedRows& rows, int lanes, int r0,
+                         int outputs, char* dst, size_t dst_row_stride, int64_t o) {
+    if constexpr (Rows < kOutputLanes) {
+        if (count > Rows) {
+            panel_rows_dispatch<Block, Rows + 1>(count, panel, blocks, rows, lanes, r0, outputs, dst, dst_row_stride, o);
+            return;
+        }
+    }
+    panel_rows<Block, Rows>(panel, blocks, rows, lanes, r0, outputs, dst, dst_row_stride, o);
+}
+
+template <typename Block>
+void products_by_panels(const char* weights, size_t weight_row_bytes, int64_t first, int64_t last, int64_t blocks,
+                        const QuantizedRows& rows, int row_count, char* dst, size_t dst_row_stride) {
+    t_panel.reserve(size_t(blocks));
+    for (int top = 0; top < row_count; top += kPanelRows) {
+        const int bottom = top + kPanelRows < row_count ? top + kPanelRows : row_count;
+        for (int64_t o = first; o < last; o += kOutputLanes) {
+            const Group group(weights, weight_row_bytes, o, last);
+            for (int64_t b = 0; b < blocks; ++b) {
+                group.read<Block>(b, blocks, t_panel.quads + b * kQuads, t_panel.scales + b * kMostGroups);
+            }
+            for (int r0 = top; r0 < bottom; r0 += kOutputLanes) {
+                const int count = bottom - r0 < kOutputLanes ? bottom - r0 : kOutputLanes;
+                panel_rows_dispatch<Block>(count, t_panel, blocks, rows, row_count, r0, group.outputs, dst, dst_row_stride, o);
+            }
+        }
+    }
+}
+
+// This thread's share of the outputs, in whole groups of 16: [first, last), empty where there is none.
+inline void outputs_share(int64_t out, int ith, int nth, int64_t& first, int64_t& last) {
     const int64_t groups = (out + kOutputLanes - 1) / kOutputLanes;
     const int64_t per_thread = (groups + nth - 1) / nth;
-    const int64_t first = ith * per_thread * kOutputLanes;
-    int64_t last = first + per_thread * kOutputLanes;
+    first = ith * per_thread * kOutputLanes;
+    last = first + per_thread * kOutputLanes;
     if (last > out) last = out;
+}
+
+template <typename Block, int Rows>
+void run_by_outputs(const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, int nth) {
+    const int64_t blocks = w->ne[0] / kBlock;
+    t_rows.reserve(size_t(blocks), Rows);
+    quantize_rows(static_cast<const char*>(x->data), x->nb[1], Rows, blocks, Rows, t_rows);
+    int64_t first, last;
+    outputs_share(w->ne[1], ith, nth, first, last);
     if (first >= last) return;
     products_by_outputs<Block, Rows>(static_cast<const char*>(w->data), w->nb[1], first, last, blocks, t_rows,
                                      static_cast<char*>(dst->data), dst->nb[1]);
@@ -454,6 +588,18 @@ void dispatch_by_outputs(int rows, const ggml_tensor* w, const ggml_tensor* x, g
     if constexpr (Rows < kOutputLanes) {
         if (rows > Rows) {
             dispatch_by_outputs<Block, Rows + 1>(rows, w, x, dst, ith, nth);
+            return;
+        }
+    } else {
+        if (rows > Rows) {  // more than 16: by panels
+            const int64_t blocks = w->ne[0] / kBlock;
+            t_rows.reserve(size_t(blocks), rows);
+            quantize_rows(static_cast<const char*>(x->data), x->nb[1], rows, blocks, rows, t_rows);
+            int64_t first, last;
+            outputs_share(w->ne[1], ith, nth, first, last);
+            if (first >= last) return;
+            products_by_panels<Block>(static_cast<const char*>(w->data), w->nb[1], first, last, blocks, t_rows, rows,
+                                      static_cast<char*>(dst->data), dst->nb[1]);
             return;
         }
     }
@@ -492,9 +638,16 @@ void run(const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, 
 int exo_rows_min(int type) {
     if (type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q5_0 && type != GGML_TYPE_Q6_K) return 0;
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
-    if (type != GGML_TYPE_Q6_K) return 1;
+    if (type != GGML_TYPE_Q6_K) return 1;  // Q6_K's unpacking, shared by fewer rows, costs more than ggml's product
 #endif
     return 5;
+}
+
+int exo_rows_most(int type) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+    if (exo_rows_min(type) > 0) return 1 << 30;
+#endif
+    return exo_rows_min(type) > 0 ? EXO_ROWS_MAX : 0;
 }
 
 void exo_rows_mul_mat(struct ggml_tensor* dst, int ith, int nth, void* /*userdata*/) {
@@ -509,10 +662,8 @@ void exo_rows_mul_mat(struct ggml_tensor* dst, int ith, int nth, void* /*userdat
         dispatch_by_outputs<BlockQ5>(int(x->ne[1]), w, x, dst, ith, nth);
         return;
     }
-    if (x->ne[1] > 8) {
-        run<Lanes16>(w, x, dst, ith, nth);
-        return;
-    }
+    dispatch_by_outputs<BlockQ6K>(int(x->ne[1]), w, x, dst, ith, nth);
+    return;
 #endif
     run<Lanes8>(w, x, dst, ith, nth);
 }
@@ -520,6 +671,7 @@ void exo_rows_mul_mat(struct ggml_tensor* dst, int ith, int nth, void* /*userdat
 #else
 
 int exo_rows_min(int /*type*/) { return 0; }
+int exo_rows_most(int /*type*/) { return 0; }
 void exo_rows_mul_mat(struct ggml_tensor* /*dst*/, int /*ith*/, int /*nth*/, void* /*userdata*/) { abort(); }
 
 #endif

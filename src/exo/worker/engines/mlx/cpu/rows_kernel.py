@@ -5,8 +5,9 @@ Q5_0 and Q6_K (the default model's GGUF: 450 of its 489 MB) with kernels whose c
 `rows_kernel.cpp` multiplies a weight block by every row at once with AVX-512 VNNI or AVX-VNNI. `exo ggml build`
 compiles it beside ggml's libraries (`libexo-rows`); a graph uses it through `ggml_custom_4d` for products from the
 library's fewest rows for the block type (`RowsKernel.min_rows`: with AVX-512 one row for Q8_0 and Q5_0, whose
-products there read a matrix from memory faster than ggml's) up to its most (16 with AVX-512, 8 with AVX-VNNI),
-and ggml's `ggml_mul_mat` everywhere else: fewer rows, other block types, repacked matrices, prefill. `EXO_ROWS_KERNEL=off` turns it off (to compare).
+products there read a matrix from memory faster than ggml's, and 5 for Q6_K) up to its most (`most_rows`: any
+number with AVX-512, prefill pieces included; 8 with AVX-VNNI only), and ggml's `ggml_mul_mat` everywhere else:
+fewer or more rows, other block types, repacked matrices. `EXO_ROWS_KERNEL=off` turns it off (to compare).
 """
 
 import ctypes
@@ -53,19 +54,25 @@ class RowsKernel:
     def __init__(self, library: Path) -> None:
         self._library = ctypes.CDLL(str(library))
         self._library.exo_rows_max.restype, self._library.exo_rows_max.argtypes = ctypes.c_int, []
-        self._library.exo_rows_min.restype, self._library.exo_rows_min.argtypes = ctypes.c_int, [ctypes.c_int]
+        for name in ("exo_rows_min", "exo_rows_most"):
+            function = getattr(self._library, name)
+            function.restype, function.argtypes = ctypes.c_int, [ctypes.c_int]
         self.max_rows = int(self._library.exo_rows_max())
+        """The lanes of its registers: 16 with AVX-512 VNNI, 8 with AVX-VNNI only (0: no kernel for this CPU)."""
         self.min_rows = {kind: int(self._library.exo_rows_min(kind)) for kind in BLOCK_VALUES}
         """The fewest rows the library takes a product of each block type for (0: not taken): where its products
         beat ggml's on the kernel bench (with AVX-512, 1 for Q8_0 and Q5_0 and 5 for Q6_K; 5 for all with AVX-VNNI);
         fewer rows go to ggml."""
+        self.most_rows = {kind: int(self._library.exo_rows_most(kind)) for kind in BLOCK_VALUES}
+        """The most rows it takes a product of each block type for: any number (a prefill piece's) with AVX-512,
+        else `max_rows`."""
         self.function = int(ctypes.cast(self._library.exo_rows_mul_mat, ctypes.c_void_p).value or 0)
         """`exo_rows_mul_mat`'s address: a `ggml_custom_op_t` (dst, ith, nth, userdata)."""
 
     def applies(self, weight_type: int, in_features: int, rows: int) -> bool:
         block = BLOCK_VALUES.get(weight_type)
-        fewest = self.min_rows.get(weight_type, 0)
-        return block is not None and in_features % block == 0 and 0 < fewest <= rows <= self.max_rows
+        fewest, most = self.min_rows.get(weight_type, 0), self.most_rows.get(weight_type, 0)
+        return block is not None and in_features % block == 0 and 0 < fewest <= rows <= most
 
     def product(self, ops: GgmlGraphOps, context: int, weight: int, x: int, *, out_features: int, rows: int) -> int:
         """weight (in × out, of a type in `BLOCK_VALUES`) times x (in × rows, float32): a float32 tensor (out ×
