@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 import pytest
+from mlx import nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from bench.ggml_kernels import RowsProduct
