@@ -6,7 +6,7 @@ Q5_0 and Q6_K (the default model's GGUF: 450 of its 489 MB) with kernels whose c
 compiles it beside ggml's libraries (`libexo-rows`); a graph uses it through `ggml_custom_4d` for products from the
 library's fewest rows for the block type (`RowsKernel.min_rows`: with AVX-512 one row for Q8_0 and Q5_0, whose
 products there read a matrix from memory faster than ggml's, and 5 for Q6_K) up to its most (`most_rows`: any
-number with AVX-512, prefill pieces included; 8 with AVX-VNNI only), and ggml's `ggml_mul_mat` everywhere else:
+number with AVX-512 for Q8_0 and Q5_0, prefill pieces included, and 128 for Q6_K; 8 with AVX-VNNI only), and ggml's `ggml_mul_mat` everywhere else:
 fewer or more rows, other block types, repacked matrices. `EXO_ROWS_KERNEL=off` turns it off (to compare).
 """
 
@@ -64,8 +64,8 @@ class RowsKernel:
         beat ggml's on the kernel bench (with AVX-512, 1 for Q8_0 and Q5_0 and 5 for Q6_K; 5 for all with AVX-VNNI);
         fewer rows go to ggml."""
         self.most_rows = {kind: int(self._library.exo_rows_most(kind)) for kind in BLOCK_VALUES}
-        """The most rows it takes a product of each block type for: any number (a prefill piece's) with AVX-512,
-        else `max_rows`."""
+        """The most rows it takes a product of each block type for: with AVX-512 any number (a prefill piece's) for
+        Q8_0 and Q5_0 and 128 for Q6_K (beyond, ggml's tiled product is as fast), else `max_rows`."""
         self.function = int(ctypes.cast(self._library.exo_rows_mul_mat, ctypes.c_void_p).value or 0)
         """`exo_rows_mul_mat`'s address: a `ggml_custom_op_t` (dst, ith, nth, userdata)."""
 
