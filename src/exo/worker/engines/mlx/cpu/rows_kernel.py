@@ -6,7 +6,8 @@ Q5_0 and Q6_K (the default model's GGUF: 450 of its 489 MB) with kernels whose c
 compiles it beside ggml's libraries (`libexo-rows`); a graph uses it through `ggml_custom_4d` for products from the
 library's fewest rows for the block type (`RowsKernel.min_rows`: with AVX-512 one row for Q8_0 and Q5_0, whose
 products there read a matrix from memory faster than ggml's, and 5 for Q6_K) up to its most (`most_rows`: any
-number with AVX-512 for Q8_0 and Q5_0, prefill pieces included, and 128 for Q6_K; 8 with AVX-VNNI only), and ggml's `ggml_mul_mat` everywhere else:
+number with AVX-512 for Q8_0 and Q5_0, prefill pieces included, and 128 for Q6_K; 8 with AVX-VNNI only), and
+ggml's `ggml_mul_mat` everywhere else:
 fewer or more rows, other block types, repacked matrices. `EXO_ROWS_KERNEL=off` turns it off (to compare).
 """
 
