@@ -1,14 +1,14 @@
-"""exo's multi-row products for Q8_0, Q5_0 and Q6_K matrices (`rows_kernel.cpp`), as nodes of a ggml graph.
+"""exo's products for Q8_0, Q5_0 and Q6_K matrices (`rows_kernel.cpp`), as nodes of a ggml graph.
 
-A batched decode step multiplies each matrix by one activation row a sequence. ggml's x86 build does that for Q8_0,
-Q5_0 and Q6_K (the default model's GGUF: 450 of its 489 MB) with kernels whose cost grows almost as fast as the rows;
-`rows_kernel.cpp` multiplies a weight block by every row at once with AVX-512 VNNI or AVX-VNNI. `exo ggml build`
-compiles it beside ggml's libraries (`libexo-rows`); a graph uses it through `ggml_custom_4d` for products from the
-library's fewest rows for the block type (`RowsKernel.min_rows`: with AVX-512 one row for Q8_0 and Q5_0, whose
-products there read a matrix from memory faster than ggml's, and 5 for Q6_K) up to its most (`most_rows`: any
-number with AVX-512 for Q8_0 and Q5_0, prefill pieces included, and 128 for Q6_K; 8 with AVX-VNNI only), and
-ggml's `ggml_mul_mat` everywhere else:
-fewer or more rows, other block types, repacked matrices. `EXO_ROWS_KERNEL=off` turns it off (to compare).
+For Q8_0, Q5_0 and Q6_K (the default model's GGUF: 450 of its 489 MB) ggml's x86 kernels cost almost as much per
+row at 8 rows as at one, and its one-row products read a matrix from memory slower than it allows.
+`rows_kernel.cpp` multiplies a weight block by many rows at once with AVX-512 VNNI (the outputs in a register's
+lanes, any number of rows) or AVX-VNNI (up to 8 rows in the lanes). `exo ggml build` compiles it beside ggml's
+libraries (`libexo-rows`); a graph uses it through `ggml_custom_4d` for products from the library's fewest rows for
+the block type (`RowsKernel.min_rows`: with AVX-512 one row for Q8_0 and Q5_0 and 5 for Q6_K) up to its most
+(`most_rows`: with AVX-512 any number for Q8_0 and Q5_0, prefill pieces included, and 128 for Q6_K; 8 with AVX-VNNI
+only), and ggml's `ggml_mul_mat` everywhere else: fewer or more rows, other block types, repacked matrices.
+`EXO_ROWS_KERNEL=off` turns it off (to compare).
 """
 
 import ctypes
