@@ -74,8 +74,8 @@ def test_products_are_ggmls_for_every_row_count_the_kernel_takes(
         matrix.fill(0, weights)
         fewest, most = kernel.min_rows[GGML_TYPES[type_name]], kernel.most_rows[GGML_TYPES[type_name]]
         assert 0 < fewest <= most
-        # Every row count the rows-in-lanes or one-register paths take; beyond 16 (Q8_0 and Q5_0 with AVX-512) the
-        # panels': one chunk short of 16, a panel of 64 and a second one short.
+        # Every row count one register of rows takes (up to 16); beyond (with AVX-512) the panels': one chunk short
+        # of 16, a panel of 64 and a second one short.
         counts = [*range(fewest, min(most, 16) + 1), *[rows for rows in (17, 64, 101) if rows <= most]]
         for rows in counts:
             x = rng.standard_normal((rows, in_features)).astype(np.float32)
@@ -136,7 +136,8 @@ def test_the_kernel_is_turned_off_by_its_variable(
 
 
 @pytest.mark.usefixtures("kernel")
-# 1 and 3: Q8_0 and Q5_0 through the kernel, Q6_K through ggml; Q6_K's rows in 256-bit lanes at 6, 512-bit at 9.
+# With AVX-512, 1 and 3: Q8_0 and Q5_0 through the kernel, Q6_K through ggml; 6 and 9: Q6_K's too. With AVX-VNNI
+# only, 6: the rows-in-lanes products (9: more rows than its lanes, ggml's).
 @pytest.mark.parametrize("sequences", [1, 3, 6, 9])
 @pytest.mark.parametrize("weights", ["q8_0", "gguf"])
 @pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])
