@@ -185,8 +185,8 @@ class DecodeGraph:
         self._written: _Written | None = None
         """What the last in-place step left, for `resume`."""
         self._rows = rows_kernel(ops.ggml.library_dir)
-        """exo's multi-row products, where built beside this ggml (`rows_kernel.py`): a batch's Q8_0/Q5_0/Q6_K
-        products."""
+        """exo's own products, where built beside this ggml (`rows_kernel.py`): Q8_0/Q5_0/Q6_K products of the row
+        counts it takes (with AVX-512 a step's, a batch's and a prefill piece's)."""
         self._finalizer = weakref.finalize(self, _free, self._ops, parameters, self._passes, self._steps)
         _LIVE.add(self)
 
@@ -443,8 +443,8 @@ class DecodeGraph:
         return x, k, v
 
     def _product(self, context: int, matrix: GgmlMatrix, weight: int, x: int, rows: int) -> int:
-        """`weight` (the matrix's tensor, or its read-back) times x's `rows` rows: exo's multi-row product where it
-        applies (a batch's rows, a Q8_0, Q5_0 or Q6_K matrix as stored), else ggml's."""
+        """`weight` (the matrix's tensor, or its read-back) times x's `rows` rows: exo's product where it applies (a
+        Q8_0, Q5_0 or Q6_K matrix as stored, a row count the kernel takes), else ggml's."""
         kernel = self._rows
         if kernel is not None and not matrix.repacked and kernel.applies(matrix.type, matrix.shape[1], rows):
             return kernel.product(self._ops, context, weight, x, out_features=matrix.shape[0], rows=rows)
