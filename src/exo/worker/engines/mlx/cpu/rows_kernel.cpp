@@ -32,6 +32,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "ggml.h"
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
@@ -211,13 +213,7 @@ struct Lanes8 {
     // broadcast from a copy in memory: the copy's loads waited on its store (about 17% slower at 8 rows).
     static I spread(__m256i block, int quad) { return _mm256_permutevar8x32_epi32(block, _mm256_set1_epi32(quad)); }
     // acc + each lane's four row bytes times the four weights (unsigned) every lane of `weights` holds.
-    static I dot(I acc, I rows, I weights) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-        return _mm256_dpbusd_epi32(acc, weights, rows);
-#else
-        return _mm256_dpbusd_avx_epi32(acc, weights, rows);
-#endif
-    }
+    static I dot(I acc, I rows, I weights) { return _mm256_dpbusd_avx_epi32(acc, weights, rows); }
     template <int bits>
     static I shift(I a) { return _mm256_slli_epi32(a, bits); }
     static I add(I a, I b) { return _mm256_add_epi32(a, b); }
@@ -482,7 +478,7 @@ inline void store_rows(const __m512 total[Rows], int outputs, int r0, char* dst,
     }
 }
 
-// `Rows` (1..16) rows times outputs first..last (whole groups of 16 but the matrix's last) of a Q8_0 or Q5_0 matrix:
+// `Rows` (1..16) rows times outputs first..last (whole groups of 16 but the matrix's last) of a Q8_0, Q5_0 or Q6_K matrix:
 // each group's blocks read, transposed and multiplied by every row at once.
 template <typename Block, int Rows>
 void products_by_outputs(const char* weights, size_t weight_row_bytes, int64_t first, int64_t last, int64_t blocks,
@@ -499,6 +495,19 @@ void products_by_outputs(const char* weights, size_t weight_row_bytes, int64_t f
         }
         store_rows<Rows>(total, group.outputs, 0, dst, dst_row_stride, o);
     }
+}
+
+// `f` called with the row count as a compile-time constant (std::integral_constant), 1..16; more rows than 16 call
+// it with 16 (where the caller multiplies by panels).
+template <int Rows = 1, typename F>
+inline void with_rows(int count, F&& f) {
+    if constexpr (Rows < kOutputLanes) {
+        if (count > Rows) {
+            with_rows<Rows + 1>(count, f);
+            return;
+        }
+    }
+    f(std::integral_constant<int, Rows>{});
 }
 
 // More than 16 rows (a prefill piece): each group's blocks are transposed once into a panel and multiplied by the
@@ -533,18 +542,6 @@ void panel_rows(const Panel& panel, int64_t blocks, const QuantizedRows& rows, i
     store_rows<Rows>(total, outputs, r0, dst, dst_row_stride, o);
 }
 
-template <typename Block, int Rows = 1>
-void panel_rows_dispatch(int count, const Panel& panel, int64_t blocks, const QuantizedRows& rows, int lanes, int r0,
-                         int outputs, char* dst, size_t dst_row_stride, int64_t o) {
-    if constexpr (Rows < kOutputLanes) {
-        if (count > Rows) {
-            panel_rows_dispatch<Block, Rows + 1>(count, panel, blocks, rows, lanes, r0, outputs, dst, dst_row_stride, o);
-            return;
-        }
-    }
-    panel_rows<Block, Rows>(panel, blocks, rows, lanes, r0, outputs, dst, dst_row_stride, o);
-}
-
 // The rows of x are quantized a panel's worth (64) at a time, so a thread holds 64 rows' quantized blocks however
 // long the prefill piece (a 512-token piece of 4864-value rows: 0.4 MB where all of them took 3.4 MB a thread).
 template <typename Block>
@@ -563,8 +560,10 @@ void products_by_panels(const char* weights, size_t weight_row_bytes, int64_t fi
             }
             for (int r0 = 0; r0 < count; r0 += kOutputLanes) {
                 const int chunk = count - r0 < kOutputLanes ? count - r0 : kOutputLanes;
-                panel_rows_dispatch<Block>(chunk, t_panel, blocks, t_rows, count, r0, group.outputs, panel_dst,
-                                           dst_row_stride, o);
+                with_rows(chunk, [&](auto rows_at_once) {
+                    panel_rows<Block, decltype(rows_at_once)::value>(t_panel, blocks, t_rows, count, r0, group.outputs,
+                                                                     panel_dst, dst_row_stride, o);
+                });
             }
         }
     }
@@ -599,15 +598,9 @@ void run_by_outputs(int rows, const ggml_tensor* w, const ggml_tensor* x, ggml_t
     products_by_outputs<Block, Rows>(weights, w->nb[1], first, last, blocks, t_rows, result, dst->nb[1]);
 }
 
-template <typename Block, int Rows = 1>
+template <typename Block>
 void dispatch_by_outputs(int rows, const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, int nth) {
-    if constexpr (Rows < kOutputLanes) {
-        if (rows > Rows) {
-            dispatch_by_outputs<Block, Rows + 1>(rows, w, x, dst, ith, nth);
-            return;
-        }
-    }
-    run_by_outputs<Block, Rows>(rows, w, x, dst, ith, nth);
+    with_rows(rows, [&](auto rows_at_once) { run_by_outputs<Block, decltype(rows_at_once)::value>(rows, w, x, dst, ith, nth); });
 }
 #endif
 
@@ -668,9 +661,9 @@ void exo_rows_mul_mat(struct ggml_tensor* dst, int ith, int nth, void* /*userdat
         return;
     }
     dispatch_by_outputs<BlockQ6K>(int(x->ne[1]), w, x, dst, ith, nth);
-    return;
-#endif
+#else
     run<Lanes8>(w, x, dst, ith, nth);
+#endif
 }
 
 #else
