@@ -164,9 +164,19 @@ def main() -> None:
         action="store_true",
         help="serve with exo's --no-overlap (the next decode step launched only after the last token was handled)",
     )
+    parser.add_argument(
+        "--no-accept-beside",
+        action="store_true",
+        help="serve with exo's --no-accept-beside (a step's tokens accepted on the loop after the next launch, not on "
+        "a helper thread while it launches)",
+    )
     parser.add_argument("--json-schema", action="store_true", help="every request under a strict JSON schema")
     arguments = parser.parse_args()
-    flags = ["--no-matmul-plan", *(["--no-overlap"] if arguments.no_overlap else [])]
+    flags = [
+        "--no-matmul-plan",
+        *(["--no-overlap"] if arguments.no_overlap else []),
+        *(["--no-accept-beside"] if arguments.no_accept_beside else []),
+    ]
     levels: list[LevelOverhead] = []
     with (
         tempfile.TemporaryDirectory() as work_dir,

@@ -172,6 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
         "output is the same either way), and compute a batch's grammar masks before its forward pass, not during it",
     )
     decoding.add_argument(
+        "--no-accept-beside",
+        dest="accept_beside",
+        action="store_false",
+        help="where the model runs on the CPU, accept a step's tokens (detokenize, parse tool calls, check stops) on "
+        "the serving loop after launching the next step, instead of on a helper thread while it launches (the default; "
+        "the output is the same either way)",
+    )
+    decoding.add_argument(
         "--no-matmul-plan",
         dest="matmul_plan",
         action="store_false",

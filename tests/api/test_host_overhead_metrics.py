@@ -1,6 +1,6 @@
 """The host-overhead meter on a real node: after requests alone, under a grammar and batched, /metrics carries the
 decode-step times by requests decoding, and they add up (device wait, prefill and the host's parts within the steps'
-wall time, each part nonzero where its work happened)."""
+wall time, each part nonzero where its work happened; the work done beside the loop apart)."""
 
 import time
 from collections.abc import Iterator, Mapping
@@ -10,6 +10,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exo.worker.engines.mlx.generator.beside import launch_computes_on_host
 from tests.exo_server import ExoServer, fixture_model, running_exo
 from tests.fixtures.endless_model import MODEL as ENDLESS
 from tests.fixtures.endless_model import endless_copy
@@ -22,6 +23,9 @@ CONCURRENT_TOKENS = 1500
 admitted: at 150 tokens a fast moment once let the first end (a tiny model decodes a token in about a millisecond)
 before the others reached the runner; 1,500 leave them seconds (the context is widened to hold them)."""
 METRICS_WITHIN_S = 30.0
+MANY_STEPS = 100
+"""Enough steps that some were chained or batched (their tokens accepted beside the launch, where it computes on the
+host)."""
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +119,13 @@ def _assert_plausible(series: dict[tuple[str, str, str], float]) -> None:
         assert device > 0, f"{streams} streams: every decode step waits for the model"
         assert device + prefill + sum(host.values()) <= wall * 1.001 + 1e-6, f"{streams} streams: parts exceed steps"
         assert sum(host.values()) >= 0.0
-        for part in ("graph", "detokenize", "parse", "send", "loop"):
+        beside = series[("exo_decode_step_beside_seconds_total", streams, "")]
+        for part in ("graph", "parse", "send", "loop"):
             assert host.get(part, 0.0) > 0, f"{streams} streams: no time in {part} ({host})"
+        # Detokenizing runs in the loop, or beside the next launch where that computes on the host (`beside.py`).
+        assert host.get("detokenize", 0.0) + beside > 0, f"{streams} streams: no time detokenizing ({host})"
+        assert beside <= wall, f"{streams} streams: more work beside the steps than the steps took"
+        if steps >= MANY_STEPS:
+            assert (beside > 0) == launch_computes_on_host(), f"{streams} streams: {beside} s beside the loop"
         # Every part of a step is a share of a real step: none alone takes longer than the steps themselves.
         assert all(value <= wall for value in host.values())

@@ -121,6 +121,12 @@ class _StateCollector:
         prefill = CounterMetricFamily(
             "exo_decode_step_prefill_seconds", "Time in those steps feeding other requests' prompts", labels=labels
         )
+        beside = CounterMetricFamily(
+            "exo_decode_step_beside_seconds",
+            "Work a helper thread did for those steps while the runner's loop went on (their tokens accepted beside "
+            "the next launch): not host time on the loop's critical path",
+            labels=labels,
+        )
         host = CounterMetricFamily(
             "exo_decode_step_host_seconds",
             "Host overhead in those steps (the rest of their time), by part: messages, admit, graph (building the "
@@ -136,9 +142,10 @@ class _StateCollector:
                 wall.add_metric(values, times.step_seconds)
                 device.add_metric(values, times.device_seconds)
                 prefill.add_metric(values, times.prefill_seconds)
+                beside.add_metric(values, times.beside_seconds)
                 for part, seconds in sorted(times.host_seconds.items()):
                     host.add_metric([*values, part], seconds)
-        yield from (steps, wall, device, prefill, host)
+        yield from (steps, wall, device, prefill, beside, host)
         yield self._prefill_group_metric()
 
     def _prefill_group_metric(self) -> Metric:

@@ -13,7 +13,7 @@ from typing import Final
 from exo.shared.types.worker.runner_response import StepTimes
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK, StepPart
 
-_NOT_HOST: Final[frozenset[StepPart]] = frozenset({"device", "prefill"})
+_NOT_HOST: Final[frozenset[StepPart]] = frozenset({"device", "prefill", "beside"})
 
 
 @dataclass
@@ -24,6 +24,7 @@ class _Sums:
     step_seconds: float = 0.0
     device_seconds: float = 0.0
     prefill_seconds: float = 0.0
+    beside_seconds: float = 0.0
     host_seconds: dict[str, float] = field(default_factory=dict[str, float])
 
     def add(self, wall: float, parts: Mapping[StepPart, float]) -> None:
@@ -40,6 +41,7 @@ class _Sums:
         self.step_seconds += wall
         self.device_seconds += device
         self.prefill_seconds += prefill
+        self.beside_seconds += parts.get("beside", 0.0)
 
     def times(self) -> StepTimes:
         return StepTimes(
@@ -47,6 +49,7 @@ class _Sums:
             step_seconds=self.step_seconds,
             device_seconds=self.device_seconds,
             prefill_seconds=self.prefill_seconds,
+            beside_seconds=self.beside_seconds,
             host_seconds=dict(self.host_seconds),
         )
 

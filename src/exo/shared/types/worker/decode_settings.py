@@ -53,6 +53,11 @@ class DecodeSettings(FrozenModel):
     a member under a grammar launches its forward pass before the members' masks (generator/batch_step.py); False
     launches the next step only after the token was accepted, and a batch's masks before its pass. The output is the
     same either way."""
+    accept_beside: bool = True
+    """With `overlap`, where a step is computed on the CPU (whose launch returns only once most of the pass is done):
+    a step's tokens are accepted (detokenized, parsed, stop-checked) on a helper thread while the loop launches the next
+    step, instead of after that launch (generator/beside.py). The output is the same either way; on an accelerator
+    the loop's own accept already runs while the device computes, and this is not used."""
     matmul_plan: bool = True
     """Plan the few-row float32 products of decoding (`engines/mlx/cpu/matmul_plan.py`) where the weights are
     float32."""

@@ -147,6 +147,9 @@ class StepTimes(FrozenModel):
     """The host thread blocked waiting for the model's evaluation."""
     prefill_seconds: float = 0.0
     """Prompt pieces of other requests fed in these steps: model work, not overhead of the decoding ones."""
+    beside_seconds: float = 0.0
+    """Work a helper thread did for these steps while the loop went on (their tokens accepted beside the next launch):
+    it ran while the loop's own parts went on, off the loop's critical path, so it is not one of the host's parts."""
     host_seconds: dict[str, float] = Field(default_factory=dict[str, float])
     """The host's own work by part: messages, admit, graph (building the forward pass in Python), launch,
     processors, detokenize, parse, send, and loop (the rest: scheduling, bookkeeping). Their sum is step - device -

@@ -6,15 +6,19 @@ grammar waiting for the sampled token it must consume counts that wait as "devic
 part at all is the loop's own: scheduling, bookkeeping, sampling setup.
 
 "device" is time the host thread is blocked waiting for the model's evaluation; everything else is host work. The
-runner runs one serving loop on one thread, so one clock per process is enough (`STEP_CLOCK`).
+runner runs one serving loop on one thread, so one clock per process is enough (`STEP_CLOCK`): it measures the thread
+that began the step. Work another thread does for the step while the loop goes on (a step's tokens accepted beside
+the next launch, `generator/beside.py`) is off the loop's critical path: its parts are not the loop's, and its time is
+added up apart (`add_beside`).
 """
 
+import threading
 import time
 from types import TracebackType
 from typing import Final, Literal
 
 StepPart = Literal[
-    "device", "prefill", "messages", "admit", "graph", "launch", "processors", "detokenize", "parse", "send"
+    "device", "prefill", "messages", "admit", "graph", "launch", "processors", "detokenize", "parse", "send", "beside"
 ]
 """device: waiting on the model's evaluation. prefill: feeding prompt pieces (model work, not per-token overhead).
 messages: reading the supervisor's messages. admit: opening a new request (its prompt, its grammar). graph: building the
@@ -25,7 +29,8 @@ it returns: a batched step measured so, with almost no wait left after it). proc
 grammar masks and penalties. detokenize: token ids to text. parse: the rest of turning tokens into chunks (tool
 calls, reasoning, stop sequences). send: the runner→API channel (encoding a step's one message and queueing it for the
 channel's writer thread, metered as the first part of the next step: the message carries the meter's totals through
-its own step)."""
+its own step). beside: work a helper thread did for the step while the loop went on (not the loop's, not host work on
+its critical path; the loop's wait for it, if any, is parse)."""
 
 
 class StepClock:
@@ -37,11 +42,15 @@ class StepClock:
         self._since = time.perf_counter()
         self._started = self._since
         self._parts: dict[StepPart, _Part] = {}
+        self._thread = threading.get_ident()
+        self._beside = 0.0
 
     def begin(self) -> None:
         """Start a step: forget what the last one measured."""
         self._seconds = {}
         self._open = []
+        self._thread = threading.get_ident()
+        self._beside = 0.0
         self._started = self._since = time.perf_counter()
 
     def part(self, name: StepPart) -> "_Part":
@@ -53,19 +62,32 @@ class StepClock:
         return opened
 
     def open_part(self, name: StepPart) -> None:
-        """What entering `part(name)` does (leaving it calls `close_part`)."""
+        """What entering `part(name)` does (leaving it calls `close_part`); nothing on another thread than the
+        step's."""
+        if threading.get_ident() != self._thread:
+            return
         self._switch()
         self._open.append(name)
 
     def close_part(self) -> None:
-        """Leave the innermost open part."""
+        """Leave the innermost open part (nothing on another thread than the step's)."""
+        if threading.get_ident() != self._thread:
+            return
         self._switch()
         self._open.pop()
 
+    def add_beside(self, seconds: float) -> None:
+        """Another thread worked `seconds` for this step while the loop went on (a float added under the
+        interpreter's lock; the loop reads it only after waiting for that work)."""
+        self._beside += seconds
+
     def end(self) -> tuple[float, dict[StepPart, float]]:
-        """The step's wall time and its seconds by part (parts with none left out)."""
+        """The step's wall time and its seconds by part (parts with none left out); work beside the loop is "beside"."""
         self._switch()
-        return self._since - self._started, dict(self._seconds)
+        seconds = dict(self._seconds)
+        if self._beside:
+            seconds["beside"] = self._beside
+        return self._since - self._started, seconds
 
     def _switch(self) -> None:
         now = time.perf_counter()

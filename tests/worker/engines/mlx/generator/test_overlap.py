@@ -5,7 +5,9 @@ accepted; a member joining the batch has its first forward pass launched before 
 read after the running members' masks. Real
 forward passes of the tiny-qwen-tools fixture through the runner's GenerationScheduler, each run twice, overlap on and
 off (`DecodeSettings.overlap`): the chunks are the same, and so is the KV cache a request hands back when it ends or
-is cancelled (its token count, and what a follow-up request finds cached).
+is cancelled (its token count, and what a follow-up request finds cached). On mlx's CPU backend (these machines) the
+overlap accepts a step's tokens on a helper thread while the next step launches (`beside.py`); the last tests also
+compare it with the loop's own accept (`DecodeSettings.accept_beside`).
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +28,7 @@ from exo.tool_calls.grammar.policy import RequestTools, constraint_spec
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, held_token_count
 from exo.worker.engines.mlx.constrained import make_logits_processor
 from exo.worker.engines.mlx.generator.batch_step import LazyLogprobsBatch
+from exo.worker.engines.mlx.generator.beside import launch_computes_on_host
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.request_context import EngineContext
@@ -90,6 +93,8 @@ class _Run:
     batch_grammar_joins: int
     drafted: int
     """Draft tokens verified."""
+    accepted_beside: int
+    """Steps whose tokens were accepted on the helper thread while the next step launched (`beside.py`)."""
 
 
 Arrivals = Callable[[], Mapping[int, Sequence[GenerationTask]]]
@@ -136,6 +141,7 @@ def _run(
         batch_grammar_steps=scheduler.batch_grammar_steps,
         batch_grammar_joins=scheduler.batch_grammar_joins,
         drafted=scheduler.speculation.drafted,
+        accepted_beside=scheduler.steps_accepted_beside,
     )
 
 
@@ -166,6 +172,7 @@ def _same_with_and_without(
         for overlap in (False, True)
     )
     assert off.chained_steps == off.chained_grammar_steps == off.batch_grammar_steps == off.batch_grammar_joins == 0
+    assert off.accepted_beside == 0
     assert [outcome.normalised() for outcome in on.outcomes] == [outcome.normalised() for outcome in off.outcomes]
     assert on.held == off.held
     assert all(held is not None for held in on.held)
@@ -182,6 +189,8 @@ def test_each_request_shape_alone_is_the_same_with_overlap(
     # under a grammar too: its forward pass runs while the mask is computed.
     assert on.chained_steps >= finish.usage.completion_tokens - 2 > 0
     assert on.chained_grammar_steps == (0 if shape in UNCONSTRAINED else on.chained_steps)
+    # Where the launch computes on the host, every chained step's token was accepted beside it.
+    assert on.accepted_beside == (on.chained_steps if launch_computes_on_host() else 0)
 
 
 def test_requests_joining_and_leaving_a_batch_are_the_same_with_overlap(
@@ -197,6 +206,7 @@ def test_requests_joining_and_leaving_a_batch_are_the_same_with_overlap(
 
     outcomes, on = _same_with_and_without(loaded, PLAIN, staggered, monkeypatch)
     assert on.chained_steps > 0
+    assert (on.accepted_beside > on.chained_steps) == launch_computes_on_host()  # batch steps' tokens too
     for outcome in outcomes:
         assert_ended(outcome)
 
@@ -665,3 +675,87 @@ def test_the_loop_guards_take_back_in_a_batch_rejoins_the_same_with_overlap(
     finishes = [assert_ended(outcome) for outcome in outcomes]
     assert finishes[0].usage.withdrawn_tool_calls == 1
     assert on.batch_grammar_joins >= 2  # together into the batch, then the looping request again
+
+
+def _same_beside_or_not(
+    loaded: LoadedModel,
+    settings: DecodeSettings,
+    arrivals: Arrivals,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    cancel_at: Cancels | None = None,
+    processors: Processors | None = None,
+    rewinds: bool = False,
+) -> _Run:
+    """Run the same requests with overlap on, each step's tokens accepted by the loop after the next launch, then on
+    the helper thread while it launches: the chunks and the caches handed back are the same."""
+    loop, beside = (
+        _run(
+            loaded,
+            settings.model_copy(update={"overlap": True, "accept_beside": accept_beside}),
+            arrivals,
+            monkeypatch,
+            cancel_at=cancel_at,
+            processors=processors,
+            rewinds=rewinds,
+            prepare=None,
+        )
+        for accept_beside in (False, True)
+    )
+    assert loop.accepted_beside == 0
+    assert beside.accepted_beside > 0
+    assert [outcome.normalised() for outcome in beside.outcomes] == [outcome.normalised() for outcome in loop.outcomes]
+    assert beside.held == loop.held
+    assert beside.chained_steps == loop.chained_steps
+    return beside
+
+
+@pytest.mark.skipif(not launch_computes_on_host(), reason="the helper is used where steps compute on the CPU only")
+@pytest.mark.parametrize(
+    "arrivals",
+    [
+        pytest.param(lambda: {0: [task(body) for body in SHAPES.values()]}, id="every shape in one batch"),
+        pytest.param(lambda: {0: [task(COPYING)], 3: [task(SHAPES["tool_choice required"])]}, id="alone then joined"),
+        pytest.param(_joining(("response_format",), ("tool_choice named", "greeting")), id="constrained newcomers"),
+    ],
+)
+def test_tokens_accepted_beside_the_launch_give_the_same_answers(
+    loaded: LoadedModel, arrivals: Arrivals, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for settings in (PLAIN, DecodeSettings(speculation=LookupSettings(adaptive=False))):
+        outcomes = _same_beside_or_not(loaded, settings, arrivals, monkeypatch).outcomes
+        for outcome in outcomes:
+            assert_ended(outcome)
+
+
+@pytest.mark.skipif(not launch_computes_on_host(), reason="the helper is used where steps compute on the CPU only")
+@pytest.mark.parametrize("step", [2, 5, JOIN_STEP + 1])
+def test_a_cancel_with_tokens_accepted_beside_is_the_same(
+    loaded: LoadedModel, step: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def cancel(arrivals: Mapping[int, Sequence[GenerationTask]]) -> dict[int, list[TaskId]]:
+        return {step: [arrivals[0][0].task_id]}
+
+    _same_beside_or_not(
+        loaded,
+        PLAIN,
+        _joining(("greeting", "response_format"), ("tool_choice required",)),
+        monkeypatch,
+        cancel_at=cancel,
+    )
+
+
+@pytest.mark.skipif(not launch_computes_on_host(), reason="the helper is used where steps compute on the CPU only")
+@pytest.mark.parametrize("policy", ["answer", "block"])
+def test_the_loop_guards_take_back_with_tokens_accepted_beside_is_the_same(
+    loaded: LoadedModel, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body: JsonBody = {"messages": PARIS_LOOP, "tools": [GET_WEATHER_TOOL], "loop_guard": policy, "max_tokens": 24}
+    lazy_pushed = _lazy_grammar_pushed(PARIS_CALL)
+
+    def pushed(context: EngineContext, one: GenerationTask) -> RequestProcessors | None:
+        return lazy_pushed(context, one) if one.params.messages[-1].content == PARIS_WEATHER_RESULT else None
+
+    for arrivals in (lambda: {0: [task(body)]}, lambda: {0: [task(body), task(SHAPES["tool_choice required"])]}):
+        beside = _same_beside_or_not(loaded, PLAIN, arrivals, monkeypatch, processors=pushed, rewinds=True)
+        assert assert_ended(beside.outcomes[0]).usage.withdrawn_tool_calls == 1

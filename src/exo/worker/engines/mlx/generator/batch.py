@@ -101,7 +101,17 @@ class RemovedMember:
 class BatchDecoder:
     """The running batch of one model."""
 
-    def __init__(self, model: nn.Module, *, batch_size: int, prefill_step_size: int, overlap: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        batch_size: int,
+        prefill_step_size: int,
+        overlap: bool = False,
+        read_ahead: Callable[[list[tuple[TaskId, int]]], None] | None = None,
+    ) -> None:
+        """`read_ahead`, where given, is called with each step's tokens (as `step` will return them) before that
+        step's successor is launched: they can be accepted while it computes (`beside.py`)."""
         self._generator = BatchGenerator(
             model,
             completion_batch_size=batch_size,
@@ -110,7 +120,13 @@ class BatchDecoder:
         )
         # The long-lived batch every member is merged into: stepped without evaluating log-probabilities, and with
         # `overlap` a step with a constrained member launched before its masks (`settle`).
-        self._batch = LazyLogprobsBatch.for_decoding(model, self._generator.sampler, overlap=overlap)
+        self._read_ahead = read_ahead
+        self._batch = LazyLogprobsBatch.for_decoding(
+            model,
+            self._generator.sampler,
+            overlap=overlap,
+            read_ahead=self._tokens_read_ahead if read_ahead is not None else None,
+        )
         self._generator._generation_batch = self._batch  # pyright: ignore[reportPrivateUsage]
         # The prompts being read, from which newcomers join: with `overlap`, a newcomer's first forward pass is
         # launched before its processors compute its first mask.
@@ -162,6 +178,18 @@ class BatchDecoder:
                 continue
             tokens.append((self._task_ids[response.uid], response.token))
         return tokens
+
+    def _tokens_read_ahead(self, uids: list[int], tokens: list[int]) -> None:
+        """The tokens mlx-lm's step is about to return, as `step` will hand them out (a joined member's early token,
+        which the step returns again, left out)."""
+        assert self._read_ahead is not None
+        self._read_ahead(
+            [
+                (self._task_ids[uid], token)
+                for uid, token in zip(uids, tokens, strict=True)
+                if uid in self._task_ids and uid not in self._handed_early
+            ]
+        )
 
     def take_joined(self) -> list[tuple[TaskId, int]]:
         """The first token of each member that joined in the last `step`, sampled by its joining pass: handing it out

@@ -32,6 +32,7 @@ that join in between (sampled by their own first step) keep their tokens; member
 """
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -139,11 +140,22 @@ class LazyLogprobsBatch(GenerationBatch):
     _unsampled: _Unsampled | None = None
     overlap: bool = False
     """Launch a step with a constrained member before its masks, computed in `settle` (see the module's docstring)."""
+    read_ahead: Callable[[list[int], list[int]], None] | None = None
+    """Called with the members' uids and the tokens a step feeds (the last step's sample, waited for) before that
+    step's forward pass is built and launched: a caller accepts them while the launch computes (`beside.py`)."""
 
     @classmethod
-    def for_decoding(cls, model: nn.Module, fallback_sampler: Sampler, *, overlap: bool) -> "LazyLogprobsBatch":
+    def for_decoding(
+        cls,
+        model: nn.Module,
+        fallback_sampler: Sampler,
+        *,
+        overlap: bool,
+        read_ahead: Callable[[list[int], list[int]], None] | None = None,
+    ) -> "LazyLogprobsBatch":
         batch = cls.empty(model, fallback_sampler)
         batch.overlap = overlap
+        batch.read_ahead = read_ahead
         return batch
 
     def extend(self, batch: GenerationBatch) -> None:
@@ -233,12 +245,14 @@ class LazyLogprobsBatch(GenerationBatch):
         self.settle()  # a step left unsampled (the scheduler settles it after accepting its tokens)
         self._current_tokens = self._next_tokens
         self._current_logprobs = self._next_logprobs
-        inputs = cast(mx.array, self._current_tokens)
+        inputs = self._current_tokens
+        assert inputs is not None  # sampled by the step before, or by `settle`
 
         with STEP_CLOCK.part("graph"):
             logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
         if self.overlap and self._constrained():
             # The forward pass alone: the masks need the tokens it feeds, accepted first (`settle`).
+            self._read_ahead(inputs)
             with STEP_CLOCK.part("launch"):
                 mx.async_eval(logits)
             self._unsampled = _Unsampled(logits=logits, inputs=inputs)
@@ -250,6 +264,7 @@ class LazyLogprobsBatch(GenerationBatch):
                 logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # lazy: evaluated only if read
                 self._next_tokens = _sample(self._samplers(), logits, logprobs, on_host=self._on_host)
                 self._next_logprobs = [logprobs[index] for index in range(len(self.uids))]
+            self._read_ahead(inputs)
             with STEP_CLOCK.part("launch"):
                 mx.async_eval(self._next_tokens, token_context)
         with STEP_CLOCK.part("device"):
@@ -258,6 +273,15 @@ class LazyLogprobsBatch(GenerationBatch):
         for held, token in zip(self.tokens, tokens, strict=True):
             held.append(token)
         return tokens, self._current_logprobs
+
+    def _read_ahead(self, inputs: mx.array) -> None:
+        """Hand `read_ahead` the tokens this step feeds, once computed: built after the step's graph, so the wait for
+        the step before overlaps the building, and before the launch, so they are accepted while it computes."""
+        if self.read_ahead is None:
+            return
+        with STEP_CLOCK.part("device"):
+            mx.eval(inputs)
+        self.read_ahead(list(self.uids), cast(list[int], inputs.tolist()))
 
     @property
     def _on_host(self) -> bool:

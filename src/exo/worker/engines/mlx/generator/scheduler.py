@@ -16,6 +16,7 @@ in one member's grammar fails that member alone; a failure of the forward pass f
 """
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mlx import nn
@@ -25,6 +26,7 @@ from exo.shared.types.common import TaskId
 from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, trim_tokens
 from exo.worker.engines.mlx.generator.batch import BatchDecoder, BatchMember
+from exo.worker.engines.mlx.generator.beside import Accepted, BesideWorker, beside_worker, launch_computes_on_host
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
 from exo.worker.engines.mlx.generator.group_prefill import GroupPiece, groupable
@@ -64,6 +66,15 @@ class PrefillStats:
         if prompts > 1:
             self.grouped_pieces += 1
             self.largest_group = max(self.largest_group, prompts)
+
+
+@dataclass(frozen=True)
+class _AcceptedAhead:
+    """A step's tokens handed to the helper thread before the next step was launched (`beside.py`), and their chunks
+    per request once accepted there."""
+
+    tokens: list[tuple[TaskId, int]]
+    chunks: Accepted[dict[TaskId, list[Chunk]]]
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,14 @@ class GenerationScheduler:
         computed while it ran (`JoinPrompts`)."""
         self.step_costs = StepCosts()
         """What solo forward passes cost here, by tokens fed: whether a draft is worth verifying."""
+        self._beside: BesideWorker | None = (
+            beside_worker() if settings.overlap and settings.accept_beside and launch_computes_on_host() else None
+        )
+        """Where the launch computes the pass on the host: the helper that accepts a step's tokens meanwhile."""
+        self._ahead: _AcceptedAhead | None = None
+        """The batch step's tokens being accepted beside its successor's launch (`_accept_ahead`)."""
+        self.steps_accepted_beside = 0
+        """Steps whose tokens were accepted on the helper thread while the next step was launched."""
 
     @property
     def active(self) -> int:
@@ -288,12 +307,28 @@ class GenerationScheduler:
         # request's last (a length finish), nor where the next step's input needs that work (`SoloDecoder.can_chain`):
         # then the next step is launched after the accept.
         chained = self._settings.overlap and request.remaining_tokens >= 2 and decoder.can_chain()
+        ahead: list[tuple[list[int], Accepted[list[Chunk]]]] = []
         if chained:
-            decoder.chain()
+            beside = self._beside
+
+            def accept_beside(tokens: list[int]) -> None:
+                # The launch computes the pass on the host: the step in flight's token is accepted meanwhile.
+                assert beside is not None
+                ahead.append((tokens, beside.submit(lambda: request.accept(tokens))))
+                self.steps_accepted_beside += 1
+
+            try:
+                decoder.chain(accept_beside if beside is not None else None)
+            except Exception as error:  # the step in flight failed (read ahead), or building the next one did
+                for _, accepted in ahead:
+                    accepted.wait()  # the helper is done with the request before it is failed
+                logger.exception("decoding task %s failed", request.task_id)
+                self._solo = None
+                return [self._failed(request, error)]
             self.chained_steps += 1
             if request.processors.constrained:
                 self.chained_grammar_steps += 1
-        update = self._collect_solo()
+        update = self._collect_solo(ahead[0] if ahead else None)
         if update.done or not self._decodes_alone(decoder):
             return [update]  # a chained step was discarded with the ending or the going back
         if chained:
@@ -303,8 +338,9 @@ class GenerationScheduler:
             decoder.launch(request.remaining_tokens - 1)
         return [update]
 
-    def _collect_solo(self) -> RequestUpdate:
-        """The launched solo step's tokens, handed to its request; the solo slot is emptied if the request ended."""
+    def _collect_solo(self, ahead: tuple[list[int], Accepted[list[Chunk]]] | None = None) -> RequestUpdate:
+        """The launched solo step's tokens, handed to its request (or, `ahead`, the chunks the helper made of them);
+        the solo slot is emptied if the request ended."""
         assert self._solo is not None
         request, decoder = self._solo
         before = (decoder.stats.steps, decoder.stats.drafted, decoder.stats.accepted)
@@ -312,13 +348,21 @@ class GenerationScheduler:
             tokens = decoder.collect()
         except Exception as error:
             logger.exception("decoding task %s failed", request.task_id)
+            if ahead is not None:
+                ahead[1].wait()
             self._solo = None
             return self._failed(request, error)
         self.speculation.steps += decoder.stats.steps - before[0]
         self.speculation.drafted += decoder.stats.drafted - before[1]
         self.speculation.accepted += decoder.stats.accepted - before[2]
-        with STEP_CLOCK.part("parse"):
-            chunks = request.accept(tokens)
+        if ahead is None:
+            with STEP_CLOCK.part("parse"):
+                chunks = request.accept(tokens)
+        else:
+            read, accepted = ahead
+            chunks = accepted.result()
+            if read != tokens:
+                raise RuntimeError(f"task {request.task_id}: tokens read ahead {read} but collected {tokens}")
         if request.processors.error is not None or request.finished:
             self._solo = None
             decoder.discard_chained()
@@ -352,6 +396,7 @@ class GenerationScheduler:
                 batch_size=self._settings.batch_size,
                 prefill_step_size=self._settings.prefill_step_size,
                 overlap=self._settings.overlap,
+                read_ahead=self._accept_ahead if self._beside is not None else None,
             )
         member = BatchMember(
             task_id=request.task_id,
@@ -376,6 +421,19 @@ class GenerationScheduler:
         trim_tokens(removed.cache, 1)
         self._start_solo(request, removed.cache, fed=removed.fed[:-1], pending=removed.fed[-1:])
 
+    def _accept_ahead(self, tokens: list[tuple[TaskId, int]]) -> None:
+        """The batch's step is about to launch its successor, whose launch computes on the host: its members' tokens
+        are accepted on the helper meanwhile, and `_accept_batch` takes the chunks."""
+        assert self._beside is not None
+        members = [
+            (task_id, self._batched[task_id], new_tokens)
+            for task_id, new_tokens in _by_task(tokens).items()
+            if task_id in self._batched
+        ]
+        accepted = self._beside.submit(lambda: {task_id: request.accept(new) for task_id, request, new in members})
+        self._ahead = _AcceptedAhead(tokens=tokens, chunks=accepted)
+        self.steps_accepted_beside += 1
+
     def _batch_step(self) -> list[RequestUpdate]:
         assert self._batch is not None
         joins = self._batch.constrained_joins
@@ -383,9 +441,11 @@ class GenerationScheduler:
             tokens = self._batch.step()
         except Exception as error:
             logger.exception("batch step failed for tasks %s", sorted(self._batched))
+            if (ahead := self._take_ahead()) is not None:
+                ahead.chunks.wait()  # the helper is done with the members before they are failed
             return self.fail_all(error)
         self.batch_grammar_joins += self._batch.constrained_joins - joins
-        updates = self._accept_batch(tokens, decoding=True)
+        updates = self._accept_batch(tokens, decoding=True, ahead=self._take_ahead())
         # The members that ended or went back are out: the others' grammars are fed their tokens now, and compute
         # their masks while the step's forward pass runs (where it was launched before them).
         settled = self._batch.settle()
@@ -399,21 +459,33 @@ class GenerationScheduler:
                     updates.append(self._ended(request, [], self._batch.remove(task_id).cache))
         return updates
 
-    def _accept_batch(self, tokens: list[tuple[TaskId, int]], *, decoding: bool) -> list[RequestUpdate]:
-        """Hand batch members their new tokens, and with `decoding` every member past its first token a check of its
-        processors (a member that just joined waits for its first token: its first mask may have failed); those that
-        ended or went back leave the batch."""
+    def _take_ahead(self) -> _AcceptedAhead | None:
+        ahead, self._ahead = self._ahead, None
+        return ahead
+
+    def _accept_batch(
+        self, tokens: list[tuple[TaskId, int]], *, decoding: bool, ahead: _AcceptedAhead | None = None
+    ) -> list[RequestUpdate]:
+        """Hand batch members their new tokens (or, `ahead`, take the chunks the helper made of them), and with
+        `decoding` every member past its first token a check of its processors (a member that just joined waits for
+        its first token: its first mask may have failed); those that ended or went back leave the batch."""
         assert self._batch is not None
-        produced: dict[TaskId, list[int]] = {}
-        for task_id, token in tokens:
-            produced.setdefault(task_id, []).append(token)
+        produced = _by_task(tokens)
+        accepted: dict[TaskId, list[Chunk]] = {}
+        if ahead is not None:
+            accepted = ahead.chunks.result()
+            if ahead.tokens != tokens:
+                raise RuntimeError(f"batch tokens read ahead {ahead.tokens} but stepped {tokens}")
         updates: list[RequestUpdate] = []
         for task_id, request in list(self._batched.items()):
             if task_id not in produced and not (decoding and self._batch.decoding(task_id)):
                 continue
             new_tokens = produced.get(task_id, [])
-            with STEP_CLOCK.part("parse"):
-                chunks = request.accept(new_tokens)
+            if task_id in accepted:
+                chunks = accepted[task_id]
+            else:
+                with STEP_CLOCK.part("parse"):
+                    chunks = request.accept(new_tokens)
             if request.processors.error is not None or request.finished:
                 del self._batched[task_id]
                 updates.append(self._ended(request, chunks, self._batch.remove(task_id).cache))
@@ -453,3 +525,11 @@ class GenerationScheduler:
     @staticmethod
     def _failed(request: ChatRequest, error: Exception) -> RequestUpdate:
         return RequestUpdate(request.task_id, [request.fail(error)], done=True, generated_tokens=len(request.generated))
+
+
+def _by_task(tokens: Sequence[tuple[TaskId, int]]) -> dict[TaskId, list[int]]:
+    """A step's tokens grouped by request, in order."""
+    produced: dict[TaskId, list[int]] = {}
+    for task_id, token in tokens:
+        produced.setdefault(task_id, []).append(token)
+    return produced

@@ -159,21 +159,39 @@ class SoloDecoder:
             return False
         return can_trim(self.cache)
 
-    def chain(self) -> None:
+    def chain(self, read_ahead: Callable[[list[int]], None] | None = None) -> None:
         """Launch the next step on the token the step in flight is sampling, before that token is read (`can_chain`
         must hold). The caller handles the first step's token while both compute, then calls `settle_chained`;
-        `discard_chained` takes the second back where the request ends or goes back with the first."""
+        `discard_chained` takes the second back where the request ends or goes back with the first.
+
+        `read_ahead`, where given, is called with the first step's tokens (what `collect` returns next, waited for)
+        after the second step is built and before it is launched: the wait overlaps the building, and the caller
+        accepts them while the launch computes (`beside.py`)."""
         if not self.can_chain():
             raise RuntimeError("this step cannot be chained")
         previous = self._launched[0]
         assert isinstance(previous.output, _Sampling)
         token = previous.output.samples.astype(mx.int32)  # as `launch` feeds its tokens
+        if read_ahead is not None:
+            previous_samples = previous.output.samples
+
+            def before_launch() -> None:
+                with STEP_CLOCK.part("device"):
+                    values: list[int] = previous_samples.tolist()  # pyright: ignore[reportAssignmentType] -- token ids
+                read_ahead(values[:1])  # a plain step (`can_chain`): no draft, its own token
+
+        else:
+
+            def before_launch() -> None:
+                pass
+
         started = time.perf_counter()
         if self._processors.constrained:
             # The mask needs the token being sampled: the forward pass runs now, the mask and the sample follow in
             # `settle_chained`, computed on the host while this pass runs.
             with mx.stream(generation_stream), STEP_CLOCK.part("graph"):
                 logits = self._model(token[None], cache=self.cache)[0]
+            before_launch()
             with STEP_CLOCK.part("launch"):
                 mx.async_eval(logits)
             self._launched.append(_LaunchedStep(inputs=None, output=_AwaitingMask(logits), started=started))
@@ -186,6 +204,7 @@ class SoloDecoder:
                 context = mx.concatenate([mx.array(fed), token])
                 logits = self._processors(context, logits)
             samples = sample_rows(self._sampler, logits, on_host=self._on_host)
+        before_launch()
         with STEP_CLOCK.part("launch"):
             mx.async_eval(samples)
         self._launched.append(_LaunchedStep(inputs=None, output=_Sampling(samples), started=started))
