@@ -172,18 +172,14 @@ class SoloDecoder:
         previous = self._launched[0]
         assert isinstance(previous.output, _Sampling)
         token = previous.output.samples.astype(mx.int32)  # as `launch` feeds its tokens
-        if read_ahead is not None:
-            previous_samples = previous.output.samples
+        previous_samples = previous.output.samples
 
-            def before_launch() -> None:
-                with STEP_CLOCK.part("device"):
-                    values: list[int] = previous_samples.tolist()  # pyright: ignore[reportAssignmentType] -- token ids
-                read_ahead(values[:1])  # a plain step (`can_chain`): no draft, its own token
-
-        else:
-
-            def before_launch() -> None:
-                pass
+        def before_launch() -> None:
+            if read_ahead is None:
+                return
+            with STEP_CLOCK.part("device"):
+                values: list[int] = previous_samples.tolist()  # pyright: ignore[reportAssignmentType] -- token ids
+            read_ahead(values[:1])  # a plain step (`can_chain`): no draft, its own token
 
         started = time.perf_counter()
         if self._processors.constrained:
