@@ -145,6 +145,37 @@ def _run(
     )
 
 
+def _compared(
+    loaded: LoadedModel,
+    settings: tuple[DecodeSettings, DecodeSettings],
+    arrivals: Arrivals,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    cancel_at: Cancels | None,
+    processors: Processors | None,
+    rewinds: bool,
+    prepare: Callable[[GenerationScheduler], None] | None,
+) -> tuple[_Run, _Run]:
+    """The same requests run under each of two settings: the chunks and the caches handed back are the same."""
+    first, second = (
+        _run(
+            loaded,
+            each,
+            arrivals,
+            monkeypatch,
+            cancel_at=cancel_at,
+            processors=processors,
+            rewinds=rewinds,
+            prepare=prepare,
+        )
+        for each in settings
+    )
+    assert [outcome.normalised() for outcome in second.outcomes] == [outcome.normalised() for outcome in first.outcomes]
+    assert second.held == first.held
+    assert all(held is not None for held in second.held)
+    return first, second
+
+
 def _same_with_and_without(
     loaded: LoadedModel,
     settings: DecodeSettings,
@@ -158,24 +189,18 @@ def _same_with_and_without(
 ) -> tuple[list[Outcome], _Run]:
     """Run the same requests with overlap off, then on, and check that the chunks and the caches handed back are the
     same: the outcomes, and the run with overlap on (none was chained with it off)."""
-    off, on = (
-        _run(
-            loaded,
-            settings.model_copy(update={"overlap": overlap}),
-            arrivals,
-            monkeypatch,
-            cancel_at=cancel_at,
-            processors=processors,
-            rewinds=rewinds,
-            prepare=prepare,
-        )
-        for overlap in (False, True)
+    off, on = _compared(
+        loaded,
+        (settings.model_copy(update={"overlap": False}), settings.model_copy(update={"overlap": True})),
+        arrivals,
+        monkeypatch,
+        cancel_at=cancel_at,
+        processors=processors,
+        rewinds=rewinds,
+        prepare=prepare,
     )
     assert off.chained_steps == off.chained_grammar_steps == off.batch_grammar_steps == off.batch_grammar_joins == 0
     assert off.accepted_beside == 0
-    assert [outcome.normalised() for outcome in on.outcomes] == [outcome.normalised() for outcome in off.outcomes]
-    assert on.held == off.held
-    assert all(held is not None for held in on.held)
     return on.outcomes, on
 
 
@@ -652,17 +677,25 @@ def test_a_speculating_request_joining_a_batch_is_the_same_with_overlap(
         assert_ended(outcome)
 
 
+def _looping_on_paris(policy: str) -> tuple[JsonBody, Processors]:
+    """A request about to repeat its Paris call under `policy`'s loop guard, and its processors: the lazy grammar
+    already pushed into the call (other requests keep their own)."""
+    body: JsonBody = {"messages": PARIS_LOOP, "tools": [GET_WEATHER_TOOL], "loop_guard": policy, "max_tokens": 24}
+    lazy_pushed = _lazy_grammar_pushed(PARIS_CALL)
+
+    def pushed(context: EngineContext, one: GenerationTask) -> RequestProcessors | None:
+        return lazy_pushed(context, one) if one.params.messages[-1].content == PARIS_WEATHER_RESULT else None
+
+    return body, pushed
+
+
 @pytest.mark.parametrize("policy", ["answer", "block"])
 def test_the_loop_guards_take_back_in_a_batch_rejoins_the_same_with_overlap(
     loaded: LoadedModel, policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The looping request writes its repeated call under the lazy grammar in a batch beside a structured answer; the
     # guard takes the call back, the request leaves the batch and joins it again from before the call.
-    body: JsonBody = {"messages": PARIS_LOOP, "tools": [GET_WEATHER_TOOL], "loop_guard": policy, "max_tokens": 24}
-    lazy_pushed = _lazy_grammar_pushed(PARIS_CALL)
-
-    def pushed(context: EngineContext, one: GenerationTask) -> RequestProcessors | None:
-        return lazy_pushed(context, one) if one.params.messages[-1].content == PARIS_WEATHER_RESULT else None
+    body, pushed = _looping_on_paris(policy)
 
     outcomes, on = _same_with_and_without(
         loaded,
@@ -689,23 +722,21 @@ def _same_beside_or_not(
 ) -> _Run:
     """Run the same requests with overlap on, each step's tokens accepted by the loop after the next launch, then on
     the helper thread while it launches: the chunks and the caches handed back are the same."""
-    loop, beside = (
-        _run(
-            loaded,
-            settings.model_copy(update={"overlap": True, "accept_beside": accept_beside}),
-            arrivals,
-            monkeypatch,
-            cancel_at=cancel_at,
-            processors=processors,
-            rewinds=rewinds,
-            prepare=None,
-        )
-        for accept_beside in (False, True)
+    loop, beside = _compared(
+        loaded,
+        (
+            settings.model_copy(update={"overlap": True, "accept_beside": False}),
+            settings.model_copy(update={"overlap": True, "accept_beside": True}),
+        ),
+        arrivals,
+        monkeypatch,
+        cancel_at=cancel_at,
+        processors=processors,
+        rewinds=rewinds,
+        prepare=None,
     )
     assert loop.accepted_beside == 0
     assert beside.accepted_beside > 0
-    assert [outcome.normalised() for outcome in beside.outcomes] == [outcome.normalised() for outcome in loop.outcomes]
-    assert beside.held == loop.held
     assert beside.chained_steps == loop.chained_steps
     return beside
 
@@ -750,11 +781,7 @@ def test_a_cancel_with_tokens_accepted_beside_is_the_same(
 def test_the_loop_guards_take_back_with_tokens_accepted_beside_is_the_same(
     loaded: LoadedModel, policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    body: JsonBody = {"messages": PARIS_LOOP, "tools": [GET_WEATHER_TOOL], "loop_guard": policy, "max_tokens": 24}
-    lazy_pushed = _lazy_grammar_pushed(PARIS_CALL)
-
-    def pushed(context: EngineContext, one: GenerationTask) -> RequestProcessors | None:
-        return lazy_pushed(context, one) if one.params.messages[-1].content == PARIS_WEATHER_RESULT else None
+    body, pushed = _looping_on_paris(policy)
 
     for arrivals in (lambda: {0: [task(body)]}, lambda: {0: [task(body), task(SHAPES["tool_choice required"])]}):
         beside = _same_beside_or_not(loaded, PLAIN, arrivals, monkeypatch, processors=pushed, rewinds=True)
