@@ -21,6 +21,7 @@ from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, generation_st
 from exo.shared.types.common import TaskId
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache
 from exo.worker.engines.mlx.generator.batch_step import JoinPrompts, LazyLogprobsBatch
+from exo.worker.engines.mlx.generator.beside import AfterLaunch
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import Sampler
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK, StepPart
@@ -108,10 +109,11 @@ class BatchDecoder:
         batch_size: int,
         prefill_step_size: int,
         overlap: bool = False,
-        read_ahead: Callable[[list[tuple[TaskId, int]]], None] | None = None,
+        read_ahead: Callable[[list[tuple[TaskId, int]]], AfterLaunch] | None = None,
     ) -> None:
         """`read_ahead`, where given, is called with each step's tokens (as `step` will return them) before that
-        step's successor is launched: they can be accepted while it computes (`beside.py`)."""
+        step's successor is launched: they can be accepted while it computes; what it returns is called once the launch
+        returns (`beside.py`)."""
         self._generator = BatchGenerator(
             model,
             completion_batch_size=batch_size,
@@ -179,11 +181,11 @@ class BatchDecoder:
             tokens.append((self._task_ids[response.uid], response.token))
         return tokens
 
-    def _tokens_read_ahead(self, uids: list[int], tokens: list[int]) -> None:
+    def _tokens_read_ahead(self, uids: list[int], tokens: list[int]) -> AfterLaunch:
         """The tokens mlx-lm's step is about to return, as `step` will hand them out (a joined member's early token,
         which the step returns again, left out)."""
         assert self._read_ahead is not None
-        self._read_ahead(
+        return self._read_ahead(
             [
                 (self._task_ids[uid], token)
                 for uid, token in zip(uids, tokens, strict=True)

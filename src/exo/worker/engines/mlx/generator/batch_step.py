@@ -41,6 +41,7 @@ from mlx import nn
 from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 
 from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_of
+from exo.worker.engines.mlx.generator.beside import AfterLaunch
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import GREEDY, Sampler, greedy_rows
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
@@ -140,9 +141,10 @@ class LazyLogprobsBatch(GenerationBatch):
     _unsampled: _Unsampled | None = None
     overlap: bool = False
     """Launch a step with a constrained member before its masks, computed in `settle` (see the module's docstring)."""
-    read_ahead: Callable[[list[int], list[int]], None] | None = None
-    """Called with the members' uids and the tokens a step feeds (the last step's sample, waited for) before that
-    step's forward pass is built and launched: a caller accepts them while the launch computes (`beside.py`)."""
+    read_ahead: Callable[[list[int], list[int]], AfterLaunch] | None = None
+    """Called with the members' uids and the tokens a step feeds (the last step's sample, waited for) once that step's
+    forward pass is built, before it is launched: a caller accepts them while the launch computes, and what it returns
+    is called once the launch returns (`beside.py`)."""
 
     @classmethod
     def for_decoding(
@@ -151,7 +153,7 @@ class LazyLogprobsBatch(GenerationBatch):
         fallback_sampler: Sampler,
         *,
         overlap: bool,
-        read_ahead: Callable[[list[int], list[int]], None] | None = None,
+        read_ahead: Callable[[list[int], list[int]], AfterLaunch] | None = None,
     ) -> "LazyLogprobsBatch":
         batch = cls.empty(model, fallback_sampler)
         batch.overlap = overlap
@@ -252,9 +254,11 @@ class LazyLogprobsBatch(GenerationBatch):
             logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
         if self.overlap and self._constrained():
             # The forward pass alone: the masks need the tokens it feeds, accepted first (`settle`).
-            self._read_ahead(inputs)
+            after = self._read_ahead(inputs)
             with STEP_CLOCK.part("launch"):
                 mx.async_eval(logits)
+            if after is not None:
+                after()
             self._unsampled = _Unsampled(logits=logits, inputs=inputs)
             self._next_tokens = None
             self._next_logprobs = []
@@ -264,9 +268,11 @@ class LazyLogprobsBatch(GenerationBatch):
                 logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # lazy: evaluated only if read
                 self._next_tokens = _sample(self._samplers(), logits, logprobs, on_host=self._on_host)
                 self._next_logprobs = [logprobs[index] for index in range(len(self.uids))]
-            self._read_ahead(inputs)
+            after = self._read_ahead(inputs)
             with STEP_CLOCK.part("launch"):
                 mx.async_eval(self._next_tokens, token_context)
+            if after is not None:
+                after()
         with STEP_CLOCK.part("device"):
             mx.eval(inputs)
         tokens = cast(list[int], inputs.tolist())
@@ -274,14 +280,14 @@ class LazyLogprobsBatch(GenerationBatch):
             held.append(token)
         return tokens, self._current_logprobs
 
-    def _read_ahead(self, inputs: mx.array) -> None:
+    def _read_ahead(self, inputs: mx.array) -> AfterLaunch | None:
         """Hand `read_ahead` the tokens this step feeds, once computed: built after the step's graph, so the wait for
         the step before overlaps the building, and before the launch, so they are accepted while it computes."""
         if self.read_ahead is None:
-            return
+            return None
         with STEP_CLOCK.part("device"):
             mx.eval(inputs)
-        self.read_ahead(list(self.uids), cast(list[int], inputs.tolist()))
+        return self.read_ahead(list(self.uids), cast(list[int], inputs.tolist()))
 
     @property
     def _on_host(self) -> bool:

@@ -27,6 +27,10 @@ from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 
 R = TypeVar("R")
 
+AfterLaunch = Callable[[], None]
+"""What the loop calls as soon as the launch returns: it waits for the tokens handed over before it to be accepted
+(counted as parse), so the helper's work is never left running into the loop's next part."""
+
 BESIDE_THREAD_NAME: Final = "exo-accept-beside"
 
 

@@ -26,7 +26,13 @@ from exo.shared.types.common import TaskId
 from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, trim_tokens
 from exo.worker.engines.mlx.generator.batch import BatchDecoder, BatchMember
-from exo.worker.engines.mlx.generator.beside import Accepted, BesideWorker, beside_worker, launch_computes_on_host
+from exo.worker.engines.mlx.generator.beside import (
+    Accepted,
+    AfterLaunch,
+    BesideWorker,
+    beside_worker,
+    launch_computes_on_host,
+)
 from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, StepCosts
 from exo.worker.engines.mlx.generator.group_prefill import GroupPiece, groupable
@@ -311,11 +317,13 @@ class GenerationScheduler:
         if chained:
             beside = self._beside
 
-            def accept_beside(tokens: list[int]) -> None:
+            def accept_beside(tokens: list[int]) -> AfterLaunch:
                 # The launch computes the pass on the host: the step in flight's token is accepted meanwhile.
                 assert beside is not None
-                ahead.append((tokens, beside.submit(lambda: request.accept(tokens))))
+                accepted = beside.submit(lambda: request.accept(tokens))
+                ahead.append((tokens, accepted))
                 self.steps_accepted_beside += 1
+                return accepted.wait
 
             try:
                 decoder.chain(accept_beside if beside is not None else None)
@@ -421,7 +429,7 @@ class GenerationScheduler:
         trim_tokens(removed.cache, 1)
         self._start_solo(request, removed.cache, fed=removed.fed[:-1], pending=removed.fed[-1:])
 
-    def _accept_ahead(self, tokens: list[tuple[TaskId, int]]) -> None:
+    def _accept_ahead(self, tokens: list[tuple[TaskId, int]]) -> AfterLaunch:
         """The batch's step is about to launch its successor, whose launch computes on the host: its members' tokens
         are accepted on the helper meanwhile, and `_accept_batch` takes the chunks."""
         assert self._beside is not None
@@ -433,6 +441,7 @@ class GenerationScheduler:
         accepted = self._beside.submit(lambda: {task_id: request.accept(new) for task_id, request, new in members})
         self._ahead = _AcceptedAhead(tokens=tokens, chunks=accepted)
         self.steps_accepted_beside += 1
+        return accepted.wait
 
     def _batch_step(self) -> list[RequestUpdate]:
         assert self._batch is not None

@@ -32,6 +32,7 @@ from mlx_lm.generate import generation_stream
 
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, can_trim, trim_tokens
 from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_of
+from exo.worker.engines.mlx.generator.beside import AfterLaunch
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, PassTimes, StepCosts
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import Sampler, SeededSampler, sample_rows
@@ -159,14 +160,14 @@ class SoloDecoder:
             return False
         return can_trim(self.cache)
 
-    def chain(self, read_ahead: Callable[[list[int]], None] | None = None) -> None:
+    def chain(self, read_ahead: Callable[[list[int]], AfterLaunch] | None = None) -> None:
         """Launch the next step on the token the step in flight is sampling, before that token is read (`can_chain`
         must hold). The caller handles the first step's token while both compute, then calls `settle_chained`;
         `discard_chained` takes the second back where the request ends or goes back with the first.
 
         `read_ahead`, where given, is called with the first step's tokens (what `collect` returns next, waited for)
         after the second step is built and before it is launched: the wait overlaps the building, and the caller
-        accepts them while the launch computes (`beside.py`)."""
+        accepts them while the launch computes; what it returns is called once the launch returns (`beside.py`)."""
         if not self.can_chain():
             raise RuntimeError("this step cannot be chained")
         previous = self._launched[0]
@@ -174,12 +175,12 @@ class SoloDecoder:
         token = previous.output.samples.astype(mx.int32)  # as `launch` feeds its tokens
         previous_samples = previous.output.samples
 
-        def before_launch() -> None:
+        def before_launch() -> AfterLaunch | None:
             if read_ahead is None:
-                return
+                return None
             with STEP_CLOCK.part("device"):
                 values: list[int] = previous_samples.tolist()  # pyright: ignore[reportAssignmentType] -- token ids
-            read_ahead(values[:1])  # a plain step (`can_chain`): no draft, its own token
+            return read_ahead(values[:1])  # a plain step (`can_chain`): no draft, its own token
 
         started = time.perf_counter()
         if self._processors.constrained:
@@ -187,9 +188,11 @@ class SoloDecoder:
             # `settle_chained`, computed on the host while this pass runs.
             with mx.stream(generation_stream), STEP_CLOCK.part("graph"):
                 logits = self._model(token[None], cache=self.cache)[0]
-            before_launch()
+            after = before_launch()
             with STEP_CLOCK.part("launch"):
                 mx.async_eval(logits)
+            if after is not None:
+                after()
             self._launched.append(_LaunchedStep(inputs=None, output=_AwaitingMask(logits), started=started))
             return
         with mx.stream(generation_stream), STEP_CLOCK.part("graph"):
@@ -200,9 +203,11 @@ class SoloDecoder:
                 context = mx.concatenate([mx.array(fed), token])
                 logits = self._processors(context, logits)
             samples = sample_rows(self._sampler, logits, on_host=self._on_host)
-        before_launch()
+        after = before_launch()
         with STEP_CLOCK.part("launch"):
             mx.async_eval(samples)
+        if after is not None:
+            after()
         self._launched.append(_LaunchedStep(inputs=None, output=_Sampling(samples), started=started))
 
     def settle_chained(self, draft_limit: int) -> None:
