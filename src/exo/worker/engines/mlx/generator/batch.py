@@ -21,7 +21,7 @@ from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, generation_st
 from exo.shared.types.common import TaskId
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache
 from exo.worker.engines.mlx.generator.batch_step import JoinPrompts, LazyLogprobsBatch
-from exo.worker.engines.mlx.generator.beside import AfterLaunch
+from exo.worker.engines.mlx.generator.beside import AfterLaunch, launch
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import Sampler
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK, StepPart
@@ -45,8 +45,7 @@ class _MlxWithTimedEval(ModuleType):
 
     @staticmethod
     def async_eval(*arrays: object) -> None:
-        with STEP_CLOCK.part("launch"):
-            mx.async_eval(*arrays)  # pyright: ignore[reportArgumentType] -- passed through as mlx-lm gave them
+        launch(*arrays)  # pyright: ignore[reportArgumentType] -- passed through as mlx-lm gave them
 
 
 # The module itself: `mlx_lm.generate` as an attribute is the package's `generate` function.
@@ -168,30 +167,24 @@ class BatchDecoder:
         """One generation step (plus one prefill chunk for members still reading their prompts): each decoding
         member's next token. The members that joined in this step have theirs from `take_joined`."""
         _, responses = self._generator.next()
-        tokens: list[tuple[TaskId, int]] = []
-        for response in responses:
-            self._tokens_out[response.uid] += 1
-            early = self._handed_early.pop(response.uid, None)
-            if early is not None:
-                if early != response.token:
-                    raise RuntimeError(
-                        f"batch member {response.uid} was handed {early} early but sampled {response.token}"
-                    )
-                continue
-            tokens.append((self._task_ids[response.uid], response.token))
+        stepped = [(response.uid, response.token) for response in responses]
+        tokens = self._handed_out(stepped)
+        for uid, token in stepped:
+            self._tokens_out[uid] += 1
+            early = self._handed_early.pop(uid, None)
+            if early is not None and early != token:
+                raise RuntimeError(f"batch member {uid} was handed {early} early but sampled {token}")
         return tokens
 
+    def _handed_out(self, stepped: list[tuple[int, int]]) -> list[tuple[TaskId, int]]:
+        """A step's (uid, token) pairs as the requests' tokens: a joined member's early token, which mlx-lm's next step
+        returns again, left out."""
+        return [(self._task_ids[uid], token) for uid, token in stepped if uid not in self._handed_early]
+
     def _tokens_read_ahead(self, uids: list[int], tokens: list[int]) -> AfterLaunch:
-        """The tokens mlx-lm's step is about to return, as `step` will hand them out (a joined member's early token,
-        which the step returns again, left out)."""
+        """The tokens mlx-lm's step is about to return, as `step` will hand them out."""
         assert self._read_ahead is not None
-        return self._read_ahead(
-            [
-                (self._task_ids[uid], token)
-                for uid, token in zip(uids, tokens, strict=True)
-                if uid in self._task_ids and uid not in self._handed_early
-            ]
-        )
+        return self._read_ahead(self._handed_out(list(zip(uids, tokens, strict=True))))
 
     def take_joined(self) -> list[tuple[TaskId, int]]:
         """The first token of each member that joined in the last `step`, sampled by its joining pass: handing it out

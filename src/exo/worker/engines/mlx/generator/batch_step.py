@@ -41,9 +41,9 @@ from mlx import nn
 from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 
 from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_of
-from exo.worker.engines.mlx.generator.beside import AfterLaunch
+from exo.worker.engines.mlx.generator.beside import AfterLaunch, launch
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
-from exo.worker.engines.mlx.generator.sampling import GREEDY, Sampler, greedy_rows
+from exo.worker.engines.mlx.generator.sampling import GREEDY, Sampler, greedy_rows, read_tokens
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 
 
@@ -67,8 +67,7 @@ class _LaunchedPass(nn.Module):
 
     def __call__(self, inputs: mx.array, cache: list[object]) -> mx.array:
         logits = cast(mx.array, self.inner(inputs, cache=cache))
-        with STEP_CLOCK.part("launch"):
-            mx.async_eval(logits)
+        launch(logits)
         return logits
 
 
@@ -193,9 +192,7 @@ class LazyLogprobsBatch(GenerationBatch):
         self._joined = []
         taken: list[tuple[int, int]] = []
         for uids, tokens in joined:
-            with STEP_CLOCK.part("device"):
-                values = cast(list[int], tokens.tolist())
-            taken += zip(uids, values, strict=True)
+            taken += zip(uids, read_tokens(tokens), strict=True)
         return taken
 
     def settle(self) -> bool:
@@ -214,8 +211,7 @@ class LazyLogprobsBatch(GenerationBatch):
             joined = self._next_tokens
             self._next_tokens = sampled if joined is None else mx.concatenate([sampled, joined])
             self._next_logprobs = [*(logprobs[index] for index in range(rows)), *self._next_logprobs]
-        with STEP_CLOCK.part("launch"):
-            mx.async_eval(self._next_tokens, token_context)
+        launch(self._next_tokens, token_context)
         return True
 
     def _constrained(self) -> bool:
@@ -254,11 +250,8 @@ class LazyLogprobsBatch(GenerationBatch):
             logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
         if self.overlap and self._constrained():
             # The forward pass alone: the masks need the tokens it feeds, accepted first (`settle`).
-            after = self._read_ahead(inputs)
-            with STEP_CLOCK.part("launch"):
-                mx.async_eval(logits)
-            if after is not None:
-                after()
+            tokens, after = self._read_ahead(inputs)
+            launch(logits, after=after)
             self._unsampled = _Unsampled(logits=logits, inputs=inputs)
             self._next_tokens = None
             self._next_logprobs = []
@@ -268,26 +261,22 @@ class LazyLogprobsBatch(GenerationBatch):
                 logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # lazy: evaluated only if read
                 self._next_tokens = _sample(self._samplers(), logits, logprobs, on_host=self._on_host)
                 self._next_logprobs = [logprobs[index] for index in range(len(self.uids))]
-            after = self._read_ahead(inputs)
-            with STEP_CLOCK.part("launch"):
-                mx.async_eval(self._next_tokens, token_context)
-            if after is not None:
-                after()
-        with STEP_CLOCK.part("device"):
-            mx.eval(inputs)
-        tokens = cast(list[int], inputs.tolist())
+            tokens, after = self._read_ahead(inputs)
+            launch(self._next_tokens, token_context, after=after)
+        if tokens is None:
+            tokens = read_tokens(inputs)
         for held, token in zip(self.tokens, tokens, strict=True):
             held.append(token)
         return tokens, self._current_logprobs
 
-    def _read_ahead(self, inputs: mx.array) -> AfterLaunch | None:
-        """Hand `read_ahead` the tokens this step feeds, once computed: built after the step's graph, so the wait for
-        the step before overlaps the building, and before the launch, so they are accepted while it computes."""
+    def _read_ahead(self, inputs: mx.array) -> tuple[list[int] | None, AfterLaunch | None]:
+        """Where a caller accepts them beside the launch (`read_ahead`): the tokens this step feeds, read once its graph
+        is built (the wait for the step before overlaps the building) and before the launch, and what to call once the
+        launch returns; (None, None) otherwise."""
         if self.read_ahead is None:
-            return None
-        with STEP_CLOCK.part("device"):
-            mx.eval(inputs)
-        return self.read_ahead(list(self.uids), cast(list[int], inputs.tolist()))
+            return None, None
+        tokens = read_tokens(inputs)
+        return tokens, self.read_ahead(list(self.uids), tokens)
 
     @property
     def _on_host(self) -> bool:

@@ -34,6 +34,14 @@ AfterLaunch = Callable[[], None]
 BESIDE_THREAD_NAME: Final = "exo-accept-beside"
 
 
+def launch(*arrays: mx.array | list[mx.array], after: AfterLaunch | None = None) -> None:
+    """`mx.async_eval(*arrays)`, counted as the launch, then `after` where tokens went to the helper before it."""
+    with STEP_CLOCK.part("launch"):
+        mx.async_eval(*arrays)
+    if after is not None:
+        after()
+
+
 def launch_computes_on_host() -> bool:
     """Whether the model's steps are computed by the CPU (mlx's CPU backend, or exo's CPU engine on it): there
     `mx.async_eval` returns only once most of a pass is done."""

@@ -9,7 +9,7 @@ global `mx.random` state would interleave every member's draws).
 
 import secrets
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, cast
 
 import mlx.core as mx
 import numpy as np
@@ -17,6 +17,7 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, greedy_sa
 
 from exo.shared.types.api import MAX_SEED
 from exo.shared.types.tasks import SamplingParams
+from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
@@ -122,3 +123,9 @@ def sample_rows(sampler: Sampler, logits: mx.array, *, on_host: bool = False) ->
     if sampler is GREEDY:
         return greedy_rows(logits, on_host=on_host)
     return sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+
+
+def read_tokens(samples: mx.array) -> list[int]:
+    """The token ids a step sampled (a 1-D array), waiting for the step: the wait is the device's, on the step clock."""
+    with STEP_CLOCK.part("device"):
+        return cast(list[int], samples.tolist())

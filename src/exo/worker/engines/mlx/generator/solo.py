@@ -32,10 +32,10 @@ from mlx_lm.generate import generation_stream
 
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, can_trim, trim_tokens
 from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_of
-from exo.worker.engines.mlx.generator.beside import AfterLaunch
+from exo.worker.engines.mlx.generator.beside import AfterLaunch, launch
 from exo.worker.engines.mlx.generator.draft_policy import DraftPolicy, PassTimes, StepCosts
 from exo.worker.engines.mlx.generator.processors import RequestProcessors
-from exo.worker.engines.mlx.generator.sampling import Sampler, SeededSampler, sample_rows
+from exo.worker.engines.mlx.generator.sampling import Sampler, SeededSampler, read_tokens, sample_rows
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 
 DraftSource = Callable[[int], list[int]]
@@ -141,8 +141,7 @@ class SoloDecoder:
         with mx.stream(generation_stream), STEP_CLOCK.part("graph"):
             logits = self._model(mx.array(inputs)[None], cache=self.cache)[0]
             samples = self._sample(inputs, logits)
-        with STEP_CLOCK.part("launch"):
-            mx.async_eval(samples)
+        launch(samples)
         self._launched.append(
             _LaunchedStep(inputs=inputs, output=_Sampling(samples), started=started, forced=bool(forced))
         )
@@ -172,15 +171,12 @@ class SoloDecoder:
             raise RuntimeError("this step cannot be chained")
         previous = self._launched[0]
         assert isinstance(previous.output, _Sampling)
-        token = previous.output.samples.astype(mx.int32)  # as `launch` feeds its tokens
-        previous_samples = previous.output.samples
+        in_flight = previous.output.samples
+        token = in_flight.astype(mx.int32)  # as `launch` feeds its tokens
 
         def before_launch() -> AfterLaunch | None:
-            if read_ahead is None:
-                return None
-            with STEP_CLOCK.part("device"):
-                values: list[int] = previous_samples.tolist()  # pyright: ignore[reportAssignmentType] -- token ids
-            return read_ahead(values[:1])  # a plain step (`can_chain`): no draft, its own token
+            # A plain step (`can_chain`): no draft, its own token.
+            return None if read_ahead is None else read_ahead(read_tokens(in_flight)[:1])
 
         started = time.perf_counter()
         if self._processors.constrained:
@@ -188,11 +184,7 @@ class SoloDecoder:
             # `settle_chained`, computed on the host while this pass runs.
             with mx.stream(generation_stream), STEP_CLOCK.part("graph"):
                 logits = self._model(token[None], cache=self.cache)[0]
-            after = before_launch()
-            with STEP_CLOCK.part("launch"):
-                mx.async_eval(logits)
-            if after is not None:
-                after()
+            launch(logits, after=before_launch())
             self._launched.append(_LaunchedStep(inputs=None, output=_AwaitingMask(logits), started=started))
             return
         with mx.stream(generation_stream), STEP_CLOCK.part("graph"):
@@ -203,11 +195,7 @@ class SoloDecoder:
                 context = mx.concatenate([mx.array(fed), token])
                 logits = self._processors(context, logits)
             samples = sample_rows(self._sampler, logits, on_host=self._on_host)
-        after = before_launch()
-        with STEP_CLOCK.part("launch"):
-            mx.async_eval(samples)
-        if after is not None:
-            after()
+        launch(samples, after=before_launch())
         self._launched.append(_LaunchedStep(inputs=None, output=_Sampling(samples), started=started))
 
     def settle_chained(self, draft_limit: int) -> None:
@@ -221,8 +209,7 @@ class SoloDecoder:
             with mx.stream(generation_stream), STEP_CLOCK.part("graph"):
                 logits = self._processors(mx.array([*self.fed, *self.pending]), step.output.logits)
                 samples = sample_rows(self._sampler, logits, on_host=self._on_host)
-            with STEP_CLOCK.part("launch"):
-                mx.async_eval(samples)
+            launch(samples)
             self._launched[0] = replace(step, output=_Sampling(samples))
         self.look_up_draft(draft_limit)
 
@@ -324,8 +311,7 @@ class SoloDecoder:
         if not isinstance(step.output, _Sampling):
             raise RuntimeError("a chained step is collected once settled")
         inputs = step.inputs if step.inputs is not None else list(self.pending)
-        with STEP_CLOCK.part("device"):
-            samples: list[int] = step.output.samples.tolist()  # pyright: ignore[reportAssignmentType] -- 1-D token ids
+        samples = read_tokens(step.output.samples)
         collected = time.perf_counter()
         if self._times is not None:
             self._times.record(len(inputs), collected - step.started)
