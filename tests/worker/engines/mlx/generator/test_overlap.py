@@ -12,7 +12,7 @@ compare it with the loop's own accept (`DecodeSettings.accept_beside`).
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import TypedDict, TypeVar, Unpack, cast
 
 import mlx.core as mx
 import pytest
@@ -102,17 +102,24 @@ Cancels = Callable[[Mapping[int, Sequence[GenerationTask]]], Mapping[int, Sequen
 Processors = Callable[[EngineContext, GenerationTask], RequestProcessors | None]
 
 
+class _Options(TypedDict, total=False):
+    """How a run goes beyond its settings and arrivals (each helper below passes them on to `_run`)."""
+
+    cancel_at: Cancels
+    processors: Processors
+    rewinds: bool
+    """Requests opened as the runner opens them, able to repair a failed call."""
+    prepare: Callable[[GenerationScheduler], None]
+
+
 def _run(
     loaded: LoadedModel,
     settings: DecodeSettings,
     arrivals: Arrivals,
     monkeypatch: pytest.MonkeyPatch,
-    *,
-    cancel_at: Cancels | None,
-    processors: Processors | None,
-    rewinds: bool,
-    prepare: Callable[[GenerationScheduler], None] | None,
+    **options: Unpack[_Options],
 ) -> _Run:
+    cancel_at, processors, prepare = options.get("cancel_at"), options.get("processors"), options.get("prepare")
     released = _Released(monkeypatch)
     context = context_for(loaded, settings)
     scheduler = GenerationScheduler(loaded.model, context.decode)
@@ -130,7 +137,7 @@ def _run(
         scheduler=scheduler,
         cancel_at=cancel_at(tasks) if cancel_at else None,
         processors=replaced,
-        rewinds=rewinds,
+        rewinds=options.get("rewinds", False),
     )
     monkeypatch.undo()
     return _Run(
@@ -150,26 +157,10 @@ def _compared(
     settings: tuple[DecodeSettings, DecodeSettings],
     arrivals: Arrivals,
     monkeypatch: pytest.MonkeyPatch,
-    *,
-    cancel_at: Cancels | None,
-    processors: Processors | None,
-    rewinds: bool,
-    prepare: Callable[[GenerationScheduler], None] | None,
+    **options: Unpack[_Options],
 ) -> tuple[_Run, _Run]:
     """The same requests run under each of two settings: the chunks and the caches handed back are the same."""
-    first, second = (
-        _run(
-            loaded,
-            each,
-            arrivals,
-            monkeypatch,
-            cancel_at=cancel_at,
-            processors=processors,
-            rewinds=rewinds,
-            prepare=prepare,
-        )
-        for each in settings
-    )
+    first, second = (_run(loaded, each, arrivals, monkeypatch, **options) for each in settings)
     assert [outcome.normalised() for outcome in second.outcomes] == [outcome.normalised() for outcome in first.outcomes]
     assert second.held == first.held
     assert all(held is not None for held in second.held)
@@ -181,11 +172,7 @@ def _same_with_and_without(
     settings: DecodeSettings,
     arrivals: Arrivals,
     monkeypatch: pytest.MonkeyPatch,
-    *,
-    cancel_at: Cancels | None = None,
-    processors: Processors | None = None,
-    rewinds: bool = False,
-    prepare: Callable[[GenerationScheduler], None] | None = None,
+    **options: Unpack[_Options],
 ) -> tuple[list[Outcome], _Run]:
     """Run the same requests with overlap off, then on, and check that the chunks and the caches handed back are the
     same: the outcomes, and the run with overlap on (none was chained with it off)."""
@@ -194,10 +181,7 @@ def _same_with_and_without(
         (settings.model_copy(update={"overlap": False}), settings.model_copy(update={"overlap": True})),
         arrivals,
         monkeypatch,
-        cancel_at=cancel_at,
-        processors=processors,
-        rewinds=rewinds,
-        prepare=prepare,
+        **options,
     )
     assert off.chained_steps == off.chained_grammar_steps == off.batch_grammar_steps == off.batch_grammar_joins == 0
     assert off.accepted_beside == 0
@@ -439,10 +423,6 @@ def _off_and_on(
                 PLAIN.model_copy(update={"overlap": overlap}),
                 arrivals,
                 monkeypatch,
-                cancel_at=None,
-                processors=None,
-                rewinds=False,
-                prepare=None,
             )
     return runs, spies
 
@@ -715,10 +695,7 @@ def _same_beside_or_not(
     settings: DecodeSettings,
     arrivals: Arrivals,
     monkeypatch: pytest.MonkeyPatch,
-    *,
-    cancel_at: Cancels | None = None,
-    processors: Processors | None = None,
-    rewinds: bool = False,
+    **options: Unpack[_Options],
 ) -> _Run:
     """Run the same requests with overlap on, each step's tokens accepted by the loop after the next launch, then on
     the helper thread while it launches: the chunks and the caches handed back are the same."""
@@ -730,10 +707,7 @@ def _same_beside_or_not(
         ),
         arrivals,
         monkeypatch,
-        cancel_at=cancel_at,
-        processors=processors,
-        rewinds=rewinds,
-        prepare=None,
+        **options,
     )
     assert loop.accepted_beside == 0
     assert beside.accepted_beside > 0
