@@ -89,10 +89,19 @@ class RowsProduct:
         type_name: str,
         rows: int,
         threads: int,
+        repacked: bool = False,
     ) -> "RowsProduct":
+        """`repacked`: the matrix held in ggml's interleaved layout (as the engine holds Q4_K), else as stored."""
         out_features, in_features = weights.shape
         matrix = GgmlMatrix(ggml, type_name, out_features, in_features)
         matrix.fill(0, weights)
+        if repacked:
+            stored = matrix
+            held = GgmlMatrix.repacked_from_blocks(ggml, type_name, out_features, in_features, stored.blocks)
+            stored.close()
+            if held is None:
+                raise ValueError(f"ggml holds no repacked layout of {type_name} for this shape on this CPU")
+            matrix = held
         ops = graph_ops(ggml)
         floats = 4 * rows * (in_features + out_features)
         context = ggml.new_context(floats + 4 * int(ggml.tensor_overhead()) + int(ggml.graph_overhead()))

@@ -14,8 +14,11 @@ import numpy as np
 import numpy.typing as npt
 from gguf import GGMLQuantizationType
 
+from bench.random_model import ReducedShape, write_random_model
 from exo.models.gguf_import import gguf_tensors, tensor_record
 from exo.models.gguf_source import record_gguf
+from exo.worker.engines.mlx.cpu.ggml_library import Ggml, GgmlMatrix
+from tests.exo_server import fixture_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
 from tests.models.tiny_gguf import gguf_name, permute_rotary
 
@@ -49,9 +52,32 @@ def export_untied(name: FixtureModelName, target: Path) -> Path:
     return export_model(untied, target)
 
 
-def export_model(source: Path, target: Path, quantize: Quantizer | None = None) -> Path:
+def export_wide_q4_k(ggml: Ggml, directory: Path) -> Path:
+    """A random model wide enough for Q4_K's 256-value blocks (tiny-qwen-tools' tokenizer, two layers of 256),
+    exported with every matrix in Q4_K (quantized by ggml itself: `gguf` writes no Q4_K) into `directory`."""
+    wide = directory / "wide"
+    shape = ReducedShape(layers=2, hidden_size=256, intermediate_size=512, attention_heads=4, key_value_heads=2)
+    write_random_model(fixture_model("tiny-qwen-tools"), wide, "float32", shape)
+
+    def quantize(values: npt.NDArray[np.float32], qtype: GGMLQuantizationType) -> npt.NDArray[np.uint8]:
+        if qtype != GGMLQuantizationType.Q4_K:
+            return gguf.quants.quantize(values, qtype)
+        matrix = GgmlMatrix(ggml, "Q4_K", *values.shape)
+        matrix.fill(0, values.astype(np.float32))
+        return matrix.blocks.copy()
+
+    return export_model(wide, directory / "exported", quantize, {"weight": GGMLQuantizationType.Q4_K})
+
+
+def export_model(
+    source: Path,
+    target: Path,
+    quantize: Quantizer | None = None,
+    matrix_types: dict[str, GGMLQuantizationType] | None = None,
+) -> Path:
     """`export_fixture` for any model directory `source` (`quantize`: for the block types gguf's own Python does not
-    quantize, such as the K-quants: values and type to the blocks)."""
+    quantize, such as the K-quants: values and type to the blocks; `matrix_types`: in place of `MATRIX_TYPES`)."""
+    types = MATRIX_TYPES if matrix_types is None else matrix_types
     shutil.copytree(source, target)
     config = json.loads((target / "config.json").read_text())
     architecture = str(config["model_type"])
@@ -68,9 +94,7 @@ def export_model(source: Path, target: Path, quantize: Quantizer | None = None) 
         tensor = gguf_name(hf_name)
         qtype = GGMLQuantizationType.F32
         if values.ndim == 2:
-            qtype = next(
-                (kind for suffix, kind in MATRIX_TYPES.items() if tensor.endswith(suffix)), GGMLQuantizationType.Q8_0
-            )
+            qtype = next((kind for suffix, kind in types.items() if tensor.endswith(suffix)), GGMLQuantizationType.Q8_0)
         blocks = quantize(values, qtype) if quantize is not None else gguf.quants.quantize(values, qtype)
         writer.add_tensor(tensor, blocks, raw_dtype=qtype)
     writer.write_header_to_file()

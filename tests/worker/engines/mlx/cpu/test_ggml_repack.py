@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from bench.random_model import ReducedShape, write_random_model
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cpu import engine, ggml_repack
 from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_of
@@ -25,7 +24,6 @@ from exo.worker.engines.mlx.cpu.ggml_library import Ggml, GgmlMatrix
 from exo.worker.engines.mlx.cpu.ggml_repack import READ_BACK_ROWS, q4_k_from_8x8
 from exo.worker.engines.mlx.cpu.q8_layers import Q8Linear
 from exo.worker.engines.mlx.model_loader import load_model
-from tests.exo_server import fixture_model
 from tests.machine_skips import skip_for_machine
 from tests.worker.engines.mlx.cpu import gguf_export
 from tests.worker.engines.mlx.cpu.weight_formats import assert_within_product_rounding, loaded_fixture
@@ -152,22 +150,7 @@ def test_a_long_pass_reads_q4_k_matrices_back_and_computes_exactly_what_the_stor
     bit for bit the logits of the same file held as stored (`off`: the same bytes, the same kernels), and `on`
     (repacked kernels over the long pass too) within the products' rounding; decode steps (repacked kernels) agree
     within that rounding."""
-    wide = tmp_path / "wide"
-    shape = ReducedShape(layers=2, hidden_size=256, intermediate_size=512, attention_heads=4, key_value_heads=2)
-    write_random_model(fixture_model("tiny-qwen-tools"), wide, "float32", shape)
-
-    def quantize(values: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
-        if qtype != gguf.GGMLQuantizationType.Q4_K:
-            return gguf.quants.quantize(values, qtype)
-        matrix = GgmlMatrix(repacking, "Q4_K", *values.shape)
-        matrix.fill(0, values.astype(np.float32))
-        return matrix.blocks.copy()
-
-    gguf_export.MATRIX_TYPES, kept_types = {"weight": gguf.GGMLQuantizationType.Q4_K}, gguf_export.MATRIX_TYPES
-    try:
-        exported = gguf_export.export_model(wide, tmp_path / "exported", quantize)
-    finally:
-        gguf_export.MATRIX_TYPES = kept_types
+    exported = gguf_export.export_wide_q4_k(repacking, tmp_path)
 
     def loaded(setting: str) -> object:
         kernels = engine.CpuKernels("auto", environment={engine.REPACK_VARIABLE: setting}, weights="gguf")

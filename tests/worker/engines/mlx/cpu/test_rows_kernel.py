@@ -16,19 +16,21 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx import nn
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from bench.ggml_kernels import RowsProduct
 from exo.shared.types.worker.shards import ShardAssignment
 from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_of
 from exo.worker.engines.mlx.cpu.engine import CpuKernels
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
+from exo.worker.engines.mlx.cpu.ggml_repack import READ_BACK_ROWS
 from exo.worker.engines.mlx.cpu.rows_kernel import ROWS_KERNEL_VARIABLE, RowsKernel, rows_kernel
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
 from tests.machine_skips import skip_for_machine
+from tests.worker.engines.mlx.cpu.gguf_export import export_wide_q4_k
 from tests.worker.engines.mlx.cpu.test_decode_graph import PROMPT, _batched  # pyright: ignore[reportPrivateUsage]
-from tests.worker.engines.mlx.cpu.weight_formats import graph_and_plain
+from tests.worker.engines.mlx.cpu.weight_formats import assert_within_product_rounding, graph_and_plain
 
 THREADS = 2
 
@@ -96,6 +98,116 @@ def test_products_are_ggmls_for_every_row_count_the_kernel_takes(
             assert error <= 1.01 * float(np.abs(theirs - exact).max()) + 1e-6 * scale, (type_name, rows)
     finally:
         matrix.close()
+
+
+@pytest.mark.parametrize("out_features", [96, 904])  # 12 and 113 groups of 8 outputs: thread shares of both parities
+@pytest.mark.parametrize("in_features", [256, 768])
+def test_repacked_q4_k_products_are_ggmls_for_every_row_count(
+    ggml: Ggml, kernel: RowsKernel, out_features: int, in_features: int
+) -> None:
+    """Q4_K as ggml repacks it (`block_q4_Kx8`, what the engine holds): the kernel's product and ggml's repacked
+    one over the same blocks, for one to 16 rows (one pass of registers), 17 (a short second chunk), 64 (a panel)
+    and 101 (a second, short panel). exo quantizes the rows per 32 values, ggml per 256 (Q8_K): they round apart,
+    exo's no further from float32 overall (root mean square)."""
+    q4_k = GGML_TYPES["Q4_K"]
+    if kernel.min_rows[q4_k] == 0:
+        skip_for_machine("the kernel reads repacked Q4_K with AVX-512 VNNI only")
+    rng = np.random.default_rng(11)
+    weights = (rng.standard_normal((out_features, in_features)) * 0.05).astype(np.float32)
+    stored = GgmlMatrix(ggml, "Q4_K", out_features, in_features)
+    stored.fill(0, weights)
+    repacked = GgmlMatrix.repacked_from_blocks(ggml, "Q4_K", out_features, in_features, stored.blocks)
+    if repacked is None:
+        skip_for_machine("ggml holds no repacked Q4_K here")
+    dense = np.empty((out_features, in_features), dtype=np.float32)
+    stored.dequantize(0, out_features, dense)  # the values the blocks hold
+    try:
+        assert kernel.applies(q4_k, in_features, 1, repacked=True)
+        assert not kernel.applies(q4_k, in_features, 1, repacked=False)  # the blocks as stored are not its layout
+        for rows in [*range(1, 17), 17, 64, 101]:
+            x = rng.standard_normal((rows, in_features)).astype(np.float32)
+            x[:, 3] *= 40.0  # an outlier channel
+            x[rows // 2, 32:64] = 0.0  # a sub-block of zeros (scale 0)
+            product = RowsProduct.create(
+                ggml, kernel, weights, type_name="Q4_K", rows=rows, threads=THREADS, repacked=True
+            )
+            try:
+                ours = product.run(x)
+            finally:
+                product.close()
+            theirs = repacked.product(x, THREADS, ggml.shared_threadpool(THREADS))
+            held = x.astype(np.float64) @ dense.T.astype(np.float64)  # the blocks' own product, rows unquantized
+            scale = float(np.abs(held).max())
+
+            # Rows rounded per 32 values and per 256 part most where an outlier coarsens ggml's whole 256 (seen:
+            # up to 5% of the largest value apart, exo's within 1.7% of the blocks' own product, ggml's 5.4%).
+            assert float(np.abs(ours - theirs).max()) < 0.08 * scale, rows
+            assert float(np.abs(ours - held).max()) < 0.03 * scale, rows
+            assert _rms(ours - held) < _rms(theirs - held), rows
+    finally:
+        stored.close()
+        repacked.close()
+
+
+def _rms(error: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(error**2)))
+
+
+@pytest.mark.parametrize("sequences", [1, 3, 9])
+def test_a_q4_k_model_decodes_through_the_kernel_as_through_ggmls_repacked_products(
+    ggml: Ggml, kernel: RowsKernel, sequences: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A model of Q4_K matrices, held repacked as the engine holds them: its prefill (a pass of 12 or 54 rows; one
+    of 297 goes to the read-back) and decode steps (a row a sequence) go through the kernel, with the logits of
+    ggml's repacked products within the products' rounding (the steps are fed the same tokens, so a near tie cannot
+    part the two runs)."""
+    if kernel.min_rows[GGML_TYPES["Q4_K"]] == 0:
+        skip_for_machine("the kernel reads repacked Q4_K with AVX-512 VNNI only")
+    exported = export_wide_q4_k(ggml, tmp_path)
+
+    def loaded() -> nn.Module:
+        kernels = CpuKernels("auto", weights="gguf")
+        return exo_load_model(exported, ShardAssignment(), cpu_kernels=kernels).model
+
+    ours_model = loaded()
+    with monkeypatch.context() as switched:
+        switched.setenv(ROWS_KERNEL_VARIABLE, "off")
+        theirs_model = loaded()
+    rows_taken: list[int] = []
+    product = RowsKernel.product
+
+    def counted(self: RowsKernel, *args: object, rows: int, **kwargs: object) -> int:
+        rows_taken.append(rows)
+        return product(self, *args, rows=rows, **kwargs)  # pyright: ignore[reportArgumentType]
+
+    monkeypatch.setattr(RowsKernel, "product", counted)
+    prompts = [PROMPT[offset : offset + 12 + 3 * offset] for offset in range(sequences)]
+    ours = _fed(ours_model, prompts)
+    prefill_rows = sequences * max(len(prompt) for prompt in prompts)  # the batch padded to its longest
+    # A pass of READ_BACK_ROWS or more multiplies the matrices read back into their stored blocks: ggml's products.
+    assert (prefill_rows in rows_taken) == (prefill_rows < READ_BACK_ROWS)
+    assert sequences in rows_taken  # the decode steps'
+    rows_taken.clear()
+    theirs = _fed(theirs_model, prompts)
+    assert not rows_taken
+    for a, b in zip(ours, theirs, strict=True):
+        assert_within_product_rounding(a, b)
+
+
+def _fed(model: nn.Module, prompts: list[list[int]]) -> list[np.ndarray]:
+    """The prompts prefilled as one left-padded batch, then four steps fed fixed tokens: each pass's last logits."""
+    longest = max(len(prompt) for prompt in prompts)
+    padding = [longest - len(prompt) for prompt in prompts]
+    layers = len(model["model"]["layers"])  # pyright: ignore[reportIndexIssue, reportUnknownArgumentType]
+    cache = [BatchKVCache(left_padding=padding) for _ in range(layers)]
+    rows = mx.array([[0] * pad + prompt for pad, prompt in zip(padding, prompts, strict=True)])
+    outputs: list[np.ndarray] = []
+    for step in range(5):
+        logits = model(rows, cache=cache)
+        mx.eval(logits)
+        outputs.append(np.array(logits[:, -1]))
+        rows = mx.array([[5 + 4 * step + index] for index in range(len(prompts))])
+    return outputs
 
 
 def test_the_kernel_takes_a_batchs_q8_0_q5_0_and_q6_k_products_only(kernel: RowsKernel) -> None:

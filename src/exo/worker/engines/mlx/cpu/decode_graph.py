@@ -444,9 +444,10 @@ class DecodeGraph:
 
     def _product(self, context: int, matrix: GgmlMatrix, weight: int, x: int, rows: int) -> int:
         """`weight` (the matrix's tensor, or its read-back) times x's `rows` rows: exo's product where it applies (a
-        Q8_0, Q5_0 or Q6_K matrix as stored, a row count the kernel takes), else ggml's."""
+        Q8_0, Q5_0 or Q6_K matrix as stored, a repacked Q4_K one, a row count the kernel takes), else ggml's."""
         kernel = self._rows
-        if kernel is not None and not matrix.repacked and kernel.applies(matrix.type, matrix.shape[1], rows):
+        repacked = matrix.repacked and weight == matrix.tensor  # a read-back holds the blocks as stored
+        if kernel is not None and kernel.applies(matrix.type, matrix.shape[1], rows, repacked=repacked):
             return kernel.product(self._ops, context, weight, x, out_features=matrix.shape[0], rows=rows)
         return self._ops.mul_mat(context, weight, x)
 

@@ -1,4 +1,5 @@
-// exo's products for ggml's Q8_0, Q5_0 and Q6_K blocks on x86 with VNNI (AVX-512 VNNI or AVX-VNNI).
+// exo's products for ggml's Q8_0, Q5_0 and Q6_K blocks, and Q4_K as ggml repacks it, on x86 with VNNI (AVX-512 VNNI
+// or AVX-VNNI; repacked Q4_K with AVX-512 only).
 //
 // ggml's x86 build multiplies a few activation rows (a batched decode step: 2 to 16 sequences) by a Q8_0 or Q5_0
 // matrix with llamafile's tinyBLAS, which spends about seven vector instructions on every 32 multiply-adds of one
@@ -53,10 +54,11 @@ int exo_rows_max(void) { return EXO_ROWS_MAX; }
 // The fewest rows worth a product of this ggml type here (0: the type is not taken), from the kernel bench
 // (`python -m bench.quant_kernels`): with AVX-512 one for Q8_0 and Q5_0 (whose products read a matrix from memory
 // faster than ggml's) and 5 for Q6_K (whose unpacking, shared by fewer rows, costs more than ggml's product); 5 for
-// all with AVX-VNNI only.
+// all with AVX-VNNI only. With AVX-512 also Q4_K from one row, but only as ggml repacks it (block_q4_Kx8): the
+// caller passes no Q4_K matrix as stored.
 int exo_rows_min(int type);
-// The most rows it takes a product of this type for: with AVX-512 any number for Q8_0 and Q5_0 and 128 for Q6_K,
-// the lanes (8) with AVX-VNNI only.
+// The most rows it takes a product of this type for: with AVX-512 any number for Q8_0, Q5_0 and repacked Q4_K, and
+// 128 for Q6_K; the lanes (8) with AVX-VNNI only.
 int exo_rows_most(int type);
 void exo_rows_mul_mat(struct ggml_tensor* dst, int ith, int nth, void* userdata);
 }
@@ -87,6 +89,19 @@ struct BlockQ6K {
     uint16_t d;
 };
 static_assert(sizeof(BlockQ6K) == 210, "Q6_K block");
+// Q4_K as ggml's CPU_REPACK buffer holds it on x86 (block_q4_Kx8 in ggml-cpu/repack.h): one 256-value super-block of
+// eight outputs side by side. Output j's value = d[j] · scale · q − dmin[j] · min, q a nibble, each 32 values
+// (a sub-block) with a 6-bit scale and min. qs: 16 chunks of 64 bytes, chunk c holding bytes 8(c % 4) .. + 7 of
+// sub-block pair c / 4 for each output in turn (8 bytes an output; a byte's low nibble is a value of the pair's first
+// sub-block, its high nibble the same position's of the second). scales: 12 bytes a sub-block for all eight
+// outputs (ggml's make_block_q4_Kx8 packs them).
+struct BlockQ4Kx8 {
+    uint16_t d[8];
+    uint16_t dmin[8];
+    uint8_t scales[96];
+    uint8_t qs[1024];
+};
+static_assert(sizeof(BlockQ4Kx8) == 1152, "block_q4_Kx8");
 static_assert(sizeof(BlockQ8) == 34, "Q8_0 block");
 static_assert(sizeof(BlockQ5) == 22, "Q5_0 block");
 
@@ -602,6 +617,144 @@ template <typename Block>
 void dispatch_by_outputs(int rows, const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, int nth) {
     with_rows(rows, [&](auto rows_at_once) { run_by_outputs<Block, decltype(rows_at_once)::value>(rows, w, x, dst, ith, nth); });
 }
+
+// Repacked Q4_K (AVX-512): a chunk's 64 bytes are already eight outputs in pairs of lanes (lane 2j: output j's four
+// values at 8(c % 4) .. + 3, lane 2j + 1 the next four), so no transposition: the low nibbles (masked) and the high
+// ones (shifted) are the unsigned bytes of `vpdpbusd`, and each row's matching eight quantized bytes are broadcast
+// to every pair of lanes. Each sub-block's sums take its scale in float (the rows are quantized per 32 values, as
+// for the other types: one scale a sub-block), its min term half in each lane of a pair, and the pairs are added
+// when the outputs are stored. ggml's repacked product takes up to 4 rows in one pass over the matrix and reads it
+// again for every 4 more (and for each of 1 to 3 rows); this one reads it once for 16 rows and keeps a group's
+// blocks in cache for the rest of a panel.
+
+// The rows quantized each apart (a row's 32 values' quads side by side, so eight bytes broadcast in one load), a
+// panel at a time, and each sub-block's scale times its values' sum (what the min term multiplies).
+struct RowsApart {
+    QuantizedRows each[kPanelRows];
+    float* scaled_sums = nullptr;  // [row * blocks + block]
+    size_t capacity = 0;
+
+    void quantize(const char* x, size_t row_stride, int rows, int64_t blocks) {
+        const size_t need = size_t(rows) * size_t(blocks);
+        if (need > capacity) {
+            free(scaled_sums);
+            scaled_sums = static_cast<float*>(aligned_alloc(64, (need * sizeof(float) + 63) / 64 * 64));
+            capacity = need;
+        }
+        for (int r = 0; r < rows; ++r) {
+            QuantizedRows& row = each[r];
+            row.reserve(size_t(blocks), 1);
+            quantize_rows(x + r * row_stride, row_stride, 1, blocks, 1, row);
+            for (int64_t b = 0; b < blocks; ++b) {
+                scaled_sums[r * blocks + b] = row.scales[b] * float(row.half_sums[2 * b] + row.half_sums[2 * b + 1]);
+            }
+        }
+    }
+};
+
+thread_local RowsApart t_rows_apart;
+
+// Eight half-precision values, each twice (lanes 2j and 2j + 1), in float.
+inline __m512 halves_paired(const uint16_t* h) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+    return _mm512_cvtph_ps(_mm256_or_si256(wide, _mm256_slli_epi32(wide, 16)));
+}
+
+// Eight bytes, each twice, in float.
+inline __m512 bytes_paired(uint64_t eight) {
+    const __m128i v = _mm_cvtsi64_si128(int64_t(eight));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(v, v)));
+}
+
+// Sub-block `sub`'s eight 6-bit scales and mins as ggml's make_block_q4_Kx8 packs them in 12 bytes: outputs 0-3's
+// in the low 6 bits of bytes 0-3 (scales) and 4-7 (mins), outputs 4-7's low 4 bits in bytes 8-11 and their top 2 bits
+// in the top 2 of bytes 0-7.
+inline void q4k_scales(const BlockQ4Kx8& block, int sub, uint64_t& scales, uint64_t& mins) {
+    uint32_t a, b, c;
+    const uint8_t* at = block.scales + sub * 12;
+    memcpy(&a, at, 4);
+    memcpy(&b, at + 4, 4);
+    memcpy(&c, at + 8, 4);
+    scales = uint64_t(a & 0x3f3f3f3fu) | uint64_t((c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u)) << 32;
+    mins = uint64_t(b & 0x3f3f3f3fu) | uint64_t(((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u)) << 32;
+}
+
+// `Rows` rows (from r0 of the panel) times one group of eight outputs (its `supers` blocks), stored at output o.
+template <int Rows>
+void q4k_group(const BlockQ4Kx8* blocks, int64_t supers, const RowsApart& rows, int r0, int64_t row_blocks, char* dst,
+               size_t dst_row_stride, int64_t o) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    __m512 total[Rows];
+    for (int r = 0; r < Rows; ++r) total[r] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < supers; ++s) {
+        const BlockQ4Kx8& block = blocks[s];
+        const __m512 d = halves_paired(block.d);
+        const __m512 minus_half_dmin = _mm512_mul_ps(halves_paired(block.dmin), _mm512_set1_ps(-0.5f));
+        for (int pair = 0; pair < 4; ++pair) {
+            __m512i low[4], high[4];
+            for (int k = 0; k < 4; ++k) {
+                const __m512i chunk = _mm512_loadu_si512(block.qs + (pair * 4 + k) * 64);
+                low[k] = _mm512_and_si512(chunk, nibble);
+                high[k] = _mm512_and_si512(_mm512_srli_epi16(chunk, 4), nibble);
+            }
+            __m512 scale[2], min[2];
+            for (int sub = 0; sub < 2; ++sub) {
+                uint64_t scales, mins;
+                q4k_scales(block, pair * 2 + sub, scales, mins);
+                scale[sub] = _mm512_mul_ps(d, bytes_paired(scales));
+                min[sub] = _mm512_mul_ps(minus_half_dmin, bytes_paired(mins));
+            }
+            const int64_t b = s * 8 + pair * 2;  // the rows' 32-value block of the pair's first sub-block
+            for (int r = 0; r < Rows; ++r) {
+                const QuantizedRows& row = rows.each[r0 + r];
+                const uint64_t* eights = reinterpret_cast<const uint64_t*>(row.quads + b * kQuads);
+                __m512i first = _mm512_setzero_si512(), second = _mm512_setzero_si512();
+                for (int k = 0; k < 4; ++k) {
+                    first = _mm512_dpbusd_epi32(first, low[k], _mm512_set1_epi64(int64_t(eights[k])));
+                    second = _mm512_dpbusd_epi32(second, high[k], _mm512_set1_epi64(int64_t(eights[4 + k])));
+                }
+                const float* sums = rows.scaled_sums + (r0 + r) * row_blocks + b;
+                total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(first), _mm512_mul_ps(scale[0], _mm512_set1_ps(row.scales[b])), total[r]);
+                total[r] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(sums[0]), total[r]);
+                total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(second), _mm512_mul_ps(scale[1], _mm512_set1_ps(row.scales[b + 1])), total[r]);
+                total[r] = _mm512_fmadd_ps(min[1], _mm512_set1_ps(sums[1]), total[r]);
+            }
+        }
+    }
+    for (int r = 0; r < Rows; ++r) {
+        const __m512 pairs_added = _mm512_add_ps(total[r], _mm512_permute_ps(total[r], 0xB1));
+        const __m256 outputs = _mm512_castps512_ps256(_mm512_maskz_compress_ps(0x5555, pairs_added));
+        _mm256_storeu_ps(reinterpret_cast<float*>(dst + (r0 + r) * dst_row_stride) + o, outputs);
+    }
+}
+
+// This thread's share of the groups of eight outputs; the rows a panel (64) at a time, each group's blocks read
+// for the panel's rows 16 at a time.
+void run_repacked_q4k(const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, int nth) {
+    const int64_t supers = w->ne[0] / kSuper, row_blocks = w->ne[0] / kBlock;
+    const int64_t groups = w->ne[1] / 8;
+    const int64_t per_thread = (groups + nth - 1) / nth;
+    const int64_t first = ith * per_thread, last = first + per_thread < groups ? first + per_thread : groups;
+    if (first >= last) return;
+    const BlockQ4Kx8* all = static_cast<const BlockQ4Kx8*>(w->data);
+    const char* values = static_cast<const char*>(x->data);
+    char* result = static_cast<char*>(dst->data);
+    const int rows = int(x->ne[1]);
+    for (int top = 0; top < rows; top += kPanelRows) {
+        const int count = top + kPanelRows < rows ? kPanelRows : rows - top;
+        t_rows_apart.quantize(values + top * x->nb[1], x->nb[1], count, row_blocks);
+        char* panel_dst = result + top * dst->nb[1];
+        for (int64_t g = first; g < last; ++g) {
+            for (int r0 = 0; r0 < count; r0 += kOutputLanes) {
+                const int chunk = count - r0 < kOutputLanes ? count - r0 : kOutputLanes;
+                with_rows(chunk, [&](auto rows_at_once) {
+                    q4k_group<decltype(rows_at_once)::value>(all + g * supers, supers, t_rows_apart, r0, row_blocks,
+                                                             panel_dst, dst->nb[1], g * 8);
+                });
+            }
+        }
+    }
+}
 #endif
 
 template <typename L>
@@ -633,6 +786,9 @@ void run(const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, 
 }  // namespace
 
 int exo_rows_min(int type) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+    if (type == GGML_TYPE_Q4_K) return 1;  // repacked only (block_q4_Kx8)
+#endif
     if (type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q5_0 && type != GGML_TYPE_Q6_K) return 0;
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
     if (type != GGML_TYPE_Q6_K) return 1;  // Q6_K's unpacking, shared by fewer rows, costs more than ggml's product
@@ -652,6 +808,11 @@ void exo_rows_mul_mat(struct ggml_tensor* dst, int ith, int nth, void* /*userdat
     const ggml_tensor* w = dst->src[0];
     const ggml_tensor* x = dst->src[1];
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+    if (w->type == GGML_TYPE_Q4_K) {
+        if (w->extra == nullptr) abort();  // its blocks as stored: the caller takes only repacked Q4_K here
+        run_repacked_q4k(w, x, dst, ith, nth);
+        return;
+    }
     if (w->type == GGML_TYPE_Q8_0) {
         dispatch_by_outputs<BlockQ8>(int(x->ne[1]), w, x, dst, ith, nth);
         return;

@@ -1,13 +1,16 @@
-"""exo's products for Q8_0, Q5_0 and Q6_K matrices (`rows_kernel.cpp`), as nodes of a ggml graph.
+"""exo's products for Q8_0, Q5_0, Q6_K and repacked Q4_K matrices (`rows_kernel.cpp`), as nodes of a ggml graph.
 
 For Q8_0, Q5_0 and Q6_K (the default model's GGUF: 450 of its 489 MB) ggml's x86 kernels cost almost as much per
-row at 8 rows as at one, and its one-row products read a matrix from memory slower than it allows.
+row at 8 rows as at one, and its one-row products read a matrix from memory slower than it allows. For Q4_K (the
+1.5B's GGUF: 757 of its 1,112 MB), held in ggml's interleaved `block_q4_Kx8` layout, ggml's kernels read the
+matrix again for every four rows (and for each of one to three).
 `rows_kernel.cpp` multiplies a weight block by many rows at once with AVX-512 VNNI (the outputs in a register's
 lanes, any number of rows) or AVX-VNNI (up to 8 rows in the lanes). `exo ggml build` compiles it beside ggml's
 libraries (`libexo-rows`); a graph uses it through `ggml_custom_4d` for products from the library's fewest rows for
-the block type (`RowsKernel.min_rows`: with AVX-512 one row for Q8_0 and Q5_0 and 5 for Q6_K) up to its most
-(`most_rows`: with AVX-512 any number for Q8_0 and Q5_0, prefill pieces included, and 128 for Q6_K; 8 with AVX-VNNI
-only), and ggml's `ggml_mul_mat` everywhere else: fewer or more rows, other block types, repacked matrices.
+the block type (`RowsKernel.min_rows`: with AVX-512 one row for Q8_0, Q5_0 and repacked Q4_K and 5 for Q6_K) up to
+its most (`most_rows`: with AVX-512 any number for Q8_0, Q5_0 and repacked Q4_K, prefill pieces included, and 128 for
+Q6_K; 8 with AVX-VNNI only), and ggml's `ggml_mul_mat` everywhere else: fewer or more rows, other block types, other
+repacked matrices, Q4_K read back into its stored blocks.
 `EXO_ROWS_KERNEL=off` turns it off (to compare).
 """
 
@@ -38,8 +41,10 @@ def _library_name() -> str:
 ROWS_LIBRARY: Final = _library_name()
 """Named by its source's digest: a build of older source is never loaded, and `exo ggml build` builds this one."""
 ROWS_KERNEL_VARIABLE: Final = "EXO_ROWS_KERNEL"
-BLOCK_VALUES: Final = {GGML_TYPES["Q8_0"]: 32, GGML_TYPES["Q5_0"]: 32, GGML_TYPES["Q6_K"]: 256}
+BLOCK_VALUES: Final = {GGML_TYPES["Q8_0"]: 32, GGML_TYPES["Q5_0"]: 32, GGML_TYPES["Q6_K"]: 256, GGML_TYPES["Q4_K"]: 256}
 """The block types the kernel multiplies, and the values of a block (a row is whole blocks)."""
+REPACKED_ONLY: Final = frozenset({GGML_TYPES["Q4_K"]})
+"""The types it reads only as ggml's CPU_REPACK buffer holds them (Q4_K: `block_q4_Kx8`); the others only as stored."""
 F32: Final = GGML_TYPES["F32"]
 _ALL_THREADS: Final = -1  # GGML_N_TASKS_MAX: every thread of the pool computes a share
 
@@ -70,10 +75,13 @@ class RowsKernel:
         self.function = int(ctypes.cast(self._library.exo_rows_mul_mat, ctypes.c_void_p).value or 0)
         """`exo_rows_mul_mat`'s address: a `ggml_custom_op_t` (dst, ith, nth, userdata)."""
 
-    def applies(self, weight_type: int, in_features: int, rows: int) -> bool:
+    def applies(self, weight_type: int, in_features: int, rows: int, *, repacked: bool = False) -> bool:
+        """Whether a product of `rows` rows by a matrix of this type goes to the kernel: held `repacked` (in ggml's
+        interleaved layout) or as stored, the layout the kernel reads for the type."""
         block = BLOCK_VALUES.get(weight_type)
         fewest, most = self.min_rows.get(weight_type, 0), self.most_rows.get(weight_type, 0)
-        return block is not None and in_features % block == 0 and 0 < fewest <= rows <= most
+        layout_read = repacked == (weight_type in REPACKED_ONLY)
+        return block is not None and layout_read and in_features % block == 0 and 0 < fewest <= rows <= most
 
     def product(self, ops: GgmlGraphOps, context: int, weight: int, x: int, *, out_features: int, rows: int) -> int:
         """weight (in × out, of a type in `BLOCK_VALUES`) times x (in × rows, float32): a float32 tensor (out ×
