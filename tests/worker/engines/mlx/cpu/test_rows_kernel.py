@@ -74,7 +74,8 @@ def test_products_are_ggmls_for_every_row_count_the_kernel_takes(
     matrix = GgmlMatrix(ggml, type_name, out_features, in_features)
     try:
         matrix.fill(0, weights)
-        fewest, most = kernel.min_rows[GGML_TYPES[type_name]], kernel.most_rows[GGML_TYPES[type_name]]
+        fewest = kernel.fewest_rows(GGML_TYPES[type_name], in_features)
+        most = kernel.most_rows[GGML_TYPES[type_name]]
         assert 0 < fewest <= most
         # Every row count one register of rows takes (up to 16); beyond (with AVX-512) the panels': one chunk short
         # of 16, a panel of 64 and a second one short.
@@ -110,7 +111,7 @@ def test_repacked_q4_k_products_are_ggmls_for_every_row_count(
     and 101 (a second, short panel). exo quantizes the rows per 32 values, ggml per 256 (Q8_K): they round apart,
     exo's no further from float32 overall (root mean square)."""
     q4_k = GGML_TYPES["Q4_K"]
-    if kernel.min_rows[q4_k] == 0:
+    if kernel.fewest_rows(q4_k, in_features) == 0:
         skip_for_machine("the kernel reads repacked Q4_K with AVX-512 VNNI only")
     rng = np.random.default_rng(11)
     weights = (rng.standard_normal((out_features, in_features)) * 0.05).astype(np.float32)
@@ -161,7 +162,7 @@ def test_a_q4_k_model_decodes_through_the_kernel_as_through_ggmls_repacked_produ
     of 297 goes to the read-back) and decode steps (a row a sequence) go through the kernel, with the logits of
     ggml's repacked products within the products' rounding (the steps are fed the same tokens, so a near tie cannot
     part the two runs)."""
-    if kernel.min_rows[GGML_TYPES["Q4_K"]] == 0:
+    if kernel.fewest_rows(GGML_TYPES["Q4_K"], 256) == 0:
         skip_for_machine("the kernel reads repacked Q4_K with AVX-512 VNNI only")
     exported = export_wide_q4_k(ggml, tmp_path)
 
@@ -210,31 +211,43 @@ def _fed(model: nn.Module, prompts: list[list[int]]) -> list[np.ndarray]:
     return outputs
 
 
-def test_the_kernel_takes_a_batchs_q8_0_q5_0_and_q6_k_products_only(kernel: RowsKernel) -> None:
-    q8, q5, q6k, q4 = GGML_TYPES["Q8_0"], GGML_TYPES["Q5_0"], GGML_TYPES["Q6_K"], GGML_TYPES["Q4_0"]
-    fewest = kernel.min_rows
-    assert kernel.applies(q8, 896, fewest[q8])
+def test_the_kernel_takes_q8_0_q5_0_and_q6_k_as_stored_and_q4_k_repacked_only(kernel: RowsKernel) -> None:
+    q8, q5, q6k, q4k, q4 = (GGML_TYPES[name] for name in ("Q8_0", "Q5_0", "Q6_K", "Q4_K", "Q4_0"))
+    assert kernel.applies(q8, 896, kernel.fewest_rows(q8, 896))
     assert kernel.applies(q5, 896, kernel.max_rows)
-    assert kernel.applies(q6k, 4864, fewest[q6k])
-    assert not kernel.applies(q6k, 896, fewest[q6k])  # rows of 896 values are not whole 256-value blocks
+    assert kernel.applies(q6k, 4864, kernel.fewest_rows(q6k, 4864))
+    assert not kernel.applies(q6k, 896, kernel.max_rows)  # rows of 896 values are not whole 256-value blocks
     for kind in (q8, q5, q6k):
-        assert not kernel.applies(kind, 4864, fewest[kind] - 1)  # one row at least stays ggml's
+        assert not kernel.applies(kind, 4864, kernel.fewest_rows(kind, 4864) - 1)  # one row at least stays ggml's
+        assert not kernel.applies(kind, 4864, kernel.max_rows, repacked=True)  # it reads these as stored only
     for kind in (q8, q5, q6k):
         assert kernel.applies(kind, 4864, kernel.most_rows[kind])
         assert not kernel.applies(kind, 4864, kernel.most_rows[kind] + 1)
+    if kernel.fewest_rows(q4k, 1536):  # AVX-512: Q4_K as ggml repacks it, never as stored
+        assert kernel.applies(q4k, 1536, 1, repacked=True)
+        assert not kernel.applies(q4k, 1536, 1)
     assert not kernel.applies(q4, 896, 8)
+    assert not kernel.applies(q4, 896, 8, repacked=True)
     assert not kernel.applies(q8, 900, 8)
 
 
 def test_with_avx_512_the_kernel_takes_any_rows_q8_0_and_q5_0_from_one(kernel: RowsKernel) -> None:
-    q8, q5, q6k = GGML_TYPES["Q8_0"], GGML_TYPES["Q5_0"], GGML_TYPES["Q6_K"]
+    q8, q5, q6k, q4k = (GGML_TYPES[name] for name in ("Q8_0", "Q5_0", "Q6_K", "Q4_K"))
     if kernel.max_rows == 16:  # AVX-512 VNNI: the outputs-in-lanes products, for any rows (prefill pieces too)
-        assert (kernel.min_rows[q8], kernel.min_rows[q5], kernel.min_rows[q6k]) == (1, 1, 5)
+        assert (kernel.fewest_rows(q8, 896), kernel.fewest_rows(q5, 4864), kernel.fewest_rows(q4k, 8960)) == (1, 1, 1)
+        # Q6_K from 2 rows over short rows (an output head's 1,536 values), 3 over long ones (a down projection's).
+        assert (kernel.fewest_rows(q6k, 1536), kernel.fewest_rows(q6k, 2048), kernel.fewest_rows(q6k, 4864)) == (
+            2,
+            2,
+            3,
+        )
         assert kernel.applies(q8, 896, 512)
         assert kernel.applies(q5, 4864, 4096)
         assert kernel.applies(q6k, 4864, 17)
-    else:  # AVX-VNNI only: the rows-in-lanes products alone, 5 to 8 rows
-        assert (kernel.min_rows[q8], kernel.min_rows[q5], kernel.min_rows[q6k]) == (5, 5, 5)
+        assert kernel.applies(q4k, 1536, 4096, repacked=True)
+    else:  # AVX-VNNI only: the rows-in-lanes products alone, 5 to 8 rows; no repacked Q4_K
+        assert (kernel.fewest_rows(q8, 896), kernel.fewest_rows(q5, 896), kernel.fewest_rows(q6k, 1536)) == (5, 5, 5)
+        assert kernel.fewest_rows(q4k, 1536) == 0
         assert kernel.most_rows[q8] == kernel.most_rows[q6k] == kernel.max_rows == 8
 
 
@@ -248,8 +261,8 @@ def test_the_kernel_is_turned_off_by_its_variable(
 
 
 @pytest.mark.usefixtures("kernel")
-# With AVX-512, 1 and 3: Q8_0 and Q5_0 through the kernel, Q6_K through ggml; 6 and 9: Q6_K's too. With AVX-VNNI
-# only, 6: the rows-in-lanes products (9: more rows than its lanes, ggml's).
+# With AVX-512, 1: Q8_0 and Q5_0 through the kernel, Q6_K through ggml; 3, 6 and 9: Q6_K's too (from 2 or 3 rows by
+# their length). With AVX-VNNI only, 6: the rows-in-lanes products (9: more rows than its lanes, ggml's).
 @pytest.mark.parametrize("sequences", [1, 3, 6, 9])
 @pytest.mark.parametrize("weights", ["q8_0", "gguf"])
 @pytest.mark.parametrize("name", ["tiny-qwen-tools", "tiny-llama31-tools"])

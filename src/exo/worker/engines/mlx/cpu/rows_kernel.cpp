@@ -51,12 +51,14 @@
 extern "C" {
 // The register's lanes: 16 with AVX-512 VNNI, 8 with AVX-VNNI (0: no kernel for this CPU; ggml_mul_mat serves).
 int exo_rows_max(void) { return EXO_ROWS_MAX; }
-// The fewest rows worth a product of this ggml type here (0: the type is not taken), from the kernel bench
-// (`python -m bench.quant_kernels`): with AVX-512 one for Q8_0 and Q5_0 (whose products read a matrix from memory
-// faster than ggml's) and 5 for Q6_K (whose unpacking, shared by fewer rows, costs more than ggml's product); 5 for
-// all with AVX-VNNI only. With AVX-512 also Q4_K from one row, but only as ggml repacks it (block_q4_Kx8): the
-// caller passes no Q4_K matrix as stored.
-int exo_rows_min(int type);
+// The fewest rows worth a product of this ggml type here, its rows of `in_features` values (0: the type is not
+// taken), from the kernel bench (`python -m bench.quant_kernels`) and matrices streamed from memory: with AVX-512 one
+// for Q8_0, Q5_0 (whose products read a matrix from memory faster than ggml's) and Q4_K as ggml repacks it
+// (block_q4_Kx8: the caller passes no Q4_K matrix as stored); for Q6_K, whose unpacking shared by fewer rows costs
+// more than ggml's product, 2 where its rows are short (up to 2,048 values: ggml's product of an output head of
+// 151,936 × 1,536 over two rows took 1.4× exo's) and 3 where longer (8,960 values: 0.93× at 2 rows, 1.1× at 3). 5 for
+// all but Q4_K with AVX-VNNI only.
+int exo_rows_min(int type, int64_t in_features);
 // The most rows it takes a product of this type for: with AVX-512 any number for Q8_0, Q5_0 and repacked Q4_K, and
 // 128 for Q6_K; the lanes (8) with AVX-VNNI only.
 int exo_rows_most(int type);
@@ -785,23 +787,26 @@ void run(const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, 
 
 }  // namespace
 
-int exo_rows_min(int type) {
+int exo_rows_min(int type, int64_t in_features) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
     if (type == GGML_TYPE_Q4_K) return 1;  // repacked only (block_q4_Kx8)
 #endif
     if (type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q5_0 && type != GGML_TYPE_Q6_K) return 0;
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
-    if (type != GGML_TYPE_Q6_K) return 1;  // Q6_K's unpacking, shared by fewer rows, costs more than ggml's product
-#endif
+    if (type != GGML_TYPE_Q6_K) return 1;
+    return in_features <= 2048 ? 2 : 3;
+#else
+    (void)in_features;
     return 5;
+#endif
 }
 
 int exo_rows_most(int type) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
     if (type == GGML_TYPE_Q6_K) return 128;  // more: ggml's tiled Q6_K product is as fast
-    if (exo_rows_min(type) > 0) return 1 << 30;
+    if (exo_rows_min(type, kSuper) > 0) return 1 << 30;
 #endif
-    return exo_rows_min(type) > 0 ? EXO_ROWS_MAX : 0;
+    return exo_rows_min(type, kSuper) > 0 ? EXO_ROWS_MAX : 0;
 }
 
 void exo_rows_mul_mat(struct ggml_tensor* dst, int ith, int nth, void* /*userdata*/) {
@@ -829,7 +834,7 @@ void exo_rows_mul_mat(struct ggml_tensor* dst, int ith, int nth, void* /*userdat
 
 #else
 
-int exo_rows_min(int /*type*/) { return 0; }
+int exo_rows_min(int /*type*/, int64_t /*in_features*/) { return 0; }
 int exo_rows_most(int /*type*/) { return 0; }
 void exo_rows_mul_mat(struct ggml_tensor* /*dst*/, int /*ith*/, int /*nth*/, void* /*userdata*/) { abort(); }
 

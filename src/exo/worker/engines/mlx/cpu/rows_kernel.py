@@ -7,8 +7,8 @@ matrix again for every four rows (and for each of one to three).
 `rows_kernel.cpp` multiplies a weight block by many rows at once with AVX-512 VNNI (the outputs in a register's
 lanes, any number of rows) or AVX-VNNI (up to 8 rows in the lanes). `exo ggml build` compiles it beside ggml's
 libraries (`libexo-rows`); a graph uses it through `ggml_custom_4d` for products from the library's fewest rows for
-the block type (`RowsKernel.min_rows`: with AVX-512 one row for Q8_0, Q5_0 and repacked Q4_K and 5 for Q6_K) up to
-its most (`most_rows`: with AVX-512 any number for Q8_0, Q5_0 and repacked Q4_K, prefill pieces included, and 128 for
+the block type and row length (`RowsKernel.fewest_rows`: with AVX-512 one row for Q8_0, Q5_0 and repacked Q4_K, 2 or
+3 for Q6_K) up to its most (`most_rows`: with AVX-512 any number for Q8_0, Q5_0 and repacked Q4_K, prefill pieces included, and 128 for
 Q6_K; 8 with AVX-VNNI only), and ggml's `ggml_mul_mat` everywhere else: fewer or more rows, other block types, other
 repacked matrices, Q4_K read back into its stored blocks.
 `EXO_ROWS_KERNEL=off` turns it off (to compare).
@@ -60,28 +60,35 @@ class RowsKernel:
     def __init__(self, library: Path) -> None:
         self._library = ctypes.CDLL(str(library))
         self._library.exo_rows_max.restype, self._library.exo_rows_max.argtypes = ctypes.c_int, []
-        for name in ("exo_rows_min", "exo_rows_most"):
-            function = getattr(self._library, name)
-            function.restype, function.argtypes = ctypes.c_int, [ctypes.c_int]
+        self._library.exo_rows_min.restype = ctypes.c_int
+        self._library.exo_rows_min.argtypes = [ctypes.c_int, ctypes.c_int64]
+        self._library.exo_rows_most.restype, self._library.exo_rows_most.argtypes = ctypes.c_int, [ctypes.c_int]
         self.max_rows = int(self._library.exo_rows_max())
         """The lanes of its registers: 16 with AVX-512 VNNI, 8 with AVX-VNNI only (0: no kernel for this CPU)."""
-        self.min_rows = {kind: int(self._library.exo_rows_min(kind)) for kind in BLOCK_VALUES}
-        """The fewest rows the library takes a product of each block type for (0: not taken): where its products
-        beat ggml's on the kernel bench (with AVX-512, 1 for Q8_0 and Q5_0 and 5 for Q6_K; 5 for all with AVX-VNNI);
-        fewer rows go to ggml."""
         self.most_rows = {kind: int(self._library.exo_rows_most(kind)) for kind in BLOCK_VALUES}
         """The most rows it takes a product of each block type for: with AVX-512 any number (a prefill piece's) for
-        Q8_0 and Q5_0 and 128 for Q6_K (beyond, ggml's tiled product is as fast), else `max_rows`."""
+        Q8_0, Q5_0 and repacked Q4_K, and 128 for Q6_K (beyond, ggml's tiled product is as fast), else `max_rows`."""
         self.function = int(ctypes.cast(self._library.exo_rows_mul_mat, ctypes.c_void_p).value or 0)
         """`exo_rows_mul_mat`'s address: a `ggml_custom_op_t` (dst, ith, nth, userdata)."""
+        self._fewest: dict[tuple[int, int], int] = {}
 
     def applies(self, weight_type: int, in_features: int, rows: int, *, repacked: bool = False) -> bool:
         """Whether a product of `rows` rows by a matrix of this type goes to the kernel: held `repacked` (in ggml's
         interleaved layout) or as stored, the layout the kernel reads for the type."""
         block = BLOCK_VALUES.get(weight_type)
-        fewest, most = self.min_rows.get(weight_type, 0), self.most_rows.get(weight_type, 0)
+        fewest, most = self.fewest_rows(weight_type, in_features), self.most_rows.get(weight_type, 0)
         layout_read = repacked == (weight_type in REPACKED_ONLY)
         return block is not None and layout_read and in_features % block == 0 and 0 < fewest <= rows <= most
+
+    def fewest_rows(self, weight_type: int, in_features: int) -> int:
+        """The fewest rows the library takes a product of this block type for, its rows of `in_features` values (0:
+        not taken): where its products beat ggml's (with AVX-512 1 for Q8_0, Q5_0 and repacked Q4_K, and for Q6_K 2
+        over rows of up to 2,048 values and 3 over longer ones; 5 for all but Q4_K with AVX-VNNI); fewer rows go to
+        ggml."""
+        key = (weight_type, in_features)
+        if key not in self._fewest:  # asked for every product a graph builds: the library once a shape
+            self._fewest[key] = int(self._library.exo_rows_min(weight_type, in_features))
+        return self._fewest[key]
 
     def product(self, ops: GgmlGraphOps, context: int, weight: int, x: int, *, out_features: int, rows: int) -> int:
         """weight (in × out, of a type in `BLOCK_VALUES`) times x (in × rows, float32): a float32 tensor (out ×
