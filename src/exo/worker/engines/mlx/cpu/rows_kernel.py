@@ -8,9 +8,9 @@ matrix again for every four rows (and for each of one to three).
 lanes, any number of rows) or AVX-VNNI (up to 8 rows in the lanes). `exo ggml build` compiles it beside ggml's
 libraries (`libexo-rows`); a graph uses it through `ggml_custom_4d` for products from the library's fewest rows for
 the block type and row length (`RowsKernel.fewest_rows`: with AVX-512 one row for Q8_0, Q5_0 and repacked Q4_K, 2 or
-3 for Q6_K) up to its most (`most_rows`: with AVX-512 any number for Q8_0, Q5_0 and repacked Q4_K, prefill pieces included, and 128 for
-Q6_K; 8 with AVX-VNNI only), and ggml's `ggml_mul_mat` everywhere else: fewer or more rows, other block types, other
-repacked matrices, Q4_K read back into its stored blocks.
+3 for Q6_K) up to its most (`most_rows`: with AVX-512 any number for Q8_0, Q5_0 and repacked Q4_K, prefill pieces
+included, and 128 for Q6_K; 8 with AVX-VNNI only), and ggml's `ggml_mul_mat` everywhere else: fewer or more rows,
+other block types, other repacked matrices, Q4_K read back into its stored blocks.
 `EXO_ROWS_KERNEL=off` turns it off (to compare).
 """
 
