@@ -629,32 +629,39 @@ void dispatch_by_outputs(int rows, const ggml_tensor* w, const ggml_tensor* x, g
 // again for every 4 more (and for each of 1 to 3 rows); this one reads it once for 16 rows and keeps a group's
 // blocks in cache for the rest of a panel.
 
-// The rows quantized each apart (a row's 32 values' quads side by side, so eight bytes broadcast in one load), a
-// panel at a time, and each sub-block's scale times its values' sum (what the min term multiplies).
-struct RowsApart {
-    QuantizedRows each[kPanelRows];
-    float* scaled_sums = nullptr;  // [row * blocks + block]
-    size_t capacity = 0;
+// The panel's rows quantized block-major: block b's rows side by side (row r's eight quads at (b * count + r) * 8, so
+// eight bytes are broadcast in one load), its scales and scales times the values' sum (what the min term
+// multiplies) likewise, so that a block's rows are read at fixed offsets from one pointer (the rows apart, each
+// through its own pointer, took 1.5x as long at one row: the compiler kept the totals in memory).
+struct RowsByBlock {
+    QuantizedRows one;
+    uint32_t* quads = nullptr;
+    float* scales = nullptr;
+    float* scaled_sums = nullptr;
+    size_t capacity = 0;  // blocks × rows held
 
-    void quantize(const char* x, size_t row_stride, int rows, int64_t blocks) {
-        const size_t need = size_t(rows) * size_t(blocks);
+    void quantize(const char* x, size_t row_stride, int count, int64_t blocks) {
+        const size_t need = size_t(count) * size_t(blocks);
         if (need > capacity) {
-            free(scaled_sums);
-            scaled_sums = static_cast<float*>(aligned_alloc(64, (need * sizeof(float) + 63) / 64 * 64));
+            free(quads);
+            quads = static_cast<uint32_t*>(aligned_alloc(64, (need * (kQuads + 2) * sizeof(uint32_t) + 63) / 64 * 64));
+            scales = reinterpret_cast<float*>(quads + need * kQuads);
+            scaled_sums = scales + need;
             capacity = need;
         }
-        for (int r = 0; r < rows; ++r) {
-            QuantizedRows& row = each[r];
-            row.reserve(size_t(blocks), 1);
-            quantize_rows(x + r * row_stride, row_stride, 1, blocks, 1, row);
+        one.reserve(size_t(blocks), 1);
+        for (int r = 0; r < count; ++r) {
+            quantize_rows(x + r * row_stride, row_stride, 1, blocks, 1, one);
             for (int64_t b = 0; b < blocks; ++b) {
-                scaled_sums[r * blocks + b] = row.scales[b] * float(row.half_sums[2 * b] + row.half_sums[2 * b + 1]);
+                memcpy(quads + (b * count + r) * kQuads, one.quads + b * kQuads, kQuads * sizeof(uint32_t));
+                scales[b * count + r] = one.scales[b];
+                scaled_sums[b * count + r] = one.scales[b] * float(one.half_sums[2 * b] + one.half_sums[2 * b + 1]);
             }
         }
     }
 };
 
-thread_local RowsApart t_rows_apart;
+thread_local RowsByBlock t_rows_by_block;
 
 // Eight half-precision values, each twice (lanes 2j and 2j + 1), in float.
 inline __m512 halves_paired(const uint16_t* h) {
@@ -681,9 +688,10 @@ inline void q4k_scales(const BlockQ4Kx8& block, int sub, uint64_t& scales, uint6
     mins = uint64_t(b & 0x3f3f3f3fu) | uint64_t(((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u)) << 32;
 }
 
-// `Rows` rows (from r0 of the panel) times one group of eight outputs (its `supers` blocks), stored at output o.
+// `Rows` rows (from r0 of the panel's `count`) times one group of eight outputs (its `supers` blocks), stored at
+// output o.
 template <int Rows>
-void q4k_group(const BlockQ4Kx8* blocks, int64_t supers, const RowsApart& rows, int r0, int64_t row_blocks, char* dst,
+void q4k_group(const BlockQ4Kx8* blocks, int64_t supers, const RowsByBlock& rows, int count, int r0, char* dst,
                size_t dst_row_stride, int64_t o) {
     const __m512i nibble = _mm512_set1_epi8(0x0F);
     __m512 total[Rows];
@@ -707,19 +715,24 @@ void q4k_group(const BlockQ4Kx8* blocks, int64_t supers, const RowsApart& rows, 
                 min[sub] = _mm512_mul_ps(minus_half_dmin, bytes_paired(mins));
             }
             const int64_t b = s * 8 + pair * 2;  // the rows' 32-value block of the pair's first sub-block
+            const uint64_t* first_eights = reinterpret_cast<const uint64_t*>(rows.quads + (b * count + r0) * kQuads);
+            const uint64_t* second_eights = reinterpret_cast<const uint64_t*>(rows.quads + ((b + 1) * count + r0) * kQuads);
+            const float* first_scales = rows.scales + b * count + r0;
+            const float* second_scales = rows.scales + (b + 1) * count + r0;
+            const float* first_sums = rows.scaled_sums + b * count + r0;
+            const float* second_sums = rows.scaled_sums + (b + 1) * count + r0;
+#pragma GCC unroll 16
             for (int r = 0; r < Rows; ++r) {
-                const QuantizedRows& row = rows.each[r0 + r];
-                const uint64_t* eights = reinterpret_cast<const uint64_t*>(row.quads + b * kQuads);
                 __m512i first = _mm512_setzero_si512(), second = _mm512_setzero_si512();
+#pragma GCC unroll 4
                 for (int k = 0; k < 4; ++k) {
-                    first = _mm512_dpbusd_epi32(first, low[k], _mm512_set1_epi64(int64_t(eights[k])));
-                    second = _mm512_dpbusd_epi32(second, high[k], _mm512_set1_epi64(int64_t(eights[4 + k])));
+                    first = _mm512_dpbusd_epi32(first, low[k], _mm512_set1_epi64(int64_t(first_eights[r * 4 + k])));
+                    second = _mm512_dpbusd_epi32(second, high[k], _mm512_set1_epi64(int64_t(second_eights[r * 4 + k])));
                 }
-                const float* sums = rows.scaled_sums + (r0 + r) * row_blocks + b;
-                total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(first), _mm512_mul_ps(scale[0], _mm512_set1_ps(row.scales[b])), total[r]);
-                total[r] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(sums[0]), total[r]);
-                total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(second), _mm512_mul_ps(scale[1], _mm512_set1_ps(row.scales[b + 1])), total[r]);
-                total[r] = _mm512_fmadd_ps(min[1], _mm512_set1_ps(sums[1]), total[r]);
+                total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(first), _mm512_mul_ps(scale[0], _mm512_set1_ps(first_scales[r])), total[r]);
+                total[r] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(first_sums[r]), total[r]);
+                total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(second), _mm512_mul_ps(scale[1], _mm512_set1_ps(second_scales[r])), total[r]);
+                total[r] = _mm512_fmadd_ps(min[1], _mm512_set1_ps(second_sums[r]), total[r]);
             }
         }
     }
@@ -744,13 +757,13 @@ void run_repacked_q4k(const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* d
     const int rows = int(x->ne[1]);
     for (int top = 0; top < rows; top += kPanelRows) {
         const int count = top + kPanelRows < rows ? kPanelRows : rows - top;
-        t_rows_apart.quantize(values + top * x->nb[1], x->nb[1], count, row_blocks);
+        t_rows_by_block.quantize(values + top * x->nb[1], x->nb[1], count, row_blocks);
         char* panel_dst = result + top * dst->nb[1];
         for (int64_t g = first; g < last; ++g) {
             for (int r0 = 0; r0 < count; r0 += kOutputLanes) {
                 const int chunk = count - r0 < kOutputLanes ? count - r0 : kOutputLanes;
                 with_rows(chunk, [&](auto rows_at_once) {
-                    q4k_group<decltype(rows_at_once)::value>(all + g * supers, supers, t_rows_apart, r0, row_blocks,
+                    q4k_group<decltype(rows_at_once)::value>(all + g * supers, supers, t_rows_by_block, count, r0,
                                                              panel_dst, dst->nb[1], g * 8);
                 });
             }
