@@ -185,8 +185,8 @@ class DecodeGraph:
         self._written: _Written | None = None
         """What the last in-place step left, for `resume`."""
         self._rows = rows_kernel(ops.ggml.library_dir)
-        """exo's own products, where built beside this ggml (`rows_kernel.py`): Q8_0/Q5_0/Q6_K products of the row
-        counts it takes (with AVX-512 a step's, a batch's and a prefill piece's)."""
+        """exo's own products, where built beside this ggml (`rows_kernel.py`): Q8_0/Q5_0/Q6_K and repacked Q4_K
+        products of the row counts it takes (with AVX-512 a step's, a batch's and a prefill piece's)."""
         self._finalizer = weakref.finalize(self, _free, self._ops, parameters, self._passes, self._steps)
         _LIVE.add(self)
 
