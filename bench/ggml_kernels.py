@@ -26,6 +26,20 @@ def ggml_library_dir(binary: Path) -> Path:
     return binary.parent
 
 
+def _filled(ggml: Ggml, weights: npt.NDArray[np.float32], type_name: str, *, repacked: bool) -> GgmlMatrix:
+    """`weights` quantized by ggml to `type_name`, held as stored or (`repacked`) in ggml's interleaved layout."""
+    out_features, in_features = weights.shape
+    matrix = GgmlMatrix(ggml, type_name, out_features, in_features)
+    matrix.fill(0, weights)
+    if not repacked:
+        return matrix
+    held = GgmlMatrix.repacked_from_blocks(ggml, type_name, out_features, in_features, matrix.blocks)
+    matrix.close()
+    if held is None:
+        raise ValueError(f"ggml holds no repacked layout of {type_name} for this shape on this CPU")
+    return held
+
+
 @dataclass
 class GgmlProduct:
     """y = x · Wᵀ with W stored in a GGUF block type, computed again and again over `rows` rows."""
@@ -42,11 +56,17 @@ class GgmlProduct:
 
     @classmethod
     def create(
-        cls, ggml: Ggml, weights: npt.NDArray[np.float32], type_name: str, rows: int, threads: int
+        cls,
+        ggml: Ggml,
+        weights: npt.NDArray[np.float32],
+        type_name: str,
+        rows: int,
+        threads: int,
+        *,
+        repacked: bool = False,
     ) -> "GgmlProduct":
-        out_features, in_features = weights.shape
-        matrix = GgmlMatrix(ggml, type_name, out_features, in_features)
-        matrix.fill(0, weights)
+        """`repacked`: the matrix held in ggml's interleaved layout (as llama.cpp and the engine hold Q4_K)."""
+        matrix = _filled(ggml, weights, type_name, repacked=repacked)
         return cls(matrix=matrix, type_name=type_name, rows=rows, threads=threads, _pool=ggml.new_threadpool(threads))
 
     def run(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
@@ -93,15 +113,7 @@ class RowsProduct:
     ) -> "RowsProduct":
         """`repacked`: the matrix held in ggml's interleaved layout (as the engine holds Q4_K), else as stored."""
         out_features, in_features = weights.shape
-        matrix = GgmlMatrix(ggml, type_name, out_features, in_features)
-        matrix.fill(0, weights)
-        if repacked:
-            stored = matrix
-            held = GgmlMatrix.repacked_from_blocks(ggml, type_name, out_features, in_features, stored.blocks)
-            stored.close()
-            if held is None:
-                raise ValueError(f"ggml holds no repacked layout of {type_name} for this shape on this CPU")
-            matrix = held
+        matrix = _filled(ggml, weights, type_name, repacked=repacked)
         ops = graph_ops(ggml)
         floats = 4 * rows * (in_features + out_features)
         context = ggml.new_context(floats + 4 * int(ggml.tensor_overhead()) + int(ggml.graph_overhead()))

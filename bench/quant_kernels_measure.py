@@ -21,6 +21,8 @@ from exo.worker.engines.mlx.cpu.int8_gemm import MklInt8, quantize_weights
 from exo.worker.engines.mlx.cpu.rows_kernel import RowsKernel, rows_kernel, rows_kernel_missing_reason
 
 MLX_GROUP_SIZE = 64
+REPACKED_CANDIDATES = ("Q4_K",)
+"""Types also measured held in ggml's interleaved layout, as llama.cpp and the engine hold them."""
 Product = Callable[[npt.NDArray[np.float32]], npt.NDArray[np.float32]]
 
 
@@ -70,16 +72,29 @@ def _mkl_int8(mkl: MklInt8, weights: npt.NDArray[np.float32], rows: int, *, pack
     return _Candidate(name, quantized.nbytes, lambda x: mkl.matmul(x, quantized), stored_bytes=stored)
 
 
-def _ggml(ggml: Ggml, weights: npt.NDArray[np.float32], type_name: str, rows: int, threads: int) -> _Candidate:
-    product = GgmlProduct.create(ggml, weights, type_name, rows, threads)
-    return _Candidate(f"ggml {type_name}", product.weight_bytes, product.run, close=product.close)
+def _ggml(
+    ggml: Ggml, weights: npt.NDArray[np.float32], type_name: str, rows: int, threads: int, *, repacked: bool = False
+) -> _Candidate:
+    product = GgmlProduct.create(ggml, weights, type_name, rows, threads, repacked=repacked)
+    name = f"ggml {type_name}{' repacked' if repacked else ''}"
+    return _Candidate(name, product.weight_bytes, product.run, close=product.close)
 
 
 def _exo_rows(
-    ggml: Ggml, kernel: RowsKernel, weights: npt.NDArray[np.float32], *, type_name: str, rows: int, threads: int
+    ggml: Ggml,
+    kernel: RowsKernel,
+    weights: npt.NDArray[np.float32],
+    *,
+    type_name: str,
+    rows: int,
+    threads: int,
+    repacked: bool = False,
 ) -> _Candidate:
-    product = RowsProduct.create(ggml, kernel, weights, type_name=type_name, rows=rows, threads=threads)
-    return _Candidate(f"exo rows {type_name}", product.weight_bytes, product.run, close=product.close)
+    product = RowsProduct.create(
+        ggml, kernel, weights, type_name=type_name, rows=rows, threads=threads, repacked=repacked
+    )
+    name = f"exo rows {type_name}{' repacked' if repacked else ''}"
+    return _Candidate(name, product.weight_bytes, product.run, close=product.close)
 
 
 def _candidates(
@@ -104,6 +119,18 @@ def _candidates(
                 yield _ggml(ggml, weights, kind, rows, threads)
                 if rows_kernel is not None and rows_kernel.applies(GGML_TYPE_IDS[kind], weights.shape[1], rows):
                     yield _exo_rows(ggml, rows_kernel, weights, type_name=kind, rows=rows, threads=threads)
+                if kind in REPACKED_CANDIDATES:  # as llama.cpp and the engine hold it
+                    try:
+                        repacked = _ggml(ggml, weights, kind, rows, threads, repacked=True)
+                    except ValueError:  # no interleaved layout for this CPU or shape
+                        continue
+                    yield repacked
+                    if rows_kernel is not None and rows_kernel.applies(
+                        GGML_TYPE_IDS[kind], weights.shape[1], rows, repacked=True
+                    ):
+                        yield _exo_rows(
+                            ggml, rows_kernel, weights, type_name=kind, rows=rows, threads=threads, repacked=True
+                        )
 
 
 def _measured(candidate: _Candidate, weights: npt.NDArray[np.float32], x: npt.NDArray[np.float32]) -> KernelResult:

@@ -1,5 +1,5 @@
 """The kernel bench's command line and its Markdown, on made-up results (the measuring itself is not a test), and its
-`exo rows` candidate's product."""
+`exo rows` candidate's product, and Q4_K measured held interleaved as well."""
 
 import argparse
 
@@ -8,7 +8,9 @@ import pytest
 
 from bench.ggml_kernels import GgmlProduct, RowsProduct
 from bench.quant_kernels import KernelReport, KernelResult, build_parser, parse_rows, parse_shape, time_call
+from bench.quant_kernels_measure import _candidates  # pyright: ignore[reportPrivateUsage]
 from bench.report_quant_kernels import render_kernels
+from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES
 from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
 from exo.worker.engines.mlx.cpu.q8_layers import ggml_library
 from exo.worker.engines.mlx.cpu.rows_kernel import rows_kernel, rows_kernel_missing_reason
@@ -123,3 +125,40 @@ def test_the_exo_rows_candidate_computes_ggmls_product() -> None:
     finally:
         ours.close()
         theirs.close()
+
+
+def test_q4_k_is_also_measured_held_as_llama_cpp_and_the_engine_hold_it() -> None:
+    """Q4_K's candidates include ggml's product over the interleaved layout (llama.cpp's and the engine's) and, where
+    the kernel takes it, exo's over the same layout: the repacked product is the stored one's, exo's within the
+    rounding its per-32-value rows part from ggml's per-256 ones."""
+    folder = find_ggml_library()
+    if folder is None:
+        skip_for_machine(ggml_missing_reason())
+    ggml = ggml_library(folder)
+    kernel = rows_kernel(folder)
+    generator = np.random.default_rng(5)
+    weights = (generator.standard_normal((64, 512)) * 0.05).astype(np.float32)
+    names: list[str] = []
+    for candidate in _candidates(weights, 4, None, ggml, 2, rows_kernel=kernel):
+        names.append(candidate.name)
+        candidate.close()  # each holds its matrix and ggml's thread pool
+    if "ggml Q4_K repacked" not in names:
+        skip_for_machine("ggml holds no interleaved Q4_K on this CPU")
+    takes_repacked = kernel is not None and kernel.fewest_rows(GGML_TYPES["Q4_K"], 512) > 0
+    assert ("exo rows Q4_K repacked" in names) == takes_repacked
+    stored = GgmlProduct.create(ggml, weights, "Q4_K", 4, 2)
+    repacked = GgmlProduct.create(ggml, weights, "Q4_K", 4, 2, repacked=True)
+    try:
+        x = generator.standard_normal((4, 512)).astype(np.float32)
+        expected = stored.run(x)
+        scale = float(np.abs(expected).max())
+        assert float(np.abs(repacked.run(x) - expected).max()) < 1e-4 * scale
+        if kernel is not None and takes_repacked:
+            ours = RowsProduct.create(ggml, kernel, weights, type_name="Q4_K", rows=4, threads=2, repacked=True)
+            try:
+                assert float(np.abs(ours.run(x) - expected).max()) < 0.08 * scale
+            finally:
+                ours.close()
+    finally:
+        stored.close()
+        repacked.close()
