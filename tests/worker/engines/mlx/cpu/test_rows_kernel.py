@@ -174,14 +174,7 @@ def test_a_q4_k_model_decodes_through_the_kernel_as_through_ggmls_repacked_produ
     with monkeypatch.context() as switched:
         switched.setenv(ROWS_KERNEL_VARIABLE, "off")
         theirs_model = loaded()
-    rows_taken: list[int] = []
-    product = RowsKernel.product
-
-    def counted(self: RowsKernel, *args: object, rows: int, **kwargs: object) -> int:
-        rows_taken.append(rows)
-        return product(self, *args, rows=rows, **kwargs)  # pyright: ignore[reportArgumentType]
-
-    monkeypatch.setattr(RowsKernel, "product", counted)
+    rows_taken = _rows_taken(monkeypatch)
     prompts = [PROMPT[offset : offset + 12 + 3 * offset] for offset in range(sequences)]
     ours = _fed(ours_model, prompts)
     prefill_rows = sequences * max(len(prompt) for prompt in prompts)  # the batch padded to its longest
@@ -193,6 +186,19 @@ def test_a_q4_k_model_decodes_through_the_kernel_as_through_ggmls_repacked_produ
     assert not rows_taken
     for a, b in zip(ours, theirs, strict=True):
         assert_within_product_rounding(a, b)
+
+
+def _rows_taken(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The row count of every product the kernel is given from now on (appended as graphs add them)."""
+    rows_taken: list[int] = []
+    product = RowsKernel.product
+
+    def counted(self: RowsKernel, *args: object, rows: int, **kwargs: object) -> int:
+        rows_taken.append(rows)
+        return product(self, *args, rows=rows, **kwargs)  # pyright: ignore[reportArgumentType]
+
+    monkeypatch.setattr(RowsKernel, "product", counted)
+    return rows_taken
 
 
 def _fed(model: nn.Module, prompts: list[list[int]]) -> list[np.ndarray]:
@@ -273,21 +279,13 @@ def test_a_batch_decodes_through_the_kernel_as_through_ggmls_products(
     step, plain_step = decode_graph_of(graph), decode_graph_of(plain)
     assert step is not None
     assert plain_step is not None
-    taken = 0
-    product = RowsKernel.product
-
-    def counted(self: RowsKernel, *args: object, **kwargs: object) -> int:
-        nonlocal taken
-        taken += 1
-        return product(self, *args, **kwargs)  # pyright: ignore[reportArgumentType]
-
-    monkeypatch.setattr(RowsKernel, "product", counted)
+    rows_taken = _rows_taken(monkeypatch)
     prompts = [PROMPT[offset : offset + 12 + 3 * offset] for offset in range(sequences)]  # left padding up to 24
     ours_logits, ours_tokens = _batched(graph, prompts, steps=5)
-    assert taken > 0  # the batch's products went through the kernel
-    taken = 0
+    assert sequences in rows_taken  # the batch's products went through the kernel
+    rows_taken.clear()
     theirs_logits, theirs_tokens = _batched(plain, prompts, steps=5)
-    assert taken == 0
+    assert not rows_taken
     assert ours_tokens == theirs_tokens
     # The prompts' prefill goes through the kernel too, its sums ordered apart from ggml's: where a value sits on a
     # rounding boundary of a later product's quantized input, one quantized value moves a step (seen: 1.6e-3 of the
@@ -306,14 +304,7 @@ def test_a_prompt_is_prefilled_through_the_kernel_as_through_ggmls_products(
     if kernel.most_rows[GGML_TYPES["Q8_0"]] < len(PROMPT):
         skip_for_machine("the kernel takes no prefill pieces without AVX-512 VNNI")
     graph, plain = graph_and_plain(name, weights, monkeypatch, tmp_path, off=(ROWS_KERNEL_VARIABLE,))  # pyright: ignore[reportArgumentType]
-    rows_taken: list[int] = []
-    product = RowsKernel.product
-
-    def counted(self: RowsKernel, *args: object, rows: int, **kwargs: object) -> int:
-        rows_taken.append(rows)
-        return product(self, *args, rows=rows, **kwargs)  # pyright: ignore[reportArgumentType]
-
-    monkeypatch.setattr(RowsKernel, "product", counted)
+    rows_taken = _rows_taken(monkeypatch)
     ours = _last_logits(graph, PROMPT)
     assert len(PROMPT) in rows_taken  # the prompt's products went through the kernel
     rows_taken.clear()
