@@ -22,14 +22,18 @@
 // is subtracted, and its own scale applied. Its rows are quantized per 32 values as for the others (ggml's Q8_K
 // quantizes them per 256), so its products round a little differently from ggml's, and closer to float32's.
 //
+// Q4_K held in ggml's interleaved layout (block_q4_Kx8, eight outputs a block: how llama.cpp and exo hold it for
+// decode) is read as it lies, eight outputs in pairs of lanes (below, with AVX-512 only).
+//
 // Called by ggml as a custom operation (ggml_custom_4d, every thread of its pool): dst = W · X, W (out × in) in
-// Q8_0, Q5_0 or Q6_K, X float32 (rows × in), dst float32 (rows × out), as ggml_mul_mat lays them out. Each thread
-// quantizes the rows itself and computes its own share of the outputs.
+// Q8_0, Q5_0 or Q6_K as stored or Q4_K repacked, X float32 (rows × in), dst float32 (rows × out), as ggml_mul_mat
+// lays them out. Each thread quantizes the rows itself and computes its own share of the outputs.
 
 #include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -827,7 +831,10 @@ void exo_rows_mul_mat(struct ggml_tensor* dst, int ith, int nth, void* /*userdat
     const ggml_tensor* x = dst->src[1];
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
     if (w->type == GGML_TYPE_Q4_K) {
-        if (w->extra == nullptr) abort();  // its blocks as stored: the caller takes only repacked Q4_K here
+        if (w->extra == nullptr) {  // its blocks as stored: rows_kernel.py passes only repacked Q4_K here
+            fputs("exo rows kernel: a Q4_K matrix not held repacked\n", stderr);
+            abort();
+        }
         run_repacked_q4k(w, x, dst, ith, nth);
         return;
     }
