@@ -247,6 +247,15 @@ struct Lanes8 {
 };
 
 
+// This thread's share of `out` outputs, in whole groups of `group`: [first, last), empty where there is none.
+inline void outputs_share(int64_t out, int64_t group, int ith, int nth, int64_t& first, int64_t& last) {
+    const int64_t groups = (out + group - 1) / group;
+    const int64_t per_thread = (groups + nth - 1) / nth;
+    first = ith * per_thread * group;
+    last = first + per_thread * group;
+    if (last > out) last = out;
+}
+
 // Eight output rows at a time share each load of the quantized rows, and their eight chains of `vpdpbusd` keep the
 // unit busy (one chain waits on its own latency, about five cycles an instruction).
 constexpr int kOutputsAtOnce = 8;
@@ -590,14 +599,6 @@ void products_by_panels(const char* weights, size_t weight_row_bytes, int64_t fi
     }
 }
 
-// This thread's share of the outputs, in whole groups of 16: [first, last), empty where there is none.
-inline void outputs_share(int64_t out, int ith, int nth, int64_t& first, int64_t& last) {
-    const int64_t groups = (out + kOutputLanes - 1) / kOutputLanes;
-    const int64_t per_thread = (groups + nth - 1) / nth;
-    first = ith * per_thread * kOutputLanes;
-    last = first + per_thread * kOutputLanes;
-    if (last > out) last = out;
-}
 
 // Every thread quantizes x's rows itself and multiplies its share of the outputs: by rows at once where they are
 // `Rows` (1..16), by panels where more.
@@ -605,7 +606,7 @@ template <typename Block, int Rows>
 void run_by_outputs(int rows, const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, int nth) {
     const int64_t blocks = w->ne[0] / kBlock;
     int64_t first, last;
-    outputs_share(w->ne[1], ith, nth, first, last);
+    outputs_share(w->ne[1], kOutputLanes, ith, nth, first, last);
     if (first >= last) return;
     const char* weights = static_cast<const char*>(w->data);
     const char* values = static_cast<const char*>(x->data);
@@ -751,9 +752,8 @@ void q4k_group(const BlockQ4Kx8* blocks, int64_t supers, const RowsByBlock& rows
 // for the panel's rows 16 at a time.
 void run_repacked_q4k(const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, int nth) {
     const int64_t supers = w->ne[0] / kSuper, row_blocks = w->ne[0] / kBlock;
-    const int64_t groups = w->ne[1] / 8;
-    const int64_t per_thread = (groups + nth - 1) / nth;
-    const int64_t first = ith * per_thread, last = first + per_thread < groups ? first + per_thread : groups;
+    int64_t first, last;  // whole groups of eight outputs (a block_q4_Kx8 each)
+    outputs_share(w->ne[1], 8, ith, nth, first, last);
     if (first >= last) return;
     const BlockQ4Kx8* all = static_cast<const BlockQ4Kx8*>(w->data);
     const char* values = static_cast<const char*>(x->data);
@@ -763,7 +763,7 @@ void run_repacked_q4k(const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* d
         const int count = top + kPanelRows < rows ? kPanelRows : rows - top;
         t_rows_by_block.quantize(values + top * x->nb[1], x->nb[1], count, row_blocks);
         char* panel_dst = result + top * dst->nb[1];
-        for (int64_t g = first; g < last; ++g) {
+        for (int64_t g = first / 8; g < last / 8; ++g) {
             for (int r0 = 0; r0 < count; r0 += kOutputLanes) {
                 const int chunk = count - r0 < kOutputLanes ? count - r0 : kOutputLanes;
                 with_rows(chunk, [&](auto rows_at_once) {
@@ -784,12 +784,8 @@ void run(const ggml_tensor* w, const ggml_tensor* x, ggml_tensor* dst, int ith, 
     const int64_t blocks = in / kBlock;
     t_rows.reserve(size_t(blocks), L::kLanes);
     quantize_rows(static_cast<const char*>(x->data), x->nb[1], rows, blocks, L::kLanes, t_rows);
-    // Each thread takes a contiguous share of the outputs, in whole groups of eight.
-    const int64_t groups = (out + kOutputsAtOnce - 1) / kOutputsAtOnce;
-    const int64_t per_thread = (groups + nth - 1) / nth;
-    const int64_t first = ith * per_thread * kOutputsAtOnce;
-    int64_t last = first + per_thread * kOutputsAtOnce;
-    if (last > out) last = out;
+    int64_t first, last;  // a contiguous share of the outputs, in whole groups of eight
+    outputs_share(out, kOutputsAtOnce, ith, nth, first, last);
     if (first >= last) return;
     const char* weights = static_cast<const char*>(w->data);
     char* result = static_cast<char*>(dst->data);
@@ -819,11 +815,12 @@ int exo_rows_min(int type, int64_t in_features) {
 }
 
 int exo_rows_most(int type) {
+    const bool taken = exo_rows_min(type, kSuper) > 0;  // at some row length (any: each type's are whole blocks)
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
     if (type == GGML_TYPE_Q6_K) return 128;  // more: ggml's tiled Q6_K product is as fast
-    if (exo_rows_min(type, kSuper) > 0) return 1 << 30;
+    if (taken) return 1 << 30;
 #endif
-    return exo_rows_min(type, kSuper) > 0 ? EXO_ROWS_MAX : 0;
+    return taken ? EXO_ROWS_MAX : 0;
 }
 
 void exo_rows_mul_mat(struct ggml_tensor* dst, int ith, int nth, void* /*userdata*/) {
