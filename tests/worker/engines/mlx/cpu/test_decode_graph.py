@@ -441,13 +441,18 @@ def test_the_report_says_where_the_graph_is_off(monkeypatch: pytest.MonkeyPatch)
     assert f"decode steps as one ggml graph ({DECODE_GRAPH_VARIABLE}=off)" in line
 
 
-def _batched(model: nn.Module, prompts: list[list[int]], steps: int) -> tuple[list[np.ndarray], list[list[int]]]:
-    """The prompts prefilled as one left-padded batch, then `steps` greedy steps of the batch: each step's logits
-    (sequences × vocabulary) and each sequence's tokens."""
+def _left_padded(model: nn.Module, prompts: list[list[int]]) -> tuple[list[BatchKVCache], mx.array]:
+    """The prompts as one left-padded batch (padded to the longest) and a batch cache a layer for it."""
     longest = max(len(prompt) for prompt in prompts)
     padding = [longest - len(prompt) for prompt in prompts]
     cache = [BatchKVCache(left_padding=padding) for _ in range(len(cast(list[nn.Module], model["model"]["layers"])))]
-    rows = mx.array([[0] * pad + prompt for pad, prompt in zip(padding, prompts, strict=True)])
+    return cache, mx.array([[0] * pad + prompt for pad, prompt in zip(padding, prompts, strict=True)])
+
+
+def _batched(model: nn.Module, prompts: list[list[int]], steps: int) -> tuple[list[np.ndarray], list[list[int]]]:
+    """The prompts prefilled as one left-padded batch, then `steps` greedy steps of the batch: each step's logits
+    (sequences × vocabulary) and each sequence's tokens."""
+    cache, rows = _left_padded(model, prompts)
     logits = model(rows, cache=cache)
     mx.eval(logits)
     tokens = np.argmax(np.array(logits[:, -1]), axis=-1)

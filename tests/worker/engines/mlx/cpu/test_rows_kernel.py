@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx import nn
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
 from bench.ggml_kernels import RowsProduct
 from exo.shared.types.worker.shards import ShardAssignment
@@ -29,7 +29,11 @@ from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
 from tests.machine_skips import skip_for_machine
 from tests.worker.engines.mlx.cpu.gguf_export import export_wide_q4_k
-from tests.worker.engines.mlx.cpu.test_decode_graph import PROMPT, _batched  # pyright: ignore[reportPrivateUsage]
+from tests.worker.engines.mlx.cpu.test_decode_graph import (
+    PROMPT,
+    _batched,  # pyright: ignore[reportPrivateUsage]
+    _left_padded,  # pyright: ignore[reportPrivateUsage]
+)
 from tests.worker.engines.mlx.cpu.weight_formats import assert_within_product_rounding, graph_and_plain
 
 THREADS = 2
@@ -203,11 +207,7 @@ def _rows_taken(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def _fed(model: nn.Module, prompts: list[list[int]]) -> list[np.ndarray]:
     """The prompts prefilled as one left-padded batch, then four steps fed fixed tokens: each pass's last logits."""
-    longest = max(len(prompt) for prompt in prompts)
-    padding = [longest - len(prompt) for prompt in prompts]
-    layers = len(model["model"]["layers"])  # pyright: ignore[reportIndexIssue, reportUnknownArgumentType]
-    cache = [BatchKVCache(left_padding=padding) for _ in range(layers)]
-    rows = mx.array([[0] * pad + prompt for pad, prompt in zip(padding, prompts, strict=True)])
+    cache, rows = _left_padded(model, prompts)
     outputs: list[np.ndarray] = []
     for step in range(5):
         logits = model(rows, cache=cache)
