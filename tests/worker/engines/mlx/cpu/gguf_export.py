@@ -52,21 +52,23 @@ def export_untied(name: FixtureModelName, target: Path) -> Path:
     return export_model(untied, target)
 
 
-def export_wide_q4_k(ggml: Ggml, directory: Path) -> Path:
-    """A random model wide enough for Q4_K's 256-value blocks (tiny-qwen-tools' tokenizer, two layers of 256),
-    exported with every matrix in Q4_K (quantized by ggml itself: `gguf` writes no Q4_K) into `directory`."""
+def export_wide(ggml: Ggml, directory: Path, type_name: str) -> Path:
+    """A random model wide enough for the K-quants' 256-value blocks (tiny-qwen-tools' tokenizer, two layers of 256),
+    exported with every matrix in `type_name` (Q4_K, Q6_K: quantized by ggml itself, as llama.cpp's quantizer does)
+    into `directory`."""
     wide = directory / "wide"
     shape = ReducedShape(layers=2, hidden_size=256, intermediate_size=512, attention_heads=4, key_value_heads=2)
     write_random_model(fixture_model("tiny-qwen-tools"), wide, "float32", shape)
+    kind = GGMLQuantizationType[type_name]
 
     def quantize(values: npt.NDArray[np.float32], qtype: GGMLQuantizationType) -> npt.NDArray[np.uint8]:
-        if qtype != GGMLQuantizationType.Q4_K:
+        if qtype != kind:
             return gguf.quants.quantize(values, qtype)
-        matrix = GgmlMatrix(ggml, "Q4_K", *values.shape)
+        matrix = GgmlMatrix(ggml, type_name, *values.shape)
         matrix.fill(0, values.astype(np.float32))
         return matrix.blocks.copy()
 
-    return export_model(wide, directory / "exported", quantize, {"weight": GGMLQuantizationType.Q4_K})
+    return export_model(wide, directory / "exported", quantize, {"weight": kind})
 
 
 def export_model(

@@ -150,7 +150,7 @@ def test_a_long_pass_reads_q4_k_matrices_back_and_computes_exactly_what_the_stor
     bit for bit the logits of the same file held as stored (`off`: the same bytes, the same kernels), and `on`
     (repacked kernels over the long pass too) within the products' rounding; decode steps (repacked kernels) agree
     within that rounding."""
-    exported = gguf_export.export_wide_q4_k(repacking, tmp_path)
+    exported = gguf_export.export_wide(repacking, tmp_path, "Q4_K")
 
     def loaded(setting: str) -> object:
         kernels = engine.CpuKernels("auto", environment={engine.REPACK_VARIABLE: setting}, weights="gguf")

@@ -28,7 +28,7 @@ from exo.worker.engines.mlx.cpu.rows_kernel import ROWS_KERNEL_VARIABLE, RowsKer
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
 from tests.machine_skips import skip_for_machine
-from tests.worker.engines.mlx.cpu.gguf_export import export_wide_q4_k
+from tests.worker.engines.mlx.cpu.gguf_export import export_wide
 from tests.worker.engines.mlx.cpu.test_decode_graph import (
     PROMPT,
     _batched,  # pyright: ignore[reportPrivateUsage]
@@ -168,7 +168,7 @@ def test_a_q4_k_model_decodes_through_the_kernel_as_through_ggmls_repacked_produ
     part the two runs)."""
     if kernel.fewest_rows(GGML_TYPES["Q4_K"], 256) == 0:
         skip_for_machine("the kernel reads repacked Q4_K with AVX-512 VNNI only")
-    exported = export_wide_q4_k(ggml, tmp_path)
+    exported = export_wide(ggml, tmp_path, "Q4_K")
 
     def loaded() -> nn.Module:
         kernels = CpuKernels("auto", weights="gguf")

@@ -443,8 +443,11 @@ class DecodeGraph:
         return x, k, v
 
     def _product(self, context: int, matrix: GgmlMatrix, weight: int, x: int, rows: int) -> int:
-        """`weight` (the matrix's tensor, or its read-back) times x's `rows` rows: exo's product where it applies (a
-        Q8_0, Q5_0 or Q6_K matrix as stored, a repacked Q4_K one, a row count the kernel takes), else ggml's."""
+        """`weight` (the matrix's tensor, or its read-back) times x's `rows` rows: a packed matrix's own product;
+        exo's product where it applies (a Q8_0, Q5_0 or Q6_K matrix as stored, a repacked Q4_K one, a row count the
+        kernel takes), else ggml's."""
+        if matrix.packed_by is not None:
+            return matrix.product_node(context, x, rows)
         kernel = self._rows
         repacked = matrix.repacked and weight == matrix.tensor  # a read-back holds the blocks as stored
         if kernel is not None and kernel.applies(matrix.type, matrix.shape[1], rows, repacked=repacked):

@@ -58,10 +58,10 @@ _TRANS: Final = 112
 
 def takes_dequantized(matrices: Sequence[GgmlMatrix], rows: int) -> bool:
     """Whether a product of `rows` rows by these matrices (one graph's worth: siblings go together) goes through the
-    dequantized GEMM: from `PREFILL_ROWS` rows, where every matrix's type is one of `DEQUANTIZED_TYPES` and none is
-    repacked (its blocks cannot be dequantized)."""
+    dequantized GEMM: from `PREFILL_ROWS` rows, where every matrix's type is one of `DEQUANTIZED_TYPES` and each holds
+    its blocks as stored (a repacked or packed one cannot be dequantized)."""
     return rows >= PREFILL_ROWS and all(
-        matrix.type_name in DEQUANTIZED_TYPES and not matrix.repacked for matrix in matrices
+        matrix.type_name in DEQUANTIZED_TYPES and matrix.holds_stored_blocks for matrix in matrices
     )
 
 

@@ -31,12 +31,17 @@ from exo.worker.engines.mlx.cpu.decode_graph import decode_graph_for, install_de
 from exo.worker.engines.mlx.cpu.ggml_library import Ggml
 from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
 from exo.worker.engines.mlx.cpu.ggml_repack import RepackPolicy, ggml_repack
-from exo.worker.engines.mlx.cpu.gguf_layers import GgufModelSource, file_embedding_bytes, load_gguf_matrices
+from exo.worker.engines.mlx.cpu.gguf_layers import (
+    GgufModelSource,
+    file_embedding_bytes,
+    load_gguf_matrices,
+    packed_matrices,
+)
 from exo.worker.engines.mlx.cpu.int8_layers import int8_bytes, quantize_model
 from exo.worker.engines.mlx.cpu.kernels import use_numpy_kernels
 from exo.worker.engines.mlx.cpu.layer_graph import install_layer_passes
 from exo.worker.engines.mlx.cpu.q8_layers import ggml_library, q8_bytes, quantize_model_q8
-from exo.worker.engines.mlx.cpu.rows_kernel import rows_kernel_missing_reason
+from exo.worker.engines.mlx.cpu.rows_kernel import RowsKernel, rows_kernel, rows_kernel_missing_reason
 from exo.worker.engines.mlx.cpu.signatures import MISMATCHES
 from exo.worker.engines.mlx.cpu.switch import preload_state, why_off
 from exo.worker.engines.mlx.cpu.weights_choice import quantized_off_note
@@ -83,6 +88,8 @@ class CpuKernels:
         self._why_off["blas_preload"] = preload.why_off
         self._ggml_dir: Path | None = None
         self._ggml_missing: str | None = None
+        self._packed = False
+        """Whether the load packed any matrix into the kernel's own layout (`_packed_layout`)."""
         chosen = f"--cpu-weights {weights}" if self.weights_setting != "auto" else f"--cpu-weights auto ({weights})"
         variables = os.environ if environment is None else environment
         if weights not in ("q8_0", "gguf"):
@@ -147,7 +154,9 @@ class CpuKernels:
             if repack != "none" and ggml_repack(ggml.library_dir) is None:
                 self._turn_off(("repacked_blocks",), "not offered by this ggml build")
                 repack = "none"
-            load_gguf_matrices(model, _gguf_source(model_path, first_layer), ggml, repack=repack)
+            packed = self._packed_layout(ggml, split=split)
+            load_gguf_matrices(model, _gguf_source(model_path, first_layer), ggml, repack=repack, packed=packed)
+            self._packed = packed is not None and packed_matrices(model) > 0
             model.set_dtype(mx.float32)
             use_numpy_kernels([name for name in ("numpy_attention", "numpy_swiglu") if self.on(name)])
             self._install_decode_graph(model, ggml, split=split)
@@ -174,6 +183,12 @@ class CpuKernels:
         use_numpy_kernels([name for name in ("numpy_attention", "numpy_swiglu") if self.on(name)])
         return "float32"
 
+    def _packed_layout(self, ggml: Ggml, *, split: bool) -> RowsKernel | None:
+        """exo's kernel, into whose Q6_K layout a layer's matrices are packed at load, where its products are to be
+        on (as `_install_decode_graph` decides): built for this CPU, a ggml graph on, not a rank of a split model."""
+        graphs = self.on("decode_graph") or self.on("layer_graph")
+        return rows_kernel(ggml.library_dir) if self.on("rows_kernel") and graphs and not split else None
+
     def _install_decode_graph(self, model: nn.Module, ggml: Ggml, *, split: bool) -> None:
         """Run the model's decode steps, and its layers' multi-token passes, as ggml graphs where it is a model those
         graphs compute."""
@@ -191,7 +206,11 @@ class CpuKernels:
         step = decode_graph_for(model, ggml)
         if step is None:
             architecture = getattr(getattr(model, "args", None), "model_type", "this")
-            self._turn_off((*graphs, "rows_kernel"), f"not built for a {architecture} model held this way")
+            # Matrices packed at load are multiplied by the kernel in mlx-lm's layers too: it stays on for them.
+            self._turn_off(
+                (*graphs, *(() if self._packed else ("rows_kernel",))),
+                f"not built for a {architecture} model held this way",
+            )
             return
         if self.on("decode_graph"):
             install_decode_graph(model, step)

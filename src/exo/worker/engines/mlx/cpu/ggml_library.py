@@ -14,7 +14,7 @@ import logging
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -228,9 +228,28 @@ def q8_0_to_float32(blocks: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
     return values.reshape(rows, -1)
 
 
+class PackedLayout(Protocol):
+    """A layout of exo's own that a matrix's blocks are packed into at load (`rows_kernel.py`: Q6_K, sixteen outputs'
+    values already in a register's lanes), read only by the products it adds to a graph."""
+
+    def packs(self, type_name: str, out_features: int, in_features: int) -> bool:
+        """Whether a matrix of this type and shape can be held packed here."""
+        ...
+
+    def pack(self, type_name: str, blocks: npt.NDArray[np.uint8], destination: int) -> None:
+        """`blocks` (out × row bytes, C-contiguous, as a GGUF stores them) packed into as many bytes at
+        `destination`."""
+        ...
+
+    def packed_product(self, ggml: "Ggml", context: int, weight: int, x: int, *, out_features: int, rows: int) -> int:
+        """A packed `weight` (in × out) times x (in × rows, float32): the float32 (out × rows) node."""
+        ...
+
+
 class _Graph:
-    """`ggml_mul_mat` nodes of one or more weight matrices over one shared input of a fixed number of rows, in a
-    context of its own (input, outputs and graph): one compute call multiplies the input by every matrix."""
+    """Product nodes (`GgmlMatrix.product_node`) of one or more weight matrices over one shared input of a fixed
+    number of rows, in a context of its own (input, outputs and graph): one compute call multiplies the input by every
+    matrix."""
 
     def __init__(self, matrices: "Sequence[GgmlMatrix]", rows: int, *, swiglu: bool = False) -> None:
         """`matrices`: of one ggml library and one width (`GgmlProducts` checks). With `swiglu`, the matrices are
@@ -248,13 +267,13 @@ class _Graph:
             gate, up, down = matrices
             gated = ggml.swiglu_split(
                 self._context,
-                ggml.mul_mat(self._context, gate.tensor, source),
-                ggml.mul_mat(self._context, up.tensor, source),
+                gate.product_node(self._context, source, rows),
+                up.product_node(self._context, source, rows),
             )
-            results = [ggml.mul_mat(self._context, down.tensor, gated)]
+            results = [down.product_node(self._context, gated, rows)]
             outputs = [down]
         else:
-            results = [ggml.mul_mat(self._context, matrix.tensor, source) for matrix in matrices]
+            results = [matrix.product_node(self._context, source, rows) for matrix in matrices]
             outputs = list(matrices)
         self._graph = ggml.new_graph(self._context)
         for result in results:
@@ -339,6 +358,8 @@ class GgmlMatrix:
         """Held interleaved for ggml's kernels (`ggml_repack.py`): products, and `read_back` where `reads_back`."""
         self.reads_back = False
         """Repacked in a layout `read_back` restores exactly (checked on the file's own blocks at load)."""
+        self.packed_by: PackedLayout | None = None
+        """The layout of exo's own its blocks are packed into (`packed_from_blocks`), whose products alone read it."""
         size = ggml.tensor_overhead() + (0 if repack else self.nbytes)
         self._context = ggml.new_context(size, allocates=repack is None)
         self._weight = int(ggml.new_tensor_2d(self._context, self.type, in_features, out_features))
@@ -397,6 +418,42 @@ class GgmlMatrix:
             matrix.close()
             return None
         return matrix
+
+    @classmethod
+    def packed_from_blocks(
+        cls,
+        ggml: Ggml,
+        type_name: str,
+        out_features: int,
+        in_features: int,
+        blocks: npt.NDArray[np.uint8],
+        *,
+        layout: PackedLayout,
+    ) -> "GgmlMatrix | None":
+        """A matrix of `blocks` (as `from_blocks` takes them) packed into `layout`, the same bytes rearranged; None
+        where the layout takes no matrix of this type and shape."""
+        if not layout.packs(type_name, out_features, in_features):
+            return None
+        matrix = cls(ggml, type_name, out_features, in_features)
+        raw = np.ascontiguousarray(np.asarray(blocks).view(np.uint8).reshape(out_features, -1))
+        if raw.nbytes != matrix.nbytes:
+            matrix.close()
+            raise ValueError(f"{raw.nbytes} bytes are not a {type_name} matrix of {out_features} × {in_features}")
+        layout.pack(type_name, raw, matrix._data)
+        matrix.packed_by = layout
+        return matrix
+
+    @property
+    def holds_stored_blocks(self) -> bool:
+        """Whether its bytes are the blocks as a GGUF stores them (neither repacked by ggml nor packed by exo)."""
+        return not self.repacked and self.packed_by is None
+
+    def product_node(self, context: int, x: int, rows: int) -> int:
+        """This matrix times x (in × rows, float32) as a node of a graph in `context`: ggml's `ggml_mul_mat`, or the
+        packed layout's own product where the blocks are packed."""
+        if self.packed_by is None:
+            return int(self.ggml.mul_mat(context, self._weight, x))
+        return self.packed_by.packed_product(self.ggml, context, self._weight, x, out_features=self.shape[0], rows=rows)
 
     def _reads_back_as(self, raw: npt.NDArray[np.uint8]) -> bool:
         """Whether the type's read-back turns the repacked bytes into exactly `raw`, the blocks as stored."""
@@ -467,8 +524,9 @@ class GgmlMatrix:
         self._finalizer()
 
     def _refuse_if_repacked(self, what: str) -> None:
-        if self.repacked:
-            raise ValueError(f"a repacked {self.type_name} matrix cannot be {what}: it holds no blocks as stored")
+        if not self.holds_stored_blocks:
+            held = "repacked" if self.repacked else "packed"
+            raise ValueError(f"a {held} {self.type_name} matrix cannot be {what}: it holds no blocks as stored")
 
 
 class GgmlProducts:

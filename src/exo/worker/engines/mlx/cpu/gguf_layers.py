@@ -31,7 +31,7 @@ from exo.models.errors import ModelLoadError
 from exo.models.gguf_import import unpermute_rotary
 from exo.models.gguf_source import GgufSource, GgufTensor
 from exo.worker.engines.mlx.cpu.embedding_rows import FileRows
-from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix
+from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml, GgmlMatrix, PackedLayout
 from exo.worker.engines.mlx.cpu.ggml_repack import RepackPolicy
 from exo.worker.engines.mlx.cpu.gguf_shards import ShardKind, shard_blocks
 from exo.worker.engines.mlx.cpu.matrix_replacement import replace_named_modules
@@ -95,14 +95,28 @@ def file_embedding_bytes(model: nn.Module) -> int:
 
 
 def gguf_matrix(
-    tensor: GgufTensor, file: Path, ggml: Ggml, rotary_heads: int | None = None, *, repack: RepackPolicy = "none"
+    tensor: GgufTensor,
+    file: Path,
+    ggml: Ggml,
+    rotary_heads: int | None = None,
+    *,
+    repack: RepackPolicy = "none",
+    packed: PackedLayout | None = None,
 ) -> GgmlMatrix:
     """The blocks of `tensor` (of the GGUF `file`) in a ggml matrix, as stored (`rotary_heads`: a llama q/k matrix's
-    heads, whose rows the GGUF interleaves and mlx-lm does not: its rows are put back, blocks untouched); under
-    `repack`, interleaved for ggml's kernels where ggml has a layout for it (`ggml_repack.py`: products only, and
-    read back where the layout allows). Raises ModelLoadError for a type ggml's products are not wired for here."""
+    heads, whose rows the GGUF interleaves and mlx-lm does not: its rows are put back, blocks untouched); packed into
+    `packed`, exo's own layout, where it takes the type and shape (Q6_K: `rows_kernel.py`); under `repack`,
+    interleaved for ggml's kernels where ggml has a layout for it (`ggml_repack.py`: products only, and read back
+    where the layout allows). Raises ModelLoadError for a type ggml's products are not wired for here."""
     rows = gguf_rows(tensor, file, rotary_heads)
     in_features, out_features = tensor.shape
+    held = (
+        None
+        if packed is None
+        else GgmlMatrix.packed_from_blocks(ggml, tensor.type, out_features, in_features, rows, layout=packed)
+    )
+    if held is not None:
+        return held
     repacked = (
         GgmlMatrix.repacked_from_blocks(
             ggml, tensor.type, out_features, in_features, rows, measured_only=repack == "measured"
@@ -175,7 +189,14 @@ class GgufModelSource:
 
 
 def _replacement(
-    path: str, module: nn.Module, source: GgufModelSource, ggml: Ggml, *, repack: RepackPolicy, untied: bool
+    path: str,
+    module: nn.Module,
+    source: GgufModelSource,
+    ggml: Ggml,
+    *,
+    repack: RepackPolicy,
+    packed: PackedLayout | None,
+    untied: bool,
 ) -> nn.Module | None:
     if not isinstance(module, (nn.Linear, nn.Embedding, *ALL_TO_SHARDED, *SHARDED_TO_ALL)):
         return None
@@ -187,9 +208,17 @@ def _replacement(
         return _sharded_replacement(path, module, tensor, source, ggml)
     if isinstance(module, nn.Embedding) and untied:
         return _file_embedding(path, module, tensor, source, ggml)
-    # An embedding table's rows are read as blocks (a lookup): only a layer's product matrices are repacked.
-    repack_this: RepackPolicy = "none" if isinstance(module, nn.Embedding) else repack
-    weights = Q8Weights(gguf_matrix(tensor, source.path, ggml, source.rotary_heads(path), repack=repack_this))
+    # An embedding table's rows are read as blocks (a lookup): only a layer's product matrices are repacked or packed.
+    looked_up = isinstance(module, nn.Embedding)
+    matrix = gguf_matrix(
+        tensor,
+        source.path,
+        ggml,
+        source.rotary_heads(path),
+        repack="none" if looked_up else repack,
+        packed=None if looked_up else packed,
+    )
+    weights = Q8Weights(matrix)
     _check_fits(source, tensor, path, module, weights.shape)
     if isinstance(module, nn.Embedding):
         return GgufEmbedding(weights, gguf.GGMLQuantizationType[tensor.type])
@@ -226,18 +255,34 @@ def _sharded_replacement(
     return sharded_linear(module, Q8Weights(matrix))
 
 
-def load_gguf_matrices(model: nn.Module, source: GgufModelSource, ggml: Ggml, *, repack: RepackPolicy = "none") -> int:
+def load_gguf_matrices(
+    model: nn.Module,
+    source: GgufModelSource,
+    ggml: Ggml,
+    *,
+    repack: RepackPolicy = "none",
+    packed: PackedLayout | None = None,
+) -> int:
     """Replace every Linear and Embedding of `model` (built lazily, its weights never read) by its GGUF tensor's
     blocks, one at a time, and a tensor rank's sharded layers by this rank's slice of them; returns how many. Others
     stay as they are (the caller sets their dtype; `repack`: which of a layer's matrices of a type ggml repacks for
-    this CPU are held interleaved). Sibling layers (q/k/v, gate/up) then share one ggml graph, as under q8_0 (their
-    types may differ: one graph holds them all)."""
+    this CPU are held interleaved; `packed`: exo's own layout a layer's matrices of the types it takes are packed
+    into). Sibling layers (q/k/v, gate/up) then share one ggml graph, as under q8_0 (their types may differ: one graph
+    holds them all)."""
     # An untied model's embedding is only looked up (its output head is `lm_head`): read from the file, not held.
     untied = model.get("lm_head") is not None
     replaced = replace_named_modules(
-        model, lambda path, module: _replacement(path, module, source, ggml, repack=repack, untied=untied)
+        model,
+        lambda path, module: _replacement(path, module, source, ggml, repack=repack, packed=packed, untied=untied),
     )
     share_sibling_inputs(model)
     fuse_swiglu_mlps(model)
     mark_output_head(model)
     return replaced
+
+
+def packed_matrices(model: nn.Module) -> int:
+    """How many of `model`'s matrices are packed into exo's own layout (`gguf_matrix`'s `packed`)."""
+    return sum(
+        module.q8.matrix.packed_by is not None for _, module in model.named_modules() if isinstance(module, Q8Linear)
+    )

@@ -23,8 +23,11 @@ from functools import cache
 from pathlib import Path
 from typing import Final
 
-from exo.worker.engines.mlx.cpu.ggml_graph_ops import GgmlGraphOps
-from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES
+import numpy as np
+import numpy.typing as npt
+
+from exo.worker.engines.mlx.cpu.ggml_graph_ops import GgmlGraphOps, graph_ops
+from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml
 from exo.worker.engines.mlx.cpu.ggml_locate import GGML_BUILD_COMMAND
 
 ROWS_SOURCE: Final = Path(__file__).with_name("rows_kernel.cpp")
@@ -45,6 +48,9 @@ BLOCK_VALUES: Final = {GGML_TYPES["Q8_0"]: 32, GGML_TYPES["Q5_0"]: 32, GGML_TYPE
 """The block types the kernel multiplies, and the values of a block (a row is whole blocks)."""
 REPACKED_ONLY: Final = frozenset({GGML_TYPES["Q4_K"]})
 """The types it reads only as ggml's CPU_REPACK buffer holds them (Q4_K: `block_q4_Kx8`); the others only as stored."""
+PACKED_TYPES: Final = frozenset({"Q6_K"})
+"""The block types a matrix's blocks are packed into exo's own layout for, at load (`RowsKernel.pack`)."""
+_Q6_K_BLOCK_BYTES: Final = 210
 F32: Final = GGML_TYPES["F32"]
 _ALL_THREADS: Final = -1  # GGML_N_TASKS_MAX: every thread of the pool computes a share
 
@@ -70,6 +76,13 @@ class RowsKernel:
         Q8_0, Q5_0 and repacked Q4_K, and 128 for Q6_K (beyond, ggml's tiled product is as fast), else `max_rows`."""
         self.function = int(ctypes.cast(self._library.exo_rows_mul_mat, ctypes.c_void_p).value or 0)
         """`exo_rows_mul_mat`'s address: a `ggml_custom_op_t` (dst, ith, nth, userdata)."""
+        self.packed_function = int(ctypes.cast(self._library.exo_rows_mul_mat_packed_q6k, ctypes.c_void_p).value or 0)
+        """`exo_rows_mul_mat_packed_q6k`'s: the products of a packed Q6_K matrix, any number of rows."""
+        size, pointer = ctypes.c_int64, ctypes.c_void_p
+        self._library.exo_q6k_packs.restype, self._library.exo_q6k_packs.argtypes = ctypes.c_int, [size, size]
+        for name in ("exo_q6k_pack", "exo_q6k_unpack"):
+            getattr(self._library, name).restype = ctypes.c_int
+            getattr(self._library, name).argtypes = [pointer, pointer, size, size]
         self._fewest: dict[tuple[int, int], int] = {}
 
     def applies(self, weight_type: int, in_features: int, rows: int, *, repacked: bool = False) -> bool:
@@ -90,13 +103,46 @@ class RowsKernel:
             self._fewest[key] = int(self._library.exo_rows_min(weight_type, in_features))
         return self._fewest[key]
 
+    def packs(self, type_name: str, out_features: int, in_features: int) -> bool:
+        """Whether a matrix of this type and shape can be packed (`PackedLayout`): Q6_K with AVX-512 VNNI, whole
+        groups of 16 outputs."""
+        return type_name in PACKED_TYPES and bool(self._library.exo_q6k_packs(out_features, in_features))
+
+    def pack(self, type_name: str, blocks: npt.NDArray[np.uint8], destination: int) -> None:
+        """Q6_K `blocks` (out × row bytes, C-contiguous) packed into as many bytes at `destination`."""
+        self._packing("exo_q6k_pack", type_name, blocks, blocks.ctypes.data, destination)
+
+    def unpack(self, type_name: str, packed: int, blocks: npt.NDArray[np.uint8]) -> None:
+        """The packed matrix at `packed` back into its blocks as stored, `blocks` (out × row bytes, C-contiguous)."""
+        self._packing("exo_q6k_unpack", type_name, blocks, packed, blocks.ctypes.data)
+
+    def _packing(self, name: str, type_name: str, blocks: npt.NDArray[np.uint8], source: int, destination: int) -> None:
+        out_features, row_bytes = blocks.shape
+        in_features = row_bytes // _Q6_K_BLOCK_BYTES * BLOCK_VALUES[GGML_TYPES["Q6_K"]]
+        if not blocks.flags.c_contiguous or not self.packs(type_name, out_features, in_features):
+            raise ValueError(f"{out_features} rows of {row_bytes} bytes of {type_name} are not packed here")
+        if getattr(self._library, name)(source, destination, out_features, in_features) != 0:
+            raise ValueError(f"{name} refused {out_features} × {in_features} {type_name}")
+
+    def packed_product(self, ggml: Ggml, context: int, weight: int, x: int, *, out_features: int, rows: int) -> int:
+        """A packed Q6_K `weight` times x: as `product`, any number of rows."""
+        return self._node(graph_ops(ggml), context, (weight, x), (out_features, rows), self.packed_function)
+
     def product(self, ops: GgmlGraphOps, context: int, weight: int, x: int, *, out_features: int, rows: int) -> int:
         """weight (in × out, of a type in `BLOCK_VALUES`) times x (in × rows, float32): a float32 tensor (out ×
         rows), as `ggml_mul_mat(context, weight, x)` returns it; x is made contiguous first where it is not."""
+        return self._node(ops, context, (weight, x), (out_features, rows), self.function)
+
+    def _node(
+        self, ops: GgmlGraphOps, context: int, operands: tuple[int, int], shape: tuple[int, int], function: int
+    ) -> int:
+        """`function`'s node: operands (weight, x), the result's shape (out, rows)."""
+        weight, x = operands
+        out_features, rows = shape
         if not ops.is_contiguous(x):
             x = ops.cont(context, x)
         args = (ctypes.c_void_p * 2)(weight, x)
-        node = ops.custom_4d(context, F32, out_features, rows, 1, 1, args, 2, self.function, _ALL_THREADS, None)
+        node = ops.custom_4d(context, F32, out_features, rows, 1, 1, args, 2, function, _ALL_THREADS, None)
         if not node:
             raise MemoryError("ggml could not add a multi-row product to the graph")
         return int(node)
