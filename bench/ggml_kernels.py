@@ -26,17 +26,30 @@ def ggml_library_dir(binary: Path) -> Path:
     return binary.parent
 
 
-def _filled(ggml: Ggml, weights: npt.NDArray[np.float32], type_name: str, *, repacked: bool) -> GgmlMatrix:
-    """`weights` quantized by ggml to `type_name`, held as stored or (`repacked`) in ggml's interleaved layout."""
+def _filled(
+    ggml: Ggml,
+    weights: npt.NDArray[np.float32],
+    type_name: str,
+    *,
+    repacked: bool,
+    packed_by: RowsKernel | None = None,
+) -> GgmlMatrix:
+    """`weights` quantized by ggml to `type_name`, held as stored, (`repacked`) in ggml's interleaved layout or
+    (`packed_by`) packed into exo's kernel's own layout."""
     out_features, in_features = weights.shape
     matrix = GgmlMatrix(ggml, type_name, out_features, in_features)
     matrix.fill(0, weights)
-    if not repacked:
+    if not repacked and packed_by is None:
         return matrix
-    held = GgmlMatrix.repacked_from_blocks(ggml, type_name, out_features, in_features, matrix.blocks)
+    if packed_by is not None:
+        held = GgmlMatrix.packed_from_blocks(
+            ggml, type_name, out_features, in_features, matrix.blocks, layout=packed_by
+        )
+    else:
+        held = GgmlMatrix.repacked_from_blocks(ggml, type_name, out_features, in_features, matrix.blocks)
     matrix.close()
     if held is None:
-        raise ValueError(f"ggml holds no repacked layout of {type_name} for this shape on this CPU")
+        raise ValueError(f"no {'packed' if packed_by else 'repacked'} layout of {type_name} for this shape on this CPU")
     return held
 
 
@@ -110,15 +123,19 @@ class RowsProduct:
         rows: int,
         threads: int,
         repacked: bool = False,
+        packed: bool = False,
     ) -> "RowsProduct":
-        """`repacked`: the matrix held in ggml's interleaved layout (as the engine holds Q4_K), else as stored."""
+        """`repacked`: the matrix held in ggml's interleaved layout (as the engine holds Q4_K); `packed`: in the
+        kernel's own layout (as the engine holds Q6_K); else as stored."""
         out_features, in_features = weights.shape
-        matrix = _filled(ggml, weights, type_name, repacked=repacked)
-        ops = graph_ops(ggml)
+        matrix = _filled(ggml, weights, type_name, repacked=repacked, packed_by=kernel if packed else None)
         floats = 4 * rows * (in_features + out_features)
         context = ggml.new_context(floats + 4 * int(ggml.tensor_overhead()) + int(ggml.graph_overhead()))
         source = ggml.new_tensor_2d(context, GGML_TYPES["F32"], in_features, rows)
-        node = kernel.product(ops, context, matrix.tensor, source, out_features=out_features, rows=rows)
+        if packed:
+            node = matrix.product_node(context, source, rows)
+        else:
+            node = kernel.product(graph_ops(ggml), context, matrix.tensor, source, out_features=out_features, rows=rows)
         graph = ggml.new_graph(context)
         ggml.build_forward_expand(graph, node)
         pool = ggml.new_threadpool(threads)

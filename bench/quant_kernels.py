@@ -7,7 +7,8 @@ weights with per-row scales, activations quantized per row when the product runs
 own `quantized_matmul` (4- and 8-bit, group 64, float32 scales); ggml's `ggml_mul_mat` on GGUF block types
 (Q4_0, Q4_K, Q6_K, Q8_0) from the llama.cpp build (`bench.llama_cpp_build`), when it exists; and, on the same
 blocks, exo's multi-row kernel (`exo rows`, from `exo ggml build`) where it takes the type and row count; Q4_K
-also held in ggml's interleaved layout (`repacked`), as llama.cpp and the engine hold it, by ggml and by exo's kernel.
+also held in ggml's interleaved layout (`repacked`), as llama.cpp and the engine hold it, by ggml and by exo's kernel;
+Q6_K also packed into exo's kernel's own layout (`packed`), as the engine holds it.
 
 Per product: the median time (quantizing the activations included where a kernel needs it), the effective GB/s of
 weight bytes read (the candidate's weight bytes over that time) and the largest error against the float32 product

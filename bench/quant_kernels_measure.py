@@ -89,11 +89,12 @@ def _exo_rows(
     rows: int,
     threads: int,
     repacked: bool = False,
+    packed: bool = False,
 ) -> _Candidate:
     product = RowsProduct.create(
-        ggml, kernel, weights, type_name=type_name, rows=rows, threads=threads, repacked=repacked
+        ggml, kernel, weights, type_name=type_name, rows=rows, threads=threads, repacked=repacked, packed=packed
     )
-    name = f"exo rows {type_name}{' repacked' if repacked else ''}"
+    name = f"exo rows {type_name}{' repacked' if repacked else ' packed' if packed else ''}"
     return _Candidate(name, product.weight_bytes, product.run, close=product.close)
 
 
@@ -119,6 +120,8 @@ def _candidates(
                 yield _ggml(ggml, weights, kind, rows, threads)
                 if rows_kernel is not None and rows_kernel.applies(GGML_TYPE_IDS[kind], weights.shape[1], rows):
                     yield _exo_rows(ggml, rows_kernel, weights, type_name=kind, rows=rows, threads=threads)
+                if rows_kernel is not None and rows_kernel.packs(kind, *weights.shape):  # as the engine holds Q6_K
+                    yield _exo_rows(ggml, rows_kernel, weights, type_name=kind, rows=rows, threads=threads, packed=True)
                 if kind in REPACKED_CANDIDATES:  # as llama.cpp and the engine hold it
                     try:
                         repacked = _ggml(ggml, weights, kind, rows, threads, repacked=True)

@@ -162,3 +162,32 @@ def test_q4_k_is_also_measured_held_as_llama_cpp_and_the_engine_hold_it() -> Non
     finally:
         stored.close()
         repacked.close()
+
+
+def test_q6_k_is_also_measured_packed_as_the_engine_holds_it() -> None:
+    """Where the kernel packs Q6_K (AVX-512 VNNI), its candidates include exo's product over the packed layout, the
+    stored-layout kernel's product exactly where that one takes the rows (the same sums in the same order)."""
+    folder = find_ggml_library()
+    if folder is None:
+        skip_for_machine(ggml_missing_reason())
+    ggml = ggml_library(folder)
+    kernel = rows_kernel(folder)
+    generator = np.random.default_rng(6)
+    weights = (generator.standard_normal((64, 512)) * 0.05).astype(np.float32)
+    names: list[str] = []
+    for candidate in _candidates(weights, 4, None, ggml, 2, rows_kernel=kernel):
+        names.append(candidate.name)
+        candidate.close()
+    packs = kernel is not None and kernel.packs("Q6_K", 64, 512)
+    assert ("exo rows Q6_K packed" in names) == packs
+    if kernel is None or not packs:
+        skip_for_machine("exo packs Q6_K with AVX-512 VNNI only")
+    stored = RowsProduct.create(ggml, kernel, weights, type_name="Q6_K", rows=4, threads=2)
+    packed = RowsProduct.create(ggml, kernel, weights, type_name="Q6_K", rows=4, threads=2, packed=True)
+    try:
+        x = generator.standard_normal((4, 512)).astype(np.float32)
+        assert np.array_equal(packed.run(x), stored.run(x))
+        assert packed.weight_bytes == stored.weight_bytes  # the same bytes, rearranged
+    finally:
+        stored.close()
+        packed.close()

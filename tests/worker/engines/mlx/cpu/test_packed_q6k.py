@@ -8,6 +8,7 @@ They need the kernel built with `uv run exo ggml build` on an x86-64 CPU with AV
 a reason of the machine.
 """
 
+import ctypes
 from pathlib import Path
 
 import numpy as np
@@ -58,9 +59,7 @@ def test_packing_loses_nothing(ggml: Ggml, packing: RowsKernel) -> None:
     try:
         packed = GgmlMatrix.packed_from_blocks(ggml, "Q6_K", 48, 768, stored.blocks, layout=packing)
         assert packed is not None
-        held = np.ctypeslib.as_array(
-            (np.ctypeslib.ctypes.c_uint8 * packed.nbytes).from_address(int(ggml.get_data(packed.tensor)))
-        )
+        held = np.ctypeslib.as_array((ctypes.c_uint8 * packed.nbytes).from_address(int(ggml.get_data(packed.tensor))))
         assert not np.array_equal(held, stored.blocks.reshape(-1))  # rearranged, not copied
         restored = np.empty_like(stored.blocks)
         packing.unpack("Q6_K", int(ggml.get_data(packed.tensor)), restored)
@@ -140,9 +139,10 @@ def _loaded(exported: Path) -> nn.Module:
     return exo_load_model(exported, ShardAssignment(), cpu_kernels=CpuKernels("auto", weights="gguf")).model
 
 
+@pytest.mark.usefixtures("packing")
 @pytest.mark.parametrize("sequences", [1, 3, 9])
 def test_a_q6_k_model_packed_decodes_as_through_ggmls_products(
-    ggml: Ggml, packing: RowsKernel, sequences: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ggml: Ggml, sequences: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A model of Q6_K matrices (its embedding, looked up, stays as stored): its layers' matrices are packed at load
     and its prefill pass and decode steps (a row a sequence) go through the packed products, with ggml's logits
@@ -164,8 +164,9 @@ def test_a_q6_k_model_packed_decodes_as_through_ggmls_products(
         assert_within_product_rounding(a, b)
 
 
+@pytest.mark.usefixtures("packing")
 def test_packed_matrices_are_multiplied_by_their_own_product_in_mlx_lms_layers(
-    ggml: Ggml, packing: RowsKernel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ggml: Ggml, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """With the decode graph off, steps run mlx-lm's layers over ggml graphs of their own (shared inputs, the fused
     MLP): those take a packed matrix's own product too, with the same logits as the decode graph's."""
