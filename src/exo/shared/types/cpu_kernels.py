@@ -77,7 +77,7 @@ DESCRIPTIONS: dict[Replacement, str] = {
     "decode_graph": "decode steps as one ggml graph",
     "layer_graph": "prefill and verification passes as one ggml graph a layer",
     "repacked_blocks": "GGUF blocks interleaved for ggml's CPU kernels (CPU_REPACK)",
-    "rows_kernel": "exo's Q8_0/Q5_0/Q6_K and repacked Q4_K products (AVX-512: one row to a prefill piece)",
+    "rows_kernel": "exo's Q8_0/Q5_0 products, Q4_K repacked and Q6_K packed (AVX-512: one row to a prefill piece)",
 }
 
 

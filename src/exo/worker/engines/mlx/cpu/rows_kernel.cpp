@@ -23,7 +23,9 @@
 // quantizes them per 256), so its products round a little differently from ggml's, and closer to float32's.
 //
 // Q4_K held in ggml's interleaved layout (block_q4_Kx8, eight outputs a block: how llama.cpp and exo hold it for
-// decode) is read as it lies, eight outputs in pairs of lanes (below, with AVX-512 only).
+// decode) is read as it lies, eight outputs in pairs of lanes (below, with AVX-512 only). Q6_K is packed at load
+// into a layout of exo's own (BlockQ6Kx16, AVX-512 only), sixteen outputs' values a few instructions from the
+// registers the outputs-in-lanes products use; as stored it is still taken (an embedding used as the output head).
 //
 // Called by ggml as a custom operation (ggml_custom_4d, every thread of its pool): dst = W · X, W (out × in) in
 // Q8_0, Q5_0 or Q6_K as stored or Q4_K repacked, X float32 (rows × in), dst float32 (rows × out), as ggml_mul_mat

@@ -3,7 +3,11 @@
 For Q8_0, Q5_0 and Q6_K (the default model's GGUF: 450 of its 489 MB) ggml's x86 kernels cost almost as much per
 row at 8 rows as at one, and its one-row products read a matrix from memory slower than it allows. For Q4_K (the
 1.5B's GGUF: 757 of its 1,112 MB), held in ggml's interleaved `block_q4_Kx8` layout, ggml's kernels read the
-matrix again for every four rows (and for each of one to three).
+matrix again for every four rows (and for each of one to three). For Q6_K (the rest of the 1.5B's GGUF) the file's
+layout costs exo's products more in unpacking and transposing than in multiplying a few rows, so with AVX-512 a
+layer's Q6_K matrices are packed at load into the kernel's own layout (`pack`: the same bytes, sixteen outputs'
+values two or three instructions from the registers the products use), whose products take every row count
+(`packed_product`; every graph reaches them through `GgmlMatrix.product_node`).
 `rows_kernel.cpp` multiplies a weight block by many rows at once with AVX-512 VNNI (the outputs in a register's
 lanes, any number of rows) or AVX-VNNI (up to 8 rows in the lanes). `exo ggml build` compiles it beside ggml's
 libraries (`libexo-rows`); a graph uses it through `ggml_custom_4d` for products from the library's fewest rows for
