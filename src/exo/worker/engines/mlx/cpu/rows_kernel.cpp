@@ -963,21 +963,22 @@ int exo_q6k_pack(const void* stored, void* packed, int64_t out, int64_t in) {
     for (int64_t g = 0; g < out / kOutputLanes; ++g) {
         for (int64_t s = 0; s < supers; ++s) {
             BlockQ6Kx16& into = groups[g * supers + s];
-            memset(&into, 0, sizeof(into));
-            uint8_t* parts = &into.parts[0][0][0];
             for (int o = 0; o < kOutputLanes; ++o) {
                 const BlockQ6K& block = rows[(g * kOutputLanes + o) * supers + s];
                 into.d[o] = block.d;
                 for (int group = 0; group < kSuper / 16; ++group) into.scales[group][o] = block.scales[group];
                 for (int part = 0; part < kSuper / kBlock; ++part) {
-                    alignas(32) uint8_t q[kBlock];
-                    _mm256_store_si256(reinterpret_cast<__m256i*>(q), unpack_q6k(block, part));
-                    for (int i = 0; i < kBlock; ++i) {
-                        int low_at, low_shift, top_at, top_shift;
-                        packed_place(o, part * kBlock + i, low_at, low_shift, top_at, top_shift);
-                        parts[low_at] |= uint8_t((q[i] & 0x0F) << low_shift);
-                        parts[top_at] |= uint8_t((q[i] >> 4) << top_shift);
+                    // Four values (a quad) a 32-bit word: register j's word for output o is quad j's low nibbles
+                    // with quad j + 4's above them; register 4 + h's holds quads 4h .. 4h + 3's top bits.
+                    alignas(32) uint32_t quad[kQuads];
+                    _mm256_store_si256(reinterpret_cast<__m256i*>(quad), unpack_q6k(block, part));
+                    uint32_t words[6];
+                    for (int j = 0; j < 4; ++j) words[j] = (quad[j] & 0x0F0F0F0Fu) | (quad[j + 4] & 0x0F0F0F0Fu) << 4;
+                    for (int h = 0; h < 2; ++h) {
+                        words[4 + h] = 0;
+                        for (int c = 0; c < 4; ++c) words[4 + h] |= ((quad[4 * h + c] >> 4) & 0x03030303u) << (2 * c);
                     }
+                    for (int r = 0; r < 6; ++r) memcpy(&into.parts[part][r][4 * o], &words[r], sizeof(uint32_t));
                 }
             }
         }
