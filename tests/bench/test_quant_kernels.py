@@ -4,16 +4,17 @@
 import argparse
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from bench.ggml_kernels import GgmlProduct, RowsProduct
 from bench.quant_kernels import KernelReport, KernelResult, build_parser, parse_rows, parse_shape, time_call
 from bench.quant_kernels_measure import _candidates  # pyright: ignore[reportPrivateUsage]
 from bench.report_quant_kernels import render_kernels
-from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES
+from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES, Ggml
 from exo.worker.engines.mlx.cpu.ggml_locate import find_ggml_library, ggml_missing_reason
 from exo.worker.engines.mlx.cpu.q8_layers import ggml_library
-from exo.worker.engines.mlx.cpu.rows_kernel import rows_kernel, rows_kernel_missing_reason
+from exo.worker.engines.mlx.cpu.rows_kernel import RowsKernel, rows_kernel, rows_kernel_missing_reason
 from tests.machine_skips import skip_for_machine
 
 
@@ -131,17 +132,7 @@ def test_q4_k_is_also_measured_held_as_llama_cpp_and_the_engine_hold_it() -> Non
     """Q4_K's candidates include ggml's product over the interleaved layout (llama.cpp's and the engine's) and, where
     the kernel takes it, exo's over the same layout: the repacked product is the stored one's, exo's within the
     rounding its per-32-value rows part from ggml's per-256 ones."""
-    folder = find_ggml_library()
-    if folder is None:
-        skip_for_machine(ggml_missing_reason())
-    ggml = ggml_library(folder)
-    kernel = rows_kernel(folder)
-    generator = np.random.default_rng(5)
-    weights = (generator.standard_normal((64, 512)) * 0.05).astype(np.float32)
-    names: list[str] = []
-    for candidate in _candidates(weights, 4, None, ggml, 2, rows_kernel=kernel):
-        names.append(candidate.name)
-        candidate.close()  # each holds its matrix and ggml's thread pool
+    ggml, kernel, generator, weights, names = _ggml_candidates(seed=5)
     if "ggml Q4_K repacked" not in names:
         skip_for_machine("ggml holds no interleaved Q4_K on this CPU")
     takes_repacked = kernel is not None and kernel.fewest_rows(GGML_TYPES["Q4_K"], 512) > 0
@@ -167,17 +158,7 @@ def test_q4_k_is_also_measured_held_as_llama_cpp_and_the_engine_hold_it() -> Non
 def test_q6_k_is_also_measured_packed_as_the_engine_holds_it() -> None:
     """Where the kernel packs Q6_K (AVX-512 VNNI), its candidates include exo's product over the packed layout, the
     stored-layout kernel's product exactly where that one takes the rows (the same sums in the same order)."""
-    folder = find_ggml_library()
-    if folder is None:
-        skip_for_machine(ggml_missing_reason())
-    ggml = ggml_library(folder)
-    kernel = rows_kernel(folder)
-    generator = np.random.default_rng(6)
-    weights = (generator.standard_normal((64, 512)) * 0.05).astype(np.float32)
-    names: list[str] = []
-    for candidate in _candidates(weights, 4, None, ggml, 2, rows_kernel=kernel):
-        names.append(candidate.name)
-        candidate.close()
+    ggml, kernel, generator, weights, names = _ggml_candidates(seed=6)
     packs = kernel is not None and kernel.packs("Q6_K", 64, 512)
     assert ("exo rows Q6_K packed" in names) == packs
     if kernel is None or not packs:
@@ -191,3 +172,22 @@ def test_q6_k_is_also_measured_packed_as_the_engine_holds_it() -> None:
     finally:
         stored.close()
         packed.close()
+
+
+def _ggml_candidates(
+    seed: int,
+) -> tuple[Ggml, RowsKernel | None, np.random.Generator, npt.NDArray[np.float32], list[str]]:
+    """The ggml build and exo's kernel beside it (skipped without ggml), a seeded generator, a 64 × 512 matrix of
+    its Gaussian weights and the names of the bench's candidates for it over 4 rows."""
+    folder = find_ggml_library()
+    if folder is None:
+        skip_for_machine(ggml_missing_reason())
+    ggml = ggml_library(folder)
+    kernel = rows_kernel(folder)
+    generator = np.random.default_rng(seed)
+    weights = (generator.standard_normal((64, 512)) * 0.05).astype(np.float32)
+    names: list[str] = []
+    for candidate in _candidates(weights, 4, None, ggml, 2, rows_kernel=kernel):
+        names.append(candidate.name)
+        candidate.close()  # each holds its matrix and ggml's thread pool
+    return ggml, kernel, generator, weights, names

@@ -28,6 +28,7 @@ from tests.worker.engines.mlx.cpu.test_decode_graph import PROMPT
 from tests.worker.engines.mlx.cpu.test_rows_kernel import (
     _fed,  # pyright: ignore[reportPrivateUsage]
     _rms,  # pyright: ignore[reportPrivateUsage]
+    _rows_taken,  # pyright: ignore[reportPrivateUsage]
 )
 from tests.worker.engines.mlx.cpu.weight_formats import assert_within_product_rounding
 
@@ -154,7 +155,7 @@ def test_a_q6_k_model_packed_decodes_as_through_ggmls_products(
         switched.setenv(ROWS_KERNEL_VARIABLE, "off")
         theirs_model = _loaded(exported)
     assert packed_matrices(theirs_model) == 0
-    taken = _packed_rows_taken(monkeypatch)
+    taken = _rows_taken(monkeypatch, "packed_product")
     prompts = [PROMPT[offset : offset + 12 + 3 * offset] for offset in range(sequences)]
     ours = _fed(ours_model, prompts)
     assert sequences * max(len(prompt) for prompt in prompts) in taken  # the prefill pass
@@ -176,7 +177,7 @@ def test_packed_matrices_are_multiplied_by_their_own_product_in_mlx_lms_layers(
         switched.setenv(DECODE_GRAPH_VARIABLE, "off")
         layers_model = _loaded(exported)
     assert packed_matrices(layers_model) == 2 * 7
-    taken = _packed_rows_taken(monkeypatch)
+    taken = _rows_taken(monkeypatch, "packed_product")
     prompts = [PROMPT[offset : offset + 14] for offset in range(3)]
     ours = _fed(layers_model, prompts)
     assert 3 in taken
@@ -186,16 +187,3 @@ def test_packed_matrices_are_multiplied_by_their_own_product_in_mlx_lms_layers(
         switched.setenv(DECODE_GRAPH_VARIABLE, "off")
         switched.setenv(LAYER_GRAPH_VARIABLE, "off")
         assert packed_matrices(_loaded(exported)) == 0
-
-
-def _packed_rows_taken(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The row count of every packed product added to a graph from now on."""
-    taken: list[int] = []
-    product = RowsKernel.packed_product
-
-    def counted(self: RowsKernel, *args: object, rows: int, **kwargs: object) -> int:
-        taken.append(rows)
-        return product(self, *args, rows=rows, **kwargs)  # pyright: ignore[reportArgumentType]
-
-    monkeypatch.setattr(RowsKernel, "packed_product", counted)
-    return taken

@@ -192,16 +192,17 @@ def test_a_q4_k_model_decodes_through_the_kernel_as_through_ggmls_repacked_produ
         assert_within_product_rounding(a, b)
 
 
-def _rows_taken(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The row count of every product the kernel is given from now on (appended as graphs add them)."""
+def _rows_taken(monkeypatch: pytest.MonkeyPatch, method: str = "product") -> list[int]:
+    """The row count of every product the kernel is given from now on (appended as graphs add them): through
+    `method`, `product` (the stored and repacked layouts) or `packed_product`."""
     rows_taken: list[int] = []
-    product = RowsKernel.product
+    product = getattr(RowsKernel, method)
 
     def counted(self: RowsKernel, *args: object, rows: int, **kwargs: object) -> int:
         rows_taken.append(rows)
-        return product(self, *args, rows=rows, **kwargs)  # pyright: ignore[reportArgumentType]
+        return product(self, *args, rows=rows, **kwargs)
 
-    monkeypatch.setattr(RowsKernel, "product", counted)
+    monkeypatch.setattr(RowsKernel, method, counted)
     return rows_taken
 
 
