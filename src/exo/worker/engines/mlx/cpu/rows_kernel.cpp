@@ -801,6 +801,8 @@ struct BlockQ6Kx16 {
     uint8_t parts[kSuper / kBlock][6][64];
 };
 static_assert(sizeof(BlockQ6Kx16) == kOutputLanes * sizeof(BlockQ6K), "packed Q6_K: the stored blocks' bytes");
+constexpr int kPackedLines = int((sizeof(BlockQ6Kx16) + 63) / 64);
+constexpr int kLinesAPart = (kPackedLines + kSuper / kBlock - 1) / (kSuper / kBlock);
 
 // Register h's bits 2c, 2c + 1 of every byte at bits 4, 5, the rest zero.
 inline __m512i top_bits(__m512i h, int c) {
@@ -847,7 +849,14 @@ void packed_q6k_group(const BlockQ6Kx16* blocks, int64_t supers, const Quantized
     for (int64_t s = 0; s < supers; ++s) {
         const BlockQ6Kx16& block = blocks[s];
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.d)));
+        // The next block (this group's, or the next group's first: they lie in order) fetched a part's share at a
+        // time: measured on the 1.5B's head at 4 rows 5.2-6.1 ms against 6.7-7.9 without, 2 and 3 blocks ahead no
+        // better (T0; prefetching past the matrix's end is harmless).
+        const char* next = reinterpret_cast<const char*>(blocks + s + 1);
         for (int p = 0; p < parts; ++p) {
+            for (int line = p * kLinesAPart; line < (p + 1) * kLinesAPart && line < kPackedLines; ++line) {
+                _mm_prefetch(next + line * 64, _MM_HINT_T0);
+            }
             __m512i quads[kQuads];
             __m512 scales[2];
             read_packed_part(block, p, d, quads, scales);
