@@ -29,6 +29,7 @@ from tests.worker.engines.mlx.cpu.test_rows_kernel import (
     _fed,  # pyright: ignore[reportPrivateUsage]
     _rms,  # pyright: ignore[reportPrivateUsage]
     _rows_taken,  # pyright: ignore[reportPrivateUsage]
+    activations,
 )
 from tests.worker.engines.mlx.cpu.weight_formats import assert_within_product_rounding
 
@@ -63,7 +64,7 @@ def test_packing_loses_nothing(ggml: Ggml, packing: RowsKernel) -> None:
         held = np.ctypeslib.as_array((ctypes.c_uint8 * packed.nbytes).from_address(int(ggml.get_data(packed.tensor))))
         assert not np.array_equal(held, stored.blocks.reshape(-1))  # rearranged, not copied
         restored = np.empty_like(stored.blocks)
-        packing.unpack("Q6_K", int(ggml.get_data(packed.tensor)), restored)
+        packing.unpack("Q6_K", int(ggml.get_data(packed.tensor)), restored, 768)
         assert np.array_equal(restored, stored.blocks)
         packed.close()
     finally:
@@ -108,9 +109,7 @@ def test_packed_products_are_the_stored_kernels_and_within_ggmls_rounding(
     rng = np.random.default_rng(13)
     try:
         for rows in [*range(1, 17), 17, 64, 101, 300]:
-            x = rng.standard_normal((rows, in_features)).astype(np.float32)
-            x[:, 3] *= 40.0  # an outlier channel
-            x[rows // 2, 32:64] = 0.0  # a block of zeros (scale 0)
+            x = activations(rng, rows, in_features)
             ours = packed.product(x, THREADS, pool)  # `GgmlMatrix.product_node`: the packed product
             theirs = stored.product(x, THREADS, pool)  # ggml's
             if packing.applies(Q6_K, in_features, rows):

@@ -85,9 +85,7 @@ def test_products_are_ggmls_for_every_row_count_the_kernel_takes(
         # of 16, a panel of 64 and a second one short.
         counts = [*range(fewest, min(most, 16) + 1), *[rows for rows in (17, 64, 101) if rows <= most]]
         for rows in counts:
-            x = rng.standard_normal((rows, in_features)).astype(np.float32)
-            x[:, 3] *= 40.0  # an outlier channel, as real activations have
-            x[rows // 2, 32:64] = 0.0  # a block of zeros (scale 0)
+            x = activations(rng, rows, in_features)
             product = RowsProduct.create(ggml, kernel, weights, type_name=type_name, rows=rows, threads=THREADS)
             try:  # the same blocks: ggml quantizes the same weights the same way
                 ours = product.run(x)
@@ -130,9 +128,7 @@ def test_repacked_q4_k_products_are_ggmls_for_every_row_count(
         assert kernel.applies(q4_k, in_features, 1, repacked=True)
         assert not kernel.applies(q4_k, in_features, 1, repacked=False)  # the blocks as stored are not its layout
         for rows in [*range(1, 17), 17, 64, 101]:
-            x = rng.standard_normal((rows, in_features)).astype(np.float32)
-            x[:, 3] *= 40.0  # an outlier channel
-            x[rows // 2, 32:64] = 0.0  # a sub-block of zeros (scale 0)
+            x = activations(rng, rows, in_features)
             product = RowsProduct.create(
                 ggml, kernel, weights, type_name="Q4_K", rows=rows, threads=THREADS, repacked=True
             )
@@ -152,6 +148,15 @@ def test_repacked_q4_k_products_are_ggmls_for_every_row_count(
     finally:
         stored.close()
         repacked.close()
+
+
+def activations(rng: np.random.Generator, rows: int, in_features: int) -> np.ndarray:
+    """Gaussian rows with an outlier channel, as real activations have, and one row's 32-value block of zeros (its
+    quantized scale 0)."""
+    x = rng.standard_normal((rows, in_features)).astype(np.float32)
+    x[:, 3] *= 40.0
+    x[rows // 2, 32:64] = 0.0
+    return x
 
 
 def _rms(error: np.ndarray) -> float:

@@ -236,9 +236,9 @@ class PackedLayout(Protocol):
         """Whether a matrix of this type and shape can be held packed here."""
         ...
 
-    def pack(self, type_name: str, blocks: npt.NDArray[np.uint8], destination: int) -> None:
-        """`blocks` (out × row bytes, C-contiguous, as a GGUF stores them) packed into as many bytes at
-        `destination`."""
+    def pack(self, type_name: str, blocks: npt.NDArray[np.uint8], destination: int, in_features: int) -> None:
+        """`blocks` (out × row bytes, C-contiguous, as a GGUF stores them; rows of `in_features` values) packed into
+        as many bytes at `destination`."""
         ...
 
     def packed_product(self, ggml: "Ggml", context: int, weight: int, x: int, *, out_features: int, rows: int) -> int:
@@ -378,6 +378,16 @@ class GgmlMatrix:
     ) -> "GgmlMatrix":
         """A matrix holding `blocks` as they are: rows of the type's blocks as a GGUF stores them (out × row bytes,
         any array whose bytes those are), copied once into the matrix's context, never re-quantized."""
+        matrix, raw = cls._sized_for(ggml, type_name, out_features, in_features, blocks)
+        ctypes.memmove(matrix._data, raw.ctypes.data, raw.nbytes)
+        return matrix
+
+    @classmethod
+    def _sized_for(
+        cls, ggml: Ggml, type_name: str, out_features: int, in_features: int, blocks: npt.NDArray[np.uint8]
+    ) -> "tuple[GgmlMatrix, npt.NDArray[np.uint8]]":
+        """An empty matrix of this type and shape, and `blocks` as its rows of bytes (out × row bytes, C-contiguous);
+        ValueError where they are not that matrix's bytes."""
         matrix = cls(ggml, type_name, out_features, in_features)
         raw = np.ascontiguousarray(blocks).view(np.uint8).reshape(-1)
         if raw.nbytes != matrix.nbytes:
@@ -386,8 +396,7 @@ class GgmlMatrix:
                 f"{raw.nbytes} bytes are not a {type_name} matrix of {out_features} × {in_features} "
                 f"({matrix.nbytes} bytes)"
             )
-        ctypes.memmove(matrix._data, raw.ctypes.data, raw.nbytes)
-        return matrix
+        return matrix, raw.reshape(out_features, matrix.row_bytes)
 
     @classmethod
     def repacked_from_blocks(
@@ -434,12 +443,8 @@ class GgmlMatrix:
         where the layout takes no matrix of this type and shape."""
         if not layout.packs(type_name, out_features, in_features):
             return None
-        matrix = cls(ggml, type_name, out_features, in_features)
-        raw = np.ascontiguousarray(np.asarray(blocks).view(np.uint8).reshape(out_features, -1))
-        if raw.nbytes != matrix.nbytes:
-            matrix.close()
-            raise ValueError(f"{raw.nbytes} bytes are not a {type_name} matrix of {out_features} × {in_features}")
-        layout.pack(type_name, raw, matrix._data)
+        matrix, raw = cls._sized_for(ggml, type_name, out_features, in_features, blocks)
+        layout.pack(type_name, raw, matrix._data, in_features)
         matrix.packed_by = layout
         return matrix
 

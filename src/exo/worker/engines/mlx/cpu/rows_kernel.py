@@ -54,7 +54,6 @@ REPACKED_ONLY: Final = frozenset({GGML_TYPES["Q4_K"]})
 """The types it reads only as ggml's CPU_REPACK buffer holds them (Q4_K: `block_q4_Kx8`); the others only as stored."""
 PACKED_TYPES: Final = frozenset({"Q6_K"})
 """The block types a matrix's blocks are packed into exo's own layout for, at load (`RowsKernel.pack`)."""
-_Q6_K_BLOCK_BYTES: Final = 210
 F32: Final = GGML_TYPES["F32"]
 _ALL_THREADS: Final = -1  # GGML_N_TASKS_MAX: every thread of the pool computes a share
 
@@ -112,20 +111,24 @@ class RowsKernel:
         groups of 16 outputs."""
         return type_name in PACKED_TYPES and bool(self._library.exo_q6k_packs(out_features, in_features))
 
-    def pack(self, type_name: str, blocks: npt.NDArray[np.uint8], destination: int) -> None:
-        """Q6_K `blocks` (out × row bytes, C-contiguous) packed into as many bytes at `destination`."""
-        self._packing("exo_q6k_pack", type_name, blocks, blocks.ctypes.data, destination)
+    def pack(self, type_name: str, blocks: npt.NDArray[np.uint8], destination: int, in_features: int) -> None:
+        """Q6_K `blocks` (out × row bytes, C-contiguous; rows of `in_features` values) packed into as many bytes at
+        `destination`."""
+        self._packing("exo_q6k_pack", type_name, blocks, (blocks.ctypes.data, destination), in_features)
 
-    def unpack(self, type_name: str, packed: int, blocks: npt.NDArray[np.uint8]) -> None:
-        """The packed matrix at `packed` back into its blocks as stored, `blocks` (out × row bytes, C-contiguous)."""
-        self._packing("exo_q6k_unpack", type_name, blocks, packed, blocks.ctypes.data)
+    def unpack(self, type_name: str, packed: int, blocks: npt.NDArray[np.uint8], in_features: int) -> None:
+        """The packed matrix at `packed` back into its blocks as stored, `blocks` (as `pack` takes them)."""
+        self._packing("exo_q6k_unpack", type_name, blocks, (packed, blocks.ctypes.data), in_features)
 
-    def _packing(self, name: str, type_name: str, blocks: npt.NDArray[np.uint8], source: int, destination: int) -> None:
-        out_features, row_bytes = blocks.shape
-        in_features = row_bytes // _Q6_K_BLOCK_BYTES * BLOCK_VALUES[GGML_TYPES["Q6_K"]]
-        if not blocks.flags.c_contiguous or not self.packs(type_name, out_features, in_features):
-            raise ValueError(f"{out_features} rows of {row_bytes} bytes of {type_name} are not packed here")
-        if getattr(self._library, name)(source, destination, out_features, in_features) != 0:
+    def _packing(
+        self, name: str, type_name: str, blocks: npt.NDArray[np.uint8], addresses: tuple[int, int], in_features: int
+    ) -> None:
+        """`name` (the library's pack or unpack) from and to `addresses` (source, destination); it refuses a type or
+        shape `packs` does not take."""
+        out_features = blocks.shape[0]
+        if type_name not in PACKED_TYPES or not blocks.flags.c_contiguous:
+            raise ValueError(f"{type_name} blocks of shape {blocks.shape} are not packed here")
+        if getattr(self._library, name)(*addresses, out_features, in_features) != 0:
             raise ValueError(f"{name} refused {out_features} × {in_features} {type_name}")
 
     def packed_product(self, ggml: Ggml, context: int, weight: int, x: int, *, out_features: int, rows: int) -> int:
