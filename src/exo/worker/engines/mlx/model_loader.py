@@ -2,6 +2,8 @@
 layers, a tensor rank cut to its share of every layer's matrices."""
 
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any, cast
 
@@ -14,11 +16,14 @@ from mlx_lm.utils import load_tokenizer
 from exo.models.errors import ModelLoadError
 from exo.models.shard_files import missing_weight_files
 from exo.shared.types.worker.shards import PipelineStrategy, ShardAssignment
+from exo.worker.engines.mlx.compiled_blocks import install_compiled_blocks
 from exo.worker.engines.mlx.cpu.engine import CpuKernels
 from exo.worker.engines.mlx.distributed.layer_split import split_layers
 from exo.worker.engines.mlx.distributed.tensor_split import shard_matrices
 from exo.worker.engines.mlx.loaded_model import LoadedModel
 from exo.worker.engines.mlx.tokenizer_memory import drop_construction_copies, share_detokenizer_tokens
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_LENGTH = 4096
 
@@ -148,6 +153,7 @@ def _loaded(
     first_layer = shard.start_layer if strategy == "layer-range" else 0
     dtype = kernels.prepare_model(model, path, first_layer, split=shard.world_size > 1)
     mx.eval(model.parameters())
+    logger.info("%s", install_compiled_blocks(model, os.environ))
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

@@ -28,6 +28,7 @@ from mlx import nn
 from mlx.utils import tree_map_with_path
 
 from exo.shared.types.blas import MatmulPlanReport
+from exo.worker.engines.mlx.compiled_blocks import remove_compiled_blocks
 from exo.worker.engines.mlx.cpu.forward_pass_probe import ForwardPassProbe
 from exo.worker.engines.mlx.cpu.matmul_plan import (
     LAYOUTS,
@@ -340,4 +341,6 @@ def install_plans(model: nn.Module, slots: dict[Shape, PlanSlot]) -> None:
             return PlannedEmbedding(module, slot)
         return module
 
+    # Compiled parts would go on calling the modules they traced, and a planned layer decides its layout per call.
+    remove_compiled_blocks(model)
     model.update_modules(tree_map_with_path(planned, model.leaf_modules(), is_leaf=nn.Module.is_module))
