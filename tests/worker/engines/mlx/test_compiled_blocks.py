@@ -219,3 +219,10 @@ def test_the_variable_turns_them_off_and_a_matmul_plan_removes_them(monkeypatch:
 def test_a_model_without_layers_is_left_alone() -> None:
     said = install_compiled_blocks(nn.Linear(2, 2), {})
     assert said == "compiled blocks off (the model has no list of decoder layers)"
+
+
+def test_a_layer_another_engine_replaced_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded = _load("tiny-qwen-tools", monkeypatch, compiled=False)
+    layer = _layers(loaded.model)[0]
+    layer.__class__ = type("TransformerBlock", (type(layer),), {})
+    assert why_not_compiled(layer) == "its class is replaced (another engine runs its steps)"

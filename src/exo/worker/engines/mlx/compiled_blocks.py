@@ -131,6 +131,8 @@ def why_not_compiled(layer: object) -> str | None:
     ones `_CompiledParts` restates."""
     layer_class = type(layer)
     if layer_class not in _BLOCKS:
+        if any(base in _BLOCKS for base in layer_class.__mro__):
+            return "its class is replaced (another engine runs its steps)"
         return f"{layer_class.__module__}.{layer_class.__name__} layers are not among those compiled"
     attention_class, mlp_class, _ = _BLOCKS[layer_class]
     block: Any = layer

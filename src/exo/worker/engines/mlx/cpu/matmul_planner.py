@@ -17,6 +17,7 @@ each planned row count, with the plan and with mlx's own products, taking turns;
 where its passes measured faster with it, and mlx's own products serve it otherwise.
 """
 
+import logging
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -46,6 +47,8 @@ from exo.worker.engines.mlx.loaded_model import LoadedModel
 Shape = tuple[int, int]
 Timer = Callable[[Callable[[], None]], float]
 """Runs the given work once and says how many seconds it took."""
+
+logger = logging.getLogger(__name__)
 
 
 def wall_clock(work: Callable[[], None]) -> float:
@@ -342,5 +345,6 @@ def install_plans(model: nn.Module, slots: dict[Shape, PlanSlot]) -> None:
         return module
 
     # Compiled parts would go on calling the modules they traced, and a planned layer decides its layout per call.
-    remove_compiled_blocks(model)
+    if removed := remove_compiled_blocks(model):
+        logger.info("compiled blocks off for %d decoder layers: the matmul plan's layers choose per call", removed)
     model.update_modules(tree_map_with_path(planned, model.leaf_modules(), is_leaf=nn.Module.is_module))
