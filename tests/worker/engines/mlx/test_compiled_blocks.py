@@ -17,6 +17,7 @@ from exo.worker.engines.mlx import compiled_blocks
 from exo.worker.engines.mlx.compiled_blocks import (
     COMPILED_BLOCKS_VARIABLE,
     MAX_COMPILED_TOKENS,
+    compiled_layers,
     install_compiled_blocks,
     remove_compiled_blocks,
     why_not_compiled,
@@ -34,10 +35,6 @@ STEPS = 12
 
 def _layers(model: nn.Module) -> list[nn.Module]:
     return cast(list[nn.Module], cast(Any, model).layers)
-
-
-def _compiled(model: nn.Module) -> int:
-    return sum(1 for layer in _layers(model) if "_exo_compiled_parts" in layer.__dict__)
 
 
 def _load(name: str, monkeypatch: pytest.MonkeyPatch, *, compiled: bool) -> LoadedModel:
@@ -100,8 +97,8 @@ def _equal(first: list[mx.array], second: list[mx.array]) -> bool:
 
 def test_every_fixture_layer_takes_compiled_parts(pair: tuple[LoadedModel, LoadedModel]) -> None:
     compiled, stock = pair
-    assert _compiled(compiled.model) == len(_layers(compiled.model)) > 0
-    assert _compiled(stock.model) == 0
+    assert compiled_layers(compiled.model) == len(_layers(compiled.model)) > 0
+    assert compiled_layers(stock.model) == 0
 
 
 @pytest.mark.parametrize("rows", [1, 3])
@@ -188,7 +185,7 @@ def test_layers_with_a_replaced_module_are_left_as_mlx_lm_writes_them(monkeypatc
     cast(Any, layer).mlp.up_proj = type("OwnLinear", (nn.Linear,), {})(*reversed(projection.weight.shape))
     assert why_not_compiled(layer) == "its up_proj is a OwnLinear"
     assert install_compiled_blocks(loaded.model, {}) == "compiled blocks off (layer 1: its up_proj is a OwnLinear)"
-    assert _compiled(loaded.model) == 0
+    assert compiled_layers(loaded.model) == 0
 
 
 def test_the_check_at_load_refuses_other_bits(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -203,16 +200,16 @@ def test_the_check_at_load_refuses_other_bits(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(compiled_blocks._CompiledParts, "__init__", off_by_a_little)  # pyright: ignore[reportPrivateUsage]
     said = install_compiled_blocks(loaded.model, {})
     assert said == "compiled blocks off (their check at load found other bits than mlx-lm's layer)"
-    assert _compiled(loaded.model) == 0
+    assert compiled_layers(loaded.model) == 0
     assert all(why_not_compiled(layer) is None for layer in _layers(loaded.model))  # mlx-lm's own class again
 
 
 def test_the_variable_turns_them_off_and_a_matmul_plan_removes_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _compiled(_load("tiny-qwen-tools", monkeypatch, compiled=False).model) == 0
+    assert compiled_layers(_load("tiny-qwen-tools", monkeypatch, compiled=False).model) == 0
     loaded = _load("tiny-qwen-tools", monkeypatch, compiled=True)
-    assert _compiled(loaded.model) > 0
+    assert compiled_layers(loaded.model) > 0
     install_plans(loaded.model, {})  # planned layers decide per call: traced parts would not see them
-    assert _compiled(loaded.model) == 0
+    assert compiled_layers(loaded.model) == 0
     assert remove_compiled_blocks(loaded.model) == 0
 
 

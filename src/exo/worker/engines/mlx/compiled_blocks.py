@@ -208,6 +208,14 @@ def install_compiled_blocks(model: nn.Module, environment: Mapping[str, str]) ->
     return f"compiled blocks: {len(blocks)} decoder layers (mx.compile; {COMPILED_BLOCKS_VARIABLE}=off turns them off)"
 
 
+def compiled_layers(model: nn.Module) -> int:
+    """How many of `model`'s decoder layers run compiled parts."""
+    layers: object = getattr(model, "layers", None)
+    if not isinstance(layers, list):
+        return 0
+    return sum(1 for layer in cast(list[nn.Module], layers) if _PARTS_ATTRIBUTE in layer.__dict__)
+
+
 def remove_compiled_blocks(model: nn.Module) -> int:
     """Put `model`'s layers back as mlx-lm writes them (before anything replaces their modules, which the compiled
     parts would otherwise go on calling as traced); returns how many were compiled."""
