@@ -17,12 +17,10 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from exo.worker.engines.mlx.cpu.blas import blas_environment
+from bench.worker_process import with_runners_blas
 
 if TYPE_CHECKING:
     from mlx import nn
-
-_CHILD_MARKER = "EXO_BENCH_BATCH_STEP_CHILD"
 
 
 class BatchStepReport(BaseModel):
@@ -64,10 +62,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=4)
     arguments = parser.parse_args()
-    if os.environ.get(_CHILD_MARKER) != "1":
-        # The BLAS must be preloaded before mlx is imported, as exo's runner has it.
-        environment = {**blas_environment(os.environ), _CHILD_MARKER: "1"}
-        os.execve(sys.executable, [sys.executable, "-m", "bench.batch_step", *sys.argv[1:]], environment)
+    with_runners_blas("bench.batch_step", sys.argv[1:])
     from exo.shared.types.worker.shards import ShardAssignment
     from exo.worker.engines.mlx.model_loader import load_model
 

@@ -19,12 +19,11 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from bench.host_overhead import TOPICS
-from exo.worker.engines.mlx.cpu.blas import blas_environment
+from bench.worker_process import with_runners_blas
 
 if TYPE_CHECKING:
     from exo.worker.engines.mlx.generator.request_context import EngineContext
 
-_CHILD_MARKER = "EXO_BENCH_COMPILED_BLOCKS_CHILD"
 PARTS = ("graph", "launch", "device")
 
 
@@ -54,10 +53,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
     arguments = parser.parse_args()
-    if os.environ.get(_CHILD_MARKER) != "1":
-        # The BLAS must be preloaded before mlx is imported, as exo's runner has it.
-        environment = {**blas_environment(os.environ), _CHILD_MARKER: "1"}
-        os.execve(sys.executable, [sys.executable, "-m", "bench.compiled_blocks", *sys.argv[1:]], environment)
+    with_runners_blas("bench.compiled_blocks", sys.argv[1:])
     report = measure(arguments.model, arguments.streams, arguments.rounds, arguments.max_tokens)
     print(report.model_dump_json(indent=1))
     print("| Compiled blocks (layers) | Streams | Steps | Step ms | graph | launch | device | loop |")

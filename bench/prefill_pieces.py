@@ -19,9 +19,8 @@ from typing import Any, cast
 
 from bench.machine import record_start_commit
 from bench.markdown import without_directories
-from exo.worker.engines.mlx.cpu.blas import blas_environment
+from bench.worker_process import with_runners_blas
 
-_CHILD_MARKER = "EXO_BENCH_PREFILL_PIECES_CHILD"
 FIXED_PIECE_TOKENS = 512
 GREEDY_TOKENS = 16
 
@@ -43,10 +42,7 @@ def _timed(run: Callable[[], float], timings: _Timings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     command = list(sys.argv[1:] if argv is None else argv)
-    if os.environ.get(_CHILD_MARKER) != "1":
-        # The BLAS must be preloaded before mlx is imported, as exo's runner has it.
-        environment = {**blas_environment(os.environ), _CHILD_MARKER: "1"}
-        os.execve(sys.executable, [sys.executable, "-m", "bench.prefill_pieces", *command], environment)
+    with_runners_blas("bench.prefill_pieces", command)
     _measure(command)
 
 

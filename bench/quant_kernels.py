@@ -17,7 +17,6 @@ with commit, CPU, load and command; the measurement is not a test.
 """
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -26,9 +25,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from exo.worker.engines.mlx.cpu.blas import blas_environment
+from bench.worker_process import with_runners_blas
 
-_CHILD_MARKER = "EXO_BENCH_QUANT_KERNELS_CHILD"
 DEFAULT_SHAPES = ("896x896", "896x4864", "4864x896", "128x896", "151936x896")
 """(out × in) of the default model's products: q/o projections, down, gate/up, k/v, and the output matrix."""
 DEFAULT_ROWS = (1, 4, 8, 512)
@@ -139,15 +137,8 @@ def time_call(call: Callable[[], object]) -> tuple[float, int]:
 def main(argv: Sequence[str] | None = None) -> None:
     command = list(sys.argv[1:] if argv is None else argv)
     arguments = build_parser().parse_args(command)
-    if os.environ.get(_CHILD_MARKER) != "1":
-        # The BLAS must be preloaded before mlx is imported, as exo's runner has it.
-        threads = str(arguments.threads)
-        environment = {**blas_environment(os.environ), "MKL_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
-        os.execve(
-            sys.executable,
-            [sys.executable, "-m", "bench.quant_kernels", *command],
-            {**environment, _CHILD_MARKER: "1"},
-        )
+    threads = str(arguments.threads)
+    with_runners_blas("bench.quant_kernels", command, {"MKL_NUM_THREADS": threads, "OMP_NUM_THREADS": threads})
     from bench.quant_kernels_measure import measure
 
     report = measure(arguments.shapes, arguments.rows, command, arguments.llama_cpp_root, arguments.threads)

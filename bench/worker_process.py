@@ -1,8 +1,22 @@
 """Run a bench worker module in a fresh process and read back its one-line JSON report."""
 
+import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+
+from exo.worker.engines.mlx.cpu.blas import blas_environment
+
+_PRELOADED_MARKER = "EXO_BENCH_RUNNER_BLAS"
+
+
+def with_runners_blas(module: str, arguments: Sequence[str], extra: Mapping[str, str] | None = None) -> None:
+    """Run `python -m module arguments` again in this process with exo's runner environment (its BLAS preloaded,
+    which must happen before mlx is imported), unless this already is that run; `extra` variables are added."""
+    if os.environ.get(_PRELOADED_MARKER) == "1":
+        return
+    environment = {**blas_environment(os.environ), **(extra or {}), _PRELOADED_MARKER: "1"}
+    os.execve(sys.executable, [sys.executable, "-m", module, *arguments], environment)
 
 
 def run_worker(module: str, setup_json: str, environment: Mapping[str, str], timeout_s: float, what: str) -> str:
