@@ -10,8 +10,9 @@ MLP, residual); the cache update and the attention stay mlx-lm's own calls. mlx 
 graph in one call, and fuses its element-wise operations.
 
 Only passes of at most `MAX_COMPILED_TOKENS` tokens a sequence take the compiled parts (decode steps, verification
-passes): a prefill piece runs the layer as mlx-lm writes it. A shape that fails to trace (an operation that
-evaluates inside, as the CPU engine's numpy SwiGLU does on large inputs) runs mlx-lm's layer from then on.
+passes, short prompts): a longer pass (a prefill piece) runs the layer as mlx-lm writes it. A shape that fails to
+trace (an operation that evaluates inside, as the CPU engine's numpy SwiGLU does on large inputs) runs mlx-lm's layer
+from then on.
 
 Installed only on layers written exactly as mlx-lm's qwen2 and llama decoder layers, with stock mlx modules in them
 (no CPU-engine replacement, no sharded matrix), and only after a check at load that the compiled layer gives the
@@ -169,14 +170,10 @@ def _same_as_stock(layer: nn.Module) -> bool:
             cache: Any = BatchKVCache(left_padding=[0, 1]) if batched else KVCache()
             _stock_call(layer, prompt[:rows], create_attention_mask(prompt[:rows], cache), cache)
             mask = create_attention_mask(step[:rows], cache)
-            if compiled:
-                if parts.untraceable:
-                    return False
-                outputs.append(_compiled_call(layer, step[:rows], mask, cache))
-            else:
-                outputs.append(_stock_call(layer, step[:rows], mask, cache))
+            call = _compiled_call if compiled else _stock_call
+            outputs.append(call(layer, step[:rows], mask, cache))
             caches.append(cache)
-        if parts.untraceable:
+        if parts.untraceable:  # the compiled call fell back to mlx-lm's layer: nothing was compared
             return False
         stock_state, compiled_state = (cast(list[mx.array], cache.state) for cache in caches)
         if not mx.array_equal(outputs[0], outputs[1]).item():
