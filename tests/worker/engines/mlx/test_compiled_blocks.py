@@ -9,6 +9,7 @@ from typing import Any, cast
 import mlx.core as mx
 import pytest
 from mlx import nn
+from mlx_lm.models import qwen3
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from exo.shared.types.worker.decode_settings import DecodeSettings
@@ -223,3 +224,50 @@ def test_a_layer_another_engine_replaced_says_so(monkeypatch: pytest.MonkeyPatch
     layer = _layers(loaded.model)[0]
     layer.__class__ = type("TransformerBlock", (type(layer),), {})
     assert why_not_compiled(layer) == "its class is replaced (another engine runs its steps)"
+
+
+def _tiny_qwen3() -> nn.Module:
+    """A Qwen 3 model in mlx-lm's own classes with random weights (no fixture of this architecture is trained)."""
+    mx.random.seed(3)
+    arguments = qwen3.ModelArgs(
+        model_type="qwen3",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        vocab_size=300,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+    )
+    model = qwen3.Model(arguments)
+    for layer in _layers(model):  # head norms other than ones, so that leaving them out would show
+        attention = cast(Any, layer).self_attn
+        attention.q_norm.weight = mx.random.uniform(0.5, 1.5, attention.q_norm.weight.shape)
+        attention.k_norm.weight = mx.random.uniform(0.5, 1.5, attention.k_norm.weight.shape)
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_qwen3_layers_with_head_norms_give_mlx_lms_bits(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _tiny_qwen3()
+    assert install_compiled_blocks(model, {}).startswith("compiled blocks: 2 decoder layers")
+    prompts = [[11 + 7 * row + index for index in range(5 + 4 * row)] for row in range(rows)]
+    counted = _Counted(model, monkeypatch)
+    compiled_logits, compiled_state = _greedy(model, prompts, STEPS)
+    assert counted.calls == (STEPS + 1) * 2
+    assert remove_compiled_blocks(model) == 2
+    stock_logits, stock_state = _greedy(model, prompts, STEPS)
+    assert _equal(compiled_logits, stock_logits)
+    assert _equal(compiled_state, stock_state)
+
+
+def test_a_qwen3_layer_with_a_replaced_head_norm_is_left_alone() -> None:
+    model = _tiny_qwen3()
+    attention = cast(Any, _layers(model)[0]).self_attn
+    attention.k_norm = nn.LayerNorm(16)
+    assert install_compiled_blocks(model, {}) == "compiled blocks off (layer 0: its k_norm is a LayerNorm)"

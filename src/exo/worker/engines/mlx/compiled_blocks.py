@@ -1,22 +1,22 @@
 """Decoder layers whose fixed-shape parts run as `mx.compile`d functions during decode steps.
 
 A decode step's forward pass is dozens of small mlx operations a layer, each built from Python: a llama-family
-layer calls its norm, three projections, three reshapes, two ropes, the attention, the output projection, a norm,
-the MLP and two residual adds. Where a step's device work takes a few milliseconds (an accelerator, a small model),
-building that graph is a large part of the host's time a step (docs/PERFORMANCE.md, issue 36's stand-in). Here the
-parts of a layer that do not depend on the cache's length run as two compiled functions: before the attention (norm,
-projections, reshapes, rope with the cache's offset as an array) and after it (output projection, residual, norm,
-MLP, residual); the cache update and the attention stay mlx-lm's own calls. mlx replays a compiled function's traced
-graph in one call, and fuses its element-wise operations.
+layer calls its norm, three projections, three reshapes (and Qwen 3's two head norms), two ropes, the attention, the
+output projection, a norm, the MLP and two residual adds. Where a step's device work takes a few milliseconds (an
+accelerator, a small model), building that graph is a large part of the host's time a step (docs/PERFORMANCE.md,
+issue 36's stand-in). Here the parts of a layer that do not depend on the cache's length run as two compiled
+functions: before the attention (norm, projections, reshapes, head norms, rope with the cache's offset as an array)
+and after it (output projection, residual, norm, MLP, residual); the cache update and the attention stay mlx-lm's own
+calls. mlx replays a compiled function's traced graph in one call, and fuses its element-wise operations.
 
 Only passes of at most `MAX_COMPILED_TOKENS` tokens a sequence take the compiled parts (decode steps, verification
 passes, short prompts): a longer pass (a prefill piece) runs the layer as mlx-lm writes it. A shape that fails to
 trace (an operation that evaluates inside, as the CPU engine's numpy SwiGLU does on large inputs) runs mlx-lm's layer
 from then on.
 
-Installed only on layers written exactly as mlx-lm's qwen2 and llama decoder layers, with stock mlx modules in them
-(no CPU-engine replacement, no sharded matrix), and only after a check at load that the compiled layer gives the
-same bits as mlx-lm's for one token alone and for a left-padded batch of two: otherwise the layers stay as they
+Installed only on layers written exactly as mlx-lm's qwen2, qwen3 and llama decoder layers, with stock mlx modules
+in them (no CPU-engine replacement, no sharded matrix), and only after a check at load that the compiled layer gives
+the same bits as mlx-lm's for one token alone and for a left-padded batch of two: otherwise the layers stay as they
 are. `EXO_COMPILED_BLOCKS=off` leaves every layer as mlx-lm writes it.
 """
 
@@ -27,7 +27,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 from mlx import nn
-from mlx_lm.models import llama, qwen2
+from mlx_lm.models import llama, qwen2, qwen3
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache
 from mlx_lm.models.rope_utils import Llama3RoPE
@@ -41,9 +41,12 @@ to piece, each would be traced anew, and its graph-building time is small beside
 
 _BLOCKS: dict[type, tuple[type, type, type]] = {
     qwen2.TransformerBlock: (qwen2.Attention, qwen2.MLP, qwen2.TransformerBlock),
+    qwen3.TransformerBlock: (qwen3.Attention, qwen3.MLP, qwen3.TransformerBlock),
     llama.TransformerBlock: (llama.Attention, llama.MLP, llama.TransformerBlock),
 }
 """The decoder layer classes whose forward `_CompiledParts` restates: layer class to (attention, MLP, layer)."""
+_HEAD_NORMS: frozenset[type] = frozenset({qwen3.TransformerBlock})
+"""Layers whose attention normalizes each head's queries and keys (`q_norm`, `k_norm`) before the rope."""
 _PROJECTIONS = (nn.Linear, nn.QuantizedLinear)
 _ROPES = (nn.RoPE, Llama3RoPE)
 
@@ -58,11 +61,16 @@ class _CompiledParts:
         attention: Any = cast(Any, layer).self_attn
         block: Any = layer
 
+        head_norms = _layer_class(type(layer)) in _HEAD_NORMS
+
         def before_attention(x: mx.array, offset: mx.array) -> tuple[mx.array, mx.array, mx.array]:
             batch, length, _ = x.shape
             normed = block.input_layernorm(x)
-            queries = attention.q_proj(normed).reshape(batch, length, attention.n_heads, -1).transpose(0, 2, 1, 3)
-            keys = attention.k_proj(normed).reshape(batch, length, attention.n_kv_heads, -1).transpose(0, 2, 1, 3)
+            queries = attention.q_proj(normed).reshape(batch, length, attention.n_heads, -1)
+            keys = attention.k_proj(normed).reshape(batch, length, attention.n_kv_heads, -1)
+            if head_norms:
+                queries, keys = attention.q_norm(queries), attention.k_norm(keys)
+            queries, keys = queries.transpose(0, 2, 1, 3), keys.transpose(0, 2, 1, 3)
             values = attention.v_proj(normed).reshape(batch, length, attention.n_kv_heads, -1).transpose(0, 2, 1, 3)
             return attention.rope(queries, offset=offset), attention.rope(keys, offset=offset), values
 
@@ -145,11 +153,16 @@ def why_not_compiled(layer: object) -> str | None:
         "rope": (block.self_attn.rope, _ROPES),
         **{name: (getattr(block.self_attn, name), _PROJECTIONS) for name in ("q_proj", "k_proj", "v_proj", "o_proj")},
         **{name: (getattr(block.mlp, name), _PROJECTIONS) for name in ("gate_proj", "up_proj", "down_proj")},
+        **{name: (getattr(block.self_attn, name), (nn.RMSNorm,)) for name in _head_norm_names(layer_class)},
     }
     for name, (module, classes) in modules.items():
         if type(module) not in classes:
             return f"its {name} is a {type(module).__name__}"
     return None
+
+
+def _head_norm_names(layer_class: type) -> tuple[str, ...]:
+    return ("q_norm", "k_norm") if layer_class in _HEAD_NORMS else ()
 
 
 def _same_as_stock(layer: nn.Module) -> bool:
