@@ -271,3 +271,46 @@ def test_a_qwen3_layer_with_a_replaced_head_norm_is_left_alone() -> None:
     attention = cast(Any, _layers(model)[0]).self_attn
     attention.k_norm = nn.LayerNorm(16)
     assert install_compiled_blocks(model, {}) == "compiled blocks off (layer 0: its k_norm is a LayerNorm)"
+
+
+def test_a_second_part_that_does_not_trace_finishes_the_layer_uncompiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The part after the attention fails to trace once the cache was updated: the layer ends with mlx-lm's own
+    operations, and the shape runs mlx-lm's layer from then on."""
+    loaded = _load("tiny-qwen-tools", monkeypatch, compiled=True)
+    stock = _load("tiny-qwen-tools", monkeypatch, compiled=False)
+    refused: list[int] = []
+    for layer in _layers(loaded.model):
+        parts = layer.__dict__["_exo_compiled_parts"]
+
+        def refuses(x: mx.array, _attended: mx.array) -> Any:
+            refused.append(x.shape[1])
+            raise RuntimeError("an evaluation inside a traced function")
+
+        monkeypatch.setattr(parts, "after", refuses)
+    counted = _Counted(loaded.model, monkeypatch)
+    prompts = [[4, 5, 6, 7]]
+    got, got_state = _greedy(loaded.model, prompts, 3)
+    expected, expected_state = _greedy(stock.model, prompts, 3)
+    assert _equal(got, expected)
+    assert _equal(got_state, expected_state)
+    layers = len(_layers(loaded.model))
+    assert refused == [4] * layers + [1] * layers
+    assert counted.calls == 2 * layers  # the first part ran once a shape; then mlx-lm's layer
+
+
+def test_a_check_at_load_that_fails_leaves_the_layers_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded = _load("tiny-qwen-tools", monkeypatch, compiled=False)
+    original = compiled_blocks._CompiledParts.__init__  # pyright: ignore[reportPrivateUsage]
+
+    def broken(parts: Any, layer: nn.Module) -> None:
+        original(parts, layer)
+
+        def fails(_x: mx.array, _offset: mx.array) -> Any:
+            raise TypeError("a backend that cannot compile this")
+
+        parts.before = fails
+
+    monkeypatch.setattr(compiled_blocks._CompiledParts, "__init__", broken)  # pyright: ignore[reportPrivateUsage]
+    said = install_compiled_blocks(loaded.model, {})
+    assert said == "compiled blocks off (their check at load failed: TypeError: a backend that cannot compile this)"
+    assert compiled_layers(loaded.model) == 0

@@ -81,6 +81,9 @@ class _CompiledParts:
 
         self.before: _Pre = cast(_Pre, mx.compile(before_attention))
         self.after: _Post = cast(_Post, mx.compile(after_attention))
+        self.after_uncompiled: _Post = after_attention
+        """mlx-lm's own operations for the part after the attention, where its shape would not trace (the cache was
+        updated by then: the layer cannot start over)."""
         self.scale = cast(float, attention.scale)
         self.untraceable: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
 
@@ -121,7 +124,12 @@ def _compiled_call(layer: nn.Module, x: mx.array, mask: Any = None, cache: Any =
     # Looked up at call time: the CPU engine may re-point the layer module's attention (`cpu/kernels.py`).
     attention = vars(sys.modules[type(layer).__module__])["scaled_dot_product_attention"]
     attended = attention(queries, keys, values, cache=cache, scale=parts.scale, mask=mask)
-    return parts.after(x, attended)
+    try:
+        return parts.after(x, attended)
+    except (ValueError, RuntimeError) as error:
+        parts.untraceable.add(key)
+        logger.debug("compiled block: shape %s runs mlx-lm's layer (%s)", key, error)
+        return parts.after_uncompiled(x, attended)
 
 
 def _compiled_class(layer_class: type) -> type:
@@ -212,7 +220,12 @@ def install_compiled_blocks(model: nn.Module, environment: Mapping[str, str]) ->
     for layer in blocks:
         layer.__dict__[_PARTS_ATTRIBUTE] = _CompiledParts(layer)
         layer.__class__ = _compiled_class(type(layer))
-    if not _same_as_stock(blocks[0]):
+    try:
+        same = _same_as_stock(blocks[0])
+    except Exception as error:  # an optimisation never fails a load: the layers stay mlx-lm's
+        remove_compiled_blocks(model)
+        return f"compiled blocks off (their check at load failed: {type(error).__name__}: {error})"
+    if not same:
         remove_compiled_blocks(model)
         return "compiled blocks off (their check at load found other bits than mlx-lm's layer)"
     return f"compiled blocks: {len(blocks)} decoder layers (mx.compile; {COMPILED_BLOCKS_VARIABLE}=off turns them off)"
