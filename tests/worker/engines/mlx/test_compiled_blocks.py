@@ -9,7 +9,7 @@ from typing import Any, cast
 import mlx.core as mx
 import pytest
 from mlx import nn
-from mlx_lm.models import qwen3
+from mlx_lm.models import qwen2, qwen3
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from exo.shared.types.worker.decode_settings import DecodeSettings
@@ -23,6 +23,7 @@ from exo.worker.engines.mlx.compiled_blocks import (
     remove_compiled_blocks,
     why_not_compiled,
 )
+from exo.worker.engines.mlx.cpu import kernels
 from exo.worker.engines.mlx.cpu.matmul_planner import install_plans
 from exo.worker.engines.mlx.loaded_model import LoadedModel
 from exo.worker.engines.mlx.model_loader import load_model
@@ -32,6 +33,8 @@ from tests.worker.engines.mlx.generator.test_scheduler import SHAPES
 
 FIXTURES = ("tiny-qwen-tools", "tiny-llama31-tools")
 STEPS = 12
+FIXTURE_INTERMEDIATE = 128
+"""tiny-qwen-tools' MLP width."""
 
 
 def _layers(model: nn.Module) -> list[nn.Module]:
@@ -314,3 +317,22 @@ def test_a_check_at_load_that_fails_leaves_the_layers_alone(monkeypatch: pytest.
     said = install_compiled_blocks(loaded.model, {})
     assert said == "compiled blocks off (their check at load failed: TypeError: a backend that cannot compile this)"
     assert compiled_layers(loaded.model) == 0
+
+
+def test_the_cpu_engines_numpy_swiglu_is_not_traced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the CPU engine's numpy SwiGLU takes a pass (it evaluates its inputs, which a traced function cannot),
+    the compiled part after the attention gives way to mlx-lm's operations: the same logits as the stock layers. Its
+    bound is lowered so that the fixture's 4-token prompt crosses it and a step's single token does not."""
+    monkeypatch.setattr(qwen2, "swiglu", kernels.swiglu)  # as the CPU engine points it for float32 weights
+    monkeypatch.setattr(kernels, "MIN_GATE_VALUES", 4 * FIXTURE_INTERMEDIATE)
+    loaded = _load("tiny-qwen-tools", monkeypatch, compiled=True)
+    stock = _load("tiny-qwen-tools", monkeypatch, compiled=False)
+    counted = _Counted(loaded.model, monkeypatch)
+    prompts = [[4, 5, 6, 7]]
+    got, got_state = _greedy(loaded.model, prompts, 3)
+    expected, expected_state = _greedy(stock.model, prompts, 3)
+    assert _equal(got, expected)
+    assert _equal(got_state, expected_state)
+    for layer in _layers(loaded.model):
+        assert layer.__dict__["_exo_compiled_parts"].untraceable == {((1, 4, 64), ())}
+    assert counted.calls == 4 * len(_layers(loaded.model))  # the prompt's pass and three steps
