@@ -161,25 +161,32 @@ def test_the_schedulers_chunks_are_the_same(
     assert calls[1] == 0
 
 
-def test_a_shape_that_does_not_trace_runs_mlx_lms_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("part", "error"), [("before", ValueError), ("after", RuntimeError)])
+def test_a_shape_that_does_not_trace_runs_mlx_lms_operations(
+    part: str, error: type[Exception], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Either compiled part failing to trace a shape (an evaluation inside): that pass goes on with mlx-lm's own
+    operations (the whole layer's where the first part failed; once the cache was updated, the second part's), and the
+    shape runs mlx-lm's layer from then on, with the stock layers' logits and caches."""
     loaded = _load("tiny-qwen-tools", monkeypatch, compiled=True)
     stock = _load("tiny-qwen-tools", monkeypatch, compiled=False)
-    traced: list[int] = []
+    refused: list[int] = []
     for layer in _layers(loaded.model):
         parts = layer.__dict__["_exo_compiled_parts"]
 
-        def refuses(x: mx.array, _offset: mx.array) -> Any:
-            traced.append(x.shape[1])
-            raise ValueError("an evaluation inside a traced function")
+        def refuses(x: mx.array, _other: mx.array) -> Any:
+            refused.append(x.shape[1])
+            raise error("an evaluation inside a traced function")
 
-        monkeypatch.setattr(parts, "before", refuses)
+        monkeypatch.setattr(parts, part, refuses)
     prompts = [[4, 5, 6, 7]]
-    got, _ = _greedy(loaded.model, prompts, 3)
-    expected, _ = _greedy(stock.model, prompts, 3)
+    got, got_state = _greedy(loaded.model, prompts, 3)
+    expected, expected_state = _greedy(stock.model, prompts, 3)
     assert _equal(got, expected)
+    assert _equal(got_state, expected_state)
     layers = len(_layers(loaded.model))
     # Each shape tried once a layer (the prompt's, then a step's), then remembered.
-    assert traced == [4] * layers + [1] * layers
+    assert refused == [4] * layers + [1] * layers
 
 
 def test_layers_with_a_replaced_module_are_left_as_mlx_lm_writes_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -274,31 +281,6 @@ def test_a_qwen3_layer_with_a_replaced_head_norm_is_left_alone() -> None:
     attention = cast(Any, _layers(model)[0]).self_attn
     attention.k_norm = nn.LayerNorm(16)
     assert install_compiled_blocks(model, {}) == "compiled blocks off (layer 0: its k_norm is a LayerNorm)"
-
-
-def test_a_second_part_that_does_not_trace_finishes_the_layer_uncompiled(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The part after the attention fails to trace once the cache was updated: the layer ends with mlx-lm's own
-    operations, and the shape runs mlx-lm's layer from then on."""
-    loaded = _load("tiny-qwen-tools", monkeypatch, compiled=True)
-    stock = _load("tiny-qwen-tools", monkeypatch, compiled=False)
-    refused: list[int] = []
-    for layer in _layers(loaded.model):
-        parts = layer.__dict__["_exo_compiled_parts"]
-
-        def refuses(x: mx.array, _attended: mx.array) -> Any:
-            refused.append(x.shape[1])
-            raise RuntimeError("an evaluation inside a traced function")
-
-        monkeypatch.setattr(parts, "after", refuses)
-    counted = _Counted(loaded.model, monkeypatch)
-    prompts = [[4, 5, 6, 7]]
-    got, got_state = _greedy(loaded.model, prompts, 3)
-    expected, expected_state = _greedy(stock.model, prompts, 3)
-    assert _equal(got, expected)
-    assert _equal(got_state, expected_state)
-    layers = len(_layers(loaded.model))
-    assert refused == [4] * layers + [1] * layers
-    assert counted.calls == 2 * layers  # the first part ran once a shape; then mlx-lm's layer
 
 
 def test_a_check_at_load_that_fails_leaves_the_layers_alone(monkeypatch: pytest.MonkeyPatch) -> None:
