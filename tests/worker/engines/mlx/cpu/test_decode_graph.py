@@ -36,6 +36,7 @@ from exo.worker.engines.mlx.generator.processors import RequestProcessors
 from exo.worker.engines.mlx.generator.sampling import GREEDY
 from exo.worker.engines.mlx.generator.solo import SoloDecoder
 from exo.worker.engines.mlx.model_loader import load_model as exo_load_model
+from exo.worker.engines.mlx.step_clock import STEP_CLOCK, StepPart
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, FixtureModelName
 from tests.worker.engines.mlx.cpu.gguf_export import export_fixture
 from tests.worker.engines.mlx.cpu.weight_formats import (
@@ -636,3 +637,24 @@ def test_a_step_graph_is_kept_for_the_next_steps_and_reads_only_what_the_cache_h
     theirs, _ = _scripted(plain, first, fed)
     for a, b in zip(kept[:100], theirs[:100], strict=True):
         assert_within_product_rounding(a, b)
+
+
+@pytest.mark.usefixtures("ggml")
+def test_the_graphs_compute_is_the_devices_work_on_the_step_clock(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The host-overhead meter: the forward pass the graph computes in its call (synchronously, on ggml's threads) is
+    the model's work, "device" on the step clock, not the host's part around the call; mlx-lm's model (the graph off)
+    only builds its step in the call, so nothing of that call is the device's."""
+    graph, plain = graph_and_plain("tiny-qwen-tools", "q8_0", monkeypatch, tmp_path, off=(DECODE_GRAPH_VARIABLE,))
+    measured: list[dict[StepPart, float]] = []
+    for model in (graph, plain):
+        cache, first = _prefilled(model, PROMPT)
+        STEP_CLOCK.begin()
+        for _ in range(3):
+            with STEP_CLOCK.part("graph"):
+                model(mx.array([[first]]), cache=cache)
+        measured.append(STEP_CLOCK.end()[1])
+    assert measured[0].get("device", 0.0) > 0
+    assert "device" not in measured[1]
+    assert measured[1]["graph"] > 0

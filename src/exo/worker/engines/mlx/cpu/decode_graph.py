@@ -61,6 +61,7 @@ from exo.worker.engines.mlx.cpu.q8_layers import GGML_POLL, Q8Embedding, Q8Linea
 from exo.worker.engines.mlx.cpu.rows_kernel import rows_kernel
 from exo.worker.engines.mlx.cpu.stored_layout import StoredLayout
 from exo.worker.engines.mlx.discarded_logits import logits_are_discarded
+from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 
 ARCHITECTURES: Final = frozenset({"qwen2", "llama"})
 """mlx-lm model types whose decoder layer is exactly the one built here (read in their source): pre-norm RMSNorm,
@@ -281,7 +282,10 @@ class DecodeGraph:
     def _run(self, step: "_StepGraph", tokens: Sequence[int], sequences: Sequences, *, batch: int) -> mx.array:
         """Run `step` for `tokens`: its logits (batch × rows × vocabulary)."""
         step.write(tokens, sequences, self._embedding)
-        self.compute(step.graph, step.plans)
+        # The step's forward pass, computed here and now by ggml's threads: the model's work, which the host-overhead
+        # meter counts as the device's (the caller's part, such as the graph being built, is host work around it).
+        with STEP_CLOCK.part("device"):
+            self.compute(step.graph, step.plans)
         count, vocabulary = len(tokens), self._head.shape[0]
         # Copied out (mx.array copies) before the graph runs again.
         values = _floats_at(self._ops.get_data(step.logits), count * vocabulary)
