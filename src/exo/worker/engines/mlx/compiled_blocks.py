@@ -32,6 +32,8 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache
 from mlx_lm.models.rope_utils import Llama3RoPE
 
+from exo.worker.engines.mlx.mixed_classes import mix_in
+
 logger = logging.getLogger(__name__)
 
 COMPILED_BLOCKS_VARIABLE = "EXO_COMPILED_BLOCKS"
@@ -39,12 +41,12 @@ MAX_COMPILED_TOKENS = 16
 """A pass of more tokens a sequence (a prefill piece) runs the layer as mlx-lm writes it: its shapes vary from piece
 to piece, each would be traced anew, and its graph-building time is small beside its compute."""
 
-_BLOCKS: dict[type, tuple[type, type, type]] = {
-    qwen2.TransformerBlock: (qwen2.Attention, qwen2.MLP, qwen2.TransformerBlock),
-    qwen3.TransformerBlock: (qwen3.Attention, qwen3.MLP, qwen3.TransformerBlock),
-    llama.TransformerBlock: (llama.Attention, llama.MLP, llama.TransformerBlock),
+_BLOCKS: dict[type, tuple[type, type]] = {
+    qwen2.TransformerBlock: (qwen2.Attention, qwen2.MLP),
+    qwen3.TransformerBlock: (qwen3.Attention, qwen3.MLP),
+    llama.TransformerBlock: (llama.Attention, llama.MLP),
 }
-"""The decoder layer classes whose forward `_CompiledParts` restates: layer class to (attention, MLP, layer)."""
+"""The decoder layer classes whose forward `_CompiledParts` restates: layer class to (attention, MLP)."""
 _HEAD_NORMS: frozenset[type] = frozenset({qwen3.TransformerBlock})
 """Layers whose attention normalizes each head's queries and keys (`q_norm`, `k_norm`) before the rope."""
 _PROJECTIONS = (nn.Linear, nn.QuantizedLinear)
@@ -87,18 +89,28 @@ class _CompiledParts:
         self.scale = cast(float, attention.scale)
         self.untraceable: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
 
+    def give_way(self, key: tuple[tuple[int, ...], tuple[int, ...]], error: Exception) -> None:
+        """A shape that did not trace: mlx-lm's layer runs it from now on."""
+        self.untraceable.add(key)
+        logger.debug("compiled block: shape %s runs mlx-lm's layer (%s)", key, error)
 
-_COMPILED_CLASSES: dict[type, type] = {}
-"""Each supported layer class to its compiled subclass, made once."""
+
 _PARTS_ATTRIBUTE = "_exo_compiled_parts"
 
 
+class _CompiledCall(nn.Module):
+    """The call of a decoder layer with compiled parts (`mix_in`): `_compiled_call`."""
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        return _compiled_call(self, x, mask, cache)
+
+
 def _stock_call(layer: nn.Module, x: mx.array, mask: Any, cache: Any) -> mx.array:
-    return cast(mx.array, _BLOCKS[_layer_class(type(layer))][2].__call__(layer, x, mask, cache))
+    return cast(mx.array, _layer_class(type(layer)).__call__(layer, x, mask, cache))
 
 
 def _layer_class(cls: type) -> type:
-    """The mlx-lm layer class under `cls` (itself, or the class a compiled or stepped subclass derives from)."""
+    """The mlx-lm layer class under `cls` (itself, or the class a mixed-in or stepped subclass derives from)."""
     for base in cls.__mro__:
         if base in _BLOCKS:
             return base
@@ -117,8 +129,7 @@ def _compiled_call(layer: nn.Module, x: mx.array, mask: Any = None, cache: Any =
     try:
         queries, keys, values = parts.before(x, offsets)
     except (ValueError, RuntimeError) as error:
-        parts.untraceable.add(key)
-        logger.debug("compiled block: shape %s runs mlx-lm's layer (%s)", key, error)
+        parts.give_way(key, error)
         return _stock_call(layer, x, mask, cache)
     keys, values = cache.update_and_fetch(keys, values)
     # Looked up at call time: the CPU engine may re-point the layer module's attention (`cpu/kernels.py`).
@@ -127,20 +138,8 @@ def _compiled_call(layer: nn.Module, x: mx.array, mask: Any = None, cache: Any =
     try:
         return parts.after(x, attended)
     except (ValueError, RuntimeError) as error:
-        parts.untraceable.add(key)
-        logger.debug("compiled block: shape %s runs mlx-lm's layer (%s)", key, error)
+        parts.give_way(key, error)
         return parts.after_uncompiled(x, attended)
-
-
-def _compiled_class(layer_class: type) -> type:
-    compiled = _COMPILED_CLASSES.get(layer_class)
-    if compiled is None:
-        compiled = type(
-            layer_class.__name__, (layer_class,), {"__call__": _compiled_call, "__module__": layer_class.__module__}
-        )
-        _COMPILED_CLASSES[layer_class] = compiled
-        _COMPILED_CLASSES[compiled] = compiled
-    return compiled
 
 
 def why_not_compiled(layer: object) -> str | None:
@@ -151,7 +150,7 @@ def why_not_compiled(layer: object) -> str | None:
         if any(base in _BLOCKS for base in layer_class.__mro__):
             return "its class is replaced (another engine runs its steps)"
         return f"{layer_class.__module__}.{layer_class.__name__} layers are not among those compiled"
-    attention_class, mlp_class, _ = _BLOCKS[layer_class]
+    attention_class, mlp_class = _BLOCKS[layer_class]
     block: Any = layer
     modules: Mapping[str, tuple[object, tuple[type, ...]]] = {
         "self_attn": (block.self_attn, (attention_class,)),
@@ -219,7 +218,7 @@ def install_compiled_blocks(model: nn.Module, environment: Mapping[str, str]) ->
             return f"compiled blocks off (layer {index}: {reason})"
     for layer in blocks:
         layer.__dict__[_PARTS_ATTRIBUTE] = _CompiledParts(layer)
-        layer.__class__ = _compiled_class(type(layer))
+        mix_in(layer, _CompiledCall)
     try:
         same = _same_as_stock(blocks[0])
     except Exception as error:  # an optimisation never fails a load: the layers stay mlx-lm's
@@ -249,7 +248,7 @@ def remove_compiled_blocks(model: nn.Module) -> int:
     for layer in cast(list[nn.Module], layers):
         if layer.__dict__.pop(_PARTS_ATTRIBUTE, None) is not None:
             count += 1
-            # A subclass over the compiled one (a prefill's pause points) stays: without parts it calls mlx-lm's.
-            if type(layer) in _COMPILED_CLASSES.values() and type(layer) not in _BLOCKS:
-                layer.__class__ = _layer_class(type(layer))
+            # A subclass over the mixed-in one (a prefill's pause points) stays: without parts it calls mlx-lm's.
+            if type(layer).__bases__[0] is _CompiledCall:
+                layer.__class__ = type(layer).__bases__[1]
     return count

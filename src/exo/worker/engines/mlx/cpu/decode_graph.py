@@ -61,6 +61,7 @@ from exo.worker.engines.mlx.cpu.q8_layers import GGML_POLL, Q8Embedding, Q8Linea
 from exo.worker.engines.mlx.cpu.rows_kernel import rows_kernel
 from exo.worker.engines.mlx.cpu.stored_layout import StoredLayout
 from exo.worker.engines.mlx.discarded_logits import logits_are_discarded
+from exo.worker.engines.mlx.mixed_classes import mix_in
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
 
 ARCHITECTURES: Final = frozenset({"qwen2", "llama"})
@@ -1120,19 +1121,6 @@ class _DecodeGraphCall(nn.Module):
                 if logits is not None:
                     return logits
         return cast(mx.array, super().__call__(inputs, cache, *args, **kwargs))  # pyright: ignore[reportUnknownMemberType]
-
-
-_SUBCLASSES: dict[tuple[type, type], type] = {}
-"""Each (mixin, module class) to the subclass of both `mix_in` made, once."""
-
-
-def mix_in(module: nn.Module, mixin: type) -> None:
-    """Make `module` an instance of a subclass of `mixin` and of its own class, so the mixin's `__call__` runs
-    first: isinstance checks, parameter names and every attribute stay as they were."""
-    base = type(module)
-    if (mixin, base) not in _SUBCLASSES:
-        _SUBCLASSES[mixin, base] = type(base.__name__, (mixin, base), {"__module__": base.__module__})
-    module.__class__ = _SUBCLASSES[mixin, base]
 
 
 def install_decode_graph(model: nn.Module, graph: DecodeGraph) -> None:

@@ -32,12 +32,12 @@ from exo.worker.engines.mlx.cpu.decode_graph import (
     DecodeGraph,
     cache_view,
     for_cache,
-    mix_in,
     read_floats,
     write_int32,
 )
 from exo.worker.engines.mlx.cpu.ggml_library import GGML_TYPES
 from exo.worker.engines.mlx.cpu.ggml_repack import READ_BACK_ROWS
+from exo.worker.engines.mlx.mixed_classes import mix_in
 
 _F32: Final = GGML_TYPES["F32"]
 _F16: Final = GGML_TYPES["F16"]
