@@ -108,10 +108,7 @@ def measure(model_dir: Path, levels: list[int], rounds: int, max_tokens: int) ->
 
 def _round(context: "EngineContext", streams: int, max_tokens: int) -> list[tuple[float, dict[str, float]]]:
     """One round on a fresh scheduler: each step in which all `streams` decode, as (seconds, seconds by part)."""
-    from exo.api.adapters.chat_request import to_command
-    from exo.api.types.openai_chat import ChatCompletionRequest
-    from exo.shared.types.common import ModelId, new_task_id
-    from exo.shared.types.tasks import GenerationTask
+    from bench.runner_tasks import generation_task
     from exo.worker.engines.mlx.generator.chat_completion import ChatRequest
     from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
     from exo.worker.engines.mlx.step_clock import STEP_CLOCK
@@ -119,16 +116,11 @@ def _round(context: "EngineContext", streams: int, max_tokens: int) -> list[tupl
     scheduler = GenerationScheduler(context.loaded.model, context.decode)
     for index in range(streams):
         body = {
-            "model": "standin",
             "messages": [{"role": "user", "content": f"Write a long story about {TOPICS[index % len(TOPICS)]}."}],
             "max_tokens": max_tokens,
             "temperature": 0,
         }
-        command = to_command(ChatCompletionRequest.model_validate(body), ModelId("standin"))
-        task = GenerationTask(
-            task_id=new_task_id(), command_id=command.command_id, model_id=command.model_id, params=command.params
-        )
-        scheduler.admit(ChatRequest.open(context, task))
+        scheduler.admit(ChatRequest.open(context, generation_task(body, "standin")))
     steps: list[tuple[float, dict[str, float]]] = []
     while scheduler.active:
         STEP_CLOCK.begin()

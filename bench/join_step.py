@@ -17,9 +17,7 @@ from typing import cast
 from pydantic import BaseModel
 
 from bench.host_overhead import STORY_FORMAT, TOPICS
-from exo.api.adapters.chat_request import to_command
-from exo.api.types.openai_chat import ChatCompletionRequest
-from exo.shared.types.common import ModelId, new_task_id
+from bench.runner_tasks import generation_task
 from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.decode_settings import DecodeSettings
 from exo.shared.types.worker.shards import ShardAssignment
@@ -54,15 +52,11 @@ class JoinStepReport(BaseModel):
 
 def _task(topic: str, max_tokens: int) -> GenerationTask:
     body = {
-        "model": "standin",
         "messages": [{"role": "user", "content": f"Write a very short story about {topic}."}],
         "max_tokens": max_tokens,
         "response_format": STORY_FORMAT,
     }
-    command = to_command(ChatCompletionRequest.model_validate(body), ModelId("standin"))
-    return GenerationTask(
-        task_id=new_task_id(), command_id=command.command_id, model_id=command.model_id, params=command.params
-    )
+    return generation_task(body, "standin")
 
 
 def _round(

@@ -21,12 +21,12 @@ from pydantic import BaseModel
 
 from bench.machine import exo_commit
 from bench.results import SpeculationReport, SpeculationRow, SpeculationSettings
+from bench.runner_tasks import generation_task
 from bench.stream_client import request_body
 from bench.workloads import decode_messages, edit_messages, rewrite_messages
-from exo.api.adapters.chat_request import to_command
-from exo.api.types.openai_chat import ChatCompletionRequest, ToolDefinition
+from exo.api.types.openai_chat import ToolDefinition
 from exo.shared.types.chunks import FinishChunk, TokenChunk, ToolCallArgumentsChunk, ToolCallChunk
-from exo.shared.types.common import ModelId, new_task_id
+from exo.shared.types.common import new_task_id
 from exo.shared.types.tasks import GenerationTask
 from exo.shared.types.worker.decode_settings import DecodeSettings, LookupSettings
 from exo.shared.types.worker.shards import ShardAssignment
@@ -80,10 +80,7 @@ def _tasks(tools_path: Path, settings: SpeculationSettings) -> dict[str, Generat
     }
     tasks: dict[str, GenerationTask] = {}
     for workload, body in bodies.items():
-        command = to_command(ChatCompletionRequest.model_validate({**body, "model": "bench"}), ModelId("bench"))
-        tasks[workload] = GenerationTask(
-            task_id=new_task_id(), command_id=command.command_id, model_id=command.model_id, params=command.params
-        )
+        tasks[workload] = generation_task(body, "bench")
     return tasks
 
 
