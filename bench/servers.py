@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from exo.shared.loopback_ports import free_loopback_port
 from exo.shared.types.state import State
 from exo.worker.engines.mlx.cpu.blas import blas_environment
 from exo.worker.engines.mlx.cpu.ggml_locate import GGML_DIR_VARIABLE, find_ggml_library
@@ -31,10 +31,8 @@ class RunningServer:
 
 
 def free_port() -> int:
-    """A TCP port nobody listens on right now (the OS picks it)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A TCP port nobody is bound to now, that no socket bound to port 0 can be given meanwhile."""
+    return free_loopback_port()
 
 
 PLAN_REFINED = "matmul plan refined while idle"

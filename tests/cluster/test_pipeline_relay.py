@@ -18,15 +18,10 @@ import pytest
 from exo.cluster.cluster_tls import tls_link_config
 from exo.cluster.socket_tls import client_context
 from exo.worker.runner.pipeline_relay import InboundTunnel, PipelineRelay, RelayPlan
+from tests.ports import free_port
 
 CLUSTER = "relay-test"
 KEY = "a key for the pipeline relay test"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class EchoRank:
@@ -58,7 +53,7 @@ class EchoRank:
 def far() -> Iterator[tuple[EchoRank, str]]:
     """A rank behind a keyed relay, and the relay's public address."""
     rank = EchoRank()
-    public = f"127.0.0.1:{_free_port()}"
+    public = f"127.0.0.1:{free_port()}"
     relay = PipelineRelay.start(
         RelayPlan(
             tls=tls_link_config(KEY, CLUSTER), inbound=(InboundTunnel(public=public, port=rank.port),), outbound=()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
+from exo.shared.loopback_ports import free_loopback_port
 from exo.shared.types.tls_link import TlsLinkConfig
 from exo.shared.types.worker.shards import PipelinePeers, ShardAssignment
 from exo.worker.runner.pipeline_relay import InboundTunnel, PipelineRelay, RelayPlan
@@ -93,12 +94,6 @@ class PipelineLink:
             self.relay.close()
 
 
-def _free_loopback_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _start_relay(
     shard: ShardAssignment, tls: TlsLinkConfig, task_listener: socket.socket | None
 ) -> tuple[PipelineRelay, PipelinePeers]:
@@ -110,7 +105,7 @@ def _start_relay(
     reach it through a loopback port of their relay."""
     peers = shard.peers
     assert peers is not None
-    ring_port = _free_loopback_port()
+    ring_port = free_loopback_port()
     next_rank = (shard.rank + 1) % shard.world_size
     inbound = [InboundTunnel(public=peers.ring_addresses[shard.rank], port=ring_port)]
     outbound = [peers.ring_addresses[next_rank]]
