@@ -82,6 +82,20 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
         channel.close()  # what was sent reaches the supervisor before the process ends
 
 
+NO_NVIDIA_DRIVER = (
+    "mlx's CUDA build is installed but this machine has no NVIDIA driver (libcuda.so.1): install the driver, or "
+    "serve on the CPU with mlx's CPU build (`uv sync`, then `uv run exo`)"
+)
+
+
+def load_failure_reason(error: Exception) -> str:
+    """What a load that raised `error` tells the user: the error, and the fix where it is a known set-up mistake."""
+    reason = f"{type(error).__name__}: {error}"
+    if isinstance(error, ImportError) and "libcuda.so" in str(error):
+        return f"{reason} ({NO_NVIDIA_DRIVER})"
+    return reason
+
+
 def _run(channel: RunnerChannel) -> None:
     """Load the model the bootstrap names, then serve it (alone or as a pipeline rank) until shut down."""
     bootstrap = channel.receive()
@@ -105,7 +119,7 @@ def _run(channel: RunnerChannel) -> None:
             reason = str(error)
             logger.error("%s", reason)
         else:
-            reason = f"{type(error).__name__}: {error}"
+            reason = load_failure_reason(error)
             logger.exception("cannot load %s", bootstrap.model_path)
         channel.send(RunnerLoadFailed(message=reason))
         return

@@ -1,0 +1,17 @@
+"""A runner's load failure names the fix for a known set-up mistake: mlx's CUDA build without an NVIDIA driver."""
+
+from exo.worker.runner.runner import NO_NVIDIA_DRIVER, load_failure_reason
+
+
+def test_the_cuda_build_without_a_driver_names_the_fix() -> None:
+    # What `import mlx.core` raises with mlx-cuda-13 installed on a machine without the driver (seen on this CPU box).
+    error = ImportError("libcuda.so.1: cannot open shared object file: No such file or directory")
+    reason = load_failure_reason(error)
+    assert reason.startswith("ImportError: libcuda.so.1: cannot open shared object file")
+    assert NO_NVIDIA_DRIVER in reason
+    assert "uv sync" in reason
+
+
+def test_other_failures_are_reported_as_they_are() -> None:
+    assert load_failure_reason(ValueError("no weights in /models/x")) == "ValueError: no weights in /models/x"
+    assert NO_NVIDIA_DRIVER not in load_failure_reason(ImportError("No module named 'mlx_lm'"))
