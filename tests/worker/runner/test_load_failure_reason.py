@@ -9,7 +9,7 @@ def test_the_cuda_build_without_a_driver_names_the_fix() -> None:
     reason = load_failure_reason(error)
     assert reason.startswith("ImportError: libcuda.so.1: cannot open shared object file")
     assert NO_NVIDIA_DRIVER in reason
-    assert "uv sync" in reason
+    assert "a plain `uv run exo`" in reason
 
 
 def test_other_failures_are_reported_as_they_are() -> None:

@@ -84,7 +84,7 @@ def runner_main(connection: Connection, log_level: int = logging.INFO) -> None:
 
 NO_NVIDIA_DRIVER = (
     "mlx's CUDA build is installed but this machine has no NVIDIA driver (libcuda.so.1): install the driver, or "
-    "serve on the CPU with mlx's CPU build (`uv sync`, then `uv run exo`)"
+    "serve on the CPU with mlx's CPU build (a plain `uv run exo`, without the CUDA group, installs it back)"
 )
 
 
