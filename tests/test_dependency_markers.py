@@ -1,7 +1,10 @@
-"""The lock resolves per platform as meant: the PyPI MKL on Linux x86_64 only; macOS and aarch64 get none of it.
+"""The lock resolves per platform as meant: the PyPI MKL on Linux x86_64 only (macOS and aarch64 get none of it), and
+mlx's CPU build by default on Linux, one of its CUDA builds instead where a CUDA group is asked for (README's NVIDIA
+set-up), never both.
 
 Checked by asking uv what it would install from the committed lock for each target platform (`uv sync --frozen
---dry-run --python-platform`), offline and without creating an environment.
+--dry-run --python-platform`) into an environment that does not exist, offline: the plan is the whole set of packages
+whatever this environment holds, and nothing is created.
 """
 
 import os
@@ -14,10 +17,11 @@ import pytest
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 MKL_PACKAGES = {"mkl", "intel-openmp", "tbb"}
+LINUX_X86_64 = "x86_64-manylinux_2_35"
 _PLANNED = re.compile(r"^ \+ (?P<name>[A-Za-z0-9._-]+)==", re.MULTILINE)
 
 
-def _planned_packages(python_platform: str, tmp_path: Path) -> set[str]:
+def _uv_sync_plan(python_platform: str, tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
     uv = os.environ.get("UV") or shutil.which("uv")
     assert uv is not None, "uv sets up this project (README); it must be on PATH"
     environment = {
@@ -26,7 +30,7 @@ def _planned_packages(python_platform: str, tmp_path: Path) -> set[str]:
         "MACOSX_DEPLOYMENT_TARGET": "14.0",  # mlx's macOS wheels start at 14
     }
     completed = subprocess.run(
-        [uv, "sync", "--frozen", "--offline", "--dry-run", "--python-platform", python_platform],
+        [uv, "sync", "--frozen", "--offline", "--dry-run", "--python-platform", python_platform, *options],
         cwd=REPOSITORY_ROOT,
         env=environment,
         capture_output=True,
@@ -34,15 +38,30 @@ def _planned_packages(python_platform: str, tmp_path: Path) -> set[str]:
         timeout=120,
         check=False,
     )
-    assert completed.returncode == 0, completed.stderr
     assert not (tmp_path / "environment").exists()  # a dry run creates nothing
+    return completed
+
+
+def _planned_packages(python_platform: str, tmp_path: Path, *options: str) -> set[str]:
+    completed = _uv_sync_plan(python_platform, tmp_path, *options)
+    assert completed.returncode == 0, completed.stderr
     return {match["name"].lower() for match in _PLANNED.finditer(completed.stderr + completed.stdout)}
 
 
-def test_linux_x86_64_gets_the_pypi_mkl(tmp_path: Path) -> None:
-    planned = _planned_packages("x86_64-manylinux_2_35", tmp_path)
+def test_the_lock_matches_pyproject() -> None:
+    uv = os.environ.get("UV") or shutil.which("uv")
+    assert uv is not None
+    completed = subprocess.run(
+        [uv, "lock", "--check", "--offline"], cwd=REPOSITORY_ROOT, capture_output=True, text=True, check=False
+    )
+    assert completed.returncode == 0, completed.stderr
+
+
+def test_linux_x86_64_gets_the_pypi_mkl_and_mlxs_cpu_build(tmp_path: Path) -> None:
+    planned = _planned_packages(LINUX_X86_64, tmp_path)
     assert planned >= MKL_PACKAGES
     assert planned >= {"mlx", "mlx-cpu"}
+    assert not {name for name in planned if name.startswith(("mlx-cuda", "nvidia-"))}
 
 
 @pytest.mark.parametrize("python_platform", ["aarch64-apple-darwin", "aarch64-manylinux_2_35"])
@@ -51,3 +70,18 @@ def test_macos_and_aarch64_get_no_mkl(python_platform: str, tmp_path: Path) -> N
     assert "mlx" in planned  # the resolution worked and is for exo
     assert not planned & MKL_PACKAGES
     assert ("mlx-metal" in planned) == python_platform.endswith("darwin")
+    assert ("mlx-cpu" in planned) == python_platform.endswith("linux_2_35")
+
+
+@pytest.mark.parametrize(("group", "backend"), [("cuda12", "mlx-cuda-12"), ("cuda13", "mlx-cuda-13")])
+def test_a_cuda_group_takes_a_cuda_build_instead_of_the_cpu_build(group: str, backend: str, tmp_path: Path) -> None:
+    planned = _planned_packages(LINUX_X86_64, tmp_path, "--no-group", "cpu", "--group", group)
+    assert {name for name in planned if name.startswith("mlx-")} == {"mlx-lm", backend}
+    assert any(name.startswith("nvidia-cublas") for name in planned)
+    assert planned >= {"mlx", "mlx-lm", "fastapi"}  # the rest of exo comes along as usual
+
+
+def test_the_cpu_and_cuda_builds_are_never_installed_together(tmp_path: Path) -> None:
+    completed = _uv_sync_plan(LINUX_X86_64, tmp_path, "--group", "cuda13")
+    assert completed.returncode != 0
+    assert "conflict" in (completed.stdout + completed.stderr).lower()
