@@ -88,11 +88,19 @@ NO_NVIDIA_DRIVER = (
 )
 
 
+NO_MLX_BACKEND = (
+    "no mlx backend is installed (the `cpu` dependency group was left out): a plain `uv run exo` installs the CPU "
+    "build; on an NVIDIA machine add `--group cuda13` (or `cuda12`) to `--no-group cpu`"
+)
+
+
 def load_failure_reason(error: Exception) -> str:
     """What a load that raised `error` tells the user: the error, and the fix where it is a known set-up mistake."""
     reason = f"{type(error).__name__}: {error}"
     if isinstance(error, ImportError) and "libcuda.so" in str(error):
         return f"{reason} ({NO_NVIDIA_DRIVER})"
+    if isinstance(error, ImportError) and "libmlx.so" in str(error):
+        return f"{reason} ({NO_MLX_BACKEND})"
     return reason
 
 
