@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from exo.shared.loopback_ports import free_loopback_port
+from exo.shared.loopback_ports import free_loopback_port as free_port
 from exo.shared.types.state import State
 from exo.worker.engines.mlx.cpu.blas import blas_environment
 from exo.worker.engines.mlx.cpu.ggml_locate import GGML_DIR_VARIABLE, find_ggml_library
@@ -28,11 +28,6 @@ class RunningServer:
     log_path: Path
     pid: int | None = None
     """The server's process (the root of its process tree: exo's runners are its children)."""
-
-
-def free_port() -> int:
-    """A TCP port nobody is bound to now, that no socket bound to port 0 can be given meanwhile."""
-    return free_loopback_port()
 
 
 PLAN_REFINED = "matmul plan refined while idle"

@@ -21,16 +21,20 @@ LINUX_X86_64 = "x86_64-manylinux_2_35"
 _PLANNED = re.compile(r"^ \+ (?P<name>[A-Za-z0-9._-]+)==", re.MULTILINE)
 
 
-def _uv_sync_plan(python_platform: str, tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
+def _uv() -> str:
     uv = os.environ.get("UV") or shutil.which("uv")
     assert uv is not None, "uv sets up this project (README); it must be on PATH"
+    return uv
+
+
+def _uv_sync_plan(python_platform: str, tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
     environment = {
         **os.environ,
         "UV_PROJECT_ENVIRONMENT": str(tmp_path / "environment"),
         "MACOSX_DEPLOYMENT_TARGET": "14.0",  # mlx's macOS wheels start at 14
     }
     completed = subprocess.run(
-        [uv, "sync", "--frozen", "--offline", "--dry-run", "--python-platform", python_platform, *options],
+        [_uv(), "sync", "--frozen", "--offline", "--dry-run", "--python-platform", python_platform, *options],
         cwd=REPOSITORY_ROOT,
         env=environment,
         capture_output=True,
@@ -49,10 +53,8 @@ def _planned_packages(python_platform: str, tmp_path: Path, *options: str) -> se
 
 
 def test_the_lock_matches_pyproject() -> None:
-    uv = os.environ.get("UV") or shutil.which("uv")
-    assert uv is not None
     completed = subprocess.run(
-        [uv, "lock", "--check", "--offline"], cwd=REPOSITORY_ROOT, capture_output=True, text=True, check=False
+        [_uv(), "lock", "--check", "--offline"], cwd=REPOSITORY_ROOT, capture_output=True, text=True, check=False
     )
     assert completed.returncode == 0, completed.stderr
 

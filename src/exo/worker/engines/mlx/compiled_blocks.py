@@ -32,7 +32,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache
 from mlx_lm.models.rope_utils import Llama3RoPE
 
-from exo.worker.engines.mlx.mixed_classes import mix_in
+from exo.worker.engines.mlx.mixed_classes import mix_in, mix_out
 
 logger = logging.getLogger(__name__)
 
@@ -249,6 +249,5 @@ def remove_compiled_blocks(model: nn.Module) -> int:
         if layer.__dict__.pop(_PARTS_ATTRIBUTE, None) is not None:
             count += 1
             # A subclass over the mixed-in one (a prefill's pause points) stays: without parts it calls mlx-lm's.
-            if type(layer).__bases__[0] is _CompiledCall:
-                layer.__class__ = type(layer).__bases__[1]
+            mix_out(layer, _CompiledCall)
     return count

@@ -13,3 +13,12 @@ def mix_in(module: nn.Module, mixin: type) -> None:
     if (mixin, base) not in _SUBCLASSES:
         _SUBCLASSES[mixin, base] = type(base.__name__, (mixin, base), {"__module__": base.__module__})
     module.__class__ = _SUBCLASSES[mixin, base]
+
+
+def mix_out(module: nn.Module, mixin: type) -> None:
+    """Undo `mix_in(module, mixin)`: `module` back in its own class. A module whose class `mix_in` did not make with
+    `mixin` (never mixed, or subclassed again since) stays as it is."""
+    mixed = type(module)
+    base = mixed.__bases__[-1]
+    if _SUBCLASSES.get((mixin, base)) is mixed:
+        module.__class__ = base
