@@ -1,0 +1,307 @@
+"""`python -m bench.soak MODEL_DIR`: a node under a mixed load for a while, and what a long unattended run would hit.
+
+A fresh exo node serves MODEL_DIR as shipped (`--cpu-weights auto`); `--base-url` points the load at a node that is
+already running instead. CONCURRENCY clients draw requests from `soak_requests.MIX` for MINUTES: the four dialects
+streamed and not, tools under every `tool_choice`, clients that hang up mid-stream or give up during a prefill,
+prompts of a few thousand tokens, and bodies a client gets wrong. It reports, per kind, what broke the wire contract
+(an anomaly), a fixed probe request's time to first token with the node idle before and after, the runner's
+resident memory over the run, how long the node took to be idle again, and the node's own ERROR log lines. It exits
+1 when any anomaly, ERROR line or unfinished task is left, so it doubles as a check.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Generator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel
+
+from bench.machine import checkout_commit, cpu_model
+from bench.servers import running_exo
+from bench.soak_requests import CHAT_TOOLS, MIX, PROMPTS, Outcome, SoakKind, Target, send
+
+IDLE_TIMEOUT_S = 120.0
+CLIENT_TIMEOUT_S = 300.0
+
+
+class KindTally(BaseModel):
+    sent: int
+    anomalies: int
+    client_timeouts: int
+    median_s: float
+    max_s: float
+
+
+class Probe(BaseModel):
+    """The same streamed tool request, three times in turn, on an idle node: medians of the time to the first chunk
+    with text or a tool call, and to the end."""
+
+    ttft_s: float
+    total_s: float
+
+
+class MemorySample(BaseModel):
+    minute: float
+    runner_rss_mb: float
+
+
+class SoakReport(BaseModel):
+    model: str
+    commit: str
+    machine: str
+    started_utc: str
+    minutes: float
+    concurrency: int
+    seed: int
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float]
+    kinds: dict[SoakKind, KindTally]
+    anomalies: list[str]
+    """The first 50, as `kind: what broke`."""
+    probe_before: Probe
+    probe_after: Probe
+    memory: list[MemorySample]
+    idle_after_s: float | None
+    """Seconds from the load's end until no task ran or waited (None: not within IDLE_TIMEOUT_S)."""
+    log_errors: list[str]
+    """The node's ERROR lines and tracebacks (only where this run started the node)."""
+
+    @property
+    def passed(self) -> bool:
+        return not self.anomalies and self.idle_after_s is not None and not self.log_errors
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
+    parser.add_argument("model", type=Path, nargs="?", help="the model directory a fresh node serves")
+    parser.add_argument("--base-url", help="load a running node instead (its first model)")
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--concurrency", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="also write the report here")
+    arguments = parser.parse_args()
+    if (arguments.model is None) == (arguments.base_url is None):
+        parser.error("give a MODEL_DIR or --base-url")
+    with _node(arguments.model, arguments.base_url) as node:
+        report = asyncio.run(soak(node, arguments.minutes, arguments.concurrency, arguments.seed))
+    if arguments.json:
+        arguments.json.write_text(report.model_dump_json(indent=1))
+    print(render(report))
+    sys.exit(0 if report.passed else 1)
+
+
+@dataclass(frozen=True)
+class SoakedNode:
+    base_url: str
+    pid: int | None = None
+    """The node's process, where this run started it (its runners' memory is sampled)."""
+    log_path: Path | None = None
+
+
+@contextmanager
+def _node(model: Path | None, base_url: str | None) -> Generator[SoakedNode]:
+    if base_url is not None:
+        yield SoakedNode(base_url=base_url.rstrip("/"))
+        return
+    assert model is not None
+    with (
+        tempfile.TemporaryDirectory() as work_dir,
+        running_exo(model, Path(work_dir), ["--cpu-weights", "auto"]) as server,
+    ):
+        yield SoakedNode(base_url=server.base_url, pid=server.pid, log_path=server.log_path)
+
+
+async def soak(node: SoakedNode, minutes: float, concurrency: int, seed: int) -> SoakReport:
+    base_url, pid, log_path = node.base_url, node.pid, node.log_path
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    started_utc = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    log_start = log_path.stat().st_size if log_path is not None else 0
+    async with httpx.AsyncClient(base_url=base_url, timeout=CLIENT_TIMEOUT_S) as client:
+        listed = (await client.get("/v1/models")).json()["data"][0]
+        model = listed["id"]
+        target = Target(model=model, context_length=listed["context_length"])
+        probe_before = await _probe(client, model)
+        outcomes: list[Outcome] = []
+        memory: list[MemorySample] = []
+        deadline = started + minutes * 60
+        clients = [
+            asyncio.create_task(_client(client, target, random.Random(seed + index), deadline, outcomes))
+            for index in range(concurrency)
+        ]
+        while not all(task.done() for task in clients):
+            memory += _memory_sample(pid, started)
+            await asyncio.wait(clients, timeout=30)
+        for task in clients:
+            task.result()  # a client's own failure (not a reply's) surfaces here
+        load_end = time.monotonic()
+        idle_after_s = await _idle_after(client, load_end)
+        memory += _memory_sample(pid, started)
+        probe_after = await _probe(client, model)
+    return SoakReport(
+        model=model,
+        commit=checkout_commit(),
+        machine=f"{cpu_model()}, {os.cpu_count()} cores",
+        started_utc=started_utc,
+        minutes=minutes,
+        concurrency=concurrency,
+        seed=seed,
+        load_before=load_before,
+        load_after=os.getloadavg(),
+        kinds=_tally(outcomes),
+        anomalies=[f"{outcome.kind}: {outcome.anomaly}" for outcome in outcomes if outcome.anomaly][:50],
+        probe_before=probe_before,
+        probe_after=probe_after,
+        memory=memory,
+        idle_after_s=idle_after_s,
+        log_errors=_log_errors(log_path, log_start),
+    )
+
+
+async def _client(
+    client: httpx.AsyncClient, target: Target, rng: random.Random, deadline: float, outcomes: list[Outcome]
+) -> None:
+    """Every kind once (so a short run covers them all), then kinds drawn by their weight, until the deadline."""
+    kinds = list(MIX)
+    weights = [MIX[kind] for kind in kinds]
+    first_round = rng.sample(kinds, len(kinds))
+    while time.monotonic() < deadline:
+        kind = first_round.pop() if first_round else rng.choices(kinds, weights)[0]
+        outcomes.append(await send(kind, client, target, rng))
+
+
+async def _probe(client: httpx.AsyncClient, model: str) -> Probe:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPTS[0]}],
+        "tools": CHAT_TOOLS,
+        "stream": True,
+        "max_tokens": 24,
+    }
+    firsts: list[float] = []
+    totals: list[float] = []
+    for _ in range(3):
+        started = time.monotonic()
+        first: float | None = None
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if first is None and line.startswith("data: {") and _carries_output(line[6:]):
+                    first = time.monotonic() - started
+        totals.append(time.monotonic() - started)
+        firsts.append(first if first is not None else totals[-1])
+    return Probe(ttft_s=round(statistics.median(firsts), 3), total_s=round(statistics.median(totals), 3))
+
+
+def _carries_output(chunk: str) -> bool:
+    """Whether a chat chunk carries text or a tool call (the first chunk, the role alone, is sent at once)."""
+    choices: list[dict[str, Any]] = json.loads(chunk).get("choices") or []
+    return any(
+        (choice.get("delta") or {}).get("content") or (choice.get("delta") or {}).get("tool_calls")
+        for choice in choices
+    )
+
+
+async def _idle_after(client: httpx.AsyncClient, since: float) -> float | None:
+    """Seconds until the node's `/metrics` count no task running or queued (None: not within IDLE_TIMEOUT_S)."""
+    while time.monotonic() - since < IDLE_TIMEOUT_S:
+        text = (await client.get("/metrics")).text
+        busy = sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "exo_tasks"
+            for sample in family.samples
+            if sample.labels.get("status") in ("running", "queued")
+        )
+        if busy == 0:
+            return round(time.monotonic() - since, 2)
+        await asyncio.sleep(0.5)
+    return None
+
+
+def _memory_sample(pid: int | None, started: float) -> list[MemorySample]:
+    """The runners' resident memory (the node's child processes that are not multiprocessing's tracker)."""
+    if pid is None:
+        return []
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+        rss = sum(child.memory_info().rss for child in children if "spawn_main" in " ".join(child.cmdline()))
+    except psutil.NoSuchProcess:
+        return []
+    return [MemorySample(minute=round((time.monotonic() - started) / 60, 2), runner_rss_mb=round(rss / 2**20, 1))]
+
+
+def _log_errors(log_path: Path | None, start: int) -> list[str]:
+    if log_path is None:
+        return []
+    with log_path.open("rb") as log:
+        log.seek(start)
+        lines = log.read().decode(errors="replace").splitlines()
+    return [line[:300] for line in lines if " ERROR " in line or line.startswith("Traceback")][:50]
+
+
+def _tally(outcomes: list[Outcome]) -> dict[SoakKind, KindTally]:
+    tallies: dict[SoakKind, KindTally] = {}
+    for kind in MIX:
+        mine = [outcome for outcome in outcomes if outcome.kind == kind]
+        if not mine:
+            continue
+        seconds = [outcome.seconds for outcome in mine]
+        tallies[kind] = KindTally(
+            sent=len(mine),
+            anomalies=sum(outcome.anomaly is not None for outcome in mine),
+            client_timeouts=sum(outcome.client_timeout for outcome in mine),
+            median_s=round(statistics.median(seconds), 3),
+            max_s=round(max(seconds), 3),
+        )
+    return tallies
+
+
+def render(report: SoakReport) -> str:
+    memory = report.memory
+    lines = [
+        f"Soak: {report.model}, {report.minutes:g} min, {report.concurrency} clients, seed {report.seed}; commit "
+        f"{report.commit}, {report.machine}, started {report.started_utc}, load average "
+        f"{report.load_before[0]:.2f} before, {report.load_after[0]:.2f} after.",
+        "",
+        "| Kind | Sent | Anomalies | Client timeouts | Median s | Max s |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {kind} | {tally.sent} | {tally.anomalies} | {tally.client_timeouts} | {tally.median_s:.2f} | "
+            f"{tally.max_s:.2f} |"
+            for kind, tally in report.kinds.items()
+        ),
+        "",
+        f"- Probe on the idle node (time to first token / whole reply, s): before {report.probe_before.ttft_s:.3f} / "
+        f"{report.probe_before.total_s:.3f}, after {report.probe_after.ttft_s:.3f} / {report.probe_after.total_s:.3f}.",
+        "- Idle again after the load: "
+        + (f"{report.idle_after_s:.2f} s." if report.idle_after_s is not None else f"not within {IDLE_TIMEOUT_S} s."),
+    ]
+    if memory:
+        lines.append(
+            f"- Runner resident memory: {memory[0].runner_rss_mb:.0f} MB at minute {memory[0].minute:g}, "
+            f"at most {max(sample.runner_rss_mb for sample in memory):.0f}, {memory[-1].runner_rss_mb:.0f} at the end."
+        )
+    lines.append(f"- Node log: {len(report.log_errors)} ERROR line(s) or tracebacks.")
+    lines += [f"  - {line}" for line in report.log_errors[:10]]
+    lines += [f"- Anomaly: {anomaly}" for anomaly in report.anomalies[:20]]
+    lines.append(f"- {'Passed' if report.passed else 'Failed'}.")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
