@@ -35,6 +35,7 @@ from bench.servers import running_exo
 from bench.soak_requests import CHAT_TOOLS, MIX, PROMPTS, Outcome, SoakKind, Target, send
 
 IDLE_TIMEOUT_S = 120.0
+IDLE_SETTLE_S = 5.0
 CLIENT_TIMEOUT_S = 300.0
 
 
@@ -57,10 +58,14 @@ class Probe(BaseModel):
 class MemorySample(BaseModel):
     minute: float
     runner_rss_mb: float
+    idle: bool = False
+    """Taken once the node had been idle for IDLE_SETTLE_S (a runner turning idle hands freed memory back)."""
 
 
 class SoakReport(BaseModel):
     model: str
+    node: str
+    """The node loaded: "a fresh node (its arguments)" or "the node at URL"."""
     commit: str
     machine: str
     started_utc: str
@@ -93,10 +98,16 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the report here")
+    parser.add_argument(
+        "--node-arg",
+        action="append",
+        default=[],
+        help="an argument for the node this run starts, e.g. --node-arg=--prefix-cache-gb=0.5 (repeatable)",
+    )
     arguments = parser.parse_args()
     if (arguments.model is None) == (arguments.base_url is None):
         parser.error("give a MODEL_DIR or --base-url")
-    with _node(arguments.model, arguments.base_url) as node:
+    with _node(arguments.model, arguments.base_url, arguments.node_arg) as node:
         report = asyncio.run(soak(node, arguments.minutes, arguments.concurrency, arguments.seed))
     if arguments.json:
         arguments.json.write_text(report.model_dump_json(indent=1))
@@ -110,19 +121,19 @@ class SoakedNode:
     pid: int | None = None
     """The node's process, where this run started it (its runners' memory is sampled)."""
     log_path: Path | None = None
+    description: str = ""
 
 
 @contextmanager
-def _node(model: Path | None, base_url: str | None) -> Generator[SoakedNode]:
+def _node(model: Path | None, base_url: str | None, node_arguments: list[str]) -> Generator[SoakedNode]:
     if base_url is not None:
-        yield SoakedNode(base_url=base_url.rstrip("/"))
+        yield SoakedNode(base_url=base_url.rstrip("/"), description=f"the node at {base_url}")
         return
     assert model is not None
-    with (
-        tempfile.TemporaryDirectory() as work_dir,
-        running_exo(model, Path(work_dir), ["--cpu-weights", "auto"]) as server,
-    ):
-        yield SoakedNode(base_url=server.base_url, pid=server.pid, log_path=server.log_path)
+    flags = ["--cpu-weights", "auto", *node_arguments]
+    with tempfile.TemporaryDirectory() as work_dir, running_exo(model, Path(work_dir), flags) as server:
+        description = f"a fresh node ({' '.join(flags)})"
+        yield SoakedNode(server.base_url, server.pid, server.log_path, description)
 
 
 async def soak(node: SoakedNode, minutes: float, concurrency: int, seed: int) -> SoakReport:
@@ -151,9 +162,12 @@ async def soak(node: SoakedNode, minutes: float, concurrency: int, seed: int) ->
         load_end = time.monotonic()
         idle_after_s = await _idle_after(client, load_end)
         memory += _memory_sample(pid, started)
+        await asyncio.sleep(IDLE_SETTLE_S)
+        memory += _memory_sample(pid, started, idle=True)
         probe_after = await _probe(client, model)
     return SoakReport(
         model=model,
+        node=node.description,
         commit=checkout_commit(),
         machine=f"{cpu_model()}, {os.cpu_count()} cores",
         started_utc=started_utc,
@@ -233,7 +247,7 @@ async def _idle_after(client: httpx.AsyncClient, since: float) -> float | None:
     return None
 
 
-def _memory_sample(pid: int | None, started: float) -> list[MemorySample]:
+def _memory_sample(pid: int | None, started: float, *, idle: bool = False) -> list[MemorySample]:
     """The runners' resident memory (the node's child processes that are not multiprocessing's tracker)."""
     if pid is None:
         return []
@@ -242,7 +256,8 @@ def _memory_sample(pid: int | None, started: float) -> list[MemorySample]:
         rss = sum(child.memory_info().rss for child in children if "spawn_main" in " ".join(child.cmdline()))
     except psutil.NoSuchProcess:
         return []
-    return [MemorySample(minute=round((time.monotonic() - started) / 60, 2), runner_rss_mb=round(rss / 2**20, 1))]
+    minute = round((time.monotonic() - started) / 60, 2)
+    return [MemorySample(minute=minute, runner_rss_mb=round(rss / 2**20, 1), idle=idle)]
 
 
 def _log_errors(log_path: Path | None, start: int) -> list[str]:
@@ -274,7 +289,8 @@ def _tally(outcomes: list[Outcome]) -> dict[SoakKind, KindTally]:
 def render(report: SoakReport) -> str:
     memory = report.memory
     lines = [
-        f"Soak: {report.model}, {report.minutes:g} min, {report.concurrency} clients, seed {report.seed}; commit "
+        f"Soak: {report.model} on {report.node}, {report.minutes:g} min, "
+        f"{report.concurrency} clients, seed {report.seed}; commit "
         f"{report.commit}, {report.machine}, started {report.started_utc}, load average "
         f"{report.load_before[0]:.2f} before, {report.load_after[0]:.2f} after.",
         "",
@@ -291,10 +307,14 @@ def render(report: SoakReport) -> str:
         "- Idle again after the load: "
         + (f"{report.idle_after_s:.2f} s." if report.idle_after_s is not None else f"not within {IDLE_TIMEOUT_S} s."),
     ]
-    if memory:
+    loaded = [sample for sample in memory if not sample.idle]
+    if loaded:
+        idle = [f", {sample.runner_rss_mb:.0f} after {IDLE_SETTLE_S:g} s idle" for sample in memory if sample.idle]
         lines.append(
-            f"- Runner resident memory: {memory[0].runner_rss_mb:.0f} MB at minute {memory[0].minute:g}, "
-            f"at most {max(sample.runner_rss_mb for sample in memory):.0f}, {memory[-1].runner_rss_mb:.0f} at the end."
+            f"- Runner resident memory (MB): {loaded[0].runner_rss_mb:.0f} at minute {loaded[0].minute:g}, at most "
+            f"{max(sample.runner_rss_mb for sample in loaded):.0f}, {loaded[-1].runner_rss_mb:.0f} at the load's end"
+            + "".join(idle)
+            + "."
         )
     lines.append(f"- Node log: {len(report.log_errors)} ERROR line(s) or tracebacks.")
     lines += [f"  - {line}" for line in report.log_errors[:10]]
