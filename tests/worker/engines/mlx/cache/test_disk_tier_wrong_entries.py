@@ -33,7 +33,7 @@ def _session_prompt(session: int) -> list[int]:
 
 
 def _tier(directory: Path, model: nn.Module) -> PrefixCache:
-    return PrefixCache(model, UNLIMITED, DiskTier(directory, UNLIMITED, IDENTITY, model))
+    return PrefixCache(model, UNLIMITED, DiskTier(directory, UNLIMITED, IDENTITY, model, queue_budget_bytes=UNLIMITED))
 
 
 def _one_snapshot(model: nn.Module, directory: Path) -> tuple[Path, Path]:

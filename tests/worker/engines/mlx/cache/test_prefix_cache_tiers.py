@@ -23,8 +23,10 @@ def _session_prompt(session: int) -> list[int]:
     return [*SYSTEM_PROMPT, *random_tokens(30, seed=600 + session)]
 
 
-def _disk(directory: Path, model: nn.Module, budget: int = UNLIMITED, identity: str = IDENTITY) -> DiskTier:
-    return DiskTier(directory, budget, identity, model)
+def _disk(
+    directory: Path, model: nn.Module, budget: int = UNLIMITED, identity: str = IDENTITY, queue: int = UNLIMITED
+) -> DiskTier:
+    return DiskTier(directory, budget, identity, model, queue_budget_bytes=queue)
 
 
 def _write_all(prefix_cache: PrefixCache) -> None:
@@ -72,6 +74,35 @@ def test_after_a_restart_a_new_session_is_served_from_disk_with_the_cold_output(
     assert lease.cached_tokens == len(SYSTEM_PROMPT)
     assert lease.disk_cached_tokens == len(SYSTEM_PROMPT)
     assert generated == greedy_uncached(tiny_model, _session_prompt(2), NEW_TOKENS)
+
+
+def test_snapshots_waiting_for_an_idle_moment_hold_no_more_than_their_budget(
+    tiny_model: nn.Module, tmp_path: Path
+) -> None:
+    # One session's cache, measured: the queue may hold two and a half of them.
+    probe = PrefixCache(tiny_model, UNLIMITED, _disk(tmp_path / "probe", tiny_model))
+    run_turn(probe, tiny_model, _unshared_prompt(0), NEW_TOKENS)
+    session_bytes = probe.disk_queued_bytes
+    assert session_bytes > 0
+    disk = _disk(tmp_path / "tier", tiny_model, queue=session_bytes * 5 // 2)
+    # A runner under steady load: turn after turn, never idle, so nothing is written.
+    busy = PrefixCache(tiny_model, session_bytes, disk)
+    for session in range(1, 7):
+        run_turn(busy, tiny_model, _unshared_prompt(session), NEW_TOKENS)
+        assert busy.disk_queued_bytes <= session_bytes * 5 // 2
+
+    assert disk.dropped_from_queue == 4
+    _write_all(busy)
+    # The newest two sessions reached the disk; the oldest were dropped unwritten.
+    restarted = PrefixCache(tiny_model, UNLIMITED, _disk(tmp_path / "tier", tiny_model))
+    for session, on_disk in ((1, False), (4, False), (5, True), (6, True)):
+        _, lease = run_turn(restarted, tiny_model, _unshared_prompt(session), NEW_TOKENS)
+        assert (lease.disk_cached_tokens > 0) == on_disk, session
+
+
+def _unshared_prompt(session: int) -> list[int]:
+    """A session sharing no prefix with another's (its own first token), long enough to be snapshotted."""
+    return [session, *random_tokens(MIN_SNAPSHOT_TOKENS + 20, seed=900 + session)]
 
 
 def test_memory_is_preferred_when_it_holds_as_much_as_disk(tiny_model: nn.Module, tmp_path: Path) -> None:

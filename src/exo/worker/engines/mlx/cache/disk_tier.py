@@ -9,6 +9,9 @@ snapshot's name, the tier removes it or, when even that fails, leaves it alone a
 this process. The directory is bounded by bytes, least recently used snapshots evicted first.
 
 Writes are queued by the generation and done by `write_pending` while the runner is idle, after the response went out.
+A queued snapshot holds its KV cache in memory until it is written, and a runner under steady load is never idle: the
+queue is bounded by bytes (`queue_budget_bytes`), its oldest snapshots dropped first (unwritten, as if they had been
+evicted), so a node that serves for hours without a pause does not grow until it runs out of memory.
 """
 
 import hashlib
@@ -80,11 +83,17 @@ class _Pending:
 class DiskTier:
     """The snapshots of one model (one rank's layers of it, on a split model) in `directory`, within `budget_bytes`."""
 
-    def __init__(self, directory: Path, budget_bytes: int, model_identity: str, model: nn.Module) -> None:
+    def __init__(
+        self, directory: Path, budget_bytes: int, model_identity: str, model: nn.Module, *, queue_budget_bytes: int
+    ) -> None:
         if budget_bytes <= 0:
             raise ValueError("a disk tier needs a positive byte budget")
         self._directory = directory
         self._budget = budget_bytes
+        self._queue_budget = queue_budget_bytes
+        """Bytes of KV the snapshots waiting to be written may hold in memory."""
+        self.dropped_from_queue = 0
+        """Snapshots dropped unwritten because the queue was over its budget."""
         self._identity = model_identity
         self._layer_types = tuple(type(layer).__name__ for layer in new_prompt_cache(model))
         self._entries: dict[str, _Entry] = {}
@@ -150,6 +159,27 @@ class DiskTier:
             return
         self._pending = [pending for pending in self._pending if pending.tokens != held[: len(pending.tokens)]]
         self._pending.append(_Pending(held, cache))
+        self._bound_queue()
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of KV the snapshots waiting to be written hold (shared with the memory tier while it keeps them)."""
+        return sum(layer.nbytes for pending in self._pending for layer in pending.cache)
+
+    def _bound_queue(self) -> None:
+        """Drop the oldest queued snapshots while the queue holds more than its budget (the newest too, alone over)."""
+        queued = self.queued_bytes
+        while self._pending and queued > self._queue_budget:
+            dropped = self._pending.pop(0)
+            queued -= sum(layer.nbytes for layer in dropped.cache)
+            self.dropped_from_queue += 1
+            logger.info(
+                "prefix cache: dropped a queued disk snapshot of %d tokens unwritten: the runner had no idle moment "
+                "to write it and the queue is over its %.2f GB (%d dropped so far)",
+                len(dropped.tokens),
+                self._queue_budget / 1024**3,
+                self.dropped_from_queue,
+            )
 
     def write_pending(self, *, newest: bool = False) -> None:
         """Write the oldest (or `newest`: the latest session's, as a stopping runner does) queued snapshot (seconds

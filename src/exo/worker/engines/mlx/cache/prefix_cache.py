@@ -94,6 +94,11 @@ class PrefixCache:
         """Disk snapshots are queued: write them with `write_pending_snapshot` while idle."""
         return self._disk is not None and self._disk.pending
 
+    @property
+    def disk_queued_bytes(self) -> int:
+        """Bytes of KV held by the disk snapshots waiting to be written (0 without a disk tier)."""
+        return self._disk.queued_bytes if self._disk is not None else 0
+
     def write_pending_snapshot(self, *, newest: bool = False) -> None:
         """Write the oldest (or `newest`) queued disk snapshot (seconds for a long prompt): off the path of any
         request."""
