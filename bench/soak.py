@@ -4,7 +4,7 @@ A fresh exo node serves MODEL_DIR as shipped (`--cpu-weights auto`); `--base-url
 already running instead. CONCURRENCY clients draw requests from `soak_requests.MIX` for MINUTES: the four dialects
 streamed and not, tools under every `tool_choice`, clients that hang up mid-stream or give up during a prefill,
 prompts of a few thousand tokens, and bodies a client gets wrong. It reports, per kind, what broke the wire contract
-(an anomaly), a fixed probe request's time to first token with the node idle before and after, the runner's
+(an anomaly), a fixed probe request's time to its first text or call, the node idle, before and after, the runner's
 resident memory over the run, how long the node took to be idle again, and the node's own ERROR log lines. It exits
 1 when any anomaly, ERROR line or unfinished task is left, so it doubles as a check.
 """
@@ -30,7 +30,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
-from bench.machine import checkout_commit, cpu_model
+from bench.machine import cpu_model, exo_commit, record_start_commit
 from bench.servers import running_exo
 from bench.soak_requests import CHAT_TOOLS, MIX, PROMPTS, Outcome, SoakKind, Target, send
 
@@ -107,6 +107,7 @@ def main() -> None:
     arguments = parser.parse_args()
     if (arguments.model is None) == (arguments.base_url is None):
         parser.error("give a MODEL_DIR or --base-url")
+    record_start_commit()  # the code under load is the checkout's at the start, whatever is edited meanwhile
     with _node(arguments.model, arguments.base_url, arguments.node_arg) as node:
         report = asyncio.run(soak(node, arguments.minutes, arguments.concurrency, arguments.seed))
     if arguments.json:
@@ -168,7 +169,7 @@ async def soak(node: SoakedNode, minutes: float, concurrency: int, seed: int) ->
     return SoakReport(
         model=model,
         node=node.description,
-        commit=checkout_commit(),
+        commit=exo_commit(),
         machine=f"{cpu_model()}, {os.cpu_count()} cores",
         started_utc=started_utc,
         minutes=minutes,

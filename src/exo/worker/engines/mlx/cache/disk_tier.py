@@ -164,14 +164,14 @@ class DiskTier:
     @property
     def queued_bytes(self) -> int:
         """Bytes of KV the snapshots waiting to be written hold (shared with the memory tier while it keeps them)."""
-        return sum(layer.nbytes for pending in self._pending for layer in pending.cache)
+        return sum(_kv_bytes(pending.cache) for pending in self._pending)
 
     def _bound_queue(self) -> None:
         """Drop the oldest queued snapshots while the queue holds more than its budget (the newest too, alone over)."""
         queued = self.queued_bytes
         while self._pending and queued > self._queue_budget:
             dropped = self._pending.pop(0)
-            queued -= sum(layer.nbytes for layer in dropped.cache)
+            queued -= _kv_bytes(dropped.cache)
             self.dropped_from_queue += 1
             logger.info(
                 "prefix cache: dropped a queued disk snapshot of %d tokens unwritten: the runner had no idle moment "
@@ -310,6 +310,10 @@ def _read_record(path: Path) -> SnapshotRecord:
     if path.lstat().st_size > _MAX_RECORD_BYTES:
         raise ValueError(f"{path.lstat().st_size} bytes is too large for a snapshot record")
     return SnapshotRecord.model_validate_json(path.read_bytes())
+
+
+def _kv_bytes(cache: PromptCache) -> int:
+    return sum(layer.nbytes for layer in cache)
 
 
 def _remove(path: Path) -> None:
