@@ -11,7 +11,6 @@ resident memory over the run, how long the node took to be idle again, and the n
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
@@ -23,7 +22,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psutil
@@ -33,6 +31,7 @@ from pydantic import BaseModel
 from bench.machine import cpu_model, exo_commit, record_start_commit
 from bench.servers import running_exo
 from bench.soak_requests import CHAT_TOOLS, MIX, PROMPTS, Outcome, SoakKind, Target, send
+from bench.stream_client import stream_chat
 
 IDLE_TIMEOUT_S = 120.0
 IDLE_SETTLE_S = 5.0
@@ -147,7 +146,7 @@ async def soak(node: SoakedNode, minutes: float, concurrency: int, seed: int) ->
         listed = (await client.get("/v1/models")).json()["data"][0]
         model = listed["id"]
         target = Target(model=model, context_length=listed["context_length"])
-        probe_before = await _probe(client, model)
+        probe_before = await _probe(client, base_url, model)
         outcomes: list[Outcome] = []
         memory: list[MemorySample] = []
         deadline = started + minutes * 60
@@ -165,7 +164,7 @@ async def soak(node: SoakedNode, minutes: float, concurrency: int, seed: int) ->
         memory += _memory_sample(pid, started)
         await asyncio.sleep(IDLE_SETTLE_S)
         memory += _memory_sample(pid, started, idle=True)
-        probe_after = await _probe(client, model)
+        probe_after = await _probe(client, base_url, model)
     return SoakReport(
         model=model,
         node=node.description,
@@ -199,35 +198,19 @@ async def _client(
         outcomes.append(await send(kind, client, target, rng))
 
 
-async def _probe(client: httpx.AsyncClient, model: str) -> Probe:
-    body = {
+async def _probe(client: httpx.AsyncClient, base_url: str, model: str) -> Probe:
+    """The probe request three times in turn, timed by the bench's stream client (first text or call, and end)."""
+    body: dict[str, object] = {
         "model": model,
         "messages": [{"role": "user", "content": PROMPTS[0]}],
         "tools": CHAT_TOOLS,
         "stream": True,
         "max_tokens": 24,
     }
-    firsts: list[float] = []
-    totals: list[float] = []
-    for _ in range(3):
-        started = time.monotonic()
-        first: float | None = None
-        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-            response.raise_for_status()
-            async for line in response.aiter_lines():
-                if first is None and line.startswith("data: {") and _carries_output(line[6:]):
-                    first = time.monotonic() - started
-        totals.append(time.monotonic() - started)
-        firsts.append(first if first is not None else totals[-1])
-    return Probe(ttft_s=round(statistics.median(firsts), 3), total_s=round(statistics.median(totals), 3))
-
-
-def _carries_output(chunk: str) -> bool:
-    """Whether a chat chunk carries text or a tool call (the first chunk, the role alone, is sent at once)."""
-    choices: list[dict[str, Any]] = json.loads(chunk).get("choices") or []
-    return any(
-        (choice.get("delta") or {}).get("content") or (choice.get("delta") or {}).get("tool_calls")
-        for choice in choices
+    measured = [(await stream_chat(client, base_url, body)).measurement for _ in range(3)]
+    return Probe(
+        ttft_s=round(statistics.median(run.ttft_s for run in measured), 3),
+        total_s=round(statistics.median(run.total_s for run in measured), 3),
     )
 
 

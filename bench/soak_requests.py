@@ -86,7 +86,7 @@ async def _sse_lines(client: httpx.AsyncClient, path: str, body: dict[str, Any],
     async with client.stream("POST", path, json=body) as response:
         if response.status_code != 200:
             await response.aread()
-            raise _ContractBrokenError(f"status {response.status_code}: {response.text[:300]}")
+        _require_ok(response)
         async for line in response.aiter_lines():
             if not line or line.startswith(":"):
                 continue  # keep-alive comments
@@ -95,6 +95,12 @@ async def _sse_lines(client: httpx.AsyncClient, path: str, body: dict[str, Any],
             if stop_after is not None and data_lines >= stop_after:
                 break
     return "\n".join(kept)
+
+
+def _require_ok(response: httpx.Response) -> None:
+    """A reply other than 200 breaks the contract (its body must have been read)."""
+    if response.status_code != 200:
+        raise _ContractBrokenError(f"status {response.status_code}: {response.text[:300]}")
 
 
 def _data(stream: str) -> list[dict[str, Any]]:
@@ -159,8 +165,7 @@ async def _chat_required(client: httpx.AsyncClient, target: Target, rng: random.
         "max_tokens": 80,
     }
     response = await client.post("/v1/chat/completions", json=body)
-    if response.status_code != 200:
-        raise _ContractBrokenError(f"status {response.status_code}: {response.text[:300]}")
+    _require_ok(response)
     choice = response.json()["choices"][0]
     calls: list[dict[str, Any]] = choice["message"].get("tool_calls") or []
     _check_calls(choice["finish_reason"], [call["function"]["arguments"] for call in calls], required=True)
@@ -177,7 +182,7 @@ async def _messages_stream(client: httpx.AsyncClient, target: Target, rng: rando
     stream = await _sse_lines(client, "/v1/messages", body)
     if "event: error" in stream:
         raise _ContractBrokenError(f"error event: {stream[-300:]!r}")
-    if not stream.splitlines()[-2:] or "event: message_stop" not in stream.splitlines()[-2:]:
+    if "event: message_stop" not in stream.splitlines()[-2:]:
         raise _ContractBrokenError(f"no message_stop at the end: {stream[-200:]!r}")
 
 
@@ -239,8 +244,7 @@ async def _long_prompt(client: httpx.AsyncClient, target: Target, rng: random.Ra
     content = long_text(rng, rng.randint(*target.long_prompt_lines)) + "\nSummarize in one sentence."
     body = {"model": target.model, "messages": [{"role": "user", "content": content}], "max_tokens": 24}
     response = await client.post("/v1/chat/completions", json=body)
-    if response.status_code != 200:
-        raise _ContractBrokenError(f"status {response.status_code}: {response.text[:300]}")
+    _require_ok(response)
 
 
 _BAD_BODIES: tuple[tuple[str, bytes | dict[str, Any]], ...] = (
