@@ -6,6 +6,7 @@ from exo.api.cluster_views import cluster_metrics, cluster_nodes, cluster_summar
 from exo.api.prometheus import prometheus_text
 from exo.shared.types.events import MasterElected, NodeDown, TaskUpdated
 from exo.shared.types.state import RunnerMetrics, State
+from exo.shared.types.worker.runner_response import PrefixCacheUsage, RunnerMemory
 from tests.shared.state_builders import GIB, NODE_A, NODE_B, NODE_C, fold, reported, runner, task
 
 A_METRICS = RunnerMetrics(
@@ -119,3 +120,35 @@ def test_prometheus_carries_ggml_threads_where_a_runner_reported_them() -> None:
     }
     threads = {sample.labels["runner_id"]: sample.value for sample in families["exo_ggml_threads"].samples}
     assert threads == {"ra": 1.0}  # rb runs no ggml products: no sample
+
+
+def test_prometheus_carries_each_runners_memory_where_it_was_reported() -> None:
+    usage = PrefixCacheUsage(memory_bytes=300, memory_entries=2, queued_bytes=100, disk_bytes=900, disk_entries=3)
+    memory = RunnerMemory(mlx_active_bytes=5000, mlx_cache_bytes=70, prefix_cache=usage)
+    on_a = runner("ra", NODE_A).model_copy(update={"resident_bytes": 8000, "memory": memory})
+    without_cache = RunnerMemory(mlx_active_bytes=4000, mlx_cache_bytes=0)
+    on_b = runner("rb", NODE_B).model_copy(update={"resident_bytes": 6000, "memory": without_cache})
+    loading = runner("rc", NODE_B, "model-y", status="loading")
+    state = fold((reported(NODE_A, on_a), NODE_A), (reported(NODE_B, on_b, loading), NODE_B))
+    families = {
+        family.name: family for family in text_string_to_metric_families(prometheus_text(state, "lab").decode())
+    }
+
+    def by_runner(family: str) -> dict[str, float]:
+        return {sample.labels["runner_id"]: sample.value for sample in families[family].samples}
+
+    assert by_runner("exo_runner_resident_bytes") == {"ra": 8000.0, "rb": 6000.0}  # rc reported nothing yet
+    assert by_runner("exo_runner_mlx_active_bytes") == {"ra": 5000.0, "rb": 4000.0}
+    assert by_runner("exo_runner_mlx_cache_bytes") == {"ra": 70.0, "rb": 0.0}
+    tiers = {
+        (sample.name, sample.labels["runner_id"], sample.labels["tier"]): sample.value
+        for name in ("exo_prefix_cache_bytes", "exo_prefix_cache_entries")
+        for sample in families[name].samples
+    }
+    assert tiers == {  # rb keeps no prefix cache: no series rather than zeros
+        ("exo_prefix_cache_bytes", "ra", "memory"): 300.0,
+        ("exo_prefix_cache_bytes", "ra", "queued"): 100.0,
+        ("exo_prefix_cache_bytes", "ra", "disk"): 900.0,
+        ("exo_prefix_cache_entries", "ra", "memory"): 2.0,
+        ("exo_prefix_cache_entries", "ra", "disk"): 3.0,
+    }

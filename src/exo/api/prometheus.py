@@ -103,7 +103,52 @@ class _StateCollector:
             for status in ("queued", "running"):
                 tasks.add_metric([*values, status], self._task_count(runner, status))
         yield from (requests, prompt, generated, first_token, decode, tasks, repeated, withdrawn, ggml_threads)
+        yield from self._memory_metrics()
         yield from self._step_metrics()
+
+    def _memory_metrics(self) -> Iterator[Metric]:
+        """Each runner's memory: its resident size measured from outside, and its own account of what it holds."""
+        labels = ["cluster", "node_id", "model", "runner_id"]
+        resident = GaugeMetricFamily(
+            "exo_runner_resident_bytes",
+            "The runner process's resident set size, as its node last reported (every few seconds)",
+            labels=labels,
+        )
+        active = GaugeMetricFamily(
+            "exo_runner_mlx_active_bytes",
+            "Bytes of arrays mlx holds in the runner (weights mlx loaded, KV caches; on a GPU its device memory), "
+            "as of the last task it ended or its last turn to idle",
+            labels=labels,
+        )
+        cached = GaugeMetricFamily(
+            "exo_runner_mlx_cache_bytes",
+            "Bytes mlx keeps of freed arrays for reuse (emptied as the runner turns idle), as of the same moment",
+            labels=labels,
+        )
+        prefix_bytes = GaugeMetricFamily(
+            "exo_prefix_cache_bytes",
+            "KV bytes the prefix cache holds, by tier: memory, queued (disk snapshots held in memory until the runner "
+            "is idle; one the memory tier still keeps counts in both) and disk",
+            labels=[*labels, "tier"],
+        )
+        prefix_entries = GaugeMetricFamily(
+            "exo_prefix_cache_entries", "Prompt caches the prefix cache holds, by tier", labels=[*labels, "tier"]
+        )
+        for runner in sorted(self._state.runners.values(), key=lambda runner: runner.runner_id):
+            values = [self._cluster, runner.node_id, runner.model_id, runner.runner_id]
+            if runner.resident_bytes is not None:
+                resident.add_metric(values, runner.resident_bytes)
+            if runner.memory is None:
+                continue
+            active.add_metric(values, runner.memory.mlx_active_bytes)
+            cached.add_metric(values, runner.memory.mlx_cache_bytes)
+            if (usage := runner.memory.prefix_cache) is not None:
+                prefix_bytes.add_metric([*values, "memory"], usage.memory_bytes)
+                prefix_bytes.add_metric([*values, "queued"], usage.queued_bytes)
+                prefix_bytes.add_metric([*values, "disk"], usage.disk_bytes)
+                prefix_entries.add_metric([*values, "memory"], usage.memory_entries)
+                prefix_entries.add_metric([*values, "disk"], usage.disk_entries)
+        yield from (resident, active, cached, prefix_bytes, prefix_entries)
 
     def _step_metrics(self) -> Iterator[Metric]:
         """The host-overhead meter: decode-step time totals by requests decoding in the step, so a rate over a

@@ -283,6 +283,8 @@ class Worker:
             step_times=supervisor.step_times,
             prefill_pieces=supervisor.prefill_pieces,
             ggml_threads=supervisor.ggml_threads,
+            resident_bytes=supervisor.resident_bytes,
+            memory=supervisor.memory,
         )
 
     def _task_info(self, runner_id: RunnerId, task_id: TaskId, *, running: bool) -> TaskInfo:

@@ -13,6 +13,7 @@ from exo.shared.types.chunks import ErrorChunk, FinishChunk, TokenChunk
 from exo.shared.types.worker.runner_response import (
     RunnerBootstrap,
     RunnerDescribed,
+    RunnerMemoryReport,
     RunnerReady,
     RunnerRequest,
     RunnerRequestAdapter,
@@ -37,6 +38,8 @@ class RunnerUnderTest:
         self.pipe_messages: list[RunnerResponse] = []
         """Every message read from the pipe, as sent (a serving step's StepOutput whole)."""
         self._unpacked: deque[RunnerResponse] = deque()
+        self.memory_reports: list[RunnerMemoryReport] = []
+        """The runner's memory reports, kept apart: they come whenever its memory changed, between any others."""
 
     def send(self, message: RunnerRequest) -> None:
         self.connection.send_bytes(RunnerRequestAdapter.dump_json(message))
@@ -44,12 +47,16 @@ class RunnerUnderTest:
     def poll(self, timeout: float) -> RunnerResponse | None:
         """The runner's next message, or None when none came within `timeout` seconds; a StepOutput reads as the
         TaskChunk and TaskDone messages it stands for, as the supervisor hands them on."""
-        if not self._unpacked:
-            if not self.connection.poll(timeout):
+        deadline = time.monotonic() + timeout
+        while not self._unpacked:
+            if not self.connection.poll(max(deadline - time.monotonic(), 0)):
                 return None
             message = RunnerResponseAdapter.validate_json(self.connection.recv_bytes())
             self.pipe_messages.append(message)
-            self._unpacked.extend(message.task_messages() if isinstance(message, StepOutput) else [message])
+            if isinstance(message, RunnerMemoryReport):
+                self.memory_reports.append(message)
+            else:
+                self._unpacked.extend(message.task_messages() if isinstance(message, StepOutput) else [message])
         return self._unpacked.popleft()
 
     def receive(self, timeout: float = 60) -> RunnerResponse:

@@ -18,7 +18,7 @@ from exo.shared.types.links import LinkMeasurement
 from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.request_record import RequestRecord
 from exo.shared.types.runner_status import RunnerStatus
-from exo.shared.types.worker.runner_response import ModelDescription, ModelMetadata, StepTimes
+from exo.shared.types.worker.runner_response import ModelDescription, ModelMetadata, RunnerMemory, StepTimes
 from exo.shared.types.worker.shards import ShardAssignment
 
 TaskStatus = Literal["queued", "running"]
@@ -156,6 +156,12 @@ class RunnerInfo(FrozenModel):
     # ggml's thread count as of the runner's last finished task (`--cpu-weights q8_0` / `gguf` on a CPU: it follows
     # the cores other processes leave); None where the runner runs no ggml products.
     ggml_threads: int | None = None
+    # The runner process's resident set size when its node last reported (every few seconds and on each change);
+    # None while no runner process is alive.
+    resident_bytes: int | None = None
+    # The runner's own account of its memory (mlx's arrays and cache, the prefix cache's tiers) as of the last task it
+    # ended or its last turn to idle.
+    memory: RunnerMemory | None = None
 
     @property
     def described(self) -> ModelDescription | None:

@@ -27,6 +27,7 @@ from exo.shared.types.worker.runner_response import (
 from exo.worker.engines.mlx.cpu.core_share import current_ggml_threads
 from exo.worker.runner.channel import RunnerChannel
 from exo.worker.runner.idle_snapshots import write_snapshots_while_idle
+from exo.worker.runner.memory_reports import MemoryReports
 from exo.worker.runner.pipeline_link import PipelineLink
 from exo.worker.runner.task_replies import report_cancel, send_step
 
@@ -65,11 +66,13 @@ def _serve_leader(
     leader = PipelineBatchLeader(context.loaded, link.connections, prefill_step_size=context.decode.prefill_step_size)
     followers = list(link.connections.values())
     turns = IdleTurns()
+    memory = MemoryReports(channel, context.prefix_cache)
     while True:
         if not leader.busy:
             if context.prefix_cache is not None:
                 write_snapshots_while_idle(context.prefix_cache, channel.poll)
             turns.idle()
+            memory.report()
             ready = wait([channel.fileno(), *followers])
             lost = [rank for rank, connection in link.connections.items() if connection in ready]
             if lost:
@@ -92,8 +95,10 @@ def _serve_leader(
         turns.working()
         updates = leader.step()
         # ggml's thread count goes with each task's end, as a single node's runner sends it (None without ggml).
-        threads = current_ggml_threads() if any(update.done for update in updates) else None
-        send_step(channel, updates, ggml_threads=threads)
+        ended = any(update.done for update in updates)
+        send_step(channel, updates, ggml_threads=current_ggml_threads() if ended else None)
+        if ended:
+            memory.report()
         if leader.broken is not None:
             return leader.broken
 
@@ -128,11 +133,13 @@ def _serve_follower(
     follower = PipelineBatchFollower(context.loaded, context.prefix_cache)
     leader = link.connections[0]
     turns = IdleTurns()
+    memory = MemoryReports(channel, context.prefix_cache)
     while True:
         if context.prefix_cache is not None and follower.active == 0:
             write_snapshots_while_idle(context.prefix_cache, lambda: channel.poll() or leader.poll())
         if follower.active == 0:
             turns.idle()
+            memory.report()
         ready = wait([channel.fileno(), leader])
         if channel.fileno() in ready and any(isinstance(request, Shutdown) for request in incoming(False)):
             return None
@@ -148,6 +155,8 @@ def _serve_follower(
                 follower.apply(message)
                 if message.leaves and (threads := current_ggml_threads()) is not None:
                     channel.send(GgmlThreadsReport(threads=threads))
+                if message.leaves:
+                    memory.report()
             case EndPipeline():
                 return None
             case _:

@@ -40,6 +40,7 @@ from exo.worker.ring_deadline import RING_NOT_FORMED_EXIT_CODE, RingNotFormedErr
 from exo.worker.runner.arrival_window import ArrivalWindow
 from exo.worker.runner.channel import RunnerChannel, UnreadableRequestError
 from exo.worker.runner.idle_snapshots import write_snapshots_before_stopping, write_snapshots_while_idle
+from exo.worker.runner.memory_reports import MemoryReports
 from exo.worker.runner.pipeline_link import PipelineLink
 from exo.worker.runner.pipeline_serving import serve_pipeline
 from exo.worker.runner.step_meter import StepMeter
@@ -200,11 +201,13 @@ def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCo
     sender = StepSender(channel)
     meter.begin()
     turns = IdleTurns()
+    memory = MemoryReports(channel, context.prefix_cache)
     while True:
         if scheduler.active == 0 and context.prefix_cache is not None:
             write_snapshots_while_idle(context.prefix_cache, channel.poll)
         if scheduler.active == 0:
             turns.idle()
+            memory.report()
         if scheduler.active == 0 and context.matmul_planner is not None:
             _refine_while_idle(channel, context.matmul_planner)
         idle = scheduler.active == 0
@@ -248,6 +251,7 @@ def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCo
                     dict(scheduler.prefill_stats.by_prompts),
                     ggml_threads=current_ggml_threads(),
                 )
+                memory.report()
             else:
                 sender.step(updates, quick_next=scheduler.active == scheduler.decoding)
 

@@ -25,6 +25,7 @@ from multiprocessing.process import BaseProcess
 
 import anyio
 import anyio.to_thread
+import psutil
 from anyio.streams.memory import MemoryObjectReceiveStream
 from pydantic_core import PydanticSerializationError
 
@@ -43,6 +44,8 @@ from exo.shared.types.worker.runner_response import (
     RunnerBootstrap,
     RunnerDescribed,
     RunnerLoadFailed,
+    RunnerMemory,
+    RunnerMemoryReport,
     RunnerReady,
     RunnerRequest,
     RunnerRequestAdapter,
@@ -101,6 +104,8 @@ class RunnerSupervisor:
         the runner's host-overhead meter (decode-step times by requests decoding), as it last reported it."""
         self.ggml_threads: int | None = None
         """ggml's thread count as the runner last reported it (at a task's end); None where it runs no ggml."""
+        self.memory: RunnerMemory | None = None
+        """The runner's own account of its memory, as of the last task it ended or its last turn to idle."""
         self.last_error: str | None = None
         self.restarts = 0
         self.pid: int | None = None
@@ -252,6 +257,7 @@ class RunnerSupervisor:
         process.start()
         child.close()
         self._process, self._connection, self.pid = process, parent, process.pid
+        self.memory = None
         self.status = "loading"
         self._write(payload)
         logger.info("started runner %s (pid %s) for %s", self.runner_id, process.pid, self.config.model_id)
@@ -314,6 +320,8 @@ class RunnerSupervisor:
                 self._dispatch_next()
             case GgmlThreadsReport(threads=threads):  # a follower rank's, as a TaskDone carries rank 0's
                 self.ggml_threads = threads
+            case RunnerMemoryReport(memory=memory):
+                self.memory = memory
             case MatmulPlanRefined(report=report):
                 if self.metadata is not None:  # /state shows the plan as refined from now on
                     self.metadata = self.metadata.model_copy(update={"matmul_plan": report})
@@ -373,6 +381,16 @@ class RunnerSupervisor:
             running.decoding = True
         if isinstance(chunk, PrefillProgressChunk) or running.phase != phase:
             self._on_change()  # /state shows the progress; any other chunk only matters when it starts decode
+
+    @property
+    def resident_bytes(self) -> int | None:
+        """The runner process's resident set size now; None while no runner process is alive."""
+        if self._process is None or not self._process.is_alive() or self.pid is None:
+            return None
+        try:
+            return psutil.Process(self.pid).memory_info().rss
+        except psutil.Error:
+            return None  # it ended between the check and the read
 
     @property
     def tokens_per_second_now(self) -> float:

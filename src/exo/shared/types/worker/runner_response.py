@@ -226,6 +226,38 @@ class MatmulPlanRefined(FrozenModel):
     report: MatmulPlanReport
 
 
+class PrefixCacheUsage(FrozenModel):
+    """What a runner's prefix cache holds: its memory tier, the disk snapshots waiting in memory for an idle moment
+    to be written, and the disk tier."""
+
+    memory_bytes: int
+    memory_entries: int
+    queued_bytes: int = 0
+    """KV bytes of the disk snapshots not yet written, held in memory until the runner is idle (at most the memory
+    tier's budget; a snapshot the memory tier still keeps is counted in both)."""
+    disk_bytes: int = 0
+    disk_entries: int = 0
+
+
+class RunnerMemory(FrozenModel):
+    """What a runner holds in memory by its own accounts (the worker measures its resident size from outside)."""
+
+    mlx_active_bytes: int
+    """Bytes of arrays mlx holds (the weights mlx loaded, KV caches, a step's buffers; on a GPU its device memory)."""
+    mlx_cache_bytes: int
+    """Bytes mlx keeps of freed arrays for reuse (emptied as the runner turns idle)."""
+    prefix_cache: PrefixCacheUsage | None = None
+    """None where the runner keeps no prefix cache."""
+
+
+class RunnerMemoryReport(FrozenModel):
+    """The runner's memory as tasks end, and once more after it turns idle (freed buffers released, snapshots
+    written): sent when it changed."""
+
+    kind: Literal["memory"] = "memory"
+    memory: RunnerMemory
+
+
 class GgmlThreadsReport(FrozenModel):
     """ggml's thread count when a task left the batch, from a pipeline or tensor rank other than 0: such a rank
     ends no task of its own with its supervisor (rank 0 sends the TaskDones), so it reports the count alone."""
@@ -242,7 +274,8 @@ RunnerResponse = Annotated[
     | TaskDone
     | StepOutput
     | MatmulPlanRefined
-    | GgmlThreadsReport,
+    | GgmlThreadsReport
+    | RunnerMemoryReport,
     Field(discriminator="kind"),
 ]
 RunnerResponseAdapter: TypeAdapter[RunnerResponse] = TypeAdapter(RunnerResponse)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from mlx import nn
 from mlx_lm.models.cache import LRUPromptCache
 
+from exo.shared.types.worker.runner_response import PrefixCacheUsage
 from exo.worker.engines.mlx.cache.disk_tier import DiskTier
 from exo.worker.engines.mlx.cache.layer_cache import (
     PromptCache,
@@ -98,6 +99,16 @@ class PrefixCache:
     def disk_queued_bytes(self) -> int:
         """Bytes of KV held by the disk snapshots waiting to be written (0 without a disk tier)."""
         return self._disk.queued_bytes if self._disk is not None else 0
+
+    def usage(self) -> PrefixCacheUsage:
+        """What each tier holds now, for /metrics."""
+        return PrefixCacheUsage(
+            memory_bytes=self.nbytes,
+            memory_entries=self.entries,
+            queued_bytes=self.disk_queued_bytes,
+            disk_bytes=self._disk.nbytes if self._disk is not None else 0,
+            disk_entries=self._disk.entries if self._disk is not None else 0,
+        )
 
     def write_pending_snapshot(self, *, newest: bool = False) -> None:
         """Write the oldest (or `newest`) queued disk snapshot (seconds for a long prompt): off the path of any

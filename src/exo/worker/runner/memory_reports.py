@@ -1,0 +1,36 @@
+"""A runner's own account of its memory (mlx's arrays and cache, the prefix cache's tiers), sent to its supervisor
+when it changed: as tasks end, so steady load that never lets the runner idle still shows, and after the runner turns
+idle, when freed buffers are released and queued snapshots written."""
+
+from typing import TYPE_CHECKING
+
+from exo.shared.types.worker.runner_response import RunnerMemory, RunnerMemoryReport
+from exo.worker.runner.channel import RunnerChannel
+
+if TYPE_CHECKING:
+    from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
+
+
+def runner_memory(prefix_cache: "PrefixCache | None") -> RunnerMemory:
+    import mlx.core as mx  # here, as the runner's other mlx imports: the module loads before mlx is checked for
+
+    return RunnerMemory(
+        mlx_active_bytes=mx.get_active_memory(),
+        mlx_cache_bytes=mx.get_cache_memory(),
+        prefix_cache=prefix_cache.usage() if prefix_cache is not None else None,
+    )
+
+
+class MemoryReports:
+    """Sends `runner_memory` on `channel` when it differs from what was sent last."""
+
+    def __init__(self, channel: RunnerChannel, prefix_cache: "PrefixCache | None") -> None:
+        self._channel = channel
+        self._prefix_cache = prefix_cache
+        self._sent: RunnerMemory | None = None
+
+    def report(self) -> None:
+        memory = runner_memory(self._prefix_cache)
+        if memory != self._sent:
+            self._channel.send(RunnerMemoryReport(memory=memory))
+            self._sent = memory
