@@ -4,8 +4,9 @@ A fresh exo node serves MODEL_DIR as shipped (`--cpu-weights auto`); `--base-url
 already running instead. CONCURRENCY clients draw requests from `soak_requests.MIX` for MINUTES: the four dialects
 streamed and not, tools under every `tool_choice`, clients that hang up mid-stream or give up during a prefill,
 prompts of a few thousand tokens, and bodies a client gets wrong. It reports, per kind, what broke the wire contract
-(an anomaly), a fixed probe request's time to its first text or call, the node idle, before and after, the runner's
-resident memory over the run, how long the node took to be idle again, and the node's own ERROR log lines. It exits
+(an anomaly), a fixed probe request's time to its first text or call, the node idle, before and after, the runners'
+memory over the run (as the node's `/metrics` give it: resident size and the prefix cache's memory tier and queue of
+disk snapshots), how long the node took to be idle again, and the node's own ERROR log lines. It exits
 1 when any anomaly, ERROR line or unfinished task is left, so it doubles as a check.
 """
 
@@ -24,7 +25,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-import psutil
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
@@ -55,8 +55,14 @@ class Probe(BaseModel):
 
 
 class MemorySample(BaseModel):
+    """The node's runners together, from its `/metrics`."""
+
     minute: float
     runner_rss_mb: float
+    prefix_cache_mb: float = 0.0
+    """The prefix cache's memory tier."""
+    queued_mb: float = 0.0
+    """Disk snapshots of the prefix cache held in memory until a runner is idle."""
     idle: bool = False
     """Taken once the node had been idle for IDLE_SETTLE_S (a runner turning idle hands freed memory back)."""
 
@@ -118,8 +124,6 @@ def main() -> None:
 @dataclass(frozen=True)
 class SoakedNode:
     base_url: str
-    pid: int | None = None
-    """The node's process, where this run started it (its runners' memory is sampled)."""
     log_path: Path | None = None
     description: str = ""
 
@@ -133,11 +137,11 @@ def _node(model: Path | None, base_url: str | None, node_arguments: list[str]) -
     flags = ["--cpu-weights", "auto", *node_arguments]
     with tempfile.TemporaryDirectory() as work_dir, running_exo(model, Path(work_dir), flags) as server:
         description = f"a fresh node ({' '.join(flags)})"
-        yield SoakedNode(server.base_url, server.pid, server.log_path, description)
+        yield SoakedNode(server.base_url, server.log_path, description)
 
 
 async def soak(node: SoakedNode, minutes: float, concurrency: int, seed: int) -> SoakReport:
-    base_url, pid, log_path = node.base_url, node.pid, node.log_path
+    base_url, log_path = node.base_url, node.log_path
     load_before = os.getloadavg()
     started = time.monotonic()
     started_utc = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -155,15 +159,15 @@ async def soak(node: SoakedNode, minutes: float, concurrency: int, seed: int) ->
             for index in range(concurrency)
         ]
         while not all(task.done() for task in clients):
-            memory += _memory_sample(pid, started)
+            memory += await _memory_sample(client, started)
             await asyncio.wait(clients, timeout=30)
         for task in clients:
             task.result()  # a client's own failure (not a reply's) surfaces here
         load_end = time.monotonic()
         idle_after_s = await _idle_after(client, load_end)
-        memory += _memory_sample(pid, started)
+        memory += await _memory_sample(client, started)
         await asyncio.sleep(IDLE_SETTLE_S)
-        memory += _memory_sample(pid, started, idle=True)
+        memory += await _memory_sample(client, started, idle=True)
         probe_after = await _probe(client, base_url, model)
     return SoakReport(
         model=model,
@@ -231,17 +235,30 @@ async def _idle_after(client: httpx.AsyncClient, since: float) -> float | None:
     return None
 
 
-def _memory_sample(pid: int | None, started: float, *, idle: bool = False) -> list[MemorySample]:
-    """The runners' resident memory (the node's child processes that are not multiprocessing's tracker)."""
-    if pid is None:
+async def _memory_sample(client: httpx.AsyncClient, started: float, *, idle: bool = False) -> list[MemorySample]:
+    """The node's runners' memory as its `/metrics` give it (none before a runner reported it)."""
+    totals: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families((await client.get("/metrics")).text):
+        for sample in family.samples:
+            if family.name in ("exo_runner_resident_bytes", "exo_prefix_cache_bytes"):
+                key = (family.name, sample.labels.get("tier", ""))
+                totals[key] = totals.get(key, 0.0) + sample.value
+    resident = totals.get(("exo_runner_resident_bytes", ""))
+    if resident is None:
         return []
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-        rss = sum(child.memory_info().rss for child in children if "spawn_main" in " ".join(child.cmdline()))
-    except psutil.NoSuchProcess:
-        return []
-    minute = round((time.monotonic() - started) / 60, 2)
-    return [MemorySample(minute=minute, runner_rss_mb=round(rss / 2**20, 1), idle=idle)]
+    return [
+        MemorySample(
+            minute=round((time.monotonic() - started) / 60, 2),
+            runner_rss_mb=_megabytes(resident),
+            prefix_cache_mb=_megabytes(totals.get(("exo_prefix_cache_bytes", "memory"), 0.0)),
+            queued_mb=_megabytes(totals.get(("exo_prefix_cache_bytes", "queued"), 0.0)),
+            idle=idle,
+        )
+    ]
+
+
+def _megabytes(count: float) -> float:
+    return round(count / 2**20, 1)
 
 
 def _log_errors(log_path: Path | None, start: int) -> list[str]:
@@ -298,6 +315,9 @@ def render(report: SoakReport) -> str:
             f"- Runner resident memory (MB): {loaded[0].runner_rss_mb:.0f} at minute {loaded[0].minute:g}, at most "
             f"{max(sample.runner_rss_mb for sample in loaded):.0f}, {loaded[-1].runner_rss_mb:.0f} at the load's end"
             + "".join(idle)
+            + f"; the prefix cache at most {max(sample.prefix_cache_mb for sample in memory):.0f} in memory and "
+            f"{max(sample.queued_mb for sample in memory):.0f} queued for disk"
+            + "".join(f", {sample.queued_mb:.0f} queued once idle" for sample in memory if sample.idle)
             + "."
         )
     lines.append(f"- Node log: {len(report.log_errors)} ERROR line(s) or tracebacks.")

@@ -132,4 +132,6 @@ def test_a_short_soak_on_a_fixture_model_passes_and_covers_every_kind(tmp_path: 
     assert report.idle_after_s is not None
     assert report.memory
     assert all(sample.runner_rss_mb > 0 for sample in report.memory)
+    assert max(sample.prefix_cache_mb for sample in report.memory) > 0  # from the node's /metrics
+    assert [sample.queued_mb for sample in report.memory if sample.idle] == [0]  # written once the runner idled
     assert "Passed." in completed.stdout
