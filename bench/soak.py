@@ -54,6 +54,14 @@ class Probe(BaseModel):
     total_s: float
 
 
+class SessionReuse(BaseModel):
+    """The agent sessions' turns after their first: how much of their prompts the prefix cache gave."""
+
+    turns: int
+    prompt_tokens: int
+    cached_tokens: int
+
+
 class MemorySample(BaseModel):
     """The node's runners together, from its `/metrics`."""
 
@@ -85,6 +93,7 @@ class SoakReport(BaseModel):
     probe_before: Probe
     probe_after: Probe
     memory: list[MemorySample]
+    session_reuse: SessionReuse | None = None
     idle_after_s: float | None
     """Seconds from the load's end until no task ran or waited (None: not within IDLE_TIMEOUT_S)."""
     log_errors: list[str]
@@ -185,6 +194,7 @@ async def soak(node: SoakedNode, minutes: float, concurrency: int, seed: int) ->
         probe_before=probe_before,
         probe_after=probe_after,
         memory=memory,
+        session_reuse=_session_reuse(outcomes),
         idle_after_s=idle_after_s,
         log_errors=_log_errors(log_path, log_start),
     )
@@ -270,6 +280,17 @@ def _log_errors(log_path: Path | None, start: int) -> list[str]:
     return [line[:300] for line in lines if " ERROR " in line or line.startswith("Traceback")][:50]
 
 
+def _session_reuse(outcomes: list[Outcome]) -> SessionReuse | None:
+    sessions = [outcome for outcome in outcomes if outcome.later_turns]
+    if not sessions:
+        return None
+    return SessionReuse(
+        turns=sum(outcome.later_turns for outcome in sessions),
+        prompt_tokens=sum(outcome.later_prompt_tokens for outcome in sessions),
+        cached_tokens=sum(outcome.later_cached_tokens for outcome in sessions),
+    )
+
+
 def _tally(outcomes: list[Outcome]) -> dict[SoakKind, KindTally]:
     tallies: dict[SoakKind, KindTally] = {}
     for kind in MIX:
@@ -319,6 +340,11 @@ def render(report: SoakReport) -> str:
             f"{max(sample.queued_mb for sample in memory):.0f} queued for disk"
             + "".join(f", {sample.queued_mb:.0f} queued once idle" for sample in memory if sample.idle)
             + "."
+        )
+    if (reuse := report.session_reuse) is not None:
+        lines.append(
+            f"- Agent sessions' later turns: {reuse.turns}, {reuse.prompt_tokens} prompt tokens, "
+            f"{reuse.cached_tokens} of them from the prefix cache ({reuse.cached_tokens / reuse.prompt_tokens:.0%})."
         )
     lines.append(f"- Node log: {len(report.log_errors)} ERROR line(s) or tracebacks.")
     lines += [f"  - {line}" for line in report.log_errors[:10]]

@@ -25,6 +25,7 @@ SoakKind = Literal[
     "client_timeout",
     "long_prompt",
     "bad_input",
+    "agent_session",
 ]
 
 PROMPTS = (
@@ -69,6 +70,11 @@ class Outcome(BaseModel):
     """What broke the wire contract (None: the reply was what its client needs)."""
     client_timeout: bool = False
     """The client gave up waiting (the kinds that do not mean to): slow, not wrong."""
+    later_turns: int = 0
+    """An agent session's turns after its first."""
+    later_prompt_tokens: int = 0
+    later_cached_tokens: int = 0
+    """Those turns' prompt tokens, and how many of them the prefix cache gave (their usage's `cached_tokens`)."""
 
 
 class _ContractBrokenError(Exception):
@@ -283,7 +289,111 @@ async def _bad_input(client: httpx.AsyncClient, target: Target, rng: random.Rand
         raise _ContractBrokenError(f"{path} {str(body)[:80]}: no error object with a message: {response.text[:200]}")
 
 
-_SENDERS: dict[SoakKind, Callable[[httpx.AsyncClient, Target, random.Random], Awaitable[None]]] = {
+AGENT_SYSTEM_PROMPT = " ".join(
+    f"Rule {index}: read the files a change touches before editing them, keep the tests passing, and say what "
+    "you changed."
+    for index in range(1, 21)
+)
+"""The same for every session, as a coding agent's system prompt is: later sessions find it in the prefix cache."""
+AGENT_TASKS = (
+    "What is the weather in Paris?",
+    "Read the file src/main.py and tell me what it does.",
+    "Read the file README.md, then the weather in Oslo.",
+)
+_TOOL_NAMES = frozenset(function["name"] for function in _FUNCTIONS)
+
+
+class _Turn(BaseModel):
+    text: str
+    calls: list[dict[str, Any]]
+    """As the assistant message sends them back: id, type and function (name, arguments)."""
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int
+
+
+async def _agent_turn(client: httpx.AsyncClient, body: dict[str, Any]) -> _Turn:
+    """One streamed turn, judged as `_chat_stream` judges its reply, and each call's id and name besides (a client
+    sends them back)."""
+    stream = await _sse_lines(client, "/v1/chat/completions", body)
+    if not stream.endswith("data: [DONE]"):
+        raise _ContractBrokenError(f"no [DONE] at the end: {stream[-200:]!r}")
+    text: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    finish_reason: str | None = None
+    usage: dict[str, Any] = {}
+    for chunk in _data(stream):
+        if "error" in chunk:
+            raise _ContractBrokenError(f"error in the stream: {chunk['error']}")
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices", []):
+            finish_reason = choice.get("finish_reason") or finish_reason
+            delta = choice.get("delta") or {}
+            text.append(delta.get("content") or "")
+            for call in delta.get("tool_calls") or []:
+                held = calls.setdefault(call["index"], {"id": "", "name": "", "arguments": ""})
+                held["id"] = call.get("id") or held["id"]
+                function = call.get("function") or {}
+                held["name"] = function.get("name") or held["name"]
+                held["arguments"] += function.get("arguments") or ""
+    _check_calls(finish_reason, [call["arguments"] for call in calls.values()], required=False)
+    ids = [call["id"] for call in calls.values()]
+    if any(not call_id for call_id in ids) or len(set(ids)) != len(ids):
+        raise _ContractBrokenError(f"tool call ids missing or repeated: {ids}")
+    if names := {call["name"] for call in calls.values()} - _TOOL_NAMES:
+        raise _ContractBrokenError(f"tool calls to tools not offered: {sorted(names)}")
+    if not usage:
+        raise _ContractBrokenError("no usage chunk though stream_options.include_usage was set")
+    return _Turn(
+        text="".join(text),
+        calls=[
+            {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
+            for call in calls.values()
+        ],
+        finish_reason=finish_reason,
+        prompt_tokens=usage["prompt_tokens"],
+        cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+    )
+
+
+async def _agent_session(client: httpx.AsyncClient, target: Target, rng: random.Random) -> Outcome:
+    """A coding agent's session of two to four turns: the shared system prompt, the tools and a task, then each turn
+    the whole history sent back with the assistant's reply and, after a call, its result (else the user's "go on"), as
+    agents do; a turn cut by `max_tokens` ends the session (its client could not run a call half written)."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": AGENT_SYSTEM_PROMPT},
+        {"role": "user", "content": rng.choice(AGENT_TASKS)},
+    ]
+    outcome = Outcome(kind="agent_session", seconds=0.0)
+    for turn in range(rng.randint(2, 4)):
+        body = {
+            "model": target.model,
+            "messages": messages,
+            "tools": CHAT_TOOLS,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": 64,
+        }
+        reply = await _agent_turn(client, body)
+        if turn > 0:
+            outcome.later_turns += 1
+            outcome.later_prompt_tokens += reply.prompt_tokens
+            outcome.later_cached_tokens += reply.cached_tokens
+        if reply.finish_reason == "length":
+            break
+        assistant: dict[str, Any] = {"role": "assistant", "content": reply.text}
+        if reply.calls:
+            assistant["tool_calls"] = reply.calls
+        messages.append(assistant)
+        if not reply.calls:
+            messages.append({"role": "user", "content": "Go on."})
+        for call in reply.calls:
+            result = f"{call['function']['name']} returned {rng.randint(0, 10**6)}."
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+    return outcome
+
+
+_SENDERS: dict[SoakKind, Callable[[httpx.AsyncClient, Target, random.Random], Awaitable[Outcome | None]]] = {
     "chat_stream": _chat_stream,
     "chat_required": _chat_required,
     "messages_stream": _messages_stream,
@@ -293,6 +403,7 @@ _SENDERS: dict[SoakKind, Callable[[httpx.AsyncClient, Target, random.Random], Aw
     "client_timeout": _client_timeout,
     "long_prompt": _long_prompt,
     "bad_input": _bad_input,
+    "agent_session": _agent_session,
 }
 MIX: dict[SoakKind, int] = {
     "chat_stream": 4,
@@ -304,6 +415,7 @@ MIX: dict[SoakKind, int] = {
     "client_timeout": 1,
     "long_prompt": 1,
     "bad_input": 2,
+    "agent_session": 2,
 }
 """How often each kind is drawn, relative to the others: mostly agent-shaped requests with tools."""
 
@@ -311,11 +423,12 @@ MIX: dict[SoakKind, int] = {
 async def send(kind: SoakKind, client: httpx.AsyncClient, target: Target, rng: random.Random) -> Outcome:
     started = time.monotonic()
     try:
-        await _SENDERS[kind](client, target, rng)
+        outcome = await _SENDERS[kind](client, target, rng)
     except _ContractBrokenError as broken:
         return Outcome(kind=kind, seconds=time.monotonic() - started, anomaly=str(broken))
     except httpx.TimeoutException:
         return Outcome(kind=kind, seconds=time.monotonic() - started, client_timeout=True)
     except (httpx.HTTPError, json.JSONDecodeError, KeyError, IndexError) as error:
         return Outcome(kind=kind, seconds=time.monotonic() - started, anomaly=f"{type(error).__name__}: {error}")
-    return Outcome(kind=kind, seconds=time.monotonic() - started)
+    seconds = time.monotonic() - started
+    return Outcome(kind=kind, seconds=seconds) if outcome is None else outcome.model_copy(update={"seconds": seconds})

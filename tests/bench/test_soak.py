@@ -102,6 +102,67 @@ def test_an_ollama_stream_must_end_done() -> None:
     assert _sent("ollama_chat", cut).anomaly is not None
 
 
+def _usage(prompt: int, cached: int) -> str:
+    usage = {"prompt_tokens": prompt, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": cached}}
+    return "data: " + json.dumps({"choices": [], "usage": usage})
+
+
+def _weather_call(call_id: str = "call_1", name: str = "get_weather") -> dict[str, object]:
+    function = {"name": name, "arguments": '{"city": "Paris"}'}
+    return {"tool_calls": [{"index": 0, "id": call_id, "type": "function", "function": function}]}
+
+
+def _session(first_turn: bytes) -> tuple[Outcome, list[dict[str, object]]]:
+    """An agent session against a node whose first turn answers `first_turn`, each later one a short text with
+    usage; the outcome and the bodies the session sent."""
+    bodies: list[dict[str, object]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        if len(bodies) == 1:
+            return _stream(first_turn)
+        later = _sse(_chunk({"content": "Done."}), _chunk({}, "stop"), _usage(100 * len(bodies), 80), "data: [DONE]")
+        return _stream(later)
+
+    async def run() -> Outcome:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer), base_url="http://node") as client:
+            return await send("agent_session", client, TARGET, random.Random(0))
+
+    return asyncio.run(run()), bodies
+
+
+def test_an_agent_session_sends_each_turn_back_with_the_calls_results_and_counts_the_cache() -> None:
+    first = _sse(_chunk(_weather_call()), _chunk({}, "tool_calls"), _usage(90, 0), "data: [DONE]")
+    outcome, bodies = _session(first)
+
+    assert outcome.anomaly is None
+    assert len(bodies) >= 2
+    second = bodies[1]["messages"]
+    assert isinstance(second, list)
+    assistant, result = second[-2], second[-1]
+    assert assistant["tool_calls"][0]["id"] == "call_1"
+    assert assistant["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert (result["role"], result["tool_call_id"]) == ("tool", "call_1")
+    # The first turn's prompt is not counted: only the later turns', whose usage said 80 cached each.
+    assert outcome.later_turns == len(bodies) - 1
+    assert outcome.later_prompt_tokens == sum(100 * turn for turn in range(2, len(bodies) + 1))
+    assert outcome.later_cached_tokens == 80 * outcome.later_turns
+
+
+@pytest.mark.parametrize(
+    ("first", "broken_because"),
+    [
+        (_sse(_chunk(_weather_call(call_id="")), _chunk({}, "tool_calls"), _usage(90, 0), "data: [DONE]"), "ids"),
+        (_sse(_chunk(_weather_call(name="rm_rf")), _chunk({}, "tool_calls"), _usage(90, 0), "data: [DONE]"), "offered"),
+        (_sse(_chunk(_weather_call()), _chunk({}, "tool_calls"), "data: [DONE]"), "no usage"),
+    ],
+)
+def test_an_agent_turn_needs_call_ids_offered_tools_and_its_usage(first: bytes, broken_because: str) -> None:
+    outcome, _ = _session(first)
+    assert outcome.anomaly is not None
+    assert broken_because in outcome.anomaly
+
+
 def test_long_prompts_stay_within_half_the_context() -> None:
     for context in (2048, 4096, 32768):
         low, high = Target(model="m", context_length=context).long_prompt_lines
@@ -134,4 +195,7 @@ def test_a_short_soak_on_a_fixture_model_passes_and_covers_every_kind(tmp_path: 
     assert all(sample.runner_rss_mb > 0 for sample in report.memory)
     assert max(sample.prefix_cache_mb for sample in report.memory) > 0  # from the node's /metrics
     assert [sample.queued_mb for sample in report.memory if sample.idle] == [0]  # written once the runner idled
+    # Agent sessions' later turns reuse the earlier ones' KV (and the shared system prompt).
+    assert report.session_reuse is not None
+    assert report.session_reuse.cached_tokens > report.session_reuse.prompt_tokens / 2
     assert "Passed." in completed.stdout

@@ -82,6 +82,9 @@ def test_the_cluster_view_lists_both_nodes_with_their_facts(
     expect(alpha_card).to_contain_text(f"held as {local_weights_in_memory()}")
     expect(beta_card).to_contain_text(f"held as {local_weights_in_memory()}")
     expect(alpha_card.locator(".runners")).to_contain_text(" · weights ")
+    # Each runner's memory as its node measured it, and what its prefix cache holds (the runner reports it idle).
+    expect(alpha_card.locator(".runners")).to_contain_text(re.compile(r" · resident \d"))
+    expect(alpha_card.locator(".runners")).to_contain_text(re.compile(r" · prefix cache \S+ \S+, \S+ \S+ on disk"))
     expect(beta_card).to_contain_text("none (--no-model)")
     expect(page.locator("#links-list")).to_contain_text("beta → alpha (master)")
     expect(page.locator("#cluster-line")).to_contain_text("2 healthy, 0 degraded, 0 down · master alpha")

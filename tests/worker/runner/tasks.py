@@ -1,6 +1,6 @@
 """Tasks and a supervisor for tests that drive a real runner subprocess without the API in front of it."""
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -43,14 +43,16 @@ async def until_ready(supervisor: RunnerSupervisor) -> None:
 
 @asynccontextmanager
 async def running_supervisor(
-    batch_size: int = 8, config: RunnerConfig | None = None
+    batch_size: int = 8,
+    config: RunnerConfig | None = None,
+    on_change: Callable[[RunnerSupervisor], None] = lambda _: None,
 ) -> AsyncGenerator[RunnerSupervisor]:
     """A RunnerSupervisor with a real runner subprocess serving tiny-qwen-tools (or as `config` says), ready to take
-    tasks."""
+    tasks; `on_change` is called with it whenever it reports a change (as the worker is)."""
     config = config or RunnerConfig(
         model_id=MODEL, model_path=fixture_model(MODEL), decode=DecodeSettings(batch_size=batch_size)
     )
-    supervisor = RunnerSupervisor(new_runner_id(), config)
+    supervisor = RunnerSupervisor(new_runner_id(), config, on_change=lambda: on_change(supervisor))
     async with anyio.create_task_group() as group:
         group.start_soon(supervisor.run)
         with anyio.fail_after(120):

@@ -3,21 +3,19 @@ beside the resident size it measures itself: on a real runner, the prefix cache'
 task ends and as written to disk once the runner turns idle, mlx's freed buffers are emptied at that turn, and a
 stopped runner has no resident size."""
 
-from collections.abc import AsyncGenerator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import pytest
 
-from exo.shared.types.common import new_command_id, new_runner_id, new_task_id
+from exo.shared.types.common import new_command_id, new_task_id
 from exo.shared.types.tasks import GenerationParams, GenerationTask, PromptMessage, SamplingParams
 from exo.shared.types.worker.runner_response import RunnerMemory
 from exo.worker.runner.runner_config import RunnerConfig
 from exo.worker.runner.supervisor import RunnerSupervisor
 from tests.exo_server import fixture_model
 from tests.worker.runner.pipelines import DEEP_MODEL, pipeline_of, run_task, running_ranks, task
-from tests.worker.runner.tasks import MODEL, collect, until_ready
+from tests.worker.runner.tasks import MODEL, collect, running_supervisor
 
 SYSTEM_PROMPT = "You are a careful coding agent. Follow the rules of the repository. " * 30
 """Long enough (over 256 tokens) for the prefix cache to keep a disk snapshot of it."""
@@ -33,13 +31,9 @@ def _session_task() -> GenerationTask:
     )
 
 
-@asynccontextmanager
-async def _supervisor_recording_memory(
-    cache_dir: Path, reports: list[RunnerMemory]
-) -> AsyncGenerator[RunnerSupervisor]:
-    """A ready supervisor of a runner with a memory and a disk prefix cache; every new memory report it receives is
-    appended to `reports`."""
-    config = RunnerConfig(
+def _config(cache_dir: Path) -> RunnerConfig:
+    """A runner with a memory and a disk prefix cache."""
+    return RunnerConfig(
         model_id=MODEL,
         model_path=fixture_model(MODEL),
         prefix_cache_bytes=1 << 28,
@@ -47,25 +41,16 @@ async def _supervisor_recording_memory(
         prefix_cache_disk_bytes=1 << 30,
     )
 
-    def record() -> None:
-        if supervisor.memory is not None and (not reports or reports[-1] is not supervisor.memory):
-            reports.append(supervisor.memory)
-
-    supervisor = RunnerSupervisor(new_runner_id(), config, on_change=record)
-    async with anyio.create_task_group() as group:
-        group.start_soon(supervisor.run)
-        with anyio.fail_after(120):
-            await until_ready(supervisor)
-        try:
-            yield supervisor
-        finally:
-            await supervisor.stop()
-            group.cancel_scope.cancel()
-
 
 async def test_a_runner_reports_its_memory_as_a_task_ends_and_again_once_idle(tmp_path: Path) -> None:
     reports: list[RunnerMemory] = []
-    async with _supervisor_recording_memory(tmp_path, reports) as supervisor:
+
+    def record(supervisor: RunnerSupervisor) -> None:
+        """Every new memory report the supervisor receives, in order."""
+        if supervisor.memory is not None and (not reports or reports[-1] is not supervisor.memory):
+            reports.append(supervisor.memory)
+
+    async with running_supervisor(config=_config(tmp_path), on_change=record) as supervisor:
         with anyio.fail_after(30):  # the runner turns idle right after loading, and reports then
             while not reports:
                 await anyio.sleep(0.05)

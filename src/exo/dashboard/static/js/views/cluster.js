@@ -47,11 +47,20 @@ function nodeCard(node, state) {
       ` rank ${runner.shard.rank} of ${runner.shard.world_size}`,
       runner.shard.world_size > 1 ? ` · layers ${layers(runner.shard.start_layer, runner.shard.end_layer)}` : "",
       runner.metadata?.weights_bytes ? ` · weights ${bytes(runner.metadata.weights_bytes)}` : "",
+      runner.resident_bytes ? ` · resident ${bytes(runner.resident_bytes)}` : "",
+      prefixCache(runner.memory?.prefix_cache),
       runner.restarts ? ` · ${runner.restarts} restarts` : "",
       runner.last_error ? h("div", { class: "error" }, runner.last_error) : null)))
     : h("p", { class: "muted" }, node.serves_models ? "none yet" : "none (--no-model)"),
   preparations.length ? [h("h4", {}, "Preparations"), h("ul", {}, preparations.map(preparationItem))] : null,
   node.preparing.length ? h("p", { class: "muted" }, `resolving ${node.preparing.join(", ")}`) : null);
+}
+
+// What a runner's prefix cache holds: in memory, queued for disk (held in memory until the runner is idle), on disk.
+function prefixCache(usage) {
+  if (!usage) return "";
+  const queued = usage.queued_bytes ? `, ${bytes(usage.queued_bytes)} queued` : "";
+  return ` · prefix cache ${bytes(usage.memory_bytes)}${queued}, ${bytes(usage.disk_bytes)} on disk`;
 }
 
 export function preparationItem(preparation) {
