@@ -34,6 +34,9 @@ from bench.soak_requests import CHAT_TOOLS, MIX, PROMPTS, Outcome, SoakKind, Tar
 from bench.stream_client import stream_chat
 
 IDLE_TIMEOUT_S = 120.0
+SNAPSHOTS_TIMEOUT_S = 600.0
+"""How long the idle node may take to write the prefix cache's queued disk snapshots (up to its budget, 2 GB by
+default: a minute or more on a slow disk)."""
 IDLE_SETTLE_S = 5.0
 CLIENT_TIMEOUT_S = 300.0
 
@@ -72,7 +75,8 @@ class MemorySample(BaseModel):
     queued_mb: float = 0.0
     """Disk snapshots of the prefix cache held in memory until a runner is idle."""
     idle: bool = False
-    """Taken once the node had been idle for IDLE_SETTLE_S (a runner turning idle hands freed memory back)."""
+    """Taken once the node had written its queued snapshots and been idle IDLE_SETTLE_S more (a runner turning idle
+    hands freed memory back)."""
 
 
 class SoakReport(BaseModel):
@@ -96,6 +100,9 @@ class SoakReport(BaseModel):
     session_reuse: SessionReuse | None = None
     idle_after_s: float | None
     """Seconds from the load's end until no task ran or waited (None: not within IDLE_TIMEOUT_S)."""
+    snapshots_written_after_s: float | None = None
+    """Seconds from the load's end until the prefix cache's queued disk snapshots were written (None: not within
+    SNAPSHOTS_TIMEOUT_S, or the node reports no prefix cache)."""
     log_errors: list[str]
     """The node's ERROR lines and tracebacks (only where this run started the node)."""
 
@@ -175,6 +182,7 @@ async def soak(node: SoakedNode, minutes: float, concurrency: int, seed: int) ->
         load_end = time.monotonic()
         idle_after_s = await _idle_after(client, load_end)
         memory += await _memory_sample(client, started)
+        written_after_s = await _snapshots_written_after(client, started, load_end)
         await asyncio.sleep(IDLE_SETTLE_S)
         memory += await _memory_sample(client, started, idle=True)
         probe_after = await _probe(client, base_url, model)
@@ -196,6 +204,7 @@ async def soak(node: SoakedNode, minutes: float, concurrency: int, seed: int) ->
         memory=memory,
         session_reuse=_session_reuse(outcomes),
         idle_after_s=idle_after_s,
+        snapshots_written_after_s=written_after_s,
         log_errors=_log_errors(log_path, log_start),
     )
 
@@ -240,6 +249,16 @@ async def _idle_after(client: httpx.AsyncClient, since: float) -> float | None:
             if sample.labels.get("status") in ("running", "queued")
         )
         if busy == 0:
+            return round(time.monotonic() - since, 2)
+        await asyncio.sleep(0.5)
+    return None
+
+
+async def _snapshots_written_after(client: httpx.AsyncClient, started: float, since: float) -> float | None:
+    """Seconds until the node's `/metrics` show no disk snapshot queued (None: not within SNAPSHOTS_TIMEOUT_S)."""
+    while time.monotonic() - since < SNAPSHOTS_TIMEOUT_S:
+        sample = await _memory_sample(client, started)
+        if sample and sample[0].queued_mb == 0:
             return round(time.monotonic() - since, 2)
         await asyncio.sleep(0.5)
     return None
@@ -327,18 +346,28 @@ def render(report: SoakReport) -> str:
         f"- Probe on the idle node (time to first token / whole reply, s): before {report.probe_before.ttft_s:.3f} / "
         f"{report.probe_before.total_s:.3f}, after {report.probe_after.ttft_s:.3f} / {report.probe_after.total_s:.3f}.",
         "- Idle again after the load: "
-        + (f"{report.idle_after_s:.2f} s." if report.idle_after_s is not None else f"not within {IDLE_TIMEOUT_S} s."),
+        + (f"{report.idle_after_s:.2f} s." if report.idle_after_s is not None else f"not within {IDLE_TIMEOUT_S} s.")
+        + " Its queued disk snapshots written: "
+        + (
+            f"{report.snapshots_written_after_s:.2f} s after the load."
+            if report.snapshots_written_after_s is not None
+            else f"not within {SNAPSHOTS_TIMEOUT_S:g} s."
+        ),
     ]
     loaded = [sample for sample in memory if not sample.idle]
     if loaded:
-        idle = [f", {sample.runner_rss_mb:.0f} after {IDLE_SETTLE_S:g} s idle" for sample in memory if sample.idle]
+        idle = [
+            f", {sample.runner_rss_mb:.0f} {IDLE_SETTLE_S:g} s after its snapshots were written"
+            for sample in memory
+            if sample.idle
+        ]
         lines.append(
             f"- Runner resident memory (MB): {loaded[0].runner_rss_mb:.0f} at minute {loaded[0].minute:g}, at most "
             f"{max(sample.runner_rss_mb for sample in loaded):.0f}, {loaded[-1].runner_rss_mb:.0f} at the load's end"
             + "".join(idle)
             + f"; the prefix cache at most {max(sample.prefix_cache_mb for sample in memory):.0f} in memory and "
             f"{max(sample.queued_mb for sample in memory):.0f} queued for disk"
-            + "".join(f", {sample.queued_mb:.0f} queued once idle" for sample in memory if sample.idle)
+            + "".join(f", {sample.queued_mb:.0f} queued at the end" for sample in memory if sample.idle)
             + "."
         )
     if (reuse := report.session_reuse) is not None:

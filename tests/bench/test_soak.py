@@ -191,6 +191,7 @@ def test_a_short_soak_on_a_fixture_model_passes_and_covers_every_kind(tmp_path: 
     assert set(report.kinds) == set(MIX)
     assert all(tally.sent >= 1 for tally in report.kinds.values())
     assert report.idle_after_s is not None
+    assert report.snapshots_written_after_s is not None
     assert report.memory
     assert all(sample.runner_rss_mb > 0 for sample in report.memory)
     assert max(sample.prefix_cache_mb for sample in report.memory) > 0  # from the node's /metrics

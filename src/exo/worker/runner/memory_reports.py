@@ -1,6 +1,6 @@
-"""A runner's own account of its memory (mlx's arrays and cache, the prefix cache's tiers), sent to its supervisor
-when it changed: as tasks end, so steady load that never lets the runner idle still shows, and after the runner turns
-idle, when freed buffers are released and queued snapshots written."""
+"""A runner's own account of its memory (mlx's arrays and cache, the prefix cache's tiers) for its supervisor: with
+each task's end, so steady load that never lets the runner idle still shows, and, when it changed, after the runner
+turns idle (freed buffers released, queued snapshots written) and as tasks leave a split model's other ranks."""
 
 from typing import TYPE_CHECKING
 
@@ -22,12 +22,17 @@ def runner_memory(prefix_cache: "PrefixCache | None") -> RunnerMemory:
 
 
 class MemoryReports:
-    """Sends `runner_memory` on `channel` when it differs from what was sent last."""
+    """`runner_memory` for a task's end, and sent on `channel` when it differs from what went out last."""
 
     def __init__(self, channel: RunnerChannel, prefix_cache: "PrefixCache | None") -> None:
         self._channel = channel
         self._prefix_cache = prefix_cache
         self._sent: RunnerMemory | None = None
+
+    def at_task_end(self) -> RunnerMemory:
+        """The memory now, for the step's task ends to carry (counted as sent)."""
+        self._sent = runner_memory(self._prefix_cache)
+        return self._sent
 
     def report(self) -> None:
         memory = runner_memory(self._prefix_cache)

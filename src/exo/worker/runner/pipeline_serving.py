@@ -94,11 +94,12 @@ def _serve_leader(
             continue
         turns.working()
         updates = leader.step()
-        # ggml's thread count goes with each task's end, as a single node's runner sends it (None without ggml).
-        ended = any(update.done for update in updates)
-        send_step(channel, updates, ggml_threads=current_ggml_threads() if ended else None)
-        if ended:
-            memory.report()
+        # ggml's thread count (None without ggml) and the runner's memory go with each task's end, as a single node's
+        # runner sends them.
+        if any(update.done for update in updates):
+            send_step(channel, updates, ggml_threads=current_ggml_threads(), memory=memory.at_task_end())
+        else:
+            send_step(channel, updates)
         if leader.broken is not None:
             return leader.broken
 

@@ -250,8 +250,8 @@ def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCo
                     meter.totals,
                     dict(scheduler.prefill_stats.by_prompts),
                     ggml_threads=current_ggml_threads(),
+                    memory=memory.at_task_end(),
                 )
-                memory.report()
             else:
                 sender.step(updates, quick_next=scheduler.active == scheduler.decoding)
 

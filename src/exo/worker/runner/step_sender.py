@@ -16,7 +16,7 @@ from typing import Final
 
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import TaskId
-from exo.shared.types.worker.runner_response import StepTimes
+from exo.shared.types.worker.runner_response import RunnerMemory, StepTimes
 from exo.worker.runner.channel import RunnerChannel
 from exo.worker.runner.task_replies import StepUpdate, send_step
 
@@ -62,6 +62,7 @@ class StepSender:
         step_times: dict[int, StepTimes] | None = None,
         prefill_pieces: dict[int, int] | None = None,
         ggml_threads: int | None = None,
+        memory: RunnerMemory | None = None,
         *,
         quick_next: bool = True,
     ) -> None:
@@ -76,12 +77,12 @@ class StepSender:
                 first = first or update.task_id not in self._streaming
         ending = any(update.done for update in updates)
         if ending or first or not quick_next or self._clock() - self._last_send >= self._window:
-            self._send(updates, step_times, prefill_pieces, ggml_threads)
+            self._send(updates, step_times, prefill_pieces, ggml_threads, memory)
 
     def flush(self) -> None:
         """Send every held chunk now (before another message, or before waiting for work)."""
         if self._held:
-            self._send([], None, None, None)
+            self._send([], None, None, None, None)
 
     def _send(
         self,
@@ -89,6 +90,7 @@ class StepSender:
         step_times: dict[int, StepTimes] | None,
         prefill_pieces: dict[int, int] | None,
         ggml_threads: int | None,
+        memory: RunnerMemory | None,
     ) -> None:
         done = {update.task_id for update in updates if update.done}
         gathered = [
@@ -105,4 +107,4 @@ class StepSender:
         self._streaming.difference_update(done)
         self._held.clear()
         self._last_send = self._clock()
-        send_step(self._channel, gathered, step_times, prefill_pieces, ggml_threads)
+        send_step(self._channel, gathered, step_times, prefill_pieces, ggml_threads=ggml_threads, memory=memory)

@@ -354,6 +354,8 @@ class RunnerSupervisor:
                     self.prefill_pieces = message.prefill_pieces
                 if message.ggml_threads is not None:
                     self.ggml_threads = message.ggml_threads
+                if message.memory is not None:
+                    self.memory = message.memory
                 finished = self._running.pop(task_id, None)
                 if finished is not None:
                     self._count_tokens(finished, tokens)

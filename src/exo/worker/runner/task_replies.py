@@ -6,7 +6,7 @@ from typing import Protocol
 
 from exo.shared.types.chunks import Chunk, Usage
 from exo.shared.types.common import TaskId
-from exo.shared.types.worker.runner_response import StepOutput, StepTimes, StreamChunks, TaskDone
+from exo.shared.types.worker.runner_response import RunnerMemory, StepOutput, StepTimes, StreamChunks, TaskDone
 from exo.worker.runner.channel import RunnerChannel
 
 logger = logging.getLogger(__name__)
@@ -33,12 +33,14 @@ def send_step(
     updates: Sequence[StepUpdate],
     step_times: dict[int, StepTimes] | None = None,
     prefill_pieces: dict[int, int] | None = None,
+    *,
     ggml_threads: int | None = None,
+    memory: RunnerMemory | None = None,
 ) -> None:
     """A step's updates as one message (nothing when the step produced nothing): every task's chunks, the last with
     its running token count, then the end of each task that finished. `step_times` (the host-overhead meter),
-    `prefill_pieces` (prompt pieces fed so far, by prompts fed together) and `ggml_threads` (ggml's thread count now)
-    go with each end."""
+    `prefill_pieces` (prompt pieces fed so far, by prompts fed together), `ggml_threads` (ggml's thread count now) and
+    `memory` (the runner's) go with each end."""
     streams = [
         StreamChunks(task_id=update.task_id, chunks=list(update.chunks), generated_tokens=update.generated_tokens)
         for update in updates
@@ -51,6 +53,7 @@ def send_step(
             step_times=step_times,
             prefill_pieces=prefill_pieces,
             ggml_threads=ggml_threads,
+            memory=memory,
         )
         for update in updates
         if update.done

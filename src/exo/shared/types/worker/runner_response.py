@@ -168,6 +168,30 @@ class TaskChunk(FrozenModel):
     generated_tokens: int | None = None
 
 
+class PrefixCacheUsage(FrozenModel):
+    """What a runner's prefix cache holds: its memory tier, the disk snapshots waiting in memory for an idle moment
+    to be written, and the disk tier."""
+
+    memory_bytes: int
+    memory_entries: int
+    queued_bytes: int = 0
+    """KV bytes of the disk snapshots not yet written, held in memory until the runner is idle (at most the memory
+    tier's budget; a snapshot the memory tier still keeps is counted in both)."""
+    disk_bytes: int = 0
+    disk_entries: int = 0
+
+
+class RunnerMemory(FrozenModel):
+    """What a runner holds in memory by its own accounts (the worker measures its resident size from outside)."""
+
+    mlx_active_bytes: int
+    """Bytes of arrays mlx holds (the weights mlx loaded, KV caches, a step's buffers; on a GPU its device memory)."""
+    mlx_cache_bytes: int
+    """Bytes mlx keeps of freed arrays for reuse (emptied as the runner turns idle)."""
+    prefix_cache: PrefixCacheUsage | None = None
+    """None where the runner keeps no prefix cache."""
+
+
 class TaskDone(FrozenModel):
     """The runner is free again after this task (its last chunk was a Finish or Error chunk)."""
 
@@ -186,6 +210,8 @@ class TaskDone(FrozenModel):
     ggml_threads: int | None = None
     """ggml's thread count when the task ended (`--cpu-weights q8_0` / `gguf` on a CPU: it follows the cores other
     processes leave); None where the runner runs no ggml products."""
+    memory: RunnerMemory | None = None
+    """The runner's memory when the task ended."""
 
 
 class StreamChunks(FrozenModel):
@@ -226,33 +252,9 @@ class MatmulPlanRefined(FrozenModel):
     report: MatmulPlanReport
 
 
-class PrefixCacheUsage(FrozenModel):
-    """What a runner's prefix cache holds: its memory tier, the disk snapshots waiting in memory for an idle moment
-    to be written, and the disk tier."""
-
-    memory_bytes: int
-    memory_entries: int
-    queued_bytes: int = 0
-    """KV bytes of the disk snapshots not yet written, held in memory until the runner is idle (at most the memory
-    tier's budget; a snapshot the memory tier still keeps is counted in both)."""
-    disk_bytes: int = 0
-    disk_entries: int = 0
-
-
-class RunnerMemory(FrozenModel):
-    """What a runner holds in memory by its own accounts (the worker measures its resident size from outside)."""
-
-    mlx_active_bytes: int
-    """Bytes of arrays mlx holds (the weights mlx loaded, KV caches, a step's buffers; on a GPU its device memory)."""
-    mlx_cache_bytes: int
-    """Bytes mlx keeps of freed arrays for reuse (emptied as the runner turns idle)."""
-    prefix_cache: PrefixCacheUsage | None = None
-    """None where the runner keeps no prefix cache."""
-
-
 class RunnerMemoryReport(FrozenModel):
-    """The runner's memory as tasks end, and once more after it turns idle (freed buffers released, snapshots
-    written): sent when it changed."""
+    """The runner's memory once it turns idle (freed buffers released, snapshots written), and a split model's
+    other ranks' as tasks leave them (rank 0's travels with its TaskDones): sent when it changed."""
 
     kind: Literal["memory"] = "memory"
     memory: RunnerMemory
