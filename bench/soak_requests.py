@@ -132,21 +132,57 @@ async def _chat_stream(client: httpx.AsyncClient, target: Target, rng: random.Ra
         "stream": True,
         "max_tokens": rng.choice([16, 48, 96]),
     }
+    reply = await _read_chat_stream(client, body)
+    _check_calls(reply.finish_reason, reply.arguments, tool_choice == "required")
+
+
+class _ChatReply(BaseModel):
+    """A streamed chat completion as its client puts it together."""
+
+    text: str
+    calls: list[dict[str, Any]]
+    """As the assistant message sends them back: id, type and function (name, arguments)."""
+    finish_reason: str | None
+    usage: dict[str, Any] | None
+    """The usage chunk, where `stream_options.include_usage` asked for it."""
+
+    @property
+    def arguments(self) -> list[str]:
+        return [call["function"]["arguments"] for call in self.calls]
+
+
+async def _read_chat_stream(client: httpx.AsyncClient, body: dict[str, Any]) -> _ChatReply:
+    """The stream read whole; no `[DONE]` at its end or an error event in it breaks the contract."""
     stream = await _sse_lines(client, "/v1/chat/completions", body)
     if not stream.endswith("data: [DONE]"):
         raise _ContractBrokenError(f"no [DONE] at the end: {stream[-200:]!r}")
-    arguments: dict[int, str] = {}
+    text: list[str] = []
+    calls: dict[int, dict[str, str]] = {}
     finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
     for chunk in _data(stream):
         if "error" in chunk:
             raise _ContractBrokenError(f"error in the stream: {chunk['error']}")
+        usage = chunk.get("usage") or usage
         for choice in chunk.get("choices", []):
             finish_reason = choice.get("finish_reason") or finish_reason
-            for call in (choice.get("delta") or {}).get("tool_calls") or []:
-                arguments[call["index"]] = arguments.get(call["index"], "") + call.get("function", {}).get(
-                    "arguments", ""
-                )
-    _check_calls(finish_reason, list(arguments.values()), tool_choice == "required")
+            delta = choice.get("delta") or {}
+            text.append(delta.get("content") or "")
+            for call in delta.get("tool_calls") or []:
+                held = calls.setdefault(call["index"], {"id": "", "name": "", "arguments": ""})
+                function = call.get("function") or {}
+                held["id"] = call.get("id") or held["id"]
+                held["name"] = function.get("name") or held["name"]
+                held["arguments"] += function.get("arguments") or ""
+    return _ChatReply(
+        text="".join(text),
+        calls=[
+            {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
+            for call in calls.values()
+        ],
+        finish_reason=finish_reason,
+        usage=usage,
+    )
 
 
 def _check_calls(finish_reason: str | None, arguments: list[str], required: bool) -> None:
@@ -303,57 +339,19 @@ AGENT_TASKS = (
 _TOOL_NAMES = frozenset(function["name"] for function in _FUNCTIONS)
 
 
-class _Turn(BaseModel):
-    text: str
-    calls: list[dict[str, Any]]
-    """As the assistant message sends them back: id, type and function (name, arguments)."""
-    finish_reason: str | None
-    prompt_tokens: int
-    cached_tokens: int
-
-
-async def _agent_turn(client: httpx.AsyncClient, body: dict[str, Any]) -> _Turn:
-    """One streamed turn, judged as `_chat_stream` judges its reply, and each call's id and name besides (a client
-    sends them back)."""
-    stream = await _sse_lines(client, "/v1/chat/completions", body)
-    if not stream.endswith("data: [DONE]"):
-        raise _ContractBrokenError(f"no [DONE] at the end: {stream[-200:]!r}")
-    text: list[str] = []
-    calls: dict[int, dict[str, Any]] = {}
-    finish_reason: str | None = None
-    usage: dict[str, Any] = {}
-    for chunk in _data(stream):
-        if "error" in chunk:
-            raise _ContractBrokenError(f"error in the stream: {chunk['error']}")
-        usage = chunk.get("usage") or usage
-        for choice in chunk.get("choices", []):
-            finish_reason = choice.get("finish_reason") or finish_reason
-            delta = choice.get("delta") or {}
-            text.append(delta.get("content") or "")
-            for call in delta.get("tool_calls") or []:
-                held = calls.setdefault(call["index"], {"id": "", "name": "", "arguments": ""})
-                held["id"] = call.get("id") or held["id"]
-                function = call.get("function") or {}
-                held["name"] = function.get("name") or held["name"]
-                held["arguments"] += function.get("arguments") or ""
-    _check_calls(finish_reason, [call["arguments"] for call in calls.values()], required=False)
-    ids = [call["id"] for call in calls.values()]
+async def _agent_turn(client: httpx.AsyncClient, body: dict[str, Any]) -> _ChatReply:
+    """One streamed turn, judged as `_chat_stream` judges its reply, and besides: each call's id (unique) and name (a
+    tool offered), which a client sends back, and the usage it asked for."""
+    reply = await _read_chat_stream(client, body)
+    _check_calls(reply.finish_reason, reply.arguments, required=False)
+    ids = [call["id"] for call in reply.calls]
     if any(not call_id for call_id in ids) or len(set(ids)) != len(ids):
         raise _ContractBrokenError(f"tool call ids missing or repeated: {ids}")
-    if names := {call["name"] for call in calls.values()} - _TOOL_NAMES:
+    if names := {call["function"]["name"] for call in reply.calls} - _TOOL_NAMES:
         raise _ContractBrokenError(f"tool calls to tools not offered: {sorted(names)}")
-    if not usage:
+    if reply.usage is None:
         raise _ContractBrokenError("no usage chunk though stream_options.include_usage was set")
-    return _Turn(
-        text="".join(text),
-        calls=[
-            {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
-            for call in calls.values()
-        ],
-        finish_reason=finish_reason,
-        prompt_tokens=usage["prompt_tokens"],
-        cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
-    )
+    return reply
 
 
 async def _agent_session(client: httpx.AsyncClient, target: Target, rng: random.Random) -> Outcome:
@@ -375,10 +373,10 @@ async def _agent_session(client: httpx.AsyncClient, target: Target, rng: random.
             "max_tokens": 64,
         }
         reply = await _agent_turn(client, body)
-        if turn > 0:
+        if turn > 0 and reply.usage is not None:
             outcome.later_turns += 1
-            outcome.later_prompt_tokens += reply.prompt_tokens
-            outcome.later_cached_tokens += reply.cached_tokens
+            outcome.later_prompt_tokens += reply.usage["prompt_tokens"]
+            outcome.later_cached_tokens += (reply.usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
         if reply.finish_reason == "length":
             break
         assistant: dict[str, Any] = {"role": "assistant", "content": reply.text}
