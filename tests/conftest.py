@@ -29,6 +29,7 @@ END_TO_END: tuple[str, ...] = (
     "api/test_hostile_requests.py",
     "api/test_long_prefill_streams.py",
     "api/test_read_timeouts.py",
+    "api/test_runner_memory_metrics.py",
     "api/test_security.py",
     "clients/test_*.py",
     "cluster/test_cluster_*.py",
@@ -42,6 +43,7 @@ END_TO_END: tuple[str, ...] = (
     "worker/runner/test_supervisor_dispatch.py",
     "worker/runner/test_idle_refinement.py",
     "worker/runner/test_model_description.py",
+    "worker/runner/test_memory_report.py",
 )
 
 

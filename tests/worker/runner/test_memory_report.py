@@ -6,7 +6,6 @@ stopped runner has no resident size."""
 from pathlib import Path
 
 import anyio
-import pytest
 
 from exo.shared.types.common import new_command_id, new_task_id
 from exo.shared.types.tasks import GenerationParams, GenerationTask, PromptMessage, SamplingParams
@@ -84,7 +83,6 @@ async def test_a_runner_reports_its_memory_as_a_task_ends_and_again_once_idle(tm
     assert supervisor.resident_bytes is None
 
 
-@pytest.mark.slow
 async def test_every_rank_of_a_pipeline_reports_its_memory_and_its_part_of_the_prefix_cache() -> None:
     async with running_ranks(fixture_model(DEEP_MODEL), pipeline_of([2, 2])) as supervisors:
         await run_task(supervisors[0], task("Hello!"))
