@@ -154,9 +154,9 @@ def _serve_follower(
             case BatchStep():
                 turns.working()
                 follower.apply(message)
-                if message.leaves and (threads := current_ggml_threads()) is not None:
-                    channel.send(GgmlThreadsReport(threads=threads))
-                if message.leaves:
+                if message.leaves:  # a task ended: what rank 0 sends with its TaskDones, this rank sends alone
+                    if (threads := current_ggml_threads()) is not None:
+                        channel.send(GgmlThreadsReport(threads=threads))
                     memory.report()
             case EndPipeline():
                 return None
