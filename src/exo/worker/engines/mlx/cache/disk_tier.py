@@ -78,6 +78,8 @@ class DiskMatch:
 class _Pending:
     tokens: tuple[int, ...]
     cache: PromptCache
+    nbytes: int
+    """The cache's KV bytes when queued: a queued cache is never extended (the memory tier leases out copies)."""
 
 
 class DiskTier:
@@ -158,20 +160,20 @@ class DiskTier:
         if len(held) < MIN_SNAPSHOT_TOKENS or any(entry.record.tokens == held for entry in self._entries.values()):
             return
         self._pending = [pending for pending in self._pending if pending.tokens != held[: len(pending.tokens)]]
-        self._pending.append(_Pending(held, cache))
+        self._pending.append(_Pending(held, cache, _kv_bytes(cache)))
         self._bound_queue()
 
     @property
     def queued_bytes(self) -> int:
         """Bytes of KV the snapshots waiting to be written hold (shared with the memory tier while it keeps them)."""
-        return sum(_kv_bytes(pending.cache) for pending in self._pending)
+        return sum(pending.nbytes for pending in self._pending)  # no mlx call: read at every task's end
 
     def _bound_queue(self) -> None:
         """Drop the oldest queued snapshots while the queue holds more than its budget (the newest too, alone over)."""
         queued = self.queued_bytes
         while self._pending and queued > self._queue_budget:
             dropped = self._pending.pop(0)
-            queued -= _kv_bytes(dropped.cache)
+            queued -= dropped.nbytes
             self.dropped_from_queue += 1
             logger.info(
                 "prefix cache: dropped a queued disk snapshot of %d tokens unwritten: the runner had no idle moment "
