@@ -8,9 +8,14 @@ corrupt, truncated or foreign snapshot costs a prefill, not wrong output. So is 
 snapshot's name, the tier removes it or, when even that fails, leaves it alone and never tries to read it again in
 this process. The directory is bounded by bytes, least recently used snapshots evicted first.
 
-Writes are queued by the generation and done by `write_pending` while the runner is idle, after the response went out.
-A queued snapshot holds its KV cache in memory until it is written, and a runner under steady load is never idle: the
-queue is bounded by bytes (`queue_budget_bytes`), its oldest snapshots dropped first (unwritten, as if they had been
+Writes are queued by the generation. With `background_writes`, the oldest queued snapshot's files are written by a
+thread of the tier's own while generation goes on (one at a time; mlx and hashlib release the interpreter's lock
+while they write and hash), so a runner under steady load still persists its sessions; the tier's bookkeeping stays
+on the runner's thread, which lands a finished write at its next `queue` or `write_pending`. Only caches whose every
+layer is a plain, evaluated KV cache go to the thread (their state is their buffers, no mlx work is left to run
+there); the others, and every snapshot without `background_writes`, are written by `write_pending` while the runner
+is idle, after the response went out. A queued snapshot holds its KV cache in memory until it is written: the queue
+is bounded by bytes (`queue_budget_bytes`), its oldest snapshots dropped first (unwritten, as if they had been
 evicted), so a node that serves for hours without a pause does not grow until it runs out of memory.
 """
 
@@ -20,6 +25,7 @@ import shutil
 import stat
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +34,7 @@ from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
 from exo.shared.types.common import FrozenModel
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, held_token_count, new_prompt_cache
+from exo.worker.engines.mlx.cache.owned_kv_cache import is_plain_kv_cache
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +89,27 @@ class _Pending:
     """The cache's KV bytes when queued: a queued cache is never extended (the memory tier leases out copies)."""
 
 
+@dataclass(frozen=True)
+class _InFlight:
+    """A snapshot whose files the writer thread is writing."""
+
+    key: str
+    pending: _Pending
+    done: "Future[SnapshotRecord | None]"
+
+
 class DiskTier:
     """The snapshots of one model (one rank's layers of it, on a split model) in `directory`, within `budget_bytes`."""
 
     def __init__(
-        self, directory: Path, budget_bytes: int, model_identity: str, model: nn.Module, *, queue_budget_bytes: int
+        self,
+        directory: Path,
+        budget_bytes: int,
+        model_identity: str,
+        model: nn.Module,
+        *,
+        queue_budget_bytes: int,
+        background_writes: bool = False,
     ) -> None:
         if budget_bytes <= 0:
             raise ValueError("a disk tier needs a positive byte budget")
@@ -100,6 +123,10 @@ class DiskTier:
         self._layer_types = tuple(type(layer).__name__ for layer in new_prompt_cache(model))
         self._entries: dict[str, _Entry] = {}
         self._pending: list[_Pending] = []
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="snapshot-writer") if background_writes else None
+        self._in_flight: _InFlight | None = None
+        self.written_in_background = 0
+        """Snapshots whose files the writer thread wrote."""
         directory.mkdir(parents=True, exist_ok=True)
         self._scan()
 
@@ -114,8 +141,8 @@ class DiskTier:
 
     @property
     def pending(self) -> bool:
-        """Snapshots are queued for writing."""
-        return bool(self._pending)
+        """Snapshots are queued for writing (or being written by the writer thread)."""
+        return bool(self._pending) or self._in_flight is not None
 
     def best_match(self, prompt: Sequence[int]) -> DiskMatch | None:
         """The snapshot sharing the longest prefix with `prompt` (None when none shares a token)."""
@@ -159,14 +186,18 @@ class DiskTier:
         held = tuple(tokens)
         if len(held) < MIN_SNAPSHOT_TOKENS or any(entry.record.tokens == held for entry in self._entries.values()):
             return
+        if self._in_flight is not None and self._in_flight.pending.tokens == held:
+            return
         self._pending = [pending for pending in self._pending if pending.tokens != held[: len(pending.tokens)]]
         self._pending.append(_Pending(held, cache, _kv_bytes(cache)))
         self._bound_queue()
+        self.advance_background_writes()
 
     @property
     def queued_bytes(self) -> int:
         """Bytes of KV the snapshots waiting to be written hold (shared with the memory tier while it keeps them)."""
-        return sum(pending.nbytes for pending in self._pending)  # no mlx call: read at every task's end
+        in_flight = self._in_flight.pending.nbytes if self._in_flight is not None else 0
+        return in_flight + sum(pending.nbytes for pending in self._pending)  # no mlx call: read at every task's end
 
     def _bound_queue(self) -> None:
         """Drop the oldest queued snapshots while the queue holds more than its budget (the newest too, alone over)."""
@@ -185,34 +216,80 @@ class DiskTier:
 
     def write_pending(self, *, newest: bool = False) -> None:
         """Write the oldest (or `newest`: the latest session's, as a stopping runner does) queued snapshot (seconds
-        for a long prompt's cache): call while nothing else runs."""
+        for a long prompt's cache): call while nothing else runs. A write under way on the writer thread is waited
+        for and landed first."""
+        self._land_background(wait=True)
         if not self._pending:
             return
         pending = self._pending.pop(-1 if newest else 0)
-        key = hashlib.sha256(f"{self._identity}:{pending.tokens}".encode()).hexdigest()[:32]
-        data_path = self._data_path(key)
-        partial = self._directory / f"{key}.partial.safetensors"  # mlx adds the suffix when a name lacks it
-        # Whatever sits under these names is no snapshot of ours (queue() skips prompts already on disk).
-        _remove(partial)
-        _remove(data_path)
+        key = self._clear_names(pending)
         try:
-            save_prompt_cache(str(partial), pending.cache, {"model_identity": self._identity})
-            partial.replace(data_path)
-            record = SnapshotRecord(
-                model_identity=self._identity,
-                tokens=pending.tokens,
-                nbytes=data_path.stat().st_size,
-                sha256=_file_sha256(data_path),
-                layer_types=self._layer_types,
-            )
-            if record.nbytes > self._budget:
-                data_path.unlink()
-                return
-            self._record_path(key).write_text(record.model_dump_json())
+            record = self._write_files(key, pending)
         except (OSError, RuntimeError, ValueError) as error:  # mlx reports a failed write as RuntimeError
-            logger.warning("prefix cache: cannot write a disk snapshot to %s: %s", self._directory, error)
-            _remove(partial)
-            self._delete(key)
+            self._write_failed(key, error)
+            return
+        self._land(key, pending, record)
+
+    def advance_background_writes(self) -> None:
+        """Land a finished background write, then hand the oldest queued snapshot to the writer thread when it is
+        free and that cache can be written off this thread."""
+        self._land_background(wait=False)
+        if self._writer is None or self._in_flight is not None or not self._pending:
+            return
+        if not all(is_plain_kv_cache(layer) for layer in self._pending[0].cache):
+            return  # its state may still be mlx work to run: written while idle, on this thread
+        pending = self._pending.pop(0)
+        key = self._clear_names(pending)
+        self._in_flight = _InFlight(key, pending, self._writer.submit(self._write_files, key, pending))
+
+    def _land_background(self, *, wait: bool) -> None:
+        in_flight = self._in_flight
+        if in_flight is None or not (wait or in_flight.done.done()):
+            return
+        self._in_flight = None
+        try:
+            record = in_flight.done.result()
+        except (OSError, RuntimeError, ValueError) as error:
+            self._write_failed(in_flight.key, error)
+            return
+        self.written_in_background += 1
+        self._land(in_flight.key, in_flight.pending, record)
+
+    def _clear_names(self, pending: _Pending) -> str:
+        """The snapshot's key, with whatever sits under its files' names removed: no snapshot of ours (queue() skips
+        prompts already on disk)."""
+        key = hashlib.sha256(f"{self._identity}:{pending.tokens}".encode()).hexdigest()[:32]
+        _remove(self._partial_path(key))
+        _remove(self._data_path(key))
+        return key
+
+    def _write_files(self, key: str, pending: _Pending) -> SnapshotRecord | None:
+        """Write the snapshot's data and sidecar (None when it is over the whole budget): touches only its own
+        files, so it runs on the writer thread too."""
+        partial = self._partial_path(key)
+        data_path = self._data_path(key)
+        save_prompt_cache(str(partial), pending.cache, {"model_identity": self._identity})
+        partial.replace(data_path)
+        record = SnapshotRecord(
+            model_identity=self._identity,
+            tokens=pending.tokens,
+            nbytes=data_path.stat().st_size,
+            sha256=_file_sha256(data_path),
+            layer_types=self._layer_types,
+        )
+        if record.nbytes > self._budget:
+            data_path.unlink()
+            return None
+        self._record_path(key).write_text(record.model_dump_json())
+        return record
+
+    def _write_failed(self, key: str, error: Exception) -> None:
+        logger.warning("prefix cache: cannot write a disk snapshot to %s: %s", self._directory, error)
+        _remove(self._partial_path(key))
+        self._delete(key)
+
+    def _land(self, key: str, pending: _Pending, record: SnapshotRecord | None) -> None:
+        if record is None:
             return
         # A snapshot this one extends holds nothing this one does not.
         for entry in list(self._entries.values()):
@@ -286,6 +363,9 @@ class DiskTier:
 
     def _data_path(self, key: str) -> Path:
         return self._directory / f"{key}.safetensors"
+
+    def _partial_path(self, key: str) -> Path:
+        return self._directory / f"{key}.partial.safetensors"  # mlx adds the suffix when a name lacks it
 
     def _record_path(self, key: str) -> Path:
         return self._directory / f"{key}.json"

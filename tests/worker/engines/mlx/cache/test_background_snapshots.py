@@ -1,0 +1,144 @@
+"""Disk snapshots written by the tier's writer thread while generation goes on: a runner that is never idle still
+persists its sessions, one write at a time, with the same files, outputs and bookkeeping as an idle write."""
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from mlx import nn
+
+from exo.worker.engines.mlx.cache import PrefixCache
+from exo.worker.engines.mlx.cache import disk_tier as disk_tier_module
+from exo.worker.engines.mlx.cache.disk_tier import MIN_SNAPSHOT_TOKENS, DiskTier
+from tests.worker.engines.mlx.cache.conftest import greedy_uncached, random_tokens, run_turn
+
+UNLIMITED = 1 << 40
+NEW_TOKENS = 8
+IDENTITY = "tiny-qwen2-hidden64-layers2"
+SYSTEM_PROMPT = random_tokens(MIN_SNAPSHOT_TOKENS + 40, seed=900)
+
+
+def _session_prompt(session: int) -> list[int]:
+    return [*SYSTEM_PROMPT, *random_tokens(30, seed=910 + session)]
+
+
+def _background_disk(directory: Path, model: nn.Module) -> DiskTier:
+    return DiskTier(directory, UNLIMITED, IDENTITY, model, queue_budget_bytes=UNLIMITED, background_writes=True)
+
+
+def _settle(disk: DiskTier, seconds: float = 30.0) -> None:
+    """Land background writes as the runner does at its next task end, until none is queued or under way."""
+    deadline = time.monotonic() + seconds
+    while disk.pending:
+        assert time.monotonic() < deadline, "the writer thread did not finish"
+        disk.advance_background_writes()
+        time.sleep(0.01)
+
+
+class _HeldSave:
+    """mlx-lm's save, held until released, so a write stays under way as long as a test needs; records its thread."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.threads: list[str] = []
+        self._save = disk_tier_module.save_prompt_cache
+
+    def __call__(self, *arguments: object, **keywords: object) -> None:
+        self.threads.append(threading.current_thread().name)
+        assert self.release.wait(30)
+        self._save(*arguments, **keywords)  # pyright: ignore[reportArgumentType]
+
+
+@pytest.fixture
+def held_save(monkeypatch: pytest.MonkeyPatch) -> _HeldSave:
+    held = _HeldSave()
+    monkeypatch.setattr(disk_tier_module, "save_prompt_cache", held)
+    return held
+
+
+def test_a_snapshot_is_written_without_an_idle_moment_and_serves_a_restart(
+    tiny_model: nn.Module, tmp_path: Path
+) -> None:
+    disk = _background_disk(tmp_path, tiny_model)
+    before = PrefixCache(tiny_model, UNLIMITED, disk)
+    run_turn(before, tiny_model, _session_prompt(1), NEW_TOKENS)
+    # Generation goes on beside the write (the runner never calls write_pending here) with unchanged output.
+    other = random_tokens(40, seed=990)
+    assert run_turn(before, tiny_model, other, NEW_TOKENS)[0] == greedy_uncached(tiny_model, other, NEW_TOKENS)
+    _settle(disk)
+
+    assert disk.written_in_background == 1
+    assert disk.entries == 1
+    assert disk.queued_bytes == 0
+    assert not list(tmp_path.glob("*.partial.safetensors"))
+    restarted = PrefixCache(tiny_model, UNLIMITED, _background_disk(tmp_path, tiny_model))
+    generated, lease = run_turn(restarted, tiny_model, _session_prompt(2), NEW_TOKENS)
+    assert lease.disk_cached_tokens == len(SYSTEM_PROMPT)
+    assert generated == greedy_uncached(tiny_model, _session_prompt(2), NEW_TOKENS)
+
+
+def test_one_write_at_a_time_on_the_writer_thread_its_bytes_counted_until_it_lands(
+    tiny_model: nn.Module, tmp_path: Path, held_save: _HeldSave
+) -> None:
+    disk = _background_disk(tmp_path, tiny_model)
+    prefix_cache = PrefixCache(tiny_model, UNLIMITED, disk)
+    run_turn(prefix_cache, tiny_model, _session_prompt(1), NEW_TOKENS)
+    first_bytes = disk.queued_bytes
+    run_turn(prefix_cache, tiny_model, random_tokens(MIN_SNAPSHOT_TOKENS + 10, seed=995), NEW_TOKENS)
+
+    deadline = time.monotonic() + 10
+    while not held_save.threads:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert held_save.threads == ["snapshot-writer_0"]  # one write under way, on the tier's thread
+    assert first_bytes > 0
+    assert disk.queued_bytes > first_bytes  # the one under way and the one waiting, both still in memory
+    assert disk.entries == 0
+
+    held_save.release.set()
+    _settle(disk)
+    assert held_save.threads == ["snapshot-writer_0", "snapshot-writer_0"]
+    assert disk.written_in_background == 2
+    assert disk.entries == 2
+    assert disk.queued_bytes == 0
+
+
+def test_an_idle_or_stopping_write_waits_for_the_one_under_way(
+    tiny_model: nn.Module, tmp_path: Path, held_save: _HeldSave
+) -> None:
+    disk = _background_disk(tmp_path, tiny_model)
+    prefix_cache = PrefixCache(tiny_model, UNLIMITED, disk)
+    run_turn(prefix_cache, tiny_model, _session_prompt(1), NEW_TOKENS)
+    threading.Timer(0.2, held_save.release.set).start()
+
+    prefix_cache.write_pending_snapshot(newest=True)  # as a stopping runner does
+
+    assert not prefix_cache.snapshots_pending
+    assert disk.written_in_background == 1
+    assert len(list(tmp_path.glob("*.json"))) == 1
+
+
+def test_a_failed_background_write_is_logged_and_leaves_nothing(
+    tiny_model: nn.Module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def failing_save(*_arguments: object, **_keywords: object) -> None:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(disk_tier_module, "save_prompt_cache", failing_save)
+    disk = _background_disk(tmp_path, tiny_model)
+    prefix_cache = PrefixCache(tiny_model, UNLIMITED, disk)
+    with caplog.at_level(logging.WARNING):
+        run_turn(prefix_cache, tiny_model, _session_prompt(1), NEW_TOKENS)
+        _settle(disk)
+
+    assert "cannot write a disk snapshot" in caplog.text
+    assert "disk full" in caplog.text
+    assert disk.entries == 0
+    assert disk.written_in_background == 0
+    assert not list(tmp_path.iterdir())
+    # The memory tier still serves the next session.
+    generated, lease = run_turn(prefix_cache, tiny_model, _session_prompt(2), NEW_TOKENS)
+    assert lease.cached_tokens == len(SYSTEM_PROMPT)
+    assert generated == greedy_uncached(tiny_model, _session_prompt(2), NEW_TOKENS)

@@ -1,0 +1,101 @@
+"""A runner that is never idle still writes its sessions' disk snapshots: the write runs beside the decoding of the
+other requests, which answer as they do without a disk tier, and a restarted runner is served from that snapshot."""
+
+from pathlib import Path
+
+import anyio
+
+from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk
+from exo.shared.types.common import new_command_id, new_task_id
+from exo.shared.types.tasks import GenerationParams, GenerationTask, PromptMessage, SamplingParams, StructuredOutput
+from exo.worker.runner.runner_config import RunnerConfig
+from exo.worker.runner.supervisor import RunnerSupervisor
+from tests.exo_server import fixture_model
+from tests.worker.runner.tasks import MODEL, collect, running_supervisor
+
+SYSTEM_PROMPT = "You are a careful coding agent. Follow the rules of the repository. " * 30
+LONG_NOTE_SCHEMA = {
+    "type": "object",
+    "properties": {"note": {"type": "string", "minLength": 1500}},
+    "required": ["note"],
+}
+TOKENS_STILL_TO_COME = 100
+"""The snapshot must be on disk while at least this many of the long request's chunks were yet to arrive: written
+only when idle, it could not be before that request ended."""
+
+
+def _session_task(question: str) -> GenerationTask:
+    messages = (PromptMessage(role="system", content=SYSTEM_PROMPT), PromptMessage(role="user", content=question))
+    return GenerationTask(
+        task_id=new_task_id(),
+        command_id=new_command_id(),
+        model_id=MODEL,
+        params=GenerationParams(messages=messages, sampling=SamplingParams(max_tokens=16)),
+    )
+
+
+def _long_task() -> GenerationTask:
+    """Hundreds of tokens, whatever the tiny model would rather say: the grammar asks for a 1,500-character note."""
+    return GenerationTask(
+        task_id=new_task_id(),
+        command_id=new_command_id(),
+        model_id=MODEL,
+        params=GenerationParams(
+            messages=(PromptMessage(role="user", content="Write a long note about the weather."),),
+            sampling=SamplingParams(max_tokens=1200),
+            structured_output=StructuredOutput(json_schema=LONG_NOTE_SCHEMA),  # pyright: ignore[reportArgumentType]
+        ),
+    )
+
+
+def _config(home: Path | None) -> RunnerConfig:
+    return RunnerConfig(
+        model_id=MODEL,
+        model_path=fixture_model(MODEL),
+        prefix_cache_bytes=1 << 28 if home else 0,
+        prefix_cache_dir=home,
+        prefix_cache_disk_bytes=1 << 30 if home else 0,
+    )
+
+
+def _snapshot_written(home: Path) -> bool:
+    return bool(list(home.glob("*/*.json")))
+
+
+async def _long_beside_a_session(supervisor: RunnerSupervisor, home: Path | None) -> tuple[list[Chunk], list[bool]]:
+    """The long request's chunks, and for each whether the session's snapshot was on disk when it arrived."""
+    session = supervisor.submit(_session_task("How do I run the linter?"))
+    long_stream = supervisor.submit(_long_task())
+    chunks: list[Chunk] = []
+    written: list[bool] = []
+    async with anyio.create_task_group() as group:
+        group.start_soon(collect, session)
+        async with long_stream:
+            async for chunk in long_stream:
+                chunks.append(chunk)
+                written.append(home is not None and _snapshot_written(home))
+    return chunks, written
+
+
+def _text(chunks: list[Chunk]) -> str:
+    return "".join(chunk.text for chunk in chunks if isinstance(chunk, TokenChunk))
+
+
+async def test_a_snapshot_is_written_while_other_requests_decode_and_serves_a_restart(tmp_path: Path) -> None:
+    async with running_supervisor(config=_config(None)) as supervisor:
+        without_disk, _ = await _long_beside_a_session(supervisor, None)
+    async with running_supervisor(config=_config(tmp_path)) as supervisor:
+        with_disk, written = await _long_beside_a_session(supervisor, tmp_path)
+
+    token_chunks = [index for index, chunk in enumerate(with_disk) if isinstance(chunk, TokenChunk)]
+    assert len(token_chunks) > 2 * TOKENS_STILL_TO_COME, "the long request must outlast the session's write"
+    assert any(written[index] for index in token_chunks[:-TOKENS_STILL_TO_COME])
+    finish = with_disk[-1]
+    assert isinstance(finish, FinishChunk)
+    assert _text(with_disk) == _text(without_disk)  # decoding beside the write is unchanged
+
+    async with running_supervisor(config=_config(tmp_path)) as supervisor:
+        restarted = await collect(supervisor.submit(_session_task("Which file holds the tests?")))
+    restarted_finish = restarted[-1]
+    assert isinstance(restarted_finish, FinishChunk)
+    assert restarted_finish.usage.disk_cached_tokens > 200  # the system prompt, read from disk
