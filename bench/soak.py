@@ -73,7 +73,9 @@ class MemorySample(BaseModel):
     prefix_cache_mb: float = 0.0
     """The prefix cache's memory tier."""
     queued_mb: float = 0.0
-    """Disk snapshots of the prefix cache held in memory until a runner is idle."""
+    """Disk snapshots of the prefix cache held in memory until they are written."""
+    disk_mb: float = 0.0
+    """The prefix cache's snapshots on disk (written beside the load or once idle)."""
     idle: bool = False
     """Taken once the node had written its queued snapshots and been idle IDLE_SETTLE_S more (a runner turning idle
     hands freed memory back)."""
@@ -281,6 +283,7 @@ async def _memory_sample(client: httpx.AsyncClient, started: float, *, idle: boo
             runner_rss_mb=_megabytes(resident),
             prefix_cache_mb=_megabytes(totals.get(("exo_prefix_cache_bytes", "memory"), 0.0)),
             queued_mb=_megabytes(totals.get(("exo_prefix_cache_bytes", "queued"), 0.0)),
+            disk_mb=_megabytes(totals.get(("exo_prefix_cache_bytes", "disk"), 0.0)),
             idle=idle,
         )
     ]
@@ -368,6 +371,8 @@ def render(report: SoakReport) -> str:
             + f"; the prefix cache at most {max(sample.prefix_cache_mb for sample in memory):.0f} in memory and "
             f"{max(sample.queued_mb for sample in memory):.0f} queued for disk"
             + "".join(f", {sample.queued_mb:.0f} queued at the end" for sample in memory if sample.idle)
+            + f"; on disk {loaded[-1].disk_mb:.0f} at the load's end"
+            + "".join(f", {sample.disk_mb:.0f} once idle" for sample in memory if sample.idle)
             + "."
         )
     if (reuse := report.session_reuse) is not None:

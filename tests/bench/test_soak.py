@@ -195,7 +195,8 @@ def test_a_short_soak_on_a_fixture_model_passes_and_covers_every_kind(tmp_path: 
     assert report.memory
     assert all(sample.runner_rss_mb > 0 for sample in report.memory)
     assert max(sample.prefix_cache_mb for sample in report.memory) > 0  # from the node's /metrics
-    assert [sample.queued_mb for sample in report.memory if sample.idle] == [0]  # written once the runner idled
+    assert [sample.queued_mb for sample in report.memory if sample.idle] == [0]  # all written in the end
+    assert [sample.disk_mb > 0 for sample in report.memory if sample.idle] == [True]  # and on disk
     # Agent sessions' later turns reuse the earlier ones' KV (and the shared system prompt).
     assert report.session_reuse is not None
     assert report.session_reuse.cached_tokens > report.session_reuse.prompt_tokens / 2

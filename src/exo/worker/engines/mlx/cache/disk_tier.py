@@ -207,8 +207,8 @@ class DiskTier:
             queued -= dropped.nbytes
             self.dropped_from_queue += 1
             logger.info(
-                "prefix cache: dropped a queued disk snapshot of %d tokens unwritten: the runner had no idle moment "
-                "to write it and the queue is over its %.2f GB (%d dropped so far)",
+                "prefix cache: dropped a queued disk snapshot of %d tokens unwritten: sessions end faster than they "
+                "are written and the queue is over its %.2f GB (%d dropped so far)",
                 len(dropped.tokens),
                 self._queue_budget / 1024**3,
                 self.dropped_from_queue,
@@ -249,7 +249,7 @@ class DiskTier:
         self._in_flight = None
         try:
             record = in_flight.done.result()
-        except (OSError, RuntimeError, ValueError) as error:
+        except Exception as error:  # landed at a task's end: a failed snapshot costs a later prefill, never a request
             self._write_failed(in_flight.key, error)
             return
         self.written_in_background += 1
