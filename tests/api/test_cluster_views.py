@@ -123,7 +123,15 @@ def test_prometheus_carries_ggml_threads_where_a_runner_reported_them() -> None:
 
 
 def test_prometheus_carries_each_runners_memory_where_it_was_reported() -> None:
-    usage = PrefixCacheUsage(memory_bytes=300, memory_entries=2, queued_bytes=100, disk_bytes=900, disk_entries=3)
+    usage = PrefixCacheUsage(
+        memory_bytes=300,
+        memory_entries=2,
+        queued_bytes=100,
+        disk_bytes=900,
+        disk_entries=3,
+        snapshots_written=7,
+        snapshots_dropped=2,
+    )
     memory = RunnerMemory(mlx_active_bytes=5000, mlx_cache_bytes=70, prefix_cache=usage)
     on_a = runner("ra", NODE_A).model_copy(update={"resident_bytes": 8000, "memory": memory})
     without_cache = RunnerMemory(mlx_active_bytes=4000, mlx_cache_bytes=0)
@@ -152,3 +160,8 @@ def test_prometheus_carries_each_runners_memory_where_it_was_reported() -> None:
         ("exo_prefix_cache_entries", "ra", "memory"): 2.0,
         ("exo_prefix_cache_entries", "ra", "disk"): 3.0,
     }
+    outcomes = {
+        (sample.labels["runner_id"], sample.labels["outcome"]): sample.value
+        for sample in families["exo_prefix_cache_snapshots"].samples
+    }
+    assert outcomes == {("ra", "written"): 7.0, ("ra", "dropped"): 2.0}

@@ -30,7 +30,7 @@ def _memory_series(base_url: str) -> dict[tuple[str, str], float]:
         for sample in family.samples:
             memory = sample.name.startswith(("exo_runner_", "exo_prefix_cache_"))
             if memory and sample.labels["model"] == MODEL:
-                series[(sample.name, sample.labels.get("tier", ""))] = sample.value
+                series[(sample.name, sample.labels.get("tier", sample.labels.get("outcome", "")))] = sample.value
     return series
 
 
@@ -43,7 +43,7 @@ def test_metrics_show_the_runners_memory_and_its_prefix_cache_tiers(server: ExoS
     )
     assert response.status_code == 200, response.text
 
-    deadline = time.monotonic() + 30  # the snapshot is written once the runner is idle, then reported
+    deadline = time.monotonic() + 30  # the snapshot is written beside the runner's loop, then reported
     series = _memory_series(server.base_url)
     while series.get(("exo_prefix_cache_entries", "disk")) != 1 and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -54,6 +54,8 @@ def test_metrics_show_the_runners_memory_and_its_prefix_cache_tiers(server: ExoS
     assert series[("exo_prefix_cache_bytes", "memory")] > 0
     assert series[("exo_prefix_cache_bytes", "disk")] > 0
     assert series[("exo_prefix_cache_bytes", "queued")] == 0
+    assert series[("exo_prefix_cache_snapshots_total", "written")] == 1
+    assert series[("exo_prefix_cache_snapshots_total", "dropped")] == 0
     assert series[("exo_runner_mlx_active_bytes", "")] > 0
     assert series[("exo_runner_resident_bytes", "")] > series[("exo_runner_mlx_active_bytes", "")]
     runner = next(iter(httpx.get(f"{server.base_url}/state", timeout=10).json()["runners"].values()))

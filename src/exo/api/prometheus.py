@@ -127,12 +127,18 @@ class _StateCollector:
         )
         prefix_bytes = GaugeMetricFamily(
             "exo_prefix_cache_bytes",
-            "KV bytes the prefix cache holds, by tier: memory, queued (disk snapshots held in memory until the runner "
-            "is idle; one the memory tier still keeps counts in both) and disk",
+            "KV bytes the prefix cache holds, by tier: memory, queued (disk snapshots held in memory until they are "
+            "written; one the memory tier still keeps counts in both) and disk",
             labels=[*labels, "tier"],
         )
         prefix_entries = GaugeMetricFamily(
             "exo_prefix_cache_entries", "Prompt caches the prefix cache holds, by tier", labels=[*labels, "tier"]
+        )
+        snapshots = CounterMetricFamily(
+            "exo_prefix_cache_snapshots",
+            "Disk snapshots since the runner started, by outcome: written, or dropped unwritten from a full queue "
+            "(sessions ending faster than they are written)",
+            labels=[*labels, "outcome"],
         )
         for runner in sorted(self._state.runners.values(), key=lambda runner: runner.runner_id):
             values = [self._cluster, runner.node_id, runner.model_id, runner.runner_id]
@@ -148,7 +154,9 @@ class _StateCollector:
                 prefix_bytes.add_metric([*values, "disk"], usage.disk_bytes)
                 prefix_entries.add_metric([*values, "memory"], usage.memory_entries)
                 prefix_entries.add_metric([*values, "disk"], usage.disk_entries)
-        yield from (resident, active, cached, prefix_bytes, prefix_entries)
+                snapshots.add_metric([*values, "written"], usage.snapshots_written)
+                snapshots.add_metric([*values, "dropped"], usage.snapshots_dropped)
+        yield from (resident, active, cached, prefix_bytes, prefix_entries, snapshots)
 
     def _step_metrics(self) -> Iterator[Metric]:
         """The host-overhead meter: decode-step time totals by requests decoding in the step, so a rate over a

@@ -169,16 +169,21 @@ class TaskChunk(FrozenModel):
 
 
 class PrefixCacheUsage(FrozenModel):
-    """What a runner's prefix cache holds: its memory tier, the disk snapshots waiting in memory for an idle moment
-    to be written, and the disk tier."""
+    """What a runner's prefix cache holds: its memory tier, the disk snapshots waiting in memory to be written, and
+    the disk tier."""
 
     memory_bytes: int
     memory_entries: int
     queued_bytes: int = 0
-    """KV bytes of the disk snapshots not yet written, held in memory until the runner is idle (at most the memory
-    tier's budget; a snapshot the memory tier still keeps is counted in both)."""
+    """KV bytes of the disk snapshots not yet written (the one being written included), held in memory until they
+    are (at most the memory tier's budget; a snapshot the memory tier still keeps is counted in both)."""
     disk_bytes: int = 0
     disk_entries: int = 0
+    snapshots_written: int = 0
+    """Disk snapshots written since the runner started."""
+    snapshots_dropped: int = 0
+    """Disk snapshots dropped from a full queue unwritten since the runner started: sessions ended faster than
+    they could be written."""
 
 
 class RunnerMemory(FrozenModel):

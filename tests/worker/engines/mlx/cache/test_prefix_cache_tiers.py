@@ -92,7 +92,9 @@ def test_snapshots_waiting_for_an_idle_moment_hold_no_more_than_their_budget(
         assert busy.disk_queued_bytes <= session_bytes * 5 // 2
 
     assert disk.dropped_from_queue == 4
+    assert busy.usage().snapshots_dropped == 4
     _write_all(busy)
+    assert busy.usage().snapshots_written == 2
     # The newest two sessions reached the disk; the oldest were dropped unwritten.
     restarted = PrefixCache(tiny_model, UNLIMITED, _disk(tmp_path / "tier", tiny_model))
     for session, on_disk in ((1, False), (4, False), (5, True), (6, True)):

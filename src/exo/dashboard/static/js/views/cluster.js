@@ -56,7 +56,7 @@ function nodeCard(node, state) {
   node.preparing.length ? h("p", { class: "muted" }, `resolving ${node.preparing.join(", ")}`) : null);
 }
 
-// What a runner's prefix cache holds: in memory, queued for disk (held in memory until the runner is idle), on disk.
+// What a runner's prefix cache holds: in memory, queued for disk (held in memory until written), on disk.
 function prefixCache(usage) {
   if (!usage) return "";
   const queued = usage.queued_bytes ? `, ${bytes(usage.queued_bytes)} queued` : "";

@@ -108,6 +108,8 @@ class PrefixCache:
             queued_bytes=self.disk_queued_bytes,
             disk_bytes=self._disk.nbytes if self._disk is not None else 0,
             disk_entries=self._disk.entries if self._disk is not None else 0,
+            snapshots_written=self._disk.written if self._disk is not None else 0,
+            snapshots_dropped=self._disk.dropped_from_queue if self._disk is not None else 0,
         )
 
     def write_pending_snapshot(self, *, newest: bool = False) -> None:
