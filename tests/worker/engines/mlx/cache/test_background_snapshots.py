@@ -152,3 +152,29 @@ def test_a_failed_background_write_is_logged_and_leaves_nothing(
     generated, lease = run_turn(prefix_cache, tiny_model, _session_prompt(2), NEW_TOKENS)
     assert lease.cached_tokens == len(SYSTEM_PROMPT)
     assert generated == greedy_uncached(tiny_model, _session_prompt(2), NEW_TOKENS)
+
+
+def test_a_short_prompts_end_lands_a_finished_write_and_starts_the_next(
+    tiny_model: nn.Module, tmp_path: Path, held_save: _HeldSave
+) -> None:
+    """Under a load of short requests (none long enough to snapshot) the writes still move on at each task's end."""
+    disk = _background_disk(tmp_path, tiny_model)
+    prefix_cache = PrefixCache(tiny_model, UNLIMITED, disk)
+    run_turn(prefix_cache, tiny_model, _session_prompt(1), NEW_TOKENS)
+    run_turn(prefix_cache, tiny_model, random_tokens(MIN_SNAPSHOT_TOKENS + 10, seed=996), NEW_TOKENS)
+    held_save.release.set()
+    deadline = time.monotonic() + 10
+    while len(list(tmp_path.glob("*.json"))) < 1:  # the first write's files are done; it is not landed yet
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert disk.entries == 0
+
+    short = random_tokens(20, seed=997)
+    assert run_turn(prefix_cache, tiny_model, short, NEW_TOKENS)[0] == greedy_uncached(tiny_model, short, NEW_TOKENS)
+
+    assert disk.entries == 1  # landed at the short task's end
+    deadline = time.monotonic() + 10
+    while len(held_save.threads) < 2:  # and the second write started there (nothing else would start it)
+        assert time.monotonic() < deadline
+        time.sleep(0.01)

@@ -191,16 +191,20 @@ class DiskTier:
         return cache, entry.record.tokens
 
     def queue(self, tokens: Sequence[int], cache: PromptCache) -> None:
-        """Queue a snapshot of `cache`, which holds `tokens`; a queued one it extends is replaced."""
+        """Queue a snapshot of `cache`, which holds `tokens`; a queued one it extends is replaced. A short prompt's
+        cache is not queued, but its task's end still lands a finished background write and starts the next."""
         held = tuple(tokens)
-        if len(held) < MIN_SNAPSHOT_TOKENS or any(entry.record.tokens == held for entry in self._entries.values()):
-            return
-        if self._in_flight is not None and self._in_flight.pending.tokens == held:
-            return
-        self._pending = [pending for pending in self._pending if pending.tokens != held[: len(pending.tokens)]]
-        self._pending.append(_Pending(held, cache, _kv_bytes(cache)))
-        self._bound_queue()
+        if len(held) >= MIN_SNAPSHOT_TOKENS and not self._holds(held):
+            self._pending = [pending for pending in self._pending if pending.tokens != held[: len(pending.tokens)]]
+            self._pending.append(_Pending(held, cache, _kv_bytes(cache)))
+            self._bound_queue()
         self.advance_background_writes()
+
+    def _holds(self, tokens: tuple[int, ...]) -> bool:
+        """A snapshot of exactly `tokens` is on disk or being written."""
+        if self._in_flight is not None and self._in_flight.pending.tokens == tokens:
+            return True
+        return any(entry.record.tokens == tokens for entry in self._entries.values())
 
     @property
     def queued_bytes(self) -> int:
