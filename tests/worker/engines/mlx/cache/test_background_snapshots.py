@@ -2,8 +2,6 @@
 persists its sessions, one write at a time, with the same files, outputs and bookkeeping as an idle write."""
 
 import logging
-import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -13,7 +11,7 @@ from mlx import nn
 
 from exo.worker.engines.mlx.cache import PrefixCache
 from exo.worker.engines.mlx.cache import disk_tier as disk_tier_module
-from exo.worker.engines.mlx.cache.disk_tier import MIN_SNAPSHOT_TOKENS, WRITER_NICENESS, DiskTier
+from exo.worker.engines.mlx.cache.disk_tier import MIN_SNAPSHOT_TOKENS, DiskTier
 from tests.worker.engines.mlx.cache.conftest import greedy_uncached, random_tokens, run_turn
 
 UNLIMITED = 1 << 40
@@ -40,18 +38,15 @@ def _settle(disk: DiskTier, seconds: float = 30.0) -> None:
 
 
 class _HeldSave:
-    """mlx-lm's save, held until released, so a write stays under way as long as a test needs; records its thread
-    and that thread's scheduling priority."""
+    """mlx-lm's save, held until released, so a write stays under way as long as a test needs; records its thread."""
 
     def __init__(self) -> None:
         self.release = threading.Event()
         self.threads: list[str] = []
-        self.niceness: list[int] = []
         self._save = disk_tier_module.save_prompt_cache
 
     def __call__(self, *arguments: object, **keywords: object) -> None:
         self.threads.append(threading.current_thread().name)
-        self.niceness.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         assert self.release.wait(30)
         self._save(*arguments, **keywords)  # pyright: ignore[reportArgumentType]
 
@@ -98,9 +93,6 @@ def test_one_write_at_a_time_on_the_writer_thread_its_bytes_counted_until_it_lan
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert held_save.threads == ["snapshot-writer_0"]  # one write under way, on the tier's thread
-    if sys.platform == "linux":  # threads have priorities of their own there; elsewhere the writer keeps the process's
-        assert held_save.niceness == [WRITER_NICENESS]  # which leaves the cores to decoding first
-        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < WRITER_NICENESS  # this one keeps its own
     assert first_bytes > 0
     assert disk.queued_bytes > first_bytes  # the one under way and the one waiting, both still in memory
     assert disk.entries == 0

@@ -21,11 +21,8 @@ evicted), so a node that serves for hours without a pause does not grow until it
 
 import hashlib
 import logging
-import os
 import shutil
 import stat
-import sys
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -126,11 +123,9 @@ class DiskTier:
         self._layer_types = tuple(type(layer).__name__ for layer in new_prompt_cache(model))
         self._entries: dict[str, _Entry] = {}
         self._pending: list[_Pending] = []
-        self._writer = (
-            ThreadPoolExecutor(1, thread_name_prefix="snapshot-writer", initializer=_yield_the_cores)
-            if background_writes
-            else None
-        )
+        # Its own priority, not a lower one: a thread the scheduler keeps waiting while it holds the interpreter's lock
+        # stalls the decode loop behind it (a soak at the lowest priority served fewer requests: OPERATIONS.md, soak).
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="snapshot-writer") if background_writes else None
         self._in_flight: _InFlight | None = None
         self.written = 0
         """Snapshots written (on either thread) since the tier was made."""
@@ -407,21 +402,6 @@ def _read_record(path: Path) -> SnapshotRecord:
     if path.lstat().st_size > _MAX_RECORD_BYTES:
         raise ValueError(f"{path.lstat().st_size} bytes is too large for a snapshot record")
     return SnapshotRecord.model_validate_json(path.read_bytes())
-
-
-WRITER_NICENESS = 19
-"""The writer thread's scheduling priority on Linux: the lowest, so where cores are few decoding keeps them."""
-
-
-def _yield_the_cores() -> None:
-    """Lower the calling thread's priority (Linux schedules threads one by one; elsewhere this would be the
-    process's, so it is left alone)."""
-    if sys.platform != "linux":
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
-    except OSError as error:  # a sandbox may forbid it: the writes only compete for the cores then
-        logger.debug("prefix cache: the snapshot writer keeps its priority: %s", error)
 
 
 def _kv_bytes(cache: PromptCache) -> int:
