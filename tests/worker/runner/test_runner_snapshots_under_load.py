@@ -1,9 +1,12 @@
-"""A runner that is never idle still writes its sessions' disk snapshots: the write runs beside the decoding of the
-other requests, which answer as they do without a disk tier, and a restarted runner is served from that snapshot."""
+"""A runner that is never idle still writes its sessions' disk snapshots once its queue is past half its budget: the
+write runs beside the decoding of the other requests, which answer as they do without a disk tier, and a restarted
+runner is served from that snapshot."""
 
+import json
 from pathlib import Path
 
 import anyio
+from transformers import AutoTokenizer
 
 from exo.shared.types.chunks import Chunk, FinishChunk, TokenChunk
 from exo.shared.types.common import new_command_id, new_task_id
@@ -48,11 +51,27 @@ def _long_task() -> GenerationTask:
     )
 
 
+def _kv_bytes_per_token() -> int:
+    """The fixture's KV cache bytes a token (float32 on a CPU), from its config."""
+    config = json.loads((fixture_model(MODEL) / "config.json").read_text())
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    return config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim * 4
+
+
+def _session_prompt_tokens() -> int:
+    tokenizer = AutoTokenizer.from_pretrained(fixture_model(MODEL))
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "How do I run the linter?"}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return len(tokenizer.encode(text))
+
+
 def _config(home: Path | None) -> RunnerConfig:
+    # A prefix cache of one and a half sessions' KV: the session's snapshot is past half of it, so the runner writes it
+    # beside decoding instead of waiting for an idle moment.
     return RunnerConfig(
         model_id=MODEL,
         model_path=fixture_model(MODEL),
-        prefix_cache_bytes=1 << 28 if home else 0,
+        prefix_cache_bytes=_session_prompt_tokens() * 3 // 2 * _kv_bytes_per_token() if home else 0,
         prefix_cache_dir=home,
         prefix_cache_disk_bytes=1 << 30 if home else 0,
     )

@@ -460,15 +460,15 @@ def _prefix_cache(bootstrap: RunnerBootstrap, model: "nn.Module", weights_format
         identity = model_identity(Path(bootstrap.model_path), bootstrap.shard, weights_format)
         directory = Path(bootstrap.prefix_cache_dir) / identity[:16]
         try:
-            # Snapshots waiting to be written hold their KV in memory: no more than the memory tier's budget. They are
-            # written beside generation, so a runner that is never idle still persists its sessions.
+            # Snapshots waiting for an idle moment hold their KV in memory: no more than the memory tier's budget. Past
+            # half of it they are written beside generation, so a runner that is never idle still persists its sessions.
             disk = DiskTier(
                 directory,
                 bootstrap.prefix_cache_disk_bytes,
                 identity,
                 model,
                 queue_budget_bytes=bootstrap.prefix_cache_bytes,
-                background_writes=True,
+                write_beside_above_bytes=bootstrap.prefix_cache_bytes // 2,
             )
         except OSError as error:
             logger.warning("prefix cache: no disk tier (cannot use %s: %s)", directory, error)

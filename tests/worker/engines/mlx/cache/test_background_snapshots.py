@@ -24,8 +24,9 @@ def _session_prompt(session: int) -> list[int]:
     return [*SYSTEM_PROMPT, *random_tokens(30, seed=910 + session)]
 
 
-def _background_disk(directory: Path, model: nn.Module) -> DiskTier:
-    return DiskTier(directory, UNLIMITED, IDENTITY, model, queue_budget_bytes=UNLIMITED, background_writes=True)
+def _background_disk(directory: Path, model: nn.Module, above: int = 0) -> DiskTier:
+    """A tier whose writer thread takes a snapshot as soon as more than `above` bytes are queued."""
+    return DiskTier(directory, UNLIMITED, IDENTITY, model, queue_budget_bytes=UNLIMITED, write_beside_above_bytes=above)
 
 
 def _settle(disk: DiskTier, seconds: float = 30.0) -> None:
@@ -170,3 +171,28 @@ def test_a_short_prompts_end_lands_a_finished_write_and_starts_the_next(
     while len(held_save.threads) < 2:  # and the second write started there (nothing else would start it)
         assert time.monotonic() < deadline
         time.sleep(0.01)
+
+
+def test_the_writer_thread_waits_until_the_queue_is_over_its_threshold(tiny_model: nn.Module, tmp_path: Path) -> None:
+    """Under the threshold a snapshot waits for an idle moment (a session's next turn may replace it unwritten)."""
+    probe = _background_disk(tmp_path / "probe", tiny_model, above=UNLIMITED)
+    run_turn(PrefixCache(tiny_model, UNLIMITED, probe), tiny_model, _session_prompt(1), NEW_TOKENS)
+    one_session = probe.queued_bytes
+    disk = _background_disk(tmp_path / "tier", tiny_model, above=one_session * 3 // 2)
+    prefix_cache = PrefixCache(tiny_model, UNLIMITED, disk)
+
+    run_turn(prefix_cache, tiny_model, _session_prompt(1), NEW_TOKENS)
+    time.sleep(0.2)
+    disk.advance_background_writes()
+    assert disk.written_in_background == 0
+    assert disk.queued_bytes == one_session
+
+    run_turn(prefix_cache, tiny_model, random_tokens(MIN_SNAPSHOT_TOKENS + 10, seed=998), NEW_TOKENS)  # over it now
+    deadline = time.monotonic() + 10
+    while disk.written_in_background == 0:
+        assert time.monotonic() < deadline, "the writer thread never took the oldest snapshot"
+        disk.advance_background_writes()
+        time.sleep(0.01)
+    assert disk.entries == 1
+    assert disk.queued_bytes < one_session * 3 // 2  # one left for an idle moment
+    assert probe.written_in_background == 0  # never over its threshold

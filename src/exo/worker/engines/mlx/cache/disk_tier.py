@@ -8,15 +8,18 @@ corrupt, truncated or foreign snapshot costs a prefill, not wrong output. So is 
 snapshot's name, the tier removes it or, when even that fails, leaves it alone and never tries to read it again in
 this process. The directory is bounded by bytes, least recently used snapshots evicted first.
 
-Writes are queued by the generation. With `background_writes`, the oldest queued snapshot's files are written by a
-thread of the tier's own while generation goes on (one at a time; mlx and hashlib release the interpreter's lock
-while they write and hash), so a runner under steady load still persists its sessions; the tier's bookkeeping stays
-on the runner's thread, which lands a finished write at its next `queue` or `write_pending`. Only caches whose every
-layer is a plain, evaluated KV cache go to the thread (their state is their buffers, no mlx work is left to run
-there); the others, and every snapshot without `background_writes`, are written by `write_pending` while the runner
-is idle, after the response went out. A queued snapshot holds its KV cache in memory until it is written: the queue
-is bounded by bytes (`queue_budget_bytes`), its oldest snapshots dropped first (unwritten, as if they had been
-evicted), so a node that serves for hours without a pause does not grow until it runs out of memory.
+Writes are queued by the generation and done by `write_pending` while the runner is idle, after the response went out
+(a queued snapshot that a later one extends, as an agent session's next turn does, is replaced unwritten). A queued
+snapshot holds its KV cache in memory until it is written, and a runner under steady load is never idle: the queue is
+bounded by bytes (`queue_budget_bytes`), its oldest snapshots dropped first (unwritten, as if they had been evicted),
+so a node that serves for hours without a pause does not grow until it runs out of memory. Before it drops any, the
+queue is drained beside generation: once it holds more than `write_beside_above_bytes`, its oldest snapshot's files
+are written by a thread of the tier's own while generation goes on (one at a time; mlx and hashlib release the
+interpreter's lock while they write and hash); the tier's bookkeeping stays on the runner's thread, which lands a
+finished write at its next `queue` or `write_pending`. Only caches whose every layer is a plain, evaluated KV cache go
+to the thread (their state is their buffers, no mlx work is left to run there). Writing beside generation only under
+that pressure, not every snapshot at once, is measured: every session's every turn written at once cost a saturated
+2-core node 7-15% of its requests (docs/OPERATIONS.md, the soak).
 """
 
 import hashlib
@@ -109,7 +112,7 @@ class DiskTier:
         model: nn.Module,
         *,
         queue_budget_bytes: int,
-        background_writes: bool = False,
+        write_beside_above_bytes: int | None = None,
     ) -> None:
         if budget_bytes <= 0:
             raise ValueError("a disk tier needs a positive byte budget")
@@ -125,7 +128,10 @@ class DiskTier:
         self._pending: list[_Pending] = []
         # Its own priority, not a lower one: a thread the scheduler keeps waiting while it holds the interpreter's lock
         # stalls the decode loop behind it (a soak at the lowest priority served fewer requests: OPERATIONS.md, soak).
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="snapshot-writer") if background_writes else None
+        beside = write_beside_above_bytes is not None
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="snapshot-writer") if beside else None
+        self._write_beside_above = write_beside_above_bytes or 0
+        """Queued bytes (the write under way aside) past which the writer thread takes the oldest snapshot."""
         self._in_flight: _InFlight | None = None
         self.written = 0
         """Snapshots written (on either thread) since the tier was made."""
@@ -240,10 +246,12 @@ class DiskTier:
 
     def advance_background_writes(self) -> None:
         """Land a finished background write, then hand the oldest queued snapshot to the writer thread when it is
-        free and that cache can be written off this thread."""
+        free, the queue is over its threshold, and that cache can be written off this thread."""
         self._land_background(wait=False)
         if self._writer is None or self._in_flight is not None or not self._pending:
             return
+        if sum(pending.nbytes for pending in self._pending) <= self._write_beside_above:
+            return  # an idle moment will do: meanwhile a session's next turn may replace it
         if not all(is_plain_kv_cache(layer) for layer in self._pending[0].cache):
             return  # its state may still be mlx work to run: written while idle, on this thread
         pending = self._pending.pop(0)
