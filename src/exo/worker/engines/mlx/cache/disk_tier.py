@@ -18,8 +18,8 @@ are written by a thread of the tier's own while generation goes on (one at a tim
 interpreter's lock while they write and hash); the tier's bookkeeping stays on the runner's thread, which lands a
 finished write at its next `queue` or `write_pending`. Only caches whose every layer is a plain, evaluated KV cache go
 to the thread (their state is their buffers, no mlx work is left to run there). Writing beside generation only under
-that pressure, not every snapshot at once, is measured: every session's every turn written at once cost a saturated
-2-core node 7-15% of its requests (docs/OPERATIONS.md, the soak).
+that pressure leaves a runner with idle moments as it was, with no extra writes (docs/OPERATIONS.md, the soak, has
+both measured under steady load).
 """
 
 import hashlib
