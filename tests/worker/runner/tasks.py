@@ -29,6 +29,24 @@ def chat_task(content: str = "Hello!", max_tokens: int = 32) -> GenerationTask:
     )
 
 
+AGENT_SYSTEM_PROMPT = "You are a careful coding agent. Follow the rules of the repository. " * 30
+"""Long enough (over a thousand of the fixture's tokens) for the prefix cache to snapshot it to disk."""
+
+
+def session_task(question: str, max_tokens: int = 24) -> GenerationTask:
+    """A new agent session's first request: the agent's long system prompt, then the user's question."""
+    messages = (
+        PromptMessage(role="system", content=AGENT_SYSTEM_PROMPT),
+        PromptMessage(role="user", content=question),
+    )
+    return GenerationTask(
+        task_id=new_task_id(),
+        command_id=new_command_id(),
+        model_id=MODEL,
+        params=GenerationParams(messages=messages, sampling=SamplingParams(max_tokens=max_tokens)),
+    )
+
+
 async def collect(stream: MemoryObjectReceiveStream[Chunk]) -> list[Chunk]:
     """Every chunk of one task, until the supervisor closes its stream."""
     async with stream:

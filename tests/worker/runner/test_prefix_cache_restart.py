@@ -7,24 +7,9 @@ from pathlib import Path
 import anyio
 
 from exo.shared.types.chunks import Chunk, FinishChunk, PrefillProgressChunk, TokenChunk
-from exo.shared.types.common import new_command_id, new_task_id
-from exo.shared.types.tasks import GenerationParams, GenerationTask, PromptMessage, SamplingParams
 from exo.worker.runner.runner_config import RunnerConfig
 from tests.exo_server import fixture_model
-from tests.worker.runner.tasks import MODEL, collect, running_supervisor
-
-SYSTEM_PROMPT = "You are a careful coding agent. Follow the rules of the repository. " * 30
-
-
-def _session_task(question: str) -> GenerationTask:
-    """A new session's first request: the agent's long system prompt, then the user's question."""
-    messages = (PromptMessage(role="system", content=SYSTEM_PROMPT), PromptMessage(role="user", content=question))
-    return GenerationTask(
-        task_id=new_task_id(),
-        command_id=new_command_id(),
-        model_id=MODEL,
-        params=GenerationParams(messages=messages, sampling=SamplingParams(max_tokens=24)),
-    )
+from tests.worker.runner.tasks import MODEL, collect, running_supervisor, session_task
 
 
 def _config(home: Path | None) -> RunnerConfig:
@@ -39,7 +24,7 @@ def _config(home: Path | None) -> RunnerConfig:
 
 async def _answer(config: RunnerConfig, question: str, *, wait_for_snapshot: Path | None = None) -> list[Chunk]:
     async with running_supervisor(config=config) as supervisor:
-        chunks = await collect(supervisor.submit(_session_task(question)))
+        chunks = await collect(supervisor.submit(session_task(question)))
         if wait_for_snapshot is not None:
             with anyio.fail_after(60):  # written while the runner is idle, after the answer went out
                 while not list(wait_for_snapshot.glob("*/*.json")):

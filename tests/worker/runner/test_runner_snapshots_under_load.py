@@ -14,9 +14,9 @@ from exo.shared.types.tasks import GenerationParams, GenerationTask, PromptMessa
 from exo.worker.runner.runner_config import RunnerConfig
 from exo.worker.runner.supervisor import RunnerSupervisor
 from tests.exo_server import fixture_model
-from tests.worker.runner.tasks import MODEL, collect, running_supervisor
+from tests.worker.runner.tasks import AGENT_SYSTEM_PROMPT, MODEL, collect, running_supervisor, session_task
 
-SYSTEM_PROMPT = "You are a careful coding agent. Follow the rules of the repository. " * 30
+SESSION_QUESTION = "How do I run the linter?"
 LONG_NOTE_SCHEMA = {
     "type": "object",
     "properties": {"note": {"type": "string", "minLength": 1500}},
@@ -25,16 +25,6 @@ LONG_NOTE_SCHEMA = {
 TOKENS_STILL_TO_COME = 100
 """The snapshot must be on disk while at least this many of the long request's chunks were yet to arrive: written
 only when idle, it could not be before that request ended."""
-
-
-def _session_task(question: str) -> GenerationTask:
-    messages = (PromptMessage(role="system", content=SYSTEM_PROMPT), PromptMessage(role="user", content=question))
-    return GenerationTask(
-        task_id=new_task_id(),
-        command_id=new_command_id(),
-        model_id=MODEL,
-        params=GenerationParams(messages=messages, sampling=SamplingParams(max_tokens=16)),
-    )
 
 
 def _long_task() -> GenerationTask:
@@ -60,7 +50,7 @@ def _kv_bytes_per_token() -> int:
 
 def _session_prompt_tokens() -> int:
     tokenizer = AutoTokenizer.from_pretrained(fixture_model(MODEL))
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "How do I run the linter?"}]
+    messages = [{"role": "system", "content": AGENT_SYSTEM_PROMPT}, {"role": "user", "content": SESSION_QUESTION}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return len(tokenizer.encode(text))
 
@@ -83,7 +73,7 @@ def _snapshot_written(home: Path) -> bool:
 
 async def _long_beside_a_session(supervisor: RunnerSupervisor, home: Path | None) -> tuple[list[Chunk], list[bool]]:
     """The long request's chunks, and for each whether the session's snapshot was on disk when it arrived."""
-    session = supervisor.submit(_session_task("How do I run the linter?"))
+    session = supervisor.submit(session_task(SESSION_QUESTION, max_tokens=16))
     long_stream = supervisor.submit(_long_task())
     chunks: list[Chunk] = []
     written: list[bool] = []
@@ -114,7 +104,7 @@ async def test_a_snapshot_is_written_while_other_requests_decode_and_serves_a_re
     assert _text(with_disk) == _text(without_disk)  # decoding beside the write is unchanged
 
     async with running_supervisor(config=_config(tmp_path)) as supervisor:
-        restarted = await collect(supervisor.submit(_session_task("Which file holds the tests?")))
+        restarted = await collect(supervisor.submit(session_task("Which file holds the tests?", max_tokens=16)))
     restarted_finish = restarted[-1]
     assert isinstance(restarted_finish, FinishChunk)
     assert restarted_finish.usage.disk_cached_tokens > 200  # the system prompt, read from disk

@@ -4,6 +4,7 @@ persists its sessions, one write at a time, with the same files, outputs and boo
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,13 +30,21 @@ def _background_disk(directory: Path, model: nn.Module, above: int = 0) -> DiskT
     return DiskTier(directory, UNLIMITED, IDENTITY, model, queue_budget_bytes=UNLIMITED, write_beside_above_bytes=above)
 
 
-def _settle(disk: DiskTier, seconds: float = 30.0) -> None:
-    """Land background writes as the runner does at its next task end, until none is queued or under way."""
+def _wait_until(condition: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
     deadline = time.monotonic() + seconds
-    while disk.pending:
-        assert time.monotonic() < deadline, "the writer thread did not finish"
-        disk.advance_background_writes()
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {seconds:g} s for {what}"
         time.sleep(0.01)
+
+
+def _settle(disk: DiskTier) -> None:
+    """Land background writes as the runner does at its next task end, until none is queued or under way."""
+
+    def settled() -> bool:
+        disk.advance_background_writes()
+        return not disk.pending
+
+    _wait_until(settled, "the writer thread to finish", seconds=30)
 
 
 class _HeldSave:
@@ -89,10 +98,7 @@ def test_one_write_at_a_time_on_the_writer_thread_its_bytes_counted_until_it_lan
     first_bytes = disk.queued_bytes
     run_turn(prefix_cache, tiny_model, random_tokens(MIN_SNAPSHOT_TOKENS + 10, seed=995), NEW_TOKENS)
 
-    deadline = time.monotonic() + 10
-    while not held_save.threads:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    _wait_until(lambda: bool(held_save.threads), "a write to start")
     assert held_save.threads == ["snapshot-writer_0"]  # one write under way, on the tier's thread
     assert first_bytes > 0
     assert disk.queued_bytes > first_bytes  # the one under way and the one waiting, both still in memory
@@ -156,10 +162,8 @@ def test_a_short_prompts_end_lands_a_finished_write_and_starts_the_next(
     run_turn(prefix_cache, tiny_model, _session_prompt(1), NEW_TOKENS)
     run_turn(prefix_cache, tiny_model, random_tokens(MIN_SNAPSHOT_TOKENS + 10, seed=996), NEW_TOKENS)
     held_save.release.set()
-    deadline = time.monotonic() + 10
-    while len(list(tmp_path.glob("*.json"))) < 1:  # the first write's files are done; it is not landed yet
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    # The first write's files are done; it is not landed yet.
+    _wait_until(lambda: bool(list(tmp_path.glob("*.json"))), "the first write's files")
     time.sleep(0.05)
     assert disk.entries == 0
 
@@ -167,10 +171,8 @@ def test_a_short_prompts_end_lands_a_finished_write_and_starts_the_next(
     assert run_turn(prefix_cache, tiny_model, short, NEW_TOKENS)[0] == greedy_uncached(tiny_model, short, NEW_TOKENS)
 
     assert disk.entries == 1  # landed at the short task's end
-    deadline = time.monotonic() + 10
-    while len(held_save.threads) < 2:  # and the second write started there (nothing else would start it)
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    # And the second write started there: nothing else would start it.
+    _wait_until(lambda: len(held_save.threads) == 2, "the second write to start")
 
 
 def test_the_writer_thread_waits_until_the_queue_is_over_its_threshold(tiny_model: nn.Module, tmp_path: Path) -> None:
@@ -188,11 +190,12 @@ def test_the_writer_thread_waits_until_the_queue_is_over_its_threshold(tiny_mode
     assert disk.queued_bytes == one_session
 
     run_turn(prefix_cache, tiny_model, random_tokens(MIN_SNAPSHOT_TOKENS + 10, seed=998), NEW_TOKENS)  # over it now
-    deadline = time.monotonic() + 10
-    while disk.written_in_background == 0:
-        assert time.monotonic() < deadline, "the writer thread never took the oldest snapshot"
+
+    def written() -> bool:
         disk.advance_background_writes()
-        time.sleep(0.01)
+        return disk.written_in_background > 0
+
+    _wait_until(written, "the writer thread to take the oldest snapshot")
     assert disk.entries == 1
     assert disk.queued_bytes < one_session * 3 // 2  # one left for an idle moment
     assert probe.written_in_background == 0  # never over its threshold
