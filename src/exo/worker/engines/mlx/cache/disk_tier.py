@@ -211,7 +211,12 @@ class DiskTier:
     def queued_bytes(self) -> int:
         """Bytes of KV the snapshots waiting to be written hold (shared with the memory tier while it keeps them)."""
         in_flight = self._in_flight.pending.nbytes if self._in_flight is not None else 0
-        return in_flight + sum(pending.nbytes for pending in self._pending)  # no mlx call: read at every task's end
+        return in_flight + self._waiting_bytes  # no mlx call: read at every task's end
+
+    @property
+    def _waiting_bytes(self) -> int:
+        """Bytes of KV the snapshots not yet taken by the writer thread hold."""
+        return sum(pending.nbytes for pending in self._pending)
 
     def _bound_queue(self) -> None:
         """Drop the oldest queued snapshots while the queue holds more than its budget (the newest too, alone over)."""
@@ -250,7 +255,7 @@ class DiskTier:
         self._land_background(wait=False)
         if self._writer is None or self._in_flight is not None or not self._pending:
             return
-        if sum(pending.nbytes for pending in self._pending) <= self._write_beside_above:
+        if self._waiting_bytes <= self._write_beside_above:
             return  # an idle moment will do: meanwhile a session's next turn may replace it
         if not all(is_plain_kv_cache(layer) for layer in self._pending[0].cache):
             return  # its state may still be mlx work to run: written while idle, on this thread
