@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from exo.shared.types.preparation import ModelPreparation, PreparationPhase
 from exo.shared.types.state import RunnerInfo
 from exo.shared.types.worker.runner_response import CheckpointFacts, ModelDescription
-from tests.api.inprocess_app import SCRIPTED_MODEL, ScriptedMaster, scripted_app
+from tests.api.inprocess_app import SCRIPTED_MODEL, SCRIPTED_NODE, ScriptedMaster, scripted_app
 
 DESCRIPTION = ModelDescription(
     context_length=32768,
@@ -113,3 +114,48 @@ def test_a_loaded_model_is_listed_ready_without_an_error(app: tuple[TestClient, 
     card = _card(client)
     assert card["status"] in ("ready", "running")
     assert card["error"] is None
+
+
+def _in_preparation(master: ScriptedMaster, phase: PreparationPhase, done_bytes: int) -> None:
+    """The scripted model being converted on its node (`phase` at `done_bytes` of 400 MB) and no runner yet."""
+    preparation = ModelPreparation(
+        model_id=SCRIPTED_MODEL, phase=phase, done_bytes=done_bytes, total_bytes=400_000_000, started_at=0, updated_at=1
+    )
+    node = master.state.nodes[SCRIPTED_NODE]
+    node = node.model_copy(update={"preparations": {SCRIPTED_MODEL: preparation}})
+    master.state = master.state.model_copy(update={"nodes": {SCRIPTED_NODE: node}, "runners": {}})
+
+
+def test_a_model_being_prepared_is_listed_with_its_progress_before_any_runner(
+    app: tuple[TestClient, ScriptedMaster],
+) -> None:
+    """Right after `exo` starts, a first run downloads or converts the default model for a minute or more: a client
+    listing the models then (opencode, `exo launch`) finds the model it will be served, marked preparing."""
+    client, master = app
+    _in_preparation(master, "converting", 100_000_000)
+    card = _card(client)
+    assert card["status"] == "preparing"
+    assert card["preparation"]["phase"] == "converting"
+    assert card["preparation"]["done_bytes"] == 100_000_000
+    assert card["capabilities"] == ["chat"]
+    assert card["context_length"] is None
+
+
+def test_an_ended_preparation_lists_nothing_by_itself(app: tuple[TestClient, ScriptedMaster]) -> None:
+    """A preparation that failed leaves a failed runner (listed as such) and a finished one a runner: neither is
+    listed again as preparing."""
+    client, master = app
+    _in_preparation(master, "ready", 400_000_000)
+    assert client.get("/v1/models").json()["data"] == []
+
+
+def test_a_served_model_is_listed_by_its_runner_while_another_node_prepares_it(
+    app: tuple[TestClient, ScriptedMaster],
+) -> None:
+    client, master = app
+    runners = master.state.runners
+    _in_preparation(master, "downloading", 1)
+    master.state = master.state.model_copy(update={"runners": runners})
+    card = _card(client)
+    assert card["status"] in ("ready", "running")
+    assert card["preparation"] is None

@@ -19,11 +19,10 @@ from exo.api.errors import UNAVAILABLE_RETRY_AFTER_SECONDS, ApiError, placement_
 from exo.api.model_availability import unavailable_error
 from exo.api.request_log import RequestTimeline
 from exo.master.client import MasterClient, TaskHandle
-from exo.master.placement import served_model_ids
+from exo.master.placement import models_in_preparation, served_model_ids
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.commands import CancelTaskCommand, GenerateCommand
 from exo.shared.types.common import ModelId
-from exo.shared.types.preparation import PreparationPhase
 from exo.shared.types.state import State
 from exo.shared.types.worker.runner_response import ModelDescription
 
@@ -33,7 +32,6 @@ T = TypeVar("T")
 
 # nginx's "client closed request": nobody reads it, but logs and tests see why the request ended.
 CLIENT_CLOSED_REQUEST = 499
-_ENDED: frozenset[PreparationPhase] = frozenset({"ready", "failed"})
 # A request for a model still being downloaded, imported or loaded waits for it this long (a model ready by then is
 # served as if it had been all along, as Ollama does), then gets the 503 `model_loading`. The default model's first
 # import takes about a minute on 2 cores; a client sending its first request right after `exo` starts should not
@@ -53,13 +51,8 @@ def served_model(state: State, requested: str | None) -> ModelId:
         return ModelId(requested)
     label = requested or "default"
     preparing = {
-        name
-        for node in state.nodes.values()
-        if node.health.status != "down"
-        for name in (
-            *node.preparing,
-            *(model_id for model_id, preparation in node.preparations.items() if preparation.phase not in _ENDED),
-        )
+        *(label for node in state.nodes.values() if node.health.status != "down" for label in node.preparing),
+        *models_in_preparation(state),
     }
     if label in preparing or (not requested and preparing):
         raise ApiError(

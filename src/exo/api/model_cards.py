@@ -1,9 +1,11 @@
 """GET /v1/models' cards: one per model served anywhere in the cluster, with the memory its weights take as the
-nodes serving it hold them (the same computation as placement and the catalog: `footprint.held_bytes`)."""
+nodes serving it hold them (the same computation as placement and the catalog: `footprint.held_bytes`), and one per
+model a node is still preparing (downloading, assembling, converting) before any runner serves it: a client that
+lists the models right after `exo` starts finds the model it will be served."""
 
 import time
 
-from exo.master.placement import served_model_ids
+from exo.master.placement import models_in_preparation, served_model_ids
 from exo.shared.types.api import ModelCard
 from exo.shared.types.common import ModelId
 from exo.shared.types.footprint import WeightsInMemory, held_as, held_bytes
@@ -34,30 +36,39 @@ def model_memory(state: State, model_id: ModelId) -> tuple[WeightsInMemory | Non
 
 
 def model_cards(state: State) -> list[ModelCard]:
-    """One card per model served anywhere in the cluster (described by a loaded runner when there is one)."""
-    cards: list[ModelCard] = []
-    for model_id, runner in sorted(describing_runners(state).items()):
-        metadata = runner.described
-        capabilities = ["chat"]
-        if metadata is not None and metadata.tool_format is not None:
-            capabilities.append("tool_use")
-        if metadata is not None and metadata.supports_reasoning:
-            capabilities.append("reasoning")
-        weights, memory = weights_memory(state, runner)
-        cards.append(
-            ModelCard(
-                id=model_id,
-                created=int(time.time()),
-                capabilities=capabilities,
-                context_length=metadata.context_length if metadata else None,
-                vocab_size=metadata.vocab_size if metadata else None,
-                weights_in_memory=weights,
-                memory_bytes=memory,
-                status=runner.status,
-                error=runner.last_error if runner.status == "failed" else None,
-            )
+    """One card per model served anywhere in the cluster (described by a loaded runner when there is one), and one
+    per model being prepared that no runner serves yet, by id."""
+    described = describing_runners(state)
+    cards = [_served_card(state, model_id, runner) for model_id, runner in described.items()]
+    cards.extend(
+        ModelCard(
+            id=model_id, created=int(time.time()), capabilities=["chat"], status="preparing", preparation=progress
         )
-    return cards
+        for model_id, progress in models_in_preparation(state).items()
+        if model_id not in described
+    )
+    return sorted(cards, key=lambda card: card.id)
+
+
+def _served_card(state: State, model_id: ModelId, runner: RunnerInfo) -> ModelCard:
+    metadata = runner.described
+    capabilities = ["chat"]
+    if metadata is not None and metadata.tool_format is not None:
+        capabilities.append("tool_use")
+    if metadata is not None and metadata.supports_reasoning:
+        capabilities.append("reasoning")
+    weights, memory = weights_memory(state, runner)
+    return ModelCard(
+        id=model_id,
+        created=int(time.time()),
+        capabilities=capabilities,
+        context_length=metadata.context_length if metadata else None,
+        vocab_size=metadata.vocab_size if metadata else None,
+        weights_in_memory=weights,
+        memory_bytes=memory,
+        status=runner.status,
+        error=runner.last_error if runner.status == "failed" else None,
+    )
 
 
 def weights_memory(state: State, runner: RunnerInfo) -> tuple[WeightsInMemory | None, int | None]:

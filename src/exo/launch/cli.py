@@ -15,7 +15,7 @@ from typing import Final, get_args
 
 from exo.launch import claude_code, codex, opencode
 from exo.launch.binary import CLIENTS_DIR_VARIABLE, find_client
-from exo.launch.node import choose_model, node_root, served_models
+from exo.launch.node import described_model, node_root
 from exo.launch.plan import ClientInfo, ClientPlan, LaunchError, LaunchTarget, McpServer, write_files
 from exo.mcp.node_client import DEFAULT_NODE_URL
 from exo.models.paths import exo_home
@@ -83,6 +83,10 @@ def _shown(plan: ClientPlan, command: list[str], inherited: dict[str, str]) -> s
     return " ".join(["env", *unset, *variables, shlex.join(command)])
 
 
+def _say(line: str) -> None:
+    print(f"exo launch: {line}", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str]) -> int:
     """Run `exo launch` with `argv` (the words after `launch`); returns only on an error or with --dry-run."""
     own, client_arguments = _split(argv)
@@ -93,7 +97,7 @@ def main(argv: Sequence[str]) -> int:
         binary = find_client(client, arguments.client_bin, environment)
         url = node_root(arguments.url)
         api_key: str | None = arguments.api_key or None
-        card = choose_model(served_models(url, api_key), arguments.model, url)
+        card = described_model(url, api_key, arguments.model, _say)
         target = LaunchTarget(
             url=url,
             api_key=api_key,

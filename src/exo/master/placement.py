@@ -5,15 +5,35 @@ from collections.abc import Collection
 from exo.shared.apply import is_up
 from exo.shared.types.common import InstanceId, ModelId, NodeId
 from exo.shared.types.instances import PlacedInstance
+from exo.shared.types.preparation import ModelPreparation, PreparationPhase
 from exo.shared.types.state import RunnerInfo, State
 from exo.shared.types.task_replies import RefusalReason
 
 SERVING: frozenset[str] = frozenset({"ready", "running"})
+_PREPARATION_ENDED: frozenset[PreparationPhase] = frozenset({"ready", "failed"})
 
 
 def served_model_ids(state: State) -> list[ModelId]:
     """Every model a runner in the cluster serves (or tried to: a failed runner still answers with its reason)."""
     return sorted({runner.model_id for runner in state.runners.values() if is_up(state, runner.node_id)})
+
+
+def models_in_preparation(state: State) -> dict[ModelId, ModelPreparation]:
+    """The models a live node is downloading, assembling or converting now, with that node's progress (the furthest
+    along where several prepare the same model)."""
+    preparing: dict[ModelId, ModelPreparation] = {}
+    for node in state.nodes.values():
+        if node.health.status == "down":
+            continue
+        for model_id, preparation in node.preparations.items():
+            known = preparing.get(model_id)
+            if preparation.phase not in _PREPARATION_ENDED and (known is None or _ahead(preparation, known)):
+                preparing[model_id] = preparation
+    return preparing
+
+
+def _ahead(one: ModelPreparation, other: ModelPreparation) -> bool:
+    return one.done_bytes * max(other.total_bytes, 1) > other.done_bytes * max(one.total_bytes, 1)
 
 
 def place_task(state: State, model_id: ModelId, removed: Collection[InstanceId] = frozenset()) -> RunnerInfo | None:

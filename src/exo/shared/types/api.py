@@ -6,6 +6,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, Field
 
+from exo.shared.types.preparation import ModelPreparation
 from exo.shared.types.runner_status import RunnerStatus
 
 JsonObject = dict[str, Any]
@@ -25,6 +26,10 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
+# A model's card: its runner's status, or "preparing" while a node downloads, assembles or converts it (no runner yet).
+ModelStatus = RunnerStatus | Literal["preparing"]
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -39,9 +44,11 @@ class ModelCard(BaseModel):
     weights_in_memory: str | None = None
     memory_bytes: int | None = None
     # The runner describing it: loading, ready, running, failed (a load refused: `error` says why and what to do;
-    # requests get 503 model_unavailable with the same reason) or shutdown. None where no runner describes it.
-    status: RunnerStatus | None = None
+    # requests get 503 model_unavailable with the same reason) or shutdown; or preparing, before any runner, with
+    # the progress in `preparation` (requests sent meanwhile wait for the model). None where nothing describes it.
+    status: ModelStatus | None = None
     error: str | None = None
+    preparation: ModelPreparation | None = None
 
 
 class ModelList(BaseModel):
