@@ -5,12 +5,14 @@ import logging
 import shutil
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 from mlx import nn
 
 from exo.worker.engines.mlx.cache import PrefixCache
 from exo.worker.engines.mlx.cache.disk_tier import MIN_SNAPSHOT_TOKENS, DiskTier
-from tests.worker.engines.mlx.cache.conftest import greedy_uncached, random_tokens, run_turn
+from exo.worker.engines.mlx.cache.layer_cache import new_prompt_cache
+from tests.worker.engines.mlx.cache.conftest import VOCAB_SIZE, greedy_uncached, random_tokens, run_turn
 
 UNLIMITED = 1 << 40
 NEW_TOKENS = 8
@@ -232,3 +234,32 @@ def test_a_cache_cut_from_a_longer_one_is_stored_at_its_own_size(tiny_model: nn.
     sizes = sorted(path.stat().st_size for path in tmp_path.glob("*.safetensors"))
     assert len(sizes) == 2
     assert sizes[0] < sizes[1] / 3
+
+
+def _snapshot(tier: DiskTier, model: nn.Module, tokens: list[int]) -> None:
+    cache = new_prompt_cache(model)
+    mx.eval(model(mx.array([tokens]), cache=cache))
+    tier.queue(tokens, cache)
+    tier.write_pending()
+
+
+def test_the_snapshot_sharing_the_longest_prefix_is_matched(tiny_model: nn.Module, tmp_path: Path) -> None:
+    """Every request compares its prompt with each snapshot on disk (vectorised since it runs per request): the
+    longest shared prefix wins, whether the prompt runs past a snapshot, diverges inside it or ends inside it."""
+    tier = _disk(tmp_path, tiny_model)
+    first, second = _session_prompt(1), _session_prompt(2)  # the system prompt, then each session's own tokens
+    for tokens in (first, second):
+        _snapshot(tier, tiny_model, tokens)
+
+    def matched(prompt: list[int]) -> tuple[str, int] | None:
+        match = tier.best_match(prompt)
+        return None if match is None else (match.key, match.common_tokens)
+
+    keys = [match[0] for match in map(matched, (first, second)) if match is not None]
+    assert len(set(keys)) == 2
+    first_key, second_key = keys
+    assert matched([*first, 5, 6]) == (first_key, len(first))
+    assert matched([*second[:-10], (second[-10] + 1) % VOCAB_SIZE]) == (second_key, len(second) - 10)
+    assert matched(first[:100]) in ((first_key, 100), (second_key, 100))
+    assert matched([(first[0] + 1) % VOCAB_SIZE, *first[1:]]) is None
+    assert matched([]) is None

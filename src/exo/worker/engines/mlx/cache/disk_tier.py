@@ -29,9 +29,12 @@ import stat
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeAlias
 
+import numpy as np
+import numpy.typing as npt
 from mlx import nn
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
@@ -40,6 +43,8 @@ from exo.worker.engines.mlx.cache.layer_cache import PromptCache, held_token_cou
 from exo.worker.engines.mlx.cache.owned_kv_cache import is_plain_kv_cache
 
 logger = logging.getLogger(__name__)
+
+TokenArray: TypeAlias = npt.NDArray[np.int32]
 
 MIN_SNAPSHOT_TOKENS = 256
 """Shorter prompts prefill in well under a second anywhere: not worth a file."""
@@ -74,6 +79,11 @@ class _Entry:
     key: str
     record: SnapshotRecord
     last_used: float
+    # The record's tokens as an array: every request compares its prompt with each snapshot's (`best_match`).
+    token_array: TokenArray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.token_array = np.asarray(self.record.tokens, dtype=np.int32)
 
 
 @dataclass(frozen=True)
@@ -157,9 +167,15 @@ class DiskTier:
     def best_match(self, prompt: Sequence[int]) -> DiskMatch | None:
         """The snapshot sharing the longest prefix with `prompt` (None when none shares a token)."""
         best: DiskMatch | None = None
+        if not prompt:
+            return best
+        asked = np.asarray(prompt, dtype=np.int32)
         for entry in self._entries.values():
-            common = _common_prefix(entry.record.tokens, prompt)
-            if common > 0 and (best is None or common > best.common_tokens):
+            held = entry.token_array
+            if not held.size or held[0] != asked[0]:
+                continue
+            common = _common_prefix(held, asked)
+            if best is None or common > best.common_tokens:
                 best = DiskMatch(entry.key, common)
         return best
 
@@ -435,12 +451,10 @@ def _remove(path: Path) -> None:
         logger.warning("prefix cache: cannot remove %s (it is left alone, never read): %s", path.name, error)
 
 
-def _common_prefix(first: Sequence[int], second: Sequence[int]) -> int:
-    limit = min(len(first), len(second))
-    for index in range(limit):
-        if first[index] != second[index]:
-            return index
-    return limit
+def _common_prefix(first: TokenArray, second: TokenArray) -> int:
+    limit = min(first.size, second.size)
+    differing = np.flatnonzero(first[:limit] != second[:limit])
+    return int(differing[0]) if differing.size else limit
 
 
 def _file_sha256(path: Path) -> str:
