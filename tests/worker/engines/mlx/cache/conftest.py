@@ -2,6 +2,7 @@
 
 import random
 from collections.abc import Sequence
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -11,9 +12,15 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.qwen2 import Model, ModelArgs
 
 from exo.worker.engines.mlx.cache import CacheLease, PrefixCache
+from exo.worker.engines.mlx.cache.disk_tier import MIN_SNAPSHOT_TOKENS, DiskTier
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, new_prompt_cache
 
 VOCAB_SIZE = 256
+UNLIMITED = 1 << 40
+"""A byte budget no test here reaches."""
+NEW_TOKENS = 8
+TINY_IDENTITY = "tiny-qwen2-hidden64-layers2"
+"""The model identity disk snapshots of `tiny_model` are written under."""
 
 
 def build_qwen2(hidden_size: int, num_layers: int, seed: int = 0) -> nn.Module:
@@ -70,3 +77,27 @@ def random_tokens(count: int, seed: int) -> list[int]:
 def tiny_model() -> nn.Module:
     """Hidden 64, 2 layers, vocab 256: generates in milliseconds."""
     return build_qwen2(hidden_size=64, num_layers=2)
+
+
+SYSTEM_PROMPT = random_tokens(MIN_SNAPSHOT_TOKENS + 40, seed=900)
+"""An agent's system prompt, long enough to be snapshotted on disk."""
+
+
+def session_prompt(session: int) -> list[int]:
+    """A new session of one agent: the shared system prompt, then its own first message."""
+    return [*SYSTEM_PROMPT, *random_tokens(30, seed=910 + session)]
+
+
+def tiny_disk_tier(
+    directory: Path,
+    model: nn.Module,
+    *,
+    budget: int = UNLIMITED,
+    identity: str = TINY_IDENTITY,
+    queue: int = UNLIMITED,
+    write_beside_above: int | None = None,
+) -> DiskTier:
+    """A disk tier in `directory` for `model` (`tiny_model` unless `identity` says otherwise)."""
+    return DiskTier(
+        directory, budget, identity, model, queue_budget_bytes=queue, write_beside_above_bytes=write_beside_above
+    )

@@ -13,21 +13,21 @@ from mlx import nn
 from exo.worker.engines.mlx.cache import PrefixCache
 from exo.worker.engines.mlx.cache import disk_tier as disk_tier_module
 from exo.worker.engines.mlx.cache.disk_tier import MIN_SNAPSHOT_TOKENS, DiskTier
-from tests.worker.engines.mlx.cache.conftest import greedy_uncached, random_tokens, run_turn
-
-UNLIMITED = 1 << 40
-NEW_TOKENS = 8
-IDENTITY = "tiny-qwen2-hidden64-layers2"
-SYSTEM_PROMPT = random_tokens(MIN_SNAPSHOT_TOKENS + 40, seed=900)
-
-
-def _session_prompt(session: int) -> list[int]:
-    return [*SYSTEM_PROMPT, *random_tokens(30, seed=910 + session)]
+from tests.worker.engines.mlx.cache.conftest import (
+    NEW_TOKENS,
+    SYSTEM_PROMPT,
+    UNLIMITED,
+    greedy_uncached,
+    random_tokens,
+    run_turn,
+    session_prompt,
+    tiny_disk_tier,
+)
 
 
 def _background_disk(directory: Path, model: nn.Module, above: int = 0) -> DiskTier:
     """A tier whose writer thread takes a snapshot as soon as more than `above` bytes are queued."""
-    return DiskTier(directory, UNLIMITED, IDENTITY, model, queue_budget_bytes=UNLIMITED, write_beside_above_bytes=above)
+    return tiny_disk_tier(directory, model, write_beside_above=above)
 
 
 def _wait_until(condition: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
@@ -73,7 +73,7 @@ def test_a_snapshot_is_written_without_an_idle_moment_and_serves_a_restart(
 ) -> None:
     disk = _background_disk(tmp_path, tiny_model)
     before = PrefixCache(tiny_model, UNLIMITED, disk)
-    run_turn(before, tiny_model, _session_prompt(1), NEW_TOKENS)
+    run_turn(before, tiny_model, session_prompt(1), NEW_TOKENS)
     # Generation goes on beside the write (the runner never calls write_pending here) with unchanged output.
     other = random_tokens(40, seed=990)
     assert run_turn(before, tiny_model, other, NEW_TOKENS)[0] == greedy_uncached(tiny_model, other, NEW_TOKENS)
@@ -84,9 +84,9 @@ def test_a_snapshot_is_written_without_an_idle_moment_and_serves_a_restart(
     assert disk.queued_bytes == 0
     assert not list(tmp_path.glob("*.partial.safetensors"))
     restarted = PrefixCache(tiny_model, UNLIMITED, _background_disk(tmp_path, tiny_model))
-    generated, lease = run_turn(restarted, tiny_model, _session_prompt(2), NEW_TOKENS)
+    generated, lease = run_turn(restarted, tiny_model, session_prompt(2), NEW_TOKENS)
     assert lease.disk_cached_tokens == len(SYSTEM_PROMPT)
-    assert generated == greedy_uncached(tiny_model, _session_prompt(2), NEW_TOKENS)
+    assert generated == greedy_uncached(tiny_model, session_prompt(2), NEW_TOKENS)
 
 
 def test_one_write_at_a_time_on_the_writer_thread_its_bytes_counted_until_it_lands(
@@ -94,7 +94,7 @@ def test_one_write_at_a_time_on_the_writer_thread_its_bytes_counted_until_it_lan
 ) -> None:
     disk = _background_disk(tmp_path, tiny_model)
     prefix_cache = PrefixCache(tiny_model, UNLIMITED, disk)
-    run_turn(prefix_cache, tiny_model, _session_prompt(1), NEW_TOKENS)
+    run_turn(prefix_cache, tiny_model, session_prompt(1), NEW_TOKENS)
     first_bytes = disk.queued_bytes
     run_turn(prefix_cache, tiny_model, random_tokens(MIN_SNAPSHOT_TOKENS + 10, seed=995), NEW_TOKENS)
 
@@ -119,7 +119,7 @@ def test_an_idle_or_stopping_write_waits_for_the_one_under_way(
 ) -> None:
     disk = _background_disk(tmp_path, tiny_model)
     prefix_cache = PrefixCache(tiny_model, UNLIMITED, disk)
-    run_turn(prefix_cache, tiny_model, _session_prompt(1), NEW_TOKENS)
+    run_turn(prefix_cache, tiny_model, session_prompt(1), NEW_TOKENS)
     threading.Timer(0.2, held_save.release.set).start()
 
     prefix_cache.write_pending_snapshot(newest=True)  # as a stopping runner does
@@ -139,7 +139,7 @@ def test_a_failed_background_write_is_logged_and_leaves_nothing(
     disk = _background_disk(tmp_path, tiny_model)
     prefix_cache = PrefixCache(tiny_model, UNLIMITED, disk)
     with caplog.at_level(logging.WARNING):
-        run_turn(prefix_cache, tiny_model, _session_prompt(1), NEW_TOKENS)
+        run_turn(prefix_cache, tiny_model, session_prompt(1), NEW_TOKENS)
         _settle(disk)
 
     assert "cannot write a disk snapshot" in caplog.text
@@ -148,9 +148,9 @@ def test_a_failed_background_write_is_logged_and_leaves_nothing(
     assert disk.written_in_background == 0
     assert not list(tmp_path.iterdir())
     # The memory tier still serves the next session.
-    generated, lease = run_turn(prefix_cache, tiny_model, _session_prompt(2), NEW_TOKENS)
+    generated, lease = run_turn(prefix_cache, tiny_model, session_prompt(2), NEW_TOKENS)
     assert lease.cached_tokens == len(SYSTEM_PROMPT)
-    assert generated == greedy_uncached(tiny_model, _session_prompt(2), NEW_TOKENS)
+    assert generated == greedy_uncached(tiny_model, session_prompt(2), NEW_TOKENS)
 
 
 def test_a_short_prompts_end_lands_a_finished_write_and_starts_the_next(
@@ -159,7 +159,7 @@ def test_a_short_prompts_end_lands_a_finished_write_and_starts_the_next(
     """Under a load of short requests (none long enough to snapshot) the writes still move on at each task's end."""
     disk = _background_disk(tmp_path, tiny_model)
     prefix_cache = PrefixCache(tiny_model, UNLIMITED, disk)
-    run_turn(prefix_cache, tiny_model, _session_prompt(1), NEW_TOKENS)
+    run_turn(prefix_cache, tiny_model, session_prompt(1), NEW_TOKENS)
     run_turn(prefix_cache, tiny_model, random_tokens(MIN_SNAPSHOT_TOKENS + 10, seed=996), NEW_TOKENS)
     held_save.release.set()
     # The first write's files are done; it is not landed yet.
@@ -178,12 +178,12 @@ def test_a_short_prompts_end_lands_a_finished_write_and_starts_the_next(
 def test_the_writer_thread_waits_until_the_queue_is_over_its_threshold(tiny_model: nn.Module, tmp_path: Path) -> None:
     """Under the threshold a snapshot waits for an idle moment (a session's next turn may replace it unwritten)."""
     probe = _background_disk(tmp_path / "probe", tiny_model, above=UNLIMITED)
-    run_turn(PrefixCache(tiny_model, UNLIMITED, probe), tiny_model, _session_prompt(1), NEW_TOKENS)
+    run_turn(PrefixCache(tiny_model, UNLIMITED, probe), tiny_model, session_prompt(1), NEW_TOKENS)
     one_session = probe.queued_bytes
     disk = _background_disk(tmp_path / "tier", tiny_model, above=one_session * 3 // 2)
     prefix_cache = PrefixCache(tiny_model, UNLIMITED, disk)
 
-    run_turn(prefix_cache, tiny_model, _session_prompt(1), NEW_TOKENS)
+    run_turn(prefix_cache, tiny_model, session_prompt(1), NEW_TOKENS)
     time.sleep(0.2)
     disk.advance_background_writes()
     assert disk.written_in_background == 0

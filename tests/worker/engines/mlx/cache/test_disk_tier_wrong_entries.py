@@ -18,28 +18,27 @@ import pytest
 from mlx import nn
 
 from exo.worker.engines.mlx.cache import PrefixCache
-from exo.worker.engines.mlx.cache.disk_tier import MIN_SNAPSHOT_TOKENS, DiskTier
-from tests.worker.engines.mlx.cache.conftest import greedy_uncached, random_tokens, run_turn
+from tests.worker.engines.mlx.cache.conftest import (
+    NEW_TOKENS,
+    SYSTEM_PROMPT,
+    UNLIMITED,
+    greedy_uncached,
+    run_turn,
+    session_prompt,
+    tiny_disk_tier,
+)
 
-UNLIMITED = 1 << 40
-NEW_TOKENS = 8
-IDENTITY = "tiny-qwen2-hidden64-layers2"
-SYSTEM_PROMPT = random_tokens(MIN_SNAPSHOT_TOKENS + 40, seed=900)
 IS_ROOT = os.geteuid() == 0
 
 
-def _session_prompt(session: int) -> list[int]:
-    return [*SYSTEM_PROMPT, *random_tokens(30, seed=910 + session)]
-
-
 def _tier(directory: Path, model: nn.Module) -> PrefixCache:
-    return PrefixCache(model, UNLIMITED, DiskTier(directory, UNLIMITED, IDENTITY, model, queue_budget_bytes=UNLIMITED))
+    return PrefixCache(model, UNLIMITED, tiny_disk_tier(directory, model))
 
 
 def _one_snapshot(model: nn.Module, directory: Path) -> tuple[Path, Path]:
     """Leave one snapshot of session 1 in `directory`: its data file and its record."""
     before = _tier(directory, model)
-    run_turn(before, model, _session_prompt(1), NEW_TOKENS)
+    run_turn(before, model, session_prompt(1), NEW_TOKENS)
     while before.snapshots_pending:
         before.write_pending_snapshot()
     (data_file,) = directory.glob("*.safetensors")
@@ -130,9 +129,9 @@ WRONG_KINDS: dict[str, Callable[[Path], None]] = {
 def _assert_served_cold_and_clean(
     model: nn.Module, directory: Path, restarted: PrefixCache, *, readable_anyway: bool
 ) -> None:
-    generated, lease = run_turn(restarted, model, _session_prompt(2), NEW_TOKENS)
+    generated, lease = run_turn(restarted, model, session_prompt(2), NEW_TOKENS)
 
-    assert generated == greedy_uncached(model, _session_prompt(2), NEW_TOKENS)
+    assert generated == greedy_uncached(model, session_prompt(2), NEW_TOKENS)
     if readable_anyway:
         # Root reads a file whatever its mode: the snapshot is intact, so it serves.
         assert lease.disk_cached_tokens == len(SYSTEM_PROMPT)
@@ -141,10 +140,10 @@ def _assert_served_cold_and_clean(
     assert sorted(path.name for path in directory.iterdir()) == [], "the wrong entry is removed, whatever its kind"
     # A later start finds nothing wrong, and the next snapshot of the prompt is written and served again.
     again = _tier(directory, model)
-    run_turn(again, model, _session_prompt(3), NEW_TOKENS)
+    run_turn(again, model, session_prompt(3), NEW_TOKENS)
     while again.snapshots_pending:
         again.write_pending_snapshot()
-    _, lease = run_turn(_tier(directory, model), model, _session_prompt(4), NEW_TOKENS)
+    _, lease = run_turn(_tier(directory, model), model, session_prompt(4), NEW_TOKENS)
     assert lease.disk_cached_tokens == len(SYSTEM_PROMPT)
 
 
@@ -209,9 +208,9 @@ def test_a_wrong_entry_that_cannot_be_removed_is_left_alone_and_never_read(
 
     monkeypatch.setattr(shutil, "rmtree", refuse)  # as a read-only mount would
     for session in (2, 3):
-        generated, lease = run_turn(restarted, tiny_model, _session_prompt(session), NEW_TOKENS)
+        generated, lease = run_turn(restarted, tiny_model, session_prompt(session), NEW_TOKENS)
         assert lease.disk_cached_tokens == 0
-        assert generated == greedy_uncached(tiny_model, _session_prompt(session), NEW_TOKENS)
+        assert generated == greedy_uncached(tiny_model, session_prompt(session), NEW_TOKENS)
 
     assert data_file.is_dir()
     assert any("cannot remove" in record.message for record in caplog.records)

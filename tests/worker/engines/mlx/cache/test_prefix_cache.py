@@ -7,10 +7,14 @@ from mlx import nn
 from exo.worker.engines.mlx.cache import PrefixCache
 from exo.worker.engines.mlx.cache.layer_cache import held_token_count
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
-from tests.worker.engines.mlx.cache.conftest import greedy, greedy_uncached, random_tokens, run_turn
-
-UNLIMITED = 1 << 40
-NEW_TOKENS = 8
+from tests.worker.engines.mlx.cache.conftest import (
+    NEW_TOKENS,
+    UNLIMITED,
+    greedy,
+    greedy_uncached,
+    random_tokens,
+    run_turn,
+)
 
 
 def test_empty_store_reuses_nothing_and_prefills_the_whole_prompt(tiny_model: nn.Module) -> None:

@@ -12,23 +12,18 @@ from mlx import nn
 from exo.worker.engines.mlx.cache import PrefixCache
 from exo.worker.engines.mlx.cache.disk_tier import MIN_SNAPSHOT_TOKENS, DiskTier
 from exo.worker.engines.mlx.cache.layer_cache import new_prompt_cache
-from tests.worker.engines.mlx.cache.conftest import VOCAB_SIZE, greedy_uncached, random_tokens, run_turn
-
-UNLIMITED = 1 << 40
-NEW_TOKENS = 8
-IDENTITY = "tiny-qwen2-hidden64-layers2"
-SYSTEM_PROMPT = random_tokens(MIN_SNAPSHOT_TOKENS + 40, seed=500)
-
-
-def _session_prompt(session: int) -> list[int]:
-    """A new session of one agent: the shared system prompt, then its own first message."""
-    return [*SYSTEM_PROMPT, *random_tokens(30, seed=600 + session)]
-
-
-def _disk(
-    directory: Path, model: nn.Module, budget: int = UNLIMITED, identity: str = IDENTITY, queue: int = UNLIMITED
-) -> DiskTier:
-    return DiskTier(directory, budget, identity, model, queue_budget_bytes=queue)
+from tests.worker.engines.mlx.cache.conftest import (
+    NEW_TOKENS,
+    SYSTEM_PROMPT,
+    TINY_IDENTITY,
+    UNLIMITED,
+    VOCAB_SIZE,
+    greedy_uncached,
+    random_tokens,
+    run_turn,
+    session_prompt,
+    tiny_disk_tier,
+)
 
 
 def _write_all(prefix_cache: PrefixCache) -> None:
@@ -52,41 +47,41 @@ def test_memory_holds_more_than_eight_sessions_when_bytes_allow(tiny_model: nn.M
 
 def test_a_new_session_reuses_the_system_prompt_of_an_earlier_one(tiny_model: nn.Module) -> None:
     prefix_cache = PrefixCache(tiny_model, UNLIMITED)
-    run_turn(prefix_cache, tiny_model, _session_prompt(1), NEW_TOKENS)
+    run_turn(prefix_cache, tiny_model, session_prompt(1), NEW_TOKENS)
 
-    generated, lease = run_turn(prefix_cache, tiny_model, _session_prompt(2), NEW_TOKENS)
+    generated, lease = run_turn(prefix_cache, tiny_model, session_prompt(2), NEW_TOKENS)
 
     assert lease.cached_tokens == len(SYSTEM_PROMPT)
     assert lease.disk_cached_tokens == 0
-    assert generated == greedy_uncached(tiny_model, _session_prompt(2), NEW_TOKENS)
+    assert generated == greedy_uncached(tiny_model, session_prompt(2), NEW_TOKENS)
 
 
 def test_after_a_restart_a_new_session_is_served_from_disk_with_the_cold_output(
     tiny_model: nn.Module, tmp_path: Path
 ) -> None:
-    before = PrefixCache(tiny_model, UNLIMITED, _disk(tmp_path, tiny_model))
-    run_turn(before, tiny_model, _session_prompt(1), NEW_TOKENS)
+    before = PrefixCache(tiny_model, UNLIMITED, tiny_disk_tier(tmp_path, tiny_model))
+    run_turn(before, tiny_model, session_prompt(1), NEW_TOKENS)
     assert before.snapshots_pending
     _write_all(before)
     assert len(list(tmp_path.glob("*.safetensors"))) == 1
 
-    restarted = PrefixCache(tiny_model, UNLIMITED, _disk(tmp_path, tiny_model))
-    generated, lease = run_turn(restarted, tiny_model, _session_prompt(2), NEW_TOKENS)
+    restarted = PrefixCache(tiny_model, UNLIMITED, tiny_disk_tier(tmp_path, tiny_model))
+    generated, lease = run_turn(restarted, tiny_model, session_prompt(2), NEW_TOKENS)
 
     assert lease.cached_tokens == len(SYSTEM_PROMPT)
     assert lease.disk_cached_tokens == len(SYSTEM_PROMPT)
-    assert generated == greedy_uncached(tiny_model, _session_prompt(2), NEW_TOKENS)
+    assert generated == greedy_uncached(tiny_model, session_prompt(2), NEW_TOKENS)
 
 
 def test_snapshots_waiting_for_an_idle_moment_hold_no_more_than_their_budget(
     tiny_model: nn.Module, tmp_path: Path
 ) -> None:
     # One session's cache, measured: the queue may hold two and a half of them.
-    probe = PrefixCache(tiny_model, UNLIMITED, _disk(tmp_path / "probe", tiny_model))
+    probe = PrefixCache(tiny_model, UNLIMITED, tiny_disk_tier(tmp_path / "probe", tiny_model))
     run_turn(probe, tiny_model, _unshared_prompt(0), NEW_TOKENS)
     session_bytes = probe.disk_queued_bytes
     assert session_bytes > 0
-    disk = _disk(tmp_path / "tier", tiny_model, queue=session_bytes * 5 // 2)
+    disk = tiny_disk_tier(tmp_path / "tier", tiny_model, queue=session_bytes * 5 // 2)
     # A runner under steady load: turn after turn, never idle, so nothing is written.
     busy = PrefixCache(tiny_model, session_bytes, disk)
     for session in range(1, 7):
@@ -98,7 +93,7 @@ def test_snapshots_waiting_for_an_idle_moment_hold_no_more_than_their_budget(
     _write_all(busy)
     assert busy.usage().snapshots_written == 2
     # The newest two sessions reached the disk; the oldest were dropped unwritten.
-    restarted = PrefixCache(tiny_model, UNLIMITED, _disk(tmp_path / "tier", tiny_model))
+    restarted = PrefixCache(tiny_model, UNLIMITED, tiny_disk_tier(tmp_path / "tier", tiny_model))
     for session, on_disk in ((1, False), (4, False), (5, True), (6, True)):
         _, lease = run_turn(restarted, tiny_model, _unshared_prompt(session), NEW_TOKENS)
         assert (lease.disk_cached_tokens > 0) == on_disk, session
@@ -110,11 +105,11 @@ def _unshared_prompt(session: int) -> list[int]:
 
 
 def test_memory_is_preferred_when_it_holds_as_much_as_disk(tiny_model: nn.Module, tmp_path: Path) -> None:
-    prefix_cache = PrefixCache(tiny_model, UNLIMITED, _disk(tmp_path, tiny_model))
-    run_turn(prefix_cache, tiny_model, _session_prompt(1), NEW_TOKENS)
+    prefix_cache = PrefixCache(tiny_model, UNLIMITED, tiny_disk_tier(tmp_path, tiny_model))
+    run_turn(prefix_cache, tiny_model, session_prompt(1), NEW_TOKENS)
     _write_all(prefix_cache)
 
-    _, lease = run_turn(prefix_cache, tiny_model, _session_prompt(2), NEW_TOKENS)
+    _, lease = run_turn(prefix_cache, tiny_model, session_prompt(2), NEW_TOKENS)
 
     assert lease.cached_tokens == len(SYSTEM_PROMPT)
     assert lease.disk_cached_tokens == 0
@@ -122,8 +117,8 @@ def test_memory_is_preferred_when_it_holds_as_much_as_disk(tiny_model: nn.Module
 
 def _snapshot_then_restart(model: nn.Module, directory: Path) -> Path:
     """Leave one snapshot of session 1 in `directory`; returns its data file."""
-    before = PrefixCache(model, UNLIMITED, _disk(directory, model))
-    run_turn(before, model, _session_prompt(1), NEW_TOKENS)
+    before = PrefixCache(model, UNLIMITED, tiny_disk_tier(directory, model))
+    run_turn(before, model, session_prompt(1), NEW_TOKENS)
     _write_all(before)
     (data_file,) = directory.glob("*.safetensors")
     return data_file
@@ -131,11 +126,11 @@ def _snapshot_then_restart(model: nn.Module, directory: Path) -> Path:
 
 def _assert_rejected_and_cold(model: nn.Module, directory: Path, caplog: pytest.LogCaptureFixture, reason: str) -> None:
     caplog.set_level(logging.WARNING)
-    restarted = PrefixCache(model, UNLIMITED, _disk(directory, model))
-    generated, lease = run_turn(restarted, model, _session_prompt(2), NEW_TOKENS)
+    restarted = PrefixCache(model, UNLIMITED, tiny_disk_tier(directory, model))
+    generated, lease = run_turn(restarted, model, session_prompt(2), NEW_TOKENS)
 
     assert lease.cached_tokens == 0
-    assert generated == greedy_uncached(model, _session_prompt(2), NEW_TOKENS)
+    assert generated == greedy_uncached(model, session_prompt(2), NEW_TOKENS)
     assert not list(directory.glob("*.safetensors")), "the rejected snapshot is deleted"
     assert any("dropping" in record.message and reason in record.message for record in caplog.records)
 
@@ -164,8 +159,8 @@ def _another_models_snapshot_in_our_folder(tiny_model: nn.Module, tmp_path: Path
     """A snapshot written under another model's identity, copied (its files, checksums intact) into this model's
     folder; returns that folder."""
     other = tmp_path / "other-model"
-    foreign = PrefixCache(tiny_model, UNLIMITED, _disk(other, tiny_model, identity="another-model"))
-    run_turn(foreign, tiny_model, _session_prompt(1), NEW_TOKENS)
+    foreign = PrefixCache(tiny_model, UNLIMITED, tiny_disk_tier(other, tiny_model, identity="another-model"))
+    run_turn(foreign, tiny_model, session_prompt(1), NEW_TOKENS)
     _write_all(foreign)
     ours = tmp_path / "ours"
     shutil.copytree(other, ours)
@@ -186,7 +181,7 @@ def test_a_snapshot_whose_record_was_rewritten_for_this_model_is_still_rejected(
 ) -> None:
     ours = _another_models_snapshot_in_our_folder(tiny_model, tmp_path)
     (record,) = ours.glob("*.json")
-    record.write_text(record.read_text().replace("another-model", IDENTITY))  # the data file still says otherwise
+    record.write_text(record.read_text().replace("another-model", TINY_IDENTITY))  # the data file still says otherwise
 
     _assert_rejected_and_cold(tiny_model, ours, caplog, "another model")
 
@@ -199,8 +194,8 @@ def test_the_disk_tier_keeps_within_its_byte_budget_evicting_the_least_recently_
     (probe_file,) = probe_directory.glob("*.safetensors")
     budget = probe_file.stat().st_size * 5 // 2  # two snapshots of this size fit, three do not
     directory = tmp_path / "bounded"
-    prefix_cache = PrefixCache(tiny_model, UNLIMITED, _disk(directory, tiny_model, budget=budget))
-    sessions = [[session, *random_tokens(len(_session_prompt(0)) - 1, seed=900 + session)] for session in range(4)]
+    prefix_cache = PrefixCache(tiny_model, UNLIMITED, tiny_disk_tier(directory, tiny_model, budget=budget))
+    sessions = [[session, *random_tokens(len(session_prompt(0)) - 1, seed=900 + session)] for session in range(4)]
 
     disk = prefix_cache.disk
     assert disk is not None
@@ -211,13 +206,13 @@ def test_the_disk_tier_keeps_within_its_byte_budget_evicting_the_least_recently_
         assert sum(path.stat().st_size for path in directory.glob("*.safetensors")) <= budget
 
     assert disk.entries == 2
-    restarted = PrefixCache(tiny_model, UNLIMITED, _disk(directory, tiny_model, budget=budget))
+    restarted = PrefixCache(tiny_model, UNLIMITED, tiny_disk_tier(directory, tiny_model, budget=budget))
     assert restarted.acquire(sessions[0]).cached_tokens == 0
     assert restarted.acquire(sessions[3]).disk_cached_tokens == len(sessions[3]) - 1
 
 
 def test_a_cache_cut_from_a_longer_one_is_stored_at_its_own_size(tiny_model: nn.Module, tmp_path: Path) -> None:
-    prefix_cache = PrefixCache(tiny_model, UNLIMITED, _disk(tmp_path, tiny_model))
+    prefix_cache = PrefixCache(tiny_model, UNLIMITED, tiny_disk_tier(tmp_path, tiny_model))
     long_prompt = random_tokens(1500, seed=1000)
     run_turn(prefix_cache, tiny_model, long_prompt, NEW_TOKENS)
     long_bytes = prefix_cache.nbytes
@@ -246,8 +241,8 @@ def _snapshot(tier: DiskTier, model: nn.Module, tokens: list[int]) -> None:
 def test_the_snapshot_sharing_the_longest_prefix_is_matched(tiny_model: nn.Module, tmp_path: Path) -> None:
     """Every request compares its prompt with each snapshot on disk (vectorised since it runs per request): the
     longest shared prefix wins, whether the prompt runs past a snapshot, diverges inside it or ends inside it."""
-    tier = _disk(tmp_path, tiny_model)
-    first, second = _session_prompt(1), _session_prompt(2)  # the system prompt, then each session's own tokens
+    tier = tiny_disk_tier(tmp_path, tiny_model)
+    first, second = session_prompt(1), session_prompt(2)  # the system prompt, then each session's own tokens
     for tokens in (first, second):
         _snapshot(tier, tiny_model, tokens)
 

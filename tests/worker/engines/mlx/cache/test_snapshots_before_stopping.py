@@ -9,19 +9,14 @@ import pytest
 from mlx import nn
 
 from exo.worker.engines.mlx.cache import PrefixCache
-from exo.worker.engines.mlx.cache.disk_tier import MIN_SNAPSHOT_TOKENS, DiskTier
+from exo.worker.engines.mlx.cache.disk_tier import MIN_SNAPSHOT_TOKENS
 from exo.worker.runner.idle_snapshots import write_snapshots_before_stopping
-from tests.worker.engines.mlx.cache.conftest import random_tokens, run_turn
-
-UNLIMITED = 1 << 40
-IDENTITY = "tiny-qwen2-hidden64-layers2"
+from tests.worker.engines.mlx.cache.conftest import UNLIMITED, random_tokens, run_turn, tiny_disk_tier
 
 
 def _sessions(model: nn.Module, directory: Path, count: int) -> tuple[PrefixCache, list[list[int]]]:
     """`count` unrelated long sessions answered, their snapshots queued and none written yet."""
-    prefix_cache = PrefixCache(
-        model, UNLIMITED, DiskTier(directory, UNLIMITED, IDENTITY, model, queue_budget_bytes=UNLIMITED)
-    )
+    prefix_cache = PrefixCache(model, UNLIMITED, tiny_disk_tier(directory, model))
     prompts = [[session, *random_tokens(MIN_SNAPSHOT_TOKENS + 20, seed=1_000 + session)] for session in range(count)]
     for prompt in prompts:
         run_turn(prefix_cache, model, prompt, 4)
@@ -37,9 +32,7 @@ def test_a_stopping_runner_writes_every_queued_snapshot_and_a_restart_serves_the
     write_snapshots_before_stopping(prefix_cache)
 
     assert not prefix_cache.snapshots_pending
-    restarted = PrefixCache(
-        tiny_model, UNLIMITED, DiskTier(tmp_path, UNLIMITED, IDENTITY, tiny_model, queue_budget_bytes=UNLIMITED)
-    )
+    restarted = PrefixCache(tiny_model, UNLIMITED, tiny_disk_tier(tmp_path, tiny_model))
     for prompt in prompts:
         _, lease = run_turn(restarted, tiny_model, [*prompt, 7, 7], 4)
         assert lease.disk_cached_tokens >= len(prompt)
@@ -55,9 +48,7 @@ def test_out_of_time_the_latest_session_is_written_and_the_rest_logged(
 
     assert prefix_cache.snapshots_pending
     assert any("unwritten" in record.message for record in caplog.records)
-    restarted = PrefixCache(
-        tiny_model, UNLIMITED, DiskTier(tmp_path, UNLIMITED, IDENTITY, tiny_model, queue_budget_bytes=UNLIMITED)
-    )
+    restarted = PrefixCache(tiny_model, UNLIMITED, tiny_disk_tier(tmp_path, tiny_model))
     _, latest = run_turn(restarted, tiny_model, [*prompts[-1], 7, 7], 4)
     assert latest.disk_cached_tokens >= len(prompts[-1])
     _, first = run_turn(restarted, tiny_model, [*prompts[0], 7, 7], 4)
