@@ -1,8 +1,10 @@
 """A runner's own account of its memory (mlx's arrays and cache, the prefix cache's tiers) for its supervisor: with
 each task's end, so steady load that never lets the runner idle still shows, and, when it changed, after the runner
-turns idle (freed buffers released, queued snapshots written) and as tasks leave a split model's other ranks."""
+turns idle (freed buffers released, queued snapshots written) and as tasks leave a split model's other ranks (at most
+once a second there: each report is a node event, and rank 0's task ends already carry its own)."""
 
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Final
 
 from exo.shared.types.worker.runner_response import RunnerMemory, RunnerMemoryReport
 from exo.worker.runner.channel import RunnerChannel
@@ -21,6 +23,10 @@ def runner_memory(prefix_cache: "PrefixCache | None") -> RunnerMemory:
     )
 
 
+# A busy follower rank reports its memory as tasks leave it at most this often; it reports again once idle.
+LEAVE_REPORT_SECONDS: Final = 1.0
+
+
 class MemoryReports:
     """`runner_memory` for a task's end, and sent on `channel` when it differs from what went out last."""
 
@@ -28,14 +34,19 @@ class MemoryReports:
         self._channel = channel
         self._prefix_cache = prefix_cache
         self._sent: RunnerMemory | None = None
+        self._sent_at = float("-inf")
 
     def at_task_end(self) -> RunnerMemory:
         """The memory now, for the step's task ends to carry (counted as sent)."""
         self._sent = runner_memory(self._prefix_cache)
         return self._sent
 
-    def report(self) -> None:
+    def report(self, *, at_most_every: float = 0.0) -> None:
+        """Send the memory now if it changed, and if `at_most_every` seconds have passed since the last send."""
+        now = time.monotonic()
+        if now - self._sent_at < at_most_every:
+            return
         memory = runner_memory(self._prefix_cache)
         if memory != self._sent:
             self._channel.send(RunnerMemoryReport(memory=memory))
-            self._sent = memory
+            self._sent, self._sent_at = memory, now

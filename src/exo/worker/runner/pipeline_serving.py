@@ -27,7 +27,7 @@ from exo.shared.types.worker.runner_response import (
 from exo.worker.engines.mlx.cpu.core_share import current_ggml_threads
 from exo.worker.runner.channel import RunnerChannel
 from exo.worker.runner.idle_snapshots import write_snapshots_while_idle
-from exo.worker.runner.memory_reports import MemoryReports
+from exo.worker.runner.memory_reports import LEAVE_REPORT_SECONDS, MemoryReports
 from exo.worker.runner.pipeline_link import PipelineLink
 from exo.worker.runner.task_replies import report_cancel, send_step
 
@@ -157,7 +157,7 @@ def _serve_follower(
                 if message.leaves:  # a task ended: what rank 0 sends with its TaskDones, this rank sends alone
                     if (threads := current_ggml_threads()) is not None:
                         channel.send(GgmlThreadsReport(threads=threads))
-                    memory.report()
+                    memory.report(at_most_every=LEAVE_REPORT_SECONDS)
             case EndPipeline():
                 return None
             case _:
