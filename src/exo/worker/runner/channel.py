@@ -4,6 +4,11 @@ A message is encoded on the sender's thread (what it refers to may change once `
 pipe by the channel's own writer thread, in the order sent. A write wakes the supervisor's process, and on a machine
 with few cores that process takes the core the serving loop was on: written by the loop itself, the wake-up held a
 decode step 0.1-0.8 ms (docs/PERFORMANCE.md, issue 36); written here, the loop goes on to its next step meanwhile.
+
+The decode loop asks every step whether a message came (`message_waiting`) without a system call: a watcher thread
+of the channel's own waits on the pipe and raises a flag. A poll from the loop would release the interpreter's lock,
+and the writer thread, woken by the step's send, took it there: the write then ran on the loop's time instead of
+while the loop waits on the model.
 """
 
 import json
@@ -75,6 +80,13 @@ class RunnerChannel:
         self._readable.register(connection.fileno(), select.POLLIN)
         self._writer = threading.Thread(target=self._write, name="runner-channel-writer", daemon=True)
         self._writer.start()
+        # Raised by the watcher thread once the pipe is readable; lowered by `poll` when it finds nothing, which
+        # sets the watcher waiting on the pipe again (a level-triggered poll: nothing that arrives is missed).
+        self._maybe_readable = False
+        self._watch_again = threading.Event()
+        self._watch_again.set()
+        self._watcher = threading.Thread(target=self._watch, name="runner-channel-watcher", daemon=True)
+        self._watcher.start()
 
     def send(self, message: RunnerResponse) -> None:
         """Queue `message` for the pipe (written at once after `close`); raises the error that broke the pipe, once
@@ -128,7 +140,27 @@ class RunnerChannel:
 
     def poll(self, timeout: float = 0.0) -> bool:
         """Whether a message is waiting (or the pipe was closed), after waiting up to `timeout` seconds for one."""
-        return bool(self._readable.poll(max(timeout, 0.0) * 1000))
+        readable = bool(self._readable.poll(max(timeout, 0.0) * 1000))
+        if not readable and self._maybe_readable:
+            self._maybe_readable = False
+            self._watch_again.set()
+        return readable
+
+    def message_waiting(self) -> bool:
+        """Whether a message may be waiting, read from the watcher's flag (no system call, the interpreter's lock
+        kept): True from the moment one arrives until `poll` finds the pipe empty (a True can be stale: `poll` says)."""
+        return self._maybe_readable
+
+    def _watch(self) -> None:
+        watched = select.poll()
+        watched.register(self._connection.fileno(), select.POLLIN)
+        while True:
+            self._watch_again.wait()
+            self._watch_again.clear()
+            events = watched.poll()
+            self._maybe_readable = True
+            if any(event & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, event in events):
+                return  # the supervisor closed the pipe: `poll` and `receive` say so from now on
 
     def fileno(self) -> int:
         """The pipe's descriptor: a pipeline rank waits on it together with its task connections."""
