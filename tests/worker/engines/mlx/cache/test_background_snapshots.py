@@ -1,6 +1,7 @@
 """Disk snapshots written by the tier's writer thread while generation goes on: a runner that is never idle still
 persists its sessions, one write at a time, with the same files, outputs and bookkeeping as an idle write."""
 
+import itertools
 import logging
 import threading
 import time
@@ -129,21 +130,37 @@ def test_an_idle_or_stopping_write_waits_for_the_one_under_way(
     assert len(list(tmp_path.glob("*.json"))) == 1
 
 
-def test_a_failed_background_write_is_logged_and_leaves_nothing(
-    tiny_model: nn.Module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    "case",
+    list(itertools.product([True, False], [RuntimeError("disk full"), TypeError("an unexpected cache state")])),
+    ids=lambda case: f"{'background' if case[0] else 'idle'}-{type(case[1]).__name__}",
+)
+def test_a_failed_write_of_any_kind_is_logged_and_leaves_nothing(
+    tiny_model: nn.Module,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    case: tuple[bool, Exception],
 ) -> None:
+    """A snapshot that cannot be written costs a later prefill, never a request nor the runner: whatever the error,
+    in the background (landed at a task's end) or while idle (the runner's loop)."""
+
     def failing_save(*_arguments: object, **_keywords: object) -> None:
-        raise RuntimeError("disk full")
+        raise error
 
     monkeypatch.setattr(disk_tier_module, "save_prompt_cache", failing_save)
-    disk = _background_disk(tmp_path, tiny_model)
+    background, error = case
+    disk = _background_disk(tmp_path, tiny_model) if background else tiny_disk_tier(tmp_path, tiny_model)
     prefix_cache = PrefixCache(tiny_model, UNLIMITED, disk)
     with caplog.at_level(logging.WARNING):
         run_turn(prefix_cache, tiny_model, session_prompt(1), NEW_TOKENS)
-        _settle(disk)
+        if background:
+            _settle(disk)
+        else:
+            prefix_cache.write_pending_snapshot()
 
     assert "cannot write a disk snapshot" in caplog.text
-    assert "disk full" in caplog.text
+    assert str(error) in caplog.text
     assert disk.entries == 0
     assert disk.written_in_background == 0
     assert not list(tmp_path.iterdir())
