@@ -7,6 +7,7 @@ snapshot's data file or its record can turn into, met either when the tier start
 request's load).
 """
 
+import json
 import logging
 import os
 import shutil
@@ -168,6 +169,15 @@ def test_a_snapshot_data_file_of_any_wrong_kind_is_removed_and_the_prompt_prefil
         assert any("dropping" in record.message for record in caplog.records)
 
 
+def _with_first_token(token: int) -> Callable[[Path], None]:
+    def rewrite(path: Path) -> None:
+        record = json.loads(path.read_text())
+        record["tokens"][0] = token
+        path.write_text(json.dumps(record))
+
+    return rewrite
+
+
 RECORD_KINDS: dict[str, Callable[[Path], None]] = {
     "a directory with contents": _directory_with_contents,
     "a link to a directory": _link_to_a_directory,
@@ -177,6 +187,8 @@ RECORD_KINDS: dict[str, Callable[[Path], None]] = {
     "a truncated file": _truncated,
     "garbage": _garbage_of_the_same_size,
     "an empty file": _empty_file,
+    "a token id past 32 bits": _with_first_token(2**40),
+    "a negative token id": _with_first_token(-1),
 }
 
 

@@ -31,12 +31,13 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeAlias
+from typing import Annotated, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 from mlx import nn
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+from pydantic import Field
 
 from exo.shared.types.common import FrozenModel
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, held_token_count, new_prompt_cache
@@ -45,6 +46,9 @@ from exo.worker.engines.mlx.cache.owned_kv_cache import is_plain_kv_cache
 logger = logging.getLogger(__name__)
 
 TokenArray: TypeAlias = npt.NDArray[np.int32]
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+"""A token id as a snapshot's record holds it: a record with any other number is not one of ours (and would not fit
+the int32 arrays prompts are compared in)."""
 
 MIN_SNAPSHOT_TOKENS = 256
 """Shorter prompts prefill in well under a second anywhere: not worth a file."""
@@ -65,7 +69,7 @@ class SnapshotRecord(FrozenModel):
     """What a snapshot's sidecar file says about it."""
 
     model_identity: str
-    tokens: tuple[int, ...]
+    tokens: tuple[TokenId, ...]
     nbytes: int
     """The size of the safetensors file."""
     sha256: str
