@@ -1,7 +1,7 @@
 """A runner serving ggml weights reports ggml's thread count with each finished task (`TaskDone.ggml_threads`), its
 supervisor keeps it for /state and /metrics (`exo_ggml_threads`); a float32 runner reports none. So does every rank
 of a pipeline or tensor split: rank 0 with its TaskDones, the others (which end no task of their own) with a
-`GgmlThreadsReport` when a task leaves the batch.
+`GgmlThreadsReport` when a task leaves the batch and the count is not the one they sent last.
 
 The ggml runner needs ggml's CPU library (`uv run exo ggml build`, or EXO_GGML_DIR): without it the test skips for a
 reason of the machine, a failure under EXO_STRICT_SKIPS=1.

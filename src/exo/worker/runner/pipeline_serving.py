@@ -135,6 +135,7 @@ def _serve_follower(
     leader = link.connections[0]
     turns = IdleTurns()
     memory = MemoryReports(channel, context.prefix_cache)
+    threads_sent: int | None = None  # each report is a node event: sent when the count changed
     while True:
         if context.prefix_cache is not None and follower.active == 0:
             write_snapshots_while_idle(context.prefix_cache, lambda: channel.poll() or leader.poll())
@@ -155,8 +156,9 @@ def _serve_follower(
                 turns.working()
                 follower.apply(message)
                 if message.leaves:  # a task ended: what rank 0 sends with its TaskDones, this rank sends alone
-                    if (threads := current_ggml_threads()) is not None:
+                    if (threads := current_ggml_threads()) is not None and threads != threads_sent:
                         channel.send(GgmlThreadsReport(threads=threads))
+                        threads_sent = threads
                     memory.report(at_most_every=LEAVE_REPORT_SECONDS)
             case EndPipeline():
                 return None

@@ -213,7 +213,8 @@ def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCo
             _refine_while_idle(channel, context.matmul_planner)
         idle = scheduler.active == 0
         with STEP_CLOCK.part("messages"):
-            incoming = _incoming(channel, wait=idle)
+            # Each decode step asks the watcher's flag first: no system call (channel.py).
+            incoming = _incoming(channel, wait=idle) if idle or channel.message_waiting() else []
         if idle:
             meter.begin()  # the wait for a message was idle time, not part of a step
         if incoming:
@@ -307,8 +308,6 @@ def _incoming(channel: RunnerChannel, *, wait: bool) -> list[RunnerRequest]:
     reads as a Shutdown.
     """
     messages: list[RunnerRequest] = []
-    if not wait and not channel.message_waiting():  # each decode step asks: no system call (channel.py)
-        return messages
     while wait or channel.poll():
         wait = False
         try:
