@@ -12,6 +12,7 @@ from exo.shared.types.common import TaskId
 from exo.shared.types.worker.runner_response import RunnerResponseAdapter, StepOutput, StreamChunks, TaskChunk
 from exo.worker.runner import channel as channel_module
 from exo.worker.runner.channel import RunnerChannel
+from tests.waiting import wait_until
 
 
 def _chunk(index: int) -> TaskChunk:
@@ -128,16 +129,6 @@ def test_poll_sees_a_waiting_message_and_a_closed_pipe() -> None:
     channel.close()
 
 
-def _raised(channel: RunnerChannel, seconds: float = 5.0) -> bool:
-    """Whether the watcher raises the channel's flag within `seconds` (it is a thread: it takes a moment)."""
-    deadline = time.monotonic() + seconds
-    while not channel.message_waiting():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
-
-
 def test_the_flag_the_decode_loop_reads_rises_for_each_message_and_a_closed_pipe_without_a_poll() -> None:
     """The loop's check each step reads a flag, not the pipe: raised when a message arrives, lowered once `poll`
     finds the pipe empty, raised again by the next message (even one that came while it was being lowered)."""
@@ -149,17 +140,17 @@ def test_the_flag_the_decode_loop_reads_rises_for_each_message_and_a_closed_pipe
         theirs.send_bytes(b"{}")
         if round_ % 2:
             theirs.send_bytes(b"{}")  # two at once: both read before the flag is lowered
-        assert _raised(channel), f"round {round_}: the flag did not rise"
+        wait_until(channel.message_waiting, f"the flag to rise in round {round_}", seconds=5.0)
         while channel.poll():
             ours.recv_bytes()
         assert not channel.message_waiting()
     theirs.send_bytes(b"{}")
-    assert _raised(channel)
+    wait_until(channel.message_waiting, "the flag to rise", seconds=5.0)
     assert channel.poll()
     ours.recv_bytes()
     assert not channel.poll()
     theirs.close()
-    assert _raised(channel)
+    wait_until(channel.message_waiting, "the flag to rise", seconds=5.0)
     assert channel.poll()
     with pytest.raises(EOFError):
         channel.receive()

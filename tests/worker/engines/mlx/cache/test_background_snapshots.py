@@ -5,7 +5,6 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from mlx import nn
 from exo.worker.engines.mlx.cache import PrefixCache
 from exo.worker.engines.mlx.cache import disk_tier as disk_tier_module
 from exo.worker.engines.mlx.cache.disk_tier import MIN_SNAPSHOT_TOKENS, DiskTier
+from tests.waiting import wait_until
 from tests.worker.engines.mlx.cache.conftest import (
     NEW_TOKENS,
     SYSTEM_PROMPT,
@@ -31,13 +31,6 @@ def _background_disk(directory: Path, model: nn.Module, above: int = 0) -> DiskT
     return tiny_disk_tier(directory, model, write_beside_above=above)
 
 
-def _wait_until(condition: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"waited {seconds:g} s for {what}"
-        time.sleep(0.01)
-
-
 def _settle(disk: DiskTier) -> None:
     """Land background writes as the runner does at its next task end, until none is queued or under way."""
 
@@ -45,7 +38,7 @@ def _settle(disk: DiskTier) -> None:
         disk.advance_background_writes()
         return not disk.pending
 
-    _wait_until(settled, "the writer thread to finish", seconds=30)
+    wait_until(settled, "the writer thread to finish", seconds=30)
 
 
 class _HeldSave:
@@ -99,7 +92,7 @@ def test_one_write_at_a_time_on_the_writer_thread_its_bytes_counted_until_it_lan
     first_bytes = disk.queued_bytes
     run_turn(prefix_cache, tiny_model, random_tokens(MIN_SNAPSHOT_TOKENS + 10, seed=995), NEW_TOKENS)
 
-    _wait_until(lambda: bool(held_save.threads), "a write to start")
+    wait_until(lambda: bool(held_save.threads), "a write to start")
     assert held_save.threads == ["snapshot-writer_0"]  # one write under way, on the tier's thread
     assert first_bytes > 0
     assert disk.queued_bytes > first_bytes  # the one under way and the one waiting, both still in memory
@@ -180,7 +173,7 @@ def test_a_short_prompts_end_lands_a_finished_write_and_starts_the_next(
     run_turn(prefix_cache, tiny_model, random_tokens(MIN_SNAPSHOT_TOKENS + 10, seed=996), NEW_TOKENS)
     held_save.release.set()
     # The first write's files are done; it is not landed yet.
-    _wait_until(lambda: bool(list(tmp_path.glob("*.json"))), "the first write's files")
+    wait_until(lambda: bool(list(tmp_path.glob("*.json"))), "the first write's files")
     time.sleep(0.05)
     assert disk.entries == 0
 
@@ -189,7 +182,7 @@ def test_a_short_prompts_end_lands_a_finished_write_and_starts_the_next(
 
     assert disk.entries == 1  # landed at the short task's end
     # And the second write started there: nothing else would start it.
-    _wait_until(lambda: len(held_save.threads) == 2, "the second write to start")
+    wait_until(lambda: len(held_save.threads) == 2, "the second write to start")
 
 
 def test_the_writer_thread_waits_until_the_queue_is_over_its_threshold(tiny_model: nn.Module, tmp_path: Path) -> None:
@@ -212,7 +205,7 @@ def test_the_writer_thread_waits_until_the_queue_is_over_its_threshold(tiny_mode
         disk.advance_background_writes()
         return disk.written_in_background > 0
 
-    _wait_until(written, "the writer thread to take the oldest snapshot")
+    wait_until(written, "the writer thread to take the oldest snapshot")
     assert disk.entries == 1
     assert disk.queued_bytes < one_session * 3 // 2  # one left for an idle moment
     assert probe.written_in_background == 0  # never over its threshold
