@@ -131,6 +131,8 @@ def test_prometheus_carries_each_runners_memory_where_it_was_reported() -> None:
         disk_entries=3,
         snapshots_written=7,
         snapshots_dropped=2,
+        snapshots_loaded=4,
+        snapshots_passed_over=1,
     )
     memory = RunnerMemory(mlx_active_bytes=5000, mlx_cache_bytes=70, prefix_cache=usage)
     on_a = runner("ra", NODE_A).model_copy(update={"resident_bytes": 8000, "memory": memory})
@@ -164,4 +166,9 @@ def test_prometheus_carries_each_runners_memory_where_it_was_reported() -> None:
         (sample.labels["runner_id"], sample.labels["outcome"]): sample.value
         for sample in families["exo_prefix_cache_snapshots"].samples
     }
-    assert outcomes == {("ra", "written"): 7.0, ("ra", "dropped"): 2.0}
+    assert outcomes == {
+        ("ra", "written"): 7.0,
+        ("ra", "dropped"): 2.0,
+        ("ra", "loaded"): 4.0,
+        ("ra", "passed_over"): 1.0,
+    }

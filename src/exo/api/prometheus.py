@@ -136,8 +136,9 @@ class _StateCollector:
         )
         snapshots = CounterMetricFamily(
             "exo_prefix_cache_snapshots",
-            "Disk snapshots since the runner started, by outcome: written, or dropped unwritten from a full queue "
-            "(sessions ending faster than they are written)",
+            "Disk snapshots since the runner started, by outcome: written, dropped unwritten from a full queue "
+            "(sessions ending faster than they are written), loaded for a prompt, or passed_over (prefilling what "
+            "they held beyond memory was measured to cost less than loading them)",
             labels=[*labels, "outcome"],
         )
         for runner in sorted(self._state.runners.values(), key=lambda runner: runner.runner_id):
@@ -156,6 +157,8 @@ class _StateCollector:
                 prefix_entries.add_metric([*values, "disk"], usage.disk_entries)
                 snapshots.add_metric([*values, "written"], usage.snapshots_written)
                 snapshots.add_metric([*values, "dropped"], usage.snapshots_dropped)
+                snapshots.add_metric([*values, "loaded"], usage.snapshots_loaded)
+                snapshots.add_metric([*values, "passed_over"], usage.snapshots_passed_over)
         yield from (resident, active, cached, prefix_bytes, prefix_entries, snapshots)
 
     def _step_metrics(self) -> Iterator[Metric]:

@@ -194,7 +194,12 @@ def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCo
     from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
     from exo.worker.runner.idle_turns import IdleTurns
 
-    scheduler = GenerationScheduler(context.loaded.model, context.decode)
+    prefix_cache = context.prefix_cache
+    scheduler = GenerationScheduler(
+        context.loaded.model,
+        context.decode,
+        on_prefill_piece=prefix_cache.prefilled if prefix_cache is not None else None,
+    )
     if step_costs is not None:
         scheduler.step_costs = step_costs
     meter = StepMeter()
@@ -202,10 +207,10 @@ def _serve(channel: RunnerChannel, context: "EngineContext", step_costs: "StepCo
     sender = StepSender(channel)
     meter.begin()
     turns = IdleTurns()
-    memory = MemoryReports(channel, context.prefix_cache)
+    memory = MemoryReports(channel, prefix_cache)
     while True:
-        if scheduler.active == 0 and context.prefix_cache is not None:
-            write_snapshots_while_idle(context.prefix_cache, channel.poll)
+        if scheduler.active == 0 and prefix_cache is not None:
+            write_snapshots_while_idle(prefix_cache, channel.poll)
         if scheduler.active == 0:
             turns.idle()
             memory.report()

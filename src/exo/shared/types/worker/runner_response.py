@@ -184,6 +184,11 @@ class PrefixCacheUsage(FrozenModel):
     snapshots_dropped: int = 0
     """Disk snapshots dropped from a full queue unwritten since the runner started: sessions ended faster than
     they could be written."""
+    snapshots_loaded: int = 0
+    """Disk snapshots loaded for a prompt since the runner started."""
+    snapshots_passed_over: int = 0
+    """Disk snapshots holding more of a prompt than memory did that were not loaded, since the runner started: this
+    runner measured that prefilling the tokens they added costs less than loading them."""
 
 
 class RunnerMemory(FrozenModel):

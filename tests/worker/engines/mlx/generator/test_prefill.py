@@ -21,7 +21,7 @@ from exo.worker.engines.mlx.generator.prefill import (
 )
 from exo.worker.engines.mlx.generator.scheduler import GenerationScheduler
 from tests.fixtures.fixture_specs import FIXTURE_MODELS_DIR, user
-from tests.worker.engines.mlx.generator.scheduling import JsonBody, engine_context, run_alone, task
+from tests.worker.engines.mlx.generator.scheduling import JsonBody, engine_context, run, run_alone, task
 
 TARGET = 0.3
 LONG_CONVERSATION: JsonBody = {"messages": [user("tell me about the weather " * 120)], "max_tokens": 6}
@@ -109,6 +109,29 @@ def test_a_cancel_between_pieces_leaves_what_was_prefilled_in_the_prefix_cache()
 
     again = ChatRequest.open(context, task(LONG_CONVERSATION))
     assert again.cached_tokens == prefilled
+
+
+def test_the_prefix_cache_is_told_what_each_prefill_piece_cost() -> None:
+    settings = DecodeSettings(batch_size=1, speculation=None, prefill_piece_seconds=1e-6)  # many pieces
+    context = engine_context(FIXTURE_MODELS_DIR / "tiny-qwen-tools", settings, prefix_cache_bytes=1 << 26)
+    prefix_cache = context.prefix_cache
+    assert prefix_cache is not None
+    pieces: list[tuple[int, float]] = []
+
+    def told(tokens: int, seconds: float) -> None:
+        pieces.append((tokens, seconds))
+        prefix_cache.prefilled(tokens, seconds)
+
+    one = task(LONG_CONVERSATION)
+    run(context, {0: [one]}, scheduler=GenerationScheduler(context.loaded.model, settings, on_prefill_piece=told))
+
+    request = ChatRequest.open(context, task(LONG_CONVERSATION))
+    assert len(pieces) > 1
+    assert sum(tokens for tokens, _ in pieces) == len(request.prompt_tokens) - 1  # all but the decoder's last token
+    assert all(seconds > 0 for _, seconds in pieces)
+    measured = prefix_cache.load_or_prefill.prefill_seconds_per_token
+    assert measured is not None
+    assert 0 < measured < 1
 
 
 def test_a_floor_per_token_makes_the_prefill_last_at_least_that_long_in_short_steps() -> None:

@@ -96,6 +96,8 @@ class DiskMatch:
 
     key: str
     common_tokens: int
+    nbytes: int
+    """The snapshot file's size: what a load reads and checks, however few of its tokens are used."""
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,7 @@ class DiskTier:
                 continue
             common = _common_prefix(held, asked)
             if best is None or common > best.common_tokens:
-                best = DiskMatch(entry.key, common)
+                best = DiskMatch(entry.key, common, entry.record.nbytes)
         return best
 
     def load(self, key: str) -> tuple[PromptCache, tuple[int, ...]] | None:

@@ -9,11 +9,14 @@ caches whose contents are verified to match the tokens they are filed under.
 Memory is bounded by bytes alone (no count of entries): a new session of an agent shares its system prompt and tool
 list with every earlier one, and finds it in whichever entry holds it. With a `DiskTier`, what is stored is also
 queued as a snapshot on disk, and a prompt whose longest known prefix is on disk only (after a restart, or evicted
-from memory) is served from there.
+from memory) is served from there, unless this runner measured that prefilling the tokens the snapshot adds to
+memory's match costs less than loading it (`LoadOrPrefill`).
 """
 
 import dataclasses
 import itertools
+import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,7 +24,7 @@ from mlx import nn
 from mlx_lm.models.cache import LRUPromptCache
 
 from exo.shared.types.worker.runner_response import PrefixCacheUsage
-from exo.worker.engines.mlx.cache.disk_tier import DiskTier
+from exo.worker.engines.mlx.cache.disk_tier import DiskMatch, DiskTier
 from exo.worker.engines.mlx.cache.layer_cache import (
     PromptCache,
     can_trim,
@@ -31,7 +34,10 @@ from exo.worker.engines.mlx.cache.layer_cache import (
     new_prompt_cache,
     trim_tokens,
 )
+from exo.worker.engines.mlx.cache.load_or_prefill import LoadOrPrefill
 from exo.worker.engines.mlx.step_clock import STEP_CLOCK
+
+logger = logging.getLogger(__name__)
 
 # LRUPromptCache can hold several models' caches keyed by a model handle; a PrefixCache serves exactly one model.
 _MODEL_KEY = "model"
@@ -74,6 +80,16 @@ class PrefixCache:
         self._disk = disk
         self._lease_ids = itertools.count()
         self._outstanding: set[int] = set()
+        self.load_or_prefill = LoadOrPrefill()
+        """This runner's measured costs of a snapshot's load and of the prefill it saves."""
+        self.snapshots_loaded = 0
+        self.snapshots_passed_over = 0
+        """Disk snapshots holding more of a prompt than memory that were not loaded: prefilling the difference was
+        measured to cost less."""
+
+    def prefilled(self, tokens: int, seconds: float) -> None:
+        """A prefill pass fed `tokens` in `seconds` of work: what a snapshot's load is weighed against."""
+        self.load_or_prefill.prefilled(tokens, seconds)
 
     @property
     def nbytes(self) -> int:
@@ -110,6 +126,8 @@ class PrefixCache:
             disk_entries=self._disk.entries if self._disk is not None else 0,
             snapshots_written=self._disk.written if self._disk is not None else 0,
             snapshots_dropped=self._disk.dropped_from_queue if self._disk is not None else 0,
+            snapshots_loaded=self.snapshots_loaded,
+            snapshots_passed_over=self.snapshots_passed_over,
         )
 
     def write_pending_snapshot(self, *, newest: bool = False) -> None:
@@ -209,16 +227,35 @@ class PrefixCache:
         if self._disk is None or (match := self._disk.best_match(prompt)) is None:
             return None
         usable = min(match.common_tokens, len(prompt) - 1)
-        if usable <= better_than:
+        if usable <= better_than or not self._worth_loading(match, saved_tokens=usable - better_than):
             return None
+        started = time.perf_counter()
         loaded = self._disk.load(match.key)
         if loaded is None:
             return None
         cache, held = loaded
+        materialize(cache)  # mlx reads lazily: the read belongs to the load's measured cost, not the first pass's
+        self.load_or_prefill.loaded(match.nbytes, time.perf_counter() - started)
         excess = len(held) - usable
         if excess and (not can_trim(cache) or trim_tokens(cache, excess) != excess):
             return None
+        self.snapshots_loaded += 1
         return cache, usable
+
+    def _worth_loading(self, match: DiskMatch, saved_tokens: int) -> bool:
+        estimate = self.load_or_prefill.estimate(saved_tokens, match.nbytes)
+        if estimate is None or estimate.worth_loading:
+            return True
+        self.snapshots_passed_over += 1
+        logger.info(
+            "prefix cache: prefilling %d tokens (about %.3f s) instead of loading a %.1f MB disk snapshot "
+            "(about %.3f s)",
+            saved_tokens,
+            estimate.prefill_seconds,
+            match.nbytes / 1e6,
+            estimate.load_seconds,
+        )
+        return False
 
     def _reconcile(self, lease: CacheLease, cache: PromptCache, tokens: list[int]) -> list[int] | None:
         """The tokens ``cache`` verifiably holds, after trimming any excess; None if it cannot be trusted."""

@@ -13,7 +13,7 @@ seconds per layer on a CPU deep into a long one (attention grows with the contex
 """
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import mlx.core as mx
 from mlx import nn
@@ -55,10 +55,18 @@ def slow_prefill_seconds_per_token(environment: Mapping[str, str]) -> float:
 class PiecePacer:
     """How many tokens the next prefill piece gets, from the measured cost per layer of the last one."""
 
-    def __init__(self, target_seconds: float = PIECE_SECONDS, *, floor_seconds_per_token: float = 0.0) -> None:
+    def __init__(
+        self,
+        target_seconds: float = PIECE_SECONDS,
+        *,
+        floor_seconds_per_token: float = 0.0,
+        on_piece: Callable[[int, float], None] | None = None,
+    ) -> None:
         if target_seconds <= 0:
             raise ValueError("a piece needs a positive target time")
         self.target_seconds = target_seconds
+        self._on_piece = on_piece
+        """Told each piece's tokens and working seconds (the prefix cache weighs a snapshot's load against them)."""
         self.floor_seconds_per_token = floor_seconds_per_token
         """The least a piece may take per token (`SLOW_PREFILL_VARIABLE`): a piece done sooner is held back, in
         steps no longer than `step_seconds`, before the next one starts or the prompt counts as read."""
@@ -78,6 +86,8 @@ class PiecePacer:
         pieces back to a few dozen tokens, measured 2-6% slower over a 2,652-token prompt than starting at 128."""
         if tokens <= 0:
             return
+        if self._on_piece is not None:
+            self._on_piece(tokens, seconds)
         per_unit = seconds / max(layers, 1)
         fitting = tokens * self.target_seconds / max(per_unit, 1e-6)
         if tokens < self._size:

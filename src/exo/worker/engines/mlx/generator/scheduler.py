@@ -16,7 +16,7 @@ in one member's grammar fails that member alone; a failure of the forward pass f
 """
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from mlx import nn
@@ -96,11 +96,20 @@ class _Prefilled:
 class GenerationScheduler:
     """The active requests of one loaded model and the decoder each one is on."""
 
-    def __init__(self, model: nn.Module, settings: DecodeSettings) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        settings: DecodeSettings,
+        *,
+        on_prefill_piece: Callable[[int, float], None] | None = None,
+    ) -> None:
+        """`on_prefill_piece` is told each prefill piece's tokens and working seconds."""
         self._model = model
         self._settings = settings
         self._pacer = PiecePacer(
-            settings.prefill_piece_seconds, floor_seconds_per_token=settings.slow_prefill_seconds_per_token
+            settings.prefill_piece_seconds,
+            floor_seconds_per_token=settings.slow_prefill_seconds_per_token,
+            on_piece=on_prefill_piece,
         )
         self._prefilling: dict[TaskId, tuple[ChatRequest, PromptPrefill]] = {}
         """In order of arrival; the first one is fed a piece per step, with the others ready for one beside it."""
