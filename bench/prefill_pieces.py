@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from bench.in_process import load_as_the_runner_does, print_run_header
 from bench.machine import record_start_commit
-from bench.markdown import without_directories
 from bench.worker_process import with_runners_blas
 
 FIXED_PIECE_TOKENS = 512
@@ -49,15 +49,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _measure(command: list[str]) -> None:
     import mlx.core as mx
 
-    from bench.machine import section_run
-    from exo.models.paths import default_models_dir
-    from exo.models.resolve import resolve_model
-    from exo.shared.types.worker.shards import ShardAssignment
     from exo.worker.engines.mlx.cache.layer_cache import materialize, new_prompt_cache
-    from exo.worker.engines.mlx.cpu.engine import CpuKernels
-    from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
     from exo.worker.engines.mlx.generator.prefill import PiecePacer, PromptPrefill
-    from exo.worker.engines.mlx.model_loader import load_model
 
     parser = argparse.ArgumentParser(prog="python -m bench.prefill_pieces")
     parser.add_argument("--model", help="model spec as `exo --model` takes it (default: exo's default model)")
@@ -65,12 +58,7 @@ def _measure(command: list[str]) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--only-paced", action="store_true", help="skip the fixed-piece variant")
     arguments = parser.parse_args(command)
-    kernels = CpuKernels()
-    loaded = load_model(
-        resolve_model(arguments.model, default_models_dir()).path, ShardAssignment(), cpu_kernels=kernels
-    )
-    if kernels.allow_matmul_plan(True, loaded.dtype):
-        MatmulPlanner.for_loaded(loaded)
+    loaded = load_as_the_runner_does(arguments.model)
     model = loaded.model
     load_before = os.getloadavg()
 
@@ -124,16 +112,12 @@ def _measure(command: list[str]) -> None:
                 if length in finished:  # outside the timing
                     continuations[length] = greedy_continuation(*finished.pop(length))
                 print(f"{length} tokens, {name}: {results[(length, name)].wall[-1]:.1f} s", file=sys.stderr)
-    run = section_run(command, program="uv run python -m bench.prefill_pieces")
-    load_after = os.getloadavg()
-    print(f"Cold prefill, {loaded.dtype} weights, {arguments.rounds} round(s) with the variants taking turns")
-    print(f"commit {run.exo_commit}, {run.cpu}, {run.finished_utc}")
-    print(
-        "load average (1, 5, 15 min) "
-        f"{', '.join(f'{value:.2f}' for value in load_before)} at the start, "
-        f"{', '.join(f'{value:.2f}' for value in load_after)} at the end"
+    print_run_header(
+        f"Cold prefill, {loaded.dtype} weights, {arguments.rounds} round(s) with the variants taking turns",
+        command,
+        "bench.prefill_pieces",
+        load_before,
     )
-    print(f"command `{without_directories(run.command)}`\n")
     print("| Prompt tokens | Variant | Wall s, each round | CPU s, each round | Longest step s |")
     print("| --- | --- | --- | --- | --- |")
     for (length, name), timings in results.items():

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from bench.in_process import load_as_the_runner_does, print_run_header
 from bench.machine import record_start_commit
-from bench.markdown import without_directories
 from bench.worker_process import with_runners_blas
 
 if TYPE_CHECKING:
@@ -37,37 +37,16 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _measure(command: list[str]) -> None:
-    from bench.machine import section_run
-    from exo.models.paths import default_models_dir
-    from exo.models.resolve import resolve_model
-    from exo.shared.types.worker.shards import ShardAssignment
-    from exo.worker.engines.mlx.cpu.engine import CpuKernels
-    from exo.worker.engines.mlx.cpu.matmul_planner import MatmulPlanner
-    from exo.worker.engines.mlx.model_loader import load_model
-
     parser = argparse.ArgumentParser(prog="python -m bench.snapshot_load")
     parser.add_argument("--model", help="model spec as `exo --model` takes it (default: exo's default model)")
     parser.add_argument("--tokens", default="2000,8000", help="prompt lengths, comma-separated")
     parser.add_argument("--loads", type=int, default=3, help="loads of each snapshot")
     arguments = parser.parse_args(command)
-    kernels = CpuKernels()
-    loaded = load_model(
-        resolve_model(arguments.model, default_models_dir()).path, ShardAssignment(), cpu_kernels=kernels
-    )
-    if kernels.allow_matmul_plan(True, loaded.dtype):
-        MatmulPlanner.for_loaded(loaded)
+    loaded = load_as_the_runner_does(arguments.model)
     load_before = os.getloadavg()
     rows = [measure_length(loaded, int(value), arguments.loads) for value in arguments.tokens.split(",")]
-    run = section_run(command, program="uv run python -m bench.snapshot_load")
-    load_after = os.getloadavg()
-    print(f"A disk snapshot's load against the prefill it saves, {loaded.dtype} weights")
-    print(f"commit {run.exo_commit}, {run.cpu}, {run.finished_utc}")
-    print(
-        "load average (1, 5, 15 min) "
-        f"{', '.join(f'{value:.2f}' for value in load_before)} at the start, "
-        f"{', '.join(f'{value:.2f}' for value in load_after)} at the end"
-    )
-    print(f"command `{without_directories(run.command)}`\n")
+    title = f"A disk snapshot's load against the prefill it saves, {loaded.dtype} weights"
+    print_run_header(title, command, "bench.snapshot_load", load_before)
     print(
         "| Prompt tokens | Snapshot MB | Cold prefill s | Prefill ms a token (rule's average) | Loads ms, each |"
         " Load µs a token (median) | Load ns a byte (rule's average) | Break-even: tokens a load must add |"

@@ -63,7 +63,12 @@ def _serve_leader(
     from exo.worker.engines.mlx.distributed.task_channel import EndPipeline, PeerLostError, send_message
     from exo.worker.runner.idle_turns import IdleTurns
 
-    leader = PipelineBatchLeader(context.loaded, link.connections, prefill_step_size=context.decode.prefill_step_size)
+    leader = PipelineBatchLeader(
+        context.loaded,
+        link.connections,
+        prefill_step_size=context.decode.prefill_step_size,
+        prefix_cache=context.prefix_cache,
+    )
     followers = list(link.connections.values())
     turns = IdleTurns()
     memory = MemoryReports(channel, context.prefix_cache)

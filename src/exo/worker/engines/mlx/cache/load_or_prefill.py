@@ -1,11 +1,12 @@
 """Whether loading a disk snapshot beats prefilling the tokens it would save, by this runner's own measurements.
 
 A load reads, hashes and parses the whole snapshot however few tokens it adds to what memory holds. On a CPU prefill
-is slow (12-20 ms a token for the default model on two cores, against about 25 µs a token's worth of snapshot to
-load), so a load pays for itself after a few tokens; on a fast accelerator a long snapshot that adds a few dozen
-tokens to memory's match costs more to load than prefilling them. The two costs are measured as the runner goes:
-each prefill piece's seconds per token and each load's seconds per byte, as running averages. Until both have been
-measured, the snapshot is loaded (what a tier that knows nothing of the device should do: the disk holds more).
+is slow (10-17 ms a token for the default model on two EPYC cores, against 20-24 µs a token's worth of snapshot to
+load: `bench.snapshot_load`), so a load pays for itself after a few tokens; where prefill runs at thousands of tokens
+a second, a long snapshot that adds a few dozen tokens to memory's match costs more to load than prefilling them.
+The two costs are measured as the runner goes: each prefill piece's seconds per token and each load's seconds per
+byte, as running averages. Until both have been measured, the snapshot is loaded (what a tier that knows nothing of
+the device should do: the disk holds more).
 """
 
 from dataclasses import dataclass

@@ -110,7 +110,9 @@ class PipelineBatchFollower:
         member = self._members[piece.task_id]
         assert member.cache is not None
         tokens = member.prompt[piece.start : piece.start + piece.length]
-        prefill(self._loaded.model, member.cache, tokens, max(len(tokens), 1))
+        seconds = prefill(self._loaded.model, member.cache, tokens, max(len(tokens), 1))
+        if self._prefix_cache is not None:
+            self._prefix_cache.prefilled(len(tokens), seconds)  # the ring's cost of a token: what a load saves
         member.held += tokens
 
     def _leave(self, task_id: TaskId, *, keep: bool) -> None:

@@ -28,6 +28,7 @@ import mlx.core as mx
 from exo.shared.types.chunks import Chunk, ErrorChunk, Usage
 from exo.shared.types.common import TaskId
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache
+from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
 from exo.worker.engines.mlx.distributed.batch_rows import BatchRows, agree_on_divergence
 from exo.worker.engines.mlx.distributed.lockstep import agree_on_cached_tokens, prefill
 from exo.worker.engines.mlx.distributed.task_channel import (
@@ -72,11 +73,18 @@ class PipelineBatchLeader:
     """Rank 0's batch: requests waiting to join, the one reading its prompt, and the decode rows."""
 
     def __init__(
-        self, loaded: LoadedModel, followers: Mapping[int, Connection], *, prefill_step_size: int = 512
+        self,
+        loaded: LoadedModel,
+        followers: Mapping[int, Connection],
+        *,
+        prefill_step_size: int = 512,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
+        """`prefix_cache`: the one the requests lease from, told what each prefill piece cost."""
         if loaded.group is None:
             raise ValueError("a pipeline leader needs its ring")
         self._loaded = loaded
+        self._prefix_cache = prefix_cache
         self._group = loaded.group
         self._followers = dict(followers)
         self._prefill_step_size = prefill_step_size
@@ -198,7 +206,9 @@ class PipelineBatchLeader:
         prefilling = self._prefilling
         assert prefilling is not None
         tokens = prefilling.tokens[prefilling.fed : prefilling.fed + piece.length]
-        prefill(self._loaded.model, prefilling.cache, tokens, max(len(tokens), 1))
+        seconds = prefill(self._loaded.model, prefilling.cache, tokens, max(len(tokens), 1))
+        if self._prefix_cache is not None:
+            self._prefix_cache.prefilled(len(tokens), seconds)  # the ring's cost of a token: what a load saves
         prefilling.fed += len(tokens)
         request = prefilling.request
         progress = request.prefill_progress(request.cached_tokens + prefilling.fed)

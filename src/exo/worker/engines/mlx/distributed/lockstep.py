@@ -1,6 +1,7 @@
 """What every rank of a pipeline does together, in the same order, besides the batch's decode steps: agree on the
 cached prefix of a joining prompt, and prefill the same chunks of it."""
 
+import time
 from collections.abc import Sequence
 from typing import cast
 
@@ -19,8 +20,10 @@ def agree_on_cached_tokens(group: mx.distributed.Group, cached_tokens: int) -> i
     return value
 
 
-def prefill(model: nn.Module, cache: PromptCache, tokens: Sequence[int], step_size: int) -> None:
-    """Feed `tokens` in chunks of `step_size`; every rank runs the same chunks (each one crosses the whole ring)."""
+def prefill(model: nn.Module, cache: PromptCache, tokens: Sequence[int], step_size: int) -> float:
+    """Feed `tokens` in chunks of `step_size`; every rank runs the same chunks (each one crosses the whole ring).
+    Returns the seconds it took: on every rank, what the whole ring took (a rank waits for the others' stages)."""
+    started = time.perf_counter()
     for begin in range(0, len(tokens), step_size):
         chunk = mx.array(list(tokens[begin : begin + step_size]))[None]
         with mx.stream(generation_stream):
@@ -28,3 +31,4 @@ def prefill(model: nn.Module, cache: PromptCache, tokens: Sequence[int], step_si
             mx.eval(stage_forward(model, chunk, cache, leader=False))
             materialize(cache)
         mx.clear_cache()
+    return time.perf_counter() - started
