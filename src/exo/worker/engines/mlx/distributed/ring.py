@@ -3,12 +3,14 @@
 The ring backend reads its peers from a hostfile (a JSON array of "ip:port" lists, indexed by rank) and the rank from
 the environment, then blocks until every neighbour has connected, holding the GIL. A rank whose peers never come
 would wait forever (without using the CPU), so the join runs under the kernel's deadline (`exo.worker.ring_deadline`:
-SIGALRM ends the process) and mlx giving up earlier raises `RingNotFormedError`.
+SIGALRM ends the process) and mlx giving up earlier raises `RingNotFormedError`. A process so ended leaves its
+hostfile's folder behind; the next join on the machine removes the folders of processes that are gone.
 """
 
 import json
 import logging
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -20,6 +22,9 @@ from exo.shared.types.worker.shards import PipelinePeers, ShardAssignment
 from exo.worker.ring_deadline import RingNotFormedError, ring_join_timeout
 
 logger = logging.getLogger(__name__)
+
+HOSTFILE_FOLDER_PREFIX = "exo-ring-"
+"""The hostfile's temporary folder is named after this, the joining process's id and a random part."""
 
 
 def hostfile_entries(peers: PipelinePeers) -> list[list[str]]:
@@ -39,7 +44,8 @@ def join_ring(shard: ShardAssignment, timeout: float | None = None) -> mx.distri
         raise ValueError("only a pipeline shard joins a ring")
     seconds = ring_join_timeout() if timeout is None else timeout
     on_main_thread = threading.current_thread() is threading.main_thread()
-    with tempfile.TemporaryDirectory(prefix="exo-ring-") as folder:
+    remove_stale_hostfiles()
+    with tempfile.TemporaryDirectory(prefix=f"{HOSTFILE_FOLDER_PREFIX}{os.getpid()}-") as folder:
         hostfile = Path(folder) / "hostfile.json"
         hostfile.write_text(json.dumps(hostfile_entries(peers)))
         os.environ["MLX_HOSTFILE"] = str(hostfile)
@@ -71,3 +77,21 @@ def join_ring(shard: ShardAssignment, timeout: float | None = None) -> mx.distri
         raise RuntimeError(f"joined as rank {group.rank()} of {group.size()}, expected {expected}")
     logger.info("rank %d of %d joined the ring at %s", shard.rank, shard.world_size, peers.ring_addresses[shard.rank])
     return group
+
+
+def remove_stale_hostfiles() -> None:
+    """Remove the hostfile folders of processes that are gone (a rank ended by its deadline inside mlx leaves one)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{HOSTFILE_FOLDER_PREFIX}*-*"):
+        pid = folder.name.removeprefix(HOSTFILE_FOLDER_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
