@@ -18,6 +18,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from exo.shared.process_alive import process_alive
 from exo.shared.types.worker.shards import PipelinePeers, ShardAssignment
 from exo.worker.ring_deadline import RingNotFormedError, ring_join_timeout
 
@@ -83,15 +84,5 @@ def remove_stale_hostfiles() -> None:
     """Remove the hostfile folders of processes that are gone (a rank ended by its deadline inside mlx leaves one)."""
     for folder in Path(tempfile.gettempdir()).glob(f"{HOSTFILE_FOLDER_PREFIX}*-*"):
         pid = folder.name.removeprefix(HOSTFILE_FOLDER_PREFIX).split("-", 1)[0]
-        if pid.isdigit() and not _running(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
