@@ -133,6 +133,7 @@ def test_prometheus_carries_each_runners_memory_where_it_was_reported() -> None:
         snapshots_dropped=2,
         snapshots_loaded=4,
         snapshots_passed_over=1,
+        prefill_seconds_per_token=0.012,
     )
     memory = RunnerMemory(mlx_active_bytes=5000, mlx_cache_bytes=70, prefix_cache=usage)
     on_a = runner("ra", NODE_A).model_copy(update={"resident_bytes": 8000, "memory": memory})
@@ -172,3 +173,5 @@ def test_prometheus_carries_each_runners_memory_where_it_was_reported() -> None:
         ("ra", "loaded"): 4.0,
         ("ra", "passed_over"): 1.0,
     }
+    assert by_runner("exo_prefix_cache_prefill_seconds_per_token") == {"ra": 0.012}
+    assert by_runner("exo_prefix_cache_load_seconds_per_byte") == {}  # ra has loaded no snapshot: no sample

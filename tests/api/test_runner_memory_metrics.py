@@ -59,6 +59,9 @@ def test_metrics_show_the_runners_memory_and_its_prefix_cache_tiers(server: ExoS
     # The disk held nothing when the prompt came: no snapshot was loaded or weighed against its prefill.
     assert series[("exo_prefix_cache_snapshots_total", "loaded")] == 0
     assert series[("exo_prefix_cache_snapshots_total", "passed_over")] == 0
+    # The long prompt's prefill was measured, what a later snapshot's load is weighed against; no load yet.
+    assert 0 < series[("exo_prefix_cache_prefill_seconds_per_token", "")] < 1
+    assert ("exo_prefix_cache_load_seconds_per_byte", "") not in series
     assert series[("exo_runner_mlx_active_bytes", "")] > 0
     assert series[("exo_runner_resident_bytes", "")] > series[("exo_runner_mlx_active_bytes", "")]
     runner = next(iter(httpx.get(f"{server.base_url}/state", timeout=10).json()["runners"].values()))

@@ -141,6 +141,17 @@ class _StateCollector:
             "they held beyond memory was measured to cost less than loading them)",
             labels=[*labels, "outcome"],
         )
+        prefill_cost = GaugeMetricFamily(
+            "exo_prefix_cache_prefill_seconds_per_token",
+            "The runner's running average of a prompt token's prefill (pieces of 32 tokens or more): what a disk "
+            "snapshot's load is weighed against",
+            labels=labels,
+        )
+        load_cost = GaugeMetricFamily(
+            "exo_prefix_cache_load_seconds_per_byte",
+            "The runner's running average of a byte of disk snapshot loaded (read, checked and parsed)",
+            labels=labels,
+        )
         for runner in sorted(self._state.runners.values(), key=lambda runner: runner.runner_id):
             values = [self._cluster, runner.node_id, runner.model_id, runner.runner_id]
             if runner.resident_bytes is not None:
@@ -159,7 +170,11 @@ class _StateCollector:
                 snapshots.add_metric([*values, "dropped"], usage.snapshots_dropped)
                 snapshots.add_metric([*values, "loaded"], usage.snapshots_loaded)
                 snapshots.add_metric([*values, "passed_over"], usage.snapshots_passed_over)
-        yield from (resident, active, cached, prefix_bytes, prefix_entries, snapshots)
+                if usage.prefill_seconds_per_token is not None:
+                    prefill_cost.add_metric(values, usage.prefill_seconds_per_token)
+                if usage.load_seconds_per_byte is not None:
+                    load_cost.add_metric(values, usage.load_seconds_per_byte)
+        yield from (resident, active, cached, prefix_bytes, prefix_entries, snapshots, prefill_cost, load_cost)
 
     def _step_metrics(self) -> Iterator[Metric]:
         """The host-overhead meter: decode-step time totals by requests decoding in the step, so a rate over a

@@ -189,6 +189,10 @@ class PrefixCacheUsage(FrozenModel):
     snapshots_passed_over: int = 0
     """Disk snapshots holding more of a prompt than memory did that were not loaded, since the runner started: this
     runner measured that prefilling the tokens they added costs less than loading them."""
+    prefill_seconds_per_token: float | None = None
+    """The runner's running average of a prompt token's prefill (None before a piece was measured)."""
+    load_seconds_per_byte: float | None = None
+    """The runner's running average of a byte of disk snapshot loaded (None before a load)."""
 
 
 class RunnerMemory(FrozenModel):

@@ -128,6 +128,8 @@ class PrefixCache:
             snapshots_dropped=self._disk.dropped_from_queue if self._disk is not None else 0,
             snapshots_loaded=self.snapshots_loaded,
             snapshots_passed_over=self.snapshots_passed_over,
+            prefill_seconds_per_token=self.load_or_prefill.prefill_seconds_per_token,
+            load_seconds_per_byte=self.load_or_prefill.load_seconds_per_byte,
         )
 
     def write_pending_snapshot(self, *, newest: bool = False) -> None:
