@@ -186,9 +186,13 @@ def main() -> None:
         "a helper thread while it launches)",
     )
     parser.add_argument("--json-schema", action="store_true", help="every request under a strict JSON schema")
+    parser.add_argument(
+        "--batch-size", type=int, help="serve with exo's --batch-size (its default decodes at most 8 streams together)"
+    )
     arguments = parser.parse_args()
     flags = [
         "--no-matmul-plan",
+        *(["--batch-size", str(arguments.batch_size)] if arguments.batch_size else []),
         *(["--no-overlap"] if arguments.no_overlap else []),
         *(["--no-accept-beside"] if arguments.no_accept_beside else []),
     ]
