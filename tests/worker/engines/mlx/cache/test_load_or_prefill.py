@@ -1,5 +1,6 @@
 """A disk snapshot is loaded only where this runner measured that loading it costs less than prefilling the tokens
-it adds to memory's match; until both costs are measured, it is loaded."""
+it adds to memory's match; until both costs are measured, it is loaded when it adds at least a measured piece's
+worth of tokens."""
 
 import logging
 from pathlib import Path
@@ -8,7 +9,12 @@ import pytest
 from mlx import nn
 
 from exo.worker.engines.mlx.cache import PrefixCache
-from exo.worker.engines.mlx.cache.load_or_prefill import MEASURED_PIECE_TOKENS, NEWEST_WEIGHT, LoadOrPrefill
+from exo.worker.engines.mlx.cache.load_or_prefill import (
+    MEASURED_PIECE_TOKENS,
+    NEWEST_WEIGHT,
+    UNMEASURED_MIN_SAVED_TOKENS,
+    LoadOrPrefill,
+)
 from tests.worker.engines.mlx.cache.conftest import (
     NEW_TOKENS,
     SYSTEM_PROMPT,
@@ -29,7 +35,12 @@ def test_nothing_is_estimated_until_both_costs_were_measured() -> None:
     assert rule.prefill_seconds_per_token is None
     assert rule.estimate(10, 1000) is None
 
+    # Unmeasured: decided by the tokens a load adds alone.
+    assert rule.worth_loading(UNMEASURED_MIN_SAVED_TOKENS - 1, 1000) == (False, None)
+    assert rule.worth_loading(UNMEASURED_MIN_SAVED_TOKENS, 10**9) == (True, None)
+
     rule.prefilled(100, 1.0)
+    assert rule.worth_loading(UNMEASURED_MIN_SAVED_TOKENS - 1, 1)[0]  # measured: a tiny file for a few tokens
     estimate = rule.estimate(10, 4000)
     assert estimate is not None
     assert estimate.prefill_seconds == pytest.approx(0.1)
@@ -93,3 +104,20 @@ def test_the_same_snapshot_is_loaded_where_prefill_is_measured_dearer(tiny_model
     assert generated == greedy_uncached(tiny_model, follow_up, NEW_TOKENS)
     usage = prefix_cache.usage()
     assert (usage.snapshots_loaded, usage.snapshots_passed_over) == (2, 0)
+
+
+def test_a_fresh_runner_does_not_load_a_snapshot_for_a_few_shared_tokens(tiny_model: nn.Module, tmp_path: Path) -> None:
+    before = PrefixCache(tiny_model, UNLIMITED, tiny_disk_tier(tmp_path, tiny_model))
+    run_turn(before, tiny_model, session_prompt(1), NEW_TOKENS)
+    while before.snapshots_pending:
+        before.write_pending_snapshot()
+    restarted = PrefixCache(tiny_model, UNLIMITED, tiny_disk_tier(tmp_path, tiny_model))
+    # Shares a chat template's opening with the snapshot, as every prompt does, and nothing more.
+    prompt = [*SYSTEM_PROMPT[: UNMEASURED_MIN_SAVED_TOKENS - 1], *random_tokens(60, seed=930)]
+
+    generated, lease = run_turn(restarted, tiny_model, prompt, NEW_TOKENS)
+
+    assert (lease.cached_tokens, lease.disk_cached_tokens) == (0, 0)
+    assert generated == greedy_uncached(tiny_model, prompt, NEW_TOKENS)
+    usage = restarted.usage()
+    assert (usage.snapshots_loaded, usage.snapshots_passed_over) == (0, 1)

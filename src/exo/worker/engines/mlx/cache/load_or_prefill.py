@@ -5,8 +5,9 @@ is slow (10-17 ms a token for the default model on two EPYC cores, against 20-24
 load: `bench.snapshot_load`), so a load pays for itself after a few tokens; where prefill runs at thousands of tokens
 a second, a long snapshot that adds a few dozen tokens to memory's match costs more to load than prefilling them.
 The two costs are measured as the runner goes: each prefill piece's seconds per token and each load's seconds per
-byte, as running averages. Until both have been measured, the snapshot is loaded (what a tier that knows nothing of
-the device should do: the disk holds more).
+byte, as running averages. Until both have been measured, a snapshot is loaded when it adds at least
+`UNMEASURED_MIN_SAVED_TOKENS` tokens: a fresh runner's first prompt otherwise loaded whichever snapshot shared the
+chat template's first few tokens with it (seen: a 180 MB snapshot of an opencode session for 6 tokens).
 """
 
 from dataclasses import dataclass
@@ -14,6 +15,9 @@ from dataclasses import dataclass
 MEASURED_PIECE_TOKENS = 32
 """Pieces shorter than this are not measured: a pass over a few tokens costs nearly what a 32-token one does, so its
 cost per token overstates what the saved tokens would add to a longer piece."""
+UNMEASURED_MIN_SAVED_TOKENS = MEASURED_PIECE_TOKENS
+"""Before both costs are measured, a snapshot adding fewer tokens than this is not loaded: so few shared tokens are
+a chat template's opening or chance, and their prefill costs about one short pass on any device."""
 NEWEST_WEIGHT = 0.3
 """The newest measurement's weight in a running average: a few pieces or loads settle it, one outlier does not."""
 
@@ -64,6 +68,14 @@ class LoadOrPrefill:
         """A snapshot of `nbytes` was read, checked and parsed in `seconds`."""
         if nbytes > 0 and seconds > 0:
             self._load_seconds_per_byte.add(seconds / nbytes)
+
+    def worth_loading(self, saved_tokens: int, nbytes: int) -> tuple[bool, LoadEstimate | None]:
+        """Whether to load a snapshot of `nbytes` that adds `saved_tokens` to memory's match, with the estimate it
+        was decided on (None before both costs were measured: then by `UNMEASURED_MIN_SAVED_TOKENS`)."""
+        estimate = self.estimate(saved_tokens, nbytes)
+        if estimate is None:
+            return saved_tokens >= UNMEASURED_MIN_SAVED_TOKENS, None
+        return estimate.worth_loading, estimate
 
     def estimate(self, saved_tokens: int, nbytes: int) -> LoadEstimate | None:
         """The expected costs of loading a snapshot of `nbytes` and of prefilling the `saved_tokens` it adds to what

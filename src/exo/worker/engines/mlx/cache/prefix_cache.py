@@ -245,17 +245,20 @@ class PrefixCache:
         return cache, usable
 
     def _worth_loading(self, match: DiskMatch, saved_tokens: int) -> bool:
-        estimate = self.load_or_prefill.estimate(saved_tokens, match.nbytes)
-        if estimate is None or estimate.worth_loading:
+        worth, estimate = self.load_or_prefill.worth_loading(saved_tokens, match.nbytes)
+        if worth:
             return True
         self.snapshots_passed_over += 1
+        why = (
+            "costs not measured yet"
+            if estimate is None
+            else f"about {estimate.prefill_seconds:.3f} s against {estimate.load_seconds:.3f} s to load"
+        )
         logger.info(
-            "prefix cache: prefilling %d tokens (about %.3f s) instead of loading a %.1f MB disk snapshot "
-            "(about %.3f s)",
+            "prefix cache: prefilling %d tokens instead of loading a %.1f MB disk snapshot (%s)",
             saved_tokens,
-            estimate.prefill_seconds,
             match.nbytes / 1e6,
-            estimate.load_seconds,
+            why,
         )
         return False
 
