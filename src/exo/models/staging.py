@@ -1,7 +1,8 @@
 """Atomic creation of model directories: build in a temp dir beside the target, then rename.
 
 Temp dirs are named `.staging-<target name>-<pid>-<random>`. A process killed mid-download or mid-import cannot
-delete its own, so the next process preparing the same target removes those whose process is gone.
+delete its own, so the next process preparing the same target removes those whose process is gone. The same scratch
+folders serve other work a process can be killed in (a pipeline rank's hostfile while it joins its ring).
 """
 
 import logging
@@ -12,8 +13,6 @@ import tempfile
 from collections.abc import Generator
 from contextlib import contextmanager
 from pathlib import Path
-
-from exo.shared.process_alive import process_alive
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +27,16 @@ def _make_readable(directory: Path) -> None:
         entry.chmod(0o755 if entry.is_dir() else 0o644)
 
 
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, it is just not ours
+    return True
+
+
 def remove_abandoned_scratch(parent: Path, label: str) -> list[Path]:
     """Delete `parent`'s scratch dirs for `label` whose creating process has exited; return what was removed."""
     stem = f"{STAGING_PREFIX}{label}-"
@@ -35,8 +44,8 @@ def remove_abandoned_scratch(parent: Path, label: str) -> list[Path]:
     for entry in parent.glob(f"{stem}*"):
         # "<pid>-<mkdtemp suffix>" exactly: ".staging-m-2-…" belongs to target "m-2", not to "m".
         owner = _OWNED_SUFFIX.fullmatch(entry.name.removeprefix(stem))
-        if entry.is_dir() and owner and not process_alive(int(owner["pid"])):
-            logger.info("removing %s, left by an interrupted download or import", entry)
+        if entry.is_dir() and owner and not _process_alive(int(owner["pid"])):
+            logger.info("removing %s, left by a process that ended before cleaning up", entry)
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
     return removed

@@ -5,7 +5,6 @@ timer never fired), so a pipeline whose other rank never came kept its runner, a
 """
 
 import multiprocessing
-import os
 import signal
 import tempfile
 import time
@@ -13,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from exo.models.staging import STAGING_PREFIX, scratch_directory
 from exo.shared.types.worker.shards import ShardAssignment, pipeline_shards
-from exo.worker.engines.mlx.distributed.ring import HOSTFILE_FOLDER_PREFIX, remove_stale_hostfiles
+from exo.worker.engines.mlx.distributed.ring import HOSTFILE_SCRATCH_LABEL
 from exo.worker.ring_deadline import (
     RING_JOIN_TIMEOUT_SECONDS,
     RING_JOIN_TIMEOUT_VARIABLE,
@@ -48,17 +48,13 @@ def test_a_rank_alone_ends_at_its_deadline_by_the_kernels_alarm(rank: int) -> No
     assert DEADLINE <= elapsed < 30  # the deadline from the join, after the child's imports
     # Ended inside mlx, it left its hostfile's folder; the next join on the machine removes it, and no other.
     (left,) = _hostfile_folders(process.pid)
-    live = Path(tempfile.mkdtemp(prefix=f"{HOSTFILE_FOLDER_PREFIX}{os.getpid()}-"))
-    try:
-        remove_stale_hostfiles()
+    with scratch_directory(Path(tempfile.gettempdir()), HOSTFILE_SCRATCH_LABEL) as live:
         assert not left.exists()
         assert live.exists()
-    finally:
-        live.rmdir()
 
 
 def _hostfile_folders(pid: int | None) -> list[Path]:
-    return list(Path(tempfile.gettempdir()).glob(f"{HOSTFILE_FOLDER_PREFIX}{pid}-*"))
+    return list(Path(tempfile.gettempdir()).glob(f"{STAGING_PREFIX}{HOSTFILE_SCRATCH_LABEL}-{pid}-*"))
 
 
 def test_the_deadline_is_read_from_the_environment_and_a_bad_one_refused() -> None:

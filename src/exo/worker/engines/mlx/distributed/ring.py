@@ -4,13 +4,13 @@ The ring backend reads its peers from a hostfile (a JSON array of "ip:port" list
 the environment, then blocks until every neighbour has connected, holding the GIL. A rank whose peers never come
 would wait forever (without using the CPU), so the join runs under the kernel's deadline (`exo.worker.ring_deadline`:
 SIGALRM ends the process) and mlx giving up earlier raises `RingNotFormedError`. A process so ended leaves its
-hostfile's folder behind; the next join on the machine removes the folders of processes that are gone.
+hostfile's folder behind (a scratch folder named after the process, `exo.models.staging`): the next join on the
+machine removes those of processes that are gone.
 """
 
 import json
 import logging
 import os
-import shutil
 import signal
 import tempfile
 import threading
@@ -18,14 +18,14 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from exo.shared.process_alive import process_alive
+from exo.models.staging import scratch_directory
 from exo.shared.types.worker.shards import PipelinePeers, ShardAssignment
 from exo.worker.ring_deadline import RingNotFormedError, ring_join_timeout
 
 logger = logging.getLogger(__name__)
 
-HOSTFILE_FOLDER_PREFIX = "exo-ring-"
-"""The hostfile's temporary folder is named after this, the joining process's id and a random part."""
+HOSTFILE_SCRATCH_LABEL = "exo-ring"
+"""The label of the hostfile's scratch folder in the temporary directory."""
 
 
 def hostfile_entries(peers: PipelinePeers) -> list[list[str]]:
@@ -45,9 +45,8 @@ def join_ring(shard: ShardAssignment, timeout: float | None = None) -> mx.distri
         raise ValueError("only a pipeline shard joins a ring")
     seconds = ring_join_timeout() if timeout is None else timeout
     on_main_thread = threading.current_thread() is threading.main_thread()
-    remove_stale_hostfiles()
-    with tempfile.TemporaryDirectory(prefix=f"{HOSTFILE_FOLDER_PREFIX}{os.getpid()}-") as folder:
-        hostfile = Path(folder) / "hostfile.json"
+    with scratch_directory(Path(tempfile.gettempdir()), HOSTFILE_SCRATCH_LABEL) as folder:
+        hostfile = folder / "hostfile.json"
         hostfile.write_text(json.dumps(hostfile_entries(peers)))
         os.environ["MLX_HOSTFILE"] = str(hostfile)
         os.environ["MLX_RANK"] = str(shard.rank)
@@ -78,11 +77,3 @@ def join_ring(shard: ShardAssignment, timeout: float | None = None) -> mx.distri
         raise RuntimeError(f"joined as rank {group.rank()} of {group.size()}, expected {expected}")
     logger.info("rank %d of %d joined the ring at %s", shard.rank, shard.world_size, peers.ring_addresses[shard.rank])
     return group
-
-
-def remove_stale_hostfiles() -> None:
-    """Remove the hostfile folders of processes that are gone (a rank ended by its deadline inside mlx leaves one)."""
-    for folder in Path(tempfile.gettempdir()).glob(f"{HOSTFILE_FOLDER_PREFIX}*-*"):
-        pid = folder.name.removeprefix(HOSTFILE_FOLDER_PREFIX).split("-", 1)[0]
-        if pid.isdigit() and not process_alive(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
