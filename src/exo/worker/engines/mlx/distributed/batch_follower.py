@@ -110,9 +110,7 @@ class PipelineBatchFollower:
         member = self._members[piece.task_id]
         assert member.cache is not None
         tokens = member.prompt[piece.start : piece.start + piece.length]
-        seconds = prefill(self._loaded.model, member.cache, tokens, max(len(tokens), 1))
-        if self._prefix_cache is not None:
-            self._prefix_cache.prefilled(len(tokens), seconds)  # the ring's cost of a token: what a load saves
+        prefill(self._loaded.model, member.cache, tokens, max(len(tokens), 1), prefix_cache=self._prefix_cache)
         member.held += tokens
 
     def _leave(self, task_id: TaskId, *, keep: bool) -> None:

@@ -206,9 +206,7 @@ class PipelineBatchLeader:
         prefilling = self._prefilling
         assert prefilling is not None
         tokens = prefilling.tokens[prefilling.fed : prefilling.fed + piece.length]
-        seconds = prefill(self._loaded.model, prefilling.cache, tokens, max(len(tokens), 1))
-        if self._prefix_cache is not None:
-            self._prefix_cache.prefilled(len(tokens), seconds)  # the ring's cost of a token: what a load saves
+        prefill(self._loaded.model, prefilling.cache, tokens, max(len(tokens), 1), prefix_cache=self._prefix_cache)
         prefilling.fed += len(tokens)
         request = prefilling.request
         progress = request.prefill_progress(request.cached_tokens + prefilling.fed)

@@ -10,6 +10,7 @@ from mlx import nn
 from mlx_lm.generate import generation_stream
 
 from exo.worker.engines.mlx.cache.layer_cache import PromptCache, materialize
+from exo.worker.engines.mlx.cache.prefix_cache import PrefixCache
 from exo.worker.engines.mlx.distributed.layer_split import stage_forward
 
 
@@ -20,9 +21,17 @@ def agree_on_cached_tokens(group: mx.distributed.Group, cached_tokens: int) -> i
     return value
 
 
-def prefill(model: nn.Module, cache: PromptCache, tokens: Sequence[int], step_size: int) -> float:
+def prefill(
+    model: nn.Module,
+    cache: PromptCache,
+    tokens: Sequence[int],
+    step_size: int,
+    *,
+    prefix_cache: PrefixCache | None = None,
+) -> None:
     """Feed `tokens` in chunks of `step_size`; every rank runs the same chunks (each one crosses the whole ring).
-    Returns the seconds it took: on every rank, what the whole ring took (a rank waits for the others' stages)."""
+    `prefix_cache` is told the seconds it took: on every rank what the whole ring took (a rank waits for the others'
+    stages), the cost of a token a snapshot's load would save."""
     started = time.perf_counter()
     for begin in range(0, len(tokens), step_size):
         chunk = mx.array(list(tokens[begin : begin + step_size]))[None]
@@ -31,4 +40,5 @@ def prefill(model: nn.Module, cache: PromptCache, tokens: Sequence[int], step_si
             mx.eval(stage_forward(model, chunk, cache, leader=False))
             materialize(cache)
         mx.clear_cache()
-    return time.perf_counter() - started
+    if prefix_cache is not None:
+        prefix_cache.prefilled(len(tokens), time.perf_counter() - started)
