@@ -138,7 +138,8 @@ class _StateCollector:
             "exo_prefix_cache_snapshots",
             "Disk snapshots since the runner started, by outcome: written, dropped unwritten from a full queue "
             "(sessions ending faster than they are written), loaded for a prompt, or passed_over (prefilling what "
-            "they held beyond memory was measured to cost less than loading them)",
+            "they held beyond memory was measured to cost less than loading them, or, before both costs were "
+            "measured, was under 32 tokens)",
             labels=[*labels, "outcome"],
         )
         prefill_cost = GaugeMetricFamily(

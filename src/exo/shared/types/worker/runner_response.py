@@ -188,7 +188,8 @@ class PrefixCacheUsage(FrozenModel):
     """Disk snapshots loaded for a prompt since the runner started."""
     snapshots_passed_over: int = 0
     """Disk snapshots holding more of a prompt than memory did that were not loaded, since the runner started: this
-    runner measured that prefilling the tokens they added costs less than loading them."""
+    runner measured that prefilling the tokens they added costs less than loading them, or, before it had measured
+    both, they added fewer than 32 tokens."""
     prefill_seconds_per_token: float | None = None
     """The runner's running average of a prompt token's prefill (None before a piece was measured)."""
     load_seconds_per_byte: float | None = None

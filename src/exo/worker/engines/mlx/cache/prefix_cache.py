@@ -85,7 +85,7 @@ class PrefixCache:
         self.snapshots_loaded = 0
         self.snapshots_passed_over = 0
         """Disk snapshots holding more of a prompt than memory that were not loaded: prefilling the difference was
-        measured to cost less."""
+        measured to cost less, or, before both costs were measured, it was under 32 tokens."""
 
     def prefilled(self, tokens: int, seconds: float) -> None:
         """A prefill pass fed `tokens` in `seconds` of work: what a snapshot's load is weighed against."""
